@@ -1,0 +1,91 @@
+"""Theory engine timings (issue: foundation). Prints times and ratios against naive baselines measured
+in the same run (machines are noisy: compare ratios, not absolute numbers).
+
+  python benchmarks/bench_theory.py            # V = 1024, L = 8; exact TV on 10^6 sequences
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")        # "one core", as the target says
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+from theory import chains, markov, rules  # noqa: E402
+
+
+def best_of(fn, repeat=5):
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts), out
+
+
+def naive_expected_and_bound(P, Q, F, G, s):
+    """The textbook way: form the matrix products A_1 ... A_i (O(L V^3)) and loop over states for D_i."""
+    L, V = F.shape[0], P.shape[0]
+    M = np.eye(V)
+    e = b = 0.0
+    for i in range(L):
+        A = Q * F[i]
+        d = np.array([0.5 * np.abs(A[t] + (1 - A[t].sum()) * G[i, t] - P[t]).sum() for t in range(V)])
+        b += (M @ d)[s]
+        M = M @ A
+        e += M[s].sum()
+    return e, b
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--V", type=int, default=1024)
+    ap.add_argument("--L", type=int, default=8)
+    args = ap.parse_args()
+    P, Q = chains.random_pair(args.V, tv=0.4, seed=0)
+    F, G = markov.rule_tables(P, Q, args.L, rules.cool_sd(2.0))
+
+    t_fast, (e, b) = best_of(lambda: (markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)))
+    t_naive, (e2, b2) = best_of(lambda: naive_expected_and_bound(P, Q, F, G, 0), repeat=1)
+    assert abs(e - e2) < 1e-9 and abs(b - b2) < 1e-9, (e, e2, b, b2)
+    print(f"V={args.V} L={args.L}  expected_accepted + tv_bound: {t_fast * 1e3:8.1f} ms   "
+          f"naive (matrix products): {t_naive * 1e3:8.1f} ms   ratio naive/ours = {t_naive / t_fast:6.1f}x   "
+          f"(target < 200 ms: {'OK' if t_fast < 0.2 else 'MISSED'})")
+
+    t_tab, _ = best_of(lambda: markov.rule_tables(P, Q, args.L, rules.cool_sd(2.0)), repeat=3)
+    print(f"               rule_tables (cool-sd, F and G*): {t_tab * 1e3:8.1f} ms")
+
+    # exact TV over 10^6 sequences: V = 10, L = 5 (V^(L+1) = 10^6)
+    P, Q = chains.random_pair(10, tv=0.4, seed=1)
+    F, G = markov.rule_tables(P, Q, 5, rules.uniform_rsd(1.5))
+    t_tv, tv = best_of(lambda: markov.exact_tv(P, Q, F, G, 0))
+    print(f"exact_tv over 10^6 sequences (V=10, L=5): {t_tv * 1e3:8.1f} ms  TV = {tv:.6f}  "
+          f"(target < 2 s: {'OK' if t_tv < 2 else 'MISSED'})")
+    # naive: enumerate every sequence with itertools (T7 term by term) on a 1% subsample, extrapolated
+    import itertools
+    A = Q * F
+    R = (1 - A.sum(-1, keepdims=True)) * G
+    seqs = list(itertools.islice(itertools.product(range(10), repeat=6), 0, 10**6, 100))
+    t0 = time.perf_counter()
+    for seq in seqs:
+        prev, acc, ph, pt = 0, 1.0, 0.0, 1.0
+        for j, x in enumerate(seq):
+            if j < 5:
+                tail = np.prod([P[seq[m - 1], seq[m]] for m in range(j + 1, 6)]) if j < 5 else 1.0
+                ph += acc * R[j, prev, x] * tail
+                acc *= A[j, prev, x]
+            else:
+                ph += acc * P[prev, x]
+            pt *= P[prev, x]
+            prev = x
+    t_loop = (time.perf_counter() - t0) * 100
+    print(f"               naive per-sequence loop (extrapolated from 1%): {t_loop:8.1f} s   "
+          f"ratio = {t_loop / t_tv:8.0f}x")
+
+
+if __name__ == "__main__":
+    main()

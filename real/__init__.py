@@ -1,0 +1,1 @@
+"""Speculative decoding for real AR image models (torch; imports ``theory`` and ``sim``)."""

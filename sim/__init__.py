@@ -1,0 +1,1 @@
+"""Monte-Carlo simulation of relaxed speculative decoding (imports ``theory``)."""

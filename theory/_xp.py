@@ -1,0 +1,64 @@
+"""Array-API helpers shared by the verifier rules (numpy, JAX and torch arrays alike).
+
+Everything here takes arrays and returns arrays of the same namespace; no backend is imported.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+Array = Any
+
+
+def namespace(*arrays: Array):
+    """The array-API namespace of the given arrays (numpy, jax.numpy, torch, ...)."""
+    return array_api_compat.array_namespace(*arrays)
+
+
+def gather(x: Array, idx: Array, xp=None) -> Array:
+    """x[..., idx[...]] along the last axis. x: (..., V), idx: (...,) ints -> (...,)."""
+    xp = xp or namespace(x)
+    return xp.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+
+
+def gather_rows(x: Array, idx: Array, xp=None) -> Array:
+    """Row idx of the second-to-last axis. x: (..., N, V), idx: (...,) ints -> (..., V)."""
+    xp = xp or namespace(x)
+    V = x.shape[-1]
+    index = xp.broadcast_to(idx[..., None, None], (*idx.shape, 1, V))
+    return xp.take_along_axis(x, index, axis=-2)[..., 0, :]
+
+
+def normalize(w: Array, fallback: Array, xp=None) -> Array:
+    """Norm(w) = w / sum(w) over the last axis; rows with zero mass get `fallback` (same shape).
+
+    The zero-mass test is exact (sum == 0): callers clip to non-negative values first, so a row
+    sums to zero only if it is identically zero.
+    """
+    xp = xp or namespace(w)
+    s = xp.sum(w, axis=-1, keepdims=True)
+    empty = s <= 0
+    return xp.where(empty, fallback, w / xp.where(empty, xp.ones_like(s), s))
+
+
+def positive_part(x: Array, xp=None) -> Array:
+    """[x]_+ elementwise."""
+    xp = xp or namespace(x)
+    return xp.where(x > 0, x, xp.zeros_like(x))
+
+
+def sample_categorical(w: Array, u: Array, xp=None) -> Array:
+    """Inverse-CDF draw from unnormalised non-negative weights.
+
+    w: (..., V) weights with positive row sums; u: (...,) uniforms in [0, 1) -> (...,) int64 indices.
+    The index is the number of cumulative sums <= u * total, which always lands on a token with
+    w > 0; a guard maps any float round-off landing elsewhere to the row's argmax.
+    """
+    xp = xp or namespace(w)
+    c = xp.cumulative_sum(w, axis=-1)
+    t = u * c[..., -1]
+    idx = xp.sum(xp.astype(c <= t[..., None], xp.int64), axis=-1)
+    idx = xp.clip(idx, 0, w.shape[-1] - 1) if hasattr(xp, "clip") else xp.minimum(idx, w.shape[-1] - 1)
+    ok = gather(w, idx, xp) > 0
+    return xp.where(ok, idx, xp.astype(xp.argmax(w, axis=-1), xp.int64))

@@ -1,0 +1,58 @@
+"""Chain verification: one round of (relaxed) speculative decoding given the rows along the drafted path.
+
+This is the routine the simulator (``sim``) and the real-model engine (``real``) both call; it is
+array-API code, so it runs on numpy, JAX and torch arrays unchanged.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ._xp import Array, gather, gather_rows, namespace, sample_categorical
+
+
+class ChainVerdict(NamedTuple):
+    accepted: Array    # (...,) int64 in [0, L]: tau, the number of accepted drafts
+    next_token: Array  # (...,) int64: the resampled token on rejection, else the bonus token
+    f_drafted: Array   # (..., L) acceptance probabilities of the drafted tokens
+
+
+def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, verifier) -> ChainVerdict:
+    """Verify L drafted tokens against the target (section 1 of docs/theory.md; T0-T1, T5).
+
+    Shapes (any leading batch dims ``...``, no Python loop over them):
+      p        (..., L+1, V)  target rows P(.|h_{i-1}) for i = 1..L+1 along the drafted path,
+                              after the same logits processing as the draft
+      q        (..., L, V)    draft rows Q(.|h_{i-1}) the drafts were actually sampled from
+      tokens   (..., L)       drafted tokens x~_1..x~_L
+      u_accept (..., L)       uniforms in [0, 1): draft i is accepted iff u_accept[i] < f_i(x~_i)
+      u_sample (...,)         uniform in [0, 1) for the final token (inverse-CDF draw)
+    ``verifier`` has ``accept(p, q, i)`` and ``resample(p, q, f, rejected)`` (see ``theory.rules``).
+
+    Returns tau (first rejected position - 1, or L), the token drawn from G_{tau+1}(.|x~_{tau+1})
+    on rejection or from p_{L+1} when all drafts are accepted, and f at the drafted tokens.
+    """
+    xp = namespace(p, q)
+    L = tokens.shape[-1]
+    if p.shape[-2] != L + 1 or q.shape[-2] != L or p.shape[-1] != q.shape[-1]:
+        raise ValueError(f"verify_chain: expected p (..., L+1, V) and q (..., L, V) with L={L}; "
+                         f"got p {tuple(p.shape)}, q {tuple(q.shape)}")
+    tokens = xp.astype(tokens, xp.int64)
+    pos = xp.arange(1, L + 1, device=_device(p))
+    f = verifier.accept(p[..., :L, :], q, pos)                 # (..., L, V)
+    f_tok = gather(f, tokens, xp)                              # (..., L)
+    rejected = ~(u_accept < f_tok)
+    any_rej = xp.any(rejected, axis=-1)
+    first = xp.astype(xp.argmax(xp.astype(rejected, xp.int8), axis=-1), xp.int64)
+    tau = xp.where(any_rej, first, xp.full_like(first, L))
+
+    k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
+    p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
+    G = verifier.resample(p_row, gather_rows(q, k, xp), gather_rows(f, k, xp), gather(tokens, k, xp))
+    row = xp.where((tau == L)[..., None], p_row, G)
+    return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
+
+
+def _device(x):
+    import array_api_compat
+
+    return array_api_compat.device(x)
