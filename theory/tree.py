@@ -1,0 +1,268 @@
+"""Static draft trees (EAGLE-1 / LANTERN++ setting) and multi-candidate verification.
+
+A tree is given as a list of paths of child ranks, as in EAGLE's "choices" lists: ``(0,)`` is the
+first candidate after the root, ``(0, 1)`` the second candidate after that one, and so on. Node 0 is the
+root (the last accepted token); nodes 1..N are the paths sorted by (depth, path).
+
+Multi-candidate verification at a node (docs/theory.md section 9): the node's candidates c_1..c_m were
+drafted from its draft row q *without replacement* (q_1 = q, q_{j+1} = Norm(q_j with c_j removed)).
+They are tried in rank order: c_j is accepted with probability f(c_j) computed by the acceptance rule
+from the current residual target row p_j and the current draft row q_j; on rejection the residual
+becomes the resampling rule applied to (p_j, q_j, f, rejected=c_j) -- Norm([p_j - q_j f]_+) for G*
+(T5 applied recursively), LANTERN's own update for the LANTERN baseline. If all candidates are rejected
+the next token is drawn from the final residual; after accepting a leaf, the bonus token comes from the
+leaf's target row. With vanilla f this is recursive rejection sampling and is lossless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple, Sequence
+
+import array_api_compat
+import numpy as np
+
+from ._xp import Array, gather, gather_rows, namespace, normalize, sample_categorical
+
+__all__ = ["Tree", "TreeVerdict", "verify_tree", "draft_without_replacement", "EAGLE_25", "EAGLE_57", "tree_round",
+           "chain_tree"]
+
+# Tree shapes used by the EAGLE-1 / LANTERN releases: 25 nodes of depth 5 and 57 nodes of depth 5.
+EAGLE_25 = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+            (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+            (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1))
+EAGLE_57 = ((0,), (1,), (2,), (3,), (4,),
+            (0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (4, 0),
+            (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 2, 0), (0, 2, 1),
+            (0, 2, 2), (0, 3, 0), (0, 3, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (2, 0, 0),
+            (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 3), (0, 0, 1, 0), (0, 0, 1, 1), (0, 0, 1, 2),
+            (0, 0, 2, 0), (0, 0, 2, 1), (0, 0, 3, 0), (0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (0, 2, 0, 0),
+            (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 1, 0), (0, 0, 0, 1, 1), (0, 0, 1, 0, 0),
+            (0, 0, 1, 0, 1), (0, 0, 1, 1, 0), (0, 0, 2, 0, 0))
+
+
+def chain_tree(L: int) -> "Tree":
+    """The chain of L drafts as a tree (one candidate per node): chain SD is a special case."""
+    return Tree(tuple((0,) * d for d in range(1, L + 1)))
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A static draft tree. Arrays (numpy, int64) index nodes 0..N with 0 the root."""
+    paths: tuple
+
+    def __post_init__(self):
+        paths = tuple(sorted({tuple(int(r) for r in p) for p in self.paths}, key=lambda p: (len(p), p)))
+        if not paths:
+            raise ValueError("a tree needs at least one path")
+        if len(paths) != len(self.paths):
+            raise ValueError("duplicate paths in the tree")
+        known = set(paths)
+        for p in paths:
+            if len(p) == 0 or min(p) < 0:
+                raise ValueError(f"tree path {p}: paths are non-empty tuples of non-negative ranks")
+            if len(p) > 1 and p[:-1] not in known:
+                raise ValueError(f"tree path {p}: its parent {p[:-1]} is missing")
+            if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in known:
+                raise ValueError(f"tree path {p}: rank {p[-1]} without rank {p[-1] - 1} before it")
+        object.__setattr__(self, "paths", paths)
+
+    @property
+    def n_nodes(self) -> int:
+        """N: drafted nodes (the root excluded)."""
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @cached_property
+    def _index(self) -> dict:
+        return {(): 0, **{p: i + 1 for i, p in enumerate(self.paths)}}
+
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """(N+1,) parent node of each node (-1 for the root)."""
+        return np.array([-1] + [self._index[p[:-1]] for p in self.paths], dtype=np.int64)
+
+    @cached_property
+    def node_depth(self) -> np.ndarray:
+        """(N+1,) depth of each node (0 for the root)."""
+        return np.array([0] + [len(p) for p in self.paths], dtype=np.int64)
+
+    @cached_property
+    def children(self) -> np.ndarray:
+        """(N+1, K) children of each node by rank, -1 padded; K = the largest number of children."""
+        kids: dict[int, list[int]] = {}
+        for p in self.paths:
+            kids.setdefault(self._index[p[:-1]], []).append(self._index[p])
+        K = max(len(v) for v in kids.values())
+        out = np.full((self.n_nodes + 1, K), -1, dtype=np.int64)
+        for n, v in kids.items():
+            out[n, : len(v)] = v  # paths are sorted, so children come in rank order
+        return out
+
+    @cached_property
+    def attention_mask(self) -> np.ndarray:
+        """(N+1, N+1) bool: node a attends to node b iff b is a or an ancestor of a (tree attention)."""
+        M = np.eye(self.n_nodes + 1, dtype=bool)
+        for a in range(1, self.n_nodes + 1):
+            b = self.parent[a]
+            while b >= 0:
+                M[a, b] = True
+                b = self.parent[b]
+        return M
+
+    def position_ids(self, start: int) -> np.ndarray:
+        """(N+1,) positions of the root (at ``start``) and the drafted nodes (start + depth)."""
+        return start + self.node_depth
+
+    def path_to(self, node: int) -> list[int]:
+        """Nodes from the first level down to ``node`` (root excluded)."""
+        out = []
+        while node > 0:
+            out.append(int(node))
+            node = int(self.parent[node])
+        return out[::-1]
+
+
+class TreeVerdict(NamedTuple):
+    accepted: Array    # (...,) int64: accepted drafts (depth reached)
+    path: Array        # (..., D) int64: accepted nodes by depth, -1 after the last
+    next_token: Array  # (...,) int64: resampled token, or the bonus token after a leaf
+    last_node: Array   # (...,) int64: the last accepted node (0 = root)
+
+
+def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
+    """The first m tokens of a sequential draw without replacement from rows q (..., V), by the
+    Gumbel-top-k trick with Gumbel noise ``gumbel`` (..., V). Returns (..., m) int64 in draw order.
+    Tokens with q = 0 come last (-inf keys); callers must not ask for more than the support size."""
+    xp = namespace(q, gumbel)
+    pos = q > 0
+    keys = xp.where(pos, xp.log(xp.where(pos, q, xp.ones_like(q))) + gumbel, xp.full_like(q, -float("inf")))
+    return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
+
+
+def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: Tree, verifier) -> TreeVerdict:
+    """Multi-candidate verification of one static-tree round, batched over leading dims.
+
+    Shapes (N = tree.n_nodes, node 0 = root):
+      p        (..., N+1, V)  target rows after each node's path (node 0: after the accepted prefix)
+      q        (..., N+1, V)  draft rows each node's children were drawn from (unused for leaves)
+      tokens   (..., N+1)     drafted token at each node (entry 0 ignored)
+      u_accept (..., N+1)     one uniform per node: candidate n is accepted iff u_accept[n] < f(token[n])
+      u_sample (...,)         uniform for the final token
+    The walk loops over at most N + depth steps (a static bound, not over batch elements); every step
+    tries one candidate for every unfinished round.
+    """
+    xp = namespace(p, q)
+    dev = array_api_compat.device(p)
+    V = p.shape[-1]
+    batch = tuple(tokens.shape[:-1])
+    children = xp.asarray(tree.children, device=dev)
+    K = children.shape[-1]
+    tokens = xp.astype(tokens, xp.int64)
+    zero_i = xp.zeros(batch, dtype=xp.int64, device=dev)
+    node, rank, depth = zero_i, zero_i, zero_i
+    active = xp.ones(batch, dtype=xp.bool, device=dev)
+    p_res = p[..., 0, :]
+    removed = xp.zeros((*batch, V), dtype=xp.bool, device=dev)
+    path = xp.full((*batch, tree.depth), -1, dtype=xp.int64, device=dev)
+    ar_depth = xp.arange(tree.depth, device=dev)
+    ar_V = xp.arange(V, device=dev)
+    for _ in range(tree.n_nodes + tree.depth + 1):
+        kid_row = xp.take(children, xp.reshape(node, (-1,)), axis=0)              # (B, K)
+        kid_row = xp.reshape(kid_row, (*batch, K))
+        kid = gather(kid_row, xp.minimum(rank, xp.full_like(rank, K - 1)), xp)
+        has = active & (rank < K) & (kid >= 0)
+        kid_safe = xp.where(has, kid, zero_i)
+        q_node = gather_rows(q, node, xp)
+        q_left = xp.where(removed, xp.zeros_like(q_node), q_node)
+        q_j = normalize(q_left, q_left, xp)                                       # all zero once exhausted
+        c = gather(tokens, kid_safe, xp)
+        f_row = verifier.accept(p_res, q_j, depth + 1)
+        valid = has & (gather(q_j, c, xp) > 0)                                    # impossible candidates are skipped
+        acc = valid & (gather(u_accept, kid_safe, xp) < gather(f_row, c, xp))
+        rej = valid & ~acc
+        G = verifier.resample(p_res, q_j, f_row, c)
+        # advance the state of every round at once
+        p_res = xp.where(acc[..., None], gather_rows(p, kid_safe, xp), xp.where(rej[..., None], G, p_res))
+        removed = xp.where(acc[..., None], xp.zeros_like(removed), removed | (rej[..., None] & (ar_V == c[..., None])))
+        path = xp.where(acc[..., None] & (ar_depth == depth[..., None]), kid_safe[..., None], path)
+        node = xp.where(acc, kid_safe, node)
+        depth = depth + xp.astype(acc, xp.int64)
+        rank = xp.where(acc, zero_i, rank + xp.astype(has & ~acc, xp.int64))
+        active = active & has  # a round stops when its current node has no untried candidate left
+    return TreeVerdict(depth, path, sample_categorical(p_res, u_sample, xp), node)
+
+
+# ----------------------------------------------------------------------------- exact theory (small chains)
+
+class TreeRound(NamedTuple):
+    expected_accepted: float   # E[accepted drafts] in one tree round
+    law: np.ndarray            # law of the next D+1 tokens (virtually extended by P), shape (V,)*(D+1)
+    target_law: np.ndarray     # the target's law of D+1 tokens
+    tv: float                  # TV(law, target_law)
+
+
+def tree_round(P, Q, tree: Tree, verifier, s: int, max_states: int = 10**6) -> TreeRound:
+    """Exact E[accepted] and output law of one tree round on Markov chains P, Q from start state s,
+    by enumerating every ordered candidate tuple at every node (memoised on (node, last token)).
+    Cost grows like N V^(K+D+1); meant for small V (it refuses above ``max_states`` array entries)."""
+    P = np.asarray(P, dtype=np.float64)
+    Q = np.asarray(Q, dtype=np.float64)
+    V, D = P.shape[0], tree.depth
+    if V ** (D + 1) * tree.children.shape[1] > max_states:
+        raise ValueError(f"tree_round: V^(D+1) x K = {V}^{D + 1} x {tree.children.shape[1]} exceeds max_states={max_states}")
+
+    def extend(row, remaining):
+        """law over `remaining` tokens: the first from `row`, the rest from P."""
+        law = row
+        for _ in range(remaining - 1):
+            law = _chain_extend(law, P)
+        return law
+
+    memo: dict = {}
+
+    def at(node, s_last, d):
+        """(E[accepted below], law of the next D+1-d tokens) on entering `node` after token s_last."""
+        key = (node, s_last)
+        if key not in memo:
+            kids = [int(k) for k in tree.children[node] if k >= 0]
+            p0 = P[s_last]
+            if not kids:
+                memo[key] = (0.0, extend(p0, D + 1 - d))
+            else:
+                memo[key] = try_candidates(kids, 0, p0, Q[s_last], d)
+        return memo[key]
+
+    def try_candidates(kids, j, pj, qj, d):
+        """Candidates j, j+1, ... at a node, given the residual pj and the remaining draft row qj."""
+        rem = D + 1 - d
+        if j == len(kids) or qj.sum() == 0:   # all tried (or the draft's support exhausted)
+            return 0.0, extend(pj, rem)
+        f = np.asarray(verifier.accept(pj, qj, d + 1))
+        e, law = 0.0, np.zeros((V,) * rem)
+        for c in np.flatnonzero(qj > 0):       # candidate j is c with probability qj[c]
+            if f[c] > 0:
+                e_c, law_c = at(kids[j], int(c), d + 1)
+                e += qj[c] * f[c] * (1 + e_c)
+                law[c] += qj[c] * f[c] * law_c
+            if f[c] < 1:
+                G = np.asarray(verifier.resample(pj, qj, f, np.int64(c)))
+                q_next = qj.copy()
+                q_next[c] = 0.0
+                tot = q_next.sum()
+                e_r, law_r = try_candidates(kids, j + 1, G, q_next / tot if tot > 0 else q_next, d)
+                e += qj[c] * (1 - f[c]) * e_r
+                law += qj[c] * (1 - f[c]) * law_r
+        return e, law
+
+    e, law = at(0, int(s), 0)
+    target = extend(P[int(s)], D + 1)
+    return TreeRound(e, law, target, 0.5 * float(np.abs(law - target).sum()))
+
+
+def _chain_extend(law, P):
+    """law over k tokens -> law over k+1 tokens, the new token from P given the last one."""
+    return law[..., None] * P.reshape((1,) * (law.ndim - 1) + P.shape)
