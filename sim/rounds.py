@@ -246,7 +246,7 @@ def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None 
     out_tau, out_tok, out_s, out_d = [], [], [], []
     for lo in range(0, n_rounds, chunk):
         n = min(chunk, n_rounds - lo)
-        U = rng.random((3 * L + 2, n))
+        U = rng.random((n, 3 * L + 2)).T          # round-major stream: output independent of ``chunk``
         s0 = alias_draw(mp.ravel(), ma.ravel(), np.zeros(n, np.int64), U[0], V)
         path = np.empty((n, L + 1), np.int64)
         path[:, 0] = s0
