@@ -27,7 +27,7 @@ from .alias import alias_draw, alias_table
 __all__ = ["SimResult", "simulate", "simulate_rule", "ChainTables", "prepare_tables", "BACKENDS"]
 
 BACKENDS = ("numpy", "jax")
-CHUNK = 1 << 16          # rounds per vectorised block (bounds memory; output does not depend on it)
+CHUNK = 1 << 16          # rounds per vectorised block; the random stream is read block by block, so keep it fixed
 
 
 @dataclass(frozen=True)
@@ -206,8 +206,9 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
     Same seed -> identical output for a given backend. Returns :class:`SimResult`; tau per round
     is ``result.accepted`` and x_{1:L+1} is ``result.tokens`` (T7).
 
-    backend "numpy": float64 uniforms and alias tables. backend "jax": jit + vmap over rounds,
-    uint32 random words and float32 thresholds (resolution 2^-24, see ``sim._jax``).
+    backend "numpy": float64 uniforms (PCG64) and alias tables. backend "jax": jit + vmap over rounds,
+    one uint32 PCG64 word per draw and float32 thresholds (resolution 2^-24; see ``sim._jax``).
+    The two backends read the random stream differently: same law, different samples.
     """
     n_rounds = _check_count("n_rounds", n_rounds)
     seed = _check_seed(seed)

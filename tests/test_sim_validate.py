@@ -1,4 +1,4 @@
-"""`sim.validate` / `coolsd sim validate` and the statistics behind it: the default run passes with the
+"""`sim.validate` (sim/validation.py) / `coolsd sim validate` and the statistics behind it: the default run passes with the
 negative control flagged, a deliberately broken simulator is caught, and the chi-square / plug-in TV
 helpers agree with scipy and with the known bias of the plug-in estimator."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats as sst
 
-import sim.validate as va
+import sim.validation as va
 from coolsd.cli import main
 from sim import stats
 from theory import chains, markov, rules

@@ -41,7 +41,7 @@ def register(sub):
 
 
 def run_validate(args):
-    from sim import validate as va
+    from sim import validation as va
 
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     bad = set(paths) - {"table", "rule"}
