@@ -31,28 +31,34 @@ def alias_table(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if np.any(~(tot > 0)) or np.any(w < 0):
         raise ValueError("alias_table: rows must be non-negative with positive sums")
     w = w * (V / tot)                                   # scaled masses, mean 1 per row
-    order = np.argsort(w, axis=1, kind="stable")        # ascending
-    prob = np.ones((R, V))
-    alias = np.broadcast_to(np.arange(V), (R, V)).copy()
-    r = np.arange(R)
+    order = np.argsort(w, axis=1, kind="stable").ravel()  # ascending per row, flattened
+    wf = w.ravel()
+    prob = np.ones(R * V)
+    alias = np.tile(np.arange(V), R)
+    base = np.arange(R) * V                             # flat offset of each row
     s_ptr = np.zeros(R, np.int64)                       # next original small (sorted position)
     l_ptr = np.full(R, V - 1)                           # current large (sorted position)
     carry = np.full(R, -1)                              # a depleted large waiting to be finished
     for _ in range(V):                                  # each step finishes one column of every row
         has_carry = carry >= 0
-        small = np.where(has_carry, carry, order[r, np.minimum(s_ptr, V - 1)])
+        nxt = order[base + np.minimum(s_ptr, V - 1)]
+        small = nxt + has_carry * (carry - nxt)         # arithmetic select (np.where is slow here)
         s_ptr = s_ptr + ~has_carry
-        large = order[r, np.maximum(l_ptr, 0)]
+        large = order[base + np.maximum(l_ptr, 0)]
+        sf, lf = base + small, base + large
+        ws = wf[sf]
         # a valid donor: an untouched column other than `small`, still heavier than 1
-        ok = (l_ptr >= s_ptr) & (large != small) & (w[r, small] < 1.0)
+        ok = (l_ptr >= s_ptr) & (large != small) & (ws < 1.0)
         # finished with prob 1 when no donor is needed (or float round-off left none)
-        prob[r, small] = np.where(ok, w[r, small], 1.0)
-        alias[r, small] = np.where(ok, large, small)
-        w_large = w[r, large] - np.where(ok, 1.0 - w[r, small], 0.0)
-        w[r, large] = w_large
-        depleted = ok & (w_large < 1.0)
-        carry = np.where(depleted, large, -1)
+        prob[sf] = 1.0 - ok * (1.0 - ws)
+        alias[sf] = small + ok * (large - small)
+        wl = wf[lf] - ok * (1.0 - ws)
+        wf[lf] = wl
+        depleted = ok & (wl < 1.0)
+        carry = depleted * (large + 1) - 1
         l_ptr = l_ptr - depleted
+    prob = prob.reshape(R, V)
+    alias = alias.reshape(R, V)
     # guard against float round-off: a token with w = 0 is never kept, and never its own alias
     zero = rows.reshape(-1, V) <= 0
     prob = np.where(zero, 0.0, prob)
