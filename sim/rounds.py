@@ -215,6 +215,10 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
     backend = _check_backend(backend)
     tab = prepare_tables(P, Q, F, G, init)
     if backend == "jax":
+        try:
+            import jax  # noqa: F401
+        except ImportError as e:
+            raise ImportError("backend='jax' needs JAX: pip install 'coolsd[jax]'") from e
         from . import _jax
 
         return _jax.simulate(tab, n_rounds, seed)

@@ -7,10 +7,8 @@ import math
 import numpy as np
 import pytest
 
-import sim
 from coolsd.cli import main
 from sim import sources as so
-from theory import markov, rules
 
 
 def _entropy(P):
