@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import sim
 from theory import chains, markov, rules
 from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree, draft_without_replacement, tree_round, verify_tree
 
@@ -40,29 +41,8 @@ def test_draft_without_replacement_law():
 
 
 def simulate_tree(P, Q, tree, verifier, s, n, seed):
-    """Vectorised tree rounds on Markov chains (drafting in the test; verification by verify_tree)."""
-    rng = np.random.default_rng(seed)
-    V, N = len(P), tree.n_nodes
-    tokens = np.zeros((n, N + 1), np.int64)
-    tokens[:, 0] = s
-    for node in range(N + 1):  # nodes are in BFS order: a parent's token is known before its children
-        kids = tree.children[node][tree.children[node] >= 0]
-        if len(kids):
-            qrow = Q[tokens[:, node]]
-            tokens[:, kids] = draft_without_replacement(qrow, len(kids), rng.gumbel(size=(n, V)))
-    out = verify_tree(P[tokens], Q[tokens], tokens, rng.random((n, N + 1)), rng.random(n), tree, verifier)
-    # the output sequence of length D+1, virtually extended by P
-    D = tree.depth
-    seq = np.full((n, D + 1), -1)
-    for d in range(D):
-        seq[:, d] = np.where(out.path[:, d] >= 0, tokens[np.arange(n), np.maximum(out.path[:, d], 0)], -1)
-    seq[np.arange(n), out.accepted] = out.next_token
-    for d in range(1, D + 1):
-        fill = seq[:, d] < 0
-        prev = seq[fill, d - 1]
-        c = np.cumsum(P[prev], 1)
-        seq[fill, d] = (rng.random(fill.sum())[:, None] * c[:, -1:] >= c).sum(1)
-    return out, seq
+    out = sim.simulate_tree(P, Q, tree, verifier, s, n, seed)
+    return out, out.tokens
 
 
 @pytest.mark.parametrize("verifier", [rules.vanilla(), rules.cool_sd(2.0), rules.uniform_rsd(1.6), rules.typical(0.2, 0.3)],
@@ -148,3 +128,16 @@ def test_verify_tree_same_on_torch():
         b = verify_tree(*(torch.as_tensor(x) for x in args), SMALL, v)
         for x, y in zip(a, b):
             assert np.array_equal(x, y.numpy()), v.name
+
+
+def test_simulate_tree_is_seeded_and_checks_input():
+    P, Q = chains.random_pair(4, 0.4, seed=0)
+    a = sim.simulate_tree(P, Q, SMALL, rules.vanilla(), 0, 300, seed=3)
+    b = sim.simulate_tree(P, Q, SMALL, rules.vanilla(), 0, 300, seed=3)
+    assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.accepted, b.accepted)
+    with pytest.raises(ValueError, match="n_rounds"):
+        sim.simulate_tree(P, Q, SMALL, rules.vanilla(), 0, 0)
+    with pytest.raises(ValueError, match="row-stochastic"):
+        sim.simulate_tree(P * 2, Q, SMALL, rules.vanilla(), 0, 10)
+    with pytest.raises(ValueError, match="candidates but V=4"):
+        sim.simulate_tree(P, Q, Tree(EAGLE_57), rules.vanilla(), 0, 10)
