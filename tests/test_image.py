@@ -258,7 +258,8 @@ def test_speedup_model():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"cost_ratio": -0.1}, "cost_ratio"), ({"cost_ratio": float("nan")}, "cost_ratio"),
-    ({"cost_ratio": 0.1, "verify_cost": 0.0}, "verify_cost"), ({"cost_ratio": 0.1, "verify_per_token": -1}, "verify_per_token"),
+    ({"cost_ratio": 0.1, "verify_cost": 0.0}, "verify_cost"),
+    ({"cost_ratio": 0.1, "verify_per_token": -1}, "verify_per_token"),
     ({"cost_ratio": "fast"}, "number")])
 def test_speedup_rejects_bad_costs(kwargs, match):
     P, Q = chains.random_pair(3, seed=0)

@@ -229,6 +229,9 @@ def test_schedule_rejects_bad_arguments():
         optimize.schedule_shape("cosine", 3)
     with pytest.raises(ValueError, match="max_sequences"):
         optimize.optimal_schedule(P, Q, 3, 0, 1.0, objective="exact_tv", max_sequences=100)
+    P, Q = chains.random_pair(30, seed=0)
+    with pytest.raises(ValueError, match="small V"):
+        optimize.optimal_schedule(P, Q, 2, 0, 1.0, family="table")
 
 
 # --------------------------------------------------------------------------- schedule optimiser

@@ -487,6 +487,7 @@ def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts
 # --------------------------------------------------------------------------- schedule optimisation
 
 FAMILIES = ("scaled", "table")
+TABLE_MAX_VARIABLES = 1500       # L V^2 above which the table family (SLSQP, dense) is refused
 
 
 @dataclass
@@ -497,7 +498,8 @@ class ScheduleResult:
     rule is ``F``), clipped at the saturation level above which f_i = 1 wherever P > 0.
     acceptance_rates: Pr(tau >= i) / Pr(tau >= i-1), the chance of accepting draft i once reached.
     non_increasing: the weights (scaled) or acceptance rates (table) are non-increasing in i, up to
-    a relative 1e-6. named: the named schedules tuned to the same E[tau]. source: the start that won
+    a relative 1e-3 (optima often sit at kinks, e.g. w_i = 1 exactly, which SLSQP meets only to ~1e-5).
+    named: the named schedules tuned to the same E[tau]. source: the start that won
     ("uniform", "random0", ...; "named:<name>" when no optimised start beat a named schedule)."""
     objective: str
     family: str
@@ -586,12 +588,15 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
     target = _check_target(target_accepted, L, max_reachable(P, Q, L, mu))
     if objective == "exact_tv":
         _check_exact_size(mu, V, L, max_sequences)
+    if family == "table" and L * V * V > TABLE_MAX_VARIABLES:
+        raise ValueError(f"family='table' optimises L V^2 = {L * V * V} acceptance probabilities, above "
+                         f"{TABLE_MAX_VARIABLES}; it is meant for small V (use family='scaled')")
     key = "tv_bound" if objective == "bound" else "exact_tv"
     named = named_schedules(P, Q, L, mu, target, max_sequences=max_sequences)
     best_named = min(named, key=lambda k: named[k][key])
     w_sat = _saturation(P, Q)
 
-    # candidates: (objective value, source, F)
+    # candidates: (objective value, source, F, weights or None)
     cands = [(named[k][key], f"named:{k}", scaled_tables_xp(P, Q, named[k]["weights"]), named[k]["weights"])
              for k in named]
     if family == "scaled":
@@ -652,7 +657,7 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
             if abs(ev["expected_accepted"] - target) <= 1e-7:
                 cands.append((ev[key], name, F, w))
 
-    val, source, F, weights = min(cands, key=lambda c: c[0])
+    _, source, F, weights = min(cands, key=lambda c: c[0])
     ev = _evaluate(P, Q, F, mu, max_sequences)
     pr = ev["acceptance_probs"]
     rates = pr / np.concatenate([[1.0], pr[:-1]]).clip(min=np.finfo(float).tiny)
@@ -663,7 +668,6 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
     G = _rules.Optimal()(P[None], Q[None], F)
     return ScheduleResult(objective, family, target, weights, ev["expected_accepted"], ev["tv_bound"],
                           ev["exact_tv"], float(ev[key]), rates, mono, named, best_named, source, F, G)
-
 
 
 # --------------------------------------------------------------------------- annealing study (Prop. 2)
@@ -755,8 +759,7 @@ def anneal_study(tvs=(0.1, 0.25, 0.4, 0.55, 0.7), Vs=(4, 8, 24), Ls=(2, 4), seed
         P, Q = study_chain(kind, mode, V, tv, seed + 1000 * V + 100 * L)
         mu = chains.stationary(P)
         rtv = chains.row_tv(P, Q)
-        e_van = _expected(P, Q, np.ones((L, V, V)) * np.where(Q > 0, np.minimum(1, P / np.where(Q > 0, Q, 1)), 1),
-                          mu)
+        e_van = _expected(P, Q, scaled_tables_xp(P, Q, np.ones(L)), mu)
         e_max = max_reachable(P, Q, L, mu)
         for frac in fractions:
             target = e_van + frac * (e_max - e_van)

@@ -92,7 +92,8 @@ def run_table(args):
 
 # --------------------------------------------------------------------------- coolsd theory anneal
 
-PARETO_CHAINS = (("ambiguous", "mixed", 6, 4, 0.2, "inside TV<=2/5"), ("ambiguous", "mixed", 6, 4, 0.5, "outside TV<=2/5"))
+PARETO_CHAINS = (("ambiguous", "mixed", 6, 4, 0.2, "inside TV<=2/5"),
+                 ("ambiguous", "mixed", 6, 4, 0.5, "outside TV<=2/5"))
 CAPTION = ("Equal-E[tau] trade-off of acceptance schedules (G* resampling) on two order-1 chains "
            "(ambiguous rows, V = 6, L = 4, row TVs spread around the mean; top: max row TV <= 2/5, the paper's "
            "assumption; bottom: outside it). x: expected accepted drafts E[tau] per round; y: TV upper bound B "
@@ -120,8 +121,6 @@ def run_anneal(args):
     import csv
     import os
     import time
-
-    import numpy as np
 
     from theory import chains, optimize
 
