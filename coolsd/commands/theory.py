@@ -11,6 +11,7 @@ def register(sub):
     add_chain_args(t)
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.set_defaults(func=run_table)
+    register_anneal(tsub)
 
 
 def add_chain_args(p):
@@ -87,3 +88,138 @@ def run_table(args):
     else:
         print(f"chain={args.chain} V={args.V} L={args.L} TV(P,Q)={args.tv} seed={args.seed}; start state 0")
         print(format_table(rows))
+
+
+# --------------------------------------------------------------------------- coolsd theory anneal
+
+PARETO_CHAINS = (("ambiguous", "mixed", 6, 4, 0.2, "inside TV<=2/5"),
+                 ("ambiguous", "mixed", 6, 4, 0.5, "outside TV<=2/5"))
+CAPTION = ("Equal-E[tau] trade-off of acceptance schedules (G* resampling) on two order-1 chains "
+           "(ambiguous rows, V = 6, L = 4, row TVs spread around the mean; top: max row TV <= 2/5, the paper's "
+           "assumption; bottom: outside it). x: expected accepted drafts E[tau] per round; y: TV upper bound B "
+           "(left) and exact TV (right) of one round, lower is better. 'optimal' is the free-weight schedule "
+           "minimising that panel's objective.")
+
+
+def register_anneal(tsub):
+    a = tsub.add_parser("anneal", help="annealing study: decaying vs uniform vs increasing schedules at equal E[tau]")
+    a.add_argument("--out", required=True, help="output directory (CSV, JSON, PNG)")
+    a.add_argument("--tvs", type=float, nargs="+", default=[0.1, 0.25, 0.4, 0.55, 0.7],
+                   help="mean row TV(P, Q) levels (default 0.1 0.25 0.4 0.55 0.7)")
+    a.add_argument("--Vs", type=int, nargs="+", default=[4, 8, 24], help="vocabulary sizes (default 4 8 24)")
+    a.add_argument("--Ls", type=int, nargs="+", default=[2, 4], help="draft lengths (default 2 4)")
+    a.add_argument("--seeds", type=int, default=2, help="chains per configuration (default 2)")
+    a.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 0.75],
+                   help="targets E[tau] as fractions of the way from vanilla to the largest reachable")
+    a.add_argument("--no-optimize", action="store_true", help="skip the optimal-schedule columns (faster)")
+    a.add_argument("--points", type=int, default=10, help="E[tau] points per Pareto curve (default 10)")
+    a.add_argument("--quiet", action="store_true", help="no progress bar")
+    a.set_defaults(func=run_anneal)
+
+
+def run_anneal(args):
+    import csv
+    import os
+    import time
+
+    from theory import chains, optimize
+
+    if args.seeds < 1 or args.points < 2 or min(args.Vs) < 2 or min(args.Ls) < 1:
+        raise ValueError("need --seeds >= 1, --points >= 2, every V >= 2 and every L >= 1")
+    if any(not 0 < f < 1 for f in args.fractions):
+        raise ValueError(f"--fractions must lie in (0, 1), got {args.fractions}")
+    if any(not 0 <= t < 1 for t in args.tvs):
+        raise ValueError(f"--tvs must lie in [0, 1), got {args.tvs}")
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.perf_counter()
+    study = optimize.anneal_study(tvs=tuple(args.tvs), Vs=tuple(args.Vs), Ls=tuple(args.Ls),
+                                  seeds=tuple(range(args.seeds)), fractions=tuple(args.fractions),
+                                  optimize=not args.no_optimize, progress=not args.quiet)
+    curves = []
+    for kind, mode, V, L, tv, label in PARETO_CHAINS:
+        P, Q = optimize.study_chain(kind, mode, V, tv, 7)
+        c = optimize.pareto_curves(P, Q, L, chains.stationary(P), n_points=args.points,
+                                   optimize=not args.no_optimize)
+        c.update({"kind": kind, "tv_mode": mode, "V": V, "L": L, "tv": tv, "label": label,
+                  "max_row_tv": float(chains.row_tv(P, Q).max())})
+        curves.append(c)
+    study["pareto"] = curves
+    study["caption"] = CAPTION
+    study["runtime_s"] = time.perf_counter() - t0
+
+    cases = study["cases"]
+    cols = list(dict.fromkeys(k for r in cases for k in r))
+    with open(os.path.join(args.out, "anneal_cases.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(cases)
+    with open(os.path.join(args.out, "anneal_summary.json"), "w") as fh:
+        json.dump({k: v for k, v in study.items() if k != "cases"}, fh, indent=1, default=_json_default)
+    plot_pareto(curves, os.path.join(args.out, "anneal_pareto.png"))
+    print(format_anneal_summary(study["summary"]))
+    print(f"wrote {args.out}/anneal_cases.csv ({len(cases)} cases), anneal_summary.json, anneal_pareto.png "
+          f"in {study['runtime_s']:.0f} s")
+    return 0
+
+
+def _json_default(x):
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return x.item()
+    raise TypeError(f"not JSON serialisable: {type(x)}")
+
+
+def format_anneal_summary(summary) -> str:
+    head = (f"{'objective':9s} {'cases':22s} {'n':>4s} {'exp<uni':>8s} {'exp<inc':>8s} {'expF<uni':>9s} "
+            f"{'inc best':>9s} {'opt nonincr':>12s}")
+    lines = ["Fraction of cases where the first schedule has the lower objective at equal E[tau] "
+             "(exp = Cool-SD nu=0.7, expF = exponential floored at w=1, uni = uniform, inc = increasing)",
+             head, "-" * len(head)]
+    for obj in ("bound", "exact_tv"):
+        for group in ("all", "inside_tv_le_2/5", "outside_tv_gt_2/5"):
+            s = summary[obj][group]
+            if not s.get("n"):
+                continue
+            opt = f"{s['optimal_non_increasing']:.2f} ({s['n_optimized']})" if "n_optimized" in s else "n/a"
+            lines.append(f"{obj:9s} {group:22s} {s['n']:4d} {s['exponential_beats_uniform']:8.2f} "
+                         f"{s['exponential_beats_increasing']:8.2f} {s['exponential_floor_beats_uniform']:9.2f} "
+                         f"{s['increasing_best_of_three']:9.2f} {opt:>12s}")
+    return "\n".join(lines)
+
+
+STYLE = {"exponential": ("C0", "-", "Cool-SD exponential (nu=0.7)"),
+         "exponential_floor": ("C0", ":", "exponential, floor w>=1"),
+         "linear": ("C2", "-", "linear decay"), "uniform": ("k", "--", "uniform"),
+         "increasing": ("C3", "-", "increasing"), "optimal": ("C1", "-", "optimal (free weights)")}
+
+
+def plot_pareto(curves, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(curves), 2, figsize=(11, 4.2 * len(curves)), squeeze=False)
+    for row, c in zip(axes, curves):
+        x = c["expected_accepted"]
+        for ax, obj, ylabel in ((row[0], "tv_bound", "TV upper bound B"), (row[1], "exact_tv", "exact TV")):
+            for name, (color, ls, label) in STYLE.items():
+                key = f"optimal_{'bound' if obj == 'tv_bound' else 'exact_tv'}" if name == "optimal" else name
+                if key not in c or any(v is None for v in c[key][obj]):
+                    continue
+                ax.plot(x, c[key][obj], color=color, ls=ls, lw=2.2 if name == "optimal" else 1.5,
+                        marker="o" if name == "optimal" else None, ms=3, label=label)
+            ax.axvline(c["vanilla_accepted"], color="0.6", lw=0.8)
+            ax.set_xlabel("E[tau] (accepted drafts per round)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{ylabel}: {c['kind']} rows, V={c['V']}, L={c['L']}, "
+                         f"max row TV={c['max_row_tv']:.2f} ({c['label']})", fontsize=9)
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle("Schedules at equal E[tau] (grey line: vanilla E[tau]); lower is better", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,195 @@
+"""Whole-image predictions for a time-homogeneous order-1 chain (THEORY.md section 7).
+
+An image is T tokens produced by successive rounds. Convention (shared with ``sim`` and ``real``):
+with n tokens generated so far, a round drafts L' = min(L, T - n - 1) tokens with the rule's first L'
+positions (F_1..F_L', G_1..G_L'); when L' = 0 (one token left) the round is a single target step that
+draws one token from P. Each round starts from the last generated token (the first from ``init``).
+
+Round kernels: from state s, with A_i = Q * F_i and R_i[s, :] = (1 - beta_i(s)) G_i(.|s),
+  K_j = A_1 ... A_{j-1} R_j        (exactly j tokens: j - 1 accepted drafts, rejection at j), j <= L'
+  K_{L'+1} = A_1 ... A_{L'} P      (all L' drafts accepted, bonus token from P)
+K_j[s, s'] = Pr(the round yields j tokens and ends in s'). The round's state law is *not* the chain's
+marginal: it is the law of the relaxed process at a round boundary, carried by the recursion
+  pi_0 = mu_0,   pi_{n+j} += pi_n K_j^{(L'(n))}     over n = 0..T-1,
+where pi_n[s] = Pr(a round boundary falls after n tokens and token n is s). Then
+  E[target calls] = sum_{n<T} |pi_n|,   accumulated bound = sum_{n<T} pi_n . b^{(L'(n))},
+b^{(l)}[s] = sum_{i<=l} (A_1..A_{i-1} d_i)[s] the per-round TV bound (T4, T9) of a round of l drafts
+from s (0 for a single target step). By a hybrid argument (swap one round at a time for the target),
+the accumulated bound bounds the TV between the whole-image law and the target's.
+
+Cost: a sequential loop over n with O(L V^2) work per step (one (V,) @ (V, (L+1) V) product with the
+stacked kernels of a full-length round, formed once in O(L V^3) when V <= 2 T), plus O(L^2 V^2).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import markov
+
+__all__ = ["ImagePrediction", "image_prediction", "predict_image", "round_kernels", "round_bounds",
+           "round_speedup", "draft_lengths"]
+
+
+def _check_int(name: str, x, lo: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
+    return int(x)
+
+
+def _check_costs(cost_ratio, verify_cost, verify_per_token) -> tuple[float, float, float]:
+    for name, v, lo_ok in (("cost_ratio", cost_ratio, True), ("verify_cost", verify_cost, False),
+                           ("verify_per_token", verify_per_token, True)):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a number, got {v!r}") from None
+        if not math.isfinite(x) or x < 0 or (x == 0 and not lo_ok):
+            raise ValueError(f"{name} must be finite and {'>= 0' if lo_ok else '> 0'}, got {v!r}")
+    return float(cost_ratio), float(verify_cost), float(verify_per_token)
+
+
+def draft_lengths(T: int, L: int) -> np.ndarray:
+    """L'(n) = min(L, T - n - 1) for n = 0..T-1 (tokens already generated)."""
+    T = _check_int("T", T, 1)
+    L = _check_int("L", L, 1)
+    return np.minimum(L, T - 1 - np.arange(T))
+
+
+def round_kernels(P, Q, F, G, ell: int) -> np.ndarray:
+    """K (ell + 1, V, V): K[j-1, s, s'] = Pr(a round of ell drafts from s yields j tokens, the last s').
+    Rows of K summed over j and s' are 1. Uses positions 1..ell of F, G. O(ell V^3)."""
+    P, Q = markov.check_chain(P, Q)
+    F = markov._check_F(F, P.shape[0])
+    G = markov._check_G(G, F)
+    ell = _check_int("ell", ell, 0)
+    if ell > F.shape[0]:
+        raise ValueError(f"ell={ell} drafts need {ell} positions of F, G; they have {F.shape[0]}")
+    A = Q * F
+    R = (1 - A.sum(-1, keepdims=True)) * G
+    return _kernels(A, R, P, ell)
+
+
+def _kernels(A, R, P, ell: int) -> np.ndarray:
+    V = P.shape[0]
+    out = np.empty((ell + 1, V, V))
+    M = np.eye(V)
+    for j in range(ell):  # loop over draft positions
+        out[j] = M @ R[j]
+        M = M @ A[j]
+    out[ell] = M @ P
+    return out
+
+
+def round_bounds(P, Q, F, G) -> np.ndarray:
+    """b (L + 1, V): b[l, s] = the TV bound (T4, T9) of a round of l drafts from state s (b[0] = 0)."""
+    P, Q = markov.check_chain(P, Q)
+    F = markov._check_F(F, P.shape[0])
+    G = markov._check_G(G, F)
+    return _round_bounds(P, Q, F, G)
+
+
+def _round_bounds(P, Q, F, G) -> np.ndarray:
+    L, V = F.shape[0], P.shape[0]
+    d = markov.discrepancy(P, Q, F, G)           # (L, V): D_i(s), T3
+    A = Q * F
+    b = np.zeros((L + 1, V))
+    for i in range(1, L + 1):                    # u = A_1 ... A_{i-1} d_i, applied right to left
+        u = d[i - 1]
+        for k in range(i - 2, -1, -1):
+            u = A[k] @ u
+        b[i] = b[i - 1] + u
+    return b
+
+
+@dataclass
+class ImagePrediction:
+    """Whole-image expectations for T tokens (section 7).
+
+    expected_rounds: E[number of target forward calls] (rounds, including single target steps);
+    expected_draft_steps: E[number of drafted tokens]; expected_single_steps: E[rounds with L' = 0];
+    accumulated_bound: E[sum over rounds of the round's TV bound] (bounds the whole-image TV; may exceed 1);
+    tokens_per_call: T / expected_rounds; boundary_mass: (T + 1,) Pr(a round boundary after n tokens)."""
+    T: int
+    L: int
+    expected_rounds: float
+    expected_draft_steps: float
+    expected_single_steps: float
+    accumulated_bound: float
+    tokens_per_call: float
+    boundary_mass: np.ndarray
+
+    def speedup(self, cost_ratio: float, verify_cost: float = 1.0, verify_per_token: float = 0.0) -> float:
+        """Predicted wall-clock speed-up over plain AR decoding (T target steps of cost 1):
+        T / E[time], time = sum over rounds of L' c + verify_cost + verify_per_token (L' + 1) for a
+        drafted round and 1 for a single target step. c = cost_ratio = draft step / target step."""
+        c, v, k = _check_costs(cost_ratio, verify_cost, verify_per_token)
+        drafted_rounds = self.expected_rounds - self.expected_single_steps
+        time = (self.expected_draft_steps * (c + k) + drafted_rounds * (v + k) + self.expected_single_steps)
+        return self.T / time
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.pop("boundary_mass")
+        return d
+
+
+def image_prediction(P, Q, F, G, T: int, init) -> ImagePrediction:
+    """Exact expected target calls, draft steps and accumulated TV bound for a T-token image
+    (section 7), by the recursion over (tokens generated, last state) in the module docstring.
+    F, G (L, V, V): the rule's per-position tables (markov.rule_tables); init: start state or law."""
+    P, Q = markov.check_chain(P, Q)
+    F = markov._check_F(F, P.shape[0])
+    G = markov._check_G(G, F)
+    T = _check_int("T", T, 1)
+    mu = markov.init_distribution(init, P.shape[0])
+    L, V = F.shape[0], P.shape[0]
+    A = Q * F
+    R = (1 - A.sum(-1, keepdims=True)) * G
+    b = _round_bounds(P, Q, F, G)
+    ells = draft_lengths(T, L)
+    # full-length rounds (all but the last L values of n) apply the stacked kernels K^(L) (V, (L+1) V)
+    # in one product; forming them costs O(L V^3), worth it unless V is large compared with T
+    Kcat = _kernels(A, R, P, L).transpose(1, 0, 2).reshape(V, (L + 1) * V) if V <= 2 * T else None
+    pi = np.zeros((T + 1, V))
+    pi[0] = mu
+    bound = 0.0
+    for n in range(T):  # sequential recursion over tokens generated; each step is O(L V^2)
+        ell = int(ells[n])
+        v = pi[n]
+        bound += float(v @ b[ell])
+        if Kcat is not None and ell == L:
+            pi[n + 1:n + L + 2] += (v @ Kcat).reshape(L + 1, V)
+            continue
+        for j in range(ell):
+            pi[n + j + 1] += v @ R[j]
+            v = v @ A[j]
+        pi[n + ell + 1] += v @ P
+    mass = pi.sum(1)
+    rounds = float(mass[:T].sum())
+    return ImagePrediction(T, L, rounds, float(mass[:T] @ ells), float(mass[:T] @ (ells == 0)), bound,
+                           T / rounds, mass)
+
+
+def predict_image(P, Q, verifier, L: int, T: int, init) -> ImagePrediction:
+    """image_prediction for a verifier (theory.rules) with draft length L."""
+    F, G = markov.rule_tables(P, Q, L, verifier)
+    return image_prediction(P, Q, F, G, T, init)
+
+
+def round_speedup(tokens_per_round: float, L: int, cost_ratio: float, verify_cost: float = 1.0,
+                  verify_per_token: float = 0.0) -> float:
+    """Per-round speed-up model (section 7, Leviathan et al.): E[tau + 1] / (L c + verify_cost
+    + verify_per_token (L + 1)). tokens_per_round = E[tau + 1] (not E[tau]) lies in [1, L + 1]."""
+    L = _check_int("L", L, 1)
+    c, v, k = _check_costs(cost_ratio, verify_cost, verify_per_token)
+    try:
+        t = float(tokens_per_round)
+    except (TypeError, ValueError):
+        raise ValueError(f"tokens_per_round must be a number, got {tokens_per_round!r}") from None
+    if not (1.0 <= t <= L + 1):
+        raise ValueError(f"tokens_per_round = E[tau + 1] must lie in [1, L + 1] = [1, {L + 1}], got "
+                         f"{tokens_per_round!r} (pass E[tau] + 1, not E[tau])")
+    return t / (L * (c + k) + v + k)

@@ -1,0 +1,830 @@
+"""Optimisers over relaxed-SD rules on order-1 Markov chains (THEORY.md sections 2, 5).
+
+* :func:`confirm_optimal_resampling` -- minimise the bound B (T4) or the exact TV (T7) over *all*
+  resampling tables G (softmax rows, JAX gradients, several random starts) and compare with the
+  closed form G* (T5). For B the gap must vanish (Theorem 2(c)); for the exact TV G* need not be
+  optimal, and the gap is reported as found.
+* :func:`optimal_schedule` -- the acceptance rule of a family (free per-position weights
+  ``f_i = min(1, w_i P/Q)``, or free per-(position, state, token) tables) that minimises B or the
+  exact TV subject to E[tau] = target (T2, T8), always with G* as the resampler; it also reports the
+  named schedules (uniform, Cool-SD exponential nu = 0.7, linear, increasing) tuned to the same E[tau].
+* :func:`tune_weights` -- the scale c with E[tau](c * shape) = target, by a bracketed root finder.
+* :func:`anneal_study` -- the sweep behind ``coolsd theory anneal`` (Proposition 2 at equal E[tau],
+  for B and for the exact TV, inside and outside the paper's assumption TV(P, Q) <= 2/5).
+
+JAX is imported inside the functions that need gradients (``import theory`` works without it) and
+every JAX computation runs under ``jax.enable_x64(True)`` so it is float64 without touching the
+process-wide setting. Reported numbers are always recomputed with the numpy engine (theory.markov).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import brentq, minimize
+
+from . import markov
+from . import rules as _rules
+from ._xp import namespace
+
+__all__ = [
+    "confirm_optimal_resampling", "optimal_schedule", "tune_weights", "named_schedules", "schedule_shape",
+    "scaled_tables", "scaled_tables_xp", "exact_tv_xp", "max_reachable", "anneal_study", "pareto_curves",
+    "ResamplingCheck", "ScheduleResult", "NAMED_SCHEDULES", "EXACT_TV_LIMIT",
+]
+
+NAMED_SCHEDULES = ("uniform", "exponential", "linear", "increasing")
+FLOORED = {"exponential_floor": "exponential"}   # extra study schedule: max(1, c exp(-nu (i-1)))
+COOL_SD_NU = 0.7                 # the paper's decay rate
+EXACT_TV_LIMIT = 10**6           # start states x V^(L+1) sequences above which exact TV is not computed
+W_MIN = 1e-4                     # lower bound on weights during optimisation (w -> 0 means f -> 0)
+TARGET_TOL = 1e-9                # the polished schedule meets the target E[tau] to this accuracy
+
+
+# --------------------------------------------------------------------------- JAX plumbing
+
+@contextlib.contextmanager
+def _jax64():
+    """(jax, jax.numpy) with float64 enabled for the duration of the block only."""
+    try:
+        import jax
+    except ImportError as e:  # pragma: no cover - jax is an optional extra
+        raise ImportError("theory.optimize needs JAX for gradients: pip install 'coolsd[jax]'") from e
+    with jax.enable_x64(True):
+        yield jax, jax.numpy
+
+
+_JIT: dict[str, Any] = {}
+
+
+def _jitted(name: str, builder):
+    """Build a jitted function once per process (JAX retraces per input shape by itself)."""
+    if name not in _JIT:
+        _JIT[name] = builder()
+    return _JIT[name]
+
+
+def _smooth_abs(x, eps, xp):
+    """|x| (eps = 0) or the smooth sqrt(x^2 + eps^2) - eps, which is within eps of |x|."""
+    return xp.sqrt(x * x + eps * eps) - eps
+
+
+# --------------------------------------------------------------------------- traceable cores
+
+def scaled_tables_xp(P, Q, w):
+    """F_i[s, x] = min(1, w_i P[s, x] / Q[s, x]) (section 5), 1 where Q = 0. w: (L,) -> F (L, V, V)."""
+    xp = namespace(P, Q, w)
+    pos = Q > 0
+    safe = xp.where(pos, Q, xp.ones_like(Q))
+    ratio = w[:, None, None] * P / safe
+    return xp.where(pos, xp.minimum(xp.ones_like(ratio), ratio), xp.ones_like(ratio))
+
+
+def scaled_tables(P, Q, w) -> tuple[np.ndarray, np.ndarray]:
+    """(F, G*) (L, V, V) of the scaled rule with explicit weights w (L,), numpy float64."""
+    P, Q = markov.check_chain(P, Q)
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 1 or w.size < 1 or not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(f"weights must be a non-empty vector of finite values > 0, got {w}")
+    F = scaled_tables_xp(P, Q, w)
+    return F, _rules.Optimal()(P[None], Q[None], F)
+
+
+def _bound_gstar_xp(P, Q, F, mu, eps=0.0):
+    """B with the optimal resampler, sum_i mu^T A_1..A_{i-1} d_i with d_i = sum_x [A_i - P]_+ (T6, T9).
+    eps > 0 smooths the positive part ([x]_+ = (x + |x|) / 2 with the smooth |x|)."""
+    xp = namespace(P, Q, F, mu)
+    v = mu
+    total = 0.0
+    for i in range(F.shape[0]):
+        A = Q * F[i]
+        r = A - P
+        d = 0.5 * xp.sum(r + _smooth_abs(r, eps, xp), axis=-1)
+        total = total + v @ d
+        v = v @ A
+    return total
+
+
+def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
+    """sum_s weights[s] TV(Phat(.|s), P(.|s)) over all V^(L+1) sequences (T7); array-API twin of
+    markov.exact_tv (same dynamic programme as markov._prefix_masses), traceable by JAX.
+
+    states: (S,) int start states (a numpy array: static under tracing); weights: (S,).
+    eps > 0 replaces |x| by the smooth sqrt(x^2 + eps^2) - eps (for gradient-based optimisers)."""
+    xp = namespace(P, Q, F, G)
+    L, V = F.shape[0], P.shape[0]
+    A = Q * F
+    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G
+    idx = xp.asarray(np.asarray(states, dtype=np.int64))
+    a = xp.take(A[0], idx, axis=0)[:, None, :]
+    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
+    for i in range(1, L):  # loop over positions, one broadcast product over all prefixes each
+        S, N, _ = a.shape
+        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
+        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
+    tvs = 0.5 * xp.sum(_smooth_abs(a + d, eps, xp), axis=(1, 2))
+    return xp.sum(weights * tvs)
+
+
+# --------------------------------------------------------------------------- input checks
+
+def _check_L(L) -> int:
+    if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
+        raise ValueError(f"draft length L must be an integer >= 1, got {L!r}")
+    return int(L)
+
+
+def _check_objective(objective: str) -> str:
+    if objective not in ("bound", "exact_tv"):
+        raise ValueError(f"objective must be 'bound' or 'exact_tv', got {objective!r}")
+    return objective
+
+
+def _exact_size(mu: np.ndarray, V: int, L: int) -> int:
+    return int(np.count_nonzero(mu > 0)) * V ** (L + 1)
+
+
+def _check_exact_size(mu, V, L, max_sequences):
+    n = _exact_size(mu, V, L)
+    if n > max_sequences:
+        raise ValueError(f"objective='exact_tv' needs {np.count_nonzero(mu > 0)} start state(s) x V^(L+1) = "
+                         f"{np.count_nonzero(mu > 0)} x {V}^{L + 1} = {n:.3g} sequences, above "
+                         f"max_sequences={max_sequences:.3g}; use objective='bound' or a smaller chain")
+
+
+def max_reachable(P, Q, L: int, init) -> float:
+    """sup of E[tau] over scaled acceptance min(1, w_i P/Q): every draft with P > 0 accepted.
+    It equals L when P > 0 wherever Q > 0, and is attained for w_i >= max Q/P (see _saturation)."""
+    P, Q = markov.check_chain(P, Q)
+    L = _check_L(L)
+    mu = markov.init_distribution(init, P.shape[0])
+    F = np.where(Q > 0, (P > 0).astype(np.float64), 1.0)
+    return float(markov.acceptance_probs_xp(P, Q, np.broadcast_to(F, (L, *F.shape)), mu).sum())
+
+
+def _saturation(P, Q) -> float:
+    """The weight above which min(1, w P/Q) = 1 wherever P > 0: max over P > 0 of Q/P (>= 1)."""
+    m = (P > 0) & (Q > 0)
+    return float(max(1.0, np.max(Q[m] / P[m]))) if m.any() else 1.0
+
+
+def _check_target(target, L: int, e_max: float) -> float:
+    try:
+        t = float(target)
+    except (TypeError, ValueError):
+        raise ValueError(f"target_accepted must be a number, got {target!r}") from None
+    if not math.isfinite(t):
+        raise ValueError(f"target_accepted must be finite, got {target!r}")
+    if t <= 0:
+        raise ValueError(f"target_accepted must be > 0 (E[tau] > 0 for every w > 0), got {t}")
+    if t > L:
+        raise ValueError(f"target_accepted={t} is above the draft length L={L}: at most L drafts are accepted")
+    if t > e_max * (1 + 1e-12):
+        raise ValueError(f"target_accepted={t} is unreachable: the largest E[tau] with scaled acceptance is "
+                         f"{e_max:.10g} (every draft with P > 0 accepted; drafts with P = 0 are always rejected)")
+    return t
+
+
+# --------------------------------------------------------------------------- root finding
+
+def _expected(P, Q, F, mu) -> float:
+    return float(markov.acceptance_probs_xp(P, Q, F, mu).sum())
+
+
+def _solve_log_scale(E_of_logc, target: float, lo: float, hi: float, what: str) -> float:
+    """log c with E_of_logc(log c) = target for a non-decreasing E, by brentq on a bracket [lo, hi]
+    that is widened (doubling steps) until E(lo) <= target <= E(hi)."""
+    g = lambda x: E_of_logc(x) - target  # noqa: E731
+    step = 1.0
+    for _ in range(200):
+        if g(lo) <= 0:
+            break
+        lo -= step
+        step *= 2
+    else:
+        raise ValueError(f"{what}: could not bracket target E[tau]={target} from below")
+    step = 1.0
+    for _ in range(200):
+        if g(hi) >= 0:
+            break
+        hi += step
+        step *= 2
+    else:
+        raise ValueError(f"{what}: target E[tau]={target} not reached; largest value {g(hi) + target:.10g}")
+    glo, ghi = g(lo), g(hi)
+    if glo == 0:
+        return lo
+    if ghi == 0:
+        return hi
+    return brentq(g, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+
+
+def tune_weights(P, Q, shape, init, target_accepted, floor: float | None = None) -> np.ndarray:
+    """w = c * shape (or max(floor, c * shape)) with E[tau](w) = target_accepted (T2, T8) for scaled
+    acceptance min(1, w_i P/Q).
+
+    E[tau] is continuous and non-decreasing in c, between 0 (c -> 0; E[tau](floor) with a floor) and
+    max_reachable (c large), so a bracket in log c exists for every reachable target; brentq on log c
+    finds it. Weights above the saturation level (f = 1 wherever P > 0) are clipped to it (same rule)."""
+    P, Q = markov.check_chain(P, Q)
+    shape = np.asarray(shape, dtype=np.float64)
+    if shape.ndim != 1 or shape.size < 1 or not np.all(np.isfinite(shape)) or np.any(shape <= 0):
+        raise ValueError(f"shape must be a non-empty vector of finite values > 0, got {shape}")
+    L = shape.size
+    mu = markov.init_distribution(init, P.shape[0])
+    t = _check_target(target_accepted, L, max_reachable(P, Q, L, mu))
+    w_sat = _saturation(P, Q)
+    lo_w = 0.0
+    if floor is not None:
+        if not (math.isfinite(floor) and floor > 0):
+            raise ValueError(f"floor must be finite and > 0, got {floor}")
+        lo_w = float(floor)
+        e_floor = _expected(P, Q, scaled_tables_xp(P, Q, np.full(L, lo_w)), mu)
+        if t < e_floor:
+            raise ValueError(f"target_accepted={t} is below E[tau]={e_floor:.10g} of the floor w_i = {floor}")
+    wfun = lambda x: np.minimum(np.maximum(lo_w, np.exp(x) * shape), w_sat)  # noqa: E731
+    E = lambda x: _expected(P, Q, scaled_tables_xp(P, Q, wfun(x)), mu)  # noqa: E731
+    # E <= sum_i min(1, w_i) <= c sum(shape) without a floor, and E = E_max once c min(shape) >= w_sat
+    lo = math.log(t / shape.sum()) - 1.0
+    hi = math.log(w_sat / shape.min()) + 1e-9
+    return wfun(_solve_log_scale(E, t, lo, hi, "tune_weights"))
+
+
+def schedule_shape(name: str, L: int, nu: float = COOL_SD_NU) -> np.ndarray:
+    """Unscaled weights of a named schedule (section 5), w_1 = 1:
+    uniform 1; exponential (Cool-SD) exp(-nu (i-1)); linear (L+1-i)/L (decays to 1/L);
+    increasing exp(+nu (i-1)) (the mirror image of Cool-SD, relaxation moved late)."""
+    L = _check_L(L)
+    i = np.arange(L, dtype=np.float64)
+    if name == "uniform":
+        return np.ones(L)
+    if name == "exponential":
+        return np.exp(-nu * i)
+    if name == "linear":
+        return (L - i) / L
+    if name == "increasing":
+        return np.exp(nu * i)
+    raise ValueError(f"unknown schedule {name!r}; choose from {NAMED_SCHEDULES}")
+
+
+def _evaluate(P, Q, F, mu, max_sequences) -> dict:
+    """E[tau], B and exact TV (None above max_sequences) of tables F with G* (numpy engine)."""
+    G = _rules.Optimal()(P[None], Q[None], F)
+    pr = markov.acceptance_probs_xp(P, Q, F, mu)
+    out = {"expected_accepted": float(pr.sum()), "tv_bound": float(markov.bound_terms_xp(P, Q, F, G, mu).sum()),
+           "exact_tv": None, "acceptance_probs": pr}
+    if _exact_size(mu, P.shape[0], F.shape[0]) <= max_sequences:
+        states = np.flatnonzero(mu > 0)
+        out["exact_tv"] = float(exact_tv_xp(P, Q, F, G, states, mu[states]))
+    return out
+
+
+def named_schedules(P, Q, L: int, init, target_accepted, names=NAMED_SCHEDULES,
+                    max_sequences: int = EXACT_TV_LIMIT) -> dict[str, dict]:
+    """Each named schedule tuned to E[tau] = target: {name: {weights, expected_accepted, tv_bound, exact_tv}}.
+    Names: those of schedule_shape, and "exponential_floor" = max(1, c exp(-nu (i-1))) (never stricter
+    than vanilla; needs target >= vanilla's E[tau])."""
+    P, Q = markov.check_chain(P, Q)
+    L = _check_L(L)
+    mu = markov.init_distribution(init, P.shape[0])
+    out = {}
+    for name in names:
+        if name in FLOORED:  # decaying, but never stricter than vanilla (w_i >= 1)
+            w = tune_weights(P, Q, schedule_shape(FLOORED[name], L), mu, target_accepted, floor=1.0)
+        else:
+            w = tune_weights(P, Q, schedule_shape(name, L), mu, target_accepted)
+        ev = _evaluate(P, Q, scaled_tables_xp(P, Q, w), mu, max_sequences)
+        ev.pop("acceptance_probs")
+        out[name] = {"weights": w, **ev}
+    return out
+
+
+# --------------------------------------------------------------------------- G* confirmation
+
+@dataclass
+class ResamplingCheck:
+    """Result of :func:`confirm_optimal_resampling`.
+
+    closed_form: the objective with G* (T5); optimized: the smallest value found over all G (the exact
+    LP optimum and every first-order start); gap = optimized - closed_form, which is ~0 when G* is
+    optimal and clearly negative when some G beats G*; beaten = gap < -tol. lp: the LP optimum;
+    per_start: the value reached by projected gradient from each random start."""
+    objective: str
+    closed_form: float
+    optimized: float
+    gap: float
+    beaten: bool
+    tol: float
+    lp: float | None
+    per_start: list[float]
+    G: np.ndarray = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "G"}
+
+
+def _g_residual_exact_xp(P, Q, F, G, states):
+    """The DP residuals a + d of exact_tv_xp, (S, V^L): TV given s = 1/2 sum |a + d| (T7). Affine in G."""
+    xp = namespace(P, Q, F, G)
+    L, V = F.shape[0], P.shape[0]
+    A = Q * F
+    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G
+    idx = xp.asarray(np.asarray(states, dtype=np.int64))
+    a = xp.take(A[0], idx, axis=0)[:, None, :]
+    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
+    for i in range(1, L):
+        S, N, _ = a.shape
+        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
+        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
+    return xp.reshape(a + d, (len(states), -1))
+
+
+def _g_affine(P, Q, F, mu, objective):
+    """(J, b) with objective(G) = || J vec(G) + b ||_1 exactly, J (m, L V V) (sparse for B).
+
+    B (T3, T4, T9): r_{i,s,x} = w_i[s]/2 (A_i + (1 - beta_i) G_i - P)[s, x], w_i = mu^T A_1..A_{i-1};
+    J is diagonal. Exact TV (T7): r = mu[s]/2 (a + d) from the DP, affine in G; J by JAX autodiff."""
+    import scipy.sparse as sp
+
+    L, V = F.shape[0], P.shape[0]
+    A = Q * F
+    beta = A.sum(-1)                                   # (L, V)
+    if objective == "bound":
+        w = np.empty((L, V))
+        v = mu.copy()
+        for i in range(L):
+            w[i] = v
+            v = v @ A[i]
+        scale = np.broadcast_to((0.5 * w * (1 - beta))[..., None], (L, V, V)).ravel()
+        J = sp.diags(scale).tocsr()
+        b = np.broadcast_to(0.5 * w[..., None], (L, V, V)).ravel() * (A - P[None]).ravel()
+        return J, b
+    states = np.flatnonzero(mu > 0)
+    with _jax64() as (jax, jnp):
+        fn = lambda G: _g_residual_exact_xp(jnp.asarray(P), jnp.asarray(Q), jnp.asarray(F), G, states)  # noqa: E731
+        G0 = jnp.zeros((L, V, V))
+        b = np.asarray(fn(G0))                         # (S, N)
+        J = np.asarray(jax.jacfwd(fn)(G0)).reshape(b.size, L * V * V)
+    c = np.broadcast_to(0.5 * mu[states][:, None], b.shape).ravel()
+    return sp.csr_matrix(c[:, None] * J), c * b.ravel()
+
+
+def _project_simplex(Y: np.ndarray) -> np.ndarray:
+    """Euclidean projection of every row of Y (..., V) onto the probability simplex (sort-based)."""
+    V = Y.shape[-1]
+    flat = Y.reshape(-1, V)
+    U = -np.sort(-flat, axis=-1)
+    css = np.cumsum(U, axis=-1) - 1.0
+    k = np.arange(1, V + 1)
+    cond = U - css / k > 0
+    rho = V - 1 - np.argmax(cond[:, ::-1], axis=-1)   # last index where cond holds
+    theta = css[np.arange(flat.shape[0]), rho] / (rho + 1)
+    return np.maximum(flat - theta[:, None], 0.0).reshape(Y.shape)
+
+
+def _g_lp(J, b, n_rows: int, V: int) -> np.ndarray:
+    """min_g ||J g + b||_1 over rows of g on the simplex, as an LP (HiGHS): min sum t, -t <= J g + b <= t."""
+    import scipy.sparse as sp
+    from scipy.optimize import linprog
+
+    m, n = J.shape
+    I = sp.identity(m, format="csr")
+    A_ub = sp.vstack([sp.hstack([J, -I]), sp.hstack([-J, -I])]).tocsr()
+    b_ub = np.concatenate([-b, b])
+    A_eq = sp.hstack([sp.kron(sp.identity(n_rows), np.ones((1, V))), sp.csr_matrix((n_rows, m))]).tocsr()
+    cost = np.concatenate([np.zeros(n), np.ones(m)])
+    bounds = [(0.0, 1.0)] * n + [(0.0, None)] * m
+    res = linprog(cost, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.ones(n_rows), bounds=bounds, method="highs",
+                  options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
+    if res.status != 0:  # pragma: no cover - the LP is always feasible and bounded
+        raise RuntimeError(f"LP for the optimal resampling failed: {res.message}")
+    return _project_simplex(res.x[:n].reshape(n_rows, V))
+
+
+def _g_projected_gradient(J, b, G0: np.ndarray, separable: bool, iters: int) -> np.ndarray:
+    """Accelerated projected gradient (FISTA with adaptive restart) on sqrt((J g + b)^2 + eps^2),
+    eps = 1e-1 ... 1e-10 (continuation), rows of g projected on the simplex after every step.
+    Step 1/Lipschitz: per row when J is diagonal (B: the problem separates by row), else global."""
+    n_rows, V = G0.shape
+    if separable:
+        jd = J.diagonal().reshape(n_rows, V)
+        lip = np.max(jd * jd, axis=1, keepdims=True)     # per-row curvature bound times eps
+    else:
+        import scipy.sparse.linalg as spl
+        lip = float(spl.svds(J, k=1, return_singular_vectors=False)[0] ** 2) if min(J.shape) > 1 else \
+            float(np.abs(J.toarray()).max() ** 2)
+    lip = np.where(lip > 0, lip, 1.0)
+    g = G0.copy()
+    for eps in 10.0 ** -np.arange(1, 11):
+        step = eps / lip
+        y, t, g_prev = g.copy(), 1.0, g.copy()
+        f_prev = np.inf
+        for _ in range(iters):
+            r = J @ y.ravel() + b
+            grad = (J.T @ (r / np.sqrt(r * r + eps * eps))).reshape(n_rows, V)
+            g_new = _project_simplex(y - step * grad)
+            rn = J @ g_new.ravel() + b
+            f_new = float(np.sum(np.sqrt(rn * rn + eps * eps)))
+            if f_new > f_prev:                           # adaptive restart (O'Donoghue & Candes)
+                y, t = g.copy(), 1.0
+                continue
+            t_new = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
+            y = g_new + ((t - 1) / t_new) * (g_new - g)
+            g_prev, g, t, f_prev = g, g_new, t_new, f_new
+            if np.max(np.abs(g - g_prev)) < 1e-15:
+                break
+    return g
+
+
+def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts: int = 3, seed: int = 0,
+                               tol: float = 1e-7, iters: int = 400,
+                               max_sequences: int = EXACT_TV_LIMIT) -> ResamplingCheck:
+    """Minimise B (T4) or the exact TV (T7) over all resampling tables G (L, V, V) and compare with G* (T5).
+
+    Both objectives are || J vec(G) + b ||_1 with J, b exact: for B by T3/T4 (J diagonal), for the exact
+    TV because Phat is affine in G (T7), J obtained by JAX autodiff (float64) of the DP residuals. So
+    (1) the global minimum is computed exactly as a linear programme (HiGHS), and (2) projected
+    gradient with smoothing continuation is run from ``n_starts`` random G (Dirichlet rows) as an
+    independent first-order check. Every candidate is re-evaluated with the numpy engine.
+    For B the gap must be ~0 (Theorem 2(c)); for the exact TV G* need not be optimal: the gap is what it is.
+    """
+    objective = _check_objective(objective)
+    P, Q = markov.check_chain(P, Q)
+    V = P.shape[0]
+    F = markov._check_F(F, V)
+    L = F.shape[0]
+    mu = markov.init_distribution(init, V)
+    if isinstance(n_starts, bool) or not isinstance(n_starts, (int, np.integer)) or n_starts < 0:
+        raise ValueError(f"n_starts must be an integer >= 0, got {n_starts!r}")
+    if objective == "bound":
+        exact = lambda G: markov.tv_bound(P, Q, F, G, mu)  # noqa: E731
+    else:
+        _check_exact_size(mu, V, L, max_sequences)
+        exact = lambda G: markov.exact_tv(P, Q, F, G, mu, max_sequences=max_sequences)  # noqa: E731
+    closed = exact(markov.optimal_resampling(P, Q, F))
+    J, b = _g_affine(P, Q, F, mu, objective)
+    n_rows = L * V
+    G_lp = _g_lp(J, b, n_rows, V).reshape(L, V, V)
+    best_G, best = G_lp, exact(G_lp)
+    lp_val = best
+    rng = np.random.default_rng(seed)
+    per_start = []
+    for _ in range(int(n_starts)):
+        G0 = rng.dirichlet(np.ones(V), size=n_rows)
+        G = _g_projected_gradient(J, b, G0, objective == "bound", iters).reshape(L, V, V)
+        val = exact(G)
+        per_start.append(float(val))
+        if val < best:
+            best, best_G = val, G
+    gap = float(best - closed)
+    return ResamplingCheck(objective, float(closed), float(best), gap, gap < -tol, tol, float(lp_val),
+                           per_start, best_G)
+
+
+# --------------------------------------------------------------------------- schedule optimisation
+
+FAMILIES = ("scaled", "table")
+TABLE_MAX_VARIABLES = 1500       # L V^2 above which the table family (SLSQP, dense) is refused
+
+
+@dataclass
+class ScheduleResult:
+    """Result of :func:`optimal_schedule` (all numbers recomputed with the numpy engine, G* resampling).
+
+    weights: (L,) the optimal w_i of f_i = min(1, w_i P/Q) (family "scaled"; None for "table", whose
+    rule is ``F``), clipped at the saturation level above which f_i = 1 wherever P > 0.
+    acceptance_rates: Pr(tau >= i) / Pr(tau >= i-1), the chance of accepting draft i once reached.
+    non_increasing: the weights (scaled) or acceptance rates (table) are non-increasing in i, up to
+    a relative 1e-3 (optima often sit at kinks, e.g. w_i = 1 exactly, which SLSQP meets only to ~1e-5).
+    named: the named schedules tuned to the same E[tau]. source: the start that won
+    ("uniform", "random0", ...; "named:<name>" when no optimised start beat a named schedule)."""
+    objective: str
+    family: str
+    target_accepted: float
+    weights: np.ndarray | None
+    expected_accepted: float
+    tv_bound: float
+    exact_tv: float | None
+    objective_value: float
+    acceptance_rates: np.ndarray
+    non_increasing: bool
+    named: dict
+    best_named: str
+    source: str
+    F: np.ndarray = field(repr=False)
+    G: np.ndarray = field(repr=False)
+
+    def to_dict(self) -> dict:
+        def plain(x):
+            if isinstance(x, np.ndarray):
+                return x.tolist()
+            if isinstance(x, dict):
+                return {k: plain(v) for k, v in x.items()}
+            return x
+        return {k: plain(v) for k, v in self.__dict__.items() if k not in ("F", "G")}
+
+
+def _theta_tables(theta, P, Q, family):
+    """Acceptance tables from optimisation variables: scaled (L,) log-weights, or table (L, V, V) logits."""
+    xp = namespace(P, Q, theta)
+    if family == "scaled":
+        return scaled_tables_xp(P, Q, xp.exp(theta))
+    return 1.0 / (1.0 + xp.exp(-theta))
+
+
+def _sched_objective(theta, P, Q, mu, states, family, objective):
+    """B (T6, T9) or exact TV (T7) of the rule theta with G* (T5); states static (tuple)."""
+    F = _theta_tables(theta, P, Q, family)
+    if objective == "bound":
+        return _bound_gstar_xp(P, Q, F, mu)
+    G = _rules.Optimal()(P[None], Q[None], F)
+    st = np.asarray(states, dtype=np.int64)
+    return exact_tv_xp(P, Q, F, G, st, mu[st])
+
+
+def _sched_expected(theta, P, Q, mu, family):
+    return markov.expected_accepted_xp(P, Q, _theta_tables(theta, P, Q, family), mu)
+
+
+def _monotone(x: np.ndarray, rel: float = 1e-6) -> bool:
+    return bool(np.all(np.diff(x) <= rel * np.maximum(np.abs(x[:-1]), 1e-300)))
+
+
+def _polish_table(P, Q, F, mu, target):
+    """Scale a table to hit the target: F(c) = min(1, c F), E non-decreasing in c (bracketed brentq)."""
+    E = lambda x: _expected(P, Q, np.minimum(1.0, np.exp(x) * F), mu)  # noqa: E731
+    e_max = _expected(P, Q, np.where(F > 0, 1.0, 0.0), mu)
+    if target > e_max * (1 + 1e-12):
+        return None
+    x = _solve_log_scale(E, target, -1.0, 1.0, "table polish")
+    return np.minimum(1.0, np.exp(x) * F)
+
+
+def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "bound", family: str = "scaled",
+                     n_random: int = 2, seed: int = 0, max_sequences: int = EXACT_TV_LIMIT,
+                     maxiter: int = 200) -> ScheduleResult:
+    """The acceptance rule minimising B (T4) or the exact TV (T7) subject to E[tau] = target_accepted
+    (T2, T8), with the optimal resampler G* (T5).
+
+    family "scaled": f_i = min(1, w_i P/Q) with free weights w_1..w_L (section 5); "table": free
+    f_i(x | s) in [0, 1] per (position, state, token) (L V^2 variables: small V only).
+    Method: SLSQP on log-weights (table: logits) with the equality constraint, JAX gradients (float64;
+    the objectives are piecewise smooth, gradients exist almost everywhere), started from the named
+    schedules tuned to the target (uniform, exponential nu = 0.7, linear, increasing) and ``n_random``
+    random shapes (table family: from the scaled optimum and the tuned uniform rule); every end point
+    is rescaled by a bracketed root finder so E[tau] = target to 1e-9, then re-evaluated exactly.
+    The named schedules themselves are candidates, so the result is never worse than the best of them.
+    """
+    objective = _check_objective(objective)
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    P, Q = markov.check_chain(P, Q)
+    L = _check_L(L)
+    V = P.shape[0]
+    mu = markov.init_distribution(init, V)
+    target = _check_target(target_accepted, L, max_reachable(P, Q, L, mu))
+    if objective == "exact_tv":
+        _check_exact_size(mu, V, L, max_sequences)
+    if family == "table" and L * V * V > TABLE_MAX_VARIABLES:
+        raise ValueError(f"family='table' optimises L V^2 = {L * V * V} acceptance probabilities, above "
+                         f"{TABLE_MAX_VARIABLES}; it is meant for small V (use family='scaled')")
+    key = "tv_bound" if objective == "bound" else "exact_tv"
+    named = named_schedules(P, Q, L, mu, target, max_sequences=max_sequences)
+    best_named = min(named, key=lambda k: named[k][key])
+    w_sat = _saturation(P, Q)
+
+    # candidates: (objective value, source, F, weights or None)
+    cands = [(named[k][key], f"named:{k}", scaled_tables_xp(P, Q, named[k]["weights"]), named[k]["weights"])
+             for k in named]
+    if family == "scaled":
+        starts = {k: np.log(named[k]["weights"]) for k in NAMED_SCHEDULES}
+        rng = np.random.default_rng(seed)
+        for j in range(int(n_random)):
+            shape = np.exp(rng.normal(0.0, 1.0, L))
+            starts[f"random{j}"] = np.log(tune_weights(P, Q, shape, mu, target))
+        bounds = [(math.log(W_MIN), math.log(w_sat))] * L
+    else:
+        inner = optimal_schedule(P, Q, L, mu, target, objective, "scaled", n_random, seed, max_sequences, maxiter)
+        cands.append((inner.objective_value, f"scaled:{inner.source}", inner.F, None))
+        clip = lambda F: np.clip(F, 1e-6, 1 - 1e-6)  # noqa: E731
+        logit = lambda F: np.log(clip(F)) - np.log1p(-clip(F))  # noqa: E731
+        starts = {"scaled-optimum": logit(inner.F),
+                  "uniform": logit(scaled_tables_xp(P, Q, named["uniform"]["weights"]))}
+        bounds = [(-30.0, 30.0)] * (L * V * V)
+    states = tuple(int(s) for s in np.flatnonzero(mu > 0))
+
+    with _jax64() as (jax, jnp):
+        def both(theta, P, Q, mu, states, family, objective):
+            f, gf = jax.value_and_grad(_sched_objective)(theta, P, Q, mu, states, family, objective)
+            e, ge = jax.value_and_grad(_sched_expected)(theta, P, Q, mu, family)
+            return f, gf, e, ge
+
+        fboth = _jitted(f"sched_{family}_{objective}", lambda: jax.jit(both, static_argnums=(4, 5, 6)))
+        Pj, Qj, muj = jnp.asarray(P), jnp.asarray(Q), jnp.asarray(mu)
+        shp = starts[next(iter(starts))].shape
+        memo: dict = {}
+
+        def ev_at(x):  # one fused call per point: SLSQP asks for f, grad f, c and grad c at the same x
+            k = x.tobytes()
+            if k not in memo:
+                memo.clear()
+                f, gf, e, ge = fboth(jnp.asarray(x.reshape(shp)), Pj, Qj, muj, states, family, objective)
+                memo[k] = (float(f), np.asarray(gf).ravel(), float(e) - target, np.asarray(ge).ravel())
+            return memo[k]
+
+        obj = lambda x: ev_at(x)[:2]  # noqa: E731
+        con = lambda x: ev_at(x)[2]  # noqa: E731
+        con_jac = lambda x: ev_at(x)[3]  # noqa: E731
+
+        for name, x0 in starts.items():
+            x0 = np.clip(x0.ravel(), [b[0] for b in bounds], [b[1] for b in bounds])
+            res = minimize(obj, x0, jac=True, method="SLSQP", bounds=bounds,
+                           constraints=[{"type": "eq", "fun": con, "jac": con_jac}],
+                           options={"maxiter": maxiter, "ftol": 1e-12})
+            x = res.x.reshape(shp)
+            w = None
+            if family == "scaled":
+                w = tune_weights(P, Q, np.exp(x), mu, target)
+                F = scaled_tables_xp(P, Q, w)
+            else:
+                F = _polish_table(P, Q, np.asarray(_theta_tables(x, P, Q, family)), mu, target)
+                if F is None:
+                    continue
+            ev = _evaluate(P, Q, F, mu, max_sequences)
+            if abs(ev["expected_accepted"] - target) <= 1e-7:
+                cands.append((ev[key], name, F, w))
+
+    _, source, F, weights = min(cands, key=lambda c: c[0])
+    ev = _evaluate(P, Q, F, mu, max_sequences)
+    pr = ev["acceptance_probs"]
+    rates = pr / np.concatenate([[1.0], pr[:-1]]).clip(min=np.finfo(float).tiny)
+    if family == "scaled":
+        mono = _monotone(weights, 1e-3)
+    else:
+        weights, mono = None, _monotone(rates, 1e-3)
+    G = _rules.Optimal()(P[None], Q[None], F)
+    return ScheduleResult(objective, family, target, weights, ev["expected_accepted"], ev["tv_bound"],
+                          ev["exact_tv"], float(ev[key]), rates, mono, named, best_named, source, F, G)
+
+
+# --------------------------------------------------------------------------- annealing study (Prop. 2)
+
+ROW_KINDS = ("peaked", "ambiguous")
+TV_MODES = ("equal", "mixed")
+PAPER_TV_ASSUMPTION = 0.4         # Proposition 2 is proved for TV(P, Q) <= 2/5
+STUDY_SCHEDULES = ("exponential", "exponential_floor", "linear", "uniform", "increasing")
+
+
+def study_chain(kind: str, tv_mode: str, V: int, tv: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A chain of the sweep. kind: "peaked" (Dirichlet(0.3) rows) or "ambiguous" (near-uniform rows,
+    spread 0.5). tv_mode: "equal" (TV(P(.|s), Q(.|s)) = tv in every row) or "mixed" (row TVs spread
+    evenly over [tv/4, 7 tv/4] in random order, mean tv; capped at what each row can reach)."""
+    from . import chains
+
+    rng = np.random.default_rng(seed)
+    if kind == "peaked":
+        P = chains.dirichlet_rows(V, 0.3, rng)
+    elif kind == "ambiguous":
+        P = chains.ambiguous_pair(V, spread=0.5, seed=rng)[0]
+    else:
+        raise ValueError(f"kind must be one of {ROW_KINDS}, got {kind!r}")
+    if tv_mode == "equal":
+        return P, chains.with_row_tv(P, min(tv, 0.999 * (1 - P.min(1)).min()), rng)
+    if tv_mode != "mixed":
+        raise ValueError(f"tv_mode must be one of {TV_MODES}, got {tv_mode!r}")
+    levels = tv * (0.25 + 1.5 * rng.permutation(V) / max(V - 1, 1))
+    Q = np.empty_like(P)
+    for s in range(V):  # one row at a time: with_row_tv takes one TV level (V is small here)
+        Q[s] = chains.with_row_tv(P[s:s + 1], min(levels[s], 0.999 * (1 - P[s].min())), rng)[0]
+    return P, Q
+
+
+def _wins(a: float, b: float, rel: float = 1e-9) -> bool:
+    return a < b - rel * max(abs(b), 1e-300)
+
+
+def _fractions(rows: list[dict], key: str) -> dict:
+    """Win fractions of the decaying schedules at equal E[tau] for objective column prefix ``key``."""
+    rows = [r for r in rows if r.get(f"{key}_uniform") is not None]
+    n = len(rows)
+    if n == 0:
+        return {"n": 0}
+    g = lambda s: np.array([r[f"{key}_{s}"] for r in rows])  # noqa: E731
+    e, li, u, inc = g("exponential"), g("linear"), g("uniform"), g("increasing")
+    w = np.vectorize(_wins)
+    out = {
+        "n": n,
+        "exponential_beats_uniform": float(w(e, u).mean()),
+        "exponential_beats_increasing": float(w(e, inc).mean()),
+        "exponential_best_of_exp_uniform_increasing": float((w(e, u) & w(e, inc)).mean()),
+        "linear_beats_uniform": float(w(li, u).mean()),
+        "exponential_floor_beats_uniform": float(w(g("exponential_floor"), u).mean()),
+        "uniform_beats_increasing": float(w(u, inc).mean()),
+        "increasing_best_of_three": float((w(inc, u) & w(inc, e)).mean()),
+        "median_exponential_over_uniform": float(np.median(e / np.where(u > 0, u, np.nan))),
+    }
+    opt = [r[f"{key}_optimal"] for r in rows if r.get(f"{key}_optimal") is not None]
+    if opt:
+        sel = [r for r in rows if r.get(f"{key}_optimal") is not None]
+        mono = [r[f"{key}_optimal_non_increasing"] for r in sel]
+        ex = np.array([r[f"{key}_exponential"] for r in sel])
+        o = np.array(opt)
+        out.update({"n_optimized": len(opt), "optimal_non_increasing": float(np.mean(mono)),
+                    "median_exponential_excess_over_optimal": float(np.median(ex - o)),
+                    "median_uniform_excess_over_optimal": float(np.median(np.array(
+                        [r[f"{key}_uniform"] for r in sel]) - o))})
+    return out
+
+
+def anneal_study(tvs=(0.1, 0.25, 0.4, 0.55, 0.7), Vs=(4, 8, 24), Ls=(2, 4), seeds=(0, 1),
+                 kinds=ROW_KINDS, tv_modes=TV_MODES, fractions=(0.25, 0.5, 0.75), optimize: bool = True,
+                 optimize_max_V: int = 8, max_sequences: int = EXACT_TV_LIMIT, progress: bool = True) -> dict:
+    """Proposition 2 at equal E[tau]: for every chain of the sweep and every target E[tau] (a fraction
+    of the way from vanilla's E[tau] to the largest reachable), B (T4) and exact TV (T7, chains with
+    V^(L+1) x V <= max_sequences) of the named schedules tuned to the target, with G*; with
+    ``optimize``, the B- and exact-TV-optimal free weights (optimal_schedule, family "scaled") at the
+    middle fraction for the first seed and V <= optimize_max_V.
+    Start law: the stationary distribution of P. Returns {"cases": [...], "summary": {...}, "config": {...}}."""
+    from tqdm import tqdm
+
+    from . import chains
+
+    configs = [(k, m, V, L, tv, s) for k in kinds for m in tv_modes for V in Vs for L in Ls for tv in tvs
+               for s in seeds]
+    cases = []
+    for kind, mode, V, L, tv, seed in tqdm(configs, desc="anneal", disable=not progress):
+        P, Q = study_chain(kind, mode, V, tv, seed + 1000 * V + 100 * L)
+        mu = chains.stationary(P)
+        rtv = chains.row_tv(P, Q)
+        e_van = _expected(P, Q, scaled_tables_xp(P, Q, np.ones(L)), mu)
+        e_max = max_reachable(P, Q, L, mu)
+        for frac in fractions:
+            target = e_van + frac * (e_max - e_van)
+            row = {"kind": kind, "tv_mode": mode, "V": V, "L": L, "tv": tv, "seed": seed,
+                   "mean_row_tv": float(mu @ rtv), "max_row_tv": float(rtv.max()),
+                   "inside_assumption": bool(rtv.max() <= PAPER_TV_ASSUMPTION + 1e-12),
+                   "fraction": frac, "target_accepted": target, "vanilla_accepted": e_van}
+            named = named_schedules(P, Q, L, mu, target, STUDY_SCHEDULES, max_sequences)
+            for name, r in named.items():
+                row[f"bound_{name}"] = r["tv_bound"]
+                row[f"exact_tv_{name}"] = r["exact_tv"]
+                row[f"w1_{name}"] = float(r["weights"][0])
+            if (optimize and V <= optimize_max_V and seed == seeds[0]
+                    and frac == fractions[len(fractions) // 2]):
+                for obj in ("bound", "exact_tv"):
+                    if obj == "exact_tv" and row["exact_tv_uniform"] is None:
+                        continue
+                    res = optimal_schedule(P, Q, L, mu, target, obj, n_random=0, max_sequences=max_sequences)
+                    row[f"{obj}_optimal"] = res.objective_value
+                    row[f"{obj}_optimal_non_increasing"] = res.non_increasing
+                    row[f"{obj}_optimal_weights"] = " ".join(f"{w:.4g}" for w in res.weights)
+            cases.append(row)
+
+    summary = {}
+    for key in ("bound", "exact_tv"):
+        summary[key] = {
+            "all": _fractions(cases, key),
+            "inside_tv_le_2/5": _fractions([r for r in cases if r["inside_assumption"]], key),
+            "outside_tv_gt_2/5": _fractions([r for r in cases if not r["inside_assumption"]], key),
+            **{f"{k}/{m}": _fractions([r for r in cases if r["kind"] == k and r["tv_mode"] == m], key)
+               for k in kinds for m in tv_modes},
+            **{f"L={L}": _fractions([r for r in cases if r["L"] == L], key) for L in Ls},
+        }
+    config = {"tvs": list(tvs), "Vs": list(Vs), "Ls": list(Ls), "seeds": list(seeds), "kinds": list(kinds),
+              "tv_modes": list(tv_modes), "fractions": list(fractions), "optimize": optimize,
+              "optimize_max_V": optimize_max_V, "max_sequences": max_sequences, "start": "stationary law of P",
+              "schedules": {"exponential": "w_i = c exp(-0.7 (i-1)) (Cool-SD, nu = 0.7)",
+                            "exponential_floor": "w_i = max(1, c exp(-0.7 (i-1))) (never stricter than vanilla)",
+                            "linear": "w_i = c (L+1-i)/L", "uniform": "w_i = c",
+                            "increasing": "w_i = c exp(+0.7 (i-1))"},
+              "resampler": "G* (T5)", "paper_assumption": "max_s TV(P(.|s), Q(.|s)) <= 2/5"}
+    return {"cases": cases, "summary": summary, "config": config}
+
+
+def pareto_curves(P, Q, L: int, init, n_points: int = 12, lo: float = 0.05, hi: float = 0.95,
+                  optimize: bool = True, names=STUDY_SCHEDULES, max_sequences: int = EXACT_TV_LIMIT) -> dict:
+    """E[tau] on a grid from vanilla's value towards the largest reachable (fractions lo..hi) and, for
+    every named schedule (and the optimal free weights), B and exact TV at each E[tau]."""
+    P, Q = markov.check_chain(P, Q)
+    L = _check_L(L)
+    V = P.shape[0]
+    mu = markov.init_distribution(init, V)
+    Fv = np.broadcast_to(scaled_tables_xp(P, Q, np.ones(1))[0], (L, V, V))
+    e_van = _expected(P, Q, Fv, mu)
+    e_max = max_reachable(P, Q, L, mu)
+    targets = e_van + np.linspace(lo, hi, n_points) * (e_max - e_van)
+    curves = {"expected_accepted": targets.tolist(), "vanilla_accepted": e_van, "max_accepted": e_max}
+    for name in names:
+        rs = [named_schedules(P, Q, L, mu, t, (name,), max_sequences)[name] for t in targets]
+        curves[name] = {"tv_bound": [r["tv_bound"] for r in rs], "exact_tv": [r["exact_tv"] for r in rs]}
+    if optimize:
+        for obj in ("bound", "exact_tv"):
+            if obj == "exact_tv" and _exact_size(mu, V, L) > max_sequences:
+                continue
+            rs = [optimal_schedule(P, Q, L, mu, t, obj, n_random=0, max_sequences=max_sequences) for t in targets]
+            curves[f"optimal_{obj}"] = {"tv_bound": [r.tv_bound for r in rs], "exact_tv": [r.exact_tv for r in rs],
+                                        "weights": [r.weights.tolist() for r in rs]}
+    return curves
