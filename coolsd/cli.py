@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-GROUPS = ["theory", "demo"]
+GROUPS = ["theory", "demo", "generate"]
 
 
 def build_parser() -> argparse.ArgumentParser:
