@@ -138,7 +138,8 @@ class EagleDrafter(nn.Module):
     """EAGLE-1 drafter (``real.protocol.FeatureDrafter``) drafting through the target's LM head.
 
     ``head`` is the target's output ``nn.Linear`` (not registered here: it is the target's and stays
-    frozen); ``head_index`` (V,) optionally selects the image-token rows of a larger LM head."""
+    frozen); ``head_index`` (V,) optionally maps image tokens 0..V-1 to the ids of a larger LM
+    vocabulary (rows of the head and of ``embed_tokens``), as ``real.hf.HFCausalLM(image_token_ids=...)``."""
     needs_features = True
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
@@ -261,6 +262,8 @@ class EagleDrafter(nn.Module):
         self._len = s + idx.numel()
 
     def _trunk(self, tokens, features, rot, start, mask):
+        if self._head_index is not None:
+            tokens = self._head_index.to(tokens.device)[tokens]
         e = self.embed_tokens(tokens).to(features.dtype)
         h = self.fc(torch.cat([e, features.to(self.dtype)], dim=-1))
         for layer in self.layers:
@@ -389,6 +392,7 @@ def train_eagle(drafter: EagleDrafter, tokens: torch.Tensor, features: torch.Ten
         opt.step()
         with torch.no_grad():
             top1 = ((logq.argmax(-1) == tp.argmax(-1)).float() * m[..., 0]).sum() / m.sum()
-        log.append({"loss": float(loss), "vloss": float(vloss), "ploss": float(ploss), "top1": float(top1)})
+        log.append({"loss": float(loss.detach()), "vloss": float(vloss.detach()), "ploss": float(ploss.detach()),
+                    "top1": float(top1)})
     drafter.eval()
     return log

@@ -143,7 +143,8 @@ def generate(args) -> dict:
     if args.save:
         toks = np.stack([g.tokens.numpy() for g in gens])
         extra = {}
-        if bundle.vq is not None:
+        side = int(round(bundle.num_tokens ** 0.5))
+        if bundle.vq is not None and side * side == bundle.num_tokens:
             extra["images"] = bundle.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
         np.savez_compressed(args.save, tokens=toks, **extra)
         out["saved"] = args.save
