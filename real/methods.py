@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from theory import rules
 
@@ -38,9 +39,10 @@ def default_lantern_k(V: int) -> int:
     return int(min(1000, max(1, V // 16)))
 
 
-def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), neighbors: np.ndarray | None = None):
+def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), neighbors=None, device=None):
     """The ``theory.rules.Verifier`` for a method name. LANTERN methods need the codebook neighbour
-    table ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.vq.codebook_neighbors``)."""
+    table ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.vq.codebook_neighbors``);
+    with ``device`` the table is kept there as a torch tensor (no host-to-device copy per round)."""
     m = method.lower()
     if m == "vanilla":
         return rules.vanilla()
@@ -53,7 +55,7 @@ def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), ne
     if m in ("lantern", "lantern++"):
         if neighbors is None:
             raise ValueError(f"method {method!r} needs a codebook neighbour table (the model has no VQ codebook here)")
-        nb = np.asarray(neighbors)
+        nb = np.asarray(neighbors) if device is None else torch.as_tensor(np.asarray(neighbors), device=device)
         V, K = nb.shape
         k = params.lantern_k if params.lantern_k is not None else default_lantern_k(V)
         need = k + 1 if params.resampler == "lantern" else k

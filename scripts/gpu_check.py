@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     ua, us = torch.rand(1, L, device=dev, generator=g), torch.rand(1, device=dev, generator=g)
     res["verify_ms"] = {}
     for m in ("vanilla", "cool-sd", "lantern"):
-        v = make_verifier(m, L, MethodParams(lantern_k=k), nb)
+        v = make_verifier(m, L, MethodParams(lantern_k=k), nb, device=dev)
         res["verify_ms"][m] = 1e3 * timeit(lambda: verify_chain(p, q, tok, ua, us, v).accepted.tolist(), dev, a.iters)
     print("verify_chain alone: " + ", ".join(f"{m} {t:.3f} ms" for m, t in res["verify_ms"].items()))
 

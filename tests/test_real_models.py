@@ -257,3 +257,28 @@ def test_eagle_cache_and_training(target):
     print(f"greedy tokens per target call with the drafter: {before:.2f} untrained -> {after:.2f} trained")
     assert last < 0.7 * first and top1[1] > top1[0] + 0.1
     assert after > before
+
+
+def test_t5_captions_are_left_padded_features():
+    """Caption conditions from a (tiny, random) T5 encoder: real tokens moved to the end, padding
+    zeroed and masked, as the t2i model expects."""
+    from types import SimpleNamespace
+
+    transformers = pytest.importorskip("transformers")
+    enc = transformers.T5EncoderModel(transformers.T5Config(vocab_size=50, d_model=16, d_kv=4, num_heads=2, num_layers=1,
+                                                            d_ff=32)).eval()
+
+    def tok(prompts, max_length, **kw):
+        ids = torch.zeros(len(prompts), max_length, dtype=torch.long)
+        mask = torch.zeros(len(prompts), max_length, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            w = [1 + (hash(x) % 48) for x in p.split()][:max_length]
+            ids[i, :len(w)], mask[i, :len(w)] = torch.tensor(w), 1
+        return SimpleNamespace(input_ids=ids, attention_mask=mask)
+
+    caps = lg.t5_captions(["a red cat", "dog"], encoder=enc, tokenizer=tok, max_length=6)
+    with torch.no_grad():
+        ids = tok(["a red cat"], 6).input_ids
+        ref = enc(input_ids=ids, attention_mask=(ids > 0).long()).last_hidden_state[0]
+    assert caps[0].mask.tolist() == [False] * 3 + [True] * 3 and caps[1].mask.tolist() == [False] * 5 + [True]
+    assert torch.allclose(caps[0].embedding[3:], ref[:3], atol=1e-6) and caps[0].embedding[:3].abs().max() == 0

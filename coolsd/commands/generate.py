@@ -109,7 +109,8 @@ def generate(args) -> dict:
     params = MethodParams(delta=args.delta, nu=args.nu, mu=args.mu, c=args.c, linear_first=args.linear_first,
                           linear_last=args.linear_last, lantern_k=args.lantern_k, lantern_delta=args.lantern_delta,
                           lam=args.lam, resampler=args.resampler, eps=args.eps, alpha=args.alpha)
-    verifier = None if method == "ar" else make_verifier(method, args.L, params, bundle.neighbors)
+    verifier = None if method == "ar" else make_verifier(method, args.L, params, bundle.neighbors,
+                                                         device=getattr(bundle.target, "device", None))
     progress = None if not args.json else False
     gens, base = [], []
     for i, cond in enumerate(bundle.conds):
