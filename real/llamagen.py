@@ -427,14 +427,6 @@ class LlamaGen(nn.Module):
             raise ValueError(f"tokens must be (B={B}, S), got shape {tuple(tokens.shape)}")
         return tokens
 
-    @torch.no_grad()
-    def teacher_forced(self, cond, tokens: torch.Tensor, *, cfg: bool = False) -> ModelOutput:
-        """Logits (B, T, V) for every image position and hidden (B, P + T - 1, D) given the whole
-        image ``tokens`` (T,) (used to record EAGLE training features and exact laws)."""
-        B = 2 if cfg else 1
-        t = torch.as_tensor(tokens, device=self.device).reshape(1, -1).expand(B, -1)
-        return self.prefill(cond, t[:, :-1], cfg=cfg, return_hidden=True)
-
 
 # --------------------------------------------------------------------------- helpers
 

@@ -35,6 +35,15 @@ with the tokens (EAGLE's (token_{t+1}, h_t) pairs), returning logits and its own
 
 Conditions (model-specific; these containers are shared so adapters agree):
 ``int`` / 0-d tensor class id (LlamaGen c2i), ``Caption`` (LlamaGen t2i), ``Prompt`` (token-id prompts).
+
+Writing an adapter (Chameleon / Lumina-mGPT, Janus, Emu3, toy models): wrap the model's forward so
+that the five members above hold, keep structural tokens (image start, end-of-row markers) inside the
+adapter if the engine should only see image tokens, and check it the way ``tests/test_real_models.py``
+and ``tests/test_real_hf.py`` check LlamaGen and ``real.hf``: ``prefill(cond, tokens)`` logits equal a
+prefill followed by one-token forwards; ``rollback(n)`` then re-feeding gives the same logits;
+greedy ``speculative_generate`` equals ``ar_generate`` at temperature 0 (with and without CFG); a tree
+block (``attn_mask``, ``position_ids``) scores a branch as the chain does and ``keep`` compacts it.
+Register a named pair in ``real.registry`` to make it available to ``coolsd generate --model``.
 """
 from __future__ import annotations
 

@@ -209,8 +209,6 @@ register("llamagen", _build_llamagen, "LlamaGen from published checkpoints (c2i 
 # --------------------------------------------------------------------------- transformers (tiny random Llama)
 
 def _build_hf_llama_tiny(opts) -> Bundle:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from .hf import HFCausalLM
     from .protocol import Prompt
 
