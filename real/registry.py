@@ -181,8 +181,9 @@ def _build_llamagen(opts) -> Bundle:
     vq, nb = None, None
     vq_path = getattr(opts, "vq_ckpt", None)
     if vq_path:
-        vq = load_vq(vq_path, device=dev)
-        nb = codebook_neighbors(vq.quantize.codebook().detach(), K=int(_o(opts, "neighbors_k", 1001))).numpy()
+        vq = load_vq(vq_path, _o(opts, "vq_size", "VQ-16"), device=dev)
+        cb = vq.quantize.codebook().detach()
+        nb = codebook_neighbors(cb, K=min(int(_o(opts, "neighbors_k", 1001)), cb.shape[0] - 1)).numpy()
     if mtype == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:

@@ -78,6 +78,27 @@ def test_flags_models_record_and_errors(capsys, tmp_path):
     assert "llamagen-tiny" in capsys.readouterr().out
 
 
+def test_llamagen_from_checkpoint_files(capsys, tmp_path):
+    """The --model llamagen path (published-checkpoint loading) end to end, with tiny files in the
+    upstream layouts: GPT state dicts under "model" / raw, VQ under "model"."""
+    from real import llamagen as lg
+    from real.vq import VQModel, vq_config
+
+    t = lg.LlamaGen(lg.config("tiny")).random_init(0, std=0.05, output_std=0.2, embed_std=1.0)
+    torch.save({"model": t.state_dict()}, tmp_path / "t.pt")
+    torch.save(lg.LlamaGen(lg.config("tiny-draft")).random_init(1).state_dict(), tmp_path / "d.pt")
+    torch.save({"model": VQModel(vq_config("tiny")).random_init(0).state_dict()}, tmp_path / "vq.pt")
+    d = _run(capsys, "--model", "llamagen", "--method", "lantern", "--target-ckpt", str(tmp_path / "t.pt"),
+             "--target-size", "tiny", "--draft-ckpt", str(tmp_path / "d.pt"), "--draft-size", "tiny-draft", "--image-size",
+             "128", "--vq-ckpt", str(tmp_path / "vq.pt"), "--vq-size", "tiny", "--save", str(tmp_path / "o.npz"))
+    assert d["tokens"] == 64 and d["processing"]["cfg_scale"] == 4.0 and d["params"]["k"] == 16
+    assert np.load(tmp_path / "o.npz")["images"].shape == (1, 3, 16, 16)
+    torch.save({"model": {"output.weight": torch.zeros(3)}}, tmp_path / "bad.pt")
+    assert main(["generate", "--model", "llamagen", "--target-ckpt", str(tmp_path / "bad.pt"), "--target-size", "tiny",
+                 "--draft-ckpt", str(tmp_path / "d.pt"), "--draft-size", "tiny-draft", "--json"]) == 2
+    assert "missing keys" in capsys.readouterr().err
+
+
 def test_gpu_check_cpu_smoke():
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke"], capture_output=True, text=True,
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)

@@ -61,6 +61,7 @@ def register(sub):
     c.add_argument("--draft-pretrained", default=None)
     c.add_argument("--drafter-dir", default=None, help="LANTERN EAGLE drafter directory (with --draft eagle)")
     c.add_argument("--vq-ckpt", default=None)
+    c.add_argument("--vq-size", default=None, help="VQ config: VQ-16 (default), VQ-8, tiny")
     c.add_argument("--captions", default=None, help="t2i: .pt list of {'embedding': (120, 2048), 'mask': (120,)}")
     c.add_argument("--prompts", nargs="*", default=None, help="t2i: prompts encoded with flan-t5-xl")
     g.set_defaults(func=run)
