@@ -4,8 +4,12 @@ verifier's share of a round on the tiny LlamaGen config.
 Part 1: a random LlamaForCausalLM target (hidden 128, 4 layers, V = 256) and its layer-skip draft (its
 first layer, embeddings and head), CPU, greedy (lossless on both sides, so tokens per target call are
 comparable), L = num_assistant_tokens = 4 with the constant schedule and no confidence-based early stop.
-Both outputs are checked equal to plain greedy decoding; target forward calls are counted with a
-forward hook on the target model; times are medians over --repeats runs after a warm-up.
+Our engine runs the pair twice: through the generic adapter ``real.hf.HFCausalLM`` (every forward is
+the transformers forward, so the ratio there is the engine's own overhead vs assisted generation's,
+bounded by the share of assisted generation's time spent outside model forwards, printed), and through
+``real.llama.FastLlama`` loaded from the same two models (gpt-fast-style static-cache forward, same
+weights, same logits). All outputs are checked equal to plain greedy decoding; target forward calls
+are counted on the models; times are medians over --repeats runs after a warm-up.
 
 Part 2: on the tiny LlamaGen pair of ``coolsd generate --model llamagen-tiny`` (CFG 2, temperature 1),
 the verifier's share of the round time (draft + target + verify), per method.
@@ -34,22 +38,35 @@ from theory import rules  # noqa: E402
 
 
 class Counter:
+    """Counts forward calls of a module and the wall time spent inside them."""
+
     def __init__(self, model):
-        self.n = 0
-        model.register_forward_hook(self)
+        self.n, self.t, self._t0 = 0, 0.0, 0.0
+        model.register_forward_pre_hook(self.pre)
+        model.register_forward_hook(self.post)
 
-    def __call__(self, *a):
+    def pre(self, *a):
+        self._t0 = time.perf_counter()
+
+    def post(self, *a):
         self.n += 1
+        self.t += time.perf_counter() - self._t0
+
+    def reset(self):
+        self.n, self.t = 0, 0.0
 
 
-def median_time(fn, repeats):
-    fn()  # warm-up
-    ts, out = [], None
+def interleaved_medians(fns, repeats):
+    """Median wall time of each function, runs interleaved round-robin (so load changes on a shared
+    machine hit every contender alike), after one warm-up each; also each function's last output."""
+    outs = [fn() for fn in fns]
+    ts = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts), out
+        for j, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            outs[j] = fn()
+            ts[j].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts], outs
 
 
 def part1(args):
@@ -57,7 +74,7 @@ def part1(args):
     for m in (tgt, drf):
         gc = m.generation_config
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = args.L, "constant", 0.0
-    calls = Counter(tgt)
+    calls, dcalls = Counter(tgt), Counter(drf)
     prompt = torch.randint(0, tgt.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     N = args.tokens
 
@@ -65,32 +82,47 @@ def part1(args):
         ref = tgt.generate(prompt, max_new_tokens=N, min_new_tokens=N, do_sample=False)[0, 8:]
 
     def hf():
-        calls.n = 0
+        calls.reset(), dcalls.reset()
+        t0 = time.perf_counter()
         with torch.no_grad():
             out = tgt.generate(prompt, assistant_model=drf, max_new_tokens=N, min_new_tokens=N, do_sample=False,
                                num_assistant_tokens=args.L, num_assistant_tokens_schedule="constant",
                                assistant_confidence_threshold=0.0)[0, 8:]
-        return out, calls.n
+        return out, calls.n, (calls.t + dcalls.t) / (time.perf_counter() - t0)
 
-    T, D = HFCausalLM(tgt), HFCausalLM(drf)
     greedy = Processing(temperature=0.0)
 
-    def ours():
-        calls.n = 0
-        g = engine.speculative_generate(T, D, Prompt(prompt[0]), num_tokens=N, verifier=rules.greedy(), L=args.L,
-                                        processing=greedy)
-        return g.tokens, calls.n
+    def ours(T, D, fast):
+        def run():
+            calls.reset(), dcalls.reset()
+            g = engine.speculative_generate(T, D, Prompt(prompt[0]), num_tokens=N, verifier=rules.greedy(), L=args.L,
+                                            processing=greedy)
+            return g.tokens, (g.target_forwards if fast else calls.n), None
+        return run
 
-    t_hf, (tok_hf, n_hf) = median_time(hf, args.repeats)
-    t_us, (tok_us, n_us) = median_time(ours, args.repeats)
-    assert torch.equal(tok_us, ref), "engine output differs from greedy decoding"
-    assert torch.equal(tok_hf, ref), "assisted generation output differs from greedy decoding"
+    from real.llama import FastLlama
+
+    shares = []
+
+    def hf_logged():
+        out = hf()
+        shares.append(out[2])
+        return out
+
+    (t_hf, t_ad, t_fa), ((tok_hf, n_hf, _), (tok_ad, n_ad, _), (tok_fa, n_fa, _)) = interleaved_medians(
+        [hf_logged, ours(HFCausalLM(tgt), HFCausalLM(drf), False), ours(FastLlama.from_hf(tgt), FastLlama.from_hf(drf), True)],
+        args.repeats)
+    share = statistics.median(shares)
+    for name, tok in (("assisted generation", tok_hf), ("engine + real.hf", tok_ad), ("engine + FastLlama", tok_fa)):
+        assert torch.equal(tok, ref), f"{name}: output differs from greedy decoding"
     print(f"Part 1: {N} new tokens, greedy, L = num_assistant_tokens = {args.L}, CPU ({torch.get_num_threads()} thread(s))")
-    print(f"  {'':28s} {'tokens/s':>10s} {'tokens/target call':>20s} {'target calls':>13s}")
-    print(f"  {'transformers assisted gen.':28s} {N / t_hf:10.1f} {N / n_hf:20.3f} {n_hf:13d}")
-    print(f"  {'coolsd engine (real.hf)':28s} {N / t_us:10.1f} {N / n_us:20.3f} {n_us:13d}")
-    print(f"  ratio (ours / transformers): {t_hf / t_us:.2f}x tokens per second; outputs identical to greedy: yes")
-    return t_hf / t_us
+    print(f"  {'':36s} {'tokens/s':>10s} {'tokens/target call':>20s} {'target calls':>13s} {'vs transformers':>16s}")
+    for name, t, n in (("transformers assisted generation", t_hf, n_hf), ("coolsd engine, real.hf adapter", t_ad, n_ad),
+                       ("coolsd engine, real.llama.FastLlama", t_fa, n_fa)):
+        print(f"  {name:36s} {N / t:10.1f} {N / n:20.3f} {n:13d} {t_hf / t:15.2f}x")
+    print(f"  all outputs identical to greedy decoding. Assisted generation spends {100 * share:.0f}% of its time in the "
+          f"two models' forwards, so an engine calling the same transformers forwards is at most {1 / share:.2f}x faster")
+    return t_hf / t_fa
 
 
 def part2(args):

@@ -8,5 +8,6 @@
   vq         LlamaGen's VQ-16 tokenizer (codes <-> pixels), codebook neighbour tables for LANTERN
   eagle      EAGLE-1 drafter in the LANTERN release layout, training on recorded target features
   hf         any transformers causal LM as target or draft
+  llama      gpt-fast-style static-cache Llama loaded from a transformers LlamaForCausalLM
   registry   named model pairs for `coolsd generate --model NAME`
 """

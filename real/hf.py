@@ -43,7 +43,8 @@ class HFCausalLM:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._crop_negative = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
         self.cache = None
-        self._mask: torch.Tensor | None = None     # (B, cache_len) long, 1 = real entry
+        self._len = 0
+        self._mask: torch.Tensor | None = None     # (B, cache_len) long, 1 = real entry; None: no padding
         self._next_pos: torch.Tensor | None = None  # (B,) position of the next entry per row
         self._block_start = 0
         self._block_pos: torch.Tensor | None = None
@@ -58,7 +59,12 @@ class HFCausalLM:
 
     @property
     def cache_len(self) -> int:
-        return 0 if self._mask is None else int(self._mask.shape[1])
+        return self._len
+
+    def _full_mask(self, B: int) -> torch.Tensor:
+        if self._mask is not None:
+            return self._mask
+        return torch.ones(B, self._len, dtype=torch.long, device=self.device)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.model.get_output_embeddings()(hidden).float()
@@ -106,8 +112,10 @@ class HFCausalLM:
             mask = torch.cat([mask, torch.ones_like(t)], 1)
             pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(S, device=self.device)], 1)
         self.cache = self._Cache(config=self.model.config)
-        out = self._call(ids, mask, pos, return_hidden, keep=S + 1)
-        self._mask, self._next_pos = mask, pos[:, -1] + 1
+        padded = bool((mask == 0).any())
+        out = self._call(ids, mask if padded else None, pos if padded else None, return_hidden, keep=S + 1)
+        self._len = ids.shape[1]
+        self._mask, self._next_pos = (mask if padded else None), pos[:, -1] + 1
         self._block_start, self._block_pos = 0, self._next_pos.clone()
         return out
 
@@ -118,7 +126,14 @@ class HFCausalLM:
             raise ValueError("HFCausalLM.forward before prefill")
         t = self._map(tokens)
         B, S = t.shape
-        start = self.cache_len
+        start = self._len
+        if self._mask is None and position_ids is None and attn_mask is None:
+            # no padding, plain chain: let the model derive positions and the causal mask itself
+            out = self._call(t, None, None, return_hidden)
+            self._block_start, self._block_pos = start, self._next_pos
+            self._next_pos = self._next_pos + S
+            self._len += S
+            return out
         if position_ids is None:
             off = torch.arange(S, device=self.device)
         else:
@@ -126,7 +141,7 @@ class HFCausalLM:
             if off.numel() != S:
                 raise ValueError(f"position_ids must have {S} entries, got {off.numel()}")
         pos = self._next_pos[:, None] + off[None]
-        new_mask = torch.cat([self._mask, torch.ones(B, S, dtype=self._mask.dtype, device=self.device)], 1)
+        new_mask = torch.cat([self._full_mask(B), torch.ones(B, S, dtype=torch.long, device=self.device)], 1)
         if attn_mask is None:
             m = new_mask
         else:
@@ -135,8 +150,9 @@ class HFCausalLM:
             m = m.masked_fill(~vis, torch.finfo(self.dtype).min)[:, None]
         out = self._call(t, m, pos, return_hidden)
         self._block_start, self._block_pos = start, self._next_pos.clone()
-        self._mask = new_mask
+        self._mask = new_mask if self._mask is not None else None
         self._next_pos = self._next_pos + S
+        self._len += S
         return out
 
     def rollback(self, n: int) -> None:
@@ -148,10 +164,12 @@ class HFCausalLM:
         if self._crop_negative:
             self.cache.crop(-n)
         else:  # transformers 4.x: crop(max_length)
-            self.cache.crop(self.cache_len - n)
-        self._mask = self._mask[:, :-n]
+            self.cache.crop(self._len - n)
+        if self._mask is not None:
+            self._mask = self._mask[:, :-n]
         self._next_pos = self._next_pos - n
-        self._block_start = min(self._block_start, self.cache_len)
+        self._len -= n
+        self._block_start = min(self._block_start, self._len)
 
     def keep(self, indices: torch.Tensor) -> None:
         """Keep the entries ``indices`` of the last block (a chain: their positions become consecutive)."""
@@ -163,5 +181,7 @@ class HFCausalLM:
         for layer in layers:
             layer.keys = torch.cat([layer.keys[..., :s, :], layer.keys[..., s + idx, :]], dim=-2)
             layer.values = torch.cat([layer.values[..., :s, :], layer.values[..., s + idx, :]], dim=-2)
-        self._mask = torch.cat([self._mask[:, :s], self._mask[:, s + idx]], 1)
+        if self._mask is not None:
+            self._mask = torch.cat([self._mask[:, :s], self._mask[:, s + idx]], 1)
+        self._len = s + idx.numel()
         self._next_pos = self._block_pos + idx.numel()

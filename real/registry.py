@@ -209,8 +209,9 @@ register("llamagen", _build_llamagen, "LlamaGen from published checkpoints (c2i 
 
 # --------------------------------------------------------------------------- transformers (tiny random Llama)
 
-def _build_hf_llama_tiny(opts) -> Bundle:
+def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
     from .hf import HFCausalLM
+    from .llama import FastLlama
     from .protocol import Prompt
 
     seed = int(_o(opts, "seed", 0))
@@ -220,8 +221,10 @@ def _build_hf_llama_tiny(opts) -> Bundle:
     n = int(_o(opts, "num_images", 1))
     V = tgt.config.vocab_size
     conds = [Prompt(torch.randint(0, V, (8,), generator=g), torch.randint(0, V, (2,), generator=g)) for _ in range(n)]
-    return Bundle(HFCausalLM(tgt.to(dev, dt)), HFCausalLM(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
-                  cfg_scale=1.0, info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip"})
+    wrap = FastLlama.from_hf if fast else HFCausalLM
+    return Bundle(wrap(tgt.to(dev, dt)), wrap(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
+                  cfg_scale=1.0, info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
+                                       "backend": "real.llama.FastLlama" if fast else "real.hf.HFCausalLM"})
 
 
 def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 256, draft_layers: int = 1):
@@ -257,3 +260,5 @@ def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int 
 
 
 register("hf-llama-tiny", _build_hf_llama_tiny, "random tiny transformers LlamaForCausalLM + layer-skip draft (HF adapter)")
+register("llama-tiny-fast", lambda o: _build_hf_llama_tiny(o, fast=True),
+         "the hf-llama-tiny pair run by real.llama.FastLlama (static-cache Llama, same weights)")

@@ -69,6 +69,8 @@ def test_flags_models_record_and_errors(capsys, tmp_path):
     assert e["rounds"] >= 2
     hf = _run(capsys, "--model", "hf-llama-tiny", "--method", "greedy", "--num-tokens", "24")
     assert hf["tokens"] == 24 and hf["tokens_per_target_call"] > 1
+    fast = _run(capsys, "--model", "llama-tiny-fast", "--method", "greedy", "--num-tokens", "24")
+    assert fast["rounds"] == hf["rounds"]            # same weights, same greedy path
     assert main(["generate", "--model", "nope", "--json"]) == 2
     assert main(["generate", "--method", "nope", "--json"]) == 2
     assert main(["generate", "--model", "hf-llama-tiny", "--method", "lantern", "--json"]) == 2   # no codebook

@@ -112,3 +112,36 @@ def test_image_token_slice_and_eagle_on_hf_target(models):
         assert torch.equal(sd.tokens, ar.tokens)
     with pytest.raises(ValueError, match="vocabularies differ"):
         engine.speculative_generate(t, HFCausalLM(drf), cond, num_tokens=4, verifier=rules.greedy(), L=2)
+
+
+def test_fast_llama_matches_transformers(models):
+    """real.llama.FastLlama loaded from the same LlamaForCausalLM: same logits as the HF adapter (CFG
+    pair with left padding included), same tree/keep behaviour, greedy speculative == greedy."""
+    from real.llama import FastLlama
+
+    tgt, drf = models
+    h, f = HFCausalLM(tgt), FastLlama.from_hf(tgt)
+    cond = Prompt(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([9, 8]))
+    toks = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(2))
+    for cfg in (False, True):
+        B = 2 if cfg else 1
+        a = torch.cat([h.prefill(cond, toks[:, :2].expand(B, -1), cfg=cfg).logits, h.forward(toks[:, 2:].expand(B, -1)).logits], 1)
+        b = torch.cat([f.prefill(cond, toks[:, :2].expand(B, -1), cfg=cfg).logits, f.forward(toks[:, 2:].expand(B, -1)).logits], 1)
+        assert (a - b).abs().max() < 1e-4
+    f.rollback(2)
+    assert (f.forward(toks[:, 4:].expand(2, -1)).logits - b[:, -2:]).abs().max() < 1e-4
+    # tree block: siblings b, c after a at equal positions, then keep the branch [a, c]
+    with torch.no_grad():
+        chain = tgt(torch.tensor([[3, 4, 5, 7, 9, 10]])).logits.float()
+    f.prefill(Prompt(torch.tensor([3, 4, 5])))
+    n = f.cache_len
+    mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    out = f.forward(torch.tensor([[7, 8, 9]]), position_ids=torch.tensor([n, n + 1, n + 1]), attn_mask=mask).logits
+    assert (out[0, 2] - chain[0, 4]).abs().max() < 1e-4
+    f.keep(torch.tensor([0, 2]))
+    assert (f.forward(torch.tensor([[10]])).logits[0, 0] - chain[0, 5]).abs().max() < 1e-4
+    proc = Processing(temperature=0.0, cfg_scale=2.0)
+    t, d = FastLlama.from_hf(tgt), FastLlama.from_hf(drf)
+    ar = engine.ar_generate(h, cond, num_tokens=40, processing=proc)
+    sd = engine.speculative_generate(t, d, cond, num_tokens=40, verifier=rules.greedy(), L=4, processing=proc)
+    assert torch.equal(sd.tokens, ar.tokens)
