@@ -81,8 +81,8 @@ class FastLlama(nn.Module):
                    getattr(c, "attention_bias", False), getattr(c, "mlp_bias", False)) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self.register_buffer("inv_freq", 1.0 / (rp["rope_theta"] ** (torch.arange(0, self.hd, 2).float() / self.hd)),
-                             persistent=False)
+        # float32 and not a buffer, so a bf16 cast leaves it alone (transformers computes RoPE in float32)
+        self.inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, self.hd, 2).float() / self.hd))
         self.max_len = max_len
         self.image_token_ids = None if image_token_ids is None else torch.as_tensor(image_token_ids).long().reshape(-1)
         self.vocab_size = c.vocab_size if image_token_ids is None else int(self.image_token_ids.numel())
@@ -114,6 +114,9 @@ class FastLlama(nn.Module):
         m.load_state_dict({k: src[v] for k, v in names.items()}, strict=True)
         p = next(model.parameters())
         m = m.to(device=p.device, dtype=p.dtype).eval()
+        rot = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
+        if rot is not None:                                   # the model's own frequencies, exactly
+            m.inv_freq = rot.detach().float().to(p.device)
         if m.image_token_ids is not None:
             m.image_token_ids = m.image_token_ids.to(p.device)
         return m
@@ -145,6 +148,8 @@ class FastLlama(nn.Module):
         start = self._len
         if start + S > self.max_len:
             raise ValueError(f"FastLlama cache full ({start} + {S} > {self.max_len}); raise max_len")
+        if self.inv_freq.device != ids.device:
+            self.inv_freq = self.inv_freq.to(ids.device)
         ang = pos.float()[..., None] * self.inv_freq                 # (B, S, hd/2)
         emb = torch.cat([ang, ang], -1)[:, None]                      # (B, 1, S, hd)
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)

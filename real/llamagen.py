@@ -250,8 +250,8 @@ class LlamaGen(nn.Module):
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layer))
         self.norm = RMSNorm(c.dim, c.norm_eps)
         self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
-        self.register_buffer("rope", rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, c.cls_token_num),
-                             persistent=False)
+        # a plain attribute, not a buffer: it stays float32 when the model is cast to bf16 (as upstream)
+        self.rope = rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, c.cls_token_num)
         self._len = 0
         self._block_start = 0
         self._prefix_mask: torch.Tensor | None = None   # (B, P) bool, t2i caption padding
@@ -333,6 +333,8 @@ class LlamaGen(nn.Module):
             raise ValueError(f"KV cache full: {start} + {S} > {self.layers[0].attention.kv_cache.k.shape[2]} slots")
         if max_pos >= self.rope.shape[0]:
             raise ValueError(f"position {max_pos} beyond prefix + block_size = {self.rope.shape[0]}")
+        if self.rope.device != h.device:
+            self.rope = self.rope.to(h.device)
         rot = self.rope[position_ids]
         for layer in self.layers:
             h = layer(h, rot, start, mask)

@@ -282,3 +282,25 @@ def test_t5_captions_are_left_padded_features():
         ref = enc(input_ids=ids, attention_mask=(ids > 0).long()).last_hidden_state[0]
     assert caps[0].mask.tolist() == [False] * 3 + [True] * 3 and caps[1].mask.tolist() == [False] * 5 + [True]
     assert torch.allclose(caps[0].embedding[3:], ref[:3], atol=1e-6) and caps[0].embedding[:3].abs().max() == 0
+
+
+def test_bf16_keeps_rope_in_float32(target):
+    """Cast to bf16 (the GPU setting): RoPE tables stay float32 (as upstream), logits stay float32 and
+    close to the float32 model's, and greedy speculative decoding still equals greedy decoding."""
+    from real import engine
+    from real.sampling import Processing
+    from theory import rules
+
+    t16 = lg.load_llamagen(target.state_dict(), target.config, dtype=torch.bfloat16)
+    d16 = lg.truncated(t16, 1)
+    toks = torch.randint(0, target.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    a = target.prefill(1, toks, cfg=True).logits
+    b = t16.prefill(1, toks, cfg=True).logits
+    assert t16.rope.dtype == torch.float32 and b.dtype == torch.float32
+    rel = ((a - b).norm() / a.norm()).item()
+    print(f"bf16 vs float32 logits: relative error {rel:.3g}")
+    assert rel < 0.05
+    proc = Processing(temperature=0.0, cfg_scale=2.0)
+    ar = engine.ar_generate(t16, 1, num_tokens=32, processing=proc)
+    sd = engine.speculative_generate(t16, d16, 1, num_tokens=32, verifier=rules.greedy(), L=4, processing=proc)
+    assert torch.equal(sd.tokens, ar.tokens)
