@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-GROUPS = ["theory", "demo", "sim"]
+GROUPS = ["theory", "sim", "generate", "demo"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,1 +1,13 @@
-"""Speculative decoding for real AR image models (torch; imports ``theory`` and ``sim``)."""
+"""Speculative decoding for real AR image models (torch; imports ``theory`` and ``sim``).
+
+  protocol   the model protocol (prefill / forward / rollback / keep) every target and draft follows
+  sampling   logits processing shared by draft and target (CFG, temperature, top-k, top-p)
+  engine     speculative_generate (chain drafts, theory.verify_chain, KV rollback) and ar_generate
+  methods    method names -> theory.rules verifiers
+  llamagen   LlamaGen c2i / t2i GPT (configs B, L, XL, XXL, tiny), upstream checkpoint loader
+  vq         LlamaGen's VQ-16 tokenizer (codes <-> pixels), codebook neighbour tables for LANTERN
+  eagle      EAGLE-1 drafter in the LANTERN release layout, training on recorded target features
+  hf         any transformers causal LM as target or draft
+  llama      gpt-fast-style static-cache Llama loaded from a transformers LlamaForCausalLM
+  registry   named model pairs for `coolsd generate --model NAME`
+"""

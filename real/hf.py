@@ -1,0 +1,187 @@
+"""Any transformers causal LM as a ``real.protocol.ARModel`` (target or draft).
+
+The adapter keeps a ``DynamicCache`` and a 2-D attention mask: a CFG pair (prompt, uncond prompt) is
+left-padded to one length, padded columns masked and position ids counted from each row's first real
+token, so both rows continue in lock step. Image tokens 0..V-1 of the engine are mapped to the model's
+ids by ``image_token_ids`` (V,) (a multimodal LM's image-token range) and logits are sliced to them;
+by default the whole LM vocabulary is the image vocabulary.
+
+transformers 5.x: the forward keyword is ``cache=`` and ``DynamicCache.crop(-n)`` drops the last n
+entries (checked on 5.24); 4.x (``past_key_values=``, ``crop(max_length)``) is handled too.
+Tree verification: ``attn_mask`` (S, S) becomes a 4-D additive mask over [cache; block] and
+``position_ids`` become per-row positions; ``keep(indices)`` compacts the cache layers in place.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .protocol import ModelOutput, Prompt, block_mask
+
+__all__ = ["HFCausalLM"]
+
+
+class HFCausalLM:
+    needs_features = False
+
+    def __init__(self, model, image_token_ids: torch.Tensor | None = None):
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self._Cache = DynamicCache
+        n_out = model.get_output_embeddings().weight.shape[0]
+        if image_token_ids is not None:
+            ids = torch.as_tensor(image_token_ids, dtype=torch.long).reshape(-1)
+            if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= n_out:
+                raise ValueError(f"image_token_ids must be non-empty ids in [0, {n_out})")
+            self.image_token_ids = ids.to(self.device)
+        else:
+            self.image_token_ids = None
+        self.vocab_size = n_out if image_token_ids is None else int(self.image_token_ids.numel())
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._crop_negative = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
+        self.cache = None
+        self._len = 0
+        self._mask: torch.Tensor | None = None     # (B, cache_len) long, 1 = real entry; None: no padding
+        self._next_pos: torch.Tensor | None = None  # (B,) position of the next entry per row
+        self._block_start = 0
+        self._block_pos: torch.Tensor | None = None
+
+    @property
+    def device(self):
+        return self.model.device
+
+    @property
+    def dtype(self):
+        return self.model.dtype
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def _full_mask(self, B: int) -> torch.Tensor:
+        if self._mask is not None:
+            return self._mask
+        return torch.ones(B, self._len, dtype=torch.long, device=self.device)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.get_output_embeddings()(hidden).float()
+        return logits if self.image_token_ids is None else logits[..., self.image_token_ids]
+
+    def _map(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (B, S), got shape {tuple(tokens.shape)}")
+        return tokens if self.image_token_ids is None else self.image_token_ids[tokens]
+
+    def _call(self, ids, mask, pos, return_hidden, keep=0):
+        kw = {self._cache_kw: self.cache}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         output_hidden_states=return_hidden, logits_to_keep=keep, **kw)
+        logits = out.logits.float()
+        if self.image_token_ids is not None:
+            logits = logits[..., self.image_token_ids]
+        return ModelOutput(logits, out.hidden_states[-1] if return_hidden else None)
+
+    @torch.no_grad()
+    def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
+                return_hidden: bool = False) -> ModelOutput:
+        """cond: a ``Prompt`` (or ids); with cfg the pair (ids, uncond_ids), left-padded."""
+        prompt = cond if isinstance(cond, Prompt) else Prompt(cond)
+        rows = [prompt.ids]
+        if cfg:
+            if prompt.uncond_ids is None:
+                raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
+            rows.append(prompt.uncond_ids)
+        P = max(r.numel() for r in rows)
+        ids = torch.zeros(len(rows), P, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(rows), P, dtype=torch.long, device=self.device)
+        for b, r in enumerate(rows):  # one or two prompt rows
+            ids[b, P - r.numel():] = r.to(self.device)
+            mask[b, P - r.numel():] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        S = 0
+        if tokens is not None and tokens.numel():
+            t = self._map(tokens)
+            if t.shape[0] != len(rows):
+                raise ValueError(f"tokens must have batch {len(rows)}, got {t.shape[0]}")
+            S = t.shape[1]
+            ids = torch.cat([ids, t], 1)
+            mask = torch.cat([mask, torch.ones_like(t)], 1)
+            pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(S, device=self.device)], 1)
+        self.cache = self._Cache(config=self.model.config)
+        padded = bool((mask == 0).any())
+        out = self._call(ids, mask if padded else None, pos if padded else None, return_hidden, keep=S + 1)
+        self._len = ids.shape[1]
+        self._mask, self._next_pos = (mask if padded else None), pos[:, -1] + 1
+        self._block_start, self._block_pos = 0, self._next_pos.clone()
+        return out
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
+        if self.cache is None:
+            raise ValueError("HFCausalLM.forward before prefill")
+        t = self._map(tokens)
+        B, S = t.shape
+        start = self._len
+        if self._mask is None and position_ids is None and attn_mask is None:
+            # no padding, plain chain: let the model derive positions and the causal mask itself
+            out = self._call(t, None, None, return_hidden)
+            self._block_start, self._block_pos = start, self._next_pos
+            self._next_pos = self._next_pos + S
+            self._len += S
+            return out
+        if position_ids is None:
+            off = torch.arange(S, device=self.device)
+        else:
+            off = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1) - start
+            if off.numel() != S:
+                raise ValueError(f"position_ids must have {S} entries, got {off.numel()}")
+        pos = self._next_pos[:, None] + off[None]
+        new_mask = torch.cat([self._full_mask(B), torch.ones(B, S, dtype=torch.long, device=self.device)], 1)
+        if attn_mask is None:
+            m = new_mask
+        else:
+            vis = block_mask(S, start, attn_mask, self.device)[None] & new_mask[:, None, :].bool()   # (B, S, len+S)
+            m = torch.zeros(vis.shape, dtype=self.dtype, device=self.device)
+            m = m.masked_fill(~vis, torch.finfo(self.dtype).min)[:, None]
+        out = self._call(t, m, pos, return_hidden)
+        self._block_start, self._block_pos = start, self._next_pos.clone()
+        self._mask = new_mask if self._mask is not None else None
+        self._next_pos = self._next_pos + S
+        self._len += S
+        return out
+
+    def rollback(self, n: int) -> None:
+        n = int(n)
+        if n < 0 or n > self.cache_len:
+            raise ValueError(f"rollback({n}) with {self.cache_len} cached entries")
+        if n == 0:
+            return
+        if self._crop_negative:
+            self.cache.crop(-n)
+        else:  # transformers 4.x: crop(max_length)
+            self.cache.crop(self._len - n)
+        if self._mask is not None:
+            self._mask = self._mask[:, :-n]
+        self._next_pos = self._next_pos - n
+        self._len -= n
+        self._block_start = min(self._block_start, self._len)
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep the entries ``indices`` of the last block (a chain: their positions become consecutive)."""
+        s = self._block_start
+        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
+        layers = getattr(self.cache, "layers", None)
+        if layers is None:
+            raise NotImplementedError("keep() needs a transformers cache with per-layer key/value tensors (5.x)")
+        for layer in layers:
+            layer.keys = torch.cat([layer.keys[..., :s, :], layer.keys[..., s + idx, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :s, :], layer.values[..., s + idx, :]], dim=-2)
+        if self._mask is not None:
+            self._mask = torch.cat([self._mask[:, :s], self._mask[:, s + idx]], 1)
+        self._len = s + idx.numel()
+        self._next_pos = self._block_pos + idx.numel()

@@ -1,0 +1,245 @@
+"""A gpt-fast-style Llama (static KV cache, no framework overhead) loaded from a transformers
+``LlamaForCausalLM``: the same weights and outputs as ``real.hf.HFCausalLM`` on that model, at a
+fraction of the per-call cost, which dominates small drafts.
+
+Architecture as in transformers' Llama (facts checked on 5.24): RMSNorm (float32 statistics), separate
+q/k/v/o projections (optional biases), grouped-query attention, 1-D RoPE on half-split pairs
+(``rotate_half``) with ``rope_theta``, SwiGLU MLP (gate, up, down), final norm, LM head. Only the
+default RoPE type is supported (scaled variants raise NotImplementedError).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .llamagen import RMSNorm
+from .protocol import ModelOutput, Prompt, block_mask
+
+__all__ = ["FastLlama"]
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+class _Layer(nn.Module):
+    def __init__(self, hidden, inter, nh, nkv, hd, eps, attn_bias, mlp_bias):
+        super().__init__()
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q = nn.Linear(hidden, nh * hd, bias=attn_bias)
+        self.k = nn.Linear(hidden, nkv * hd, bias=attn_bias)
+        self.v = nn.Linear(hidden, nkv * hd, bias=attn_bias)
+        self.o = nn.Linear(nh * hd, hidden, bias=attn_bias)
+        self.gate = nn.Linear(hidden, inter, bias=mlp_bias)
+        self.up = nn.Linear(hidden, inter, bias=mlp_bias)
+        self.down = nn.Linear(inter, hidden, bias=mlp_bias)
+        self.ln1, self.ln2 = RMSNorm(hidden, eps), RMSNorm(hidden, eps)
+        self.kc = self.vc = None
+
+    def forward(self, x, cos, sin, start, mask):
+        B, S, _ = x.shape
+        h = self.ln1(x)
+        q = self.q(h).view(B, S, self.nh, self.hd).transpose(1, 2)
+        k = self.k(h).view(B, S, self.nkv, self.hd).transpose(1, 2)
+        v = self.v(h).view(B, S, self.nkv, self.hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        self.kc[:, :, start:start + S] = k
+        self.vc[:, :, start:start + S] = v
+        k, v = self.kc[:, :, :start + S], self.vc[:, :, :start + S]
+        if self.nkv != self.nh:
+            k = k.repeat_interleave(self.nh // self.nkv, 1)
+            v = v.repeat_interleave(self.nh // self.nkv, 1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.o(y.transpose(1, 2).reshape(B, S, -1))
+        h = self.ln2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class FastLlama(nn.Module):
+    """``real.protocol.ARModel`` over a Llama checkpoint. Conditions are ``Prompt``s (a CFG pair is
+    left-padded: padded prefix columns are masked, positions count from each row's first real token);
+    ``image_token_ids`` as in ``real.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
+    needs_features = False
+
+    def __init__(self, config, image_token_ids: torch.Tensor | None = None, max_len: int = 4096):
+        super().__init__()
+        c = config
+        rp = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0),
+                                                     "rope_type": (getattr(c, "rope_scaling", None) or {}).get("rope_type", "default")}
+        if rp.get("rope_type", "default") != "default":
+            raise NotImplementedError(f"FastLlama supports the default RoPE only, not {rp.get('rope_type')!r}")
+        if getattr(c, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"FastLlama supports SiLU MLPs only, not {c.hidden_act!r}")
+        self.hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.nkv = c.num_key_value_heads or c.num_attention_heads
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(
+            _Layer(c.hidden_size, c.intermediate_size, c.num_attention_heads, self.nkv, self.hd, c.rms_norm_eps,
+                   getattr(c, "attention_bias", False), getattr(c, "mlp_bias", False)) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        # float32 and not a buffer, so a bf16 cast leaves it alone (transformers computes RoPE in float32)
+        self.inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        self.max_len = max_len
+        self.image_token_ids = None if image_token_ids is None else torch.as_tensor(image_token_ids).long().reshape(-1)
+        self.vocab_size = c.vocab_size if image_token_ids is None else int(self.image_token_ids.numel())
+        self._len = 0
+        self._block_start = 0
+        self._next_pos: torch.Tensor | None = None
+        self._block_pos: torch.Tensor | None = None
+        self._pad: torch.Tensor | None = None      # (B, P) bool, True at padded prefix entries
+
+    @classmethod
+    def from_hf(cls, model, image_token_ids: torch.Tensor | None = None, max_len: int = 4096) -> "FastLlama":
+        """Copy the weights of a transformers ``LlamaForCausalLM`` (same device and dtype)."""
+        m = cls(model.config, image_token_ids, max_len)
+        src = model.state_dict()
+        names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+                 "lm_head.weight": "lm_head.weight"}
+        if "lm_head.weight" not in src:                       # tied embeddings
+            names["lm_head.weight"] = "model.embed_tokens.weight"
+        hf = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+              "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+              "ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+        for k in m.state_dict():
+            if k.startswith("layers."):
+                _, i, mod, p = k.split(".")
+                names[k] = f"model.layers.{i}.{hf[mod]}.{p}"
+        missing = [v for v in names.values() if v not in src]
+        if missing:
+            raise ValueError(f"not a Llama checkpoint: missing {missing[:8]}")
+        m.load_state_dict({k: src[v] for k, v in names.items()}, strict=True)
+        p = next(model.parameters())
+        m = m.to(device=p.device, dtype=p.dtype).eval()
+        rot = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
+        if rot is not None:                                   # the model's own frequencies, exactly
+            m.inv_freq = rot.detach().float().to(p.device)
+        if m.image_token_ids is not None:
+            m.image_token_ids = m.image_token_ids.to(p.device)
+        return m
+
+    @property
+    def device(self):
+        return self.embed.weight.device
+
+    @property
+    def dtype(self):
+        return self.embed.weight.dtype
+
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def head(self, hidden):
+        logits = self.lm_head(hidden).float()
+        return logits if self.image_token_ids is None else logits[..., self.image_token_ids]
+
+    def _map(self, tokens):
+        tokens = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (B, S), got shape {tuple(tokens.shape)}")
+        return tokens if self.image_token_ids is None else self.image_token_ids[tokens]
+
+    def _run(self, ids, pos, mask, return_hidden, logits_from):
+        S = ids.shape[1]
+        start = self._len
+        if start + S > self.max_len:
+            raise ValueError(f"FastLlama cache full ({start} + {S} > {self.max_len}); raise max_len")
+        if self.inv_freq.device != ids.device:
+            self.inv_freq = self.inv_freq.to(ids.device)
+        ang = pos.float()[..., None] * self.inv_freq                 # (B, S, hd/2)
+        emb = torch.cat([ang, ang], -1)[:, None]                      # (B, 1, S, hd)
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h, cos, sin, start, mask)
+        h = self.norm(h)
+        self._block_start, self._len = start, start + S
+        logits = self.head(h[:, logits_from:])
+        return ModelOutput(logits, h if return_hidden else None)
+
+    def _mask(self, S, attn_mask, B):
+        m = block_mask(S, self._len, attn_mask, self.device)
+        if self._pad is None:
+            return None if m is None else m[None, None]
+        if m is None:
+            m = torch.ones(S, self._len + S, dtype=torch.bool, device=self.device)
+        P = self._pad.shape[1]
+        m = m[None].repeat(B, 1, 1)
+        m[:, :, :P] &= ~self._pad[:, None, :]
+        q = self._len + torch.arange(S, device=self.device)
+        own = q < P                                                   # padded prefix queries see themselves
+        if bool(own.any()):
+            m[:, own, q[own]] = True
+        return m[:, None]
+
+    @torch.no_grad()
+    def prefill(self, cond, tokens=None, *, cfg=False, return_hidden=False) -> ModelOutput:
+        prompt = cond if isinstance(cond, Prompt) else Prompt(cond)
+        rows = [prompt.ids]
+        if cfg:
+            if prompt.uncond_ids is None:
+                raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
+            rows.append(prompt.uncond_ids)
+        B, P = len(rows), max(r.numel() for r in rows)
+        ids = torch.zeros(B, P, dtype=torch.long, device=self.device)
+        real = torch.zeros(B, P, dtype=torch.bool, device=self.device)
+        for b, r in enumerate(rows):  # one or two prompt rows
+            ids[b, P - r.numel():] = r.to(self.device)
+            real[b, P - r.numel():] = True
+        pos = (real.long().cumsum(-1) - 1).clamp(min=0)
+        S = 0
+        if tokens is not None and tokens.numel():
+            t = self._map(tokens)
+            if t.shape[0] != B:
+                raise ValueError(f"tokens must have batch {B}, got {t.shape[0]}")
+            S = t.shape[1]
+            ids = torch.cat([ids, t], 1)
+            pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(S, device=self.device)], 1)
+        for layer in self.layers:
+            if layer.kc is None or layer.kc.shape[0] != B or layer.kc.device != self.device or layer.kc.dtype != self.dtype:
+                shape = (B, self.nkv, self.max_len, self.hd)
+                layer.kc = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                layer.vc = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._len = 0
+        self._pad = None if bool(real.all()) else ~real
+        out = self._run(ids, pos, self._mask(P + S, None, B), return_hidden, P - 1)
+        self._next_pos = pos[:, -1] + 1
+        self._block_pos = self._next_pos.clone()
+        return out
+
+    @torch.no_grad()
+    def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden=False) -> ModelOutput:
+        if self._next_pos is None:
+            raise ValueError("FastLlama.forward before prefill")
+        t = self._map(tokens)
+        B, S = t.shape
+        if position_ids is None:
+            off = torch.arange(S, device=self.device)
+        else:
+            off = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1) - self._len
+        pos = self._next_pos[:, None] + off[None]
+        self._block_pos = self._next_pos
+        out = self._run(t, pos, self._mask(S, attn_mask, B), return_hidden, 0)
+        self._next_pos = self._next_pos + S
+        return out
+
+    def rollback(self, n: int) -> None:
+        n = int(n)
+        if n < 0 or n > self._len:
+            raise ValueError(f"rollback({n}) with {self._len} cached entries")
+        self._len -= n
+        self._next_pos = self._next_pos - n
+        self._block_start = min(self._block_start, self._len)
+
+    def keep(self, indices) -> None:
+        s = self._block_start
+        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
+        for layer in self.layers:
+            for c in (layer.kc, layer.vc):
+                c[:, :, s:s + idx.numel()] = c[:, :, s + idx].clone()
+        self._len = s + idx.numel()
+        self._next_pos = self._block_pos + idx.numel()

@@ -1,0 +1,512 @@
+"""LlamaGen (Sun et al. 2024) class- and caption-conditional GPT, written from its published description.
+
+Architecture (facts checked against the public release, code not copied): a Llama decoder over
+[condition prefix; image tokens]. RMSNorm (statistics in float32), SwiGLU with hidden size
+``find_multiple(int(2 * 4 * dim / 3) [* ffn_dim_multiplier], multiple_of)``, no biases, final norm and
+an untied output head over the VQ codebook (V = 16384). Prefix: c2i, one class-embedding token
+(``num_classes + 1`` rows, the last being the CFG null class, present when class_dropout_prob > 0);
+t2i, 120 caption tokens of dim 2048 (flan-t5-xl) through a 2-layer GELU(tanh) MLP, the null caption
+being a learned ``uncond_embedding`` (120, 2048). Positions: 2-D RoPE on image tokens (half of each
+head's rotary pairs for the row, half for the column, interleaved pairs), and for prefix positions the
+rotary factors are zero, which (as upstream) zeroes the prefix queries and keys. A static KV cache
+(gpt-fast style) with rollback and compaction, following ``real.protocol``.
+
+State-dict keys are upstream's (``tok_embeddings``, ``cls_embedding.*``, ``layers.N.attention.wqkv|wo``,
+``layers.N.feed_forward.w1|w2|w3``, ``layers.N.attention_norm|ffn_norm``, ``norm``, ``output``), so the
+published checkpoints load with ``load_llamagen``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoint import extract_state_dict, load_checked, read_checkpoint
+from .protocol import Caption, ModelOutput, block_mask
+
+__all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
+           "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple"]
+
+
+def find_multiple(n: int, k: int) -> int:
+    """Smallest multiple of k that is >= n (upstream's SwiGLU sizing rule)."""
+    return n if n % k == 0 else n + k - n % k
+
+
+@dataclass(frozen=True)
+class LlamaGenConfig:
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int | None = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    num_classes: int = 1000
+    caption_dim: int = 2048
+    caption_tokens: int = 120          # rows of the t2i uncond_embedding
+    class_dropout_prob: float = 0.1    # > 0 means the checkpoint has the CFG null class / caption
+    model_type: str = "c2i"
+    vocab_size: int = 16384
+    cls_token_num: int = 1             # prefix length P (c2i 1, t2i 120)
+    block_size: int = 256              # image tokens per image (a square grid)
+
+    def __post_init__(self):
+        if self.model_type not in ("c2i", "t2i"):
+            raise ValueError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
+        if self.dim % self.n_head:
+            raise ValueError(f"dim {self.dim} not divisible by n_head {self.n_head}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head {self.n_head} not divisible by n_kv_head {self.kv_heads}")
+        if (self.head_dim // 2) % 2:
+            raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {self.head_dim}")
+        g = math.isqrt(self.block_size)
+        if g * g != self.block_size:
+            raise ValueError(f"block_size must be a square number of image tokens, got {self.block_size}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        h = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            h = int(self.ffn_dim_multiplier * h)
+        return find_multiple(h, self.multiple_of)
+
+
+# published sizes (head dim 64) and tiny ones for tests / CPU demos
+_SIZES = {
+    "B": dict(n_layer=12, n_head=12, dim=768),
+    "L": dict(n_layer=24, n_head=16, dim=1024),
+    "XL": dict(n_layer=36, n_head=20, dim=1280),
+    "XXL": dict(n_layer=48, n_head=24, dim=1536),
+    "tiny": dict(n_layer=4, n_head=4, dim=128, vocab_size=256, num_classes=10, block_size=64, multiple_of=64),
+    "tiny-draft": dict(n_layer=1, n_head=2, dim=64, vocab_size=256, num_classes=10, block_size=64, multiple_of=64),
+}
+CONFIGS = tuple(_SIZES)
+
+
+def config(name: str, *, image_size: int | None = None, downsample: int = 16, model_type: str = "c2i",
+           **overrides) -> LlamaGenConfig:
+    """Config ``B``/``L``/``XL``/``XXL`` (or ``tiny``/``tiny-draft``); ``image_size`` sets
+    block_size = (image_size / downsample)^2; t2i sets the 120-token caption prefix."""
+    if name not in _SIZES:
+        raise ValueError(f"unknown LlamaGen config {name!r}; choose from {CONFIGS}")
+    kw = dict(_SIZES[name])
+    if image_size is not None:
+        if image_size % downsample:
+            raise ValueError(f"image_size {image_size} not divisible by downsample {downsample}")
+        kw["block_size"] = (image_size // downsample) ** 2
+    if model_type == "t2i":
+        kw["cls_token_num"] = 120
+        if name.startswith("tiny"):
+            kw.update(cls_token_num=8, caption_tokens=8, caption_dim=32)
+    kw["model_type"] = model_type
+    kw.update(overrides)
+    return LlamaGenConfig(**kw)
+
+
+# --------------------------------------------------------------------------- layers
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_table_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
+    """(prefix + grid^2, head_dim/2, 2) cos/sin per absolute position; zeros for the prefix rows.
+    Image token j = (row a, col b), j = a * grid + b: pair m < head_dim/4 rotates with a * w_m, the
+    others with b * w_m, w_m = base^(-2m / (head_dim/2))."""
+    half = head_dim // 2
+    w = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    ang = torch.outer(torch.arange(grid).float(), w)                      # (grid, head_dim/4)
+    grid_ang = torch.cat([ang[:, None, :].expand(grid, grid, -1), ang[None, :, :].expand(grid, grid, -1)], -1)
+    tab = torch.stack([grid_ang.cos(), grid_ang.sin()], -1).flatten(0, 1)  # (grid^2, head_dim/2, 2)
+    return torch.cat([torch.zeros(prefix, half, 2), tab])
+
+
+def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (B, S, H, Dh), rot (S, Dh/2, 2) or (B, S, Dh/2, 2): rotate interleaved pairs (in float32)."""
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    r = rot[:, :, None] if rot.ndim == 4 else rot[None, :, None]
+    out = torch.stack([xs[..., 0] * r[..., 0] - xs[..., 1] * r[..., 1],
+                       xs[..., 1] * r[..., 0] + xs[..., 0] * r[..., 1]], -1)
+    return out.flatten(3).type_as(x)
+
+
+class KVCache(nn.Module):
+    def __init__(self, batch: int, max_len: int, n_kv: int, head_dim: int, dtype, device):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(batch, n_kv, max_len, head_dim, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(batch, n_kv, max_len, head_dim, dtype=dtype, device=device), persistent=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: LlamaGenConfig):
+        super().__init__()
+        self.n_head, self.n_kv, self.hd, self.dim = c.n_head, c.kv_heads, c.head_dim, c.dim
+        self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.kv_heads) * c.head_dim, bias=False)
+        self.wo = nn.Linear(c.dim, c.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x, rot, start: int, mask):
+        B, S, _ = x.shape
+        kvd = self.n_kv * self.hd
+        q, k, v = self.wqkv(x).split([self.dim, kvd, kvd], dim=-1)
+        q = apply_rope(q.view(B, S, self.n_head, self.hd), rot).transpose(1, 2)
+        k = apply_rope(k.view(B, S, self.n_kv, self.hd), rot).transpose(1, 2)
+        v = v.view(B, S, self.n_kv, self.hd).transpose(1, 2)
+        if self.kv_cache is not None:
+            self.kv_cache.k[:, :, start:start + S] = k
+            self.kv_cache.v[:, :, start:start + S] = v
+            k = self.kv_cache.k[:, :, :start + S]
+            v = self.kv_cache.v[:, :, :start + S]
+        if self.n_kv != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(B, S, self.dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, c: LlamaGenConfig):
+        super().__init__()
+        self.w1 = nn.Linear(c.dim, c.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(c.dim, c.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(c.ffn_hidden, c.dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c: LlamaGenConfig):
+        super().__init__()
+        self.attention = Attention(c)
+        self.feed_forward = FeedForward(c)
+        self.attention_norm = RMSNorm(c.dim, c.norm_eps)
+        self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
+
+    def forward(self, x, rot, start, mask):
+        h = x + self.attention(self.attention_norm(x), rot, start, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class LabelEmbedder(nn.Module):
+    def __init__(self, c: LlamaGenConfig):
+        super().__init__()
+        self.embedding_table = nn.Embedding(c.num_classes + int(c.class_dropout_prob > 0), c.dim)
+
+
+class MLP(nn.Module):
+    def __init__(self, cin: int, hidden: int, cout: int):
+        super().__init__()
+        self.fc1 = nn.Linear(cin, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, cout, bias=False)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class CaptionEmbedder(nn.Module):
+    def __init__(self, c: LlamaGenConfig):
+        super().__init__()
+        self.cap_proj = MLP(c.caption_dim, c.dim, c.dim)
+        self.register_buffer("uncond_embedding", torch.randn(c.caption_tokens, c.caption_dim) / c.caption_dim ** 0.5)
+
+
+# --------------------------------------------------------------------------- model
+
+class LlamaGen(nn.Module):
+    """LlamaGen GPT implementing ``real.protocol.ARModel`` (static KV cache, batch 1 or a CFG pair).
+
+    Conditions: c2i an int class id (or 0-d tensor); t2i a ``Caption`` (left-padded flan-t5 features,
+    mask). The cache is (re)allocated by ``prefill`` for ``P + block_size + extra_slots`` entries."""
+    needs_features = False
+
+    def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
+        super().__init__()
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.extra_slots = extra_slots
+        self.cls_embedding = LabelEmbedder(c) if c.model_type == "c2i" else CaptionEmbedder(c)
+        self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+        # a plain attribute, not a buffer: it stays float32 when the model is cast to bf16 (as upstream)
+        self.rope = rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, c.cls_token_num)
+        self._len = 0
+        self._block_start = 0
+        self._prefix_mask: torch.Tensor | None = None   # (B, P) bool, t2i caption padding
+
+    # ---------------------------------------------------------------- weights
+    @torch.no_grad()
+    def random_init(self, seed: int = 0, std: float = 0.02, output_std: float | None = None,
+                    embed_std: float | None = None) -> "LlamaGen":
+        """Normal(0, std) weights (norms 1), seeded; the output head gets ``output_std`` and the token /
+        class embeddings ``embed_std`` (both default std)."""
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                s = std
+                if name == "output.weight" and output_std is not None:
+                    s = output_std
+                elif (name.startswith("tok_embeddings") or name.startswith("cls_embedding.embedding_table")) \
+                        and embed_std is not None:
+                    s = embed_std
+                p.normal_(0.0, s, generator=g)
+        if isinstance(self.cls_embedding, CaptionEmbedder):
+            u = self.cls_embedding.uncond_embedding
+            u.normal_(0.0, u.shape[-1] ** -0.5, generator=g)
+        return self
+
+    @property
+    def device(self):
+        return self.tok_embeddings.weight.device
+
+    @property
+    def dtype(self):
+        return self.tok_embeddings.weight.dtype
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (float32) from last hidden states (the EAGLE drafter reuses this head)."""
+        return self.output(hidden).float()
+
+    # ---------------------------------------------------------------- cache
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def setup_cache(self, batch: int, max_len: int) -> None:
+        c = self.config
+        for b in self.layers:
+            kv = b.attention.kv_cache
+            if kv is None or kv.k.shape[0] != batch or kv.k.shape[2] < max_len or kv.k.dtype != self.dtype or kv.k.device != self.device:
+                b.attention.kv_cache = KVCache(batch, max_len, c.kv_heads, c.head_dim, self.dtype, self.device)
+        self._len = 0
+        self._block_start = 0
+
+    def rollback(self, n: int) -> None:
+        n = int(n)
+        if n < 0 or n > self._len - self.config.cls_token_num:
+            raise ValueError(f"rollback({n}): cache holds {self._len - self.config.cls_token_num} image-token entries")
+        self._len -= n
+        self._block_start = min(self._block_start, self._len)
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep entries ``indices`` (k,) of the last forwarded block (block-relative, in order)."""
+        s = self._block_start
+        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self._len - s):
+            raise ValueError(f"keep: indices must lie in [0, {self._len - s}) (the last block), got {idx.tolist()}")
+        for b in self.layers:
+            kv = b.attention.kv_cache
+            kv.k[:, :, s:s + idx.numel()] = kv.k[:, :, s + idx].clone()
+            kv.v[:, :, s:s + idx.numel()] = kv.v[:, :, s + idx].clone()
+        self._len = s + idx.numel()
+
+    # ---------------------------------------------------------------- forward
+    def _run(self, h: torch.Tensor, position_ids: torch.Tensor, max_pos: int, mask, return_hidden: bool,
+             logits_from: int):
+        start = self._len
+        S = h.shape[1]
+        if start + S > self.layers[0].attention.kv_cache.k.shape[2]:
+            raise ValueError(f"KV cache full: {start} + {S} > {self.layers[0].attention.kv_cache.k.shape[2]} slots")
+        if max_pos >= self.rope.shape[0]:
+            raise ValueError(f"position {max_pos} beyond prefix + block_size = {self.rope.shape[0]}")
+        if self.rope.device != h.device:
+            self.rope = self.rope.to(h.device)
+        rot = self.rope[position_ids]
+        for layer in self.layers:
+            h = layer(h, rot, start, mask)
+        h = self.norm(h)
+        self._block_start, self._len = start, start + S
+        logits = self.output(h[:, logits_from:]).float()
+        return ModelOutput(logits, h if return_hidden else None)
+
+    def _mask(self, S: int, attn_mask) -> torch.Tensor | None:
+        """(B or 1, 1, S, len + S) bool: block visibility plus t2i caption padding (padded prefix
+        columns hidden except from themselves, as upstream)."""
+        m = block_mask(S, self._len, attn_mask, self.device)
+        if self._prefix_mask is None:
+            return None if m is None else m[None, None]
+        if m is None:
+            m = torch.ones(S, self._len + S, dtype=torch.bool, device=self.device)
+        P = self._prefix_mask.shape[1]
+        m = m[None].repeat(self._prefix_mask.shape[0], 1, 1)
+        m[:, :, :P] &= self._prefix_mask[:, None, :]
+        q_pos = self._len + torch.arange(S, device=self.device)
+        diag = q_pos < P                                             # prefix queries see themselves
+        if bool(diag.any()):
+            m[:, diag, q_pos[diag]] = True
+        return m[:, None]
+
+    def _prefix(self, cond, cfg: bool) -> torch.Tensor:
+        c = self.config
+        if c.model_type == "c2i":
+            label = int(cond)
+            if not 0 <= label < c.num_classes:
+                raise ValueError(f"class id {label} out of range [0, {c.num_classes})")
+            labels = [label]
+            if cfg:
+                if c.class_dropout_prob <= 0:
+                    raise ValueError("this LlamaGen has no null class (class_dropout_prob = 0): CFG unavailable")
+                labels.append(c.num_classes)
+            self._prefix_mask = None
+            return self.cls_embedding.embedding_table(torch.tensor(labels, device=self.device))[:, None]
+        if not isinstance(cond, Caption):
+            raise ValueError(f"t2i LlamaGen needs a Caption condition, got {type(cond).__name__}")
+        emb = cond.embedding.to(self.device, self.dtype)
+        if tuple(emb.shape) != (c.cls_token_num, c.caption_dim):
+            raise ValueError(f"caption embedding must be ({c.cls_token_num}, {c.caption_dim}), got {tuple(emb.shape)}")
+        rows = [emb]
+        if cfg:
+            rows.append(self.cls_embedding.uncond_embedding[: c.cls_token_num].to(self.dtype))
+        x = torch.stack(rows)
+        if cond.mask is not None:
+            self._prefix_mask = cond.mask.to(self.device, torch.bool)[None].expand(len(rows), -1).clone()
+            if bool(self._prefix_mask.all()):
+                self._prefix_mask = None
+        else:
+            self._prefix_mask = None
+        return self.cls_embedding.cap_proj(x)[:, : c.cls_token_num]
+
+    @torch.no_grad()
+    def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
+                return_hidden: bool = False) -> ModelOutput:
+        """Reset the cache, run [prefix; tokens]: logits (B, 1 + S, V), hidden (B, P + S, D)."""
+        B = 2 if cfg else 1
+        P = self.config.cls_token_num
+        self.setup_cache(B, P + self.config.block_size + self.extra_slots)
+        h = self._prefix(cond, cfg)
+        if tokens is not None and tokens.numel():
+            tokens = self._check_tokens(tokens, B)
+            h = torch.cat([h, self.tok_embeddings(tokens)], dim=1)
+        S = h.shape[1]
+        pos = torch.arange(S, device=self.device)
+        return self._run(h, pos, S - 1, self._mask(S, None), return_hidden, P - 1)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
+        """Append image tokens (B, S) on the cache: logits (B, S, V) (+ hidden (B, S, D))."""
+        if self._len == 0:
+            raise ValueError("LlamaGen.forward before prefill: call prefill(cond) first")
+        B = self.layers[0].attention.kv_cache.k.shape[0]
+        tokens = self._check_tokens(tokens, B)
+        S = tokens.shape[1]
+        if position_ids is None:
+            pos, max_pos = self._len + torch.arange(S, device=self.device), self._len + S - 1
+        else:
+            pos = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1)
+            if pos.numel() != S:
+                raise ValueError(f"position_ids must have {S} entries, got {pos.numel()}")
+            max_pos = int(pos.max())
+        return self._run(self.tok_embeddings(tokens), pos, max_pos, self._mask(S, attn_mask), return_hidden, 0)
+
+    def _check_tokens(self, tokens, B):
+        tokens = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
+        if tokens.ndim != 2 or tokens.shape[0] != B:
+            raise ValueError(f"tokens must be (B={B}, S), got shape {tuple(tokens.shape)}")
+        return tokens
+
+
+# --------------------------------------------------------------------------- helpers
+
+def truncated(model: LlamaGen, n_layer: int) -> LlamaGen:
+    """A layer-skip draft: the first ``n_layer`` blocks of ``model`` with its embeddings, final norm
+    and head (same tokenizer, shares nothing mutable with ``model``)."""
+    c = replace(model.config, n_layer=n_layer)
+    d = LlamaGen(c, model.extra_slots).to(model.device, model.dtype)
+    sd = {k: v for k, v in model.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < n_layer}
+    load_checked(d, sd, what="truncated LlamaGen")
+    return d
+
+
+def load_llamagen(source, cfg: LlamaGenConfig | str, *, device="cpu", dtype=torch.float32, **config_kw) -> LlamaGen:
+    """LlamaGen from an upstream checkpoint (path or loaded object; state dict raw or under
+    "model"/"module"/"state_dict") and a config (``LlamaGenConfig`` or a name for ``config``).
+    Mismatches raise ValueError naming missing/unexpected keys and bad shapes."""
+    c = config(cfg, **config_kw) if isinstance(cfg, str) else cfg
+    obj = read_checkpoint(source) if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__") else source
+    sd = extract_state_dict(obj)
+    m = LlamaGen(c)
+    load_checked(m, sd, ignore=("freqs_cis", "kv_cache", "causal_mask"), what="LlamaGen checkpoint")
+    return m.to(device=device, dtype=dtype).eval()
+
+
+def left_pad_caption(embedding: torch.Tensor, mask: torch.Tensor) -> Caption:
+    """Upstream t2i preprocessing of one caption: move the valid (first ``mask.sum()``) rows of the
+    (N, C) T5 features to the end, zero the padding, flip the mask accordingly."""
+    mask = mask.to(torch.bool).reshape(-1)
+    n = int(mask.sum())
+    if n == 0:
+        raise ValueError("caption has no valid token")
+    if not bool(mask[:n].all()):
+        raise ValueError("caption mask must be right-padded (valid tokens first), as produced by a T5 tokenizer")
+    emb = torch.cat([embedding[n:], embedding[:n]])
+    new_mask = torch.flip(mask, dims=[0])
+    return Caption(emb * new_mask[:, None].to(emb.dtype), new_mask)
+
+
+def t5_captions(prompts: list[str], model: str = "google/flan-t5-xl", *, max_length: int = 120, device="cpu",
+                dtype=torch.float32, encoder=None, tokenizer=None) -> list[Caption]:
+    """Caption conditions from flan-t5 (transformers; needs the weights locally or network).
+    Pass ``encoder``/``tokenizer`` objects to reuse loaded ones."""
+    try:
+        from transformers import AutoTokenizer, T5EncoderModel
+    except ImportError as e:  # pragma: no cover - transformers is an optional extra
+        raise NotImplementedError("t5_captions needs transformers (pip install coolsd[transformers]); "
+                                  "otherwise pass precomputed Caption embeddings") from e
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+    encoder = encoder or T5EncoderModel.from_pretrained(model, torch_dtype=dtype).to(device).eval()
+    enc = tokenizer(prompts, max_length=max_length, padding="max_length", truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        feats = encoder(input_ids=enc.input_ids.to(device), attention_mask=enc.attention_mask.to(device)).last_hidden_state
+    return [left_pad_caption(f, m) for f, m in zip(feats, enc.attention_mask.to(device))]
+
+
+# published checkpoints (Hugging Face hub): name -> (repo, file, config name, kwargs)
+PRETRAINED = {
+    "c2i-B-256": ("FoundationVision/LlamaGen", "c2i_B_256.pt", "B", dict(image_size=256)),
+    "c2i-B-384": ("FoundationVision/LlamaGen", "c2i_B_384.pt", "B", dict(image_size=384)),
+    "c2i-L-256": ("FoundationVision/LlamaGen", "c2i_L_256.pt", "L", dict(image_size=256)),
+    "c2i-L-384": ("FoundationVision/LlamaGen", "c2i_L_384.pt", "L", dict(image_size=384)),
+    "c2i-XL-384": ("FoundationVision/LlamaGen", "c2i_XL_384.pt", "XL", dict(image_size=384)),
+    "c2i-XXL-384": ("FoundationVision/LlamaGen", "c2i_XXL_384.pt", "XXL", dict(image_size=384)),
+    "t2i-XL-256": ("peizesun/llamagen_t2i", "t2i_XL_stage1_256.pt", "XL", dict(image_size=256, model_type="t2i")),
+    "t2i-XL-512": ("peizesun/llamagen_t2i", "t2i_XL_stage2_512.pt", "XL", dict(image_size=512, model_type="t2i")),
+    "vq-c2i": ("FoundationVision/LlamaGen", "vq_ds16_c2i.pt", "VQ-16", {}),
+    "vq-t2i": ("peizesun/llamagen_t2i", "vq_ds16_t2i.pt", "VQ-16", {}),
+}
+
+
+def download(name: str, cache_dir: str | None = None) -> str:
+    """Path of a published checkpoint, fetched with huggingface_hub (needs network the first time)."""
+    if name not in PRETRAINED:
+        raise ValueError(f"unknown checkpoint {name!r}; choose from {sorted(PRETRAINED)}")
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:  # pragma: no cover
+        raise NotImplementedError("download needs huggingface_hub (pip install coolsd[transformers])") from e
+    repo, file, _, _ = PRETRAINED[name]
+    return hf_hub_download(repo, file, cache_dir=cache_dir)

@@ -1,0 +1,152 @@
+"""The model protocol the engine speaks: what a target or a draft must provide.
+
+Every model (LlamaGen, a transformers causal LM through ``real.hf``, Chameleon / Lumina-mGPT / Janus /
+Emu3 adapters, the toy models of the MNIST zoo) is a stateful object that owns its KV cache:
+
+* ``prefill(cond, tokens=None, *, cfg=False, return_hidden=False)`` resets the cache, runs the
+  condition prefix (class id, caption embedding, prompt ids) followed by the optional image ``tokens``
+  (B, S) in ONE forward, and returns ``ModelOutput`` with ``logits`` (B, 1 + S, V): row 0 is the
+  next-token logits after the prefix, row j the logits after ``tokens[:, j-1]``. With ``cfg=True`` the
+  model builds the classifier-free-guidance pair itself (B = 2: row 0 conditional, row 1 the model's
+  own null condition: LlamaGen's null class / uncond caption embedding, a negative prompt, ...).
+  ``return_hidden=True`` also returns ``hidden`` (B, P + S, D), the last hidden state (after the final
+  norm, the input of the LM head) at every prefix and token position; P = prefix length.
+* ``forward(tokens, *, position_ids=None, attn_mask=None, return_hidden=False)`` appends a block of
+  S new image tokens (B, S) on top of the cache and returns logits (B, S, V) (+ hidden (B, S, D)).
+  ``position_ids`` (S,) are the absolute positions of the new tokens in the linear sequence (prefix
+  included; default ``cache_len + arange(S)``); ``attn_mask`` (S, S) bool says which new tokens a new
+  token may attend to (default causal), every cached entry being visible. Together they express
+  tree verification (tokens at equal depth share a position; the mask is the ancestor relation).
+* ``rollback(n)`` drops the last n cache entries; ``keep(indices)`` compacts the cache after a
+  block: of the entries written by the last ``forward``, keep those at ``indices`` (k,) (in order),
+  drop the rest (adapters that cannot do it raise NotImplementedError with a sentence).
+* ``cache_len`` (int): entries in the cache, prefix included.
+* ``vocab_size`` (int): V, the image-token vocabulary; logits are over image tokens only (an adapter of
+  a multimodal LM maps image token k to its own id and slices the logits, see ``real.hf``).
+* ``needs_features`` (bool, default False): see ``FeatureDrafter``.
+
+Logits are float32 whatever the model dtype (bf16 on GPU); probabilities are formed by
+``real.sampling.Processing`` from them, never by the model.
+
+A model that needs the target's hidden states (EAGLE-1 drafters, ``real.eagle``) is a
+``FeatureDrafter``: ``needs_features = True``, ``start(prefix_len, batch)`` instead of prefill,
+``forward(tokens, *, features, ...)`` with ``features`` (B, S, D) the target's hidden states paired
+with the tokens (EAGLE's (token_{t+1}, h_t) pairs), returning logits and its own hidden states.
+
+Conditions (model-specific; these containers are shared so adapters agree):
+``int`` / 0-d tensor class id (LlamaGen c2i), ``Caption`` (LlamaGen t2i), ``Prompt`` (token-id prompts).
+
+Writing an adapter (Chameleon / Lumina-mGPT, Janus, Emu3, toy models): wrap the model's forward so
+that the five members above hold, keep structural tokens (image start, end-of-row markers) inside the
+adapter if the engine should only see image tokens, and check it the way ``tests/test_real_models.py``
+and ``tests/test_real_hf.py`` check LlamaGen and ``real.hf``: ``prefill(cond, tokens)`` logits equal a
+prefill followed by one-token forwards; ``rollback(n)`` then re-feeding gives the same logits;
+greedy ``speculative_generate`` equals ``ar_generate`` at temperature 0 (with and without CFG); a tree
+block (``attn_mask``, ``position_ids``) scores a branch as the chain does and ``keep`` compacts it.
+Register a named pair in ``real.registry`` to make it available to ``coolsd generate --model``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask"]
+
+
+class ModelOutput(NamedTuple):
+    logits: torch.Tensor                 # (B, S, V) float32, image-token vocabulary
+    hidden: torch.Tensor | None = None   # (B, S', D) last hidden states (post final norm), when asked
+
+
+@runtime_checkable
+class ARModel(Protocol):
+    vocab_size: int
+
+    @property
+    def cache_len(self) -> int: ...
+
+    def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
+                return_hidden: bool = False) -> ModelOutput: ...
+
+    def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput: ...
+
+    def rollback(self, n: int) -> None: ...
+
+    def keep(self, indices: torch.Tensor) -> None: ...
+
+
+@runtime_checkable
+class FeatureDrafter(Protocol):
+    vocab_size: int
+    needs_features: bool
+
+    @property
+    def cache_len(self) -> int: ...
+
+    def start(self, prefix_len: int, batch: int) -> None: ...
+
+    def forward(self, tokens: torch.Tensor, *, features: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = True) -> ModelOutput: ...
+
+    def rollback(self, n: int) -> None: ...
+
+
+@dataclass
+class Caption:
+    """A caption as text-encoder features: ``embedding`` (N, C) (LlamaGen t2i: flan-t5-xl, N = 120,
+    C = 2048, already left-padded), ``mask`` (N,) bool, True at real tokens (None: all real)."""
+    embedding: torch.Tensor
+    mask: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.embedding.ndim != 2:
+            raise ValueError(f"Caption.embedding must be (N, C), got shape {tuple(self.embedding.shape)}")
+        if self.mask is not None and tuple(self.mask.shape) != (self.embedding.shape[0],):
+            raise ValueError(f"Caption.mask must be ({self.embedding.shape[0]},), got {tuple(self.mask.shape)}")
+
+
+@dataclass
+class Prompt:
+    """A prompt of token ids in the model's own vocabulary; ``uncond_ids`` is the prompt of the
+    unconditional CFG row (required when generating with cfg)."""
+    ids: torch.Tensor
+    uncond_ids: torch.Tensor | None = None
+
+    def __post_init__(self):
+        self.ids = torch.as_tensor(self.ids, dtype=torch.long).reshape(-1)
+        if self.ids.numel() == 0:
+            raise ValueError("Prompt.ids is empty: a causal LM needs at least one prompt token")
+        if self.uncond_ids is not None:
+            self.uncond_ids = torch.as_tensor(self.uncond_ids, dtype=torch.long).reshape(-1)
+            if self.uncond_ids.numel() == 0:
+                raise ValueError("Prompt.uncond_ids is empty")
+
+
+def check_pair(target, draft) -> None:
+    """Refuse a draft/target pair that cannot be verified against each other (different vocabularies)."""
+    vt, vd = getattr(target, "vocab_size", None), getattr(draft, "vocab_size", None)
+    if vt is None or vd is None:
+        raise ValueError("target and draft must expose vocab_size (the image-token vocabulary)")
+    if int(vt) != int(vd):
+        raise ValueError(f"draft and target vocabularies differ: draft V={vd}, target V={vt}; speculative decoding "
+                         "needs both over the same image tokens (same tokenizer)")
+
+
+def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -> torch.Tensor | None:
+    """(S, cache_len + S) bool visibility of S new tokens over the cache and the block, or None when it is
+    plain causal with S = 1 (everything visible). ``attn_mask`` (S, S) bool overrides the causal block."""
+    if attn_mask is None:
+        if S == 1:
+            return None
+        blk = torch.ones(S, S, dtype=torch.bool, device=device).tril_()
+    else:
+        if tuple(attn_mask.shape) != (S, S):
+            raise ValueError(f"attn_mask must be (S, S) = ({S}, {S}) over the new block, got {tuple(attn_mask.shape)}")
+        blk = attn_mask.to(device=device, dtype=torch.bool)
+        if not bool(blk.diagonal().all()):
+            raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
+    past = torch.ones(S, cache_len, dtype=torch.bool, device=device)
+    return torch.cat([past, blk], dim=1)

@@ -1,0 +1,264 @@
+"""Named model pairs for the command line (``coolsd generate --model NAME``) and scripts.
+
+A builder takes an options object (attributes read with defaults: device, dtype, seed, num_images,
+class_id, draft, checkpoint paths, ...) and returns a ``Bundle``: target, draft, one condition per image,
+tokens per image, an optional codebook neighbour table for LANTERN, an optional VQ decoder.
+Add a model with ``register("name", builder, "one-line help")`` (other adapters: Chameleon, Janus, Emu3,
+the MNIST zoo).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+__all__ = ["Bundle", "register", "build", "MODELS", "tiny_llamagen_pair"]
+
+
+@dataclass
+class Bundle:
+    target: Any
+    draft: Any
+    conds: list
+    num_tokens: int
+    neighbors: np.ndarray | None = None
+    vq: Any = None
+    cfg_scale: float = 1.0            # default CFG scale for this model
+    info: dict = field(default_factory=dict)
+
+
+MODELS: dict[str, tuple[Callable[[Any], Bundle], str]] = {}
+
+
+def register(name: str, builder: Callable[[Any], Bundle], help: str = "") -> None:
+    MODELS[name] = (builder, help)
+
+
+def build(name: str, opts: Any = None) -> Bundle:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
+    return MODELS[name][0](opts if opts is not None else _Opts())
+
+
+class _Opts:
+    def __getattr__(self, k):
+        return None
+
+
+def _o(opts, name, default):
+    v = getattr(opts, name, None)
+    return default if v is None else v
+
+
+def _dtype(opts) -> torch.dtype:
+    d = _o(opts, "dtype", "float32")
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if d not in table:
+        raise ValueError(f"unknown dtype {d!r}; choose from {sorted(table)}")
+    return table[d]
+
+
+def _device(opts) -> torch.device:
+    d = _o(opts, "device", "cpu")
+    if d == "auto":
+        d = "cuda" if torch.cuda.is_available() else "cpu"
+    if str(d).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+    return torch.device(d)
+
+
+def _class_ids(opts, num_classes: int) -> list[int]:
+    n = int(_o(opts, "num_images", 1))
+    cid = getattr(opts, "class_id", None)
+    if cid is not None:
+        if not 0 <= int(cid) < num_classes:
+            raise ValueError(f"--class-id must be in [0, {num_classes}), got {cid}")
+        return [int(cid)] * n
+    rng = np.random.default_rng(int(_o(opts, "seed", 0)))
+    return [int(x) for x in rng.integers(0, num_classes, n)]
+
+
+# --------------------------------------------------------------------------- LlamaGen tiny (random weights)
+
+def tiny_llamagen_pair(seed: int = 0, draft: str = "layerskip", model_type: str = "c2i", device="cpu",
+                       dtype=torch.float32):
+    """Random tiny LlamaGen target (4 layers, dim 128, V = 256, 8x8 tokens) and a draft:
+    ``layerskip`` (its first layer, embeddings and head), ``small`` (independent random tiny-draft
+    config), or ``eagle`` (a random EAGLE-1 head on the target). The target's weights are scaled so
+    that the residual stream is embedding-dominated (a layer-skip draft then agrees often), which makes
+    the acceptance rates of the methods differ visibly."""
+    from . import llamagen as lg
+    from .eagle import EagleDrafter
+
+    c = lg.config("tiny", model_type=model_type)
+    t = lg.LlamaGen(c).random_init(seed, std=0.05, output_std=0.2, embed_std=1.0).to(device, dtype).eval()
+    if draft == "layerskip":
+        d = lg.truncated(t, 1).eval()
+    elif draft == "small":
+        d = lg.LlamaGen(lg.config("tiny-draft", model_type=model_type)).random_init(
+            seed + 1, std=0.05, output_std=0.2, embed_std=1.0).to(device, dtype).eval()
+    elif draft == "eagle":
+        d = EagleDrafter.from_target(t, seed=seed + 1).eval()
+    else:
+        raise ValueError(f"unknown draft kind {draft!r}; choose layerskip, small or eagle")
+    return t, d
+
+
+def _tiny_vq(seed: int, V: int):
+    from .vq import VQModel, vq_config
+
+    return VQModel(vq_config("tiny", codebook_size=V)).random_init(seed).eval()
+
+
+def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
+    from theory.rules import lantern_neighbors
+
+    from .protocol import Caption
+
+    seed = int(_o(opts, "seed", 0))
+    dev, dt = _device(opts), _dtype(opts)
+    t, d = tiny_llamagen_pair(seed, _o(opts, "draft", "layerskip"), model_type, dev, dt)
+    vq = _tiny_vq(seed, t.config.vocab_size).to(dev)
+    nb = lantern_neighbors(vq.quantize.codebook().detach().cpu().numpy())
+    if model_type == "c2i":
+        conds = _class_ids(opts, t.config.num_classes)
+    else:
+        g = torch.Generator().manual_seed(seed)
+        n = int(_o(opts, "num_images", 1))
+        P, C = t.config.cls_token_num, t.config.caption_dim
+        conds = []
+        for _ in range(n):
+            valid = int(torch.randint(1, P + 1, (1,), generator=g))
+            mask = torch.arange(P) >= P - valid
+            conds.append(Caption(torch.randn(P, C, generator=g) * mask[:, None], mask))
+    T = int(_o(opts, "num_tokens", t.config.block_size))
+    return Bundle(t, d, conds, T, nb, vq, cfg_scale=2.0,
+                  info={"target": "LlamaGen tiny (random)", "draft": _o(opts, "draft", "layerskip"), "type": model_type})
+
+
+register("llamagen-tiny", _build_llamagen_tiny, "random tiny LlamaGen c2i target + tiny draft (CPU demo/tests)")
+register("llamagen-tiny-t2i", lambda o: _build_llamagen_tiny(o, "t2i"),
+         "random tiny LlamaGen t2i target (8 caption tokens) + tiny draft")
+
+
+# --------------------------------------------------------------------------- LlamaGen from checkpoints
+
+def _build_llamagen(opts) -> Bundle:
+    """Real LlamaGen c2i/t2i: --target-ckpt/--target-size, --draft-ckpt/--draft-size (or --draft eagle
+    with --drafter-dir, a LANTERN release directory), --vq-ckpt, --image-size; t2i needs --captions
+    (a .pt file with a list of {embedding, mask}) or --prompts with flan-t5-xl available."""
+    from . import llamagen as lg
+    from .eagle import load_lantern_drafter
+    from .vq import codebook_neighbors, load_vq
+
+    dev, dt = _device(opts), _dtype(opts)
+    mtype = _o(opts, "model_type", "c2i")
+    size = _o(opts, "image_size", 384 if mtype == "c2i" else 256)
+
+    def ckpt(path_opt, name_opt):
+        p = getattr(opts, path_opt, None)
+        if p is None and getattr(opts, name_opt, None):
+            p = lg.download(getattr(opts, name_opt))
+        if p is None:
+            raise ValueError(f"--{path_opt.replace('_', '-')} (or --{name_opt.replace('_', '-')} to download) is required")
+        return p
+
+    t = lg.load_llamagen(ckpt("target_ckpt", "target_pretrained"), _o(opts, "target_size", "XL"),
+                         image_size=size, model_type=mtype, device=dev, dtype=dt)
+    kind = _o(opts, "draft", "small")
+    if kind == "eagle":
+        if getattr(opts, "drafter_dir", None) is None:
+            raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
+        d = load_lantern_drafter(opts.drafter_dir, t.output, device=dev, dtype=dt)
+    elif kind == "layerskip":
+        d = lg.truncated(t, int(_o(opts, "draft_layers", 1)))
+    else:
+        d = lg.load_llamagen(ckpt("draft_ckpt", "draft_pretrained"), _o(opts, "draft_size", "B"),
+                             image_size=size, model_type=mtype, device=dev, dtype=dt)
+    vq, nb = None, None
+    vq_path = getattr(opts, "vq_ckpt", None)
+    if vq_path:
+        vq = load_vq(vq_path, _o(opts, "vq_size", "VQ-16"), device=dev)
+        cb = vq.quantize.codebook().detach()
+        nb = codebook_neighbors(cb, K=min(int(_o(opts, "neighbors_k", 1001)), cb.shape[0] - 1)).numpy()
+    if mtype == "c2i":
+        conds = _class_ids(opts, t.config.num_classes)
+    else:
+        conds = _captions(opts, dev, dt)
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.config.block_size)), nb, vq,
+                  cfg_scale=4.0 if mtype == "c2i" else 7.5, info={"target": "LlamaGen", "type": mtype, "draft": kind})
+
+
+def _captions(opts, dev, dt):
+    from . import llamagen as lg
+    from .protocol import Caption
+
+    if getattr(opts, "captions", None):
+        obj = torch.load(opts.captions, map_location="cpu", weights_only=True)
+        return [Caption(c["embedding"], c.get("mask")) for c in obj]
+    if getattr(opts, "prompts", None):
+        return lg.t5_captions(list(opts.prompts), device=dev, dtype=dt)
+    raise ValueError("t2i needs --captions FILE.pt (list of {'embedding', 'mask'}) or --prompts TEXT ...")
+
+
+register("llamagen", _build_llamagen, "LlamaGen from published checkpoints (c2i or t2i; see --target-ckpt ...)")
+
+
+# --------------------------------------------------------------------------- transformers (tiny random Llama)
+
+def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
+    from .hf import HFCausalLM
+    from .llama import FastLlama
+    from .protocol import Prompt
+
+    seed = int(_o(opts, "seed", 0))
+    dev, dt = _device(opts), _dtype(opts)
+    tgt, drf = hf_llama_pair(seed)
+    g = torch.Generator().manual_seed(seed)
+    n = int(_o(opts, "num_images", 1))
+    V = tgt.config.vocab_size
+    conds = [Prompt(torch.randint(0, V, (8,), generator=g), torch.randint(0, V, (2,), generator=g)) for _ in range(n)]
+    wrap = FastLlama.from_hf if fast else HFCausalLM
+    return Bundle(wrap(tgt.to(dev, dt)), wrap(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
+                  cfg_scale=1.0, info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
+                                       "backend": "real.llama.FastLlama" if fast else "real.hf.HFCausalLM"})
+
+
+def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 256, draft_layers: int = 1):
+    """Random LlamaForCausalLM target and its layer-skip draft (first ``draft_layers`` layers, shared
+    embeddings/norm/head copied), embedding-dominated like ``tiny_llamagen_pair``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                      tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    tgt = LlamaForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in tgt.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif "embed_tokens" in name:
+                p.normal_(0, 1.0, generator=g)
+            elif "lm_head" in name:
+                p.normal_(0, 0.2, generator=g)
+            else:
+                p.normal_(0, 0.05, generator=g)
+    dcfg = LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": draft_layers})
+    drf = LlamaForCausalLM(dcfg).eval()
+    sd = {k: v for k, v in tgt.state_dict().items()
+          if not k.startswith("model.layers.") or int(k.split(".")[2]) < draft_layers}
+    drf.load_state_dict(sd, strict=True)
+    for m in (tgt, drf):
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
+    return tgt, drf
+
+
+register("hf-llama-tiny", _build_hf_llama_tiny, "random tiny transformers LlamaForCausalLM + layer-skip draft (HF adapter)")
+register("llama-tiny-fast", lambda o: _build_hf_llama_tiny(o, fast=True),
+         "the hf-llama-tiny pair run by real.llama.FastLlama (static-cache Llama, same weights)")

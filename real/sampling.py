@@ -1,0 +1,97 @@
+"""Logits processing shared by draft and target: CFG combination, temperature, top-k, top-p.
+
+The engine applies the SAME ``Processing`` to the draft's and the target's logits; q is exactly the
+processed draft distribution the draft token was sampled from and p the processed target distribution
+(verifying against an unprocessed q is a known bug class). Temperature 0 means the one-hot
+distribution at the argmax (first maximiser), so greedy decoding is sampling at temperature 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Processing", "cfg_combine", "process_logits", "sample"]
+
+
+def cfg_combine(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance on logits (LlamaGen convention): uncond + scale * (cond - uncond).
+
+    logits (2, ..., V): row 0 conditional, row 1 unconditional -> (..., V)."""
+    if logits.shape[0] != 2:
+        raise ValueError(f"cfg_combine expects a (cond, uncond) pair on dim 0, got batch {logits.shape[0]}")
+    cond, uncond = logits[0], logits[1]
+    return uncond + scale * (cond - uncond)
+
+
+def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Probabilities (..., V) in ``dtype`` from logits (..., V).
+
+    logits / temperature; top-k keeps tokens whose logit is >= the k-th largest (ties kept);
+    top-p keeps, in decreasing probability, every token whose preceding mass is <= top_p (so the token
+    crossing top_p is kept); renormalised. temperature == 0: one-hot at the argmax."""
+    x = logits.to(dtype)
+    V = x.shape[-1]
+    if temperature == 0:
+        return torch.nn.functional.one_hot(x.argmax(-1), V).to(dtype)
+    x = x / temperature
+    if 0 < top_k < V:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if top_p < 1.0:
+        sp, idx = torch.sort(probs, dim=-1, descending=True)
+        before = torch.cumsum(sp, dim=-1) - sp
+        sp = sp.masked_fill(before > top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, idx, sp)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@dataclass(frozen=True)
+class Processing:
+    """How logits become the distributions that are sampled and verified.
+
+    ``cfg_scale`` != 1 turns classifier-free guidance on: models are run on the (cond, uncond) pair and
+    the logits combined by ``cfg_combine`` before temperature / top-k / top-p."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    cfg_scale: float = 1.0
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self):
+        if not (self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"probabilities are computed in float32 or float64, got {self.dtype}")
+
+    @property
+    def cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    @property
+    def batch(self) -> int:
+        return 2 if self.cfg else 1
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (B, ..., V) from a model batch (B = 2 with CFG) -> probabilities (..., V)."""
+        if logits.shape[0] != self.batch:
+            raise ValueError(f"Processing(cfg_scale={self.cfg_scale}) expects batch {self.batch}, got {logits.shape[0]}")
+        x = logits.to(self.dtype)
+        x = cfg_combine(x, self.cfg_scale) if self.cfg else x[0]
+        return process_logits(x, self.temperature, self.top_k, self.top_p, self.dtype)
+
+    def params(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "cfg_scale": self.cfg_scale}
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row: probs (..., V) -> (...,) int64, drawn with the seeded ``generator``."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

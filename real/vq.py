@@ -1,0 +1,274 @@
+"""LlamaGen's VQ image tokenizer (VQ-16 / VQ-8), written from its published description.
+
+A VQGAN-style conv autoencoder: encoder (conv_in, ``conv_blocks`` of 2 ResNet blocks per level with
+stride-2 downsampling and attention at the last level, mid ResNet-attention-ResNet, GroupNorm(32) +
+swish + conv_out to z_channels = 256), ``quant_conv`` 1x1 to the codebook dim 8, a codebook of 16384
+entries l2-normalised at use, ``post_quant_conv`` back to 256 channels and a mirrored decoder (3 ResNet
+blocks per level, nearest-neighbour x2 upsampling) to RGB in [-1, 1]. Keys follow the published
+checkpoints (``encoder.*``, ``decoder.*``, ``quantize.embedding.weight``, ``quantize.codebook_used``,
+``quant_conv``, ``post_quant_conv``), so ``load_vq`` reads ``vq_ds16_c2i.pt`` / ``vq_ds16_t2i.pt``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checkpoint import extract_state_dict, load_checked, read_checkpoint
+
+__all__ = ["VQConfig", "VQModel", "VQ_CONFIGS", "vq_config", "load_vq", "codebook_neighbors"]
+
+
+@dataclass(frozen=True)
+class VQConfig:
+    codebook_size: int = 16384
+    codebook_embed_dim: int = 8
+    codebook_l2_norm: bool = True
+    codebook_show_usage: bool = True     # the checkpoints carry a ``codebook_used`` (65536,) buffer
+    ch: int = 128
+    ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4)
+    z_channels: int = 256
+    num_res_blocks: int = 2
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.ch_mult) - 1)
+
+
+VQ_CONFIGS = {
+    "VQ-16": VQConfig(),
+    "VQ-8": VQConfig(ch_mult=(1, 2, 2, 4)),
+    "tiny": VQConfig(codebook_size=256, ch=32, ch_mult=(1, 2), z_channels=32, num_res_blocks=1, codebook_show_usage=False),
+}
+
+
+def vq_config(name: str, **overrides) -> VQConfig:
+    if name not in VQ_CONFIGS:
+        raise ValueError(f"unknown VQ config {name!r}; choose from {sorted(VQ_CONFIGS)}")
+    from dataclasses import replace
+
+    return replace(VQ_CONFIGS[name], **overrides)
+
+
+def _norm(c: int) -> nn.GroupNorm:
+    return nn.GroupNorm(32, c, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, 1, 1)
+        self.norm2, self.conv2 = _norm(cout), nn.Conv2d(cout, cout, 3, 1, 1)
+        if cin != cout:
+            self.nin_shortcut = nn.Conv2d(cin, cout, 1)
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
+
+
+class AttnBlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = _norm(c)
+        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (t(y).reshape(b, 1, c, h * w).transpose(-1, -2) for t in (self.q, self.k, self.v))
+        o = F.scaled_dot_product_attention(q, k, v)          # softmax(q k^T / sqrt(c)) v over positions
+        return x + self.proj_out(o.transpose(-1, -2).reshape(b, c, h, w))
+
+
+class Upsample(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, 1, 1)
+
+    def forward(self, x):
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Downsample(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, 2, 0)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: VQConfig, in_channels: int = 3):
+        super().__init__()
+        self.conv_in = nn.Conv2d(in_channels, c.ch, 3, 1, 1)
+        self.conv_blocks = nn.ModuleList()
+        cin = c.ch
+        n = len(c.ch_mult)
+        for i, m in enumerate(c.ch_mult):
+            blk = nn.Module()
+            blk.res, blk.attn = nn.ModuleList(), nn.ModuleList()
+            for _ in range(c.num_res_blocks):
+                blk.res.append(ResnetBlock(cin, c.ch * m))
+                cin = c.ch * m
+                if i == n - 1:
+                    blk.attn.append(AttnBlock(cin))
+            if i != n - 1:
+                blk.downsample = Downsample(cin)
+            self.conv_blocks.append(blk)
+        self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
+        self.norm_out = _norm(cin)
+        self.conv_out = nn.Conv2d(cin, c.z_channels, 3, 1, 1)
+
+    def forward(self, x):
+        h = self.conv_in(x)
+        for blk in self.conv_blocks:
+            for j, r in enumerate(blk.res):
+                h = r(h)
+                if len(blk.attn):
+                    h = blk.attn[j](h)
+            if hasattr(blk, "downsample"):
+                h = blk.downsample(h)
+        for mod in self.mid:
+            h = mod(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: VQConfig, out_channels: int = 3):
+        super().__init__()
+        n = len(c.ch_mult)
+        cin = c.ch * c.ch_mult[-1]
+        self.conv_in = nn.Conv2d(c.z_channels, cin, 3, 1, 1)
+        self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
+        self.conv_blocks = nn.ModuleList()
+        for i in reversed(range(n)):
+            blk = nn.Module()
+            blk.res, blk.attn = nn.ModuleList(), nn.ModuleList()
+            for _ in range(c.num_res_blocks + 1):
+                blk.res.append(ResnetBlock(cin, c.ch * c.ch_mult[i]))
+                cin = c.ch * c.ch_mult[i]
+                if i == n - 1:
+                    blk.attn.append(AttnBlock(cin))
+            if i != 0:
+                blk.upsample = Upsample(cin)
+            self.conv_blocks.append(blk)
+        self.norm_out = _norm(cin)
+        self.conv_out = nn.Conv2d(cin, out_channels, 3, 1, 1)
+
+    def forward(self, z):
+        h = self.conv_in(z)
+        for mod in self.mid:
+            h = mod(h)
+        for blk in self.conv_blocks:
+            for j, r in enumerate(blk.res):
+                h = r(h)
+                if len(blk.attn):
+                    h = blk.attn[j](h)
+            if hasattr(blk, "upsample"):
+                h = blk.upsample(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class VectorQuantizer(nn.Module):
+    def __init__(self, c: VQConfig):
+        super().__init__()
+        self.l2_norm = c.codebook_l2_norm
+        self.embedding = nn.Embedding(c.codebook_size, c.codebook_embed_dim)
+        if c.codebook_show_usage:
+            self.register_buffer("codebook_used", torch.zeros(65536))
+
+    def codebook(self) -> torch.Tensor:
+        """(V, d) code vectors as used (l2-normalised when the tokenizer does so)."""
+        w = self.embedding.weight
+        return F.normalize(w, p=2, dim=-1) if self.l2_norm else w
+
+    def quantize(self, z: torch.Tensor) -> torch.Tensor:
+        """z (B, d, h, w) -> codes (B, h*w), nearest code (after l2-normalising both sides)."""
+        zf = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+        if self.l2_norm:
+            zf = F.normalize(zf, p=2, dim=-1)
+        e = self.codebook()
+        d = zf.pow(2).sum(1, keepdim=True) + e.pow(2).sum(1) - 2 * zf @ e.T
+        return d.argmin(1).reshape(z.shape[0], -1)
+
+
+class VQModel(nn.Module):
+    def __init__(self, c: VQConfig):
+        super().__init__()
+        self.config = c
+        self.encoder = Encoder(c)
+        self.decoder = Decoder(c)
+        self.quantize = VectorQuantizer(c)
+        self.quant_conv = nn.Conv2d(c.z_channels, c.codebook_embed_dim, 1)
+        self.post_quant_conv = nn.Conv2d(c.codebook_embed_dim, c.z_channels, 1)
+
+    @torch.no_grad()
+    def random_init(self, seed: int = 0) -> "VQModel":
+        """Seeded random weights (convs default-initialised, codebook l2-normalised)."""
+        torch.manual_seed(seed)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
+                m.reset_parameters()
+        w = torch.randn(self.quantize.embedding.weight.shape, generator=torch.Generator().manual_seed(seed))
+        self.quantize.embedding.weight.copy_(F.normalize(w, dim=-1))
+        return self
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, 3, H, W) in [-1, 1] -> codes (B, (H/f)*(W/f))."""
+        return self.quantize.quantize(self.quant_conv(self.encoder(images)))
+
+    @torch.no_grad()
+    def decode_code(self, codes: torch.Tensor, grid: tuple[int, int] | None = None, clamp: bool = True) -> torch.Tensor:
+        """codes (B, h*w) ints -> images (B, 3, h*f, w*f) in [-1, 1] (clamped unless ``clamp=False``)."""
+        codes = torch.as_tensor(codes, device=self.post_quant_conv.weight.device).long()
+        if codes.ndim == 1:
+            codes = codes[None]
+        B, n = codes.shape
+        if grid is None:
+            h = int(round(n ** 0.5))
+            if h * h != n:
+                raise ValueError(f"{n} codes are not a square grid; pass grid=(h, w)")
+            grid = (h, h)
+        if grid[0] * grid[1] != n:
+            raise ValueError(f"grid {grid} does not hold {n} codes")
+        V = self.config.codebook_size
+        if int(codes.min()) < 0 or int(codes.max()) >= V:
+            raise ValueError(f"codes must lie in [0, {V})")
+        z = self.quantize.codebook()[codes].reshape(B, grid[0], grid[1], -1).permute(0, 3, 1, 2)
+        x = self.decoder(self.post_quant_conv(z.to(self.post_quant_conv.weight.dtype)))
+        return x.clamp(-1, 1) if clamp else x
+
+
+def load_vq(source, cfg: VQConfig | str = "VQ-16", *, device="cpu", dtype=torch.float32) -> VQModel:
+    """VQ tokenizer from a published checkpoint (path or loaded object; state dict under "model" or raw)."""
+    c = vq_config(cfg) if isinstance(cfg, str) else cfg
+    obj = read_checkpoint(source) if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__") else source
+    m = VQModel(c)
+    load_checked(m, extract_state_dict(obj), what="VQ checkpoint")
+    return m.to(device=device, dtype=dtype).eval()
+
+
+@torch.no_grad()
+def codebook_neighbors(codebook: torch.Tensor, K: int, chunk: int = 1024) -> torch.Tensor:
+    """(V, K) int64: for each code the K nearest OTHER codes by Euclidean distance, nearest first
+    (the LANTERN neighbour table of THEORY section 6 at full V = 16384 without a dense V x V matrix in
+    memory; ``theory.rules.lantern_neighbors`` is the small-V reference; ties broken by lower index)."""
+    E = codebook.double()
+    V = E.shape[0]
+    if not 1 <= K <= V - 1:
+        raise ValueError(f"K must be in [1, {V - 1}], got {K}")
+    sq = (E * E).sum(1)
+    out = []
+    for s in range(0, V, chunk):
+        d2 = sq[s:s + chunk, None] + sq[None, :] - 2 * E[s:s + chunk] @ E.T
+        d2[torch.arange(d2.shape[0]), torch.arange(s, s + d2.shape[0])] = float("inf")
+        # stable order: sort by (distance, index)
+        order = torch.sort(d2, dim=1, stable=True).indices[:, :K]
+        out.append(order)
+    return torch.cat(out).cpu()

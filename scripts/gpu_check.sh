@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# One-command timing check on a CUDA GPU (< 5 minutes): LlamaGen-XL-sized target and B-sized draft
+# forwards (random weights, bf16) and the speculative engine's per-round overhead.
+#   bash scripts/gpu_check.sh              # on a machine with a CUDA GPU
+#   bash scripts/gpu_check.sh --cpu-smoke  # tiny configs on CPU, to check the script itself
+# Extra flags go to scripts/gpu_check.py (--target, --draft, --image-size, --L, --iters, --json, ...).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+exec python "$ROOT/scripts/gpu_check.py" "$@"

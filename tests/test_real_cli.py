@@ -1,0 +1,108 @@
+"""`coolsd generate` (the contract the external checks call) and the GPU check script's CPU smoke mode."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from coolsd.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONTRACT_METHODS = ["vanilla", "cool-sd", "uniform-rsd", "lantern", "lantern++", "typical", "greedy"]
+
+
+def _run(capsys, *argv) -> dict:
+    assert main(["generate", *argv, "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, out          # ONE JSON object on stdout
+    return json.loads(out[0])
+
+
+def test_contract_command_subprocess():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "coolsd.cli", "generate", "--model", "llamagen-tiny", "--method", "vanilla",
+                        "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["tokens_per_target_call"] >= 1 and d["seconds"] > 0 and d["tokens"] == 64
+
+
+@pytest.mark.parametrize("method", CONTRACT_METHODS)
+def test_every_contract_method(capsys, method):
+    d = _run(capsys, "--model", "llamagen-tiny", "--method", method)
+    for k in ("tokens_per_target_call", "seconds", "accepted_mean", "accepted_se", "rounds", "verify_share",
+              "time_draft_s", "time_target_s", "time_verify_s", "params", "processing"):
+        assert k in d, k
+    assert d["tokens"] == 64 and d["rounds"] == d["target_forwards"]
+    assert 1.0 <= d["tokens_per_target_call"] <= d["L"] + 1
+    assert d["tokens_per_target_call"] == pytest.approx(64 / d["rounds"])
+    assert d["accepted_mean"] == pytest.approx(d["tokens_per_target_call"] - 1)
+    if method == "greedy":
+        assert d["processing"]["temperature"] == 0.0
+    again = _run(capsys, "--model", "llamagen-tiny", "--method", method)       # seeded: reproducible
+    assert again["rounds"] == d["rounds"]
+
+
+def test_flags_models_record_and_errors(capsys, tmp_path):
+    d = _run(capsys, "--model", "llamagen-tiny", "--method", "cool-sd", "--delta", "3", "--L", "3", "--temperature",
+             "0.8", "--top-k", "50", "--top-p", "0.9", "--cfg-scale", "1.5", "--num-images", "2", "--num-tokens", "20",
+             "--record", str(tmp_path / "r.npz"), "--save", str(tmp_path / "s.npz"), "--baseline")
+    assert d["params"]["delta"] == 3.0 and d["L"] == 3 and d["num_images"] == 2 and d["tokens"] == 40
+    assert d["processing"] == {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "cfg_scale": 1.5}
+    assert d["speedup"] > 0 and d["baseline"]["seconds"] > 0
+    rec = np.load(tmp_path / "r.npz")
+    assert rec["p"].shape[1:] == (4, 256) and rec["q"].shape[1:] == (3, 256) and len(rec["accepted"]) == len(rec["n_drafted"])
+    saved = np.load(tmp_path / "s.npz")
+    assert saved["tokens"].shape == (2, 20) and "images" not in saved       # 20 tokens: not a whole image
+    full = _run(capsys, "--model", "llamagen-tiny", "--method", "ar", "--save", str(tmp_path / "f.npz"))
+    assert full["tokens_per_target_call"] == 1.0
+    assert np.load(tmp_path / "f.npz")["images"].shape == (1, 3, 16, 16)
+    t2i = _run(capsys, "--model", "llamagen-tiny-t2i", "--method", "lantern++", "--num-tokens", "16")
+    assert t2i["tokens"] == 16
+    e = _run(capsys, "--model", "llamagen-tiny", "--method", "vanilla", "--draft", "eagle", "--num-tokens", "16")
+    assert e["rounds"] >= 2
+    hf = _run(capsys, "--model", "hf-llama-tiny", "--method", "greedy", "--num-tokens", "24")
+    assert hf["tokens"] == 24 and hf["tokens_per_target_call"] > 1
+    fast = _run(capsys, "--model", "llama-tiny-fast", "--method", "greedy", "--num-tokens", "24")
+    assert fast["rounds"] == hf["rounds"]            # same weights, same greedy path
+    assert main(["generate", "--model", "nope", "--json"]) == 2
+    assert main(["generate", "--method", "nope", "--json"]) == 2
+    assert main(["generate", "--model", "hf-llama-tiny", "--method", "lantern", "--json"]) == 2   # no codebook
+    err = capsys.readouterr().err
+    assert "unknown model" in err and "unknown method" in err and "neighbour table" in err
+    assert main(["generate", "--list-models"]) == 0
+    assert "llamagen-tiny" in capsys.readouterr().out
+
+
+def test_llamagen_from_checkpoint_files(capsys, tmp_path):
+    """The --model llamagen path (published-checkpoint loading) end to end, with tiny files in the
+    upstream layouts: GPT state dicts under "model" / raw, VQ under "model"."""
+    from real import llamagen as lg
+    from real.vq import VQModel, vq_config
+
+    t = lg.LlamaGen(lg.config("tiny")).random_init(0, std=0.05, output_std=0.2, embed_std=1.0)
+    torch.save({"model": t.state_dict()}, tmp_path / "t.pt")
+    torch.save(lg.LlamaGen(lg.config("tiny-draft")).random_init(1).state_dict(), tmp_path / "d.pt")
+    torch.save({"model": VQModel(vq_config("tiny")).random_init(0).state_dict()}, tmp_path / "vq.pt")
+    d = _run(capsys, "--model", "llamagen", "--method", "lantern", "--target-ckpt", str(tmp_path / "t.pt"),
+             "--target-size", "tiny", "--draft-ckpt", str(tmp_path / "d.pt"), "--draft-size", "tiny-draft", "--image-size",
+             "128", "--vq-ckpt", str(tmp_path / "vq.pt"), "--vq-size", "tiny", "--save", str(tmp_path / "o.npz"))
+    assert d["tokens"] == 64 and d["processing"]["cfg_scale"] == 4.0 and d["params"]["k"] == 16
+    assert np.load(tmp_path / "o.npz")["images"].shape == (1, 3, 16, 16)
+    torch.save({"model": {"output.weight": torch.zeros(3)}}, tmp_path / "bad.pt")
+    assert main(["generate", "--model", "llamagen", "--target-ckpt", str(tmp_path / "bad.pt"), "--target-size", "tiny",
+                 "--draft-ckpt", str(tmp_path / "d.pt"), "--draft-size", "tiny-draft", "--json"]) == 2
+    assert "missing keys" in capsys.readouterr().err
+
+
+def test_gpu_check_cpu_smoke():
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke"], capture_output=True, text=True,
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "target forward" in r.stdout and "per-round overhead" in r.stdout
