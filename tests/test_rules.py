@@ -197,3 +197,15 @@ def test_lantern_on_a_hand_made_codebook():
     # nothing left -> uniform
     g = rules.LanternResample(nb, 2, "p")(np.array([0, 0.5, 0.5, 0]), q, None, rejected=np.int64(3))
     assert g.tolist() == [0.25] * 4
+
+
+def test_lantern_resample_with_a_scalar_rejected_token_on_every_backend():
+    torch = pytest.importorskip("torch")
+    nb = rules.lantern_neighbors(np.array([[0.0], [1.0], [2.0], [4.0]]))
+    p = np.array([0.375, 0.25, 0.25, 0.125])
+    q = np.array([0.5, 0.25, 0.125, 0.125])
+    for variant in "pq":
+        r = rules.LanternResample(nb, 1, variant)
+        ref = r(p, q, None, rejected=np.int64(3))
+        got = r(torch.as_tensor(p), torch.as_tensor(q), None, rejected=torch.tensor(3))
+        assert tuple(got.shape) == (4,) and np.allclose(got.numpy(), ref)

@@ -302,7 +302,9 @@ class LanternResample:
     def _mask_rows(self, x: Array, V: int, xp, device) -> Array:
         """(..., V) float mask of S(x) for tokens x (...)."""
         nb = xp.asarray(self.neighbors[:, : self.k + 1], device=device)
-        S = xp.concat([x[..., None], xp.take(xp.astype(nb, xp.int64), x, axis=0)], axis=-1)
+        # take on flat indices: a 0-d index would give torch's take a (1, K) result
+        rows = xp.reshape(xp.take(xp.astype(nb, xp.int64), xp.reshape(x, (-1,)), axis=0), (*x.shape, self.k + 1))
+        S = xp.concat([x[..., None], rows], axis=-1)
         ar = xp.arange(V, device=device)
         return xp.any(S[..., :, None] == ar, axis=-2)
 
