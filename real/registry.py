@@ -26,6 +26,7 @@ class Bundle:
     neighbors: np.ndarray | None = None
     vq: Any = None
     cfg_scale: float = 1.0            # default CFG scale for this model
+    top_k: int = 0                    # default top-k for this model (0 = off)
     info: dict = field(default_factory=dict)
 
 
@@ -262,3 +263,137 @@ def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int 
 register("hf-llama-tiny", _build_hf_llama_tiny, "random tiny transformers LlamaForCausalLM + layer-skip draft (HF adapter)")
 register("llama-tiny-fast", lambda o: _build_hf_llama_tiny(o, fast=True),
          "the hf-llama-tiny pair run by real.llama.FastLlama (static-cache Llama, same weights)")
+
+
+# --------------------------------------------------------------------------- multimodal transformers LMs
+# Chameleon / Lumina-mGPT, Janus(-Pro), Emu3 through real.imagelm adapters (engine tokens = VQ codes).
+
+_MM_DEFAULTS = {  # family: (CFG scale, top-k) of the published samplers
+    "chameleon": (3.0, 2000), "janus": (5.0, 0), "emu3": (3.0, 2048)}
+
+
+def _build_mm_tiny(opts, family: str) -> Bundle:
+    """Random tiny target + draft of one family (8 x 8 codes, V = 64, CPU demo/tests); --draft
+    layerskip (default: the target's first decoder layer), small (independent 1-layer random model of the
+    family, same vocabulary) or eagle (random EAGLE-1 head)."""
+    from theory.rules import lantern_neighbors
+
+    from .protocol import Prompt
+
+    seed = int(_o(opts, "seed", 0))
+    dev, dt = _device(opts), _dtype(opts)
+    kind = _o(opts, "draft", "layerskip")
+    side = 8
+    if family == "chameleon":
+        from .chameleon import tiny_chameleon_pair, tiny_vqgan
+
+        t, d, (a, b) = tiny_chameleon_pair(seed, kind, dev, dt, side=side)
+        vq = tiny_vqgan(seed, t.vocab_size).to(dev)
+        name = "ChameleonForConditionalGeneration tiny (random), Lumina-mGPT layout"
+    elif family == "janus":
+        from .janus import janus_decoder, tiny_janus_pair
+
+        t, d, (a, b) = tiny_janus_pair(seed, kind, dev, dt, side=side)
+        vq = janus_decoder(t.model)
+        name = "JanusForConditionalGeneration tiny (random)"
+    elif family == "emu3":
+        from .emu3 import emu3_decoder, tiny_emu3_pair
+
+        t, d, (a, b) = tiny_emu3_pair(seed, kind, dev, dt, side=side)
+        vq = emu3_decoder(t.model, t.layout)
+        name = "Emu3ForConditionalGeneration tiny (random)"
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    g = torch.Generator().manual_seed(seed)
+    n = int(_o(opts, "num_images", 1))
+    conds = [Prompt(torch.cat([torch.tensor([1]), torch.randint(a, b, (8,), generator=g)])) for _ in range(n)]
+    nb = lantern_neighbors(vq.codebook.detach().float().cpu().numpy())
+    cfg, _ = _MM_DEFAULTS[family]     # tiny models: V = 64 codes, the published top-k would be a no-op
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg,
+                  info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]})
+
+
+def _mm_draft(opts, family: str, target, load_small):
+    from .imagelm import eagle_for, load_adapter_eagle, truncated_hf
+
+    kind = _o(opts, "draft", "eagle" if family != "janus" else "small")
+    if kind == "eagle":
+        if getattr(opts, "drafter_dir", None):
+            return load_adapter_eagle(opts.drafter_dir, target), "eagle"
+        return eagle_for(target), "eagle (random, untrained: pass --drafter-dir for a trained one)"
+    if kind == "layerskip":
+        k = int(_o(opts, "draft_layers", 1))
+        key, set_n = {"chameleon": ("model.layers", lambda c, n: setattr(c, "num_hidden_layers", n)),
+                      "janus": ("language_model.layers", lambda c, n: setattr(c.text_config, "num_hidden_layers", n)),
+                      "emu3": ("text_model.layers", lambda c, n: setattr(c.text_config, "num_hidden_layers", n))}[family]
+        return type(target)(truncated_hf(target.model, k, key, set_n), **target.rebuild_kwargs()), f"layerskip {k}"
+    if kind == "small":
+        if load_small is None:
+            raise ValueError(f"{family} has no smaller sibling with the same tokenizer; use --draft eagle or layerskip")
+        return load_small(), "small sibling"
+    raise ValueError(f"unknown draft kind {kind!r}; choose eagle, layerskip or small")
+
+
+def _build_mm_real(opts, family: str) -> Bundle:
+    """Published checkpoints (local directory or Hugging Face id; network needed for ids):
+    --target-pretrained (default Alpha-VLLM/Lumina-mGPT-7B-768, deepseek-community/Janus-Pro-7B,
+    BAAI/Emu3-Gen-hf), --prompts TEXT ..., --draft eagle|layerskip|small (Janus: small =
+    deepseek-community/Janus-Pro-1B, or --draft-pretrained), --drafter-dir (trained EAGLE drafter),
+    Lumina: --image-size (768) and --vq-ckpt (Chameleon tokenizer directory with vqgan.yaml/.ckpt)."""
+    from theory.rules import lantern_neighbors
+
+    from .vq import codebook_neighbors
+
+    dev, dt = _device(opts), _dtype(opts)
+    prompts = getattr(opts, "prompts", None)
+    if not prompts:
+        raise ValueError(f"--model {family}: pass --prompts TEXT ...")
+    vq, load_small = None, None
+    if family == "chameleon":
+        from .chameleon import load_lumina_mgpt, lumina_prompt, vqgan_paths
+        from .chameleon_vqgan import load_chameleon_vqgan
+
+        size = int(_o(opts, "image_size", 768))
+        t, tok = load_lumina_mgpt(_o(opts, "target_pretrained", "Alpha-VLLM/Lumina-mGPT-7B-768"), pixels=size,
+                                  device=dev, dtype=dt)
+        conds = [lumina_prompt(tok, p, size) for p in prompts]
+        if getattr(opts, "vq_ckpt", None):
+            import os
+
+            y, c = vqgan_paths(opts.vq_ckpt if os.path.isdir(opts.vq_ckpt) else os.path.dirname(opts.vq_ckpt))
+            vq = load_chameleon_vqgan(c, y, device=dev)
+    elif family == "janus":
+        from .janus import JANUS_PRO_IDS, janus_decoder, janus_prompt, load_janus
+
+        t, proc = load_janus(_o(opts, "target_pretrained", JANUS_PRO_IDS["7B"]), device=dev, dtype=dt)
+        if proc is None:
+            raise ValueError("the Janus checkpoint has no processor files: prompts cannot be tokenised")
+        conds = [janus_prompt(proc, p) for p in prompts]
+        vq = janus_decoder(t.model)
+        load_small = lambda: load_janus(_o(opts, "draft_pretrained", JANUS_PRO_IDS["1B"]), device=dev, dtype=dt)[0]
+    else:
+        from .emu3 import EMU3_GEN_ID, emu3_decoder, emu3_prompt, load_emu3
+
+        t, proc = load_emu3(_o(opts, "target_pretrained", EMU3_GEN_ID), device=dev, dtype=dt)
+        conds = [emu3_prompt(proc, p) for p in prompts]
+        vq = emu3_decoder(t.model, t.layout)
+    d, dname = _mm_draft(opts, family, t, load_small)
+    nb = None
+    if vq is not None:
+        cb = vq.codebook.detach().float()
+        K = min(int(_o(opts, "neighbors_k", 1001)), cb.shape[0] - 1)
+        nb = codebook_neighbors(cb, K=K).numpy() if cb.shape[0] > 4096 else lantern_neighbors(cb.cpu().numpy(), K)
+    cfg, top_k = _MM_DEFAULTS[family]
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg, top_k=top_k,
+                  info={"target": family, "draft": dname, "grid": [t.layout.height, t.layout.width]})
+
+
+register("chameleon-tiny", lambda o: _build_mm_tiny(o, "chameleon"),
+         "random tiny Chameleon (Lumina-mGPT layout: boi, size tokens, rows + newline, eoi) + tiny draft")
+register("janus-tiny", lambda o: _build_mm_tiny(o, "janus"), "random tiny Janus (generation head) + tiny draft")
+register("emu3-tiny", lambda o: _build_mm_tiny(o, "emu3"), "random tiny Emu3 (visual tokens, EOL rows) + tiny draft")
+register("lumina-mgpt", lambda o: _build_mm_real(o, "chameleon"),
+         "Lumina-mGPT-7B (Chameleon) from transformers-format weights; --prompts, --vq-ckpt for pixels")
+register("janus-pro", lambda o: _build_mm_real(o, "janus"),
+         "Janus-Pro-7B (transformers format) with Janus-Pro-1B (--draft small) or EAGLE drafts; --prompts")
+register("emu3", lambda o: _build_mm_real(o, "emu3"), "Emu3-Gen (BAAI/Emu3-Gen-hf) with EAGLE/layer-skip drafts; --prompts")

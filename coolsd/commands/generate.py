@@ -33,7 +33,7 @@ def register(sub):
     m.add_argument("--alpha", type=float, default=0.3, help="typical acceptance alpha")
     s = g.add_argument_group("sampling")
     s.add_argument("--temperature", type=float, default=1.0)
-    s.add_argument("--top-k", type=int, default=0, help="0 = off")
+    s.add_argument("--top-k", type=int, default=None, help="0 = off (default: the model's, 0 for most)")
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default: the model's)")
     s.add_argument("--seed", type=int, default=0)
@@ -105,7 +105,8 @@ def generate(args) -> dict:
         torch.set_num_threads(threads)
     bundle = build(args.model, args)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
-    proc = method_processing(args.method, Processing(args.temperature, args.top_k, args.top_p, cfg_scale))
+    top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
+    proc = method_processing(args.method, Processing(args.temperature, top_k, args.top_p, cfg_scale))
     method = args.method.lower()
     params = MethodParams(delta=args.delta, nu=args.nu, mu=args.mu, c=args.c, linear_first=args.linear_first,
                           linear_last=args.linear_last, lantern_k=args.lantern_k, lantern_delta=args.lantern_delta,

@@ -1,0 +1,557 @@
+"""Multimodal transformers LMs that write images as token grids (Chameleon / Lumina-mGPT, Janus, Emu3),
+as ``real.protocol`` models over the image-code vocabulary alone.
+
+Design (one choice for all three families). The engine sees only the H x W image codes, token k = VQ
+code k (so LANTERN's codebook neighbours and the VQ decoders apply to engine tokens directly). The
+structural tokens of a family's image layout are the adapter's business:
+
+* the header (boi, size tokens, ...) closes the prompt of BOTH CFG rows, so it is part of the prefix;
+* the row-end token (Lumina-mGPT's newline ``<reserved08799>``, Emu3's ``<|extra_200|>``) is FORCED
+  after every W-th code: the adapter inserts it into the model's input behind the code that ends a
+  row, and reads that code's "next-token" logits at the row-end position (the logits that predict the
+  first code of the next row). A forced token is a point mass for target and draft alike, so leaving
+  it out of verification changes nothing: p and q at every engine position are the family's
+  constrained distributions (the code logits only; non-code tokens masked), with CFG and top-k
+  applied by ``real.sampling.Processing`` identically to both;
+* the trailer (eoi, ...) follows the last code; the engine never feeds it (``image_sequence`` writes
+  the complete token sequence of an image, ``ImageLayout.check`` verifies one).
+
+Restricting to code logits before CFG equals the families' order (CFG on all logits, then the
+positional mask, then top-k): CFG is affine per token, and Lumina-mGPT's / transformers' CFG on
+log-softmax scores differs from CFG on logits by a per-row constant, which the renormalisation over
+the codes removes.
+
+``ImageTokenLM`` subclasses ``real.hf.HFCausalLM`` and reuses its DynamicCache, left-padded CFG pair,
+positions, tree masks, rollback and keep; it only maps the visible (code) stream to the model's
+stream. Visible quantities: ``cache_len`` counts prefix + codes (row-end entries hidden);
+``forward(position_ids=...)`` takes visible positions; ``rollback(n)`` drops the last n visible
+entries with their row-end tokens; ``keep(indices)`` keeps a root path of the last block (depths
+0..k-1) with its row-end tokens. Image logits come from the hidden states through the rows of the
+output head that belong to the codes (or a family's own generation head), never through the model's
+full-vocabulary forward (Chameleon's forward sets every image logit to the dtype minimum).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .hf import HFCausalLM
+from .protocol import ModelOutput, Prompt
+
+__all__ = ["ImageLayout", "ImageTokenLM", "hf_loading_errors", "hf_from_pretrained", "truncated_hf", "embedding_dominated_init",
+           "AdapterEagle", "eagle_for", "load_adapter_eagle", "CodeDecoder"]
+
+_KIND_PREFIX, _KIND_CODE, _KIND_ROW_END = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Token layout of one generated image in the LM's id space.
+
+    ``height`` x ``width`` codes in raster order; ``row_end`` (LM id or None) follows every row;
+    ``header`` ids close the prompt (boi, size tokens, ...); ``trailer`` ids follow the last row."""
+    height: int
+    width: int
+    row_end: int | None = None
+    header: tuple[int, ...] = ()
+    trailer: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.height < 1 or self.width < 1:
+            raise ValueError(f"image grid must be at least 1 x 1, got {self.height} x {self.width}")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.height * self.width
+
+    def sequence(self, code_ids: torch.Tensor) -> torch.Tensor:
+        """Complete id sequence of an image: header, rows (+ row end), trailer. code_ids (H*W,) LM ids."""
+        c = torch.as_tensor(code_ids, dtype=torch.long).reshape(-1).cpu()
+        if c.numel() != self.num_tokens:
+            raise ValueError(f"an image of {self.height} x {self.width} has {self.num_tokens} codes, got {c.numel()}")
+        rows = c.view(self.height, self.width)
+        if self.row_end is not None:
+            rows = torch.cat([rows, torch.full((self.height, 1), self.row_end, dtype=torch.long)], 1)
+        return torch.cat([torch.tensor(self.header, dtype=torch.long), rows.reshape(-1),
+                          torch.tensor(self.trailer, dtype=torch.long)])
+
+    def check(self, seq: torch.Tensor, code_ids: torch.Tensor) -> None:
+        """Raise ValueError naming the first place where ``seq`` (LM ids) breaks the layout: header,
+        a code at every code position (``code_ids`` (V,) the LM ids of the codes), the row end exactly
+        at every row end, the trailer at the end."""
+        s = torch.as_tensor(seq, dtype=torch.long).reshape(-1).cpu()
+        codes = set(torch.as_tensor(code_ids).reshape(-1).tolist())
+        h, t = len(self.header), len(self.trailer)
+        W = self.width + (self.row_end is not None)
+        n = h + self.height * W + t
+        if s.numel() != n:
+            raise ValueError(f"image sequence has {s.numel()} tokens, the layout {self.height}x{self.width} needs {n}")
+        if s[:h].tolist() != list(self.header):
+            raise ValueError(f"header {s[:h].tolist()} != {list(self.header)}")
+        body = s[h:h + self.height * W].view(self.height, W)
+        for r in range(self.height):   # a check over at most a few thousand ids, not a hot path
+            bad = [j for j in range(self.width) if int(body[r, j]) not in codes]
+            if bad:
+                raise ValueError(f"row {r}, column {bad[0]}: id {int(body[r, bad[0]])} is not an image code")
+            if self.row_end is not None and int(body[r, -1]) != self.row_end:
+                raise ValueError(f"row {r} ends with id {int(body[r, -1])}, not the row-end token {self.row_end}")
+        if t and s[-t:].tolist() != list(self.trailer):
+            raise ValueError(f"trailer {s[-t:].tolist()} != {list(self.trailer)}")
+
+
+class ImageTokenLM(HFCausalLM):
+    """A multimodal transformers LM as a ``real.protocol.ARModel`` over its V image codes.
+
+    ``model``: the transformers model (kept for ``device``/``dtype`` and decoding); ``backbone``: the
+    decoder stack that takes ``inputs_embeds`` and returns the post-norm ``last_hidden_state``;
+    ``layout``: ``ImageLayout``; ``code_ids`` (V,): the input ids that feed code k; ``head_weight``
+    (V, D): the output-head rows of the codes (families with their own head override ``head``).
+    ``uncond``: how the CFG row is built when ``Prompt.uncond_ids`` is None (``"header"``: the header
+    alone, Lumina-mGPT's unconditional branch that starts at boi; ``"pad"``: the prompt with every id
+    but ``keep_ids`` replaced by ``pad_id``, Janus). Parameters are frozen (inference adapter)."""
+
+    def __init__(self, model, backbone: nn.Module, layout: ImageLayout, code_ids: torch.Tensor,
+                 head_weight: torch.Tensor | None = None, *, uncond: str = "header", pad_id: int | None = None,
+                 keep_ids: tuple[int, ...] = ()):
+        super().__init__(model)
+        model.requires_grad_(False)
+        self.backbone = backbone
+        self.layout = layout
+        self.code_ids = torch.as_tensor(code_ids, dtype=torch.long).reshape(-1).to(self.device)
+        V = int(self.code_ids.numel())
+        if V < 2:
+            raise ValueError(f"need at least 2 image codes, got {V}")
+        self.vocab_size = V
+        self._head_w = None if head_weight is None else head_weight.detach()
+        if head_weight is not None and tuple(head_weight.shape[:1]) != (V,):
+            raise ValueError(f"head_weight must have {V} rows (one per code), got {tuple(head_weight.shape)}")
+        if uncond not in ("header", "pad"):
+            raise ValueError(f"uncond must be 'header' or 'pad', got {uncond!r}")
+        if uncond == "pad" and pad_id is None:
+            raise ValueError("uncond='pad' needs pad_id")
+        self.uncond, self.pad_id, self.keep_ids = uncond, pad_id, tuple(keep_ids)
+        params = inspect.signature(backbone.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._reset_stream()
+
+    # ------------------------------------------------------------------ family hooks
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings (B, S, D) of model-stream ids (B, S)."""
+        return self.backbone.get_input_embeddings()(ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits (..., V) over the image codes from last hidden states (..., D)."""
+        w = self._head_w
+        return F.linear(hidden.to(w.dtype), w).float()
+
+    def code_embeddings(self) -> torch.Tensor:
+        """(V, D) input embedding of every code (for EAGLE drafters)."""
+        return self.embed(self.code_ids.view(1, -1))[0].detach()
+
+    def rebuild_kwargs(self) -> dict:
+        """Keyword arguments that rebuild this adapter type around another model of the family (a
+        layer-skip copy): ``type(a)(other_model, **a.rebuild_kwargs())``."""
+        raise NotImplementedError(f"{type(self).__name__} does not define rebuild_kwargs()")
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    # ------------------------------------------------------------------ prompts and sequences
+    def _prompt(self, cond, cfg: bool) -> Prompt:
+        p = cond if isinstance(cond, Prompt) else Prompt(cond)
+        hdr = torch.tensor(self.layout.header, dtype=torch.long)
+        ids = p.ids if self._has_header(p.ids) else torch.cat([p.ids, hdr])
+        if not cfg:
+            return Prompt(ids)
+        if p.uncond_ids is not None:
+            un = p.uncond_ids if self._has_header(p.uncond_ids) else torch.cat([p.uncond_ids, hdr])
+        elif self.uncond == "header":
+            if not len(hdr):
+                raise ValueError("CFG without Prompt.uncond_ids needs a layout header for the unconditional row")
+            un = hdr
+        else:
+            un = ids.clone()
+            keep = torch.isin(un, torch.tensor(self.keep_ids, dtype=torch.long)) if self.keep_ids else torch.zeros_like(un, dtype=torch.bool)
+            un[~keep] = self.pad_id
+        return Prompt(ids, un)
+
+    def _has_header(self, ids: torch.Tensor) -> bool:
+        h = len(self.layout.header)
+        return h > 0 and ids.numel() >= h and ids[-h:].tolist() == list(self.layout.header)
+
+    def image_sequence(self, codes: torch.Tensor) -> torch.Tensor:
+        """Complete LM-id sequence of one image from its codes (T,): header, rows with row ends, trailer."""
+        c = torch.as_tensor(codes, dtype=torch.long).reshape(-1)
+        if c.numel() and (int(c.min()) < 0 or int(c.max()) >= self.vocab_size):
+            raise ValueError(f"codes must lie in [0, {self.vocab_size})")
+        return self.layout.sequence(self.code_ids.cpu()[c.cpu()])
+
+    def stream(self, row: int = 0) -> torch.Tensor:
+        """The ids the model has in its cache for CFG row ``row`` after the prefix (codes and forced
+        row ends), for checking the layout."""
+        if self._ids is None:
+            raise ValueError("stream() before prefill")
+        return self._ids[row, self._prefix_len:].cpu()
+
+    # ------------------------------------------------------------------ model call
+    def _call(self, ids, mask, pos, return_hidden, keep=0):
+        out = self.backbone(inputs_embeds=self.embed(ids), attention_mask=mask, position_ids=pos, use_cache=True,
+                            **{self._cache_kw: self.cache})
+        return ModelOutput(None, out.last_hidden_state)
+
+    def _reset_stream(self):
+        self._kind = torch.zeros(0, dtype=torch.int8)    # per cache entry: prefix / code / row end (CPU)
+        self._ids: torch.Tensor | None = None            # (B, inner len) ids in the cache (device)
+        self._n_code = 0
+        self._n_row_end = 0
+        self._prefix_len = 0
+        self._blk = None                                  # last block: (a (S,), ends (S,), depth (S,)) CPU
+
+    @property
+    def cache_len(self) -> int:
+        return self._len - self._n_row_end
+
+    def _expand(self, tokens: torch.Tensor, depth: torch.Tensor):
+        """Codes (B, S) at code depths ``depth`` (S,) (CPU, relative to the next code) -> model ids
+        (B, S'), the index of every code's logit row in the block a + ends (S,), a (S,), ends (S,),
+        the kinds (S',) and, per block entry, its owner node and row-end flag (S',)."""
+        t = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
+        if t.ndim != 2:
+            raise ValueError(f"tokens must be (B, S), got shape {tuple(t.shape)}")
+        B, S = t.shape
+        V, T = self.vocab_size, self.layout.num_tokens
+        if S and (int(depth.min()) < 0):
+            raise ValueError("position_ids before the end of the cache")
+        if S and self._n_code + int(depth.max()) >= T:
+            raise ValueError(f"the image has {T} codes ({self.layout.height} x {self.layout.width}); "
+                             f"a code at index {self._n_code + int(depth.max())} cannot be fed")
+        ids = self.code_ids[t.clamp(0, V - 1)]
+        if self.layout.row_end is None:
+            ends = torch.zeros(S, dtype=torch.bool)
+        else:
+            ends = (self._n_code + depth + 1) % self.layout.width == 0
+        e = ends.long()
+        a = torch.arange(S) + torch.cumsum(e, 0) - e
+        n = S + int(e.sum())
+        kind = torch.full((n,), _KIND_CODE, dtype=torch.int8)
+        owner = torch.empty(n, dtype=torch.long)
+        owner[a] = torch.arange(S)
+        is_nl = torch.zeros(n, dtype=torch.bool)
+        if n > S:
+            nl = a[ends] + 1
+            kind[nl] = _KIND_ROW_END
+            owner[nl] = torch.arange(S)[ends]
+            is_nl[nl] = True
+            full = torch.full((B, n), self.layout.row_end, dtype=torch.long, device=self.device)
+            full[:, a.to(self.device)] = ids
+            ids = full
+        return ids, a, ends, kind, owner, is_nl
+
+    # ------------------------------------------------------------------ protocol
+    @torch.no_grad()
+    def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
+                return_hidden: bool = False) -> ModelOutput:
+        """cond: a ``Prompt`` of prompt ids (the layout header is appended unless already there; with
+        cfg the unconditional row is built as described in the class docstring); tokens (B, S) codes."""
+        if tokens is not None and (int(torch.as_tensor(tokens).numel()) == 0):
+            tokens = None
+        prompt = self._prompt(cond, cfg)
+        self._reset_stream()
+        if tokens is not None:
+            S = tokens.shape[-1]
+            ids, a, ends, kind, _, _ = self._expand(tokens, torch.arange(S))
+        out = super().prefill(prompt, ids if tokens is not None else None, cfg=cfg, return_hidden=True)
+        h = out.hidden
+        n_blk = ids.shape[1] if tokens is not None else 0
+        P = h.shape[1] - n_blk
+        self._prefix_len = P
+        self._kind = torch.zeros(P, dtype=torch.int8)
+        rows = h[:, P - 1:P]
+        hid = h[:, :P]
+        if tokens is not None:
+            li = (P + a + ends.long()).to(self.device)
+            rows = torch.cat([rows, h[:, li]], 1)
+            hid = torch.cat([hid, h[:, li]], 1)
+            self._kind = torch.cat([self._kind, kind])
+            self._n_code, self._n_row_end = int(tokens.shape[-1]), int(ends.sum())
+            self._blk = (a, ends, torch.arange(tokens.shape[-1]))
+        self._ids = self._prompt_ids(prompt, cfg, P - 0)
+        if tokens is not None:
+            self._ids = torch.cat([self._ids, ids], 1)
+        return ModelOutput(self.head(rows), hid if return_hidden else None)
+
+    def _prompt_ids(self, prompt: Prompt, cfg: bool, P: int) -> torch.Tensor:
+        rows = [prompt.ids] + ([prompt.uncond_ids] if cfg else [])
+        out = torch.zeros(len(rows), P, dtype=torch.long)
+        for b, r in enumerate(rows):   # one or two prompt rows
+            out[b, P - r.numel():] = r
+        return out.to(self.device)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
+        if self.cache is None:
+            raise ValueError(f"{type(self).__name__}.forward before prefill")
+        B, S = tokens.shape
+        vis = self.cache_len
+        if position_ids is None:
+            depth = torch.arange(S)
+        else:
+            depth = torch.as_tensor(position_ids, dtype=torch.long).reshape(-1).cpu() - vis
+            if depth.numel() != S:
+                raise ValueError(f"position_ids must have {S} entries, got {depth.numel()}")
+        ids, a, ends, kind, owner, is_nl = self._expand(tokens, depth)
+        n = ids.shape[1]
+        if position_ids is None and attn_mask is None:
+            out = super().forward(ids, return_hidden=True)
+        else:
+            W = self.layout.width
+            c = self._n_code
+            node_off = depth + ((c + depth) // W - c // W if self.layout.row_end is not None else 0)
+            off = node_off[owner] + is_nl.long()
+            if attn_mask is None:
+                m = torch.ones(S, S, dtype=torch.bool).tril_()
+            else:
+                m = torch.as_tensor(attn_mask, dtype=torch.bool).cpu()
+                if tuple(m.shape) != (S, S):
+                    raise ValueError(f"attn_mask must be (S, S) = ({S}, {S}), got {tuple(m.shape)}")
+            # entry x sees entry y iff owner(y) is an ancestor-or-self of owner(x), except that a code
+            # does not see its own row-end token (which comes after it)
+            mm = m[owner][:, owner] & (~is_nl[None, :] | is_nl[:, None] | (owner[:, None] != owner[None, :]))
+            out = super().forward(ids, position_ids=(self._len + off).to(self.device), attn_mask=mm.to(self.device),
+                                  return_hidden=True)
+        li = (a + ends.long()).to(self.device)
+        h = out.hidden[:, li]
+        self._kind = torch.cat([self._kind, kind])
+        self._ids = torch.cat([self._ids, ids], 1)
+        self._n_code += S
+        self._n_row_end += int(ends.sum())
+        self._blk = (a, ends, depth)
+        return ModelOutput(self.head(h), h if return_hidden else None)
+
+    def rollback(self, n: int) -> None:
+        """Drop the last n visible entries (codes) and the row-end tokens that follow them."""
+        n = int(n)
+        if n < 0 or n > self.cache_len - self._prefix_len:
+            raise ValueError(f"rollback({n}) with {self.cache_len - self._prefix_len} cached image tokens")
+        if n == 0:
+            return
+        vis = torch.nonzero(self._kind != _KIND_ROW_END).reshape(-1)
+        cut = int(vis[-n])
+        dropped = self._kind[cut:]
+        super().rollback(self._len - cut)
+        self._n_code -= int((dropped == _KIND_CODE).sum())
+        self._n_row_end -= int((dropped == _KIND_ROW_END).sum())
+        self._kind = self._kind[:cut]
+        self._ids = self._ids[:, :cut]
+
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep the nodes ``indices`` (k,) of the last block, a root path (depths 0..k-1), with their
+        row-end tokens; drop the rest of the block."""
+        if self._blk is None:
+            raise ValueError("keep() without a preceding block")
+        a, ends, depth = self._blk
+        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1).cpu()
+        S = a.numel()
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= S):
+            raise ValueError(f"keep indices must lie in [0, {S})")
+        if not torch.equal(depth[idx], torch.arange(idx.numel())):
+            raise ValueError("keep() needs a root path of the last block (nodes at depths 0, 1, ..., k-1 in order)")
+        pair = torch.stack([a[idx], a[idx] + 1], 1)
+        sel = pair[torch.stack([torch.ones_like(ends[idx]), ends[idx]], 1)]
+        n_blk = S + int(ends.sum())
+        s = self._len - n_blk
+        super().keep(sel.to(self.device))
+        self._kind = torch.cat([self._kind[:s], self._kind[s + sel]])
+        self._ids = torch.cat([self._ids[:, :s], self._ids[:, s + sel.to(self.device)]], 1)
+        self._n_code += idx.numel() - S
+        self._n_row_end += int(ends[idx].sum()) - int(ends.sum())
+        self._blk = None
+
+
+# --------------------------------------------------------------------------- loading helpers
+
+def hf_loading_errors(info: dict, *, allow_missing: tuple[str, ...] = (), what: str = "checkpoint") -> None:
+    """Raise ValueError naming missing / unexpected / mismatched keys from transformers'
+    ``output_loading_info`` (keys containing any of ``allow_missing`` may be missing: parts of a
+    multimodal checkpoint that image generation does not use)."""
+    missing = [k for k in info.get("missing_keys", []) if not any(s in k for s in allow_missing)]
+    unexpected = list(info.get("unexpected_keys", []))
+    bad = [f"{x[0]}: checkpoint {tuple(x[1])} vs model {tuple(x[2])}" if isinstance(x, tuple) and len(x) == 3 else str(x)
+           for x in info.get("mismatched_keys", [])]
+    if missing or unexpected or bad:
+        def fmt(name, items):
+            return f"\n  {name} ({len(items)}): " + ", ".join(map(str, items[:12])) + (" ..." if len(items) > 12 else "") if items else ""
+        raise ValueError(f"{what} does not match the model class:" + fmt("missing keys", missing)
+                         + fmt("unexpected keys", unexpected) + fmt("bad shapes", bad))
+
+
+def hf_from_pretrained(cls, path: str, *, allow_missing: tuple[str, ...] = (), **kw):
+    """``cls.from_pretrained(path, **kw)`` that refuses a checkpoint that does not fit: missing,
+    unexpected or mis-shaped keys raise one ValueError naming them (transformers would re-initialise
+    missing weights with a warning)."""
+    m, info = cls.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kw)
+    hf_loading_errors(info, allow_missing=allow_missing, what=str(path))
+    return m.eval()
+
+
+def truncated_hf(model, n_layers: int, layer_key: str, config_setter):
+    """A layer-skip draft: a copy of transformers ``model`` with only its first ``n_layers`` decoder
+    layers (keys ``{layer_key}.{i}.*``), everything else shared by value (embeddings, norm, heads, VQ).
+    ``config_setter(config, n)`` sets the layer count on a deep copy of the config."""
+    import copy
+
+    cfg = copy.deepcopy(model.config)
+    config_setter(cfg, n_layers)
+    d = type(model)(cfg).eval()
+    d.generation_config = copy.deepcopy(model.generation_config)
+    pre = layer_key + "."
+    sd = {k: v for k, v in model.state_dict().items()
+          if pre not in k or int(k.split(pre, 1)[1].split(".")[0]) < n_layers}
+    missing, unexpected = d.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"layer-skip copy does not match: missing {missing[:6]}, unexpected {unexpected[:6]}")
+    return d.to(model.device, model.dtype)
+
+
+@torch.no_grad()
+def embedding_dominated_init(model: nn.Module, seed: int, *, embed_std: float = 1.0, head_std: float = 0.2,
+                             std: float = 0.05, embed_keys=("embed_tokens", "generation_embeddings"),
+                             head_keys=("lm_head", "vision_head")) -> nn.Module:
+    """Seeded random weights for tiny test models whose residual stream is dominated by the token
+    embedding (norm weights 1, norm biases 0, embeddings N(0, embed_std), heads N(0, head_std), the rest
+    N(0, std)): a layer-skip draft then agrees with the target often and acceptance rates differ by
+    method, like ``real.registry.hf_llama_pair``. VQ / vision towers keep their default init."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if "vqmodel" in name or "vision_model" in name:
+            continue
+        if "norm" in name:
+            p.fill_(1.0 if name.endswith("weight") else 0.0)
+        elif any(k in name for k in embed_keys):
+            p.copy_(torch.randn(p.shape, generator=g) * embed_std)
+        elif any(k in name for k in head_keys):
+            p.copy_(torch.randn(p.shape, generator=g) * head_std)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+# --------------------------------------------------------------------------- EAGLE drafter
+
+def _eagle_cls():
+    from .eagle import EagleDrafter
+
+    class AdapterEagle(EagleDrafter):
+        """``real.eagle.EagleDrafter`` drafting through an ``ImageTokenLM``'s image head (code rows of
+        the LM head, or Janus' generation head); ``embed_tokens`` holds the V code input embeddings."""
+
+        def head(self, hidden: torch.Tensor) -> torch.Tensor:
+            return self._head[0](hidden)
+
+    return AdapterEagle
+
+
+def __getattr__(name):  # AdapterEagle is built lazily (real.eagle imports real.llamagen)
+    if name == "AdapterEagle":
+        return _eagle_cls()
+    raise AttributeError(name)
+
+
+def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: float = 0.02):
+    """A fresh EAGLE-1 drafter (``real.eagle`` layout) for an ``ImageTokenLM`` target: hidden size,
+    heads and MLP width of the target's decoder, 2-D RoPE over the H x W grid (square images only),
+    embeddings = the target's code input embeddings, head = the target's image head (frozen). Train it
+    with ``real.eagle.record_features`` + ``train_eagle``."""
+    from .eagle import EagleConfig
+
+    lay = target.layout
+    if lay.height != lay.width:
+        raise ValueError(f"real.eagle's 2-D RoPE needs a square grid, the layout is {lay.height} x {lay.width}")
+    bc = target.backbone.config
+    c = EagleConfig(hidden_size=bc.hidden_size, intermediate_size=bc.intermediate_size,
+                    num_attention_heads=bc.num_attention_heads, vocab_size=target.vocab_size,
+                    block_size=lay.num_tokens, num_key_value_heads=getattr(bc, "num_key_value_heads", None),
+                    num_hidden_layers=num_layers, rope_base=float(_rope_theta(bc)))
+    cls = _eagle_cls()
+    d = cls(c, target.head).to(target.device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name == "fc.bias":
+                p.zero_()
+            elif name != "embed_tokens.weight":
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        d.embed_tokens.weight.copy_(target.code_embeddings().to(d.embed_tokens.weight))
+    return d.to(target.dtype).eval()
+
+
+def load_adapter_eagle(directory: str, target: ImageTokenLM):
+    """An EAGLE drafter saved with ``real.eagle.save_lantern_drafter`` (config.json + weights) for an
+    ``ImageTokenLM`` target; key / shape mismatches raise ValueError naming them."""
+    import json
+    import os
+
+    from .checkpoint import extract_state_dict, load_checked, read_checkpoint
+    from .eagle import EagleConfig
+
+    cfg_path = os.path.join(directory, "config.json")
+    if not os.path.exists(cfg_path):
+        raise ValueError(f"{directory}: no config.json")
+    with open(cfg_path) as f:
+        c = EagleConfig.from_lantern_json(json.load(f))
+    if c.vocab_size != target.vocab_size or c.hidden_size != target.hidden_size:
+        raise ValueError(f"{directory}: drafter (V={c.vocab_size}, D={c.hidden_size}) does not fit the target "
+                         f"(V={target.vocab_size}, D={target.hidden_size})")
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        w = os.path.join(directory, name)
+        if os.path.exists(w):
+            break
+    else:
+        raise ValueError(f"{directory}: neither model.safetensors nor pytorch_model.bin found")
+    d = _eagle_cls()(c, target.head)
+    load_checked(d, extract_state_dict(read_checkpoint(w)), ignore=("rotary_emb",), what="EAGLE drafter checkpoint")
+    return d.to(device=target.device, dtype=target.dtype).eval()
+
+
+def _rope_theta(cfg) -> float:
+    rp = getattr(cfg, "rope_parameters", None)
+    if isinstance(rp, dict) and "rope_theta" in rp:
+        return rp["rope_theta"]
+    return getattr(cfg, "rope_theta", 10000.0)
+
+
+# --------------------------------------------------------------------------- decoding
+
+class CodeDecoder:
+    """``decode_code(codes (B, T)) -> images (B, 3, H, W)`` in [-1, 1] for ``coolsd generate --save``,
+    from a function ``fn(codes (B, h, w)) -> (B, 3, H, W)`` and the code ``grid`` (h, w);
+    ``codebook`` (V, d) feeds LANTERN's neighbour tables."""
+
+    def __init__(self, fn, grid: tuple[int, int], codebook: torch.Tensor | None = None):
+        self.fn, self.grid, self.codebook = fn, grid, codebook
+
+    @torch.no_grad()
+    def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
+        c = torch.as_tensor(codes, dtype=torch.long)
+        if c.ndim == 1:
+            c = c[None]
+        h, w = self.grid
+        if c.shape[-1] != h * w:
+            raise ValueError(f"{c.shape[-1]} codes do not fill the {h} x {w} grid")
+        return self.fn(c.view(-1, h, w)).float().clamp(-1, 1)
+
+
+def square_side(n: int) -> int | None:
+    s = math.isqrt(n)
+    return s if s * s == n else None
