@@ -154,12 +154,12 @@ def load_lumina_mgpt(path: str = "Alpha-VLLM/Lumina-mGPT-7B-768", *, pixels: int
     Hugging Face id (network needed then). Returns (adapter, tokenizer). The VQ encoder weights may be
     absent (generation does not use them); any other missing / unexpected / mis-shaped key is a
     ValueError. When the config lacks ``vocabulary_map`` it is taken from the tokenizer."""
-    from transformers import AutoTokenizer, ChameleonConfig, ChameleonForConditionalGeneration
+    from transformers import AutoConfig, AutoTokenizer, ChameleonForConditionalGeneration
 
-    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
-    cfg = ChameleonConfig.from_pretrained(path)
+    cfg = AutoConfig.from_pretrained(path)
     if getattr(cfg, "model_type", None) != "chameleon":
-        raise ValueError(f"{path}: model_type {cfg.model_type!r}, expected a Chameleon checkpoint")
+        raise ValueError(f"{path}: model_type {getattr(cfg, 'model_type', None)!r}, expected a Chameleon checkpoint")
+    tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
     if cfg.vocabulary_map is None:
         cfg.vocabulary_map = dict(tok.get_vocab())
         cfg.image_token_id = cfg.vocabulary_map.get("<image>")

@@ -156,7 +156,29 @@ def load_janus(path: str = JANUS_PRO_IDS["7B"], *, device="cpu", dtype=torch.bfl
         proc = JanusProcessor.from_pretrained(path)
     except Exception:  # a weights-only directory: prompts must then come as ids
         proc = None
-    return JanusImageLM(m.to(device).eval()), proc
+    return JanusImageLM(m.to(device).eval(), boi_id=_boi_id(path, m, proc)), proc
+
+
+def _boi_id(path: str, model, processor) -> int:
+    """<begin_of_image>: generation_config.generation_kwargs (dropped by GenerationConfig loading in
+    5.24 when the file says _from_model_config), the raw generation_config.json, or the tokenizer."""
+    import json
+    import os
+
+    kw = getattr(model.generation_config, "generation_kwargs", None) or {}
+    if "boi_token_id" in kw:
+        return int(kw["boi_token_id"])
+    f = os.path.join(path, "generation_config.json")
+    if os.path.exists(f):
+        with open(f) as fh:
+            raw = json.load(fh)
+        if "boi_token_id" in (raw.get("generation_kwargs") or {}):
+            return int(raw["generation_kwargs"]["boi_token_id"])
+    if processor is not None:
+        tid = processor.tokenizer.convert_tokens_to_ids("<begin_of_image>")
+        if tid is not None and tid != processor.tokenizer.unk_token_id:
+            return int(tid)
+    raise ValueError(f"{path}: cannot find Janus' <begin_of_image> id (generation_config generation_kwargs or tokenizer)")
 
 
 def janus_prompt(processor, text: str):
