@@ -9,5 +9,10 @@
   eagle      EAGLE-1 drafter in the LANTERN release layout, training on recorded target features
   hf         any transformers causal LM as target or draft
   llama      gpt-fast-style static-cache Llama loaded from a transformers LlamaForCausalLM
+  imagelm    multimodal transformers LMs over their image codes (forced layout tokens kept inside)
+  chameleon  Chameleon / Lumina-mGPT adapter (ChameleonForConditionalGeneration), tiny configs, loader
+  chameleon_vqgan  Chameleon's VQGAN decoder (vqgan.yaml + vqgan.ckpt), codes -> pixels
+  janus      Janus / Janus-Pro adapter (generation head, generation embeddings), tiny configs, loader
+  emu3       Emu3 adapter (visual tokens, end-of-line rows), tiny configs, loader
   registry   named model pairs for `coolsd generate --model NAME`
 """

@@ -24,7 +24,7 @@ import torch
 from .imagelm import ImageLayout, ImageTokenLM, embedding_dominated_init, hf_from_pretrained, truncated_hf
 
 __all__ = ["ChameleonImageLM", "lumina_layout", "image_code_ids", "tiny_chameleon", "tiny_chameleon_pair",
-           "load_lumina_mgpt", "lumina_prompt", "LUMINA_IDS", "tiny_vqgan", "vqgan_paths"]
+           "load_lumina_mgpt", "lumina_prompt", "LUMINA_IDS", "tiny_vqgan", "vqgan_paths", "lumina_7b_config"]
 
 # Lumina-mGPT / Chameleon special ids (tokenizer of Alpha-VLLM/Lumina-mGPT-7B-*)
 LUMINA_IDS = {"boi": 8197, "eoi": 8196, "size0": 8804, "newline": 8803, "bos": 1, "eos": 2, "pad": 1,
@@ -136,6 +136,24 @@ def tiny_chameleon_pair(seed: int = 0, draft: str = "layerskip", device="cpu", d
     else:
         raise ValueError(f"unknown draft kind {draft!r}; choose layerskip, small or eagle")
     return t, d, text
+
+
+def lumina_7b_config(max_position_embeddings: int = 4096):
+    """A ``ChameleonConfig`` shaped like Lumina-mGPT-7B (hidden 4096, 32 layers, 32 heads, MLP 11008,
+    vocabulary 65536, 8192 image codes at ids 4..8195) with a synthetic vocabulary map that puts the
+    layout tokens at the published ids (boi 8197, eoi 8196, newline 8803, size tokens 8804 + n), for
+    random-weight timing runs (scripts/gpu_check.sh --lumina)."""
+    from transformers import ChameleonConfig
+
+    vm = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
+    names = sorted("IMGIMG" + "".join(chr(ord("A") + int(ch)) for ch in str(k)) + "Z" for k in range(8192))
+    vm.update({nm: 4 + i for i, nm in enumerate(names)})
+    vm.update({"<eoss>": 8196, "<racm3:break>": 8197, "<reserved08799>": 8803, "<image>": 8711,
+               "<reserved08706>": 8710})
+    vm.update({f"<reserved{8800 + n:05d}>": 8804 + n for n in range(1, 65)})
+    return ChameleonConfig(vocab_size=65536, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                           num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=max_position_embeddings,
+                           vocabulary_map=vm, bos_token_id=1, eos_token_id=2, pad_token_id=1)
 
 
 def tiny_vqgan(seed: int = 0, V: int = 64):

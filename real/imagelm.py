@@ -409,7 +409,13 @@ def truncated_hf(model, n_layers: int, layer_key: str, config_setter):
 
     cfg = copy.deepcopy(model.config)
     config_setter(cfg, n_layers)
-    d = type(model)(cfg).eval()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(model.dtype)      # build where the weights live (no CPU float32 copy of a 7B head)
+    try:
+        with torch.device(model.device):
+            d = type(model)(cfg).eval()
+    finally:
+        torch.set_default_dtype(old)
     d.generation_config = copy.deepcopy(model.generation_config)
     pre = layer_key + "."
     sd = {k: v for k, v in model.state_dict().items()

@@ -630,3 +630,17 @@ def test_cli_generate_tiny_families(capsys, model):
     assert d["processing"]["cfg_scale"] > 1
     assert main(["generate", "--model", model, "--method", "lantern", "--num-tokens", "8"]) == 0
     assert "tokens per target call" in capsys.readouterr().out
+
+
+def test_gpu_check_lumina_cpu_smoke():
+    import os
+    import pathlib
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "--lumina", "--cpu-smoke", "--json"],
+                       capture_output=True, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "adapter 1 token" in r.stdout and "per-round overhead" in r.stdout
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["grid"] == [8, 8] and d["hf_step_ms"] > 0 and d["vanilla"]["tokens_per_target_call"] >= 1
