@@ -168,11 +168,14 @@ def load_emu3(path: str = EMU3_GEN_ID, *, ratio: str = "1:1", image_area: int | 
                          "(the transformers-format generator is BAAI/Emu3-Gen-hf)")
     m = hf_from_pretrained(Emu3ForConditionalGeneration, path, dtype=dtype)
     proc = Emu3Processor.from_pretrained(path)
-    area = image_area if image_area is not None else proc.image_processor.max_pixels
+    area = image_area if image_area is not None else 518400       # Emu3Processor's default (720 x 720 px)
     H, W = proc.calculate_generate_size(ratio, area, proc.downsample_ratio)
     tok = proc.tokenizer
-    size_ids = tok(f"{H}*{W}", add_special_tokens=False)["input_ids"]
-    lay = emu3_layout(tok.get_vocab(), H, W, size_ids)
+    vocab = tok.get_vocab()
+    hdr = tok(f"<|image start|>{H}*{W}<|image token|>", add_special_tokens=False)["input_ids"]
+    if not hdr or hdr[0] != vocab.get("<|image start|>") or hdr[-1] != vocab.get("<|image token|>"):
+        raise ValueError(f"{path}: the tokenizer does not keep Emu3's image header tokens whole: {hdr}")
+    lay = emu3_layout(vocab, H, W, hdr[1:-1])
     return Emu3ImageLM(m.to(device).eval(), lay), proc
 
 

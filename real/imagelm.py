@@ -231,7 +231,7 @@ class ImageTokenLM(HFCausalLM):
         if S and self._n_code + int(depth.max()) >= T:
             raise ValueError(f"the image has {T} codes ({self.layout.height} x {self.layout.width}); "
                              f"a code at index {self._n_code + int(depth.max())} cannot be fed")
-        ids = self.code_ids[t.clamp(0, V - 1)]
+        ids = self.code_ids[t]                          # out-of-range codes fail loudly here
         if self.layout.row_end is None:
             ends = torch.zeros(S, dtype=torch.bool)
         else:
