@@ -33,7 +33,6 @@ full-vocabulary forward (Chameleon's forward sets every image logit to the dtype
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass
 
 import torch
@@ -225,7 +224,7 @@ class ImageTokenLM(HFCausalLM):
         if t.ndim != 2:
             raise ValueError(f"tokens must be (B, S), got shape {tuple(t.shape)}")
         B, S = t.shape
-        V, T = self.vocab_size, self.layout.num_tokens
+        T = self.layout.num_tokens
         if S and (int(depth.min()) < 0):
             raise ValueError("position_ids before the end of the cache")
         if S and self._n_code + int(depth.max()) >= T:
@@ -556,8 +555,3 @@ class CodeDecoder:
         if c.shape[-1] != h * w:
             raise ValueError(f"{c.shape[-1]} codes do not fill the {h} x {w} grid")
         return self.fn(c.view(-1, h, w)).float().clamp(-1, 1)
-
-
-def square_side(n: int) -> int | None:
-    s = math.isqrt(n)
-    return s if s * s == n else None

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 from real import engine
 from real.chameleon import ChameleonImageLM, tiny_chameleon, tiny_chameleon_pair
 from real.emu3 import emu3_decoder, tiny_emu3_pair
-from real.imagelm import ImageLayout, eagle_for, load_adapter_eagle, truncated_hf
+from real.imagelm import eagle_for, load_adapter_eagle, truncated_hf
 from real.janus import janus_decoder, tiny_janus_pair
 from real.protocol import Prompt
 from real.sampling import Processing
