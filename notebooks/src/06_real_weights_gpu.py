@@ -26,6 +26,7 @@ import tempfile
 
 import torch
 
+SMALL = os.environ.get("COOLSD_SMALL") == "1"
 WEIGHTS = pathlib.Path(os.environ.get("LLAMAGEN_WEIGHTS", "~/llamagen")).expanduser()
 HAVE = all((WEIGHTS / f).exists() for f in ("c2i_XL_384.pt", "c2i_B_384.pt", "vq_ds16_c2i.pt"))
 GPU = torch.cuda.is_available()
@@ -46,7 +47,8 @@ else:
     torch.save({"model": VQModel(vq_config("tiny")).random_init(0).state_dict()}, tmp / "vq.pt")
     files = dict(target=tmp / "target.pt", tsize="tiny", draft=tmp / "draft.pt", dsize="tiny-draft",
                  vq=tmp / "vq.pt", vqsize="tiny", image_size=128)
-device = ["--device", "cuda", "--dtype", "bfloat16"] if GPU else ["--device", "cpu"]
+device = ["--device", "cuda", "--dtype", "bfloat16"] if GPU else ["--device", "cpu", "--threads", "1"]
+size = ["--num-images", "8"] if HAVE else (["--num-images", "1", "--num-tokens", "24"] if SMALL else ["--num-images", "4"])
 
 
 def generate(method, *extra):
@@ -54,7 +56,7 @@ def generate(method, *extra):
            "--target-ckpt", str(files["target"]), "--target-size", files["tsize"],
            "--draft-ckpt", str(files["draft"]), "--draft-size", files["dsize"],
            "--vq-ckpt", str(files["vq"]), "--vq-size", files["vqsize"], "--image-size", str(files["image_size"]),
-           "--num-images", "2" if not HAVE else "8", "--json", *device, *extra]
+           *size, "--json", *device, *extra]
     print("$", " ".join(cmd))
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
@@ -101,6 +103,23 @@ p, q, drafts, n = z["p"], z["q"], z["drafts"], z["n_drafted"]
 for v in (rules.vanilla(), rules.cool_sd(2.0), rules.uniform_rsd(1.5)):
     pred = predict_rounds(p, q, drafts, v, n_drafted=n)
     print(f"{v.name:12s} predicted tokens per target call {pred.accepted.mean() + 1:.3f}, per-round bound {pred.bound.mean():.3f}")
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(5.5, 3.5))
+names = [d["method"] for d in rows]
+meas = [d["tokens_per_target_call"] for d in rows]
+ax.bar(names, meas, yerr=[d.get("tokens_per_target_call_se", 0) for d in rows], capsize=3, label="measured")
+pred = {"vanilla": rules.vanilla(), "cool-sd": rules.cool_sd(2.0)}
+ax.scatter([m for m in names if m in pred],
+           [predict_rounds(p, q, drafts, pred[m], n_drafted=n).accepted.mean() + 1 for m in names if m in pred],
+           color="k", zorder=3, label="predicted from the vanilla run (T10)")
+ax.set_ylabel("tokens per target call")
+ax.set_title("weights: " + ("LlamaGen XL/B" if HAVE else "tiny random (path check only)"))
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## Timing check on the GPU
