@@ -427,7 +427,8 @@ def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
                 _check_rows(q, "draft")
             u_acc = torch.rand(Nr + 1, generator=gen, device=dev, dtype=p.dtype)
             u_smp = torch.rand((), generator=gen, device=dev, dtype=p.dtype)
-            v = verify_tree(p[None], q[None], tokens[None], u_acc[None], u_smp[None], plan.tree, verifier)
+            v = verify_tree(p[None], q[None], tokens[None], u_acc[None], u_smp[None], plan.tree, verifier,
+                            early_exit=True)
             head = torch.cat([v.accepted, v.path[0]]).tolist()   # one sync: tau and the accepted nodes
             tau, path = int(head[0]), [int(x) for x in head[1:1 + head[0]]]
             nxt = v.next_token[0]
