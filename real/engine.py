@@ -266,7 +266,7 @@ class _Level:
     parents: torch.Tensor       # (k,) nodes at depth d with children, in node order
     parent_of: torch.Tensor     # (k,) their parents (feature rows for EAGLE drafters)
     kids: torch.Tensor          # (m,) child nodes, row-major over (parent, rank)
-    valid: torch.Tensor         # (k, K) bool: rank r of parent j exists (K = most children at this depth)
+    draw: torch.Tensor          # (m,) their entries in the flattened (k, K) draws (K = most children here)
     K: int
     mask: torch.Tensor | None   # (k, F + k) bool over the F tree entries already in the draft cache + the block
     offset: int                 # d: position of the level relative to the root
@@ -292,8 +292,8 @@ def _tree_plan(tree: Tree, device) -> _TreePlan:
         valid = valid[:, :K]
         mask = None if d == 0 else torch.as_tensor(tree.attention_mask[np.ix_(par, fed + list(par))], device=device)
         levels.append(_Level(torch.as_tensor(par, device=device), torch.as_tensor(np.maximum(par_of[par], 0), device=device),
-                             torch.as_tensor(ch[par, :K][valid], device=device), torch.as_tensor(valid, device=device),
-                             K, mask, d))
+                             torch.as_tensor(ch[par, :K][valid], device=device),
+                             torch.as_tensor(np.flatnonzero(valid), device=device), K, mask, d))
         if d > 0:
             fed += list(par)
     return _TreePlan(tree, levels, torch.as_tensor(tree.attention_mask, device=device),
@@ -337,7 +337,7 @@ def _draft_tree(draft, plan: _TreePlan, o0, root: torch.Tensor, proc: Processing
             fwd += 1
         q[lv.parents] = rows
         draws = draft_without_replacement(rows, lv.K, _gumbel(rows.shape, gen, dev))   # (k, K)
-        tokens[lv.kids] = draws[lv.valid]
+        tokens[lv.kids] = draws.reshape(-1)[lv.draw]       # index gathers only: no device sync
     return tokens, q, fwd
 
 
@@ -436,8 +436,9 @@ def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
         t3 = time.perf_counter()
         # ------------------------------------------------------------------ commit + compaction
         if plan is not None:
-            keep = torch.tensor([0] + path, dtype=torch.long, device=dev)
-            target.keep(keep)                                    # [root; accepted path]
+            keep_host = torch.tensor([0] + path, dtype=torch.long)
+            target.keep(keep_host)                               # [root; accepted path]
+            keep = keep_host.to(dev, non_blocking=True)
             new = torch.cat([tokens[keep[1:]], nxt.view(1)])
             if plan.n_fed:
                 draft.rollback(plan.n_fed)                       # the draft's tree levels 1..D'-1
