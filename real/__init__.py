@@ -2,7 +2,8 @@
 
   protocol   the model protocol (prefill / forward / rollback / keep) every target and draft follows
   sampling   logits processing shared by draft and target (CFG, temperature, top-k, top-p)
-  engine     speculative_generate (chain drafts, theory.verify_chain, KV rollback) and ar_generate
+  engine     speculative_generate (chain drafts, theory.verify_chain, KV rollback), tree_generate (static
+             draft trees, theory.tree.verify_tree, tree-masked target forward, keep) and ar_generate
   methods    method names -> theory.rules verifiers
   llamagen   LlamaGen c2i / t2i GPT (configs B, L, XL, XXL, tiny), upstream checkpoint loader
   vq         LlamaGen's VQ-16 tokenizer (codes <-> pixels), codebook neighbour tables for LANTERN

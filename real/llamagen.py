@@ -315,9 +315,10 @@ class LlamaGen(nn.Module):
     def keep(self, indices: torch.Tensor) -> None:
         """Keep entries ``indices`` (k,) of the last forwarded block (block-relative, in order)."""
         s = self._block_start
-        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
+        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)     # checked where given (host: no sync)
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self._len - s):
             raise ValueError(f"keep: indices must lie in [0, {self._len - s}) (the last block), got {idx.tolist()}")
+        idx = idx.to(self.device)
         for b in self.layers:
             kv = b.attention.kv_cache
             kv.k[:, :, s:s + idx.numel()] = kv.k[:, :, s + idx].clone()

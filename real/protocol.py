@@ -15,8 +15,10 @@ Emu3 adapters, the toy models of the MNIST zoo) is a stateful object that owns i
   S new image tokens (B, S) on top of the cache and returns logits (B, S, V) (+ hidden (B, S, D)).
   ``position_ids`` (S,) are the absolute positions of the new tokens in the linear sequence (prefix
   included; default ``cache_len + arange(S)``); ``attn_mask`` (S, S) bool says which new tokens a new
-  token may attend to (default causal), every cached entry being visible. Together they express
-  tree verification (tokens at equal depth share a position; the mask is the ancestor relation).
+  token may attend to (default causal), every cached entry being visible; (S, K) with S < K <=
+  cache_len + S also covers the last K - S cached entries (older ones stay visible), which lets a
+  drafter extend a tree level by level. Together they express tree verification (tokens at equal
+  depth share a position; the mask is the ancestor relation).
 * ``rollback(n)`` drops the last n cache entries; ``keep(indices)`` compacts the cache after a
   block: of the entries written by the last ``forward``, keep those at ``indices`` (k,) (in order),
   drop the rest (adapters that cannot do it raise NotImplementedError with a sentence).
@@ -137,16 +139,18 @@ def check_pair(target, draft) -> None:
 
 def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -> torch.Tensor | None:
     """(S, cache_len + S) bool visibility of S new tokens over the cache and the block, or None when it is
-    plain causal with S = 1 (everything visible). ``attn_mask`` (S, S) bool overrides the causal block."""
+    plain causal with S = 1 (everything visible). ``attn_mask`` (S, S) bool overrides the causal block;
+    (S, K) with S < K <= cache_len + S overrides the last K - S cache columns too (a tree level)."""
     if attn_mask is None:
         if S == 1:
             return None
         blk = torch.ones(S, S, dtype=torch.bool, device=device).tril_()
     else:
-        if tuple(attn_mask.shape) != (S, S):
-            raise ValueError(f"attn_mask must be (S, S) = ({S}, {S}) over the new block, got {tuple(attn_mask.shape)}")
+        if attn_mask.ndim != 2 or attn_mask.shape[0] != S or not S <= attn_mask.shape[1] <= cache_len + S:
+            raise ValueError(f"attn_mask must be (S, K) with S = {S} new tokens and {S} <= K <= cache_len + S = "
+                             f"{cache_len + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
         blk = attn_mask.to(device=device, dtype=torch.bool)
-        if not bool(blk.diagonal().all()):
+        if not bool(blk[:, -S:].diagonal().all()):
             raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
-    past = torch.ones(S, cache_len, dtype=torch.bool, device=device)
+    past = torch.ones(S, cache_len + S - blk.shape[1], dtype=torch.bool, device=device)
     return torch.cat([past, blk], dim=1)

@@ -130,6 +130,27 @@ def test_verify_tree_same_on_torch():
             assert np.array_equal(x, y.numpy()), v.name
 
 
+def test_verify_tree_early_exit_changes_nothing():
+    """``early_exit=True`` (used by the real engine, batch 1) stops the walk once every round is done: same
+    verdicts as the full static loop, on batches (numpy, torch) and on single rounds, for every rule kind."""
+    torch = pytest.importorskip("torch")
+    P, Q = chains.random_pair(5, 0.5, seed=10)
+    rng = np.random.default_rng(1)
+    t = Tree(EAGLE_25)
+    n, N = 300, t.n_nodes
+    tokens = rng.integers(5, size=(n, N + 1))
+    args = (P[tokens], Q[tokens], tokens, rng.random((n, N + 1)), rng.random(n))
+    nb = rules.lantern_neighbors(rng.normal(size=(5, 2)))
+    for v in (rules.vanilla(), rules.cool_sd(2.0), rules.lantern_pp(nb, 2, 2.0), rules.greedy()):
+        full = verify_tree(*args, t, v)
+        for x, y in zip(full, verify_tree(*args, t, v, early_exit=True)):
+            assert np.array_equal(x, y), v.name
+        for i in range(0, n, 37):   # batch-1 rounds on torch, as the engine calls it
+            one = verify_tree(*(torch.as_tensor(a[i:i + 1]) for a in args), t, v, early_exit=True)
+            for x, y in zip(full, one):
+                assert np.array_equal(x[i:i + 1], y.numpy()), v.name
+
+
 def test_simulate_tree_is_seeded_and_checks_input():
     P, Q = chains.random_pair(4, 0.4, seed=0)
     a = sim.simulate_tree(P, Q, SMALL, rules.vanilla(), 0, 300, seed=3)

@@ -143,7 +143,8 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
     return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
 
 
-def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: Tree, verifier) -> TreeVerdict:
+def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: Tree, verifier, *,
+                early_exit: bool = False) -> TreeVerdict:
     """Multi-candidate verification of one static-tree round, batched over leading dims.
 
     Shapes (N = tree.n_nodes, node 0 = root):
@@ -153,7 +154,9 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
       u_accept (..., N+1)     one uniform per node: candidate n is accepted iff u_accept[n] < f(token[n])
       u_sample (...,)         uniform for the final token
     The walk loops over at most N + depth steps (a static bound, not over batch elements); every step
-    tries one candidate for every unfinished round.
+    tries one candidate for every unfinished round. ``early_exit=True`` stops as soon as every round has
+    finished (same result: finished rounds no longer change; one host sync per step, so not for JAX
+    tracing); the real-model engine uses it, a round typically needing far fewer steps than the bound.
     """
     xp = namespace(p, q)
     dev = array_api_compat.device(p)
@@ -171,6 +174,8 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     ar_depth = xp.arange(tree.depth, device=dev)
     ar_V = xp.arange(V, device=dev)
     for _ in range(tree.n_nodes + tree.depth + 1):
+        if early_exit and not bool(xp.any(active)):
+            break
         kid_row = xp.take(children, xp.reshape(node, (-1,)), axis=0)              # (B, K)
         kid_row = xp.reshape(kid_row, (*batch, K))
         kid = gather(kid_row, xp.minimum(rank, xp.full_like(rank, K - 1)), xp)

@@ -1,6 +1,7 @@
 """`coolsd generate`: speculative decoding of real AR image models with any verifier.
 
   coolsd generate --model llamagen-tiny --method cool-sd --delta 2 --json
+  coolsd generate --model llamagen-tiny --method vanilla --tree eagle25
 
 Models come from ``real.registry`` (``--list-models``); methods from ``real.methods``.
 """
@@ -17,6 +18,9 @@ def register(sub):
                    help="vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, typical, greedy, or ar "
                         "(plain autoregressive baseline)")
     g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
+    g.add_argument("--tree", default=None,
+                   help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
+                        "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'")
     m = g.add_argument_group("verifier parameters")
     m.add_argument("--delta", type=float, default=2.0, help="Cool-SD relaxation budget delta (w_1 = delta; default 2.0)")
     m.add_argument("--nu", type=float, default=0.7, help="Cool-SD decay nu (default 0.7)")
@@ -96,6 +100,12 @@ def generate(args) -> dict:
         args.dtype = "bfloat16" if str(dev).startswith("cuda") else "float32"
     if args.L < 1:
         raise ValueError(f"--L must be >= 1, got {args.L}")
+    tree = parse_tree(args.tree, args.L) if args.tree is not None else None
+    if tree is not None and args.record:
+        raise ValueError("--record stacks chain rounds for theory.recorded; it is not available with --tree")
+    if tree is not None and args.method.lower() == "ar":
+        raise ValueError("--tree needs a speculative method (not ar)")
+    L = tree.depth if tree is not None else args.L
     if args.num_images < 1:
         raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
     threads = args.threads if args.threads is not None else (1 if "tiny" in args.model else None)
@@ -111,7 +121,7 @@ def generate(args) -> dict:
     params = MethodParams(delta=args.delta, nu=args.nu, mu=args.mu, c=args.c, linear_first=args.linear_first,
                           linear_last=args.linear_last, lantern_k=args.lantern_k, lantern_delta=args.lantern_delta,
                           lam=args.lam, resampler=args.resampler, eps=args.eps, alpha=args.alpha)
-    verifier = None if method == "ar" else make_verifier(method, args.L, params, bundle.neighbors,
+    verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None))
     progress = None if not args.json else False
     gens, base = [], []
@@ -120,6 +130,9 @@ def generate(args) -> dict:
         if verifier is None:
             gens.append(engine.ar_generate(bundle.target, cond, num_tokens=bundle.num_tokens, processing=proc,
                                            seed=seed, progress=progress))
+        elif tree is not None:
+            gens.append(engine.tree_generate(bundle.target, bundle.draft, cond, num_tokens=bundle.num_tokens,
+                                             verifier=verifier, tree=tree, processing=proc, seed=seed, progress=progress))
         else:
             gens.append(engine.speculative_generate(bundle.target, bundle.draft, cond, num_tokens=bundle.num_tokens,
                                                     verifier=verifier, L=args.L, processing=proc, seed=seed,
@@ -128,11 +141,13 @@ def generate(args) -> dict:
             base.append(engine.ar_generate(bundle.target, cond, num_tokens=bundle.num_tokens, processing=proc,
                                            seed=seed, progress=progress))
     stats = engine.summarize(gens)
-    out = {"model": args.model, "method": method, "L": args.L,
+    out = {"model": args.model, "method": method, "L": L,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
            "verifier": verifier.name if verifier else "ar", "processing": proc.params(),
            "image_tokens": bundle.num_tokens, "num_images": len(gens), "seed": args.seed,
            "device": str(args.device), "dtype": args.dtype, "info": bundle.info, **stats}
+    if tree is not None:
+        out["tree"] = {"name": args.tree, "nodes": tree.n_nodes, "depth": tree.depth}
     if base:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
@@ -154,14 +169,37 @@ def generate(args) -> dict:
     return out
 
 
+def parse_tree(spec: str, L: int):
+    """--tree value -> theory.tree.Tree: eagle25, eagle57, chain (chain_tree(L)) or a JSON list of paths."""
+    from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree
+
+    named = {"eagle25": EAGLE_25, "eagle57": EAGLE_57}
+    key = spec.strip().lower()
+    if key in named:
+        return Tree(named[key])
+    if key == "chain":
+        return chain_tree(L)
+    try:
+        paths = json.loads(spec)
+        if not isinstance(paths, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in paths):
+            raise TypeError
+    except (ValueError, TypeError):
+        raise ValueError(f"--tree must be eagle25, eagle57, chain or a JSON list of paths like '[[0],[1],[0,0]]', "
+                         f"got {spec!r}") from None
+    return Tree(tuple(tuple(p) for p in paths))
+
+
 def _plain(x):
     return x if isinstance(x, (int, float, str, bool, type(None))) else repr(x)
 
 
 def format_result(r: dict) -> str:
-    lines = [f"{r['model']} / {r['verifier']} (L={r['L']}, {r['num_images']} image(s) x {r['image_tokens']} tokens)",
+    shape = (f"tree {r['tree']['name']}: {r['tree']['nodes']} nodes, depth {r['tree']['depth']}" if "tree" in r
+             else f"L={r['L']}")
+    lines = [f"{r['model']} / {r['verifier']} ({shape}, {r['num_images']} image(s) x {r['image_tokens']} tokens)",
              f"  tokens per target call  {r['tokens_per_target_call']:.3f} +- {r['tokens_per_target_call_se']:.3f}",
-             f"  acceptance rate         {r['acceptance_rate']:.3f}",
+             f"  acceptance rate         {r['acceptance_rate']:.3f}  (accepted / drafted depth; "
+             f"{r['drafted_mean']:.1f} tokens drafted per round)",
              f"  seconds                 {r['seconds']:.3f}  ({r['tokens_per_second']:.1f} tokens/s)",
              f"  time split              draft {r['time_draft_s']:.3f}s, target {r['time_target_s']:.3f}s, "
              f"verify {r['time_verify_s']:.3f}s ({100 * r['verify_share']:.1f}%)"]
