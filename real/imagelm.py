@@ -24,9 +24,11 @@ the codes removes.
 ``ImageTokenLM`` subclasses ``real.hf.HFCausalLM`` and reuses its DynamicCache, left-padded CFG pair,
 positions, tree masks, rollback and keep; it only maps the visible (code) stream to the model's
 stream. Visible quantities: ``cache_len`` counts prefix + codes (row-end entries hidden);
-``forward(position_ids=...)`` takes visible positions; ``rollback(n)`` drops the last n visible
-entries with their row-end tokens; ``keep(indices)`` keeps a root path of the last block (depths
-0..k-1) with its row-end tokens. Image logits come from the hidden states through the rows of the
+``forward(position_ids=...)`` takes visible positions (code index = position - prefix length decides
+where a row end is forced, so tree levels at any depth get theirs) and (S, K) masks over visible
+entries (``real.engine.tree_generate`` drafts level by level with them); ``rollback(n)`` drops the
+last n visible entries with their row-end tokens; ``keep(indices)`` keeps a root path of the last
+block (depths 0..k-1) with its row-end tokens. Image logits come from the hidden states through the rows of the
 output head that belong to the codes (or a family's own generation head), never through the model's
 full-vocabulary forward (Chameleon's forward sets every image logit to the dtype minimum).
 """
@@ -210,31 +212,31 @@ class ImageTokenLM(HFCausalLM):
         self._n_code = 0
         self._n_row_end = 0
         self._prefix_len = 0
-        self._blk = None                                  # last block: (a (S,), ends (S,), depth (S,)) CPU
+        self._blk = None                                  # last block: (a (S,), ends (S,), code index (S,)) CPU
 
     @property
     def cache_len(self) -> int:
         return self._len - self._n_row_end
 
-    def _expand(self, tokens: torch.Tensor, depth: torch.Tensor):
-        """Codes (B, S) at code depths ``depth`` (S,) (CPU, relative to the next code) -> model ids
-        (B, S'), the index of every code's logit row in the block a + ends (S,), a (S,), ends (S,),
-        the kinds (S',) and, per block entry, its owner node and row-end flag (S',)."""
+    def _expand(self, tokens: torch.Tensor, ci: torch.Tensor):
+        """Codes (B, S) with code indices ``ci`` (S,) (CPU; position in the image, raster order) ->
+        model ids (B, S'), node entry index a (S,), row-end flags ends (S,) (the node's logit row is
+        a + ends), and per block entry (S',): kind, owner node, is-row-end."""
         t = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
         if t.ndim != 2:
             raise ValueError(f"tokens must be (B, S), got shape {tuple(t.shape)}")
         B, S = t.shape
         T = self.layout.num_tokens
-        if S and (int(depth.min()) < 0):
-            raise ValueError("position_ids before the end of the cache")
-        if S and self._n_code + int(depth.max()) >= T:
+        if S and int(ci.min()) < 0:
+            raise ValueError(f"position_ids inside the prefix (code index {int(ci.min())})")
+        if S and int(ci.max()) >= T:
             raise ValueError(f"the image has {T} codes ({self.layout.height} x {self.layout.width}); "
-                             f"a code at index {self._n_code + int(depth.max())} cannot be fed")
+                             f"a code at index {int(ci.max())} cannot be fed")
         ids = self.code_ids[t]                          # out-of-range codes fail loudly here
         if self.layout.row_end is None:
             ends = torch.zeros(S, dtype=torch.bool)
         else:
-            ends = (self._n_code + depth + 1) % self.layout.width == 0
+            ends = (ci + 1) % self.layout.width == 0
         e = ends.long()
         a = torch.arange(S) + torch.cumsum(e, 0) - e
         n = S + int(e.sum())
@@ -295,35 +297,43 @@ class ImageTokenLM(HFCausalLM):
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
+        """Codes (B, S) at visible positions ``position_ids`` (S,) (default cache_len + arange(S)); code
+        index = position - prefix length decides where row ends are forced. ``attn_mask`` (S, K) as in
+        ``real.protocol`` over visible entries (K > S: the last K - S visible cached entries, with the
+        row-end tokens that follow them). Tree blocks copy position_ids to the host (one small copy)."""
         if self.cache is None:
             raise ValueError(f"{type(self).__name__}.forward before prefill")
         B, S = tokens.shape
-        vis = self.cache_len
+        vis, P = self.cache_len, self._prefix_len
         if position_ids is None:
-            depth = torch.arange(S)
+            vpos = vis + torch.arange(S)
         else:
-            depth = torch.as_tensor(position_ids, dtype=torch.long).reshape(-1).cpu() - vis
-            if depth.numel() != S:
-                raise ValueError(f"position_ids must have {S} entries, got {depth.numel()}")
-        ids, a, ends, kind, owner, is_nl = self._expand(tokens, depth)
-        n = ids.shape[1]
+            vpos = torch.as_tensor(position_ids, dtype=torch.long).reshape(-1).cpu()
+            if vpos.numel() != S:
+                raise ValueError(f"position_ids must have {S} entries, got {vpos.numel()}")
+        ci = vpos - P
+        ids, a, ends, kind, owner, is_nl = self._expand(tokens, ci)
         if position_ids is None and attn_mask is None:
             out = super().forward(ids, return_hidden=True)
         else:
-            W = self.layout.width
-            c = self._n_code
-            node_off = depth + ((c + depth) // W - c // W if self.layout.row_end is not None else 0)
-            off = node_off[owner] + is_nl.long()
+            node_pos = P + ci + (ci // self.layout.width if self.layout.row_end is not None else 0)
+            apos = node_pos[owner] + is_nl.long()               # model-stream positions of the block entries
             if attn_mask is None:
                 m = torch.ones(S, S, dtype=torch.bool).tril_()
             else:
                 m = torch.as_tensor(attn_mask, dtype=torch.bool).cpu()
-                if tuple(m.shape) != (S, S):
-                    raise ValueError(f"attn_mask must be (S, S) = ({S}, {S}), got {tuple(m.shape)}")
-            # entry x sees entry y iff owner(y) is an ancestor-or-self of owner(x), except that a code
-            # does not see its own row-end token (which comes after it)
-            mm = m[owner][:, owner] & (~is_nl[None, :] | is_nl[:, None] | (owner[:, None] != owner[None, :]))
-            out = super().forward(ids, position_ids=(self._len + off).to(self.device), attn_mask=mm.to(self.device),
+                if m.ndim != 2 or m.shape[0] != S or not S <= m.shape[1] <= vis + S:
+                    raise ValueError(f"attn_mask must be (S, K) with S = {S} and {S} <= K <= cache_len + S = "
+                                     f"{vis + S}, got {tuple(m.shape)}")
+            # entry x sees entry y iff owner(y) is visible to owner(x), except that a code does not see
+            # its own row-end token (which comes after it)
+            new = m[:, -S:][owner][:, owner] & (~is_nl[None, :] | is_nl[:, None] | (owner[:, None] != owner[None, :]))
+            R = m.shape[1] - S
+            if R:                     # the last R visible cached entries and the row ends that follow them
+                first = int(torch.nonzero(self._kind != _KIND_ROW_END).reshape(-1)[-R])
+                col = torch.cumsum((self._kind[first:] != _KIND_ROW_END).long(), 0) - 1
+                new = torch.cat([m[:, :R][owner][:, col], new], 1)
+            out = super().forward(ids, position_ids=apos.to(self.device), attn_mask=new.to(self.device),
                                   return_hidden=True)
         li = (a + ends.long()).to(self.device)
         h = out.hidden[:, li]
@@ -331,7 +341,7 @@ class ImageTokenLM(HFCausalLM):
         self._ids = torch.cat([self._ids, ids], 1)
         self._n_code += S
         self._n_row_end += int(ends.sum())
-        self._blk = (a, ends, depth)
+        self._blk = (a, ends, ci)
         return ModelOutput(self.head(h), h if return_hidden else None)
 
     def rollback(self, n: int) -> None:
@@ -355,12 +365,12 @@ class ImageTokenLM(HFCausalLM):
         row-end tokens; drop the rest of the block."""
         if self._blk is None:
             raise ValueError("keep() without a preceding block")
-        a, ends, depth = self._blk
+        a, ends, ci = self._blk
         idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1).cpu()
         S = a.numel()
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= S):
             raise ValueError(f"keep indices must lie in [0, {S})")
-        if not torch.equal(depth[idx], torch.arange(idx.numel())):
+        if idx.numel() and not torch.equal(ci[idx], int(ci.min()) + torch.arange(idx.numel())):
             raise ValueError("keep() needs a root path of the last block (nodes at depths 0, 1, ..., k-1 in order)")
         pair = torch.stack([a[idx], a[idx] + 1], 1)
         sel = pair[torch.stack([torch.ones_like(ends[idx]), ends[idx]], 1)]

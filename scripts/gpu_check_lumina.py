@@ -8,7 +8,8 @@ Measured (median of --iters CUDA-synchronised repeats, cache filled with --conte
   * an EAGLE-1 drafter step (real.eagle layout, hidden 4096, 1 layer) and a layer-skip draft step
     (the target's first --draft-layers layers);
   * theory.verify_chain alone on (L+1, 8192) rows (vanilla, cool-sd);
-  * --tokens image tokens by speculative decoding (vanilla, cool-sd; EAGLE draft) and by plain AR
+  * --tokens image tokens by speculative decoding (vanilla, cool-sd; EAGLE draft; and an EAGLE-25 static
+    tree, vanilla) and by plain AR
     through the engine: per-round wall time and per-round overhead = round time - (L' draft steps + one
     verification pass), i.e. the engine's and adapter's own work.
 Budget on one H200: about 1 minute to build, well under 5 minutes in all with the defaults.
@@ -145,6 +146,17 @@ def main(argv=None) -> int:
         print(f"engine {mm:8s} (EAGLE, random): {s['tokens_per_target_call']:.2f} tokens/round, {T} tokens in "
               f"{s['seconds']:.2f} s, round {wall.mean() * 1e3:.2f} ms, per-round overhead {over:.2f} ms "
               f"({100 * over / (wall.mean() * 1e3):.1f}%), verify share {100 * s['verify_share']:.2f}%")
+    from theory.tree import EAGLE_25, Tree
+
+    gen = engine.tree_generate(tgt, eag, prompt, num_tokens=T, verifier=make_verifier("vanilla", 5), tree=Tree(EAGLE_25),
+                               processing=proc, seed=0)
+    s = engine.summarize([gen])
+    wall = np.array([r.t_draft + r.t_target + r.t_verify for r in gen.rounds])
+    res["tree_eagle25"] = {**{k: s[k] for k in ("tokens_per_target_call", "seconds", "tokens_per_second", "verify_share")},
+                           "round_ms": float(wall.mean() * 1e3)}
+    print(f"engine tree eagle25 (vanilla, EAGLE, random): {s['tokens_per_target_call']:.2f} tokens/round, {T} tokens in "
+          f"{s['seconds']:.2f} s, round {wall.mean() * 1e3:.2f} ms (draft {1e3 * s['time_draft_s'] / s['rounds']:.2f}, "
+          f"target {1e3 * s['time_target_s'] / s['rounds']:.2f}, verify {1e3 * s['time_verify_s'] / s['rounds']:.2f} ms)")
     ar = engine.summarize([engine.ar_generate(tgt, prompt, num_tokens=T, processing=proc, seed=0)])
     res["ar"] = {"seconds": ar["seconds"], "tokens_per_second": ar["tokens_per_second"]}
     print(f"plain AR: {T} tokens in {ar['seconds']:.2f} s ({ar['tokens_per_second']:.1f} tokens/s; a whole "

@@ -668,3 +668,44 @@ def test_registry_draft_choices_for_published_models(cham, emu3):
             _mm_draft(SimpleNamespace(draft="small"), family, t, None)
     with pytest.raises(ValueError, match="--prompts"):
         _build_mm_real(SimpleNamespace(prompts=None), "janus")
+
+
+@pytest.mark.parametrize("family", ["chameleon", "janus", "emu3"])
+def test_tree_levels_with_sk_masks_as_the_tree_engine_drafts(family, cham, janus, emu3):
+    """A draft extends a tree level by level: level 1 = two siblings at the code that ends a row (each
+    with its own forced row end), level 2 = one child each, with an (S, K) mask over the previous level.
+    Every node scores as the chain through its path does; rollback drops both levels."""
+    t, _, text = {"chameleon": cham, "janus": janus, "emu3": emu3}[family]
+    cond = _prompt(text, seed=12)
+    base = _codes(3, 13)
+    x1 = torch.tensor([7, 21])
+    x2 = torch.tensor([33, 48])
+    refs = [_ref_rows(t, family, cond.ids, torch.cat([base, x1[i:i + 1], x2[i:i + 1], torch.tensor([0])]))
+            for i in range(2)]
+    t.prefill(cond, base.view(1, -1))
+    n = t.cache_len
+    o1 = t.forward(x1.view(1, -1), position_ids=torch.tensor([n, n]), attn_mask=torch.eye(2, dtype=torch.bool))
+    m2 = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool)        # (S=2, K=4): previous level + own
+    o2 = t.forward(x2.view(1, -1), position_ids=torch.tensor([n + 1, n + 1]), attn_mask=m2)
+    for i in range(2):
+        assert (o1.logits[0, i] - refs[i][4]).abs().max() < 1e-4
+        assert (o2.logits[0, i] - refs[i][5]).abs().max() < 1e-4
+    with pytest.raises(ValueError, match=r"\(S, K\)"):
+        t.forward(x2.view(1, -1), position_ids=torch.tensor([n + 1, n + 1]), attn_mask=torch.ones(2, 99, dtype=torch.bool))
+    t.rollback(4)
+    assert t.cache_len == n
+    assert (t.forward(torch.cat([x1[1:], x2[1:]]).view(1, -1)).logits[0] - refs[1][4:6]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("family", ["chameleon", "janus", "emu3"])
+def test_greedy_tree_engine_equals_greedy(family, cham, janus, emu3):
+    from theory.tree import EAGLE_25, Tree
+
+    t, d, text = {"chameleon": cham, "janus": janus, "emu3": emu3}[family]
+    cond = _prompt(text, seed=14, neg=family == "emu3")
+    proc = Processing(temperature=0.0, cfg_scale=3.0)
+    ar = engine.ar_generate(t, cond, num_tokens=SIDE * SIDE, processing=proc)
+    for dr in (d, eagle_for(t, seed=3)):
+        g = engine.tree_generate(t, dr, cond, num_tokens=SIDE * SIDE, verifier=rules.greedy(), tree=Tree(EAGLE_25),
+                                 processing=proc)
+        assert torch.equal(g.tokens, ar.tokens)
