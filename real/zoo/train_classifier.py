@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from . import data
 from .checkpoint import CHECKPOINTS, save_state, update_manifest
+from .seeding import reproducible
 from .classifier import CHECKPOINT, Classifier
 from .metrics import frechet_distance
 
@@ -68,31 +69,29 @@ def fd_noise_floor(model: Classifier, seed: int) -> dict:
 
 
 def train(args) -> Classifier:
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)  # bitwise reproducible with 2 threads
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    x, y = data.train_split()
-    model = Classifier(args.ch, args.feature_dim)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
-    perm, pos = torch.randperm(len(x), generator=gen), 0
-    bar = tqdm(range(args.steps), desc="train_classifier", mininterval=2)
-    for step in bar:
-        if pos + args.batch_size > len(x):
-            perm, pos = torch.randperm(len(x), generator=gen), 0
-        idx = perm[pos:pos + args.batch_size]
-        pos += args.batch_size
-        model.train()
-        loss = F.cross_entropy(model(random_shift(x[idx], args.shift, gen)), y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-    return model.eval()
+    with reproducible(args.seed, args.threads):
+        gen = torch.Generator().manual_seed(args.seed)
+        x, y = data.train_split()
+        model = Classifier(args.ch, args.feature_dim)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+        perm, pos = torch.randperm(len(x), generator=gen), 0
+        bar = tqdm(range(args.steps), desc="train_classifier", mininterval=2)
+        for step in bar:
+            if pos + args.batch_size > len(x):
+                perm, pos = torch.randperm(len(x), generator=gen), 0
+            idx = perm[pos:pos + args.batch_size]
+            pos += args.batch_size
+            model.train()
+            loss = F.cross_entropy(model(random_shift(x[idx], args.shift, gen)), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            if step % 50 == 0:
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+        return model.eval()
 
 
 @torch.no_grad()
@@ -108,6 +107,7 @@ def evaluate(model: Classifier, seed: int) -> dict:
 
 def main(argv=None):
     args = parse(argv)
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model = train(args)
     wall = time.perf_counter() - t0

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from . import data
 from .checkpoint import CHECKPOINTS, save_state, update_manifest
+from .seeding import reproducible
 from .vq import CHECKPOINT, VQModel, codebook_usage, vq_losses
 
 
@@ -78,45 +79,44 @@ def evaluate(model: VQModel) -> dict[str, float]:
 
 
 def train(args) -> tuple[VQModel, dict]:
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)  # bitwise reproducible with 2 threads (the codebook lookup backward is not, otherwise)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-    x, _ = data.train_split()
-    model = VQModel(args.codebook_size, args.code_dim, args.ch)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
-    counts = torch.zeros(args.codebook_size, dtype=torch.int64)
-    restarts = 0
-    perm, pos = torch.randperm(len(x), generator=gen), 0
-    bar = tqdm(range(args.steps), desc="train_vq", mininterval=2)
-    for step in bar:
-        if pos + args.batch_size > len(x):
-            perm, pos = torch.randperm(len(x), generator=gen), 0
-        xb = x[perm[pos:pos + args.batch_size]]
-        pos += args.batch_size
-        model.train()
-        recon, z, zq, codes = model(xb)
-        losses = vq_losses(xb, recon, z, zq, args.beta)
-        loss = sum(losses.values())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        counts += torch.bincount(codes.reshape(-1), minlength=args.codebook_size)
-        if (step + 1) % args.restart_every == 0:
-            if step + 1 <= args.restart_until * args.steps:
-                restarts += restart_dead_codes(model, opt, counts, z, gen)
-            counts.zero_()
-        if step % 50 == 0:
-            bar.set_postfix(recon=f"{losses['recon'].item():.4f}", commit=f"{losses['commit'].item():.4f}",
-                            used=int((counts > 0).sum()))
-    return model, {"restarted_codes": restarts}
+    with reproducible(args.seed, args.threads):
+        gen = torch.Generator().manual_seed(args.seed)
+        x, _ = data.train_split()
+        model = VQModel(args.codebook_size, args.code_dim, args.ch)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+        counts = torch.zeros(args.codebook_size, dtype=torch.int64)
+        restarts = 0
+        perm, pos = torch.randperm(len(x), generator=gen), 0
+        bar = tqdm(range(args.steps), desc="train_vq", mininterval=2)
+        for step in bar:
+            if pos + args.batch_size > len(x):
+                perm, pos = torch.randperm(len(x), generator=gen), 0
+            xb = x[perm[pos:pos + args.batch_size]]
+            pos += args.batch_size
+            model.train()
+            recon, z, zq, codes = model(xb)
+            losses = vq_losses(xb, recon, z, zq, args.beta)
+            loss = sum(losses.values())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            counts += torch.bincount(codes.reshape(-1), minlength=args.codebook_size)
+            if (step + 1) % args.restart_every == 0:
+                if step + 1 <= args.restart_until * args.steps:
+                    restarts += restart_dead_codes(model, opt, counts, z, gen)
+                counts.zero_()
+            if step % 50 == 0:
+                bar.set_postfix(recon=f"{losses['recon'].item():.4f}", commit=f"{losses['commit'].item():.4f}",
+                                used=int((counts > 0).sum()))
+        return model, {"restarted_codes": restarts}
 
 
 def main(argv=None):
     args = parse(argv)
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     model, stats = train(args)
     wall = time.perf_counter() - t0
