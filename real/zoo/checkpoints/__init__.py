@@ -1,0 +1,3 @@
+"""Shipped weights (``*.safetensors``) and ``manifest.json`` (hashes, commands, measured quality).
+
+A package only so that setuptools ships the files as package data."""

@@ -1,0 +1,145 @@
+"""Train the VQ tokenizer on the train split and ship it: ``python -m real.zoo.train_vq``.
+
+Adam on reconstruction MSE + codebook + commitment losses (straight-through estimator); dead codes
+(unused over the last ``--restart-every`` steps) are restarted on random encoder outputs of the
+current batch during the first ``--restart-until`` fraction of training. Writes
+``checkpoints/vq.safetensors`` and its manifest entry (hash, command, seed, held-out quality).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import platform
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from . import data
+from .checkpoint import CHECKPOINTS, save_state, update_manifest
+from .seeding import reproducible
+from .vq import CHECKPOINT, VQModel, codebook_usage, vq_losses
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m real.zoo.train_vq", description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--codebook-size", type=int, default=512)
+    p.add_argument("--code-dim", type=int, default=8)
+    p.add_argument("--ch", type=int, default=32)
+    p.add_argument("--beta", type=float, default=0.25, help="commitment weight")
+    p.add_argument("--restart-every", type=int, default=50)
+    p.add_argument("--restart-until", type=float, default=0.8, help="fraction of steps with restarts")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
+    return p.parse_args(argv)
+
+
+def restart_dead_codes(model: VQModel, opt: torch.optim.Optimizer, counts: torch.Tensor,
+                       z: torch.Tensor, gen: torch.Generator) -> int:
+    """Move codes with zero count onto random encoder outputs z (N, d, H, W); reset their Adam state."""
+    dead = counts == 0
+    n = int(dead.sum())
+    if n == 0:
+        return 0
+    flat = z.detach().permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+    pick = torch.randint(len(flat), (n,), generator=gen)
+    noise = 0.01 * torch.randn(n, flat.shape[1], generator=gen)
+    with torch.no_grad():
+        model.codebook[dead] = flat[pick] + noise
+    state = opt.state.get(model.codebook, {})
+    for key in ("exp_avg", "exp_avg_sq"):
+        if key in state:
+            state[key][dead] = 0
+    return n
+
+
+@torch.no_grad()
+def evaluate(model: VQModel) -> dict[str, float]:
+    model.eval()
+    x_tr, _ = data.train_split()
+    x_ho, _ = data.heldout_split()
+    recon, _, _, codes_ho = model(x_ho)
+    codes_tr = model.nearest(model.encode_continuous(x_tr))
+    V = model.config["codebook_size"]
+    u_tr, u_ho = codebook_usage(codes_tr, V), codebook_usage(codes_ho, V)
+    return {
+        "heldout_mse": float(((recon.clamp(-1, 1) - x_ho) ** 2).mean()),
+        "train_mse": float(((model(x_tr)[0].clamp(-1, 1) - x_tr) ** 2).mean()),
+        "codes_used_train": u_tr["used"], "codebook_usage_train": u_tr["usage"],
+        "perplexity_train": u_tr["perplexity"],
+        "codes_used_heldout": u_ho["used"], "codebook_usage_heldout": u_ho["usage"],
+        "perplexity_heldout": u_ho["perplexity"],
+    }
+
+
+def train(args) -> tuple[VQModel, dict]:
+    with reproducible(args.seed, args.threads):
+        gen = torch.Generator().manual_seed(args.seed)
+        x, _ = data.train_split()
+        model = VQModel(args.codebook_size, args.code_dim, args.ch)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
+        counts = torch.zeros(args.codebook_size, dtype=torch.int64)
+        restarts = 0
+        perm, pos = torch.randperm(len(x), generator=gen), 0
+        bar = tqdm(range(args.steps), desc="train_vq", mininterval=2)
+        for step in bar:
+            if pos + args.batch_size > len(x):
+                perm, pos = torch.randperm(len(x), generator=gen), 0
+            xb = x[perm[pos:pos + args.batch_size]]
+            pos += args.batch_size
+            model.train()
+            recon, z, zq, codes = model(xb)
+            losses = vq_losses(xb, recon, z, zq, args.beta)
+            loss = sum(losses.values())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            counts += torch.bincount(codes.reshape(-1), minlength=args.codebook_size)
+            if (step + 1) % args.restart_every == 0:
+                if step + 1 <= args.restart_until * args.steps:
+                    restarts += restart_dead_codes(model, opt, counts, z, gen)
+                counts.zero_()
+            if step % 50 == 0:
+                bar.set_postfix(recon=f"{losses['recon'].item():.4f}", commit=f"{losses['commit'].item():.4f}",
+                                used=int((counts > 0).sum()))
+        return model, {"restarted_codes": restarts}
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model, stats = train(args)
+    wall = time.perf_counter() - t0
+    quality = evaluate(model)
+    args.out.mkdir(parents=True, exist_ok=True)
+    digest = save_state(model, CHECKPOINT, args.out)
+    update_manifest(CHECKPOINT, {
+        "sha256": digest,
+        "command": " ".join(["python -m real.zoo.train_vq", *(sys.argv[1:] if argv is None else argv)]),
+        "seed": args.seed,
+        "config": model.config,
+        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
+                     if k != "out"} | stats,
+        "quality": quality,
+        "wall_clock_s": round(wall, 1),
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "threads": args.threads},
+        "data_sha256": data.fingerprint(),
+    }, args.out)
+    print(f"trained in {wall:.1f} s; wrote {args.out / CHECKPOINT} sha256 {digest}")
+    for k, v in quality.items():
+        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
