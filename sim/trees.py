@@ -28,7 +28,7 @@ class TreeSimResult:
 
 def simulate_tree(P, Q, tree: Tree, verifier, init, n_rounds: int, seed: int | None = 0, *,
                   chunk: int = 8192) -> TreeSimResult:
-    """n independent tree rounds from start states drawn from ``init`` (int or distribution).
+    """n independent tree rounds (section 9) from start states drawn from ``init`` (int or distribution).
 
     Vectorised over rounds; loops run over tree nodes (drafting, in breadth-first order) and over the
     static number of verification steps, never over rounds. Same seed, same output.

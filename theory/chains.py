@@ -17,7 +17,7 @@ def _rng(seed) -> np.random.Generator:
 
 
 def row_tv(P, Q) -> np.ndarray:
-    """TV(P(.|s), Q(.|s)) for every state s."""
+    """TV(P(.|s), Q(.|s)) for every state s (section 4 chains)."""
     return 0.5 * np.abs(np.asarray(P) - np.asarray(Q)).sum(-1)
 
 
@@ -60,7 +60,7 @@ def with_row_tv(P: np.ndarray, tv: float, seed=None, concentration: float = 1.0)
 
 
 def random_pair(V: int, tv: float = 0.3, seed=None, concentration: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Random order-1 chains with TV(P(.|s), Q(.|s)) = tv in every row."""
+    """Random order-1 chains (section 4) with TV(P(.|s), Q(.|s)) = tv in every row."""
     rng = _rng(seed)
     P = dirichlet_rows(V, concentration, rng)
     return P, with_row_tv(P, tv, rng, concentration)
@@ -83,7 +83,7 @@ def ambiguous_pair(V: int, spread: float = 0.3, tv: float | None = None, seed=No
 
 
 def iid_pair(V: int, tv: float = 0.3, seed=None, concentration: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """Context-free pair: every row of P is p, every row of Q is q, TV(p, q) = tv."""
+    """Context-free pair (section 4 closed form applies): every row of P is p, every row of Q is q, TV(p, q) = tv."""
     rng = _rng(seed)
     p = dirichlet_rows(V, concentration, rng, n_rows=1)
     q = with_row_tv(p, tv, rng, concentration)
@@ -91,7 +91,7 @@ def iid_pair(V: int, tv: float = 0.3, seed=None, concentration: float = 1.0) -> 
 
 
 def stationary(P) -> np.ndarray:
-    """Stationary distribution pi = pi P of an irreducible chain (left eigenvector for eigenvalue 1)."""
+    """Stationary distribution (section 7 start law) pi = pi P of an irreducible chain (left eigenvector for eigenvalue 1)."""
     P = np.asarray(P, dtype=np.float64)
     w, vecs = np.linalg.eig(P.T)
     k = int(np.argmin(np.abs(w - 1)))

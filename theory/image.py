@@ -174,7 +174,7 @@ def image_prediction(P, Q, F, G, T: int, init) -> ImagePrediction:
 
 
 def predict_image(P, Q, verifier, L: int, T: int, init) -> ImagePrediction:
-    """image_prediction for a verifier (theory.rules) with draft length L."""
+    """image_prediction (section 7) for a verifier (theory.rules) with draft length L."""
     F, G = markov.rule_tables(P, Q, L, verifier)
     return image_prediction(P, Q, F, G, T, init)
 

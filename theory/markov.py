@@ -50,7 +50,7 @@ def _stochastic(name: str, a: np.ndarray) -> None:
 
 
 def check_chain(P, Q) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a target/draft pair of V x V row-stochastic matrices; return float64 copies."""
+    """Validate a target/draft pair of V x V row-stochastic matrices (section 4); return float64 copies."""
     P = np.asarray(P, dtype=np.float64)
     Q = np.asarray(Q, dtype=np.float64)
     if P.ndim != 2 or P.shape[0] != P.shape[1]:
@@ -63,7 +63,7 @@ def check_chain(P, Q) -> tuple[np.ndarray, np.ndarray]:
 
 
 def init_distribution(init, V: int) -> np.ndarray:
-    """Start distribution mu_0 (V,) from a start state (int) or a distribution."""
+    """Start distribution mu_0 (V,) of T8-T9 from a start state (int) or a distribution."""
     if isinstance(init, (int, np.integer)):
         if not 0 <= int(init) < V:
             raise ValueError(f"init state {int(init)} is out of range for V={V}")
@@ -174,7 +174,7 @@ def optimal_resampling(P, Q, F) -> np.ndarray:
 
 
 def rule_tables(P, Q, L: int, verifier) -> tuple[np.ndarray, np.ndarray]:
-    """(F, G) tables (L, V, V) of a verifier on this chain; G is the effective resampling law.
+    """(F, G) tables (L, V, V) of a verifier on this chain (section 4); G is the effective resampling law (section 6).
 
     ``expected_accepted(P, Q, *rule_tables(P, Q, L, v)[:1], init)`` and
     ``tv_bound(P, Q, *rule_tables(P, Q, L, v), init)`` are one line each.

@@ -75,7 +75,7 @@ def _check_positive(name: str, *values: float) -> None:
 
 @dataclass(frozen=True)
 class Uniform:
-    """UniformRSD: w_i = c for every position."""
+    """UniformRSD: w_i = c for every position (section 5)."""
     c: float
 
     def __post_init__(self):
@@ -87,7 +87,7 @@ class Uniform:
 
 @dataclass(frozen=True)
 class Exponential:
-    """Cool-SD: w_i = delta * exp(-nu * i - mu). ``mu=None`` normalises to w_1 = delta (mu = -nu)."""
+    """Cool-SD (section 5): w_i = delta * exp(-nu * i - mu). ``mu=None`` normalises to w_1 = delta (mu = -nu)."""
     delta: float
     nu: float = 0.7
     mu: float | None = None
@@ -109,7 +109,7 @@ class Exponential:
 
 @dataclass(frozen=True)
 class Linear:
-    """Linear in the position: w_1 = first, w_L = last (decaying when first > last)."""
+    """Linear in the position (section 5): w_1 = first, w_L = last (decaying when first > last)."""
     first: float
     last: float
     L: int
@@ -126,7 +126,7 @@ class Linear:
 
 @dataclass(frozen=True)
 class Explicit:
-    """An explicit weight vector w_1..w_L."""
+    """An explicit weight vector w_1..w_L (section 5)."""
     weights: tuple[float, ...]
 
     def __post_init__(self):
@@ -217,7 +217,7 @@ class Lantern:
 
 @dataclass(frozen=True)
 class Typical:
-    """Typical acceptance (Medusa, vLLM): accept x iff p(x) > min(eps, alpha * exp(-H(p)))."""
+    """Typical acceptance (Medusa, vLLM; an f_i of section 1): accept x iff p(x) > min(eps, alpha * exp(-H(p)))."""
     eps: float = 0.09
     alpha: float = 0.3
 
@@ -232,7 +232,7 @@ class Typical:
 
 @dataclass(frozen=True)
 class Greedy:
-    """Accept x iff x = argmax p (first maximiser on ties)."""
+    """Greedy acceptance (an f_i of section 1): accept x iff x = argmax p (first maximiser on ties)."""
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
@@ -264,7 +264,7 @@ class Optimal:
 
 @dataclass(frozen=True)
 class Target:
-    """Resample from the target row itself: G = p."""
+    """Resample from the target row itself: G = p (a G_i of section 1; not optimal, T5)."""
 
     def __call__(self, p, q, f, rejected=None):
         return p
@@ -272,7 +272,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Argmax:
-    """Greedy correction: G = one-hot at argmax p."""
+    """Greedy correction (a G_i of section 1): G = one-hot at argmax p."""
 
     def __call__(self, p, q, f, rejected=None):
         return Greedy()(p, q, 1)
@@ -346,7 +346,7 @@ class LanternResample:
 
 @dataclass(frozen=True, eq=False)
 class Verifier:
-    """An acceptance rule and a resampling rule, with a name and parameters for reports."""
+    """An acceptance rule f_i and a resampling rule G_i (section 1), with a name and parameters for reports."""
     accept: Any
     resample: Any
     name: str = "custom"
@@ -385,31 +385,31 @@ def uniform_rsd(c: float) -> Verifier:
 
 
 def linear_rsd(first: float, last: float, L: int) -> Verifier:
-    """Linearly decaying weights from w_1 = first to w_L = last, with G*."""
+    """Linearly decaying weights from w_1 = first to w_L = last (section 5), with G* (T5)."""
     return Verifier(Scaled(Linear(first, last, L)), Optimal(), "linear-rsd", {"first": first, "last": last, "L": L})
 
 
 def lantern(neighbors, k: int, delta: float, resample: str = "lantern") -> Verifier:
-    """LANTERN (absolute delta) with its own resampler (variant "p") or G* (``resample="optimal"``)."""
+    """LANTERN (section 6, absolute delta) with its own resampler (variant "p") or G* (``resample="optimal"``)."""
     G = LanternResample(neighbors, k, "p") if resample == "lantern" else _named_resampler(resample)
     name = "lantern" if resample == "lantern" else "lantern+G*"
     return Verifier(Lantern(neighbors, k, delta=delta), G, name, {"k": k, "delta": delta})
 
 
 def lantern_pp(neighbors, k: int, lam: float, resample: str = "lantern") -> Verifier:
-    """LANTERN++ (relative lambda) with its static-tree resampler (variant "q") or G*."""
+    """LANTERN++ (section 6, relative lambda) with its static-tree resampler (variant "q") or G*."""
     G = LanternResample(neighbors, k, "q") if resample == "lantern" else _named_resampler(resample)
     name = "lantern++" if resample == "lantern" else "lantern++G*"
     return Verifier(Lantern(neighbors, k, lam=lam), G, name, {"k": k, "lambda": lam})
 
 
 def typical(eps: float = 0.09, alpha: float = 0.3) -> Verifier:
-    """Typical acceptance (Medusa) with G* for the correction token."""
+    """Typical acceptance (Medusa) with G* (T5) for the correction token."""
     return Verifier(Typical(eps, alpha), Optimal(), "typical", {"eps": eps, "alpha": alpha})
 
 
 def greedy() -> Verifier:
-    """Greedy verification: accept iff the draft is the target's argmax; correct with the argmax."""
+    """Greedy verification (section 1): accept iff the draft is the target's argmax; correct with the argmax."""
     return Verifier(Greedy(), Argmax(), "greedy", {})
 
 

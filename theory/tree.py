@@ -42,13 +42,13 @@ EAGLE_57 = ((0,), (1,), (2,), (3,), (4,),
 
 
 def chain_tree(L: int) -> "Tree":
-    """The chain of L drafts as a tree (one candidate per node): chain SD is a special case."""
+    """The chain of L drafts as a tree (section 9) (one candidate per node): chain SD is a special case."""
     return Tree(tuple((0,) * d for d in range(1, L + 1)))
 
 
 @dataclass(frozen=True)
 class Tree:
-    """A static draft tree. Arrays (numpy, int64) index nodes 0..N with 0 the root."""
+    """A static draft tree (section 9). Arrays (numpy, int64) index nodes 0..N with 0 the root."""
     paths: tuple
 
     def __post_init__(self):
@@ -134,7 +134,7 @@ class TreeVerdict(NamedTuple):
 
 
 def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
-    """The first m tokens of a sequential draw without replacement from rows q (..., V), by the
+    """The first m candidates of a node (section 9): a sequential draw without replacement from rows q (..., V), by the
     Gumbel-top-k trick with Gumbel noise ``gumbel`` (..., V). Returns (..., m) int64 in draw order.
     Tokens with q = 0 come last (-inf keys); callers must not ask for more than the support size."""
     xp = namespace(q, gumbel)
@@ -145,7 +145,7 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
 
 def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: Tree, verifier, *,
                 early_exit: bool = False) -> TreeVerdict:
-    """Multi-candidate verification of one static-tree round, batched over leading dims.
+    """Multi-candidate verification of one static-tree round (section 9; T5 applied recursively), batched over leading dims.
 
     Shapes (N = tree.n_nodes, node 0 = root):
       p        (..., N+1, V)  target rows after each node's path (node 0: after the accepted prefix)
@@ -211,7 +211,7 @@ class TreeRound(NamedTuple):
 
 
 def tree_round(P, Q, tree: Tree, verifier, s: int, max_states: int = 10**6) -> TreeRound:
-    """Exact E[accepted] and output law of one tree round on Markov chains P, Q from start state s,
+    """Exact E[accepted] (T2 for trees) and output law (T7 for trees) of one tree round on Markov chains P, Q from start state s,
     by enumerating every ordered candidate tuple at every node (memoised on (node, last token)).
     Cost grows like N V^(K+D+1); meant for small V (it refuses above ``max_states`` array entries)."""
     P = np.asarray(P, dtype=np.float64)
