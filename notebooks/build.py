@@ -41,7 +41,17 @@ def parse(src: str) -> nbformat.NotebookNode:
 
 
 def execute(nb, timeout=900):
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    """Run every cell in a fresh kernel started in notebooks/, with this checkout first on the kernel's
+    PYTHONPATH (the notebooks import theory/sim/real from the checkout whether or not it is installed)."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE.parent)] + ([old] if old else []))
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
     return nb
 
 

@@ -397,3 +397,44 @@ register("lumina-mgpt", lambda o: _build_mm_real(o, "chameleon"),
 register("janus-pro", lambda o: _build_mm_real(o, "janus"),
          "Janus-Pro-7B (transformers format) with Janus-Pro-1B (--draft small) or EAGLE drafts; --prompts")
 register("emu3", lambda o: _build_mm_real(o, "emu3"), "Emu3-Gen (BAAI/Emu3-Gen-hf) with EAGLE/layer-skip drafts; --prompts")
+
+
+# --------------------------------------------------------------------------- the shipped MNIST zoo
+
+class _MnistDecoder:
+    """The zoo's VQ decoder behind the ``decode_code`` name the CLI uses: codes (N, 49) -> (N, 1, 28, 28)."""
+
+    def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
+        from .zoo import vq
+
+        return vq.decode(torch.as_tensor(codes).cpu())
+
+
+def _build_mnist(opts) -> Bundle:
+    """The shipped MNIST models (``real.zoo``): our LlamaGen c2i target (12 layers) over the zoo's VQ
+    (7x7 = 49 tokens, 512 codes); --draft small (default: the independent 2-layer LlamaGen), eagle (the
+    EAGLE-1 drafter trained on the target's features) or layerskip (--draft-layers of the target)."""
+    from theory.rules import lantern_neighbors
+
+    from . import llamagen as lg
+    from .zoo import gpt
+    from .zoo import vq as zvq
+
+    dev, dt = _device(opts), _dtype(opts)
+    t = gpt.load_target().to(dev, dt)
+    kind = _o(opts, "draft", "small")
+    if kind == "small":
+        d = gpt.load_draft().to(dev, dt)
+    elif kind == "eagle":
+        d = gpt.load_eagle(t).to(dev, dt)
+    elif kind == "layerskip":
+        d = lg.truncated(t, int(_o(opts, "draft_layers", 1)))
+    else:
+        raise ValueError(f"unknown draft kind {kind!r} for mnist; choose small, eagle or layerskip")
+    nb = lantern_neighbors(zvq.codebook_embeddings().numpy())
+    return Bundle(t, d, _class_ids(opts, gpt.NUM_CLASSES), int(_o(opts, "num_tokens", gpt.TOKENS)), nb,
+                  _MnistDecoder(), cfg_scale=2.0,
+                  info={"target": "MNIST LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [7, 7]})
+
+
+register("mnist", _build_mnist, "the shipped MNIST LlamaGen c2i target (real.zoo) + small / eagle / layerskip draft")

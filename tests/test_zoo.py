@@ -52,7 +52,7 @@ def test_manifest_lists_the_zoo_with_commands_and_hashes():
 
 def test_checkpoints_are_small_and_shipped_as_package_data():
     total = sum((checkpoint.CHECKPOINTS / n).stat().st_size for n in FILES)
-    assert total < 4 * 2**20
+    assert total < 8 * 2**20  # VQ + classifier + LlamaGen target, draft, EAGLE drafter: a few MB
     # setuptools ships package data only inside packages, matched by the globs in pyproject
     assert (checkpoint.CHECKPOINTS / "__init__.py").exists() and (ROOT / "real/zoo/__init__.py").exists()
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
@@ -95,7 +95,7 @@ def test_missing_file_and_unknown_name(tmp_path):
     with pytest.raises(ValueError, match="is missing.*train_vq"):
         checkpoint.load_state(vq.CHECKPOINT, d)
     with pytest.raises(ValueError, match="not in"):
-        checkpoint.load_state("target.safetensors", d)
+        checkpoint.load_state("unknown.safetensors", d)
 
 
 def test_wrong_model_names_missing_unexpected_keys():

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import array_api_compat
 
-from ._xp import Array, gather, namespace
+from ._xp import Array, gather, namespace, normalize
 
 
 class RoundPrediction(NamedTuple):
@@ -53,3 +53,68 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     acc = xp.cumulative_prod(f_tok, axis=-1)                            # prod_{j<=i} f_j
     before = xp.concat([xp.ones_like(acc[:, :1]), acc[:, :-1]], axis=-1)  # prod_{j<i} f_j
     return RoundPrediction(xp.sum(live * acc, axis=-1), xp.sum(live * before * D, axis=-1), f_tok)
+
+
+class TreePrediction(NamedTuple):
+    accepted: Array  # (R,) T10 for trees: sum over drafted nodes of their acceptance probability
+    bound: Array     # (R,) T11 for trees: sum over nodes of Pr(reach node) x node discrepancy bound
+    reach: Array     # (R, N+1) probability that the walk accepts each node (root: 1) given the drafts
+
+
+def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier) -> TreePrediction:
+    """T10 and T11 for static-tree rounds recorded under any rule (docs/theory.md section 9).
+
+    p (R, N+1, V) target rows at every node (node 0 = root), q (R, N+1, V) the draft rows each node's
+    children were drawn from (without replacement), tokens (R, N+1) node tokens, ``tree`` a
+    ``theory.tree.Tree`` with N nodes. The candidates are drafted whatever the verifier, so for rule r,
+    given the drafts, the walk of ``theory.tree.verify_tree`` accepts candidate c_j of a node (tried
+    after c_1..c_{j-1} were rejected) with probability prod_{i<j} (1 - f_i(c_i)) f_j(c_j), f_i from the
+    residual rows (p_i, q_i). Summing these reach probabilities over nodes gives an unbiased estimate of
+    the rule's accepted drafts per round (T10 for trees).
+
+    Bound: at a node, the law of the token it emits is, by the triangle inequality over the candidates,
+    within D_1 + E[(1 - f_1(c_1)) (D_2 + E[(1 - f_2(c_2)) (D_3 + ...)])] of p (TV), where D_j is the
+    one-step discrepancy (T3, effective resampling law) of the rows (p_j, q_j) and the final residual
+    draw adds nothing; the recorded candidates estimate the inner expectations without bias. With
+    Pr(reach node) this gives sum_n reach_n sum_j prod_{i<j} (1 - f_i(c_i)) D_j(n), an unbiased estimate
+    of a bound on the round's TV to the target (T11 for trees; 0 for vanilla; equal to T11 for a chain).
+    Candidates with q_j(c) = 0 are skipped, as the verifier does. Loops over the N nodes (not over rounds).
+    """
+    xp = namespace(p, q)
+    R = tokens.shape[0]
+    N = tree.n_nodes
+    if p.shape[:2] != (R, N + 1) or q.shape[:2] != (R, N + 1) or p.shape[-1] != q.shape[-1] \
+            or tuple(tokens.shape) != (R, N + 1):
+        raise ValueError(f"predict_tree_rounds: expected p, q (R, N+1={N + 1}, V) and tokens (R, N+1); got p "
+                         f"{tuple(p.shape)}, q {tuple(q.shape)}, tokens {tuple(tokens.shape)}")
+    dev = array_api_compat.device(p)
+    V = p.shape[-1]
+    tokens = xp.astype(tokens, xp.int64)
+    ar_V = xp.arange(V, device=dev)
+    one = xp.ones((R,), dtype=p.dtype, device=dev)
+    reach = [one] + [None] * N
+    accepted = xp.zeros((R,), dtype=p.dtype, device=dev)
+    bound = xp.zeros((R,), dtype=p.dtype, device=dev)
+    for n in range(N + 1):  # nodes in (depth, path) order: parents come before their children
+        kids = [int(k) for k in tree.children[n] if k >= 0]
+        if not kids:
+            continue
+        d = int(tree.node_depth[n])
+        p_j, q_left = p[:, n, :], q[:, n, :]
+        survive = one
+        for kid in kids:    # candidates in rank order
+            q_j = normalize(q_left, q_left, xp)
+            c = tokens[:, kid]
+            f_row = verifier.accept(p_j, q_j, d + 1)
+            valid = gather(q_j, c, xp) > 0
+            f_c = xp.where(valid, gather(f_row, c, xp), xp.zeros_like(one))
+            A = q_j * f_row
+            beta = xp.sum(A, axis=-1, keepdims=True)
+            D = 0.5 * xp.sum(xp.abs(A + (1 - beta) * verifier.resample(p_j, q_j, f_row) - p_j), axis=-1)
+            bound = bound + reach[n] * survive * xp.where(valid, D, xp.zeros_like(D))
+            reach[kid] = reach[n] * survive * f_c
+            accepted = accepted + reach[kid]
+            survive = survive * (1 - f_c)
+            p_j = xp.where(valid[:, None], verifier.resample(p_j, q_j, f_row, c), p_j)
+            q_left = xp.where(valid[:, None] & (ar_V == c[:, None]), xp.zeros_like(q_left), q_left)
+    return TreePrediction(accepted, bound, xp.stack(reach, axis=1))

@@ -1,0 +1,328 @@
+"""report.md and the PNG figures of ``coolsd demo`` (``real.zoo.demo``), from the report dict."""
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+
+FIGURES = {
+    "pareto": "pareto.png",
+    "predicted_vs_measured": "predicted_vs_measured.png",
+    "samples": "samples.png",
+}
+
+
+def label(m: dict) -> str:
+    p = m["params"]
+    if m["name"] == "cool-sd":
+        s = f"cool-sd d={p['delta']:g}"
+    elif m["name"] == "uniform-rsd":
+        s = f"uniform-rsd c={p['c']:g}"
+    elif m["name"] == "lantern++":
+        s = f"lantern++ k={p['k']} l={p['lambda']:g}"
+    elif m["name"].startswith("lantern"):
+        s = f"{m['name']} k={p['k']} d={p['delta']:g}"
+    else:
+        s = m["name"]
+    return s + (" [tree]" if m["drafting"] == "tree" else "")
+
+
+def _f(x, nd=3):
+    return f"{x:.{nd}f}"
+
+
+def main_table(report: dict) -> str:
+    """The markdown table of every method: tokens per target call predicted vs measured, speed-up, quality."""
+    head = ("| method | drafting | tokens/call predicted | measured (SE) | rel. err | speed-up predicted | measured "
+            "| FD (SE) | class acc | TV bound / round | NLL/token (SE) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    b = report["baseline"]
+    rows.append(f"| plain AR (baseline) | - | 1 | 1 | - | 1 | 1 | {_f(b['frechet_distance'], 1)} ({_f(b['frechet_distance_se'], 1)}) "
+                f"| {_f(b['class_accuracy'])} | 0 | {_f(b['nll_per_token'])} ({_f(b['nll_per_token_se'])}) |")
+    for m in report["methods"]:
+        a, sp = m["accepted_length"], m["speedup"]
+        rows.append(f"| {label(m)} | {m['drafting']} | {_f(a['predicted'])} | {_f(a['measured'])} ({_f(a['measured_se'])}) "
+                    f"| {100 * a['relative_error']:+.1f}% | {_f(sp['predicted'], 2)} | {_f(sp['measured'], 2)} "
+                    f"| {_f(m['frechet_distance'], 1)} ({_f(m['frechet_distance_se'], 1)}) | {_f(m['class_accuracy'])} "
+                    f"| {_f(m['tv_bound'])} | {_f(m['nll_per_token'])} ({_f(m['nll_per_token_se'])}) |")
+    return head + "\n".join(rows) + "\n"
+
+
+def chain_vs_tree_table(report: dict) -> str:
+    from .demo import _find
+
+    rows = []
+    for m in report["methods"]:
+        if m["drafting"] != "tree":
+            continue
+        c = _find(report["methods"], m["name"], "chain", **m["params"])
+        if c is None:
+            continue
+        ca, ta = c["accepted_length"], m["accepted_length"]
+        rows.append(f"| {label(c)} | {_f(ca['measured'])} ({_f(ca['measured_se'])}) | {_f(ta['measured'])} "
+                    f"({_f(ta['measured_se'])}) | {_f(ca['predicted'])} / {_f(ta['predicted'])} "
+                    f"| {_f(c['speedup']['measured'], 2)} | {_f(m['speedup']['measured'], 2)} |")
+    return ("| method | chain tokens/call (SE) | tree tokens/call (SE) | predicted chain / tree | chain speed-up "
+            "| tree speed-up |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def separation_table(report: dict) -> str:
+    """Each method against vanilla chain drafting: differences in units of their combined SE
+    (sqrt(se_a^2 + se_b^2)) for tokens per call, the target NLL per token and the Frechet distance."""
+    from .demo import _find
+
+    van = _find(report["methods"], "vanilla", "chain")
+    if van is None:
+        return ""
+
+    def z(m, key, se_key):
+        se = math.hypot(m[se_key], van[se_key])
+        return (m[key] - van[key]) / se if se > 0 else float("nan")
+
+    rows = []
+    for m in report["methods"]:
+        if m is van:
+            continue
+        a, b = m["accepted_length"], van["accepted_length"]
+        za = (a["measured"] - b["measured"]) / math.hypot(a["measured_se"], b["measured_se"])
+        rows.append(f"| {label(m)} | {za:+.1f} | {z(m, 'nll_per_token', 'nll_per_token_se'):+.1f} "
+                    f"| {z(m, 'frechet_distance', 'frechet_distance_se'):+.1f} |")
+    return ("| method vs vanilla chain | tokens/call | NLL/token | FD |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+def _small_delta_note(report: dict) -> str:
+    sw = report.get("predicted_sweeps", {}).get("cool-sd")
+    van = next((m for m in report["methods"] if m["name"] == "vanilla" and m["drafting"] == "chain"), None)
+    if not sw or van is None:
+        return ""
+    pts = ", ".join(f"delta={p['value']:g}: {p['tokens_per_call']:.2f}" for p in sw if p["value"] <= 3)
+    return (f"predicted tokens per call from the vanilla records, {pts} (vanilla: "
+            f"{van['accepted_length']['predicted']:.2f}).")
+
+
+def markdown(report: dict) -> str:
+    c = report["config"]
+    costs = report["costs"]
+    fl = report["floors"]["real_digits_same_n"]
+    ch = report["checks"]
+    tree_desc = f"{len(c['tree_paths'])}-node static tree of depth {max(len(p) for p in c['tree_paths'])}"
+    w = "; ".join(f"delta={d}: w = [{', '.join(f'{x:.2f}' for x in ws)}]" for d, ws in c["cool_sd_weights"].items())
+    lines = [
+        "# coolsd demo: relaxed speculative decoding on the shipped MNIST models",
+        "",
+        f"Target: our LlamaGen (c2i, 12 layers) over the shipped VQ (7x7 = {c['T']} tokens, 512 codes); chain "
+        f"drafts: `{c['chain_draft']}` draft, L = {c['L']}; tree drafts: `{c['tree_draft']}` draft, {tree_desc}. "
+        f"Sampling: temperature {c['temperature']}, CFG scale {c['cfg_scale']}. {c['n_images']} digits per method "
+        f"(class = i mod 10, seed = {c['seed']} + i, the same for every method and for plain AR), device "
+        f"{c['device']}, {c['threads']} torch thread(s). Wall clock of the whole job: {report['wall_clock_s']:.0f} s.",
+        "",
+        "**Accepted length = tokens per target call** (= E[tau] + 1 per round, end-of-image rounds included). "
+        "*Predicted* values come only from the vanilla run's recorded P/Q rows (T10/T11 per round, then a renewal "
+        "recursion over the 49 positions for the short end-of-image rounds; trees: `theory.recorded.predict_tree_rounds` "
+        "on the vanilla tree run); *measured* values from running each rule. Speed-up: plain AR time / method time "
+        "(same classes and seeds); predicted from the measured unit costs below. FD: Frechet distance in the shipped "
+        f"classifier's feature space to the 1,000 held-out digits ({c['n_images']} generated digits each, bootstrap SE); "
+        f"the real-digit floor at this n is {fl['mean']:.1f} (sd {fl['sd']:.1f}: {fl['n']} real train digits vs held-out). "
+        "TV bound: mean per-round T11 bound (0 for vanilla, which is lossless). NLL: target NLL per token of the generated codes.",
+        "",
+        "## Main table",
+        "",
+        main_table(report),
+        f"Cool-SD weights (w_i = delta exp(-nu (i - 1)), nu = {c['nu']}, normalised so w_1 = delta): {w}. Positions with "
+        "w < 1 are stricter than vanilla, so a small delta can accept *less* than vanilla: "
+        + _small_delta_note(report) + " The deltas run here are chosen so that every Cool-SD run (all have delta > 1) "
+        "accepts more than vanilla (check below).",
+        "",
+        "## Are the differences outside the standard errors?",
+        "",
+        "Differences from vanilla chain drafting in units of the combined standard error (|z| > 2: separated). "
+        "Tokens per call have SEs over hundreds of rounds and separate easily; the target NLL per token of the "
+        "generated codes separates the rules that move the output most; the Frechet distance of a few hundred "
+        "digits has a bootstrap SE larger than most differences between methods (see the FD column), so read FD "
+        "as a sanity check and NLL as the quality measure at this sample size.",
+        "",
+        separation_table(report),
+        "## Chain vs tree drafting",
+        "",
+        chain_vs_tree_table(report),
+        "## Done-when checks",
+        "",
+        f"- vanilla chain, predicted vs measured tokens per call: {ch['vanilla_chain_prediction_within_5pct']['predicted']:.3f} "
+        f"vs {ch['vanilla_chain_prediction_within_5pct']['measured']:.3f} "
+        f"({100 * ch['vanilla_chain_prediction_within_5pct']['relative_error']:+.2f}%, "
+        f"z = {ch['vanilla_chain_prediction_within_5pct']['z']:+.2f}): "
+        f"{'PASS' if ch['vanilla_chain_prediction_within_5pct']['pass'] else 'FAIL'} (within 5%)",
+    ]
+    for r in ch["cool_sd_delta_gt_1_accepts_more_than_vanilla"]["runs"]:
+        lines.append(f"- cool-sd delta={r['delta']:g} accepts more than vanilla: {r['measured']:.3f} vs {r['vanilla']:.3f} "
+                     f"({r['difference_in_se']:+.1f} SE): {'PASS' if r['pass'] else 'FAIL'}")
+    for r in ch["tree_raises_tokens_per_call_over_chain"]["runs"]:
+        lines.append(f"- tree raises tokens per call over chain, {r['name']} {r['params']}: {r['chain']:.3f} -> {r['tree']:.3f}: "
+                     f"{'PASS' if r['pass'] else 'FAIL'}")
+    if report.get("other_drafts"):
+        lines += ["", "## Other drafts (not in the contract's method list)", "",
+                  "| run | draft | tokens/call predicted | measured (SE) | rel. err | speed-up predicted | measured | FD (SE) | class acc |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for m in report["other_drafts"]:
+            a, sp = m["accepted_length"], m["speedup"]
+            lines.append(f"| {label(m)} {m['drafting']} | {m['draft']} | {_f(a['predicted'])} | {_f(a['measured'])} "
+                         f"({_f(a['measured_se'])}) | {100 * a['relative_error']:+.1f}% | {_f(sp['predicted'], 2)} | "
+                         f"{_f(sp['measured'], 2)} | {_f(m['frechet_distance'], 1)} ({_f(m['frechet_distance_se'], 1)}) "
+                         f"| {_f(m['class_accuracy'])} |")
+    lines += ["", "## Measured unit costs (seconds)", "",
+              "| drafting | AR step | draft step | target pass / round | verifier / round | other / round | draft/AR | target pass/AR |",
+              "|---|---|---|---|---|---|---|---|"]
+    for k, cc in costs.items():
+        lines.append(f"| {k} | {cc['ar_step_s'] * 1e3:.2f} ms | {cc['draft_step_s'] * 1e3:.2f} ms | "
+                     f"{cc['target_per_round_s'] * 1e3:.2f} ms | {cc['verify_per_round_s'] * 1e3:.2f} ms | "
+                     f"{cc['other_per_round_s'] * 1e3:.2f} ms | {cc['cost_ratio_draft_over_ar_step']:.3f} | "
+                     f"{cc['cost_ratio_target_pass_over_ar_step']:.3f} |")
+    lines += ["", "Speed-up model: time per image = rounds x (target pass + bookkeeping) + drafted rounds x verifier "
+              "(timed per rule on recorded rows) + draft steps x draft step, against 49 AR steps; rounds and draft "
+              "steps are the predicted ones.", "",
+              "## Figures", "",
+              f"- `{FIGURES['pareto']}`: left, measured FD vs measured tokens per target call per method (error bars: SE); "
+              "middle, the target's NLL per token of the generated codes (the sensitive quality measure at this sample "
+              "size) vs tokens per call; right, predicted per-round TV bound vs predicted tokens per call as each rule's "
+              "parameter is swept (from the vanilla records only), with the run parameters marked.",
+              f"- `{FIGURES['predicted_vs_measured']}`: predicted vs measured tokens per target call, every run, y = x line.",
+              f"- `{FIGURES['samples']}`: generated digits per method, one row per class 0-9.", ""]
+    return "\n".join(lines)
+
+
+def figures(out: pathlib.Path, report: dict, results: dict, settings) -> dict:
+    """Write the PNG figures; returns {figure: file name} (the Pareto sweeps are added to the report)."""
+    report["predicted_sweeps"] = pareto(out / FIGURES["pareto"], report, results, settings)
+    predicted_vs_measured(out / FIGURES["predicted_vs_measured"], report)
+    samples(out / FIGURES["samples"], report, results, settings)
+    return dict(FIGURES)
+
+
+def _family(m):
+    return m["name"] + (" [tree]" if m["drafting"] == "tree" else "")
+
+
+def pareto(path, report, results, settings) -> None:
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    from .demo import sweep_predictions
+
+    fig = Figure(figsize=(19, 5.4))
+    ax, nx, bx = fig.subplots(1, 3)
+    fams: dict = {}
+    for m in report["methods"]:
+        fams.setdefault(_family(m), []).append(m)
+    cmap = {f: matplotlib.colormaps["tab10"](i % 10) for i, f in enumerate(fams)}
+    for f, ms in fams.items():
+        ms = sorted(ms, key=lambda m: m["accepted_length"]["measured"])
+        x = [m["accepted_length"]["measured"] for m in ms]
+        y = [m["frechet_distance"] for m in ms]
+        ax.errorbar(x, y, xerr=[m["accepted_length"]["measured_se"] for m in ms],
+                    yerr=[m["frechet_distance_se"] for m in ms], fmt=("s" if "tree" in f else "o") + ("-" if len(ms) > 1 else ""),
+                    color=cmap[f], label=f, capsize=3)
+        for m in ms:
+            if m["name"] == "cool-sd":
+                ax.annotate(f"d={m['params']['delta']:g}", (m["accepted_length"]["measured"], m["frechet_distance"]),
+                            textcoords="offset points", xytext=(4, 4), fontsize=8)
+    b = report["baseline"]
+    ax.axhline(b["frechet_distance"], color="gray", ls="--", lw=1, label="plain AR (target)")
+    fl = report["floors"]["real_digits_same_n"]
+    ax.axhspan(fl["mean"] - fl["sd"], fl["mean"] + fl["sd"], color="gray", alpha=0.15,
+               label=f"real digits, n={fl['n']} (floor)")
+    ax.set_xlabel("measured tokens per target call")
+    ax.set_ylabel("Frechet distance to held-out digits (classifier space)")
+    ax.set_title("measured: FD vs accepted length")
+    ax.legend(fontsize=7)
+    for f, ms in fams.items():
+        ms = sorted(ms, key=lambda m: m["accepted_length"]["measured"])
+        nx.errorbar([m["accepted_length"]["measured"] for m in ms], [m["nll_per_token"] for m in ms],
+                    xerr=[m["accepted_length"]["measured_se"] for m in ms], yerr=[m["nll_per_token_se"] for m in ms],
+                    fmt=("s" if "tree" in f else "o") + ("-" if len(ms) > 1 else ""), color=cmap[f], label=f, capsize=3)
+    nx.axhline(b["nll_per_token"], color="gray", ls="--", lw=1, label="plain AR (target)")
+    nx.set_xlabel("measured tokens per target call")
+    nx.set_ylabel("target NLL per token of the generated codes (nats)")
+    nx.set_title("measured: distance from the target's law vs accepted length")
+    nx.legend(fontsize=7)
+    sweeps = sweep_predictions(report, results, settings)
+    for name, pts in sweeps.items():
+        xs, ys = zip(*[(p["tokens_per_call"], p["tv_bound"]) for p in pts])
+        bx.plot(xs, ys, "-", color=cmap.get(name, "k"), label=f"{name} (sweep: {pts[0]['param']} "
+                f"{pts[0]['value']:g}..{pts[-1]['value']:g})")
+    for m in report["methods"]:
+        if m["drafting"] == "chain":
+            bx.plot(m["accepted_length"]["predicted"], m["tv_bound"], "o", color=cmap[_family(m)], ms=7, mec="k")
+    bx.set_xlabel("predicted tokens per target call (from vanilla records)")
+    bx.set_ylabel("predicted per-round TV bound (T11)")
+    bx.set_title("predicted: TV bound vs accepted length (chain, markers = runs)")
+    bx.legend(fontsize=7)
+    fig.suptitle("quality vs accepted length per method (MNIST LlamaGen; lower is better on every y axis)")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    return sweeps
+
+
+def predicted_vs_measured(path, report) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 6))
+    ax = fig.subplots()
+    lo, hi = np.inf, -np.inf
+    import matplotlib
+
+    cm = matplotlib.colormaps["tab20"]
+    for i, m in enumerate(report["methods"]):
+        a = m["accepted_length"]
+        ax.errorbar(a["predicted"], a["measured"], yerr=2 * a["measured_se"], fmt="s" if m["drafting"] == "tree" else "o",
+                    capsize=3, label=label(m), color=cm(i % 20))
+        lo, hi = min(lo, a["predicted"], a["measured"]), max(hi, a["predicted"], a["measured"])
+    pad = 0.05 * (hi - lo + 1e-9)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], "k--", lw=1, label="y = x")
+    ax.set_xlabel("predicted tokens per target call (from vanilla records)")
+    ax.set_ylabel("measured tokens per target call (+- 2 SE)")
+    ax.set_title("accepted length: predicted vs measured")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def samples(path, report, results, settings, per_class: int = 6) -> None:
+    from matplotlib.figure import Figure
+
+    from . import vq
+
+    keys = ["ar"] + [k for k in results if k != "ar"]
+    titles = ["plain AR"] + [label({"name": r.spec.name, "params": r.spec.params, "drafting": r.spec.drafting})
+                             + (f" ({r.spec.draft} draft)" if r.spec.extra else "")
+                             for k, r in results.items() if k != "ar"]
+    n = len(keys)
+    cols = 4
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(cols * 3.2, rows * 4.6))
+    axes = fig.subplots(rows, cols)
+    axes = np.atleast_2d(axes)
+    N = results["ar"].tokens.shape[0]
+    per_class = max(1, min(per_class, N // 10))
+    for i, (k, t) in enumerate(zip(keys, titles)):
+        ax = axes[i // cols, i % cols]
+        toks = results[k].tokens
+        grid = -np.ones((10 * 28, per_class * 28))
+        for c in range(10):
+            idx = [j for j in range(c, N, 10)][:per_class]
+            if idx:
+                imgs = vq.decode(toks[idx]).numpy()[:, 0]
+                for r, im in enumerate(imgs):
+                    grid[c * 28:(c + 1) * 28, r * 28:(r + 1) * 28] = im
+        ax.imshow(grid, cmap="gray", vmin=-1, vmax=1)
+        ax.set_yticks([c * 28 + 14 for c in range(10)])
+        ax.set_yticklabels([f"class {c}" for c in range(10)], fontsize=7)
+        ax.set_xticks([])
+        ax.set_title(t, fontsize=9)
+    for j in range(n, rows * cols):
+        axes[j // cols, j % cols].axis("off")
+    fig.suptitle("generated digits per method (rows: requested class 0-9; same seeds across methods)")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=90)
+

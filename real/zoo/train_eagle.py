@@ -1,0 +1,112 @@
+"""Train the EAGLE-1 drafter of the shipped target and ship it: ``python -m real.zoo.train_eagle``.
+
+The drafter (``real.eagle.EagleDrafter``: one decoder layer on (token, target feature) pairs, drafting
+through the target's own LM head) is fitted with ``real.eagle.train_eagle`` (EAGLE-1 objective) to the
+target's last hidden states along training sequences: the train digits' codes (unshifted, and shifted
+copies as in the target's training), each with its class and, for a ``--null-frac`` share, with the null
+class (classifier-free guidance runs the drafter on the null row too). Quality on the held-out digits:
+teacher-forced top-1 agreement with the target and the mean per-token acceptance rate
+sum_x min(p, q) (= 1 - TV) against the target at x_1 .. x_48 (x_0 is never drafted by EAGLE), no CFG. Writes ``checkpoints/eagle.safetensors`` and its
+manifest entry.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import platform
+import sys
+import time
+
+import torch
+
+from real.eagle import EagleDrafter, train_eagle
+
+from . import data, vq
+from .checkpoint import CHECKPOINTS, manifest_entry, save_state, update_manifest
+from .gpt import EAGLE, NULL_CLASS, TARGET, draft_agreement, heldout_tokens, load_target, target_features
+from .seeding import reproducible
+from .train_llamagen import augmented_codes
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m real.zoo.train_eagle", description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--p-w", type=float, default=0.1, help="weight of the token cross-entropy (EAGLE's p_w)")
+    p.add_argument("--noise", type=float, default=0.1, help="uniform feature-noise width")
+    p.add_argument("--shifted", type=int, default=8000, help="shifted training copies to add (of 8 x 4000)")
+    p.add_argument("--null-frac", type=float, default=0.2, help="share of sequences featurised with the null class")
+    p.add_argument("--max-shift", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
+    p.add_argument("--dry-run", action="store_true")
+    return p.parse_args(argv)
+
+
+def eagle_logits(target, drafter):
+    """Teacher-forced drafter logits for x_1 .. x_48: pair (x_j, h_j) predicts the target's h_{j+1}, whose
+    head row predicts x_{j+1} (``real.eagle.eagle_pairs``)."""
+    def f(labels, codes):
+        h = target_features(target, labels, codes)
+        with torch.no_grad():
+            return drafter.head(drafter.train_forward(codes, h, 1))[:, :-1]
+    return f
+
+
+def train(args, target):
+    with reproducible(args.seed, args.threads):
+        gen = torch.Generator().manual_seed(args.seed)
+        codes, labels = augmented_codes(args.max_shift)
+        S, N, T = codes.shape
+        pick = torch.randperm((S - 1) * N, generator=gen)[:args.shifted]
+        seqs = torch.cat([codes[0], codes[1:].reshape(-1, T)[pick]])
+        labs = torch.cat([labels, labels.repeat(S - 1)[pick]])
+        null = torch.rand(len(labs), generator=gen) < args.null_frac
+        labs = torch.where(null, NULL_CLASS, labs)
+        feats = target_features(target, labs, seqs)
+        drafter = EagleDrafter.from_target(target, seed=args.seed)
+        drafter.embed_tokens.weight.requires_grad_(False)
+        log = train_eagle(drafter, seqs, feats, 1, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                          p_w=args.p_w, noise=args.noise, seed=args.seed, progress=True)
+        return drafter.eval().requires_grad_(False), {"sequences": len(seqs), "null_class_sequences": int(null.sum()),
+                                                      "final_loss": log[-1]["loss"],
+                                                      "final_train_top1": sum(r["top1"] for r in log[-100:]) / 100}
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    target = load_target()
+    t0 = time.perf_counter()
+    drafter, stats = train(args, target)
+    wall = time.perf_counter() - t0
+    ho_codes, ho_labels = heldout_tokens()
+    quality = draft_agreement(target, eagle_logits(target, drafter), ho_labels, ho_codes)
+    quality["parameters_trained"] = sum(p.numel() for n, p in drafter.named_parameters() if n != "embed_tokens.weight")
+    for k, v in quality.items():
+        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
+    if args.dry_run:
+        print(f"trained in {wall:.1f} s (dry run: nothing written)")
+        return
+    digest = save_state(drafter, EAGLE, args.out)
+    update_manifest(EAGLE, {
+        "sha256": digest,
+        "command": " ".join(["python -m real.zoo.train_eagle", *(sys.argv[1:] if argv is None else argv)]),
+        "seed": args.seed,
+        "config": dict(drafter.config.__dict__),
+        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
+                     if k not in ("out", "dry_run")} | stats,
+        "quality": quality,
+        "wall_clock_s": round(wall, 1),
+        "environment": {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads},
+        "data_sha256": data.fingerprint(),
+        "target_sha256": manifest_entry(TARGET)["sha256"],
+        "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"],
+    }, args.out)
+    print(f"trained in {wall:.1f} s; wrote {args.out / EAGLE} sha256 {digest}")
+
+
+if __name__ == "__main__":
+    main()

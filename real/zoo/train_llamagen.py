@@ -1,0 +1,193 @@
+"""Train the zoo's class-conditional LlamaGen (target or small draft) and ship it:
+``python -m real.zoo.train_llamagen --role target`` / ``--role draft``.
+
+Data: the 4,000 train digits tokenized by the shipped VQ. Augmentation against overfitting: every
+digit is also shifted by whole pixels (every offset in [-s, s]^2, background fill) and re-encoded
+with the VQ once at start-up; a training example uses a random shifted copy with probability
+``--shift-prob`` and the digit itself otherwise. Class dropout (the label replaced by the null class
+with probability ``--class-dropout``) trains the unconditional model classifier-free guidance needs.
+AdamW, linear warm-up then cosine decay, residual dropout. Quality is measured on the 1,000 held-out
+digits (NLL per image token, never trained on). Writes ``checkpoints/{target,draft}.safetensors`` and
+the manifest entry (hash, command, seed, config, quality, wall clock).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import math
+import pathlib
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from real import llamagen as lg
+
+from . import data, vq
+from .checkpoint import CHECKPOINTS, manifest_entry, save_state, update_manifest
+from .gpt import DRAFT, NULL_CLASS, TARGET, fixed_batch, heldout_tokens, llamagen_config, nll_per_token, train_logits
+from .seeding import reproducible
+
+ROLES = {  # default architecture per role: (dim, layers, heads)
+    "target": (64, 12, 4),
+    "draft": (96, 2, 4),
+}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(prog="python -m real.zoo.train_llamagen", description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=sorted(ROLES), required=True)
+    p.add_argument("--dim", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--heads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="default: 0 for the target, 1 for the draft")
+    p.add_argument("--steps", type=int, default=3200)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--dropout", type=float, default=0.1, help="residual dropout")
+    p.add_argument("--class-dropout", type=float, default=0.1, help="probability of the null class (CFG)")
+    p.add_argument("--max-shift", type=int, default=1, help="pixel shifts in [-s, s]^2 (augmentation)")
+    p.add_argument("--shift-prob", type=float, default=0.5, help="probability of a shifted copy")
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
+    p.add_argument("--dry-run", action="store_true", help="train and report, write nothing")
+    args = p.parse_args(argv)
+    d = ROLES[args.role]
+    args.dim = args.dim or d[0]
+    args.layers = args.layers or d[1]
+    args.heads = args.heads or d[2]
+    if args.seed is None:
+        args.seed = 0 if args.role == "target" else 1
+    return args
+
+
+def shift_images(x: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """Images (N, 1, 28, 28) moved by (dy, dx) whole pixels, the background (-1) filling in."""
+    if dy == 0 and dx == 0:
+        return x
+    s = max(abs(dy), abs(dx))
+    padded = F.pad(x, (s, s, s, s), value=-1.0)
+    return padded[:, :, s - dy:s - dy + 28, s - dx:s - dx + 28]
+
+
+def augmented_codes(max_shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (S, 4000, 49), labels (4000,)): the train digits under every shift in [-s, s]^2 (S of them,
+    the unshifted copy first), each re-encoded with the shipped VQ. Computed once per process (copies returned)."""
+    codes, y = _augmented_codes(max_shift)
+    return codes.clone(), y.clone()
+
+
+@functools.lru_cache(maxsize=2)
+def _augmented_codes(max_shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = data.train_split()
+    shifts = [(0, 0)] + [s for s in itertools.product(range(-max_shift, max_shift + 1), repeat=2) if s != (0, 0)]
+    codes = torch.stack([vq.encode(shift_images(x, dy, dx)).reshape(len(x), -1) for dy, dx in shifts])
+    return codes, y
+
+
+def train(args) -> tuple[lg.LlamaGen, dict]:
+    with reproducible(args.seed, args.threads):
+        gen = torch.Generator().manual_seed(args.seed)
+        codes, labels = augmented_codes(args.max_shift)
+        S, N, _ = codes.shape
+        ho_codes, ho_labels = heldout_tokens()
+        c = llamagen_config(args.dim, args.layers, args.heads, class_dropout_prob=args.class_dropout)
+        model = lg.LlamaGen(c).random_init(args.seed, std=0.02)
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+        other = [p for n, p in model.named_parameters() if p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                 {"params": other, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup) * (
+            0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps))))
+        perm, pos = torch.randperm(N, generator=gen), 0
+        # dropout masks come from torch's global generator: reseed it here, so that they do not depend on
+        # what was constructed before in this process (module inits, a first VQ load, draw from it too)
+        torch.manual_seed(args.seed)
+        history = []
+        bar = tqdm(range(args.steps), desc=f"train_llamagen {args.role}", mininterval=2)
+        for step in bar:
+            if pos + args.batch_size > N:
+                perm, pos = torch.randperm(N, generator=gen), 0
+            idx = perm[pos:pos + args.batch_size]
+            pos += args.batch_size
+            B = len(idx)
+            shifted = torch.rand(B, generator=gen) < args.shift_prob
+            which = torch.where(shifted, torch.randint(1, S, (B,), generator=gen), torch.zeros(B, dtype=torch.long))
+            x = codes[which, idx]
+            y = torch.where(torch.rand(B, generator=gen) < args.class_dropout, NULL_CLASS, labels[idx])
+            model.train()
+            loss = F.cross_entropy(train_logits(model, y, x, dropout=args.dropout).flatten(0, 1), x.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            if step % 50 == 0:
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+            if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+                model.eval()
+                h = nll_per_token(model, ho_labels, ho_codes)
+                history.append({"step": step + 1, "train_loss": round(loss.item(), 4), "heldout_nll": round(h, 4)})
+                tqdm.write(f"  step {step + 1}: held-out NLL {h:.4f} nats/token")
+        return model.eval().requires_grad_(False), {"history": history}
+
+
+def evaluate(model: lg.LlamaGen, role: str) -> dict:
+    ho_codes, ho_labels = heldout_tokens()
+    tr_codes, tr_labels = data.token_dataset()
+    fl, fc = fixed_batch()
+    null = torch.full_like(ho_labels, NULL_CLASS)
+    out = {}
+    if role == "draft":  # agreement with the shipped target (trained first)
+        from .gpt import draft_agreement, load_target
+
+        out = draft_agreement(load_target(), lambda lb, cb: train_logits(model, lb, cb), ho_labels, ho_codes)
+    return out | {
+        "heldout_nll_per_token": nll_per_token(model, ho_labels, ho_codes),
+        "heldout_nll_per_token_null_class": nll_per_token(model, null, ho_codes),
+        "train_nll_per_token": nll_per_token(model, tr_labels[:1000], tr_codes[:1000]),
+        "fixed_batch_nll_per_token": nll_per_token(model, fl, fc),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    model, stats = train(args)
+    wall = time.perf_counter() - t0
+    quality = evaluate(model, args.role)
+    name = TARGET if args.role == "target" else DRAFT
+    for k, v in quality.items():
+        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
+    if args.dry_run:
+        print(f"trained in {wall:.1f} s (dry run: nothing written)")
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    digest = save_state(model, name, args.out)
+    update_manifest(name, {
+        "sha256": digest,
+        "command": " ".join(["python -m real.zoo.train_llamagen", *(sys.argv[1:] if argv is None else argv)]),
+        "seed": args.seed,
+        "config": {k: v for k, v in model.config.__dict__.items()},
+        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
+                     if k not in ("out", "dry_run")} | stats,
+        "quality": quality,
+        "wall_clock_s": round(wall, 1),
+        "environment": {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads},
+        "data_sha256": data.fingerprint(),
+        "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"],
+    }, args.out)
+    print(f"trained in {wall:.1f} s; wrote {args.out / name} sha256 {digest}")
+
+
+if __name__ == "__main__":
+    main()
