@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # run from a checkout, installed or not
 os.environ.setdefault("OMP_NUM_THREADS", "1")        # "one core", as the target says
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
