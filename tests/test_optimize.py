@@ -328,6 +328,53 @@ def test_schedule_matches_a_brute_force_line_search_and_reports_non_monotone_opt
             assert not res.non_increasing and res.weights[1] > 1.1 * res.weights[0]
 
 
+def _level_F(P, Q, a):
+    """f_i = v + a_i (1 - v) with v = min(1, P/Q) built here from the vanilla rule of the rules module."""
+    v = markov.rule_tables(P, Q, len(a), rules.vanilla())[0]
+    return v + np.asarray(a, dtype=float)[:, None, None] * (1.0 - v)
+
+
+def _level_line_search(P, Q, mu, target, objective, n=300):
+    """L = 2 by brute force: a1 on a grid of [0, 1], a2 solved from E[tau] = target, objective evaluated."""
+    best = np.inf
+    for a1 in np.linspace(0.0, 1.0, n):
+        g = lambda a2: markov.expected_accepted(P, Q, _level_F(P, Q, [a1, a2]), mu) - target  # noqa: E731
+        if g(0.0) > 0 or g(1.0) < 0:
+            continue
+        F = _level_F(P, Q, [a1, brentq(g, 0.0, 1.0, xtol=1e-14)])
+        G = markov.optimal_resampling(P, Q, F)
+        best = min(best, markov.tv_bound(P, Q, F, G, mu) if objective == "bound" else markov.exact_tv(P, Q, F, G, mu))
+    return best
+
+
+@pytest.mark.parametrize("objective", ["bound", "exact_tv"])
+def test_level_family_matches_a_brute_force_line_search(objective):
+    P, Q = chains.random_pair(4, tv=0.45, seed=3, concentration=0.7)
+    mu = chains.stationary(P)
+    van = markov.expected_accepted(P, Q, _level_F(P, Q, [0.0, 0.0]), mu)
+    target = van + 0.5 * (2.0 - van)                       # halfway from vanilla to accepting everything
+    res = optimize.optimal_schedule(P, Q, 2, mu, target, objective=objective, family="level", n_random=1)
+    assert res.weights is None and res.levels.shape == (2,) and np.all((res.levels >= 0) & (res.levels <= 1))
+    F = _level_F(P, Q, res.levels)                         # the rule rebuilt from the reported levels
+    assert np.allclose(F, res.F, atol=1e-12)
+    assert abs(markov.expected_accepted(P, Q, F, mu) - target) < 1e-7
+    G = markov.optimal_resampling(P, Q, F)
+    assert abs(markov.tv_bound(P, Q, F, G, mu) - res.tv_bound) < 1e-9
+    brute = _level_line_search(P, Q, mu, target, objective)
+    assert res.objective_value <= brute + 1e-9             # at least as good as a 300-point search
+    assert res.objective_value >= brute - 5e-3             # and the search confirms it is near
+    assert res.non_increasing == bool(res.levels[1] <= res.levels[0] + 1e-3 * max(res.levels[0], 1e-3))
+
+
+def test_level_family_refuses_targets_below_vanilla():
+    P, Q = chains.random_pair(4, tv=0.45, seed=3)
+    van = markov.expected_accepted(P, Q, _level_F(P, Q, [0.0, 0.0]), 0)
+    with pytest.raises(ValueError, match="cannot go below vanilla"):
+        optimize.optimal_schedule(P, Q, 2, 0, 0.9 * van, family="level")
+    with pytest.raises(ValueError, match="family must be one of"):
+        optimize.optimal_schedule(P, Q, 2, 0, van, family="levels")
+
+
 def test_table_family_is_at_least_as_good_as_free_weights():
     P, Q = chains.ambiguous_pair(3, spread=0.8, tv=0.4, seed=2)
     mu = chains.stationary(P)

@@ -486,7 +486,7 @@ def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts
 
 # --------------------------------------------------------------------------- schedule optimisation
 
-FAMILIES = ("scaled", "table")
+FAMILIES = ("scaled", "level", "table")
 TABLE_MAX_VARIABLES = 1500       # L V^2 above which the table family (SLSQP, dense) is refused
 
 
@@ -494,10 +494,11 @@ TABLE_MAX_VARIABLES = 1500       # L V^2 above which the table family (SLSQP, de
 class ScheduleResult:
     """Result of :func:`optimal_schedule` (all numbers recomputed with the numpy engine, G* resampling).
 
-    weights: (L,) the optimal w_i of f_i = min(1, w_i P/Q) (family "scaled"; None for "table", whose
-    rule is ``F``), clipped at the saturation level above which f_i = 1 wherever P > 0.
+    weights: (L,) the optimal w_i of f_i = min(1, w_i P/Q) (family "scaled"; None for "level" and
+    "table", whose rule is ``F``), clipped at the saturation level above which f_i = 1 wherever P > 0.
+    levels: (L,) the optimal a_i of f_i = v + a_i (1 - v), v = min(1, P/Q) (family "level"; else None).
     acceptance_rates: Pr(tau >= i) / Pr(tau >= i-1), the chance of accepting draft i once reached.
-    non_increasing: the weights (scaled) or acceptance rates (table) are non-increasing in i, up to
+    non_increasing: the weights (scaled), levels (level) or acceptance rates (table) are non-increasing in i, up to
     a relative 1e-3 (optima often sit at kinks, e.g. w_i = 1 exactly, which SLSQP meets only to ~1e-5).
     named: the named schedules tuned to the same E[tau]. source: the start that won
     ("uniform", "random0", ...; "named:<name>" when no optimised start beat a named schedule)."""
@@ -516,6 +517,7 @@ class ScheduleResult:
     source: str
     F: np.ndarray = field(repr=False)
     G: np.ndarray = field(repr=False)
+    levels: np.ndarray | None = None
 
     def to_dict(self) -> dict:
         def plain(x):
@@ -527,11 +529,23 @@ class ScheduleResult:
         return {k: plain(v) for k, v in self.__dict__.items() if k not in ("F", "G")}
 
 
+def level_tables_xp(P, Q, levels):
+    """F (L, V, V) of the "level" family: f_i = v + a_i (1 - v) with v = min(1, P/Q) the vanilla rule,
+    a_i in [0, 1] the chance of keeping a draft vanilla would reject (a = 0: vanilla, exact; a = 1:
+    every draft accepted). Array API (numpy / JAX: differentiable in ``levels``)."""
+    xp = namespace(P, Q, levels)
+    v = scaled_tables_xp(P, Q, xp.ones_like(levels))
+    return v + levels[:, None, None] * (1.0 - v)
+
+
 def _theta_tables(theta, P, Q, family):
-    """Acceptance tables from optimisation variables: scaled (L,) log-weights, or table (L, V, V) logits."""
+    """Acceptance tables from optimisation variables: scaled (L,) log-weights, level (L,) logits of
+    a_i, or table (L, V, V) logits."""
     xp = namespace(P, Q, theta)
     if family == "scaled":
         return scaled_tables_xp(P, Q, xp.exp(theta))
+    if family == "level":
+        return level_tables_xp(P, Q, 1.0 / (1.0 + xp.exp(-theta)))
     return 1.0 / (1.0 + xp.exp(-theta))
 
 
@@ -563,14 +577,23 @@ def _polish_table(P, Q, F, mu, target):
     return np.minimum(1.0, np.exp(x) * F)
 
 
+def _polish_levels(P, Q, theta, mu, target):
+    """Shift the level logits, theta + c, so E[tau] = target (E non-decreasing in c; bracketed brentq)."""
+    E = lambda c: _expected(P, Q, np.asarray(_theta_tables(theta + c, P, Q, "level")), mu)  # noqa: E731
+    return theta + _solve_log_scale(E, target, -1.0, 1.0, "level polish")
+
+
 def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "bound", family: str = "scaled",
                      n_random: int = 2, seed: int = 0, max_sequences: int = EXACT_TV_LIMIT,
                      maxiter: int = 200) -> ScheduleResult:
     """The acceptance rule minimising B (T4) or the exact TV (T7) subject to E[tau] = target_accepted
     (T2, T8), with the optimal resampler G* (T5).
 
-    family "scaled": f_i = min(1, w_i P/Q) with free weights w_1..w_L (section 5); "table": free
-    f_i(x | s) in [0, 1] per (position, state, token) (L V^2 variables: small V only).
+    family "scaled": f_i = min(1, w_i P/Q) with free weights w_1..w_L (section 5); "level": free
+    per-position acceptance levels a_1..a_L in [0, 1], f_i = v + a_i (1 - v) with v the vanilla rule
+    (targets from vanilla's E[tau] up to L; only its own optima are candidates, the named scaled
+    schedules are reported for comparison); "table": free f_i(x | s) in [0, 1] per (position, state,
+    token) (L V^2 variables: small V only).
     Method: SLSQP on log-weights (table: logits) with the equality constraint, JAX gradients (float64;
     the objectives are piecewise smooth, gradients exist almost everywhere), started from the named
     schedules tuned to the target (uniform, exponential nu = 0.7, linear, increasing) and ``n_random``
@@ -591,6 +614,11 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
     if family == "table" and L * V * V > TABLE_MAX_VARIABLES:
         raise ValueError(f"family='table' optimises L V^2 = {L * V * V} acceptance probabilities, above "
                          f"{TABLE_MAX_VARIABLES}; it is meant for small V (use family='scaled')")
+    if family == "level":
+        e_van = _expected(P, Q, level_tables_xp(P, Q, np.zeros(L)), mu)
+        if target < e_van * (1 - 1e-12):
+            raise ValueError(f"family='level' cannot go below vanilla (a_i >= 0): target E[tau]={target:.6g} < "
+                             f"vanilla's {e_van:.6g}; use family='scaled' (weights w_i < 1) for stricter rules")
     key = "tv_bound" if objective == "bound" else "exact_tv"
     named = named_schedules(P, Q, L, mu, target, max_sequences=max_sequences)
     best_named = min(named, key=lambda k: named[k][key])
@@ -598,8 +626,19 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
 
     # candidates: (objective value, source, F, weights or None)
     cands = [(named[k][key], f"named:{k}", scaled_tables_xp(P, Q, named[k]["weights"]), named[k]["weights"])
-             for k in named]
-    if family == "scaled":
+             for k in named] if family != "level" else []
+    if family == "level":
+        rng = np.random.default_rng(seed)
+        shapes = {"constant": np.zeros(L), "decreasing": np.linspace(2.0, -2.0, L),
+                  "increasing": np.linspace(-2.0, 2.0, L)}
+        shapes.update({f"random{j}": rng.normal(0.0, 1.5, L) for j in range(int(n_random))})
+        starts = {k: _polish_levels(P, Q, sh, mu, target) for k, sh in shapes.items()}
+        bounds = [(-30.0, 30.0)] * L
+        for k, th in starts.items():  # the tuned shapes themselves are candidates
+            a = 1.0 / (1.0 + np.exp(-th))
+            F0 = np.asarray(level_tables_xp(P, Q, a))
+            cands.append((_evaluate(P, Q, F0, mu, max_sequences)[key], f"start:{k}", F0, a))
+    elif family == "scaled":
         starts = {k: np.log(named[k]["weights"]) for k in NAMED_SCHEDULES}
         rng = np.random.default_rng(seed)
         for j in range(int(n_random)):
@@ -649,6 +688,9 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
             if family == "scaled":
                 w = tune_weights(P, Q, np.exp(x), mu, target)
                 F = scaled_tables_xp(P, Q, w)
+            elif family == "level":
+                w = 1.0 / (1.0 + np.exp(-_polish_levels(P, Q, x, mu, target)))   # the levels a_i
+                F = np.asarray(level_tables_xp(P, Q, w))
             else:
                 F = _polish_table(P, Q, np.asarray(_theta_tables(x, P, Q, family)), mu, target)
                 if F is None:
@@ -661,13 +703,17 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
     ev = _evaluate(P, Q, F, mu, max_sequences)
     pr = ev["acceptance_probs"]
     rates = pr / np.concatenate([[1.0], pr[:-1]]).clip(min=np.finfo(float).tiny)
+    levels = None
     if family == "scaled":
         mono = _monotone(weights, 1e-3)
+    elif family == "level":
+        levels, weights = weights, None
+        mono = bool(np.all(np.diff(levels) <= 1e-3 * np.maximum(levels[:-1], 1e-3)))
     else:
         weights, mono = None, _monotone(rates, 1e-3)
     G = _rules.Optimal()(P[None], Q[None], F)
     return ScheduleResult(objective, family, target, weights, ev["expected_accepted"], ev["tv_bound"],
-                          ev["exact_tv"], float(ev[key]), rates, mono, named, best_named, source, F, G)
+                          ev["exact_tv"], float(ev[key]), rates, mono, named, best_named, source, F, G, levels)
 
 
 # --------------------------------------------------------------------------- annealing study (Prop. 2)
