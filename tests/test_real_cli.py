@@ -33,6 +33,14 @@ def test_contract_command_subprocess():
     assert d["tokens_per_target_call"] >= 1 and d["seconds"] > 0 and d["tokens"] == 64
 
 
+def test_json_is_strict_for_plain_decoding(capsys):
+    """Plain decoding has no acceptance rate: the JSON says null, never the non-JSON token NaN."""
+    assert main(["generate", "--model", "llamagen-tiny", "--method", "ar", "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()[-1]
+    d = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in the output"))
+    assert d["acceptance_rate"] is None and d["tokens_per_target_call"] == 1.0
+
+
 @pytest.mark.parametrize("method", CONTRACT_METHODS)
 def test_every_contract_method(capsys, method):
     d = _run(capsys, "--model", "llamagen-tiny", "--method", method)

@@ -175,6 +175,11 @@ def test_bad_init_and_L():
         rules.Lantern(np.zeros((4, 3), int), 2)
     with pytest.raises(ValueError, match="k must be in"):
         rules.Lantern(np.zeros((4, 3), int), 5, delta=0.1)
+    with pytest.raises(ValueError, match="got the bool"):
+        markov.expected_accepted(P, Q, F, True)
+    for eps, alpha in ((-1.0, 0.3), (0.09, float("nan")), (float("inf"), 0.3)):
+        with pytest.raises(ValueError, match="typical acceptance needs finite eps >= 0 and alpha >= 0"):
+            rules.typical(eps, alpha)
 
 
 def test_lantern_on_a_hand_made_codebook():

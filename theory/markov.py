@@ -64,6 +64,8 @@ def check_chain(P, Q) -> tuple[np.ndarray, np.ndarray]:
 
 def init_distribution(init, V: int) -> np.ndarray:
     """Start distribution mu_0 (V,) of T8-T9 from a start state (int) or a distribution."""
+    if isinstance(init, (bool, np.bool_)):
+        raise ValueError(f"init must be a state (int) or a distribution, got the bool {init!r}")
     if isinstance(init, (int, np.integer)):
         if not 0 <= int(init) < V:
             raise ValueError(f"init state {int(init)} is out of range for V={V}")

@@ -221,6 +221,12 @@ class Typical:
     eps: float = 0.09
     alpha: float = 0.3
 
+    def __post_init__(self):
+        # eps = 0 or alpha = 0 makes the threshold 0: every token the target can emit is accepted (allowed)
+        if not (math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"typical acceptance needs finite eps >= 0 and alpha >= 0; got eps={self.eps}, "
+                             f"alpha={self.alpha}")
+
     def __call__(self, p, q, i):
         xp = namespace(p, q)
         pos = p > 0

@@ -8,6 +8,7 @@ Models come from ``real.registry`` (``--list-models``); methods from ``real.meth
 from __future__ import annotations
 
 import json
+import math
 
 
 def register(sub):
@@ -79,11 +80,22 @@ def run(args):
             print(f"{name:22s} {help}")
         return 0
     result = generate(args)
-    if args.json:
-        print(json.dumps(result))
+    if args.json:  # strict JSON: undefined statistics (e.g. acceptance rate of plain decoding) are null
+        print(json.dumps(_finite(result), allow_nan=False))
     else:
         print(format_result(result))
     return 0
+
+
+def _finite(x):
+    """NaN / inf floats -> None, recursively (JSON has no NaN)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def generate(args) -> dict:
