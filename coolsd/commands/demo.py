@@ -18,6 +18,11 @@ def register(sub):
     d.add_argument("--L", type=int, default=None, help="chain draft length (default 4)")
     d.add_argument("--chain-draft", choices=["small", "eagle"], default=None)
     d.add_argument("--tree-draft", choices=["small", "eagle"], default=None)
+    d.add_argument("--extra-draft", choices=["small", "eagle"], default=None,
+                   help="one more vanilla chain run with this draft, reported apart (e.g. the independent small draft)")
+    d.add_argument("--tree-rules", nargs="*", default=None, choices=["uniform-rsd", "lantern", "lantern++", "lantern+G*"],
+                   help="relaxed rules also run with tree drafting besides vanilla and Cool-SD "
+                        "(default: lantern lantern++; give none for chains only)")
     d.add_argument("--tree", choices=["small", "eagle25"], default=None,
                    help="static tree: small (10 nodes, depth 4) or eagle25 (EAGLE-1's 25 nodes, depth 5)")
     d.add_argument("--no-progress", action="store_true")
@@ -43,10 +48,12 @@ def run(args):
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     kw["device"] = dev
-    for name in ("L", "chain_draft", "tree_draft", "tree"):
+    for name in ("L", "chain_draft", "tree_draft", "tree", "extra_draft"):
         v = getattr(args, name)
         if v is not None:
             kw[name] = v
+    if args.tree_rules is not None:
+        kw["tree_rules"] = tuple(args.tree_rules)
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     s = dataclasses.replace(s, **kw)

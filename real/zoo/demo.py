@@ -5,8 +5,9 @@ Runs (``specs``), on the same digits (class i mod 10, seed + i), generated round
 run before digit i + 1, so drifts of the machine's speed hit every run alike): plain AR (the speed and
 quality baseline); vanilla SD with chain drafts (L = 4, the EAGLE-1 drafter) recording the processed P
 and Q rows of every round; Cool-SD at several deltas, UniformRSD, LANTERN, LANTERN++, LANTERN+G*; static
-trees (EAGLE-1's 25-node tree) with vanilla (recording) and Cool-SD; and one vanilla chain run with the
-independent small draft (reported apart).
+trees (EAGLE-1's 25-node tree) with vanilla (recording), Cool-SD and every other rule; optionally
+(``extra_draft``, ``--extra-draft small``) one vanilla chain run with the independent small draft,
+reported apart.
 
 Predictions use only the recorded vanilla rows (THEORY section 8): per round, T10 (accepted drafts) and
 T11 (TV-bound term) of each rule (``theory.recorded.predict_rounds``; trees:
@@ -57,11 +58,13 @@ class Settings:
     seed: int = 0
     chain_draft: str = "eagle"         # "eagle" (EAGLE-1 drafter on the target's features) or "small"
     tree_draft: str = "eagle"
-    extra_draft: str | None = "small"  # one more vanilla chain run with this draft (reported apart)
+    extra_draft: str | None = None     # e.g. "small": one more vanilla chain run with this draft (reported apart)
     tree: str = "eagle25"              # "eagle25" (EAGLE-1's 25 nodes, depth 5) or "small" (SMALL_TREE)
     deltas: tuple = (3.0, 4.0, 8.0)    # Cool-SD relaxation budgets (w_1 = delta, nu = 0.7); see the report on delta <= 2
     nu: float = 0.7
     tree_deltas: tuple = (4.0, 8.0)    # Cool-SD runs with tree drafting (each also run with chains)
+    tree_rules: tuple = ("lantern", "lantern++")  # also run with tree drafting (any of uniform-rsd, lantern,
+    #                                               lantern++, lantern+G*; LANTERN++ is the paper's tree setting)
     uniform_c: float = 1.5
     lantern_k: int = 32                # neighbours (V/16 of the 512 codes, as LANTERN's 1000 of 16384)
     lantern_delta: float = 0.2
@@ -104,17 +107,29 @@ def specs(s: Settings, neighbors) -> list[Spec]:
     def lan(make, *a, **kw):
         return dict(verifier=make(nb_dev, *a, **kw), theory_verifier=make(nb, *a, **kw))
 
+    def others(drafting: str, draft: str) -> dict:
+        """The non-Cool-SD relaxed rules, by contract name."""
+        return {
+            "uniform-rsd": Spec("uniform-rsd", {"c": s.uniform_c}, drafting, rules.uniform_rsd(s.uniform_c), draft),
+            "lantern": Spec("lantern", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft=draft,
+                            **lan(rules.lantern, s.lantern_k, s.lantern_delta)),
+            "lantern++": Spec("lantern++", {"k": s.lantern_k, "lambda": s.lam}, drafting, draft=draft,
+                              **lan(rules.lantern_pp, s.lantern_k, s.lam)),
+            "lantern+G*": Spec("lantern+G*", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft=draft,
+                               **lan(rules.lantern, s.lantern_k, s.lantern_delta, resample="optimal")),
+        }
+
+    unknown = set(s.tree_rules) - set(others("tree", s.tree_draft))
+    if unknown:
+        raise ValueError(f"tree_rules: unknown rule(s) {sorted(unknown)}; choose among uniform-rsd, lantern, "
+                         "lantern++, lantern+G* (vanilla and Cool-SD trees are always run)")
     out = [Spec("vanilla", {}, "chain", rules.vanilla(), s.chain_draft, record=True)]
     out += [Spec("cool-sd", {"delta": d, "nu": s.nu}, "chain", rules.cool_sd(d, s.nu), s.chain_draft) for d in s.deltas]
-    out += [Spec("uniform-rsd", {"c": s.uniform_c}, "chain", rules.uniform_rsd(s.uniform_c), s.chain_draft),
-            Spec("lantern", {"k": s.lantern_k, "delta": s.lantern_delta}, "chain", draft=s.chain_draft,
-                 **lan(rules.lantern, s.lantern_k, s.lantern_delta)),
-            Spec("lantern++", {"k": s.lantern_k, "lambda": s.lam}, "chain", draft=s.chain_draft,
-                 **lan(rules.lantern_pp, s.lantern_k, s.lam)),
-            Spec("lantern+G*", {"k": s.lantern_k, "delta": s.lantern_delta}, "chain", draft=s.chain_draft,
-                 **lan(rules.lantern, s.lantern_k, s.lantern_delta, resample="optimal"))]
+    out += list(others("chain", s.chain_draft).values())
     out += [Spec("vanilla", {}, "tree", rules.vanilla(), s.tree_draft, record=True),
             *[Spec("cool-sd", {"delta": d, "nu": s.nu}, "tree", rules.cool_sd(d, s.nu), s.tree_draft) for d in s.tree_deltas]]
+    tree_others = others("tree", s.tree_draft)
+    out += [tree_others[name] for name in s.tree_rules]
     if s.extra_draft:
         out.append(Spec("vanilla", {}, "chain", rules.vanilla(), s.extra_draft, record=True, extra=True))
     return out
@@ -253,14 +268,31 @@ def tree_records(gens):
     return out
 
 
-def tree_prediction(groups, verifier, tree: Tree) -> dict:
+def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
+                    seed: int = 0) -> dict:
+    """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
+    (``tree_records``), by ``theory.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
+    forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for LANTERN++'s own
+    resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
+    over the depth groups in proportion): unbiased for the same means, at a few times the SE."""
     from real.engine import truncate_tree
 
     D = tree.depth
+    costly = _costly_resampler(verifier)
+    total = sum(len(g[2]) for g in groups.values())
+    rng = np.random.default_rng(seed)
+    if costly:
+        chunk = max(1, chunk // 16)
     accs, lives, starts, bounds, per_round = [], [], [], [], []
     for dep, (p, q, toks, start) in sorted(groups.items()):
         t = truncate_tree(tree, dep)
-        r = predict_tree_rounds(p, q, toks, t, verifier)
+        if costly and total > max_costly_rounds:
+            m = max(1, math.ceil(max_costly_rounds * len(toks) / total))
+            idx = np.sort(rng.choice(len(toks), min(m, len(toks)), replace=False))
+            p, q, toks, start = p[idx], q[idx], toks[idx], start[idx]
+        parts = [predict_tree_rounds(p[a:a + chunk], q[a:a + chunk], toks[a:a + chunk], t, verifier)
+                 for a in range(0, len(toks), chunk)]
+        r = type(parts[0])(*[np.concatenate([np.asarray(getattr(x, k)) for x in parts]) for k in parts[0]._fields])
         reach = np.asarray(r.reach)
         by_depth = np.zeros((len(toks), D))
         for k in range(1, D + 1):  # Pr(tau >= k) given the drafts: reach summed over the nodes at depth k
@@ -403,7 +435,7 @@ def _models(s: Settings):
 
 def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress: bool = True) -> dict:
     """Run the whole job and write report.json, report.md and the figures into ``out``; returns the report."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from real import engine
     from real.sampling import Processing
@@ -510,7 +542,7 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
         return {"frechet_distance": fd, "frechet_distance_se": fd_se, "class_accuracy": acc,
                 "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels)), **nll_with_se(target, labels, tokens)}
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     methods, others = [], []
     ar_q = quality(ar.tokens, 0)
