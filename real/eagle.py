@@ -363,7 +363,7 @@ def train_eagle(drafter: EagleDrafter, tokens: torch.Tensor, features: torch.Ten
 
     tokens (N, T), features (N, P + T - 1, D) as in ``eagle_pairs``. Returns per-step
     {"loss", "vloss", "ploss", "top1"} (top1: drafter argmax == target argmax on scored pairs)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     ids, inp, tgt, mask = eagle_pairs(tokens.to(drafter.device), features.to(drafter.device), prefix_len)
     params = [p for p in drafter.parameters() if p.requires_grad]

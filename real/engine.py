@@ -115,7 +115,7 @@ def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, L: i
     prefilled with the same condition) or a ``FeatureDrafter`` (EAGLE). ``verifier`` is a
     ``theory.rules.Verifier``; ``processing`` is applied identically to draft and target logits.
     Returns tokens (T,), per-round records and counts."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     if tree is not None:
         if L is not None:
@@ -351,7 +351,7 @@ def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
     ``target``: an ``ARModel`` with ``position_ids``/``attn_mask`` and ``keep``; ``draft``: an
     ``ARModel`` with ``rollback`` and (S, K) tree masks, or a ``FeatureDrafter`` (EAGLE-1).
     Records: one per round with ``drafted`` = nodes, ``depth``, ``nodes`` (accepted path)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     check_pair(target, draft)
     if not isinstance(tree, Tree):
@@ -480,7 +480,7 @@ def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Proces
                 generator: torch.Generator | None = None, progress: bool | None = False) -> Generation:
     """Plain autoregressive sampling through the same protocol and processing (the baseline): one
     target forward per token, the token drawn from the processed row with the seeded generator."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     T = int(num_tokens)
     if T < 1:
