@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
+from .vq import AttnBlock, ResnetBlock, Upsample, group_norm  # the taming-transformers blocks, shared
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_vqgan", "CHAMELEON_VQGAN",
            "split_vqgan_state"]
@@ -90,48 +91,6 @@ def read_vqgan_yaml(path: str) -> VQGANConfig:
         raise ValueError(f"{path}: not a taming VQGAN config (model.params.ddconfig / n_embed / embed_dim): missing {e}") from e
 
 
-def _gn(c: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, c, eps=1e-6, affine=True)
-
-
-class _Res(nn.Module):
-    def __init__(self, cin: int, cout: int, dropout: float):
-        super().__init__()
-        self.norm1, self.conv1 = _gn(cin), nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2, self.conv2 = _gn(cout), nn.Conv2d(cout, cout, 3, padding=1)
-        self.dropout = nn.Dropout(dropout)
-        if cin != cout:
-            self.nin_shortcut = nn.Conv2d(cin, cout, 1)
-
-    def forward(self, x):
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class _Attn(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.norm = _gn(c)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (m(y).reshape(b, 1, c, h * w).transpose(-1, -2) for m in (self.q, self.k, self.v))
-        o = F.scaled_dot_product_attention(q, k, v)       # softmax(q k^T / sqrt(c)) v over the h*w positions
-        return x + self.proj_out(o.transpose(-1, -2).reshape(b, c, h, w))
-
-
-class _Up(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
 class _Decoder(nn.Module):
     def __init__(self, c: VQGANConfig):
         super().__init__()
@@ -140,22 +99,24 @@ class _Decoder(nn.Module):
         res = c.resolution // 2 ** (n - 1)
         self.conv_in = nn.Conv2d(c.z_channels, cin, 3, padding=1)
         self.mid = nn.Module()
-        self.mid.block_1, self.mid.attn_1, self.mid.block_2 = _Res(cin, cin, c.dropout), _Attn(cin), _Res(cin, cin, c.dropout)
+        self.mid.block_1 = ResnetBlock(cin, cin, c.dropout)
+        self.mid.attn_1 = AttnBlock(cin)
+        self.mid.block_2 = ResnetBlock(cin, cin, c.dropout)
         levels: list[nn.Module] = [None] * n
         for i in reversed(range(n)):
             lvl = nn.Module()
             lvl.block, lvl.attn = nn.ModuleList(), nn.ModuleList()
             for _ in range(c.num_res_blocks + 1):
-                lvl.block.append(_Res(cin, c.ch * c.ch_mult[i], c.dropout))
+                lvl.block.append(ResnetBlock(cin, c.ch * c.ch_mult[i], c.dropout))
                 cin = c.ch * c.ch_mult[i]
                 if res in c.attn_resolutions:
-                    lvl.attn.append(_Attn(cin))
+                    lvl.attn.append(AttnBlock(cin))
             if i != 0:
-                lvl.upsample = _Up(cin)
+                lvl.upsample = Upsample(cin)
                 res *= 2
             levels[i] = lvl
         self.up = nn.ModuleList(levels)
-        self.norm_out = _gn(cin)
+        self.norm_out = group_norm(cin)
         self.conv_out = nn.Conv2d(cin, c.out_ch, 3, padding=1)
 
     def forward(self, z):

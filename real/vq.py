@@ -52,28 +52,33 @@ def vq_config(name: str, **overrides) -> VQConfig:
     return replace(VQ_CONFIGS[name], **overrides)
 
 
-def _norm(c: int) -> nn.GroupNorm:
+def group_norm(c: int) -> nn.GroupNorm:
+    """GroupNorm(32 groups, eps 1e-6) of the taming-transformers blocks."""
     return nn.GroupNorm(32, c, eps=1e-6, affine=True)
 
 
 class ResnetBlock(nn.Module):
-    def __init__(self, cin: int, cout: int):
+    """The taming-transformers residual block (LlamaGen's VQ, Chameleon's VQGAN); dropout has no
+    parameters, so the state-dict keys are the same with or without it."""
+
+    def __init__(self, cin: int, cout: int, dropout: float = 0.0):
         super().__init__()
-        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, 1, 1)
-        self.norm2, self.conv2 = _norm(cout), nn.Conv2d(cout, cout, 3, 1, 1)
+        self.norm1, self.conv1 = group_norm(cin), nn.Conv2d(cin, cout, 3, 1, 1)
+        self.norm2, self.conv2 = group_norm(cout), nn.Conv2d(cout, cout, 3, 1, 1)
+        self.dropout = nn.Dropout(dropout)
         if cin != cout:
             self.nin_shortcut = nn.Conv2d(cin, cout, 1)
 
     def forward(self, x):
         h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
         return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
 
 
 class AttnBlock(nn.Module):
     def __init__(self, c: int):
         super().__init__()
-        self.norm = _norm(c)
+        self.norm = group_norm(c)
         self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
 
     def forward(self, x):
@@ -121,7 +126,7 @@ class Encoder(nn.Module):
                 blk.downsample = Downsample(cin)
             self.conv_blocks.append(blk)
         self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
-        self.norm_out = _norm(cin)
+        self.norm_out = group_norm(cin)
         self.conv_out = nn.Conv2d(cin, c.z_channels, 3, 1, 1)
 
     def forward(self, x):
@@ -157,7 +162,7 @@ class Decoder(nn.Module):
             if i != 0:
                 blk.upsample = Upsample(cin)
             self.conv_blocks.append(blk)
-        self.norm_out = _norm(cin)
+        self.norm_out = group_norm(cin)
         self.conv_out = nn.Conv2d(cin, out_channels, 3, 1, 1)
 
     def forward(self, z):
