@@ -62,6 +62,36 @@ def save_state(model: torch.nn.Module, name: str,
     return sha256(path)
 
 
+def ship(model: torch.nn.Module, name: str, module: str, args, argv: list[str] | None, config: dict,
+         quality: dict, wall: float, stats: dict | None = None, extra: dict | None = None) -> str:
+    """Write a trained zoo model to ``args.out/name`` and its manifest entry: sha256, the command that
+    regenerates it (``python -m module`` + its arguments), seed, config, training arguments (+ ``stats``),
+    quality, wall clock, environment, the data fingerprint, then ``extra`` (hashes of the checkpoints it
+    was trained on). Returns the sha256."""
+    import platform
+    import sys
+
+    from . import data
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    digest = save_state(model, name, out)
+    update_manifest(name, {
+        "sha256": digest,
+        "command": " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)]),
+        "seed": args.seed,
+        "config": config,
+        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
+                     if k not in ("out", "dry_run")} | (stats or {}),
+        "quality": quality,
+        "wall_clock_s": round(wall, 1),
+        "environment": {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads},
+        "data_sha256": data.fingerprint(),
+    } | (extra or {}), out)
+    print(f"trained in {wall:.1f} s; wrote {out / name} sha256 {digest}")
+    return digest
+
+
 def check_state(model: torch.nn.Module, state: dict[str, torch.Tensor], name: str = "checkpoint") -> None:
     """Raise ValueError naming missing keys, unexpected keys and shape mismatches."""
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import platform
-import sys
 import time
 
 import numpy as np
@@ -19,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import data
-from .checkpoint import CHECKPOINTS, save_state, update_manifest
+from .checkpoint import CHECKPOINTS, ship
 from .seeding import reproducible
 from .classifier import CHECKPOINT, Classifier
 from .metrics import frechet_distance
@@ -112,22 +110,7 @@ def main(argv=None):
     model = train(args)
     wall = time.perf_counter() - t0
     quality = evaluate(model, args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    digest = save_state(model, CHECKPOINT, args.out)
-    update_manifest(CHECKPOINT, {
-        "sha256": digest,
-        "command": " ".join(["python -m real.zoo.train_classifier",
-                             *(sys.argv[1:] if argv is None else argv)]),
-        "seed": args.seed,
-        "config": model.config,
-        "training": {k: v for k, v in vars(args).items() if k != "out"},
-        "quality": quality,
-        "wall_clock_s": round(wall, 1),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "threads": args.threads},
-        "data_sha256": data.fingerprint(),
-    }, args.out)
-    print(f"trained in {wall:.1f} s; wrote {args.out / CHECKPOINT} sha256 {digest}")
+    ship(model, CHECKPOINT, "real.zoo.train_classifier", args, argv, model.config, quality, wall)
     for k, v in quality.items():
         print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
 

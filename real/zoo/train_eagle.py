@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import platform
-import sys
 import time
 
 import torch
 
 from real.eagle import EagleDrafter, train_eagle
 
-from . import data, vq
-from .checkpoint import CHECKPOINTS, manifest_entry, save_state, update_manifest
+from . import vq
+from .checkpoint import CHECKPOINTS, manifest_entry, ship
 from .gpt import EAGLE, NULL_CLASS, TARGET, draft_agreement, heldout_tokens, load_target, target_features
 from .seeding import reproducible
 from .train_llamagen import augmented_codes
@@ -90,22 +88,8 @@ def main(argv=None):
     if args.dry_run:
         print(f"trained in {wall:.1f} s (dry run: nothing written)")
         return
-    digest = save_state(drafter, EAGLE, args.out)
-    update_manifest(EAGLE, {
-        "sha256": digest,
-        "command": " ".join(["python -m real.zoo.train_eagle", *(sys.argv[1:] if argv is None else argv)]),
-        "seed": args.seed,
-        "config": dict(drafter.config.__dict__),
-        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "dry_run")} | stats,
-        "quality": quality,
-        "wall_clock_s": round(wall, 1),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads},
-        "data_sha256": data.fingerprint(),
-        "target_sha256": manifest_entry(TARGET)["sha256"],
-        "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"],
-    }, args.out)
-    print(f"trained in {wall:.1f} s; wrote {args.out / EAGLE} sha256 {digest}")
+    ship(drafter, EAGLE, "real.zoo.train_eagle", args, argv, dict(drafter.config.__dict__), quality, wall, stats,
+         extra={"target_sha256": manifest_entry(TARGET)["sha256"], "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"]})
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ import functools
 import itertools
 import math
 import pathlib
-import platform
-import sys
 import time
 
 import torch
@@ -28,7 +26,7 @@ from tqdm import tqdm
 from real import llamagen as lg
 
 from . import data, vq
-from .checkpoint import CHECKPOINTS, manifest_entry, save_state, update_manifest
+from .checkpoint import CHECKPOINTS, manifest_entry, ship
 from .gpt import DRAFT, NULL_CLASS, TARGET, fixed_batch, heldout_tokens, llamagen_config, nll_per_token, train_logits
 from .seeding import reproducible
 
@@ -171,22 +169,8 @@ def main(argv=None):
     if args.dry_run:
         print(f"trained in {wall:.1f} s (dry run: nothing written)")
         return
-    args.out.mkdir(parents=True, exist_ok=True)
-    digest = save_state(model, name, args.out)
-    update_manifest(name, {
-        "sha256": digest,
-        "command": " ".join(["python -m real.zoo.train_llamagen", *(sys.argv[1:] if argv is None else argv)]),
-        "seed": args.seed,
-        "config": {k: v for k, v in model.config.__dict__.items()},
-        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "dry_run")} | stats,
-        "quality": quality,
-        "wall_clock_s": round(wall, 1),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads},
-        "data_sha256": data.fingerprint(),
-        "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"],
-    }, args.out)
-    print(f"trained in {wall:.1f} s; wrote {args.out / name} sha256 {digest}")
+    ship(model, name, "real.zoo.train_llamagen", args, argv, dict(model.config.__dict__), quality, wall, stats,
+         extra={"vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"]})
 
 
 if __name__ == "__main__":

@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import platform
-import sys
 import time
 
 import torch
 from tqdm import tqdm
 
 from . import data
-from .checkpoint import CHECKPOINTS, save_state, update_manifest
+from .checkpoint import CHECKPOINTS, ship
 from .seeding import reproducible
 from .vq import CHECKPOINT, VQModel, codebook_usage, vq_losses
 
@@ -121,22 +119,7 @@ def main(argv=None):
     model, stats = train(args)
     wall = time.perf_counter() - t0
     quality = evaluate(model)
-    args.out.mkdir(parents=True, exist_ok=True)
-    digest = save_state(model, CHECKPOINT, args.out)
-    update_manifest(CHECKPOINT, {
-        "sha256": digest,
-        "command": " ".join(["python -m real.zoo.train_vq", *(sys.argv[1:] if argv is None else argv)]),
-        "seed": args.seed,
-        "config": model.config,
-        "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
-                     if k != "out"} | stats,
-        "quality": quality,
-        "wall_clock_s": round(wall, 1),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "threads": args.threads},
-        "data_sha256": data.fingerprint(),
-    }, args.out)
-    print(f"trained in {wall:.1f} s; wrote {args.out / CHECKPOINT} sha256 {digest}")
+    ship(model, CHECKPOINT, "real.zoo.train_vq", args, argv, model.config, quality, wall, stats)
     for k, v in quality.items():
         print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
 
