@@ -167,17 +167,23 @@ class EagleDrafter(nn.Module):
                         num_attention_heads=tc.n_head, vocab_size=tc.vocab_size, block_size=tc.block_size,
                         num_hidden_layers=num_layers, rope_base=tc.rope_base)
         d = cls(c, target.output).to(target.device)
-        g = torch.Generator(device=target.device).manual_seed(seed)
-        with torch.no_grad():
-            for name, p in d.named_parameters():
-                if "norm" in name:
-                    p.fill_(1.0)
-                elif name == "fc.bias":
-                    p.zero_()
-                elif name != "embed_tokens.weight":
-                    p.normal_(0.0, std, generator=g)
-            d.embed_tokens.weight.copy_(target.tok_embeddings.weight)
-        return d.to(target.dtype)
+        return d.init_weights(target.tok_embeddings.weight, seed, std).to(target.dtype)
+
+    @torch.no_grad()
+    def init_weights(self, embeddings: torch.Tensor, seed: int, std: float) -> "EagleDrafter":
+        """Fresh weights: norms 1, fc bias 0, every other trained weight N(0, std^2) drawn in parameter
+        order from a CPU generator seeded with ``seed`` (the same draws on every device), and the token
+        embeddings (V, hidden) copied from the target's."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        for name, p in self.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif name == "fc.bias":
+                p.zero_()
+            elif name != "embed_tokens.weight":
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        self.embed_tokens.weight.copy_(embeddings.to(self.embed_tokens.weight))
+        return self
 
     @property
     def device(self):

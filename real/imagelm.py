@@ -498,17 +498,7 @@ def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: 
                     num_hidden_layers=num_layers, rope_base=float(_rope_theta(bc)))
     cls = _eagle_cls()
     d = cls(c, target.head).to(target.device)
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    with torch.no_grad():
-        for name, p in d.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            elif name == "fc.bias":
-                p.zero_()
-            elif name != "embed_tokens.weight":
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-        d.embed_tokens.weight.copy_(target.code_embeddings().to(d.embed_tokens.weight))
-    return d.to(target.dtype).eval()
+    return d.init_weights(target.code_embeddings(), seed, std).to(target.dtype).eval()
 
 
 def load_adapter_eagle(directory: str, target: ImageTokenLM):
