@@ -22,12 +22,7 @@ FILES = checkpoint.read_manifest()["files"]
 MODELS = (gpt.TARGET, gpt.DRAFT, gpt.EAGLE)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("two_torch_threads")
 
 
 @pytest.fixture(scope="module")
