@@ -104,6 +104,16 @@ def _device_of(model) -> torch.device:
     return torch.device(d) if d is not None else torch.device("cpu")
 
 
+def _start(model, num_tokens: int, seed: int, generator: torch.Generator | None):
+    """(T, device, generator) of a generation: T = num_tokens checked >= 1; the caller's generator, else
+    one on the model's device seeded with ``seed``."""
+    T = int(num_tokens)
+    if T < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    dev = _device_of(model)
+    return T, dev, generator or torch.Generator(device=dev).manual_seed(seed)
+
+
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, L: int | None = None,
                          tree: Tree | None = None, processing: Processing = Processing(), seed: int = 0,
                          generator: torch.Generator | None = None, record_rows: bool = False,
@@ -126,13 +136,9 @@ def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, L: i
     if L is None:
         raise ValueError("speculative_generate needs a draft length L (or a tree)")
     check_pair(target, draft)
-    T = int(num_tokens)
-    if T < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    T, dev, gen = _start(target, num_tokens, seed, generator)
     if L < 1:
         raise ValueError(f"draft length L must be >= 1, got {L}")
-    dev = _device_of(target)
-    gen = generator or torch.Generator(device=dev).manual_seed(seed)
     proc = processing
     B = proc.batch
     feat = bool(getattr(draft, "needs_features", False))
@@ -356,14 +362,10 @@ def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
     check_pair(target, draft)
     if not isinstance(tree, Tree):
         raise ValueError(f"tree must be a theory.tree.Tree, got {type(tree).__name__}")
-    T = int(num_tokens)
-    if T < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    T, dev, gen = _start(target, num_tokens, seed, generator)
     V = int(target.vocab_size)
     if tree.children.shape[1] > V:
         raise ValueError(f"the tree has a node with {tree.children.shape[1]} candidates but V = {V}")
-    dev = _device_of(target)
-    gen = generator or torch.Generator(device=dev).manual_seed(seed)
     proc = processing
     B = proc.batch
     feat = bool(getattr(draft, "needs_features", False))
@@ -482,11 +484,7 @@ def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Proces
     target forward per token, the token drawn from the processed row with the seeded generator."""
     from tqdm import tqdm
 
-    T = int(num_tokens)
-    if T < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    dev = _device_of(model)
-    gen = generator or torch.Generator(device=dev).manual_seed(seed)
+    T, dev, gen = _start(model, num_tokens, seed, generator)
     proc = processing
     B = proc.batch
     out, records = [], []
