@@ -9,24 +9,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # run from a checkout, installed or not
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from _timing import best_of  # noqa: E402  (benchmarks/_timing.py)
+
 import numpy as np  # noqa: E402
 
 from theory import chains, image, markov, rules  # noqa: E402
-
-
-def best_of(fn, repeat=3):
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts), out
 
 
 def kernel_baseline(P, Q, F, G, T, s0):
@@ -50,7 +42,7 @@ def main():
     a = ap.parse_args()
     P, Q = chains.random_pair(a.V, tv=0.4, seed=0)
     F, G = markov.rule_tables(P, Q, a.L, rules.cool_sd(2.0))
-    t_rec, pred = best_of(lambda: image.image_prediction(P, Q, F, G, a.T, 0))
+    t_rec, pred = best_of(lambda: image.image_prediction(P, Q, F, G, a.T, 0), repeat=3)
     t_base, rounds = best_of(lambda: kernel_baseline(P, Q, F, G, a.T, 0), repeat=1)
     assert abs(rounds - pred.expected_rounds) < 1e-8 * a.T
     print(f"V={a.V} L={a.L} T={a.T}: E[rounds]={pred.expected_rounds:.4f}, tokens/call={pred.tokens_per_call:.4f}, "

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
@@ -28,17 +28,6 @@ from real.zoo.demo import SMALL_TREE  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import Tree  # noqa: E402
 from theory.verify import verify_chain  # noqa: E402
-
-
-def median_time(fn, repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main(argv=None):
@@ -71,8 +60,8 @@ def main(argv=None):
         target.forward(xt, position_ids=target.cache_len + torch.as_tensor(tree.node_depth), attn_mask=mask)
         target.rollback(tree.n_nodes + 1)
 
-    t5 = median_time(verify5, args.repeats)
-    tt = median_time(verify_tree_pass, args.repeats)
+    t5 = median_time(verify5, args.repeats, warmup=5)
+    tt = median_time(verify_tree_pass, args.repeats, warmup=5)
     prefilled(draft)
 
     def draft_step():
@@ -80,7 +69,7 @@ def main(argv=None):
         sample(proc(o.logits[:, -1]), torch.Generator().manual_seed(0))
         draft.rollback(1)
 
-    td = median_time(draft_step, args.repeats)
+    td = median_time(draft_step, args.repeats, warmup=5)
     eagle.start(1, 2)
     feats = torch.zeros(2, 20, target.config.dim)
     eagle.forward(torch.zeros(2, 20, dtype=torch.long), features=feats)
@@ -91,15 +80,15 @@ def main(argv=None):
         sample(proc(o.logits[:, -1]), torch.Generator().manual_seed(0))
         eagle.rollback(1)
 
-    te = median_time(eagle_step, args.repeats)
+    te = median_time(eagle_step, args.repeats, warmup=5)
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(1, 5, 512, generator=g) * 3, -1)
     q = torch.softmax(torch.randn(1, 4, 512, generator=g) * 3, -1)
     tok = torch.randint(0, 512, (1, 4), generator=g)
     u, us = torch.rand(1, 4, generator=g), torch.rand(1, generator=g)
     nb = torch.as_tensor(rules.lantern_neighbors(vq.codebook_embeddings().numpy(), 33))
-    tv = median_time(lambda: verify_chain(p, q, tok, u, us, rules.vanilla()), args.repeats)
-    tl = median_time(lambda: verify_chain(p, q, tok, u, us, rules.lantern_pp(nb, 32, 2.0)), args.repeats)
+    tv = median_time(lambda: verify_chain(p, q, tok, u, us, rules.vanilla()), args.repeats, warmup=5)
+    tl = median_time(lambda: verify_chain(p, q, tok, u, us, rules.lantern_pp(nb, 32, 2.0)), args.repeats, warmup=5)
     print(f"MNIST zoo unit costs, {args.threads} thread(s), CFG 2 (batch 2); ratios to the target's AR step")
     rows = [("target AR step (engine, per token)", ar_step), ("target verification pass, 5 tokens", t5),
             (f"target verification pass, tree of {tree.n_nodes} nodes", tt), ("small draft step (2 layers)", td),

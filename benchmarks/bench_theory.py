@@ -15,18 +15,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")        # "one core", as the target
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+from _timing import best_of  # noqa: E402  (benchmarks/_timing.py)
+
 import numpy as np  # noqa: E402
 
 from theory import chains, markov, rules  # noqa: E402
-
-
-def best_of(fn, repeat=5):
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts), out
 
 
 def naive_expected_and_bound(P, Q, F, G, s):

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
@@ -57,16 +57,6 @@ def part1(images: int, draft: str) -> None:
                   f"{100 * s['verify_share']:8.1f}")
 
 
-def _median_ms(fn, repeats):
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
-
-
 def part2(repeats: int) -> None:
     print(f"\nPart 2: one verification call, torch CPU float32, median of {repeats} (ms)")
     print(f"{'V':>6s} {'chain L=5':>10s} {'tree 25':>10s} {'x chain':>8s} {'tree 57':>10s} {'x chain':>8s}")
@@ -79,14 +69,14 @@ def part2(repeats: int) -> None:
         L = 5
         p, q = rows(L + 1), rows(L)
         tok = torch.randint(0, V, (1, L), generator=g)
-        chain = _median_ms(lambda: verify_chain(p, q, tok, torch.rand(1, L), torch.rand(1), v), repeats)
+        chain = 1e3 * median_time(lambda: verify_chain(p, q, tok, torch.rand(1, L), torch.rand(1), v), repeats)
         out = [f"{V:6d} {chain:10.2f}"]
         for paths in (EAGLE_25, EAGLE_57):
             tree = Tree(paths)
             N = tree.n_nodes
             pt, qt = rows(N + 1), rows(N + 1)
             tt = torch.randint(0, V, (1, N + 1), generator=g)
-            ms = _median_ms(lambda: verify_tree(pt, qt, tt, torch.rand(1, N + 1), torch.rand(1), tree, v), repeats)
+            ms = 1e3 * median_time(lambda: verify_tree(pt, qt, tt, torch.rand(1, N + 1), torch.rand(1), tree, v), repeats)
             out.append(f"{ms:10.2f} {ms / chain:8.1f}")
         print(" ".join(out))
 

@@ -119,7 +119,8 @@ def specs(s: Settings, neighbors) -> list[Spec]:
                                **lan(rules.lantern, s.lantern_k, s.lantern_delta, resample="optimal")),
         }
 
-    unknown = set(s.tree_rules) - set(others("tree", s.tree_draft))
+    tree_others = others("tree", s.tree_draft)
+    unknown = set(s.tree_rules) - set(tree_others)
     if unknown:
         raise ValueError(f"tree_rules: unknown rule(s) {sorted(unknown)}; choose among uniform-rsd, lantern, "
                          "lantern++, lantern+G* (vanilla and Cool-SD trees are always run)")
@@ -128,7 +129,6 @@ def specs(s: Settings, neighbors) -> list[Spec]:
     out += list(others("chain", s.chain_draft).values())
     out += [Spec("vanilla", {}, "tree", rules.vanilla(), s.tree_draft, record=True),
             *[Spec("cool-sd", {"delta": d, "nu": s.nu}, "tree", rules.cool_sd(d, s.nu), s.tree_draft) for d in s.tree_deltas]]
-    tree_others = others("tree", s.tree_draft)
     out += [tree_others[name] for name in s.tree_rules]
     if s.extra_draft:
         out.append(Spec("vanilla", {}, "chain", rules.vanilla(), s.extra_draft, record=True, extra=True))
