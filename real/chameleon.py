@@ -121,20 +121,17 @@ def tiny_chameleon_pair(seed: int = 0, draft: str = "layerskip", device="cpu", d
     """(target adapter, draft adapter, text id range) for tests and ``--model chameleon-tiny``: draft
     ``layerskip`` (the target's first layer), ``small`` (independent random 1-layer, hidden 32, same
     vocabulary) or ``eagle`` (a random EAGLE-1 head on the target)."""
-    from .imagelm import eagle_for
+    from .imagelm import tiny_draft
 
     m, lay, text = tiny_chameleon(seed, **kw)
     m = m.to(device, dtype)
     t = ChameleonImageLM(m, lay)
-    if draft == "layerskip":
-        d = ChameleonImageLM(truncated_hf(m, 1, "model.layers", lambda c, n: setattr(c, "num_hidden_layers", n)), lay)
-    elif draft == "small":
-        dm, _, _ = tiny_chameleon(seed + 1, hidden=32, layers=1, heads=2, **{k: v for k, v in kw.items() if k in ("V", "side")})
-        d = ChameleonImageLM(dm.to(device, dtype), lay)
-    elif draft == "eagle":
-        d = eagle_for(t, seed=seed + 1)
-    else:
-        raise ValueError(f"unknown draft kind {draft!r}; choose layerskip, small or eagle")
+    small_kw = {k: v for k, v in kw.items() if k in ("V", "side")}
+    d = tiny_draft(t, draft, seed,
+                   layerskip=lambda: ChameleonImageLM(truncated_hf(m, 1, "model.layers",
+                                                                   lambda c, n: setattr(c, "num_hidden_layers", n)), lay),
+                   small=lambda: ChameleonImageLM(tiny_chameleon(seed + 1, hidden=32, layers=1, heads=2,
+                                                                 **small_kw)[0].to(device, dtype), lay))
     return t, d, text
 
 

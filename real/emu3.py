@@ -136,21 +136,17 @@ def tiny_emu3(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, la
 def tiny_emu3_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=torch.float32, **kw):
     """(target, draft, text id range): draft ``layerskip`` (first layer), ``small`` (independent random
     1-layer, 32-wide LM over the same vocabulary) or ``eagle``."""
-    from .imagelm import eagle_for
+    from .imagelm import tiny_draft
 
     m, lay, text = tiny_emu3(seed, **kw)
     m = m.to(device, dtype)
     t = Emu3ImageLM(m, lay)
-    if draft == "layerskip":
-        d = Emu3ImageLM(truncated_hf(m, 1, "text_model.layers",
-                                     lambda c, n: setattr(c.text_config, "num_hidden_layers", n)), lay)
-    elif draft == "small":
-        dm, _, _ = tiny_emu3(seed + 1, hidden=32, layers=1, heads=2, **{k: v for k, v in kw.items() if k in ("V", "side")})
-        d = Emu3ImageLM(dm.to(device, dtype), lay)
-    elif draft == "eagle":
-        d = eagle_for(t, seed=seed + 1)
-    else:
-        raise ValueError(f"unknown draft kind {draft!r}; choose layerskip, small or eagle")
+    small_kw = {k: v for k, v in kw.items() if k in ("V", "side")}
+    d = tiny_draft(t, draft, seed,
+                   layerskip=lambda: Emu3ImageLM(truncated_hf(m, 1, "text_model.layers",
+                                                              lambda c, n: setattr(c.text_config, "num_hidden_layers", n)), lay),
+                   small=lambda: Emu3ImageLM(tiny_emu3(seed + 1, hidden=32, layers=1, heads=2,
+                                                       **small_kw)[0].to(device, dtype), lay))
     return t, d, text
 
 

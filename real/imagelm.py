@@ -481,6 +481,19 @@ def __getattr__(name):  # AdapterEagle is built lazily (real.eagle imports real.
     raise AttributeError(name)
 
 
+def tiny_draft(target: "ImageTokenLM", kind: str, seed: int, *, layerskip, small):
+    """The draft of a ``tiny_*_pair``: ``layerskip`` / ``small`` call the given builders (the target's
+    first layer; an independent random 1-layer model), ``eagle`` a fresh EAGLE-1 head on the target
+    (seed + 1)."""
+    if kind == "layerskip":
+        return layerskip()
+    if kind == "small":
+        return small()
+    if kind == "eagle":
+        return eagle_for(target, seed=seed + 1)
+    raise ValueError(f"unknown draft kind {kind!r}; choose layerskip, small or eagle")
+
+
 def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: float = 0.02):
     """A fresh EAGLE-1 drafter (``real.eagle`` layout) for an ``ImageTokenLM`` target: hidden size,
     heads and MLP width of the target's decoder, 2-D RoPE over the H x W grid (square images only),

@@ -119,21 +119,17 @@ def tiny_janus(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, l
 def tiny_janus_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=torch.float32, **kw):
     """(target, draft, text id range): draft ``layerskip`` (first LM layer), ``small`` (independent
     random Janus with a 1-layer, 32-wide LM; same codes and text ids) or ``eagle``."""
-    from .imagelm import eagle_for
+    from .imagelm import tiny_draft
 
     m, text = tiny_janus(seed, **kw)
     m = m.to(device, dtype)
     t = JanusImageLM(m)
-    if draft == "layerskip":
-        d = JanusImageLM(truncated_hf(m, 1, "language_model.layers",
-                                      lambda c, n: setattr(c.text_config, "num_hidden_layers", n)))
-    elif draft == "small":
-        dm, _ = tiny_janus(seed + 1, hidden=32, layers=1, heads=2, **{k: v for k, v in kw.items() if k in ("V", "side", "text_vocab")})
-        d = JanusImageLM(dm.to(device, dtype))
-    elif draft == "eagle":
-        d = eagle_for(t, seed=seed + 1)
-    else:
-        raise ValueError(f"unknown draft kind {draft!r}; choose layerskip, small or eagle")
+    small_kw = {k: v for k, v in kw.items() if k in ("V", "side", "text_vocab")}
+    d = tiny_draft(t, draft, seed,
+                   layerskip=lambda: JanusImageLM(truncated_hf(m, 1, "language_model.layers",
+                                                               lambda c, n: setattr(c.text_config, "num_hidden_layers", n))),
+                   small=lambda: JanusImageLM(tiny_janus(seed + 1, hidden=32, layers=1, heads=2,
+                                                         **small_kw)[0].to(device, dtype)))
     return t, d, text
 
 
