@@ -10,11 +10,9 @@ import inspect
 import itertools
 import json
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from scipy import stats
 
 pytest.importorskip("transformers")
 
@@ -27,6 +25,8 @@ from real.protocol import Prompt
 from real.sampling import Processing
 from theory import rules
 from theory.rules import Target, Vanilla, Verifier
+
+from test_real_engine import _chi2  # Pearson chi-square against an exact law, small cells pooled
 
 torch.set_num_threads(1)  # tiny models: threads only contend (see test_real_engine)
 
@@ -373,27 +373,6 @@ def _exact_law(model, cond, T, proc):
     return law
 
 
-def _chi2(counts, law, N):
-    """Pearson chi-square against the exact law, cells with expected count < 5 pooled; a sample in a
-    zero-probability cell gives p = 0."""
-    if any(law[s] == 0 and c > 0 for s, c in counts.items()):
-        return 0.0
-    obs, exp, po, pe = [], [], 0.0, 0.0
-    for s in sorted(law, key=law.get):
-        if law[s] == 0:
-            continue
-        if N * law[s] < 5:
-            po, pe = po + counts.get(s, 0), pe + N * law[s]
-        else:
-            obs.append(counts.get(s, 0))
-            exp.append(N * law[s])
-    if pe > 0:
-        obs.append(po)
-        exp.append(pe)
-    obs, exp = np.array(obs, float), np.array(exp, float)
-    return float(stats.chi2.sf(((obs - exp) ** 2 / exp).sum(), len(obs) - 1))
-
-
 def _counts(fn, N):
     c: dict = {}
     for _ in range(N):
@@ -416,11 +395,11 @@ def _law_check(family):
     law = _exact_law(t, cond, T, proc)
     assert abs(sum(law.values()) - 1) < 1e-5
     g = torch.Generator().manual_seed(1)
-    p_sd = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), L=L,
+    p_sd, _ = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), L=L,
                                                              processing=proc, generator=g).tokens, N), law, N)
     bad = Verifier(Vanilla(), Target(), "wrong-resampler")
     g = torch.Generator().manual_seed(3)
-    p_ctl = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=bad, L=L,
+    p_ctl, _ = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=bad, L=L,
                                                               processing=proc, generator=g).tokens, N), law, N)
     print(f"{family}: chi2 p speculative {p_sd:.3g}, wrong-resampler control {p_ctl:.3g}")
     assert p_sd > 1e-3

@@ -11,6 +11,7 @@ from scipy import stats as sst
 
 import bruteforce as bf
 import sim
+from test_sim import chisq_p  # Pearson chi-square of sampled sequences against an exact law
 from theory import chains, markov, rules
 
 Z_MAX = 4.0
@@ -84,20 +85,6 @@ def whole_sequence_law(P, Q, rule, L, s, T):
 
     go((), 1.0)
     return law
-
-
-def chisq_p(samples, law):
-    idx = np.ravel_multi_index(samples.T, law.shape)
-    counts = np.bincount(idx, minlength=law.size).astype(float)
-    p = law.ravel()
-    if counts[p <= 1e-15].sum():
-        return 0.0
-    e = counts.sum() * p
-    big = e >= 5
-    small = ~big & (p > 0)
-    obs = np.append(counts[big], counts[small].sum()) if small.any() else counts[big]
-    exp = np.append(e[big], e[small].sum()) if small.any() else e[big]
-    return float(sst.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
 
 
 def _case(V=5, seed=3):
