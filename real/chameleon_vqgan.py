@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .vq import AttnBlock, ResnetBlock, Upsample, group_norm  # the taming-transformers blocks, shared
+from .vq import AttnBlock, ResnetBlock, Upsample, code_grid, group_norm  # shared with LlamaGen's VQ
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_vqgan", "CHAMELEON_VQGAN",
            "split_vqgan_state"]
@@ -166,24 +166,12 @@ class ChameleonVQGAN(nn.Module):
 
     @torch.no_grad()
     def decode_code(self, codes: torch.Tensor, grid: tuple[int, int] | None = None, clamp: bool = True) -> torch.Tensor:
-        c = torch.as_tensor(codes, device=self.codebook.device).long()
-        if c.ndim == 3:
+        c = torch.as_tensor(codes)
+        if c.ndim == 3:                 # (B, h, w) grids
             grid = tuple(c.shape[1:])
             c = c.flatten(1)
-        if c.ndim == 1:
-            c = c[None]
-        B, n = c.shape
-        if grid is None:
-            h = int(round(n ** 0.5))
-            if h * h != n:
-                raise ValueError(f"{n} codes are not a square grid; pass grid=(h, w)")
-            grid = (h, h)
-        if grid[0] * grid[1] != n:
-            raise ValueError(f"grid {grid} does not hold {n} codes")
-        V = self.config.n_embed
-        if int(c.min()) < 0 or int(c.max()) >= V:
-            raise ValueError(f"codes must lie in [0, {V})")
-        z = self.codebook[c].view(B, grid[0], grid[1], -1).permute(0, 3, 1, 2)
+        c, grid = code_grid(c, grid, self.config.n_embed, self.codebook.device)
+        z = self.codebook[c].view(len(c), grid[0], grid[1], -1).permute(0, 3, 1, 2)
         x = self.decoder(self.post_quant_conv(z.to(self.post_quant_conv.weight.dtype)))
         return x.clamp(-1, 1) if clamp else x
 

@@ -52,6 +52,26 @@ def vq_config(name: str, **overrides) -> VQConfig:
     return replace(VQ_CONFIGS[name], **overrides)
 
 
+def code_grid(codes, grid: tuple[int, int] | None, V: int, device) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Checked codes (B, n) long on ``device`` (a 1-D row becomes B = 1) and their (h, w) grid (square
+    when not given); ValueError for a non-square n without a grid, a grid that does not hold n codes,
+    or codes outside [0, V)."""
+    codes = torch.as_tensor(codes, device=device).long()
+    if codes.ndim == 1:
+        codes = codes[None]
+    n = codes.shape[1]
+    if grid is None:
+        h = int(round(n ** 0.5))
+        if h * h != n:
+            raise ValueError(f"{n} codes are not a square grid; pass grid=(h, w)")
+        grid = (h, h)
+    if grid[0] * grid[1] != n:
+        raise ValueError(f"grid {grid} does not hold {n} codes")
+    if int(codes.min()) < 0 or int(codes.max()) >= V:
+        raise ValueError(f"codes must lie in [0, {V})")
+    return codes, tuple(grid)
+
+
 def group_norm(c: int) -> nn.GroupNorm:
     """GroupNorm(32 groups, eps 1e-6) of the taming-transformers blocks."""
     return nn.GroupNorm(32, c, eps=1e-6, affine=True)
@@ -231,21 +251,8 @@ class VQModel(nn.Module):
     @torch.no_grad()
     def decode_code(self, codes: torch.Tensor, grid: tuple[int, int] | None = None, clamp: bool = True) -> torch.Tensor:
         """codes (B, h*w) ints -> images (B, 3, h*f, w*f) in [-1, 1] (clamped unless ``clamp=False``)."""
-        codes = torch.as_tensor(codes, device=self.post_quant_conv.weight.device).long()
-        if codes.ndim == 1:
-            codes = codes[None]
-        B, n = codes.shape
-        if grid is None:
-            h = int(round(n ** 0.5))
-            if h * h != n:
-                raise ValueError(f"{n} codes are not a square grid; pass grid=(h, w)")
-            grid = (h, h)
-        if grid[0] * grid[1] != n:
-            raise ValueError(f"grid {grid} does not hold {n} codes")
-        V = self.config.codebook_size
-        if int(codes.min()) < 0 or int(codes.max()) >= V:
-            raise ValueError(f"codes must lie in [0, {V})")
-        z = self.quantize.codebook()[codes].reshape(B, grid[0], grid[1], -1).permute(0, 3, 1, 2)
+        codes, grid = code_grid(codes, grid, self.config.codebook_size, self.post_quant_conv.weight.device)
+        z = self.quantize.codebook()[codes].reshape(len(codes), grid[0], grid[1], -1).permute(0, 3, 1, 2)
         x = self.decoder(self.post_quant_conv(z.to(self.post_quant_conv.weight.dtype)))
         return x.clamp(-1, 1) if clamp else x
 

@@ -154,6 +154,22 @@ def test_mismatched_checkpoint_names_keys_and_shapes(target):
 
 # --------------------------------------------------------------------------- VQ
 
+def test_decode_code_rejects_bad_codes_and_grids():
+    """Both VQ decoders (LlamaGen's, Chameleon's VQGAN) share the code/grid checks: each bad input is named."""
+    from real.chameleon_vqgan import ChameleonVQGAN, VQGANConfig
+
+    vqgan = ChameleonVQGAN(VQGANConfig(n_embed=64, embed_dim=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=32,
+                                       resolution=8)).random_init(0)
+    for m, V in ((VQModel(vq_config("tiny")).random_init(0), vq_config("tiny").codebook_size), (vqgan, 64)):
+        with pytest.raises(ValueError, match="5 codes are not a square grid"):
+            m.decode_code(torch.zeros(5, dtype=torch.long))
+        with pytest.raises(ValueError, match=r"grid \(3, 3\) does not hold 4 codes"):
+            m.decode_code(torch.zeros(1, 4, dtype=torch.long), grid=(3, 3))
+        with pytest.raises(ValueError, match=rf"codes must lie in \[0, {V}\)"):
+            m.decode_code(torch.full((1, 4), V))
+        assert m.decode_code(torch.zeros(2, 4, dtype=torch.long), grid=(1, 4)).shape[:2] == (2, 3)
+
+
 def test_vq_layout_round_trip_and_decode(tmp_path):
     c = vq_config("tiny", codebook_show_usage=True)
     vq = VQModel(c).random_init(0)
