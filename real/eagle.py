@@ -24,13 +24,15 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .llamagen import RMSNorm, apply_rope, rope_table_2d
-from .protocol import ModelOutput, block_mask
+from .kvcache import KVCache, common_len
+from .protocol import ModelOutput
 
 __all__ = ["EagleConfig", "EagleDrafter", "load_lantern_drafter", "save_lantern_drafter", "eagle_pairs",
            "record_features", "train_eagle"]
@@ -89,22 +91,18 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=False)
         self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
-        self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, x, rot, start: int | None, mask):
+    def forward(self, x, rot, mask, cache: KVCache | None = None, i: int = 0):
         B, S, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, S, self.nh, self.hd), rot).transpose(1, 2)
         k = apply_rope(self.k_proj(x).view(B, S, self.nkv, self.hd), rot).transpose(1, 2)
         v = self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
-        if start is not None:                     # inference with the static cache
-            kc, vc = self.cache
-            kc[:, :, start:start + S] = k
-            vc[:, :, start:start + S] = v
-            k, v = kc[:, :, :start + S], vc[:, :, :start + S]
+        if cache is not None:                     # inference with the static cache
+            k, v = cache.update(i, k, v)
         if self.nkv != self.nh:
             k = k.repeat_interleave(self.nh // self.nkv, 1)
             v = v.repeat_interleave(self.nh // self.nkv, 1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start is None)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cache is None)
         return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
 
 
@@ -128,9 +126,9 @@ class _Layer(nn.Module):
             self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, rot, start, mask):
+    def forward(self, x, rot, mask, cache=None, i=0):
         h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        x = x + self.self_attn(h, rot, start, mask)
+        x = x + self.self_attn(h, rot, mask, cache, i)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -141,6 +139,7 @@ class EagleDrafter(nn.Module):
     frozen); ``head_index`` (V,) optionally maps image tokens 0..V-1 to the ids of a larger LM
     vocabulary (rows of the head and of ``embed_tokens``), as ``real.hf.HFCausalLM(image_token_ids=...)``."""
     needs_features = True
+    batched = True
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
         super().__init__()
@@ -153,8 +152,7 @@ class EagleDrafter(nn.Module):
         self.layers = nn.ModuleList(_Layer(c, i) for i in range(c.num_hidden_layers))
         self._head = (head,)
         self._head_index = head_index
-        self._len = 0
-        self._block_start = 0
+        self.cache: KVCache | None = None
         self._zero_rows = -1
         self.rope = None
 
@@ -195,7 +193,12 @@ class EagleDrafter(nn.Module):
 
     @property
     def cache_len(self) -> int:
-        return self._len
+        return common_len(self.cache_lens)
+
+    @property
+    def cache_lens(self) -> np.ndarray:
+        """(rows,) int64 pairs in each row's cache (a copy)."""
+        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits over the image vocabulary from drafter features (target head, frozen)."""
@@ -211,69 +214,68 @@ class EagleDrafter(nn.Module):
             self._zero_rows = zero_rows
         return self.rope
 
+    def cache_bytes(self, rows: int, prefix_len: int = 120) -> int:
+        """Memory of the KV cache ``start`` allocates for ``rows`` rows (prefix_len: an upper bound)."""
+        c = self.config
+        n = prefix_len - 1 + c.block_size + self.extra_slots
+        return 2 * c.num_hidden_layers * rows * c.kv_heads * n * c.head_dim * self.fc.weight.element_size()
+
     # ---------------------------------------------------------------- inference (protocol)
     def start(self, prefix_len: int, batch: int) -> None:
-        """Reset for a new image whose target prefix has ``prefix_len`` positions, batch 1 or 2 (CFG)."""
+        """Reset for new images whose target prefix has ``prefix_len`` positions; ``batch`` rows (one per
+        image, two with CFG)."""
         if prefix_len < 1:
             raise ValueError(f"prefix_len must be >= 1, got {prefix_len}")
         c = self.config
         n = prefix_len - 1 + c.block_size + self.extra_slots
-        for layer in self.layers:
-            att = layer.self_attn
-            if att.cache is None or att.cache[0].shape[0] != batch or att.cache[0].shape[2] < n \
-                    or att.cache[0].dtype != self.dtype or att.cache[0].device != self.device:
-                shape = (batch, c.kv_heads, n, c.head_dim)
-                att.cache = (torch.zeros(shape, dtype=self.dtype, device=self.device),
-                             torch.zeros(shape, dtype=self.dtype, device=self.device))
+        if self.cache is None or not self.cache.fits(c.num_hidden_layers, batch, n, self.dtype, self.device):
+            self.cache = KVCache(c.num_hidden_layers, batch, c.kv_heads, n, c.head_dim, dtype=self.dtype,
+                                 device=self.device)
+        self.cache.reset()
         self._rope(prefix_len - 1)
-        self._len = self._block_start = 0
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, *, features: torch.Tensor, position_ids: torch.Tensor | None = None,
+    def forward(self, tokens: torch.Tensor, *, features: torch.Tensor, position_ids=None,
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = True) -> ModelOutput:
-        """Pairs (tokens (B, S), features (B, S, D)) appended on the cache -> logits (B, S, V), own
-        features (B, S, D). ``position_ids``/``attn_mask`` as in ``real.protocol`` (drafter positions)."""
-        if self.rope is None or self.layers[0].self_attn.cache is None:
+        """Pairs (tokens (R, S), features (R, S, D)) appended on every row's cache -> logits (R, S, V), own
+        features (R, S, D). ``position_ids`` (S,) or (R, S) (default: each row's length + arange(S)) and
+        ``attn_mask`` as in ``real.protocol`` (drafter positions)."""
+        if self.rope is None or self.cache is None:
             raise ValueError("EagleDrafter.forward before start(prefix_len, batch)")
         B, S = tokens.shape
+        if B != self.cache.rows:
+            raise ValueError(f"tokens must have {self.cache.rows} rows (as started), got {B}")
         if tuple(features.shape[:2]) != (B, S) or features.shape[-1] != self.config.hidden_size:
             raise ValueError(f"features must be ({B}, {S}, {self.config.hidden_size}), got {tuple(features.shape)}")
-        if self._len + S > self.layers[0].self_attn.cache[0].shape[2]:
-            raise ValueError("EagleDrafter KV cache full")
         if position_ids is None:
-            pos, max_pos = self._len + torch.arange(S, device=self.device), self._len + S - 1
-        else:
-            pos = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1)
-            max_pos = int(pos.max())
-        if max_pos >= self.rope.shape[0]:
-            raise ValueError(f"drafter position {max_pos} beyond its RoPE table ({self.rope.shape[0]})")
-        m = block_mask(S, self._len, attn_mask, self.device)
-        h = self._trunk(tokens, features, self.rope[pos], self._len, None if m is None else m[None, None])
-        self._block_start, self._len = self._len, self._len + S
+            position_ids = self.cache.lens[:, None] + np.arange(S)
+        pos = torch.as_tensor(position_ids, dtype=torch.long)
+        if isinstance(position_ids, np.ndarray) and int(pos.max()) >= self.rope.shape[0]:
+            raise ValueError(f"drafter position {int(pos.max())} beyond its RoPE table ({self.rope.shape[0]})")
+        mask = self.cache.begin(S, attn_mask)
+        h = self._trunk(tokens, features, self.rope[pos.to(self.device)], mask, self.cache)
+        self.cache.commit()
         return ModelOutput(self.head(h), h)
 
-    def rollback(self, n: int) -> None:
-        n = int(n)
-        if n < 0 or n > self._len:
-            raise ValueError(f"rollback({n}) with {self._len} cached entries")
-        self._len -= n
-        self._block_start = min(self._block_start, self._len)
+    def rollback(self, n) -> None:
+        """Drop the last n pairs of every row (int, or (rows,) one count per row)."""
+        self._need_cache().rollback(n)
 
-    def keep(self, indices: torch.Tensor) -> None:
-        s = self._block_start
-        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
-        for layer in self.layers:
-            for t in layer.self_attn.cache:
-                t[:, :, s:s + idx.numel()] = t[:, :, s + idx].clone()
-        self._len = s + idx.numel()
+    def keep(self, indices, counts=None) -> None:
+        self._need_cache().keep(indices, counts)
 
-    def _trunk(self, tokens, features, rot, start, mask):
+    def _need_cache(self) -> KVCache:
+        if self.cache is None:
+            raise ValueError("EagleDrafter has no cache yet: call start(prefix_len, batch) first")
+        return self.cache
+
+    def _trunk(self, tokens, features, rot, mask, cache=None):
         if self._head_index is not None:
             tokens = self._head_index.to(tokens.device)[tokens]
         e = self.embed_tokens(tokens).to(features.dtype)
         h = self.fc(torch.cat([e, features.to(self.dtype)], dim=-1))
-        for layer in self.layers:
-            h = layer(h, rot, start, mask)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rot, mask, cache, i)
         return h
 
     # ---------------------------------------------------------------- training
@@ -283,7 +285,7 @@ class EagleDrafter(nn.Module):
         rope = self._rope(prefix_len - 1)
         if N > rope.shape[0]:
             raise ValueError(f"{N} pairs exceed the drafter's RoPE table ({rope.shape[0]})")
-        return self._trunk(tokens, features, rope[:N], None, None)
+        return self._trunk(tokens, features, rope[:N], None)
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -1,34 +1,19 @@
-"""Speculative and plain autoregressive generation of one image through ``real.protocol`` models.
+"""Plain autoregressive and speculative generation of a batch of images through ``real.protocol`` models.
 
-One round (THEORY section 1), with n of the T image tokens generated:
-  L' = min(L, T - n - 1) drafts x~_1..x~_L' sampled from the processed draft rows q_i;
-  one target forward over [last committed token; x~_1..x~_L'] gives the processed rows p_1..p_{L'+1};
-  ``theory.verify.verify_chain`` (the shared rules, on torch tensors) returns tau and the next token;
-  both KV caches are rolled back to the accepted prefix. L' = 0 is a single target step.
-The first round's target forward is the prefill itself ([condition prefix; drafts] in one call), so
-target forwards == rounds. Feature drafters (EAGLE) cannot draft the first token: their first round is
-the prefill alone (L' = 0), then the convention above applies.
-
-Static-tree rounds (``tree_generate``, docs/theory.md section 9; EAGLE-1 / LANTERN++ setting), n tokens
-generated, the root being the last committed token x_{n-1} (not yet in the target's cache):
-  the tree is truncated to depth D' = min(D, T - n - 1) (nodes deeper than T - n - 1 are dropped, so a
-  round never produces more than the T - n tokens left; D' = 0 is a single target step);
-  drafting goes level by level: one draft forward over the committed tokens not yet fed (ending with
-  the root) gives the root's row q_0, then one forward per depth d = 1..D'-1 over that level's inner
-  nodes (tree mask over the tree entries already in the draft's cache, positions root + d); each
-  node's children are the first m tokens of a draw without replacement from its processed row
-  (``theory.tree.draft_without_replacement``, Gumbel noise from the seeded generator);
-  one target forward over [root; nodes 1..N'] with the tree attention mask and positions root + depth
-  gives the rows p (N'+1, V); ``theory.tree.verify_tree`` returns the accepted path and the next token;
-  the target's cache is compacted to [root; accepted path] with ``keep``; the draft's tree entries are
-  rolled back and the accepted path is re-fed in the next round's first draft forward (with the
-  target's hidden states for EAGLE drafters, as EAGLE-1 does; no extra forward for independent drafts).
-The first round (n = 0) is the prefill alone for every drafter (the prefix cannot carry a tree mask
-through ``prefill``), so target forwards == rounds here too.
+``generate`` is the one loop: it splits the images into batches, runs round 0 (the target's prefill
+alone, ``real.steps.prefill_step``) and then one step function per round until every image has its T
+tokens -- ``ar_step`` (plain AR), ``chain_step`` (chain drafts of length L, docs/theory.md section 1)
+or ``tree_step`` (static draft tree, section 9) -- and turns the steps into per-image records. The rules
+of a round and the ragged-batch conventions are in ``real.steps``; every image follows the law of the
+batch-1 round whatever the batch (rows that drafted past their own L' are cut by ``n_drafted`` /
+``max_depth`` in the shared verifiers), so greedy output is the same for every batch size.
 
 Uniforms come from one seeded ``torch.Generator`` on the model device (draft sampling, acceptance and
-the final draw), so runs are reproducible. Probabilities are float32 (or float64) whatever the model
-dtype. Greedy decoding = temperature 0 (one-hot rows) with ``theory.rules.greedy()``.
+the final draw), so runs are reproducible for a given (seed, batch size). Probabilities are float32
+(or float64) whatever the model dtype. Greedy decoding = temperature 0 (one-hot rows) with
+``theory.rules.greedy()``; greedy static trees draft each node's top-m tokens (as EAGLE does).
+
+``speculative_generate``, ``tree_generate`` and ``ar_generate`` generate one image (batch 1).
 """
 from __future__ import annotations
 
@@ -39,14 +24,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from theory.tree import Tree, draft_without_replacement, verify_tree
-from theory.verify import verify_chain
+from theory.tree import Tree
 
-from .protocol import check_pair
-from .sampling import Processing, sample
+from .protocol import OneRow, as_conds, check_pair
+from .sampling import Processing
+from .steps import Run, Step, ar_step, chain_step, prefill_step, sync, tree_step, truncate_tree
 
-__all__ = ["RoundRecord", "Generation", "speculative_generate", "tree_generate", "ar_generate", "summarize",
-           "records_to_arrays", "truncate_tree"]
+__all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
+           "summarize", "records_to_arrays", "truncate_tree", "default_batch_size", "MAX_BATCH"]
+
+MAX_BATCH = 64          # default images per batch (``generate(batch_size=None)``), lowered to fit memory
 
 
 @dataclass
@@ -84,426 +71,217 @@ class Generation:
         return summarize([self])
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _rows(out_logits: torch.Tensor, k: int, proc: Processing) -> torch.Tensor:
-    """Processed rows of the last k positions: logits (B, S, V) -> (k, V)."""
-    return proc(out_logits[:, -k:])
-
-
-def _check_rows(p: torch.Tensor, name: str) -> None:
-    if not bool(torch.isfinite(p).all()):
-        raise ValueError(f"non-finite {name} probabilities (NaN/inf logits from the model?)")
-
-
 def _device_of(model) -> torch.device:
     d = getattr(model, "device", None)
     return torch.device(d) if d is not None else torch.device("cpu")
 
 
-def _start(model, num_tokens: int, seed: int, generator: torch.Generator | None):
-    """(T, device, generator) of a generation: T = num_tokens checked >= 1; the caller's generator, else
-    one on the model's device seeded with ``seed``."""
+def _available_bytes(device: torch.device) -> int:
+    """Free memory on the device (CUDA: free GPU memory; CPU: available RAM)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):   # not Linux: assume the cap alone applies
+        return 1 << 62
+
+
+def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int:
+    """Estimated memory of a batch: both KV caches (``cache_bytes``, where the model reports it) and the
+    per-round probability rows (a few (rows, 64, V) float32 arrays)."""
+    R = images * rows_per_image
+    caches = sum(int(m.cache_bytes(R)) for m in (target, draft) if m is not None and hasattr(m, "cache_bytes"))
+    return caches + 8 * R * 64 * V * 4
+
+
+def default_batch_size(target, draft, n_images: int, processing: Processing = Processing()) -> int:
+    """Images per batch when none is asked: all of them, at most ``MAX_BATCH``, and at most what half of
+    the device's free memory holds (``_batch_bytes``)."""
+    dev, V = _device_of(target), int(target.vocab_size)
+    per = max(1, _batch_bytes(target, draft, 1, processing.batch, V))
+    return int(max(1, min(n_images, MAX_BATCH, _available_bytes(dev) // 2 // per)))
+
+
+def _check_batch(target, draft, n_images: int, batch_size, processing: Processing) -> int:
+    if batch_size is None:
+        bs = default_batch_size(target, draft, n_images, processing)
+    else:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        bs = int(batch_size)
+        if bs < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bs}")
+        if bs > n_images:
+            raise ValueError(f"batch_size {bs} is larger than the {n_images} images asked")
+    for m in (target, draft):
+        if m is not None and bs > 1 and not getattr(m, "batched", False):
+            raise ValueError(f"{type(m).__name__} generates one image at a time (its cache has no per-row lengths): "
+                             f"use batch size 1, got {bs}")
+    need = _batch_bytes(target, draft, bs, processing.batch, int(target.vocab_size))
+    free = _available_bytes(_device_of(target))
+    if need > free:
+        raise ValueError(f"a batch of {bs} images needs about {need / 2**30:.2f} GiB (KV caches and rows), "
+                         f"{free / 2**30:.2f} GiB is free: lower the batch size")
+    return bs
+
+
+def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | None = None, tree: Tree | None = None,
+             processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
+             generator: torch.Generator | None = None, record_rows: bool = False,
+             progress: bool | None = False) -> list[Generation]:
+    """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
+    condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one
+    ``Generation`` per image, in order.
+
+    Modes: ``draft=None``: plain AR sampling (the baseline; ``verifier`` unused); ``tree`` (a
+    ``theory.tree.Tree``): static-tree drafting; else chain drafting of ``L`` tokens per round.
+    ``target``: an ``ARModel``; ``draft``: an ``ARModel`` (independent small model, prefilled with the same
+    conditions) or a ``FeatureDrafter`` (EAGLE). ``verifier``: a ``theory.rules.Verifier``; ``processing``
+    is applied identically to draft and target logits. A model without per-row cache lengths
+    (``batched`` false: the transformers adapters) runs at batch size 1.
+
+    Records: per image, one ``RoundRecord`` per round it took part in (chain: drafted L'; tree: nodes,
+    depth, accepted nodes), the batch's wall times shared equally among its unfinished images, and with
+    ``record_rows`` the processed rows along the round (``theory.recorded`` predictions use them)."""
+    from tqdm import tqdm
+
+    conds = as_conds(conds)
     T = int(num_tokens)
     if T < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    dev = _device_of(model)
-    return T, dev, generator or torch.Generator(device=dev).manual_seed(seed)
+    if draft is not None:
+        check_pair(target, draft)
+        if tree is not None and L is not None:
+            raise ValueError("give a chain length L or a tree, not both (the tree sets the depth)")
+        if tree is None and L is None:
+            raise ValueError("speculative decoding needs a draft length L (or a tree)")
+        if verifier is None:
+            raise ValueError("speculative decoding needs a verifier (theory.rules); plain AR: draft=None")
+        if tree is not None:
+            if not isinstance(tree, Tree):
+                raise ValueError(f"tree must be a theory.tree.Tree, got {type(tree).__name__}")
+            if tree.children.shape[1] > int(target.vocab_size):
+                raise ValueError(f"the tree has a node with {tree.children.shape[1]} candidates but V = {target.vocab_size}")
+        elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
+            raise ValueError(f"L must be >= 1 (an int: drafts per round), got {L!r}")
+    bs = _check_batch(target, draft, len(conds), batch_size, processing)
+    target, draft = (m if m is None or getattr(m, "batched", False) else OneRow(m) for m in (target, draft))
+    dev = _device_of(target)
+    gen = generator or torch.Generator(device=dev).manual_seed(seed)
+    bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None,
+               desc="AR decode" if draft is None else "tree decode" if tree is not None else "spec decode", leave=False)
+    gens: list[Generation] = []
+    for a in range(0, len(conds), bs):   # a loop over batches
+        gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, gen, record_rows, bar)
+    bar.close()
+    return gens
+
+
+def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, gen, record, bar) -> list[Generation]:
+    B = len(conds)
+    dev = _device_of(target)
+    slack = 2 + (tree.depth if tree is not None else (L or 0))
+    run = Run(target, draft, proc, gen, dev, T, np.zeros(B, np.int64),
+              torch.zeros((B, T + slack), dtype=torch.long, device=dev),
+              feat=bool(getattr(draft, "needs_features", False)))
+    sync(dev)
+    t_start = time.perf_counter()
+    if draft is not None and tree is None and not run.feat:     # an independent draft drafts from round 0
+        first = chain_step(run, L, verifier, record, conds)
+    else:
+        first = prefill_step(run, conds, record)
+    steps, actives = [first], [np.ones(B, bool)]
+    bar.update(int(run.n.sum()))
+    while run.active.any():
+        act, n0 = run.active, run.n.copy()
+        if draft is None:
+            st = ar_step(run, record)
+        elif tree is not None:
+            st = tree_step(run, tree, verifier, record)
+        else:
+            st = chain_step(run, L, verifier, record)
+        steps.append(st)
+        actives.append(act)
+        bar.update(int((run.n - n0).sum()))
+    sync(dev)
+    seconds = time.perf_counter() - t_start
+    tokens = run.out[:, :T].cpu()
+    info = {"method": "ar" if draft is None else getattr(verifier, "name", "custom"), **proc.params(),
+            "batch_size": B, "batch_seconds": seconds}
+    if draft is not None:
+        info.update({"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
+    recs = _records(steps, actives, tree, record, first_root=draft is not None and tree is not None)
+    return [Generation(tokens[b], recs[b], seconds / B, len(recs[b]),
+                       sum(s.draft_forwards for s, a in zip(steps, actives) if a[b]), dict(info)) for b in range(B)]
+
+
+def _records(steps: list[Step], actives: list[np.ndarray], tree: Tree | None, record: bool,
+             first_root: bool) -> list[list[RoundRecord]]:
+    """Per-image RoundRecords from the batch's steps (a loop over rounds and images, once per batch)."""
+    B = actives[0].shape[0]
+    nodes_at = None if tree is None else np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")
+    host = [(s.p.float().cpu().numpy() if s.p is not None else None,
+             s.q.float().cpu().numpy() if s.q is not None else None,
+             s.drafts.cpu().numpy() if s.drafts is not None else None) for s in steps] if record else None
+    out: list[list[RoundRecord]] = [[] for _ in range(B)]
+    for k, (s, act) in enumerate(zip(steps, actives)):
+        share = 1.0 / max(1, int(act.sum()))
+        for b in np.flatnonzero(act):
+            tau = int(s.accepted[b])
+            if s.depth is not None:             # a tree round
+                D = int(s.depth[b])
+                rec = RoundRecord(int(nodes_at[D]), tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
+                                  depth=D, nodes=tuple(int(x) for x in s.nodes[b, :tau]))
+            else:
+                ell = int(s.drafted[b])
+                rec = RoundRecord(ell, tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
+                                  depth=0 if tree is not None else None, nodes=() if tree is not None else None)
+            if record:
+                p, q, d = host[k]
+                if s.depth is not None:
+                    m = int(nodes_at[int(s.depth[b])]) + 1
+                    rec.p, rec.q, rec.drafts = p[b, :m], q[b, :m], d[b, :m]
+                else:
+                    ell = rec.drafted
+                    rec.p = p[b, :ell + 1]
+                    rec.q = q[b, :ell] if q is not None else p[b, :0]
+                    if tree is not None:        # a single target step of a tree run: the root (-1 at round 0)
+                        rec.drafts = d[b, :1] if d is not None else np.full(1, -1, dtype=np.int64)
+                    else:
+                        rec.drafts = d[b, :ell] if d is not None else np.zeros(0, dtype=np.int64)
+            out[b].append(rec)
+    return out
 
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, L: int | None = None,
                          tree: Tree | None = None, processing: Processing = Processing(), seed: int = 0,
                          generator: torch.Generator | None = None, record_rows: bool = False,
                          progress: bool | None = False) -> Generation:
-    """Generate ``num_tokens`` image tokens with speculative decoding (chain drafts of length L, or the
-    static draft ``tree``: then this is ``tree_generate``).
-
-    ``target`` follows ``real.protocol.ARModel``; ``draft`` an ``ARModel`` (independent small model,
-    prefilled with the same condition) or a ``FeatureDrafter`` (EAGLE). ``verifier`` is a
-    ``theory.rules.Verifier``; ``processing`` is applied identically to draft and target logits.
-    Returns tokens (T,), per-round records and counts."""
-    from tqdm import tqdm
-
-    if tree is not None:
-        if L is not None:
-            raise ValueError("give a chain length L or a tree, not both (the tree sets the depth)")
-        return tree_generate(target, draft, cond, num_tokens=num_tokens, verifier=verifier, tree=tree,
-                             processing=processing, seed=seed, generator=generator, record_rows=record_rows,
-                             progress=progress)
-    if L is None:
-        raise ValueError("speculative_generate needs a draft length L (or a tree)")
-    check_pair(target, draft)
-    T, dev, gen = _start(target, num_tokens, seed, generator)
-    if L < 1:
-        raise ValueError(f"draft length L must be >= 1, got {L}")
-    proc = processing
-    B = proc.batch
-    feat = bool(getattr(draft, "needs_features", False))
-
-    out: list[torch.Tensor] = []
-    records: list[RoundRecord] = []
-    t_pending: torch.Tensor | None = None       # last committed token, not yet fed to the target
-    d_tok: list[torch.Tensor] = []               # committed tokens not yet fed to the draft
-    d_feat: list[torch.Tensor] = []              # (B, k, D) target features paired with d_tok (EAGLE)
-    n_target = n_draft = 0
-    bar = tqdm(total=T, disable=not progress if progress is not None else None, desc="spec decode", leave=False)
-    _sync(dev)
-    t_start = time.perf_counter()
-    n = 0
-    while n < T:
-        Lr = 0 if (feat and n == 0) else min(L, T - n - 1)
-        # ------------------------------------------------------------------ draft
-        t0 = time.perf_counter()
-        drafts: list[torch.Tensor] = []
-        qrows: list[torch.Tensor] = []
-        if Lr > 0:
-            if feat:
-                o = draft.forward(torch.stack(d_tok).view(1, -1).expand(B, -1), features=torch.cat(d_feat, 1))
-            elif n == 0:
-                o = draft.prefill(cond, cfg=proc.cfg)
-            else:
-                o = draft.forward(torch.stack(d_tok).view(1, -1).expand(B, -1))
-            n_draft += 1
-            d_tok, d_feat = [], []
-            for i in range(Lr):
-                q = proc(o.logits[:, -1])
-                x = sample(q, gen)
-                drafts.append(x)
-                qrows.append(q)
-                if i < Lr - 1:
-                    xb = x.view(1, 1).expand(B, 1)
-                    o = draft.forward(xb, features=o.hidden[:, -1:]) if feat else draft.forward(xb)
-                    n_draft += 1
-        _sync(dev)
-        t1 = time.perf_counter()
-        # ------------------------------------------------------------------ target
-        block = torch.stack(drafts).view(1, -1).expand(B, -1) if drafts else None
-        if n == 0:
-            o_t = target.prefill(cond, block, cfg=proc.cfg, return_hidden=feat)
-        else:
-            inp = t_pending.view(1, 1).expand(B, 1)
-            o_t = target.forward(inp if block is None else torch.cat([inp, block], 1), return_hidden=feat)
-        n_target += 1
-        p = _rows(o_t.logits, Lr + 1, proc)                     # (L'+1, V)
-        _sync(dev)
-        t2 = time.perf_counter()
-        # ------------------------------------------------------------------ verify
-        if Lr == 0:
-            _check_rows(p, "target")
-            nxt = sample(p[0], gen)
-            tau = 0
-        else:
-            q = torch.stack(qrows)
-            if not bool(torch.isfinite(p).all() & torch.isfinite(q).all()):   # one sync for both
-                _check_rows(p, "target")
-                _check_rows(q, "draft")
-            tok = torch.stack(drafts)
-            u_acc = torch.rand(Lr, generator=gen, device=dev, dtype=p.dtype)
-            u_smp = torch.rand((), generator=gen, device=dev, dtype=p.dtype)
-            # a leading batch dim of 1: rules index rows with (...,)-shaped tokens (LANTERN's resampler
-            # gathers neighbour rows of the rejected token, which needs at least a 1-d index on torch)
-            verdict = verify_chain(p[None], q[None], tok[None], u_acc[None], u_smp[None], verifier)
-            tau = int(verdict.accepted[0])
-            nxt = verdict.next_token[0]
-        _sync(dev)
-        t3 = time.perf_counter()
-        # ------------------------------------------------------------------ commit + rollback
-        new = drafts[:tau] + [nxt]
-        out.extend(new)
-        if Lr - tau:
-            target.rollback(Lr - tau)
-        if feat:
-            hid = o_t.hidden[:, -(Lr + 1):]
-            if n == 0:                                  # pairs over the prefix: (id 0, h_p), then (x_0, h_{P-1})
-                P = o_t.hidden.shape[1]
-                draft.start(P, B)
-                zeros = [torch.zeros((), dtype=torch.long, device=dev)] * (P - 1)
-                d_tok, d_feat = zeros + new, [o_t.hidden]
-            else:
-                if Lr > 1:
-                    draft.rollback(Lr - 1)              # the drafter's own (draft, predicted feature) pairs
-                d_tok = d_tok + new
-                d_feat = d_feat + [hid[:, :tau + 1]]
-        elif Lr > 0:
-            if tau <= Lr - 1:
-                if Lr - 1 - tau:
-                    draft.rollback(Lr - 1 - tau)
-                d_tok = [nxt]
-            else:                                        # all accepted: the last draft was never fed
-                d_tok = [drafts[-1], nxt]
-        else:
-            d_tok = d_tok + [nxt]
-        t_pending = nxt
-        rec = RoundRecord(Lr, tau, t1 - t0, t2 - t1, t3 - t2)
-        if record_rows:
-            rec.p = p.float().cpu().numpy()
-            rec.q = (torch.stack(qrows) if qrows else p[:0]).float().cpu().numpy()
-            rec.drafts = (torch.stack(drafts) if drafts else torch.zeros(0, dtype=torch.long)).cpu().numpy()
-        records.append(rec)
-        n += tau + 1
-        bar.update(tau + 1)
-    bar.close()
-    _sync(dev)
-    seconds = time.perf_counter() - t_start
-    tokens = torch.stack(out).reshape(-1).cpu()
-    return Generation(tokens, records, seconds, n_target, n_draft,
-                      {"method": getattr(verifier, "name", "custom"), "L": L, **proc.params()})
-
-
-# ----------------------------------------------------------------------------- static trees
-
-def truncate_tree(tree: Tree, depth: int) -> Tree | None:
-    """The tree without its nodes deeper than ``depth`` (None when depth < 1): still a valid tree,
-    since a node's parent and lower-ranked siblings are never deeper than the node."""
-    if depth < 1:
-        return None
-    if depth >= tree.depth:
-        return tree
-    return Tree(tuple(p for p in tree.paths if len(p) <= depth))
-
-
-@dataclass
-class _Level:
-    """Drafting step d of a tree: the inner nodes at depth d (``parents``, whose rows are computed at this
-    step) and their children. Tensors on the model device."""
-    parents: torch.Tensor       # (k,) nodes at depth d with children, in node order
-    parent_of: torch.Tensor     # (k,) their parents (feature rows for EAGLE drafters)
-    kids: torch.Tensor          # (m,) child nodes, row-major over (parent, rank)
-    draw: torch.Tensor          # (m,) their entries in the flattened (k, K) draws (K = most children here)
-    K: int
-    mask: torch.Tensor | None   # (k, F + k) bool over the F tree entries already in the draft cache + the block
-    offset: int                 # d: position of the level relative to the root
-
-
-@dataclass
-class _TreePlan:
-    tree: Tree
-    levels: list
-    mask: torch.Tensor          # (N+1, N+1) bool tree attention (target)
-    depth: torch.Tensor         # (N+1,) node depths (target positions = root position + depth)
-    n_fed: int                  # draft cache entries written by levels 1..D-1 (rolled back after the round)
-
-
-def _tree_plan(tree: Tree, device) -> _TreePlan:
-    ch, dep, par_of = tree.children, tree.node_depth, tree.parent
-    inner = (ch >= 0).any(1)
-    levels, fed = [], []
-    for d in range(tree.depth):  # a loop over tree levels (at most D), at plan time only
-        par = np.flatnonzero((dep == d) & inner)
-        valid = ch[par] >= 0
-        K = int(valid.sum(1).max())
-        valid = valid[:, :K]
-        mask = None if d == 0 else torch.as_tensor(tree.attention_mask[np.ix_(par, fed + list(par))], device=device)
-        levels.append(_Level(torch.as_tensor(par, device=device), torch.as_tensor(np.maximum(par_of[par], 0), device=device),
-                             torch.as_tensor(ch[par, :K][valid], device=device),
-                             torch.as_tensor(np.flatnonzero(valid), device=device), K, mask, d))
-        if d > 0:
-            fed += list(par)
-    return _TreePlan(tree, levels, torch.as_tensor(tree.attention_mask, device=device),
-                     torch.as_tensor(dep, device=device), len(fed))
-
-
-def _gumbel(shape, gen: torch.Generator, device) -> torch.Tensor:
-    """Gumbel(0, 1) noise -log(-log U) from float64 uniforms (U = 0, probability 2^-53, gives -inf: that
-    token is simply drawn last, no NaN)."""
-    u = torch.rand(shape, generator=gen, device=device, dtype=torch.float64)
-    return -torch.log(-torch.log(u))
-
-
-def _draft_tree(draft, plan: _TreePlan, o0, root: torch.Tensor, proc: Processing, gen, feat: bool):
-    """Draft the tree level by level. ``o0``: the draft output whose last row follows the root.
-    Returns node tokens (N+1,) (root at 0), draft rows q (N+1, V) (uniform at leaves: unused by the
-    verifier), draft forwards done."""
-    dev = root.device
-    N, V = plan.tree.n_nodes, o0.logits.shape[-1]
-    B = o0.logits.shape[0]
-    tokens = torch.empty(N + 1, dtype=torch.long, device=dev)
-    tokens[0] = root
-    q = torch.full((N + 1, V), 1.0 / V, dtype=proc.dtype, device=dev)
-    hid = o0.hidden.new_empty((B, N + 1, o0.hidden.shape[-1])) if feat else None
-    root_pos = draft.cache_len - 1
-    fwd = 0
-    for lv in plan.levels:  # one draft forward per level (a loop over at most D levels)
-        if lv.offset == 0:
-            rows = proc(o0.logits[:, -1:])
-            if feat:
-                hid[:, 0] = o0.hidden[:, -1]
-        else:
-            x = tokens[lv.parents].view(1, -1).expand(B, -1)
-            pos = torch.full((lv.parents.numel(),), root_pos + lv.offset, dtype=torch.long, device=dev)
-            if feat:
-                o = draft.forward(x, features=hid[:, lv.parent_of], position_ids=pos, attn_mask=lv.mask)
-                hid[:, lv.parents] = o.hidden
-            else:
-                o = draft.forward(x, position_ids=pos, attn_mask=lv.mask)
-            rows = proc(o.logits)
-            fwd += 1
-        q[lv.parents] = rows
-        draws = draft_without_replacement(rows, lv.K, _gumbel(rows.shape, gen, dev))   # (k, K)
-        tokens[lv.kids] = draws.reshape(-1)[lv.draw]       # index gathers only: no device sync
-    return tokens, q, fwd
+    """One image with speculative decoding: chain drafts of length L, or the static draft ``tree``
+    (``generate`` at batch size 1)."""
+    return generate(target, draft, [cond], num_tokens=num_tokens, verifier=verifier, L=L, tree=tree,
+                    processing=processing, seed=seed, batch_size=1, generator=generator, record_rows=record_rows,
+                    progress=progress)[0]
 
 
 def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
                   processing: Processing = Processing(), seed: int = 0, generator: torch.Generator | None = None,
                   record_rows: bool = False, progress: bool | None = False) -> Generation:
-    """Generate ``num_tokens`` image tokens with static-tree speculative decoding (module docstring:
-    level-by-level drafting without replacement, one tree-masked target forward per round,
-    ``theory.tree.verify_tree`` with any ``theory.rules.Verifier``, cache compaction with ``keep``).
-
-    ``target``: an ``ARModel`` with ``position_ids``/``attn_mask`` and ``keep``; ``draft``: an
-    ``ARModel`` with ``rollback`` and (S, K) tree masks, or a ``FeatureDrafter`` (EAGLE-1).
-    Records: one per round with ``drafted`` = nodes, ``depth``, ``nodes`` (accepted path)."""
-    from tqdm import tqdm
-
-    check_pair(target, draft)
+    """One image with static-tree speculative decoding (``generate`` at batch size 1)."""
     if not isinstance(tree, Tree):
         raise ValueError(f"tree must be a theory.tree.Tree, got {type(tree).__name__}")
-    T, dev, gen = _start(target, num_tokens, seed, generator)
-    V = int(target.vocab_size)
-    if tree.children.shape[1] > V:
-        raise ValueError(f"the tree has a node with {tree.children.shape[1]} candidates but V = {V}")
-    proc = processing
-    B = proc.batch
-    feat = bool(getattr(draft, "needs_features", False))
-    plans: dict[int, _TreePlan] = {}
-
-    out: list[torch.Tensor] = []
-    records: list[RoundRecord] = []
-    root: torch.Tensor | None = None             # last committed token, not yet fed to the target
-    d_tok: list[torch.Tensor] = []               # committed tokens (1-d blocks) not yet fed to the draft
-    d_feat: list[torch.Tensor] = []              # (B, k, D) target features paired with d_tok (EAGLE)
-    d_started = False
-    n_target = n_draft = 0
-    bar = tqdm(total=T, disable=not progress if progress is not None else None, desc="tree decode", leave=False)
-    _sync(dev)
-    t_start = time.perf_counter()
-    n = 0
-    while n < T:
-        Dr = 0 if n == 0 else min(tree.depth, T - n - 1)
-        plan = None
-        if Dr > 0:
-            if Dr not in plans:
-                plans[Dr] = _tree_plan(truncate_tree(tree, Dr), dev)
-            plan = plans[Dr]
-        Nr = plan.tree.n_nodes if plan else 0
-        # ------------------------------------------------------------------ draft (level by level)
-        t0 = time.perf_counter()
-        if plan is not None:
-            pend = torch.cat(d_tok).view(1, -1).expand(B, -1)
-            if feat:
-                o0 = draft.forward(pend, features=torch.cat(d_feat, 1))
-            elif not d_started:
-                o0 = draft.prefill(cond, pend, cfg=proc.cfg)
-                d_started = True
-            else:
-                o0 = draft.forward(pend)
-            tokens, q, fwd = _draft_tree(draft, plan, o0, root, proc, gen, feat)
-            n_draft += 1 + fwd
-            d_tok, d_feat = [], []
-        _sync(dev)
-        t1 = time.perf_counter()
-        # ------------------------------------------------------------------ target (one tree-masked forward)
-        if n == 0:
-            o_t = target.prefill(cond, cfg=proc.cfg, return_hidden=feat)
-        elif plan is None:
-            o_t = target.forward(root.view(1, 1).expand(B, 1), return_hidden=feat)
-        else:
-            o_t = target.forward(tokens.view(1, -1).expand(B, -1), position_ids=target.cache_len + plan.depth,
-                                 attn_mask=plan.mask, return_hidden=feat)
-        n_target += 1
-        p = _rows(o_t.logits, Nr + 1, proc)                     # (N'+1, V)
-        _sync(dev)
-        t2 = time.perf_counter()
-        # ------------------------------------------------------------------ verify
-        if plan is None:
-            _check_rows(p, "target")
-            nxt = sample(p[0], gen)
-            tau, path = 0, []
-        else:
-            if not bool(torch.isfinite(p).all() & torch.isfinite(q).all()):   # one sync for both
-                _check_rows(p, "target")
-                _check_rows(q, "draft")
-            u_acc = torch.rand(Nr + 1, generator=gen, device=dev, dtype=p.dtype)
-            u_smp = torch.rand((), generator=gen, device=dev, dtype=p.dtype)
-            v = verify_tree(p[None], q[None], tokens[None], u_acc[None], u_smp[None], plan.tree, verifier,
-                            early_exit=True)
-            head = torch.cat([v.accepted, v.path[0]]).tolist()   # one sync: tau and the accepted nodes
-            tau, path = int(head[0]), [int(x) for x in head[1:1 + head[0]]]
-            nxt = v.next_token[0]
-        _sync(dev)
-        t3 = time.perf_counter()
-        # ------------------------------------------------------------------ commit + compaction
-        if plan is not None:
-            keep_host = torch.tensor([0] + path, dtype=torch.long)
-            target.keep(keep_host)                               # [root; accepted path]
-            keep = keep_host.to(dev, non_blocking=True)
-            new = torch.cat([tokens[keep[1:]], nxt.view(1)])
-            if plan.n_fed:
-                draft.rollback(plan.n_fed)                       # the draft's tree levels 1..D'-1
-        else:
-            new = nxt.view(1)
-        out.append(new)
-        if feat:
-            if n == 0:                                  # pairs over the prefix: (id 0, h_p), then (x_0, h_{P-1})
-                P = o_t.hidden.shape[1]
-                draft.start(P, B)
-                d_tok, d_feat = [torch.zeros(P - 1, dtype=torch.long, device=dev), new], [o_t.hidden]
-            else:                                       # pairs (next token, target hidden at root / path nodes)
-                d_tok = d_tok + [new]
-                d_feat = d_feat + [o_t.hidden[:, keep] if plan is not None else o_t.hidden[:, -1:]]
-        else:
-            d_tok = d_tok + [new]
-        rec = RoundRecord(Nr, tau, t1 - t0, t2 - t1, t3 - t2, depth=Dr, nodes=tuple(path))
-        if record_rows:
-            rec.p = p.float().cpu().numpy()
-            rec.q = (q if plan is not None else p[:0]).float().cpu().numpy()
-            if plan is not None:
-                rec.drafts = tokens.cpu().numpy()
-            else:
-                rec.drafts = (root if root is not None else torch.full((), -1, dtype=torch.long)).view(1).cpu().numpy()
-        records.append(rec)
-        root = nxt
-        n += tau + 1
-        bar.update(tau + 1)
-    bar.close()
-    _sync(dev)
-    seconds = time.perf_counter() - t_start
-    toks = torch.cat(out).cpu()
-    return Generation(toks, records, seconds, n_target, n_draft,
-                      {"method": getattr(verifier, "name", "custom"), "tree_nodes": tree.n_nodes,
-                       "tree_depth": tree.depth, **proc.params()})
+    return speculative_generate(target, draft, cond, num_tokens=num_tokens, verifier=verifier, tree=tree,
+                                processing=processing, seed=seed, generator=generator, record_rows=record_rows,
+                                progress=progress)
 
 
 def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Processing(), seed: int = 0,
                 generator: torch.Generator | None = None, progress: bool | None = False) -> Generation:
-    """Plain autoregressive sampling through the same protocol and processing (the baseline): one
-    target forward per token, the token drawn from the processed row with the seeded generator."""
-    from tqdm import tqdm
-
-    T, dev, gen = _start(model, num_tokens, seed, generator)
-    proc = processing
-    B = proc.batch
-    out, records = [], []
-    _sync(dev)
-    t_start = time.perf_counter()
-    for n in tqdm(range(T), disable=not progress if progress is not None else None, desc="AR decode", leave=False):
-        t1 = time.perf_counter()
-        o = model.prefill(cond, cfg=proc.cfg) if n == 0 else model.forward(out[-1].view(1, 1).expand(B, 1))
-        p = _rows(o.logits, 1, proc)
-        _sync(dev)
-        t2 = time.perf_counter()
-        if n == 0:
-            _check_rows(p, "model")
-        out.append(sample(p[0], gen))
-        _sync(dev)
-        records.append(RoundRecord(0, 0, 0.0, t2 - t1, time.perf_counter() - t2))
-    _sync(dev)
-    seconds = time.perf_counter() - t_start
-    return Generation(torch.stack(out).cpu(), records, seconds, T, 0, {"method": "ar", **proc.params()})
+    """One image by plain autoregressive sampling through the same protocol and processing (the baseline)."""
+    return generate(model, None, [cond], num_tokens=num_tokens, processing=processing, seed=seed, batch_size=1,
+                    generator=generator, progress=progress)[0]
 
 
 def summarize(gens: list[Generation]) -> dict:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .protocol import Caption, ModelOutput, block_mask
+from .kvcache import KVCache, common_len
+from .protocol import Caption, ModelOutput, as_conds
 
 __all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
            "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple"]
@@ -150,33 +152,24 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     return out.flatten(3).type_as(x)
 
 
-class KVCache(nn.Module):
-    def __init__(self, batch: int, max_len: int, n_kv: int, head_dim: int, dtype, device):
-        super().__init__()
-        self.register_buffer("k", torch.zeros(batch, n_kv, max_len, head_dim, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(batch, n_kv, max_len, head_dim, dtype=dtype, device=device), persistent=False)
-
-
 class Attention(nn.Module):
     def __init__(self, c: LlamaGenConfig):
         super().__init__()
         self.n_head, self.n_kv, self.hd, self.dim = c.n_head, c.kv_heads, c.head_dim, c.dim
         self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.kv_heads) * c.head_dim, bias=False)
         self.wo = nn.Linear(c.dim, c.dim, bias=False)
-        self.kv_cache: KVCache | None = None
 
-    def forward(self, x, rot, start: int, mask):
+    def forward(self, x, rot, mask, cache: KVCache | None = None, i: int = 0):
+        """x (B, S, dim), rot (S or B x S, head_dim/2, 2), mask (B or 1, 1, S, K) bool or None; with
+        ``cache`` the block is written into layer i's slots and attends over the row's cached entries."""
         B, S, _ = x.shape
         kvd = self.n_kv * self.hd
         q, k, v = self.wqkv(x).split([self.dim, kvd, kvd], dim=-1)
         q = apply_rope(q.view(B, S, self.n_head, self.hd), rot).transpose(1, 2)
         k = apply_rope(k.view(B, S, self.n_kv, self.hd), rot).transpose(1, 2)
         v = v.view(B, S, self.n_kv, self.hd).transpose(1, 2)
-        if self.kv_cache is not None:
-            self.kv_cache.k[:, :, start:start + S] = k
-            self.kv_cache.v[:, :, start:start + S] = v
-            k = self.kv_cache.k[:, :, :start + S]
-            v = self.kv_cache.v[:, :, :start + S]
+        if cache is not None:
+            k, v = cache.update(i, k, v)
         if self.n_kv != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
@@ -203,8 +196,8 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(c.dim, c.norm_eps)
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
 
-    def forward(self, x, rot, start, mask):
-        h = x + self.attention(self.attention_norm(x), rot, start, mask)
+    def forward(self, x, rot, mask, cache=None, i=0):
+        h = x + self.attention(self.attention_norm(x), rot, mask, cache, i)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -234,10 +227,13 @@ class CaptionEmbedder(nn.Module):
 # --------------------------------------------------------------------------- model
 
 class LlamaGen(nn.Module):
-    """LlamaGen GPT implementing ``real.protocol.ARModel`` (static KV cache, batch 1 or a CFG pair).
+    """LlamaGen GPT implementing ``real.protocol.ARModel`` for a batch of images (``real.kvcache.KVCache``,
+    one row per image, two with CFG).
 
     Conditions: c2i an int class id (or 0-d tensor); t2i a ``Caption`` (left-padded flan-t5 features,
-    mask). The cache is (re)allocated by ``prefill`` for ``P + block_size + extra_slots`` entries."""
+    mask); ``prefill`` takes one condition or a list. The cache is (re)allocated by ``prefill`` for
+    ``P + block_size + extra_slots`` entries per row."""
+    batched = True
     needs_features = False
 
     def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
@@ -252,9 +248,8 @@ class LlamaGen(nn.Module):
         self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
         # a plain attribute, not a buffer: it stays float32 when the model is cast to bf16 (as upstream)
         self.rope = rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, c.cls_token_num)
-        self._len = 0
-        self._block_start = 0
-        self._prefix_mask: torch.Tensor | None = None   # (B, P) bool, t2i caption padding
+        self.cache: KVCache | None = None
+        self._prefix_mask: torch.Tensor | None = None   # (R, P) bool, t2i caption padding
 
     # ---------------------------------------------------------------- weights
     @torch.no_grad()
@@ -294,135 +289,147 @@ class LlamaGen(nn.Module):
     # ---------------------------------------------------------------- cache
     @property
     def cache_len(self) -> int:
-        return self._len
+        """Entries per row (prefix included) when every row holds the same number (else use cache_lens)."""
+        return common_len(self.cache_lens)
 
-    def setup_cache(self, batch: int, max_len: int) -> None:
+    @property
+    def cache_lens(self) -> np.ndarray:
+        """(rows,) int64 entries in each row's cache, prefix included (a copy)."""
+        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
+
+    def cache_bytes(self, rows: int) -> int:
+        """Memory of the KV cache ``prefill`` allocates for ``rows`` rows."""
         c = self.config
-        for b in self.layers:
-            kv = b.attention.kv_cache
-            if kv is None or kv.k.shape[0] != batch or kv.k.shape[2] < max_len or kv.k.dtype != self.dtype or kv.k.device != self.device:
-                b.attention.kv_cache = KVCache(batch, max_len, c.kv_heads, c.head_dim, self.dtype, self.device)
-        self._len = 0
-        self._block_start = 0
+        n = c.cls_token_num + c.block_size + self.extra_slots
+        return 2 * c.n_layer * rows * c.kv_heads * n * c.head_dim * self.tok_embeddings.weight.element_size()
 
-    def rollback(self, n: int) -> None:
-        n = int(n)
-        if n < 0 or n > self._len - self.config.cls_token_num:
-            raise ValueError(f"rollback({n}): cache holds {self._len - self.config.cls_token_num} image-token entries")
-        self._len -= n
-        self._block_start = min(self._block_start, self._len)
+    def setup_cache(self, rows: int, max_len: int) -> None:
+        c = self.config
+        if self.cache is None or not self.cache.fits(c.n_layer, rows, max_len, self.dtype, self.device):
+            self.cache = KVCache(c.n_layer, rows, c.kv_heads, max_len, c.head_dim, dtype=self.dtype, device=self.device)
+        self.cache.reset()
 
-    def keep(self, indices: torch.Tensor) -> None:
-        """Keep entries ``indices`` (k,) of the last forwarded block (block-relative, in order)."""
-        s = self._block_start
-        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)     # checked where given (host: no sync)
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self._len - s):
-            raise ValueError(f"keep: indices must lie in [0, {self._len - s}) (the last block), got {idx.tolist()}")
-        idx = idx.to(self.device)
-        for b in self.layers:
-            kv = b.attention.kv_cache
-            kv.k[:, :, s:s + idx.numel()] = kv.k[:, :, s + idx].clone()
-            kv.v[:, :, s:s + idx.numel()] = kv.v[:, :, s + idx].clone()
-        self._len = s + idx.numel()
+    def rollback(self, n) -> None:
+        """Drop the last n image-token entries of every row (n: int, or (rows,) one count per row)."""
+        self._need_cache().rollback(n, floor=self.config.cls_token_num)
+
+    def keep(self, indices, counts=None) -> None:
+        """Keep entries ``indices`` ((k,) or (rows, k), block-relative, in order) of the last forwarded block,
+        the first ``counts[r]`` in row r (``real.kvcache.KVCache.keep``)."""
+        self._need_cache().keep(indices, counts)
+
+    def _need_cache(self) -> KVCache:
+        if self.cache is None:
+            raise ValueError("LlamaGen has no cache yet: call prefill(cond) first")
+        return self.cache
 
     # ---------------------------------------------------------------- forward
-    def _run(self, h: torch.Tensor, position_ids: torch.Tensor, max_pos: int, mask, return_hidden: bool,
-             logits_from: int):
-        start = self._len
+    def _run(self, h: torch.Tensor, position_ids, attn_mask, return_hidden: bool, logits_from: int):
+        """h (R, S, dim) embedded block; position_ids (S,) or (R, S) absolute, host or device."""
+        cache = self.cache
         S = h.shape[1]
-        if start + S > self.layers[0].attention.kv_cache.k.shape[2]:
-            raise ValueError(f"KV cache full: {start} + {S} > {self.layers[0].attention.kv_cache.k.shape[2]} slots")
-        if max_pos >= self.rope.shape[0]:
-            raise ValueError(f"position {max_pos} beyond prefix + block_size = {self.rope.shape[0]}")
+        pos = torch.as_tensor(position_ids, dtype=torch.long)
+        if isinstance(position_ids, np.ndarray) and pos.numel():   # host positions: checked without a sync
+            if int(pos.max()) >= self.rope.shape[0] or int(pos.min()) < 0:
+                raise ValueError(f"positions must lie in [0, prefix + block_size = {self.rope.shape[0]}), got "
+                                 f"[{int(pos.min())}, {int(pos.max())}]")
+        if pos.shape[-1] != S or pos.ndim > 2 or (pos.ndim == 2 and pos.shape[0] != h.shape[0]):
+            raise ValueError(f"position_ids must be ({S},) or ({h.shape[0]}, {S}), got {tuple(pos.shape)}")
         if self.rope.device != h.device:
             self.rope = self.rope.to(h.device)
-        rot = self.rope[position_ids]
-        for layer in self.layers:
-            h = layer(h, rot, start, mask)
+        rot = self.rope[pos.to(h.device)]
+        mask = self._prefix_masked(cache.begin(S, attn_mask), S)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rot, mask, cache, i)
         h = self.norm(h)
-        self._block_start, self._len = start, start + S
+        cache.commit()
         logits = self.output(h[:, logits_from:]).float()
         return ModelOutput(logits, h if return_hidden else None)
 
-    def _mask(self, S: int, attn_mask) -> torch.Tensor | None:
-        """(B or 1, 1, S, len + S) bool: block visibility plus t2i caption padding (padded prefix
-        columns hidden except from themselves, as upstream)."""
-        m = block_mask(S, self._len, attn_mask, self.device)
+    def _prefix_masked(self, m: torch.Tensor | None, S: int) -> torch.Tensor | None:
+        """The cache's (R, 1, S, K) block mask plus t2i caption padding: padded prefix columns hidden
+        except from themselves (as upstream)."""
         if self._prefix_mask is None:
-            return None if m is None else m[None, None]
+            return m
+        lens = self.cache.lens
+        K = int(lens.max()) + S
         if m is None:
-            m = torch.ones(S, self._len + S, dtype=torch.bool, device=self.device)
+            m = torch.ones(self.cache.rows, 1, S, K, dtype=torch.bool, device=self.device)
+        else:
+            m = m.clone()
         P = self._prefix_mask.shape[1]
-        m = m[None].repeat(self._prefix_mask.shape[0], 1, 1)
-        m[:, :, :P] &= self._prefix_mask[:, None, :]
-        q_pos = self._len + torch.arange(S, device=self.device)
-        diag = q_pos < P                                             # prefix queries see themselves
-        if bool(diag.any()):
-            m[:, diag, q_pos[diag]] = True
-        return m[:, None]
+        m[:, 0, :, :P] &= self._prefix_mask[:, None, :]
+        if int(lens.min()) < P:                    # prefill: the prefix queries (slots < P) see themselves
+            q = torch.as_tensor(lens, device=self.device)[:, None] + torch.arange(S, device=self.device)
+            r, s = torch.nonzero(q < P, as_tuple=True)
+            m[r, 0, s, q[r, s]] = True
+        return m
 
-    def _prefix(self, cond, cfg: bool) -> torch.Tensor:
+    def _prefix(self, conds: list, cfg: bool) -> torch.Tensor:
+        """(R, P, dim) prefix embeddings of the batch's conditions: R = B, or 2B with CFG ([cond; uncond])."""
         c = self.config
+        B = len(conds)
         if c.model_type == "c2i":
-            label = int(cond)
-            if not 0 <= label < c.num_classes:
-                raise ValueError(f"class id {label} out of range [0, {c.num_classes})")
-            labels = [label]
+            labels = []
+            for cond in conds:
+                if isinstance(cond, Caption):
+                    raise ValueError("c2i LlamaGen needs class ids, got a Caption")
+                label = int(cond)
+                if not 0 <= label < c.num_classes:
+                    raise ValueError(f"class id {label} out of range [0, {c.num_classes})")
+                labels.append(label)
             if cfg:
                 if c.class_dropout_prob <= 0:
                     raise ValueError("this LlamaGen has no null class (class_dropout_prob = 0): CFG unavailable")
-                labels.append(c.num_classes)
+                labels += [c.num_classes] * B
             self._prefix_mask = None
             return self.cls_embedding.embedding_table(torch.tensor(labels, device=self.device))[:, None]
-        if not isinstance(cond, Caption):
-            raise ValueError(f"t2i LlamaGen needs a Caption condition, got {type(cond).__name__}")
-        emb = cond.embedding.to(self.device, self.dtype)
-        if tuple(emb.shape) != (c.cls_token_num, c.caption_dim):
-            raise ValueError(f"caption embedding must be ({c.cls_token_num}, {c.caption_dim}), got {tuple(emb.shape)}")
-        rows = [emb]
+        if not all(isinstance(cond, Caption) for cond in conds):
+            bad = next(type(x).__name__ for x in conds if not isinstance(x, Caption))
+            raise ValueError(f"t2i LlamaGen needs Caption conditions, got {bad}")
+        rows = []
+        for cond in conds:
+            emb = cond.embedding.to(self.device, self.dtype)
+            if tuple(emb.shape) != (c.cls_token_num, c.caption_dim):
+                raise ValueError(f"caption embedding must be ({c.cls_token_num}, {c.caption_dim}), got {tuple(emb.shape)}")
+            rows.append(emb)
+        masks = [torch.ones(c.cls_token_num, dtype=torch.bool, device=self.device) if x.mask is None
+                 else x.mask.to(self.device, torch.bool) for x in conds]
         if cfg:
-            rows.append(self.cls_embedding.uncond_embedding[: c.cls_token_num].to(self.dtype))
-        x = torch.stack(rows)
-        if cond.mask is not None:
-            self._prefix_mask = cond.mask.to(self.device, torch.bool)[None].expand(len(rows), -1).clone()
-            if bool(self._prefix_mask.all()):
-                self._prefix_mask = None
-        else:
-            self._prefix_mask = None
-        return self.cls_embedding.cap_proj(x)[:, : c.cls_token_num]
+            rows += [self.cls_embedding.uncond_embedding[: c.cls_token_num].to(self.dtype)] * B
+            masks += masks
+        pm = torch.stack(masks)
+        self._prefix_mask = None if bool(pm.all()) else pm
+        return self.cls_embedding.cap_proj(torch.stack(rows))[:, : c.cls_token_num]
 
     @torch.no_grad()
     def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
                 return_hidden: bool = False) -> ModelOutput:
-        """Reset the cache, run [prefix; tokens]: logits (B, 1 + S, V), hidden (B, P + S, D)."""
-        B = 2 if cfg else 1
+        """Reset the cache, run [prefix; tokens] for a condition or a list of B conditions: tokens (R, S),
+        logits (R, 1 + S, V), hidden (R, P + S, D); R = B, or 2B with CFG (rows [cond; uncond])."""
+        conds = as_conds(cond)
+        R = len(conds) * (2 if cfg else 1)
         P = self.config.cls_token_num
-        self.setup_cache(B, P + self.config.block_size + self.extra_slots)
-        h = self._prefix(cond, cfg)
+        self.setup_cache(R, P + self.config.block_size + self.extra_slots)
+        h = self._prefix(conds, cfg)
         if tokens is not None and tokens.numel():
-            tokens = self._check_tokens(tokens, B)
+            tokens = self._check_tokens(tokens, R)
             h = torch.cat([h, self.tok_embeddings(tokens)], dim=1)
         S = h.shape[1]
-        pos = torch.arange(S, device=self.device)
-        return self._run(h, pos, S - 1, self._mask(S, None), return_hidden, P - 1)
+        return self._run(h, np.arange(S), None, return_hidden, P - 1)
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
-        """Append image tokens (B, S) on the cache: logits (B, S, V) (+ hidden (B, S, D))."""
-        if self._len == 0:
-            raise ValueError("LlamaGen.forward before prefill: call prefill(cond) first")
-        B = self.layers[0].attention.kv_cache.k.shape[0]
-        tokens = self._check_tokens(tokens, B)
+    def forward(self, tokens: torch.Tensor, *, position_ids=None, attn_mask: torch.Tensor | None = None,
+                return_hidden: bool = False) -> ModelOutput:
+        """Append image tokens (R, S) on every row's cache: logits (R, S, V) (+ hidden (R, S, D)).
+        ``position_ids`` (S,) or (R, S) absolute positions (numpy: range-checked on the host; default:
+        each row's own cache length + arange(S)); ``attn_mask`` as ``real.kvcache.KVCache.begin``."""
+        cache = self._need_cache()
+        tokens = self._check_tokens(tokens, cache.rows)
         S = tokens.shape[1]
         if position_ids is None:
-            pos, max_pos = self._len + torch.arange(S, device=self.device), self._len + S - 1
-        else:
-            pos = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1)
-            if pos.numel() != S:
-                raise ValueError(f"position_ids must have {S} entries, got {pos.numel()}")
-            max_pos = int(pos.max())
-        return self._run(self.tok_embeddings(tokens), pos, max_pos, self._mask(S, attn_mask), return_hidden, 0)
+            position_ids = cache.lens[:, None] + np.arange(S)
+        return self._run(self.tok_embeddings(tokens), position_ids, attn_mask, return_hidden, 0)
 
     def _check_tokens(self, tokens, B):
         tokens = torch.as_tensor(tokens, device=self.device, dtype=torch.long)

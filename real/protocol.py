@@ -52,9 +52,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
-__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask"]
+__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask", "as_conds",
+           "OneRow"]
 
 
 class ModelOutput(NamedTuple):
@@ -127,6 +129,19 @@ class Prompt:
                 raise ValueError("Prompt.uncond_ids is empty")
 
 
+def as_conds(cond) -> list:
+    """One condition or a list/tuple of B conditions (one per image) -> a non-empty list of one kind
+    (class ids, ``Caption`` or ``Prompt``): a batch never mixes condition types."""
+    conds = list(cond) if isinstance(cond, (list, tuple)) else [cond]
+    if not conds:
+        raise ValueError("no condition given: a batch needs at least one image")
+    kind = lambda x: "Caption" if isinstance(x, Caption) else "Prompt" if isinstance(x, Prompt) else "class id"  # noqa: E731
+    kinds = {kind(x) for x in conds}
+    if len(kinds) > 1:
+        raise ValueError(f"a batch mixes condition types {sorted(kinds)}: generate each kind in its own batch")
+    return conds
+
+
 def check_pair(target, draft) -> None:
     """Refuse a draft/target pair that cannot be verified against each other (different vocabularies)."""
     vt, vd = getattr(target, "vocab_size", None), getattr(draft, "vocab_size", None)
@@ -154,3 +169,57 @@ def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -
             raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
     past = torch.ones(S, cache_len + S - blk.shape[1], dtype=torch.bool, device=device)
     return torch.cat([past, blk], dim=1)
+
+
+class OneRow:
+    """A model whose cache has a single length (the transformers adapters: ``batched`` false) seen through
+    the batched calls of ``real.steps`` at batch size 1: rows (1, or the CFG pair) always agree, so
+    per-row positions (R, S), counts (R,) and keep indices (R, k) reduce to the first row's."""
+    batched = True
+
+    def __init__(self, model):
+        self.model = model
+        self._rows = 1
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    @property
+    def cache_lens(self) -> np.ndarray:
+        return np.full(self._rows, int(self.model.cache_len), dtype=np.int64)
+
+    def _one(self, a: np.ndarray, name: str) -> np.ndarray:
+        """The first row of per-row values a (rows, ...), which must all agree."""
+        if a.shape[0] != self._rows or not (a == a[:1]).all():
+            raise ValueError(f"{type(self.model).__name__} keeps one cache length: its {self._rows} rows' {name} "
+                             f"must agree, got {a.tolist()}")
+        return a[0]
+
+    def prefill(self, cond, tokens=None, *, cfg: bool = False, return_hidden: bool = False):
+        conds = as_conds(cond)
+        if len(conds) != 1:
+            raise ValueError(f"{type(self.model).__name__} generates one image at a time, got {len(conds)} conditions")
+        self._rows = 2 if cfg else 1
+        return self.model.prefill(conds[0], tokens, cfg=cfg, return_hidden=return_hidden)
+
+    def start(self, prefix_len: int, batch: int) -> None:
+        self._rows = int(batch)
+        self.model.start(prefix_len, batch)
+
+    def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden: bool = False, **kw):
+        if position_ids is not None:
+            pos = np.asarray(position_ids)
+            pos = self._one(pos, "positions") if pos.ndim == 2 else pos.reshape(-1)
+            default = self.model.cache_len + np.arange(pos.shape[0])
+            position_ids = None if attn_mask is None and np.array_equal(pos, default) else torch.as_tensor(pos)
+        return self.model.forward(tokens, position_ids=position_ids, attn_mask=attn_mask, return_hidden=return_hidden,
+                                  **kw)
+
+    def rollback(self, n) -> None:
+        self.model.rollback(int(self._one(np.broadcast_to(np.asarray(n), (self._rows,)), "rollbacks")))
+
+    def keep(self, indices, counts=None) -> None:
+        idx = np.asarray(indices)
+        idx = self._one(idx, "kept entries") if idx.ndim == 2 else idx
+        c = idx.shape[0] if counts is None else int(self._one(np.broadcast_to(np.asarray(counts), (self._rows,)), "counts"))
+        self.model.keep(torch.as_tensor(idx[:c], dtype=torch.long))

@@ -81,11 +81,23 @@ class Processing:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """logits (B, ..., V) from a model batch (B = 2 with CFG) -> probabilities (..., V)."""
+        return process_logits(self.combined(logits), self.temperature, self.top_k, self.top_p, self.dtype)
+
+    def combined(self, logits: torch.Tensor) -> torch.Tensor:
+        """The guided logits before temperature / top-k / top-p: (B, ..., V) -> (..., V) in ``dtype``
+        (B = 2 with CFG: cfg_combine; else the one row). Greedy tree drafting ranks children by them."""
         if logits.shape[0] != self.batch:
             raise ValueError(f"Processing(cfg_scale={self.cfg_scale}) expects batch {self.batch}, got {logits.shape[0]}")
         x = logits.to(self.dtype)
-        x = cfg_combine(x, self.cfg_scale) if self.cfg else x[0]
-        return process_logits(x, self.temperature, self.top_k, self.top_p, self.dtype)
+        return cfg_combine(x, self.cfg_scale) if self.cfg else x[0]
+
+    def rows(self, logits: torch.Tensor, combined: bool = False) -> torch.Tensor:
+        """A model batch of R = batch * B rows ([cond rows; uncond rows] with CFG), logits (R, ..., V) ->
+        (B, ..., V) probabilities (or guided logits with ``combined``)."""
+        if logits.shape[0] % self.batch:
+            raise ValueError(f"{logits.shape[0]} model rows are not a multiple of {self.batch} rows per image")
+        x = logits.reshape(self.batch, logits.shape[0] // self.batch, *logits.shape[1:])
+        return self.combined(x) if combined else self(x)
 
     def params(self) -> dict:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "cfg_scale": self.cfg_scale}

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from real import engine
+from real import engine, steps
 from real.eagle import EagleDrafter
-from real.protocol import Caption, Prompt
+from real.protocol import Caption, OneRow, Prompt
 from real.registry import hf_llama_pair, tiny_llamagen_pair
 from real.sampling import Processing
 from theory import rules
@@ -115,17 +115,18 @@ def _drafter(kind, llamagen, hf_models):
 
 @pytest.mark.parametrize("kind", ["layerskip", "eagle", "hf"])
 def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models):
-    """``_draft_tree`` (one forward per level with the (S, K) tree mask over the tree entries already in
-    the draft cache) gives at every inner node the draft row that chain drafting along the node's path
-    gives; the children of a node are distinct tokens of positive probability under that row; after
-    rolling the tree entries back, the draft continues as if the tree had never been drafted."""
+    """``real.steps.draft_tree`` (one forward per level with the (S, K) tree mask over the tree entries
+    already in the draft cache) gives at every inner node the draft row that chain drafting along the
+    node's path gives; the children of a node are distinct tokens of positive probability under that row;
+    after rolling the tree entries back, the draft continues as if the tree had never been drafted."""
     t, d, cond = _drafter(kind, llamagen, hf_models)
     feat = kind == "eagle"
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     B = 2
     g = torch.Generator().manual_seed(2)
     seq = torch.randint(0, d.vocab_size, (5,), generator=g)             # committed tokens, seq[-1] = the root
-    plan = engine._tree_plan(TREE, torch.device("cpu"))
+    plan = steps.tree_plan(TREE, torch.device("cpu"))
+    D = t.config.dim if feat else None
 
     def level0():
         if not feat:
@@ -136,14 +137,31 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
         ids = torch.cat([torch.zeros(P - 1, dtype=torch.long), seq])
         return d.forward(_expand(ids, B), features=h)
 
-    o0 = level0()
-    L0 = d.cache_len
-    tokens, q, fwd = engine._draft_tree(d, plan, o0, seq[-1], proc, torch.Generator().manual_seed(0), feat)
-    assert fwd == TREE.depth - 1 and d.cache_len == L0 + plan.n_fed
+    # the engine's state after round(s) that committed seq: the draft has seen none of it yet
+    dm = d if getattr(d, "batched", False) else OneRow(d)
+    out = torch.zeros(1, 80, dtype=torch.long)
+    out[0, :len(seq)] = seq
+    run = steps.Run(t, dm, proc, torch.Generator().manual_seed(0), torch.device("cpu"), 64, np.array([len(seq)]), out,
+                    feat=feat)
+    if feat:
+        h = t.prefill(cond, _expand(seq[:-1], B), cfg=True, return_hidden=True).hidden
+        run.P = h.shape[1] - (len(seq) - 1)
+        run.hist = h.new_zeros((B, run.P + 80, D))
+        run.hist[:, :h.shape[1]] = h
+        dm.start(run.P, B)
+        run.d_off = run.P - 1
+    else:
+        dm.prefill(cond, cfg=True)
+        run.d_off = d.cache_len
+    L0 = run.d_off + len(seq)
+    tokens, q, fwd = steps.draft_tree(run, plan)
+    tokens, q = tokens[0], q[0]
+    assert fwd == TREE.depth and d.cache_len == L0 + plan.n_fed        # the feed, then one forward per level
     # rolled back, the draft continues from the committed tokens exactly
     d.rollback(plan.n_fed)
     x = torch.randint(0, d.vocab_size, (1,), generator=g)
-    cont = d.forward(_expand(x, B), **({"features": o0.hidden[:, -1:]} if feat else {})).logits[:, -1]
+    f = {"features": torch.randn(B, 1, D, generator=g)} if feat else {}
+    cont = d.forward(_expand(x, B), **f).logits[:, -1]
     inner = [n for n in range(TREE.n_nodes + 1) if (TREE.children[n] >= 0).any()]
     worst = 0.0
     for n in inner:                        # reference: chain drafting along the path (fresh state each time)
@@ -155,8 +173,8 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
         kids = TREE.children[n][TREE.children[n] >= 0]
         assert len(set(tokens[kids].tolist())) == len(kids)
         assert bool((q[n, tokens[kids]] > 0).all())
-    o = level0()
-    ref = d.forward(_expand(x, B), **({"features": o.hidden[:, -1:]} if feat else {})).logits[:, -1]
+    level0()
+    ref = d.forward(_expand(x, B), **f).logits[:, -1]
     print(f"{kind}: max |tree draft row - chain draft row| = {worst:.2e} over {len(inner)} inner nodes; "
           f"after rollback {(cont - ref).abs().max():.2e}")
     assert worst < 1e-5 and (cont - ref).abs().max() < 1e-4

@@ -144,7 +144,7 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
 
 
 def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: Tree, verifier, *,
-                early_exit: bool = False) -> TreeVerdict:
+                early_exit: bool = False, max_depth: Array | None = None) -> TreeVerdict:
     """Multi-candidate verification of one static-tree round (section 9; T5 applied recursively), batched over leading dims.
 
     Shapes (N = tree.n_nodes, node 0 = root):
@@ -153,6 +153,9 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
       tokens   (..., N+1)     drafted token at each node (entry 0 ignored)
       u_accept (..., N+1)     one uniform per node: candidate n is accepted iff u_accept[n] < f(token[n])
       u_sample (...,)         uniform for the final token
+      max_depth (...,)        optional int: the walk of that round stops at this depth (its tree truncated
+                              there, as ``real.engine`` does at the end of an image in a ragged batch);
+                              default: the whole tree
     The walk loops over at most N + depth steps (a static bound, not over batch elements); every step
     tries one candidate for every unfinished round. ``early_exit=True`` stops as soon as every round has
     finished (same result: finished rounds no longer change; one host sync per step, so not for JAX
@@ -168,6 +171,8 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     zero_i = xp.zeros(batch, dtype=xp.int64, device=dev)
     node, rank, depth = zero_i, zero_i, zero_i
     active = xp.ones(batch, dtype=xp.bool, device=dev)
+    cap = (xp.full(batch, tree.depth, dtype=xp.int64, device=dev) if max_depth is None
+           else xp.astype(xp.asarray(max_depth, device=dev), xp.int64))
     p_res = p[..., 0, :]
     removed = xp.zeros((*batch, V), dtype=xp.bool, device=dev)
     path = xp.full((*batch, tree.depth), -1, dtype=xp.int64, device=dev)
@@ -179,7 +184,7 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
         kid_row = xp.take(children, xp.reshape(node, (-1,)), axis=0)              # (B, K)
         kid_row = xp.reshape(kid_row, (*batch, K))
         kid = gather(kid_row, xp.minimum(rank, xp.full_like(rank, K - 1)), xp)
-        has = active & (rank < K) & (kid >= 0)
+        has = active & (rank < K) & (kid >= 0) & (depth < cap)
         kid_safe = xp.where(has, kid, zero_i)
         q_node = gather_rows(q, node, xp)
         q_left = xp.where(removed, xp.zeros_like(q_node), q_node)

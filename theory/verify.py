@@ -16,7 +16,8 @@ class ChainVerdict(NamedTuple):
     f_drafted: Array   # (..., L) acceptance probabilities of the drafted tokens
 
 
-def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, verifier) -> ChainVerdict:
+def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, verifier,
+                 n_drafted: Array | None = None) -> ChainVerdict:
     """Verify L drafted tokens against the target (section 1 of docs/theory.md; T0-T1, T5).
 
     Shapes (any leading batch dims ``...``, no Python loop over them):
@@ -26,6 +27,10 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
       tokens   (..., L)       drafted tokens x~_1..x~_L
       u_accept (..., L)       uniforms in [0, 1): draft i is accepted iff u_accept[i] < f_i(x~_i)
       u_sample (...,)         uniform in [0, 1) for the final token (inverse-CDF draw)
+      n_drafted (...,)        optional int: rows with fewer drafts than L (ragged batches, a round at
+                              the end of an image): only drafts 1..n_drafted count, and when all of them
+                              are accepted the bonus token comes from p_{n_drafted+1}; entries past
+                              n_drafted are ignored (any value). Default: L everywhere.
     ``verifier`` has ``accept(p, q, i)`` and ``resample(p, q, f, rejected)`` (see ``theory.rules``).
 
     Returns tau (first rejected position - 1, or L), the token drawn from G_{tau+1}(.|x~_{tau+1})
@@ -41,14 +46,19 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     f = verifier.accept(p[..., :L, :], q, pos)                 # (..., L, V)
     f_tok = gather(f, tokens, xp)                              # (..., L)
     rejected = ~(u_accept < f_tok)
+    if n_drafted is None:
+        cap = xp.full(tokens.shape[:-1], L, dtype=xp.int64, device=_device(p))
+    else:
+        cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
+        rejected = rejected & (pos - 1 < cap[..., None])
     any_rej = xp.any(rejected, axis=-1)
     first = xp.astype(xp.argmax(xp.astype(rejected, xp.int8), axis=-1), xp.int64)
-    tau = xp.where(any_rej, first, xp.full_like(first, L))
+    tau = xp.where(any_rej, first, cap)
 
     k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
     p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
     G = verifier.resample(p_row, gather_rows(q, k, xp), gather_rows(f, k, xp), gather(tokens, k, xp))
-    row = xp.where((tau == L)[..., None], p_row, G)
+    row = xp.where((tau == cap)[..., None], p_row, G)
     return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
 
 

@@ -64,15 +64,12 @@ def train_logits(model: lg.LlamaGen, labels: torch.Tensor, codes: torch.Tensor, 
     outputs before each residual add (training only; 0 reproduces ``LlamaGen.prefill`` exactly).
     With ``return_hidden`` also the last hidden states (B, T, D) after the final norm."""
     labels, codes = _check_batch(labels, codes, model)
-    for layer in model.layers:
-        if layer.attention.kv_cache is not None:   # the layers would write into an inference cache
-            layer.attention.kv_cache = None
     h = torch.cat([model.cls_embedding.embedding_table(labels)[:, None], model.tok_embeddings(codes[:, :-1])], 1)
     S = h.shape[1]
     rot = model.rope[:S].to(h.device)
     mask = torch.ones(S, S, dtype=torch.bool, device=h.device).tril_()[None, None]
     for layer in model.layers:   # Block.forward with optional residual dropout
-        a = layer.attention(layer.attention_norm(h), rot, 0, mask)
+        a = layer.attention(layer.attention_norm(h), rot, mask)
         h = h + (F.dropout(a, dropout, True) if dropout > 0 else a)
         m = layer.feed_forward(layer.ffn_norm(h))
         h = h + (F.dropout(m, dropout, True) if dropout > 0 else m)

@@ -1,0 +1,165 @@
+"""One static KV cache for the models that own theirs (LlamaGen, the EAGLE-1 drafter, FastLlama).
+
+gpt-fast style: per layer, preallocated key and value tensors (rows, n_kv, max_len, head_dim), written
+in place. Each row (an image, or one half of its classifier-free-guidance pair) has its own length,
+so rows that accepted different numbers of drafts continue side by side: a block of S new entries is
+written at slots ``lens[r] + [0, S)`` of row r, and the attention mask hides, per row, everything past
+the row's own entries. Slots beyond a row's length hold stale values that no query can see.
+
+Lengths live on the host (numpy int64): rollback and keep take host arrays, which the engine has after
+its one verdict sync per round, so no cache operation syncs with the device.
+
+Operations (all per row, ``rows`` = R):
+  ``begin(S, attn_mask)``   (R, 1, S, K) bool visibility of a block of S new entries (or None when every
+                             row sees everything: equal lengths and S = 1), K = max(lens) + S
+  ``update(i, k, v)``       write layer i's (R, n_kv, S, hd) block, return its (R, n_kv, K, hd) keys/values
+  ``commit()``              the block becomes part of the cache (lens += S)
+  ``rollback(n)``           drop the last n[r] entries of row r (int or (R,))
+  ``keep(indices, counts)`` of the last block keep entries ``indices`` ((k,) or (R, k)), the first
+                             ``counts[r]`` of them in row r, compacted in order (tree verification)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["KVCache", "row_counts", "common_len"]
+
+
+def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
+    """An int or a length-``rows`` sequence of non-negative ints -> int64 array (rows,)."""
+    a = np.asarray(n)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name} must be an int or an integer array of {rows} rows, got {n!r}")
+    a = np.broadcast_to(a.astype(np.int64), (rows,)) if a.ndim == 0 else a.astype(np.int64)
+    if a.shape != (rows,):
+        raise ValueError(f"{name} must be an int or have shape ({rows},), got shape {a.shape}")
+    if (a < 0).any():
+        raise ValueError(f"{name} must be >= 0, got {a.tolist()}")
+    return a
+
+
+def common_len(lens: np.ndarray) -> int:
+    """The one length of rows that all hold the same number of entries (the protocol's ``cache_len``)."""
+    if lens.min() != lens.max():
+        raise ValueError(f"rows hold different numbers of entries {lens.tolist()}: use cache_lens")
+    return int(lens[0])
+
+
+class KVCache:
+    """Static per-row KV cache of ``n_layers`` attention layers (module docstring)."""
+
+    def __init__(self, n_layers: int, rows: int, n_kv: int, max_len: int, head_dim: int, *, dtype, device):
+        shape = (rows, n_kv, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lens = np.zeros(rows, dtype=np.int64)
+        self.block_start = np.zeros(rows, dtype=np.int64)
+        self._S = 0
+        self._slots: torch.Tensor | None = None
+        self._start: int | None = None      # common block start when every row has the same length
+        self._K = 0
+
+    @property
+    def rows(self) -> int:
+        return int(self.lens.shape[0])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.k[0].shape[2])
+
+    def fits(self, n_layers: int, rows: int, max_len: int, dtype, device) -> bool:
+        """Whether this cache can be reused (reset) for a new generation of that shape."""
+        k = self.k[0]
+        return (len(self.k) == n_layers and k.shape[0] == rows and k.shape[2] >= max_len and k.dtype == dtype
+                and k.device == torch.device(device))
+
+    def reset(self) -> None:
+        self.lens[:] = 0
+        self.block_start[:] = 0
+        self._S = 0
+
+    # ------------------------------------------------------------------ a block
+    def begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Prepare a block of S entries per row; returns the (R, 1, S, K) bool attention mask (None: all
+        visible). ``attn_mask`` (S, Kb) bool, S <= Kb <= min(lens) + S, replaces the causal mask over the
+        block and the last Kb - S cached entries of every row (tree levels); older entries stay visible."""
+        lo, hi = int(self.lens.min()), int(self.lens.max())
+        K = hi + S
+        if K > self.max_len:
+            raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
+        dev = self.k[0].device
+        if attn_mask is not None:
+            if attn_mask.ndim != 2 or attn_mask.shape[0] != S or not S <= attn_mask.shape[1] <= lo + S:
+                raise ValueError(f"attn_mask must be (S, K) with S = {S} new tokens and {S} <= K <= cache_len + S = "
+                                 f"{lo + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
+            attn_mask = attn_mask.to(device=dev, dtype=torch.bool)
+            if not bool(attn_mask[:, -S:].diagonal().all()):
+                raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
+        self._S, self._K = S, K
+        self._start = lo if lo == hi else None
+        lens = torch.as_tensor(self.lens, device=dev)
+        self._slots = None if self._start is not None else lens[:, None] + torch.arange(S, device=dev)
+        if attn_mask is None and S == 1 and lo == hi:
+            return None
+        rel = torch.arange(K, device=dev)[None, :] - lens[:, None]            # (R, K) column - block start
+        if attn_mask is None:                                                 # causal over the block
+            vis = rel[:, None, :] <= torch.arange(S, device=dev)[None, :, None]
+        else:
+            Kb = attn_mask.shape[1]
+            inb = (rel >= S - Kb) & (rel < S)
+            g = attn_mask[:, (rel + Kb - S).clamp(0, Kb - 1)].permute(1, 0, 2)  # (R, S, K)
+            vis = torch.where(inb[:, None, :], g, (rel < S - Kb)[:, None, :])
+        return vis[:, None]
+
+    def update(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write layer i's block k, v (R, n_kv, S, hd); return the layer's keys and values (R, n_kv, K, hd)."""
+        kc, vc = self.k[i], self.v[i]
+        if self._start is not None:
+            s = self._start
+            kc[:, :, s:s + self._S] = k
+            vc[:, :, s:s + self._S] = v
+        else:
+            idx = self._slots[:, None, :, None].expand(-1, kc.shape[1], -1, kc.shape[3])
+            kc.scatter_(2, idx, k.to(kc.dtype))
+            vc.scatter_(2, idx, v.to(vc.dtype))
+        return kc[:, :, :self._K], vc[:, :, :self._K]
+
+    def commit(self) -> None:
+        self.block_start = self.lens.copy()
+        self.lens = self.lens + self._S
+
+    # ------------------------------------------------------------------ after verification
+    def rollback(self, n, floor: int = 0) -> None:
+        """Drop the last n[r] entries of row r (n: int or (R,)); never below ``floor`` entries (the prefix)."""
+        n = row_counts(n, self.rows)
+        if (n > self.lens - floor).any():
+            raise ValueError(f"rollback({n.tolist()}): rows hold {(self.lens - floor).tolist()} removable entries")
+        self.lens = self.lens - n
+        self.block_start = np.minimum(self.block_start, self.lens)
+
+    def keep(self, indices, counts=None) -> None:
+        """Keep entries ``indices`` ((k,) shared or (R, k) per row; block-relative, in order) of the last
+        block, the first ``counts[r]`` (default k) in row r; the rest of the block is dropped."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim == 1:
+            idx = np.broadcast_to(idx, (self.rows, idx.shape[0]))
+        if idx.ndim != 2 or idx.shape[0] != self.rows:
+            raise ValueError(f"keep: indices must be (k,) or ({self.rows}, k), got shape {idx.shape}")
+        k = idx.shape[1]
+        counts = row_counts(k if counts is None else counts, self.rows, "counts")
+        span = self.lens - self.block_start
+        used = np.arange(k)[None, :] < counts[:, None]
+        if (counts > k).any() or (used & ((idx < 0) | (idx >= span[:, None]))).any():
+            raise ValueError(f"keep: indices must lie in [0, block length {span.tolist()}) and counts <= {k}")
+        if k:
+            dev = self.k[0].device
+            base = torch.as_tensor(self.block_start, device=dev)[:, None]
+            src = base + torch.as_tensor(np.where(used, idx, 0), device=dev)
+            dst = base + torch.arange(k, device=dev)
+            kc = self.k[0]
+            e = lambda t: t[:, None, :, None].expand(-1, kc.shape[1], -1, kc.shape[3])  # noqa: E731
+            src, dst = e(src), e(dst)
+            for c in self.k + self.v:
+                c.scatter_(2, dst, c.gather(2, src))     # gather first: a copy, so overlaps are safe
+        self.lens = self.block_start + counts
