@@ -43,6 +43,9 @@ def register(sub):
     s.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default: the model's)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--num-images", type=int, default=1)
+    s.add_argument("--batch-size", type=int, default=None,
+                   help="images generated together in one engine batch (default: all --num-images, at most "
+                        "real.engine.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
     s.add_argument("--num-tokens", type=int, default=None, help="tokens per image (default: the whole image)")
     s.add_argument("--class-id", type=int, default=None, help="c2i class (default: seeded random per image)")
     r = g.add_argument_group("run")
@@ -120,6 +123,8 @@ def generate(args) -> dict:
     L = tree.depth if tree is not None else args.L
     if args.num_images < 1:
         raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
+    if args.batch_size is not None and not 1 <= args.batch_size <= args.num_images:
+        raise ValueError(f"--batch-size must be in [1, --num-images = {args.num_images}], got {args.batch_size}")
     threads = args.threads if args.threads is not None else (1 if "tiny" in args.model else None)
     if threads is not None:
         if threads < 1:
@@ -136,27 +141,17 @@ def generate(args) -> dict:
     verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None))
     progress = None if not args.json else False
-    gens, base = [], []
-    for i, cond in enumerate(bundle.conds):
-        seed = args.seed + i
-        if verifier is None:
-            gens.append(engine.ar_generate(bundle.target, cond, num_tokens=bundle.num_tokens, processing=proc,
-                                           seed=seed, progress=progress))
-        elif tree is not None:
-            gens.append(engine.tree_generate(bundle.target, bundle.draft, cond, num_tokens=bundle.num_tokens,
-                                             verifier=verifier, tree=tree, processing=proc, seed=seed, progress=progress))
-        else:
-            gens.append(engine.speculative_generate(bundle.target, bundle.draft, cond, num_tokens=bundle.num_tokens,
-                                                    verifier=verifier, L=args.L, processing=proc, seed=seed,
-                                                    record_rows=args.record is not None, progress=progress))
-        if args.baseline:
-            base.append(engine.ar_generate(bundle.target, cond, num_tokens=bundle.num_tokens, processing=proc,
-                                           seed=seed, progress=progress))
+    run = dict(num_tokens=bundle.num_tokens, processing=proc, seed=args.seed, batch_size=args.batch_size,
+               progress=progress)
+    gens = engine.generate(bundle.target, None if verifier is None else bundle.draft, bundle.conds, verifier=verifier,
+                           L=None if tree is not None else args.L, tree=tree, record_rows=args.record is not None, **run)
+    base = engine.generate(bundle.target, None, bundle.conds, **run) if args.baseline else []
     stats = engine.summarize(gens)
     out = {"model": args.model, "method": method, "L": L,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
            "verifier": verifier.name if verifier else "ar", "processing": proc.params(),
            "image_tokens": bundle.num_tokens, "num_images": len(gens), "seed": args.seed,
+           "batch_size": gens[0].info["batch_size"],
            "device": str(args.device), "dtype": args.dtype, "info": bundle.info, **stats}
     if tree is not None:
         out["tree"] = {"name": args.tree, "nodes": tree.n_nodes, "depth": tree.depth}
