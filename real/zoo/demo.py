@@ -101,22 +101,25 @@ class Spec:
 def specs(s: Settings, neighbors) -> list[Spec]:
     """The runs of the demo (besides plain AR), in order; the first chain and tree runs are vanilla and
     record rows for the predictions. ``neighbors`` (V, >= k+1) the codebook neighbour table."""
+    from real.methods import make_verifier
+
     nb = np.asarray(neighbors)
     nb_dev = torch.as_tensor(nb, device=s.device)     # no host-to-device copy of the table per round
 
-    def lan(make, *a, **kw):
-        return dict(verifier=make(nb_dev, *a, **kw), theory_verifier=make(nb, *a, **kw))
+    def spec(name: str, params: dict, drafting: str, draft: str, **kw) -> Spec:
+        """The run of method ``name`` (theory.methods) with ``params``; LANTERN rules get the table on the
+        device for the engine and on the host for the predictions."""
+        v = make_verifier(name, s.L, neighbors=nb_dev, **params)
+        tv = make_verifier(name, s.L, neighbors=nb, **params) if isinstance(v.accept, rules.Lantern) else None
+        return Spec(name, params, drafting, v, draft, theory_verifier=tv, **kw)
 
     def others(drafting: str, draft: str) -> dict:
         """The non-Cool-SD relaxed rules, by contract name."""
         return {
-            "uniform-rsd": Spec("uniform-rsd", {"c": s.uniform_c}, drafting, rules.uniform_rsd(s.uniform_c), draft),
-            "lantern": Spec("lantern", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft=draft,
-                            **lan(rules.lantern, s.lantern_k, s.lantern_delta)),
-            "lantern++": Spec("lantern++", {"k": s.lantern_k, "lambda": s.lam}, drafting, draft=draft,
-                              **lan(rules.lantern_pp, s.lantern_k, s.lam)),
-            "lantern+G*": Spec("lantern+G*", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft=draft,
-                               **lan(rules.lantern, s.lantern_k, s.lantern_delta, resample="optimal")),
+            "uniform-rsd": spec("uniform-rsd", {"c": s.uniform_c}, drafting, draft),
+            "lantern": spec("lantern", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft),
+            "lantern++": spec("lantern++", {"k": s.lantern_k, "lambda": s.lam}, drafting, draft),
+            "lantern+G*": spec("lantern+G*", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft),
         }
 
     tree_others = others("tree", s.tree_draft)
@@ -124,14 +127,14 @@ def specs(s: Settings, neighbors) -> list[Spec]:
     if unknown:
         raise ValueError(f"tree_rules: unknown rule(s) {sorted(unknown)}; choose among uniform-rsd, lantern, "
                          "lantern++, lantern+G* (vanilla and Cool-SD trees are always run)")
-    out = [Spec("vanilla", {}, "chain", rules.vanilla(), s.chain_draft, record=True)]
-    out += [Spec("cool-sd", {"delta": d, "nu": s.nu}, "chain", rules.cool_sd(d, s.nu), s.chain_draft) for d in s.deltas]
+    out = [spec("vanilla", {}, "chain", s.chain_draft, record=True)]
+    out += [spec("cool-sd", {"delta": d, "nu": s.nu}, "chain", s.chain_draft) for d in s.deltas]
     out += list(others("chain", s.chain_draft).values())
-    out += [Spec("vanilla", {}, "tree", rules.vanilla(), s.tree_draft, record=True),
-            *[Spec("cool-sd", {"delta": d, "nu": s.nu}, "tree", rules.cool_sd(d, s.nu), s.tree_draft) for d in s.tree_deltas]]
+    out += [spec("vanilla", {}, "tree", s.tree_draft, record=True),
+            *[spec("cool-sd", {"delta": d, "nu": s.nu}, "tree", s.tree_draft) for d in s.tree_deltas]]
     out += [tree_others[name] for name in s.tree_rules]
     if s.extra_draft:
-        out.append(Spec("vanilla", {}, "chain", rules.vanilla(), s.extra_draft, record=True, extra=True))
+        out.append(spec("vanilla", {}, "chain", s.extra_draft, record=True, extra=True))
     return out
 
 
@@ -652,15 +655,12 @@ SWEEPS = {
 
 
 def _sweep_verifier(name: str, value: float, s: Settings, nb):
-    if name == "cool-sd":
-        return rules.cool_sd(value, s.nu)
-    if name == "uniform-rsd":
-        return rules.uniform_rsd(value)
-    if name == "lantern":
-        return rules.lantern(nb, s.lantern_k, value)
-    if name == "lantern++":
-        return rules.lantern_pp(nb, s.lantern_k, value)
-    return rules.lantern(nb, s.lantern_k, value, resample="optimal")
+    """The rule of family ``name`` (theory.methods) with its swept parameter (``SWEEPS``) set to ``value``."""
+    from theory import methods
+
+    param = SWEEPS[name][0]
+    extra = {"nu": s.nu} if name == "cool-sd" else {"k": s.lantern_k} if methods.get(name).needs_neighbors else {}
+    return methods.build(name, s.L, nb, {**extra, param: value})
 
 
 def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int = 600) -> dict:
