@@ -95,6 +95,7 @@ class Method:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     greedy_rows: bool = False
     help: str = ""
+    relaxation: str | None = None    # the parameter that moves the rule along its quality/speed frontier
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -198,24 +199,26 @@ register(Method("cool-sd", "Cool-SD", (
     Param("delta", float, 2.0, low=0, low_open=True, help="Cool-SD relaxation budget delta (w_1 = delta)"),
     Param("nu", float, 0.7, help="Cool-SD decay nu"),
     Param("mu", float, None, optional=True, help="Cool-SD offset mu (default: w_1 = delta)")),
-    lambda p, L, nb: rules.cool_sd(p["delta"], p["nu"], p["mu"]), help="exponentially decaying weights, G* (T5)"))
+    lambda p, L, nb: rules.cool_sd(p["delta"], p["nu"], p["mu"]), help="exponentially decaying weights, G* (T5)", relaxation="delta"))
 register(Method("uniform-rsd", "UniformRSD", (
     Param("c", float, 1.5, low=0, low_open=True, help="UniformRSD weight c"),),
-    lambda p, L, nb: rules.uniform_rsd(p["c"]), help="constant weight c, G* (T5)"))
+    lambda p, L, nb: rules.uniform_rsd(p["c"]), help="constant weight c, G* (T5)", relaxation="c"))
 register(Method("linear-rsd", "linear RSD", (
     Param("first", float, 3.0, low=0, low_open=True, flag="linear_first", help="linear schedule w_1"),
     Param("last", float, 1.0, low=0, low_open=True, flag="linear_last", help="linear schedule w_L")),
-    lambda p, L, nb: rules.linear_rsd(p["first"], p["last"], L), help="linearly decaying weights, G* (T5)"))
+    lambda p, L, nb: rules.linear_rsd(p["first"], p["last"], L), help="linearly decaying weights, G* (T5)", relaxation="first"))
 register(Method("lantern", "LANTERN", (_K, _LANTERN_DELTA, _RES), _lantern, needs_neighbors=True,
-                help="latent-neighbourhood acceptance, absolute delta (section 6)"))
+                help="latent-neighbourhood acceptance, absolute delta (section 6)", relaxation="delta"))
 register(Method("lantern++", "LANTERN++", (
     _K, Param("lambda", float, 2.0, low=1, flag="lam", aliases=("lam",), help="LANTERN++ relative threshold lambda"),
-    _RES), _lantern, needs_neighbors=True, help="latent-neighbourhood acceptance, relative lambda (section 6)"))
+    _RES), _lantern, needs_neighbors=True, help="latent-neighbourhood acceptance, relative lambda (section 6)",
+                relaxation="lambda"))
 register(Method("lantern+G*", "LANTERN+G*", (_K, _LANTERN_DELTA, _RES), _lantern, needs_neighbors=True,
-                fixed={"resampler": "optimal"}, help="LANTERN's acceptance with the G* resampler (T5)"))
+                fixed={"resampler": "optimal"}, help="LANTERN's acceptance with the G* resampler (T5)",
+                relaxation="delta"))
 register(Method("typical", "typical acceptance", (
     Param("eps", float, 0.09, low=0, help="typical acceptance epsilon"),
     Param("alpha", float, 0.3, low=0, help="typical acceptance alpha")),
-    lambda p, L, nb: rules.typical(p["eps"], p["alpha"]), help="Medusa's typical acceptance, G*"))
+    lambda p, L, nb: rules.typical(p["eps"], p["alpha"]), help="Medusa's typical acceptance, G*", relaxation="eps"))
 register(Method("greedy", "greedy", (), lambda p, L, nb: rules.greedy(), greedy_rows=True,
                 help="accept iff the draft is the target's argmax (temperature 0)"))

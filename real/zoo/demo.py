@@ -510,7 +510,9 @@ def _generate(engine, target, draft, sp: Spec, cls: int, seed: int, proc, tree: 
                                        processing=proc, seed=seed, record_rows=sp.record)
 
 
-def _costs(stats: dict, ar_stats: dict) -> dict:
+def unit_costs(stats: dict, ar_stats: dict) -> dict:
+    """Measured unit costs (seconds) from summarized runs: AR step, draft step, target pass, verifier and
+    bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.engine.summarize``)."""
     R = stats["rounds"]
     other = stats["seconds"] - stats["time_draft_s"] - stats["time_target_s"] - stats["time_verify_s"]
     return {"ar_step_s": ar_stats["seconds"] / ar_stats["tokens"],
@@ -532,7 +534,7 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
         if sp.record:
             res = results[sp.key]
             data = chain_arrays(res.gens, s.L) if sp.drafting == "chain" else tree_records(res.gens)
-            c = _costs(res.stats, ar.stats)
+            c = unit_costs(res.stats, ar.stats)
             c["cost_ratio_draft_over_ar_step"] = c["draft_step_s"] / c["ar_step_s"]
             c["cost_ratio_target_pass_over_ar_step"] = c["target_per_round_s"] / c["ar_step_s"]
             sources[(sp.drafting, sp.draft)] = (data, c)
