@@ -48,7 +48,13 @@ def register(sub):
     r.add_argument("--record", default=None, help="save the per-round P/Q rows to this .npz (for theory.recorded)")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
-    c = g.add_argument_group("checkpoints (--model llamagen)")
+    add_checkpoint_args(g)
+    g.set_defaults(func=run)
+
+
+def add_checkpoint_args(p):
+    """The model-file and prompt options (fields of ``real.registry.BuildOptions``); shared with ``coolsd sweep``."""
+    c = p.add_argument_group("model files and prompts (--model llamagen, lumina-mgpt, janus-pro, emu3)")
     c.add_argument("--model-type", choices=["c2i", "t2i"], default=None)
     c.add_argument("--image-size", type=int, default=None)
     c.add_argument("--target-ckpt", default=None)
@@ -62,7 +68,6 @@ def register(sub):
     c.add_argument("--vq-size", default=None, help="VQ config: VQ-16 (default), VQ-8, tiny")
     c.add_argument("--captions", default=None, help="t2i: .pt list of {'embedding': (120, 2048), 'mask': (120,)}")
     c.add_argument("--prompts", nargs="*", default=None, help="t2i: prompts encoded with flan-t5-xl")
-    g.set_defaults(func=run)
 
 
 def run(args):

@@ -8,10 +8,12 @@ another grid or model is refused. See ``coolsd.studies.sweep``.
 """
 from __future__ import annotations
 
+import argparse
+
 
 def register(sub):
     s = sub.add_parser("sweep", help="quality/speed frontiers over a grid of settings (torchrun for several ranks)",
-                       description=__doc__)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", default="mnist", help="model pair from real.registry (default mnist)")
     s.add_argument("--grid", nargs="+", default=None, metavar="ITEM",
                    help="grid items METHOD[:NAME=V1,V2[:NAME=...]] (methods and parameters of theory.methods; "
@@ -36,7 +38,11 @@ def register(sub):
     s.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the FD interval (default 200)")
     s.add_argument("--max-units", type=int, default=None,
                    help="stop after this many units per rank (run in chunks; rerun to continue)")
+    s.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     s.add_argument("--no-progress", action="store_true")
+    from coolsd.commands.generate import add_checkpoint_args
+
+    add_checkpoint_args(s)
     s.set_defaults(func=run)
 
 
@@ -79,7 +85,14 @@ def config(args):
         from coolsd.commands.generate import parse_tree
 
         parse_tree(args.tree, args.L)
-    return SweepConfig(model=args.model, settings=tuple(settings), images=args.images, unit_images=args.unit_images,
+    from real.registry import BuildOptions
+
+    dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
+    files = {k: v for k, v in vars(BuildOptions.from_namespace(args)).items()
+             if v is not None and k not in ("device", "draft", "seed", "num_images")}
+    files["dtype"] = dtype
+    model_options = tuple(sorted((k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in files.items()))
+    return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images, unit_images=args.unit_images,
                        seed=args.seed, L=args.L, tree=args.tree, draft=args.draft, batch_size=args.batch_size,
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,

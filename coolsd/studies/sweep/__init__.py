@@ -14,8 +14,17 @@ import math
 import time
 
 from .grid import DEFAULT_GRID, Setting, ensure_vanilla, grid_from_toml, parse_grid
-from .run import Dist, SweepConfig, plan_units, run_units
 from .store import Store
+
+_LAZY = ("Dist", "SweepConfig", "plan_units", "run_units")      # torch-side names, imported on use
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from . import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["sweep", "SweepConfig", "Setting", "DEFAULT_GRID", "parse_grid", "grid_from_toml", "ensure_vanilla",
            "Store", "plan_units"]
@@ -36,11 +45,16 @@ def _json_safe(x):
     return x
 
 
-def sweep(cfg: SweepConfig, out, *, max_units: int | None = None, progress: bool = False, n_boot: int = 200,
+def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False, n_boot: int = 200,
           after_unit=None) -> dict:
     """Run the sweep ``cfg`` into directory ``out`` (this process's share under torchrun) and, on rank 0
     once every unit is stored, merge and write report.json / report.md / PNGs. Returns a status dict:
     {"complete", "units", "done_here", "report" (rank 0, complete only)}."""
+    import torch
+
+    from .run import Dist, plan_units, run_units
+
+    threads = torch.get_num_threads()
     dist = Dist.from_env(cfg.device)
     try:
         store = Store(out, cfg.identity())
@@ -67,9 +81,10 @@ def sweep(cfg: SweepConfig, out, *, max_units: int | None = None, progress: bool
         return result
     finally:
         dist.close()
+        torch.set_num_threads(threads)
 
 
-def merge(cfg: SweepConfig, store: Store, dist: Dist, n_boot: int = 200) -> dict:
+def merge(cfg, store: Store, dist, n_boot: int = 200) -> dict:
     """Rank 0: analyse every stored unit and write report.json, report.md and the figures atomically."""
     import torch
 

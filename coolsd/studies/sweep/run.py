@@ -57,6 +57,7 @@ class SweepConfig:
     model: str
     settings: tuple            # (Setting, ...)
     images: int
+    model_options: tuple = ()  # ((BuildOptions field, value), ...): checkpoints, prompts, dtype
     unit_images: int = 8
     seed: int = 0
     L: int = 4
@@ -73,7 +74,7 @@ class SweepConfig:
 
     def identity(self) -> dict:
         """What must match for stored units to be reused (not ``images``: more images add blocks)."""
-        return {"model": self.model, "grid": [s.key for s in self.settings], "seed": self.seed,
+        return {"model": self.model, "model_options": [list(kv) for kv in self.model_options], "grid": [s.key for s in self.settings], "seed": self.seed,
                 "unit_images": self.unit_images, "L": self.L, "tree": self.tree, "draft": self.draft,
                 "batch_size": self.batch_size, "record_images": self.record_images,
                 "temperature": self.temperature, "cfg_scale": self.cfg_scale}
@@ -170,7 +171,8 @@ class Context:
             dev = f"cuda:{dist.local_rank}"
         self.device = dev
         n_cond = cfg.images
-        b = build(cfg.model, BuildOptions(device=dev, draft=cfg.draft, seed=cfg.seed, num_images=n_cond))
+        b = build(cfg.model, BuildOptions(device=dev, draft=cfg.draft, seed=cfg.seed, num_images=n_cond),
+                  **dict(cfg.model_options))
         self.bundle = b
         self.tree = parse_tree(cfg.tree, cfg.L) if cfg.tree is not None else None
         self.L = self.tree.depth if self.tree is not None else cfg.L
@@ -279,7 +281,11 @@ def run_units(cfg: SweepConfig, store: Store, dist: Dist, *, max_units: int | No
             bar = tqdm(total=len(mine), desc=f"sweep rank {dist.rank}", unit="unit")
         for u in mine:
             arrays, meta = run_unit(ctx, u)
-            store.write_unit(u.slug, u.index, arrays, meta)
+            try:
+                store.write_unit(u.slug, u.index, arrays, meta)
+            except OSError as e:   # disk full, read-only: the stored units stay valid, the rerun resumes
+                raise ValueError(f"cannot write {store.unit_path(u.slug, u.index)}: {e.strerror or e}; the units "
+                                 "already stored are kept: free space / fix permissions and rerun") from None
             done += 1
             if bar is not None:
                 bar.update(1)
