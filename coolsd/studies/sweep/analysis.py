@@ -95,7 +95,8 @@ def _quality(ctx: Context, d: dict, seed: int, ref, real_feats, n_boot: int) -> 
     acc = class_accuracy(images, labels)
     k = min(3, len(f) - 1)
     pr = precision_recall(real_feats, f, k=k) if k >= 1 else {"precision": None, "recall": None, "k": None}
-    nll = nll_with_se(ctx.bundle.target, labels.to(ctx.bundle.target.device), tokens)
+    dev = getattr(ctx.bundle.target, "device", "cpu")
+    nll = nll_with_se(ctx.bundle.target, labels.to(dev), tokens.to(dev))
     return {"frechet_distance": fd["fd"], "frechet_distance_ci": fd["ci"], "frechet_distance_se": fd["se"],
             "class_accuracy": acc, "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels)),
             **nll, "precision": pr["precision"], "recall": pr["recall"], "precision_recall_k": pr["k"]}

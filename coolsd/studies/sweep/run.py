@@ -166,6 +166,7 @@ class Context:
         from real.registry import BuildOptions, build
 
         self.cfg = cfg
+        self.rank = dist.rank
         dev = cfg.device
         if str(dev).startswith("cuda") and dist.world > 1:
             dev = f"cuda:{dist.local_rank}"
@@ -216,6 +217,7 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
     dev = torch.device(ctx.device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+    started = time.time()
     t0 = time.perf_counter()
     if unit.setting is None:
         gens = generate(b.target, None, conds, num_tokens=b.num_tokens, processing=ctx.proc, seed=seed,
@@ -253,7 +255,8 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
         for dep, (p, q, toks, start) in tree_records(gens).items():
             arrays |= {f"rect{dep}_p": p.astype(np.float32), f"rect{dep}_q": q.astype(np.float32),
                        f"rect{dep}_tokens": toks, f"rect{dep}_start": start}
-    meta = {"key": unit.key, "index": unit.index, "seed": seed, "wall_seconds": wall,
+    meta = {"key": unit.key, "index": unit.index, "seed": seed, "wall_seconds": wall, "started": started,
+            "finished": time.time(), "rank": ctx.rank,
             "batch_size": cfg.batch_size, "device": str(ctx.device), "code_version": ctx.code_version}
     return arrays, meta
 
