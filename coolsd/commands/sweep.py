@@ -35,7 +35,6 @@ def register(sub):
     s.add_argument("--cfg-scale", type=float, default=None, help="CFG scale (default: the model's)")
     s.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank (default 1)")
-    s.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples for the FD interval (default 200)")
     s.add_argument("--max-units", type=int, default=None,
                    help="stop after this many units per rank (run in chunks; rerun to continue)")
     s.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
@@ -69,7 +68,7 @@ def config(args):
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
     for name, v, lo in (("--images", args.images, 2), ("--unit-images", args.unit_images, 1), ("--L", args.L, 1),
-                        ("--threads", args.threads, 1), ("--bootstrap", args.bootstrap, 2),
+                        ("--threads", args.threads, 1),
                         ("--record-images", args.record_images, 0)):
         if v < lo:
             raise ValueError(f"{name} must be >= {lo}, got {v}")
@@ -103,7 +102,7 @@ def run(args):
     from coolsd.studies.sweep import sweep
 
     cfg = config(args)
-    res = sweep(cfg, args.out, max_units=args.max_units, progress=not args.no_progress, n_boot=args.bootstrap)
+    res = sweep(cfg, args.out, max_units=args.max_units, progress=not args.no_progress)
     if res["rank"] != 0:
         return 0
     if not res["complete"]:

@@ -45,7 +45,7 @@ def _json_safe(x):
     return x
 
 
-def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False, n_boot: int = 200,
+def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
           after_unit=None) -> dict:
     """Run the sweep ``cfg`` into directory ``out`` (this process's share under torchrun) and, on rank 0
     once every unit is stored, merge and write report.json / report.md / PNGs. Returns a status dict:
@@ -76,7 +76,7 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False, n_b
         result = {"complete": not missing, "units": len(units), "missing": len(missing), **status,
                   "rank": dist.rank, "world_size": dist.world}
         if dist.rank == 0 and not missing:
-            result["report"] = merge(cfg, store, dist, n_boot=n_boot)
+            result["report"] = merge(cfg, store, dist)
         dist.barrier()
         return result
     finally:
@@ -84,7 +84,7 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False, n_b
         torch.set_num_threads(threads)
 
 
-def merge(cfg, store: Store, dist, n_boot: int = 200) -> dict:
+def merge(cfg, store: Store, dist) -> dict:
     """Rank 0: analyse every stored unit and write report.json, report.md and the figures atomically."""
     import torch
 
@@ -94,7 +94,7 @@ def merge(cfg, store: Store, dist, n_boot: int = 200) -> dict:
     t0 = time.perf_counter()
     torch.set_num_threads(max(cfg.threads, 1))
     ctx = Context(cfg, dist)
-    rep = analysis.analyse(store, cfg, ctx, n_boot=n_boot)
+    rep = analysis.analyse(store, cfg, ctx)
     rep["config"] = {"model": cfg.model, "grid_items": list(cfg.grid_items), "grid": [s.key for s in cfg.settings],
                      "vanilla_added": cfg.vanilla_added, "images": cfg.images, "unit_images": cfg.unit_images,
                      "seed": cfg.seed, "L": ctx.L, "tree": cfg.tree, "drafting": "tree" if cfg.tree else "chain",

@@ -4,7 +4,7 @@ figures and their uncertainty, and the paper's claims tested on the data.
 Predictions reuse the demo's code (``real.zoo.demo``: T10/T11 per recorded vanilla round, the renewal
 recursion over the image's positions, the speed-up model), called on the vanilla rows the sweep stored.
 Quality (MNIST only: the shipped VQ decoder and classifier): Frechet distance to the held-out digits
-with a bootstrap interval, class accuracy, target NLL per token, k-NN precision/recall in the
+with a jackknife interval, class accuracy, target NLL per token, k-NN precision/recall in the
 classifier's feature space.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _vanilla_source(ctx: Context, van: dict):
                 van[f"rect{d}_start"]) for d in deps} or None
 
 
-def _quality(ctx: Context, d: dict, seed: int, ref, real_feats, n_boot: int) -> dict:
+def _quality(ctx: Context, d: dict, ref, real_feats) -> dict:
     from real.zoo import vq
     from real.zoo.demo import nll_with_se
     from real.zoo.metrics import class_accuracy, image_features
@@ -91,7 +91,7 @@ def _quality(ctx: Context, d: dict, seed: int, ref, real_feats, n_boot: int) -> 
     images = vq.decode(tokens)
     labels = torch.as_tensor(d["classes"])
     f = image_features(images).numpy()
-    fd = fd_with_ci(f, ref, n_boot=n_boot, seed=seed)
+    fd = fd_with_ci(f, ref)
     acc = class_accuracy(images, labels)
     k = min(3, len(f) - 1)
     pr = precision_recall(real_feats, f, k=k) if k >= 1 else {"precision": None, "recall": None, "k": None}
@@ -102,7 +102,7 @@ def _quality(ctx: Context, d: dict, seed: int, ref, real_feats, n_boot: int) -> 
             **nll, "precision": pr["precision"], "recall": pr["recall"], "precision_recall_k": pr["k"]}
 
 
-def analyse(store: Store, cfg: SweepConfig, ctx: Context, n_boot: int = 200) -> dict:
+def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     """The report dict: {"methods": [...], "baseline": {...}, "claims": [...], "config": ...}."""
     from real.zoo import demo
 
@@ -129,7 +129,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context, n_boot: int = 200) -> 
     baseline = {"name": AR, "images": int(len(ar["tokens"])), "tokens_per_target_call": 1.0,
                 "seconds_per_image": ar["wall_per_image"]}
     if quality:
-        baseline |= _quality(ctx, ar, 0, ref, real_feats, n_boot)
+        baseline |= _quality(ctx, ar, ref, real_feats)
     entries = []
     for i, s in enumerate(cfg.settings):
         d = loaded[s.key]
@@ -156,7 +156,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context, n_boot: int = 200) -> 
              "acceptance_rate": float(d["round_accepted"].sum() / depth.sum()) if depth.sum() else None,
              "seconds_per_image": d["wall_per_image"], "rounds": int(d["image_rounds"].sum())}
         if quality:
-            e |= _quality(ctx, d, i + 1, ref, real_feats, n_boot)
+            e |= _quality(ctx, d, ref, real_feats)
         else:
             e |= {k: None for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token")}
         entries.append(e)

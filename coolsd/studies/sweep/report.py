@@ -64,7 +64,7 @@ def markdown(report: dict) -> str:
         "Tokens per target call: T n / (target calls), SE over images (delta method). Speed-up: plain-AR wall time per "
         "image / the setting's, same batch size; predicted from the vanilla rows and measured unit costs "
         "(`real.zoo.demo`). FD: Frechet distance to the held-out digits in the shipped classifier's space, 95% "
-        "BCa bootstrap interval (scipy.stats.bootstrap) over the generated images. NLL: target NLL per token of the generated codes. "
+        "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.studies.sweep.metrics.fd_with_ci` for why not the bootstrap). NLL: target NLL per token of the generated codes. "
         "Precision / recall: k-NN manifolds (k = 3) in the classifier's feature space against the held-out digits. "
         f"TV bound: mean per-round T11 bound. Predictions: {p['from']}. Quality: {report['quality']}.", "",
         "## Settings", "", table(report),
@@ -123,13 +123,12 @@ def figures(out: pathlib.Path, report: dict) -> dict:
         _save(fig, path)
 
     def ci(ms):
-        # clipped at 0: a bias-corrected interval need not contain the plug-in estimate
         return [[max(0.0, m["frechet_distance"] - (m["frechet_distance_ci"][0] or m["frechet_distance"])) for m in ms],
                 [max(0.0, (m["frechet_distance_ci"][1] or m["frechet_distance"]) - m["frechet_distance"]) for m in ms]]
 
     tpc = lambda m: m["accepted_length"]["measured"]
     panel(out / FIGURES["fd_vs_tokens"], tpc, lambda m: m["frechet_distance"], ci, "measured tokens per target call",
-          "Frechet distance to held-out digits (95% BCa CI)", "FD vs tokens per target call (lower is better)",
+          "Frechet distance to held-out digits (95% jackknife CI)", "FD vs tokens per target call (lower is better)",
           (1.0, b.get("frechet_distance")))
     panel(out / FIGURES["fd_vs_speedup"], lambda m: m["speedup"]["measured"], lambda m: m["frechet_distance"], ci,
           "measured wall-clock speed-up over plain AR", "Frechet distance (95% CI)", "FD vs measured speed-up",
