@@ -146,16 +146,19 @@ def round_positions(gen) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(made)[:-1]])
 
 
-def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_count: int = 30) -> np.ndarray:
+def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_count: int = 30, T: int = T_IMAGE,
+                    per_row: int = ROWS) -> np.ndarray:
     """Pr(tau >= i) per image row of the round's start: acc (R, L) per-round estimates of
     Pr(all of drafts 1..i accepted | drafts) (T10's products, or a tree's summed reach per depth), live
-    (R, L) where position i was drafted, start (R,) tokens generated before the round. Returns (ROWS, L),
-    monotone in i; rows with fewer than ``min_count`` live rounds at i use the pooled estimate."""
+    (R, L) where position i was drafted, start (R,) tokens generated before the round; images of T tokens
+    in rows of ``per_row`` (MNIST: 7 x 7). Returns (rows, L), monotone in i; rows with fewer than
+    ``min_count`` live rounds at i use the pooled estimate."""
     L = acc.shape[1]
     pooled = (acc * live).sum(0) / np.maximum(live.sum(0), 1)
-    S = np.tile(pooled, (ROWS, 1))
-    row = np.minimum(start // ROWS, ROWS - 1)
-    for b in range(ROWS):  # seven image rows
+    rows = -(-T // per_row)
+    S = np.tile(pooled, (rows, 1))
+    row = np.minimum(start // per_row, rows - 1)
+    for b in range(rows):  # image rows (seven for MNIST)
         m = row == b
         cnt = live[m].sum(0)
         ok = cnt >= min_count
@@ -163,7 +166,7 @@ def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_co
     return np.minimum.accumulate(np.clip(S, 0.0, 1.0), axis=1)
 
 
-def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE) -> dict:
+def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
     """Renewal recursion over positions n = 0..T-1 (THEORY section 7 with a position-dependent round law):
     a round started at n drafts L' = min(depth, T - n - 1) (0 for the first round when ``first_single``:
     EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
@@ -183,7 +186,7 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
             pi[n + 1] += m
             continue
         draft += m * ell
-        surv = np.concatenate([[1.0], S[min(n // ROWS, ROWS - 1), :ell], [0.0]])
+        surv = np.concatenate([[1.0], S[min(n // per_row, len(S) - 1), :ell], [0.0]])
         pi[n + 1:n + ell + 2] += m * (surv[:-1] - surv[1:])     # tau = 0..ell
     return {"rounds": rounds, "draft_steps": draft, "single_steps": single, "tokens_per_call": T / rounds}
 
@@ -242,14 +245,15 @@ def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400
     return np.concatenate(acc), np.concatenate(f), bound
 
 
-def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rounds: int = 400) -> dict:
+def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rounds: int = 400, T: int = T_IMAGE,
+                     per_row: int = ROWS) -> dict:
     """Predicted tokens per target call, draft work and per-round TV bound of ``verifier`` from recorded
-    chain rounds (``chain_arrays``)."""
+    chain rounds (``chain_arrays``) of images of T tokens in rows of ``per_row``."""
     p, q, d, nd, start = arrays
     accepted, f, bound = predict_chain(arrays, verifier, max_bound_rounds=max_bound_rounds)
     live = (np.arange(1, L + 1)[None, :] <= nd[:, None]).astype(np.float64)
-    S = survival_by_row(np.cumprod(f, axis=1), live, start)
-    er = expected_rounds(S, L, first_single)
+    S = survival_by_row(np.cumprod(f, axis=1), live, start, T=T, per_row=per_row)
+    er = expected_rounds(S, L, first_single, T, per_row)
     return {**er, "per_round_accepted": float(accepted.mean()), "tv_bound": float(bound.mean()),
             "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan"),
             "tv_bound_rounds": int(len(bound)), "rounds_recorded": int(len(d))}
@@ -272,7 +276,7 @@ def tree_records(gens):
 
 
 def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
     """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
     (``tree_records``), by ``theory.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
     forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for LANTERN++'s own
@@ -311,13 +315,13 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
         per_round.append(np.asarray(r.accepted))
     acc, live, start = np.concatenate(accs), np.concatenate(lives), np.concatenate(starts)
     bound, per_round = np.concatenate(bounds), np.concatenate(per_round)
-    S = survival_by_row(acc, live, start)
-    er = expected_rounds(S, D, first_single=True)
+    S = survival_by_row(acc, live, start, T=T, per_row=per_row)
+    er = expected_rounds(S, D, True, T, per_row)
     return {**er, "per_round_accepted": float(per_round.mean()), "tv_bound": float(bound.mean()),
             "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan")}
 
 
-def predicted_speedup(er: dict, costs: dict, verify_s: float) -> float:
+def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) -> float:
     """Speed-up over plain AR predicted from the expected work per image and measured unit costs (seconds):
     time = rounds (target pass + bookkeeping) + drafted rounds x verifier + draft steps x draft step, AR
     time = T x AR step. In units of the AR step this is ``theory.image.ImagePrediction.speedup`` with
@@ -325,7 +329,7 @@ def predicted_speedup(er: dict, costs: dict, verify_s: float) -> float:
     drafted_rounds = er["rounds"] - er["single_steps"]
     t = er["rounds"] * (costs["target_per_round_s"] + costs["other_per_round_s"]) \
         + drafted_rounds * verify_s + er["draft_steps"] * costs["draft_step_s"]
-    return T_IMAGE * costs["ar_step_s"] / t
+    return T * costs["ar_step_s"] / t
 
 
 def time_verifier(kind: str, arrays_or_groups, verifier, tree: Tree | None, n: int = 100, device="cpu") -> float:

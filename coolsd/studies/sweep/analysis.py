@@ -121,7 +121,8 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     van_setting = next(s for s in cfg.settings if s.method == "vanilla")
     van = loaded[van_setting.key]
     source = _vanilla_source(ctx, van)
-    predictable = source is not None and T == demo.T_IMAGE
+    predictable = source is not None
+    per_row = _per_row(ctx.bundle, T)
     nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
     first = np.r_[True, van["round_image"][1:] != van["round_image"][:-1]]
     first_single = bool((van["round_drafted"][first] == 0).all())
@@ -138,10 +139,10 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
         if predictable:
             rule = s.verifier(ctx.L, nb)
             if ctx.tree is None:
-                pred = demo.chain_prediction(source, rule, ctx.L, first_single)
+                pred = demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row)
                 verify_s = demo.time_verifier("chain", source, ctx.verifier(s), None, device=ctx.device)
             else:
-                pred = demo.tree_prediction(source, rule, ctx.tree)
+                pred = demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row)
                 verify_s = demo.time_verifier("tree", source, ctx.verifier(s), ctx.tree, device=ctx.device)
         drafted = d["round_drafted"]
         depth = np.where(d["round_depth"] >= 0, d["round_depth"], drafted)
@@ -150,7 +151,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
              "images": int(len(d["tokens"])),
              "accepted_length": {"predicted": pred["tokens_per_call"] if pred else None, "measured": tpc,
                                  "measured_se": se},
-             "speedup": {"predicted": demo.predicted_speedup(pred, costs, verify_s) if pred else None,
+             "speedup": {"predicted": demo.predicted_speedup(pred, costs, verify_s, T) if pred else None,
                          "measured": ar["wall_per_image"] / d["wall_per_image"]},
              "tv_bound": pred["tv_bound"] if pred else None, "tv_bound_se": pred["tv_bound_se"] if pred else None,
              "acceptance_rate": float(d["round_accepted"].sum() / depth.sum()) if depth.sum() else None,
@@ -166,11 +167,23 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                             "from": f"vanilla {'tree' if ctx.tree is not None else 'chain'} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
                                     "images (real.zoo.demo predictions)" if predictable else
-                                    "not available (needs recorded vanilla rows of a 49-token MNIST image)",
+                                    "not available (no recorded vanilla rows: --record-images 0?)",
+                            "tokens_per_row": per_row,
                             "costs": costs},
             "quality": "MNIST: shipped VQ + classifier features" if quality else
                        "not available for this model (FD / accuracy need the MNIST zoo's classifier)",
             "code_versions": versions}
+
+
+def _per_row(bundle, T: int) -> int:
+    """Tokens per image row for the row-wise acceptance estimate of the predictions: the model's code
+    grid (``Bundle.info["grid"]`` = [rows, columns]), else the side of a square image, else the whole
+    image as one row (pooled)."""
+    grid = bundle.info.get("grid")
+    if grid and len(grid) == 2 and grid[0] * grid[1] == T:
+        return int(grid[1])
+    side = math.isqrt(T)
+    return side if side * side == T else T
 
 
 def _match(e: dict, method: str, pinned: dict) -> bool:
