@@ -23,7 +23,7 @@ def register(sub):
     s.add_argument("--images", type=int, default=64, help="images per setting (default 64)")
     s.add_argument("--out", required=True, help="results directory (created; reused to resume)")
     s.add_argument("--unit-images", type=int, default=8, help="images per work unit (default 8)")
-    s.add_argument("--batch-size", type=int, default=None, help="images per engine batch (default: the engine's)")
+    s.add_argument("--batch-size", type=int, default=None, help="images per engine batch, <= --unit-images (default: the engine's)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--L", type=int, default=4, help="chain draft length (default 4)")
     s.add_argument("--tree", default=None, help="static-tree drafting: eagle25, eagle57, chain or JSON paths "
@@ -74,6 +74,9 @@ def config(args):
             raise ValueError(f"{name} must be >= {lo}, got {v}")
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_size is not None and args.batch_size > args.unit_images:
+        raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {args.unit_images} (each unit is one "
+                         "engine call): raise --unit-images")
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
     if not args.temperature >= 0:

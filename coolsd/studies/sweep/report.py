@@ -74,7 +74,7 @@ def markdown(report: dict) -> str:
         "weights (settings are independent). held: z <= -2 (A better); not held: z >= 2; otherwise not separable.", "",
         claims_section(report),
         "## Figures", "",
-        *[f"- `{v}`" for v in report["figures"].values()], ""]
+        *[f"![{k}]({v})" for k, v in report["figures"].items()], ""]
     return "\n".join(lines)
 
 
