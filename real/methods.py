@@ -1,76 +1,63 @@
-"""Method names (as on the command line) -> ``theory.rules`` verifiers and the processing they imply.
-
-No rule is re-implemented here: every verifier comes from ``theory.rules``' factories.
+"""Method names (as on the command line) -> ``theory.rules`` verifiers on a device, and the processing
+they imply. The names, parameters, defaults and ranges live in one registry, ``theory.methods``; this
+module adds the torch concerns (the LANTERN neighbour table kept on the model's device) and the flat
+option set of ``coolsd generate`` (``MethodParams``, generated from the registry's flags).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import dataclasses
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from theory import rules
+from theory import methods as registry
+from theory.methods import default_lantern_k
 
 from .sampling import Processing
 
-__all__ = ["METHODS", "MethodParams", "make_verifier", "method_processing", "default_lantern_k"]
+__all__ = ["METHODS", "MethodParams", "make_verifier", "method_params", "method_processing", "default_lantern_k",
+           "neighbors_on"]
 
-METHODS = ("vanilla", "cool-sd", "uniform-rsd", "linear-rsd", "lantern", "lantern++", "typical", "greedy")
+METHODS = registry.names()
 
-
-@dataclass(frozen=True)
-class MethodParams:
-    delta: float = 2.0            # Cool-SD relaxation budget (w_1 = delta when mu is None)
-    nu: float = 0.7               # Cool-SD decay
-    mu: float | None = None       # Cool-SD offset (None: normalise to w_1 = delta)
-    c: float = 1.5                # UniformRSD weight
-    linear_first: float = 3.0     # linear-rsd w_1
-    linear_last: float = 1.0      # linear-rsd w_L
-    lantern_k: int | None = None  # neighbourhood size (None: default_lantern_k(V))
-    lantern_delta: float = 0.2    # LANTERN absolute mass threshold
-    lam: float = 2.0              # LANTERN++ relative threshold lambda
-    resampler: str = "lantern"    # LANTERN/LANTERN++ resampling: their own ("lantern") or "optimal" (G*)
-    eps: float = 0.09             # typical acceptance
-    alpha: float = 0.3
+# One field per flat option of the registry (delta, nu, mu, c, linear_first, ..., lantern_k, lam, resampler,
+# eps, alpha); None = the method's default. Generated, so a parameter added to the registry appears here.
+MethodParams = dataclasses.make_dataclass(
+    "MethodParams", [(flag, object, dataclasses.field(default=None)) for flag in registry.flags()], frozen=True)
+MethodParams.__doc__ = ("Flat method options (``coolsd generate``'s verifier flags, from ``theory.methods.flags``); "
+                        "None = the method's default; options of other methods are ignored by ``make_verifier``.")
 
 
-def default_lantern_k(V: int) -> int:
-    """LANTERN's k = 1000 neighbours of 16384 codes (about V/16), capped at 1000."""
-    return int(min(1000, max(1, V // 16)))
+def method_params(method: str, params=None) -> dict:
+    """The registry parameters of ``method`` set in the flat ``params`` (MethodParams; None fields skipped)."""
+    m = registry.get(method)
+    if params is None:
+        return {}
+    return {p.name: getattr(params, p.option) for p in m.free if getattr(params, p.option) is not None}
 
 
-def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), neighbors=None, device=None):
-    """The ``theory.rules.Verifier`` for a method name. LANTERN methods need the codebook neighbour
-    table ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.vq.codebook_neighbors``);
-    with ``device`` the table is kept there as a torch tensor (no host-to-device copy per round)."""
-    m = method.lower()
-    if m == "vanilla":
-        return rules.vanilla()
-    if m == "cool-sd":
-        return rules.cool_sd(params.delta, params.nu, params.mu)
-    if m == "uniform-rsd":
-        return rules.uniform_rsd(params.c)
-    if m == "linear-rsd":
-        return rules.linear_rsd(params.linear_first, params.linear_last, L)
-    if m in ("lantern", "lantern++"):
-        if neighbors is None:
-            raise ValueError(f"method {method!r} needs a codebook neighbour table (the model has no VQ codebook here)")
-        nb = np.asarray(neighbors) if device is None else torch.as_tensor(np.asarray(neighbors), device=device)
-        V, K = nb.shape
-        k = params.lantern_k if params.lantern_k is not None else default_lantern_k(V)
-        need = k + 1 if params.resampler == "lantern" else k
-        if need > K:
-            raise ValueError(f"{method}: k={k} needs {need} neighbours per code, the table has {K}")
-        if m == "lantern":
-            return rules.lantern(nb, k, params.lantern_delta, resample=params.resampler)
-        return rules.lantern_pp(nb, k, params.lam, resample=params.resampler)
-    if m == "typical":
-        return rules.typical(params.eps, params.alpha)
-    if m == "greedy":
-        return rules.greedy()
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+def neighbors_on(neighbors, device=None):
+    """The neighbour table (V, K) as numpy (device None) or as a torch tensor kept on ``device`` (no
+    host-to-device copy per round)."""
+    if neighbors is None:
+        return None
+    if isinstance(neighbors, torch.Tensor):
+        return neighbors if device is None else neighbors.to(device)
+    nb = np.asarray(neighbors)
+    return nb if device is None else torch.as_tensor(nb, device=device)
+
+
+def make_verifier(method: str, L: int, params=None, neighbors=None, device=None, **kw):
+    """The ``theory.rules.Verifier`` for a method name (``theory.methods``) from flat options ``params``
+    (MethodParams) and/or registry parameters ``kw``. LANTERN methods need the codebook neighbour table
+    ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.vq.codebook_neighbors``); with
+    ``device`` the table is kept there as a torch tensor."""
+    m = registry.get(method)
+    nb = neighbors_on(neighbors, device) if m.needs_neighbors else None
+    return registry.build(method, L, nb, {**method_params(method, params), **kw})
 
 
 def method_processing(method: str, processing: Processing) -> Processing:
     """``greedy`` means temperature 0 (one-hot rows) for draft and target; other methods keep ``processing``."""
-    return replace(processing, temperature=0.0) if method.lower() == "greedy" else processing
+    return replace(processing, temperature=0.0) if registry.get(method).greedy_rows else processing

@@ -1,20 +1,21 @@
 """Named model pairs for the command line (``coolsd generate --model NAME``) and scripts.
 
-A builder takes an options object (attributes read with defaults: device, dtype, seed, num_images,
-class_id, draft, checkpoint paths, ...) and returns a ``Bundle``: target, draft, one condition per image,
+A builder takes a ``BuildOptions`` (a frozen dataclass: device, dtype, seed, num_images, class_id, draft,
+checkpoint paths, ...; None = the model's default; an unknown option is an error) and returns a ``Bundle``: target, draft, one condition per image,
 tokens per image, an optional codebook neighbour table for LANTERN, an optional VQ decoder.
 Add a model with ``register("name", builder, "one-line help")`` (other adapters: Chameleon, Janus, Emu3,
 the MNIST zoo).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-__all__ = ["Bundle", "register", "build", "MODELS", "tiny_llamagen_pair"]
+__all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamagen_pair"]
 
 
 @dataclass
@@ -37,19 +38,57 @@ def register(name: str, builder: Callable[[Any], Bundle], help: str = "") -> Non
     MODELS[name] = (builder, help)
 
 
-def build(name: str, opts: Any = None) -> Bundle:
+@dataclass(frozen=True)
+class BuildOptions:
+    """Options of the model builders; None everywhere means "the model's default" (stated per builder)."""
+    device: str | None = None             # cpu, cuda, cuda:N, auto (default cpu)
+    dtype: str | None = None              # float32 (default), bfloat16, float16
+    seed: int | None = None               # weights of random models, caption draws, class ids (default 0)
+    num_images: int | None = None         # one condition per image (default 1)
+    class_id: int | None = None           # c2i: this class for every image (default: seeded random)
+    num_tokens: int | None = None         # tokens per image (default: the whole image)
+    draft: str | None = None              # draft kind: layerskip, small, eagle (model-dependent default)
+    draft_layers: int | None = None       # layerskip drafts: target layers kept (default 1)
+    model_type: str | None = None         # llamagen: c2i (default) or t2i
+    image_size: int | None = None
+    target_ckpt: str | None = None
+    target_pretrained: str | None = None
+    target_size: str | None = None
+    draft_ckpt: str | None = None
+    draft_pretrained: str | None = None
+    draft_size: str | None = None
+    drafter_dir: str | None = None        # trained EAGLE drafter directory
+    vq_ckpt: str | None = None
+    vq_size: str | None = None
+    neighbors_k: int | None = None        # width of the LANTERN neighbour table (default 1001)
+    captions: str | None = None           # t2i: .pt list of {embedding, mask}
+    prompts: tuple | list | None = None   # t2i / multimodal prompts
+
+    @classmethod
+    def from_namespace(cls, ns) -> "BuildOptions":
+        """The build options present in an argparse Namespace (other attributes are the caller's)."""
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})
+
+
+def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
+    """The ``Bundle`` of model ``name`` built with ``opts`` and/or options ``kw`` (fields of ``BuildOptions``;
+    an unknown one is a ValueError naming it)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
-    return MODELS[name][0](opts if opts is not None else _Opts())
+    if opts is not None and not isinstance(opts, BuildOptions):
+        raise TypeError(f"opts must be a BuildOptions (BuildOptions.from_namespace(args) for a Namespace), "
+                        f"got {type(opts).__name__}")
+    known = {f.name for f in dataclasses.fields(BuildOptions)}
+    bad = sorted(set(kw) - known)
+    if bad:
+        raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
+    opts = dataclasses.replace(opts or BuildOptions(), **kw)
+    return MODELS[name][0](opts)
 
 
-class _Opts:
-    def __getattr__(self, k):
-        return None
-
-
-def _o(opts, name, default):
-    v = getattr(opts, name, None)
+def _o(opts: BuildOptions, name: str, default):
+    """Option ``name`` or ``default`` when unset (None); a name BuildOptions lacks raises AttributeError."""
+    v = getattr(opts, name)
     return default if v is None else v
 
 
@@ -73,7 +112,7 @@ def _device(opts) -> torch.device:
 
 def _class_ids(opts, num_classes: int) -> list[int]:
     n = int(_o(opts, "num_images", 1))
-    cid = getattr(opts, "class_id", None)
+    cid = opts.class_id
     if cid is not None:
         if not 0 <= int(cid) < num_classes:
             raise ValueError(f"--class-id must be in [0, {num_classes}), got {cid}")
@@ -160,8 +199,8 @@ def _build_llamagen(opts) -> Bundle:
     size = _o(opts, "image_size", 384 if mtype == "c2i" else 256)
 
     def ckpt(path_opt, name_opt):
-        p = getattr(opts, path_opt, None)
-        if p is None and getattr(opts, name_opt, None):
+        p = getattr(opts, path_opt)
+        if p is None and getattr(opts, name_opt):
             p = lg.download(getattr(opts, name_opt))
         if p is None:
             raise ValueError(f"--{path_opt.replace('_', '-')} (or --{name_opt.replace('_', '-')} to download) is required")
@@ -171,7 +210,7 @@ def _build_llamagen(opts) -> Bundle:
                          image_size=size, model_type=mtype, device=dev, dtype=dt)
     kind = _o(opts, "draft", "small")
     if kind == "eagle":
-        if getattr(opts, "drafter_dir", None) is None:
+        if opts.drafter_dir is None:
             raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
         d = load_lantern_drafter(opts.drafter_dir, t.output, device=dev, dtype=dt)
     elif kind == "layerskip":
@@ -180,7 +219,7 @@ def _build_llamagen(opts) -> Bundle:
         d = lg.load_llamagen(ckpt("draft_ckpt", "draft_pretrained"), _o(opts, "draft_size", "B"),
                              image_size=size, model_type=mtype, device=dev, dtype=dt)
     vq, nb = None, None
-    vq_path = getattr(opts, "vq_ckpt", None)
+    vq_path = opts.vq_ckpt
     if vq_path:
         vq = load_vq(vq_path, _o(opts, "vq_size", "VQ-16"), device=dev)
         cb = vq.quantize.codebook().detach()
@@ -197,10 +236,10 @@ def _captions(opts, dev, dt):
     from . import llamagen as lg
     from .protocol import Caption
 
-    if getattr(opts, "captions", None):
+    if opts.captions:
         obj = torch.load(opts.captions, map_location="cpu", weights_only=True)
         return [Caption(c["embedding"], c.get("mask")) for c in obj]
-    if getattr(opts, "prompts", None):
+    if opts.prompts:
         return lg.t5_captions(list(opts.prompts), device=dev, dtype=dt)
     raise ValueError("t2i needs --captions FILE.pt (list of {'embedding', 'mask'}) or --prompts TEXT ...")
 
@@ -318,7 +357,7 @@ def _mm_draft(opts, family: str, target, load_small):
 
     kind = _o(opts, "draft", "eagle" if family != "janus" else "small")
     if kind == "eagle":
-        if getattr(opts, "drafter_dir", None):
+        if opts.drafter_dir:
             return load_adapter_eagle(opts.drafter_dir, target), "eagle"
         return eagle_for(target), "eagle (random, untrained: pass --drafter-dir for a trained one)"
     if kind == "layerskip":
@@ -345,7 +384,7 @@ def _build_mm_real(opts, family: str) -> Bundle:
     from .vq import codebook_neighbors
 
     dev, dt = _device(opts), _dtype(opts)
-    prompts = getattr(opts, "prompts", None)
+    prompts = opts.prompts
     if not prompts:
         raise ValueError(f"--model {family}: pass --prompts TEXT ...")
     vq, load_small = None, None
@@ -357,7 +396,7 @@ def _build_mm_real(opts, family: str) -> Bundle:
         t, tok = load_lumina_mgpt(_o(opts, "target_pretrained", "Alpha-VLLM/Lumina-mGPT-7B-768"), pixels=size,
                                   device=dev, dtype=dt)
         conds = [lumina_prompt(tok, p, size) for p in prompts]
-        if getattr(opts, "vq_ckpt", None):
+        if opts.vq_ckpt:
             import os
 
             y, c = vqgan_paths(opts.vq_ckpt if os.path.isdir(opts.vq_ckpt) else os.path.dirname(opts.vq_ckpt))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory import chains, markov, rules
+from theory import chains, markov, methods, rules
 
 from .rounds import simulate_rule
 from .sequence import simulate_sequence_rule
@@ -132,14 +132,19 @@ def codebook_source(V: int = 12, d: int = 2, ambiguity: float = 0.6, draft_noise
 
 # --------------------------------------------------------------------------- methods and comparison
 
+# (method of theory.methods, swept parameter, levels) compared on the sources
+GRID = (("vanilla", None, (1.0,)), ("uniform-rsd", "c", (1.5, 2.0, 3.0)), ("cool-sd", "delta", (1.5, 2.0, 3.0, 4.0)),
+        ("lantern", "delta", (0.1, 0.2, 0.4)), ("lantern++", "lambda", (1.5, 2.0, 3.0)),
+        ("lantern+G*", "delta", (0.1, 0.2, 0.4)))
+
+
 def method_grid(neighbors, L: int, k: int = 2) -> list[tuple[str, float, rules.Verifier]]:
-    """(method, relaxation parameter, verifier) for the six methods, a few relaxation levels each."""
-    out = [("vanilla", 1.0, rules.vanilla())]
-    out += [("uniform-rsd", c, rules.uniform_rsd(c)) for c in (1.5, 2.0, 3.0)]
-    out += [("cool-sd", d, rules.cool_sd(d)) for d in (1.5, 2.0, 3.0, 4.0)]
-    out += [("lantern", d, rules.lantern(neighbors, k, d)) for d in (0.1, 0.2, 0.4)]
-    out += [("lantern++", lam, rules.lantern_pp(neighbors, k, lam)) for lam in (1.5, 2.0, 3.0)]
-    out += [("lantern+G*", d, rules.lantern(neighbors, k, d, resample="optimal")) for d in (0.1, 0.2, 0.4)]
+    """(method, relaxation parameter, verifier) for the six methods of ``GRID``, a few levels each."""
+    out = []
+    for name, param, levels in GRID:
+        extra = {"k": k} if methods.get(name).needs_neighbors else {}
+        out += [(name, v, methods.build(name, L, neighbors, {**extra, **({param: v} if param else {})}))
+                for v in levels]
     return out
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from theory import chains as _chains
-from theory import markov, rules
+from theory import markov, methods, rules
 
 from . import stats
 from .rounds import simulate, simulate_rule
@@ -89,10 +89,14 @@ def negative_control() -> rules.Verifier:
     return rules.Verifier(rules.Vanilla(), rules.Target(), "neg-control", {"G": "P"})
 
 
-def default_verifiers(neighbors) -> list[rules.Verifier]:
-    return [rules.vanilla(), rules.cool_sd(2.0), rules.uniform_rsd(1.5), rules.lantern(neighbors, 1, 0.2),
-            rules.lantern(neighbors, 1, 0.2, resample="optimal"), rules.lantern_pp(neighbors, 1, 2.0),
-            negative_control()]
+# (method of theory.methods, parameters) checked on every chain, besides the negative control
+VALIDATED = (("vanilla", {}), ("cool-sd", {"delta": 2.0}), ("uniform-rsd", {"c": 1.5}), ("lantern", {"k": 1, "delta": 0.2}),
+             ("lantern+G*", {"k": 1, "delta": 0.2}), ("lantern++", {"k": 1, "lambda": 2.0}))
+
+
+def default_verifiers(neighbors, L: int = 4) -> list[rules.Verifier]:
+    """The ``VALIDATED`` rules (neighbour table (V, K) for LANTERN) and the negative control."""
+    return [*(methods.build(name, L, neighbors, p) for name, p in VALIDATED), negative_control()]
 
 
 def joint_laws(case: ChainCase, F, G) -> tuple[np.ndarray, np.ndarray]:
@@ -183,7 +187,7 @@ def validate(cases=None, verifiers=None, *, n_rounds: int | None = None, seed: i
                      "corrected = plug-in - (reference - exact TV), must stay <= bound + z_max SD")
     jobs = []
     for ci, case in enumerate(cases):
-        vs = default_verifiers(case.neighbors) if verifiers is None else verifiers
+        vs = default_verifiers(case.neighbors, case.L) if verifiers is None else verifiers
         if n_rounds is None:
             n, info = choose_n(case, vs, se_target, power_target, alpha, tv_bias_target)
             rep.notes.append(f"{case.name}: n={n} rounds per run (SE <= {se_target:g} needs {info['n_se']} with max "

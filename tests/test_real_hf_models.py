@@ -628,12 +628,10 @@ def test_gpu_check_lumina_cpu_smoke():
 def test_registry_draft_choices_for_published_models(cham, emu3):
     """The draft options of --model lumina-mgpt / janus-pro / emu3, exercised on tiny adapters (the
     published weights are never needed by tests)."""
-    from types import SimpleNamespace
-
-    from real.registry import _build_mm_real, _mm_draft
+    from real.registry import BuildOptions, _build_mm_real, _mm_draft
 
     for family, (t, _, text) in (("chameleon", cham), ("emu3", emu3)):
-        d, name = _mm_draft(SimpleNamespace(draft="layerskip", draft_layers=1), family, t, None)
+        d, name = _mm_draft(BuildOptions(draft="layerskip", draft_layers=1), family, t, None)
         assert type(d) is type(t) and d.layout == t.layout and name == "layerskip 1"
         assert len(d.backbone.layers) == 1
         proc = Processing(temperature=0.0, cfg_scale=2.0)
@@ -641,12 +639,12 @@ def test_registry_draft_choices_for_published_models(cham, emu3):
         a = engine.ar_generate(t, cond, num_tokens=10, processing=proc)
         s = engine.speculative_generate(t, d, cond, num_tokens=10, verifier=rules.greedy(), L=3, processing=proc)
         assert torch.equal(a.tokens, s.tokens)
-        e, name = _mm_draft(SimpleNamespace(draft="eagle"), family, t, None)
+        e, name = _mm_draft(BuildOptions(draft="eagle"), family, t, None)
         assert e.needs_features and "untrained" in name
         with pytest.raises(ValueError, match="no smaller sibling"):
-            _mm_draft(SimpleNamespace(draft="small"), family, t, None)
+            _mm_draft(BuildOptions(draft="small"), family, t, None)
     with pytest.raises(ValueError, match="--prompts"):
-        _build_mm_real(SimpleNamespace(prompts=None), "janus")
+        _build_mm_real(BuildOptions(prompts=None), "janus")
 
 
 @pytest.mark.parametrize("family", ["chameleon", "janus", "emu3"])

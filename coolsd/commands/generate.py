@@ -16,26 +16,19 @@ def register(sub):
     g.add_argument("--model", default="llamagen-tiny", help="model pair from real.registry (default llamagen-tiny)")
     g.add_argument("--list-models", action="store_true", help="list the registered models and exit")
     g.add_argument("--method", default="vanilla",
-                   help="vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, typical, greedy, or ar "
-                        "(plain autoregressive baseline)")
+                   help="a method of theory.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
+                        "lantern+G*, typical, greedy) or ar (plain autoregressive baseline)")
     g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
     g.add_argument("--tree", default=None,
                    help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
                         "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'")
-    m = g.add_argument_group("verifier parameters")
-    m.add_argument("--delta", type=float, default=2.0, help="Cool-SD relaxation budget delta (w_1 = delta; default 2.0)")
-    m.add_argument("--nu", type=float, default=0.7, help="Cool-SD decay nu (default 0.7)")
-    m.add_argument("--mu", type=float, default=None, help="Cool-SD offset mu (default: w_1 = delta)")
-    m.add_argument("--c", type=float, default=1.5, help="UniformRSD weight c (default 1.5)")
-    m.add_argument("--linear-first", type=float, default=3.0)
-    m.add_argument("--linear-last", type=float, default=1.0)
-    m.add_argument("--lantern-k", type=int, default=None, help="LANTERN neighbourhood size k (default ~V/16, <= 1000)")
-    m.add_argument("--lantern-delta", type=float, default=0.2, help="LANTERN absolute mass threshold (default 0.2)")
-    m.add_argument("--lam", type=float, default=2.0, help="LANTERN++ lambda (default 2.0)")
-    m.add_argument("--resampler", choices=["lantern", "optimal"], default="lantern",
-                   help="LANTERN/LANTERN++ resampling: their own or G* (default lantern)")
-    m.add_argument("--eps", type=float, default=0.09, help="typical acceptance epsilon")
-    m.add_argument("--alpha", type=float, default=0.3, help="typical acceptance alpha")
+    from theory import methods as registry
+
+    m = g.add_argument_group("verifier parameters (theory.methods; unset: the method's default)")
+    for flag, p in registry.flags().items():
+        m.add_argument("--" + flag.replace("_", "-"), dest=flag, type=p.type, default=None,
+                       choices=list(p.choices) if p.choices else None,
+                       help=f"{p.help} (default {p.default if p.default is not None else 'derived'})")
     s = g.add_argument_group("sampling")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--top-k", type=int, default=None, help="0 = off (default: the model's, 0 for most)")
@@ -58,7 +51,13 @@ def register(sub):
     r.add_argument("--record", default=None, help="save the per-round P/Q rows to this .npz (for theory.recorded)")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
-    c = g.add_argument_group("checkpoints (--model llamagen)")
+    add_checkpoint_args(g)
+    g.set_defaults(func=run)
+
+
+def add_checkpoint_args(p):
+    """The model-file and prompt options (fields of ``real.registry.BuildOptions``); shared with ``coolsd sweep``."""
+    c = p.add_argument_group("model files and prompts (--model llamagen, lumina-mgpt, janus-pro, emu3)")
     c.add_argument("--model-type", choices=["c2i", "t2i"], default=None)
     c.add_argument("--image-size", type=int, default=None)
     c.add_argument("--target-ckpt", default=None)
@@ -72,7 +71,6 @@ def register(sub):
     c.add_argument("--vq-size", default=None, help="VQ config: VQ-16 (default), VQ-8, tiny")
     c.add_argument("--captions", default=None, help="t2i: .pt list of {'embedding': (120, 2048), 'mask': (120,)}")
     c.add_argument("--prompts", nargs="*", default=None, help="t2i: prompts encoded with flan-t5-xl")
-    g.set_defaults(func=run)
 
 
 def run(args):
@@ -107,14 +105,22 @@ def generate(args) -> dict:
 
     from real import engine
     from real.methods import MethodParams, make_verifier, method_processing
-    from real.registry import build
+    from real.registry import BuildOptions, build
     from real.sampling import Processing
+    from theory import methods as registry
 
     if args.dtype is None:
         dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         args.dtype = "bfloat16" if str(dev).startswith("cuda") else "float32"
     if args.L < 1:
         raise ValueError(f"--L must be >= 1, got {args.L}")
+    if args.method.lower() != "ar":
+        spec = registry.get(args.method)                    # unknown method: error before loading models
+        own = {p.option for p in spec.free}
+        other = sorted(f for f in registry.flags() if getattr(args, f) is not None and f not in own)
+        if other:
+            raise ValueError(f"{', '.join('--' + f.replace('_', '-') for f in other)} do(es) not apply to method "
+                             f"{spec.name} (its options: {sorted('--' + f.replace('_', '-') for f in own) or 'none'})")
     tree = parse_tree(args.tree, args.L) if args.tree is not None else None
     if tree is not None and args.record:
         raise ValueError("--record stacks chain rounds for theory.recorded; it is not available with --tree")
@@ -130,14 +136,13 @@ def generate(args) -> dict:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    bundle = build(args.model, args)
+    bundle = build(args.model, BuildOptions.from_namespace(args))
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
-    proc = method_processing(args.method, Processing(args.temperature, top_k, args.top_p, cfg_scale))
     method = args.method.lower()
-    params = MethodParams(delta=args.delta, nu=args.nu, mu=args.mu, c=args.c, linear_first=args.linear_first,
-                          linear_last=args.linear_last, lantern_k=args.lantern_k, lantern_delta=args.lantern_delta,
-                          lam=args.lam, resampler=args.resampler, eps=args.eps, alpha=args.alpha)
+    proc = Processing(args.temperature, top_k, args.top_p, cfg_scale)
+    proc = proc if method == "ar" else method_processing(method, proc)
+    params = MethodParams(**{f: getattr(args, f) for f in registry.flags()})
     verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None))
     progress = None if not args.json else False

@@ -33,16 +33,21 @@ def make_chain(args):
     return chains.ambiguous_pair(args.V, spread=0.5, tv=args.tv, seed=args.seed)
 
 
+# the table's rows: (method of theory.methods, parameters); "k" is filled in from V
+TABLE_METHODS = (("vanilla", {}), ("cool-sd", {"delta": 1.5}), ("cool-sd", {"delta": 3.0}), ("uniform-rsd", {"c": 1.5}),
+                 ("linear-rsd", {"first": 3.0, "last": 1.0}), ("lantern", {"delta": 0.2}), ("lantern+G*", {"delta": 0.2}),
+                 ("lantern++", {"lambda": 2.0}), ("typical", {}), ("greedy", {}))
+
+
 def default_verifiers(V: int, L: int = 4, seed: int = 0):
     import numpy as np
 
-    from theory import rules
+    from theory import methods, rules
 
     nb = rules.lantern_neighbors(np.random.default_rng(seed).normal(size=(V, 2)))
     k = max(1, min(3, V - 2))
-    return [rules.vanilla(), rules.cool_sd(1.5), rules.cool_sd(3.0), rules.uniform_rsd(1.5),
-            rules.linear_rsd(3.0, 1.0, L), rules.lantern(nb, k, 0.2), rules.lantern(nb, k, 0.2, resample="optimal"),
-            rules.lantern_pp(nb, k, 2.0), rules.typical(), rules.greedy()]
+    return [methods.build(name, L, nb, {**p, **({"k": k} if methods.get(name).needs_neighbors else {})})
+            for name, p in TABLE_METHODS]
 
 
 def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7):

@@ -102,22 +102,25 @@ class Spec:
 def specs(s: Settings, neighbors) -> list[Spec]:
     """The runs of the demo (besides plain AR), in order; the first chain and tree runs are vanilla and
     record rows for the predictions. ``neighbors`` (V, >= k+1) the codebook neighbour table."""
+    from real.methods import make_verifier
+
     nb = np.asarray(neighbors)
     nb_dev = torch.as_tensor(nb, device=s.device)     # no host-to-device copy of the table per round
 
-    def lan(make, *a, **kw):
-        return dict(verifier=make(nb_dev, *a, **kw), theory_verifier=make(nb, *a, **kw))
+    def spec(name: str, params: dict, drafting: str, draft: str, **kw) -> Spec:
+        """The run of method ``name`` (theory.methods) with ``params``; LANTERN rules get the table on the
+        device for the engine and on the host for the predictions."""
+        v = make_verifier(name, s.L, neighbors=nb_dev, **params)
+        tv = make_verifier(name, s.L, neighbors=nb, **params) if isinstance(v.accept, rules.Lantern) else None
+        return Spec(name, params, drafting, v, draft, theory_verifier=tv, **kw)
 
     def others(drafting: str, draft: str) -> dict:
         """The non-Cool-SD relaxed rules, by contract name."""
         return {
-            "uniform-rsd": Spec("uniform-rsd", {"c": s.uniform_c}, drafting, rules.uniform_rsd(s.uniform_c), draft),
-            "lantern": Spec("lantern", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft=draft,
-                            **lan(rules.lantern, s.lantern_k, s.lantern_delta)),
-            "lantern++": Spec("lantern++", {"k": s.lantern_k, "lambda": s.lam}, drafting, draft=draft,
-                              **lan(rules.lantern_pp, s.lantern_k, s.lam)),
-            "lantern+G*": Spec("lantern+G*", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft=draft,
-                               **lan(rules.lantern, s.lantern_k, s.lantern_delta, resample="optimal")),
+            "uniform-rsd": spec("uniform-rsd", {"c": s.uniform_c}, drafting, draft),
+            "lantern": spec("lantern", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft),
+            "lantern++": spec("lantern++", {"k": s.lantern_k, "lambda": s.lam}, drafting, draft),
+            "lantern+G*": spec("lantern+G*", {"k": s.lantern_k, "delta": s.lantern_delta}, drafting, draft),
         }
 
     tree_others = others("tree", s.tree_draft)
@@ -125,14 +128,14 @@ def specs(s: Settings, neighbors) -> list[Spec]:
     if unknown:
         raise ValueError(f"tree_rules: unknown rule(s) {sorted(unknown)}; choose among uniform-rsd, lantern, "
                          "lantern++, lantern+G* (vanilla and Cool-SD trees are always run)")
-    out = [Spec("vanilla", {}, "chain", rules.vanilla(), s.chain_draft, record=True)]
-    out += [Spec("cool-sd", {"delta": d, "nu": s.nu}, "chain", rules.cool_sd(d, s.nu), s.chain_draft) for d in s.deltas]
+    out = [spec("vanilla", {}, "chain", s.chain_draft, record=True)]
+    out += [spec("cool-sd", {"delta": d, "nu": s.nu}, "chain", s.chain_draft) for d in s.deltas]
     out += list(others("chain", s.chain_draft).values())
-    out += [Spec("vanilla", {}, "tree", rules.vanilla(), s.tree_draft, record=True),
-            *[Spec("cool-sd", {"delta": d, "nu": s.nu}, "tree", rules.cool_sd(d, s.nu), s.tree_draft) for d in s.tree_deltas]]
+    out += [spec("vanilla", {}, "tree", s.tree_draft, record=True),
+            *[spec("cool-sd", {"delta": d, "nu": s.nu}, "tree", s.tree_draft) for d in s.tree_deltas]]
     out += [tree_others[name] for name in s.tree_rules]
     if s.extra_draft:
-        out.append(Spec("vanilla", {}, "chain", rules.vanilla(), s.extra_draft, record=True, extra=True))
+        out.append(spec("vanilla", {}, "chain", s.extra_draft, record=True, extra=True))
     return out
 
 
@@ -144,16 +147,19 @@ def round_positions(gen) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(made)[:-1]])
 
 
-def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_count: int = 30) -> np.ndarray:
+def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_count: int = 30, T: int = T_IMAGE,
+                    per_row: int = ROWS) -> np.ndarray:
     """Pr(tau >= i) per image row of the round's start: acc (R, L) per-round estimates of
     Pr(all of drafts 1..i accepted | drafts) (T10's products, or a tree's summed reach per depth), live
-    (R, L) where position i was drafted, start (R,) tokens generated before the round. Returns (ROWS, L),
-    monotone in i; rows with fewer than ``min_count`` live rounds at i use the pooled estimate."""
+    (R, L) where position i was drafted, start (R,) tokens generated before the round; images of T tokens
+    in rows of ``per_row`` (MNIST: 7 x 7). Returns (rows, L), monotone in i; rows with fewer than
+    ``min_count`` live rounds at i use the pooled estimate."""
     L = acc.shape[1]
     pooled = (acc * live).sum(0) / np.maximum(live.sum(0), 1)
-    S = np.tile(pooled, (ROWS, 1))
-    row = np.minimum(start // ROWS, ROWS - 1)
-    for b in range(ROWS):  # seven image rows
+    rows = -(-T // per_row)
+    S = np.tile(pooled, (rows, 1))
+    row = np.minimum(start // per_row, rows - 1)
+    for b in range(rows):  # image rows (seven for MNIST)
         m = row == b
         cnt = live[m].sum(0)
         ok = cnt >= min_count
@@ -161,7 +167,7 @@ def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_co
     return np.minimum.accumulate(np.clip(S, 0.0, 1.0), axis=1)
 
 
-def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE) -> dict:
+def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
     """Renewal recursion over positions n = 0..T-1 (THEORY section 7 with a position-dependent round law):
     a round started at n drafts L' = min(depth, T - n - 1) (0 for the first round when ``first_single``:
     EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
@@ -181,7 +187,7 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
             pi[n + 1] += m
             continue
         draft += m * ell
-        surv = np.concatenate([[1.0], S[min(n // ROWS, ROWS - 1), :ell], [0.0]])
+        surv = np.concatenate([[1.0], S[min(n // per_row, len(S) - 1), :ell], [0.0]])
         pi[n + 1:n + ell + 2] += m * (surv[:-1] - surv[1:])     # tau = 0..ell
     return {"rounds": rounds, "draft_steps": draft, "single_steps": single, "tokens_per_call": T / rounds}
 
@@ -240,14 +246,15 @@ def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400
     return np.concatenate(acc), np.concatenate(f), bound
 
 
-def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rounds: int = 400) -> dict:
+def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rounds: int = 400, T: int = T_IMAGE,
+                     per_row: int = ROWS) -> dict:
     """Predicted tokens per target call, draft work and per-round TV bound of ``verifier`` from recorded
-    chain rounds (``chain_arrays``)."""
+    chain rounds (``chain_arrays``) of images of T tokens in rows of ``per_row``."""
     p, q, d, nd, start = arrays
     accepted, f, bound = predict_chain(arrays, verifier, max_bound_rounds=max_bound_rounds)
     live = (np.arange(1, L + 1)[None, :] <= nd[:, None]).astype(np.float64)
-    S = survival_by_row(np.cumprod(f, axis=1), live, start)
-    er = expected_rounds(S, L, first_single)
+    S = survival_by_row(np.cumprod(f, axis=1), live, start, T=T, per_row=per_row)
+    er = expected_rounds(S, L, first_single, T, per_row)
     return {**er, "per_round_accepted": float(accepted.mean()), "tv_bound": float(bound.mean()),
             "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan"),
             "tv_bound_rounds": int(len(bound)), "rounds_recorded": int(len(d))}
@@ -270,7 +277,7 @@ def tree_records(gens):
 
 
 def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
     """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
     (``tree_records``), by ``theory.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
     forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for LANTERN++'s own
@@ -309,13 +316,13 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
         per_round.append(np.asarray(r.accepted))
     acc, live, start = np.concatenate(accs), np.concatenate(lives), np.concatenate(starts)
     bound, per_round = np.concatenate(bounds), np.concatenate(per_round)
-    S = survival_by_row(acc, live, start)
-    er = expected_rounds(S, D, first_single=True)
+    S = survival_by_row(acc, live, start, T=T, per_row=per_row)
+    er = expected_rounds(S, D, True, T, per_row)
     return {**er, "per_round_accepted": float(per_round.mean()), "tv_bound": float(bound.mean()),
             "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan")}
 
 
-def predicted_speedup(er: dict, costs: dict, verify_s: float) -> float:
+def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) -> float:
     """Speed-up over plain AR predicted from the expected work per image and measured unit costs (seconds):
     time = rounds (target pass + bookkeeping) + drafted rounds x verifier + draft steps x draft step, AR
     time = T x AR step. In units of the AR step this is ``theory.image.ImagePrediction.speedup`` with
@@ -323,7 +330,7 @@ def predicted_speedup(er: dict, costs: dict, verify_s: float) -> float:
     drafted_rounds = er["rounds"] - er["single_steps"]
     t = er["rounds"] * (costs["target_per_round_s"] + costs["other_per_round_s"]) \
         + drafted_rounds * verify_s + er["draft_steps"] * costs["draft_step_s"]
-    return T_IMAGE * costs["ar_step_s"] / t
+    return T * costs["ar_step_s"] / t
 
 
 def time_verifier(kind: str, arrays_or_groups, verifier, tree: Tree | None, n: int = 100, device="cpu") -> float:
@@ -509,7 +516,9 @@ def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, t
                            seed=seed, batch_size=min(B, len(classes)), record_rows=sp.record, **kw)
 
 
-def _costs(stats: dict, ar_stats: dict) -> dict:
+def unit_costs(stats: dict, ar_stats: dict) -> dict:
+    """Measured unit costs (seconds) from summarized runs: AR step, draft step, target pass, verifier and
+    bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.engine.summarize``)."""
     R = stats["rounds"]
     other = stats["seconds"] - stats["time_draft_s"] - stats["time_target_s"] - stats["time_verify_s"]
     return {"ar_step_s": ar_stats["seconds"] / ar_stats["tokens"],
@@ -531,7 +540,7 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
         if sp.record:
             res = results[sp.key]
             data = chain_arrays(res.gens, s.L) if sp.drafting == "chain" else tree_records(res.gens)
-            c = _costs(res.stats, ar.stats)
+            c = unit_costs(res.stats, ar.stats)
             c["cost_ratio_draft_over_ar_step"] = c["draft_step_s"] / c["ar_step_s"]
             c["cost_ratio_target_pass_over_ar_step"] = c["target_per_round_s"] / c["ar_step_s"]
             sources[(sp.drafting, sp.draft)] = (data, c)
@@ -654,15 +663,12 @@ SWEEPS = {
 
 
 def _sweep_verifier(name: str, value: float, s: Settings, nb):
-    if name == "cool-sd":
-        return rules.cool_sd(value, s.nu)
-    if name == "uniform-rsd":
-        return rules.uniform_rsd(value)
-    if name == "lantern":
-        return rules.lantern(nb, s.lantern_k, value)
-    if name == "lantern++":
-        return rules.lantern_pp(nb, s.lantern_k, value)
-    return rules.lantern(nb, s.lantern_k, value, resample="optimal")
+    """The rule of family ``name`` (theory.methods) with its swept parameter (``SWEEPS``) set to ``value``."""
+    from theory import methods
+
+    param = SWEEPS[name][0]
+    extra = {"nu": s.nu} if name == "cool-sd" else {"k": s.lantern_k} if methods.get(name).needs_neighbors else {}
+    return methods.build(name, s.L, nb, {**extra, param: value})
 
 
 def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int = 600) -> dict:

@@ -1,0 +1,61 @@
+"""Images per second of ``coolsd sweep`` in one process vs under ``torchrun --nproc-per-node 2`` (same
+grid, same images, same seeds: the two runs produce identical tokens).
+
+Throughput counts the generation phase only: images generated / (last unit finished - first unit
+started), from the unit files' timestamps (model loading and the merge are excluded). Run on an
+otherwise idle machine: on a shared one the ratio measures the other load.
+
+    python benchmarks/bench_sweep_ranks.py --images 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def throughput(out: pathlib.Path) -> tuple[float, int]:
+    starts, ends, n = [], [], 0
+    for f in out.glob("units/*/*.npz"):
+        with np.load(f) as z:
+            meta = json.loads(str(z["meta"]))
+            n += len(z["tokens"])
+        starts.append(meta["started"])
+        ends.append(meta["finished"])
+    return n / (max(ends) - min(starts)), n
+
+
+def run(cmd, out):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run([*cmd, "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(r.stderr[-3000:])
+    return throughput(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=64)
+    p.add_argument("--unit-images", type=int, default=4)
+    p.add_argument("--grid", nargs="+", default=["vanilla", "cool-sd:delta=4"])
+    a = p.parse_args(argv)
+    sweep = ["-m", "coolsd", "sweep", "--model", "mnist", "--grid", *a.grid, "--images", str(a.images),
+             "--unit-images", str(a.unit_images), "--bootstrap", "2", "--no-progress"]
+    with tempfile.TemporaryDirectory() as tmp:
+        one, n1 = run([sys.executable, *sweep], pathlib.Path(tmp) / "one")
+        two, n2 = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *sweep],
+                      pathlib.Path(tmp) / "two")
+    print(f"one process: {one:.2f} images/s ({n1} images); torchrun 2 ranks: {two:.2f} images/s ({n2} images); "
+          f"ratio {two / one:.2f}x (cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""`coolsd sweep`: a grid of (method, parameters) on a model, N images each, sharded over ranks.
+
+  coolsd sweep --model mnist --grid cool-sd:delta=2,4 vanilla --images 16 --out DIR
+  torchrun --nproc-per-node 2 -m coolsd sweep --model mnist --grid cool-sd:delta=2,4 vanilla --images 16 --out DIR
+
+Rerunning the same command resumes (finished units are kept, never recomputed); a directory made by
+another grid or model is refused. See ``coolsd.studies.sweep``.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub):
+    s = sub.add_parser("sweep", help="quality/speed frontiers over a grid of settings (torchrun for several ranks)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--model", default="mnist", help="model pair from real.registry (default mnist)")
+    s.add_argument("--grid", nargs="+", default=None, metavar="ITEM",
+                   help="grid items METHOD[:NAME=V1,V2[:NAME=...]] (methods and parameters of theory.methods; "
+                        "'ar' = plain AR, always run as the baseline). Default: the paper's three comparisons: "
+                        + " ".join(_default()))
+    s.add_argument("--grid-file", default=None, help="TOML file with grid = [ITEM, ...] and/or [[setting]] tables")
+    s.add_argument("--images", type=int, default=64, help="images per setting (default 64)")
+    s.add_argument("--out", required=True, help="results directory (created; reused to resume)")
+    s.add_argument("--unit-images", type=int, default=8, help="images per work unit (default 8)")
+    s.add_argument("--batch-size", type=int, default=None, help="images per engine batch, <= --unit-images (default: the engine's)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--L", type=int, default=4, help="chain draft length (default 4)")
+    s.add_argument("--tree", default=None, help="static-tree drafting: eagle25, eagle57, chain or JSON paths "
+                                                "(as coolsd generate --tree); default chain drafting")
+    s.add_argument("--draft", default=None, help="draft kind (model-dependent default; mnist: small, eagle, layerskip)")
+    s.add_argument("--record-images", type=int, default=256,
+                   help="vanilla images whose P/Q rows are stored for the predictions (default 256)")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--cfg-scale", type=float, default=None, help="CFG scale (default: the model's)")
+    s.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
+    s.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank (default 1)")
+    s.add_argument("--max-units", type=int, default=None,
+                   help="stop after this many units per rank (run in chunks; rerun to continue)")
+    s.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
+    s.add_argument("--no-progress", action="store_true")
+    from coolsd.commands.generate import add_checkpoint_args
+
+    add_checkpoint_args(s)
+    s.set_defaults(func=run)
+
+
+def _default():
+    from coolsd.studies.sweep.grid import DEFAULT_GRID
+
+    return DEFAULT_GRID
+
+
+def config(args):
+    """SweepConfig from the parsed arguments (every check before any work)."""
+    import torch
+
+    from coolsd.studies.sweep import SweepConfig, ensure_vanilla, grid_from_toml, parse_grid
+    from real.registry import MODELS
+
+    if args.model not in MODELS:
+        raise ValueError(f"unknown model {args.model!r}; choose from {sorted(MODELS)}")
+    items = list(args.grid or [])
+    if args.grid_file:
+        items += grid_from_toml(args.grid_file)
+    if not items:
+        items = list(_default())
+    settings, _ = parse_grid(items)
+    settings, added = ensure_vanilla(settings)
+    for name, v, lo in (("--images", args.images, 2), ("--unit-images", args.unit_images, 1), ("--L", args.L, 1),
+                        ("--threads", args.threads, 1),
+                        ("--record-images", args.record_images, 0)):
+        if v < lo:
+            raise ValueError(f"{name} must be >= {lo}, got {v}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.batch_size is not None and args.batch_size > args.unit_images:
+        raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {args.unit_images} (each unit is one "
+                         "engine call): raise --unit-images")
+    if args.max_units is not None and args.max_units < 0:
+        raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+    if args.tree is not None:
+        from coolsd.commands.generate import parse_tree
+
+        parse_tree(args.tree, args.L)
+    from real.registry import BuildOptions
+
+    dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
+    files = {k: v for k, v in vars(BuildOptions.from_namespace(args)).items()
+             if v is not None and k not in ("device", "draft", "seed", "num_images")}
+    files["dtype"] = dtype
+    model_options = tuple(sorted((k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in files.items()))
+    return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images, unit_images=args.unit_images,
+                       seed=args.seed, L=args.L, tree=args.tree, draft=args.draft, batch_size=args.batch_size,
+                       record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
+                       device=args.device, threads=args.threads,
+                       grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added)
+
+
+def run(args):
+    from coolsd.studies.sweep import sweep
+
+    cfg = config(args)
+    res = sweep(cfg, args.out, max_units=args.max_units, progress=not args.no_progress)
+    if res["rank"] != 0:
+        return 0
+    if not res["complete"]:
+        print(f"sweep incomplete: {res['units'] - res['missing']} of {res['units']} units stored in {args.out}; "
+              "rerun the same command to continue")
+        return 0 if res["stopped_early"] else 3
+    from coolsd.studies.sweep.report import table
+
+    rep = res["report"]
+    print(table(rep))
+    for c in rep["claims"]:
+        print(f"claim {c['id']} ({c['a']} vs {c['b']}): FD {c['frechet_distance']['verdict']}, "
+              f"NLL {c['nll_per_token']['verdict']}")
+    print(f"report: {args.out}/report.md (also report.json and PNGs)")
+    return 0

@@ -1,0 +1,110 @@
+"""``coolsd sweep``: quality/speed frontiers of relaxed speculative decoding over a grid of settings,
+sharded over processes / GPUs with torch.distributed, stored so that a rerun resumes.
+
+Modules: ``grid`` (settings from ``--grid`` items / TOML, checked against ``theory.methods``), ``store``
+(results directory, manifest, atomic unit files), ``run`` (units, seeds, ranks; the one engine call),
+``metrics`` (uncertainties, precision/recall, paired frontier comparison), ``analysis`` (merge,
+predictions from the vanilla rows via ``real.zoo.demo``, the paper's claims), ``report`` (report.md,
+PNGs). ``sweep`` below runs the whole thing on one rank or under torchrun.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+from .grid import DEFAULT_GRID, Setting, ensure_vanilla, grid_from_toml, parse_grid
+from .store import Store
+
+_LAZY = ("Dist", "SweepConfig", "plan_units", "run_units")      # torch-side names, imported on use
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from . import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["sweep", "SweepConfig", "Setting", "DEFAULT_GRID", "parse_grid", "grid_from_toml", "ensure_vanilla",
+           "Store", "plan_units"]
+
+
+def _json_safe(x):
+    """NaN / inf -> None, numpy scalars -> Python, recursively (strict JSON)."""
+    import numpy as np
+
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
+          after_unit=None) -> dict:
+    """Run the sweep ``cfg`` into directory ``out`` (this process's share under torchrun) and, on rank 0
+    once every unit is stored, merge and write report.json / report.md / PNGs. Returns a status dict:
+    {"complete", "units", "done_here", "report" (rank 0, complete only)}."""
+    import torch
+
+    from .run import Dist, plan_units, run_units
+
+    threads = torch.get_num_threads()
+    dist = Dist.from_env(cfg.device)
+    try:
+        store = Store(out, cfg.identity())
+        err = None
+        if dist.rank == 0:
+            try:
+                store.open(create=True)
+            except ValueError as e:
+                err = str(e)
+        err = dist.broadcast(err)
+        if err is not None:
+            raise ValueError(err)
+        if dist.rank != 0:
+            store.open(create=False)
+        status = run_units(cfg, store, dist, max_units=max_units, progress=progress, after_unit=after_unit)
+        dist.barrier()
+        units = plan_units(cfg)
+        missing = [u for u in units if not store.done(u.slug, u.index)]
+        result = {"complete": not missing, "units": len(units), "missing": len(missing), **status,
+                  "rank": dist.rank, "world_size": dist.world}
+        if dist.rank == 0 and not missing:
+            result["report"] = merge(cfg, store, dist)
+        dist.barrier()
+        return result
+    finally:
+        dist.close()
+        torch.set_num_threads(threads)
+
+
+def merge(cfg, store: Store, dist) -> dict:
+    """Rank 0: analyse every stored unit and write report.json, report.md and the figures atomically."""
+    import torch
+
+    from . import analysis, report
+    from .run import Context
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(max(cfg.threads, 1))
+    ctx = Context(cfg, dist)
+    rep = analysis.analyse(store, cfg, ctx)
+    rep["config"] = {"model": cfg.model, "grid_items": list(cfg.grid_items), "grid": [s.key for s in cfg.settings],
+                     "vanilla_added": cfg.vanilla_added, "images": cfg.images, "unit_images": cfg.unit_images,
+                     "seed": cfg.seed, "L": ctx.L, "tree": cfg.tree, "drafting": "tree" if cfg.tree else "chain",
+                     "draft": ctx.bundle.info.get("draft"), "batch_size": cfg.batch_size, "device": cfg.device,
+                     "threads": cfg.threads, "world_size": dist.world, "record_images": cfg.record_images,
+                     "temperature": cfg.temperature, "cfg_scale": ctx.proc.cfg_scale}
+    rep["manifest"] = store.manifest()
+    rep["figures"] = report.figures(store.root, rep)
+    rep["merge_seconds"] = time.perf_counter() - t0
+    rep = _json_safe(rep)
+    store.write_text("report.json", json.dumps(rep, indent=1, allow_nan=False) + "\n")
+    store.write_text("report.md", report.markdown(rep))
+    return rep

@@ -1,0 +1,232 @@
+"""Merge of a sweep (rank 0): the stored units -> one entry per setting with measured and predicted
+figures and their uncertainty, and the paper's claims tested on the data.
+
+Predictions reuse the demo's code (``real.zoo.demo``: T10/T11 per recorded vanilla round, the renewal
+recursion over the image's positions, the speed-up model), called on the vanilla rows the sweep stored.
+Quality (MNIST only: the shipped VQ decoder and classifier): Frechet distance to the held-out digits
+with a jackknife interval, class accuracy, target NLL per token, k-NN precision/recall in the
+classifier's feature space.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .metrics import fd_with_ci, frontier_difference, precision_recall, tokens_per_call
+from .run import AR, Context, SweepConfig, Unit
+from .store import Store
+
+__all__ = ["load", "analyse", "CLAIMS"]
+
+# (id, statement, A = (method, pinned params), B = (method, pinned params)); "A's quality is better
+# (lower FD / NLL) than B's at equal tokens per target call"
+CLAIMS = (
+    ("cool-sd_vs_uniform-rsd", "Cool-SD's quality is better than UniformRSD's at equal tokens per target call "
+     "(paper, Figure 3)", ("cool-sd", {}), ("uniform-rsd", {})),
+    ("exponential_vs_linear", "the exponential schedule (Cool-SD) is better than the linear decaying one at equal "
+     "tokens per target call (paper, Figure 5)", ("cool-sd", {}), ("linear-rsd", {})),
+    ("lantern++_gstar_vs_own", "LANTERN++ with the G* resampler is better than with its own at equal tokens per "
+     "target call (paper, Figure 4)", ("lantern++", {"resampler": "optimal"}), ("lantern++", {"resampler": "lantern"})),
+)
+Z = 2.0   # |z| beyond which a paired difference counts as separated
+
+
+def load(store: Store, cfg: SweepConfig, unit: Unit) -> dict:
+    """The first ``cfg.images`` images of one setting (AR: ``unit.setting`` None), every block merged:
+    per-image arrays, per-round arrays (with global image index), recorded vanilla rows, wall seconds."""
+    per_image, per_round, rec, wall, versions = {}, {}, {}, 0.0, set()
+    for j in range(cfg.n_blocks):
+        a, meta = store.read_unit(unit.slug, j)
+        if meta["key"] != unit.key or meta["index"] != j:
+            raise ValueError(f"unit file {store.unit_path(unit.slug, j)} holds {meta['key']} block {meta['index']}; "
+                             "delete it and rerun")
+        wall += meta["wall_seconds"]
+        versions.add(meta.get("code_version"))
+        for k, v in a.items():
+            if k.startswith("round_"):
+                per_round.setdefault(k, []).append(a["image_index"][v] if k == "round_image" else v)
+            elif k.startswith("rec"):
+                rec.setdefault(k, []).append(v)
+            else:
+                per_image.setdefault(k, []).append(v)
+    out = {k: np.concatenate(v)[:cfg.images] for k, v in per_image.items()}
+    rounds = {k: np.concatenate(v) for k, v in per_round.items()}
+    keep = rounds["round_image"] < cfg.images
+    out |= {k: v[keep] for k, v in rounds.items()}
+    out |= {k: np.concatenate(v) for k, v in rec.items()}
+    out["wall_per_image"] = wall / (cfg.n_blocks * cfg.unit_images)
+    out["code_versions"] = sorted(str(v) for v in versions)
+    return out
+
+
+def _stats(d: dict) -> dict:
+    """``real.engine.summarize``-like totals of a merged setting (for ``real.zoo.demo.unit_costs``)."""
+    return {"rounds": int(d["image_rounds"].sum()), "seconds": float(d["image_seconds"].sum()),
+            "tokens": int(d["tokens"].size), "draft_forwards": int(d["image_draft_forwards"].sum()),
+            "time_draft_s": float(d["round_t_draft"].sum()), "time_target_s": float(d["round_t_target"].sum()),
+            "time_verify_s": float(d["round_t_verify"].sum())}
+
+
+def _vanilla_source(ctx: Context, van: dict):
+    """The prediction input from the vanilla rows: chain arrays (p, q, drafts, n_drafted, start) in
+    float64, or tree groups {depth: (p, q, tokens, start)}; None when nothing was recorded."""
+    if ctx.tree is None:
+        if "rec_p" not in van:
+            return None
+        return (van["rec_p"].astype(np.float64), van["rec_q"].astype(np.float64), van["rec_drafts"],
+                van["rec_n_drafted"], van["rec_start"])
+    deps = sorted({int(k[4:].split("_")[0]) for k in van if k.startswith("rect")})
+    return {d: (van[f"rect{d}_p"].astype(np.float64), van[f"rect{d}_q"].astype(np.float64), van[f"rect{d}_tokens"],
+                van[f"rect{d}_start"]) for d in deps} or None
+
+
+def _quality(ctx: Context, d: dict, ref, real_feats) -> dict:
+    from real.zoo import vq
+    from real.zoo.demo import nll_with_se
+    from real.zoo.metrics import class_accuracy, image_features
+
+    tokens = torch.as_tensor(d["tokens"])
+    images = vq.decode(tokens)
+    labels = torch.as_tensor(d["classes"])
+    f = image_features(images).numpy()
+    fd = fd_with_ci(f, ref)
+    acc = class_accuracy(images, labels)
+    k = min(3, len(f) - 1)
+    pr = precision_recall(real_feats, f, k=k) if k >= 1 else {"precision": None, "recall": None, "k": None}
+    dev = getattr(ctx.bundle.target, "device", "cpu")
+    nll = nll_with_se(ctx.bundle.target, labels.to(dev), tokens.to(dev))
+    return {"frechet_distance": fd["fd"], "frechet_distance_ci": fd["ci"], "frechet_distance_se": fd["se"],
+            "class_accuracy": acc, "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels)),
+            **nll, "precision": pr["precision"], "recall": pr["recall"], "precision_recall_k": pr["k"]}
+
+
+def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
+    """The report dict: {"methods": [...], "baseline": {...}, "claims": [...], "config": ...}."""
+    from real.zoo import demo
+
+    ar = load(store, cfg, Unit(None, 0))
+    ar_stats = _stats(ar)
+    T = ctx.bundle.num_tokens
+    quality = cfg.model == "mnist"
+    ref = real_feats = None
+    if quality:
+        from real.zoo import data
+        from real.zoo.metrics import image_features, reference_stats
+
+        ref = reference_stats()
+        real_feats = image_features(data.heldout_split()[0]).numpy()
+    loaded = {s.key: load(store, cfg, Unit(s, 0)) for s in cfg.settings}
+    van_setting = next(s for s in cfg.settings if s.method == "vanilla")
+    van = loaded[van_setting.key]
+    source = _vanilla_source(ctx, van)
+    predictable = source is not None
+    per_row = _per_row(ctx.bundle, T)
+    nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
+    first = np.r_[True, van["round_image"][1:] != van["round_image"][:-1]]
+    first_single = bool((van["round_drafted"][first] == 0).all())
+    costs = demo.unit_costs(_stats(van), ar_stats) if predictable else None
+    baseline = {"name": AR, "images": int(len(ar["tokens"])), "tokens_per_target_call": 1.0,
+                "seconds_per_image": ar["wall_per_image"]}
+    if quality:
+        baseline |= _quality(ctx, ar, ref, real_feats)
+    entries = []
+    for i, s in enumerate(cfg.settings):
+        d = loaded[s.key]
+        tpc, se = tokens_per_call(d["image_rounds"], T)
+        pred = None
+        if predictable:
+            rule = s.verifier(ctx.L, nb)
+            if ctx.tree is None:
+                pred = demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row)
+                verify_s = demo.time_verifier("chain", source, ctx.verifier(s), None, device=ctx.device)
+            else:
+                pred = demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row)
+                verify_s = demo.time_verifier("tree", source, ctx.verifier(s), ctx.tree, device=ctx.device)
+        drafted = d["round_drafted"]
+        depth = np.where(d["round_depth"] >= 0, d["round_depth"], drafted)
+        e = {"name": s.method, "params": s.params_dict, "drafting": "tree" if ctx.tree is not None else "chain",
+             "draft": ctx.bundle.info.get("draft"), "L": ctx.L, "family": s.family, "key": s.key,
+             "images": int(len(d["tokens"])),
+             "accepted_length": {"predicted": pred["tokens_per_call"] if pred else None, "measured": tpc,
+                                 "measured_se": se},
+             "speedup": {"predicted": demo.predicted_speedup(pred, costs, verify_s, T) if pred else None,
+                         "measured": ar["wall_per_image"] / d["wall_per_image"]},
+             "tv_bound": pred["tv_bound"] if pred else None, "tv_bound_se": pred["tv_bound_se"] if pred else None,
+             "acceptance_rate": float(d["round_accepted"].sum() / depth.sum()) if depth.sum() else None,
+             "seconds_per_image": d["wall_per_image"], "rounds": int(d["image_rounds"].sum())}
+        if quality:
+            e |= _quality(ctx, d, ref, real_feats)
+        else:
+            e |= {k: None for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token")}
+        entries.append(e)
+    versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
+    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if quality else [],
+            "predictions": {"available": predictable, "first_round_prefill_only": first_single,
+                            "from": f"vanilla {'tree' if ctx.tree is not None else 'chain'} rows of "
+                                    f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
+                                    "images (real.zoo.demo predictions)" if predictable else
+                                    "not available (no recorded vanilla rows: --record-images 0?)",
+                            "tokens_per_row": per_row,
+                            "costs": costs},
+            "quality": "MNIST: shipped VQ + classifier features" if quality else
+                       "not available for this model (FD / accuracy need the MNIST zoo's classifier)",
+            "code_versions": versions}
+
+
+def _per_row(bundle, T: int) -> int:
+    """Tokens per image row for the row-wise acceptance estimate of the predictions: the model's code
+    grid (``Bundle.info["grid"]`` = [rows, columns]), else the side of a square image, else the whole
+    image as one row (pooled)."""
+    grid = bundle.info.get("grid")
+    if grid and len(grid) == 2 and grid[0] * grid[1] == T:
+        return int(grid[1])
+    side = math.isqrt(T)
+    return side if side * side == T else T
+
+
+def _match(e: dict, method: str, pinned: dict) -> bool:
+    from theory import methods
+
+    if e["name"] != method:
+        return False
+    full = methods.resolve(method, e["params"])
+    return all(full[k] == v for k, v in pinned.items())
+
+
+def claims(entries: list[dict]) -> list[dict]:
+    """Each claim of ``CLAIMS`` on every pair of matching frontier families, for FD and NLL: the paired
+    difference A - B by interpolation along A's frontier (``metrics.frontier_difference``);
+    held (z <= -2), not held (z >= 2), not separable, or not testable (no overlap / too few points)."""
+    out = []
+    for cid, text, (ma, pa), (mb, pb) in CLAIMS:
+        fa = _families([e for e in entries if _match(e, ma, pa)])
+        fb = _families([e for e in entries if _match(e, mb, pb)])
+        for na, ea in fa.items():
+            for nb_, eb in fb.items():
+                if na == nb_:
+                    continue
+                row = {"id": cid, "claim": text, "a": na, "b": nb_, "points_a": len(ea), "points_b": len(eb)}
+                for measure, y, se in (("frechet_distance", "frechet_distance", "frechet_distance_se"),
+                                       ("nll_per_token", "nll_per_token", "nll_per_token_se")):
+                    r = frontier_difference([e["accepted_length"]["measured"] for e in ea], [e[y] for e in ea],
+                                            [e[se] for e in ea], [e["accepted_length"]["measured"] for e in eb],
+                                            [e[y] for e in eb], [e[se] for e in eb])
+                    verdict = ("not testable (the frontiers do not overlap in tokens per call)" if r is None else
+                               "held" if r["z"] <= -Z else "not held" if r["z"] >= Z else "not separable")
+                    row[measure] = {**(r or {}), "verdict": verdict}
+                out.append(row)
+        if not fa or not fb:
+            out.append({"id": cid, "claim": text, "a": ma, "b": mb,
+                        "frechet_distance": {"verdict": "not testable (the grid lacks one of the two methods)"},
+                        "nll_per_token": {"verdict": "not testable (the grid lacks one of the two methods)"}})
+    return out
+
+
+def _families(entries: list[dict]) -> dict:
+    fam: dict = {}
+    for e in entries:
+        fam.setdefault(e["family"], []).append(e)
+    return fam
+

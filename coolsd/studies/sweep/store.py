@@ -1,0 +1,143 @@
+"""The results store of a sweep: one directory, a manifest, one file per work unit.
+
+Layout::
+
+    DIR/manifest.json                 identity (model, draft, grid, seeds, unit size, batch size, ...),
+                                      code version, creation time
+    DIR/units/<setting slug>/u000003.npz   one unit: tokens, per-image and per-round records, timings
+    DIR/report.json, report.md, *.png      written by the merge
+
+Completeness rule (lock-free): a unit is done iff its file exists. Files are written to a temporary
+name in the same directory and renamed with ``os.replace`` (atomic on POSIX), so a killed run leaves
+either the whole unit or no unit (at most the unit in flight is lost), and a rerun skips done units:
+nothing is computed twice, nothing duplicated. A directory whose manifest has another identity (grid,
+model, seeds, ...) is refused, never mixed.
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+
+import numpy as np
+
+__all__ = ["Store", "code_version", "atomic_write_bytes", "atomic_write_text", "IDENTITY_HELP"]
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+IDENTITY_HELP = ("start fresh with another --out directory, or delete this one (rm -r {dir}) to discard its "
+                 "results")
+
+
+def code_version() -> str:
+    """``git describe --always --dirty`` of the source tree, or "unknown" outside a git checkout."""
+    root = pathlib.Path(__file__).resolve().parents[3]
+    try:
+        r = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], cwd=root, capture_output=True,
+                           text=True, timeout=20)
+        return r.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory + os.replace."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_text(path, text: str) -> None:
+    atomic_write_bytes(pathlib.Path(path), text.encode())
+
+
+class Store:
+    """A sweep directory. ``identity`` is the JSON-able dict that must match for results to be reused."""
+
+    def __init__(self, root, identity: dict):
+        self.root = pathlib.Path(root)
+        self.identity = json.loads(json.dumps(identity))      # normalised (tuples -> lists)
+
+    # ------------------------------------------------------------------ manifest
+    def open(self, create: bool) -> None:
+        """Check (and with ``create``, make) the directory and its manifest. Refuses a directory made by
+        another sweep, a non-directory, a directory with other files and no manifest, or an unwritable one."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"--out {self.root} exists and is not a directory")
+        mf = self.root / MANIFEST
+        if mf.exists():
+            try:
+                old = json.loads(mf.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ValueError(f"{mf} is unreadable ({e}); " + IDENTITY_HELP.format(dir=self.root)) from None
+            if old.get("format") != FORMAT or old.get("identity") != self.identity:
+                diff = sorted(k for k in set(self.identity) | set(old.get("identity", {}))
+                              if old.get("identity", {}).get(k) != self.identity.get(k))
+                raise ValueError(f"{self.root} holds a sweep with another configuration (differs in: "
+                                 f"{', '.join(diff) or 'format'}); its results cannot be mixed with this one: "
+                                 + IDENTITY_HELP.format(dir=self.root))
+        elif create:
+            if self.root.exists() and any(self.root.iterdir()):
+                raise ValueError(f"--out {self.root} is a non-empty directory without a sweep manifest; "
+                                 "choose an empty or new directory")
+            self.root.mkdir(parents=True, exist_ok=True)
+            manifest = {"format": FORMAT, "identity": self.identity, "code_version": code_version(),
+                        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            try:
+                atomic_write_text(mf, json.dumps(manifest, indent=1) + "\n")
+            except OSError as e:
+                raise ValueError(f"cannot write to --out {self.root}: {e.strerror}") from None
+        else:
+            raise ValueError(f"{self.root} has no {MANIFEST} (rank 0 creates it)")
+        if not os.access(self.root, os.W_OK):
+            raise ValueError(f"--out {self.root} is not writable")
+
+    def manifest(self) -> dict:
+        return json.loads((self.root / MANIFEST).read_text())
+
+    # ------------------------------------------------------------------ units
+    def unit_path(self, slug: str, index: int) -> pathlib.Path:
+        return self.root / "units" / slug / f"u{index:06d}.npz"
+
+    def done(self, slug: str, index: int) -> bool:
+        return self.unit_path(slug, index).exists()
+
+    def write_unit(self, slug: str, index: int, arrays: dict, meta: dict) -> pathlib.Path:
+        """Save one unit atomically: ``arrays`` (name -> ndarray) and ``meta`` (JSON) in one .npz."""
+        path = self.unit_path(slug, index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, meta=np.array(json.dumps(meta)), **arrays)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    def read_unit(self, slug: str, index: int) -> tuple[dict, dict]:
+        """(arrays, meta) of a done unit; a damaged file is a ValueError saying which file to delete."""
+        path = self.unit_path(slug, index)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files if k != "meta"}
+                meta = json.loads(str(z["meta"]))
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"unit file {path} is damaged ({e}); delete it and rerun to recompute it") from None
+        return arrays, meta
+
+    def write_text(self, name: str, text: str) -> pathlib.Path:
+        path = self.root / name
+        atomic_write_text(path, text)
+        return path

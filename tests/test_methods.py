@@ -1,0 +1,71 @@
+"""The method registry (theory.methods) and the typed build options (real.registry.BuildOptions)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from theory import methods, rules
+
+
+def test_every_method_builds_the_rule_of_theory_rules():
+    nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(10, 2)))
+    for name in methods.names():
+        v = methods.build(name, 3, nb, k=2) if methods.get(name).needs_neighbors else methods.build(name, 3)
+        assert isinstance(v, rules.Verifier)
+        assert v.name == name or (name, v.name) == ("lantern+G*", "lantern+G*")
+    v = methods.build("cool-sd", 4, delta=3.0)
+    assert v.params == rules.cool_sd(3.0).params and v.accept == rules.cool_sd(3.0).accept
+    g = methods.build("lantern+gstar", 4, nb, k=2, delta=0.4)              # alias spelling, resampler pinned
+    assert g.name == "lantern+G*" and isinstance(g.resample, rules.Optimal) and g.params == {"k": 2, "delta": 0.4}
+    assert methods.build("lantern++", 4, nb, k=2, lam=3.0).params["lambda"] == 3.0     # grid alias of lambda
+    assert methods.build("lantern", 4, np.zeros((10, 100), np.int64)).params["k"] == methods.default_lantern_k(10)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: methods.build("nope", 4), "unknown method 'nope'"),
+    (lambda: methods.build("cool-sd", 4, dleta=2.0), "cool-sd: unknown parameter 'dleta'"),
+    (lambda: methods.build("cool-sd", 4, delta=0.0), "'delta' must be > 0"),
+    (lambda: methods.build("cool-sd", 4, delta="x"), "'delta' must be float"),
+    (lambda: methods.build("lantern++", 4, np.zeros((4, 3), np.int64), k=1, lam=0.5), "'lambda' must be >= 1"),
+    (lambda: methods.build("lantern", 4, np.zeros((4, 3), np.int64), k=1.5), "'k' must be int"),
+    (lambda: methods.build("lantern", 4, np.zeros((4, 3), np.int64), k=3), "needs 4 neighbours"),
+    (lambda: methods.build("lantern", 4, np.zeros((4, 3), np.int64), k=1, resampler="x"), "one of"),
+    (lambda: methods.build("lantern+G*", 4, np.zeros((4, 3), np.int64), resampler="lantern"), "is fixed"),
+    (lambda: methods.build("lantern", 4), "neighbour table"),
+    (lambda: methods.build("vanilla", 0), "L must be"),
+])
+def test_bad_methods_and_parameters_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_flat_options_come_from_the_registry():
+    from real.methods import MethodParams, make_verifier
+
+    fields = set(MethodParams.__dataclass_fields__)
+    assert fields == set(methods.flags()) and {"lantern_k", "lam", "lantern_delta", "resampler"} <= fields
+    nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(40, 2)))
+    v = make_verifier("lantern", 4, MethodParams(lantern_k=3, lantern_delta=0.1, delta=5.0), nb)
+    assert v.params == {"k": 3, "delta": 0.1}          # cool-sd's --delta does not leak into LANTERN's delta
+
+
+def test_cli_refuses_options_of_another_method(capsys):
+    from coolsd.cli import main
+
+    assert main(["generate", "--method", "cool-sd", "--c", "2", "--json"]) == 2
+    assert "--c do(es) not apply to method cool-sd" in capsys.readouterr().err
+
+
+def test_build_options_are_typed():
+    from real.registry import BuildOptions, _o, build
+
+    with pytest.raises(ValueError, match=r"unknown build option\(s\) \['num_imags'\]"):
+        build("llamagen-tiny", num_imags=2)
+    with pytest.raises(TypeError, match="BuildOptions"):
+        build("llamagen-tiny", object())
+    with pytest.raises(AttributeError):
+        _o(BuildOptions(), "num_imags", 1)               # a misspelt read is an error, not the default
+    with pytest.raises(Exception):
+        BuildOptions().seed = 1                          # frozen
+    b = build("llamagen-tiny", BuildOptions(num_images=3, seed=1), num_tokens=5)
+    assert len(b.conds) == 3 and b.num_tokens == 5

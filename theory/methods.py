@@ -1,0 +1,224 @@
+"""The method registry: one place mapping a method name to its ``theory.rules`` verifier.
+
+Each entry (``Method``) holds the factory that builds the rule from ``theory.rules``, its typed
+parameters (``Param``: type, default, allowed range or choices, the flat option name used on the
+command line), whether it needs a codebook neighbour table (LANTERN family), and a display label.
+Used by the CLI (``coolsd generate``, ``coolsd theory table``), the demo, the simulator's validation
+grid and method comparison, and ``coolsd sweep`` (through ``real.methods``, which adds devices).
+
+Adding a method or a variant is one entry::
+
+    register(Method("my-rule", "My rule", (Param("w", float, 2.0, low=0, low_open=True),),
+                    lambda p, L, nb: rules.scaled(rules.Uniform(p["w"]), name="my-rule")))
+
+Parameter names are the rule's own (as in ``Verifier.params``: ``lantern++`` has ``lambda``, which
+grids may also spell ``lam``). No torch here: ``theory`` imports nothing of the project but itself.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from . import rules
+
+__all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "register", "get", "names", "resolve", "build",
+           "flags", "default_lantern_k"]
+
+# LANTERN / LANTERN++ resamplers: the method's own ("lantern") or G* ("optimal", T5)
+RESAMPLERS = ("lantern", "optimal")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One typed parameter. ``low``/``high`` bound numeric values (open bounds with ``low_open`` /
+    ``high_open``); ``choices`` lists the allowed strings; ``default=None`` means "derived" (stated in
+    ``help``); ``flag`` is the flat option name shared across methods (``--lantern-k``)."""
+    name: str
+    type: type
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple | None = None
+    flag: str | None = None
+    aliases: tuple = ()
+    help: str = ""
+    optional: bool = False           # None is an allowed value (derived default)
+
+    @property
+    def option(self) -> str:
+        return self.flag or self.name
+
+    def check(self, method: str, value):
+        """``value`` converted to the parameter's type, or ValueError naming method and parameter."""
+        if value is None:
+            if self.optional:
+                return None
+            raise ValueError(f"{method}: parameter {self.name!r} needs a value")
+        try:
+            if self.type is int:
+                if isinstance(value, float) and not value.is_integer():
+                    raise ValueError
+                v = int(value)
+            elif self.type is float:
+                v = float(value)
+            else:
+                v = self.type(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{method}: parameter {self.name!r} must be {self.type.__name__}, got {value!r}") from None
+        if self.choices is not None and v not in self.choices:
+            raise ValueError(f"{method}: parameter {self.name!r} must be one of {list(self.choices)}, got {v!r}")
+        if self.type in (int, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{method}: parameter {self.name!r} must be finite, got {v!r}")
+            if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
+                raise ValueError(f"{method}: parameter {self.name!r} must be {'>' if self.low_open else '>='} "
+                                 f"{self.low:g}, got {v!r}")
+            if self.high is not None and (v > self.high or (self.high_open and v == self.high)):
+                raise ValueError(f"{method}: parameter {self.name!r} must be {'<' if self.high_open else '<='} "
+                                 f"{self.high:g}, got {v!r}")
+        return v
+
+
+@dataclass(frozen=True)
+class Method:
+    """name -> factory(params: dict, L: int, neighbors (V, K) or None) -> ``rules.Verifier``.
+    ``fixed`` are parameters an alias pins (``lantern+G*`` = ``lantern`` with resampler "optimal");
+    ``greedy_rows`` marks rules meant for temperature-0 rows (greedy)."""
+    name: str
+    label: str
+    params: tuple[Param, ...]
+    factory: Callable[[dict, int, Any], rules.Verifier]
+    needs_neighbors: bool = False
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    greedy_rows: bool = False
+    help: str = ""
+    relaxation: str | None = None    # the parameter that moves the rule along its quality/speed frontier
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if name == p.name or name in p.aliases:
+                return p
+        raise ValueError(f"{self.name}: unknown parameter {name!r}; its parameters: "
+                         f"{[p.name for p in self.params if p.name not in self.fixed] or 'none'}")
+
+    @property
+    def free(self) -> tuple[Param, ...]:
+        """The parameters a user may set (not pinned by ``fixed``)."""
+        return tuple(p for p in self.params if p.name not in self.fixed)
+
+
+METHODS: dict[str, Method] = {}
+ALIASES = {"lantern+gstar": "lantern+G*"}      # other spellings of a registered name (lower case)
+
+
+def register(m: Method) -> Method:
+    key = m.name.lower()
+    if key in METHODS:
+        raise ValueError(f"method {m.name!r} is already registered")
+    METHODS[key] = m
+    return m
+
+
+def names() -> tuple[str, ...]:
+    return tuple(m.name for m in METHODS.values())
+
+
+def get(name: str) -> Method:
+    key = str(name).lower()
+    m = METHODS.get(ALIASES.get(key, key).lower())
+    if m is None:
+        raise ValueError(f"unknown method {name!r}; choose from {list(names())}")
+    return m
+
+
+def resolve(name: str, params: Mapping[str, Any] | None = None) -> dict:
+    """The full, checked parameter dict of ``name``: defaults, then ``params`` (canonical names or
+    aliases), then the pinned ones. An unknown parameter or a value out of range is a ValueError naming it."""
+    m = get(name)
+    out = {p.name: p.default for p in m.params}
+    for k, v in (params or {}).items():
+        p = m.param(k)
+        if p.name in m.fixed and v != m.fixed[p.name]:
+            raise ValueError(f"{m.name}: parameter {p.name!r} is fixed to {m.fixed[p.name]!r} by this method")
+        out[p.name] = v
+    out.update(m.fixed)
+    return {p.name: p.check(m.name, out[p.name]) for p in m.params}
+
+
+def build(name: str, L: int, neighbors=None, params: Mapping[str, Any] | None = None, **kw) -> rules.Verifier:
+    """The verifier of method ``name`` with parameters ``params`` / ``kw`` (defaults for the rest) for
+    draft length ``L``; ``neighbors`` (V, K) the codebook neighbour table (numpy or torch, LANTERN family)."""
+    m = get(name)
+    if m.needs_neighbors and neighbors is None:
+        raise ValueError(f"method {name!r} needs a codebook neighbour table (the model has no VQ codebook here)")
+    if not (isinstance(L, int) and L >= 1):
+        raise ValueError(f"L must be an int >= 1, got {L!r}")
+    return m.factory(resolve(name, {**(params or {}), **kw}), L, neighbors)
+
+
+def flags() -> dict[str, Param]:
+    """The flat option names of every method's free parameters (the ``coolsd generate`` flags):
+    {flag: Param}; a flag shared by several methods (``lantern_k``) appears once."""
+    out: dict[str, Param] = {}
+    for m in METHODS.values():
+        for p in m.free:
+            out.setdefault(p.option, p)
+    return out
+
+
+def default_lantern_k(V: int) -> int:
+    """LANTERN's k = 1000 neighbours of 16384 codes (about V/16), capped at 1000."""
+    return int(min(1000, max(1, V // 16)))
+
+
+# --------------------------------------------------------------------------- the entries
+
+def _lantern(p: dict, L: int, nb) -> rules.Verifier:
+    V, K = nb.shape
+    k = p["k"] if p["k"] is not None else default_lantern_k(V)
+    need = k + 1 if p["resampler"] == "lantern" else k      # LANTERN's resampler zeroes k + 1 neighbours
+    name = "lantern" if "delta" in p else "lantern++"
+    if need > K:
+        raise ValueError(f"{name}: k={k} needs {need} neighbours per code, the table has {K}")
+    if "delta" in p:
+        return rules.lantern(nb, k, p["delta"], resample=p["resampler"])
+    return rules.lantern_pp(nb, k, p["lambda"], resample=p["resampler"])
+
+
+_K = Param("k", int, None, low=1, flag="lantern_k", optional=True,
+           help="neighbourhood size k (default ~V/16, <= 1000, as LANTERN's 1000 of 16384)")
+_RES = Param("resampler", str, "lantern", choices=RESAMPLERS, flag="resampler",
+             help="LANTERN/LANTERN++ resampling: their own (lantern) or G* (optimal)")
+_LANTERN_DELTA = Param("delta", float, 0.2, low=0, flag="lantern_delta", help="LANTERN absolute mass threshold")
+
+register(Method("vanilla", "vanilla SD", (), lambda p, L, nb: rules.vanilla(), help="lossless speculative decoding (T1)"))
+register(Method("cool-sd", "Cool-SD", (
+    Param("delta", float, 2.0, low=0, low_open=True, help="Cool-SD relaxation budget delta (w_1 = delta)"),
+    Param("nu", float, 0.7, help="Cool-SD decay nu"),
+    Param("mu", float, None, optional=True, help="Cool-SD offset mu (default: w_1 = delta)")),
+    lambda p, L, nb: rules.cool_sd(p["delta"], p["nu"], p["mu"]), help="exponentially decaying weights, G* (T5)", relaxation="delta"))
+register(Method("uniform-rsd", "UniformRSD", (
+    Param("c", float, 1.5, low=0, low_open=True, help="UniformRSD weight c"),),
+    lambda p, L, nb: rules.uniform_rsd(p["c"]), help="constant weight c, G* (T5)", relaxation="c"))
+register(Method("linear-rsd", "linear RSD", (
+    Param("first", float, 3.0, low=0, low_open=True, flag="linear_first", help="linear schedule w_1"),
+    Param("last", float, 1.0, low=0, low_open=True, flag="linear_last", help="linear schedule w_L")),
+    lambda p, L, nb: rules.linear_rsd(p["first"], p["last"], L), help="linearly decaying weights, G* (T5)", relaxation="first"))
+register(Method("lantern", "LANTERN", (_K, _LANTERN_DELTA, _RES), _lantern, needs_neighbors=True,
+                help="latent-neighbourhood acceptance, absolute delta (section 6)", relaxation="delta"))
+register(Method("lantern++", "LANTERN++", (
+    _K, Param("lambda", float, 2.0, low=1, flag="lam", aliases=("lam",), help="LANTERN++ relative threshold lambda"),
+    _RES), _lantern, needs_neighbors=True, help="latent-neighbourhood acceptance, relative lambda (section 6)",
+                relaxation="lambda"))
+register(Method("lantern+G*", "LANTERN+G*", (_K, _LANTERN_DELTA, _RES), _lantern, needs_neighbors=True,
+                fixed={"resampler": "optimal"}, help="LANTERN's acceptance with the G* resampler (T5)",
+                relaxation="delta"))
+register(Method("typical", "typical acceptance", (
+    Param("eps", float, 0.09, low=0, help="typical acceptance epsilon"),
+    Param("alpha", float, 0.3, low=0, help="typical acceptance alpha")),
+    lambda p, L, nb: rules.typical(p["eps"], p["alpha"]), help="Medusa's typical acceptance, G*", relaxation="eps"))
+register(Method("greedy", "greedy", (), lambda p, L, nb: rules.greedy(), greedy_rows=True,
+                help="accept iff the draft is the target's argmax (temperature 0)"))
