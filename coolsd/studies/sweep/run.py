@@ -20,36 +20,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from real.engine import generate
 from real.sampling import Processing
 
 from .grid import Setting
 from .store import Store
 
-__all__ = ["generate", "SweepConfig", "Unit", "unit_seed", "plan_units", "run_units", "Dist"]
+__all__ = ["SweepConfig", "Unit", "unit_seed", "plan_units", "run_units", "Dist"]
 
 AR = "ar"
 
 
-# ============================================================================ ENGINE SHIM (one place)
-# Until the batched engine lands on main, this is the API of /work/wt/API_ENGINE.md as a batch-1 loop
-# over the existing functions. When ``real.engine.generate`` exists, replace this whole block by
-#     from real.engine import generate
-# (nothing else in the sweep calls the engine).
-def generate(target, draft, conds, *, num_tokens, verifier=None, L=None, tree=None, processing=Processing(),
-             seed=0, batch_size=None, record_rows=False, progress=False):
-    from real.engine import ar_generate, speculative_generate, tree_generate
-    out = []
-    for i, c in enumerate(conds):
-        if draft is None:
-            out.append(ar_generate(target, c, num_tokens=num_tokens, processing=processing, seed=seed + i))
-        elif tree is not None:
-            out.append(tree_generate(target, draft, c, num_tokens=num_tokens, verifier=verifier, tree=tree,
-                                     processing=processing, seed=seed + i, record_rows=record_rows))
-        else:
-            out.append(speculative_generate(target, draft, c, num_tokens=num_tokens, verifier=verifier, L=L,
-                                            processing=processing, seed=seed + i, record_rows=record_rows))
-    return out
-# ============================================================================ END ENGINE SHIM
 
 
 @dataclass(frozen=True)
