@@ -64,6 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--images", type=int, default=1, help="whole images generated per method (default 1)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8, 32],
+                    help="batched rounds: images per batch to time (default 1 8 32; none: skip)")
     a = ap.parse_args(argv)
     if a.cpu_smoke:
         a.target, a.draft, a.image_size, a.device, a.iters = "tiny", "tiny-draft", None, "cpu", 3
@@ -144,10 +146,61 @@ def main(argv=None) -> int:
     print(f"plain AR: {ar['seconds']:.2f} s/image ({ar['tokens_per_second']:.1f} tokens/s); speed-up of vanilla SD "
           f"with these random weights {ar['seconds'] / res['vanilla']['seconds']:.2f}x "
           f"(random weights: acceptance is not representative of trained models)")
+    if a.batch_sizes:
+        res["batched"] = batched(tgt, drf, a.batch_sizes, proc, L, T, dev, a.iters)
     print(f"total {time.perf_counter() - t0:.1f}s")
     if a.json:
         print(json.dumps(res))
     return 0
+
+
+def batched(tgt, drf, sizes, proc, L: int, T: int, dev, iters: int) -> list:
+    """The batch curve: at each batch size B (2B model rows with CFG), the target forward of 1 token (an AR
+    step) and of L + 1 tokens (a verification pass), a draft step, and one batch of B images by vanilla
+    chain SD and by plain AR through ``real.engine.generate``: images/s, the measured SD/AR speed-up and
+    the unit-cost prediction ``theory.image.batch_speedup``."""
+    from theory import rules
+    from theory.image import batch_speedup
+
+    out = []
+    V = tgt.vocab_size
+    for B in sizes:
+        R = proc.batch * B
+        conds = [i % 1000 % tgt.config.num_classes for i in range(B)]
+        x = torch.randint(0, V, (R, T // 2), device=dev)
+        with torch.no_grad():
+            tgt.prefill(conds, x, cfg=proc.cfg)
+            drf.prefill(conds, x, cfg=proc.cfg)
+
+            def fwd(model, S):
+                def f():
+                    model.forward(x[:, :S])
+                    model.rollback(S)
+                return f
+
+            ar_ms = 1e3 * timeit(fwd(tgt, 1), dev, iters)
+            ver_ms = 1e3 * timeit(fwd(tgt, L + 1), dev, iters)
+            dr_ms = 1e3 * timeit(fwd(drf, 1), dev, iters)
+        kw = dict(num_tokens=T, processing=proc, batch_size=B, seed=B)
+        _sync(dev)
+        t0 = time.perf_counter()
+        sd = engine.generate(tgt, drf, conds, verifier=rules.vanilla(), L=L, **kw)
+        _sync(dev)
+        t1 = time.perf_counter()
+        engine.generate(tgt, None, conds, **kw)
+        _sync(dev)
+        t2 = time.perf_counter()
+        rounds = [len(g.rounds) for g in sd]
+        pred = batch_speedup(rounds, B, T, ar_ms, L * dr_ms + ver_ms)
+        row = {"B": B, "target_step_ms": ar_ms, "target_verify_ms": ver_ms, "draft_step_ms": dr_ms,
+               "sd_images_per_s": B / (t1 - t0), "ar_images_per_s": B / (t2 - t1),
+               "speedup_measured": (t2 - t1) / (t1 - t0), "speedup_predicted": pred,
+               "tokens_per_target_call": engine.summarize(sd)["tokens_per_target_call"]}
+        out.append(row)
+        print(f"batch {B:3d}: target 1 token {ar_ms:.2f} ms, {L + 1} tokens {ver_ms:.2f} ms, draft {dr_ms:.2f} ms; "
+              f"SD {row['sd_images_per_s']:.2f} img/s, AR {row['ar_images_per_s']:.2f} img/s, speed-up measured "
+              f"{row['speedup_measured']:.2f}x, predicted {pred:.2f}x")
+    return out
 
 
 if __name__ == "__main__":

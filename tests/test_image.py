@@ -305,3 +305,20 @@ def test_both_recursion_paths_equal_the_explicit_kernel_recursion(V, T):
     pred = image.image_prediction(P, Q, F, G, T, 0)
     assert abs(pred.expected_rounds - pi[:T].sum()) < TOL and abs(pred.accumulated_bound - bound) < TOL
     assert np.allclose(pred.boundary_mass, pi.sum(1), atol=TOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5), st.integers(1, 3))
+def test_expected_batch_rounds_is_the_max_of_B_draws(rounds, B):
+    """E[max of B draws] from the empirical law, against enumerating every B-tuple of the sample."""
+    want = float(np.mean([max(t) for t in itertools.product(rounds, repeat=B)]))
+    assert image.expected_batch_rounds(rounds, B) == pytest.approx(want, rel=1e-12)
+
+
+def test_batch_speedup_model():
+    # T a / (E[max rounds] r): 49 tokens, rounds 10 or 20 equally likely, B = 2: E[max] = 17.5
+    assert image.batch_speedup([10, 20], 2, 49, ar_step=1.0, round_cost=2.0) == pytest.approx(49 / 35)
+    with pytest.raises(ValueError, match="round counts"):
+        image.expected_batch_rounds([0, 3], 2)
+    with pytest.raises(ValueError, match="positive"):
+        image.batch_speedup([3], 1, 10, ar_step=0.0, round_cost=1.0)

@@ -30,7 +30,7 @@ import numpy as np
 from . import markov
 
 __all__ = ["ImagePrediction", "image_prediction", "predict_image", "round_kernels", "round_bounds",
-           "round_speedup", "draft_lengths"]
+           "round_speedup", "draft_lengths", "expected_batch_rounds", "batch_speedup"]
 
 
 def _check_int(name: str, x, lo: int) -> int:
@@ -193,3 +193,32 @@ def round_speedup(tokens_per_round: float, L: int, cost_ratio: float, verify_cos
         raise ValueError(f"tokens_per_round = E[tau + 1] must lie in [1, L + 1] = [1, {L + 1}], got "
                          f"{tokens_per_round!r} (pass E[tau] + 1, not E[tau])")
     return t / (L * (c + k) + v + k)
+
+
+def expected_batch_rounds(rounds, B: int) -> float:
+    """Rounds a batch of B images runs: every image waits for the slowest, so E[max of B independent draws]
+    from the empirical law of the per-image round counts ``rounds`` (n,) (measured, or from
+    ``image_prediction`` samples). Exact order statistic of the empirical distribution F:
+    sum_x x (F(x)^B - F(x^-)^B)."""
+    B = _check_int("B", B, 1)
+    r = np.asarray(rounds, dtype=np.float64).reshape(-1)
+    if r.size == 0 or not np.isfinite(r).all() or (r < 1).any():
+        raise ValueError("rounds must be a non-empty array of per-image round counts >= 1")
+    x, counts = np.unique(r, return_counts=True)
+    F = np.cumsum(counts) / r.size
+    F_before = np.concatenate([[0.0], F[:-1]])
+    return float(x @ (F ** B - F_before ** B))
+
+
+def batch_speedup(rounds, B: int, T: int, ar_step: float, round_cost: float) -> float:
+    """Predicted wall-clock speed-up of speculative decoding over plain AR decoding, both batched over B
+    images (section 7's unit-cost model at batch size B): T a(B) / (E[max_B rounds] r(B)), with a(B) the
+    time of one AR step of the whole batch and r(B) the time of one speculative round of the whole batch
+    (its draft steps, target pass and verifier), both measured at batch size B. As B grows a forward
+    turns from memory-bound to compute-bound, r(B) / a(B) grows towards the tokens a round processes, and
+    the speed-up falls below 1."""
+    T = _check_int("T", T, 1)
+    a, c = float(ar_step), float(round_cost)
+    if not (a > 0 and c > 0 and math.isfinite(a) and math.isfinite(c)):
+        raise ValueError(f"ar_step and round_cost must be positive finite times, got {ar_step!r}, {round_cost!r}")
+    return T * a / (expected_batch_rounds(rounds, B) * c)

@@ -1,0 +1,155 @@
+"""Batched generation on the shipped MNIST models (real.zoo): images/s of plain AR and of vanilla and
+Cool-SD chain speculative decoding (EAGLE-1 drafter, L = 4, CFG 2, as the demo) at batch sizes B, the
+SD / AR speed-up at each B measured (both batched at the same B) and predicted by the unit-cost model of
+``theory.image.batch_speedup`` (unit costs measured at each B: one AR step of the batch, one speculative
+round = L draft steps + the target pass over L + 1 tokens + the verifier; rounds per batch = the
+expected maximum of B images' round counts from the vanilla run), and the share of a round spent outside
+model forwards (every model call timed).
+
+  python benchmarks/bench_batch.py [--batches 1 8 32 64] [--images 128] [--threads 2] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from real import engine  # noqa: E402
+from real.sampling import Processing  # noqa: E402
+from real.zoo import gpt  # noqa: E402
+from theory import rules  # noqa: E402
+from theory.image import batch_speedup  # noqa: E402
+from theory.verify import verify_chain  # noqa: E402
+
+T, L = gpt.TOKENS, 4
+
+
+class Timed:
+    """A model whose prefill / forward calls are timed (the rest of the engine is the overhead)."""
+
+    def __init__(self, model):
+        self.model, self.seconds = model, 0.0
+
+    def __getattr__(self, k):
+        return getattr(self.model, k)
+
+    def _t(self, f, *a, **kw):
+        t0 = time.perf_counter()
+        out = f(*a, **kw)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def prefill(self, *a, **kw):
+        return self._t(self.model.prefill, *a, **kw)
+
+    def forward(self, *a, **kw):
+        return self._t(self.model.forward, *a, **kw)
+
+
+def unit_costs(target, eagle, B: int, proc: Processing, repeats: int) -> dict:
+    """Median seconds at batch B (CFG: 2B model rows): one AR step (1-token target forward + processing +
+    sampling), the target pass over L + 1 tokens, one EAGLE draft step, verify_chain."""
+    g = torch.Generator().manual_seed(0)
+    R = proc.batch * B
+    conds = [i % 10 for i in range(B)]
+    target.prefill(conds, torch.zeros(R, 20, dtype=torch.long), cfg=proc.cfg, return_hidden=True)
+    eagle.start(target.cache_len - 20, R)
+    h = torch.zeros(R, 20, target.config.dim)
+    eagle.forward(torch.zeros(R, 20, dtype=torch.long), features=h)
+
+    def ar():
+        o = target.forward(torch.zeros(R, 1, dtype=torch.long), return_hidden=True)
+        torch.multinomial(proc.rows(o.logits)[:, 0], 1, generator=g)
+        target.rollback(1)
+
+    def verify_pass():
+        o = target.forward(torch.zeros(R, L + 1, dtype=torch.long), return_hidden=True)
+        proc.rows(o.logits)
+        target.rollback(L + 1)
+
+    def draft_step():
+        o = eagle.forward(torch.zeros(R, 1, dtype=torch.long), features=h[:, :1])
+        torch.multinomial(proc.rows(o.logits[:, -1]), 1, generator=g)
+        eagle.rollback(1)
+
+    V = target.vocab_size
+    p = torch.softmax(torch.randn(B, L + 1, V, generator=g), -1)
+    q = torch.softmax(torch.randn(B, L, V, generator=g), -1)
+    x = torch.randint(0, V, (B, L), generator=g)
+    u, us = torch.rand(B, L, generator=g), torch.rand(B, generator=g)
+    v = rules.cool_sd(2.0)
+    return {"ar_step": median_time(ar, repeats), "verify_pass": median_time(verify_pass, repeats),
+            "draft_step": median_time(draft_step, repeats),
+            "verifier": median_time(lambda: verify_chain(p, q, x, u, us, v), repeats)}
+
+
+def run(method: str, target, eagle, conds, B: int, proc: Processing, seed: int):
+    """(images/s, per-image rounds, forward share of the wall time) of one method at batch size B."""
+    t, d = Timed(target), Timed(eagle)
+    kw = {} if method == "ar" else dict(verifier=rules.vanilla() if method == "vanilla" else rules.cool_sd(4.0), L=L)
+    t0 = time.perf_counter()
+    gens = engine.generate(t, None if method == "ar" else d, conds, num_tokens=T, processing=proc, seed=seed,
+                           batch_size=B, **kw)
+    wall = time.perf_counter() - t0
+    rounds = np.array([len(g.rounds) for g in gens])
+    return len(conds) / wall, rounds, (t.seconds + d.seconds) / wall, engine.summarize(gens)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--images", type=int, default=128, help="images per method and batch size (>= max batch)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    if args.images < max(args.batches):
+        raise SystemExit(f"--images ({args.images}) must be >= the largest batch size ({max(args.batches)})")
+    torch.set_num_threads(args.threads)
+    target = gpt.load_target()
+    eagle = gpt.load_eagle(target)
+    proc = Processing(cfg_scale=2.0)
+    conds = [i % 10 for i in range(args.images)]
+    engine.generate(target, eagle, conds[:8], num_tokens=T, processing=proc, verifier=rules.vanilla(), L=L,
+                    batch_size=8)                                              # warm-up
+    rows, base = [], {}
+    print(f"MNIST zoo target + EAGLE-1 drafter, L = {L}, CFG 2, {args.images} images per cell, "
+          f"{args.threads} threads")
+    print(f"{'B':>4} {'method':>8} {'img/s':>8} {'x batch-1':>9} {'tok/call':>8} {'speed-up':>8} {'pred.':>6} "
+          f"{'non-fwd':>7}")
+    for B in args.batches:
+        c = unit_costs(target, eagle, B, proc, args.repeats)
+        res = {m: run(m, target, eagle, conds, B, proc, seed=B) for m in ("ar", "vanilla", "cool-sd")}
+        round_cost = L * c["draft_step"] + c["verify_pass"] + c["verifier"]
+        for m in ("ar", "vanilla", "cool-sd"):
+            ips, rounds, fwd_share, st = res[m]
+            base.setdefault(m, ips)
+            measured = ips / res["ar"][0]
+            pred = 1.0 if m == "ar" else batch_speedup(rounds, B, T, c["ar_step"], round_cost)
+            row = {"B": B, "method": m, "images_per_s": ips, "vs_batch1": ips / base[m],
+                   "tokens_per_target_call": st["tokens_per_target_call"], "speedup_measured": measured,
+                   "speedup_predicted": pred, "non_forward_share": 1 - fwd_share, **{f"cost_{k}": v for k, v in c.items()}}
+            rows.append(row)
+            print(f"{B:>4} {m:>8} {ips:8.1f} {row['vs_batch1']:9.2f} {row['tokens_per_target_call']:8.2f} "
+                  f"{measured:8.2f} {pred:6.2f} {100 * row['non_forward_share']:6.1f}%")
+    stop = [r["B"] for r in rows if r["method"] == "vanilla" and r["speedup_measured"] < 1]
+    print(f"vanilla SD stops paying (measured speed-up < 1) from B = {stop[0]}" if stop else
+          "vanilla SD still pays at every batch size measured")
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump({"command": " ".join(["python", "benchmarks/bench_batch.py"] + (argv or sys.argv[1:])),
+                       "rows": rows}, f, indent=2)
+        os.replace(args.json + ".tmp", args.json)
+
+
+if __name__ == "__main__":
+    main()
