@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .llamagen import RMSNorm, apply_rope, rope_table_2d
+from .llamagen import RMSNorm, apply_rope, complex_rope, rope_table_2d
 from .kvcache import KVCache, common_len
 from .protocol import ModelOutput
 
@@ -210,7 +210,7 @@ class EagleDrafter(nn.Module):
     def _rope(self, zero_rows: int) -> torch.Tensor:
         if self.rope is None or self._zero_rows != zero_rows or self.rope.device != self.device:
             c = self.config
-            self.rope = rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, zero_rows).to(self.device)
+            self.rope = complex_rope(rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, zero_rows)).to(self.device)
             self._zero_rows = zero_rows
         return self.rope
 

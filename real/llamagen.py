@@ -30,7 +30,7 @@ from .kvcache import KVCache, common_len
 from .protocol import Caption, ModelOutput, as_conds
 
 __all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
-           "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple"]
+           "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple", "complex_rope"]
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -143,13 +143,22 @@ def rope_table_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.T
     return torch.cat([torch.zeros(prefix, half, 2), tab])
 
 
+def complex_rope(table: torch.Tensor) -> torch.Tensor:
+    """The (N, Dh/2, 2) cos/sin table of ``rope_table_2d`` as (N, Dh/2) complex cos + i sin (what the
+    models keep: a rotation is then one complex product)."""
+    return torch.view_as_complex(table.float().contiguous())
+
+
 def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """x (B, S, H, Dh), rot (S, Dh/2, 2) or (B, S, Dh/2, 2): rotate interleaved pairs (in float32)."""
+    """x (B, S, H, Dh), rot (S, Dh/2) or (B, S, Dh/2) complex (``complex_rope``), or the real (..., 2)
+    table: rotate interleaved pairs (in float32)."""
+    if not rot.is_complex():
+        rot = complex_rope(rot)
+    r = rot[:, :, None] if rot.ndim == 3 else rot[None, :, None]
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    r = rot[:, :, None] if rot.ndim == 4 else rot[None, :, None]
-    out = torch.stack([xs[..., 0] * r[..., 0] - xs[..., 1] * r[..., 1],
-                       xs[..., 1] * r[..., 0] + xs[..., 0] * r[..., 1]], -1)
-    return out.flatten(3).type_as(x)
+    if xs.stride(-1) != 1 or any(st % 2 for st in xs.stride()[:-1]):
+        xs = xs.contiguous()
+    return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
 
 
 class Attention(nn.Module):
@@ -164,9 +173,9 @@ class Attention(nn.Module):
         ``cache`` the block is written into layer i's slots and attends over the row's cached entries."""
         B, S, _ = x.shape
         kvd = self.n_kv * self.hd
-        q, k, v = self.wqkv(x).split([self.dim, kvd, kvd], dim=-1)
-        q = apply_rope(q.view(B, S, self.n_head, self.hd), rot).transpose(1, 2)
-        k = apply_rope(k.view(B, S, self.n_kv, self.hd), rot).transpose(1, 2)
+        qk, v = self.wqkv(x).split([self.dim + kvd, kvd], dim=-1)
+        qk = apply_rope(qk.view(B, S, self.n_head + self.n_kv, self.hd), rot)      # q and k in one rotation
+        q, k = qk[:, :, :self.n_head].transpose(1, 2), qk[:, :, self.n_head:].transpose(1, 2)
         v = v.view(B, S, self.n_kv, self.hd).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(i, k, v)
@@ -247,7 +256,7 @@ class LlamaGen(nn.Module):
         self.norm = RMSNorm(c.dim, c.norm_eps)
         self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
         # a plain attribute, not a buffer: it stays float32 when the model is cast to bf16 (as upstream)
-        self.rope = rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, c.cls_token_num)
+        self.rope = complex_rope(rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, c.cls_token_num))
         self.cache: KVCache | None = None
         self._prefix_mask: torch.Tensor | None = None   # (R, P) bool, t2i caption padding
 

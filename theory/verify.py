@@ -9,6 +9,9 @@ from typing import NamedTuple
 
 from ._xp import Array, gather, gather_rows, namespace, sample_categorical
 
+__all__ = ["ChainVerdict", "verify_chain", "sample_categorical"]   # sample_categorical: the one inverse-CDF
+#                                                                    draw (verifiers' final token, real.sampling)
+
 
 class ChainVerdict(NamedTuple):
     accepted: Array    # (...,) int64 in [0, L]: tau, the number of accepted drafts
