@@ -13,7 +13,8 @@ from theory import rules
 
 from .sampling import Processing
 
-__all__ = ["METHODS", "MethodParams", "make_verifier", "method_processing", "default_lantern_k"]
+__all__ = ["METHODS", "MethodParams", "make_verifier", "method_processing", "default_lantern_k", "RESAMPLERS",
+           "resampler_for"]
 
 METHODS = ("vanilla", "cool-sd", "uniform-rsd", "linear-rsd", "lantern", "lantern++", "typical", "greedy")
 
@@ -29,9 +30,28 @@ class MethodParams:
     lantern_k: int | None = None  # neighbourhood size (None: default_lantern_k(V))
     lantern_delta: float = 0.2    # LANTERN absolute mass threshold
     lam: float = 2.0              # LANTERN++ relative threshold lambda
-    resampler: str = "lantern"    # LANTERN/LANTERN++ resampling: their own ("lantern") or "optimal" (G*)
+    resampler: str | None = None  # None: the release's (see RESAMPLERS); lantern/lantern++: "lantern" (released),
+    #                               "renormalised" (our earlier variant), "optimal" (G*); typical: "argmax", "optimal"
     eps: float = 0.09             # typical acceptance
     alpha: float = 0.3
+
+
+# ---- resampler names per method (issue 16): the first is the release's default; one mapping, used by the CLI
+RESAMPLERS = {"lantern": rules.LANTERN_RESAMPLERS, "lantern++": rules.LANTERN_RESAMPLERS,
+              "typical": rules.TYPICAL_RESAMPLERS}
+
+
+def resampler_for(method: str, resampler: str | None) -> str | None:
+    """The resampler name for ``method`` (None: the release's default); ValueError for a name the method lacks."""
+    m = method.lower()
+    if resampler is None:
+        return RESAMPLERS[m][0] if m in RESAMPLERS else None
+    if m not in RESAMPLERS:
+        raise ValueError(f"--resampler applies to {sorted(RESAMPLERS)}; method {method!r} has a fixed resampler")
+    if resampler not in RESAMPLERS[m]:
+        raise ValueError(f"--resampler {resampler!r} is not available for {method!r}; choose from {RESAMPLERS[m]}")
+    return resampler
+# ----
 
 
 def default_lantern_k(V: int) -> int:
@@ -44,6 +64,7 @@ def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), ne
     table ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.vq.codebook_neighbors``);
     with ``device`` the table is kept there as a torch tensor (no host-to-device copy per round)."""
     m = method.lower()
+    resampler = resampler_for(m, params.resampler) if m in METHODS else None
     if m == "vanilla":
         return rules.vanilla()
     if m == "cool-sd":
@@ -58,14 +79,14 @@ def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), ne
         nb = np.asarray(neighbors) if device is None else torch.as_tensor(np.asarray(neighbors), device=device)
         V, K = nb.shape
         k = params.lantern_k if params.lantern_k is not None else default_lantern_k(V)
-        need = k + 1 if params.resampler == "lantern" else k
+        need = k if resampler == "optimal" else k + 1
         if need > K:
             raise ValueError(f"{method}: k={k} needs {need} neighbours per code, the table has {K}")
         if m == "lantern":
-            return rules.lantern(nb, k, params.lantern_delta, resample=params.resampler)
-        return rules.lantern_pp(nb, k, params.lam, resample=params.resampler)
+            return rules.lantern(nb, k, params.lantern_delta, resample=resampler)
+        return rules.lantern_pp(nb, k, params.lam, resample=resampler)
     if m == "typical":
-        return rules.typical(params.eps, params.alpha)
+        return rules.typical(params.eps, params.alpha, resample=resampler)
     if m == "greedy":
         return rules.greedy()
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")

@@ -32,8 +32,13 @@ def register(sub):
     m.add_argument("--lantern-k", type=int, default=None, help="LANTERN neighbourhood size k (default ~V/16, <= 1000)")
     m.add_argument("--lantern-delta", type=float, default=0.2, help="LANTERN absolute mass threshold (default 0.2)")
     m.add_argument("--lam", type=float, default=2.0, help="LANTERN++ lambda (default 2.0)")
-    m.add_argument("--resampler", choices=["lantern", "optimal"], default="lantern",
-                   help="LANTERN/LANTERN++ resampling: their own or G* (default lantern)")
+    m.add_argument("--resampler", choices=["lantern", "renormalised", "optimal", "argmax"], default=None,
+                   help="resampling after a rejection (default: the release's). lantern / lantern++: lantern (as "
+                        "released), renormalised (our earlier variant: neighbourhood always removed, draft row "
+                        "renormalised) or optimal (G*); typical: argmax (as vLLM) or optimal (G*)")
+    m.add_argument("--lantern-neighbors", choices=["raw", "l2"], default=None,
+                   help="LANTERN neighbour table: Euclidean distance between the raw codebook vectors (default, as "
+                        "released) or between l2-normalised ones (our earlier table)")
     m.add_argument("--eps", type=float, default=0.09, help="typical acceptance epsilon")
     m.add_argument("--alpha", type=float, default=0.3, help="typical acceptance alpha")
     s = g.add_argument_group("sampling")
@@ -103,7 +108,7 @@ def generate(args) -> dict:
     import torch
 
     from real import engine
-    from real.methods import MethodParams, make_verifier, method_processing
+    from real.methods import MethodParams, make_verifier, method_processing, resampler_for
     from real.registry import build
     from real.sampling import Processing
 
@@ -125,6 +130,7 @@ def generate(args) -> dict:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    resampler_for(args.method, args.resampler)  # before any work: --resampler must exist for the method
     bundle = build(args.model, args)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
