@@ -362,3 +362,35 @@ def test_bad_neighbour_tables_on_torch_and_bad_options():
         rules.typical(entropy="nat")
     with pytest.raises(ValueError, match="embeddings contain NaN"):
         rules.lantern_neighbors(np.array([[0.0], [np.nan], [1.0]]))
+
+
+# ------------------------------------------------------------------ the CLI runs the released baselines
+
+def test_cli_runs_the_released_lantern_pp_and_selects_the_variants(capsys):
+    import json
+
+    from coolsd.cli import main
+
+    def run(*extra):
+        assert main(["generate", "--model", "mnist", "--method", "lantern++", "--tree", "eagle25", "--num-tokens", "12",
+                     "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    assert (run()["verifier"], run()["params"]["resampler"]) == ("lantern++", "lantern")
+    assert run("--resampler", "renormalised")["verifier"] == "lantern++-renormalised"
+    assert run("--resampler", "optimal")["verifier"] == "lantern++G*"
+    assert run("--resampler", "lantern", "--lantern-neighbors", "l2")["verifier"] == "lantern++"
+    for argv, msg in ((["--method", "lantern++", "--resampler", "argmax"], "not available for 'lantern++'"),
+                      (["--method", "vanilla", "--resampler", "optimal"], "--resampler applies to")):
+        assert main(["generate", "--model", "mnist", *argv, "--num-tokens", "4", "--json"]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_method_registry_maps_resampler_names_to_the_rules():
+    from real.methods import MethodParams, make_verifier
+
+    table = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(40, 2)))
+    names = {r: make_verifier("lantern", 4, MethodParams(resampler=r), table).name for r in rules.LANTERN_RESAMPLERS}
+    assert names == {"lantern": "lantern", "renormalised": "lantern-renormalised", "optimal": "lantern+G*"}
+    assert make_verifier("typical", 4, MethodParams()).resample == rules.Argmax()
+    assert make_verifier("typical", 4, MethodParams(resampler="optimal")).resample == rules.Optimal()

@@ -70,7 +70,7 @@ def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None
 
 def _table(neighbors, cols: int, device, xp) -> Array:
     """The first ``cols`` columns of the table as int64 on ``device``."""
-    return xp.astype(xp.asarray(neighbors[:, :cols], device=device), xp.int64)
+    return xp.astype(xp.asarray(neighbors[:, :cols], device=device), xp.int64, copy=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,7 +161,8 @@ class LanternResample:
             raise ValueError(f"LanternResample: variant must be 'p' or 'q', got {self.variant!r}")
         if self.law not in LANTERN_LAWS:
             raise ValueError(f"LanternResample: law must be one of {LANTERN_LAWS}, got {self.law!r}")
-        check_neighbors(self.neighbors, "neighbors")
+        if not (isinstance(self.accept, Lantern) and self.accept.neighbors is self.neighbors):  # else checked there
+            check_neighbors(self.neighbors, "neighbors")
         K = self.neighbors.shape[-1]
         if self.k + 1 > K:
             raise ValueError(f"LanternResample: needs k+1={self.k + 1} neighbours per token, table has {K}")
