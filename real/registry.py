@@ -61,6 +61,7 @@ class BuildOptions:
     vq_ckpt: str | None = None
     vq_size: str | None = None
     neighbors_k: int | None = None        # width of the LANTERN neighbour table (default 1001)
+    lantern_neighbors: str | None = None  # LANTERN table: raw codebook distances (default, as released) or l2
     captions: str | None = None           # t2i: .pt list of {embedding, mask}
     prompts: tuple | list | None = None   # t2i / multimodal prompts
 
@@ -90,6 +91,28 @@ def _o(opts: BuildOptions, name: str, default):
     """Option ``name`` or ``default`` when unset (None); a name BuildOptions lacks raises AttributeError."""
     v = getattr(opts, name)
     return default if v is None else v
+
+
+NEIGHBOR_SPACES = ("raw", "l2")
+
+
+def _neighbor_table(vectors, opts, K: int | None = None):
+    """LANTERN neighbour table (V, K) int64 numpy from codebook vectors (V, d): Euclidean distance between the
+    raw vectors as LANTERN's release ranks them (default), or between l2-normalised ones (``--lantern-neighbors
+    l2``, our earlier table). K = V - 1 by default (capped at V - 1); chunked torch code above V = 4096."""
+    from theory.rules import lantern_neighbors
+
+    from .vq import codebook_neighbors
+
+    space = _o(opts, "lantern_neighbors", "raw")
+    if space not in NEIGHBOR_SPACES:
+        raise ValueError(f"--lantern-neighbors must be one of {NEIGHBOR_SPACES}, got {space!r}")
+    cb = torch.as_tensor(vectors).detach()
+    V = cb.shape[0]
+    K = V - 1 if K is None else min(int(K), V - 1)
+    if V > 4096:
+        return codebook_neighbors(cb, K, normalize=space == "l2").numpy()
+    return lantern_neighbors(cb.double().cpu().numpy(), K, normalize=space == "l2")
 
 
 def _dtype(opts) -> torch.dtype:
@@ -154,15 +177,13 @@ def _tiny_vq(seed: int, V: int):
 
 
 def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
-    from theory.rules import lantern_neighbors
-
     from .protocol import Caption
 
     seed = int(_o(opts, "seed", 0))
     dev, dt = _device(opts), _dtype(opts)
     t, d = tiny_llamagen_pair(seed, _o(opts, "draft", "layerskip"), model_type, dev, dt)
     vq = _tiny_vq(seed, t.config.vocab_size).to(dev)
-    nb = lantern_neighbors(vq.quantize.codebook().detach().cpu().numpy())
+    nb = _neighbor_table(vq.quantize.embedding.weight, opts)
     if model_type == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:
@@ -192,7 +213,7 @@ def _build_llamagen(opts) -> Bundle:
     (a .pt file with a list of {embedding, mask}) or --prompts with flan-t5-xl available."""
     from . import llamagen as lg
     from .eagle import load_lantern_drafter
-    from .vq import codebook_neighbors, load_vq
+    from .vq import load_vq
 
     dev, dt = _device(opts), _dtype(opts)
     mtype = _o(opts, "model_type", "c2i")
@@ -222,8 +243,7 @@ def _build_llamagen(opts) -> Bundle:
     vq_path = opts.vq_ckpt
     if vq_path:
         vq = load_vq(vq_path, _o(opts, "vq_size", "VQ-16"), device=dev)
-        cb = vq.quantize.codebook().detach()
-        nb = codebook_neighbors(cb, K=min(int(_o(opts, "neighbors_k", 1001)), cb.shape[0] - 1)).numpy()
+        nb = _neighbor_table(vq.quantize.embedding.weight, opts, K=int(_o(opts, "neighbors_k", 1001)))
     if mtype == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:
@@ -315,8 +335,6 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     """Random tiny target + draft of one family (8 x 8 codes, V = 64, CPU demo/tests); --draft
     layerskip (default: the target's first decoder layer), small (independent 1-layer random model of the
     family, same vocabulary) or eagle (random EAGLE-1 head)."""
-    from theory.rules import lantern_neighbors
-
     from .protocol import Prompt
 
     seed = int(_o(opts, "seed", 0))
@@ -346,7 +364,7 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     g = torch.Generator().manual_seed(seed)
     n = int(_o(opts, "num_images", 1))
     conds = [Prompt(torch.cat([torch.tensor([1]), torch.randint(a, b, (8,), generator=g)])) for _ in range(n)]
-    nb = lantern_neighbors(vq.codebook.detach().float().cpu().numpy())
+    nb = _neighbor_table(vq.codebook, opts)
     cfg, _ = _MM_DEFAULTS[family]     # tiny models: V = 64 codes, the published top-k would be a no-op
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg,
                   info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]})
@@ -379,10 +397,6 @@ def _build_mm_real(opts, family: str) -> Bundle:
     BAAI/Emu3-Gen-hf), --prompts TEXT ..., --draft eagle|layerskip|small (Janus: small =
     deepseek-community/Janus-Pro-1B, or --draft-pretrained), --drafter-dir (trained EAGLE drafter),
     Lumina: --image-size (768) and --vq-ckpt (Chameleon tokenizer directory with vqgan.yaml/.ckpt)."""
-    from theory.rules import lantern_neighbors
-
-    from .vq import codebook_neighbors
-
     dev, dt = _device(opts), _dtype(opts)
     prompts = opts.prompts
     if not prompts:
@@ -419,9 +433,7 @@ def _build_mm_real(opts, family: str) -> Bundle:
     d, dname = _mm_draft(opts, family, t, load_small)
     nb = None
     if vq is not None:
-        cb = vq.codebook.detach().float()
-        K = min(int(_o(opts, "neighbors_k", 1001)), cb.shape[0] - 1)
-        nb = codebook_neighbors(cb, K=K).numpy() if cb.shape[0] > 4096 else lantern_neighbors(cb.cpu().numpy(), K)
+        nb = _neighbor_table(vq.codebook, opts, K=int(_o(opts, "neighbors_k", 1001)))
     cfg, top_k = _MM_DEFAULTS[family]
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg, top_k=top_k,
                   info={"target": family, "draft": dname, "grid": [t.layout.height, t.layout.width]})
@@ -453,8 +465,6 @@ def _build_mnist(opts) -> Bundle:
     """The shipped MNIST models (``real.zoo``): our LlamaGen c2i target (12 layers) over the zoo's VQ
     (7x7 = 49 tokens, 512 codes); --draft small (default: the independent 2-layer LlamaGen), eagle (the
     EAGLE-1 drafter trained on the target's features) or layerskip (--draft-layers of the target)."""
-    from theory.rules import lantern_neighbors
-
     from . import llamagen as lg
     from .zoo import gpt
     from .zoo import vq as zvq
@@ -470,7 +480,7 @@ def _build_mnist(opts) -> Bundle:
         d = lg.truncated(t, int(_o(opts, "draft_layers", 1)))
     else:
         raise ValueError(f"unknown draft kind {kind!r} for mnist; choose small, eagle or layerskip")
-    nb = lantern_neighbors(zvq.codebook_embeddings().numpy())
+    nb = _neighbor_table(zvq.raw_codebook(), opts)
     return Bundle(t, d, _class_ids(opts, gpt.NUM_CLASSES), int(_o(opts, "num_tokens", gpt.TOKENS)), nb,
                   _MnistDecoder(), cfg_scale=2.0,
                   info={"target": "MNIST LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [7, 7]})

@@ -267,11 +267,15 @@ def load_vq(source, cfg: VQConfig | str = "VQ-16", *, device="cpu", dtype=torch.
 
 
 @torch.no_grad()
-def codebook_neighbors(codebook: torch.Tensor, K: int, chunk: int = 1024) -> torch.Tensor:
+def codebook_neighbors(codebook: torch.Tensor, K: int, chunk: int = 1024, normalize: bool = False) -> torch.Tensor:
     """(V, K) int64: for each code the K nearest OTHER codes by Euclidean distance, nearest first
     (the LANTERN neighbour table of THEORY section 6 at full V = 16384 without a dense V x V matrix in
-    memory; ``theory.rules.lantern_neighbors`` is the small-V reference; ties broken by lower index)."""
+    memory; ``theory.rules.lantern_neighbors`` is the small-V reference; ties broken by lower index).
+    Pass the raw code vectors (``quantize.embedding.weight``), as LANTERN's release does; ``normalize=True``
+    l2-normalises them first (our earlier table)."""
     E = codebook.double()
+    if normalize:
+        E = F.normalize(E, p=2, dim=-1)
     V = E.shape[0]
     if not 1 <= K <= V - 1:
         raise ValueError(f"K must be in [1, {V - 1}], got {K}")

@@ -153,10 +153,36 @@ def lantern_g(p, q, neighbors, k, rejected, variant):
     return [v / t for v in r] if t > 0 else list(p)
 
 
-def typical_f(p, eps, alpha):
-    H = -sum(v * math.log(v) for v in p if v > 0)
+def lantern_admitted(p, neighbors, x, delta=None, lam=None):
+    """The release's test: the nearest neighbour's mass alone is within the threshold."""
+    thr = delta if delta is not None else (lam - 1) * p[x]
+    return p[int(neighbors[x][0])] <= thr
+
+
+def lantern_g_released(p, q, neighbors, k, rejected, variant, delta=None, lam=None):
+    """The release's law after rejecting `rejected`: N = k+1 nearest neighbours, removed only if admitted."""
+    V = len(p)
+    N = {int(y) for y in neighbors[rejected][: k + 1]} if lantern_admitted(p, neighbors, rejected, delta, lam) else set()
+    if variant == "p":
+        w = [0.0 if (y == rejected or y in N) else p[y] for y in range(V)]
+    else:
+        w = [max(p[y] - (0.0 if y in N else q[y]), 0.0) for y in range(V)]
+    t = sum(w)
+    return [v / t for v in w] if t > 0 else [1.0 / V] * V
+
+
+def typical_f(p, eps, alpha, entropy="exact"):
+    if entropy == "exact":
+        H = -sum(v * math.log(v) for v in p if v > 0)
+    else:  # vLLM / Medusa: log(p + 1e-5)
+        H = -sum(v * math.log(v + 1e-5) for v in p)
     thr = min(eps, alpha * math.exp(-H))
     return [1.0 if v > thr else 0.0 for v in p]
+
+
+def argmax_g(p):
+    j = max(range(len(p)), key=lambda x: (p[x], -x))   # first maximiser
+    return [1.0 if x == j else 0.0 for x in range(len(p))]
 
 
 class RowRule:

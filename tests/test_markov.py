@@ -174,24 +174,25 @@ def test_expected_accepted_is_monotone_in_every_weight(case, w, pos, factor):
 
 @SETTINGS
 @given(chain_case(max_V=5, max_L=3), st.integers(1, 3), st.sampled_from(["lantern", "lantern++"]),
-       st.floats(0.0, 0.5), st.floats(1.0, 3.0))
-def test_lantern_tables_match_the_algorithm_with_rejected_token_resampling(case, k, kind, delta, lam):
+       st.floats(0.0, 0.5), st.floats(1.0, 3.0), st.sampled_from(["lantern", "renormalised"]))
+def test_lantern_tables_match_the_algorithm_with_rejected_token_resampling(case, k, kind, delta, lam, resample):
     """LANTERN's resampler depends on the rejected token; the theory uses its effective law (section 6).
-    The brute force runs the real algorithm (G given the rejected token) and must agree."""
+    The brute force runs the real algorithm (G given the rejected token) and must agree, for the released
+    laws (neighbours removed only when one was admitted) and our renormalised variants."""
     P, Q, L, init, rng = case
     V = len(P)
     k = min(k, V - 2) if V > 2 else None
     if k is None or k < 1:
         return
     nb = rules.lantern_neighbors(rng.normal(size=(V, 2)))
-    if kind == "lantern":
-        v = rules.lantern(nb, k, delta)
-        ref = bf.RowRule(lambda i, p, q: bf.scaled_f(1.0, bf.lantern_ptilde(p, nb, k, delta=delta), q),
-                         lambda p, q, f, r: bf.lantern_g(p, q, nb, k, r, "p"))
+    variant = "p" if kind == "lantern" else "q"
+    kw = {"delta": delta} if kind == "lantern" else {"lam": lam}
+    v = (rules.lantern(nb, k, delta, resample) if kind == "lantern" else rules.lantern_pp(nb, k, lam, resample))
+    if resample == "lantern":
+        g_ref = lambda p, q, f, r: bf.lantern_g_released(p, q, nb, k, r, variant, **kw)
     else:
-        v = rules.lantern_pp(nb, k, lam)
-        ref = bf.RowRule(lambda i, p, q: bf.scaled_f(1.0, bf.lantern_ptilde(p, nb, k, lam=lam), q),
-                         lambda p, q, f, r: bf.lantern_g(p, q, nb, k, r, "q"))
+        g_ref = lambda p, q, f, r: bf.lantern_g(p, q, nb, k, r, variant)
+    ref = bf.RowRule(lambda i, p, q: bf.scaled_f(1.0, bf.lantern_ptilde(p, nb, k, **kw), q), g_ref)
     F, G = markov.rule_tables(P, Q, L, v)
     e, b, t = _brute(P, Q, ref, L, init)
     assert abs(markov.expected_accepted(P, Q, F, init) - e) < TOL

@@ -16,7 +16,7 @@ def test_every_method_builds_the_rule_of_theory_rules():
     v = methods.build("cool-sd", 4, delta=3.0)
     assert v.params == rules.cool_sd(3.0).params and v.accept == rules.cool_sd(3.0).accept
     g = methods.build("lantern+gstar", 4, nb, k=2, delta=0.4)              # alias spelling, resampler pinned
-    assert g.name == "lantern+G*" and isinstance(g.resample, rules.Optimal) and g.params == {"k": 2, "delta": 0.4}
+    assert g.name == "lantern+G*" and isinstance(g.resample, rules.Optimal) and g.params == {"k": 2, "delta": 0.4, "resampler": "optimal"}
     assert methods.build("lantern++", 4, nb, k=2, lam=3.0).params["lambda"] == 3.0     # grid alias of lambda
     assert methods.build("lantern", 4, np.zeros((10, 100), np.int64)).params["k"] == methods.default_lantern_k(10)
 
@@ -46,7 +46,7 @@ def test_flat_options_come_from_the_registry():
     assert fields == set(methods.flags()) and {"lantern_k", "lam", "lantern_delta", "resampler"} <= fields
     nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(40, 2)))
     v = make_verifier("lantern", 4, MethodParams(lantern_k=3, lantern_delta=0.1, delta=5.0), nb)
-    assert v.params == {"k": 3, "delta": 0.1}          # cool-sd's --delta does not leak into LANTERN's delta
+    assert v.params == {"k": 3, "delta": 0.1, "resampler": "lantern"}   # cool-sd's --delta does not leak into LANTERN's delta
 
 
 def test_cli_refuses_options_of_another_method(capsys):

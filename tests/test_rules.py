@@ -2,6 +2,7 @@
 chain verification, and clear errors on bad input."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -33,13 +34,18 @@ def test_rules_match_scalar_references(case, k, delta, lam):
                            bf.lantern_ptilde(p, nb, k, delta=delta), atol=TOL)
         assert np.allclose(rules.Lantern(nb, k, lam=lam).aggregated(P[s]),
                            bf.lantern_ptilde(p, nb, k, lam=lam), atol=TOL)
-        assert np.array_equal(rules.Typical(0.09, 0.3)(P[s], Q[s], i), bf.typical_f(p, 0.09, 0.3))
+        assert np.array_equal(rules.Typical(0.09, 0.3, "exact")(P[s], Q[s], i), bf.typical_f(p, 0.09, 0.3))
+        assert np.array_equal(rules.Typical(0.09, 0.3)(P[s], Q[s], i), bf.typical_f(p, 0.09, 0.3, "release"))
         assert rules.Greedy()(P[s], Q[s], i).sum() == 1 and rules.Greedy()(P[s], Q[s], i)[np.argmax(p)] == 1
         if V > 2 and k + 1 <= V - 1:
-            for x in range(V):
-                for variant in "pq":
-                    got = rules.LanternResample(nb, k, variant)(P[s], Q[s], None, rejected=np.int64(x))
-                    assert np.allclose(got, bf.lantern_g(p, q, nb, k, x, variant), atol=TOL)
+            for kw in ({"delta": delta}, {"lam": lam}):
+                acc = rules.Lantern(nb, k, **kw)
+                for x in range(V):
+                    for variant in "pq":
+                        got = rules.LanternResample(nb, k, variant, "renormalised")(P[s], Q[s], None, rejected=np.int64(x))
+                        assert np.allclose(got, bf.lantern_g(p, q, nb, k, x, variant), atol=TOL)
+                        got = rules.LanternResample(nb, k, variant, accept=acc)(P[s], Q[s], None, rejected=np.int64(x))
+                        assert np.allclose(got, bf.lantern_g_released(p, q, nb, k, x, variant, **kw), atol=TOL)
 
 
 def test_schedules():
@@ -174,7 +180,7 @@ def test_bad_init_and_L():
     with pytest.raises(ValueError, match="exactly one of delta"):
         rules.Lantern(np.zeros((4, 3), int), 2)
     with pytest.raises(ValueError, match="k must be in"):
-        rules.Lantern(np.zeros((4, 3), int), 5, delta=0.1)
+        rules.Lantern(rules.lantern_neighbors(np.arange(4.0)[:, None]), 5, delta=0.1)
     with pytest.raises(ValueError, match="got the bool"):
         markov.expected_accepted(P, Q, F, True)
     for eps, alpha in ((-1.0, 0.3), (0.09, float("nan")), (float("inf"), 0.3)):
@@ -196,11 +202,11 @@ def test_lantern_on_a_hand_made_codebook():
     assert rules.Lantern(nb, 3, lam=2.0).aggregated(p)[0] == 0.625
     assert rules.Lantern(nb, 3, lam=2.0)(p, q, 1)[2] == 1.0
     assert rules.Lantern(nb, 3, delta=0.0).aggregated(p).tolist() == p.tolist()  # delta = 0 is vanilla
-    # LANTERN's resampler after rejecting token 3 with k = 1: zero {3} and its 2 nearest {2, 1}
-    g = rules.LanternResample(nb, 1, "p")(p, q, None, rejected=np.int64(3))
+    # our renormalised resampler after rejecting token 3 with k = 1: zero {3} and its 2 nearest {2, 1}
+    g = rules.LanternResample(nb, 1, "p", "renormalised")(p, q, None, rejected=np.int64(3))
     assert g.tolist() == [1.0, 0.0, 0.0, 0.0]
     # nothing left -> uniform
-    g = rules.LanternResample(nb, 2, "p")(np.array([0, 0.5, 0.5, 0]), q, None, rejected=np.int64(3))
+    g = rules.LanternResample(nb, 2, "p", "renormalised")(np.array([0, 0.5, 0.5, 0]), q, None, rejected=np.int64(3))
     assert g.tolist() == [0.25] * 4
 
 
@@ -209,8 +215,8 @@ def test_lantern_resample_with_a_scalar_rejected_token_on_every_backend():
     nb = rules.lantern_neighbors(np.array([[0.0], [1.0], [2.0], [4.0]]))
     p = np.array([0.375, 0.25, 0.25, 0.125])
     q = np.array([0.5, 0.25, 0.125, 0.125])
-    for variant in "pq":
-        r = rules.LanternResample(nb, 1, variant)
+    for variant, law in itertools.product("pq", ("released", "renormalised")):
+        r = rules.LanternResample(nb, 1, variant, law, rules.Lantern(nb, 1, lam=2.0))
         ref = r(p, q, None, rejected=np.int64(3))
         got = r(torch.as_tensor(p), torch.as_tensor(q), None, rejected=torch.tensor(3))
         assert tuple(got.shape) == (4,) and np.allclose(got.numpy(), ref)

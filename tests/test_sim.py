@@ -195,7 +195,7 @@ def test_both_paths_follow_the_brute_force_law(name):
         variant = "p" if name == "lantern" else "q"
         kw = {"delta": 0.2} if name == "lantern" else {"lam": 2.0}
         ref = bf.RowRule(lambda i, p, q: bf.scaled_f(1.0, bf.lantern_ptilde(p, nb, 1, **kw), q),
-                         lambda p, q, f, r: bf.lantern_g(p, q, nb, 1, r, variant))
+                         lambda p, q, f, r: bf.lantern_g_released(p, q, nb, 1, r, variant, **kw))
     else:
         F, G = markov.rule_tables(P, Q, L, v)
         ref = bf.TableRule(F, G)
@@ -300,23 +300,24 @@ def test_lantern_hand_made_codebook_in_the_simulator():
     fractions) p = (3/8, 1/4, 1/4, 1/8), q = (1/2, 1/4, 1/8, 1/8), delta = 0.2, k = 1, L = 1:
     only token 0 has q > p; its neighbour 1 has mass 1/4 > delta, so p~(0) = 3/8 and f(0) = 3/4;
     every other token has f = 1. Hence Pr(tau = 1) = 1/2 * 3/4 + 1/2 = 7/8.
-    After rejecting 0, LANTERN zeroes p on {0} and its k+1 = 2 nearest {1, 2}: the token is 3.
+    After rejecting 0, our renormalised variant zeroes p on {0} and its k+1 = 2 nearest {1, 2}: the token
+    is 3 (the release zeroes only {0} here, no neighbour being admitted: tests/test_baselines.py).
     G* = Norm([p - q f]_+) = Norm((0, 0, 1/8, 0)): the token is 2. With k = 2 the zeroed set is every
-    token: LANTERN falls back to uniform."""
+    token: the renormalised variant falls back to uniform."""
     nb = rules.lantern_neighbors(np.array([[0.0], [1.0], [2.0], [4.0]]))
     p = np.array([0.375, 0.25, 0.25, 0.125])
     q = np.array([0.5, 0.25, 0.125, 0.125])
     P, Q = np.tile(p, (4, 1)), np.tile(q, (4, 1))
     n = 40_000
     se = math.sqrt(7 / 8 * 1 / 8 / n)                                    # ~0.0017
-    for v, token in ((rules.lantern(nb, 1, 0.2), 3), (rules.lantern(nb, 1, 0.2, resample="optimal"), 2)):
+    for v, token in ((rules.lantern(nb, 1, 0.2, "renormalised"), 3), (rules.lantern(nb, 1, 0.2, resample="optimal"), 2)):
         for res in (sim.simulate_rule(P, Q, v, 1, 0, n, seed=1),
                     sim.simulate(P, Q, *markov.rule_tables(P, Q, 1, v), 0, n, seed=1)):
             assert abs(res.accepted.mean() - 7 / 8) <= Z_MAX * se
             rej = res.accepted == 0
             assert np.all(res.drafts[rej, 0] == 0)                        # only token 0 is ever rejected
             assert np.all(res.tokens[rej, 0] == token)
-    res = sim.simulate_rule(P, Q, rules.lantern(nb, 2, 0.2), 1, 0, n, seed=2)
+    res = sim.simulate_rule(P, Q, rules.lantern(nb, 2, 0.2, "renormalised"), 1, 0, n, seed=2)
     x = res.tokens[res.accepted == 0, 0]
     assert sst.chisquare(np.bincount(x, minlength=4)).pvalue >= ALPHA   # uniform fallback
     assert len(set(x.tolist())) == 4

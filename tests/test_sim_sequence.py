@@ -155,9 +155,9 @@ def test_whole_sequence_law_matches_brute_force(name):
     nb = rules.lantern_neighbors(np.array([[0.0], [1.0], [3.0]]))
     v = {"vanilla": rules.vanilla(), "cool-sd": rules.cool_sd(3.0), "lantern": rules.lantern(nb, 1, 0.3)}[name]
     F, G = markov.rule_tables(P, Q, L, v)
-    if name == "lantern":  # the brute force runs LANTERN's own resampler on the rejected token
+    if name == "lantern":  # the brute force runs LANTERN's own (released) resampler on the rejected token
         ref = bf.RowRule(lambda i, p, q: bf.scaled_f(1.0, bf.lantern_ptilde(p, nb, 1, delta=0.3), q),
-                         lambda p, q, f, r: bf.lantern_g(p, q, nb, 1, r, "p"))
+                         lambda p, q, f, r: bf.lantern_g_released(p, q, nb, 1, r, "p", delta=0.3))
     else:
         ref = bf.TableRule(F, G)
     law = whole_sequence_law(P, Q, ref, L, 1, T)

@@ -68,3 +68,11 @@ def sample_categorical(w: Array, u: Array, xp=None) -> Array:
     idx = xp.clip(idx, 0, w.shape[-1] - 1) if hasattr(xp, "clip") else xp.minimum(idx, w.shape[-1] - 1)
     ok = gather(w, idx, xp) > 0
     return xp.where(ok, idx, xp.astype(xp.argmax(w, axis=-1), xp.int64))
+
+
+def ratio_min1(num: Array, q: Array, xp=None) -> Array:
+    """min(1, num / q) elementwise, with the convention 1 where q = 0 (a token that is never drafted)."""
+    xp = xp or namespace(num, q)
+    pos = q > 0
+    safe_q = xp.where(pos, q, xp.ones_like(q))
+    return xp.where(pos, xp.minimum(xp.ones_like(q), num / safe_q), xp.ones_like(q))

@@ -16,17 +16,20 @@ grids may also spell ``lam``). No torch here: ``theory`` imports nothing of the 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import rules
 
-__all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "register", "get", "names", "resolve", "build",
+__all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "TYPICAL_RESAMPLERS", "register", "get", "names", "resolve", "build",
            "flags", "default_lantern_k"]
 
-# LANTERN / LANTERN++ resamplers: the method's own ("lantern") or G* ("optimal", T5)
-RESAMPLERS = ("lantern", "optimal")
+# LANTERN / LANTERN++ resamplers (docs/theory.md section 6): as released ("lantern", the default), our
+# earlier variant ("renormalised") or G* ("optimal", T5); typical acceptance: argmax (vLLM) or G*
+RESAMPLERS = rules.LANTERN_RESAMPLERS
+TYPICAL_RESAMPLERS = rules.TYPICAL_RESAMPLERS
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,10 @@ def flags() -> dict[str, Param]:
     out: dict[str, Param] = {}
     for m in METHODS.values():
         for p in m.free:
-            out.setdefault(p.option, p)
+            q = out.setdefault(p.option, p)
+            if q is not p and q.choices and p.choices and set(p.choices) - set(q.choices):   # e.g. --resampler
+                out[p.option] = dataclasses.replace(q, choices=tuple(dict.fromkeys(q.choices + p.choices)),
+                                                    default=None, help=q.help + " (the method's own default)")
     return out
 
 
@@ -179,7 +185,7 @@ def default_lantern_k(V: int) -> int:
 def _lantern(p: dict, L: int, nb) -> rules.Verifier:
     V, K = nb.shape
     k = p["k"] if p["k"] is not None else default_lantern_k(V)
-    need = k + 1 if p["resampler"] == "lantern" else k      # LANTERN's resampler zeroes k + 1 neighbours
+    need = k if p["resampler"] == "optimal" else k + 1      # LANTERN's resamplers zero k + 1 neighbours
     name = "lantern" if "delta" in p else "lantern++"
     if need > K:
         raise ValueError(f"{name}: k={k} needs {need} neighbours per code, the table has {K}")
@@ -191,7 +197,8 @@ def _lantern(p: dict, L: int, nb) -> rules.Verifier:
 _K = Param("k", int, None, low=1, flag="lantern_k", optional=True,
            help="neighbourhood size k (default ~V/16, <= 1000, as LANTERN's 1000 of 16384)")
 _RES = Param("resampler", str, "lantern", choices=RESAMPLERS, flag="resampler",
-             help="LANTERN/LANTERN++ resampling: their own (lantern) or G* (optimal)")
+             help="LANTERN/LANTERN++ resampling after a rejection: as released (lantern), our earlier variant "
+                  "(renormalised: neighbourhood always removed, draft row renormalised) or G* (optimal)")
 _LANTERN_DELTA = Param("delta", float, 0.2, low=0, flag="lantern_delta", help="LANTERN absolute mass threshold")
 
 register(Method("vanilla", "vanilla SD", (), lambda p, L, nb: rules.vanilla(), help="lossless speculative decoding (T1)"))
@@ -218,7 +225,10 @@ register(Method("lantern+G*", "LANTERN+G*", (_K, _LANTERN_DELTA, _RES), _lantern
                 relaxation="delta"))
 register(Method("typical", "typical acceptance", (
     Param("eps", float, 0.09, low=0, help="typical acceptance epsilon"),
-    Param("alpha", float, 0.3, low=0, help="typical acceptance alpha")),
-    lambda p, L, nb: rules.typical(p["eps"], p["alpha"]), help="Medusa's typical acceptance, G*", relaxation="eps"))
+    Param("alpha", float, 0.3, low=0, help="typical acceptance alpha"),
+    Param("resampler", str, "argmax", choices=TYPICAL_RESAMPLERS, flag="resampler",
+          help="correction after a rejection: argmax p (as vLLM's release) or G*")),
+    lambda p, L, nb: rules.typical(p["eps"], p["alpha"], resample=p["resampler"]),
+    help="typical acceptance as vLLM / Medusa release it (entropy with +1e-5, argmax correction)", relaxation="eps"))
 register(Method("greedy", "greedy", (), lambda p, L, nb: rules.greedy(), greedy_rows=True,
                 help="accept iff the draft is the target's argmax (temperature 0)"))

@@ -25,7 +25,8 @@ from typing import Any, Protocol, Sequence
 
 import array_api_compat
 
-from ._xp import Array, gather, namespace, normalize, positive_part
+from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
+from .lantern import LANTERN_LAWS, Lantern, LanternResample, check_neighbors, lantern_neighbors
 
 __all__ = [
     "Acceptance", "Resampling", "Schedule", "Verifier",
@@ -33,7 +34,7 @@ __all__ = [
     "Residual", "Optimal", "Target", "LanternResample", "Argmax",
     "Uniform", "Exponential", "Linear", "Explicit",
     "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "scaled", "lantern", "lantern_pp",
-    "typical", "greedy", "lantern_neighbors",
+    "typical", "greedy", "lantern_neighbors", "check_neighbors", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "LANTERN_LAWS",
 ]
 
 
@@ -54,11 +55,7 @@ def _as_position(i, p, xp):
     return xp.astype(xp.asarray(i, device=array_api_compat.device(p)), p.dtype)
 
 
-def _ratio_min1(num: Array, q: Array, xp) -> Array:
-    """min(1, num / q) with the convention 1 where q = 0 (token never drafted)."""
-    pos = q > 0
-    safe_q = xp.where(pos, q, xp.ones_like(q))
-    return xp.where(pos, xp.minimum(xp.ones_like(q), num / safe_q), xp.ones_like(q))
+_ratio_min1 = ratio_min1  # one definition, in theory._xp (shared with theory.lantern)
 
 
 # --------------------------------------------------------------------------- schedules (section 5)
@@ -170,68 +167,38 @@ class Scaled:
         return _ratio_min1(w * p, q, xp)
 
 
-@dataclass(frozen=True, eq=False)
-class Lantern:
-    """LANTERN / LANTERN++ latent-neighbourhood acceptance (section 6).
-
-    ``neighbors`` (V, K) ints: row x lists the other tokens by increasing latent distance (K >= k).
-    p~(x) = p(x) + mass(A), A the longest prefix of the k nearest neighbours whose cumulative target
-    mass is <= delta (absolute, LANTERN) or <= (lam - 1) p(x) (relative, LANTERN++, lam > 1);
-    f(x) = min(1, p~(x)/q(x)).
-    """
-    neighbors: Any
-    k: int
-    delta: float | None = None
-    lam: float | None = None
-
-    def __post_init__(self):
-        if (self.delta is None) == (self.lam is None):
-            raise ValueError("Lantern: give exactly one of delta (absolute) or lam (relative)")
-        if self.delta is not None and not (0 <= self.delta):
-            raise ValueError(f"Lantern: delta must be >= 0, got {self.delta}")
-        if self.lam is not None and not (self.lam >= 1):
-            raise ValueError(f"Lantern: lam must be >= 1, got {self.lam}")
-        K = self.neighbors.shape[-1]
-        if not 1 <= self.k <= K:
-            raise ValueError(f"Lantern: k must be in [1, {K}] (neighbour table width), got {self.k}")
-
-    def aggregated(self, p: Array) -> Array:
-        """p~ (..., V): each token's target mass plus its admitted neighbours' mass."""
-        xp = namespace(p)
-        V = p.shape[-1]
-        nb = xp.asarray(self.neighbors[:, : self.k], device=array_api_compat.device(p))
-        if nb.shape[0] != V:
-            raise ValueError(f"Lantern: neighbour table has {nb.shape[0]} rows, rows p have V={V}")
-        nbp = xp.reshape(xp.take(p, xp.reshape(xp.astype(nb, xp.int64), (-1,)), axis=-1), (*p.shape[:-1], V, self.k))
-        c = xp.cumulative_sum(nbp, axis=-1)
-        thr = self.delta if self.delta is not None else (self.lam - 1.0) * p
-        if not isinstance(thr, float | int):
-            thr = thr[..., None]
-        mass = xp.max(xp.where(c <= thr, c, xp.zeros_like(c)), axis=-1)
-        return p + mass
-
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
-        return _ratio_min1(self.aggregated(p), q, xp)
+# the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
+# -sum p log(p + 1e-5)); it makes H smaller than the exact entropy, hence exp(-H) and the threshold larger
+RELEASE_ENTROPY_EPS = 1e-5
 
 
 @dataclass(frozen=True)
 class Typical:
-    """Typical acceptance (Medusa, vLLM; an f_i of section 1): accept x iff p(x) > min(eps, alpha * exp(-H(p)))."""
+    """Typical acceptance (Medusa, vLLM; an f_i of section 1): accept x iff p(x) > min(eps, alpha * exp(-H(p))).
+
+    ``entropy="release"`` (default): H = -sum p log(p + 1e-5), as vLLM's sampler and Medusa compute it;
+    ``entropy="exact"``: H = -sum p log p (0 log 0 = 0), our earlier variant.
+    """
     eps: float = 0.09
     alpha: float = 0.3
+    entropy: str = "release"
 
     def __post_init__(self):
         # eps = 0 or alpha = 0 makes the threshold 0: every token the target can emit is accepted (allowed)
         if not (math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.alpha) and self.alpha >= 0):
             raise ValueError(f"typical acceptance needs finite eps >= 0 and alpha >= 0; got eps={self.eps}, "
                              f"alpha={self.alpha}")
+        if self.entropy not in ("release", "exact"):
+            raise ValueError(f"typical acceptance: entropy must be 'release' or 'exact', got {self.entropy!r}")
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
-        pos = p > 0
-        plogp = xp.where(pos, p * xp.log(xp.where(pos, p, xp.ones_like(p))), xp.zeros_like(p))
-        H = -xp.sum(plogp, axis=-1, keepdims=True)
+        if self.entropy == "release":
+            H = -xp.sum(p * xp.log(p + RELEASE_ENTROPY_EPS), axis=-1, keepdims=True)
+        else:
+            pos = p > 0
+            plogp = xp.where(pos, p * xp.log(xp.where(pos, p, xp.ones_like(p))), xp.zeros_like(p))
+            H = -xp.sum(plogp, axis=-1, keepdims=True)
         thr = xp.minimum(xp.full_like(H, self.eps), self.alpha * xp.exp(-H))
         return xp.astype(p > thr, p.dtype)
 
@@ -284,70 +251,6 @@ class Argmax:
         return Greedy()(p, q, 1)
 
 
-@dataclass(frozen=True, eq=False)
-class LanternResample:
-    """LANTERN's own resampling after rejecting x (section 6), S(x) = {x} + its k+1 nearest neighbours.
-
-    variant "p" (LANTERN, chain): Norm(p with S(x) zeroed), uniform if nothing is left.
-    variant "q" (LANTERN++, static tree): q' = Norm(q with S(x) zeroed), then Norm([p - q']_+)
-    (p where that residual is empty).
-    With ``rejected=None`` the effective law over rejections is returned (section 6); that path
-    forms a dense (V, V) neighbourhood mask, so it is meant for the theory engine's moderate V.
-    """
-    neighbors: Any
-    k: int
-    variant: str = "p"
-
-    def __post_init__(self):
-        if self.variant not in ("p", "q"):
-            raise ValueError(f"LanternResample: variant must be 'p' or 'q', got {self.variant!r}")
-        K = self.neighbors.shape[-1]
-        if self.k + 1 > K:
-            raise ValueError(f"LanternResample: needs k+1={self.k + 1} neighbours per token, table has {K}")
-
-    def _mask_rows(self, x: Array, V: int, xp, device) -> Array:
-        """(..., V) float mask of S(x) for tokens x (...)."""
-        nb = xp.asarray(self.neighbors[:, : self.k + 1], device=device)
-        # take on flat indices: a 0-d index would give torch's take a (1, K) result
-        rows = xp.reshape(xp.take(xp.astype(nb, xp.int64), xp.reshape(x, (-1,)), axis=0), (*x.shape, self.k + 1))
-        S = xp.concat([x[..., None], rows], axis=-1)
-        ar = xp.arange(V, device=device)
-        return xp.any(S[..., :, None] == ar, axis=-2)
-
-    def _given(self, p, q, inS, xp):
-        """G(.|x) for masks inS (..., V) broadcast against p, q."""
-        zero = xp.zeros_like(p)
-        if self.variant == "p":
-            uniform = xp.ones_like(p) / p.shape[-1]
-            return normalize(xp.where(inS, zero, p + zero), uniform, xp)
-        qz = xp.where(inS, zero, q + zero)
-        qn = normalize(qz, zero, xp)
-        return normalize(positive_part(p - qn, xp), p + zero, xp)
-
-    def __call__(self, p, q, f, rejected=None):
-        xp = namespace(p, q, f)
-        V = p.shape[-1]
-        dev = array_api_compat.device(p)
-        if rejected is not None:
-            return self._given(p, q, self._mask_rows(xp.astype(rejected, xp.int64), V, xp, dev), xp)
-        # effective law: sum_x w(x) G(.|x) / sum_x w(x), w = q (1 - f)
-        w = q * (1 - f)
-        tot = xp.sum(w, axis=-1, keepdims=True)
-        M = self._mask_rows(xp.arange(V, device=dev), V, xp, dev)  # (V_x, V_y)
-        if self.variant == "p":
-            keep = xp.astype(~M, p.dtype)
-            Z = p @ xp.matrix_transpose(keep)                          # (..., V_x) complement mass
-            has = Z > 0
-            c = xp.where(has, w / xp.where(has, Z, xp.ones_like(Z)), xp.zeros_like(Z))
-            fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
-            mix = p * (c @ keep) + fallback
-        else:
-            Gx = self._given(p[..., None, :], q[..., None, :], M, xp)  # (..., V_x, V_y)
-            mix = xp.sum(w[..., :, None] * Gx, axis=-2)
-        empty = tot <= 0
-        return xp.where(empty, p, mix / xp.where(empty, xp.ones_like(tot), tot))
-
-
 # --------------------------------------------------------------------------- verifiers
 
 @dataclass(frozen=True, eq=False)
@@ -395,23 +298,47 @@ def linear_rsd(first: float, last: float, L: int) -> Verifier:
     return Verifier(Scaled(Linear(first, last, L)), Optimal(), "linear-rsd", {"first": first, "last": last, "L": L})
 
 
+# resampler names of the baselines (CLI --resampler); the first is the release's (the default)
+LANTERN_RESAMPLERS = ("lantern", "renormalised", "optimal")
+TYPICAL_RESAMPLERS = ("argmax", "optimal")
+
+
+def _lantern_verifier(acc: Lantern, variant: str, resample: str, base: str, params: dict) -> Verifier:
+    """LANTERN-family verifier: the release's resampler ("lantern"), our renormalised variant, or a named one (G*)."""
+    if resample == "lantern":
+        return Verifier(acc, LanternResample(acc.neighbors, acc.k, variant, "released", acc), base,
+                        {**params, "resampler": resample})
+    if resample == "renormalised":
+        return Verifier(acc, LanternResample(acc.neighbors, acc.k, variant, "renormalised", acc),
+                        f"{base}-renormalised", {**params, "resampler": resample})
+    G = _named_resampler(resample, extra=LANTERN_RESAMPLERS)
+    sep = "+" if base == "lantern" else ""
+    return Verifier(acc, G, base + sep + ("G*" if resample == "optimal" else resample), {**params, "resampler": resample})
+
+
 def lantern(neighbors, k: int, delta: float, resample: str = "lantern") -> Verifier:
-    """LANTERN (section 6, absolute delta) with its own resampler (variant "p") or G* (``resample="optimal"``)."""
-    G = LanternResample(neighbors, k, "p") if resample == "lantern" else _named_resampler(resample)
-    name = "lantern" if resample == "lantern" else "lantern+G*"
-    return Verifier(Lantern(neighbors, k, delta=delta), G, name, {"k": k, "delta": delta})
+    """LANTERN (section 6, absolute delta) as released: its dynamic-path resampler (variant "p", neighbours
+    removed only when one was admitted). ``resample="renormalised"``: our earlier variant (always removed);
+    ``"optimal"``: G* (T5). ``neighbors`` (V, K >= k+1) from ``lantern_neighbors`` (raw codebook, as released)."""
+    return _lantern_verifier(Lantern(neighbors, k, delta=delta), "p", resample, "lantern", {"k": k, "delta": delta})
 
 
 def lantern_pp(neighbors, k: int, lam: float, resample: str = "lantern") -> Verifier:
-    """LANTERN++ (section 6, relative lambda) with its static-tree resampler (variant "q") or G*."""
-    G = LanternResample(neighbors, k, "q") if resample == "lantern" else _named_resampler(resample)
-    name = "lantern++" if resample == "lantern" else "lantern++G*"
-    return Verifier(Lantern(neighbors, k, lam=lam), G, name, {"k": k, "lambda": lam})
+    """LANTERN++ (section 6, relative lambda: neighbour mass <= (lam - 1) p(x), as released) with its
+    static-tree resampler (variant "q": earlier siblings removed and renormalised by the tree walk, then the
+    k+1 nearest neighbours zeroed without renormalising when one was admitted, residual Norm([p - q']_+)).
+    ``resample="renormalised"``: our earlier variant; ``"optimal"``: G* (T5)."""
+    return _lantern_verifier(Lantern(neighbors, k, lam=lam), "q", resample, "lantern++", {"k": k, "lambda": lam})
 
 
-def typical(eps: float = 0.09, alpha: float = 0.3) -> Verifier:
-    """Typical acceptance (Medusa) with G* (T5) for the correction token."""
-    return Verifier(Typical(eps, alpha), Optimal(), "typical", {"eps": eps, "alpha": alpha})
+def typical(eps: float = 0.09, alpha: float = 0.3, resample: str = "argmax", entropy: str = "release") -> Verifier:
+    """Typical acceptance as vLLM's sampler runs it: entropy -sum p log(p + 1e-5), correction token argmax p.
+    ``resample="optimal"`` uses G* (T5), ``entropy="exact"`` the exact entropy (our earlier variant: both)."""
+    G = Argmax() if resample == "argmax" else _named_resampler(resample, extra=TYPICAL_RESAMPLERS)
+    name = "typical" + ("" if resample == "argmax" else "+G*" if resample == "optimal" else f"+{resample}") \
+        + ("" if entropy == "release" else "(exact H)")
+    return Verifier(Typical(eps, alpha, entropy), G, name,
+                    {"eps": eps, "alpha": alpha, "resampler": resample, "entropy": entropy})
 
 
 def greedy() -> Verifier:
@@ -419,27 +346,8 @@ def greedy() -> Verifier:
     return Verifier(Greedy(), Argmax(), "greedy", {})
 
 
-def _named_resampler(name: str):
+def _named_resampler(name: str, extra: Sequence[str] = ()):
     table = {"optimal": Optimal(), "residual": Residual(), "target": Target(), "argmax": Argmax()}
     if name not in table:
-        raise ValueError(f"unknown resampler {name!r}; choose from {sorted(table)} or 'lantern'")
+        raise ValueError(f"unknown resampler {name!r}; choose from {sorted(set(table) | set(extra))}")
     return table[name]
-
-
-def lantern_neighbors(embeddings, K: int | None = None):
-    """Neighbour table (V, K) from codebook embeddings (V, d): other tokens by increasing
-    Euclidean distance, the token itself excluded (section 6). numpy in, numpy out."""
-    import numpy as np
-
-    E = np.asarray(embeddings, dtype=np.float64)
-    if E.ndim != 2:
-        raise ValueError(f"embeddings must be (V, d), got shape {E.shape}")
-    V = E.shape[0]
-    K = V - 1 if K is None else K
-    if not 1 <= K <= V - 1:
-        raise ValueError(f"K must be in [1, {V - 1}], got {K}")
-    sq = (E * E).sum(1)
-    d2 = sq[:, None] + sq[None, :] - 2 * E @ E.T
-    np.fill_diagonal(d2, np.inf)
-    order = np.argsort(d2, axis=1, kind="stable")[:, :K]
-    return order.astype(np.int64)

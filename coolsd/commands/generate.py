@@ -29,6 +29,9 @@ def register(sub):
         m.add_argument("--" + flag.replace("_", "-"), dest=flag, type=p.type, default=None,
                        choices=list(p.choices) if p.choices else None,
                        help=f"{p.help} (default {p.default if p.default is not None else 'derived'})")
+    m.add_argument("--lantern-neighbors", choices=["raw", "l2"], default=None,
+                   help="LANTERN neighbour table: Euclidean distance between the raw codebook vectors (default, as "
+                        "released) or between l2-normalised ones (our earlier table)")
     s = g.add_argument_group("sampling")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--top-k", type=int, default=None, help="0 = off (default: the model's, 0 for most)")

@@ -38,7 +38,7 @@ accepts = {
     "typical": rules.Typical(0.2, 0.3),
 }
 resamplers = {"G* (T5)": rules.Optimal(), "vanilla residual": rules.Residual(),
-              "LANTERN (p)": rules.LanternResample(nb, 2, "p"), "target p": rules.Target()}
+              "LANTERN (p, renorm.)": rules.LanternResample(nb, 2, "p", "renormalised"), "target p": rules.Target()}
 results = {}
 for aname, acc in accepts.items():
     row = {}
@@ -94,9 +94,10 @@ for aname in ("UniformRSD c=2", "LANTERN delta=0.2", "stricter: w=0.7"):
 
 # %% [markdown]
 # ## LANTERN++ with its own resampler vs with G* (the paper's Figure 4 experiment, synthetic)
-# LANTERN++ (relative lambda = 2) aggregates the mass of up to k latent neighbours. Its own resampler
-# removes the rejected token's neighbourhood from the draft row; replacing it by G* keeps the same
-# acceptance (same speed) and changes only fidelity.
+# LANTERN++ (relative lambda = 2) aggregates the mass of up to k latent neighbours. Its own resampler (as
+# released) removes the rejected token's neighbours from the draft row when one was admitted; replacing it by
+# G* keeps the same acceptance (same speed) and changes only fidelity. (The "renorm." resampler in the table
+# above is our renormalised LANTERN variant, which applies to any acceptance rule.)
 
 # %%
 ks = [1, 2, 3] if SMALL else [1, 2, 3, 4, 6, 8]

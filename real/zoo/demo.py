@@ -209,10 +209,9 @@ def chain_arrays(gens, L: int):
 
 
 def _costly_resampler(verifier) -> bool:
-    """LANTERN++'s own resampler: its effective law (``rejected=None``, section 6) forms a (V, V) mixture per
-    row, O(V^2) per round and position."""
-    r = verifier.resample
-    return isinstance(r, rules.LanternResample) and r.variant == "q"
+    """A resampler whose effective law (``rejected=None``, section 6) forms a (V, V) mixture per row, O(V^2) per
+    round and position: our renormalised LANTERN++ variant (the released laws are (V,) @ (V, V) products)."""
+    return bool(getattr(verifier.resample, "dense_effective_law", False))
 
 
 def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0):
@@ -220,7 +219,7 @@ def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400
 
     T10 depends only on the acceptance rule, so it is computed on every round with a cheap resampler in
     place of the rule's own; the bound uses the rule itself, on every round, except for a costly
-    resampler (LANTERN++'s), whose bound is averaged over a seeded subsample of ``max_bound_rounds``
+    resampler (our renormalised LANTERN++ variant), whose bound is averaged over a seeded subsample of ``max_bound_rounds``
     rounds (an unbiased estimate of the same mean; its SE is reported). Returns accepted (R,), f (R, L),
     bound terms (R',), R'."""
     p, q, d, nd, _ = arrays
@@ -280,7 +279,7 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
                     seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
     """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
     (``tree_records``), by ``theory.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
-    forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for LANTERN++'s own
+    forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for our renormalised LANTERN++
     resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
     over the depth groups in proportion): unbiased for the same means, at a few times the SE."""
     from real.engine import truncate_tree
@@ -465,7 +464,7 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
     torch.set_num_threads(s.threads)
     try:
         target, drafts = _models(s)
-        neighbors = rules.lantern_neighbors(vq.codebook_embeddings().numpy(), s.lantern_k + 1)
+        neighbors = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1)  # raw vectors, as released
         runs = specs(s, neighbors)
         tree = s.tree_obj()
         proc = Processing(temperature=s.temperature, cfg_scale=s.cfg_scale)
@@ -681,7 +680,7 @@ def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int 
     if len(d) > max_rounds:
         idx = np.sort(np.random.default_rng(s.seed).choice(len(d), max_rounds, replace=False))
         p, q, d, nd, start = p[idx], q[idx], d[idx], nd[idx], start[idx]
-    nb = rules.lantern_neighbors(vq.codebook_embeddings().numpy(), s.lantern_k + 1)
+    nb = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1)  # raw vectors, as released
     out = {}
     for name, (param, values) in SWEEPS.items():
         pts = []

@@ -6,7 +6,8 @@ Public API (shipped weights ``checkpoints/vq.safetensors``)::
 
     encode(images (N, 1, 28, 28) in [-1, 1]) -> codes (N, 7, 7) int64
     decode(codes (N, 7, 7) or (N, 49) int) -> images (N, 1, 28, 28) float32 in [-1, 1]
-    codebook_embeddings() -> (V, d) float64 unit rows   (for theory.rules.lantern_neighbors)
+    codebook_embeddings() -> (V, d) float64 unit rows   (the vectors the tokenizer uses)
+    raw_codebook() -> (V, d) float64 stored rows        (LANTERN's release ranks neighbours on these)
 """
 from __future__ import annotations
 
@@ -158,6 +159,12 @@ def decode(codes: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
 def codebook_embeddings() -> torch.Tensor:
     """(V, d) float64 unit code vectors of the shipped tokenizer (input of lantern_neighbors)."""
     return load_vq().unit_codebook().double().clone()
+
+
+def raw_codebook() -> torch.Tensor:
+    """(V, d) float64 code vectors as stored (before l2-normalisation): the input of LANTERN's neighbour
+    table as released (Euclidean distance between the VQ's raw embedding weights)."""
+    return load_vq().codebook.detach().double().clone()
 
 
 def codebook_usage(codes: torch.Tensor, codebook_size: int) -> dict[str, float]:

@@ -1,0 +1,293 @@
+"""LANTERN / LANTERN++ (docs/theory.md section 6): latent-neighbourhood acceptance, the resampling laws
+after a rejection (as released in jadohu/LANTERN, and our renormalised variant), and the neighbour table.
+
+Array-API code (numpy, JAX, torch). Shapes: rows p, q (..., V); a neighbour table ``neighbors`` (V, K) of
+ints, row x listing the other codes by increasing latent distance (the code itself excluded, as in the
+release's table); rejected tokens (...,) ints.
+
+Facts from the release (jadohu/LANTERN, ``models/ea_model_llamagen.py`` and
+``entrypoints/generate_codebook.py``), re-implemented here:
+
+* neighbour table: Euclidean distance between the raw codebook vectors (the VQ's embedding weights, no
+  l2-normalisation), the code itself excluded, nearest first;
+* acceptance: p~(x) = p(x) + the longest prefix of the k nearest neighbours whose cumulative mass is
+  <= delta (delta <= 1, LANTERN) or <= (lambda - 1) p(x) (LANTERN++); accept x with prob. min(1, p~(x)/q(x)).
+  "A neighbour was admitted" means the first neighbour passes the test, even when its mass is 0;
+* after rejecting x on the static tree (LANTERN++, ``variant="q"``): q' = the current draft row (earlier
+  rejected siblings removed and renormalised: the tree walk's q_j) with, only if a neighbour was admitted,
+  the k+1 nearest neighbours of x zeroed WITHOUT renormalising (x itself kept); next residual
+  Norm([p - q']_+), uniform if empty;
+* after rejecting x on the dynamic path (LANTERN, ``variant="p"``): Norm(p with x zeroed and, only if a
+  neighbour was admitted, its k+1 nearest neighbours zeroed), uniform if empty.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import array_api_compat
+
+from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
+
+__all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
+
+LANTERN_LAWS = ("released", "renormalised")
+
+
+def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None) -> None:
+    """Validate a neighbour table at an API boundary (ValueError naming ``name``): a 2-D integer array
+    (numpy, torch, JAX; not a Python list) with at least ``width`` columns, entries in [0, V) for V rows,
+    and no row listing its own code or one code twice in the first ``width`` columns."""
+    if isinstance(neighbors, (list, tuple)) or not hasattr(neighbors, "shape"):
+        raise ValueError(f"{name} must be a (V, K) integer array (numpy or torch), got {type(neighbors).__name__}")
+    try:
+        xp = namespace(neighbors)
+    except TypeError:
+        raise ValueError(f"{name} must be a (V, K) integer array (numpy or torch), got {type(neighbors).__name__}") from None
+    if len(neighbors.shape) != 2:
+        raise ValueError(f"{name} must be a 2-D (V, K) table, got shape {tuple(neighbors.shape)}")
+    V, K = int(neighbors.shape[0]), int(neighbors.shape[1])
+    if not xp.isdtype(neighbors.dtype, "integral"):
+        raise ValueError(f"{name} must hold integer code ids, got dtype {neighbors.dtype}")
+    if width is not None and width > K:
+        raise ValueError(f"{name}: {width} neighbours per code are needed, the table has {K} columns")
+    if V == 0 or K == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(neighbors.shape)})")
+    nb = xp.astype(neighbors[:, : (K if width is None else width)], xp.int64)
+    lo, hi = int(xp.min(nb)), int(xp.max(nb))
+    if lo < 0 or hi >= V:
+        raise ValueError(f"{name} entries must be code ids in [0, {V}) (V = its number of rows); found values in "
+                         f"[{lo}, {hi}] (-1 padding is not allowed)")
+    rows = xp.arange(V, device=array_api_compat.device(nb))
+    if bool(xp.any(nb == rows[:, None])):
+        bad = int(xp.argmax(xp.astype(xp.any(nb == rows[:, None], axis=1), xp.int8)))
+        raise ValueError(f"{name}: row {bad} lists its own code; rows list the OTHER codes (as LANTERN's table)")
+    srt = xp.sort(nb, axis=1)
+    dup = xp.any(srt[:, 1:] == srt[:, :-1], axis=1)
+    if bool(xp.any(dup)):
+        raise ValueError(f"{name}: row {int(xp.argmax(xp.astype(dup, xp.int8)))} lists a code twice")
+
+
+def _table(neighbors, cols: int, device, xp) -> Array:
+    """The first ``cols`` columns of the table as int64 on ``device``."""
+    return xp.astype(xp.asarray(neighbors[:, :cols], device=device), xp.int64, copy=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Lantern:
+    """LANTERN / LANTERN++ latent-neighbourhood acceptance (section 6; the release's formula).
+
+    ``neighbors`` (V, K) ints (see ``check_neighbors``), K >= k. p~(x) = p(x) + mass(A), A the longest
+    prefix of the k nearest neighbours whose cumulative target mass is <= delta (absolute, LANTERN) or
+    <= (lam - 1) p(x) (relative, LANTERN++, lam >= 1; the LANTERN++ paper's text writes lam p(x), its
+    release (lam - 1) p(x), which we follow); f(x) = min(1, p~(x)/q(x)).
+    """
+    neighbors: Any
+    k: int
+    delta: float | None = None
+    lam: float | None = None
+
+    def __post_init__(self):
+        if (self.delta is None) == (self.lam is None):
+            raise ValueError("Lantern: give exactly one of delta (absolute) or lam (relative)")
+        if self.delta is not None and not (0 <= self.delta):
+            raise ValueError(f"Lantern: delta must be >= 0, got {self.delta}")
+        if self.lam is not None and not (self.lam >= 1):
+            raise ValueError(f"Lantern: lam must be >= 1, got {self.lam}")
+        check_neighbors(self.neighbors, "neighbors")
+        K = self.neighbors.shape[-1]
+        if not 1 <= self.k <= K:
+            raise ValueError(f"Lantern: k must be in [1, {K}] (neighbour table width), got {self.k}")
+
+    def _threshold(self, p: Array):
+        """delta, or (lam - 1) p (..., V, 1) broadcast against the (..., V, k) cumulative sums."""
+        return self.delta if self.delta is not None else ((self.lam - 1.0) * p)[..., None]
+
+    def _check_rows(self, p):
+        if self.neighbors.shape[0] != p.shape[-1]:
+            raise ValueError(f"Lantern: neighbour table has {self.neighbors.shape[0]} rows, rows p have V={p.shape[-1]}")
+
+    def aggregated(self, p: Array) -> Array:
+        """p~ (..., V): each token's target mass plus its admitted neighbours' mass."""
+        xp = namespace(p)
+        self._check_rows(p)
+        V = p.shape[-1]
+        nb = _table(self.neighbors, self.k, array_api_compat.device(p), xp)
+        nbp = xp.reshape(xp.take(p, xp.reshape(nb, (-1,)), axis=-1), (*p.shape[:-1], V, self.k))
+        c = xp.cumulative_sum(nbp, axis=-1)
+        mass = xp.max(xp.where(c <= self._threshold(p), c, xp.zeros_like(c)), axis=-1)
+        return p + mass
+
+    def admits(self, p: Array) -> Array:
+        """(..., V) bool: at least one neighbour of x is admitted, i.e. the nearest one passes the threshold
+        (the release's test; true even when the admitted mass is 0)."""
+        xp = namespace(p)
+        self._check_rows(p)
+        first = _table(self.neighbors, 1, array_api_compat.device(p), xp)[:, 0]
+        p1 = xp.take(p, first, axis=-1)
+        thr = self.delta if self.delta is not None else (self.lam - 1.0) * p
+        return p1 <= thr
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        return ratio_min1(self.aggregated(p), q, xp)
+
+
+@dataclass(frozen=True, eq=False)
+class LanternResample:
+    """LANTERN's resampling after rejecting x (section 6). N(x) = the k+1 nearest neighbours of x.
+
+    law "released" (default; needs ``accept``, the ``Lantern`` acceptance that decides whether a neighbour
+    was admitted for x, adm(x)):
+      variant "p" (LANTERN, dynamic path): Norm(p with x zeroed, and N(x) zeroed if adm(x)), uniform if empty;
+      variant "q" (LANTERN++, static tree): q' = q with N(x) zeroed if adm(x), not renormalised (x kept);
+                   Norm([p - q']_+), uniform if empty (unreachable: a rejection needs p~(x) < q(x)).
+    law "renormalised" (our earlier variant), S(x) = {x} + N(x) always removed:
+      variant "p": Norm(p with S(x) zeroed), uniform if empty;
+      variant "q": q' = Norm(q with S(x) zeroed), then Norm([p - q']_+) (p where that residual is empty).
+    With ``rejected=None`` the effective law over rejections is returned,
+    G_eff = sum_x q(x) (1 - f(x)) G(.|x) / (1 - beta) (section 6), p where nothing is rejected. Those paths
+    form a dense (V, V) neighbourhood mask (meant for the theory's and the recorded rows' moderate V); the
+    renormalised "q" law also forms a (..., V, V) mixture (``dense_effective_law``).
+    """
+    neighbors: Any
+    k: int
+    variant: str = "p"
+    law: str = "released"
+    accept: Any = None
+
+    def __post_init__(self):
+        if self.variant not in ("p", "q"):
+            raise ValueError(f"LanternResample: variant must be 'p' or 'q', got {self.variant!r}")
+        if self.law not in LANTERN_LAWS:
+            raise ValueError(f"LanternResample: law must be one of {LANTERN_LAWS}, got {self.law!r}")
+        if not (isinstance(self.accept, Lantern) and self.accept.neighbors is self.neighbors):  # else checked there
+            check_neighbors(self.neighbors, "neighbors")
+        K = self.neighbors.shape[-1]
+        if self.k + 1 > K:
+            raise ValueError(f"LanternResample: needs k+1={self.k + 1} neighbours per token, table has {K}")
+        if self.law == "released" and not isinstance(self.accept, Lantern):
+            raise ValueError("LanternResample: the released law needs accept=Lantern(...) (it removes the neighbours "
+                             "only when one was admitted); law='renormalised' always removes them")
+        if self.accept is not None and tuple(self.accept.neighbors.shape)[0] != self.neighbors.shape[0]:
+            raise ValueError("LanternResample: accept's neighbour table has a different number of codes")
+
+    @property
+    def dense_effective_law(self) -> bool:
+        """True when the effective law (``rejected=None``) forms a (..., V, V) array (renormalised "q")."""
+        return self.law == "renormalised" and self.variant == "q"
+
+    def _nb_mask(self, x: Array, V: int, xp, device) -> Array:
+        """(..., V) bool mask of N(x) (x itself not included) for tokens x (...)."""
+        nb = _table(self.neighbors, self.k + 1, device, xp)
+        # take on flat indices: a 0-d index would give torch's take a (1, K) result
+        rows = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0), (*x.shape, self.k + 1))
+        ar = xp.arange(V, device=device)
+        return xp.any(rows[..., :, None] == ar, axis=-2)
+
+    def _given(self, p, q, x, xp):
+        """G(.|x) (..., V) for rejected tokens x (...,)."""
+        V = p.shape[-1]
+        dev = array_api_compat.device(p)
+        zero = xp.zeros_like(p)
+        uniform = xp.ones_like(p) / V
+        ex = xp.arange(V, device=dev) == x[..., None]
+        nbm = self._nb_mask(x, V, xp, dev)
+        if self.law == "released":
+            adm = gather(self.accept.admits(p), x, xp)
+            nbm = nbm & adm[..., None]
+            if self.variant == "p":
+                return normalize(xp.where(ex | nbm, zero, p), uniform, xp)
+            return normalize(positive_part(p - xp.where(nbm, zero, q), xp), uniform, xp)
+        S = ex | nbm
+        if self.variant == "p":
+            return normalize(xp.where(S, zero, p), uniform, xp)
+        qn = normalize(xp.where(S, zero, q), zero, xp)
+        return normalize(positive_part(p - qn, xp), p, xp)
+
+    def __call__(self, p, q, f, rejected=None):
+        xp = namespace(p, q, f)
+        if rejected is not None:
+            return self._given(p, q, xp.astype(rejected, xp.int64), xp)
+        w = q * (1 - f)                       # (..., V_x): mass of rejecting x
+        tot = xp.sum(w, axis=-1, keepdims=True)
+        mix = self._effective(p, q, w, xp)
+        empty = tot <= 0
+        return xp.where(empty, p, mix / xp.where(empty, xp.ones_like(tot), tot))
+
+    def _effective(self, p, q, w, xp):
+        """sum_x w(x) G(.|x) (..., V), vectorised over x with the (V_x, V_y) neighbour mask N."""
+        V = p.shape[-1]
+        dev = array_api_compat.device(p)
+        N = xp.astype(self._nb_mask(xp.arange(V, device=dev), V, xp, dev), p.dtype)   # (V_x, V_y)
+        NT = xp.matrix_transpose(N)
+
+        def safe_div(a, Z):
+            has = Z > 0
+            return xp.where(has, a / xp.where(has, Z, xp.ones_like(Z)), xp.zeros_like(a)), has
+
+        if self.law == "released":
+            adm = xp.astype(self.accept.admits(p), p.dtype)                              # (..., V_x)
+            if self.variant == "p":
+                # kept set of x: all but x (K0), and also all but N(x) when adm(x) (K1); sums of
+                # non-negative terms, so an empty kept set gives exactly Z = 0
+                K0 = 1 - xp.eye(V, dtype=p.dtype, device=dev)
+                K1 = K0 - N                                                                 # N has a zero diagonal
+                Z = adm * (p @ xp.matrix_transpose(K1)) + (1 - adm) * (p @ K0)             # K0 is symmetric
+                c, has = safe_div(w, Z)
+                fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
+                return p * ((c * adm) @ K1 + (c * (1 - adm)) @ K0) + fallback
+            # "q": [p - q + adm(x) N(x,.) q]_+ = r + adm(x) N(x,.) (p - r), r = [p - q]_+
+            r = positive_part(p - q, xp)
+            d = p - r
+            R = xp.sum(r, axis=-1, keepdims=True)
+            Z = R + adm * (d @ NT)                                                         # (..., V_x)
+            c, has = safe_div(w, Z)
+            fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
+            return r * xp.sum(c, axis=-1, keepdims=True) + d * ((c * adm) @ N) + fallback
+        M = N + xp.eye(V, dtype=p.dtype, device=dev)                                       # S(x) = {x} + N(x)
+        if self.variant == "p":
+            keep = 1 - M
+            Z = p @ xp.matrix_transpose(keep)                                              # (..., V_x)
+            c, has = safe_div(w, Z)
+            fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
+            return p * (c @ keep) + fallback
+        return xp.sum(w[..., :, None] * self._given_dense(p, q, M > 0, xp), axis=-2)
+
+    def _given_dense(self, p, q, S, xp):
+        """Renormalised "q" law for every x at once, S (V_x, V_y) bool -> (..., V_x, V_y)."""
+        V = p.shape[-1]
+        zero = xp.zeros((*p.shape[:-1], V, V), dtype=p.dtype, device=array_api_compat.device(p))
+        qn = normalize(xp.where(S, zero, q[..., None, :] + zero), zero, xp)
+        return normalize(positive_part(p[..., None, :] - qn, xp), p[..., None, :] + zero, xp)
+
+
+def lantern_neighbors(embeddings, K: int | None = None, *, normalize: bool = False):
+    """Neighbour table (V, K) int64 from codebook vectors (V, d): the other codes by increasing Euclidean
+    distance, the code itself excluded, ties by lower index (section 6). numpy in, numpy out.
+
+    ``normalize=False`` (default, as released: LANTERN ranks the raw VQ embedding weights) or True (rows
+    l2-normalised first: our earlier table; equal to the default on a codebook of unit vectors)."""
+    import numpy as np
+
+    if isinstance(embeddings, (list, tuple)) and not embeddings:
+        raise ValueError("embeddings is empty")
+    E = np.asarray(embeddings, dtype=np.float64)
+    if E.ndim != 2:
+        raise ValueError(f"embeddings must be (V, d), got shape {E.shape}")
+    if not np.all(np.isfinite(E)):
+        raise ValueError("embeddings contain NaN or infinite entries")
+    if normalize:
+        n = np.linalg.norm(E, axis=1, keepdims=True)
+        if np.any(n == 0):
+            raise ValueError("embeddings: a zero vector cannot be l2-normalised (normalize=True)")
+        E = E / n
+    V = E.shape[0]
+    K = V - 1 if K is None else K
+    if not 1 <= K <= V - 1:
+        raise ValueError(f"K must be in [1, {V - 1}], got {K}")
+    sq = (E * E).sum(1)
+    d2 = sq[:, None] + sq[None, :] - 2 * E @ E.T
+    np.fill_diagonal(d2, np.inf)
+    order = np.argsort(d2, axis=1, kind="stable")[:, :K]
+    return order.astype(np.int64)
