@@ -18,7 +18,8 @@ def test_every_method_builds_the_rule_of_theory_rules():
     g = methods.build("lantern+gstar", 4, nb, k=2, delta=0.4)              # alias spelling, resampler pinned
     assert g.name == "lantern+G*" and isinstance(g.resample, rules.Optimal) and g.params == {"k": 2, "delta": 0.4, "resampler": "optimal"}
     assert methods.build("lantern++", 4, nb, k=2, lam=3.0).params["lambda"] == 3.0     # grid alias of lambda
-    assert methods.build("lantern", 4, np.zeros((10, 100), np.int64)).params["k"] == methods.default_lantern_k(10)
+    wide = (np.arange(10)[:, None] + 1 + np.arange(9)[None, :]) % 10               # a valid (10, 9) table
+    assert methods.build("lantern", 4, wide).params["k"] == methods.default_lantern_k(10)
 
 
 @pytest.mark.parametrize("call, match", [
