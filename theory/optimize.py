@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq, minimize
 
-from . import markov
+from . import checks, markov
 from . import rules as _rules
 from ._xp import namespace
 
@@ -454,7 +454,7 @@ def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts
     objective = _check_objective(objective)
     P, Q = markov.check_chain(P, Q)
     V = P.shape[0]
-    F = markov._check_F(F, V)
+    F = checks.acceptance_tables(F, V)
     L = F.shape[0]
     mu = markov.init_distribution(init, V)
     if isinstance(n_starts, bool) or not isinstance(n_starts, (int, np.integer)) or n_starts < 0:
