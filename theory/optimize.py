@@ -132,9 +132,7 @@ def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
 # --------------------------------------------------------------------------- input checks
 
 def _check_L(L) -> int:
-    if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
-        raise ValueError(f"draft length L must be an integer >= 1, got {L!r}")
-    return int(L)
+    return checks.integer("draft length L", L, lo=1)
 
 
 def _check_objective(objective: str) -> str:
@@ -147,12 +145,22 @@ def _exact_size(mu: np.ndarray, V: int, L: int) -> int:
     return int(np.count_nonzero(mu > 0)) * V ** (L + 1)
 
 
-def _check_exact_size(mu, V, L, max_sequences):
+def _check_exact_size(mu, V, L, max_sequences, jacobian: bool = False, max_bytes=checks.MAX_BYTES):
+    """Refuse objective='exact_tv' above max_sequences or when its memory would exceed max_bytes.
+    The gradient path (optimal_schedule) keeps about 8 arrays of S V^L floats (the DP's forward
+    values and their cotangents); the Jacobian path (confirm_optimal_resampling) a dense
+    (S V^L, L V^2) Jacobian, about twice while JAX forms it. Estimates (JAX's allocations are not
+    traced), meant to refuse before a blow-up."""
+    S = int(np.count_nonzero(mu > 0))
     n = _exact_size(mu, V, L)
-    if n > max_sequences:
-        raise ValueError(f"objective='exact_tv' needs {np.count_nonzero(mu > 0)} start state(s) x V^(L+1) = "
-                         f"{np.count_nonzero(mu > 0)} x {V}^{L + 1} = {n:.3g} sequences, above "
-                         f"max_sequences={max_sequences:.3g}; use objective='bound' or a smaller chain")
+    if max_sequences is not None and n > checks.integer("max_sequences", max_sequences, lo=1):
+        raise ValueError(f"max_sequences: objective='exact_tv' needs {S} start state(s) x V^(L+1) = {S} x "
+                         f"{V}^{L + 1} = {n:.3g} sequences, above max_sequences={max_sequences:.3g}; use "
+                         "objective='bound' or a smaller chain")
+    rows = S * V ** L
+    need = 8 * (2 * rows * L * V * V if jacobian else 8 * rows) + markov.exact_tv_bytes(S, V, L)
+    checks.check_memory(f"objective='exact_tv' ({'Jacobian' if jacobian else 'gradient'} over {n:.3g} sequences)",
+                        need, max_bytes, "use objective='bound', a smaller chain or a larger max_bytes")
 
 
 def max_reachable(P, Q, L: int, init) -> float:
@@ -172,12 +180,7 @@ def _saturation(P, Q) -> float:
 
 
 def _check_target(target, L: int, e_max: float) -> float:
-    try:
-        t = float(target)
-    except (TypeError, ValueError):
-        raise ValueError(f"target_accepted must be a number, got {target!r}") from None
-    if not math.isfinite(t):
-        raise ValueError(f"target_accepted must be finite, got {target!r}")
+    t = checks.real("target_accepted", target)
     if t <= 0:
         raise ValueError(f"target_accepted must be > 0 (E[tau] > 0 for every w > 0), got {t}")
     if t > L:
@@ -457,12 +460,14 @@ def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts
     F = checks.acceptance_tables(F, V)
     L = F.shape[0]
     mu = markov.init_distribution(init, V)
-    if isinstance(n_starts, bool) or not isinstance(n_starts, (int, np.integer)) or n_starts < 0:
-        raise ValueError(f"n_starts must be an integer >= 0, got {n_starts!r}")
+    n_starts = checks.integer("n_starts", n_starts, lo=0)
+    iters = checks.integer("iters", iters, lo=0)
+    tol = checks.real("tol", tol, lo=0)
+    seed = checks.seed(seed)
     if objective == "bound":
         exact = lambda G: markov.tv_bound(P, Q, F, G, mu)  # noqa: E731
     else:
-        _check_exact_size(mu, V, L, max_sequences)
+        _check_exact_size(mu, V, L, max_sequences, jacobian=True)
         exact = lambda G: markov.exact_tv(P, Q, F, G, mu, max_sequences=max_sequences)  # noqa: E731
     closed = exact(markov.optimal_resampling(P, Q, F))
     J, b = _g_affine(P, Q, F, mu, objective)
@@ -609,6 +614,9 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
     V = P.shape[0]
     mu = markov.init_distribution(init, V)
     target = _check_target(target_accepted, L, max_reachable(P, Q, L, mu))
+    n_random = checks.integer("n_random", n_random, lo=0)
+    maxiter = checks.integer("maxiter", maxiter, lo=1)
+    seed = checks.seed(seed)
     if objective == "exact_tv":
         _check_exact_size(mu, V, L, max_sequences)
     if family == "table" and L * V * V > TABLE_MAX_VARIABLES:
