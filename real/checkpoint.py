@@ -12,9 +12,64 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-__all__ = ["read_checkpoint", "extract_state_dict", "load_checked"]
+__all__ = ["read_checkpoint", "extract_state_dict", "load_checked", "check_finite", "sha256_file", "verify_sha256",
+           "PINNED_SHA256", "pinned_sha256", "verify_pinned"]
 
 STATE_KEYS = ("model", "module", "state_dict")
+
+# sha256 of the published checkpoints the registry names, keyed "hub repo/file name" (as torchvision pins
+# its weights). Only values taken from the publisher (the Hugging Face LFS pointer "oid sha256:" of the
+# file) belong here; no published value could be found for the LlamaGen, VQ-16 and LANTERN releases
+# when this table was written (README "Errors and safety"), so it is empty and downloads of those are
+# not verified. Add "repo/file": "hex" lines as they become known; the check runs after each download
+# (``verify_pinned``, to be called by ``real.llamagen.download``).
+PINNED_SHA256: dict[str, str] = {}
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks (constant memory)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_sha256(path: str | os.PathLike, expected: str, what: str = "checkpoint") -> str:
+    """Raise ValueError naming the file when its sha256 is not ``expected``; return the path."""
+    got = sha256_file(path)
+    if got.lower() != expected.lower():
+        raise ValueError(f"{what} {os.fspath(path)} is corrupt or not the published file: sha256 {got}, expected "
+                         f"{expected} (delete it and download again)")
+    return os.fspath(path)
+
+
+def pinned_sha256(repo: str, filename: str) -> str | None:
+    """The pinned sha256 of a published file, or None when none is known."""
+    return PINNED_SHA256.get(f"{repo}/{filename}")
+
+
+def verify_pinned(path: str | os.PathLike, repo: str, filename: str) -> str:
+    """Check a downloaded published file against its pinned sha256 (when one is known); return the path.
+    Hook for ``real.llamagen.download``: ``return verify_pinned(hf_hub_download(repo, file, ...), repo, file)``."""
+    expected = pinned_sha256(repo, filename)
+    if expected is not None:
+        verify_sha256(path, expected, what=f"{repo}/{filename}")
+    return os.fspath(path)
+
+
+def check_finite(state: Mapping[str, torch.Tensor], what: str = "checkpoint", max_listed: int = 8) -> None:
+    """Every floating-point tensor of a state dict is finite (NaN / inf weights are a corrupt file,
+    not a model): ValueError naming the tensors otherwise."""
+    bad = [k for k, v in state.items()
+           if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
+           and not bool(torch.isfinite(v).all())]
+    if bad:
+        more = f" (+{len(bad) - max_listed} more)" if len(bad) > max_listed else ""
+        raise ValueError(f"{what} has NaN or infinite values in {len(bad)} tensor(s): "
+                         + ", ".join(bad[:max_listed]) + more)
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
@@ -26,10 +81,15 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ValueError(f"checkpoint file not found: {path}")
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint {path} is a directory, expected a file")
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
-        return load_file(path, device=str(map_location))
+        try:
+            return load_file(path, device=str(map_location))
+        except Exception as e:  # SafetensorError (truncated or garbled header), OSError: name the file
+            raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from e
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
