@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from typing import Iterator
 
-__all__ = ["check_output_file", "check_output_dir", "atomic_file", "atomic_dir", "TMP_PREFIX"]
+__all__ = ["check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
 
 TMP_PREFIX = ".coolsd-tmp-"
 
@@ -82,6 +82,24 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[pathlib.Path]:
+    """Yield a temporary path next to ``path`` with the same suffix, for writers that take a file name
+    (``savefig``); on success it is ``os.replace``d onto ``path``, on any exception removed."""
+    path = pathlib.Path(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.stem + ".", suffix=path.suffix,
+                               dir=path.parent if str(path.parent) else ".")
+    os.close(fd)
+    try:
+        yield pathlib.Path(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
