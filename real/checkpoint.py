@@ -115,9 +115,11 @@ def load_checked(module: nn.Module, state: Mapping[str, torch.Tensor], *, ignore
                  what: str = "checkpoint", max_listed: int = 12) -> None:
     """``module.load_state_dict(state)`` that fails with one ValueError naming every missing key,
     unexpected key and shape mismatch (up to ``max_listed`` of each). Keys containing any substring in
-    ``ignore`` are dropped from the checkpoint first (runtime buffers some trainers saved)."""
+    ``ignore`` are dropped from the checkpoint first (runtime buffers some trainers saved). Every
+    floating tensor must be finite (``check_finite``)."""
     ignore = tuple(ignore)
     state = {k: v for k, v in state.items() if not any(s in k for s in ignore)}
+    check_finite(state, what)
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
