@@ -249,6 +249,21 @@ def test_table_memory_estimate_within_20_percent(make):
     assert 0.8 <= markov.tables_bytes(v, V, L) / peak <= 1.2
 
 
+def test_optimiser_exact_tv_objective_refused_before_allocating():
+    """Estimates calibrated on measured RSS peaks (theory.optimize._check_exact_size docstring)."""
+    from theory import optimize
+
+    P, Q = chains.ambiguous_pair(17, spread=0.5, tv=0.4, seed=0)
+    F, _ = markov.rule_tables(P, Q, 4, rules.cool_sd(2.0))
+    t0 = time.perf_counter()
+    with pytest.raises(checks.SizeError, match="objective='exact_tv' \\(Jacobian .* about 2.66 GiB"):
+        optimize.confirm_optimal_resampling(P, Q, F, 0, objective="exact_tv", max_sequences=None)
+    P, Q = chains.ambiguous_pair(40, spread=0.5, tv=0.4, seed=0)
+    with pytest.raises(checks.SizeError, match="objective='exact_tv' \\(gradient .* about 4.6[0-9] GiB"):
+        optimize.optimal_schedule(P, Q, 5, 0, 1.0, objective="exact_tv", max_sequences=None)
+    assert time.perf_counter() - t0 < 10
+
+
 def test_theory_table_V800_refused_fast(capsys):
     t0 = time.perf_counter()
     assert main(["theory", "table", "--V", "800", "--L", "2"]) == 2
