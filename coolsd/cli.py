@@ -38,8 +38,8 @@ def describe_error(e: BaseException) -> str | None:
     if isinstance(e, ValueError) and not mod.startswith(("huggingface_hub", "requests", "urllib3", "safetensors")):
         return str(e)
     if name == "OutOfMemoryError" or isinstance(e, MemoryError):
-        return (f"out of memory ({str(e).splitlines()[0] if str(e) else name}); try fewer --num-images, "
-                "a smaller model or --dtype bfloat16")
+        return (f"out of memory ({str(e).splitlines()[0] if str(e) else name}); try a smaller problem "
+                "(fewer images or tokens, a smaller model or vocabulary, --dtype bfloat16)")
     if mod.startswith(("huggingface_hub", "requests", "urllib3", "httpx")):
         first = str(e).splitlines()[0] if str(e) else name
         return (f"could not fetch from the Hugging Face hub ({name}: {first}); check the network, the repo id "

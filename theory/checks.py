@@ -27,7 +27,8 @@ import numpy as np
 __all__ = [
     "ROW_SUM_TOL", "MAX_BYTES", "SizeError", "integer", "count", "seed", "real", "float_array",
     "finite_nonneg", "stochastic", "row_sum_tol", "acceptance_tables", "resampling_tables",
-    "check_rows_xp", "check_tokens_xp", "check_uniforms_xp", "rows_ok_xp", "rows_tol_xp", "tokens_ok_xp", "uniforms_ok_xp",
+    "check_rows_xp", "check_tokens_xp", "check_uniforms_xp", "rows_ok_xp", "rows_tol_xp", "tokens_ok_xp",
+    "uniforms_ok_xp",
     "check_memory", "fmt_bytes",
 ]
 

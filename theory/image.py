@@ -22,7 +22,6 @@ stacked kernels of a full-length round, formed once in O(L V^3) when V <= 2 T), 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np

@@ -331,7 +331,8 @@ def _validate_model_options(args) -> None:
     extra = [_flag(d) for d in MODEL_SPECIFIC if _given(args, d) and d not in allowed]
     if extra:
         ok = ", ".join(_flag(d) for d in MODEL_SPECIFIC if d in allowed) or "none of the model options"
-        raise ValueError(f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to --model {model} (it would be ignored); "
+        verb = "does" if len(extra) == 1 else "do"
+        raise ValueError(f"{', '.join(extra)} {verb} not apply to --model {model} (it would be ignored); "
                          f"{model} reads {ok}")
     kind = args.draft or DEFAULT_DRAFT.get(model, "layerskip")
     kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle"))
@@ -374,7 +375,8 @@ def _validate_model_options(args) -> None:
                 from real.llamagen import PRETRAINED
 
                 if getattr(args, d) not in PRETRAINED:
-                    raise ValueError(f"{_flag(d)}: unknown checkpoint {getattr(args, d)!r}; choose from {sorted(PRETRAINED)}")
+                    raise ValueError(f"{_flag(d)}: unknown checkpoint {getattr(args, d)!r}; "
+                                     f"choose from {sorted(PRETRAINED)}")
     if model in ("lumina-mgpt", "janus-pro", "emu3") and not _given(args, "prompts"):
         raise ValueError(f"--model {model} needs --prompts TEXT ...")
     if model == "janus-pro" and _given(args, "draft_pretrained") and kind != "small":

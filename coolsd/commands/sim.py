@@ -78,7 +78,8 @@ def run_sources(args):
         raise ValueError("need --L >= 1, --k >= 1, --n-rounds >= 2 and --n-images >= 2")
     checks.seed(args.seed, "--seed")
     if args.figure:  # checked now, written atomically at the end
-        args.figure = str(check_output_file("--figure", args.figure, None if pathlib.Path(args.figure).suffix else ".png"))
+        suffix = None if pathlib.Path(args.figure).suffix else ".png"    # matplotlib's default format
+        args.figure = str(check_output_file("--figure", args.figure, suffix))
     cb = gr = None
     if "codebook" in which:
         kw = {"seed": args.seed}
