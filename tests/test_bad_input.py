@@ -121,6 +121,20 @@ def test_float32_rows_off_by_float32_rounding_are_accepted():
     checks.stochastic("P", P.astype(np.float64), np.float32)
 
 
+def test_chain_generators_check_their_scalars():
+    with pytest.raises(ValueError, match="^V must be an integer"):
+        chains.random_pair(True)
+    with pytest.raises(ValueError, match="^V must be an integer >= 2"):
+        chains.ambiguous_pair(1)
+    with pytest.raises(ValueError, match="^seed must be a non-negative integer"):
+        chains.random_pair(4, seed=-1)
+    with pytest.raises(ValueError, match="^spread must be a finite number"):
+        chains.ambiguous_pair(4, spread=float("nan"))
+    with pytest.raises(ValueError, match="^tv must be a finite number"):
+        chains.random_pair(4, tv=float("nan"))
+    chains.random_pair(np.int64(4), seed=np.uint64(3))
+
+
 def test_init_float_message_names_init():
     P, Q = _pair()
     F, G = markov.rule_tables(P, Q, 2, rules.vanilla())
