@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 __all__ = ["read_checkpoint", "extract_state_dict", "load_checked", "check_finite", "sha256_file", "verify_sha256",
-           "PINNED_SHA256", "pinned_sha256", "verify_pinned"]
+           "PINNED_SHA256", "pinned_sha256", "verify_pinned", "load_captions"]
 
 STATE_KEYS = ("model", "module", "state_dict")
 
@@ -134,3 +134,34 @@ def load_checked(module: nn.Module, state: Mapping[str, torch.Tensor], *, ignore
         raise ValueError(f"{what} does not match {type(module).__name__}:" + fmt("missing keys", missing)
                          + fmt("unexpected keys", unexpected) + fmt("bad shapes", bad))
     module.load_state_dict(state, strict=True)
+
+
+def load_captions(path: str | os.PathLike, option: str = "--captions") -> list:
+    """A captions file (t2i conditions), checked: a torch file (weights-only) holding a non-empty list
+    of {'embedding': (P, C) finite float tensor, 'mask': (P,) optional} dicts, all of the same shape.
+    Errors name ``option`` and the file."""
+    where = f"{option}: {os.fspath(path)!r}"
+    if not os.path.isfile(path):
+        raise ValueError(f"{where} is not an existing file")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # garbage, truncated file, pickled foreign objects
+        raise ValueError(f"{where} is not a weights-only torch file ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, (list, tuple)) or not obj:
+        empty = " (empty)" if isinstance(obj, (list, tuple)) else ""
+        raise ValueError(f"{where} must hold a non-empty list of {{'embedding', 'mask'}} dicts, "
+                         f"got {type(obj).__name__}{empty}")
+    shape = None
+    for i, c in enumerate(obj):
+        e = c.get("embedding") if isinstance(c, dict) else None
+        if not isinstance(e, torch.Tensor) or e.ndim != 2 or not e.is_floating_point():
+            raise ValueError(f"{where}: entry {i} needs 'embedding', a 2-D float tensor (P, C)")
+        if not bool(torch.isfinite(e).all()):
+            raise ValueError(f"{where}: entry {i} has NaN or infinite embedding values")
+        if shape is not None and tuple(e.shape) != shape:
+            raise ValueError(f"{where}: entry {i} has shape {tuple(e.shape)}, entry 0 {shape}")
+        shape = tuple(e.shape)
+        m = c.get("mask")
+        if m is not None and (not isinstance(m, torch.Tensor) or tuple(m.shape) != (e.shape[0],)):
+            raise ValueError(f"{where}: entry {i} has a 'mask' that is not a ({e.shape[0]},) tensor")
+    return list(obj)

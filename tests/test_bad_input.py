@@ -387,6 +387,19 @@ def test_one_caption_with_three_images_is_an_error(capsys, tmp_path):
     assert "--num-images 3" in err and "1 condition(s)" in err
 
 
+def test_captions_give_one_image_each(capsys, tmp_path):
+    """Positive control of the captions checks: a valid two-caption file runs and gives two images."""
+    from real import llamagen as lg
+
+    t = lg.LlamaGen(lg.config("tiny", model_type="t2i")).random_init(0)
+    torch.save({"model": t.state_dict()}, tmp_path / "t.pt")
+    torch.save([_caption(8, 32), _caption(8, 32)], tmp_path / "caps.pt")
+    assert _gen("--model", "llamagen", "--model-type", "t2i", "--target-ckpt", str(tmp_path / "t.pt"),
+                "--target-size", "tiny", "--image-size", "128", "--draft", "layerskip",
+                "--captions", str(tmp_path / "caps.pt"), "--num-tokens", "4") == 0
+    assert json.loads(capsys.readouterr().out)["num_images"] == 2
+
+
 def test_processing_rejects_non_finite():
     from real.sampling import Processing
 

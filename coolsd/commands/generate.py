@@ -395,6 +395,8 @@ def _validate_inputs(args) -> None:
     if args.drafter_dir is not None and not os.path.isdir(args.drafter_dir):
         raise ValueError(f"--drafter-dir: {args.drafter_dir!r} is not an existing directory")
     if args.captions is not None:
+        from real.checkpoint import load_captions
+
         args._caption_count = len(load_captions(args.captions))
     if args.prompts is not None:
         if not args.prompts or any(not p.strip() for p in args.prompts):
@@ -405,36 +407,6 @@ def _count_conditions(args) -> int | None:
     if _given(args, "prompts"):
         return len(args.prompts)
     return getattr(args, "_caption_count", None)
-
-
-def load_captions(path: str) -> list:
-    """A --captions file, checked: a torch file (weights-only) holding a non-empty list of
-    {'embedding': (P, C) finite float tensor, 'mask': (P,) optional} dicts, all of the same shape."""
-    import torch
-
-    if not os.path.isfile(path):
-        raise ValueError(f"--captions: {path!r} is not an existing file")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # garbage, truncated file, pickled foreign objects
-        raise ValueError(f"--captions: {path!r} is not a weights-only torch file ({type(e).__name__}: {e})") from None
-    if not isinstance(obj, (list, tuple)) or not obj:
-        raise ValueError(f"--captions: {path!r} must hold a non-empty list of {{'embedding', 'mask'}} dicts, "
-                         f"got {type(obj).__name__}{' (empty)' if isinstance(obj, (list, tuple)) else ''}")
-    shape = None
-    for i, c in enumerate(obj):
-        e = c.get("embedding") if isinstance(c, dict) else None
-        if not isinstance(e, torch.Tensor) or e.ndim != 2 or not e.is_floating_point():
-            raise ValueError(f"--captions: entry {i} of {path!r} needs 'embedding', a 2-D float tensor (P, C)")
-        if not bool(torch.isfinite(e).all()):
-            raise ValueError(f"--captions: entry {i} of {path!r} has NaN or infinite embedding values")
-        if shape is not None and tuple(e.shape) != shape:
-            raise ValueError(f"--captions: entry {i} of {path!r} has shape {tuple(e.shape)}, entry 0 {shape}")
-        shape = tuple(e.shape)
-        m = c.get("mask")
-        if m is not None and (not isinstance(m, torch.Tensor) or tuple(m.shape) != (e.shape[0],)):
-            raise ValueError(f"--captions: entry {i} of {path!r} has a 'mask' that is not a ({e.shape[0]},) tensor")
-    return list(obj)
 
 
 def check_bundle(args, bundle) -> None:
