@@ -99,6 +99,8 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier) -> Tr
             or tuple(tokens.shape) != (R, N + 1):
         raise ValueError(f"predict_tree_rounds: expected p, q (R, N+1={N + 1}, V) and tokens (R, N+1); got p "
                          f"{tuple(p.shape)}, q {tuple(q.shape)}, tokens {tuple(tokens.shape)}")
+    checks.check_rows_xp("predict_tree_rounds: p", p, xp)       # q rows of leaves are never read: not checked
+    checks.check_tokens_xp("predict_tree_rounds: tokens", tokens[:, 1:], p.shape[-1], xp)  # entry 0 is the root
     dev = array_api_compat.device(p)
     V = p.shape[-1]
     tokens = xp.astype(tokens, xp.int64)
