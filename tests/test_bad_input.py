@@ -325,6 +325,8 @@ def _gen(*a):
     (["--L", "0"], "--L"),
     (["--top-p", "0"], "--top-p"),
     (["--device", "gpu"], "--device"),
+    (["--method", "nonsense"], "--method"),
+    (["--model", "hf-llama-tiny", "--method", "lantern"], "--method lantern"),
     (["--model", "llamagen", "--target-ckpt", __file__, "--draft", "eagle", "--drafter-dir", "/nonexistent"],
      "--drafter-dir"),
 ])

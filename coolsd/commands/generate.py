@@ -271,6 +271,7 @@ def validate_args(args) -> None:
 
     _validate_numbers(args, checks)
     _validate_model_options(args)
+    _validate_method(args)
     _validate_inputs(args)
     n_conds = _count_conditions(args)
     if args.num_images is None:
@@ -323,8 +324,31 @@ def _validate_numbers(args, checks) -> None:
         raise ValueError(f"--device must be cpu, cuda, cuda:N, mps or auto, got {dev!r}")
 
 
+NO_CODEBOOK = ("hf-llama-tiny", "llama-tiny-fast")     # text LMs: no VQ codebook, no LANTERN neighbours
+CODEBOOK_NEEDS_VQ = ("llamagen", "lumina-mgpt")        # codebook only with --vq-ckpt
+
+
+def _validate_method(args) -> None:
+    from real.methods import METHODS
+
+    method = str(args.method).lower()
+    if method not in METHODS + ("ar",):
+        raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")
+    if method.startswith("lantern"):
+        if args.model in NO_CODEBOOK:
+            raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
+                             "VQ codebook")
+        if args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"):
+            raise ValueError(f"--method {method} needs a codebook neighbour table: give --vq-ckpt "
+                             f"with --model {args.model}")
+
+
 def _validate_model_options(args) -> None:
+    from real.registry import MODELS
+
     model = args.model
+    if model not in MODELS:
+        raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(MODELS)} (--list-models)")
     if model not in MODEL_OPTIONS:
         return  # a model registered elsewhere: its builder checks its own options
     allowed = MODEL_OPTIONS[model]
