@@ -525,5 +525,7 @@ def download(name: str, cache_dir: str | None = None) -> str:
         from huggingface_hub import hf_hub_download
     except ImportError as e:  # pragma: no cover
         raise NotImplementedError("download needs huggingface_hub (pip install coolsd[transformers])") from e
+    from .checkpoint import verify_pinned
+
     repo, file, _, _ = PRETRAINED[name]
-    return hf_hub_download(repo, file, cache_dir=cache_dir)
+    return verify_pinned(hf_hub_download(repo, file, cache_dir=cache_dir), repo, file)

@@ -257,8 +257,9 @@ def _captions(opts, dev, dt):
     from .protocol import Caption
 
     if opts.captions:
-        obj = torch.load(opts.captions, map_location="cpu", weights_only=True)
-        return [Caption(c["embedding"], c.get("mask")) for c in obj]
+        from .checkpoint import load_captions
+
+        return [Caption(c["embedding"], c.get("mask")) for c in load_captions(opts.captions)]
     if opts.prompts:
         return lg.t5_captions(list(opts.prompts), device=dev, dtype=dt)
     raise ValueError("t2i needs --captions FILE.pt (list of {'embedding', 'mask'}) or --prompts TEXT ...")

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from theory.verify import sample_categorical
+from theory import checks
+from theory.xp import sample_categorical
 
 __all__ = ["Processing", "cfg_combine", "process_logits", "sample"]
 
@@ -51,6 +52,9 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     return probs
 
 
+MIN_TEMPERATURE = 1e-6   # logits up to 3e32 stay finite after / temperature in float32
+
+
 @dataclass(frozen=True)
 class Processing:
     """How logits become the distributions that are sampled and verified.
@@ -64,12 +68,13 @@ class Processing:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self):
-        if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        t = checks.real("temperature", self.temperature, 0)
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (below, logits / temperature "
+                             f"overflow float32), got {self.temperature}")
+        checks.integer("top_k", self.top_k, lo=0)
+        checks.real("top_p", self.top_p, 0, 1, lo_open=True)
+        checks.real("cfg_scale", self.cfg_scale)
         if self.dtype not in (torch.float32, torch.float64):
             raise ValueError(f"probabilities are computed in float32 or float64, got {self.dtype}")
 
@@ -107,7 +112,7 @@ class Processing:
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row: probs (..., V) -> (...,) int64, an inverse-CDF draw
-    (``theory.verify.sample_categorical``) with one uniform per row from the seeded ``generator``
+    (``theory.xp.sample_categorical``) with one uniform per row from the seeded ``generator``
     (about 20x faster than torch.multinomial on (64, 512) rows on CPU)."""
     u = torch.rand(probs.shape[:-1], generator=generator, device=probs.device, dtype=probs.dtype)
     return sample_categorical(probs, u)

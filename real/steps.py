@@ -250,7 +250,7 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
         _check_finite(p, q)
     u_acc = torch.rand((run.B, Lr), generator=run.gen, device=run.dev, dtype=p.dtype)
     u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
-    v = verify_chain(p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev))
+    v = verify_chain(p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev), check=False)
     tau = v.accepted.cpu().numpy()                                                     # the round's sync
     cand = torch.cat([x, x[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
     run.target.rollback(run.rows(np.where(act, Lr - tau, Lr + 1)))

@@ -14,12 +14,11 @@ are drawn from P. With a rejected-token resampler the table path uses the effect
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from theory import markov
+from theory import checks, markov
 from theory.verify import verify_chain
 
 from .alias import alias_draw, alias_table
@@ -59,20 +58,6 @@ class SimResult:
 
 # --------------------------------------------------------------------------- validation
 
-def _check_count(name: str, n) -> int:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
-    return int(n)
-
-
-def _check_seed(seed) -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer (or None), got {seed!r}")
-    return int(seed)
-
-
 def _check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -110,8 +95,8 @@ class ChainTables:
 def prepare_tables(P, Q, F, G, init) -> ChainTables:
     """Check P, Q, F, G, init with the theory's validators and build the alias tables."""
     P, Q = markov.check_chain(P, Q)
-    F = markov._check_F(F, P.shape[0])
-    G = markov._check_G(G, F)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
     mu = markov.init_distribution(init, P.shape[0])
     qp, qa = alias_table(Q)
     tp, ta = alias_table(np.concatenate([G, P[None]], axis=0))
@@ -210,8 +195,8 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
     one uint32 PCG64 word per draw and float32 thresholds (resolution 2^-24; see ``sim._jax``).
     The two backends read the random stream differently: same law, different samples.
     """
-    n_rounds = _check_count("n_rounds", n_rounds)
-    seed = _check_seed(seed)
+    n_rounds = checks.count("n_rounds", n_rounds)
+    seed = checks.seed(seed)
     backend = _check_backend(backend)
     tab = prepare_tables(P, Q, F, G, init)
     if backend == "jax":
@@ -235,11 +220,10 @@ def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None 
     ``chunk`` rounds are verified at once (memory ~ chunk * (2L+1) * V * 8 bytes); it does not
     change the output.
     """
-    if isinstance(L, bool) or not isinstance(L, numbers.Integral) or L < 1:
-        raise ValueError(f"draft length L must be an integer >= 1, got {L!r}")
-    n_rounds = _check_count("n_rounds", n_rounds)
-    chunk = _check_count("chunk", chunk)
-    seed = _check_seed(seed)
+    L = checks.integer("draft length L", L, lo=1)
+    n_rounds = checks.count("n_rounds", n_rounds)
+    chunk = checks.count("chunk", chunk)
+    seed = checks.seed(seed)
     P, Q = markov.check_chain(P, Q)
     mu = markov.init_distribution(init, P.shape[0])
     V = P.shape[0]
@@ -258,7 +242,8 @@ def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None 
         for i in range(1, L + 1):  # drafting is sequential in the position
             path[:, i] = alias_draw(qp, qa, path[:, i - 1], U[i], V)
         drafts = path[:, 1:]
-        verdict = verify_chain(P[path], Q[path[:, :L]], drafts, U[L + 1:2 * L + 1].T, U[2 * L + 1], verifier)
+        verdict = verify_chain(P[path], Q[path[:, :L]], drafts, U[L + 1:2 * L + 1].T, U[2 * L + 1], verifier,
+                               check=False)
         tau = np.asarray(verdict.accepted, np.int64)
         tokens = np.empty((n, L + 1), np.int64)
         prev = s0

@@ -13,18 +13,17 @@ n + tau + 1 and overwrites whatever lies beyond, so only the committed tokens su
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from theory import markov
-from theory._xp import gather
+from theory import checks, markov
+from theory.xp import gather
 from theory.verify import verify_chain
 
 from .alias import alias_draw, alias_table
-from .rounds import _check_count, _check_seed, prepare_tables, round_kernel_np
+from .rounds import prepare_tables, round_kernel_np
 
 __all__ = ["SequenceResult", "simulate_sequence", "simulate_sequence_rule", "order1_context"]
 
@@ -59,7 +58,7 @@ class SequenceResult:
 
 
 def _check_T(T) -> int:
-    return _check_count("T (tokens per sequence)", T)
+    return checks.count("T (tokens per sequence)", T)
 
 
 def _finish(buf, T, n_rounds, taus, lps, start, bounds=None, preds=None) -> SequenceResult:
@@ -75,8 +74,8 @@ def simulate_sequence(P, Q, F, G, init, T: int, n_sequences: int, seed: int | No
     A round with L' < L drafts uses the first L' positions of F, G (positions 1..L'). numpy, float64.
     """
     T = _check_T(T)
-    S = _check_count("n_sequences", n_sequences)
-    seed = _check_seed(seed)
+    S = checks.count("n_sequences", n_sequences)
+    seed = checks.seed(seed)
     tab = prepare_tables(P, Q, F, G, init)
     L = tab.L
     rng = np.random.default_rng(seed)
@@ -126,17 +125,16 @@ def simulate_sequence_rule(P, Q, verifier, L: int, T: int, n_sequences: int, see
     ``record_bound`` also records, per round, the T11 bound term and the T10 accepted-draft estimate
     along the drafted path (the resampler's effective law, section 6, enters D_i).
     """
-    if isinstance(L, bool) or not isinstance(L, numbers.Integral) or L < 1:
-        raise ValueError(f"draft length L must be an integer >= 1, got {L!r}")
+    L = checks.integer("draft length L", L, lo=1)
     T = _check_T(T)
-    S = _check_count("n_sequences", n_sequences)
-    seed = _check_seed(seed)
-    P = np.asarray(P, dtype=np.float64)
-    Q = np.asarray(Q, dtype=np.float64)
-    if P.ndim != 2 or Q.shape != P.shape:
+    S = checks.count("n_sequences", n_sequences)
+    seed = checks.seed(seed)
+    P, p_dtype = checks.float_array("P", P, ndim=2)
+    Q, q_dtype = checks.float_array("Q", Q, ndim=2)
+    if Q.shape != P.shape:
         raise ValueError(f"P and Q must be (n_states, V) tables of the same shape, got P {P.shape} and Q {Q.shape}")
-    markov._stochastic("P", P)
-    markov._stochastic("Q", Q)
+    checks.stochastic("P", P, p_dtype)
+    checks.stochastic("Q", Q, q_dtype)
     V = P.shape[1]
     rng = np.random.default_rng(seed)
     if context is None:
@@ -178,7 +176,8 @@ def simulate_sequence_rule(P, Q, verifier, L: int, T: int, n_sequences: int, see
             if m == 0:  # one token left: plain target step
                 nxt[g] = alias_draw(pp, pa, states[g, 0], U[2 * L, g], V)
                 continue
-            v = verify_chain(p[g, :m + 1], q[g, :m], drafts[g, :m], U[L:L + m, g].T, U[2 * L, g], verifier)
+            v = verify_chain(p[g, :m + 1], q[g, :m], drafts[g, :m], U[L:L + m, g].T, U[2 * L, g], verifier,
+                             check=False)
             tau[g] = v.accepted
             nxt[g] = v.next_token
         buf[idx, base + tau] = nxt

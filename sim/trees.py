@@ -9,10 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory import markov
+from theory import checks, markov
 from theory.tree import Tree, draft_without_replacement, verify_tree
 
-from .rounds import _check_count, _check_seed
 
 __all__ = ["TreeSimResult", "simulate_tree"]
 
@@ -36,10 +35,10 @@ def simulate_tree(P, Q, tree: Tree, verifier, init, n_rounds: int, seed: int | N
     P, Q = markov.check_chain(P, Q)
     V = P.shape[0]
     mu = markov.init_distribution(init, V)
-    n = _check_count("n_rounds", n_rounds)
+    n = checks.count("n_rounds", n_rounds)
     if tree.children.shape[1] > V:
         raise ValueError(f"the tree has a node with {tree.children.shape[1]} candidates but V={V}")
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(checks.seed(seed))
     N, D = tree.n_nodes, tree.depth
     out = TreeSimResult(np.empty(n, np.int64), np.empty((n, D + 1), np.int64), np.empty(n, np.int64),
                         np.empty((n, D), np.int64), np.empty(n, np.int64))

@@ -44,3 +44,57 @@ def test_readme_python_examples_run():
         P, Q = chains.random_pair(5, seed=1)
         F, G = markov.rule_tables(P, Q, 3, ns["mine"])
         assert markov.exact_tv(P, Q, F, G, 0) <= markov.tv_bound(P, Q, F, G, 0) + 1e-12
+
+
+OUR_PACKAGES = ("theory", "sim", "real", "coolsd")
+
+
+def _private_cross_imports(root=ROOT):
+    """(file, what) for every use of another package's private name: ``from pkg._mod import x``,
+    ``from pkg.mod import _x``, ``import pkg._mod`` and ``mod._x`` where ``mod`` was imported from
+    another of our packages. Private = a name component starting with one underscore."""
+    def private(name):
+        return any(c.startswith("_") and not c.startswith("__") for c in name.split("."))
+
+    bad = []
+    for pkg in OUR_PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            tree = ast.parse(f.read_text())
+            foreign = {}  # local name -> module path, for modules imported from another package
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    top = node.module.split(".")[0]
+                    if top in OUR_PACKAGES and top != pkg:
+                        for a in node.names:
+                            if private(node.module) or private(a.name):
+                                bad.append((f.relative_to(root).as_posix(), f"{node.module}.{a.name}"))
+                            foreign[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif isinstance(node, ast.Import):
+                    for a in node.names:
+                        top = a.name.split(".")[0]
+                        if top in OUR_PACKAGES and top != pkg:
+                            if private(a.name):
+                                bad.append((f.relative_to(root).as_posix(), a.name))
+                            if a.asname:
+                                foreign[a.asname] = a.name
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                        and node.value.id in foreign and private(node.attr)):
+                    bad.append((f.relative_to(root).as_posix(), f"{foreign[node.value.id]}.{node.attr}"))
+    return bad
+
+
+def test_no_package_uses_another_packages_private_names():
+    assert _private_cross_imports() == []
+
+
+def test_private_import_check_detects_a_violation(tmp_path):
+    (tmp_path / "theory").mkdir()
+    (tmp_path / "theory" / "markov.py").write_text("def _check_F(F): return F\n")
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "a.py").write_text("from theory import markov\nmarkov._check_F(1)\n")
+    (tmp_path / "sim" / "b.py").write_text("from theory._xp import gather\nfrom theory.markov import _check_F\n")
+    for p in ("real", "coolsd"):
+        (tmp_path / p).mkdir()
+    found = sorted(w for _, w in _private_cross_imports(tmp_path))
+    assert found == ["theory._xp.gather", "theory.markov._check_F", "theory.markov._check_F"]

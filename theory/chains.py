@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import checks
+
 __all__ = ["random_pair", "ambiguous_pair", "iid_pair", "stationary", "row_tv", "dirichlet_rows", "with_row_tv"]
 
 
 def _rng(seed) -> np.random.Generator:
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is None or isinstance(seed, (int, np.integer, bool, np.bool_, float)):
+        seed = checks.seed(seed)   # ints in [0, 2^64); bools and floats are refused
+    return np.random.default_rng(seed)
 
 
 def row_tv(P, Q) -> np.ndarray:
@@ -23,10 +29,10 @@ def row_tv(P, Q) -> np.ndarray:
 
 def dirichlet_rows(V: int, concentration: float, seed=None, n_rows: int | None = None) -> np.ndarray:
     """(n_rows, V) rows drawn from a symmetric Dirichlet; small concentration = peaked rows."""
-    if V < 2:
-        raise ValueError(f"V must be >= 2, got {V}")
-    if not concentration > 0:
-        raise ValueError(f"concentration must be > 0, got {concentration}")
+    V = checks.integer("V", V, lo=2)
+    checks.real("concentration", concentration, 0, lo_open=True)
+    if n_rows is not None:
+        n_rows = checks.count("n_rows", n_rows)
     rng = _rng(seed)
     g = rng.gamma(concentration, size=(V if n_rows is None else n_rows, V))
     # gamma draws can all underflow to 0 for tiny concentrations; put such a row's mass on one token
@@ -41,7 +47,9 @@ def with_row_tv(P: np.ndarray, tv: float, seed=None, concentration: float = 1.0)
     Q_s = (1 - t_s) P_s + t_s R_s with R_s a random row (or, where a random row is not far enough,
     the point mass on argmin P_s), and t_s = tv / TV(P_s, R_s) <= 1.
     """
-    P = np.asarray(P, dtype=np.float64)
+    P, src = checks.float_array("P", P, ndim=2)
+    checks.stochastic("P", P, src)
+    tv = checks.real("tv", tv, 0)
     rng = _rng(seed)
     far = 1.0 - P.min(1)  # TV to the point mass on the least likely token: the largest reachable
     if not 0 <= tv <= far.min():
@@ -70,8 +78,8 @@ def ambiguous_pair(V: int, spread: float = 0.3, tv: float | None = None, seed=No
     """Near-uniform rows: P(x|s) proportional to exp(spread * z) with z standard normal (small
     spread = many near-equal probabilities). Q is an independent draw of the same kind, or, with
     ``tv`` given, a mixture at that exact TV."""
-    if not spread >= 0:
-        raise ValueError(f"spread must be >= 0, got {spread}")
+    V = checks.integer("V", V, lo=2)
+    checks.real("spread", spread, 0)
     rng = _rng(seed)
 
     def rows():

@@ -27,34 +27,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import markov
+from . import checks, markov
 
 __all__ = ["ImagePrediction", "image_prediction", "predict_image", "round_kernels", "round_bounds",
-           "round_speedup", "draft_lengths", "expected_batch_rounds", "batch_speedup"]
-
-
-def _check_int(name: str, x, lo: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {x!r}")
-    return int(x)
+           "round_speedup", "draft_lengths", "image_bytes", "expected_batch_rounds", "batch_speedup"]
 
 
 def _check_costs(cost_ratio, verify_cost, verify_per_token) -> tuple[float, float, float]:
-    for name, v, lo_ok in (("cost_ratio", cost_ratio, True), ("verify_cost", verify_cost, False),
-                           ("verify_per_token", verify_per_token, True)):
-        try:
-            x = float(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number, got {v!r}") from None
-        if not math.isfinite(x) or x < 0 or (x == 0 and not lo_ok):
-            raise ValueError(f"{name} must be finite and {'>= 0' if lo_ok else '> 0'}, got {v!r}")
-    return float(cost_ratio), float(verify_cost), float(verify_per_token)
+    return (checks.real("cost_ratio", cost_ratio, 0), checks.real("verify_cost", verify_cost, 0, lo_open=True),
+            checks.real("verify_per_token", verify_per_token, 0))
 
 
 def draft_lengths(T: int, L: int) -> np.ndarray:
     """L'(n) = min(L, T - n - 1) for n = 0..T-1 (tokens already generated)."""
-    T = _check_int("T", T, 1)
-    L = _check_int("L", L, 1)
+    T = checks.integer("T", T, lo=1)
+    L = checks.integer("L", L, lo=1)
     return np.minimum(L, T - 1 - np.arange(T))
 
 
@@ -62,9 +49,9 @@ def round_kernels(P, Q, F, G, ell: int) -> np.ndarray:
     """K (ell + 1, V, V): K[j-1, s, s'] = Pr(a round of ell drafts from s yields j tokens, the last s').
     Rows of K summed over j and s' are 1. Uses positions 1..ell of F, G. O(ell V^3)."""
     P, Q = markov.check_chain(P, Q)
-    F = markov._check_F(F, P.shape[0])
-    G = markov._check_G(G, F)
-    ell = _check_int("ell", ell, 0)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
+    ell = checks.integer("ell", ell, lo=0)
     if ell > F.shape[0]:
         raise ValueError(f"ell={ell} drafts need {ell} positions of F, G; they have {F.shape[0]}")
     A = Q * F
@@ -86,8 +73,8 @@ def _kernels(A, R, P, ell: int) -> np.ndarray:
 def round_bounds(P, Q, F, G) -> np.ndarray:
     """b (L + 1, V): b[l, s] = the TV bound (T4, T9) of a round of l drafts from state s (b[0] = 0)."""
     P, Q = markov.check_chain(P, Q)
-    F = markov._check_F(F, P.shape[0])
-    G = markov._check_G(G, F)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
     return _round_bounds(P, Q, F, G)
 
 
@@ -136,59 +123,89 @@ class ImagePrediction:
         return d
 
 
-def image_prediction(P, Q, F, G, T: int, init) -> ImagePrediction:
+CHUNK = 4096    # state laws per window of image_prediction (memory CHUNK x V floats; output independent)
+
+
+def image_prediction(P, Q, F, G, T: int, init, max_bytes: float | None = checks.MAX_BYTES) -> ImagePrediction:
     """Exact expected target calls, draft steps and accumulated TV bound for a T-token image
     (section 7), by the recursion over (tokens generated, last state) in the module docstring.
-    F, G (L, V, V): the rule's per-position tables (markov.rule_tables); init: start state or law."""
+    F, G (L, V, V): the rule's per-position tables (markov.rule_tables); init: start state or law.
+
+    Streaming: the state laws pi_n are kept in a sliding window of CHUNK + L + 2 rows (the recursion
+    only adds to pi_{n+1} .. pi_{n+L+1}), so memory is O(L V^2 + T) (the T + 1 floats of ``boundary_mass``) whatever T;
+    time is O(T L V^2). ``max_bytes`` refuses larger problems before allocating (None: no limit)."""
     P, Q = markov.check_chain(P, Q)
-    F = markov._check_F(F, P.shape[0])
-    G = markov._check_G(G, F)
-    T = _check_int("T", T, 1)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
+    T = checks.integer("T", T, lo=1)
     mu = markov.init_distribution(init, P.shape[0])
     L, V = F.shape[0], P.shape[0]
+    use_kcat = V <= 2 * T
+    checks.check_memory(f"image_prediction (T={T}, V={V}, L={L})", image_bytes(T, V, L, use_kcat), max_bytes,
+                        "pass a larger max_bytes if you have the memory")
     A = Q * F
     R = (1 - A.sum(-1, keepdims=True)) * G
     b = _round_bounds(P, Q, F, G)
-    ells = draft_lengths(T, L)
     # full-length rounds (all but the last L values of n) apply the stacked kernels K^(L) (V, (L+1) V)
     # in one product; forming them costs O(L V^3), worth it unless V is large compared with T
-    Kcat = _kernels(A, R, P, L).transpose(1, 0, 2).reshape(V, (L + 1) * V) if V <= 2 * T else None
-    pi = np.zeros((T + 1, V))
-    pi[0] = mu
+    Kcat = _kernels(A, R, P, L).transpose(1, 0, 2).reshape(V, (L + 1) * V) if use_kcat else None
+    C = min(T, CHUNK)                            # window: pi_m for m in [base, base + C + L + 1]
+    buf = np.zeros((C + L + 2, V))
+    buf[0] = mu
+    mass = np.zeros(T + 1)
     bound = 0.0
+    base = 0
     for n in range(T):  # sequential recursion over tokens generated; each step is O(L V^2)
-        ell = int(ells[n])
-        v = pi[n]
+        k = n - base
+        if k == C:                               # slide the window: keep the L + 1 laws still open
+            buf[:L + 1] = buf[C:C + L + 1]
+            buf[L + 1:] = 0.0
+            base, k = n, 0
+        ell = min(L, T - 1 - n)
+        v = buf[k]
+        mass[n] = v.sum()
         bound += float(v @ b[ell])
         if Kcat is not None and ell == L:
-            pi[n + 1:n + L + 2] += (v @ Kcat).reshape(L + 1, V)
+            buf[k + 1:k + L + 2] += (v @ Kcat).reshape(L + 1, V)
             continue
         for j in range(ell):
-            pi[n + j + 1] += v @ R[j]
+            buf[k + j + 1] += v @ R[j]
             v = v @ A[j]
-        pi[n + ell + 1] += v @ P
-    mass = pi.sum(1)
+        buf[k + ell + 1] += v @ P
+    mass[T] = buf[T - base].sum()
+    ells = draft_lengths(T, L)
     rounds = float(mass[:T].sum())
     return ImagePrediction(T, L, rounds, float(mass[:T] @ ells), float(mass[:T] @ (ells == 0)), bound,
                            T / rounds, mass)
 
 
-def predict_image(P, Q, verifier, L: int, T: int, init) -> ImagePrediction:
-    """image_prediction (section 7) for a verifier (theory.rules) with draft length L."""
-    F, G = markov.rule_tables(P, Q, L, verifier)
-    return image_prediction(P, Q, F, G, T, init)
+def image_bytes(T: int, V: int, L: int, kcat: bool = True) -> int:
+    """Estimated peak memory (bytes) of ``image_prediction``: the (T + 1,) boundary masses with the
+    (T,) draft lengths and their products at the end (about 3 T floats), the (L, V, V) tables A, R,
+    F, G and their temporaries, and the stacked kernels (L + 1) V^2 twice while they are formed."""
+    window = (min(T, CHUNK) + L + 2) * V
+    return 8 * (3 * (T + 1) + window + (6 * L + 4) * V * V + (2 * (L + 1) * V * V if kcat else 0))
+
+
+def predict_image(P, Q, verifier, L: int, T: int, init, max_bytes: float | None = checks.MAX_BYTES) -> ImagePrediction:
+    """image_prediction (section 7) for a verifier (theory.rules) with draft length L. T is checked
+    (and the memory estimated) before the tables are built."""
+    T = checks.integer("T", T, lo=1)
+    P, Q = markov.check_chain(P, Q)
+    checks.check_memory(f"image_prediction (T={T}, V={P.shape[0]}, L={L})",
+                        image_bytes(T, P.shape[0], checks.integer("L", L, lo=1)), max_bytes,
+                        "pass a larger max_bytes if you have the memory")
+    F, G = markov.rule_tables(P, Q, L, verifier, max_bytes)
+    return image_prediction(P, Q, F, G, T, init, max_bytes)
 
 
 def round_speedup(tokens_per_round: float, L: int, cost_ratio: float, verify_cost: float = 1.0,
                   verify_per_token: float = 0.0) -> float:
     """Per-round speed-up model (section 7, Leviathan et al.): E[tau + 1] / (L c + verify_cost
     + verify_per_token (L + 1)). tokens_per_round = E[tau + 1] (not E[tau]) lies in [1, L + 1]."""
-    L = _check_int("L", L, 1)
+    L = checks.integer("L", L, lo=1)
     c, v, k = _check_costs(cost_ratio, verify_cost, verify_per_token)
-    try:
-        t = float(tokens_per_round)
-    except (TypeError, ValueError):
-        raise ValueError(f"tokens_per_round must be a number, got {tokens_per_round!r}") from None
+    t = checks.real("tokens_per_round", tokens_per_round)
     if not (1.0 <= t <= L + 1):
         raise ValueError(f"tokens_per_round = E[tau + 1] must lie in [1, L + 1] = [1, {L + 1}], got "
                          f"{tokens_per_round!r} (pass E[tau] + 1, not E[tau])")
@@ -200,7 +217,7 @@ def expected_batch_rounds(rounds, B: int) -> float:
     from the empirical law of the per-image round counts ``rounds`` (n,) (measured, or from
     ``image_prediction`` samples). Exact order statistic of the empirical distribution F:
     sum_x x (F(x)^B - F(x^-)^B)."""
-    B = _check_int("B", B, 1)
+    B = checks.integer("B", B, lo=1)
     r = np.asarray(rounds, dtype=np.float64).reshape(-1)
     if r.size == 0 or not np.isfinite(r).all() or (r < 1).any():
         raise ValueError("rounds must be a non-empty array of per-image round counts >= 1")
@@ -217,7 +234,7 @@ def batch_speedup(rounds, B: int, T: int, ar_step: float, round_cost: float) -> 
     (its draft steps, target pass and verifier), both measured at batch size B. As B grows a forward
     turns from memory-bound to compute-bound, r(B) / a(B) grows towards the tokens a round processes, and
     the speed-up falls below 1."""
-    T = _check_int("T", T, 1)
+    T = checks.integer("T", T, lo=1)
     a, c = float(ar_step), float(round_cost)
     if not (a > 0 and c > 0 and math.isfinite(a) and math.isfinite(c)):
         raise ValueError(f"ar_step and round_cost must be positive finite times, got {ar_step!r}, {round_cost!r}")

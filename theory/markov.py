@@ -13,91 +13,60 @@ programme over prefixes whose size is (number of start states) x V^L.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
+from . import checks
 from . import rules as _rules
 from ._xp import Array, namespace
 
-ROW_SUM_TOL = 1e-8          # |sum of a row - 1| allowed for P, Q and G rows
+ROW_SUM_TOL = checks.ROW_SUM_TOL   # |sum of a float64 row - 1| allowed for P, Q and G rows
 DEFAULT_MAX_SEQUENCES = 10**8
 
 __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
     "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
-    "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES",
+    "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
+    "tables_bytes",
 ]
 
 
 # --------------------------------------------------------------------------- validation
 
-def _finite_nonneg(name: str, a: np.ndarray) -> None:
-    if np.all(a >= 0) and np.isfinite(a.sum()):  # one fast pass; NaN fails `>= 0`, inf fails the sum
-        return
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} contains NaN or infinite entries")
-    raise ValueError(f"{name} has negative entries (min {a.min():.3g})")
-
-
-def _stochastic(name: str, a: np.ndarray) -> None:
-    _finite_nonneg(name, a)
-    sums = a.sum(-1)
-    err = np.abs(sums - 1.0)
-    if np.any(err > ROW_SUM_TOL):
-        bad = np.unravel_index(np.argmax(err), err.shape)
-        raise ValueError(f"{name} is not row-stochastic: row {tuple(int(b) for b in bad)} sums to "
-                         f"{sums[bad]:.12g} (tolerance {ROW_SUM_TOL:g})")
-
-
 def check_chain(P, Q) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a target/draft pair of V x V row-stochastic matrices (section 4); return float64 copies."""
-    P = np.asarray(P, dtype=np.float64)
-    Q = np.asarray(Q, dtype=np.float64)
-    if P.ndim != 2 or P.shape[0] != P.shape[1]:
-        raise ValueError(f"P must be a square (V, V) matrix, got shape {P.shape}")
+    """Validate a target/draft pair of V x V row-stochastic matrices (section 4); return float64 copies.
+    Rows are checked against the tolerance of the dtype they came in (``checks.row_sum_tol``)."""
+    P, p_dtype = checks.float_array("P", P, allow_empty=True)
+    Q, q_dtype = checks.float_array("Q", Q, allow_empty=True)
+    if P.ndim != 2 or P.shape[0] != P.shape[1] or P.shape[0] < 1:
+        raise ValueError(f"P must be a square (V, V) matrix with V >= 1, got shape {P.shape}")
     if Q.shape != P.shape:
         raise ValueError(f"P and Q must have the same shape, got P {P.shape} and Q {Q.shape}")
-    _stochastic("P", P)
-    _stochastic("Q", Q)
+    checks.stochastic("P", P, p_dtype)
+    checks.stochastic("Q", Q, q_dtype)
     return P, Q
 
 
 def init_distribution(init, V: int) -> np.ndarray:
-    """Start distribution mu_0 (V,) of T8-T9 from a start state (int) or a distribution."""
+    """Start distribution mu_0 (V,) of T8-T9 from a start state (int) or a distribution (V,)."""
     if isinstance(init, (bool, np.bool_)):
         raise ValueError(f"init must be a state (int) or a distribution, got the bool {init!r}")
-    if isinstance(init, (int, np.integer)):
-        if not 0 <= int(init) < V:
-            raise ValueError(f"init state {int(init)} is out of range for V={V}")
+    if isinstance(init, numbers.Integral):
+        s = int(init)
+        if not 0 <= s < V:
+            raise ValueError(f"init state {s} is out of range for V={V}")
         mu = np.zeros(V)
-        mu[int(init)] = 1.0
+        mu[s] = 1.0
         return mu
-    mu = np.asarray(init, dtype=np.float64)
+    if isinstance(init, numbers.Real):
+        raise ValueError(f"init must be a start state (an integer in [0, {V})) or a distribution of shape "
+                         f"({V},), got the float {init!r}")
+    mu, src = checks.float_array("init", init, allow_empty=True)
     if mu.shape != (V,):
         raise ValueError(f"init must be a state in [0, {V}) or a distribution of shape ({V},), got shape {mu.shape}")
-    _stochastic("init", mu)
+    checks.stochastic("init", mu, src)
     return mu
-
-
-def _check_F(F, V: int) -> np.ndarray:
-    F = np.asarray(F, dtype=np.float64)
-    if F.ndim != 3 or F.shape[1:] != (V, V):
-        raise ValueError(f"F must have shape (L, {V}, {V}), got {F.shape}")
-    if F.shape[0] < 1:
-        raise ValueError("F must cover L >= 1 draft positions")
-    if not np.all((F >= 0) & (F <= 1)):  # NaN fails both comparisons
-        if not np.all(np.isfinite(F)):
-            raise ValueError("F contains NaN or infinite entries")
-        raise ValueError(f"acceptance probabilities F must lie in [0, 1]; found values in [{F.min():.6g}, {F.max():.6g}]")
-    return F
-
-
-def _check_G(G, F: np.ndarray) -> np.ndarray:
-    G = np.asarray(G, dtype=np.float64)
-    if G.shape != F.shape:
-        raise ValueError(f"G must have the same shape as F {F.shape}, got {G.shape}")
-    _stochastic("G", G)
-    return G
 
 
 # --------------------------------------------------------------------------- array-API cores
@@ -146,7 +115,7 @@ def bound_terms_xp(P, Q, F, G, mu):
 def acceptance_probs(P, Q, F, init) -> np.ndarray:
     """Pr(tau >= i) for i = 1..L (T8), float64 (L,)."""
     P, Q = check_chain(P, Q)
-    F = _check_F(F, P.shape[0])
+    F = checks.acceptance_tables(F, P.shape[0])
     return acceptance_probs_xp(P, Q, F, init_distribution(init, P.shape[0]))
 
 
@@ -158,8 +127,8 @@ def expected_accepted(P, Q, F, init) -> float:
 def bound_terms(P, Q, F, G, init) -> np.ndarray:
     """The L terms of the TV upper bound B (T4, T9), float64 (L,)."""
     P, Q = check_chain(P, Q)
-    F = _check_F(F, P.shape[0])
-    G = _check_G(G, F)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
     return bound_terms_xp(P, Q, F, G, init_distribution(init, P.shape[0]))
 
 
@@ -171,38 +140,72 @@ def tv_bound(P, Q, F, G, init) -> float:
 def optimal_resampling(P, Q, F) -> np.ndarray:
     """G*_i = Norm([P - Q F_i]_+) per position and state (T5); P where beta_i = 1. (L, V, V)."""
     P, Q = check_chain(P, Q)
-    F = _check_F(F, P.shape[0])
+    F = checks.acceptance_tables(F, P.shape[0])
     return _rules.Optimal()(P[None], Q[None], F)
 
 
-def rule_tables(P, Q, L: int, verifier) -> tuple[np.ndarray, np.ndarray]:
+def tables_bytes(verifier, V: int, L: int) -> int:
+    """Estimated peak memory (bytes) of ``verifier.tables`` on (V, V) float64 chain rows.
+
+    Elementwise rules keep about 4L + 2 (V, V) float64 arrays alive (per-position temporaries and the
+    stacked (L, V, V) F and G); LANTERN's acceptance (section 6) gathers its k neighbours' masses into
+    (V, V, k) arrays (about 3k + 2L + 3 (V, V) arrays in all), and the effective law of our renormalised
+    LANTERN++ resampler (``dense_effective_law``; not the released one) forms dense (V_x, V_x, V_y)
+    stacks: about 5 float64 arrays of V^3 at its peak. Measured with tracemalloc (tests/test_bad_input.py): within 20%."""
+    acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
+    n = 4 * L + 2
+    if isinstance(acc, _rules.Lantern):
+        n = 3 * int(acc.k) + 2 * L + 3
+    cube = 5 * V ** 3 if getattr(res, "dense_effective_law", False) else 0
+    return 8 * (n * V * V + cube)
+
+
+def rule_tables(P, Q, L: int, verifier, max_bytes: float | None = checks.MAX_BYTES) -> tuple[np.ndarray, np.ndarray]:
     """(F, G) tables (L, V, V) of a verifier on this chain (section 4); G is the effective resampling law (section 6).
 
     ``expected_accepted(P, Q, *rule_tables(P, Q, L, v)[:1], init)`` and
     ``tv_bound(P, Q, *rule_tables(P, Q, L, v), init)`` are one line each.
     """
-    if not isinstance(L, (int, np.integer)) or L < 1:
-        raise ValueError(f"draft length L must be an integer >= 1, got {L!r}")
+    L = checks.integer("draft length L", L, lo=1)
     P, Q = check_chain(P, Q)
-    F, G = verifier.tables(P, Q, int(L))
+    checks.check_memory(f"rule_tables for {getattr(verifier, 'name', 'this verifier')} (V={P.shape[0]}, L={L})",
+                        tables_bytes(verifier, P.shape[0], L), max_bytes,
+                        "pass a larger max_bytes if you have the memory, or use a smaller V")
+    F, G = verifier.tables(P, Q, L)
     F = np.asarray(F, dtype=np.float64)
     G = np.asarray(G, dtype=np.float64)
-    _check_F(F, P.shape[0])
-    _check_G(G, F)
+    checks.acceptance_tables(F, P.shape[0])
+    checks.resampling_tables(G, F)
     return F, G
 
 
-def _prefix_masses(P, Q, F, G, states, max_sequences):
+def exact_tv_bytes(S: int, V: int, L: int) -> int:
+    """Estimated peak memory (bytes) of the exact-TV programme (T7) for S start states: the last
+    step holds d, the two products summed into the new d and then a (S V^L float64 each), and the
+    final |a + d| adds two more: about 4 arrays of S V^L float64 (measured within 20%, see
+    tests/test_bad_input.py), plus the (L, V, V) tables."""
+    return 8 * (4 * S * V ** L + 6 * L * V * V)
+
+
+def _check_max_sequences(max_sequences):
+    if max_sequences is not None:
+        checks.integer("max_sequences", max_sequences, lo=1)
+    return max_sequences
+
+
+def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES):
     """For start states s, arrays over length-L prefixes x_{1:L} (flattened, last token last):
     a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by x_{1:L})
     - P(x_{1:L}). Then Phat(x_{1:L+1}) - P(x_{1:L+1}) = (d + a) P(x_{L+1} | x_L)  (from T7)."""
     L, V = F.shape[0], P.shape[0]
     n_seq = len(states) * V ** (L + 1)
-    if n_seq > max_sequences:
-        raise ValueError(f"exact TV needs {len(states)} start state(s) x V^(L+1) = {len(states)} x {V}^{L + 1} "
-                         f"= {n_seq:.3g} sequences, above max_sequences={max_sequences:.3g}; "
-                         "pass a larger max_sequences if you have the memory (about 16 bytes per "
-                         "sequence / V)")
+    need = exact_tv_bytes(len(states), V, L)
+    if max_sequences is not None and n_seq > max_sequences:
+        raise ValueError(f"max_sequences: exact TV needs {len(states)} start state(s) x V^(L+1) = {len(states)} x "
+                         f"{V}^{L + 1} = {n_seq:.3g} sequences, above max_sequences={max_sequences:.3g}; pass a "
+                         f"larger max_sequences (or None) if you have about {checks.fmt_bytes(need)} of memory")
+    checks.check_memory(f"exact TV over {n_seq:.3g} sequences", need, max_bytes,
+                        "pass a larger max_bytes (or None) if you have the memory")
     A = Q * F                                   # (L, V, V)
     R = (1 - A.sum(-1, keepdims=True)) * G      # (L, V, V): reject at i, then draw from G_i
     a = A[0][states][:, None, :]                # (S, 1, V)
@@ -214,33 +217,38 @@ def _prefix_masses(P, Q, F, G, states, max_sequences):
     return a, d
 
 
-def exact_tv_per_state(P, Q, F, G, init, max_sequences: int = DEFAULT_MAX_SEQUENCES):
+def exact_tv_per_state(P, Q, F, G, init, max_sequences: int | None = DEFAULT_MAX_SEQUENCES,
+                       max_bytes: float | None = checks.MAX_BYTES):
     """TV(Phat(.|s), P(.|s)) over all V^(L+1) continuations, for each start state s with mu_0(s) > 0
-    (T7). Returns (states, tvs)."""
+    (T7). Returns (states, tvs). ``max_sequences`` / ``max_bytes``: refuse larger problems before
+    allocating (None: no limit); the estimate is ``exact_tv_bytes``."""
+    _check_max_sequences(max_sequences)
     P, Q = check_chain(P, Q)
-    F = _check_F(F, P.shape[0])
-    G = _check_G(G, F)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
     mu = init_distribution(init, P.shape[0])
     states = np.flatnonzero(mu > 0)
-    a, d = _prefix_masses(P, Q, F, G, states, max_sequences)
+    a, d = _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes)
     return states, 0.5 * np.abs(a + d).sum(axis=(1, 2))
 
 
-def exact_tv(P, Q, F, G, init, max_sequences: int = DEFAULT_MAX_SEQUENCES) -> float:
+def exact_tv(P, Q, F, G, init, max_sequences: int | None = DEFAULT_MAX_SEQUENCES,
+             max_bytes: float | None = checks.MAX_BYTES) -> float:
     """Exact TV(Phat, P) over all V^(L+1) sequences x_{1:L+1} (T7), by dynamic programming over
     positions. With a start distribution, the TV given the start state is averaged over mu_0
     (the prefix is known to the decoder), which is what B bounds."""
+    states, tvs = exact_tv_per_state(P, Q, F, G, init, max_sequences, max_bytes)
     mu = init_distribution(init, np.asarray(P).shape[0])
-    states, tvs = exact_tv_per_state(P, Q, F, G, init, max_sequences)
     return float(mu[states] @ tvs)
 
 
-def sequence_laws(P, Q, F, G, init, max_sequences: int = 10**7) -> tuple[np.ndarray, np.ndarray]:
+def sequence_laws(P, Q, F, G, init, max_sequences: int | None = 10**7) -> tuple[np.ndarray, np.ndarray]:
     """The laws of x_{1:L+1} (shape (V,)*(L+1)) under relaxed SD (Phat, T7) and under the target,
     mixed over the start distribution (what a simulator that draws s ~ mu_0 observes)."""
+    _check_max_sequences(max_sequences)
     P, Q = check_chain(P, Q)
-    F = _check_F(F, P.shape[0])
-    G = _check_G(G, F)
+    F = checks.acceptance_tables(F, P.shape[0])
+    G = checks.resampling_tables(G, F)
     mu = init_distribution(init, P.shape[0])
     states = np.flatnonzero(mu > 0)
     L, V = F.shape[0], P.shape[0]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq, minimize
 
-from . import markov
+from . import checks, markov
 from . import rules as _rules
 from ._xp import namespace
 
@@ -132,9 +132,7 @@ def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
 # --------------------------------------------------------------------------- input checks
 
 def _check_L(L) -> int:
-    if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
-        raise ValueError(f"draft length L must be an integer >= 1, got {L!r}")
-    return int(L)
+    return checks.integer("draft length L", L, lo=1)
 
 
 def _check_objective(objective: str) -> str:
@@ -147,12 +145,31 @@ def _exact_size(mu: np.ndarray, V: int, L: int) -> int:
     return int(np.count_nonzero(mu > 0)) * V ** (L + 1)
 
 
-def _check_exact_size(mu, V, L, max_sequences):
+def _exact_ok(mu, V: int, L: int, max_sequences) -> bool:
+    """Whether the exact TV is computed (else reported as None): within max_sequences (None: no
+    limit) and within the memory budget (markov.exact_tv_bytes)."""
+    S = int(np.count_nonzero(mu > 0))
+    return ((max_sequences is None or _exact_size(mu, V, L) <= max_sequences)
+            and markov.exact_tv_bytes(S, V, L) <= checks.MAX_BYTES)
+
+
+def _check_exact_size(mu, V, L, max_sequences, jacobian: bool = False, max_bytes=checks.MAX_BYTES):
+    """Refuse objective='exact_tv' above max_sequences or when its memory would exceed max_bytes.
+    Measured peaks (RSS, JAX float64 on CPU; V=10..20, L=4..5): the gradient path (optimal_schedule)
+    takes about 48 bytes per DP row (S V^L rows) plus ~48 MiB of JAX buffers; the Jacobian path
+    (confirm_optimal_resampling) about 28 bytes per Jacobian entry (S V^L x L V^2: JAX's dense
+    Jacobian, its scaled copy and the CSR matrix) plus ~150 MiB. The estimates below are within 20% of
+    those measurements."""
+    S = int(np.count_nonzero(mu > 0))
     n = _exact_size(mu, V, L)
-    if n > max_sequences:
-        raise ValueError(f"objective='exact_tv' needs {np.count_nonzero(mu > 0)} start state(s) x V^(L+1) = "
-                         f"{np.count_nonzero(mu > 0)} x {V}^{L + 1} = {n:.3g} sequences, above "
-                         f"max_sequences={max_sequences:.3g}; use objective='bound' or a smaller chain")
+    if max_sequences is not None and n > checks.integer("max_sequences", max_sequences, lo=1):
+        raise ValueError(f"max_sequences: objective='exact_tv' needs {S} start state(s) x V^(L+1) = {S} x "
+                         f"{V}^{L + 1} = {n:.3g} sequences, above max_sequences={max_sequences:.3g}; use "
+                         "objective='bound' or a smaller chain")
+    rows = S * V ** L
+    need = 28 * rows * L * V * V + 150 * 2**20 if jacobian else 48 * rows + 48 * 2**20
+    checks.check_memory(f"objective='exact_tv' ({'Jacobian' if jacobian else 'gradient'} over {n:.3g} sequences)",
+                        need, max_bytes, "use objective='bound', a smaller chain or a larger max_bytes")
 
 
 def max_reachable(P, Q, L: int, init) -> float:
@@ -172,12 +189,7 @@ def _saturation(P, Q) -> float:
 
 
 def _check_target(target, L: int, e_max: float) -> float:
-    try:
-        t = float(target)
-    except (TypeError, ValueError):
-        raise ValueError(f"target_accepted must be a number, got {target!r}") from None
-    if not math.isfinite(t):
-        raise ValueError(f"target_accepted must be finite, got {target!r}")
+    t = checks.real("target_accepted", target)
     if t <= 0:
         raise ValueError(f"target_accepted must be > 0 (E[tau] > 0 for every w > 0), got {t}")
     if t > L:
@@ -276,7 +288,7 @@ def _evaluate(P, Q, F, mu, max_sequences) -> dict:
     pr = markov.acceptance_probs_xp(P, Q, F, mu)
     out = {"expected_accepted": float(pr.sum()), "tv_bound": float(markov.bound_terms_xp(P, Q, F, G, mu).sum()),
            "exact_tv": None, "acceptance_probs": pr}
-    if _exact_size(mu, P.shape[0], F.shape[0]) <= max_sequences:
+    if _exact_ok(mu, P.shape[0], F.shape[0], max_sequences):
         states = np.flatnonzero(mu > 0)
         out["exact_tv"] = float(exact_tv_xp(P, Q, F, G, states, mu[states]))
     return out
@@ -454,15 +466,17 @@ def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts
     objective = _check_objective(objective)
     P, Q = markov.check_chain(P, Q)
     V = P.shape[0]
-    F = markov._check_F(F, V)
+    F = checks.acceptance_tables(F, V)
     L = F.shape[0]
     mu = markov.init_distribution(init, V)
-    if isinstance(n_starts, bool) or not isinstance(n_starts, (int, np.integer)) or n_starts < 0:
-        raise ValueError(f"n_starts must be an integer >= 0, got {n_starts!r}")
+    n_starts = checks.integer("n_starts", n_starts, lo=0)
+    iters = checks.integer("iters", iters, lo=0)
+    tol = checks.real("tol", tol, lo=0)
+    seed = checks.seed(seed)
     if objective == "bound":
         exact = lambda G: markov.tv_bound(P, Q, F, G, mu)  # noqa: E731
     else:
-        _check_exact_size(mu, V, L, max_sequences)
+        _check_exact_size(mu, V, L, max_sequences, jacobian=True)
         exact = lambda G: markov.exact_tv(P, Q, F, G, mu, max_sequences=max_sequences)  # noqa: E731
     closed = exact(markov.optimal_resampling(P, Q, F))
     J, b = _g_affine(P, Q, F, mu, objective)
@@ -609,6 +623,9 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
     V = P.shape[0]
     mu = markov.init_distribution(init, V)
     target = _check_target(target_accepted, L, max_reachable(P, Q, L, mu))
+    n_random = checks.integer("n_random", n_random, lo=0)
+    maxiter = checks.integer("maxiter", maxiter, lo=1)
+    seed = checks.seed(seed)
     if objective == "exact_tv":
         _check_exact_size(mu, V, L, max_sequences)
     if family == "table" and L * V * V > TABLE_MAX_VARIABLES:
@@ -868,7 +885,7 @@ def pareto_curves(P, Q, L: int, init, n_points: int = 12, lo: float = 0.05, hi: 
         curves[name] = {"tv_bound": [r["tv_bound"] for r in rs], "exact_tv": [r["exact_tv"] for r in rs]}
     if optimize:
         for obj in ("bound", "exact_tv"):
-            if obj == "exact_tv" and _exact_size(mu, V, L) > max_sequences:
+            if obj == "exact_tv" and not _exact_ok(mu, V, L, max_sequences):
                 continue
             rs = [optimal_schedule(P, Q, L, mu, t, obj, n_random=0, max_sequences=max_sequences) for t in targets]
             curves[f"optimal_{obj}"] = {"tv_bound": [r.tv_bound for r in rs], "exact_tv": [r.exact_tv for r in rs],

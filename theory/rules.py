@@ -25,6 +25,7 @@ from typing import Any, Protocol, Sequence
 
 import array_api_compat
 
+from . import checks
 from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
 from .lantern import LANTERN_LAWS, Lantern, LanternResample, check_neighbors, lantern_neighbors
 
@@ -66,8 +67,13 @@ class Schedule(Protocol):
 
 def _check_positive(name: str, *values: float) -> None:
     for v in values:
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{name}: weights must be finite and > 0, got {v!r}")
+        try:
+            checks.real(name, v, 0, lo_open=True)
+        except ValueError:
+            raise ValueError(f"{name}: weights must be real numbers, finite and > 0, got {v!r}") from None
+
+
+MAX_POSITION = 64       # schedules must give finite weights w_1 .. w_MAX_POSITION (draft positions in use)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ class Uniform:
     c: float
 
     def __post_init__(self):
-        _check_positive("Uniform schedule", self.c)
+        _check_positive("Uniform schedule (c)", self.c)
+        object.__setattr__(self, "c", float(self.c))
 
     def __call__(self, i, xp):
         return self.c if isinstance(i, int) else self.c * xp.ones_like(i)
@@ -91,8 +98,17 @@ class Exponential:
 
     def __post_init__(self):
         _check_positive("Exponential schedule (delta)", self.delta)
-        if not math.isfinite(self.nu) or (self.mu is not None and not math.isfinite(self.mu)):
-            raise ValueError(f"Exponential schedule: nu and mu must be finite, got nu={self.nu}, mu={self.mu}")
+        checks.real("Exponential schedule: nu", self.nu)
+        if self.mu is not None:
+            checks.real("Exponential schedule: mu", self.mu)
+        # the exponent -nu i - offset is linear in i: checking both ends covers every position
+        for i in (1, MAX_POSITION):
+            e = -float(self.nu) * i - self.offset
+            w = self.delta * math.exp(e) if e < 709 else math.inf
+            if not math.isfinite(w):  # underflow to 0 is the right limit (f -> 0); overflow is not
+                raise ValueError(f"Exponential schedule: nu={self.nu}, mu={self.mu} give weight w_{i} = delta "
+                                 f"exp({e:.4g}), which overflows float64 (positions up to {MAX_POSITION} must "
+                                 "have finite weights); use a smaller |nu| or |mu|")
 
     @property
     def offset(self) -> float:
@@ -113,8 +129,7 @@ class Linear:
 
     def __post_init__(self):
         _check_positive("Linear schedule", self.first, self.last)
-        if self.L < 1:
-            raise ValueError(f"Linear schedule: L must be >= 1, got {self.L}")
+        checks.integer("Linear schedule: L", self.L, lo=1)
 
     def __call__(self, i, xp):
         slope = 0.0 if self.L == 1 else (self.last - self.first) / (self.L - 1)
@@ -127,10 +142,10 @@ class Explicit:
     weights: tuple[float, ...]
 
     def __post_init__(self):
-        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
         if len(self.weights) == 0:
             raise ValueError("Explicit schedule: empty weight vector")
         _check_positive("Explicit schedule", *self.weights)
+        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
     def __call__(self, i, xp):
         if isinstance(i, int):

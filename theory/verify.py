@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from . import checks
 from ._xp import Array, gather, gather_rows, namespace, sample_categorical
 
-__all__ = ["ChainVerdict", "verify_chain", "sample_categorical"]   # sample_categorical: the one inverse-CDF
-#                                                                    draw (verifiers' final token, real.sampling)
+__all__ = ["ChainVerdict", "verify_chain"]
 
 
 class ChainVerdict(NamedTuple):
@@ -20,7 +20,7 @@ class ChainVerdict(NamedTuple):
 
 
 def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, verifier,
-                 n_drafted: Array | None = None) -> ChainVerdict:
+                 n_drafted: Array | None = None, *, check: bool = True) -> ChainVerdict:
     """Verify L drafted tokens against the target (section 1 of docs/theory.md; T0-T1, T5).
 
     Shapes (any leading batch dims ``...``, no Python loop over them):
@@ -38,12 +38,19 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
 
     Returns tau (first rejected position - 1, or L), the token drawn from G_{tau+1}(.|x~_{tau+1})
     on rejection or from p_{L+1} when all drafts are accepted, and f at the drafted tokens.
+
+    ``check=True`` (default, an API boundary) validates the inputs: p, q rows finite, >= 0, summing to 1
+    (tolerance of their dtype), tokens integers in [0, V), uniforms in [0, 1); one host sync when they
+    are valid. Callers that built the rows themselves from validated tables (the simulator, the
+    engine's hot path) pass ``check=False``.
     """
     xp = namespace(p, q)
     L = tokens.shape[-1]
     if p.shape[-2] != L + 1 or q.shape[-2] != L or p.shape[-1] != q.shape[-1]:
         raise ValueError(f"verify_chain: expected p (..., L+1, V) and q (..., L, V) with L={L}; "
                          f"got p {tuple(p.shape)}, q {tuple(q.shape)}")
+    if check:
+        _check_inputs(p, q, tokens, u_accept, u_sample, xp)
     tokens = xp.astype(tokens, xp.int64)
     pos = xp.arange(1, L + 1, device=_device(p))
     f = verifier.accept(p[..., :L, :], q, pos)                 # (..., L, V)
@@ -63,6 +70,25 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     G = verifier.resample(p_row, gather_rows(q, k, xp), gather_rows(f, k, xp), gather(tokens, k, xp))
     row = xp.where((tau == cap)[..., None], p_row, G)
     return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
+
+
+def _check_inputs(p, q, tokens, u_accept, u_sample, xp) -> None:
+    """verify_chain's boundary checks: one combined test (one sync), detailed messages on failure."""
+    V = p.shape[-1]
+    if tuple(u_accept.shape) != tuple(tokens.shape):
+        raise ValueError(f"verify_chain: u_accept must have the shape of tokens {tuple(tokens.shape)}, got "
+                         f"{tuple(u_accept.shape)}")
+    if not xp.isdtype(tokens.dtype, "integral"):
+        raise ValueError(f"verify_chain: tokens must be integers, got dtype {tokens.dtype}")
+    ok = (checks.rows_ok_xp(p, xp) & checks.rows_ok_xp(q, xp) & checks.tokens_ok_xp(tokens, V, xp)
+          & checks.uniforms_ok_xp(u_accept, xp) & checks.uniforms_ok_xp(u_sample, xp))
+    if bool(ok):
+        return
+    checks.check_rows_xp("verify_chain: p", p, xp)
+    checks.check_rows_xp("verify_chain: q", q, xp)
+    checks.check_tokens_xp("verify_chain: tokens", tokens, V, xp)
+    checks.check_uniforms_xp("verify_chain: u_accept", u_accept, xp)
+    checks.check_uniforms_xp("verify_chain: u_sample", u_sample, xp)
 
 
 def _device(x):

@@ -29,9 +29,23 @@ def register(sub):
     d.set_defaults(func=run)
 
 
+DEMO_FILES = ("report.md", "report.json", "pareto.png", "predicted_vs_measured.png", "samples.png")
+
+
 def run(args):
     import dataclasses
-    import pathlib
+
+    from coolsd.io import atomic_dir, check_output_dir
+    from theory import checks
+
+    checks.seed(args.seed, "--seed")
+    if args.images is not None:
+        checks.integer("--images", args.images, lo=1)
+    if args.L is not None:
+        checks.integer("--L", args.L, lo=1)
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    out = check_output_dir("--out", args.out, DEMO_FILES)    # before the 8-minute run
 
     import torch
 
@@ -57,8 +71,8 @@ def run(args):
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     s = dataclasses.replace(s, **kw)
-    out = pathlib.Path(args.out)
-    report = run_demo(out, s, progress=not args.no_progress)
+    with atomic_dir(out) as tmp:   # the whole report or the previous one, never a mix
+        report = run_demo(tmp, s, progress=not args.no_progress)
     print(main_table(report))
     ch = report["checks"]
     print("checks: " + ", ".join(f"{k}: {'PASS' if v['pass'] else 'FAIL'}" for k, v in ch.items()))

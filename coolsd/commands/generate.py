@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+
+from coolsd.io import atomic_file, check_output_file
 
 
 def register(sub):
@@ -38,7 +41,8 @@ def register(sub):
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale (default: the model's)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--num-images", type=int, default=1)
+    s.add_argument("--num-images", type=int, default=None,
+                   help="images to generate (default 1, or one per --prompts / --captions entry)")
     s.add_argument("--batch-size", type=int, default=None,
                    help="images generated together in one engine batch (default: all --num-images, at most "
                         "real.engine.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
@@ -48,7 +52,8 @@ def register(sub):
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     r.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: 1 for *-tiny models, whose ops are too small to share)")
-    r.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
+    r.add_argument("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
+                   help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
     r.add_argument("--record", default=None, help="save the per-round P/Q rows to this .npz (for theory.recorded)")
@@ -103,6 +108,7 @@ def _finite(x):
 
 
 def generate(args) -> dict:
+    validate_args(args)       # every input, option and output path, before any model is built
     import numpy as np
     import torch
 
@@ -130,16 +136,13 @@ def generate(args) -> dict:
     if tree is not None and args.method.lower() == "ar":
         raise ValueError("--tree needs a speculative method (not ar)")
     L = tree.depth if tree is not None else args.L
-    if args.num_images < 1:
-        raise ValueError(f"--num-images must be >= 1, got {args.num_images}")
-    if args.batch_size is not None and not 1 <= args.batch_size <= args.num_images:
-        raise ValueError(f"--batch-size must be in [1, --num-images = {args.num_images}], got {args.batch_size}")
     threads = args.threads if args.threads is not None else (1 if "tiny" in args.model else None)
     if threads is not None:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
     bundle = build(args.model, BuildOptions.from_namespace(args))
+    check_bundle(args, bundle)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
     method = args.method.lower()
@@ -170,17 +173,19 @@ def generate(args) -> dict:
     if args.record:
         recs = [r for g in gens for r in g.rounds]
         p, q, d, nd = engine.records_to_arrays(recs, args.L)
-        np.savez_compressed(args.record, p=p, q=q, drafts=d, n_drafted=nd,
-                            accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
-        out["record"] = args.record
+        with atomic_file(args.record) as fh:
+            np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd,
+                                accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
+        out["record"] = str(args.record)
     if args.save:
         toks = np.stack([g.tokens.numpy() for g in gens])
         extra = {}
         side = int(round(bundle.num_tokens ** 0.5))
         if bundle.vq is not None and side * side == bundle.num_tokens:
             extra["images"] = bundle.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
-        np.savez_compressed(args.save, tokens=toks, **extra)
-        out["saved"] = args.save
+        with atomic_file(args.save) as fh:
+            np.savez_compressed(fh, tokens=toks, **extra)
+        out["saved"] = str(args.save)
     return out
 
 
@@ -221,3 +226,233 @@ def format_result(r: dict) -> str:
     if "speedup" in r:
         lines.append(f"  speed-up vs plain AR    {r['speedup']:.2f}x")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- input validation (before any work)
+# Kept apart from ``generate`` so new options (e.g. --batch-size) add their checks here.
+
+# options only some models read (dest names); given with another model they are an error, not a no-op
+MODEL_OPTIONS = {
+    "llamagen": {"model_type", "image_size", "target_ckpt", "target_size", "target_pretrained", "draft_ckpt",
+                 "draft_size", "draft_pretrained", "drafter_dir", "vq_ckpt", "vq_size", "captions", "prompts",
+                 "class_id", "draft"},
+    "llamagen-tiny": {"class_id", "draft"},
+    "llamagen-tiny-t2i": {"draft"},
+    "hf-llama-tiny": set(),
+    "llama-tiny-fast": set(),
+    "chameleon-tiny": {"draft"},
+    "janus-tiny": {"draft"},
+    "emu3-tiny": {"draft"},
+    "lumina-mgpt": {"target_pretrained", "prompts", "draft", "drafter_dir", "image_size", "vq_ckpt"},
+    "janus-pro": {"target_pretrained", "draft_pretrained", "prompts", "draft", "drafter_dir"},
+    "emu3": {"target_pretrained", "prompts", "draft", "drafter_dir"},
+    "mnist": {"class_id", "draft"},
+}
+MODEL_SPECIFIC = ("model_type", "image_size", "target_ckpt", "target_size", "target_pretrained", "draft_ckpt",
+                  "draft_size", "draft_pretrained", "drafter_dir", "vq_ckpt", "vq_size", "captions", "prompts",
+                  "class_id", "draft")
+DRAFT_KINDS = {"llamagen": ("small", "layerskip", "eagle"), "mnist": ("small", "eagle", "layerskip")}
+DEFAULT_DRAFT = {"llamagen": "small", "mnist": "small", "janus-pro": "small", "lumina-mgpt": "eagle", "emu3": "eagle"}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _given(args, dest: str) -> bool:
+    v = getattr(args, dest, None)
+    return v is not None and v != [] and v is not False
+
+
+def validate_args(args) -> None:
+    """Check every ``coolsd generate`` input before any work: numbers, option/model compatibility,
+    input files and output paths. Raises ValueError naming the option. Resolves ``--save`` /
+    ``--record`` to the file that will be written and ``--num-images`` to the number of images."""
+    from theory import checks
+
+    _validate_numbers(args, checks)
+    _validate_model_options(args)
+    _validate_method(args)
+    _validate_inputs(args)
+    n_conds = _count_conditions(args)
+    if args.num_images is None:
+        args.num_images = n_conds or 1
+    else:
+        checks.integer("--num-images", args.num_images, lo=1)
+        if n_conds and args.num_images != n_conds:
+            src = "--prompts" if _given(args, "prompts") else "--captions"
+            raise ValueError(f"--num-images {args.num_images} does not match the {n_conds} condition(s) given by "
+                             f"{src} (one image per entry); drop --num-images or give {args.num_images} entries")
+    if args.batch_size is not None:
+        checks.integer("--batch-size", args.batch_size, lo=1, hi=args.num_images)
+    if args.save is not None:
+        args.save = str(check_output_file("--save", args.save, ".npz"))
+    if args.record is not None:
+        args.record = str(check_output_file("--record", args.record, ".npz"))
+        if args.save is not None and os.path.abspath(args.record) == os.path.abspath(args.save):
+            raise ValueError(f"--record and --save name the same file {args.save!r}")
+
+
+def _validate_numbers(args, checks) -> None:
+    checks.integer("--L", args.L, lo=1)
+    checks.seed(args.seed, "--seed")
+    t = checks.real("--temperature", args.temperature, 0)
+    if 0 < t < 1e-6:
+        raise ValueError(f"--temperature must be 0 (greedy) or >= 1e-6 (below, logits / temperature overflow), "
+                         f"got {args.temperature}")
+    checks.real("--top-p", args.top_p, 0, 1, lo_open=True)
+    if args.top_k is not None:
+        checks.integer("--top-k", args.top_k, lo=0)
+    if args.cfg_scale is not None:
+        checks.real("--cfg-scale", args.cfg_scale, 0)
+    if args.num_tokens is not None:
+        checks.integer("--num-tokens", args.num_tokens, lo=1)
+    if args.threads is not None:
+        checks.integer("--threads", args.threads, lo=1)
+    if args.image_size is not None:
+        checks.integer("--image-size", args.image_size, lo=16)
+        if args.image_size % 16:
+            raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
+    from theory import methods as registry
+
+    for dest, p in registry.flags().items():      # verifier flags: the registry's types and ranges
+        v = getattr(args, dest, None)
+        if v is not None and p.type in (int, float):
+            checks.integer(_flag(dest), v) if p.type is int else checks.real(_flag(dest), v)
+    dev = str(args.device)
+    if not (dev in ("cpu", "auto", "mps", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise ValueError(f"--device must be cpu, cuda, cuda:N, mps or auto, got {dev!r}")
+
+
+NO_CODEBOOK = ("hf-llama-tiny", "llama-tiny-fast")     # text LMs: no VQ codebook, no LANTERN neighbours
+CODEBOOK_NEEDS_VQ = ("llamagen", "lumina-mgpt")        # codebook only with --vq-ckpt
+
+
+def _validate_method(args) -> None:
+    from real.methods import METHODS
+
+    from real.methods import MethodParams, method_params
+    from theory import methods as registry
+
+    method = str(args.method).lower()
+    if method not in tuple(m.lower() for m in METHODS) + ("ar", "lantern+gstar"):
+        raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")
+    if method != "ar":   # the registry's ranges (e.g. --delta > 0) checked before any model is built
+        params = MethodParams(**{f: getattr(args, f, None) for f in registry.flags()})
+        registry.resolve(method, method_params(method, params))
+    if method.startswith("lantern"):
+        if args.model in NO_CODEBOOK:
+            raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
+                             "VQ codebook")
+        if args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"):
+            raise ValueError(f"--method {method} needs a codebook neighbour table: give --vq-ckpt "
+                             f"with --model {args.model}")
+
+
+def _validate_model_options(args) -> None:
+    from real.registry import MODELS
+
+    model = args.model
+    if model not in MODELS:
+        raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(MODELS)} (--list-models)")
+    if model not in MODEL_OPTIONS:
+        return  # a model registered elsewhere: its builder checks its own options
+    allowed = MODEL_OPTIONS[model]
+    extra = [_flag(d) for d in MODEL_SPECIFIC if _given(args, d) and d not in allowed]
+    if extra:
+        ok = ", ".join(_flag(d) for d in MODEL_SPECIFIC if d in allowed) or "none of the model options"
+        verb = "does" if len(extra) == 1 else "do"
+        raise ValueError(f"{', '.join(extra)} {verb} not apply to --model {model} (it would be ignored); "
+                         f"{model} reads {ok}")
+    kind = args.draft or DEFAULT_DRAFT.get(model, "layerskip")
+    kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle"))
+    if "draft" in allowed and kind not in kinds:
+        raise ValueError(f"--draft must be one of {', '.join(kinds)} for --model {model}, got {kind!r}")
+    if _given(args, "drafter_dir") and kind != "eagle":
+        raise ValueError(f"--drafter-dir is an EAGLE drafter: it needs --draft eagle (the draft is {kind!r})")
+    if model == "llamagen":
+        mtype = args.model_type or "c2i"
+        if mtype == "c2i" and (_given(args, "captions") or _given(args, "prompts")):
+            raise ValueError("--captions / --prompts condition t2i models; add --model-type t2i (c2i uses --class-id)")
+        if mtype == "t2i" and _given(args, "class_id"):
+            raise ValueError("--class-id conditions c2i models; --model-type t2i uses --captions or --prompts")
+        if mtype == "t2i" and not (_given(args, "captions") or _given(args, "prompts")):
+            raise ValueError("--model-type t2i needs --captions FILE.pt or --prompts TEXT ...")
+        if _given(args, "captions") and _given(args, "prompts"):
+            raise ValueError("give --captions or --prompts, not both")
+        for path_opt, name_opt in (("target_ckpt", "target_pretrained"), ("draft_ckpt", "draft_pretrained")):
+            if _given(args, path_opt) and _given(args, name_opt):
+                raise ValueError(f"give {_flag(path_opt)} or {_flag(name_opt)}, not both")
+        if not (_given(args, "target_ckpt") or _given(args, "target_pretrained")):
+            raise ValueError("--model llamagen needs --target-ckpt FILE or --target-pretrained NAME")
+        if kind == "small" and not (_given(args, "draft_ckpt") or _given(args, "draft_pretrained")):
+            raise ValueError("--draft small needs --draft-ckpt FILE or --draft-pretrained NAME "
+                             "(or use --draft layerskip / --draft eagle --drafter-dir DIR)")
+        if kind != "small" and any(_given(args, d) for d in ("draft_ckpt", "draft_pretrained", "draft_size")):
+            raise ValueError(f"--draft-ckpt / --draft-pretrained / --draft-size load a small draft model; "
+                             f"the draft is {kind!r}")
+        if kind == "eagle" and not _given(args, "drafter_dir"):
+            raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
+        from real.llamagen import CONFIGS
+
+        for d in ("target_size", "draft_size"):
+            if _given(args, d) and getattr(args, d) not in CONFIGS:
+                raise ValueError(f"{_flag(d)} must be one of {', '.join(CONFIGS)}, got {getattr(args, d)!r}")
+        if _given(args, "vq_size") and not _given(args, "vq_ckpt"):
+            raise ValueError("--vq-size configures --vq-ckpt; give --vq-ckpt too")
+        for d in ("target_pretrained", "draft_pretrained"):
+            if _given(args, d):
+                from real.llamagen import PRETRAINED
+
+                if getattr(args, d) not in PRETRAINED:
+                    raise ValueError(f"{_flag(d)}: unknown checkpoint {getattr(args, d)!r}; "
+                                     f"choose from {sorted(PRETRAINED)}")
+    if model in ("lumina-mgpt", "janus-pro", "emu3") and not _given(args, "prompts"):
+        raise ValueError(f"--model {model} needs --prompts TEXT ...")
+    if model == "janus-pro" and _given(args, "draft_pretrained") and kind != "small":
+        raise ValueError(f"--draft-pretrained loads the small Janus draft; the draft is {kind!r}")
+
+
+def _validate_inputs(args) -> None:
+    for dest in ("target_ckpt", "draft_ckpt"):
+        p = getattr(args, dest, None)
+        if p is not None and not os.path.isfile(p):
+            raise ValueError(f"{_flag(dest)}: {p!r} is not an existing file")
+    if args.vq_ckpt is not None:
+        ok = os.path.exists(args.vq_ckpt) if args.model == "lumina-mgpt" else os.path.isfile(args.vq_ckpt)
+        if not ok:
+            raise ValueError(f"--vq-ckpt: {args.vq_ckpt!r} does not exist")
+    if args.drafter_dir is not None and not os.path.isdir(args.drafter_dir):
+        raise ValueError(f"--drafter-dir: {args.drafter_dir!r} is not an existing directory")
+    if args.captions is not None:
+        from real.checkpoint import load_captions
+
+        args._caption_count = len(load_captions(args.captions))
+    if args.prompts is not None:
+        if not args.prompts or any(not p.strip() for p in args.prompts):
+            raise ValueError("--prompts needs one or more non-empty prompts")
+
+
+def _count_conditions(args) -> int | None:
+    if _given(args, "prompts"):
+        return len(args.prompts)
+    return getattr(args, "_caption_count", None)
+
+
+def check_bundle(args, bundle) -> None:
+    """Checks that need the built model but no generation: --num-tokens within the model's image,
+    --class-id within its classes (the builders check it too)."""
+    cap = _token_capacity(bundle.target)
+    if args.num_tokens is not None and cap is not None and args.num_tokens > cap:
+        raise ValueError(f"--num-tokens {args.num_tokens} is more than the {cap} tokens of one image of "
+                         f"--model {args.model}")
+
+
+def _token_capacity(target) -> int | None:
+    layout = getattr(target, "layout", None)
+    if layout is not None and hasattr(layout, "num_tokens"):
+        return int(layout.num_tokens)
+    cfg = getattr(target, "config", None)
+    if cfg is not None and hasattr(cfg, "block_size"):
+        return int(cfg.block_size)
+    return None

@@ -42,7 +42,9 @@ def register(sub):
 
 def run_validate(args):
     from sim import validation as va
+    from theory import checks
 
+    checks.seed(args.seed, "--seed")
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     bad = set(paths) - {"table", "rule"}
     if bad or not paths:
@@ -63,13 +65,21 @@ def run_validate(args):
 
 
 def run_sources(args):
+    import pathlib
+
+    from coolsd.io import atomic_path, check_output_file
     from sim import sources as so
+    from theory import checks
 
     which = tuple(w.strip() for w in args.which.split(",") if w.strip())
     if not which or set(which) - {"codebook", "grid"}:
         raise ValueError(f"--which takes codebook and/or grid, got {args.which!r}")
     if args.L < 1 or args.k < 1 or args.n_rounds < 2 or args.n_images < 2:
         raise ValueError("need --L >= 1, --k >= 1, --n-rounds >= 2 and --n-images >= 2")
+    checks.seed(args.seed, "--seed")
+    if args.figure:  # checked now, written atomically at the end
+        suffix = None if pathlib.Path(args.figure).suffix else ".png"    # matplotlib's default format
+        args.figure = str(check_output_file("--figure", args.figure, suffix))
     cb = gr = None
     if "codebook" in which:
         kw = {"seed": args.seed}
@@ -98,7 +108,8 @@ def run_sources(args):
               "estimated along drafted paths (T11), full-length rounds")
         print(so.format_rows(rows))
     if args.figure:
-        so.plot(rows, args.figure)
+        with atomic_path(args.figure) as tmp:
+            so.plot(rows, str(tmp))
         if not args.json:
             print(f"figure written to {args.figure}")
     return 0

@@ -50,9 +50,13 @@ def default_verifiers(V: int, L: int = 4, seed: int = 0):
             for name, p in TABLE_METHODS]
 
 
-def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7):
-    from theory import markov
+def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes=None):
+    """E[tau], B and exact TV (None above max_sequences) of each verifier. Every verifier's table
+    memory is estimated first (``markov.tables_bytes``), so an oversized table is refused before
+    any of them is computed."""
+    from theory import checks, markov
 
+    check_table_size(P.shape[0], L, verifiers, max_bytes if max_bytes is not None else checks.MAX_BYTES)
     rows = []
     for v in verifiers:
         F, G = markov.rule_tables(P, Q, L, v)
@@ -65,6 +69,15 @@ def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7):
         rows.append({"name": v.name, "params": {k: _plain(x) for k, x in v.params.items()},
                      "expected_accepted": e, "tokens_per_target_call": e + 1, "tv_bound": b, "exact_tv": t})
     return rows
+
+
+def check_table_size(V: int, L: int, verifiers, max_bytes) -> None:
+    """SizeError naming the largest verifier when its tables would exceed ``max_bytes``."""
+    from theory import checks, markov
+
+    worst = max(verifiers, key=lambda v: markov.tables_bytes(v, V, L))
+    checks.check_memory(f"--V {V} --L {L}: the {worst.name} tables", markov.tables_bytes(worst, V, L), max_bytes,
+                        "use a smaller --V")
 
 
 def _plain(x):
@@ -84,10 +97,18 @@ def format_table(rows) -> str:
 
 
 def run_table(args):
+    from theory import checks
+
     if args.V < 2 or args.L < 1:
         raise ValueError(f"need V >= 2 and L >= 1, got V={args.V}, L={args.L}")
+    checks.real("--tv", args.tv, 0, 1, hi_open=True)
+    checks.seed(args.seed, "--seed")
+    # size check first, on stand-in verifiers of the same kinds (the estimate needs the rules' k, not the
+    # V x V neighbour table, which alone takes seconds at V = 6000): refused before any V-sized work
+    check_table_size(args.V, args.L, default_verifiers(min(args.V, 8), args.L, args.seed), checks.MAX_BYTES)
+    verifiers = default_verifiers(args.V, args.L, args.seed)
     P, Q = make_chain(args)
-    rows = theory_table(P, Q, args.L, default_verifiers(args.V, args.L, args.seed))
+    rows = theory_table(P, Q, args.L, verifiers)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -104,6 +125,9 @@ CAPTION = ("Equal-E[tau] trade-off of acceptance schedules (G* resampling) on tw
            "assumption; bottom: outside it). x: expected accepted drafts E[tau] per round; y: TV upper bound B "
            "(left) and exact TV (right) of one round, lower is better. 'optimal' is the free-weight schedule "
            "minimising that panel's objective.")
+
+
+ANNEAL_FILES = ("anneal_cases.csv", "anneal_summary.json", "anneal_pareto.png")
 
 
 def register_anneal(tsub):
@@ -127,6 +151,7 @@ def run_anneal(args):
     import os
     import time
 
+    from coolsd.io import atomic_dir, check_output_dir
     from theory import chains, optimize
 
     if args.seeds < 1 or args.points < 2 or min(args.Vs) < 2 or min(args.Ls) < 1:
@@ -135,7 +160,7 @@ def run_anneal(args):
         raise ValueError(f"--fractions must lie in (0, 1), got {args.fractions}")
     if any(not 0 <= t < 1 for t in args.tvs):
         raise ValueError(f"--tvs must lie in [0, 1), got {args.tvs}")
-    os.makedirs(args.out, exist_ok=True)
+    out = check_output_dir("--out", args.out, ANNEAL_FILES)
     t0 = time.perf_counter()
     study = optimize.anneal_study(tvs=tuple(args.tvs), Vs=tuple(args.Vs), Ls=tuple(args.Ls),
                                   seeds=tuple(range(args.seeds)), fractions=tuple(args.fractions),
@@ -154,13 +179,14 @@ def run_anneal(args):
 
     cases = study["cases"]
     cols = list(dict.fromkeys(k for r in cases for k in r))
-    with open(os.path.join(args.out, "anneal_cases.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(cases)
-    with open(os.path.join(args.out, "anneal_summary.json"), "w") as fh:
-        json.dump({k: v for k, v in study.items() if k != "cases"}, fh, indent=1, default=_json_default)
-    plot_pareto(curves, os.path.join(args.out, "anneal_pareto.png"))
+    with atomic_dir(out) as tmp:  # the whole report or the previous one, never a mix
+        with open(os.path.join(tmp, "anneal_cases.csv"), "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols)
+            w.writeheader()
+            w.writerows(cases)
+        with open(os.path.join(tmp, "anneal_summary.json"), "w") as fh:
+            json.dump({k: v for k, v in study.items() if k != "cases"}, fh, indent=1, default=_json_default)
+        plot_pareto(curves, os.path.join(tmp, "anneal_pareto.png"))
     print(format_anneal_summary(study["summary"]))
     print(f"wrote {args.out}/anneal_cases.csv ({len(cases)} cases), anneal_summary.json, anneal_pareto.png "
           f"in {study['runtime_s']:.0f} s")

@@ -1,0 +1,254 @@
+"""Input validation shared by every package (``theory``, ``sim``, ``real``, the CLI).
+
+One place for each check, so that the same bad input gets the same message wherever it enters:
+
+* scalars: :func:`integer`, :func:`count`, :func:`seed`, :func:`real` accept Python and numpy numbers
+  alike and reject ``bool`` (a ``True`` is not a draft length), complex numbers, strings and NaN;
+* arrays: :func:`float_array` (float64 copy; rejects complex, object and empty arrays),
+  :func:`stochastic` (non-negative, finite, rows summing to 1 within :func:`row_sum_tol` of the
+  *input* dtype, so float32 rows that are stochastic in float32 pass), :func:`acceptance_tables`
+  (F (L, V, V) in [0, 1]) and :func:`resampling_tables` (G, row-stochastic, shape of F);
+* array-API rows (numpy, torch, JAX): :func:`check_rows_xp`, :func:`check_tokens_xp`,
+  :func:`check_uniforms_xp`, with one host synchronisation when the input is valid;
+* sizes: :func:`check_memory` refuses an allocation larger than a budget *before* it is made, with the
+  estimated memory in the message.
+
+Every error is a ``ValueError`` (``SizeError`` for the memory guard, a subclass) whose message starts
+with the offending argument's name.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+
+import numpy as np
+
+__all__ = [
+    "ROW_SUM_TOL", "MAX_BYTES", "SizeError", "integer", "count", "seed", "real", "float_array",
+    "finite_nonneg", "stochastic", "row_sum_tol", "acceptance_tables", "resampling_tables",
+    "check_rows_xp", "check_tokens_xp", "check_uniforms_xp", "rows_ok_xp", "rows_tol_xp", "tokens_ok_xp",
+    "uniforms_ok_xp",
+    "check_memory", "fmt_bytes",
+]
+
+ROW_SUM_TOL = 1e-8          # |sum of a row - 1| allowed for float64 P, Q, G rows and start laws
+MAX_BYTES = 2 * 2**30       # default memory budget of the size guards (2 GiB)
+SEED_MAX = 2**64 - 1        # torch.manual_seed and numpy accept seeds up to here
+
+
+class SizeError(ValueError):
+    """A computation was refused before allocation because it would need more memory than allowed."""
+
+
+# --------------------------------------------------------------------------- scalars
+
+def _is_bool(x) -> bool:
+    return isinstance(x, (bool, np.bool_))
+
+
+def integer(name: str, x, lo: int | None = None, hi: int | None = None) -> int:
+    """``x`` as an int: Python or numpy integers (not bools, not floats such as 3.0), in [lo, hi]."""
+    if _is_bool(x) or not isinstance(x, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {x!r} ({type(x).__name__})")
+    v = int(x)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
+        raise ValueError(f"{name} must be an integer {rng}, got {v}")
+    return v
+
+
+def count(name: str, n) -> int:
+    """A positive count (an integer >= 1)."""
+    return integer(name, n, lo=1)
+
+
+def seed(x, name: str = "seed") -> int | None:
+    """A random seed: None or an integer in [0, 2^64 - 1] (what numpy and torch both accept)."""
+    if x is None:
+        return None
+    if _is_bool(x) or not isinstance(x, numbers.Integral) or not 0 <= int(x) <= SEED_MAX:
+        raise ValueError(f"{name} must be a non-negative integer <= 2**64 - 1 (or None), got {x!r}")
+    return int(x)
+
+
+def real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+         hi_open: bool = False, finite: bool = True) -> float:
+    """``x`` as a float: Python or numpy reals (not bools, not complex, not NaN), in the given interval.
+    ``finite=False`` allows +-inf (still subject to the bounds)."""
+    if _is_bool(x) or not isinstance(x, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
+    v = float(x)
+    if math.isnan(v) or (finite and math.isinf(v)):
+        raise ValueError(f"{name} must be a finite number, got {v}")
+    bad_lo = lo is not None and (v <= lo if lo_open else v < lo)
+    bad_hi = hi is not None and (v >= hi if hi_open else v > hi)
+    if bad_lo or bad_hi:
+        lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
+        hi_s = "" if hi is None else f"{'<' if hi_open else '<='} {hi:g}"
+        raise ValueError(f"{name} must be {' and '.join(s for s in (lo_s, hi_s) if s)}, got {v:g}")
+    return v
+
+
+# --------------------------------------------------------------------------- numpy arrays
+
+def float_array(name: str, a, ndim: int | None = None, allow_empty: bool = False) -> tuple[np.ndarray, np.dtype]:
+    """(float64 copy of ``a``, the input's float dtype). Rejects complex, non-numeric and empty arrays
+    and, when given, a wrong number of dimensions. The input dtype sets the row-sum tolerance."""
+    arr = np.asarray(a)
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be a real-valued array, got dtype {arr.dtype}")
+    if arr.dtype.kind == "b":
+        raise ValueError(f"{name} must hold probabilities (real numbers), got a bool array")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
+    if arr.size == 0 and not allow_empty:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    src = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
+    return arr.astype(np.float64, copy=True), src
+
+
+def row_sum_tol(dtype, V: int) -> float:
+    """Allowed |row sum - 1| for rows of length V stored in ``dtype`` (numpy, torch or JAX dtype).
+
+    float64: ROW_SUM_TOL (1e-8, unchanged). Lower precision: rounding each entry moves the sum by at
+    most eps/2 (the entries sum to 1) and pairwise summation adds at most ceil(log2 V) eps/2, so
+    eps (1 + ceil(log2 V)) bounds an honest row's error (float32, V = 16384: 1.8e-6)."""
+    return max(ROW_SUM_TOL, _eps(dtype) * (1 + math.ceil(math.log2(max(V, 2)))))
+
+
+def _eps(dtype) -> float:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return float(torch.finfo(dtype).eps) if dtype.is_floating_point else float(np.finfo(np.float64).eps)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return float(np.finfo(np.float64).eps)
+    if dt.kind != "f":
+        return float(np.finfo(np.float64).eps)
+    try:
+        return float(np.finfo(dt).eps)
+    except ValueError:  # extension floats (bfloat16 from ml_dtypes, used by JAX)
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dt).eps)
+
+
+def finite_nonneg(name: str, a: np.ndarray) -> None:
+    """All entries finite and >= 0 (one fast pass when they are)."""
+    if np.all(a >= 0) and np.isfinite(a.sum()):  # NaN fails `>= 0`, inf fails the sum
+        return
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    raise ValueError(f"{name} has negative entries (min {a.min():.3g})")
+
+
+def stochastic(name: str, a: np.ndarray, dtype=np.float64) -> None:
+    """Rows of ``a`` (..., V) are probability vectors: finite, >= 0, summing to 1 within
+    ``row_sum_tol(dtype, V)`` (``dtype``: the dtype the caller received the array in)."""
+    finite_nonneg(name, a)
+    tol = row_sum_tol(dtype, a.shape[-1])
+    sums = a.sum(-1)
+    err = np.abs(sums - 1.0)
+    if np.any(err > tol):
+        bad = np.unravel_index(np.argmax(err), err.shape)
+        raise ValueError(f"{name} is not row-stochastic: row {tuple(int(b) for b in bad)} sums to "
+                         f"{sums[bad]:.12g} (tolerance {tol:g})")
+
+
+def acceptance_tables(F, V: int, name: str = "F") -> np.ndarray:
+    """F (L, V, V) acceptance probabilities f_i(x | s) in [0, 1], L >= 1 (section 4); float64 copy."""
+    F, _ = float_array(name, F, allow_empty=True)
+    if F.ndim != 3 or F.shape[1:] != (V, V):
+        raise ValueError(f"{name} must have shape (L, {V}, {V}), got {F.shape}")
+    if F.shape[0] < 1:
+        raise ValueError(f"{name} must cover L >= 1 draft positions")
+    if not np.all((F >= 0) & (F <= 1)):  # NaN fails both comparisons
+        if not np.all(np.isfinite(F)):
+            raise ValueError(f"{name} contains NaN or infinite entries")
+        raise ValueError(f"acceptance probabilities {name} must lie in [0, 1]; found values in "
+                         f"[{F.min():.6g}, {F.max():.6g}]")
+    return F
+
+
+def resampling_tables(G, F: np.ndarray, name: str = "G") -> np.ndarray:
+    """G (L, V, V) resampling laws, row-stochastic, of the same shape as F (section 4); float64 copy."""
+    G, src = float_array(name, G, allow_empty=True)
+    if G.shape != F.shape:
+        raise ValueError(f"{name} must have the same shape as F {F.shape}, got {G.shape}")
+    stochastic(name, G, src)
+    return G
+
+
+# --------------------------------------------------------------------------- array-API rows
+
+def rows_tol_xp(a) -> float:
+    """Row-sum tolerance for model rows a (..., V): that of their dtype, but never below float32's.
+    Rows from a model are computed in float32 at best and are often upcast to float64 afterwards, so
+    their sums carry float32 rounding (measured: 2.6e-7 for V = 256); the estimators that read them
+    (T10, T11, verification) are Lipschitz in the rows, so such errors move results by as much."""
+    V = a.shape[-1]
+    return max(row_sum_tol(a.dtype, V), row_sum_tol(np.float32, V))
+
+
+def rows_ok_xp(a, xp):
+    """0-d bool array: rows a (..., V) are >= 0 and sum to 1 within rows_tol_xp (NaN and inf fail)."""
+    return xp.all(a >= 0) & xp.all(xp.abs(xp.sum(a, axis=-1) - 1) <= rows_tol_xp(a))
+
+
+def tokens_ok_xp(t, V: int, xp):
+    """0-d bool array: every token lies in [0, V)."""
+    return xp.all((t >= 0) & (t < V))
+
+
+def uniforms_ok_xp(u, xp):
+    """0-d bool array: every uniform lies in [0, 1) (NaN fails)."""
+    return xp.all((u >= 0) & (u < 1))
+
+
+def check_rows_xp(name: str, a, xp) -> None:
+    """Rows a (..., V) of any array-API namespace are finite, >= 0 and sum to 1 (dtype-aware tolerance).
+    One host synchronisation when valid; the detailed message is computed only on failure."""
+    if bool(rows_ok_xp(a, xp)):
+        return
+    if not bool(xp.all(xp.isfinite(a))):
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    if not bool(xp.all(a >= 0)):
+        raise ValueError(f"{name} has negative entries (min {float(xp.min(a)):.3g})")
+    sums = xp.reshape(xp.sum(a, axis=-1), (-1,))
+    worst = float(sums[int(xp.argmax(xp.abs(sums - 1)))])
+    raise ValueError(f"{name} rows must sum to 1: found a row summing to {worst:.12g} "
+                     f"(tolerance {rows_tol_xp(a):g})")
+
+
+def check_tokens_xp(name: str, t, V: int, xp) -> None:
+    """Integer tokens in [0, V) (an index outside would wrap or fail deep inside a gather)."""
+    if not xp.isdtype(t.dtype, "integral"):
+        raise ValueError(f"{name} must be integer tokens, got dtype {t.dtype}")
+    if math.prod(t.shape) and not bool(tokens_ok_xp(t, V, xp)):
+        raise ValueError(f"{name} must lie in [0, V={V}); found values in [{int(xp.min(t))}, {int(xp.max(t))}]")
+
+
+def check_uniforms_xp(name: str, u, xp) -> None:
+    """Uniform variates in [0, 1) (NaN fails)."""
+    if math.prod(u.shape) and not bool(uniforms_ok_xp(u, xp)):
+        raise ValueError(f"{name} must lie in [0, 1) (uniform variates); found values outside [0, 1) or NaN")
+
+
+# --------------------------------------------------------------------------- sizes
+
+def fmt_bytes(n: float) -> str:
+    for unit, k in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= k:
+            return f"{n / k:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def check_memory(what: str, nbytes: float, max_bytes: float | None = MAX_BYTES, hint: str = "") -> None:
+    """Refuse (SizeError) before allocating when the estimated peak ``nbytes`` exceeds ``max_bytes``
+    (None: no limit). The message gives the estimate, the budget and ``hint`` (how to proceed)."""
+    if max_bytes is None or nbytes <= max_bytes:
+        return
+    raise SizeError(f"{what} would need about {fmt_bytes(nbytes)} of memory, above max_bytes={fmt_bytes(max_bytes)}"
+                    + (f"; {hint}" if hint else ""))
