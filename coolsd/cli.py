@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-GROUPS = ["theory", "sim", "generate", "demo"]
+GROUPS = ["theory", "sim", "generate", "demo", "tune"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,14 +15,15 @@ from .sampling import Processing
 
 __all__ = ["METHODS", "MethodParams", "make_verifier", "method_processing", "default_lantern_k"]
 
-METHODS = ("vanilla", "cool-sd", "uniform-rsd", "linear-rsd", "lantern", "lantern++", "typical", "greedy")
+METHODS = ("vanilla", "cool-sd", "uniform-rsd", "linear-rsd", "lantern", "lantern++", "typical", "greedy", "scaled")
 
 
 @dataclass(frozen=True)
 class MethodParams:
     delta: float = 2.0            # Cool-SD relaxation budget (w_1 = delta when mu is None)
     nu: float = 0.7               # Cool-SD decay
-    mu: float | None = None       # Cool-SD offset (None: normalise to w_1 = delta)
+    mu: float | None = None       # Cool-SD explicit offset mu (None: the normalisation ``norm``)
+    norm: str | None = None       # Cool-SD normalisation (None: theory.rules.COOL_SD_NORM)
     c: float = 1.5                # UniformRSD weight
     linear_first: float = 3.0     # linear-rsd w_1
     linear_last: float = 1.0      # linear-rsd w_L
@@ -32,6 +33,7 @@ class MethodParams:
     resampler: str = "lantern"    # LANTERN/LANTERN++ resampling: their own ("lantern") or "optimal" (G*)
     eps: float = 0.09             # typical acceptance
     alpha: float = 0.3
+    weights: tuple | None = None  # scaled: explicit weights w_1..w_L (e.g. from ``coolsd tune``)
 
 
 def default_lantern_k(V: int) -> int:
@@ -47,7 +49,7 @@ def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), ne
     if m == "vanilla":
         return rules.vanilla()
     if m == "cool-sd":
-        return rules.cool_sd(params.delta, params.nu, params.mu)
+        return rules.cool_sd(params.delta, params.nu, params.mu, norm=params.norm, L=L)
     if m == "uniform-rsd":
         return rules.uniform_rsd(params.c)
     if m == "linear-rsd":
@@ -68,6 +70,12 @@ def make_verifier(method: str, L: int, params: MethodParams = MethodParams(), ne
         return rules.typical(params.eps, params.alpha)
     if m == "greedy":
         return rules.greedy()
+    if m == "scaled":   # ---- the tuned schedule of ``coolsd tune`` (issue 15): explicit weights, G*
+        if params.weights is None:
+            raise ValueError("method 'scaled' needs weights (--weights schedule.json or a list like 3,1.2,1,1)")
+        if len(params.weights) != L:
+            raise ValueError(f"method 'scaled': {len(params.weights)} weights given for draft length L={L}")
+        return rules.scaled(rules.Explicit(params.weights))
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 

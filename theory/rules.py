@@ -31,7 +31,8 @@ __all__ = [
     "Acceptance", "Resampling", "Schedule", "Verifier",
     "Vanilla", "Scaled", "Lantern", "Typical", "Greedy",
     "Residual", "Optimal", "Target", "LanternResample", "Argmax",
-    "Uniform", "Exponential", "Linear", "Explicit",
+    "Uniform", "Exponential", "Linear", "Explicit", "Offset", "Floored", "Vector", "Level",
+    "COOL_SD_NORMS", "COOL_SD_NORM", "cool_sd_schedule", "level",
     "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "scaled", "lantern", "lantern_pp",
     "typical", "greedy", "lantern_neighbors",
 ]
@@ -146,6 +147,58 @@ class Explicit:
         return xp.take(w, xp.astype(i, xp.int64) - 1, axis=0)
 
 
+@dataclass(frozen=True, eq=False)
+class Vector:
+    """Weights w_1..w_L held as an array (numpy / torch / JAX: traceable, so optimisers can differentiate
+    through the rule objects; ``theory.tune``). An int position above L is an error."""
+    weights: Any
+
+    def __call__(self, i, xp):
+        w = self.weights
+        L = w.shape[0]
+        if isinstance(i, int):
+            if not 1 <= i <= L:
+                raise ValueError(f"Vector schedule has {L} weights; position {i} requested")
+            return w[i - 1]
+        # array positions are not checked against L (they may be traced by JAX); callers pass i <= L
+        idx = xp.reshape(xp.astype(i, xp.int64) - 1, (-1,))
+        return xp.reshape(xp.take(w, idx, axis=0), i.shape)
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Cool-SD annealed towards vanilla: w_i = 1 + (delta - 1) exp(-nu (i - 1)) (w_1 = delta, w_i -> 1;
+    ``cool_sd(norm="offset")``, docs/theory.md section 5)."""
+    delta: float
+    nu: float = 0.7
+
+    def __post_init__(self):
+        _check_positive("Offset schedule (delta)", self.delta)
+        if not math.isfinite(self.nu):
+            raise ValueError(f"Offset schedule: nu must be finite, got {self.nu}")
+
+    def __call__(self, i, xp):
+        if isinstance(i, int):
+            return 1.0 + (self.delta - 1.0) * math.exp(-self.nu * (i - 1))
+        return 1.0 + (self.delta - 1.0) * xp.exp(-self.nu * (i - 1))
+
+
+@dataclass(frozen=True)
+class Floored:
+    """max(floor, inner(i)) for another schedule (``cool_sd(norm="floor1")``: never stricter than vanilla)."""
+    inner: Any
+    floor: float = 1.0
+
+    def __post_init__(self):
+        _check_positive("Floored schedule (floor)", self.floor)
+
+    def __call__(self, i, xp):
+        w = self.inner(i, xp)
+        if isinstance(w, float | int):
+            return max(self.floor, float(w))
+        return xp.maximum(w, xp.full_like(w, self.floor))
+
+
 # --------------------------------------------------------------------------- acceptance rules
 
 @dataclass(frozen=True)
@@ -168,6 +221,22 @@ class Scaled:
         if not isinstance(w, float | int):
             w = w[..., None]
         return _ratio_min1(w * p, q, xp)
+
+
+@dataclass(frozen=True)
+class Level:
+    """f_i(x) = v(x) + a_i (1 - v(x)), v = min(1, p/q) the vanilla rule and a_i in [0, 1] from a schedule:
+    the chance of keeping a draft vanilla would reject (a = 0: vanilla; a = 1: accept everything).
+    The "level" family of ``theory.optimize`` and ``theory.tune``."""
+    levels: Any
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        a = self.levels(_as_position(i, p, xp), xp)
+        if not isinstance(a, float | int):
+            a = a[..., None]
+        v = _ratio_min1(p, q, xp)
+        return v + a * (1 - v)
 
 
 @dataclass(frozen=True, eq=False)
@@ -379,10 +448,56 @@ def scaled(schedule, name: str = "scaled", resample=None) -> Verifier:
     return Verifier(Scaled(schedule), resample or Optimal(), name, {"schedule": schedule})
 
 
-def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None) -> Verifier:
-    """Cool-SD: exponentially decaying w_i = delta exp(-nu i - mu) with G* (T5)."""
-    return Verifier(Scaled(Exponential(delta, nu, mu)), Optimal(), "cool-sd",
-                    {"delta": delta, "nu": nu, "mu": Exponential(delta, nu, mu).offset})
+COOL_SD_NORMS = ("offset", "first", "floor1", "mean")
+COOL_SD_NORM = "offset"   # the default: the paper's statements hold with it (docs/theory.md section 5)
+
+
+def cool_sd_schedule(delta: float, nu: float = 0.7, norm: str | None = None, L: int | None = None,
+                     mu: float | None = None):
+    """Cool-SD's weight schedule under a normalisation of its offset (docs/theory.md section 5):
+
+    * ``"offset"`` (default): w_i = 1 + (delta - 1) exp(-nu (i - 1)): w_1 = delta, annealed towards vanilla (1);
+    * ``"first"``: w_i = delta exp(-nu (i - 1)) (w_1 = delta; falls below 1, i.e. stricter than vanilla);
+    * ``"floor1"``: w_i = max(1, delta exp(-nu (i - 1))) (as "first", never stricter than vanilla);
+    * ``"mean"``: w_i = c exp(-nu (i - 1)) with mean_{i <= L} w_i = delta (needs ``L``).
+
+    ``mu`` (with ``norm=None``) gives the literal w_i = delta exp(-nu i - mu)."""
+    if mu is not None:
+        if norm is not None:
+            raise ValueError(f"cool_sd: give mu (explicit offset) or norm, not both; got mu={mu}, norm={norm!r}")
+        return Exponential(delta, nu, mu)
+    norm = COOL_SD_NORM if norm is None else norm
+    if norm == "offset":
+        return Offset(delta, nu)
+    if norm == "first":
+        return Exponential(delta, nu)
+    if norm == "floor1":
+        return Floored(Exponential(delta, nu), 1.0)
+    if norm == "mean":
+        if L is None or isinstance(L, bool) or not isinstance(L, int) or L < 1:
+            raise ValueError(f"cool_sd: norm='mean' needs the draft length L (an int >= 1), got L={L!r}")
+        # mean_i delta exp(-nu i - mu) = delta  <=>  mu = log(mean_{i=1..L} exp(-nu i))
+        m = math.log(sum(math.exp(-nu * i) for i in range(1, L + 1)) / L)
+        return Exponential(delta, nu, m)
+    raise ValueError(f"cool_sd: norm must be one of {COOL_SD_NORMS}, got {norm!r}")
+
+
+def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | None = None,
+            L: int | None = None) -> Verifier:
+    """Cool-SD: exponentially decaying weights (``cool_sd_schedule``; default normalisation
+    ``COOL_SD_NORM`` = "offset", w_i = 1 + (delta - 1) exp(-nu (i - 1))) with G* (T5)."""
+    sch = cool_sd_schedule(delta, nu, norm, L, mu)
+    params = {"delta": delta, "nu": nu, "norm": "mu" if mu is not None else (norm or COOL_SD_NORM)}
+    if isinstance(sch, Exponential):
+        params["mu"] = sch.offset
+    if params["norm"] == "mean":
+        params["L"] = L
+    return Verifier(Scaled(sch), Optimal(), "cool-sd", params)
+
+
+def level(levels) -> Verifier:
+    """The "level" rule f_i = v + a_i (1 - v) (a schedule of a_i in [0, 1], e.g. ``Explicit``) with G* (T5)."""
+    return Verifier(Level(levels), Optimal(), "level", {"levels": levels})
 
 
 def uniform_rsd(c: float) -> Verifier:

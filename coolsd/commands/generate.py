@@ -16,8 +16,8 @@ def register(sub):
     g.add_argument("--model", default="llamagen-tiny", help="model pair from real.registry (default llamagen-tiny)")
     g.add_argument("--list-models", action="store_true", help="list the registered models and exit")
     g.add_argument("--method", default="vanilla",
-                   help="vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, typical, greedy, or ar "
-                        "(plain autoregressive baseline)")
+                   help="vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, typical, greedy, scaled "
+                        "(--weights), or ar (plain autoregressive baseline)")
     g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
     g.add_argument("--tree", default=None,
                    help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
@@ -25,7 +25,12 @@ def register(sub):
     m = g.add_argument_group("verifier parameters")
     m.add_argument("--delta", type=float, default=2.0, help="Cool-SD relaxation budget delta (w_1 = delta; default 2.0)")
     m.add_argument("--nu", type=float, default=0.7, help="Cool-SD decay nu (default 0.7)")
-    m.add_argument("--mu", type=float, default=None, help="Cool-SD offset mu (default: w_1 = delta)")
+    m.add_argument("--mu", type=float, default=None,
+                   help="Cool-SD explicit offset mu: w_i = delta exp(-nu i - mu) (default: --cool-sd-norm)")
+    m.add_argument("--cool-sd-norm", choices=["offset", "first", "floor1", "mean"], default=None,
+                   help="Cool-SD normalisation (default offset: w_i = 1 + (delta - 1) exp(-nu (i-1)); docs/theory.md)")
+    m.add_argument("--weights", default=None,
+                   help="scaled: a schedule.json from coolsd tune, or comma-separated weights w_1,...,w_L")
     m.add_argument("--c", type=float, default=1.5, help="UniformRSD weight c (default 1.5)")
     m.add_argument("--linear-first", type=float, default=3.0)
     m.add_argument("--linear-last", type=float, default=1.0)
@@ -132,7 +137,8 @@ def generate(args) -> dict:
     method = args.method.lower()
     params = MethodParams(delta=args.delta, nu=args.nu, mu=args.mu, c=args.c, linear_first=args.linear_first,
                           linear_last=args.linear_last, lantern_k=args.lantern_k, lantern_delta=args.lantern_delta,
-                          lam=args.lam, resampler=args.resampler, eps=args.eps, alpha=args.alpha)
+                          lam=args.lam, resampler=args.resampler, eps=args.eps, alpha=args.alpha,
+                          norm=args.cool_sd_norm, weights=parse_weights(args.weights) if args.weights else None)
     verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None))
     progress = None if not args.json else False
@@ -167,8 +173,9 @@ def generate(args) -> dict:
     if args.record:
         recs = [r for g in gens for r in g.rounds]
         p, q, d, nd = engine.records_to_arrays(recs, args.L)
-        np.savez_compressed(args.record, p=p, q=q, drafts=d, n_drafted=nd,
-                            accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
+        image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
+        _save_npz(args.record, p=p, q=q, drafts=d, n_drafted=nd, image=image,
+                  accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
         out["record"] = args.record
     if args.save:
         toks = np.stack([g.tokens.numpy() for g in gens])
@@ -179,6 +186,52 @@ def generate(args) -> dict:
         np.savez_compressed(args.save, tokens=toks, **extra)
         out["saved"] = args.save
     return out
+
+
+def _save_npz(path, **arrays):
+    """np.savez_compressed written atomically (temp file in the same directory, then os.replace)."""
+    import os
+    import tempfile
+
+    import numpy as np
+
+    path = str(path)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600 files; give the file the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def parse_weights(spec: str) -> tuple[float, ...]:
+    """--weights value -> (w_1, ..., w_L): a JSON file from ``coolsd tune`` (key "weights") or "3,1.2,1,1"."""
+    import os
+
+    if os.path.exists(spec):
+        with open(spec) as f:
+            try:
+                d = json.load(f)
+            except ValueError:
+                raise ValueError(f"--weights: {spec} is not JSON (write it with coolsd tune)") from None
+        if isinstance(d, dict) and "weights" not in d and "levels" in d:
+            raise NotImplementedError(f"--weights: {spec} holds a 'level' schedule; running level rules from the "
+                                      "CLI is not implemented (tune with --family free/exponential/linear/uniform)")
+        w = d.get("weights") if isinstance(d, dict) else d
+    else:
+        try:
+            w = [float(x) for x in spec.split(",")]
+        except ValueError:
+            raise ValueError(f"--weights must be a schedule.json path or comma-separated numbers, got {spec!r}") from None
+    if not isinstance(w, list) or not w or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in w):
+        raise ValueError(f"--weights: need a non-empty list of finite weights > 0, got {w!r}")
+    return tuple(float(x) for x in w)
 
 
 def parse_tree(spec: str, L: int):

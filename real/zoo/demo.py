@@ -379,15 +379,20 @@ def fd_with_se(images: torch.Tensor, n_boot: int, seed: int) -> tuple[float, flo
 
 
 @torch.no_grad()
-def nll_with_se(target, labels: torch.Tensor, tokens: torch.Tensor) -> dict:
-    """Target NLL per token of generated codes (N, 49) given their classes, and its SE over the N images
-    (relaxed rules move the output away from the target's law; vanilla and plain AR sample it exactly)."""
+def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+    """Target NLL per token of each generated image's codes (N, 49) given its class: (N,) float64."""
     import torch.nn.functional as F
 
     from .gpt import train_logits
 
     logits = train_logits(target, labels, tokens)
-    per_image = F.cross_entropy(logits.transpose(1, 2), tokens.to(logits.device), reduction="none").mean(1).cpu().numpy()
+    return F.cross_entropy(logits.transpose(1, 2), tokens.to(logits.device), reduction="none").mean(1).cpu().double().numpy()
+
+
+def nll_with_se(target, labels: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """Target NLL per token of generated codes (N, 49) given their classes, and its SE over the N images
+    (relaxed rules move the output away from the target's law; vanilla and plain AR sample it exactly)."""
+    per_image = per_image_nll(target, labels, tokens)
     return {"nll_per_token": float(per_image.mean()),
             "nll_per_token_se": float(per_image.std(ddof=1) / math.sqrt(len(per_image)))}
 
