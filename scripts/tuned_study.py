@@ -80,6 +80,23 @@ def fd_paired(fa: np.ndarray, fb: np.ndarray, n_boot: int, seed: int) -> dict:
     return {"difference": float(fd(fa) - fd(fb)), "ci95": np.percentile(diffs, [2.5, 97.5]).tolist()}
 
 
+def interpolate(results: dict, base: str, m: dict) -> dict:
+    """The NLL per token of the ``base`` rule (its runs and vanilla, by measured tokens per call) linearly
+    interpolated at the measured tokens per call of m; the tuned rule's NLL minus it, and z with the SEs
+    (interpolated likewise; unpaired, so conservative). None outside the base's measured range."""
+    pts = sorted([(r["measured"]["tokens_per_call"], r["measured"]["nll_per_token"], r["measured"]["nll_per_token_se"])
+                  for n, r in results.items() if n.startswith(base + "@") or n == "vanilla"])
+    x = np.array([p[0] for p in pts])
+    t = m["tokens_per_call"]
+    if not x[0] <= t <= x[-1]:
+        return {"nll_interpolated": None, "reason": f"measured tokens per call {t:.3f} outside {base}'s [{x[0]:.3f}, {x[-1]:.3f}]"}
+    nll = float(np.interp(t, x, [p[1] for p in pts]))
+    se = float(np.interp(t, x, [p[2] for p in pts]))
+    d = m["nll_per_token"] - nll
+    return {"nll_interpolated": nll, "nll_interpolated_se": se, "difference": d,
+            "z": d / math.hypot(se, m["nll_per_token_se"])}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -129,6 +146,10 @@ def main(argv=None):
         res = tune.tune(rows, "free", tokens_per_call=tg, seed=a.seed, search_rounds=400)
         rules_run[f"tuned@{k}"] = (res.verifier, {"weights": res.values.tolist(), "target": tg}, k)
         log(f"target {tg:.3f}: tuned w = {np.round(res.values, 3).tolist()}, predicted bound {res.bound:.4f}")
+        rx = tune.tune(rows, "exponential", tokens_per_call=tg, seed=a.seed, search_rounds=400)
+        rules_run[f"tuned-exp@{k}"] = (rx.verifier, {"weights": rx.values.tolist(), "nu": float(rx.theta[1]),
+                                                     "target": tg}, k)
+        log(f"  tuned exponential w = {np.round(rx.values, 3).tolist()}, predicted bound {rx.bound:.4f}")
         delta = solve_param(sub, lambda d: rules.cool_sd(d, 0.7), tg, 1.0 + 1e-9, 1e4)
         rules_run[f"cool-sd@{k}"] = (rules.cool_sd(delta, 0.7), {"delta": delta, "nu": 0.7,
                                                                 "norm": rules.COOL_SD_NORM, "target": tg}, k)
@@ -166,8 +187,8 @@ def main(argv=None):
 
     comparisons = []
     for k, tg in enumerate(targets):
-        tn = f"tuned@{k}"
-        for other in (f"cool-sd@{k}", f"uniform-rsd@{k}", "vanilla"):
+        for tn, other in ((f"tuned@{k}", f"cool-sd@{k}"), (f"tuned@{k}", f"uniform-rsd@{k}"), (f"tuned@{k}", "vanilla"),
+                          (f"tuned-exp@{k}", f"cool-sd@{k}"), (f"tuned-exp@{k}", f"tuned@{k}")):
             (fa, na), (fb, nb) = ar_feats[tn], ar_feats[other]
             ta, tb = results[tn]["measured"], results[other]["measured"]
             comparisons.append({
@@ -179,6 +200,9 @@ def main(argv=None):
                 "frechet_distance_paired": fd_paired(fa, fb, a.n_boot, a.seed + 7 + k),
                 "class_accuracy": {"tuned": ta["class_accuracy"], "other": tb["class_accuracy"]},
                 "predicted_bound": {"tuned": results[tn]["predicted"]["bound"], "other": results[other]["predicted"]["bound"]}})
+    at_speed = {}
+    for name in [n for n in results if n.startswith("tuned")]:
+        at_speed[name] = {base: interpolate(results, base, results[name]["measured"]) for base in ("cool-sd", "uniform-rsd")}
     log("comparisons done; frontier ...")
 
     fsub = rows.subset(np.sort(np.random.default_rng(a.seed + 1).choice(rows.R, min(rows.R, a.frontier_rounds), replace=False)))
@@ -193,7 +217,7 @@ def main(argv=None):
               "n_images": N, "L": L, "draft": "small", "processing": {"temperature": 1.0, "cfg_scale": 2.0},
               "rounds_recorded": rows.R, "vanilla_predicted_tokens_per_drafted_round": van_pt,
               "max_predicted_tokens_per_drafted_round": top, "targets": targets, "results": results,
-              "comparisons": comparisons, "validation": {str(k): v for k, v in validation.items()},
+              "comparisons": comparisons, "at_measured_speed": at_speed, "validation": {str(k): v for k, v in validation.items()},
               "frontier": front, "frontier_rounds": fsub.R, "wall_clock_s": time.perf_counter() - t0,
               "torch_threads": 1}
     _write(out / "report.json", json.dumps(report, indent=1) + "\n")
@@ -218,7 +242,7 @@ def figure(rep: dict, path: pathlib.Path) -> None:
     ax[0].set_ylabel("predicted TV bound per round (T11)")
     ax[0].set_title(f"predicted frontier per family ({rep['frontier_rounds']} recorded rounds)")
     ax[0].legend(fontsize=8)
-    colors = {"tuned": "C0", "cool-sd": "C1", "uniform-rsd": "C2", "vanilla": "k"}
+    colors = {"tuned": "C0", "tuned-exp": "C4", "cool-sd": "C1", "uniform-rsd": "C2", "vanilla": "k"}
     for name, r in rep["results"].items():
         base = name.split("@")[0]
         m = r["measured"]
@@ -254,7 +278,8 @@ def markdown(rep: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for name, x in r.items():
         p, m = x["predicted"], x["measured"]
-        par = {k: (np.round(v, 3).tolist() if isinstance(v, list) else round(v, 3)) for k, v in x["params"].items() if k != "target"}
+        par = ", ".join(f"{k}={np.round(v, 3).tolist() if isinstance(v, list) else (round(v, 3) if isinstance(v, float) else v)}"
+                        for k, v in x["params"].items() if k != "target")
         lines.append(f"| {name} | {par} | {p['tokens_per_drafted_round']:.3f} ({p['tokens_per_drafted_round_ci95'][0]:.3f}-"
                      f"{p['tokens_per_drafted_round_ci95'][1]:.3f}) | {p['tokens_per_call_renewal']:.3f} | {m['tokens_per_call']:.3f} "
                      f"({m['tokens_per_call_se']:.3f}) | {p['bound']:.4f} ({p['bound_ci95'][0]:.4f}-{p['bound_ci95'][1]:.4f}) | "
@@ -268,6 +293,18 @@ def markdown(rep: dict) -> str:
         lines.append(f"| {rep['targets'][c['target_index']]:.3f} | {c['other']} | {t['tuned']:.3f} / {t['other']:.3f} ({t['z']:+.1f}) | "
                      f"{n['difference']:+.4f} ({n['se']:.4f}, {n['z']:+.1f}) | {f['difference']:+.1f} ({f['ci95'][0]:+.1f}, {f['ci95'][1]:+.1f}) | "
                      f"{c['predicted_bound']['tuned']:.4f} / {c['predicted_bound']['other']:.4f} |")
+    lines += ["", "## At the same measured tokens per call: NLL of the tuned rule minus the other rule's NLL interpolated "
+              "(linearly, between its runs and vanilla) at the tuned rule's measured tokens per call (unpaired z)", "",
+              "| tuned run | measured tokens/call | NLL | vs cool-sd: interp. NLL, diff (z) | vs uniform-rsd: interp. NLL, diff (z) |",
+              "|---|---|---|---|---|"]
+    for name, d in rep["at_measured_speed"].items():
+        m = rep["results"][name]["measured"]
+        cells = []
+        for base in ("cool-sd", "uniform-rsd"):
+            x = d[base]
+            cells.append("outside range" if x["nll_interpolated"] is None else
+                         f"{x['nll_interpolated']:.4f}, {x['difference']:+.4f} ({x['z']:+.1f})")
+        lines.append(f"| {name} | {m['tokens_per_call']:.3f} | {m['nll_per_token']:.4f} | {cells[0]} | {cells[1]} |")
     lines += ["", "## Honest validation: fit on half of the digits, predict on the other half", "",
               "| target | weights (fit half) | in-sample tokens / bound | held-out tokens (95% CI) | held-out bound (95% CI) | gap tokens / bound |",
               "|---|---|---|---|---|---|"]
