@@ -107,6 +107,8 @@ def test_out_of_range_targets_refused(setup):
         tune.tune(rows, "free")
     with pytest.raises(ValueError, match="family"):
         tune.tune(rows, "cubic", tokens_per_call=1 + T)
+    with pytest.raises(NotImplementedError, match="static-tree"):
+        tune.tune_tree(rows)
 
 
 def test_split_validation_and_bootstrap(setup):

@@ -26,6 +26,8 @@ from typing import Any, Protocol, Sequence
 import array_api_compat
 
 from ._xp import Array, gather, namespace, normalize, positive_part
+from .schedules import (COOL_SD_NORM, COOL_SD_NORMS, Explicit, Exponential, Floored, Linear, Offset, Schedule,  # noqa: F401
+                        Uniform, Vector, cool_sd_schedule)
 
 __all__ = [
     "Acceptance", "Resampling", "Schedule", "Verifier",
@@ -60,143 +62,6 @@ def _ratio_min1(num: Array, q: Array, xp) -> Array:
     pos = q > 0
     safe_q = xp.where(pos, q, xp.ones_like(q))
     return xp.where(pos, xp.minimum(xp.ones_like(q), num / safe_q), xp.ones_like(q))
-
-
-# --------------------------------------------------------------------------- schedules (section 5)
-
-class Schedule(Protocol):
-    def __call__(self, i: int | Array, xp) -> float | Array: ...
-
-
-def _check_positive(name: str, *values: float) -> None:
-    for v in values:
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise ValueError(f"{name}: weights must be finite and > 0, got {v!r}")
-
-
-@dataclass(frozen=True)
-class Uniform:
-    """UniformRSD: w_i = c for every position (section 5)."""
-    c: float
-
-    def __post_init__(self):
-        _check_positive("Uniform schedule", self.c)
-
-    def __call__(self, i, xp):
-        return self.c if isinstance(i, int) else self.c * xp.ones_like(i)
-
-
-@dataclass(frozen=True)
-class Exponential:
-    """Cool-SD (section 5): w_i = delta * exp(-nu * i - mu). ``mu=None`` normalises to w_1 = delta (mu = -nu)."""
-    delta: float
-    nu: float = 0.7
-    mu: float | None = None
-
-    def __post_init__(self):
-        _check_positive("Exponential schedule (delta)", self.delta)
-        if not math.isfinite(self.nu) or (self.mu is not None and not math.isfinite(self.mu)):
-            raise ValueError(f"Exponential schedule: nu and mu must be finite, got nu={self.nu}, mu={self.mu}")
-
-    @property
-    def offset(self) -> float:
-        return -self.nu if self.mu is None else self.mu
-
-    def __call__(self, i, xp):
-        if isinstance(i, int):
-            return self.delta * math.exp(-self.nu * i - self.offset)
-        return self.delta * xp.exp(-self.nu * i - self.offset)
-
-
-@dataclass(frozen=True)
-class Linear:
-    """Linear in the position (section 5): w_1 = first, w_L = last (decaying when first > last)."""
-    first: float
-    last: float
-    L: int
-
-    def __post_init__(self):
-        _check_positive("Linear schedule", self.first, self.last)
-        if self.L < 1:
-            raise ValueError(f"Linear schedule: L must be >= 1, got {self.L}")
-
-    def __call__(self, i, xp):
-        slope = 0.0 if self.L == 1 else (self.last - self.first) / (self.L - 1)
-        return self.first + slope * (i - 1)
-
-
-@dataclass(frozen=True)
-class Explicit:
-    """An explicit weight vector w_1..w_L (section 5)."""
-    weights: tuple[float, ...]
-
-    def __post_init__(self):
-        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
-        if len(self.weights) == 0:
-            raise ValueError("Explicit schedule: empty weight vector")
-        _check_positive("Explicit schedule", *self.weights)
-
-    def __call__(self, i, xp):
-        if isinstance(i, int):
-            if i > len(self.weights):
-                raise ValueError(f"Explicit schedule has {len(self.weights)} weights; position {i} requested")
-            return self.weights[i - 1]
-        w = xp.asarray(self.weights, dtype=i.dtype, device=array_api_compat.device(i))
-        if len(self.weights) < int(xp.max(i)):
-            raise ValueError(f"Explicit schedule has {len(self.weights)} weights; position {int(xp.max(i))} requested")
-        return xp.take(w, xp.astype(i, xp.int64) - 1, axis=0)
-
-
-@dataclass(frozen=True, eq=False)
-class Vector:
-    """Weights w_1..w_L held as an array (numpy / torch / JAX: traceable, so optimisers can differentiate
-    through the rule objects; ``theory.tune``). An int position above L is an error."""
-    weights: Any
-
-    def __call__(self, i, xp):
-        w = self.weights
-        L = w.shape[0]
-        if isinstance(i, int):
-            if not 1 <= i <= L:
-                raise ValueError(f"Vector schedule has {L} weights; position {i} requested")
-            return w[i - 1]
-        # array positions are not checked against L (they may be traced by JAX); callers pass i <= L
-        idx = xp.reshape(xp.astype(i, xp.int64) - 1, (-1,))
-        return xp.reshape(xp.take(w, idx, axis=0), i.shape)
-
-
-@dataclass(frozen=True)
-class Offset:
-    """Cool-SD annealed towards vanilla: w_i = 1 + (delta - 1) exp(-nu (i - 1)) (w_1 = delta, w_i -> 1;
-    ``cool_sd(norm="offset")``, docs/theory.md section 5)."""
-    delta: float
-    nu: float = 0.7
-
-    def __post_init__(self):
-        _check_positive("Offset schedule (delta)", self.delta)
-        if not math.isfinite(self.nu):
-            raise ValueError(f"Offset schedule: nu must be finite, got {self.nu}")
-
-    def __call__(self, i, xp):
-        if isinstance(i, int):
-            return 1.0 + (self.delta - 1.0) * math.exp(-self.nu * (i - 1))
-        return 1.0 + (self.delta - 1.0) * xp.exp(-self.nu * (i - 1))
-
-
-@dataclass(frozen=True)
-class Floored:
-    """max(floor, inner(i)) for another schedule (``cool_sd(norm="floor1")``: never stricter than vanilla)."""
-    inner: Any
-    floor: float = 1.0
-
-    def __post_init__(self):
-        _check_positive("Floored schedule (floor)", self.floor)
-
-    def __call__(self, i, xp):
-        w = self.inner(i, xp)
-        if isinstance(w, float | int):
-            return max(self.floor, float(w))
-        return xp.maximum(w, xp.full_like(w, self.floor))
 
 
 # --------------------------------------------------------------------------- acceptance rules
@@ -446,40 +311,6 @@ def vanilla() -> Verifier:
 def scaled(schedule, name: str = "scaled", resample=None) -> Verifier:
     """Scaled acceptance min(1, w_i p/q) with G* (T5) unless another resampler is given."""
     return Verifier(Scaled(schedule), resample or Optimal(), name, {"schedule": schedule})
-
-
-COOL_SD_NORMS = ("offset", "first", "floor1", "mean")
-COOL_SD_NORM = "offset"   # the default: the paper's statements hold with it (docs/theory.md section 5)
-
-
-def cool_sd_schedule(delta: float, nu: float = 0.7, norm: str | None = None, L: int | None = None,
-                     mu: float | None = None):
-    """Cool-SD's weight schedule under a normalisation of its offset (docs/theory.md section 5):
-
-    * ``"offset"`` (default): w_i = 1 + (delta - 1) exp(-nu (i - 1)): w_1 = delta, annealed towards vanilla (1);
-    * ``"first"``: w_i = delta exp(-nu (i - 1)) (w_1 = delta; falls below 1, i.e. stricter than vanilla);
-    * ``"floor1"``: w_i = max(1, delta exp(-nu (i - 1))) (as "first", never stricter than vanilla);
-    * ``"mean"``: w_i = c exp(-nu (i - 1)) with mean_{i <= L} w_i = delta (needs ``L``).
-
-    ``mu`` (with ``norm=None``) gives the literal w_i = delta exp(-nu i - mu)."""
-    if mu is not None:
-        if norm is not None:
-            raise ValueError(f"cool_sd: give mu (explicit offset) or norm, not both; got mu={mu}, norm={norm!r}")
-        return Exponential(delta, nu, mu)
-    norm = COOL_SD_NORM if norm is None else norm
-    if norm == "offset":
-        return Offset(delta, nu)
-    if norm == "first":
-        return Exponential(delta, nu)
-    if norm == "floor1":
-        return Floored(Exponential(delta, nu), 1.0)
-    if norm == "mean":
-        if L is None or isinstance(L, bool) or not isinstance(L, int) or L < 1:
-            raise ValueError(f"cool_sd: norm='mean' needs the draft length L (an int >= 1), got L={L!r}")
-        # mean_i delta exp(-nu i - mu) = delta  <=>  mu = log(mean_{i=1..L} exp(-nu i))
-        m = math.log(sum(math.exp(-nu * i) for i in range(1, L + 1)) / L)
-        return Exponential(delta, nu, m)
-    raise ValueError(f"cool_sd: norm must be one of {COOL_SD_NORMS}, got {norm!r}")
 
 
 def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | None = None,

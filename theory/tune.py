@@ -33,7 +33,7 @@ from . import rules
 from .recorded import predict_rounds
 
 __all__ = ["FAMILIES", "Rows", "load_rows", "family_values", "rule_of", "predict", "reachable", "tune",
-           "frontier", "split_validation", "TuneResult"]
+           "tune_tree", "frontier", "split_validation", "bootstrap", "TuneResult"]
 
 FAMILIES = ("free", "level", "uniform", "exponential", "linear")
 _SCALED = ("free", "uniform", "exponential", "linear")
@@ -368,6 +368,13 @@ def tune(rows: Rows, family: str = "free", tokens_per_call: float | None = None,
     pr = predict(rows, rule_of(family, values))
     return TuneResult(family, mode, value, values, theta, pr["tokens_per_call"], pr["bound_mean"],
                       pr["tokens_per_call_se"], pr["bound_se"], name, scores)
+
+
+def tune_tree(*args, **kwargs):
+    """Schedules tuned on recorded static-tree rounds: not implemented."""
+    raise NotImplementedError("tuning on static-tree rounds is not implemented: theory.tune optimises chain rounds "
+                              "(theory.recorded.predict_rounds); the tree predictor predict_tree_rounds loops over "
+                              "nodes and has no traceable per-position weight path yet")
 
 
 def frontier(rows: Rows, families=FAMILIES, n_points: int = 6, lo: float = 0.1, hi: float = 0.9, **kw) -> dict:
