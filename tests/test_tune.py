@@ -126,6 +126,19 @@ def test_split_validation_and_bootstrap(setup):
         tune.split_validation(no_img, "uniform", tokens_per_call=1 + T)
 
 
+def test_frontier(setup):
+    P, Q, mu, rows, T, res = setup
+    sub = rows.subset(np.arange(1500))
+    fr = tune.frontier(sub, families=("free", "uniform"), n_points=3, lo=0.2, hi=0.7, maxiter=20)
+    van, top = tune.reachable(sub, "free")
+    assert np.allclose(fr["targets"], van + np.linspace(0.2, 0.7, 3) * (top - van))
+    for fam in ("free", "uniform"):
+        t = [p["tokens_per_call"] for p in fr[fam]]
+        b = [p["bound"] for p in fr[fam]]
+        assert np.allclose(t, fr["targets"], atol=1e-7) and np.all(np.diff(b) > 0)   # faster costs more bound
+    assert all(f["bound"] <= u["bound"] + 1e-9 for f, u in zip(fr["free"], fr["uniform"]))
+
+
 # --------------------------------------------------------------------------- Cool-SD normalisations
 
 def test_cool_sd_norms():
