@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -31,18 +29,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from scipy.optimize import brentq  # noqa: E402
 
+from coolsd.atomic import atomic_write, write_text  # noqa: E402
 from theory import rules, tune  # noqa: E402
 
 L = 4
 T = 49
-
-
-def _write(path: pathlib.Path, data: bytes | str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def rows_of(gens) -> tuple[tune.Rows, tuple]:
@@ -220,9 +211,9 @@ def main(argv=None):
               "comparisons": comparisons, "at_measured_speed": at_speed, "validation": {str(k): v for k, v in validation.items()},
               "frontier": front, "frontier_rounds": fsub.R, "wall_clock_s": time.perf_counter() - t0,
               "torch_threads": 1}
-    _write(out / "report.json", json.dumps(report, indent=1) + "\n")
+    write_text(out / "report.json", json.dumps(report, indent=1) + "\n")
     figure(report, out / "frontier.png")
-    _write(out / "report.md", markdown(report))
+    write_text(out / "report.md", markdown(report))
     log(f"wrote {out}")
 
 
@@ -254,12 +245,8 @@ def figure(rep: dict, path: pathlib.Path) -> None:
     ax[1].set_title("measured: speed vs quality (same digits)")
     ax[1].legend(fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def markdown(rep: dict) -> str:

@@ -107,6 +107,8 @@ def generate(args) -> dict:
     import numpy as np
     import torch
 
+    from coolsd.atomic import atomic_write
+
     from real import engine
     from real.methods import MethodParams, make_verifier, method_processing
     from real.registry import build
@@ -174,8 +176,9 @@ def generate(args) -> dict:
         recs = [r for g in gens for r in g.rounds]
         p, q, d, nd = engine.records_to_arrays(recs, args.L)
         image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
-        _save_npz(args.record, p=p, q=q, drafts=d, n_drafted=nd, image=image,
-                  accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
+        acc = np.array([r.accepted for r in recs if r.drafted > 0])
+        atomic_write(args.record, lambda f: np.savez_compressed(f, p=p, q=q, drafts=d, n_drafted=nd, image=image,
+                                                                accepted=acc))
         out["record"] = args.record
     if args.save:
         toks = np.stack([g.tokens.numpy() for g in gens])
@@ -186,28 +189,6 @@ def generate(args) -> dict:
         np.savez_compressed(args.save, tokens=toks, **extra)
         out["saved"] = args.save
     return out
-
-
-def _save_npz(path, **arrays):
-    """np.savez_compressed written atomically (temp file in the same directory, then os.replace)."""
-    import os
-    import tempfile
-
-    import numpy as np
-
-    path = str(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **arrays)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600 files; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def parse_weights(spec: str) -> tuple[float, ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 
 def register(sub):
@@ -31,21 +30,6 @@ def register(sub):
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.set_defaults(func=run)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)   # mkstemp makes 0600 files; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def run(args) -> int:
@@ -74,7 +58,9 @@ def run(args) -> int:
     if args.frontier:
         out["frontier"] = tune.frontier(rows, n_points=args.frontier, seed=args.seed)
     if args.out:
-        _write_atomic(args.out, json.dumps(out, indent=2) + "\n")
+        from coolsd.atomic import write_text
+
+        write_text(args.out, json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out))
     else:
