@@ -107,8 +107,6 @@ def test_out_of_range_targets_refused(setup):
         tune.tune(rows, "free")
     with pytest.raises(ValueError, match="family"):
         tune.tune(rows, "cubic", tokens_per_call=1 + T)
-    with pytest.raises(NotImplementedError, match="static-tree"):
-        tune.tune_tree(rows)
 
 
 def test_split_validation_and_bootstrap(setup):
@@ -137,6 +135,53 @@ def test_frontier(setup):
         b = [p["bound"] for p in fr[fam]]
         assert np.allclose(t, fr["targets"], atol=1e-7) and np.all(np.diff(b) > 0)   # faster costs more bound
     assert all(f["bound"] <= u["bound"] + 1e-9 for f, u in zip(fr["free"], fr["uniform"]))
+
+
+def test_tree_rows_chain_tree_equals_chain_rows(setup):
+    """A chain written as a static tree (one candidate per node) gives the same predictions and the same tuned
+    schedule as the chain rows (predict_tree_rounds equals T10/T11 for a chain)."""
+    from theory.tree import chain_tree
+
+    P, Q, mu, rows, T, res = setup
+    sub = rows.subset(np.arange(800))
+    tokens = np.concatenate([np.zeros((sub.R, 1), np.int64), sub.drafts], axis=1)   # root token unused
+    q = np.concatenate([sub.q, np.full((sub.R, 1, sub.q.shape[2]), 1.0 / sub.q.shape[2])], axis=1)  # leaf: placeholder
+    tr = tune.TreeRows(sub.p, q, tokens, chain_tree(L), sub.image)
+    v = rules.cool_sd(2.0)
+    a, b = tune.predict(sub, v), tune.predict(tr, v)
+    assert np.allclose(a["accepted"], b["accepted"]) and np.allclose(a["bound"], b["bound"])
+    t = 0.5 * sum(tune.reachable(sub, "free"))
+    rc = tune.tune(sub, "exponential", tokens_per_call=t, maxiter=20)
+    rt = tune.tune(tr, "exponential", tokens_per_call=t, maxiter=20)
+    assert abs(rt.tokens_per_call - t) < 1e-7 and np.allclose(rt.values, rc.values, rtol=1e-4)
+
+
+def test_tree_rows_branching_tree():
+    """On a branching tree (rows simulated on a chain): the target is met, free weights do no worse than
+    uniform, an unreachable target is refused."""
+    from theory.tree import Tree
+
+    P, Q = chains.random_pair(4, tv=0.4, seed=7)
+    rng = np.random.default_rng(0)
+    tree = Tree(((0,), (1,), (0, 0), (1, 0)))
+    R, V = 400, 4
+    N = tree.n_nodes
+    state = np.zeros((R, N + 1), np.int64)
+    state[:, 0] = rng.integers(0, V, R)
+    for n in range(N + 1):      # children drawn without replacement from Q(.|parent), by rank (small tree, test only)
+        kids = [int(k) for k in tree.children[n] if k >= 0]
+        for r in range(R):
+            if kids:
+                pick = rng.choice(V, len(kids), replace=False, p=Q[state[r, n]])
+                state[r, kids] = pick
+    tr = tune.TreeRows(P[state], Q[state], state, tree, np.arange(R) // 20)
+    van, top = tune.reachable(tr, "free")
+    t = van + 0.4 * (top - van)
+    rf = tune.tune(tr, "free", tokens_per_call=t, maxiter=20)
+    ru = tune.tune(tr, "uniform", tokens_per_call=t)
+    assert abs(rf.tokens_per_call - t) < 1e-7 and rf.bound <= ru.bound + 1e-9
+    with pytest.raises(ValueError, match="reachable range"):
+        tune.tune(tr, "free", tokens_per_call=top + 0.1)
 
 
 # --------------------------------------------------------------------------- Cool-SD normalisations

@@ -9,7 +9,8 @@ f_i = v + a_i (1 - v) (``rules.Level``). The predictions are computed by ``predi
 rule objects the engine runs (``rules.Vector`` holds the weights as a JAX array, so gradients flow
 through them); nothing here re-writes an acceptance formula.
 
-Two problems, over recorded rounds r = 1..R (chains; static trees are not implemented):
+Two problems, over recorded rounds r = 1..R (chains, ``Rows``; or static trees, ``TreeRows``: weights per
+tree depth, T10/T11 of ``theory.recorded.predict_tree_rounds``):
 
 * target: minimise  mean_r T11_r(w)  subject to  1 + mean_r T10_r(w) = tokens_per_call;
 * budget: maximise  1 + mean_r T10_r(w)  subject to  mean_r T11_r(w) <= bound_budget.
@@ -30,10 +31,11 @@ import numpy as np
 from scipy.optimize import brentq, minimize
 
 from . import rules
-from .recorded import predict_rounds
+from .recorded import predict_rounds, predict_tree_rounds
+from .tree import Tree
 
-__all__ = ["FAMILIES", "Rows", "load_rows", "family_values", "rule_of", "predict", "reachable", "tune",
-           "tune_tree", "frontier", "split_validation", "bootstrap", "TuneResult"]
+__all__ = ["FAMILIES", "Rows", "TreeRows", "load_rows", "family_values", "rule_of", "predict", "reachable", "tune",
+           "frontier", "split_validation", "bootstrap", "TuneResult"]
 
 FAMILIES = ("free", "level", "uniform", "exponential", "linear")
 _SCALED = ("free", "uniform", "exponential", "linear")
@@ -92,9 +94,68 @@ class Rows:
         return Rows(self.p[idx], self.q[idx], self.drafts[idx], self.n_drafted[idx], self.image[idx])
 
 
-def load_rows(path) -> Rows:
-    """Rows from an ``.npz`` written by ``coolsd generate --record`` (keys p, q, drafts, n_drafted, image)."""
+@dataclass
+class TreeRows:
+    """Recorded static-tree rounds (``theory.recorded.predict_tree_rounds``): p (R, N+1, V) target rows at every
+    node, q (R, N+1, V) the draft rows each node's children were drawn from, tokens (R, N+1) node tokens, the
+    ``tree`` (N nodes; only rounds that drafted the whole tree), image (R,) ints (-1 when unknown)."""
+    p: np.ndarray
+    q: np.ndarray
+    tokens: np.ndarray
+    tree: Tree
+    image: np.ndarray | None = None
+
+    def __post_init__(self):
+        self.p = np.asarray(self.p, dtype=np.float64)
+        self.q = np.asarray(self.q, dtype=np.float64)
+        self.tokens = np.asarray(self.tokens, dtype=np.int64)
+        if not isinstance(self.tree, Tree):
+            raise ValueError(f"tree rows: tree must be a theory.tree.Tree, got {type(self.tree).__name__}")
+        R, N1 = self.tokens.shape if self.tokens.ndim == 2 else (None, None)
+        if R is None or N1 != self.tree.n_nodes + 1 or self.p.shape[:2] != (R, N1) or self.q.shape != self.p.shape:
+            raise ValueError(f"tree rows: expected p, q (R, N+1={self.tree.n_nodes + 1}, V) and tokens (R, N+1); got p "
+                             f"{self.p.shape}, q {self.q.shape}, tokens {self.tokens.shape}")
+        if R < 2:
+            raise ValueError(f"tree rows: need at least 2 recorded rounds, got {R}")
+        self.image = np.full(R, -1, np.int64) if self.image is None else np.asarray(self.image, np.int64)
+        if self.image.shape != (R,):
+            raise ValueError(f"tree rows: image must be (R,) = ({R},), got {self.image.shape}")
+        if np.any(self.tokens < 0) or np.any(self.tokens >= self.p.shape[2]):
+            raise ValueError("tree rows: node tokens must be in [0, V)")
+
+    @property
+    def R(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def L(self) -> int:
+        """The tree's depth: the number of per-depth weights w_1..w_D."""
+        return int(self.tree.depth)
+
+    def subset(self, idx) -> "TreeRows":
+        idx = np.asarray(idx)
+        return TreeRows(self.p[idx], self.q[idx], self.tokens[idx], self.tree, self.image[idx])
+
+
+def _predict_parts(rows, verifier, s=slice(None)):
+    """(accepted (R,), bound (R,)) of ``verifier`` on rounds ``s`` of chain or tree rows (T10, T11)."""
+    if isinstance(rows, TreeRows):
+        r = predict_tree_rounds(rows.p[s], rows.q[s], rows.tokens[s], rows.tree, verifier)
+    else:
+        r = predict_rounds(rows.p[s], rows.q[s], rows.drafts[s], verifier, n_drafted=rows.n_drafted[s])
+    return r.accepted, r.bound
+
+
+def load_rows(path):
+    """Rows from an ``.npz`` written by ``coolsd generate --record`` (chains: keys p, q, drafts, n_drafted,
+    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows."""
+    import json
+
     with np.load(path) as z:
+        if "tree_paths" in z.files:
+            paths = json.loads(str(z["tree_paths"]))
+            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)),
+                            z["image"] if "image" in z.files else None)
         missing = {"p", "q", "drafts"} - set(z.files)
         if missing:
             raise ValueError(f"record {path}: missing arrays {sorted(missing)} (write it with coolsd generate --record)")
@@ -157,15 +218,14 @@ def _shift(family: str, theta: np.ndarray, s: float) -> np.ndarray:
 
 # --------------------------------------------------------------------------- predictions
 
-def predict(rows: Rows, verifier, chunk: int = 512) -> dict:
-    """Per-round T10 and T11 of ``verifier`` on the rows (numpy, chunks of rounds): {"accepted": (R,),
+def predict(rows, verifier, chunk: int = 512) -> dict:
+    """Per-round T10 and T11 of ``verifier`` on chain or tree rows (numpy, chunks of rounds): {"accepted": (R,),
     "bound": (R,), "tokens_per_call": 1 + mean accepted, "bound_mean", and their SEs over rounds}."""
     acc, bnd = [], []
     for a in range(0, rows.R, chunk):
-        s = slice(a, a + chunk)
-        r = predict_rounds(rows.p[s], rows.q[s], rows.drafts[s], verifier, n_drafted=rows.n_drafted[s])
-        acc.append(np.asarray(r.accepted))
-        bnd.append(np.asarray(r.bound))
+        ac, bd = _predict_parts(rows, verifier, slice(a, a + chunk))
+        acc.append(np.asarray(ac))
+        bnd.append(np.asarray(bd))
     acc, bnd = np.concatenate(acc), np.concatenate(bnd)
     n = len(acc)
     return {"accepted": acc, "bound": bnd, "tokens_per_call": 1.0 + float(acc.mean()),
@@ -173,7 +233,7 @@ def predict(rows: Rows, verifier, chunk: int = 512) -> dict:
             "bound_se": float(bnd.std(ddof=1) / math.sqrt(n))}
 
 
-def reachable(rows: Rows, family: str = "free") -> tuple[float, float]:
+def reachable(rows: Rows | TreeRows, family: str = "free") -> tuple[float, float]:
     """(vanilla, largest) predicted tokens per call the family can be tuned to. Scaled families: the largest
     accepts every draft with p > 0 (weights at the saturation level max q/p over the recorded rows);
     level: every draft (a = 1)."""
@@ -183,8 +243,9 @@ def reachable(rows: Rows, family: str = "free") -> tuple[float, float]:
     if family == "level":
         top = rules.level(rules.Uniform(1.0))
     else:
-        m = (rows.p[:, :L] > 0) & (rows.q > 0)
-        w_sat = float(np.max(rows.q[m] / rows.p[:, :L][m])) * 2.0 if m.any() else 1.0
+        pp = rows.p[:, :rows.q.shape[1]]
+        m = (pp > 0) & (rows.q > 0)
+        w_sat = float(np.max(rows.q[m] / pp[m])) * 2.0 if m.any() else 1.0
         top = rules.scaled(rules.Uniform(max(w_sat, 1.0)))
     return van, predict(rows, top)["tokens_per_call"]
 
@@ -194,20 +255,25 @@ class _Jax:
 
     _cache: dict = {}
 
-    def __init__(self, rows: Rows, family: str):
+    def __init__(self, rows, family: str):
         from .optimize import _jax64
 
         self.family, self.L = family, rows.L
         self._ctx = _jax64
+        tree = rows.tree if isinstance(rows, TreeRows) else None
         with _jax64() as (jax, jnp):
-            self.args = tuple(jnp.asarray(a) for a in (rows.p, rows.q, rows.drafts, rows.n_drafted))
-            key = (family, self.L)
+            extra = rows.tokens if tree is not None else rows.drafts
+            nd = np.zeros(rows.R, np.int64) if tree is not None else rows.n_drafted
+            self.args = tuple(jnp.asarray(a) for a in (rows.p, rows.q, extra, nd))
+            key = (family, self.L, None if tree is None else tree.paths)
             if key not in self._cache:
                 L = self.L
 
                 def both(theta, p, q, d, nd):
                     def parts(th):
-                        r = predict_rounds(p, q, d, rule_of(family, family_values(family, th, L, jnp)), n_drafted=nd)
+                        rule = rule_of(family, family_values(family, th, L, jnp))
+                        r = predict_tree_rounds(p, q, d, tree, rule) if tree is not None else \
+                            predict_rounds(p, q, d, rule, n_drafted=nd)
                         v = jnp.stack([jnp.mean(r.bound), 1.0 + jnp.mean(r.accepted)])
                         return v, v
                     J, v = jax.jacrev(parts, has_aux=True)(theta)
@@ -296,7 +362,7 @@ def _starts(family: str, L: int, n_random: int, seed: int) -> dict[str, np.ndarr
     return out
 
 
-def tune(rows: Rows, family: str = "free", tokens_per_call: float | None = None, bound_budget: float | None = None,
+def tune(rows: Rows | TreeRows, family: str = "free", tokens_per_call: float | None = None, bound_budget: float | None = None,
          n_random: int = 0, seed: int = 0, maxiter: int = 40, extra_starts: dict | None = None,
          search_rounds: int | None = 600) -> TuneResult:
     """The family's schedule minimising the mean predicted bound (T11) at ``tokens_per_call`` (1 + mean T10),
@@ -370,14 +436,7 @@ def tune(rows: Rows, family: str = "free", tokens_per_call: float | None = None,
                       pr["tokens_per_call_se"], pr["bound_se"], name, scores)
 
 
-def tune_tree(*args, **kwargs):
-    """Schedules tuned on recorded static-tree rounds: not implemented."""
-    raise NotImplementedError("tuning on static-tree rounds is not implemented: theory.tune optimises chain rounds "
-                              "(theory.recorded.predict_rounds); the tree predictor predict_tree_rounds loops over "
-                              "nodes and has no traceable per-position weight path yet")
-
-
-def frontier(rows: Rows, families=FAMILIES, n_points: int = 6, lo: float = 0.1, hi: float = 0.9, **kw) -> dict:
+def frontier(rows: Rows | TreeRows, families=FAMILIES, n_points: int = 6, lo: float = 0.1, hi: float = 0.9, **kw) -> dict:
     """The predicted frontier (bound vs tokens per call) of each family: targets on a grid from vanilla's
     tokens per call towards the largest reachable by the scaled families (fractions lo..hi); the level
     family is solved on the same grid. {family: [{"tokens_per_call", "bound", "values"}], "targets": [...]}."""
@@ -393,7 +452,7 @@ def frontier(rows: Rows, families=FAMILIES, n_points: int = 6, lo: float = 0.1, 
     return out
 
 
-def split_validation(rows: Rows, family: str = "free", tokens_per_call: float | None = None,
+def split_validation(rows: Rows | TreeRows, family: str = "free", tokens_per_call: float | None = None,
                      bound_budget: float | None = None, n_boot: int = 200, seed: int = 0, **kw) -> dict:
     """Fit on half of the recorded images (a seeded random half; rounds grouped by ``rows.image``), predict on
     the other half: in-sample vs held-out predicted tokens per call and bound, the gap (in-sample optimism),
@@ -416,7 +475,7 @@ def split_validation(rows: Rows, family: str = "free", tokens_per_call: float | 
             "gap": {"tokens_per_call": res.tokens_per_call - ho["tokens_per_call"], "bound": res.bound - ho["bound_mean"]}}
 
 
-def bootstrap(rows: Rows, pred: dict, n_boot: int = 200, seed: int = 0) -> dict:
+def bootstrap(rows: Rows | TreeRows, pred: dict, n_boot: int = 200, seed: int = 0) -> dict:
     """95% percentile intervals of the predicted tokens per call and bound, resampling images (clusters of
     rounds; rounds when the rows carry no image index) with replacement."""
     if n_boot < 10:

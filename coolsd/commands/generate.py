@@ -57,7 +57,9 @@ def register(sub):
     r.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
-    r.add_argument("--record", default=None, help="save the per-round P/Q rows to this .npz (for theory.recorded)")
+    r.add_argument("--record", default=None,
+                   help="save the per-round P/Q rows (and image index) to this .npz (theory.recorded, coolsd tune); "
+                        "with --tree the rounds that drafted the whole tree")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     c = g.add_argument_group("checkpoints (--model llamagen)")
@@ -120,8 +122,6 @@ def generate(args) -> dict:
     if args.L < 1:
         raise ValueError(f"--L must be >= 1, got {args.L}")
     tree = parse_tree(args.tree, args.L) if args.tree is not None else None
-    if tree is not None and args.record:
-        raise ValueError("--record stacks chain rounds for theory.recorded; it is not available with --tree")
     if tree is not None and args.method.lower() == "ar":
         raise ValueError("--tree needs a speculative method (not ar)")
     L = tree.depth if tree is not None else args.L
@@ -152,7 +152,8 @@ def generate(args) -> dict:
                                            seed=seed, progress=progress))
         elif tree is not None:
             gens.append(engine.tree_generate(bundle.target, bundle.draft, cond, num_tokens=bundle.num_tokens,
-                                             verifier=verifier, tree=tree, processing=proc, seed=seed, progress=progress))
+                                             verifier=verifier, tree=tree, processing=proc, seed=seed, progress=progress,
+                                             record_rows=args.record is not None))
         else:
             gens.append(engine.speculative_generate(bundle.target, bundle.draft, cond, num_tokens=bundle.num_tokens,
                                                     verifier=verifier, L=args.L, processing=proc, seed=seed,
@@ -172,7 +173,17 @@ def generate(args) -> dict:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
         out["speedup"] = b["seconds"] / stats["seconds"]
-    if args.record:
+    if args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.tune.TreeRows)
+        full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
+        if not full:
+            raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")
+        arrs = {"p": np.stack([r.p for _, r in full]), "q": np.stack([r.q for _, r in full]),
+                "tokens": np.stack([r.drafts for _, r in full]), "image": np.array([i for i, _ in full], dtype=np.int64),
+                "accepted": np.array([r.accepted for _, r in full]),
+                "tree_paths": np.array(json.dumps([list(p) for p in tree.paths]))}
+        atomic_write(args.record, lambda f: np.savez_compressed(f, **arrs))
+        out["record"] = args.record
+    elif args.record:
         recs = [r for g in gens for r in g.rounds]
         p, q, d, nd = engine.records_to_arrays(recs, args.L)
         image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
