@@ -239,7 +239,6 @@ def reachable(rows: Rows | TreeRows, family: str = "free") -> tuple[float, float
     level: every draft (a = 1)."""
     family = _check_family(family)
     van = predict(rows, rules.vanilla())["tokens_per_call"]
-    L = rows.L
     if family == "level":
         top = rules.level(rules.Uniform(1.0))
     else:
