@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-GROUPS = ["theory", "sim", "generate", "demo", "sweep"]
+GROUPS = ["theory", "sim", "generate", "demo", "sweep", "tune"]
 DEBUG_ENV = "COOLSD_DEBUG"
 
 

@@ -9,8 +9,10 @@ from theory import methods, rules
 
 def test_every_method_builds_the_rule_of_theory_rules():
     nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(10, 2)))
+    needs = {"scaled": {"weights": (3.0, 1.5, 1.0)}}                       # a method with a required parameter
     for name in methods.names():
-        v = methods.build(name, 3, nb, k=2) if methods.get(name).needs_neighbors else methods.build(name, 3)
+        v = methods.build(name, 3, nb, k=2) if methods.get(name).needs_neighbors else \
+            methods.build(name, 3, **needs.get(name, {}))
         assert isinstance(v, rules.Verifier)
         assert v.name == name or (name, v.name) == ("lantern+G*", "lantern+G*")
     v = methods.build("cool-sd", 4, delta=3.0)

@@ -345,7 +345,7 @@ def test_api_records_and_bad_input(llamagen):
     assert torch.equal(c.tokens, engine.ar_generate(t, 1, num_tokens=20, processing=Processing(temperature=0.0)).tokens)
 
 
-def test_cli_tree(capsys):
+def test_cli_tree(capsys, tmp_path):
     import json
 
     from coolsd.cli import main
@@ -364,6 +364,14 @@ def test_cli_tree(capsys):
     assert j["params"]["L"] == 2 and j["tree"]["depth"] == 2
     assert main(["generate", "--tree", "nope", "--json"]) == 2
     assert main(["generate", "--tree", "[[1]]", "--json"]) == 2
-    assert main(["generate", "--tree", "eagle25", "--record", "x.npz", "--json"]) == 2
     err = capsys.readouterr().err
-    assert "--tree must be" in err and "rank 1 without rank 0" in err and "not available with --tree" in err
+    assert "--tree must be" in err and "rank 1 without rank 0" in err
+    # --record with --tree saves the rounds that drafted the whole tree, for theory.tune.TreeRows
+    from theory import tune
+    from theory.tree import Tree
+
+    rec = tmp_path / "tree_rows.npz"
+    run("--method", "vanilla", "--tree", "[[0],[1],[0,0]]", "--num-tokens", "24", "--num-images", "2", "--record", str(rec))
+    rows = tune.load_rows(rec)
+    assert isinstance(rows, tune.TreeRows) and rows.tree == Tree(((0,), (1,), (0, 0))) and rows.R >= 2
+    assert rows.p.shape[:2] == (rows.R, 4) and set(np.unique(rows.image)) <= {0, 1}

@@ -5,14 +5,16 @@ Modules: ``rules`` (acceptance/resampling rules, one array-API implementation sh
 verification), ``methods`` (the method registry: name -> rule, typed parameters), ``markov`` (exact E[tau], TV bound and exact TV on Markov chains), ``chains`` (synthetic
 chain generators), ``optimize`` (G* confirmation, optimal schedules, the annealing study; JAX imported
 on use), ``image`` (whole-image predictions and the speed-up model), ``recorded`` (T10-T11 from recorded
-rounds). ``theory`` imports nothing else of this project.
+rounds), ``schedules`` (weight schedules, Cool-SD's normalisations), ``tune`` (schedules tuned on recorded
+rounds; JAX imported on use). ``theory`` imports nothing else of this project.
 """
-from . import chains, checks, image, markov, methods, recorded, rules, tree, verify
+from . import chains, checks, image, markov, methods, recorded, rules, schedules, tree, verify
 from .rules import Verifier, cool_sd, greedy, lantern, lantern_pp, linear_rsd, typical, uniform_rsd, vanilla
 from .tree import Tree, verify_tree
 from .verify import verify_chain
 
-__all__ = ["chains", "checks", "image", "markov", "methods", "optimize", "recorded", "rules", "tree", "verify", "Verifier", "Tree",
+__all__ = ["chains", "checks", "image", "markov", "methods", "optimize", "recorded", "rules", "schedules", "tree", "tune",
+           "verify", "Verifier", "Tree",
            "verify_chain", "verify_tree", "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
            "typical", "greedy"]
 
@@ -20,8 +22,8 @@ __all__ = ["chains", "checks", "image", "markov", "methods", "optimize", "record
 def __getattr__(name):
     # theory.optimize imports scipy.optimize (~0.4 s): loaded on first use, so that commands that
     # refuse bad input (or never optimise) start fast
-    if name == "optimize":
+    if name in ("optimize", "tune"):    # tune imports optimize
         import importlib
 
-        return importlib.import_module(".optimize", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -205,8 +205,13 @@ register(Method("vanilla", "vanilla SD", (), lambda p, L, nb: rules.vanilla(), h
 register(Method("cool-sd", "Cool-SD", (
     Param("delta", float, 2.0, low=0, low_open=True, help="Cool-SD relaxation budget delta (w_1 = delta)"),
     Param("nu", float, 0.7, help="Cool-SD decay nu"),
-    Param("mu", float, None, optional=True, help="Cool-SD offset mu (default: w_1 = delta)")),
-    lambda p, L, nb: rules.cool_sd(p["delta"], p["nu"], p["mu"]), help="exponentially decaying weights, G* (T5)", relaxation="delta"))
+    Param("mu", float, None, optional=True,
+          help="Cool-SD explicit offset mu: w_i = delta exp(-nu i - mu) (default: the normalisation --cool-sd-norm)"),
+    Param("norm", str, None, choices=rules.COOL_SD_NORMS, flag="cool_sd_norm", optional=True,
+          help=f"Cool-SD normalisation of the schedule (docs/theory.md section 5; default {rules.COOL_SD_NORM}: "
+               "w_i = 1 + (delta - 1) exp(-nu (i - 1)))")),
+    lambda p, L, nb: rules.cool_sd(p["delta"], p["nu"], p["mu"], norm=p["norm"], L=L),
+    help="exponentially decaying weights, G* (T5)", relaxation="delta"))
 register(Method("uniform-rsd", "UniformRSD", (
     Param("c", float, 1.5, low=0, low_open=True, help="UniformRSD weight c"),),
     lambda p, L, nb: rules.uniform_rsd(p["c"]), help="constant weight c, G* (T5)", relaxation="c"))
@@ -230,5 +235,44 @@ register(Method("typical", "typical acceptance", (
           help="correction after a rejection: argmax p (as vLLM's release) or G*")),
     lambda p, L, nb: rules.typical(p["eps"], p["alpha"], resample=p["resampler"]),
     help="typical acceptance as vLLM / Medusa release it (entropy with +1e-5, argmax correction)", relaxation="eps"))
+def weights_value(spec) -> tuple:
+    """Weights w_1..w_L of the ``scaled`` method: a sequence, comma-separated numbers ("3,1.2,1,1") or the
+    path of a schedule.json written by ``coolsd tune`` (key "weights")."""
+    import json
+    import os
+
+    if isinstance(spec, str) and os.path.exists(spec):
+        with open(spec) as f:
+            try:
+                d = json.load(f)
+            except ValueError:
+                raise ValueError(f"weights: {spec} is not JSON (write it with coolsd tune)") from None
+        if isinstance(d, dict) and "weights" not in d and "levels" in d:
+            raise NotImplementedError(f"weights: {spec} holds a 'level' schedule; running level rules as a method is "
+                                      "not implemented (tune with --family free/exponential/linear/uniform)")
+        spec = d.get("weights") if isinstance(d, dict) else d
+    if isinstance(spec, str):
+        try:
+            spec = [float(x) for x in spec.split(",")]
+        except ValueError:
+            raise ValueError(f"weights must be a schedule.json path or comma-separated numbers, got {spec!r}") from None
+    try:
+        w = tuple(float(x) for x in spec)
+    except (TypeError, ValueError):
+        raise ValueError(f"weights: need a list of numbers, got {spec!r}") from None
+    if not w or not all(math.isfinite(x) and x > 0 for x in w):
+        raise ValueError(f"weights: need a non-empty list of finite weights > 0, got {spec!r}")
+    return w
+
+
+def _scaled(p: dict, L: int, nb) -> rules.Verifier:
+    if len(p["weights"]) != L:
+        raise ValueError(f"scaled: {len(p['weights'])} weights given for draft length L={L}")
+    return rules.scaled(rules.Explicit(p["weights"]))
+
+
+register(Method("scaled", "scaled (explicit weights)", (
+    Param("weights", weights_value, None, help="w_1..w_L: a schedule.json from coolsd tune, or 3,1.2,1,1"),),
+    _scaled, help="explicit per-position weights min(1, w_i p/q), G* (T5): the schedules of coolsd tune"))
 register(Method("greedy", "greedy", (), lambda p, L, nb: rules.greedy(), greedy_rows=True,
                 help="accept iff the draft is the target's argmax (temperature 0)"))

@@ -547,9 +547,9 @@ def level_tables_xp(P, Q, levels):
     """F (L, V, V) of the "level" family: f_i = v + a_i (1 - v) with v = min(1, P/Q) the vanilla rule,
     a_i in [0, 1] the chance of keeping a draft vanilla would reject (a = 0: vanilla, exact; a = 1:
     every draft accepted). Array API (numpy / JAX: differentiable in ``levels``)."""
-    xp = namespace(P, Q, levels)
-    v = scaled_tables_xp(P, Q, xp.ones_like(levels))
-    return v + levels[:, None, None] * (1.0 - v)
+    L = levels.shape[0]
+    pos = np.arange(1, L + 1)[:, None]                      # (L, 1) positions against rows (1, V, V)
+    return _rules.Level(_rules.Vector(levels))(P[None], Q[None], pos)
 
 
 def _theta_tables(theta, P, Q, family):

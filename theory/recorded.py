@@ -25,7 +25,8 @@ class RoundPrediction(NamedTuple):
     f: Array         # (R, L) acceptance probabilities of the recorded drafts under the rule
 
 
-def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array | None = None) -> RoundPrediction:
+def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array | None = None, *,
+                   check: bool = True) -> RoundPrediction:
     """T10 and T11 per recorded round.
 
     p (R, L+1, V) processed target rows along the drafted path, q (R, L, V) draft rows the drafts were
@@ -33,21 +34,23 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     padded to L and flagged by ``n_drafted`` (R,) ints; positions i > n_drafted contribute nothing.
     The discrepancy D_i uses the rule's effective resampling law (``resample(..., rejected=None)``).
     p and q rows must be probability rows (finite, >= 0, summing to 1 within their dtype's tolerance)
-    and drafts tokens in [0, V): checked here (ValueError naming the argument).
+    and drafts tokens in [0, V): checked here (ValueError naming the argument); ``check=False`` skips the
+    checks (rows validated once by the caller, e.g. ``theory.tune`` under JAX tracing).
     """
     xp = namespace(p, q)
     R, L = drafts.shape[0], drafts.shape[-1]
     if p.shape[:2] != (R, L + 1) or q.shape[:2] != (R, L) or p.shape[-1] != q.shape[-1]:
         raise ValueError(f"predict_rounds: expected p (R, L+1, V), q (R, L, V), drafts (R, L); got p {tuple(p.shape)}, "
                          f"q {tuple(q.shape)}, drafts {tuple(drafts.shape)}")
-    checks.check_rows_xp("predict_rounds: p", p, xp)
-    checks.check_rows_xp("predict_rounds: q", q, xp)
-    checks.check_tokens_xp("predict_rounds: drafts", drafts, p.shape[-1], xp)
+    if check:
+        checks.check_rows_xp("predict_rounds: p", p, xp)
+        checks.check_rows_xp("predict_rounds: q", q, xp)
+        checks.check_tokens_xp("predict_rounds: drafts", drafts, p.shape[-1], xp)
     dev = array_api_compat.device(p)
     if n_drafted is not None:
         n_drafted = xp.asarray(n_drafted, device=dev)
         if tuple(n_drafted.shape) != (R,) or not xp.isdtype(n_drafted.dtype, "integral") \
-                or (R and not bool(xp.all((n_drafted >= 0) & (n_drafted <= L)))):
+                or (check and R and not bool(xp.all((n_drafted >= 0) & (n_drafted <= L)))):
             raise ValueError(f"predict_rounds: n_drafted must be ({R},) integers in [0, L={L}], got shape "
                              f"{tuple(n_drafted.shape)} and dtype {n_drafted.dtype}")
     pos = xp.arange(1, L + 1, device=dev)
@@ -73,7 +76,7 @@ class TreePrediction(NamedTuple):
     reach: Array     # (R, N+1) probability that the walk accepts each node (root: 1) given the drafts
 
 
-def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier) -> TreePrediction:
+def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, check: bool = True) -> TreePrediction:
     """T10 and T11 for static-tree rounds recorded under any rule (docs/theory.md section 9).
 
     p (R, N+1, V) target rows at every node (node 0 = root), q (R, N+1, V) the draft rows each node's
@@ -99,8 +102,9 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier) -> Tr
             or tuple(tokens.shape) != (R, N + 1):
         raise ValueError(f"predict_tree_rounds: expected p, q (R, N+1={N + 1}, V) and tokens (R, N+1); got p "
                          f"{tuple(p.shape)}, q {tuple(q.shape)}, tokens {tuple(tokens.shape)}")
-    checks.check_rows_xp("predict_tree_rounds: p", p, xp)       # q rows of leaves are never read: not checked
-    checks.check_tokens_xp("predict_tree_rounds: tokens", tokens[:, 1:], p.shape[-1], xp)  # entry 0 is the root
+    if check:   # as predict_rounds' ``check``
+        checks.check_rows_xp("predict_tree_rounds: p", p, xp)       # q rows of leaves are never read: not checked
+        checks.check_tokens_xp("predict_tree_rounds: tokens", tokens[:, 1:], p.shape[-1], xp)  # entry 0: the root
     dev = array_api_compat.device(p)
     V = p.shape[-1]
     tokens = xp.astype(tokens, xp.int64)

@@ -28,12 +28,15 @@ import array_api_compat
 from . import checks
 from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
 from .lantern import LANTERN_LAWS, Lantern, LanternResample, check_neighbors, lantern_neighbors
+from .schedules import (COOL_SD_NORM, COOL_SD_NORMS, Explicit, Exponential, Floored, Linear, Offset, Schedule,  # noqa: F401
+                        Uniform, Vector, cool_sd_schedule)
 
 __all__ = [
     "Acceptance", "Resampling", "Schedule", "Verifier",
     "Vanilla", "Scaled", "Lantern", "Typical", "Greedy",
     "Residual", "Optimal", "Target", "LanternResample", "Argmax",
-    "Uniform", "Exponential", "Linear", "Explicit",
+    "Uniform", "Exponential", "Linear", "Explicit", "Offset", "Floored", "Vector", "Level",
+    "COOL_SD_NORMS", "COOL_SD_NORM", "cool_sd_schedule", "level",
     "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "scaled", "lantern", "lantern_pp",
     "typical", "greedy", "lantern_neighbors", "check_neighbors", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "LANTERN_LAWS",
 ]
@@ -57,105 +60,6 @@ def _as_position(i, p, xp):
 
 
 _ratio_min1 = ratio_min1  # one definition, in theory._xp (shared with theory.lantern)
-
-
-# --------------------------------------------------------------------------- schedules (section 5)
-
-class Schedule(Protocol):
-    def __call__(self, i: int | Array, xp) -> float | Array: ...
-
-
-def _check_positive(name: str, *values: float) -> None:
-    for v in values:
-        try:
-            checks.real(name, v, 0, lo_open=True)
-        except ValueError:
-            raise ValueError(f"{name}: weights must be real numbers, finite and > 0, got {v!r}") from None
-
-
-MAX_POSITION = 64       # schedules must give finite weights w_1 .. w_MAX_POSITION (draft positions in use)
-
-
-@dataclass(frozen=True)
-class Uniform:
-    """UniformRSD: w_i = c for every position (section 5)."""
-    c: float
-
-    def __post_init__(self):
-        _check_positive("Uniform schedule (c)", self.c)
-        object.__setattr__(self, "c", float(self.c))
-
-    def __call__(self, i, xp):
-        return self.c if isinstance(i, int) else self.c * xp.ones_like(i)
-
-
-@dataclass(frozen=True)
-class Exponential:
-    """Cool-SD (section 5): w_i = delta * exp(-nu * i - mu). ``mu=None`` normalises to w_1 = delta (mu = -nu)."""
-    delta: float
-    nu: float = 0.7
-    mu: float | None = None
-
-    def __post_init__(self):
-        _check_positive("Exponential schedule (delta)", self.delta)
-        checks.real("Exponential schedule: nu", self.nu)
-        if self.mu is not None:
-            checks.real("Exponential schedule: mu", self.mu)
-        # the exponent -nu i - offset is linear in i: checking both ends covers every position
-        for i in (1, MAX_POSITION):
-            e = -float(self.nu) * i - self.offset
-            w = self.delta * math.exp(e) if e < 709 else math.inf
-            if not math.isfinite(w):  # underflow to 0 is the right limit (f -> 0); overflow is not
-                raise ValueError(f"Exponential schedule: nu={self.nu}, mu={self.mu} give weight w_{i} = delta "
-                                 f"exp({e:.4g}), which overflows float64 (positions up to {MAX_POSITION} must "
-                                 "have finite weights); use a smaller |nu| or |mu|")
-
-    @property
-    def offset(self) -> float:
-        return -self.nu if self.mu is None else self.mu
-
-    def __call__(self, i, xp):
-        if isinstance(i, int):
-            return self.delta * math.exp(-self.nu * i - self.offset)
-        return self.delta * xp.exp(-self.nu * i - self.offset)
-
-
-@dataclass(frozen=True)
-class Linear:
-    """Linear in the position (section 5): w_1 = first, w_L = last (decaying when first > last)."""
-    first: float
-    last: float
-    L: int
-
-    def __post_init__(self):
-        _check_positive("Linear schedule", self.first, self.last)
-        checks.integer("Linear schedule: L", self.L, lo=1)
-
-    def __call__(self, i, xp):
-        slope = 0.0 if self.L == 1 else (self.last - self.first) / (self.L - 1)
-        return self.first + slope * (i - 1)
-
-
-@dataclass(frozen=True)
-class Explicit:
-    """An explicit weight vector w_1..w_L (section 5)."""
-    weights: tuple[float, ...]
-
-    def __post_init__(self):
-        if len(self.weights) == 0:
-            raise ValueError("Explicit schedule: empty weight vector")
-        _check_positive("Explicit schedule", *self.weights)
-        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
-
-    def __call__(self, i, xp):
-        if isinstance(i, int):
-            if i > len(self.weights):
-                raise ValueError(f"Explicit schedule has {len(self.weights)} weights; position {i} requested")
-            return self.weights[i - 1]
-        w = xp.asarray(self.weights, dtype=i.dtype, device=array_api_compat.device(i))
-        if len(self.weights) < int(xp.max(i)):
-            raise ValueError(f"Explicit schedule has {len(self.weights)} weights; position {int(xp.max(i))} requested")
-        return xp.take(w, xp.astype(i, xp.int64) - 1, axis=0)
 
 
 # --------------------------------------------------------------------------- acceptance rules
@@ -185,6 +89,24 @@ class Scaled:
 # the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
 # -sum p log(p + 1e-5)); it makes H smaller than the exact entropy, hence exp(-H) and the threshold larger
 RELEASE_ENTROPY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Level:
+    """f_i(x) = v(x) + a_i (1 - v(x)), v = min(1, p/q) the vanilla rule and a_i in [0, 1] from a schedule:
+    the chance of keeping a draft vanilla would reject (a = 0: vanilla; a = 1: accept everything).
+    The "level" family of ``theory.optimize`` and ``theory.tune``."""
+    levels: Any
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        a = self.levels(_as_position(i, p, xp), xp)
+        if not isinstance(a, float | int):
+            a = a[..., None]
+        v = _ratio_min1(p, q, xp)
+        return v + a * (1 - v)
+
+
 
 
 @dataclass(frozen=True)
@@ -297,10 +219,22 @@ def scaled(schedule, name: str = "scaled", resample=None) -> Verifier:
     return Verifier(Scaled(schedule), resample or Optimal(), name, {"schedule": schedule})
 
 
-def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None) -> Verifier:
-    """Cool-SD: exponentially decaying w_i = delta exp(-nu i - mu) with G* (T5)."""
-    return Verifier(Scaled(Exponential(delta, nu, mu)), Optimal(), "cool-sd",
-                    {"delta": delta, "nu": nu, "mu": Exponential(delta, nu, mu).offset})
+def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | None = None,
+            L: int | None = None) -> Verifier:
+    """Cool-SD: exponentially decaying weights (``cool_sd_schedule``; default normalisation
+    ``COOL_SD_NORM`` = "offset", w_i = 1 + (delta - 1) exp(-nu (i - 1))) with G* (T5)."""
+    sch = cool_sd_schedule(delta, nu, norm, L, mu)
+    params = {"delta": delta, "nu": nu, "norm": "mu" if mu is not None else (norm or COOL_SD_NORM)}
+    if isinstance(sch, Exponential):
+        params["mu"] = sch.offset
+    if params["norm"] == "mean":
+        params["L"] = L
+    return Verifier(Scaled(sch), Optimal(), "cool-sd", params)
+
+
+def level(levels) -> Verifier:
+    """The "level" rule f_i = v + a_i (1 - v) (a schedule of a_i in [0, 1], e.g. ``Explicit``) with G* (T5)."""
+    return Verifier(Level(levels), Optimal(), "level", {"levels": levels})
 
 
 def uniform_rsd(c: float) -> Verifier:

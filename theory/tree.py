@@ -190,7 +190,9 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
         q_left = xp.where(removed, xp.zeros_like(q_node), q_node)
         q_j = normalize(q_left, q_left, xp)                                       # all zero once exhausted
         c = gather(tokens, kid_safe, xp)
-        f_row = verifier.accept(p_res, q_j, depth + 1)
+        # rounds at a leaf (depth = D) have no candidate (has = False): their f is unused, so the position is
+        # clamped to D (schedules defined on positions 1..D only, e.g. Explicit weights, accept it)
+        f_row = verifier.accept(p_res, q_j, xp.minimum(depth + 1, xp.full_like(depth, tree.depth)))
         valid = has & (gather(q_j, c, xp) > 0)                                    # impossible candidates are skipped
         acc = valid & (gather(u_accept, kid_safe, xp) < gather(f_row, c, xp))
         rej = valid & ~acc

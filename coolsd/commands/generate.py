@@ -20,7 +20,7 @@ def register(sub):
     g.add_argument("--list-models", action="store_true", help="list the registered models and exit")
     g.add_argument("--method", default="vanilla",
                    help="a method of theory.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
-                        "lantern+G*, typical, greedy) or ar (plain autoregressive baseline)")
+                        "lantern+G*, typical, greedy, scaled --weights) or ar (plain autoregressive baseline)")
     g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
     g.add_argument("--tree", default=None,
                    help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
@@ -56,7 +56,9 @@ def register(sub):
                    help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
-    r.add_argument("--record", default=None, help="save the per-round P/Q rows to this .npz (for theory.recorded)")
+    r.add_argument("--record", default=None,
+                   help="save the per-round P/Q rows (and image index) to this .npz (theory.recorded, coolsd tune); "
+                        "with --tree the rounds that drafted the whole tree")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     add_checkpoint_args(g)
@@ -131,8 +133,6 @@ def generate(args) -> dict:
             raise ValueError(f"{', '.join('--' + f.replace('_', '-') for f in other)} do(es) not apply to method "
                              f"{spec.name} (its options: {sorted('--' + f.replace('_', '-') for f in own) or 'none'})")
     tree = parse_tree(args.tree, args.L) if args.tree is not None else None
-    if tree is not None and args.record:
-        raise ValueError("--record stacks chain rounds for theory.recorded; it is not available with --tree")
     if tree is not None and args.method.lower() == "ar":
         raise ValueError("--tree needs a speculative method (not ar)")
     L = tree.depth if tree is not None else args.L
@@ -170,11 +170,23 @@ def generate(args) -> dict:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
         out["speedup"] = b["seconds"] / stats["seconds"]
-    if args.record:
+    if args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.tune.TreeRows)
+        full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
+        if not full:
+            raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")
+        arrs = {"p": np.stack([r.p for _, r in full]), "q": np.stack([r.q for _, r in full]),
+                "tokens": np.stack([r.drafts for _, r in full]), "image": np.array([i for i, _ in full], dtype=np.int64),
+                "accepted": np.array([r.accepted for _, r in full]),
+                "tree_paths": np.array(json.dumps([list(p) for p in tree.paths]))}
+        with atomic_file(args.record) as fh:
+            np.savez_compressed(fh, **arrs)
+        out["record"] = str(args.record)
+    elif args.record:
         recs = [r for g in gens for r in g.rounds]
         p, q, d, nd = engine.records_to_arrays(recs, args.L)
+        image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
         with atomic_file(args.record) as fh:
-            np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd,
+            np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd, image=image,
                                 accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
         out["record"] = str(args.record)
     if args.save:

@@ -37,7 +37,8 @@ print(f"vanilla: E[tau] = {markov.expected_accepted(P, Q, F, init):.4f}, "
 
 # %% [markdown]
 # ## The trade-off: relax more, accept more, drift more
-# Cool-SD uses w_i = delta exp(-nu i - mu) with nu = 0.7 (here normalised so that w_1 = delta);
+# Cool-SD uses w_i = delta exp(-nu i - mu) with nu = 0.7 (here normalised so that w_1 = delta:
+# `norm="first"`, the default before issue 15; docs/theory.md section 5 compares the normalisations);
 # UniformRSD uses w_i = c. Both resample with G* (T5).
 
 # %%
@@ -52,7 +53,7 @@ def sweep(make, params, L):
 
 deltas = np.geomspace(1.0, 12.0, 8 if SMALL else 20)
 curves = {
-    "Cool-SD (exp, nu=0.7)": sweep(lambda d: rules.cool_sd(d), deltas, L),
+    "Cool-SD (exp, nu=0.7)": sweep(lambda d: rules.cool_sd(d, norm="first"), deltas, L),
     "UniformRSD": sweep(lambda c: rules.uniform_rsd(c), deltas, L),
 }
 fig, ax = plt.subplots(figsize=(6.4, 4.2))

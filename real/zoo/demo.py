@@ -61,7 +61,7 @@ class Settings:
     tree_draft: str = "eagle"
     extra_draft: str | None = None     # e.g. "small": one more vanilla chain run with this draft (reported apart)
     tree: str = "eagle25"              # "eagle25" (EAGLE-1's 25 nodes, depth 5) or "small" (SMALL_TREE)
-    deltas: tuple = (3.0, 4.0, 8.0)    # Cool-SD relaxation budgets (w_1 = delta, nu = 0.7); see the report on delta <= 2
+    deltas: tuple = (3.0, 4.0, 8.0)    # Cool-SD relaxation budgets (w_1 = delta, nu = 0.7, rules.COOL_SD_NORM)
     nu: float = 0.7
     tree_deltas: tuple = (4.0, 8.0)    # Cool-SD runs with tree drafting (each also run with chains)
     tree_rules: tuple = ("lantern", "lantern++")  # also run with tree drafting (any of uniform-rsd, lantern,
@@ -386,15 +386,20 @@ def fd_with_se(images: torch.Tensor, n_boot: int, seed: int) -> tuple[float, flo
 
 
 @torch.no_grad()
-def nll_with_se(target, labels: torch.Tensor, tokens: torch.Tensor) -> dict:
-    """Target NLL per token of generated codes (N, 49) given their classes, and its SE over the N images
-    (relaxed rules move the output away from the target's law; vanilla and plain AR sample it exactly)."""
+def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+    """Target NLL per token of each generated image's codes (N, 49) given its class: (N,) float64."""
     import torch.nn.functional as F
 
     from .gpt import train_logits
 
     logits = train_logits(target, labels, tokens)
-    per_image = F.cross_entropy(logits.transpose(1, 2), tokens.to(logits.device), reduction="none").mean(1).cpu().numpy()
+    return F.cross_entropy(logits.transpose(1, 2), tokens.to(logits.device), reduction="none").mean(1).cpu().double().numpy()
+
+
+def nll_with_se(target, labels: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """Target NLL per token of generated codes (N, 49) given their classes, and its SE over the N images
+    (relaxed rules move the output away from the target's law; vanilla and plain AR sample it exactly)."""
+    per_image = per_image_nll(target, labels, tokens)
     return {"nll_per_token": float(per_image.mean()),
             "nll_per_token_se": float(per_image.std(ddof=1) / math.sqrt(len(per_image)))}
 
@@ -601,7 +606,8 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
         "checks": checks,
         "config": {**{k: v for k, v in dataclasses.asdict(s).items()}, "T": T_IMAGE,
                    "tree_paths": [list(p) for p in tree.paths],
-                   "cool_sd_weights": {str(d): [d * math.exp(-s.nu * (i - 1)) for i in range(1, s.L + 1)]
+                   "cool_sd_norm": rules.COOL_SD_NORM,
+                   "cool_sd_weights": {str(d): [float(rules.cool_sd_schedule(d, s.nu)(i, np)) for i in range(1, s.L + 1)]
                                        for d in s.deltas},
                    "torch": torch.__version__, "python": platform.python_version()},
     }

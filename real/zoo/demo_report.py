@@ -130,10 +130,11 @@ def markdown(report: dict) -> str:
         "## Main table",
         "",
         main_table(report),
-        f"Cool-SD weights (w_i = delta exp(-nu (i - 1)), nu = {c['nu']}, normalised so w_1 = delta): {w}. Positions with "
-        "w < 1 are stricter than vanilla, so a small delta can accept *less* than vanilla: "
-        + _small_delta_note(report) + " The deltas run here are chosen so that every Cool-SD run (all have delta > 1) "
-        "accepts more than vanilla (check below).",
+        f"Cool-SD weights (normalisation {c.get('cool_sd_norm', 'first')!r} of theory.rules.cool_sd_schedule, "
+        f"nu = {c['nu']}, w_1 = delta): {w}. "
+        + ("Positions with w < 1 are stricter than vanilla, so a small delta can accept *less* than vanilla: "
+           if c.get("cool_sd_norm", "first") == "first" else "Small deltas: ")
+        + _small_delta_note(report) + " Check below: every Cool-SD run (all have delta > 1) accepts more than vanilla.",
         "",
         "## Are the differences outside the standard errors?",
         "",

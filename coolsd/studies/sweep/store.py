@@ -21,9 +21,10 @@ import json
 import os
 import pathlib
 import subprocess
-import tempfile
 
 import numpy as np
+
+from coolsd.io import atomic_file
 
 __all__ = ["Store", "code_version", "atomic_write_bytes", "atomic_write_text", "IDENTITY_HELP"]
 
@@ -45,21 +46,10 @@ def code_version() -> str:
 
 
 def atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory + os.replace."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write ``data`` to ``path`` through a temporary file in the same directory + os.replace
+    (``coolsd.io.atomic_file``)."""
+    with atomic_file(path) as fh:
+        fh.write(data)
 
 
 def atomic_write_text(path, text: str) -> None:
