@@ -234,3 +234,31 @@ def test_bad_batches_are_refused_before_any_work():
         engine.generate(HFCausalLM(ht), HFCausalLM(hd), [Prompt([1, 2])] * 2, batch_size=2, **kw)
     assert engine.default_batch_size(t, d, 1000) == engine.MAX_BATCH
     assert engine.default_batch_size(t, d, 3) == 3
+
+
+def test_greedy_tree_children_are_the_drafts_top_m_tokens():
+    """At temperature 0 a node's children are the draft's top-m tokens by guided logits (as EAGLE drafts),
+    not the argmax followed by arbitrary zero-probability tokens (the without-replacement draw from a
+    one-hot row, which this test would catch: its 2nd..m-th children are the lowest token ids)."""
+    from real import steps
+
+    t, d = tiny_llamagen_pair(seed=0, draft="small")
+    proc = Processing(temperature=0.0, cfg_scale=3.0)
+    tree = Tree(EAGLE_25)
+    plan = steps.tree_plan(tree, torch.device("cpu"))
+    seq = torch.tensor([[5, 9, 17], [2, 40, 33]])
+    out = torch.zeros(2, 80, dtype=torch.long)
+    out[:, :3] = seq
+    run = steps.Run(t, d, proc, torch.Generator().manual_seed(0), torch.device("cpu"), 64, np.array([3, 3]), out)
+    d.prefill([1, 4], cfg=True)
+    run.d_off = d.cache_len
+    tokens, q, _ = steps.draft_tree(run, plan)
+    ref = d.__class__(d.config).eval()
+    ref.load_state_dict(d.state_dict())
+    for b, c in enumerate([1, 4]):
+        logits = ref.prefill(c, seq[b:b + 1].expand(2, -1), cfg=True).logits[:, -1]
+        guided = proc.combined(logits)
+        kids = tree.children[0][tree.children[0] >= 0]
+        top = torch.topk(guided, len(kids)).indices
+        assert tokens[b, kids].tolist() == top.tolist()
+        assert torch.allclose(q[b, 0, top], torch.full((len(kids),), 1.0 / len(kids)))   # q marks the candidates

@@ -305,7 +305,7 @@ def test_layout_constraints_hold_along_sampled_speculative_runs(family, cham, em
     T = SIDE * SIDE
     hl = len(t.layout.header)
     rejected = 0
-    for seed in range(4):
+    for seed in range(8):                                # enough runs that rollbacks happen (checked below)
         g = engine.speculative_generate(t, d, _prompt(text, seed=seed), num_tokens=T, verifier=rules.vanilla(), L=4,
                                         processing=Processing(temperature=1.5, cfg_scale=2.0), seed=seed)
         rejected += sum(r.accepted < r.drafted for r in g.rounds)
