@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .llamagen import RMSNorm, apply_rope, complex_rope, rope_table_2d
+from .llamagen import RMSNorm, apply_rope, attend, complex_rope, rope_table_2d
 from .kvcache import KVCache, common_len
 from .protocol import ModelOutput
 
@@ -102,7 +102,7 @@ class _Attention(nn.Module):
         if self.nkv != self.nh:
             k = k.repeat_interleave(self.nh // self.nkv, 1)
             v = v.repeat_interleave(self.nh // self.nkv, 1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=cache is None)
+        y = attend(q, k, v, mask, causal=cache is None)
         return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
 
 

@@ -30,7 +30,7 @@ from .kvcache import KVCache, common_len
 from .protocol import Caption, ModelOutput, as_conds
 
 __all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
-           "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple", "complex_rope"]
+           "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple", "complex_rope", "attend"]
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -161,6 +161,22 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           causal: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
+    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. On CPU the three
+    operations written out (the engine's blocks are small: S <= 58 queries over <= a few hundred keys, where
+    this is ~3x faster than torch's fused CPU kernel); elsewhere ``scaled_dot_product_attention``."""
+    if q.device.type != "cpu" or q.dtype != torch.float32:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - q.shape[-2])
+    if mask is not None:
+        a = a.masked_fill(~mask, float("-inf"))
+    return a.softmax(-1) @ v
+
+
 class Attention(nn.Module):
     def __init__(self, c: LlamaGenConfig):
         super().__init__()
@@ -182,7 +198,7 @@ class Attention(nn.Module):
         if self.n_kv != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
             v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = attend(q, k, v, mask)
         return self.wo(y.transpose(1, 2).reshape(B, S, self.dim))
 
 
