@@ -48,7 +48,7 @@ def main(argv=None):
     p.add_argument("--grid", nargs="+", default=["vanilla", "cool-sd:delta=4"])
     a = p.parse_args(argv)
     sweep = ["-m", "coolsd", "sweep", "--model", "mnist", "--grid", *a.grid, "--images", str(a.images),
-             "--unit-images", str(a.unit_images), "--bootstrap", "2", "--no-progress"]
+             "--unit-images", str(a.unit_images), "--no-progress"]
     with tempfile.TemporaryDirectory() as tmp:
         one, n1 = run([sys.executable, *sweep], pathlib.Path(tmp) / "one")
         two, n2 = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *sweep],
