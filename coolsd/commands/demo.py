@@ -10,7 +10,7 @@ def register(sub):
                        description=__doc__)
     d.add_argument("--out", default="coolsd-demo", help="output directory (default ./coolsd-demo)")
     d.add_argument("--quick", action="store_true", help="tiny sample counts (10 digits per method; for tests)")
-    d.add_argument("--images", type=int, default=None, help="digits per method (default 200, quick 10)")
+    d.add_argument("--images", type=int, default=None, help="digits per method (default 500, quick 10)")
     d.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     d.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads while generating (default 1: the models are too small to share a step)")

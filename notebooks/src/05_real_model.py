@@ -8,7 +8,7 @@
 # job (`coolsd demo`, `real.zoo.demo.run_demo`) at a small sample size and shows what it reports:
 # tokens per target call predicted from vanilla's recorded rows (T10/T11) vs measured, the speed-up over
 # plain AR, image quality (Frechet distance in classifier space, class accuracy) and samples per method.
-# The full run is `coolsd demo` (200 digits per method, a few minutes on 2 CPU cores).
+# The full run is `coolsd demo` (500 digits per method, a few minutes on 2 CPU cores).
 
 # %%
 import json

@@ -51,7 +51,7 @@ SMALL_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1
 @dataclass
 class Settings:
     """What the demo runs. ``quick`` only shrinks the sample counts (tests)."""
-    n_images: int = 200                # per method, balanced over the 10 classes (class = i mod 10)
+    n_images: int = 500                # per method, balanced over the 10 classes (class = i mod 10)
     batch_size: int = 50               # digits generated together (real.engine.generate); AR at the same size
     L: int = 4                         # chain draft length
     cfg_scale: float = 2.0

@@ -115,7 +115,8 @@ def markdown(report: dict) -> str:
         f"Target: our LlamaGen (c2i, 12 layers) over the shipped VQ (7x7 = {c['T']} tokens, 512 codes); chain "
         f"drafts: `{c['chain_draft']}` draft, L = {c['L']}; tree drafts: `{c['tree_draft']}` draft, {tree_desc}. "
         f"Sampling: temperature {c['temperature']}, CFG scale {c['cfg_scale']}. {c['n_images']} digits per method "
-        f"(class = i mod 10, seed = {c['seed']} + i, the same for every method and for plain AR), device "
+        f"(class = i mod 10; generated in batches of {c.get('batch_size', 1)}, batch k seeded {c['seed']} + k; the same "
+        f"digits for every method and for plain AR, at the same batch size), device "
         f"{c['device']}, {c['threads']} torch thread(s). Wall clock of the whole job: {report['wall_clock_s']:.0f} s.",
         "",
         "**Accepted length = tokens per target call** (= E[tau] + 1 per round, end-of-image rounds included). "
