@@ -75,19 +75,10 @@ def check_output_dir(option: str, path: str | os.PathLike, produces: tuple[str, 
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator:
     """Open a temporary file next to ``path`` for writing; on success flush, fsync and
     ``os.replace`` it onto ``path``; on any exception (KeyboardInterrupt included) remove it."""
-    path = pathlib.Path(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, mode) as fh:
+        yield fh
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 @contextlib.contextmanager

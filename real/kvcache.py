@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .protocol import check_attn_mask
+
 __all__ = ["KVCache", "row_counts", "common_len"]
 
 
@@ -90,12 +92,7 @@ class KVCache:
             raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
         dev = self.k[0].device
         if attn_mask is not None:
-            if attn_mask.ndim != 2 or attn_mask.shape[0] != S or not S <= attn_mask.shape[1] <= lo + S:
-                raise ValueError(f"attn_mask must be (S, K) with S = {S} new tokens and {S} <= K <= cache_len + S = "
-                                 f"{lo + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
-            attn_mask = attn_mask.to(device=dev, dtype=torch.bool)
-            if not bool(attn_mask[:, -S:].diagonal().all()):
-                raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
+            attn_mask = check_attn_mask(attn_mask, S, lo, dev)
         self._S, self._K = S, K
         self._start = lo if lo == hi else None
         lens = torch.as_tensor(self.lens, device=dev)

@@ -152,6 +152,18 @@ def check_pair(target, draft) -> None:
                          "needs both over the same image tokens (same tokenizer)")
 
 
+def check_attn_mask(attn_mask: torch.Tensor, S: int, cache_len: int, device) -> torch.Tensor:
+    """A block's ``attn_mask`` (S, K) as bool on ``device``, checked: S <= K <= cache_len + S (the last
+    K - S cached entries and the block) and every new token attends to itself."""
+    if attn_mask.ndim != 2 or attn_mask.shape[0] != S or not S <= attn_mask.shape[1] <= cache_len + S:
+        raise ValueError(f"attn_mask must be (S, K) with S = {S} new tokens and {S} <= K <= cache_len + S = "
+                         f"{cache_len + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
+    blk = attn_mask.to(device=device, dtype=torch.bool)
+    if not bool(blk[:, -S:].diagonal().all()):
+        raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
+    return blk
+
+
 def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -> torch.Tensor | None:
     """(S, cache_len + S) bool visibility of S new tokens over the cache and the block, or None when it is
     plain causal with S = 1 (everything visible). ``attn_mask`` (S, S) bool overrides the causal block;
@@ -161,12 +173,7 @@ def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -
             return None
         blk = torch.ones(S, S, dtype=torch.bool, device=device).tril_()
     else:
-        if attn_mask.ndim != 2 or attn_mask.shape[0] != S or not S <= attn_mask.shape[1] <= cache_len + S:
-            raise ValueError(f"attn_mask must be (S, K) with S = {S} new tokens and {S} <= K <= cache_len + S = "
-                             f"{cache_len + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
-        blk = attn_mask.to(device=device, dtype=torch.bool)
-        if not bool(blk[:, -S:].diagonal().all()):
-            raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
+        blk = check_attn_mask(attn_mask, S, cache_len, device)
     past = torch.ones(S, cache_len + S - blk.shape[1], dtype=torch.bool, device=device)
     return torch.cat([past, blk], dim=1)
 
