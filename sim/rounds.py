@@ -206,7 +206,8 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
             raise ImportError("backend='jax' needs JAX: pip install 'coolsd[jax]'") from e
         from . import _jax
 
-        return _jax.simulate(tab, n_rounds, seed)
+        tau, tokens, start, drafts = _jax.simulate(tab, n_rounds, seed)
+        return SimResult(tau, tokens, start, drafts, "jax", seed)
     return _simulate_np(tab, n_rounds, seed)
 
 

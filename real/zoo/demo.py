@@ -41,6 +41,9 @@ from theory import rules
 from theory.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import EAGLE_25, Tree
 
+from . import demo_report
+from .demo_report import find_method
+
 T_IMAGE = 49
 ROWS = 7
 
@@ -505,8 +508,7 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
         torch.set_num_threads(old_threads)
     report["manifest"] = {k: {"sha256": v["sha256"], "command": v.get("command")}
                           for k, v in read_manifest()["files"].items()}
-    from . import demo_report
-
+    report["predicted_sweeps"] = sweep_predictions(report, results, s)
     report["figures"] = demo_report.figures(out, report, results, s)
     report["wall_clock_s"] = time.perf_counter() - t_job
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -622,17 +624,10 @@ def _manifest_floor():
         return None
 
 
-def _find(methods, name, drafting, **params):
-    for m in methods:
-        if m["name"] == name and m["drafting"] == drafting and all(m["params"].get(k) == v for k, v in params.items()):
-            return m
-    return None
-
-
 def _checks(methods) -> dict:
     """The issue's done-when figures, computed from the report itself."""
     out = {}
-    van = _find(methods, "vanilla", "chain")
+    van = find_method(methods, "vanilla", "chain")
     a = van["accepted_length"]
     out["vanilla_chain_prediction_within_5pct"] = {"predicted": a["predicted"], "measured": a["measured"],
                                                     "relative_error": a["relative_error"],
@@ -649,7 +644,7 @@ def _checks(methods) -> dict:
     tv = []
     for m in methods:
         if m["drafting"] == "tree":
-            ch = _find(methods, m["name"], "chain", **m["params"])
+            ch = find_method(methods, m["name"], "chain", **m["params"])
             if ch is not None:
                 tv.append({"name": m["name"], "params": m["params"], "chain": ch["accepted_length"]["measured"],
                            "tree": m["accepted_length"]["measured"],
