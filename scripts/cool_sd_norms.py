@@ -1,4 +1,4 @@
-"""Which normalisation of Cool-SD's schedule reproduces the paper's statements? (issue 15)
+"""Which normalisation of Cool-SD's schedule reproduces the paper's statements?
 
 The paper reports that delta = 1.1 already accepts more than vanilla SD and that speed grows smoothly with
 delta from 1.1 to 4.0. For each normalisation of ``theory.rules.cool_sd_schedule`` ("first", "floor1",

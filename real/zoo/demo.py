@@ -9,7 +9,7 @@ trees (EAGLE-1's 25-node tree) with vanilla (recording), Cool-SD and every other
 (``extra_draft``, ``--extra-draft small``) one vanilla chain run with the independent small draft,
 reported apart.
 
-Predictions use only the recorded vanilla rows (THEORY section 8): per round, T10 (accepted drafts) and
+Predictions use only the recorded vanilla rows (docs/theory.md section 8): per round, T10 (accepted drafts) and
 T11 (TV-bound term) of each rule (``theory.recorded.predict_rounds``; trees:
 ``predict_tree_rounds``); tokens per target call and the draft work per image then follow from a renewal
 recursion over the 49 token positions (``expected_rounds``: short end-of-image rounds draft
@@ -171,7 +171,7 @@ def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_co
 
 
 def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
-    """Renewal recursion over positions n = 0..T-1 (THEORY section 7 with a position-dependent round law):
+    """Renewal recursion over positions n = 0..T-1 (docs/theory.md section 7 with a position-dependent round law):
     a round started at n drafts L' = min(depth, T - n - 1) (0 for the first round when ``first_single``:
     EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
     Pr(tau >= i) = S[row(n), i-1] for i <= L'. Returns expected rounds (= target calls), draft steps
@@ -625,7 +625,8 @@ def _manifest_floor():
 
 
 def _checks(methods) -> dict:
-    """The issue's done-when figures, computed from the report itself."""
+    """The demo's pass/fail checks (report["checks"]), computed from the report itself: the vanilla chain
+    prediction within 5 %, Cool-SD with delta > 1 accepting more than vanilla, trees over chains."""
     out = {}
     van = find_method(methods, "vanilla", "chain")
     a = van["accepted_length"]
