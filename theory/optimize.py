@@ -41,7 +41,6 @@ FLOORED = {"exponential_floor": "exponential"}   # extra study schedule: max(1, 
 COOL_SD_NU = 0.7                 # the paper's decay rate
 EXACT_TV_LIMIT = 10**6           # start states x V^(L+1) sequences above which exact TV is not computed
 W_MIN = 1e-4                     # lower bound on weights during optimisation (w -> 0 means f -> 0)
-TARGET_TOL = 1e-9                # the polished schedule meets the target E[tau] to this accuracy
 
 
 # --------------------------------------------------------------------------- JAX plumbing
