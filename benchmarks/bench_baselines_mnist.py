@@ -1,4 +1,4 @@
-"""Released vs our earlier LANTERN / LANTERN++ on the shipped MNIST models (issue 16).
+"""Released vs our earlier LANTERN / LANTERN++ on the shipped MNIST models.
 
   python benchmarks/bench_baselines_mnist.py --n-images 48 --out docs/results/baselines
 

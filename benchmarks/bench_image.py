@@ -1,4 +1,4 @@
-"""Whole-image recursion timings (issue 3, THEORY.md section 7). Prints times and the ratio against a
+"""Whole-image recursion timings (docs/theory.md section 7). Prints times and the ratio against a
 baseline measured in the same run: the textbook recursion that forms the round kernels K_j (V x V
 matrix products, O(L V^3)) and applies them as matrices at every n.
 

@@ -1,7 +1,7 @@
-"""Simulator throughput (issue 4): rounds per second of each backend against a straightforward per-round
+"""Simulator throughput: rounds per second of each backend against a straightforward per-round
 Python loop measured in the same run, on one core (the process is pinned to one CPU; BLAS/XLA threads 1).
 
-  python benchmarks/bench_sim.py                 # V = 64, L = 8 (the issue's setting)
+  python benchmarks/bench_sim.py                 # V = 64, L = 8 (the default setting)
   python benchmarks/bench_sim.py --V 512 --L 4   # other sizes
 
 The machine may be shared: compare the ratios, and read the absolute numbers together with the load

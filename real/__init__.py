@@ -1,4 +1,4 @@
-"""Speculative decoding for real AR image models (torch; imports ``theory`` and ``sim``).
+"""Speculative decoding for real AR image models (torch; imports ``theory``).
 
   protocol   the model protocol (prefill / forward / rollback / keep) every target and draft follows
   sampling   logits processing shared by draft and target (CFG, temperature, top-k, top-p)

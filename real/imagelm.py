@@ -47,7 +47,7 @@ from .protocol import ModelOutput, Prompt
 __all__ = ["ImageLayout", "ImageTokenLM", "hf_loading_errors", "hf_from_pretrained", "truncated_hf", "embedding_dominated_init",
            "AdapterEagle", "eagle_for", "load_adapter_eagle", "CodeDecoder"]
 
-_KIND_PREFIX, _KIND_CODE, _KIND_ROW_END = 0, 1, 2
+_KIND_CODE, _KIND_ROW_END = 1, 2
 
 
 @dataclass(frozen=True)

@@ -269,7 +269,7 @@ def load_vq(source, cfg: VQConfig | str = "VQ-16", *, device="cpu", dtype=torch.
 @torch.no_grad()
 def codebook_neighbors(codebook: torch.Tensor, K: int, chunk: int = 1024, normalize: bool = False) -> torch.Tensor:
     """(V, K) int64: for each code the K nearest OTHER codes by Euclidean distance, nearest first
-    (the LANTERN neighbour table of THEORY section 6 at full V = 16384 without a dense V x V matrix in
+    (the LANTERN neighbour table of docs/theory.md section 6 at full V = 16384 without a dense V x V matrix in
     memory; ``theory.rules.lantern_neighbors`` is the small-V reference; ties broken by lower index).
     Pass the raw code vectors (``quantize.embedding.weight``), as LANTERN's release does; ``normalize=True``
     l2-normalises them first (our earlier table)."""

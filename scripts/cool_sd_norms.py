@@ -1,10 +1,10 @@
-"""Which normalisation of Cool-SD's schedule reproduces the paper's statements? (issue 15)
+"""Which normalisation of Cool-SD's schedule reproduces the paper's statements?
 
 The paper reports that delta = 1.1 already accepts more than vanilla SD and that speed grows smoothly with
 delta from 1.1 to 4.0. For each normalisation of ``theory.rules.cool_sd_schedule`` ("first", "floor1",
 "mean", "offset") this computes E[tau] at delta in DELTAS (nu = 0.7, L = 4):
 
-* exactly (T2, T8) on the synthetic chains of ``theory.optimize.study_chain`` (peaked / ambiguous rows,
+* exactly (T2, T8) on the synthetic chains of ``coolsd.studies.anneal.study_chain`` (peaked / ambiguous rows,
   equal / mixed row TVs, V in {4, 8, 24}, TV in {0.1 ... 0.7}, two seeds), start law = stationary;
 * predicted from the recorded vanilla rows of the shipped MNIST models (T10, ``theory.tune.predict``).
 
@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from coolsd.studies.anneal import study_chain  # noqa: E402
 from theory import chains, markov, rules, tune  # noqa: E402
-from theory.optimize import study_chain  # noqa: E402
 
 DELTAS = (1.1, 1.5, 2.0, 3.0, 4.0)
 FINE = np.linspace(1.1, 4.0, 59)

@@ -1,4 +1,4 @@
-"""Schedules tuned to the shipped MNIST models vs Cool-SD and UniformRSD (issue 15, item 4).
+"""Schedules tuned to the shipped MNIST models vs Cool-SD and UniformRSD.
 
 1. a vanilla chain run (small draft, L = 4) records the P/Q rows of every round (with the image index);
 2. ``theory.tune`` fits the free-weight schedule minimising the mean predicted TV bound (T11) at three target

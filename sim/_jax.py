@@ -98,9 +98,9 @@ def device_tables(tab):
 
 
 def simulate(tab, n_rounds: int, seed: int | None, chunk: int = CHUNK):
-    """Backend of :func:`sim.rounds.simulate`; ``tab`` is a validated :class:`sim.rounds.ChainTables`."""
-    from .rounds import SimResult
-
+    """Backend of :func:`sim.rounds.simulate`; ``tab`` is a validated :class:`sim.rounds.ChainTables`.
+    Returns the arrays (tau (n,), tokens (n, L+1), start (n,), drafts (n, L)), int64; the caller wraps
+    them in its ``SimResult`` (so this module does not import ``sim.rounds``)."""
     V, L = tab.V, tab.L
     if (L + 1) * V * V >= 2**31:
         raise ValueError(f"JAX backend: (L+1) V^2 = {(L + 1) * V * V} table entries overflow int32 indices")
@@ -112,5 +112,4 @@ def simulate(tab, n_rounds: int, seed: int | None, chunk: int = CHUNK):
     for _ in range(0, n_rounds, n):
         words = bitgen.random_raw((3 * L + 2) * n // 2).view(np.uint32).reshape(3 * L + 2, n)
         outs.append([np.asarray(r) for r in fn(words, *args)])
-    tau, tokens, start, drafts = (np.concatenate(a)[:n_rounds].astype(np.int64) for a in zip(*outs))
-    return SimResult(tau, tokens, start, drafts, "jax", seed)
+    return tuple(np.concatenate(a)[:n_rounds].astype(np.int64) for a in zip(*outs))

@@ -1,4 +1,4 @@
-"""Many independent rounds of relaxed speculative decoding on order-1 chains (THEORY.md sections 1-2).
+"""Many independent rounds of relaxed speculative decoding on order-1 chains (docs/theory.md sections 1-2).
 
 Two entries, one law:
 
@@ -183,7 +183,8 @@ def _simulate_np(tab: ChainTables, n_rounds: int, seed) -> SimResult:
 # --------------------------------------------------------------------------- public entries
 
 def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: str = "numpy") -> SimResult:
-    """Simulate ``n_rounds`` independent rounds from per-position tables (contract of issue 4).
+    """Simulate ``n_rounds`` independent rounds from per-position tables (a contract: external checks call
+    it with this signature).
 
     P, Q (V, V) row-stochastic; F (L, V, V) acceptance probabilities F[i-1, s, x] = f_i(x | s);
     G (L, V, V) resampling laws G[i-1, s] = G_i(. | s) (effective law for rejected-token rules);
@@ -206,7 +207,8 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
             raise ImportError("backend='jax' needs JAX: pip install 'coolsd[jax]'") from e
         from . import _jax
 
-        return _jax.simulate(tab, n_rounds, seed)
+        tau, tokens, start, drafts = _jax.simulate(tab, n_rounds, seed)
+        return SimResult(tau, tokens, start, drafts, "jax", seed)
     return _simulate_np(tab, n_rounds, seed)
 
 

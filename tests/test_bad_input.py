@@ -279,7 +279,7 @@ def test_optimiser_exact_tv_objective_refused_before_allocating():
 
 
 def test_theory_table_V800_runs_within_2GB_and_larger_is_refused_fast(capsys, tmp_path):
-    """The released LANTERN++ law is (V,) @ (V, V) products (issue 16), so the issue's --V 800 --L 2 now
+    """The released LANTERN++ law is (V,) @ (V, V) products, so --V 800 --L 2 now
     runs, and within 2 GB (peak RSS of a child process); a V whose tables would not fit is refused in
     under a second with the memory it would need."""
     import resource

@@ -1,4 +1,4 @@
-"""Baselines as their authors run them (issue 16): LANTERN / LANTERN++ as released in jadohu/LANTERN,
+"""Baselines as their authors run them: LANTERN / LANTERN++ as released in jadohu/LANTERN,
 typical acceptance as in vLLM's sampler, each formula pinned on examples worked by hand below; the released
 variants against our renormalised ones where the release differs; the released static-tree walk written
 out as a plain loop (independent of theory.tree) against ``verify_tree``; neighbour tables (raw vs l2)

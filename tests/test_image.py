@@ -1,4 +1,4 @@
-"""theory.image (THEORY.md section 7): the whole-image recursion against (1) an exact enumeration of the
+"""theory.image (docs/theory.md section 7): the whole-image recursion against (1) an exact enumeration of the
 algorithm for tiny images, (2) a Monte-Carlo simulation written here (vectorised numpy, independent of
 sim/), (3) a closed-form renewal recursion for context-free pairs; the accumulated bound against the exact
 whole-image TV; the speed-up model; and clear errors on bad input."""

@@ -1,10 +1,9 @@
 """theory.optimize: G* confirmed by optimisation over all G (Theorem 2(c)), the JAX twin of the exact TV,
 the E[tau] root finder, the schedule optimiser against analytically known optima and brute-force line
-searches, the annealing study and its CLI. References here are independent: brute force (tests/bruteforce.py),
-closed forms derived in the docstrings, and one-dimensional searches written in this file."""
+searches (the annealing study is tested in test_anneal.py). References here are independent: brute force
+(tests/bruteforce.py), closed forms derived in the docstrings, and one-dimensional searches written in this file."""
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
@@ -386,51 +385,6 @@ def test_table_family_is_at_least_as_good_as_free_weights():
     assert abs(markov.tv_bound(P, Q, table.F, markov.optimal_resampling(P, Q, table.F), mu) - table.tv_bound) < 1e-9
     assert table.tv_bound <= scaled.tv_bound + 1e-12
     assert table.acceptance_rates.shape == (2,)
-
-
-# --------------------------------------------------------------------------- annealing study and CLI
-
-def test_anneal_study_small_sweep():
-    st_ = optimize.anneal_study(tvs=(0.2, 0.6), Vs=(3,), Ls=(2,), seeds=(0,), fractions=(0.5,), progress=False)
-    cases = st_["cases"]
-    assert len(cases) == 2 * 2 * 2
-    for r in cases:
-        assert r["inside_assumption"] == (r["max_row_tv"] <= 0.4 + 1e-12)
-        for name in optimize.STUDY_SCHEDULES:
-            assert r[f"exact_tv_{name}"] <= r[f"bound_{name}"] + 1e-12  # Theorem 2(b)
-        assert r["bound_optimal"] <= min(r[f"bound_{n}"] for n in ("uniform", "exponential", "linear")) + 1e-12
-    s = st_["summary"]["bound"]
-    assert s["inside_tv_le_2/5"]["n"] + s["outside_tv_gt_2/5"]["n"] == s["all"]["n"] == len(cases)
-    # the fraction is what the cases say
-    wins = np.mean([r["bound_exponential"] < r["bound_uniform"] * (1 - 1e-9) for r in cases])
-    assert abs(s["all"]["exponential_beats_uniform"] - wins) < 1e-12
-
-
-def test_study_chain_hits_the_requested_row_tvs():
-    for kind in optimize.ROW_KINDS:
-        P, Q = optimize.study_chain(kind, "equal", 6, 0.55, 0)
-        assert np.allclose(chains.row_tv(P, Q), 0.55, atol=1e-9)
-        P, Q = optimize.study_chain(kind, "mixed", 6, 0.4, 0)
-        rtv = chains.row_tv(P, Q)
-        assert rtv.min() < 0.2 and rtv.max() > 0.6 and abs(rtv.mean() - 0.4) < 0.05
-
-
-def test_cli_anneal_writes_table_json_and_figure(tmp_path):
-    out = tmp_path / "anneal"
-    cmd = [sys.executable, "-m", "coolsd.cli", "theory", "anneal", "--out", str(out), "--tvs", "0.2", "0.6",
-           "--Vs", "3", "--Ls", "2", "--seeds", "1", "--fractions", "0.5", "--points", "3", "--no-optimize",
-           "--quiet"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=ENV)
-    assert r.returncode == 0, r.stderr
-    assert "exact_tv" in r.stdout and "inside" in r.stdout
-    lines = (out / "anneal_cases.csv").read_text().splitlines()
-    assert len(lines) == 1 + 8 and "bound_exponential" in lines[0]
-    summary = json.loads((out / "anneal_summary.json").read_text())
-    assert {"summary", "config", "pareto", "caption"} <= set(summary)
-    assert (out / "anneal_pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = subprocess.run(cmd[:-1] + ["--fractions", "1.5"], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env=ENV)
-    assert bad.returncode == 2 and "fractions" in bad.stderr
 
 
 def test_import_theory_does_not_import_jax():

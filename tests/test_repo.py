@@ -98,3 +98,103 @@ def test_private_import_check_detects_a_violation(tmp_path):
         (tmp_path / p).mkdir()
     found = sorted(w for _, w in _private_cross_imports(tmp_path))
     assert found == ["theory._xp.gather", "theory.markov._check_F", "theory.markov._check_F"]
+
+
+def _module_name(f, root):
+    parts = list(f.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(root=ROOT):
+    """module -> set of our modules it imports, at module level or inside functions (an import inside a
+    function still closes a circle, it only hides it until the call). ``from a import b`` points at the
+    submodule ``a.b`` when there is one, else at ``a``; ``import a.b.c`` at the longest prefix that is one
+    of our modules. Implicit imports of parent packages are not counted (every submodule would otherwise
+    form a circle with its package's ``__init__``)."""
+    files = {}
+    for pkg in OUR_PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            files[_module_name(f, root)] = f
+    mods = set(files)
+
+    def longest(name):
+        parts = name.split(".")
+        for k in range(len(parts), 0, -1):
+            if ".".join(parts[:k]) in mods:
+                return ".".join(parts[:k])
+        return None
+
+    graph = {}
+    for mod, f in files.items():
+        package = mod if f.name == "__init__.py" else mod.rpartition(".")[0]
+        out = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {longest(a.name) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    out.add(sub if sub in mods else longest(target))
+        graph[mod] = out - {None, mod}
+    return graph
+
+
+def _import_circles(root=ROOT):
+    """The strongly connected components of the import graph with more than one module, each sorted
+    (Tarjan's algorithm, iterative)."""
+    graph = _import_graph(root)
+    index, low, stack, on, circles = {}, {}, [], set(), []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start), on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        u = stack.pop()
+                        on.discard(u)
+                        comp.append(u)
+                        if u == v:
+                            break
+                    if len(comp) > 1:
+                        circles.append(sorted(comp))
+            elif w not in index:
+                index[w] = low[w] = len(index)
+                stack.append(w), on.add(w)
+                work.append((w, iter(sorted(graph.get(w, ())))))
+            elif w in on:
+                low[v] = min(low[v], index[w])
+    return sorted(circles)
+
+
+def test_no_import_circles():
+    assert _import_circles() == []
+
+
+def test_import_circle_check_detects_a_circle(tmp_path):
+    # a -> b at module level, b -> c inside a function, c -> a by a relative import: one circle of three;
+    # d imports a but nothing imports d, so it is outside the circle
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "sim" / "__init__.py").write_text("")
+    (tmp_path / "sim" / "a.py").write_text("from sim import b\n")
+    (tmp_path / "sim" / "b.py").write_text("def f():\n    import sim.c\n    return sim.c\n")
+    (tmp_path / "sim" / "c.py").write_text("from .a import thing\n")
+    (tmp_path / "sim" / "d.py").write_text("from . import a\n")
+    for p in ("theory", "real", "coolsd"):
+        (tmp_path / p).mkdir()
+    assert _import_circles(tmp_path) == [["sim.a", "sim.b", "sim.c"]]

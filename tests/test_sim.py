@@ -1,4 +1,4 @@
-"""The round simulator (issue 4): alias tables, mean tau against the exact E[tau], the law of x_{1:L+1}
+"""The round simulator (sim.rounds): alias tables, mean tau against the exact E[tau], the law of x_{1:L+1}
 against an independent brute-force law (tests/bruteforce.py), table path = rule path, the negative
 control, LANTERN on a hand-made codebook, determinism and bad input.
 

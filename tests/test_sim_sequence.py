@@ -1,4 +1,4 @@
-"""Whole-sequence mode (issue 4, THEORY.md section 7): the round convention, the number of rounds against an
+"""Whole-sequence mode (docs/theory.md section 7): the round convention, the number of rounds against an
 exact recursion written here, the law of whole sequences against a brute-force enumeration written
 here, and the per-round T10/T11 estimates along drafted paths against the exact E[tau] and bound."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Image-like sources (issue 4): the grid source's context and rows, the latent codebook's neighbour
+"""Image-like sources (sim.sources): the grid source's context and rows, the latent codebook's neighbour
 structure, and the method comparison (small runs) with its figure and CLI."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""theory.tune (schedules tuned on recorded rounds), Cool-SD's normalisations and the tune CLI (issue 15)."""
+"""theory.tune (schedules tuned on recorded rounds), Cool-SD's normalisations and the tune CLI."""
 from __future__ import annotations
 
 import json

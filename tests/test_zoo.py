@@ -125,15 +125,15 @@ def test_split_is_fixed_stratified_and_disjoint():
 
 
 def test_token_dataset():
-    codes, labels = data.token_dataset()
+    codes, labels = vq.token_dataset()
     assert codes.shape == (4000, 49) and codes.dtype == torch.int64 and labels.shape == (4000,)
     assert torch.equal(labels, data.train_split()[1])
     V = FILES[vq.CHECKPOINT]["config"]["codebook_size"]
     assert int(codes.min()) >= 0 and int(codes.max()) < V
     codes[0, 0] = -5  # callers get a copy, the cache is untouched
-    assert int(data.token_dataset()[0].min()) >= 0
+    assert int(vq.token_dataset()[0].min()) >= 0
     x = data.train_split()[0][:100]
-    assert torch.equal(data.token_dataset()[0][:100], vq.encode(x).reshape(100, 49))
+    assert torch.equal(vq.token_dataset()[0][:100], vq.encode(x).reshape(100, 49))
 
 
 # --- VQ tokenizer --------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Modules: ``rules`` (acceptance/resampling rules, one array-API implementation shared with ``sim`` and
 ``real``), ``verify`` (chain verification), ``tree`` (static draft trees and multi-candidate
 verification), ``methods`` (the method registry: name -> rule, typed parameters), ``markov`` (exact E[tau], TV bound and exact TV on Markov chains), ``chains`` (synthetic
-chain generators), ``optimize`` (G* confirmation, optimal schedules, the annealing study; JAX imported
+chain generators), ``optimize`` (G* confirmation, optimal schedules, equal-E[tau] trade-off curves; JAX imported
 on use), ``image`` (whole-image predictions and the speed-up model), ``recorded`` (T10-T11 from recorded
 rounds), ``schedules`` (weight schedules, Cool-SD's normalisations), ``tune`` (schedules tuned on recorded
 rounds; JAX imported on use). ``theory`` imports nothing else of this project.

@@ -1,4 +1,4 @@
-"""Whole-image predictions for a time-homogeneous order-1 chain (THEORY.md section 7).
+"""Whole-image predictions for a time-homogeneous order-1 chain (docs/theory.md section 7).
 
 An image is T tokens produced by successive rounds. Convention (shared with ``sim`` and ``real``):
 with n tokens generated so far, a round drafts L' = min(L, T - n - 1) tokens with the rule's first L'

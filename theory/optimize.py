@@ -1,4 +1,4 @@
-"""Optimisers over relaxed-SD rules on order-1 Markov chains (THEORY.md sections 2, 5).
+"""Optimisers over relaxed-SD rules on order-1 Markov chains (docs/theory.md sections 2, 5).
 
 * :func:`confirm_optimal_resampling` -- minimise the bound B (T4) or the exact TV (T7) over *all*
   resampling tables G (softmax rows, JAX gradients, several random starts) and compare with the
@@ -9,8 +9,8 @@
   exact TV subject to E[tau] = target (T2, T8), always with G* as the resampler; it also reports the
   named schedules (uniform, Cool-SD exponential nu = 0.7, linear, increasing) tuned to the same E[tau].
 * :func:`tune_weights` -- the scale c with E[tau](c * shape) = target, by a bracketed root finder.
-* :func:`anneal_study` -- the sweep behind ``coolsd theory anneal`` (Proposition 2 at equal E[tau],
-  for B and for the exact TV, inside and outside the paper's assumption TV(P, Q) <= 2/5).
+* :func:`pareto_curves` -- B and exact TV of the named (and optimal) schedules on a grid of E[tau].
+The annealing study built on these (``coolsd theory anneal``) is ``coolsd.studies.anneal``.
 
 JAX is imported inside the functions that need gradients (``import theory`` works without it) and
 every JAX computation runs under ``jax.enable_x64(True)`` so it is float64 without touching the
@@ -32,8 +32,8 @@ from ._xp import namespace
 
 __all__ = [
     "confirm_optimal_resampling", "optimal_schedule", "tune_weights", "named_schedules", "schedule_shape",
-    "scaled_tables", "scaled_tables_xp", "exact_tv_xp", "max_reachable", "anneal_study", "pareto_curves",
-    "ResamplingCheck", "ScheduleResult", "NAMED_SCHEDULES", "EXACT_TV_LIMIT",
+    "scaled_tables", "scaled_tables_xp", "exact_tv_xp", "max_reachable", "pareto_curves",
+    "ResamplingCheck", "ScheduleResult", "NAMED_SCHEDULES", "STUDY_SCHEDULES", "EXACT_TV_LIMIT",
 ]
 
 NAMED_SCHEDULES = ("uniform", "exponential", "linear", "increasing")
@@ -41,7 +41,6 @@ FLOORED = {"exponential_floor": "exponential"}   # extra study schedule: max(1, 
 COOL_SD_NU = 0.7                 # the paper's decay rate
 EXACT_TV_LIMIT = 10**6           # start states x V^(L+1) sequences above which exact TV is not computed
 W_MIN = 1e-4                     # lower bound on weights during optimisation (w -> 0 means f -> 0)
-TARGET_TOL = 1e-9                # the polished schedule meets the target E[tau] to this accuracy
 
 
 # --------------------------------------------------------------------------- JAX plumbing
@@ -733,138 +732,9 @@ def optimal_schedule(P, Q, L: int, init, target_accepted, objective: str = "boun
                           ev["exact_tv"], float(ev[key]), rates, mono, named, best_named, source, F, G, levels)
 
 
-# --------------------------------------------------------------------------- annealing study (Prop. 2)
+# --------------------------------------------------------------------------- equal-E[tau] trade-off curves
 
-ROW_KINDS = ("peaked", "ambiguous")
-TV_MODES = ("equal", "mixed")
-PAPER_TV_ASSUMPTION = 0.4         # Proposition 2 is proved for TV(P, Q) <= 2/5
 STUDY_SCHEDULES = ("exponential", "exponential_floor", "linear", "uniform", "increasing")
-
-
-def study_chain(kind: str, tv_mode: str, V: int, tv: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A chain of the sweep. kind: "peaked" (Dirichlet(0.3) rows) or "ambiguous" (near-uniform rows,
-    spread 0.5). tv_mode: "equal" (TV(P(.|s), Q(.|s)) = tv in every row) or "mixed" (row TVs spread
-    evenly over [tv/4, 7 tv/4] in random order, mean tv; capped at what each row can reach)."""
-    from . import chains
-
-    rng = np.random.default_rng(seed)
-    if kind == "peaked":
-        P = chains.dirichlet_rows(V, 0.3, rng)
-    elif kind == "ambiguous":
-        P = chains.ambiguous_pair(V, spread=0.5, seed=rng)[0]
-    else:
-        raise ValueError(f"kind must be one of {ROW_KINDS}, got {kind!r}")
-    if tv_mode == "equal":
-        return P, chains.with_row_tv(P, min(tv, 0.999 * (1 - P.min(1)).min()), rng)
-    if tv_mode != "mixed":
-        raise ValueError(f"tv_mode must be one of {TV_MODES}, got {tv_mode!r}")
-    levels = tv * (0.25 + 1.5 * rng.permutation(V) / max(V - 1, 1))
-    Q = np.empty_like(P)
-    for s in range(V):  # one row at a time: with_row_tv takes one TV level (V is small here)
-        Q[s] = chains.with_row_tv(P[s:s + 1], min(levels[s], 0.999 * (1 - P[s].min())), rng)[0]
-    return P, Q
-
-
-def _wins(a: float, b: float, rel: float = 1e-9) -> bool:
-    return a < b - rel * max(abs(b), 1e-300)
-
-
-def _fractions(rows: list[dict], key: str) -> dict:
-    """Win fractions of the decaying schedules at equal E[tau] for objective column prefix ``key``."""
-    rows = [r for r in rows if r.get(f"{key}_uniform") is not None]
-    n = len(rows)
-    if n == 0:
-        return {"n": 0}
-    g = lambda s: np.array([r[f"{key}_{s}"] for r in rows])  # noqa: E731
-    e, li, u, inc = g("exponential"), g("linear"), g("uniform"), g("increasing")
-    w = np.vectorize(_wins)
-    out = {
-        "n": n,
-        "exponential_beats_uniform": float(w(e, u).mean()),
-        "exponential_beats_increasing": float(w(e, inc).mean()),
-        "exponential_best_of_exp_uniform_increasing": float((w(e, u) & w(e, inc)).mean()),
-        "linear_beats_uniform": float(w(li, u).mean()),
-        "exponential_floor_beats_uniform": float(w(g("exponential_floor"), u).mean()),
-        "uniform_beats_increasing": float(w(u, inc).mean()),
-        "increasing_best_of_three": float((w(inc, u) & w(inc, e)).mean()),
-        "median_exponential_over_uniform": float(np.median(e / np.where(u > 0, u, np.nan))),
-    }
-    opt = [r[f"{key}_optimal"] for r in rows if r.get(f"{key}_optimal") is not None]
-    if opt:
-        sel = [r for r in rows if r.get(f"{key}_optimal") is not None]
-        mono = [r[f"{key}_optimal_non_increasing"] for r in sel]
-        ex = np.array([r[f"{key}_exponential"] for r in sel])
-        o = np.array(opt)
-        out.update({"n_optimized": len(opt), "optimal_non_increasing": float(np.mean(mono)),
-                    "median_exponential_excess_over_optimal": float(np.median(ex - o)),
-                    "median_uniform_excess_over_optimal": float(np.median(np.array(
-                        [r[f"{key}_uniform"] for r in sel]) - o))})
-    return out
-
-
-def anneal_study(tvs=(0.1, 0.25, 0.4, 0.55, 0.7), Vs=(4, 8, 24), Ls=(2, 4), seeds=(0, 1),
-                 kinds=ROW_KINDS, tv_modes=TV_MODES, fractions=(0.25, 0.5, 0.75), optimize: bool = True,
-                 optimize_max_V: int = 8, max_sequences: int = EXACT_TV_LIMIT, progress: bool = True) -> dict:
-    """Proposition 2 at equal E[tau]: for every chain of the sweep and every target E[tau] (a fraction
-    of the way from vanilla's E[tau] to the largest reachable), B (T4) and exact TV (T7, chains with
-    V^(L+1) x V <= max_sequences) of the named schedules tuned to the target, with G*; with
-    ``optimize``, the B- and exact-TV-optimal free weights (optimal_schedule, family "scaled") at the
-    middle fraction for the first seed and V <= optimize_max_V.
-    Start law: the stationary distribution of P. Returns {"cases": [...], "summary": {...}, "config": {...}}."""
-    from tqdm import tqdm
-
-    from . import chains
-
-    configs = [(k, m, V, L, tv, s) for k in kinds for m in tv_modes for V in Vs for L in Ls for tv in tvs
-               for s in seeds]
-    cases = []
-    for kind, mode, V, L, tv, seed in tqdm(configs, desc="anneal", disable=not progress):
-        P, Q = study_chain(kind, mode, V, tv, seed + 1000 * V + 100 * L)
-        mu = chains.stationary(P)
-        rtv = chains.row_tv(P, Q)
-        e_van = _expected(P, Q, scaled_tables_xp(P, Q, np.ones(L)), mu)
-        e_max = max_reachable(P, Q, L, mu)
-        for frac in fractions:
-            target = e_van + frac * (e_max - e_van)
-            row = {"kind": kind, "tv_mode": mode, "V": V, "L": L, "tv": tv, "seed": seed,
-                   "mean_row_tv": float(mu @ rtv), "max_row_tv": float(rtv.max()),
-                   "inside_assumption": bool(rtv.max() <= PAPER_TV_ASSUMPTION + 1e-12),
-                   "fraction": frac, "target_accepted": target, "vanilla_accepted": e_van}
-            named = named_schedules(P, Q, L, mu, target, STUDY_SCHEDULES, max_sequences)
-            for name, r in named.items():
-                row[f"bound_{name}"] = r["tv_bound"]
-                row[f"exact_tv_{name}"] = r["exact_tv"]
-                row[f"w1_{name}"] = float(r["weights"][0])
-            if (optimize and V <= optimize_max_V and seed == seeds[0]
-                    and frac == fractions[len(fractions) // 2]):
-                for obj in ("bound", "exact_tv"):
-                    if obj == "exact_tv" and row["exact_tv_uniform"] is None:
-                        continue
-                    res = optimal_schedule(P, Q, L, mu, target, obj, n_random=0, max_sequences=max_sequences)
-                    row[f"{obj}_optimal"] = res.objective_value
-                    row[f"{obj}_optimal_non_increasing"] = res.non_increasing
-                    row[f"{obj}_optimal_weights"] = " ".join(f"{w:.4g}" for w in res.weights)
-            cases.append(row)
-
-    summary = {}
-    for key in ("bound", "exact_tv"):
-        summary[key] = {
-            "all": _fractions(cases, key),
-            "inside_tv_le_2/5": _fractions([r for r in cases if r["inside_assumption"]], key),
-            "outside_tv_gt_2/5": _fractions([r for r in cases if not r["inside_assumption"]], key),
-            **{f"{k}/{m}": _fractions([r for r in cases if r["kind"] == k and r["tv_mode"] == m], key)
-               for k in kinds for m in tv_modes},
-            **{f"L={L}": _fractions([r for r in cases if r["L"] == L], key) for L in Ls},
-        }
-    config = {"tvs": list(tvs), "Vs": list(Vs), "Ls": list(Ls), "seeds": list(seeds), "kinds": list(kinds),
-              "tv_modes": list(tv_modes), "fractions": list(fractions), "optimize": optimize,
-              "optimize_max_V": optimize_max_V, "max_sequences": max_sequences, "start": "stationary law of P",
-              "schedules": {"exponential": "w_i = c exp(-0.7 (i-1)) (Cool-SD, nu = 0.7)",
-                            "exponential_floor": "w_i = max(1, c exp(-0.7 (i-1))) (never stricter than vanilla)",
-                            "linear": "w_i = c (L+1-i)/L", "uniform": "w_i = c",
-                            "increasing": "w_i = c exp(+0.7 (i-1))"},
-              "resampler": "G* (T5)", "paper_assumption": "max_s TV(P(.|s), Q(.|s)) <= 2/5"}
-    return {"cases": cases, "summary": summary, "config": config}
 
 
 def pareto_curves(P, Q, L: int, init, n_points: int = 12, lo: float = 0.05, hi: float = 0.95,

@@ -152,6 +152,7 @@ def run_anneal(args):
     import time
 
     from coolsd.io import atomic_dir, check_output_dir
+    from coolsd.studies import anneal
     from theory import chains, optimize
 
     if args.seeds < 1 or args.points < 2 or min(args.Vs) < 2 or min(args.Ls) < 1:
@@ -162,12 +163,12 @@ def run_anneal(args):
         raise ValueError(f"--tvs must lie in [0, 1), got {args.tvs}")
     out = check_output_dir("--out", args.out, ANNEAL_FILES)
     t0 = time.perf_counter()
-    study = optimize.anneal_study(tvs=tuple(args.tvs), Vs=tuple(args.Vs), Ls=tuple(args.Ls),
-                                  seeds=tuple(range(args.seeds)), fractions=tuple(args.fractions),
-                                  optimize=not args.no_optimize, progress=not args.quiet)
+    study = anneal.anneal_study(tvs=tuple(args.tvs), Vs=tuple(args.Vs), Ls=tuple(args.Ls),
+                                seeds=tuple(range(args.seeds)), fractions=tuple(args.fractions),
+                                optimize=not args.no_optimize, progress=not args.quiet)
     curves = []
     for kind, mode, V, L, tv, label in PARETO_CHAINS:
-        P, Q = optimize.study_chain(kind, mode, V, tv, 7)
+        P, Q = anneal.study_chain(kind, mode, V, tv, 7)
         c = optimize.pareto_curves(P, Q, L, chains.stationary(P), n_points=args.points,
                                    optimize=not args.no_optimize)
         c.update({"kind": kind, "tv_mode": mode, "V": V, "L": L, "tv": tv, "label": label,

@@ -1,4 +1,4 @@
-"""`coolsd tune`: an acceptance schedule tuned to a model's recorded rounds (theory.tune; issue 15).
+"""`coolsd tune`: an acceptance schedule tuned to a model's recorded rounds (theory.tune).
 
   coolsd generate --model mnist --method vanilla --num-images 150 --record rows.npz
   coolsd tune --record rows.npz --tokens-per-call 3.2 --out schedule.json

@@ -1,2 +1,3 @@
 """Experiments and studies built on the toolkit (they import ``theory``, ``sim`` and ``real``; nothing
-there imports them): ``sweep`` (``coolsd sweep``: sharded quality/speed frontiers)."""
+there imports them): ``sweep`` (``coolsd sweep``: sharded quality/speed frontiers), ``anneal`` (``coolsd theory
+anneal``: Proposition 2 at equal E[tau] on synthetic chains)."""

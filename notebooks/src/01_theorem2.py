@@ -38,7 +38,7 @@ print(f"vanilla: E[tau] = {markov.expected_accepted(P, Q, F, init):.4f}, "
 # %% [markdown]
 # ## The trade-off: relax more, accept more, drift more
 # Cool-SD uses w_i = delta exp(-nu i - mu) with nu = 0.7 (here normalised so that w_1 = delta:
-# `norm="first"`, the default before issue 15; docs/theory.md section 5 compares the normalisations);
+# `norm="first"`, the earlier default; docs/theory.md section 5 compares the normalisations);
 # UniformRSD uses w_i = c. Both resample with G* (T5).
 
 # %%

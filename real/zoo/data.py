@@ -68,19 +68,3 @@ def heldout_split(seed: int = SPLIT_SEED) -> tuple[torch.Tensor, torch.Tensor]:
     X, y = _raw()
     idx = split_indices(seed)[1]
     return to_unit_range(X[idx]), torch.from_numpy(y[idx])
-
-
-@functools.lru_cache(maxsize=1)
-def _token_dataset() -> tuple[torch.Tensor, torch.Tensor]:
-    from . import vq
-
-    images, labels = train_split()
-    codes = vq.encode(images).reshape(len(images), -1)
-    return codes, labels
-
-
-def token_dataset() -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes (4000, 49) int64 in raster order, labels (4000,) int64) of the train split under the
-    shipped VQ tokenizer. Deterministic; computed once per process and cached (clones returned)."""
-    codes, labels = _token_dataset()
-    return codes.clone(), labels.clone()

@@ -9,7 +9,7 @@ trees (EAGLE-1's 25-node tree) with vanilla (recording), Cool-SD and every other
 (``extra_draft``, ``--extra-draft small``) one vanilla chain run with the independent small draft,
 reported apart.
 
-Predictions use only the recorded vanilla rows (THEORY section 8): per round, T10 (accepted drafts) and
+Predictions use only the recorded vanilla rows (docs/theory.md section 8): per round, T10 (accepted drafts) and
 T11 (TV-bound term) of each rule (``theory.recorded.predict_rounds``; trees:
 ``predict_tree_rounds``); tokens per target call and the draft work per image then follow from a renewal
 recursion over the 49 token positions (``expected_rounds``: short end-of-image rounds draft
@@ -40,6 +40,9 @@ import torch
 from theory import rules
 from theory.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import EAGLE_25, Tree
+
+from . import demo_report
+from .demo_report import find_method
 
 T_IMAGE = 49
 ROWS = 7
@@ -168,7 +171,7 @@ def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_co
 
 
 def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
-    """Renewal recursion over positions n = 0..T-1 (THEORY section 7 with a position-dependent round law):
+    """Renewal recursion over positions n = 0..T-1 (docs/theory.md section 7 with a position-dependent round law):
     a round started at n drafts L' = min(depth, T - n - 1) (0 for the first round when ``first_single``:
     EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
     Pr(tau >= i) = S[row(n), i-1] for i <= L'. Returns expected rounds (= target calls), draft steps
@@ -505,8 +508,7 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
         torch.set_num_threads(old_threads)
     report["manifest"] = {k: {"sha256": v["sha256"], "command": v.get("command")}
                           for k, v in read_manifest()["files"].items()}
-    from . import demo_report
-
+    report["predicted_sweeps"] = sweep_predictions(report, results, s)
     report["figures"] = demo_report.figures(out, report, results, s)
     report["wall_clock_s"] = time.perf_counter() - t_job
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -622,17 +624,11 @@ def _manifest_floor():
         return None
 
 
-def _find(methods, name, drafting, **params):
-    for m in methods:
-        if m["name"] == name and m["drafting"] == drafting and all(m["params"].get(k) == v for k, v in params.items()):
-            return m
-    return None
-
-
 def _checks(methods) -> dict:
-    """The issue's done-when figures, computed from the report itself."""
+    """The demo's pass/fail checks (report["checks"]), computed from the report itself: the vanilla chain
+    prediction within 5 %, Cool-SD with delta > 1 accepting more than vanilla, trees over chains."""
     out = {}
-    van = _find(methods, "vanilla", "chain")
+    van = find_method(methods, "vanilla", "chain")
     a = van["accepted_length"]
     out["vanilla_chain_prediction_within_5pct"] = {"predicted": a["predicted"], "measured": a["measured"],
                                                     "relative_error": a["relative_error"],
@@ -649,7 +645,7 @@ def _checks(methods) -> dict:
     tv = []
     for m in methods:
         if m["drafting"] == "tree":
-            ch = _find(methods, m["name"], "chain", **m["params"])
+            ch = find_method(methods, m["name"], "chain", **m["params"])
             if ch is not None:
                 tv.append({"name": m["name"], "params": m["params"], "chain": ch["accepted_length"]["measured"],
                            "tree": m["accepted_length"]["measured"],

@@ -50,14 +50,20 @@ def main_table(report: dict) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def chain_vs_tree_table(report: dict) -> str:
-    from .demo import _find
+def find_method(methods, name, drafting, **params):
+    """The first entry of ``methods`` (report["methods"]) with this name, drafting and these params, or None."""
+    for m in methods:
+        if m["name"] == name and m["drafting"] == drafting and all(m["params"].get(k) == v for k, v in params.items()):
+            return m
+    return None
 
+
+def chain_vs_tree_table(report: dict) -> str:
     rows = []
     for m in report["methods"]:
         if m["drafting"] != "tree":
             continue
-        c = _find(report["methods"], m["name"], "chain", **m["params"])
+        c = find_method(report["methods"], m["name"], "chain", **m["params"])
         if c is None:
             continue
         ca, ta = c["accepted_length"], m["accepted_length"]
@@ -71,9 +77,7 @@ def chain_vs_tree_table(report: dict) -> str:
 def separation_table(report: dict) -> str:
     """Each method against vanilla chain drafting: differences in units of their combined SE
     (sqrt(se_a^2 + se_b^2)) for tokens per call, the target NLL per token and the Frechet distance."""
-    from .demo import _find
-
-    van = _find(report["methods"], "vanilla", "chain")
+    van = find_method(report["methods"], "vanilla", "chain")
     if van is None:
         return ""
 
@@ -195,8 +199,9 @@ def markdown(report: dict) -> str:
 
 
 def figures(out: pathlib.Path, report: dict, results: dict, settings) -> dict:
-    """Write the PNG figures; returns {figure: file name} (the Pareto sweeps are added to the report)."""
-    report["predicted_sweeps"] = pareto(out / FIGURES["pareto"], report, results, settings)
+    """Write the PNG figures; returns {figure: file name}. The Pareto figure's predicted sweeps are read
+    from report["predicted_sweeps"] (``real.zoo.demo.sweep_predictions``)."""
+    pareto(out / FIGURES["pareto"], report)
     predicted_vs_measured(out / FIGURES["predicted_vs_measured"], report)
     samples(out / FIGURES["samples"], report, results, settings)
     return dict(FIGURES)
@@ -206,11 +211,9 @@ def _family(m):
     return m["name"] + (" [tree]" if m["drafting"] == "tree" else "")
 
 
-def pareto(path, report, results, settings) -> None:
+def pareto(path, report) -> None:
     import matplotlib
     from matplotlib.figure import Figure
-
-    from .demo import sweep_predictions
 
     fig = Figure(figsize=(19, 5.4))
     ax, nx, bx = fig.subplots(1, 3)
@@ -248,8 +251,7 @@ def pareto(path, report, results, settings) -> None:
     nx.set_ylabel("target NLL per token of the generated codes (nats)")
     nx.set_title("measured: distance from the target's law vs accepted length")
     nx.legend(fontsize=7)
-    sweeps = sweep_predictions(report, results, settings)
-    for name, pts in sweeps.items():
+    for name, pts in report["predicted_sweeps"].items():
         xs, ys = zip(*[(p["tokens_per_call"], p["tv_bound"]) for p in pts])
         bx.plot(xs, ys, "-", color=cmap.get(name, "k"), label=f"{name} (sweep: {pts[0]['param']} "
                 f"{pts[0]['value']:g}..{pts[-1]['value']:g})")
@@ -263,7 +265,6 @@ def pareto(path, report, results, settings) -> None:
     fig.suptitle("quality vs accepted length per method (MNIST LlamaGen; lower is better on every y axis)")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=110)
-    return sweeps
 
 
 def predicted_vs_measured(path, report) -> None:

@@ -15,8 +15,6 @@ training scripts and the engine score the same model.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 
@@ -37,10 +35,6 @@ def llamagen_config(dim: int, n_layer: int, n_head: int, multiple_of: int = 32,
     return lg.LlamaGenConfig(dim=dim, n_layer=n_layer, n_head=n_head, multiple_of=multiple_of,
                              num_classes=NUM_CLASSES, class_dropout_prob=class_dropout_prob, model_type="c2i",
                              vocab_size=VOCAB, cls_token_num=1, block_size=TOKENS)
-
-
-def config_dict(c: lg.LlamaGenConfig) -> dict:
-    return dataclasses.asdict(c)
 
 
 def _check_batch(labels: torch.Tensor, codes: torch.Tensor, model) -> tuple[torch.Tensor, torch.Tensor]:

@@ -109,11 +109,6 @@ def reference_stats() -> tuple[np.ndarray, np.ndarray]:
     return gaussian_stats(image_features(heldout_split()[0]))
 
 
-def frechet_to_heldout(images) -> float:
-    """FD between images (N, 1, 28, 28) and the held-out real digits, in classifier space."""
-    return frechet_distance_stats(*gaussian_stats(image_features(images)), *reference_stats())
-
-
 def class_accuracy(images, labels) -> float:
     """Fraction of images (N, 1, 28, 28) the shipped classifier labels as ``labels`` (N,)."""
     import torch

@@ -139,7 +139,7 @@ def train(args) -> tuple[lg.LlamaGen, dict]:
 
 def evaluate(model: lg.LlamaGen, role: str) -> dict:
     ho_codes, ho_labels = heldout_tokens()
-    tr_codes, tr_labels = data.token_dataset()
+    tr_codes, tr_labels = vq.token_dataset()
     fl, fc = fixed_batch()
     null = torch.full_like(ho_labels, NULL_CLASS)
     out = {}

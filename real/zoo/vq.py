@@ -8,6 +8,7 @@ Public API (shipped weights ``checkpoints/vq.safetensors``)::
     decode(codes (N, 7, 7) or (N, 49) int) -> images (N, 1, 28, 28) float32 in [-1, 1]
     codebook_embeddings() -> (V, d) float64 unit rows   (the vectors the tokenizer uses)
     raw_codebook() -> (V, d) float64 stored rows        (LANTERN's release ranks neighbours on these)
+    token_dataset() -> (codes (4000, 49) int64, labels (4000,)) the train split (``data``) tokenized
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from . import data
 
 CHECKPOINT = "vq.safetensors"
 TOKENS = 7  # tokens per side
@@ -165,6 +168,20 @@ def raw_codebook() -> torch.Tensor:
     """(V, d) float64 code vectors as stored (before l2-normalisation): the input of LANTERN's neighbour
     table as released (Euclidean distance between the VQ's raw embedding weights)."""
     return load_vq().codebook.detach().double().clone()
+
+
+@functools.lru_cache(maxsize=1)
+def _token_dataset() -> tuple[torch.Tensor, torch.Tensor]:
+    images, labels = data.train_split()
+    codes = encode(images).reshape(len(images), -1)
+    return codes, labels
+
+
+def token_dataset() -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (4000, 49) int64 in raster order, labels (4000,) int64) of the train split under the
+    shipped VQ tokenizer. Deterministic; computed once per process and cached (clones returned)."""
+    codes, labels = _token_dataset()
+    return codes.clone(), labels.clone()
 
 
 def codebook_usage(codes: torch.Tensor, codebook_size: int) -> dict[str, float]:
