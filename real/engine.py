@@ -192,7 +192,7 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, gen, recor
         first = chain_step(run, L, verifier, record, conds)
     else:
         first = prefill_step(run, conds, record)
-    steps, actives = [first], [np.ones(B, bool)]
+    steps, actives = [first.to_host() if record else first], [np.ones(B, bool)]
     bar.update(int(run.n.sum()))
     while run.active.any():
         act, n0 = run.active, run.n.copy()
@@ -202,7 +202,7 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, gen, recor
             st = tree_step(run, tree, verifier, record)
         else:
             st = chain_step(run, L, verifier, record)
-        steps.append(st)
+        steps.append(st.to_host() if record else st)
         actives.append(act)
         bar.update(int((run.n - n0).sum()))
     sync(dev)
@@ -212,19 +212,15 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, gen, recor
             "batch_size": B, "batch_seconds": seconds}
     if draft is not None:
         info.update({"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
-    recs = _records(steps, actives, tree, record, first_root=draft is not None and tree is not None)
+    recs = _records(steps, actives, tree, record)
     return [Generation(tokens[b], recs[b], seconds / B, len(recs[b]),
                        sum(s.draft_forwards for s, a in zip(steps, actives) if a[b]), dict(info)) for b in range(B)]
 
 
-def _records(steps: list[Step], actives: list[np.ndarray], tree: Tree | None, record: bool,
-             first_root: bool) -> list[list[RoundRecord]]:
+def _records(steps: list[Step], actives: list[np.ndarray], tree: Tree | None, record: bool) -> list[list[RoundRecord]]:
     """Per-image RoundRecords from the batch's steps (a loop over rounds and images, once per batch)."""
     B = actives[0].shape[0]
     nodes_at = None if tree is None else np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")
-    host = [(s.p.float().cpu().numpy() if s.p is not None else None,
-             s.q.float().cpu().numpy() if s.q is not None else None,
-             s.drafts.cpu().numpy() if s.drafts is not None else None) for s in steps] if record else None
     out: list[list[RoundRecord]] = [[] for _ in range(B)]
     for k, (s, act) in enumerate(zip(steps, actives)):
         share = 1.0 / max(1, int(act.sum()))
@@ -239,7 +235,7 @@ def _records(steps: list[Step], actives: list[np.ndarray], tree: Tree | None, re
                 rec = RoundRecord(ell, tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
                                   depth=0 if tree is not None else None, nodes=() if tree is not None else None)
             if record:
-                p, q, d = host[k]
+                p, q, d = s.p, s.q, s.drafts
                 if s.depth is not None:
                     m = int(nodes_at[int(s.depth[b])]) + 1
                     rec.p, rec.q, rec.drafts = p[b, :m], q[b, :m], d[b, :m]

@@ -94,6 +94,14 @@ class Step:
     q: torch.Tensor | None = None        # (B, S, V) chain / (B, N+1, V) tree draft rows
     drafts: torch.Tensor | None = None   # (B, S) chain / (B, N+1) tree node tokens
 
+    def to_host(self) -> "Step":
+        """The recorded rows as numpy on the host (float32), so a recording run holds no rows on the device."""
+        for name in ("p", "q", "drafts"):
+            x = getattr(self, name)
+            if isinstance(x, torch.Tensor):
+                setattr(self, name, (x.float() if x.is_floating_point() else x).cpu().numpy())
+        return self
+
 
 def _check_finite(*rows: torch.Tensor) -> None:
     if not all(bool(torch.isfinite(r).all()) for r in rows):
