@@ -89,7 +89,10 @@ def expected_accepted_xp(P, Q, F, mu):
 
 
 def discrepancy(P, Q, f, g):
-    """D(s) = 1/2 || Q f + (1 - beta) G - P ||_1 per state (T3). f, g: (..., V, V) -> (..., V)."""
+    """D(s) = 1/2 || Q f + (1 - beta) G - P ||_1 per state (T3), beta = sum_x Q f: the one place T3 is
+    computed (bound_terms_xp, theory.recorded, theory.image and sim call it). Array API, no checks
+    (traceable by JAX). P, Q, f, g broadcast to (..., V) rows -> (...,); e.g. (V, V) chain rows or
+    (R, L, V) recorded rows."""
     xp = namespace(P, Q, f, g)
     A = Q * f
     beta = xp.sum(A, axis=-1, keepdims=True)
@@ -102,11 +105,8 @@ def bound_terms_xp(P, Q, F, G, mu):
     out = []
     v = mu
     for i in range(F.shape[0]):  # per position: (V, V) temporaries only, no (L, V, V) ones
-        A = Q * F[i]
-        beta = xp.sum(A, axis=-1, keepdims=True)
-        d = 0.5 * xp.sum(xp.abs(A + (1 - beta) * G[i] - P), axis=-1)
-        out.append(v @ d)
-        v = v @ A
+        out.append(v @ discrepancy(P, Q, F[i], G[i]))
+        v = v @ (Q * F[i])
     return xp.stack(out)
 
 
