@@ -28,7 +28,7 @@ __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
     "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
     "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
-    "tables_bytes",
+    "tables_bytes", "prefix_masses_xp",
 ]
 
 
@@ -194,9 +194,7 @@ def _check_max_sequences(max_sequences):
 
 
 def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES):
-    """For start states s, arrays over length-L prefixes x_{1:L} (flattened, last token last):
-    a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by x_{1:L})
-    - P(x_{1:L}). Then Phat(x_{1:L+1}) - P(x_{1:L+1}) = (d + a) P(x_{L+1} | x_L)  (from T7)."""
+    """prefix_masses_xp (the T7 programme) after refusing problems above max_sequences / max_bytes."""
     L, V = F.shape[0], P.shape[0]
     n_seq = len(states) * V ** (L + 1)
     need = exact_tv_bytes(len(states), V, L)
@@ -206,14 +204,27 @@ def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES
                          f"larger max_sequences (or None) if you have about {checks.fmt_bytes(need)} of memory")
     checks.check_memory(f"exact TV over {n_seq:.3g} sequences", need, max_bytes,
                         "pass a larger max_bytes (or None) if you have the memory")
-    A = Q * F                                   # (L, V, V)
-    R = (1 - A.sum(-1, keepdims=True)) * G      # (L, V, V): reject at i, then draw from G_i
-    a = A[0][states][:, None, :]                # (S, 1, V)
-    d = (R[0] - P)[states][:, None, :]
+    return prefix_masses_xp(P, Q, F, G, states)
+
+
+def prefix_masses_xp(P, Q, F, G, states):
+    """The dynamic programme of T7, array API without checks (traceable by JAX; theory.optimize
+    differentiates it). P, Q (V, V); F, G (L, V, V); states (S,) int start states, a numpy array (static
+    under tracing). Returns (a, d), each (S, V^(L-1), V) over length-L prefixes x_{1:L} (flattened, last
+    token last): a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by
+    x_{1:L}) - P(x_{1:L}). Then Phat(x_{1:L+1}) - P(x_{1:L+1}) = (d + a) P(x_{L+1} | x_L), so the TV given
+    s is 1/2 sum |a + d| (T7). Affine in G."""
+    xp = namespace(P, Q, F, G)
+    L, V = F.shape[0], P.shape[0]
+    A = Q * F                                           # (L, V, V)
+    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G     # (L, V, V): reject at i, then draw from G_i
+    idx = xp.asarray(np.asarray(states, dtype=np.int64))
+    a = xp.take(A[0], idx, axis=0)[:, None, :]          # (S, 1, V)
+    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
     for i in range(1, L):  # loop over positions; each step is one broadcast product over all prefixes
         S, N, _ = a.shape
-        d = (d[..., None] * P + a[..., None] * R[i]).reshape(S, N * V, V)
-        a = (a[..., None] * A[i]).reshape(S, N * V, V)
+        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
+        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
     return a, d
 
 

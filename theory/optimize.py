@@ -108,22 +108,13 @@ def _bound_gstar_xp(P, Q, F, mu, eps=0.0):
 
 
 def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
-    """sum_s weights[s] TV(Phat(.|s), P(.|s)) over all V^(L+1) sequences (T7); array-API twin of
-    markov.exact_tv (same dynamic programme as markov._prefix_masses), traceable by JAX.
+    """sum_s weights[s] TV(Phat(.|s), P(.|s)) over all V^(L+1) sequences (T7): markov.exact_tv without
+    checks, on the same dynamic programme (markov.prefix_masses_xp), traceable by JAX.
 
     states: (S,) int start states (a numpy array: static under tracing); weights: (S,).
     eps > 0 replaces |x| by the smooth sqrt(x^2 + eps^2) - eps (for gradient-based optimisers)."""
     xp = namespace(P, Q, F, G)
-    L, V = F.shape[0], P.shape[0]
-    A = Q * F
-    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G
-    idx = xp.asarray(np.asarray(states, dtype=np.int64))
-    a = xp.take(A[0], idx, axis=0)[:, None, :]
-    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
-    for i in range(1, L):  # loop over positions, one broadcast product over all prefixes each
-        S, N, _ = a.shape
-        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
-        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
+    a, d = markov.prefix_masses_xp(P, Q, F, G, states)
     tvs = 0.5 * xp.sum(_smooth_abs(a + d, eps, xp), axis=(1, 2))
     return xp.sum(weights * tvs)
 
@@ -338,18 +329,9 @@ class ResamplingCheck:
 
 
 def _g_residual_exact_xp(P, Q, F, G, states):
-    """The DP residuals a + d of exact_tv_xp, (S, V^L): TV given s = 1/2 sum |a + d| (T7). Affine in G."""
+    """The DP residuals a + d of markov.prefix_masses_xp, (S, V^L): TV given s = 1/2 sum |a + d| (T7). Affine in G."""
     xp = namespace(P, Q, F, G)
-    L, V = F.shape[0], P.shape[0]
-    A = Q * F
-    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G
-    idx = xp.asarray(np.asarray(states, dtype=np.int64))
-    a = xp.take(A[0], idx, axis=0)[:, None, :]
-    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
-    for i in range(1, L):
-        S, N, _ = a.shape
-        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
-        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
+    a, d = markov.prefix_masses_xp(P, Q, F, G, states)
     return xp.reshape(a + d, (len(states), -1))
 
 
