@@ -19,7 +19,7 @@ import numpy as np
 
 from . import checks
 from . import rules as _rules
-from ._xp import Array, namespace
+from ._xp import Array, namespace, positive_part
 
 ROW_SUM_TOL = checks.ROW_SUM_TOL   # |sum of a float64 row - 1| allowed for P, Q and G rows
 DEFAULT_MAX_SEQUENCES = 10**8
@@ -28,7 +28,7 @@ __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
     "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
     "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
-    "tables_bytes", "prefix_masses_xp",
+    "tables_bytes", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp",
 ]
 
 
@@ -99,15 +99,34 @@ def discrepancy(P, Q, f, g):
     return 0.5 * xp.sum(xp.abs(A + (1 - beta) * g - P), axis=-1)
 
 
-def bound_terms_xp(P, Q, F, G, mu):
-    """Per-position terms of B: mu^T A_1 ... A_{i-1} d_i  (T4, T9)."""
-    xp = namespace(P, Q, F, G, mu)
+def optimal_discrepancy(P, Q, f):
+    """D(s) with the optimal resampler G* (T6): sum_x [Q f - P]_+ (s, x), equal to discrepancy(P, Q, f, G*)
+    in exact arithmetic (Theorem 2(c)) without forming G*. Array API, no checks; (..., V) rows -> (...,)."""
+    xp = namespace(P, Q, f)
+    return xp.sum(positive_part(Q * f - P, xp), axis=-1)
+
+
+def _path_terms_xp(Q, F, mu, d_at):
+    """mu^T A_1 ... A_{i-1} d_i for i = 1..L (T9), A_i = Q * F_i, d_i = d_at(i) (V,); float64 (L,).
+    One (V,) @ (V, V) product per position: (V, V) temporaries only, no (L, V, V) ones."""
+    xp = namespace(Q, F, mu)
     out = []
     v = mu
-    for i in range(F.shape[0]):  # per position: (V, V) temporaries only, no (L, V, V) ones
-        out.append(v @ discrepancy(P, Q, F[i], G[i]))
+    for i in range(F.shape[0]):  # loop over draft positions
+        out.append(v @ d_at(i))
         v = v @ (Q * F[i])
     return xp.stack(out)
+
+
+def bound_terms_xp(P, Q, F, G, mu):
+    """Per-position terms of B: mu^T A_1 ... A_{i-1} d_i, d_i the discrepancy of (F_i, G_i)  (T3, T4, T9)."""
+    return _path_terms_xp(Q, F, mu, lambda i: discrepancy(P, Q, F[i], G[i]))
+
+
+def bound_terms_optimal_xp(P, Q, F, mu):
+    """Per-position terms of B with the optimal resampler G* (T6, T9): d_i = optimal_discrepancy(P, Q, F_i).
+    What the optimisers minimise (no G* formed, so no division by 1 - beta in the gradient)."""
+    return _path_terms_xp(Q, F, mu, lambda i: optimal_discrepancy(P, Q, F[i]))
 
 
 # --------------------------------------------------------------------------- public API (contract)

@@ -92,18 +92,13 @@ def scaled_tables(P, Q, w) -> tuple[np.ndarray, np.ndarray]:
     return F, _rules.Optimal()(P[None], Q[None], F)
 
 
-def _bound_gstar_xp(P, Q, F, mu, eps=0.0):
-    """B with the optimal resampler, sum_i mu^T A_1..A_{i-1} d_i with d_i = sum_x [A_i - P]_+ (T6, T9).
-    eps > 0 smooths the positive part ([x]_+ = (x + |x|) / 2 with the smooth |x|)."""
-    xp = namespace(P, Q, F, mu)
-    v = mu
+def _bound_gstar_xp(P, Q, F, mu):
+    """B with the optimal resampler, sum_i mu^T A_1..A_{i-1} d_i with d_i = sum_x [A_i - P]_+ (T6, T9):
+    the sum of markov.bound_terms_optimal_xp, accumulated left to right (as before the terms were shared,
+    so the optimiser sees bit-equal values; a pairwise sum could differ in the last bit for L >= 8)."""
     total = 0.0
-    for i in range(F.shape[0]):
-        A = Q * F[i]
-        r = A - P
-        d = 0.5 * xp.sum(r + _smooth_abs(r, eps, xp), axis=-1)
-        total = total + v @ d
-        v = v @ A
+    for t in markov.bound_terms_optimal_xp(P, Q, F, mu):   # L terms, summed left to right
+        total = total + t
     return total
 
 
