@@ -73,13 +73,17 @@ def _smooth_abs(x, eps, xp):
 
 # --------------------------------------------------------------------------- traceable cores
 
+def _positions(L: int) -> np.ndarray:
+    """Draft positions 1..L as an (L, 1) column, against rows (1, V, V): a rule called on (P[None], Q[None],
+    _positions(L)) returns its (L, V, V) acceptance tables."""
+    return np.arange(1, L + 1)[:, None]
+
+
 def scaled_tables_xp(P, Q, w):
-    """F_i[s, x] = min(1, w_i P[s, x] / Q[s, x]) (section 5), 1 where Q = 0. w: (L,) -> F (L, V, V)."""
-    xp = namespace(P, Q, w)
-    pos = Q > 0
-    safe = xp.where(pos, Q, xp.ones_like(Q))
-    ratio = w[:, None, None] * P / safe
-    return xp.where(pos, xp.minimum(xp.ones_like(ratio), ratio), xp.ones_like(ratio))
+    """F_i[s, x] = min(1, w_i P[s, x] / Q[s, x]) (section 5), 1 where Q = 0. w: (L,) -> F (L, V, V).
+    Built by the engine's own rule, ``rules.Scaled(rules.Vector(w))`` (traceable in w), so the schedule the
+    optimiser finds is literally the rule the engine runs."""
+    return _rules.Scaled(_rules.Vector(w))(P[None], Q[None], _positions(w.shape[0]))
 
 
 def scaled_tables(P, Q, w) -> tuple[np.ndarray, np.ndarray]:
@@ -523,9 +527,7 @@ def level_tables_xp(P, Q, levels):
     """F (L, V, V) of the "level" family: f_i = v + a_i (1 - v) with v = min(1, P/Q) the vanilla rule,
     a_i in [0, 1] the chance of keeping a draft vanilla would reject (a = 0: vanilla, exact; a = 1:
     every draft accepted). Array API (numpy / JAX: differentiable in ``levels``)."""
-    L = levels.shape[0]
-    pos = np.arange(1, L + 1)[:, None]                      # (L, 1) positions against rows (1, V, V)
-    return _rules.Level(_rules.Vector(levels))(P[None], Q[None], pos)
+    return _rules.Level(_rules.Vector(levels))(P[None], Q[None], _positions(levels.shape[0]))
 
 
 def _theta_tables(theta, P, Q, family):
