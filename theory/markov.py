@@ -19,7 +19,7 @@ import numpy as np
 
 from . import checks
 from . import rules as _rules
-from ._xp import Array, namespace
+from ._xp import Array, namespace, positive_part
 
 ROW_SUM_TOL = checks.ROW_SUM_TOL   # |sum of a float64 row - 1| allowed for P, Q and G rows
 DEFAULT_MAX_SEQUENCES = 10**8
@@ -28,7 +28,7 @@ __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
     "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
     "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
-    "tables_bytes",
+    "tables_bytes", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp",
 ]
 
 
@@ -89,25 +89,44 @@ def expected_accepted_xp(P, Q, F, mu):
 
 
 def discrepancy(P, Q, f, g):
-    """D(s) = 1/2 || Q f + (1 - beta) G - P ||_1 per state (T3). f, g: (..., V, V) -> (..., V)."""
+    """D(s) = 1/2 || Q f + (1 - beta) G - P ||_1 per state (T3), beta = sum_x Q f: the one place T3 is
+    computed (bound_terms_xp, theory.recorded, theory.image and sim call it). Array API, no checks
+    (traceable by JAX). P, Q, f, g broadcast to (..., V) rows -> (...,); e.g. (V, V) chain rows or
+    (R, L, V) recorded rows."""
     xp = namespace(P, Q, f, g)
     A = Q * f
     beta = xp.sum(A, axis=-1, keepdims=True)
     return 0.5 * xp.sum(xp.abs(A + (1 - beta) * g - P), axis=-1)
 
 
-def bound_terms_xp(P, Q, F, G, mu):
-    """Per-position terms of B: mu^T A_1 ... A_{i-1} d_i  (T4, T9)."""
-    xp = namespace(P, Q, F, G, mu)
+def optimal_discrepancy(P, Q, f):
+    """D(s) with the optimal resampler G* (T6): sum_x [Q f - P]_+ (s, x), equal to discrepancy(P, Q, f, G*)
+    in exact arithmetic (Theorem 2(c)) without forming G*. Array API, no checks; (..., V) rows -> (...,)."""
+    xp = namespace(P, Q, f)
+    return xp.sum(positive_part(Q * f - P, xp), axis=-1)
+
+
+def _path_terms_xp(Q, F, mu, d_at):
+    """mu^T A_1 ... A_{i-1} d_i for i = 1..L (T9), A_i = Q * F_i, d_i = d_at(i) (V,); float64 (L,).
+    One (V,) @ (V, V) product per position: (V, V) temporaries only, no (L, V, V) ones."""
+    xp = namespace(Q, F, mu)
     out = []
     v = mu
-    for i in range(F.shape[0]):  # per position: (V, V) temporaries only, no (L, V, V) ones
-        A = Q * F[i]
-        beta = xp.sum(A, axis=-1, keepdims=True)
-        d = 0.5 * xp.sum(xp.abs(A + (1 - beta) * G[i] - P), axis=-1)
-        out.append(v @ d)
-        v = v @ A
+    for i in range(F.shape[0]):  # loop over draft positions
+        out.append(v @ d_at(i))
+        v = v @ (Q * F[i])
     return xp.stack(out)
+
+
+def bound_terms_xp(P, Q, F, G, mu):
+    """Per-position terms of B: mu^T A_1 ... A_{i-1} d_i, d_i the discrepancy of (F_i, G_i)  (T3, T4, T9)."""
+    return _path_terms_xp(Q, F, mu, lambda i: discrepancy(P, Q, F[i], G[i]))
+
+
+def bound_terms_optimal_xp(P, Q, F, mu):
+    """Per-position terms of B with the optimal resampler G* (T6, T9): d_i = optimal_discrepancy(P, Q, F_i).
+    What the optimisers minimise (no G* formed, so no division by 1 - beta in the gradient)."""
+    return _path_terms_xp(Q, F, mu, lambda i: optimal_discrepancy(P, Q, F[i]))
 
 
 # --------------------------------------------------------------------------- public API (contract)
@@ -194,9 +213,7 @@ def _check_max_sequences(max_sequences):
 
 
 def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES):
-    """For start states s, arrays over length-L prefixes x_{1:L} (flattened, last token last):
-    a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by x_{1:L})
-    - P(x_{1:L}). Then Phat(x_{1:L+1}) - P(x_{1:L+1}) = (d + a) P(x_{L+1} | x_L)  (from T7)."""
+    """prefix_masses_xp (the T7 programme) after refusing problems above max_sequences / max_bytes."""
     L, V = F.shape[0], P.shape[0]
     n_seq = len(states) * V ** (L + 1)
     need = exact_tv_bytes(len(states), V, L)
@@ -206,14 +223,27 @@ def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES
                          f"larger max_sequences (or None) if you have about {checks.fmt_bytes(need)} of memory")
     checks.check_memory(f"exact TV over {n_seq:.3g} sequences", need, max_bytes,
                         "pass a larger max_bytes (or None) if you have the memory")
-    A = Q * F                                   # (L, V, V)
-    R = (1 - A.sum(-1, keepdims=True)) * G      # (L, V, V): reject at i, then draw from G_i
-    a = A[0][states][:, None, :]                # (S, 1, V)
-    d = (R[0] - P)[states][:, None, :]
+    return prefix_masses_xp(P, Q, F, G, states)
+
+
+def prefix_masses_xp(P, Q, F, G, states):
+    """The dynamic programme of T7, array API without checks (traceable by JAX; theory.optimize
+    differentiates it). P, Q (V, V); F, G (L, V, V); states (S,) int start states, a numpy array (static
+    under tracing). Returns (a, d), each (S, V^(L-1), V) over length-L prefixes x_{1:L} (flattened, last
+    token last): a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by
+    x_{1:L}) - P(x_{1:L}). Then Phat(x_{1:L+1}) - P(x_{1:L+1}) = (d + a) P(x_{L+1} | x_L), so the TV given
+    s is 1/2 sum |a + d| (T7). Affine in G."""
+    xp = namespace(P, Q, F, G)
+    L, V = F.shape[0], P.shape[0]
+    A = Q * F                                           # (L, V, V)
+    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G     # (L, V, V): reject at i, then draw from G_i
+    idx = xp.asarray(np.asarray(states, dtype=np.int64))
+    a = xp.take(A[0], idx, axis=0)[:, None, :]          # (S, 1, V)
+    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
     for i in range(1, L):  # loop over positions; each step is one broadcast product over all prefixes
         S, N, _ = a.shape
-        d = (d[..., None] * P + a[..., None] * R[i]).reshape(S, N * V, V)
-        a = (a[..., None] * A[i]).reshape(S, N * V, V)
+        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
+        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
     return a, d
 
 

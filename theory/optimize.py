@@ -73,13 +73,17 @@ def _smooth_abs(x, eps, xp):
 
 # --------------------------------------------------------------------------- traceable cores
 
+def _positions(L: int) -> np.ndarray:
+    """Draft positions 1..L as an (L, 1) column, against rows (1, V, V): a rule called on (P[None], Q[None],
+    _positions(L)) returns its (L, V, V) acceptance tables."""
+    return np.arange(1, L + 1)[:, None]
+
+
 def scaled_tables_xp(P, Q, w):
-    """F_i[s, x] = min(1, w_i P[s, x] / Q[s, x]) (section 5), 1 where Q = 0. w: (L,) -> F (L, V, V)."""
-    xp = namespace(P, Q, w)
-    pos = Q > 0
-    safe = xp.where(pos, Q, xp.ones_like(Q))
-    ratio = w[:, None, None] * P / safe
-    return xp.where(pos, xp.minimum(xp.ones_like(ratio), ratio), xp.ones_like(ratio))
+    """F_i[s, x] = min(1, w_i P[s, x] / Q[s, x]) (section 5), 1 where Q = 0. w: (L,) -> F (L, V, V).
+    Built by the engine's own rule, ``rules.Scaled(rules.Vector(w))`` (traceable in w), so the schedule the
+    optimiser finds is literally the rule the engine runs."""
+    return _rules.Scaled(_rules.Vector(w))(P[None], Q[None], _positions(w.shape[0]))
 
 
 def scaled_tables(P, Q, w) -> tuple[np.ndarray, np.ndarray]:
@@ -92,38 +96,24 @@ def scaled_tables(P, Q, w) -> tuple[np.ndarray, np.ndarray]:
     return F, _rules.Optimal()(P[None], Q[None], F)
 
 
-def _bound_gstar_xp(P, Q, F, mu, eps=0.0):
-    """B with the optimal resampler, sum_i mu^T A_1..A_{i-1} d_i with d_i = sum_x [A_i - P]_+ (T6, T9).
-    eps > 0 smooths the positive part ([x]_+ = (x + |x|) / 2 with the smooth |x|)."""
-    xp = namespace(P, Q, F, mu)
-    v = mu
+def _bound_gstar_xp(P, Q, F, mu):
+    """B with the optimal resampler, sum_i mu^T A_1..A_{i-1} d_i with d_i = sum_x [A_i - P]_+ (T6, T9):
+    the sum of markov.bound_terms_optimal_xp, accumulated left to right (as before the terms were shared,
+    so the optimiser sees bit-equal values; a pairwise sum could differ in the last bit for L >= 8)."""
     total = 0.0
-    for i in range(F.shape[0]):
-        A = Q * F[i]
-        r = A - P
-        d = 0.5 * xp.sum(r + _smooth_abs(r, eps, xp), axis=-1)
-        total = total + v @ d
-        v = v @ A
+    for t in markov.bound_terms_optimal_xp(P, Q, F, mu):   # L terms, summed left to right
+        total = total + t
     return total
 
 
 def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
-    """sum_s weights[s] TV(Phat(.|s), P(.|s)) over all V^(L+1) sequences (T7); array-API twin of
-    markov.exact_tv (same dynamic programme as markov._prefix_masses), traceable by JAX.
+    """sum_s weights[s] TV(Phat(.|s), P(.|s)) over all V^(L+1) sequences (T7): markov.exact_tv without
+    checks, on the same dynamic programme (markov.prefix_masses_xp), traceable by JAX.
 
     states: (S,) int start states (a numpy array: static under tracing); weights: (S,).
     eps > 0 replaces |x| by the smooth sqrt(x^2 + eps^2) - eps (for gradient-based optimisers)."""
     xp = namespace(P, Q, F, G)
-    L, V = F.shape[0], P.shape[0]
-    A = Q * F
-    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G
-    idx = xp.asarray(np.asarray(states, dtype=np.int64))
-    a = xp.take(A[0], idx, axis=0)[:, None, :]
-    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
-    for i in range(1, L):  # loop over positions, one broadcast product over all prefixes each
-        S, N, _ = a.shape
-        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
-        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
+    a, d = markov.prefix_masses_xp(P, Q, F, G, states)
     tvs = 0.5 * xp.sum(_smooth_abs(a + d, eps, xp), axis=(1, 2))
     return xp.sum(weights * tvs)
 
@@ -338,18 +328,9 @@ class ResamplingCheck:
 
 
 def _g_residual_exact_xp(P, Q, F, G, states):
-    """The DP residuals a + d of exact_tv_xp, (S, V^L): TV given s = 1/2 sum |a + d| (T7). Affine in G."""
+    """The DP residuals a + d of markov.prefix_masses_xp, (S, V^L): TV given s = 1/2 sum |a + d| (T7). Affine in G."""
     xp = namespace(P, Q, F, G)
-    L, V = F.shape[0], P.shape[0]
-    A = Q * F
-    R = (1 - xp.sum(A, axis=-1, keepdims=True)) * G
-    idx = xp.asarray(np.asarray(states, dtype=np.int64))
-    a = xp.take(A[0], idx, axis=0)[:, None, :]
-    d = xp.take(R[0] - P, idx, axis=0)[:, None, :]
-    for i in range(1, L):
-        S, N, _ = a.shape
-        d = xp.reshape(d[..., None] * P + a[..., None] * R[i], (S, N * V, V))
-        a = xp.reshape(a[..., None] * A[i], (S, N * V, V))
+    a, d = markov.prefix_masses_xp(P, Q, F, G, states)
     return xp.reshape(a + d, (len(states), -1))
 
 
@@ -546,9 +527,7 @@ def level_tables_xp(P, Q, levels):
     """F (L, V, V) of the "level" family: f_i = v + a_i (1 - v) with v = min(1, P/Q) the vanilla rule,
     a_i in [0, 1] the chance of keeping a draft vanilla would reject (a = 0: vanilla, exact; a = 1:
     every draft accepted). Array API (numpy / JAX: differentiable in ``levels``)."""
-    L = levels.shape[0]
-    pos = np.arange(1, L + 1)[:, None]                      # (L, 1) positions against rows (1, V, V)
-    return _rules.Level(_rules.Vector(levels))(P[None], Q[None], pos)
+    return _rules.Level(_rules.Vector(levels))(P[None], Q[None], _positions(levels.shape[0]))
 
 
 def _theta_tables(theta, P, Q, family):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import array_api_compat
 
 from . import checks
+from .markov import discrepancy
 from ._xp import Array, gather, namespace, normalize
 
 
@@ -57,9 +58,7 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     pp = p[:, :L, :]
     f = verifier.accept(pp, q, pos)                                     # (R, L, V)
     G = verifier.resample(pp, q, f)                                     # effective law (R, L, V)
-    A = q * f
-    beta = xp.sum(A, axis=-1, keepdims=True)
-    D = 0.5 * xp.sum(xp.abs(A + (1 - beta) * G - pp), axis=-1)          # (R, L)  T3
+    D = discrepancy(pp, q, f, G)                                        # (R, L)  T3
     f_tok = gather(f, xp.astype(drafts, xp.int64), xp)                  # (R, L)
     if n_drafted is not None:
         live = xp.astype(pos[None, :] <= xp.asarray(n_drafted, device=dev)[:, None], p.dtype)
@@ -126,9 +125,7 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, ch
             f_row = verifier.accept(p_j, q_j, d + 1)
             valid = gather(q_j, c, xp) > 0
             f_c = xp.where(valid, gather(f_row, c, xp), xp.zeros_like(one))
-            A = q_j * f_row
-            beta = xp.sum(A, axis=-1, keepdims=True)
-            D = 0.5 * xp.sum(xp.abs(A + (1 - beta) * verifier.resample(p_j, q_j, f_row) - p_j), axis=-1)
+            D = discrepancy(p_j, q_j, f_row, verifier.resample(p_j, q_j, f_row))   # (R,)  T3
             bound = bound + reach[n] * survive * xp.where(valid, D, xp.zeros_like(D))
             reach[kid] = reach[n] * survive * f_c
             accepted = accepted + reach[kid]
