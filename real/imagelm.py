@@ -31,78 +31,29 @@ last n visible entries with their row-end tokens; ``keep(indices)`` keeps a root
 block (depths 0..k-1) with its row-end tokens. Image logits come from the hidden states through the rows of the
 output head that belong to the codes (or a family's own generation head), never through the model's
 full-vocabulary forward (Chameleon's forward sets every image logit to the dtype minimum).
+
+Modules: the index arithmetic of the image token stream is ``real.image_layout`` (pure, tested without
+a model), the EAGLE drafter pieces ``real.imagelm_eagle``, the loading helpers ``real.imagelm_loading``;
+this module holds the adapter and re-exports the others' public names.
 """
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .hf import HFCausalLM
+from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, entry_mask, kept_entries, visible_cut
+from .imagelm_eagle import AdapterEagle, eagle_for, load_adapter_eagle, tiny_draft
+from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, hf_loading_errors, truncated_hf
 from .protocol import ModelOutput, Prompt
 
+# the layout (pure index arithmetic), the EAGLE pieces and the loading helpers live in real.image_layout,
+# real.imagelm_eagle and real.imagelm_loading; they are re-exported here for the family modules and callers
 __all__ = ["ImageLayout", "ImageTokenLM", "hf_loading_errors", "hf_from_pretrained", "truncated_hf", "embedding_dominated_init",
-           "AdapterEagle", "eagle_for", "load_adapter_eagle", "CodeDecoder"]
-
-_KIND_CODE, _KIND_ROW_END = 1, 2
-
-
-@dataclass(frozen=True)
-class ImageLayout:
-    """Token layout of one generated image in the LM's id space.
-
-    ``height`` x ``width`` codes in raster order; ``row_end`` (LM id or None) follows every row;
-    ``header`` ids close the prompt (boi, size tokens, ...); ``trailer`` ids follow the last row."""
-    height: int
-    width: int
-    row_end: int | None = None
-    header: tuple[int, ...] = ()
-    trailer: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if self.height < 1 or self.width < 1:
-            raise ValueError(f"image grid must be at least 1 x 1, got {self.height} x {self.width}")
-
-    @property
-    def num_tokens(self) -> int:
-        return self.height * self.width
-
-    def sequence(self, code_ids: torch.Tensor) -> torch.Tensor:
-        """Complete id sequence of an image: header, rows (+ row end), trailer. code_ids (H*W,) LM ids."""
-        c = torch.as_tensor(code_ids, dtype=torch.long).reshape(-1).cpu()
-        if c.numel() != self.num_tokens:
-            raise ValueError(f"an image of {self.height} x {self.width} has {self.num_tokens} codes, got {c.numel()}")
-        rows = c.view(self.height, self.width)
-        if self.row_end is not None:
-            rows = torch.cat([rows, torch.full((self.height, 1), self.row_end, dtype=torch.long)], 1)
-        return torch.cat([torch.tensor(self.header, dtype=torch.long), rows.reshape(-1),
-                          torch.tensor(self.trailer, dtype=torch.long)])
-
-    def check(self, seq: torch.Tensor, code_ids: torch.Tensor) -> None:
-        """Raise ValueError naming the first place where ``seq`` (LM ids) breaks the layout: header,
-        a code at every code position (``code_ids`` (V,) the LM ids of the codes), the row end exactly
-        at every row end, the trailer at the end."""
-        s = torch.as_tensor(seq, dtype=torch.long).reshape(-1).cpu()
-        codes = set(torch.as_tensor(code_ids).reshape(-1).tolist())
-        h, t = len(self.header), len(self.trailer)
-        W = self.width + (self.row_end is not None)
-        n = h + self.height * W + t
-        if s.numel() != n:
-            raise ValueError(f"image sequence has {s.numel()} tokens, the layout {self.height}x{self.width} needs {n}")
-        if s[:h].tolist() != list(self.header):
-            raise ValueError(f"header {s[:h].tolist()} != {list(self.header)}")
-        body = s[h:h + self.height * W].view(self.height, W)
-        for r in range(self.height):   # a check over at most a few thousand ids, not a hot path
-            bad = [j for j in range(self.width) if int(body[r, j]) not in codes]
-            if bad:
-                raise ValueError(f"row {r}, column {bad[0]}: id {int(body[r, bad[0]])} is not an image code")
-            if self.row_end is not None and int(body[r, -1]) != self.row_end:
-                raise ValueError(f"row {r} ends with id {int(body[r, -1])}, not the row-end token {self.row_end}")
-        if t and s[-t:].tolist() != list(self.trailer):
-            raise ValueError(f"trailer {s[-t:].tolist()} != {list(self.trailer)}")
+           "AdapterEagle", "eagle_for", "load_adapter_eagle", "tiny_draft", "CodeDecoder"]
 
 
 class ImageTokenLM(HFCausalLM):
@@ -233,22 +184,9 @@ class ImageTokenLM(HFCausalLM):
             raise ValueError(f"the image has {T} codes ({self.layout.height} x {self.layout.width}); "
                              f"a code at index {int(ci.max())} cannot be fed")
         ids = self.code_ids[t]                          # out-of-range codes fail loudly here
-        if self.layout.row_end is None:
-            ends = torch.zeros(S, dtype=torch.bool)
-        else:
-            ends = (ci + 1) % self.layout.width == 0
-        e = ends.long()
-        a = torch.arange(S) + torch.cumsum(e, 0) - e
-        n = S + int(e.sum())
-        kind = torch.full((n,), _KIND_CODE, dtype=torch.int8)
-        owner = torch.empty(n, dtype=torch.long)
-        owner[a] = torch.arange(S)
-        is_nl = torch.zeros(n, dtype=torch.bool)
+        a, ends, kind, owner, is_nl = self.layout.block(ci)
+        n = int(kind.numel())
         if n > S:
-            nl = a[ends] + 1
-            kind[nl] = _KIND_ROW_END
-            owner[nl] = torch.arange(S)[ends]
-            is_nl[nl] = True
             full = torch.full((B, n), self.layout.row_end, dtype=torch.long, device=self.device)
             full[:, a.to(self.device)] = ids
             ids = full
@@ -316,8 +254,7 @@ class ImageTokenLM(HFCausalLM):
         if position_ids is None and attn_mask is None:
             out = super().forward(ids, return_hidden=True)
         else:
-            node_pos = P + ci + (ci // self.layout.width if self.layout.row_end is not None else 0)
-            apos = node_pos[owner] + is_nl.long()               # model-stream positions of the block entries
+            apos = self.layout.stream_positions(ci, owner, is_nl, P)   # model-stream positions of the block entries
             if attn_mask is None:
                 m = torch.ones(S, S, dtype=torch.bool).tril_()
             else:
@@ -325,14 +262,7 @@ class ImageTokenLM(HFCausalLM):
                 if m.ndim != 2 or m.shape[0] != S or not S <= m.shape[1] <= vis + S:
                     raise ValueError(f"attn_mask must be (S, K) with S = {S} and {S} <= K <= cache_len + S = "
                                      f"{vis + S}, got {tuple(m.shape)}")
-            # entry x sees entry y iff owner(y) is visible to owner(x), except that a code does not see
-            # its own row-end token (which comes after it)
-            new = m[:, -S:][owner][:, owner] & (~is_nl[None, :] | is_nl[:, None] | (owner[:, None] != owner[None, :]))
-            R = m.shape[1] - S
-            if R:                     # the last R visible cached entries and the row ends that follow them
-                first = int(torch.nonzero(self._kind != _KIND_ROW_END).reshape(-1)[-R])
-                col = torch.cumsum((self._kind[first:] != _KIND_ROW_END).long(), 0) - 1
-                new = torch.cat([m[:, :R][owner][:, col], new], 1)
+            new = entry_mask(m, owner, is_nl, self._kind)
             out = super().forward(ids, position_ids=apos.to(self.device), attn_mask=new.to(self.device),
                                   return_hidden=True)
         li = (a + ends.long()).to(self.device)
@@ -351,12 +281,11 @@ class ImageTokenLM(HFCausalLM):
             raise ValueError(f"rollback({n}) with {self.cache_len - self._prefix_len} cached image tokens")
         if n == 0:
             return
-        vis = torch.nonzero(self._kind != _KIND_ROW_END).reshape(-1)
-        cut = int(vis[-n])
+        cut = visible_cut(self._kind, n)
         dropped = self._kind[cut:]
         super().rollback(self._len - cut)
-        self._n_code -= int((dropped == _KIND_CODE).sum())
-        self._n_row_end -= int((dropped == _KIND_ROW_END).sum())
+        self._n_code -= int((dropped == KIND_CODE).sum())
+        self._n_row_end -= int((dropped == KIND_ROW_END).sum())
         self._kind = self._kind[:cut]
         self._ids = self._ids[:, :cut]
 
@@ -372,8 +301,7 @@ class ImageTokenLM(HFCausalLM):
             raise ValueError(f"keep indices must lie in [0, {S})")
         if idx.numel() and not torch.equal(ci[idx], int(ci.min()) + torch.arange(idx.numel())):
             raise ValueError("keep() needs a root path of the last block (nodes at depths 0, 1, ..., k-1 in order)")
-        pair = torch.stack([a[idx], a[idx] + 1], 1)
-        sel = pair[torch.stack([torch.ones_like(ends[idx]), ends[idx]], 1)]
+        sel = kept_entries(a, ends, idx)
         n_blk = S + int(ends.sum())
         s = self._len - n_blk
         super().keep(sel.to(self.device))
@@ -382,189 +310,3 @@ class ImageTokenLM(HFCausalLM):
         self._n_code += idx.numel() - S
         self._n_row_end += int(ends[idx].sum()) - int(ends.sum())
         self._blk = None
-
-
-# --------------------------------------------------------------------------- loading helpers
-
-def hf_loading_errors(info: dict, *, allow_missing: tuple[str, ...] = (), what: str = "checkpoint") -> None:
-    """Raise ValueError naming missing / unexpected / mismatched keys from transformers'
-    ``output_loading_info`` (keys containing any of ``allow_missing`` may be missing: parts of a
-    multimodal checkpoint that image generation does not use)."""
-    missing = [k for k in info.get("missing_keys", []) if not any(s in k for s in allow_missing)]
-    unexpected = list(info.get("unexpected_keys", []))
-    bad = [f"{x[0]}: checkpoint {tuple(x[1])} vs model {tuple(x[2])}" if isinstance(x, tuple) and len(x) == 3 else str(x)
-           for x in info.get("mismatched_keys", [])]
-    if missing or unexpected or bad:
-        def fmt(name, items):
-            return f"\n  {name} ({len(items)}): " + ", ".join(map(str, items[:12])) + (" ..." if len(items) > 12 else "") if items else ""
-        raise ValueError(f"{what} does not match the model class:" + fmt("missing keys", missing)
-                         + fmt("unexpected keys", unexpected) + fmt("bad shapes", bad))
-
-
-def hf_from_pretrained(cls, path: str, *, allow_missing: tuple[str, ...] = (), **kw):
-    """``cls.from_pretrained(path, **kw)`` that refuses a checkpoint that does not fit: missing,
-    unexpected or mis-shaped keys raise one ValueError naming them (transformers would re-initialise
-    missing weights with a warning)."""
-    m, info = cls.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True, **kw)
-    hf_loading_errors(info, allow_missing=allow_missing, what=str(path))
-    return m.eval()
-
-
-def truncated_hf(model, n_layers: int, layer_key: str, config_setter):
-    """A layer-skip draft: a copy of transformers ``model`` with only its first ``n_layers`` decoder
-    layers (keys ``{layer_key}.{i}.*``), everything else shared by value (embeddings, norm, heads, VQ).
-    ``config_setter(config, n)`` sets the layer count on a deep copy of the config."""
-    import copy
-
-    cfg = copy.deepcopy(model.config)
-    config_setter(cfg, n_layers)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(model.dtype)      # build where the weights live (no CPU float32 copy of a 7B head)
-    try:
-        with torch.device(model.device):
-            d = type(model)(cfg).eval()
-    finally:
-        torch.set_default_dtype(old)
-    d.generation_config = copy.deepcopy(model.generation_config)
-    pre = layer_key + "."
-    sd = {k: v for k, v in model.state_dict().items()
-          if pre not in k or int(k.split(pre, 1)[1].split(".")[0]) < n_layers}
-    missing, unexpected = d.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"layer-skip copy does not match: missing {missing[:6]}, unexpected {unexpected[:6]}")
-    return d.to(model.device, model.dtype)
-
-
-@torch.no_grad()
-def embedding_dominated_init(model: nn.Module, seed: int, *, embed_std: float = 1.0, head_std: float = 0.2,
-                             std: float = 0.05, embed_keys=("embed_tokens", "generation_embeddings"),
-                             head_keys=("lm_head", "vision_head")) -> nn.Module:
-    """Seeded random weights for tiny test models whose residual stream is dominated by the token
-    embedding (norm weights 1, norm biases 0, embeddings N(0, embed_std), heads N(0, head_std), the rest
-    N(0, std)): a layer-skip draft then agrees with the target often and acceptance rates differ by
-    method, like ``real.registry.hf_llama_pair``. VQ / vision towers keep their default init."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if "vqmodel" in name or "vision_model" in name:
-            continue
-        if "norm" in name:
-            p.fill_(1.0 if name.endswith("weight") else 0.0)
-        elif any(k in name for k in embed_keys):
-            p.copy_(torch.randn(p.shape, generator=g) * embed_std)
-        elif any(k in name for k in head_keys):
-            p.copy_(torch.randn(p.shape, generator=g) * head_std)
-        elif name.endswith("bias"):
-            p.zero_()
-        else:
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return model
-
-
-# --------------------------------------------------------------------------- EAGLE drafter
-
-def _eagle_cls():
-    from .eagle import EagleDrafter
-
-    class AdapterEagle(EagleDrafter):
-        """``real.eagle.EagleDrafter`` drafting through an ``ImageTokenLM``'s image head (code rows of
-        the LM head, or Janus' generation head); ``embed_tokens`` holds the V code input embeddings."""
-
-        def head(self, hidden: torch.Tensor) -> torch.Tensor:
-            return self._head[0](hidden)
-
-    return AdapterEagle
-
-
-def __getattr__(name):  # AdapterEagle is built lazily (real.eagle imports real.llamagen)
-    if name == "AdapterEagle":
-        return _eagle_cls()
-    raise AttributeError(name)
-
-
-def tiny_draft(target: "ImageTokenLM", kind: str, seed: int, *, layerskip, small):
-    """The draft of a ``tiny_*_pair``: ``layerskip`` / ``small`` call the given builders (the target's
-    first layer; an independent random 1-layer model), ``eagle`` a fresh EAGLE-1 head on the target
-    (seed + 1)."""
-    if kind == "layerskip":
-        return layerskip()
-    if kind == "small":
-        return small()
-    if kind == "eagle":
-        return eagle_for(target, seed=seed + 1)
-    raise ValueError(f"unknown draft kind {kind!r}; choose layerskip, small or eagle")
-
-
-def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: float = 0.02):
-    """A fresh EAGLE-1 drafter (``real.eagle`` layout) for an ``ImageTokenLM`` target: hidden size,
-    heads and MLP width of the target's decoder, 2-D RoPE over the H x W grid (square images only),
-    embeddings = the target's code input embeddings, head = the target's image head (frozen). Train it
-    with ``real.eagle.record_features`` + ``train_eagle``."""
-    from .eagle import EagleConfig
-
-    lay = target.layout
-    if lay.height != lay.width:
-        raise ValueError(f"real.eagle's 2-D RoPE needs a square grid, the layout is {lay.height} x {lay.width}")
-    bc = target.backbone.config
-    c = EagleConfig(hidden_size=bc.hidden_size, intermediate_size=bc.intermediate_size,
-                    num_attention_heads=bc.num_attention_heads, vocab_size=target.vocab_size,
-                    block_size=lay.num_tokens, num_key_value_heads=getattr(bc, "num_key_value_heads", None),
-                    num_hidden_layers=num_layers, rope_base=float(_rope_theta(bc)))
-    cls = _eagle_cls()
-    d = cls(c, target.head).to(target.device)
-    return d.init_weights(target.code_embeddings(), seed, std).to(target.dtype).eval()
-
-
-def load_adapter_eagle(directory: str, target: ImageTokenLM):
-    """An EAGLE drafter saved with ``real.eagle.save_lantern_drafter`` (config.json + weights) for an
-    ``ImageTokenLM`` target; key / shape mismatches raise ValueError naming them."""
-    import json
-    import os
-
-    from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-    from .eagle import EagleConfig
-
-    cfg_path = os.path.join(directory, "config.json")
-    if not os.path.exists(cfg_path):
-        raise ValueError(f"{directory}: no config.json")
-    with open(cfg_path) as f:
-        c = EagleConfig.from_lantern_json(json.load(f))
-    if c.vocab_size != target.vocab_size or c.hidden_size != target.hidden_size:
-        raise ValueError(f"{directory}: drafter (V={c.vocab_size}, D={c.hidden_size}) does not fit the target "
-                         f"(V={target.vocab_size}, D={target.hidden_size})")
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        w = os.path.join(directory, name)
-        if os.path.exists(w):
-            break
-    else:
-        raise ValueError(f"{directory}: neither model.safetensors nor pytorch_model.bin found")
-    d = _eagle_cls()(c, target.head)
-    load_checked(d, extract_state_dict(read_checkpoint(w)), ignore=("rotary_emb",), what="EAGLE drafter checkpoint")
-    return d.to(device=target.device, dtype=target.dtype).eval()
-
-
-def _rope_theta(cfg) -> float:
-    rp = getattr(cfg, "rope_parameters", None)
-    if isinstance(rp, dict) and "rope_theta" in rp:
-        return rp["rope_theta"]
-    return getattr(cfg, "rope_theta", 10000.0)
-
-
-# --------------------------------------------------------------------------- decoding
-
-class CodeDecoder:
-    """``decode_code(codes (B, T)) -> images (B, 3, H, W)`` in [-1, 1] for ``coolsd generate --save``,
-    from a function ``fn(codes (B, h, w)) -> (B, 3, H, W)`` and the code ``grid`` (h, w);
-    ``codebook`` (V, d) feeds LANTERN's neighbour tables."""
-
-    def __init__(self, fn, grid: tuple[int, int], codebook: torch.Tensor | None = None):
-        self.fn, self.grid, self.codebook = fn, grid, codebook
-
-    @torch.no_grad()
-    def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
-        c = torch.as_tensor(codes, dtype=torch.long)
-        if c.ndim == 1:
-            c = c[None]
-        h, w = self.grid
-        if c.shape[-1] != h * w:
-            raise ValueError(f"{c.shape[-1]} codes do not fill the {h} x {w} grid")
-        return self.fn(c.view(-1, h, w)).float().clamp(-1, 1)
