@@ -21,7 +21,10 @@ import os
 
 import torch
 
-from .imagelm import ImageLayout, ImageTokenLM, embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .image_layout import ImageLayout
+from .imagelm import ImageTokenLM
+from .imagelm_eagle import tiny_draft
+from .imagelm_loading import embedding_dominated_init, hf_from_pretrained, truncated_hf
 
 __all__ = ["ChameleonImageLM", "lumina_layout", "image_code_ids", "tiny_chameleon", "tiny_chameleon_pair",
            "load_lumina_mgpt", "lumina_prompt", "LUMINA_IDS", "tiny_vqgan", "vqgan_paths", "lumina_7b_config"]
@@ -58,7 +61,8 @@ class ChameleonImageLM(ImageTokenLM):
     """``ChameleonForConditionalGeneration`` over its VQ codes with a Lumina-mGPT-style layout.
 
     cond: ``Prompt`` of prompt ids (the header is appended); with CFG the unconditional row is the
-    header alone unless ``Prompt.uncond_ids`` is given (then uncond_ids + header)."""
+    header alone unless ``Prompt.uncond_ids`` is given (then uncond_ids + header). ``code_ids`` (V,) the
+    LM ids of the codes (default: the model's vocabulary map, ``image_code_ids``)."""
 
     def __init__(self, model, layout: ImageLayout, code_ids: torch.Tensor | None = None):
         ids = image_code_ids(model) if code_ids is None else torch.as_tensor(code_ids, dtype=torch.long)
@@ -66,6 +70,7 @@ class ChameleonImageLM(ImageTokenLM):
         super().__init__(model, model.model, layout, ids, w, uncond="header")
 
     def rebuild_kwargs(self) -> dict:
+        """Keyword arguments that rebuild this adapter around another Chameleon model (``ImageTokenLM.rebuild_kwargs``)."""
         return {"layout": self.layout, "code_ids": self.code_ids.cpu()}
 
 
@@ -121,7 +126,6 @@ def tiny_chameleon_pair(seed: int = 0, draft: str = "layerskip", device="cpu", d
     """(target adapter, draft adapter, text id range) for tests and ``--model chameleon-tiny``: draft
     ``layerskip`` (the target's first layer), ``small`` (independent random 1-layer, hidden 32, same
     vocabulary) or ``eagle`` (a random EAGLE-1 head on the target)."""
-    from .imagelm import tiny_draft
 
     m, lay, text = tiny_chameleon(seed, **kw)
     m = m.to(device, dtype)

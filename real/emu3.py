@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from .imagelm import CodeDecoder, ImageLayout, ImageTokenLM, embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .image_layout import ImageLayout
+from .imagelm import ImageTokenLM
+from .imagelm_eagle import tiny_draft
+from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, truncated_hf
 from .protocol import Prompt
 
 __all__ = ["Emu3ImageLM", "emu3_layout", "tiny_emu3", "tiny_emu3_pair", "load_emu3", "emu3_prompt", "emu3_decoder",
@@ -60,6 +63,7 @@ class Emu3ImageLM(ImageTokenLM):
         super().__init__(model, model.model.text_model, layout, ids, w, uncond="header")
 
     def rebuild_kwargs(self) -> dict:
+        """Keyword arguments that rebuild this adapter around another Emu3 model (``ImageTokenLM.rebuild_kwargs``)."""
         return {"layout": self.layout, "bos_id": self.bos_id, "eos_id": self.layout.trailer[-1]}
 
     def _prompt(self, cond, cfg: bool) -> Prompt:
@@ -136,7 +140,6 @@ def tiny_emu3(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, la
 def tiny_emu3_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=torch.float32, **kw):
     """(target, draft, text id range): draft ``layerskip`` (first layer), ``small`` (independent random
     1-layer, 32-wide LM over the same vocabulary) or ``eagle``."""
-    from .imagelm import tiny_draft
 
     m, lay, text = tiny_emu3(seed, **kw)
     m = m.to(device, dtype)

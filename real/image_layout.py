@@ -42,6 +42,7 @@ class ImageLayout:
 
     @property
     def num_tokens(self) -> int:
+        """Codes per image, height * width."""
         return self.height * self.width
 
     def sequence(self, code_ids: torch.Tensor) -> torch.Tensor:

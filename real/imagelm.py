@@ -112,6 +112,7 @@ class ImageTokenLM(HFCausalLM):
 
     @property
     def hidden_size(self) -> int:
+        """D, the decoder's hidden size."""
         return int(self.backbone.config.hidden_size)
 
     # ------------------------------------------------------------------ prompts and sequences
@@ -145,8 +146,8 @@ class ImageTokenLM(HFCausalLM):
         return self.layout.sequence(self.code_ids.cpu()[c.cpu()])
 
     def stream(self, row: int = 0) -> torch.Tensor:
-        """The ids the model has in its cache for CFG row ``row`` after the prefix (codes and forced
-        row ends), for checking the layout."""
+        """The ids (N,) (CPU; N = codes + forced row ends) the model has in its cache for CFG row ``row``
+        after the prefix, for checking the layout."""
         if self._ids is None:
             raise ValueError("stream() before prefill")
         return self._ids[row, self._prefix_len:].cpu()
@@ -167,6 +168,7 @@ class ImageTokenLM(HFCausalLM):
 
     @property
     def cache_len(self) -> int:
+        """Visible entries per row: prefix + codes (forced row ends not counted)."""
         return self._len - self._n_row_end
 
     def _expand(self, tokens: torch.Tensor, ci: torch.Tensor):

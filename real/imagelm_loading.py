@@ -96,6 +96,7 @@ class CodeDecoder:
 
     @torch.no_grad()
     def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, h*w) or (h*w,) -> float32 images (B, 3, H, W) clamped to [-1, 1]."""
         c = torch.as_tensor(codes, dtype=torch.long)
         if c.ndim == 1:
             c = c[None]

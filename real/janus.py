@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from .imagelm import CodeDecoder, ImageLayout, ImageTokenLM, embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .image_layout import ImageLayout
+from .imagelm import ImageTokenLM
+from .imagelm_eagle import tiny_draft
+from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, truncated_hf
 
 __all__ = ["JanusImageLM", "tiny_janus", "tiny_janus_pair", "load_janus", "janus_prompt", "janus_decoder",
            "JANUS_PRO_IDS"]
@@ -57,9 +60,12 @@ class JanusImageLM(ImageTokenLM):
                          uncond="pad", pad_id=int(pad), keep_ids=keep)
 
     def rebuild_kwargs(self) -> dict:
+        """Keyword arguments that rebuild this adapter around another Janus model (``ImageTokenLM.rebuild_kwargs``)."""
         return dict(self._ids_kw)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings (B, S, D) of model-stream ids (B, S): text ids through the language model's
+        embeddings, code ids (text_vocab + k) through Janus' generation embeddings (aligner)."""
         is_code = ids >= self.text_vocab
         text = self.backbone.get_input_embeddings()(ids.masked_fill(is_code, 0))
         if not bool(is_code.any()):
@@ -68,10 +74,13 @@ class JanusImageLM(ImageTokenLM):
         return torch.where(is_code[..., None], codes.to(text.dtype), text)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits (..., V) over the image codes from last hidden states (..., D) through Janus'
+        generation head."""
         gh = self.model.model.generation_head
         return gh(hidden.to(gh.proj_out.weight.dtype)).float()
 
     def code_embeddings(self) -> torch.Tensor:
+        """(V, D) generation-input embedding of every code (for EAGLE drafters)."""
         V = self.vocab_size
         return self.model.prepare_embeddings_for_image_generation(torch.arange(V, device=self.device)).detach()
 
@@ -119,7 +128,6 @@ def tiny_janus(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, l
 def tiny_janus_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=torch.float32, **kw):
     """(target, draft, text id range): draft ``layerskip`` (first LM layer), ``small`` (independent
     random Janus with a 1-layer, 32-wide LM; same codes and text ids) or ``eagle``."""
-    from .imagelm import tiny_draft
 
     m, text = tiny_janus(seed, **kw)
     m = m.to(device, dtype)

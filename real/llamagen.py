@@ -128,6 +128,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
+        """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times the weight."""
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
@@ -211,6 +212,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(c.ffn_hidden, c.dim, bias=False)
 
     def forward(self, x):
+        """SwiGLU: x (B, S, dim) -> (B, S, dim)."""
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
@@ -223,6 +225,7 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
 
     def forward(self, x, rot, mask, cache=None, i=0):
+        """Pre-norm attention + SwiGLU residual block: x (B, S, dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
         h = x + self.attention(self.attention_norm(x), rot, mask, cache, i)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -240,6 +243,7 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden, cout, bias=False)
 
     def forward(self, x):
+        """x (..., cin) -> (..., cout) through GELU(tanh)."""
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
@@ -309,7 +313,7 @@ class LlamaGen(nn.Module):
         return self.tok_embeddings.weight.dtype
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits (float32) from last hidden states (the EAGLE drafter reuses this head)."""
+        """Logits (..., V) float32 from last hidden states (..., dim) (the EAGLE drafter reuses this head)."""
         return self.output(hidden).float()
 
     # ---------------------------------------------------------------- cache
@@ -330,6 +334,7 @@ class LlamaGen(nn.Module):
         return 2 * c.n_layer * rows * c.kv_heads * n * c.head_dim * self.tok_embeddings.weight.element_size()
 
     def setup_cache(self, rows: int, max_len: int) -> None:
+        """Empty KV cache of ``rows`` rows x ``max_len`` entries (reused when the allocated one fits)."""
         c = self.config
         if self.cache is None or not self.cache.fits(c.n_layer, rows, max_len, self.dtype, self.device):
             self.cache = KVCache(c.n_layer, rows, c.kv_heads, max_len, c.head_dim, dtype=self.dtype, device=self.device)

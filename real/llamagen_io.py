@@ -29,7 +29,8 @@ def left_pad_caption(embedding: torch.Tensor, mask: torch.Tensor) -> Caption:
 
 def t5_captions(prompts: list[str], model: str = "google/flan-t5-xl", *, max_length: int = 120, device="cpu",
                 dtype=torch.float32, encoder=None, tokenizer=None) -> list[Caption]:
-    """Caption conditions from flan-t5 (transformers; needs the weights locally or network).
+    """Caption conditions from flan-t5 (transformers; needs the weights locally or network): one
+    ``Caption`` per prompt, embedding (max_length, C) left-padded (``left_pad_caption``), mask (max_length,).
     Pass ``encoder``/``tokenizer`` objects to reuse loaded ones."""
     try:
         from transformers import AutoTokenizer, T5EncoderModel

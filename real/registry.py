@@ -372,7 +372,8 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
 
 
 def _mm_draft(opts, family: str, target, load_small):
-    from .imagelm import eagle_for, load_adapter_eagle, truncated_hf
+    from .imagelm_eagle import eagle_for, load_adapter_eagle
+    from .imagelm_loading import truncated_hf
 
     kind = _o(opts, "draft", "eagle" if family != "janus" else "small")
     if kind == "eagle":
