@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from theory import rules
+from theory.image import draft_lengths
 from theory.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import Tree
 
@@ -53,6 +54,7 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
     EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
     Pr(tau >= i) = S[row(n), i-1] for i <= L'. Returns expected rounds (= target calls), draft steps
     (sum of L'), single target steps and tokens per target call T / rounds."""
+    lengths = draft_lengths(T, depth)    # L'(n) = min(depth, T - n - 1), as in the exact recursion (section 7)
     pi = np.zeros(T + depth + 2)
     pi[0] = 1.0
     rounds = draft = single = 0.0
@@ -60,7 +62,7 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
         m = pi[n]
         if m == 0.0:
             continue
-        ell = 0 if (n == 0 and first_single) else min(depth, T - n - 1)
+        ell = 0 if (n == 0 and first_single) else int(lengths[n])
         rounds += m
         if ell == 0:
             single += m
