@@ -68,8 +68,6 @@ def run(args):
             kw[name] = v
     if args.tree_rules is not None:
         kw["tree_rules"] = tuple(args.tree_rules)
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     s = dataclasses.replace(s, **kw)
     with atomic_dir(out) as tmp:   # the whole report or the previous one, never a mix
         report = run_demo(tmp, s, progress=not args.no_progress)

@@ -13,6 +13,7 @@ from .run import Result, load_models, run_demo, unit_costs
 from .settings import ROWS, SMALL_TREE, T_IMAGE, Settings, Spec, specs
 
 __all__ = ["ROWS", "SMALL_TREE", "SWEEPS", "T_IMAGE", "Result", "Settings", "Spec", "chain_arrays",
-           "chain_prediction", "expected_rounds", "fd_with_se", "load_models", "manifest_floor", "nll_with_se", "per_image_nll",
+           "chain_prediction", "expected_rounds", "fd_with_se", "load_models", "manifest_floor", "nll_with_se",
+           "per_image_nll",
            "predict_chain", "predicted_speedup", "real_floor", "round_positions", "run_demo", "specs",
            "survival_by_row", "sweep_predictions", "time_verifier", "tree_prediction", "tree_records", "unit_costs"]

@@ -9,15 +9,10 @@ trees (EAGLE-1's 25-node tree) with vanilla (recording), Cool-SD and every other
 (``extra_draft``, ``--extra-draft small``) one vanilla chain run with the independent small draft,
 reported apart.
 
-Predictions use only the recorded vanilla rows (docs/theory.md section 8): per round, T10 (accepted drafts) and
-T11 (TV-bound term) of each rule (``theory.recorded.predict_rounds``; trees:
-``predict_tree_rounds``); tokens per target call and the draft work per image then follow from a renewal
-recursion over the 49 token positions (``expected_rounds``: short end-of-image rounds draft
-L' = min(L, T - n - 1) tokens, the first round of EAGLE / tree runs is the prefill alone, acceptance is
-estimated per image row); the speed-up from costs measured in the vanilla run (``predicted_speedup``).
+Predictions use only the recorded vanilla rows (``coolsd.studies.demo.predict``).
 Measured: tokens per target call (SE over rounds), wall-clock speed-up over plain AR, Frechet distance of
 the decoded digits to the held-out digits in the shipped classifier's space (bootstrap SE), class
-accuracy, the target's NLL per token of the generated codes.
+accuracy, the target's NLL per token of the generated codes (``coolsd.studies.demo.quality``).
 
 Outputs in ``out``: report.json (the contract: ``{"methods": [{"name", "params", "drafting",
 "accepted_length": {"predicted", "measured", "measured_se"}, "speedup": {"predicted", "measured"},
