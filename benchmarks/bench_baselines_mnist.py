@@ -26,9 +26,10 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from coolsd.studies import demo  # noqa: E402
 from real import engine  # noqa: E402
 from real.sampling import Processing  # noqa: E402
-from real.zoo import demo, gpt, vq  # noqa: E402
+from real.zoo import gpt, vq  # noqa: E402
 from theory import rules  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     s = demo.Settings(n_images=args.n_images)
-    target, drafts = demo._models(s)
+    target, drafts = demo.load_models(s)
     draft = drafts["eagle"]
     nb_raw = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1)
     nb_l2 = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1, normalize=True)

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from real import engine  # noqa: E402
 from real.sampling import Processing, sample  # noqa: E402
 from real.zoo import gpt, vq  # noqa: E402
-from real.zoo.demo import SMALL_TREE  # noqa: E402
+from coolsd.studies.demo.settings import SMALL_TREE  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import Tree  # noqa: E402
 from theory.verify import verify_chain  # noqa: E402

@@ -8,7 +8,7 @@
    predicted speed from the same rows;
 4. every rule is run on the same digits (class i mod 10, seed i) and measured: tokens per target call,
    target NLL per token (paired differences over the same digits), Frechet distance (paired bootstrap of
-   the difference), class accuracy; predictions: T10/T11 and the renewal recursion of ``real.zoo.demo``;
+   the difference), class accuracy; predictions: T10/T11 and the renewal recursion of ``coolsd.studies.demo``;
 5. the predicted frontier (bound vs tokens per call) of every family, on a seeded subsample of rounds.
 
   python scripts/tuned_study.py --out docs/results/tuned --n-images 120
@@ -42,8 +42,8 @@ T = 49
 
 
 def rows_of(gens) -> tuple[tune.Rows, tuple]:
-    """theory.tune rows (with image index) and real.zoo.demo chain arrays of the recorded vanilla run."""
-    from real.zoo.demo import chain_arrays
+    """theory.tune rows (with image index) and coolsd.studies.demo chain arrays of the recorded vanilla run."""
+    from coolsd.studies.demo import chain_arrays
 
     arrays = chain_arrays(gens, L)
     image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0])
@@ -110,9 +110,10 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    from coolsd.studies import demo
     from real import engine
     from real.sampling import Processing
-    from real.zoo import demo, gpt, vq
+    from real.zoo import gpt, vq
     from real.zoo.metrics import class_accuracy, image_features
 
     target, draft = gpt.load_target(), gpt.load_draft()
@@ -262,7 +263,7 @@ def markdown(rep: dict) -> str:
              f"Shipped MNIST target with the small draft, L = {rep['L']}, temperature 1, CFG 2; {rep['n_images']} digits per "
              f"rule (class i mod 10, seed i, the same digits for every rule). Predictions come only from the vanilla run's "
              f"{rep['rounds_recorded']} recorded rounds: *per drafted round* = 1 + mean T10 (the quantity the tuner "
-             f"targets), *renewal* = tokens per target call with the end-of-image rounds (real.zoo.demo.chain_prediction), "
+             f"targets), *renewal* = tokens per target call with the end-of-image rounds (coolsd.studies.demo.chain_prediction), "
              f"bound = mean T11 per round. Tuned = free weights minimising the predicted bound at the target (theory.tune, "
              f"G*); Cool-SD (norm {rules.COOL_SD_NORM}, nu = 0.7) and UniformRSD have their delta / c solved for the same "
              f"predicted speed. Quality: target NLL per token (SE over digits), Frechet distance to held-out digits "

@@ -1,5 +1,5 @@
 """The shipped MNIST LlamaGen target, small draft and EAGLE drafter (real.zoo.gpt), the `mnist` registry
-entry, and the main job's pieces (real.zoo.demo): recorded hashes and NLLs reproduce, the training forward
+entry, and the main job's pieces (coolsd.studies.demo): recorded hashes and NLLs reproduce, the training forward
 is the engine's forward, the renewal recursion matches an independent one, and a quick `coolsd demo` run
 writes a report that follows the contract."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("mlxtend")
 
 from real.zoo import checkpoint, gpt  # noqa: E402
-from real.zoo import demo as zdemo  # noqa: E402
+from coolsd.studies import demo as zdemo  # noqa: E402
 
 FILES = checkpoint.read_manifest()["files"]
 MODELS = (gpt.TARGET, gpt.DRAFT, gpt.EAGLE)

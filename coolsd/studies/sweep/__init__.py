@@ -4,7 +4,7 @@ sharded over processes / GPUs with torch.distributed, stored so that a rerun res
 Modules: ``grid`` (settings from ``--grid`` items / TOML, checked against ``theory.methods``), ``store``
 (results directory, manifest, atomic unit files), ``run`` (units, seeds, ranks; the one engine call),
 ``metrics`` (uncertainties, precision/recall, paired frontier comparison), ``analysis`` (merge,
-predictions from the vanilla rows via ``real.zoo.demo``, the paper's claims), ``report`` (report.md,
+predictions from the vanilla rows via ``coolsd.studies.demo``, the paper's claims), ``report`` (report.md,
 PNGs). ``sweep`` below runs the whole thing on one rank or under torchrun.
 """
 from __future__ import annotations

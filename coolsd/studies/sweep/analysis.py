@@ -1,7 +1,7 @@
 """Merge of a sweep (rank 0): the stored units -> one entry per setting with measured and predicted
 figures and their uncertainty, and the paper's claims tested on the data.
 
-Predictions reuse the demo's code (``real.zoo.demo``: T10/T11 per recorded vanilla round, the renewal
+Predictions reuse the demo's code (``coolsd.studies.demo``: T10/T11 per recorded vanilla round, the renewal
 recursion over the image's positions, the speed-up model), called on the vanilla rows the sweep stored.
 Quality (MNIST only: the shipped VQ decoder and classifier): Frechet distance to the held-out digits
 with a jackknife interval, class accuracy, target NLL per token, k-NN precision/recall in the
@@ -62,7 +62,7 @@ def load(store: Store, cfg: SweepConfig, unit: Unit) -> dict:
 
 
 def _stats(d: dict) -> dict:
-    """``real.engine.summarize``-like totals of a merged setting (for ``real.zoo.demo.unit_costs``)."""
+    """``real.engine.summarize``-like totals of a merged setting (for ``coolsd.studies.demo.unit_costs``)."""
     return {"rounds": int(d["image_rounds"].sum()), "seconds": float(d["image_seconds"].sum()),
             "tokens": int(d["tokens"].size), "draft_forwards": int(d["image_draft_forwards"].sum()),
             "time_draft_s": float(d["round_t_draft"].sum()), "time_target_s": float(d["round_t_target"].sum()),
@@ -84,7 +84,7 @@ def _vanilla_source(ctx: Context, van: dict):
 
 def _quality(ctx: Context, d: dict, ref, real_feats) -> dict:
     from real.zoo import vq
-    from real.zoo.demo import nll_with_se
+    from coolsd.studies.demo.quality import nll_with_se
     from real.zoo.metrics import class_accuracy, image_features
 
     tokens = torch.as_tensor(d["tokens"])
@@ -104,7 +104,7 @@ def _quality(ctx: Context, d: dict, ref, real_feats) -> dict:
 
 def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     """The report dict: {"methods": [...], "baseline": {...}, "claims": [...], "config": ...}."""
-    from real.zoo import demo
+    from coolsd.studies import demo
 
     ar = load(store, cfg, Unit(None, 0))
     ar_stats = _stats(ar)
@@ -166,7 +166,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             "predictions": {"available": predictable, "first_round_prefill_only": first_single,
                             "from": f"vanilla {'tree' if ctx.tree is not None else 'chain'} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
-                                    "images (real.zoo.demo predictions)" if predictable else
+                                    "images (coolsd.studies.demo predictions)" if predictable else
                                     "not available (no recorded vanilla rows: --record-images 0?)",
                             "tokens_per_row": per_row,
                             "costs": costs},

@@ -63,7 +63,7 @@ def markdown(report: dict) -> str:
         f"Ranks: {c['world_size']}; merge wall clock {report['merge_seconds']:.0f} s.", "",
         "Tokens per target call: T n / (target calls), SE over images (delta method). Speed-up: plain-AR wall time per "
         "image / the setting's, same batch size; predicted from the vanilla rows and measured unit costs "
-        "(`real.zoo.demo`). FD: Frechet distance to the held-out digits in the shipped classifier's space, 95% "
+        "(`coolsd.studies.demo`). FD: Frechet distance to the held-out digits in the shipped classifier's space, 95% "
         "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.studies.sweep.metrics.fd_with_ci` for why not the bootstrap). NLL: target NLL per token of the generated codes. "
         "Precision / recall: k-NN manifolds (k = 3) in the classifier's feature space against the held-out digits. "
         f"TV bound: mean per-round T11 bound. Predictions: {p['from']}. Quality: {report['quality']}.", "",

@@ -188,7 +188,7 @@ class Context:
 def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
     """Generate one unit; returns (arrays, meta) for the store."""
     from real.methods import method_processing
-    from real.zoo.demo import chain_arrays, tree_records
+    from coolsd.studies.demo.predict import chain_arrays, tree_records
 
     cfg, b = ctx.cfg, ctx.bundle
     conds = ctx.conds(unit.index)

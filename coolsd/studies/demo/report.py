@@ -1,4 +1,4 @@
-"""report.md and the PNG figures of ``coolsd demo`` (``real.zoo.demo``), from the report dict."""
+"""report.md and the PNG figures of ``coolsd demo`` (``coolsd.studies.demo``), from the report dict."""
 from __future__ import annotations
 
 import math
@@ -200,7 +200,7 @@ def markdown(report: dict) -> str:
 
 def figures(out: pathlib.Path, report: dict, results: dict, settings) -> dict:
     """Write the PNG figures; returns {figure: file name}. The Pareto figure's predicted sweeps are read
-    from report["predicted_sweeps"] (``real.zoo.demo.sweep_predictions``)."""
+    from report["predicted_sweeps"] (``coolsd.studies.demo.predict.sweep_predictions``)."""
     pareto(out / FIGURES["pareto"], report)
     predicted_vs_measured(out / FIGURES["predicted_vs_measured"], report)
     samples(out / FIGURES["samples"], report, results, settings)
@@ -294,7 +294,7 @@ def predicted_vs_measured(path, report) -> None:
 def samples(path, report, results, settings, per_class: int = 6) -> None:
     from matplotlib.figure import Figure
 
-    from . import vq
+    from real.zoo import vq
 
     keys = ["ar"] + [k for k in results if k != "ar"]
     titles = ["plain AR"] + [label({"name": r.spec.name, "params": r.spec.params, "drafting": r.spec.drafting})

@@ -1,0 +1,293 @@
+"""Predictions of ``coolsd demo`` from the recorded vanilla rows alone (docs/theory.md section 8): per
+round, T10 (accepted drafts) and T11 (TV-bound term) of each rule (``theory.recorded.predict_rounds``;
+trees: ``predict_tree_rounds``); tokens per target call and the draft work per image from a renewal
+recursion over the token positions (``expected_rounds``: short end-of-image rounds draft
+L' = min(L, T - n - 1) tokens, the first round of EAGLE / tree runs is the prefill alone, acceptance is
+estimated per image row; unlike ``theory.image.image_prediction``, which propagates the law of the last
+token through exact (V, V) kernels, it propagates only the position with survival curves estimated from
+the records); the speed-up from measured unit costs (``predicted_speedup``); the predicted trade-off
+curves over each family's parameter (``sweep_predictions``). Also used by ``coolsd sweep``."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from theory import rules
+from theory.image import draft_lengths
+from theory.recorded import predict_rounds, predict_tree_rounds
+from theory.tree import Tree
+
+from .settings import ROWS, T_IMAGE, Settings
+
+def round_positions(gen) -> np.ndarray:
+    """(rounds,) tokens generated before each round of one generation."""
+    made = np.array([r.accepted + 1 for r in gen.rounds])
+    return np.concatenate([[0], np.cumsum(made)[:-1]])
+
+
+def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_count: int = 30, T: int = T_IMAGE,
+                    per_row: int = ROWS) -> np.ndarray:
+    """Pr(tau >= i) per image row of the round's start: acc (R, L) per-round estimates of
+    Pr(all of drafts 1..i accepted | drafts) (T10's products, or a tree's summed reach per depth), live
+    (R, L) where position i was drafted, start (R,) tokens generated before the round; images of T tokens
+    in rows of ``per_row`` (MNIST: 7 x 7). Returns (rows, L), monotone in i; rows with fewer than
+    ``min_count`` live rounds at i use the pooled estimate."""
+    L = acc.shape[1]
+    pooled = (acc * live).sum(0) / np.maximum(live.sum(0), 1)
+    rows = -(-T // per_row)
+    S = np.tile(pooled, (rows, 1))
+    row = np.minimum(start // per_row, rows - 1)
+    for b in range(rows):  # image rows (seven for MNIST)
+        m = row == b
+        cnt = live[m].sum(0)
+        ok = cnt >= min_count
+        S[b, ok] = (acc[m] * live[m]).sum(0)[ok] / cnt[ok]
+    return np.minimum.accumulate(np.clip(S, 0.0, 1.0), axis=1)
+
+
+def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
+    """Renewal recursion over positions n = 0..T-1 (docs/theory.md section 7 with a position-dependent round law):
+    a round started at n drafts L' = min(depth, T - n - 1) (0 for the first round when ``first_single``:
+    EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
+    Pr(tau >= i) = S[row(n), i-1] for i <= L'. Returns expected rounds (= target calls), draft steps
+    (sum of L'), single target steps and tokens per target call T / rounds."""
+    lengths = draft_lengths(T, depth)    # L'(n) = min(depth, T - n - 1), as in the exact recursion (section 7)
+    pi = np.zeros(T + depth + 2)
+    pi[0] = 1.0
+    rounds = draft = single = 0.0
+    for n in range(T):  # sequential over positions (49)
+        m = pi[n]
+        if m == 0.0:
+            continue
+        ell = 0 if (n == 0 and first_single) else int(lengths[n])
+        rounds += m
+        if ell == 0:
+            single += m
+            pi[n + 1] += m
+            continue
+        draft += m * ell
+        surv = np.concatenate([[1.0], S[min(n // per_row, len(S) - 1), :ell], [0.0]])
+        pi[n + 1:n + ell + 2] += m * (surv[:-1] - surv[1:])     # tau = 0..ell
+    return {"rounds": rounds, "draft_steps": draft, "single_steps": single, "tokens_per_call": T / rounds}
+
+
+def chain_arrays(gens, L: int):
+    """Stack the recorded chain rounds of several generations: p (R, L+1, V), q (R, L, V), drafts (R, L),
+    n_drafted (R,), start (R,) (float64 for the theory)."""
+    from real.engine import records_to_arrays
+
+    recs, starts = [], []
+    for g in gens:
+        pos = round_positions(g)
+        for r, n in zip(g.rounds, pos):
+            if r.drafted > 0:
+                recs.append(r)
+                starts.append(n)
+    p, q, d, nd = records_to_arrays(recs, L)
+    return p.astype(np.float64), q.astype(np.float64), d, nd, np.array(starts)
+
+
+def _costly_resampler(verifier) -> bool:
+    """A resampler whose effective law (``rejected=None``, section 6) forms a (V, V) mixture per row, O(V^2) per
+    round and position: our renormalised LANTERN++ variant (the released laws are (V,) @ (V, V) products)."""
+    return bool(getattr(verifier.resample, "dense_effective_law", False))
+
+
+def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0):
+    """T10 / T11 per recorded round for ``verifier`` (torch float64 on the CPU, in chunks of rounds).
+
+    T10 depends only on the acceptance rule, so it is computed on every round with a cheap resampler in
+    place of the rule's own; the bound uses the rule itself, on every round, except for a costly
+    resampler (our renormalised LANTERN++ variant), whose bound is averaged over a seeded subsample of ``max_bound_rounds``
+    rounds (an unbiased estimate of the same mean; its SE is reported). Returns accepted (R,), f (R, L),
+    bound terms (R',), R'."""
+    p, q, d, nd, _ = arrays
+    P, Q = torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64)
+    D, ND = torch.as_tensor(d), torch.as_tensor(nd)
+    costly = _costly_resampler(verifier)
+    first = rules.Verifier(verifier.accept, rules.Optimal(), verifier.name) if costly else verifier
+    acc, bound, f = [], [], []
+    for a in range(0, len(d), chunk):
+        r = predict_rounds(P[a:a + chunk], Q[a:a + chunk], D[a:a + chunk], first, n_drafted=ND[a:a + chunk])
+        acc.append(r.accepted.numpy())
+        f.append(r.f.numpy())
+        if not costly:
+            bound.append(r.bound.numpy())
+    if costly:
+        idx = np.arange(len(d))
+        if len(idx) > max_bound_rounds:
+            idx = np.sort(np.random.default_rng(seed).choice(len(idx), max_bound_rounds, replace=False))
+        for a in range(0, len(idx), chunk // 4):
+            j = torch.as_tensor(idx[a:a + chunk // 4])
+            bound.append(predict_rounds(P[j], Q[j], D[j], verifier, n_drafted=ND[j]).bound.numpy())
+    bound = np.concatenate(bound)
+    return np.concatenate(acc), np.concatenate(f), bound
+
+
+def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rounds: int = 400, T: int = T_IMAGE,
+                     per_row: int = ROWS) -> dict:
+    """Predicted tokens per target call, draft work and per-round TV bound of ``verifier`` from recorded
+    chain rounds (``chain_arrays``) of images of T tokens in rows of ``per_row``."""
+    p, q, d, nd, start = arrays
+    accepted, f, bound = predict_chain(arrays, verifier, max_bound_rounds=max_bound_rounds)
+    live = (np.arange(1, L + 1)[None, :] <= nd[:, None]).astype(np.float64)
+    S = survival_by_row(np.cumprod(f, axis=1), live, start, T=T, per_row=per_row)
+    er = expected_rounds(S, L, first_single, T, per_row)
+    return {**er, "per_round_accepted": float(accepted.mean()), "tv_bound": float(bound.mean()),
+            "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan"),
+            "tv_bound_rounds": int(len(bound)), "rounds_recorded": int(len(d))}
+
+
+def tree_records(gens):
+    """Group the drafted rounds of tree generations by their (possibly truncated) tree depth:
+    {depth: (p (R, N+1, V), q, tokens (R, N+1), start (R,))}."""
+    groups: dict = {}
+    for g in gens:
+        pos = round_positions(g)
+        for r, n in zip(g.rounds, pos):
+            if r.depth:
+                groups.setdefault(r.depth, []).append((r, n))
+    out = {}
+    for dep, items in groups.items():
+        out[dep] = (np.stack([r.p for r, _ in items]).astype(np.float64), np.stack([r.q for r, _ in items]).astype(np.float64),
+                    np.stack([r.drafts for r, _ in items]), np.array([n for _, n in items]))
+    return out
+
+
+def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
+                    seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
+    """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
+    (``tree_records``), by ``theory.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
+    forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for our renormalised LANTERN++
+    resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
+    over the depth groups in proportion): unbiased for the same means, at a few times the SE."""
+    from real.engine import truncate_tree
+
+    D = tree.depth
+    costly = _costly_resampler(verifier)
+    total = sum(len(g[2]) for g in groups.values())
+    rng = np.random.default_rng(seed)
+    if costly:
+        chunk = max(1, chunk // 16)
+    accs, lives, starts, bounds, per_round = [], [], [], [], []
+    for dep, (p, q, toks, start) in sorted(groups.items()):
+        t = truncate_tree(tree, dep)
+        if costly and total > max_costly_rounds:
+            m = max(1, math.ceil(max_costly_rounds * len(toks) / total))
+            idx = np.sort(rng.choice(len(toks), min(m, len(toks)), replace=False))
+            p, q, toks, start = p[idx], q[idx], toks[idx], start[idx]
+        parts = [predict_tree_rounds(p[a:a + chunk], q[a:a + chunk], toks[a:a + chunk], t, verifier)
+                 for a in range(0, len(toks), chunk)]
+        r = type(parts[0])(*[np.concatenate([np.asarray(getattr(x, k)) for x in parts]) for k in parts[0]._fields])
+        reach = np.asarray(r.reach)
+        by_depth = np.zeros((len(toks), D))
+        for k in range(1, D + 1):  # Pr(tau >= k) given the drafts: reach summed over the nodes at depth k
+            nodes = np.flatnonzero(t.node_depth == k)
+            if nodes.size:
+                by_depth[:, k - 1] = reach[:, nodes].sum(1)
+        live = np.zeros((len(toks), D))
+        live[:, :dep] = 1.0
+        accs.append(by_depth)
+        lives.append(live)
+        starts.append(start)
+        bounds.append(np.asarray(r.bound))
+        per_round.append(np.asarray(r.accepted))
+    acc, live, start = np.concatenate(accs), np.concatenate(lives), np.concatenate(starts)
+    bound, per_round = np.concatenate(bounds), np.concatenate(per_round)
+    S = survival_by_row(acc, live, start, T=T, per_row=per_row)
+    er = expected_rounds(S, D, True, T, per_row)
+    return {**er, "per_round_accepted": float(per_round.mean()), "tv_bound": float(bound.mean()),
+            "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan")}
+
+
+def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) -> float:
+    """Speed-up over plain AR predicted from the expected work per image and measured unit costs (seconds):
+    time = rounds (target pass + bookkeeping) + drafted rounds x verifier + draft steps x draft step, AR
+    time = T x AR step. In units of the AR step this is ``theory.image.ImagePrediction.speedup`` with
+    cost_ratio = draft step / AR step and verify_cost = (target pass + verifier + bookkeeping) / AR step."""
+    drafted_rounds = er["rounds"] - er["single_steps"]
+    t = er["rounds"] * (costs["target_per_round_s"] + costs["other_per_round_s"]) \
+        + drafted_rounds * verify_s + er["draft_steps"] * costs["draft_step_s"]
+    return T * costs["ar_step_s"] / t
+
+
+def time_verifier(kind: str, arrays_or_groups, verifier, tree: Tree | None, n: int = 100, device="cpu") -> float:
+    """Seconds per round of the verifier alone, timed on recorded rows as the engine calls it
+    (one round at a time, torch tensors)."""
+    from theory.tree import verify_tree
+    from theory.verify import verify_chain
+
+    from real.engine import truncate_tree
+
+    g = torch.Generator(device=device).manual_seed(0)
+    if kind == "chain":
+        p, q, d, nd, _ = arrays_or_groups
+        idx = np.flatnonzero(nd == nd.max())[:n]
+        P = torch.as_tensor(p[idx], dtype=torch.float32, device=device)
+        Q = torch.as_tensor(q[idx], dtype=torch.float32, device=device)
+        D = torch.as_tensor(d[idx], device=device)
+        L = D.shape[1]
+        t0 = time.perf_counter()
+        for j in range(len(idx)):  # one round per call, as in the engine
+            u = torch.rand(L, generator=g, device=device)
+            v = verify_chain(P[j][None], Q[j][None], D[j][None], u[None], torch.rand((), generator=g, device=device)[None],
+                             verifier)
+            int(v.accepted[0])
+        return (time.perf_counter() - t0) / max(len(idx), 1)
+    dep = max(arrays_or_groups)
+    p, q, toks, _ = arrays_or_groups[dep]
+    t = truncate_tree(tree, dep)
+    m = min(n, len(toks))
+    P = torch.as_tensor(p[:m], dtype=torch.float32, device=device)
+    Q = torch.as_tensor(q[:m], dtype=torch.float32, device=device)
+    K = torch.as_tensor(toks[:m], device=device)
+    t0 = time.perf_counter()
+    for j in range(m):
+        u = torch.rand(t.n_nodes + 1, generator=g, device=device)
+        v = verify_tree(P[j][None], Q[j][None], K[j][None], u[None], torch.rand((), generator=g, device=device)[None],
+                        t, verifier, early_exit=True)
+        torch.cat([v.accepted, v.path[0]]).tolist()
+    return (time.perf_counter() - t0) / max(m, 1)
+
+
+SWEEPS = {
+    "cool-sd": ("delta", (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)),
+    "uniform-rsd": ("c", (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)),
+    "lantern": ("delta", (0.05, 0.1, 0.2, 0.4, 0.8)),
+    "lantern++": ("lambda", (1.5, 2.0, 3.0, 5.0, 8.0)),
+    "lantern+G*": ("delta", (0.05, 0.1, 0.2, 0.4, 0.8)),
+}
+
+
+def _sweep_verifier(name: str, value: float, s: Settings, nb):
+    """The rule of family ``name`` (theory.methods) with its swept parameter (``SWEEPS``) set to ``value``."""
+    from theory import methods
+
+    param = SWEEPS[name][0]
+    extra = {"nu": s.nu} if name == "cool-sd" else {"k": s.lantern_k} if methods.get(name).needs_neighbors else {}
+    return methods.build(name, s.L, nb, {**extra, param: value})
+
+
+def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int = 600) -> dict:
+    """Predicted (tokens per call, per-round TV bound) of each rule family over a parameter sweep, from (a
+    seeded subsample of) the vanilla chain records alone: the predicted trade-off curves."""
+    from real.zoo import vq
+
+    van = next(r for r in results.values() if r.spec is not None and r.spec.record and r.spec.drafting == "chain")
+    p, q, d, nd, start = chain_arrays(van.gens, s.L)
+    if len(d) > max_rounds:
+        idx = np.sort(np.random.default_rng(s.seed).choice(len(d), max_rounds, replace=False))
+        p, q, d, nd, start = p[idx], q[idx], d[idx], nd[idx], start[idx]
+    nb = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1)  # raw vectors, as released
+    out = {}
+    for name, (param, values) in SWEEPS.items():
+        pts = []
+        for v in values:
+            pr = chain_prediction((p, q, d, nd, start), _sweep_verifier(name, v, s, nb), s.L, s.chain_draft == "eagle",
+                                  max_bound_rounds=100)
+            pts.append({"param": param, "value": v, "tokens_per_call": pr["tokens_per_call"], "tv_bound": pr["tv_bound"]})
+        out[name] = pts
+    return out

@@ -1,0 +1,65 @@
+"""Quality measures of ``coolsd demo``: Frechet distance to the held-out digits in the shipped
+classifier's space (bootstrap SE), the target's NLL per token of generated codes (SE over images), and the
+floors real digits reach at the same sample size."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+def fd_with_se(images: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float]:
+    """Frechet distance to the held-out digits and its bootstrap standard error (resampling the images)."""
+    from real.zoo.metrics import frechet_distance_stats, gaussian_stats, image_features, reference_stats
+
+    f = image_features(images).numpy()
+    ref = reference_stats()
+    fd = frechet_distance_stats(*gaussian_stats(f), *ref)
+    rng = np.random.default_rng(seed)
+    boots = [frechet_distance_stats(*gaussian_stats(f[rng.integers(0, len(f), len(f))]), *ref) for _ in range(n_boot)]
+    return float(fd), float(np.std(boots, ddof=1))
+
+
+@torch.no_grad()
+def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
+    """Target NLL per token of each generated image's codes (N, 49) given its class: (N,) float64."""
+    import torch.nn.functional as F
+
+    from real.zoo.gpt import train_logits
+
+    logits = train_logits(target, labels, tokens)
+    return F.cross_entropy(logits.transpose(1, 2), tokens.to(logits.device), reduction="none").mean(1).cpu().double().numpy()
+
+
+def nll_with_se(target, labels: torch.Tensor, tokens: torch.Tensor) -> dict:
+    """Target NLL per token of generated codes (N, 49) given their classes, and its SE over the N images
+    (relaxed rules move the output away from the target's law; vanilla and plain AR sample it exactly)."""
+    per_image = per_image_nll(target, labels, tokens)
+    return {"nll_per_token": float(per_image.mean()),
+            "nll_per_token_se": float(per_image.std(ddof=1) / math.sqrt(len(per_image)))}
+
+
+def real_floor(n: int, seed: int, repeats: int = 5) -> dict:
+    """FD of n real train digits (never generated) to the held-out digits: the floor any generator faces
+    at this sample size (mean and sd over random subsets)."""
+    from real.zoo import data
+    from real.zoo.metrics import frechet_distance_stats, gaussian_stats, image_features, reference_stats
+
+    x, _ = data.train_split()
+    f = image_features(x).numpy()
+    rng = np.random.default_rng(seed)
+    vals = [frechet_distance_stats(*gaussian_stats(f[rng.choice(len(f), n, replace=False)]), *reference_stats())
+            for _ in range(repeats)]
+    return {"n": n, "mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1))}
+
+
+def manifest_floor():
+    """The FD of the classifier's training digits (train n) to the held-out digits recorded in the
+    checkpoint manifest, or None when the manifest has no such entry."""
+    from real.zoo.checkpoint import read_manifest
+
+    try:
+        return read_manifest()["files"]["classifier.safetensors"]["quality"]["fd_train_n_vs_heldout"]
+    except KeyError:
+        return None
+
