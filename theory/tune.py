@@ -255,7 +255,7 @@ class _Jax:
     _cache: dict = {}
 
     def __init__(self, rows, family: str):
-        from .optimize import _jax64
+        from ._optim import _jax64
 
         self.family, self.L = family, rows.L
         self._ctx = _jax64
