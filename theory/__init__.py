@@ -8,7 +8,7 @@ E[tau], TV bound and exact TV on Markov chains), ``chains`` (synthetic chain gen
 confirmation: B or exact TV minimised over all resampling tables), ``optimize`` (schedule search:
 optimal schedules, named schedules tuned to E[tau], equal-E[tau] trade-off curves; re-exports
 ``gstar`` and ``objectives``), ``image`` (whole-image predictions and the speed-up model), ``recorded``
-(T10-T11 from recorded rounds), ``schedules`` (weight schedules, Cool-SD's normalisations), ``tune``
+(T10-T11 from recorded rounds; the recorded rows and their loader), ``schedules`` (weight schedules, Cool-SD's normalisations), ``tune``
 (schedules tuned on recorded rounds). JAX is imported on use (``_optim``: JAX plumbing and size checks
 shared by ``gstar``, ``optimize`` and ``tune``). ``theory`` imports nothing else of this project.
 """
