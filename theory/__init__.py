@@ -8,9 +8,10 @@ E[tau], TV bound and exact TV on Markov chains), ``chains`` (synthetic chain gen
 confirmation: B or exact TV minimised over all resampling tables), ``optimize`` (schedule search:
 optimal schedules, named schedules tuned to E[tau], equal-E[tau] trade-off curves; re-exports
 ``gstar`` and ``objectives``), ``image`` (whole-image predictions and the speed-up model), ``recorded``
-(T10-T11 from recorded rounds; the recorded rows and their loader), ``schedules`` (weight schedules, Cool-SD's normalisations), ``tune``
-(schedules tuned on recorded rounds). JAX is imported on use (``_optim``: JAX plumbing and size checks
-shared by ``gstar``, ``optimize`` and ``tune``). ``theory`` imports nothing else of this project.
+(T10-T11 from recorded rounds; the recorded rows and their loader), ``schedules`` (weight schedules,
+Cool-SD's normalisations), ``tune`` (schedules tuned on recorded rounds). JAX is imported on use
+(``_optim``: JAX plumbing and size checks shared by ``gstar``, ``optimize`` and ``tune``). ``theory``
+imports nothing else of this project.
 """
 from . import chains, checks, gstar, image, markov, methods, objectives, recorded, rules, schedules, tree, verify
 from .rules import Verifier, cool_sd, greedy, lantern, lantern_pp, linear_rsd, typical, uniform_rsd, vanilla
