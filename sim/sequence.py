@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from theory import checks, markov
-from theory.xp import gather
+from theory.recorded import predict_rounds
 from theory.verify import verify_chain
 
 from .alias import alias_draw, alias_table
@@ -123,7 +123,7 @@ def simulate_sequence_rule(P, Q, verifier, L: int, T: int, n_sequences: int, see
     buf[rows, pos] from the tokens before it (drafts of the current round included, as in the engine);
     the default is :func:`order1_context` (P, Q square, state = previous token, ``init`` at position 0).
     ``record_bound`` also records, per round, the T11 bound term and the T10 accepted-draft estimate
-    along the drafted path (the resampler's effective law, section 6, enters D_i).
+    along the drafted path (``theory.recorded.predict_rounds``; the resampler's effective law, section 6, enters D_i).
     """
     L = checks.integer("draft length L", L, lo=1)
     T = _check_T(T)
@@ -185,25 +185,9 @@ def simulate_sequence_rule(P, Q, verifier, L: int, T: int, n_sequences: int, see
         taus[idx, r] = tau
         lps[idx, r] = lp
         if record_bound:
-            bounds[idx, r], preds[idx, r] = path_terms(p, q, drafts, lp, verifier)
+            est = predict_rounds(p, q, drafts, verifier, lp, check=False)  # T10, T11 (rows checked above)
+            bounds[idx, r], preds[idx, r] = est.bound, est.accepted
         n[idx] += tau + 1
         rounds[idx] += 1
     return _finish(buf, T, rounds, taus, lps, start, bounds, preds)
 
-
-def path_terms(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, lp: np.ndarray, verifier):
-    """Per-round estimates along one drafted path (T10, T11), vectorised over rounds.
-
-    p (k, L+1, V), q (k, L, V) rows along the path, drafts (k, L), lp (k,) draft lengths used.
-    Returns (bound term sum_{i<=lp} prod_{j<i} f_j(x~_j) D_i,  accepted-draft term sum_{i<=lp} prod_{j<=i} f_j(x~_j)),
-    with D_i the one-token discrepancy (T3) of f_i and the effective resampling law.
-    """
-    L = q.shape[1]
-    f = verifier.accept(p[:, :L], q, np.arange(1, L + 1))
-    g = verifier.resample(p[:, :L], q, f)
-    D = markov.discrepancy(p[:, :L], q, f, g)                       # (k, L)
-    used = np.arange(1, L + 1) <= lp[:, None]
-    ft = np.where(used, gather(f, drafts), 0.0)
-    surv = np.cumprod(ft, axis=1)                                     # prod_{j<=i} f_j
-    before = np.concatenate([np.ones((len(lp), 1)), surv[:, :-1]], axis=1)
-    return (np.where(used, before * D, 0.0).sum(1), surv.sum(1))

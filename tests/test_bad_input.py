@@ -264,7 +264,7 @@ def test_table_memory_estimate_within_20_percent(make):
 
 
 def test_optimiser_exact_tv_objective_refused_before_allocating():
-    """Estimates calibrated on measured RSS peaks (theory.optimize._check_exact_size docstring)."""
+    """Estimates calibrated on measured RSS peaks (theory._optim._check_exact_size docstring)."""
     from theory import optimize
 
     P, Q = chains.ambiguous_pair(17, spread=0.5, tv=0.4, seed=0)

@@ -1,7 +1,8 @@
-"""theory.optimize: G* confirmed by optimisation over all G (Theorem 2(c)), the JAX twin of the exact TV,
-the E[tau] root finder, the schedule optimiser against analytically known optima and brute-force line
-searches (the annealing study is tested in test_anneal.py). References here are independent: brute force
-(tests/bruteforce.py), closed forms derived in the docstrings, and one-dimensional searches written in this file."""
+"""theory.optimize (with theory.gstar and theory.objectives): G* confirmed by optimisation over all G
+(Theorem 2(c)), the JAX twin of the exact TV, the E[tau] root finder, the schedule optimiser against
+analytically known optima and brute-force line searches (the annealing study is tested in test_anneal.py).
+References here are independent: brute force (tests/bruteforce.py), closed forms derived in the
+docstrings, and one-dimensional searches written in this file."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ from scipy.optimize import brentq
 
 import bruteforce as bf
 from strategies import chain_case, random_tables
-from theory import chains, markov, optimize, rules
+from theory import chains, gstar, markov, objectives, optimize, rules
 
 TOL = 1e-10
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_scaled_tables_and_gstar_bound_match_the_rules(case, w):
     assert np.allclose(F, Fr, atol=TOL, rtol=0) and np.allclose(G, Gr, atol=TOL, rtol=0)
     mu = markov.init_distribution(init, len(P))
     # T6: with G*, B = sum_i mu A_1..A_{i-1} sum_x [Q f_i - P]_+ ; the core used by the optimiser
-    assert abs(optimize._bound_gstar_xp(P, Q, F, mu) - markov.tv_bound(P, Q, Fr, Gr, init)) < TOL
+    assert abs(objectives._bound_gstar_xp(P, Q, F, mu) - markov.tv_bound(P, Q, Fr, Gr, init)) < TOL
 
 
 @settings(max_examples=12, deadline=None)
@@ -84,7 +85,7 @@ def test_affine_representation_in_G_is_exact(case, objective):
     P, Q, L, init, rng = case
     F, G = random_tables(rng, L, len(P))
     mu = markov.init_distribution(init, len(P))
-    J, b = optimize._g_affine(P, Q, F, mu, objective)
+    J, b = gstar._g_affine(P, Q, F, mu, objective)
     ref = markov.tv_bound(P, Q, F, G, init) if objective == "bound" else markov.exact_tv(P, Q, F, G, init)
     assert abs(np.abs(J @ G.ravel() + b).sum() - ref) < TOL
 
@@ -92,7 +93,7 @@ def test_affine_representation_in_G_is_exact(case, objective):
 def test_simplex_projection():
     rng = np.random.default_rng(0)
     Y = rng.normal(size=(50, 7)) * 3
-    X = optimize._project_simplex(Y)
+    X = gstar._project_simplex(Y)
     assert np.allclose(X.sum(1), 1) and X.min() >= 0
     # optimality: no other simplex point is closer (compare with random simplex points)
     for _ in range(20):
@@ -125,8 +126,8 @@ def test_confirmation_detects_a_suboptimal_claim():
     F = np.full((2, 4, 4), 0.5)
     Gs = markov.optimal_resampling(P, Q, F)
     Gbad = 0.8 * Gs + 0.2 / 4
-    J, b = optimize._g_affine(P, Q, F, np.eye(4)[0], "bound")
-    G_lp = optimize._g_lp(J, b, 8, 4).reshape(2, 4, 4)
+    J, b = gstar._g_affine(P, Q, F, np.eye(4)[0], "bound")
+    G_lp = gstar._g_lp(J, b, 8, 4).reshape(2, 4, 4)
     assert markov.tv_bound(P, Q, F, G_lp, 0) < markov.tv_bound(P, Q, F, Gbad, 0) - 1e-3
 
 

@@ -2,19 +2,24 @@
 
 Modules: ``rules`` (acceptance/resampling rules, one array-API implementation shared with ``sim`` and
 ``real``), ``verify`` (chain verification), ``tree`` (static draft trees and multi-candidate
-verification), ``methods`` (the method registry: name -> rule, typed parameters), ``markov`` (exact E[tau], TV bound and exact TV on Markov chains), ``chains`` (synthetic
-chain generators), ``optimize`` (G* confirmation, optimal schedules, equal-E[tau] trade-off curves; JAX imported
-on use), ``image`` (whole-image predictions and the speed-up model), ``recorded`` (T10-T11 from recorded
-rounds), ``schedules`` (weight schedules, Cool-SD's normalisations), ``tune`` (schedules tuned on recorded
-rounds; JAX imported on use). ``theory`` imports nothing else of this project.
+verification), ``methods`` (the method registry: name -> rule, typed parameters), ``markov`` (exact
+E[tau], TV bound and exact TV on Markov chains), ``chains`` (synthetic chain generators),
+``objectives`` (the traceable rule tables and objectives the optimisers differentiate), ``gstar`` (G*
+confirmation: B or exact TV minimised over all resampling tables), ``optimize`` (schedule search:
+optimal schedules, named schedules tuned to E[tau], equal-E[tau] trade-off curves; re-exports
+``gstar`` and ``objectives``), ``image`` (whole-image predictions and the speed-up model), ``recorded``
+(T10-T11 from recorded rounds; the recorded rows and their loader), ``schedules`` (weight schedules,
+Cool-SD's normalisations), ``tune`` (schedules tuned on recorded rounds). JAX is imported on use
+(``_optim``: JAX plumbing and size checks shared by ``gstar``, ``optimize`` and ``tune``). ``theory``
+imports nothing else of this project.
 """
-from . import chains, checks, image, markov, methods, recorded, rules, schedules, tree, verify
+from . import chains, checks, gstar, image, markov, methods, objectives, recorded, rules, schedules, tree, verify
 from .rules import Verifier, cool_sd, greedy, lantern, lantern_pp, linear_rsd, typical, uniform_rsd, vanilla
 from .tree import Tree, verify_tree
 from .verify import verify_chain
 
-__all__ = ["chains", "checks", "image", "markov", "methods", "optimize", "recorded", "rules", "schedules", "tree", "tune",
-           "verify", "Verifier", "Tree",
+__all__ = ["chains", "checks", "gstar", "image", "markov", "methods", "objectives", "optimize", "recorded", "rules",
+           "schedules", "tree", "tune", "verify", "Verifier", "Tree",
            "verify_chain", "verify_tree", "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
            "typical", "greedy"]
 

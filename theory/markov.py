@@ -227,7 +227,7 @@ def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES
 
 
 def prefix_masses_xp(P, Q, F, G, states):
-    """The dynamic programme of T7, array API without checks (traceable by JAX; theory.optimize
+    """The dynamic programme of T7, array API without checks (traceable by JAX; theory.objectives and gstar
     differentiates it). P, Q (V, V); F, G (L, V, V); states (S,) int start states, a numpy array (static
     under tracing). Returns (a, d), each (S, V^(L-1), V) over length-L prefixes x_{1:L} (flattened, last
     token last): a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by

@@ -1,121 +1,45 @@
-"""Optimisers over relaxed-SD rules on order-1 Markov chains (docs/theory.md sections 2, 5).
+"""Schedule search over relaxed-SD acceptance rules on order-1 Markov chains (docs/theory.md sections 2, 5).
 
-* :func:`confirm_optimal_resampling` -- minimise the bound B (T4) or the exact TV (T7) over *all*
-  resampling tables G (softmax rows, JAX gradients, several random starts) and compare with the
-  closed form G* (T5). For B the gap must vanish (Theorem 2(c)); for the exact TV G* need not be
-  optimal, and the gap is reported as found.
 * :func:`optimal_schedule` -- the acceptance rule of a family (free per-position weights
-  ``f_i = min(1, w_i P/Q)``, or free per-(position, state, token) tables) that minimises B or the
-  exact TV subject to E[tau] = target (T2, T8), always with G* as the resampler; it also reports the
-  named schedules (uniform, Cool-SD exponential nu = 0.7, linear, increasing) tuned to the same E[tau].
+  ``f_i = min(1, w_i P/Q)``, free levels, or free per-(position, state, token) tables) that minimises B
+  or the exact TV subject to E[tau] = target (T2, T8), always with G* as the resampler; it also reports
+  the named schedules (uniform, Cool-SD exponential nu = 0.7, linear, increasing) tuned to the same E[tau].
 * :func:`tune_weights` -- the scale c with E[tau](c * shape) = target, by a bracketed root finder.
 * :func:`pareto_curves` -- B and exact TV of the named (and optimal) schedules on a grid of E[tau].
+Re-exported here so callers need one module: the G* confirmation :func:`confirm_optimal_resampling`
+(``theory.gstar``) and the traceable rule tables and objectives (``theory.objectives``).
 The annealing study built on these (``coolsd theory anneal``) is ``coolsd.studies.anneal``.
 
 JAX is imported inside the functions that need gradients (``import theory`` works without it) and
-every JAX computation runs under ``jax.enable_x64(True)`` so it is float64 without touching the
-process-wide setting. Reported numbers are always recomputed with the numpy engine (theory.markov).
+every JAX computation runs under ``jax.enable_x64(True)`` (``theory._optim._jax64``) so it is float64
+without touching the process-wide setting. Reported numbers are always recomputed with the numpy engine
+(theory.markov).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq, minimize
 
 from . import checks, markov
 from . import rules as _rules
+from ._optim import EXACT_TV_LIMIT, _check_exact_size, _check_objective, _exact_ok, _jax64, _jitted
 from ._xp import namespace
+from .gstar import ResamplingCheck, confirm_optimal_resampling
+from .objectives import _bound_gstar_xp, exact_tv_xp, level_tables_xp, scaled_tables, scaled_tables_xp
 
 __all__ = [
     "confirm_optimal_resampling", "optimal_schedule", "tune_weights", "named_schedules", "schedule_shape",
-    "scaled_tables", "scaled_tables_xp", "exact_tv_xp", "max_reachable", "pareto_curves",
+    "scaled_tables", "scaled_tables_xp", "level_tables_xp", "exact_tv_xp", "max_reachable", "pareto_curves",
     "ResamplingCheck", "ScheduleResult", "NAMED_SCHEDULES", "STUDY_SCHEDULES", "EXACT_TV_LIMIT",
 ]
 
 NAMED_SCHEDULES = ("uniform", "exponential", "linear", "increasing")
 FLOORED = {"exponential_floor": "exponential"}   # extra study schedule: max(1, c exp(-nu (i-1)))
 COOL_SD_NU = 0.7                 # the paper's decay rate
-EXACT_TV_LIMIT = 10**6           # start states x V^(L+1) sequences above which exact TV is not computed
 W_MIN = 1e-4                     # lower bound on weights during optimisation (w -> 0 means f -> 0)
-
-
-# --------------------------------------------------------------------------- JAX plumbing
-
-@contextlib.contextmanager
-def _jax64():
-    """(jax, jax.numpy) with float64 enabled for the duration of the block only."""
-    try:
-        import jax
-    except ImportError as e:  # pragma: no cover - jax is an optional extra
-        raise ImportError("theory.optimize needs JAX for gradients: pip install 'coolsd[jax]'") from e
-    with jax.enable_x64(True):
-        yield jax, jax.numpy
-
-
-_JIT: dict[str, Any] = {}
-
-
-def _jitted(name: str, builder):
-    """Build a jitted function once per process (JAX retraces per input shape by itself)."""
-    if name not in _JIT:
-        _JIT[name] = builder()
-    return _JIT[name]
-
-
-def _smooth_abs(x, eps, xp):
-    """|x| (eps = 0) or the smooth sqrt(x^2 + eps^2) - eps, which is within eps of |x|."""
-    return xp.sqrt(x * x + eps * eps) - eps
-
-
-# --------------------------------------------------------------------------- traceable cores
-
-def _positions(L: int) -> np.ndarray:
-    """Draft positions 1..L as an (L, 1) column, against rows (1, V, V): a rule called on (P[None], Q[None],
-    _positions(L)) returns its (L, V, V) acceptance tables."""
-    return np.arange(1, L + 1)[:, None]
-
-
-def scaled_tables_xp(P, Q, w):
-    """F_i[s, x] = min(1, w_i P[s, x] / Q[s, x]) (section 5), 1 where Q = 0. w: (L,) -> F (L, V, V).
-    Built by the engine's own rule, ``rules.Scaled(rules.Vector(w))`` (traceable in w), so the schedule the
-    optimiser finds is literally the rule the engine runs."""
-    return _rules.Scaled(_rules.Vector(w))(P[None], Q[None], _positions(w.shape[0]))
-
-
-def scaled_tables(P, Q, w) -> tuple[np.ndarray, np.ndarray]:
-    """(F, G*) (L, V, V) of the scaled rule with explicit weights w (L,), numpy float64."""
-    P, Q = markov.check_chain(P, Q)
-    w = np.asarray(w, dtype=np.float64)
-    if w.ndim != 1 or w.size < 1 or not np.all(np.isfinite(w)) or np.any(w <= 0):
-        raise ValueError(f"weights must be a non-empty vector of finite values > 0, got {w}")
-    F = scaled_tables_xp(P, Q, w)
-    return F, _rules.Optimal()(P[None], Q[None], F)
-
-
-def _bound_gstar_xp(P, Q, F, mu):
-    """B with the optimal resampler, sum_i mu^T A_1..A_{i-1} d_i with d_i = sum_x [A_i - P]_+ (T6, T9):
-    the sum of markov.bound_terms_optimal_xp, accumulated left to right (as before the terms were shared,
-    so the optimiser sees bit-equal values; a pairwise sum could differ in the last bit for L >= 8)."""
-    total = 0.0
-    for t in markov.bound_terms_optimal_xp(P, Q, F, mu):   # L terms, summed left to right
-        total = total + t
-    return total
-
-
-def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
-    """sum_s weights[s] TV(Phat(.|s), P(.|s)) over all V^(L+1) sequences (T7): markov.exact_tv without
-    checks, on the same dynamic programme (markov.prefix_masses_xp), traceable by JAX.
-
-    states: (S,) int start states (a numpy array: static under tracing); weights: (S,).
-    eps > 0 replaces |x| by the smooth sqrt(x^2 + eps^2) - eps (for gradient-based optimisers)."""
-    xp = namespace(P, Q, F, G)
-    a, d = markov.prefix_masses_xp(P, Q, F, G, states)
-    tvs = 0.5 * xp.sum(_smooth_abs(a + d, eps, xp), axis=(1, 2))
-    return xp.sum(weights * tvs)
 
 
 # --------------------------------------------------------------------------- input checks
@@ -123,42 +47,6 @@ def exact_tv_xp(P, Q, F, G, states, weights, eps=0.0):
 def _check_L(L) -> int:
     return checks.integer("draft length L", L, lo=1)
 
-
-def _check_objective(objective: str) -> str:
-    if objective not in ("bound", "exact_tv"):
-        raise ValueError(f"objective must be 'bound' or 'exact_tv', got {objective!r}")
-    return objective
-
-
-def _exact_size(mu: np.ndarray, V: int, L: int) -> int:
-    return int(np.count_nonzero(mu > 0)) * V ** (L + 1)
-
-
-def _exact_ok(mu, V: int, L: int, max_sequences) -> bool:
-    """Whether the exact TV is computed (else reported as None): within max_sequences (None: no
-    limit) and within the memory budget (markov.exact_tv_bytes)."""
-    S = int(np.count_nonzero(mu > 0))
-    return ((max_sequences is None or _exact_size(mu, V, L) <= max_sequences)
-            and markov.exact_tv_bytes(S, V, L) <= checks.MAX_BYTES)
-
-
-def _check_exact_size(mu, V, L, max_sequences, jacobian: bool = False, max_bytes=checks.MAX_BYTES):
-    """Refuse objective='exact_tv' above max_sequences or when its memory would exceed max_bytes.
-    Measured peaks (RSS, JAX float64 on CPU; V=10..20, L=4..5): the gradient path (optimal_schedule)
-    takes about 48 bytes per DP row (S V^L rows) plus ~48 MiB of JAX buffers; the Jacobian path
-    (confirm_optimal_resampling) about 28 bytes per Jacobian entry (S V^L x L V^2: JAX's dense
-    Jacobian, its scaled copy and the CSR matrix) plus ~150 MiB. The estimates below are within 20% of
-    those measurements."""
-    S = int(np.count_nonzero(mu > 0))
-    n = _exact_size(mu, V, L)
-    if max_sequences is not None and n > checks.integer("max_sequences", max_sequences, lo=1):
-        raise ValueError(f"max_sequences: objective='exact_tv' needs {S} start state(s) x V^(L+1) = {S} x "
-                         f"{V}^{L + 1} = {n:.3g} sequences, above max_sequences={max_sequences:.3g}; use "
-                         "objective='bound' or a smaller chain")
-    rows = S * V ** L
-    need = 28 * rows * L * V * V + 150 * 2**20 if jacobian else 48 * rows + 48 * 2**20
-    checks.check_memory(f"objective='exact_tv' ({'Jacobian' if jacobian else 'gradient'} over {n:.3g} sequences)",
-                        need, max_bytes, "use objective='bound', a smaller chain or a larger max_bytes")
 
 
 def max_reachable(P, Q, L: int, init) -> float:
@@ -303,181 +191,6 @@ def named_schedules(P, Q, L: int, init, target_accepted, names=NAMED_SCHEDULES,
     return out
 
 
-# --------------------------------------------------------------------------- G* confirmation
-
-@dataclass
-class ResamplingCheck:
-    """Result of :func:`confirm_optimal_resampling`.
-
-    closed_form: the objective with G* (T5); optimized: the smallest value found over all G (the exact
-    LP optimum and every first-order start); gap = optimized - closed_form, which is ~0 when G* is
-    optimal and clearly negative when some G beats G*; beaten = gap < -tol. lp: the LP optimum;
-    per_start: the value reached by projected gradient from each random start."""
-    objective: str
-    closed_form: float
-    optimized: float
-    gap: float
-    beaten: bool
-    tol: float
-    lp: float | None
-    per_start: list[float]
-    G: np.ndarray = field(repr=False)
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "G"}
-
-
-def _g_residual_exact_xp(P, Q, F, G, states):
-    """The DP residuals a + d of markov.prefix_masses_xp, (S, V^L): TV given s = 1/2 sum |a + d| (T7). Affine in G."""
-    xp = namespace(P, Q, F, G)
-    a, d = markov.prefix_masses_xp(P, Q, F, G, states)
-    return xp.reshape(a + d, (len(states), -1))
-
-
-def _g_affine(P, Q, F, mu, objective):
-    """(J, b) with objective(G) = || J vec(G) + b ||_1 exactly, J (m, L V V) (sparse for B).
-
-    B (T3, T4, T9): r_{i,s,x} = w_i[s]/2 (A_i + (1 - beta_i) G_i - P)[s, x], w_i = mu^T A_1..A_{i-1};
-    J is diagonal. Exact TV (T7): r = mu[s]/2 (a + d) from the DP, affine in G; J by JAX autodiff."""
-    import scipy.sparse as sp
-
-    L, V = F.shape[0], P.shape[0]
-    A = Q * F
-    beta = A.sum(-1)                                   # (L, V)
-    if objective == "bound":
-        w = np.empty((L, V))
-        v = mu.copy()
-        for i in range(L):
-            w[i] = v
-            v = v @ A[i]
-        scale = np.broadcast_to((0.5 * w * (1 - beta))[..., None], (L, V, V)).ravel()
-        J = sp.diags(scale).tocsr()
-        b = np.broadcast_to(0.5 * w[..., None], (L, V, V)).ravel() * (A - P[None]).ravel()
-        return J, b
-    states = np.flatnonzero(mu > 0)
-    with _jax64() as (jax, jnp):
-        fn = lambda G: _g_residual_exact_xp(jnp.asarray(P), jnp.asarray(Q), jnp.asarray(F), G, states)  # noqa: E731
-        G0 = jnp.zeros((L, V, V))
-        b = np.asarray(fn(G0))                         # (S, N)
-        J = np.asarray(jax.jacfwd(fn)(G0)).reshape(b.size, L * V * V)
-    c = np.broadcast_to(0.5 * mu[states][:, None], b.shape).ravel()
-    return sp.csr_matrix(c[:, None] * J), c * b.ravel()
-
-
-def _project_simplex(Y: np.ndarray) -> np.ndarray:
-    """Euclidean projection of every row of Y (..., V) onto the probability simplex (sort-based)."""
-    V = Y.shape[-1]
-    flat = Y.reshape(-1, V)
-    U = -np.sort(-flat, axis=-1)
-    css = np.cumsum(U, axis=-1) - 1.0
-    k = np.arange(1, V + 1)
-    cond = U - css / k > 0
-    rho = V - 1 - np.argmax(cond[:, ::-1], axis=-1)   # last index where cond holds
-    theta = css[np.arange(flat.shape[0]), rho] / (rho + 1)
-    return np.maximum(flat - theta[:, None], 0.0).reshape(Y.shape)
-
-
-def _g_lp(J, b, n_rows: int, V: int) -> np.ndarray:
-    """min_g ||J g + b||_1 over rows of g on the simplex, as an LP (HiGHS): min sum t, -t <= J g + b <= t."""
-    import scipy.sparse as sp
-    from scipy.optimize import linprog
-
-    m, n = J.shape
-    I = sp.identity(m, format="csr")
-    A_ub = sp.vstack([sp.hstack([J, -I]), sp.hstack([-J, -I])]).tocsr()
-    b_ub = np.concatenate([-b, b])
-    A_eq = sp.hstack([sp.kron(sp.identity(n_rows), np.ones((1, V))), sp.csr_matrix((n_rows, m))]).tocsr()
-    cost = np.concatenate([np.zeros(n), np.ones(m)])
-    bounds = [(0.0, 1.0)] * n + [(0.0, None)] * m
-    res = linprog(cost, A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=np.ones(n_rows), bounds=bounds, method="highs",
-                  options={"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10})
-    if res.status != 0:  # pragma: no cover - the LP is always feasible and bounded
-        raise RuntimeError(f"LP for the optimal resampling failed: {res.message}")
-    return _project_simplex(res.x[:n].reshape(n_rows, V))
-
-
-def _g_projected_gradient(J, b, G0: np.ndarray, separable: bool, iters: int) -> np.ndarray:
-    """Accelerated projected gradient (FISTA with adaptive restart) on sqrt((J g + b)^2 + eps^2),
-    eps = 1e-1 ... 1e-10 (continuation), rows of g projected on the simplex after every step.
-    Step 1/Lipschitz: per row when J is diagonal (B: the problem separates by row), else global."""
-    n_rows, V = G0.shape
-    if separable:
-        jd = J.diagonal().reshape(n_rows, V)
-        lip = np.max(jd * jd, axis=1, keepdims=True)     # per-row curvature bound times eps
-    else:
-        import scipy.sparse.linalg as spl
-        lip = float(spl.svds(J, k=1, return_singular_vectors=False)[0] ** 2) if min(J.shape) > 1 else \
-            float(np.abs(J.toarray()).max() ** 2)
-    lip = np.where(lip > 0, lip, 1.0)
-    g = G0.copy()
-    for eps in 10.0 ** -np.arange(1, 11):
-        step = eps / lip
-        y, t, g_prev = g.copy(), 1.0, g.copy()
-        f_prev = np.inf
-        for _ in range(iters):
-            r = J @ y.ravel() + b
-            grad = (J.T @ (r / np.sqrt(r * r + eps * eps))).reshape(n_rows, V)
-            g_new = _project_simplex(y - step * grad)
-            rn = J @ g_new.ravel() + b
-            f_new = float(np.sum(np.sqrt(rn * rn + eps * eps)))
-            if f_new > f_prev:                           # adaptive restart (O'Donoghue & Candes)
-                y, t = g.copy(), 1.0
-                continue
-            t_new = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
-            y = g_new + ((t - 1) / t_new) * (g_new - g)
-            g_prev, g, t, f_prev = g, g_new, t_new, f_new
-            if np.max(np.abs(g - g_prev)) < 1e-15:
-                break
-    return g
-
-
-def confirm_optimal_resampling(P, Q, F, init, objective: str = "bound", n_starts: int = 3, seed: int = 0,
-                               tol: float = 1e-7, iters: int = 400,
-                               max_sequences: int = EXACT_TV_LIMIT) -> ResamplingCheck:
-    """Minimise B (T4) or the exact TV (T7) over all resampling tables G (L, V, V) and compare with G* (T5).
-
-    Both objectives are || J vec(G) + b ||_1 with J, b exact: for B by T3/T4 (J diagonal), for the exact
-    TV because Phat is affine in G (T7), J obtained by JAX autodiff (float64) of the DP residuals. So
-    (1) the global minimum is computed exactly as a linear programme (HiGHS), and (2) projected
-    gradient with smoothing continuation is run from ``n_starts`` random G (Dirichlet rows) as an
-    independent first-order check. Every candidate is re-evaluated with the numpy engine.
-    For B the gap must be ~0 (Theorem 2(c)); for the exact TV G* need not be optimal: the gap is what it is.
-    """
-    objective = _check_objective(objective)
-    P, Q = markov.check_chain(P, Q)
-    V = P.shape[0]
-    F = checks.acceptance_tables(F, V)
-    L = F.shape[0]
-    mu = markov.init_distribution(init, V)
-    n_starts = checks.integer("n_starts", n_starts, lo=0)
-    iters = checks.integer("iters", iters, lo=0)
-    tol = checks.real("tol", tol, lo=0)
-    seed = checks.seed(seed)
-    if objective == "bound":
-        exact = lambda G: markov.tv_bound(P, Q, F, G, mu)  # noqa: E731
-    else:
-        _check_exact_size(mu, V, L, max_sequences, jacobian=True)
-        exact = lambda G: markov.exact_tv(P, Q, F, G, mu, max_sequences=max_sequences)  # noqa: E731
-    closed = exact(markov.optimal_resampling(P, Q, F))
-    J, b = _g_affine(P, Q, F, mu, objective)
-    n_rows = L * V
-    G_lp = _g_lp(J, b, n_rows, V).reshape(L, V, V)
-    best_G, best = G_lp, exact(G_lp)
-    lp_val = best
-    rng = np.random.default_rng(seed)
-    per_start = []
-    for _ in range(int(n_starts)):
-        G0 = rng.dirichlet(np.ones(V), size=n_rows)
-        G = _g_projected_gradient(J, b, G0, objective == "bound", iters).reshape(L, V, V)
-        val = exact(G)
-        per_start.append(float(val))
-        if val < best:
-            best, best_G = val, G
-    gap = float(best - closed)
-    return ResamplingCheck(objective, float(closed), float(best), gap, gap < -tol, tol, float(lp_val),
-                           per_start, best_G)
-
-
 # --------------------------------------------------------------------------- schedule optimisation
 
 FAMILIES = ("scaled", "level", "table")
@@ -521,13 +234,6 @@ class ScheduleResult:
                 return {k: plain(v) for k, v in x.items()}
             return x
         return {k: plain(v) for k, v in self.__dict__.items() if k not in ("F", "G")}
-
-
-def level_tables_xp(P, Q, levels):
-    """F (L, V, V) of the "level" family: f_i = v + a_i (1 - v) with v = min(1, P/Q) the vanilla rule,
-    a_i in [0, 1] the chance of keeping a draft vanilla would reject (a = 0: vanilla, exact; a = 1:
-    every draft accepted). Array API (numpy / JAX: differentiable in ``levels``)."""
-    return _rules.Level(_rules.Vector(levels))(P[None], Q[None], _positions(levels.shape[0]))
 
 
 def _theta_tables(theta, P, Q, family):

@@ -7,17 +7,22 @@ for every other rule r, per-round unbiased estimates (given the round's prefix) 
   accepted drafts  sum_{i<=L} prod_{j<=i} f^r_j(x~_j)                    (T10)
   bound term       sum_{i<=L} prod_{j<i}  f^r_j(x~_j) D^r_i(h_{i-1})      (T11)
 
-Array-API code: numpy, torch or JAX rows.
+Array-API code: numpy, torch or JAX rows. ``Rows`` / ``TreeRows`` hold recorded chain / static-tree rounds
+(numpy float64, checked) and ``load_rows`` reads them from ``coolsd generate --record`` (used by ``theory.tune``,
+which re-exports them).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import array_api_compat
+import numpy as np
 
 from . import checks
 from .markov import discrepancy
 from ._xp import Array, gather, namespace, normalize
+from .tree import Tree
 
 
 class RoundPrediction(NamedTuple):
@@ -133,3 +138,111 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, ch
             p_j = xp.where(valid[:, None], verifier.resample(p_j, q_j, f_row, c), p_j)
             q_left = xp.where(valid[:, None] & (ar_V == c[:, None]), xp.zeros_like(q_left), q_left)
     return TreePrediction(accepted, bound, xp.stack(reach, axis=1))
+
+
+# --------------------------------------------------------------------------- recorded rows (numpy, float64)
+
+@dataclass
+class Rows:
+    """Recorded chain rounds: p (R, L+1, V), q (R, L, V), drafts (R, L) ints, n_drafted (R,) ints (positions
+    i > n_drafted are padding), image (R,) ints (the image each round belongs to; -1 when unknown)."""
+    p: np.ndarray
+    q: np.ndarray
+    drafts: np.ndarray
+    n_drafted: np.ndarray
+    image: np.ndarray
+
+    def __post_init__(self):
+        self.p = np.asarray(self.p, dtype=np.float64)
+        self.q = np.asarray(self.q, dtype=np.float64)
+        self.drafts = np.asarray(self.drafts, dtype=np.int64)
+        if self.p.ndim != 3 or self.q.ndim != 3 or self.drafts.ndim != 2:
+            raise ValueError(f"rows: expected p (R, L+1, V), q (R, L, V), drafts (R, L); got p {self.p.shape}, "
+                             f"q {self.q.shape}, drafts {self.drafts.shape}")
+        R, L = self.drafts.shape
+        if self.p.shape[:2] != (R, L + 1) or self.q.shape[:2] != (R, L) or self.p.shape[2] != self.q.shape[2]:
+            raise ValueError(f"rows: expected p (R, L+1, V), q (R, L, V), drafts (R, L); got p {self.p.shape}, "
+                             f"q {self.q.shape}, drafts {self.drafts.shape}")
+        if R < 2:
+            raise ValueError(f"rows: need at least 2 recorded rounds, got {R}")
+        self.n_drafted = np.full(R, L, np.int64) if self.n_drafted is None else np.asarray(self.n_drafted, np.int64)
+        self.image = np.full(R, -1, np.int64) if self.image is None else np.asarray(self.image, np.int64)
+        if self.n_drafted.shape != (R,) or self.image.shape != (R,):
+            raise ValueError(f"rows: n_drafted and image must be (R,) = ({R},); got {self.n_drafted.shape}, "
+                             f"{self.image.shape}")
+        if np.any(self.n_drafted < 1) or np.any(self.n_drafted > L):
+            raise ValueError(f"rows: n_drafted must be in [1, L={L}]")
+        if np.any(self.drafts < 0) or np.any(self.drafts >= self.p.shape[2]):
+            raise ValueError("rows: draft tokens must be in [0, V)")
+
+    @property
+    def R(self) -> int:
+        return self.drafts.shape[0]
+
+    @property
+    def L(self) -> int:
+        return self.drafts.shape[1]
+
+    def subset(self, idx) -> "Rows":
+        idx = np.asarray(idx)
+        return Rows(self.p[idx], self.q[idx], self.drafts[idx], self.n_drafted[idx], self.image[idx])
+
+
+@dataclass
+class TreeRows:
+    """Recorded static-tree rounds (``theory.recorded.predict_tree_rounds``): p (R, N+1, V) target rows at every
+    node, q (R, N+1, V) the draft rows each node's children were drawn from, tokens (R, N+1) node tokens, the
+    ``tree`` (N nodes; only rounds that drafted the whole tree), image (R,) ints (-1 when unknown)."""
+    p: np.ndarray
+    q: np.ndarray
+    tokens: np.ndarray
+    tree: Tree
+    image: np.ndarray | None = None
+
+    def __post_init__(self):
+        self.p = np.asarray(self.p, dtype=np.float64)
+        self.q = np.asarray(self.q, dtype=np.float64)
+        self.tokens = np.asarray(self.tokens, dtype=np.int64)
+        if not isinstance(self.tree, Tree):
+            raise ValueError(f"tree rows: tree must be a theory.tree.Tree, got {type(self.tree).__name__}")
+        R, N1 = self.tokens.shape if self.tokens.ndim == 2 else (None, None)
+        if R is None or N1 != self.tree.n_nodes + 1 or self.p.shape[:2] != (R, N1) or self.q.shape != self.p.shape:
+            raise ValueError(f"tree rows: expected p, q (R, N+1={self.tree.n_nodes + 1}, V) and tokens (R, N+1); got p "
+                             f"{self.p.shape}, q {self.q.shape}, tokens {self.tokens.shape}")
+        if R < 2:
+            raise ValueError(f"tree rows: need at least 2 recorded rounds, got {R}")
+        self.image = np.full(R, -1, np.int64) if self.image is None else np.asarray(self.image, np.int64)
+        if self.image.shape != (R,):
+            raise ValueError(f"tree rows: image must be (R,) = ({R},), got {self.image.shape}")
+        if np.any(self.tokens < 0) or np.any(self.tokens >= self.p.shape[2]):
+            raise ValueError("tree rows: node tokens must be in [0, V)")
+
+    @property
+    def R(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def L(self) -> int:
+        """The tree's depth: the number of per-depth weights w_1..w_D."""
+        return int(self.tree.depth)
+
+    def subset(self, idx) -> "TreeRows":
+        idx = np.asarray(idx)
+        return TreeRows(self.p[idx], self.q[idx], self.tokens[idx], self.tree, self.image[idx])
+
+
+def load_rows(path):
+    """Rows from an ``.npz`` written by ``coolsd generate --record`` (chains: keys p, q, drafts, n_drafted,
+    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows."""
+    import json
+
+    with np.load(path) as z:
+        if "tree_paths" in z.files:
+            paths = json.loads(str(z["tree_paths"]))
+            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)),
+                            z["image"] if "image" in z.files else None)
+        missing = {"p", "q", "drafts"} - set(z.files)
+        if missing:
+            raise ValueError(f"record {path}: missing arrays {sorted(missing)} (write it with coolsd generate --record)")
+        return Rows(z["p"], z["q"], z["drafts"], z["n_drafted"] if "n_drafted" in z.files else None,
+                    z["image"] if "image" in z.files else None)

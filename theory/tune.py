@@ -10,7 +10,8 @@ rule objects the engine runs (``rules.Vector`` holds the weights as a JAX array,
 through them); nothing here re-writes an acceptance formula.
 
 Two problems, over recorded rounds r = 1..R (chains, ``Rows``; or static trees, ``TreeRows``: weights per
-tree depth, T10/T11 of ``theory.recorded.predict_tree_rounds``):
+tree depth, T10/T11 of ``theory.recorded.predict_tree_rounds``; both row classes and ``load_rows`` live in
+``theory.recorded`` and are re-exported here):
 
 * target: minimise  mean_r T11_r(w)  subject to  1 + mean_r T10_r(w) = tokens_per_call;
 * budget: maximise  1 + mean_r T10_r(w)  subject to  mean_r T11_r(w) <= bound_budget.
@@ -31,8 +32,7 @@ import numpy as np
 from scipy.optimize import brentq, minimize
 
 from . import checks, rules
-from .recorded import predict_rounds, predict_tree_rounds
-from .tree import Tree
+from .recorded import Rows, TreeRows, load_rows, predict_rounds, predict_tree_rounds
 
 __all__ = ["FAMILIES", "Rows", "TreeRows", "load_rows", "family_values", "rule_of", "predict", "reachable", "tune",
            "frontier", "split_validation", "bootstrap", "TuneResult"]
@@ -46,97 +46,6 @@ LOGR = (-6.0, 6.0)        # linear: log(w_L / w_1)
 TOL = 1e-9                # the constraint is met to this accuracy after the polish
 
 
-# --------------------------------------------------------------------------- recorded rows
-
-@dataclass
-class Rows:
-    """Recorded chain rounds: p (R, L+1, V), q (R, L, V), drafts (R, L) ints, n_drafted (R,) ints (positions
-    i > n_drafted are padding), image (R,) ints (the image each round belongs to; -1 when unknown)."""
-    p: np.ndarray
-    q: np.ndarray
-    drafts: np.ndarray
-    n_drafted: np.ndarray
-    image: np.ndarray
-
-    def __post_init__(self):
-        self.p = np.asarray(self.p, dtype=np.float64)
-        self.q = np.asarray(self.q, dtype=np.float64)
-        self.drafts = np.asarray(self.drafts, dtype=np.int64)
-        if self.p.ndim != 3 or self.q.ndim != 3 or self.drafts.ndim != 2:
-            raise ValueError(f"rows: expected p (R, L+1, V), q (R, L, V), drafts (R, L); got p {self.p.shape}, "
-                             f"q {self.q.shape}, drafts {self.drafts.shape}")
-        R, L = self.drafts.shape
-        if self.p.shape[:2] != (R, L + 1) or self.q.shape[:2] != (R, L) or self.p.shape[2] != self.q.shape[2]:
-            raise ValueError(f"rows: expected p (R, L+1, V), q (R, L, V), drafts (R, L); got p {self.p.shape}, "
-                             f"q {self.q.shape}, drafts {self.drafts.shape}")
-        if R < 2:
-            raise ValueError(f"rows: need at least 2 recorded rounds, got {R}")
-        self.n_drafted = np.full(R, L, np.int64) if self.n_drafted is None else np.asarray(self.n_drafted, np.int64)
-        self.image = np.full(R, -1, np.int64) if self.image is None else np.asarray(self.image, np.int64)
-        if self.n_drafted.shape != (R,) or self.image.shape != (R,):
-            raise ValueError(f"rows: n_drafted and image must be (R,) = ({R},); got {self.n_drafted.shape}, "
-                             f"{self.image.shape}")
-        if np.any(self.n_drafted < 1) or np.any(self.n_drafted > L):
-            raise ValueError(f"rows: n_drafted must be in [1, L={L}]")
-        if np.any(self.drafts < 0) or np.any(self.drafts >= self.p.shape[2]):
-            raise ValueError("rows: draft tokens must be in [0, V)")
-
-    @property
-    def R(self) -> int:
-        return self.drafts.shape[0]
-
-    @property
-    def L(self) -> int:
-        return self.drafts.shape[1]
-
-    def subset(self, idx) -> "Rows":
-        idx = np.asarray(idx)
-        return Rows(self.p[idx], self.q[idx], self.drafts[idx], self.n_drafted[idx], self.image[idx])
-
-
-@dataclass
-class TreeRows:
-    """Recorded static-tree rounds (``theory.recorded.predict_tree_rounds``): p (R, N+1, V) target rows at every
-    node, q (R, N+1, V) the draft rows each node's children were drawn from, tokens (R, N+1) node tokens, the
-    ``tree`` (N nodes; only rounds that drafted the whole tree), image (R,) ints (-1 when unknown)."""
-    p: np.ndarray
-    q: np.ndarray
-    tokens: np.ndarray
-    tree: Tree
-    image: np.ndarray | None = None
-
-    def __post_init__(self):
-        self.p = np.asarray(self.p, dtype=np.float64)
-        self.q = np.asarray(self.q, dtype=np.float64)
-        self.tokens = np.asarray(self.tokens, dtype=np.int64)
-        if not isinstance(self.tree, Tree):
-            raise ValueError(f"tree rows: tree must be a theory.tree.Tree, got {type(self.tree).__name__}")
-        R, N1 = self.tokens.shape if self.tokens.ndim == 2 else (None, None)
-        if R is None or N1 != self.tree.n_nodes + 1 or self.p.shape[:2] != (R, N1) or self.q.shape != self.p.shape:
-            raise ValueError(f"tree rows: expected p, q (R, N+1={self.tree.n_nodes + 1}, V) and tokens (R, N+1); got p "
-                             f"{self.p.shape}, q {self.q.shape}, tokens {self.tokens.shape}")
-        if R < 2:
-            raise ValueError(f"tree rows: need at least 2 recorded rounds, got {R}")
-        self.image = np.full(R, -1, np.int64) if self.image is None else np.asarray(self.image, np.int64)
-        if self.image.shape != (R,):
-            raise ValueError(f"tree rows: image must be (R,) = ({R},), got {self.image.shape}")
-        if np.any(self.tokens < 0) or np.any(self.tokens >= self.p.shape[2]):
-            raise ValueError("tree rows: node tokens must be in [0, V)")
-
-    @property
-    def R(self) -> int:
-        return self.tokens.shape[0]
-
-    @property
-    def L(self) -> int:
-        """The tree's depth: the number of per-depth weights w_1..w_D."""
-        return int(self.tree.depth)
-
-    def subset(self, idx) -> "TreeRows":
-        idx = np.asarray(idx)
-        return TreeRows(self.p[idx], self.q[idx], self.tokens[idx], self.tree, self.image[idx])
-
-
 def _predict_parts(rows, verifier, s=slice(None)):
     """(accepted (R,), bound (R,)) of ``verifier`` on rounds ``s`` of chain or tree rows (T10, T11)."""
     if isinstance(rows, TreeRows):
@@ -144,23 +53,6 @@ def _predict_parts(rows, verifier, s=slice(None)):
     else:
         r = predict_rounds(rows.p[s], rows.q[s], rows.drafts[s], verifier, n_drafted=rows.n_drafted[s])
     return r.accepted, r.bound
-
-
-def load_rows(path):
-    """Rows from an ``.npz`` written by ``coolsd generate --record`` (chains: keys p, q, drafts, n_drafted,
-    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows."""
-    import json
-
-    with np.load(path) as z:
-        if "tree_paths" in z.files:
-            paths = json.loads(str(z["tree_paths"]))
-            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)),
-                            z["image"] if "image" in z.files else None)
-        missing = {"p", "q", "drafts"} - set(z.files)
-        if missing:
-            raise ValueError(f"record {path}: missing arrays {sorted(missing)} (write it with coolsd generate --record)")
-        return Rows(z["p"], z["q"], z["drafts"], z["n_drafted"] if "n_drafted" in z.files else None,
-                    z["image"] if "image" in z.files else None)
 
 
 # --------------------------------------------------------------------------- families
@@ -255,7 +147,7 @@ class _Jax:
     _cache: dict = {}
 
     def __init__(self, rows, family: str):
-        from .optimize import _jax64
+        from ._optim import _jax64
 
         self.family, self.L = family, rows.L
         self._ctx = _jax64
