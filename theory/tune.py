@@ -18,7 +18,7 @@ tree depth, T10/T11 of ``theory.recorded.predict_tree_rounds``; both row classes
 
 "Tokens per call" here is 1 + the mean predicted accepted drafts per recorded (drafted) round: the
 prediction does not model the end-of-image rounds that draft fewer tokens or the prefill round
-(``real.zoo.demo.chain_prediction`` adds those for the MNIST images). Method: SLSQP on the family's
+(``coolsd.studies.demo.predict.chain_prediction`` adds those for the MNIST images). Method: SLSQP on the family's
 parameters with JAX float64 gradients from several starts, every end point moved along the family's
 scale (a monotone direction: T10 and T11 both grow with every w_i and every a_i) by a bracketed root
 finder so that the constraint holds to 1e-9, then re-evaluated with numpy.
