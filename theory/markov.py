@@ -252,14 +252,20 @@ def exact_tv_per_state(P, Q, F, G, init, max_sequences: int | None = DEFAULT_MAX
     """TV(Phat(.|s), P(.|s)) over all V^(L+1) continuations, for each start state s with mu_0(s) > 0
     (T7). Returns (states, tvs). ``max_sequences`` / ``max_bytes``: refuse larger problems before
     allocating (None: no limit); the estimate is ``exact_tv_bytes``."""
+    _, _, states, a, d = _checked_prefix_masses(P, Q, F, G, init, max_sequences, max_bytes)
+    return states, 0.5 * np.abs(a + d).sum(axis=(1, 2))
+
+
+def _checked_prefix_masses(P, Q, F, G, init, max_sequences, max_bytes=checks.MAX_BYTES):
+    """Inputs checked, then the T7 prefix masses from every start state with mu_0(s) > 0:
+    (P, F, states, a, d) as ``_prefix_masses``."""
     _check_max_sequences(max_sequences)
     P, Q = check_chain(P, Q)
     F = checks.acceptance_tables(F, P.shape[0])
     G = checks.resampling_tables(G, F)
-    mu = init_distribution(init, P.shape[0])
-    states = np.flatnonzero(mu > 0)
+    states = np.flatnonzero(init_distribution(init, P.shape[0]) > 0)
     a, d = _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes)
-    return states, 0.5 * np.abs(a + d).sum(axis=(1, 2))
+    return P, F, states, a, d
 
 
 def exact_tv(P, Q, F, G, init, max_sequences: int | None = DEFAULT_MAX_SEQUENCES,
@@ -275,14 +281,9 @@ def exact_tv(P, Q, F, G, init, max_sequences: int | None = DEFAULT_MAX_SEQUENCES
 def sequence_laws(P, Q, F, G, init, max_sequences: int | None = 10**7) -> tuple[np.ndarray, np.ndarray]:
     """The laws of x_{1:L+1} (shape (V,)*(L+1)) under relaxed SD (Phat, T7) and under the target,
     mixed over the start distribution (what a simulator that draws s ~ mu_0 observes)."""
-    _check_max_sequences(max_sequences)
-    P, Q = check_chain(P, Q)
-    F = checks.acceptance_tables(F, P.shape[0])
-    G = checks.resampling_tables(G, F)
+    P, F, states, a, d = _checked_prefix_masses(P, Q, F, G, init, max_sequences)
     mu = init_distribution(init, P.shape[0])
-    states = np.flatnonzero(mu > 0)
     L, V = F.shape[0], P.shape[0]
-    a, d = _prefix_masses(P, Q, F, G, states, max_sequences)
     ptrue = P[states][:, None, :]
     for _ in range(1, L):
         S, N, _ = ptrue.shape
