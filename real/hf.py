@@ -17,7 +17,7 @@ import inspect
 
 import torch
 
-from .protocol import ModelOutput, Prompt, block_mask
+from .protocol import ModelOutput, block_mask, prompt_rows
 
 __all__ = ["HFCausalLM"]
 
@@ -89,24 +89,13 @@ class HFCausalLM:
     def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
                 return_hidden: bool = False) -> ModelOutput:
         """cond: a ``Prompt`` (or ids); with cfg the pair (ids, uncond_ids), left-padded."""
-        prompt = cond if isinstance(cond, Prompt) else Prompt(cond)
-        rows = [prompt.ids]
-        if cfg:
-            if prompt.uncond_ids is None:
-                raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
-            rows.append(prompt.uncond_ids)
-        P = max(r.numel() for r in rows)
-        ids = torch.zeros(len(rows), P, dtype=torch.long, device=self.device)
-        mask = torch.zeros(len(rows), P, dtype=torch.long, device=self.device)
-        for b, r in enumerate(rows):  # one or two prompt rows
-            ids[b, P - r.numel():] = r.to(self.device)
-            mask[b, P - r.numel():] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, real, pos = prompt_rows(cond, cfg, self.device)
+        mask = real.long()
         S = 0
         if tokens is not None and tokens.numel():
             t = self._map(tokens)
-            if t.shape[0] != len(rows):
-                raise ValueError(f"tokens must have batch {len(rows)}, got {t.shape[0]}")
+            if t.shape[0] != ids.shape[0]:
+                raise ValueError(f"tokens must have batch {ids.shape[0]}, got {t.shape[0]}")
             S = t.shape[1]
             ids = torch.cat([ids, t], 1)
             mask = torch.cat([mask, torch.ones_like(t)], 1)

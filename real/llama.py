@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llamagen import RMSNorm
-from .protocol import ModelOutput, Prompt, block_mask
+from .protocol import ModelOutput, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]
 
@@ -178,19 +178,8 @@ class FastLlama(nn.Module):
 
     @torch.no_grad()
     def prefill(self, cond, tokens=None, *, cfg=False, return_hidden=False) -> ModelOutput:
-        prompt = cond if isinstance(cond, Prompt) else Prompt(cond)
-        rows = [prompt.ids]
-        if cfg:
-            if prompt.uncond_ids is None:
-                raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
-            rows.append(prompt.uncond_ids)
-        B, P = len(rows), max(r.numel() for r in rows)
-        ids = torch.zeros(B, P, dtype=torch.long, device=self.device)
-        real = torch.zeros(B, P, dtype=torch.bool, device=self.device)
-        for b, r in enumerate(rows):  # one or two prompt rows
-            ids[b, P - r.numel():] = r.to(self.device)
-            real[b, P - r.numel():] = True
-        pos = (real.long().cumsum(-1) - 1).clamp(min=0)
+        ids, real, pos = prompt_rows(cond, cfg, self.device)
+        B, P = ids.shape
         S = 0
         if tokens is not None and tokens.numel():
             t = self._map(tokens)

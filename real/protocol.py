@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 __all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask", "as_conds",
-           "OneRow"]
+           "OneRow", "prompt_rows", "check_attn_mask"]
 
 
 class ModelOutput(NamedTuple):
@@ -127,6 +127,25 @@ class Prompt:
             self.uncond_ids = torch.as_tensor(self.uncond_ids, dtype=torch.long).reshape(-1)
             if self.uncond_ids.numel() == 0:
                 raise ValueError("Prompt.uncond_ids is empty")
+
+
+def prompt_rows(cond, cfg: bool, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A ``Prompt`` (or its ids) as left-padded model rows: one row, or with ``cfg`` the (ids, uncond_ids)
+    pair. Returns ids (B, P) int64, real (B, P) bool (False at padding) and positions (B, P) int64 (0 on
+    the padding, then 0, 1, ... over each row's real ids)."""
+    prompt = cond if isinstance(cond, Prompt) else Prompt(cond)
+    rows = [prompt.ids]
+    if cfg:
+        if prompt.uncond_ids is None:
+            raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
+        rows.append(prompt.uncond_ids)
+    B, P = len(rows), max(r.numel() for r in rows)
+    ids = torch.zeros(B, P, dtype=torch.long, device=device)
+    real = torch.zeros(B, P, dtype=torch.bool, device=device)
+    for b, r in enumerate(rows):  # one or two prompt rows
+        ids[b, P - r.numel():] = r.to(device)
+        real[b, P - r.numel():] = True
+    return ids, real, (real.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def as_conds(cond) -> list:
