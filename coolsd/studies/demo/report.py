@@ -42,12 +42,18 @@ def main_table(report: dict) -> str:
     rows.append(f"| plain AR (baseline) | - | 1 | 1 | - | 1 | 1 | {_f(b['frechet_distance'], 1)} ({_f(b['frechet_distance_se'], 1)}) "
                 f"| {_f(b['class_accuracy'])} | 0 | {_f(b['nll_per_token'])} ({_f(b['nll_per_token_se'])}) |")
     for m in report["methods"]:
-        a, sp = m["accepted_length"], m["speedup"]
-        rows.append(f"| {label(m)} | {m['drafting']} | {_f(a['predicted'])} | {_f(a['measured'])} ({_f(a['measured_se'])}) "
-                    f"| {100 * a['relative_error']:+.1f}% | {_f(sp['predicted'], 2)} | {_f(sp['measured'], 2)} "
-                    f"| {_f(m['frechet_distance'], 1)} ({_f(m['frechet_distance_se'], 1)}) | {_f(m['class_accuracy'])} "
+        rows.append(f"| {label(m)} | {m['drafting']} | {_speed_quality_cells(m)} "
                     f"| {_f(m['tv_bound'])} | {_f(m['nll_per_token'])} ({_f(m['nll_per_token_se'])}) |")
     return head + "\n".join(rows) + "\n"
+
+
+def _speed_quality_cells(m: dict) -> str:
+    """The cells every method table shares: tokens/call predicted | measured (SE) | rel. err | speed-up
+    predicted | measured | FD (SE) | class acc."""
+    a, sp = m["accepted_length"], m["speedup"]
+    return (f"{_f(a['predicted'])} | {_f(a['measured'])} ({_f(a['measured_se'])}) | {100 * a['relative_error']:+.1f}% "
+            f"| {_f(sp['predicted'], 2)} | {_f(sp['measured'], 2)} | {_f(m['frechet_distance'], 1)} "
+            f"({_f(m['frechet_distance_se'], 1)}) | {_f(m['class_accuracy'])}")
 
 
 def find_method(methods, name, drafting, **params):
@@ -172,11 +178,7 @@ def markdown(report: dict) -> str:
                   "| run | draft | tokens/call predicted | measured (SE) | rel. err | speed-up predicted | measured | FD (SE) | class acc |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for m in report["other_drafts"]:
-            a, sp = m["accepted_length"], m["speedup"]
-            lines.append(f"| {label(m)} {m['drafting']} | {m['draft']} | {_f(a['predicted'])} | {_f(a['measured'])} "
-                         f"({_f(a['measured_se'])}) | {100 * a['relative_error']:+.1f}% | {_f(sp['predicted'], 2)} | "
-                         f"{_f(sp['measured'], 2)} | {_f(m['frechet_distance'], 1)} ({_f(m['frechet_distance_se'], 1)}) "
-                         f"| {_f(m['class_accuracy'])} |")
+            lines.append(f"| {label(m)} {m['drafting']} | {m['draft']} | {_speed_quality_cells(m)} |")
     lines += ["", "## Measured unit costs (seconds)", "",
               "| drafting | AR step | draft step | target pass / round | verifier / round | other / round | draft/AR | target pass/AR |",
               "|---|---|---|---|---|---|---|---|"]
