@@ -257,3 +257,34 @@ def test_disk_full_keeps_the_stored_units(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="No space left on device.*already stored are kept"):
         sweep(cfg, out)
     assert len(list(out.glob("units/*/*.npz"))) == 1 and not list(out.rglob("*.tmp"))
+
+
+def test_blocked_precision_recall_and_batched_fd_equal_the_unblocked_computation(monkeypatch):
+    """Blocks of 7 rows (so blocks are ragged) give the brute-force k-NN precision/recall written here
+    with full distance matrices, and the batched FD of m Gaussians equals m separate FDs."""
+    from real.zoo.metrics import frechet_distance_stats, frechet_distances_to
+
+    rng = np.random.default_rng(5)
+    real, gen = rng.standard_normal((40, 3)), rng.standard_normal((53, 3)) * 0.7 + 0.6
+    monkeypatch.setattr(metrics, "_DISTANCE_ROWS", 7)
+    monkeypatch.setattr(metrics, "_JACKKNIFE_BLOCK", 7)
+
+    def brute(a, b, k):
+        da = np.linalg.norm(a[:, None] - a[None], axis=-1)
+        np.fill_diagonal(da, np.inf)
+        rad = np.sort(da, axis=1)[:, k - 1]
+        return (np.linalg.norm(b[:, None] - a[None], axis=-1) <= rad[None]).any(1).mean()
+
+    out = metrics.precision_recall(real, gen, k=3)
+    assert out["precision"] == pytest.approx(brute(real, gen, 3), abs=1e-12)
+    assert out["recall"] == pytest.approx(brute(gen, real, 3), abs=1e-12)
+    assert 0 < out["precision"] < 1 and 0 < out["recall"] < 1          # neither trivially 0 nor 1
+    mus = rng.standard_normal((5, 3))
+    sig = np.stack([np.cov(rng.standard_normal((20, 3)), rowvar=False) for _ in range(5)])
+    ref = (np.zeros(3), np.cov(rng.standard_normal((30, 3)), rowvar=False))
+    np.testing.assert_allclose(frechet_distances_to(mus, sig, *ref),
+                               [frechet_distance_stats(m, s, *ref) for m, s in zip(mus, sig)], rtol=1e-12)
+    f = rng.standard_normal((30, 3))
+    jk = np.array([frechet_distance_stats(np.delete(f, i, 0).mean(0), np.cov(np.delete(f, i, 0), rowvar=False), *ref)
+                   for i in range(30)])
+    assert metrics.fd_with_ci(f, ref)["se"] == pytest.approx(np.sqrt(29 / 30 * ((jk - jk.mean()) ** 2).sum()), rel=1e-9)

@@ -40,11 +40,11 @@ def gaussian_stats(feats) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _clean_eigenvalues(w: np.ndarray) -> np.ndarray:
-    """Eigenvalues of a symmetric PSD matrix with round-off removed: values below the rank
-    tolerance d * eps * max|w| (numpy.linalg.matrix_rank's) are set to 0. Without this an exactly
-    singular covariance leaves eigenvalues of size ~1e-16 whose square roots (~1e-8) would leak
-    into the trace."""
-    tol = w.shape[-1] * np.finfo(np.float64).eps * np.abs(w).max(initial=0.0)
+    """Eigenvalues (..., d) of symmetric PSD matrices with round-off removed: values below the rank
+    tolerance d * eps * max|w| of their own matrix (numpy.linalg.matrix_rank's) are set to 0. Without
+    this an exactly singular covariance leaves eigenvalues of size ~1e-16 whose square roots (~1e-8)
+    would leak into the trace."""
+    tol = w.shape[-1] * np.finfo(np.float64).eps * np.abs(w).max(axis=-1, keepdims=True, initial=0.0)
     return np.where(w > tol, w, 0.0)
 
 
@@ -55,14 +55,8 @@ def _psd_sqrt(S: np.ndarray) -> np.ndarray:
 
 
 def frechet_distance_stats(mu1, sigma1, mu2, sigma2) -> float:
-    """FD between N(mu1, sigma1) and N(mu2, sigma2) (float64).
-
-    tr (S1^{1/2} S2 S1^{1/2})^{1/2} is computed on the *symmetric* PSD matrix S1^{1/2} S2 S1^{1/2}
-    with ``scipy.linalg.eigh`` (its eigenvalues are those of S1 S2), instead of ``sqrtm(S1 @ S2)``
-    on the non-symmetric product: accurate for singular covariances (dead ReLU features, fewer
-    samples than dimensions) and never complex. Eigenvalues at round-off level (including tiny
-    negative ones) are set to 0, and so is a negative final value (FD is a squared distance).
-    """
+    """FD between N(mu1, sigma1) and N(mu2, sigma2) (float64), inputs checked (finite, symmetric,
+    PSD); the value is ``frechet_distances_to`` of the single pair."""
     mu1, mu2 = np.asarray(mu1, np.float64), np.asarray(mu2, np.float64)
     s1, s2 = np.atleast_2d(np.asarray(sigma1, np.float64)), np.atleast_2d(np.asarray(sigma2, np.float64))
     d = mu1.shape[0]
@@ -78,12 +72,28 @@ def frechet_distance_stats(mu1, sigma1, mu2, sigma2) -> float:
             raise ValueError(f"{name} is not symmetric")
         if scipy.linalg.eigvalsh(s).min() < -1e-8 * scale:
             raise ValueError(f"{name} is not positive semi-definite")
-    s1, s2 = (s1 + s1.T) / 2, (s2 + s2.T) / 2
-    r = _psd_sqrt(s1)
-    m = r @ s2 @ r
-    cross = np.sqrt(_clean_eigenvalues(scipy.linalg.eigvalsh((m + m.T) / 2))).sum()
-    fd = float(((mu1 - mu2) ** 2).sum() + np.trace(s1) + np.trace(s2) - 2.0 * cross)
-    return max(fd, 0.0)
+    return float(frechet_distances_to(mu1[None], s1[None], mu2, s2)[0])
+
+
+def frechet_distances_to(mus, sigmas, mu_ref, sigma_ref) -> np.ndarray:
+    """FD (m,) float64 of m Gaussians N(mus[j] (d,), sigmas[j] (d, d)) to one reference
+    N(mu_ref (d,), sigma_ref (d, d)); inputs trusted (``frechet_distance_stats`` checks them).
+
+    tr (S^{1/2} R S^{1/2})^{1/2} = tr (R^{1/2} S R^{1/2})^{1/2} is computed from the eigenvalues of
+    the *symmetric* PSD matrix R^{1/2} S R^{1/2} (those of S R), with R^{1/2} of the reference taken
+    once, instead of ``sqrtm(S @ R)`` on the non-symmetric product: accurate for singular covariances
+    (dead ReLU features, fewer samples than dimensions) and never complex; one batched
+    ``numpy.linalg.eigvalsh`` over the m matrices (the jackknife's leave-one-out fits). Eigenvalues at
+    round-off level (including tiny negative ones) are set to 0, and so is a negative final value (FD
+    is a squared distance)."""
+    mus, sigmas = np.asarray(mus, np.float64), np.asarray(sigmas, np.float64)
+    mu_ref, sigma_ref = np.asarray(mu_ref, np.float64), np.asarray(sigma_ref, np.float64)
+    sigmas = (sigmas + np.swapaxes(sigmas, -1, -2)) / 2
+    r = _psd_sqrt((sigma_ref + sigma_ref.T) / 2)
+    m = r @ sigmas @ r
+    cross = np.sqrt(_clean_eigenvalues(np.linalg.eigvalsh((m + np.swapaxes(m, -1, -2)) / 2))).sum(-1)
+    fd = ((mus - mu_ref) ** 2).sum(-1) + np.trace(sigmas, axis1=-2, axis2=-1) + np.trace(sigma_ref) - 2.0 * cross
+    return np.maximum(fd, 0.0)
 
 
 def frechet_distance(feats_a, feats_b) -> float:
