@@ -8,6 +8,7 @@ import math
 import numpy as np
 import torch
 
+
 def fd_with_se(images: torch.Tensor, n_boot: int, seed: int) -> tuple[float, float]:
     """Frechet distance to the held-out digits and its bootstrap standard error (resampling the images)."""
     from real.zoo.metrics import frechet_distance_stats, gaussian_stats, image_features, reference_stats
@@ -20,6 +21,9 @@ def fd_with_se(images: torch.Tensor, n_boot: int, seed: int) -> tuple[float, flo
     return float(fd), float(np.std(boots, ddof=1))
 
 
+_NLL_BLOCK = 1000   # images per teacher-forced forward of the NLL
+
+
 @torch.no_grad()
 def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
     """Target NLL per token of each generated image's codes (N, 49) given its class: (N,) float64."""
@@ -27,8 +31,12 @@ def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndar
 
     from real.zoo.gpt import train_logits
 
-    logits = train_logits(target, labels, tokens)
-    return F.cross_entropy(logits.transpose(1, 2), tokens.to(logits.device), reduction="none").mean(1).cpu().double().numpy()
+    out = []
+    for a in range(0, len(tokens), _NLL_BLOCK):  # image blocks bound the (block, 49, V) logits
+        y, c = labels[a:a + _NLL_BLOCK], tokens[a:a + _NLL_BLOCK]
+        logits = train_logits(target, y, c)
+        out.append(F.cross_entropy(logits.transpose(1, 2), c.to(logits.device), reduction="none").mean(1))
+    return torch.cat(out).cpu().double().numpy()
 
 
 def nll_with_se(target, labels: torch.Tensor, tokens: torch.Tensor) -> dict:
