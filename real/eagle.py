@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .llamagen import RMSNorm, apply_rope, attend, complex_rope, rope_table_2d
+from .blocks import EAGER
+from .llamagen import RMSNorm, apply_rope, complex_rope, rope_table_2d
 from .kvcache import KVCache, common_len
 from .protocol import ModelOutput
 
@@ -92,18 +93,12 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
 
-    def forward(self, x, rot, mask, cache: KVCache | None = None, i: int = 0):
+    def project(self, x, rot):
+        """x (B, S, hidden) -> q (B, nh, S, hd), k, v (B, nkv, S, hd); q and k rotated."""
         B, S, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, S, self.nh, self.hd), rot).transpose(1, 2)
         k = apply_rope(self.k_proj(x).view(B, S, self.nkv, self.hd), rot).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
-        if cache is not None:                     # inference with the static cache
-            k, v = cache.update(i, k, v)
-        if self.nkv != self.nh:
-            k = k.repeat_interleave(self.nh // self.nkv, 1)
-            v = v.repeat_interleave(self.nh // self.nkv, 1)
-        y = attend(q, k, v, mask, causal=cache is None)
-        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+        return q, k, self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
 
 
 class _MLP(nn.Module):
@@ -112,9 +107,6 @@ class _MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class _Layer(nn.Module):
@@ -125,11 +117,19 @@ class _Layer(nn.Module):
         if index != 0:
             self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.fns = EAGER            # real.blocks.compile_blocks swaps in the compiled functions
 
     def forward(self, x, rot, mask, cache=None, i=0):
+        """x (B, S, hidden), rot (S or B x S, hd/2) complex, mask (B or 1, 1, S, K) bool or None; with
+        ``cache`` the block is written into layer i's slots (else causal attention over x alone) ->
+        (B, S, hidden). Attention and SwiGLU through ``real.blocks.block_post`` (compilable)."""
         h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        x = x + self.self_attn(h, rot, mask, cache, i)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        q, k, v = self.self_attn.project(h, rot)
+        if cache is not None:                     # inference with the static cache
+            k, v = cache.update(i, k, v)
+        a, m, n = self.self_attn, self.mlp, self.post_attention_layernorm
+        return self.fns.post(x, q, k, v, mask, a.o_proj.weight, n.weight, n.eps, m.gate_proj.weight,
+                             m.up_proj.weight, m.down_proj.weight, cache is None)
 
 
 class EagleDrafter(nn.Module):

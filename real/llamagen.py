@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .blocks import EAGER, attend, mix_heads, rms_norm, rope_qkv, swiglu
+from .blocks import apply_rope as _rotate
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .kvcache import KVCache, common_len
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
@@ -129,8 +131,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times the weight."""
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_table_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
@@ -153,30 +154,8 @@ def complex_rope(table: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     """x (B, S, H, Dh), rot (S, Dh/2) or (B, S, Dh/2) complex (``complex_rope``), or the real (..., 2)
-    table: rotate interleaved pairs (in float32)."""
-    if not rot.is_complex():
-        rot = complex_rope(rot)
-    r = rot[:, :, None] if rot.ndim == 3 else rot[None, :, None]
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    if xs.stride(-1) != 1 or any(st % 2 for st in xs.stride()[:-1]):
-        xs = xs.contiguous()
-    return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
-    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. On CPU the three
-    operations written out (the engine's blocks are small: S <= 58 queries over <= a few hundred keys, where
-    this is ~3x faster than torch's fused CPU kernel); elsewhere ``scaled_dot_product_attention``."""
-    if q.device.type != "cpu" or q.dtype != torch.float32:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - q.shape[-2])
-    if mask is not None:
-        a = a.masked_fill(~mask, float("-inf"))
-    return a.softmax(-1) @ v
+    table: rotate interleaved pairs (in float32; ``real.blocks.apply_rope``)."""
+    return _rotate(x, rot if rot.is_complex() else complex_rope(rot))
 
 
 class Attention(nn.Module):
@@ -187,21 +166,12 @@ class Attention(nn.Module):
         self.wo = nn.Linear(c.dim, c.dim, bias=False)
 
     def forward(self, x, rot, mask, cache: KVCache | None = None, i: int = 0):
-        """x (B, S, dim), rot (S or B x S, head_dim/2, 2), mask (B or 1, 1, S, K) bool or None; with
+        """x (B, S, dim), rot (S or B x S, head_dim/2) complex, mask (B or 1, 1, S, K) bool or None; with
         ``cache`` the block is written into layer i's slots and attends over the row's cached entries."""
-        B, S, _ = x.shape
-        kvd = self.n_kv * self.hd
-        qk, v = self.wqkv(x).split([self.dim + kvd, kvd], dim=-1)
-        qk = apply_rope(qk.view(B, S, self.n_head + self.n_kv, self.hd), rot)      # q and k in one rotation
-        q, k = qk[:, :, :self.n_head].transpose(1, 2), qk[:, :, self.n_head:].transpose(1, 2)
-        v = v.view(B, S, self.n_kv, self.hd).transpose(1, 2)
+        q, k, v = rope_qkv(self.wqkv(x), rot, self.n_head, self.n_kv)
         if cache is not None:
             k, v = cache.update(i, k, v)
-        if self.n_kv != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        y = attend(q, k, v, mask)
-        return self.wo(y.transpose(1, 2).reshape(B, S, self.dim))
+        return mix_heads(q, k, v, mask, self.wo.weight)
 
 
 class FeedForward(nn.Module):
@@ -213,7 +183,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x):
         """SwiGLU: x (B, S, dim) -> (B, S, dim)."""
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return swiglu(x, self.w1.weight, self.w3.weight, self.w2.weight)
 
 
 class Block(nn.Module):
@@ -223,11 +193,18 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(c)
         self.attention_norm = RMSNorm(c.dim, c.norm_eps)
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
+        self.fns = EAGER            # real.blocks.compile_blocks swaps in the compiled functions
 
     def forward(self, x, rot, mask, cache=None, i=0):
-        """Pre-norm attention + SwiGLU residual block: x (B, S, dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
-        h = x + self.attention(self.attention_norm(x), rot, mask, cache, i)
-        return h + self.feed_forward(self.ffn_norm(h))
+        """Pre-norm attention + SwiGLU residual block (``real.blocks.block_pre`` / ``block_post``): x (B, S,
+        dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
+        a, f = self.attention, self.feed_forward
+        q, k, v = self.fns.pre(x, rot, self.attention_norm.weight, self.attention_norm.eps, a.wqkv.weight,
+                               a.n_head, a.n_kv)
+        if cache is not None:
+            k, v = cache.update(i, k, v)
+        return self.fns.post(x, q, k, v, mask, a.wo.weight, self.ffn_norm.weight, self.ffn_norm.eps,
+                             f.w1.weight, f.w3.weight, f.w2.weight)
 
 
 class LabelEmbedder(nn.Module):

@@ -55,6 +55,11 @@ def register(sub):
     r.add_argument("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
+    r.add_argument("--compile", nargs="?", const="default", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                   help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.blocks; falls back "
+                        "to eager with a warning when compilation fails); mode default, or reduce-overhead for "
+                        "CUDA graphs. On CPU it does not pay at batch 1 (benchmarks/bench_engine.py --compile)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
     r.add_argument("--record", default=None,
                    help="save the per-round P/Q rows (and image index) to this .npz (theory.recorded, coolsd tune); "
@@ -143,6 +148,8 @@ def generate(args) -> dict:
         torch.set_num_threads(threads)
     bundle = build(args.model, BuildOptions.from_namespace(args))
     check_bundle(args, bundle)
+    if getattr(args, "compile", None):
+        _compile(bundle, args.compile)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
     method = args.method.lower()
@@ -199,6 +206,19 @@ def generate(args) -> dict:
             np.savez_compressed(fh, tokens=toks, **extra)
         out["saved"] = str(args.save)
     return out
+
+
+def _compile(bundle, mode: str) -> None:
+    """--compile: route the target's and the draft's decoder blocks through ``real.blocks.compile_blocks``."""
+    from real.blocks import compile_blocks
+
+    for name, m in (("target", bundle.target), ("draft", bundle.draft)):
+        if m is None:
+            continue
+        if not any(hasattr(x, "fns") for x in getattr(m, "modules", lambda: [])()):
+            raise ValueError(f"--compile: the {name} ({type(m).__name__}) has no compilable decoder blocks "
+                             "(supported: LlamaGen targets and drafts, EAGLE-1 drafters)")
+        compile_blocks(m, mode=mode)
 
 
 def parse_tree(spec: str, L: int):

@@ -1,0 +1,152 @@
+"""The decoder block's tensor arithmetic as pure functions, shared by LlamaGen (``real.llamagen``) and the
+EAGLE-1 drafter (``real.eagle``), and its ``torch.compile``d variant.
+
+A decoder layer of the engine is (i) ``block_pre``: norm, fused q/k/v projection and RoPE; (ii) the KV-cache
+write (``real.kvcache.KVCache.update``: host bookkeeping, never compiled); (iii) ``block_post``: attention
+over the cached keys, output projection, residual, norm, SwiGLU, residual. (i) and (iii) hold every FLOP
+and no state, so they are what ``compile_blocks`` compiles, with dynamic shapes (the block length S and the
+key count K change from round to round) and one compiled graph shared by all layers (weights are
+arguments, not captured modules). A compilation that fails (no C++ compiler, an unsupported op) warns
+once and falls back to the eager functions for the rest of the process; results never depend on it.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["rms_norm", "swiglu", "attend", "rope_qkv", "mix_heads", "block_pre", "block_post", "EAGER",
+           "compiled_functions", "compile_blocks"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times weight (dim,)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """SwiGLU feed-forward: x (..., dim), w1, w3 (hidden, dim), w2 (dim, hidden) -> (..., dim)."""
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           causal: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
+    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. On CPU the three
+    operations written out (the engine's blocks are small: S <= 58 queries over <= a few hundred keys, where
+    this is ~3x faster than torch's fused CPU kernel); elsewhere ``scaled_dot_product_attention``."""
+    if q.device.type != "cpu" or q.dtype != torch.float32:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - q.shape[-2])
+    if mask is not None:
+        a = a.masked_fill(~mask, float("-inf"))
+    return a.softmax(-1) @ v
+
+
+def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x (B, S, H, Dh), rot (S, Dh/2) or (B, S, Dh/2) complex (cos + i sin): rotate interleaved pairs (in
+    float32)."""
+    r = rot[:, :, None] if rot.ndim == 3 else rot[None, :, None]
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    if xs.stride(-1) != 1 or any(st % 2 for st in xs.stride()[:-1]):
+        xs = xs.contiguous()
+    return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
+
+
+def rope_qkv(qkv: torch.Tensor, rot: torch.Tensor, n_head: int, n_kv: int):
+    """Fused projections qkv (B, S, (n_head + 2 n_kv) Dh) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh),
+    q and k rotated (``apply_rope``, one rotation for both)."""
+    B, S, _ = qkv.shape
+    hd = qkv.shape[-1] // (n_head + 2 * n_kv)
+    qk, v = qkv.split([(n_head + n_kv) * hd, n_kv * hd], dim=-1)
+    qk = apply_rope(qk.view(B, S, n_head + n_kv, hd), rot)
+    return (qk[:, :, :n_head].transpose(1, 2), qk[:, :, n_head:].transpose(1, 2),
+            v.view(B, S, n_kv, hd).transpose(1, 2))
+
+
+def mix_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, wo: torch.Tensor,
+              causal: bool = False) -> torch.Tensor:
+    """Attention output projected: q (B, H, S, Dh), k, v (B, Hkv, K, Dh) (Hkv divides H: grouped-query
+    heads repeated), mask as ``attend``, wo (dim, H Dh) -> (B, S, dim)."""
+    B, H, S, hd = q.shape
+    if k.shape[1] != H:
+        k = k.repeat_interleave(H // k.shape[1], dim=1)
+        v = v.repeat_interleave(H // v.shape[1], dim=1)
+    return F.linear(attend(q, k, v, mask, causal).transpose(1, 2).reshape(B, S, H * hd), wo)
+
+
+def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, eps: float, wqkv: torch.Tensor,
+              n_head: int, n_kv: int):
+    """(i) of a decoder layer: x (B, S, dim), rot as ``apply_rope``, norm_w (dim,) or None (no input norm:
+    EAGLE's layer 0), wqkv ((n_head + 2 n_kv) Dh, dim) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh)."""
+    h = x if norm_w is None else rms_norm(x, norm_w, eps)
+    return rope_qkv(F.linear(h, wqkv), rot, n_head, n_kv)
+
+
+def block_post(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               wo: torch.Tensor, norm_w: torch.Tensor, eps: float, w1: torch.Tensor, w3: torch.Tensor,
+               w2: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """(iii) of a decoder layer: h = x + ``mix_heads``(q, k, v, mask, wo); h + ``swiglu``(rms_norm(h)).
+    x (B, S, dim), q (B, H, S, Dh), k, v (B, Hkv, K, Dh) (cached keys included) -> (B, S, dim)."""
+    h = x + mix_heads(q, k, v, mask, wo, causal)
+    return h + swiglu(rms_norm(h, norm_w, eps), w1, w3, w2)
+
+
+EAGER = SimpleNamespace(pre=block_pre, post=block_post, mode="eager")
+
+
+class _WithFallback:
+    """A compiled function that, the first time compiling or running it raises, warns once and calls the
+    eager function instead from then on (an error of the inputs themselves is raised again by eager)."""
+
+    def __init__(self, compiled, eager, name: str):
+        self.compiled, self.eager, self.name, self.failed = compiled, eager, name, False
+
+    def __call__(self, *args):
+        if not self.failed:
+            try:
+                return self.compiled(*args)
+            except Exception as e:  # any compiler failure: the eager function is always correct
+                self.failed = True
+                warnings.warn(f"torch.compile of {self.name} failed ({type(e).__name__}: {str(e)[:200]}); "
+                              "running eager from now on", RuntimeWarning, stacklevel=2)
+        return self.eager(*args)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_functions(mode: str | None = None, backend: str = "inductor") -> SimpleNamespace:
+    """``block_pre`` and ``block_post`` through ``torch.compile(dynamic=True, mode=mode, backend=backend)``
+    with the eager fallback; one object per (mode, backend), shared by every layer and model."""
+    kw = dict(dynamic=True, mode=mode, backend=backend)
+    # one graph per (model's eps and widths, mask or none, S = 1 or more): a target and a drafter need ~8,
+    # torch's default limit; beyond the limit dynamo silently runs eager, so leave room
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return SimpleNamespace(pre=_WithFallback(torch.compile(block_pre, **kw), block_pre, "block_pre"),
+                           post=_WithFallback(torch.compile(block_post, **kw), block_post, "block_post"),
+                           mode=f"compiled ({mode or 'default'}, {backend})")
+
+
+def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | None = None,
+                   backend: str = "inductor") -> torch.nn.Module:
+    """Route every decoder layer of ``model`` (modules with a ``fns`` attribute: LlamaGen blocks, EAGLE
+    layers) through the compiled ``block_pre`` / ``block_post`` (``enabled``), or back to eager. ``mode``:
+    torch.compile's (None = default; "reduce-overhead" adds CUDA graphs on GPU; "max-autotune-no-cudagraphs").
+    Returns the model. Compilation happens at the first forward of each shape class (minutes on CPU)."""
+    if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        raise ValueError(f"mode must be None, 'default', 'reduce-overhead', 'max-autotune' or "
+                         f"'max-autotune-no-cudagraphs', got {mode!r}")
+    fns = compiled_functions(None if mode == "default" else mode, backend) if enabled else EAGER
+    n = 0
+    for m in model.modules():
+        if hasattr(m, "fns"):
+            m.fns = fns
+            n += 1
+    if n == 0:
+        raise ValueError(f"{type(model).__name__} has no decoder layers that can be compiled")
+    return model

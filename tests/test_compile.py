@@ -1,0 +1,103 @@
+"""The compiled decoder blocks (``real.blocks.compile_blocks``, torch.compile with the inductor CPU backend):
+same greedy tokens as eager, same sampling law, eager fallback when compilation fails."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from real import engine, llamagen as lg
+from real.blocks import EAGER, compile_blocks
+from real.sampling import Processing
+from theory import rules
+from theory.tree import EAGLE_25, Tree
+
+from test_real_engine import _chi2, _exact_law, _law_models
+
+
+def _uncompiled(*models):
+    for m in models:
+        compile_blocks(m, enabled=False)
+
+
+def test_compiled_greedy_equals_eager_and_plain_greedy():
+    """A trained EAGLE pair (the shipped MNIST target + drafter, CFG 2, B = 3 ragged rows): chain and
+    25-node tree, compiled target and drafter, give the tokens of eager plain greedy decoding."""
+    from real.zoo import gpt
+
+    t = gpt.load_target()
+    d = gpt.load_eagle(t)
+    proc = Processing(temperature=0.0, cfg_scale=2.0)
+    conds, T = [1, 4, 8], 49
+    plain = engine.generate(t, None, conds, num_tokens=T, processing=proc, batch_size=3)
+    try:
+        compile_blocks(t)
+        compile_blocks(d)
+        assert t.layers[0].fns is not EAGER and d.layers[0].fns is t.layers[0].fns
+        for kw in (dict(L=4), dict(tree=Tree(EAGLE_25))):
+            got = engine.generate(t, d, conds, num_tokens=T, verifier=rules.greedy(), processing=proc,
+                                  batch_size=3, **kw)
+            for g, p in zip(got, plain):
+                assert torch.equal(g.tokens, p.tokens)
+            assert len({tuple(r.accepted for r in g.rounds) for g in got}) > 1     # drafts were accepted, unevenly
+        assert not t.layers[0].fns.pre.failed and not t.layers[0].fns.post.failed  # it really ran compiled
+    finally:
+        _uncompiled(t, d)
+
+
+def test_compiled_sampling_follows_the_exact_law():
+    """Vanilla SD with compiled target and draft (V = 4, T = 3, B = 40, N = 800 as test_batch's law test):
+    chi-square against the exact law of plain sampling, p > 1e-3; negative control: the same compiled
+    models with a resampler that ignores the residual (~0.2 TV per token) is rejected at p < 1e-3."""
+    t, d = _law_models()
+    proc = Processing(temperature=0.9, top_k=3, cfg_scale=1.5)
+    T, N = 3, 800
+    law = _exact_law(t, 2, T, proc)
+    try:
+        compile_blocks(t)
+        compile_blocks(d)
+
+        def counts(verifier, seed):
+            out: dict = {}
+            for g in engine.generate(t, d, [2] * N, num_tokens=T, verifier=verifier, L=2, processing=proc,
+                                     batch_size=40, seed=seed):
+                s = tuple(g.tokens.tolist())
+                out[s] = out.get(s, 0) + 1
+            return out
+
+        p_van, _ = _chi2(counts(rules.vanilla(), 1), law, N)
+        p_bad, _ = _chi2(counts(rules.Verifier(rules.Vanilla(), rules.Target(), "wrong-resampler"), 2), law, N)
+        assert not t.layers[0].fns.post.failed
+    finally:
+        _uncompiled(t, d)
+    assert p_van > 1e-3
+    assert p_bad < 1e-3
+
+
+def test_failed_compilation_warns_once_and_runs_eager():
+    """A backend that raises: a RuntimeWarning, then the eager functions (same logits as never compiled)."""
+    calls = []
+
+    def broken(gm, example_inputs):
+        calls.append(1)
+        raise RuntimeError("no compiler here")
+
+    c = lg.LlamaGenConfig(dim=32, n_head=2, n_layer=2, vocab_size=16, num_classes=3, block_size=4, multiple_of=32)
+    t = lg.LlamaGen(c).random_init(0).eval()
+    with torch.no_grad():
+        ref = t.prefill(1, torch.tensor([[3, 5]])).logits
+        compile_blocks(t, backend=broken)
+        with pytest.warns(RuntimeWarning, match="running eager"):
+            got = t.prefill(1, torch.tensor([[3, 5]])).logits
+        again = t.prefill(1, torch.tensor([[3, 5]])).logits
+    assert calls and torch.equal(got, ref) and torch.equal(again, ref)
+
+
+def test_compile_blocks_refuses_bad_input():
+    t = lg.LlamaGen(lg.LlamaGenConfig(dim=32, n_head=2, n_layer=1, vocab_size=16, num_classes=3, block_size=4,
+                                      multiple_of=32))
+    with pytest.raises(ValueError, match="mode must be"):
+        compile_blocks(t, mode="fastest")
+    with pytest.raises(ValueError, match="no decoder layers"):
+        compile_blocks(torch.nn.Linear(2, 2))
+    assert np.all([layer.fns is EAGER for layer in t.layers])
