@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .vq import AttnBlock, ResnetBlock, Upsample, code_grid, group_norm  # shared with LlamaGen's VQ
+from .vq import AttnBlock, ResnetBlock, Upsample, code_grid, group_norm, reset_convs, resnet_level, run_level  # shared with LlamaGen's VQ
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_vqgan", "CHAMELEON_VQGAN",
            "split_vqgan_state"]
@@ -104,13 +104,9 @@ class _Decoder(nn.Module):
         self.mid.block_2 = ResnetBlock(cin, cin, c.dropout)
         levels: list[nn.Module] = [None] * n
         for i in reversed(range(n)):
-            lvl = nn.Module()
-            lvl.block, lvl.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks + 1):
-                lvl.block.append(ResnetBlock(cin, c.ch * c.ch_mult[i], c.dropout))
-                cin = c.ch * c.ch_mult[i]
-                if res in c.attn_resolutions:
-                    lvl.attn.append(AttnBlock(cin))
+            lvl = resnet_level(cin, c.ch * c.ch_mult[i], c.num_res_blocks + 1, res in c.attn_resolutions,
+                               c.dropout, blocks="block")
+            cin = c.ch * c.ch_mult[i]
             if i != 0:
                 lvl.upsample = Upsample(cin)
                 res *= 2
@@ -123,13 +119,7 @@ class _Decoder(nn.Module):
         h = self.conv_in(z)
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
         for i in reversed(range(len(self.up))):
-            lvl = self.up[i]
-            for j, blk in enumerate(lvl.block):
-                h = blk(h)
-                if len(lvl.attn):
-                    h = lvl.attn[j](h)
-            if hasattr(lvl, "upsample"):
-                h = lvl.upsample(h)
+            h = run_level(self.up[i], h, "block")
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
@@ -157,10 +147,8 @@ class ChameleonVQGAN(nn.Module):
 
     @torch.no_grad()
     def random_init(self, seed: int = 0) -> "ChameleonVQGAN":
-        torch.manual_seed(seed)
-        for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
-                m.reset_parameters()
+        """Seeded random weights: convs and norms default-initialised, codebook (n_embed, embed_dim) N(0, 1)."""
+        reset_convs(self, seed)
         self.quantize.embedding.weight.copy_(torch.randn(self.codebook.shape, generator=torch.Generator().manual_seed(seed)))
         return self
 

@@ -72,6 +72,15 @@ def code_grid(codes, grid: tuple[int, int] | None, V: int, device) -> tuple[torc
     return codes, tuple(grid)
 
 
+def reset_convs(model: nn.Module, seed: int) -> None:
+    """Seeded default initialisation (``torch.manual_seed(seed)``, then ``reset_parameters`` in module
+    order) of every Conv2d and GroupNorm of a VQ model; the caller fills its codebook."""
+    torch.manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
+            m.reset_parameters()
+
+
 def group_norm(c: int) -> nn.GroupNorm:
     """GroupNorm(32 groups, eps 1e-6) of the taming-transformers blocks."""
     return nn.GroupNorm(32, c, eps=1e-6, affine=True)
@@ -127,6 +136,37 @@ class Downsample(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
+def resnet_level(cin: int, cout: int, n_blocks: int, attn: bool, dropout: float = 0.0,
+                 blocks: str = "res") -> nn.Module:
+    """One resolution level of a taming VQ encoder / decoder: ``n_blocks`` ResNet blocks cin -> cout
+    -> cout ... (under attribute ``blocks``: "res" in LlamaGen's keys, "block" in Chameleon's), each
+    followed by a spatial ``AttnBlock(cout)`` in ``attn`` when ``attn`` is true. Modules are created in
+    that order (so seeded default inits are unchanged); the caller adds the down- or upsampler."""
+    lvl = nn.Module()
+    res, att = nn.ModuleList(), nn.ModuleList()
+    setattr(lvl, blocks, res)
+    lvl.attn = att
+    for _ in range(n_blocks):
+        res.append(ResnetBlock(cin, cout, dropout))
+        cin = cout
+        if attn:
+            att.append(AttnBlock(cout))
+    return lvl
+
+
+def run_level(lvl: nn.Module, h: torch.Tensor, blocks: str = "res") -> torch.Tensor:
+    """A ``resnet_level`` on h (B, cin, H, W): each block (then its attention, if any), then the level's
+    ``downsample`` / ``upsample`` when it has one -> (B, cout, H', W') (H' = H/2, 2H or H)."""
+    for j, r in enumerate(getattr(lvl, blocks)):
+        h = r(h)
+        if len(lvl.attn):
+            h = lvl.attn[j](h)
+    for name in ("downsample", "upsample"):
+        if hasattr(lvl, name):
+            h = getattr(lvl, name)(h)
+    return h
+
+
 class Encoder(nn.Module):
     def __init__(self, c: VQConfig, in_channels: int = 3):
         super().__init__()
@@ -135,13 +175,8 @@ class Encoder(nn.Module):
         cin = c.ch
         n = len(c.ch_mult)
         for i, m in enumerate(c.ch_mult):
-            blk = nn.Module()
-            blk.res, blk.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks):
-                blk.res.append(ResnetBlock(cin, c.ch * m))
-                cin = c.ch * m
-                if i == n - 1:
-                    blk.attn.append(AttnBlock(cin))
+            blk = resnet_level(cin, c.ch * m, c.num_res_blocks, attn=i == n - 1)
+            cin = c.ch * m
             if i != n - 1:
                 blk.downsample = Downsample(cin)
             self.conv_blocks.append(blk)
@@ -150,14 +185,10 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(cin, c.z_channels, 3, 1, 1)
 
     def forward(self, x):
+        """images x (B, in_channels, H, W) -> latents (B, z_channels, H/f, W/f)."""
         h = self.conv_in(x)
         for blk in self.conv_blocks:
-            for j, r in enumerate(blk.res):
-                h = r(h)
-                if len(blk.attn):
-                    h = blk.attn[j](h)
-            if hasattr(blk, "downsample"):
-                h = blk.downsample(h)
+            h = run_level(blk, h)
         for mod in self.mid:
             h = mod(h)
         return self.conv_out(F.silu(self.norm_out(h)))
@@ -172,13 +203,8 @@ class Decoder(nn.Module):
         self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
         self.conv_blocks = nn.ModuleList()
         for i in reversed(range(n)):
-            blk = nn.Module()
-            blk.res, blk.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks + 1):
-                blk.res.append(ResnetBlock(cin, c.ch * c.ch_mult[i]))
-                cin = c.ch * c.ch_mult[i]
-                if i == n - 1:
-                    blk.attn.append(AttnBlock(cin))
+            blk = resnet_level(cin, c.ch * c.ch_mult[i], c.num_res_blocks + 1, attn=i == n - 1)
+            cin = c.ch * c.ch_mult[i]
             if i != 0:
                 blk.upsample = Upsample(cin)
             self.conv_blocks.append(blk)
@@ -186,16 +212,12 @@ class Decoder(nn.Module):
         self.conv_out = nn.Conv2d(cin, out_channels, 3, 1, 1)
 
     def forward(self, z):
+        """latents z (B, z_channels, h, w) -> images (B, out_channels, h*f, w*f)."""
         h = self.conv_in(z)
         for mod in self.mid:
             h = mod(h)
         for blk in self.conv_blocks:
-            for j, r in enumerate(blk.res):
-                h = r(h)
-                if len(blk.attn):
-                    h = blk.attn[j](h)
-            if hasattr(blk, "upsample"):
-                h = blk.upsample(h)
+            h = run_level(blk, h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
@@ -235,10 +257,7 @@ class VQModel(nn.Module):
     @torch.no_grad()
     def random_init(self, seed: int = 0) -> "VQModel":
         """Seeded random weights (convs default-initialised, codebook l2-normalised)."""
-        torch.manual_seed(seed)
-        for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
-                m.reset_parameters()
+        reset_convs(self, seed)
         w = torch.randn(self.quantize.embedding.weight.shape, generator=torch.Generator().manual_seed(seed))
         self.quantize.embedding.weight.copy_(F.normalize(w, dim=-1))
         return self

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import data
+
 CHECKPOINT = "classifier.safetensors"
 
 
@@ -52,20 +54,11 @@ def load_classifier() -> Classifier:
     return model.requires_grad_(False)
 
 
-def _check_images(images) -> torch.Tensor:
-    images = torch.as_tensor(images, dtype=torch.float32)
-    if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
-        raise ValueError(f"images must be (N, 1, 28, 28) in [-1, 1], got {tuple(images.shape)}")
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain NaN or inf")
-    return images
-
-
 @torch.no_grad()
 def features(images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
     """Penultimate features (N, 64) float64 of the shipped classifier."""
     model = load_classifier()
-    images = _check_images(images)
+    images = data.check_images(images)
     out = [model.features(b).double() for b in images.split(batch_size)]
     return torch.cat(out) if out else torch.empty(0, model.config["feature_dim"], dtype=torch.float64)
 
@@ -74,6 +67,6 @@ def features(images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
 def predict(images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
     """Predicted labels (N,) int64 of the shipped classifier."""
     model = load_classifier()
-    images = _check_images(images)
+    images = data.check_images(images)
     out = [model(b).argmax(1) for b in images.split(batch_size)]
     return torch.cat(out) if out else torch.empty(0, dtype=torch.int64)

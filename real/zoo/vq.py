@@ -122,20 +122,11 @@ def load_vq() -> VQModel:
     return model.requires_grad_(False)
 
 
-def _check_images(images: torch.Tensor) -> torch.Tensor:
-    images = torch.as_tensor(images, dtype=torch.float32)
-    if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
-        raise ValueError(f"images must be (N, 1, 28, 28), got {tuple(images.shape)}")
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain NaN or inf")
-    return images
-
-
 @torch.no_grad()
 def encode(images: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
     """Images (N, 1, 28, 28) in [-1, 1] -> codes (N, 7, 7) int64 under the shipped tokenizer."""
     model = load_vq()
-    images = _check_images(images)
+    images = data.check_images(images)
     return torch.cat([model.nearest(model.encode_continuous(b)) for b in images.split(batch_size)]
                      or [torch.empty(0, TOKENS, TOKENS, dtype=torch.int64)])
 
