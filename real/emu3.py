@@ -21,8 +21,8 @@ import torch
 
 from .image_layout import ImageLayout
 from .imagelm import ImageTokenLM
-from .imagelm_eagle import tiny_draft
-from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .imagelm_eagle import tiny_pair
+from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained
 from .protocol import Prompt
 
 __all__ = ["Emu3ImageLM", "emu3_layout", "tiny_emu3", "tiny_emu3_pair", "load_emu3", "emu3_prompt", "emu3_decoder",
@@ -141,16 +141,8 @@ def tiny_emu3_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=
     """(target, draft, text id range): draft ``layerskip`` (first layer), ``small`` (independent random
     1-layer, 32-wide LM over the same vocabulary) or ``eagle``."""
 
-    m, lay, text = tiny_emu3(seed, **kw)
-    m = m.to(device, dtype)
-    t = Emu3ImageLM(m, lay)
-    small_kw = {k: v for k, v in kw.items() if k in ("V", "side")}
-    d = tiny_draft(t, draft, seed,
-                   layerskip=lambda: Emu3ImageLM(truncated_hf(m, 1, "text_model.layers",
-                                                              lambda c, n: setattr(c.text_config, "num_hidden_layers", n)), lay),
-                   small=lambda: Emu3ImageLM(tiny_emu3(seed + 1, hidden=32, layers=1, heads=2,
-                                                       **small_kw)[0].to(device, dtype), lay))
-    return t, d, text
+    return tiny_pair(tiny_emu3, Emu3ImageLM, seed, draft, device, dtype, kw, layer_key="text_model.layers",
+                     set_layers=lambda c, n: setattr(c.text_config, "num_hidden_layers", n))
 
 
 # --------------------------------------------------------------------------- real checkpoints
