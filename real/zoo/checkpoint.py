@@ -135,3 +135,10 @@ def load_into(model: torch.nn.Module, name: str,
     check_state(model, state, name)
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def load_shipped(build, name: str, directory: str | pathlib.Path = CHECKPOINTS) -> torch.nn.Module:
+    """A shipped zoo model: ``build(**config)`` from ``name``'s manifest entry, its weights loaded with
+    ``load_into`` (hash, keys and shapes checked), eval mode, gradients off."""
+    model = build(**manifest_entry(name, directory)["config"])
+    return load_into(model, name, directory).requires_grad_(False)

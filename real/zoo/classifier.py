@@ -47,11 +47,9 @@ class Classifier(nn.Module):
 @functools.lru_cache(maxsize=1)
 def load_classifier() -> Classifier:
     """The shipped classifier (hash-verified, eval mode, no grad)."""
-    from .checkpoint import load_into, manifest_entry
+    from .checkpoint import load_shipped
 
-    model = Classifier(**manifest_entry(CHECKPOINT)["config"])
-    load_into(model, CHECKPOINT)
-    return model.requires_grad_(False)
+    return load_shipped(Classifier, CHECKPOINT)
 
 
 @torch.no_grad()

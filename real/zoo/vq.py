@@ -115,11 +115,9 @@ def vq_losses(x, recon, z, zq, beta: float = 0.25) -> dict[str, torch.Tensor]:
 @functools.lru_cache(maxsize=1)
 def load_vq() -> VQModel:
     """The shipped tokenizer (hash-verified, eval mode, no grad)."""
-    from .checkpoint import load_into, manifest_entry
+    from .checkpoint import load_shipped
 
-    model = VQModel(**manifest_entry(CHECKPOINT)["config"])
-    load_into(model, CHECKPOINT)
-    return model.requires_grad_(False)
+    return load_shipped(VQModel, CHECKPOINT)
 
 
 @torch.no_grad()
