@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .llamagen import RMSNorm, apply_rope, attend, complex_rope, rope_table_2d
-from .kvcache import KVCache, common_len
-from .protocol import ModelOutput
+from .llamagen import HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend_gqa, complex_rope, rope_table_2d
+from .kvcache import CachedRows, KVCache
+from .protocol import ModelOutput, Placed
 
 __all__ = ["EagleConfig", "EagleDrafter", "load_lantern_drafter", "save_lantern_drafter", "eagle_pairs",
            "record_features", "train_eagle"]
@@ -41,7 +41,7 @@ _INPUT_TYPES = {"c2i": 576, "t2i": 256, "t2i2": 1024}   # LANTERN's block sizes 
 
 
 @dataclass(frozen=True)
-class EagleConfig:
+class EagleConfig(HeadGeometry):
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -52,20 +52,10 @@ class EagleConfig:
     rms_norm_eps: float = 1e-6
     rope_base: float = 10000.0
     bias: bool = True                   # fc bias
+    _head_fields = ("hidden_size", "num_attention_heads", "num_key_value_heads")   # not a field (no annotation)
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} not divisible by heads {self.num_attention_heads}")
-        if math.isqrt(self.block_size) ** 2 != self.block_size:
-            raise ValueError(f"block_size must be a square, got {self.block_size}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads or self.num_attention_heads
+        self._check_heads()
 
     @classmethod
     def from_lantern_json(cls, d: dict) -> "EagleConfig":
@@ -97,24 +87,15 @@ class _Attention(nn.Module):
         q = apply_rope(self.q_proj(x).view(B, S, self.nh, self.hd), rot).transpose(1, 2)
         k = apply_rope(self.k_proj(x).view(B, S, self.nkv, self.hd), rot).transpose(1, 2)
         v = self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
-        if cache is not None:                     # inference with the static cache
-            k, v = cache.update(i, k, v)
-        if self.nkv != self.nh:
-            k = k.repeat_interleave(self.nh // self.nkv, 1)
-            v = v.repeat_interleave(self.nh // self.nkv, 1)
-        y = attend(q, k, v, mask, causal=cache is None)
-        return self.o_proj(y.transpose(1, 2).reshape(B, S, -1))
+        # with the static cache at inference; causal over the whole sequence in training
+        return self.o_proj(attend_gqa(q, k, v, mask, cache, i, causal=cache is None))
 
 
-class _MLP(nn.Module):
+class _MLP(SwiGLU):
+    names = ("gate_proj", "up_proj", "down_proj")     # transformers' / LANTERN's keys
+
     def __init__(self, c: EagleConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        super().__init__(c.hidden_size, c.intermediate_size)
 
 
 class _Layer(nn.Module):
@@ -132,12 +113,13 @@ class _Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(Placed, CachedRows, nn.Module):
     """EAGLE-1 drafter (``real.protocol.FeatureDrafter``) drafting through the target's LM head.
 
     ``head`` is the target's output ``nn.Linear`` (not registered here: it is the target's and stays
     frozen); ``head_index`` (V,) optionally maps image tokens 0..V-1 to the ids of a larger LM
     vocabulary (rows of the head and of ``embed_tokens``), as ``real.hf.HFCausalLM(image_token_ids=...)``."""
+    _placed_by = "fc.weight"
     needs_features = True
     batched = True
 
@@ -182,23 +164,6 @@ class EagleDrafter(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * std)
         self.embed_tokens.weight.copy_(embeddings.to(self.embed_tokens.weight))
         return self
-
-    @property
-    def device(self):
-        return self.fc.weight.device
-
-    @property
-    def dtype(self):
-        return self.fc.weight.dtype
-
-    @property
-    def cache_len(self) -> int:
-        return common_len(self.cache_lens)
-
-    @property
-    def cache_lens(self) -> np.ndarray:
-        """(rows,) int64 pairs in each row's cache (a copy)."""
-        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits over the image vocabulary from drafter features (target head, frozen)."""

@@ -25,7 +25,7 @@ import torch
 
 from .protocol import check_attn_mask
 
-__all__ = ["KVCache", "row_counts", "common_len"]
+__all__ = ["KVCache", "CachedRows", "row_counts", "common_len"]
 
 
 def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
@@ -46,6 +46,21 @@ def common_len(lens: np.ndarray) -> int:
     if lens.min() != lens.max():
         raise ValueError(f"rows hold different numbers of entries {lens.tolist()}: use cache_lens")
     return int(lens[0])
+
+
+class CachedRows:
+    """Mixin for a model that keeps its per-row entries in a ``KVCache`` at ``self.cache`` (None before
+    the first ``prefill``)."""
+
+    @property
+    def cache_len(self) -> int:
+        """Entries per row when every row holds the same number (else use ``cache_lens``)."""
+        return common_len(self.cache_lens)
+
+    @property
+    def cache_lens(self) -> np.ndarray:
+        """(rows,) int64 entries in each row's cache, prefix included (a copy)."""
+        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
 
 
 class KVCache:

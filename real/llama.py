@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .llamagen import RMSNorm
-from .protocol import ModelOutput, block_mask, prompt_rows
+from .protocol import ModelOutput, Placed, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]
 
@@ -58,10 +58,11 @@ class _Layer(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-class FastLlama(nn.Module):
+class FastLlama(Placed, nn.Module):
     """``real.protocol.ARModel`` over a Llama checkpoint. Conditions are ``Prompt``s (a CFG pair is
     left-padded: padded prefix columns are masked, positions count from each row's first real token);
     ``image_token_ids`` as in ``real.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
+    _placed_by = "embed.weight"
     needs_features = False
 
     def __init__(self, config, image_token_ids: torch.Tensor | None = None, max_len: int = 4096):
@@ -120,14 +121,6 @@ class FastLlama(nn.Module):
         if m.image_token_ids is not None:
             m.image_token_ids = m.image_token_ids.to(p.device)
         return m
-
-    @property
-    def device(self):
-        return self.embed.weight.device
-
-    @property
-    def dtype(self):
-        return self.embed.weight.dtype
 
     @property
     def cache_len(self) -> int:

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .kvcache import KVCache, common_len
+from .kvcache import CachedRows, KVCache
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
-from .protocol import Caption, ModelOutput, as_conds
+from .protocol import Caption, ModelOutput, Placed, as_conds
 
 __all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
            "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple", "complex_rope", "attend"]
@@ -39,8 +39,36 @@ def find_multiple(n: int, k: int) -> int:
     return n if n % k == 0 else n + k - n % k
 
 
+class HeadGeometry:
+    """Attention-head geometry of a transformer config (a mixin for frozen dataclasses): ``head_dim``
+    and ``kv_heads`` from the fields named by ``_head_fields`` = (width, heads, kv heads or None), and
+    ``_check_heads``, the checks a config with a square image grid needs (width divisible by heads, heads
+    by kv heads, ``block_size`` a square number of image tokens)."""
+    _head_fields = ("dim", "n_head", "n_kv_head")
+
+    @property
+    def head_dim(self) -> int:
+        width, heads, _ = self._head_fields
+        return getattr(self, width) // getattr(self, heads)
+
+    @property
+    def kv_heads(self) -> int:
+        _, heads, kv = self._head_fields
+        return getattr(self, kv) or getattr(self, heads)
+
+    def _check_heads(self) -> None:
+        width, heads, kv = self._head_fields
+        w, h = getattr(self, width), getattr(self, heads)
+        if w % h:
+            raise ValueError(f"{width} {w} not divisible by {heads} {h}")
+        if h % self.kv_heads:
+            raise ValueError(f"{heads} {h} not divisible by {kv} {self.kv_heads}")
+        if math.isqrt(self.block_size) ** 2 != self.block_size:
+            raise ValueError(f"block_size must be a square number of image tokens, got {self.block_size}")
+
+
 @dataclass(frozen=True)
-class LlamaGenConfig:
+class LlamaGenConfig(HeadGeometry):
     dim: int = 768
     n_layer: int = 12
     n_head: int = 12
@@ -61,23 +89,9 @@ class LlamaGenConfig:
     def __post_init__(self):
         if self.model_type not in ("c2i", "t2i"):
             raise ValueError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
-        if self.dim % self.n_head:
-            raise ValueError(f"dim {self.dim} not divisible by n_head {self.n_head}")
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"n_head {self.n_head} not divisible by n_kv_head {self.kv_heads}")
+        self._check_heads()
         if (self.head_dim // 2) % 2:
             raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {self.head_dim}")
-        g = math.isqrt(self.block_size)
-        if g * g != self.block_size:
-            raise ValueError(f"block_size must be a square number of image tokens, got {self.block_size}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_head or self.n_head
 
     @property
     def ffn_hidden(self) -> int:
@@ -195,25 +209,47 @@ class Attention(nn.Module):
         qk = apply_rope(qk.view(B, S, self.n_head + self.n_kv, self.hd), rot)      # q and k in one rotation
         q, k = qk[:, :, :self.n_head].transpose(1, 2), qk[:, :, self.n_head:].transpose(1, 2)
         v = v.view(B, S, self.n_kv, self.hd).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(i, k, v)
-        if self.n_kv != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_head // self.n_kv, dim=1)
-        y = attend(q, k, v, mask)
-        return self.wo(y.transpose(1, 2).reshape(B, S, self.dim))
+        return self.wo(attend_gqa(q, k, v, mask, cache, i))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, c: LlamaGenConfig):
+def attend_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               cache: KVCache | None = None, i: int = 0, causal: bool = False) -> torch.Tensor:
+    """Grouped-query attention of a block: q (B, H, S, d) and the block's k, v (B, Hkv, S, d) (H a multiple
+    of Hkv). With ``cache`` the block's k, v are written into layer i's slots and the row's cached entries
+    (B, Hkv, K, d) are attended to; each kv head serves H / Hkv query heads; then ``attend`` (mask (B or 1,
+    1, S, K) bool or None, ``causal`` as there). Returns the heads concatenated, (B, S, H * d)."""
+    if cache is not None:
+        k, v = cache.update(i, k, v)
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    B, H, S, d = q.shape
+    return attend(q, k, v, mask, causal).transpose(1, 2).reshape(B, S, H * d)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x)): x (..., dim) -> (..., dim) through ``hidden`` units, no biases. The three
+    projections are registered (in this order) under the names ``names`` = (gate, up, down): LlamaGen's
+    ``w1, w3, w2`` here; a subclass renames them to fit its checkpoints."""
+    names = ("w1", "w3", "w2")
+
+    def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.w1 = nn.Linear(c.dim, c.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(c.dim, c.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(c.ffn_hidden, c.dim, bias=False)
+        gate, up, down = self.names
+        setattr(self, gate, nn.Linear(dim, hidden, bias=False))
+        setattr(self, up, nn.Linear(dim, hidden, bias=False))
+        setattr(self, down, nn.Linear(hidden, dim, bias=False))
 
     def forward(self, x):
-        """SwiGLU: x (B, S, dim) -> (B, S, dim)."""
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(F.silu(gate(x)) * up(x))
+
+
+class FeedForward(SwiGLU):
+    """LlamaGen's SwiGLU MLP (dim -> ffn_hidden -> dim): x (B, S, dim) -> (B, S, dim)."""
+
+    def __init__(self, c: LlamaGenConfig):
+        super().__init__(c.dim, c.ffn_hidden)
 
 
 class Block(nn.Module):
@@ -256,13 +292,14 @@ class CaptionEmbedder(nn.Module):
 
 # --------------------------------------------------------------------------- model
 
-class LlamaGen(nn.Module):
+class LlamaGen(Placed, CachedRows, nn.Module):
     """LlamaGen GPT implementing ``real.protocol.ARModel`` for a batch of images (``real.kvcache.KVCache``,
     one row per image, two with CFG).
 
     Conditions: c2i an int class id (or 0-d tensor); t2i a ``Caption`` (left-padded flan-t5 features,
     mask); ``prefill`` takes one condition or a list. The cache is (re)allocated by ``prefill`` for
     ``P + block_size + extra_slots`` entries per row."""
+    _placed_by = "tok_embeddings.weight"
     batched = True
     needs_features = False
 
@@ -304,29 +341,11 @@ class LlamaGen(nn.Module):
             u.normal_(0.0, u.shape[-1] ** -0.5, generator=g)
         return self
 
-    @property
-    def device(self):
-        return self.tok_embeddings.weight.device
-
-    @property
-    def dtype(self):
-        return self.tok_embeddings.weight.dtype
-
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) float32 from last hidden states (..., dim) (the EAGLE drafter reuses this head)."""
         return self.output(hidden).float()
 
     # ---------------------------------------------------------------- cache
-    @property
-    def cache_len(self) -> int:
-        """Entries per row (prefix included) when every row holds the same number (else use cache_lens)."""
-        return common_len(self.cache_lens)
-
-    @property
-    def cache_lens(self) -> np.ndarray:
-        """(rows,) int64 entries in each row's cache, prefix included (a copy)."""
-        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
-
     def cache_bytes(self, rows: int) -> int:
         """Memory of the KV cache ``prefill`` allocates for ``rows`` rows."""
         c = self.config

@@ -197,6 +197,20 @@ def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -
     return torch.cat([past, blk], dim=1)
 
 
+class Placed:
+    """Mixin for an ``nn.Module`` model: its ``device`` and ``dtype`` are those of the parameter named
+    ``_placed_by`` (dotted name; the model's weights all live there)."""
+    _placed_by = ""
+
+    @property
+    def device(self) -> torch.device:
+        return self.get_parameter(self._placed_by).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.get_parameter(self._placed_by).dtype
+
+
 class OneRow:
     """A model whose cache has a single length (the transformers adapters: ``batched`` false) seen through
     the batched calls of ``real.steps`` at batch size 1: rows (1, or the CFG pair) always agree, so
