@@ -65,6 +65,9 @@ class ChameleonImageLM(ImageTokenLM):
     LM ids of the codes (default: the model's vocabulary map, ``image_code_ids``)."""
 
     def __init__(self, model, layout: ImageLayout, code_ids: torch.Tensor | None = None):
+        """``model``: a transformers ``ChameleonForConditionalGeneration``; ``layout``: its ``ImageLayout``;
+        ``code_ids`` (V,) int64: the LM ids of codes 0..V-1 (default ``image_code_ids(model)``); the image head
+        is those (V, D) rows of ``lm_head``."""
         ids = image_code_ids(model) if code_ids is None else torch.as_tensor(code_ids, dtype=torch.long)
         w = model.lm_head.weight[ids.to(model.lm_head.weight.device)]
         super().__init__(model, model.model, layout, ids, w, uncond="header")

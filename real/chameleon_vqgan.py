@@ -37,6 +37,8 @@ __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_v
 
 @dataclass(frozen=True)
 class VQGANConfig:
+    """A taming VQGAN's ``vqgan.yaml`` values (module docstring); every ch * ch_mult[i] must be divisible by 32
+    (GroupNorm(32))."""
     n_embed: int = 8192
     embed_dim: int = 256
     ch: int = 128
@@ -56,6 +58,7 @@ class VQGANConfig:
 
     @property
     def downsample(self) -> int:
+        """Pixels per code side: 2^(len(ch_mult) - 1)."""
         return 2 ** (len(self.ch_mult) - 1)
 
     def to_hf(self):
@@ -134,6 +137,9 @@ class ChameleonVQGAN(nn.Module):
     ``encoder`` (optional): transformers' ``ChameleonVQVAE`` for pixels -> codes."""
 
     def __init__(self, c: VQGANConfig = CHAMELEON_VQGAN):
+        """The decoder half with default-initialised weights
+        (``load_chameleon_vqgan`` or ``random_init`` set them): codebook (n_embed, embed_dim),
+        ``post_quant_conv`` (embed_dim -> z_channels) and the decoder; no encoder (``encoder_model`` None)."""
         super().__init__()
         self.config = c
         self.quantize = _Quantize(c)
@@ -143,6 +149,7 @@ class ChameleonVQGAN(nn.Module):
 
     @property
     def codebook(self) -> torch.Tensor:
+        """The code vectors (n_embed, embed_dim), as looked up (no normalisation)."""
         return self.quantize.embedding.weight
 
     @torch.no_grad()
@@ -154,6 +161,10 @@ class ChameleonVQGAN(nn.Module):
 
     @torch.no_grad()
     def decode_code(self, codes: torch.Tensor, grid: tuple[int, int] | None = None, clamp: bool = True) -> torch.Tensor:
+        """Codes (B, h*w) (grid (h, w), square when None) or (B, h, w), ints in [0, n_embed) -> images
+        (B, out_ch, h*f, w*f) in the model dtype, f = 2^(len(ch_mult) - 1), in about [-1, 1]
+        (clamped unless ``clamp=False``). ValueError for codes that do not fill the grid or lie outside
+        [0, n_embed)."""
         c = torch.as_tensor(codes)
         if c.ndim == 3:                 # (B, h, w) grids
             grid = tuple(c.shape[1:])

@@ -42,6 +42,9 @@ _INPUT_TYPES = {"c2i": 576, "t2i": 256, "t2i2": 1024}   # LANTERN's block sizes 
 
 @dataclass(frozen=True)
 class EagleConfig(HeadGeometry):
+    """An EAGLE-1 drafter's sizes (LANTERN's ``config.json`` names): hidden size D, MLP width, attention
+    (and key-value) heads, V image tokens, ``block_size`` image tokens per image
+    (a square grid, for the 2-D RoPE), decoder layers, RMSNorm eps, RoPE base, and whether ``fc`` has a bias."""
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -124,6 +127,11 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
     batched = True
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
+        """``c``: the drafter's sizes; ``head``: the target's output ``nn.Linear`` (D -> LM vocabulary), kept
+        unregistered and frozen; ``head_index`` (V,) int64 or None: LM ids of image tokens 0..V-1 (rows of
+        ``head`` and of ``embed_tokens``, which is (c.vocab_size, D) and frozen); ``extra_slots``: cache entries
+        per row beyond prefix + block_size. Weights are default-initialised
+        (``init_weights`` or ``load_lantern_drafter`` set them)."""
         super().__init__()
         self.config = c
         self.vocab_size = c.vocab_size if head_index is None else int(head_index.numel())
@@ -227,6 +235,8 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
         self._need_cache().rollback(n)
 
     def keep(self, indices, counts=None) -> None:
+        """Keep the last block's entries ``indices`` ((k,) shared or (R, k) per row; block-relative, in order), the
+        first ``counts[r]`` ((R,), default k) in row r (``KVCache.keep``)."""
         self._need_cache().keep(indices, counts)
 
     def _need_cache(self) -> KVCache:

@@ -47,6 +47,10 @@ class Emu3ImageLM(ImageTokenLM):
     to the trailer by ``image_sequence``) defaults to the text config's EOS."""
 
     def __init__(self, model, layout: ImageLayout, *, bos_id: int | None = None, eos_id: int | None = None):
+        """``model``: a transformers ``Emu3ForConditionalGeneration``; codes 0..V-1 are its vocabulary map's visual
+        tokens (LM ids (V,) from ``img2bpe``, image head the (V, D) rows of ``lm_head``); ``eos_id`` is appended
+        to the ``layout`` trailer when missing; ``bos_id`` / ``eos_id`` default to the text config's. ValueError
+        when the visual tokens do not name codes 0..V-1."""
         vm = model.vocabulary_mapping
         img2bpe = vm.img2bpe
         V = len(img2bpe)

@@ -38,6 +38,11 @@ class JanusImageLM(ImageTokenLM):
 
     def __init__(self, model, *, boi_id: int | None = None, pad_id: int | None = None, bos_id: int | None = None,
                  grid: tuple[int, int] | None = None):
+        """``model``: a transformers ``JanusForConditionalGeneration``; its V = vq num_embeddings codes are fed as
+        stream ids text_vocab + k (the generation embeddings) and scored by the generation head (logits
+        (..., V)); ``boi_id`` / ``pad_id`` / ``bos_id`` default to the generation config's; ``grid`` (h, w)
+        image tokens (default: the square of num_image_tokens). ValueError when boi / pad ids are unknown or the
+        token count is not a square without ``grid``."""
         gc = model.generation_config
         boi = boi_id if boi_id is not None else (getattr(gc, "generation_kwargs", None) or {}).get("boi_token_id")
         pad = pad_id if pad_id is not None else gc.pad_token_id

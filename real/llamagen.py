@@ -48,11 +48,13 @@ class HeadGeometry:
 
     @property
     def head_dim(self) -> int:
+        """Channels per attention head: width / heads."""
         width, heads, _ = self._head_fields
         return getattr(self, width) // getattr(self, heads)
 
     @property
     def kv_heads(self) -> int:
+        """Key-value heads (the kv field; all heads when it is None)."""
         _, heads, kv = self._head_fields
         return getattr(self, kv) or getattr(self, heads)
 
@@ -69,6 +71,10 @@ class HeadGeometry:
 
 @dataclass(frozen=True)
 class LlamaGenConfig(HeadGeometry):
+    """A LlamaGen GPT's sizes (names as in the release's ``ModelArgs``): width ``dim``, layers, heads
+    (``n_kv_head`` None: all), FFN sizing (``multiple_of``, ``ffn_dim_multiplier``), RoPE base, norm eps, the
+    prefix (``cls_token_num`` = P positions: a class, or caption features (caption_tokens, caption_dim)), V
+    image tokens and ``block_size`` image tokens per image (a square grid)."""
     dim: int = 768
     n_layer: int = 12
     n_head: int = 12
@@ -95,6 +101,8 @@ class LlamaGenConfig(HeadGeometry):
 
     @property
     def ffn_hidden(self) -> int:
+        """SwiGLU width: int(2/3 of 4 dim), times ``ffn_dim_multiplier`` when set, rounded up to a multiple of
+        ``multiple_of``."""
         h = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             h = int(self.ffn_dim_multiplier * h)
@@ -136,7 +144,9 @@ def config(name: str, *, image_size: int | None = None, downsample: int = 16, mo
 # --------------------------------------------------------------------------- layers
 
 class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dimension: weight (dim,), statistics in float32."""
     def __init__(self, dim: int, eps: float):
+        """weight (dim,) ones; ``eps`` is added to the mean square."""
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -194,7 +204,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class Attention(nn.Module):
+    """LlamaGen's attention: fused q/k/v projection ``wqkv`` (dim -> (n_head + 2 kv_heads) head_dim), 2-D RoPE on q
+    and k, grouped-query ``attend_gqa``, output ``wo`` (dim -> dim)."""
     def __init__(self, c: LlamaGenConfig):
+        """Projections sized by ``c`` (default-initialised)."""
         super().__init__()
         self.n_head, self.n_kv, self.hd, self.dim = c.n_head, c.kv_heads, c.head_dim, c.dim
         self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.kv_heads) * c.head_dim, bias=False)
@@ -234,6 +247,7 @@ class SwiGLU(nn.Module):
     names = ("w1", "w3", "w2")
 
     def __init__(self, dim: int, hidden: int):
+        """gate and up (dim -> hidden) and down (hidden -> dim) projections, no biases, registered under ``names``."""
         super().__init__()
         gate, up, down = self.names
         setattr(self, gate, nn.Linear(dim, hidden, bias=False))
@@ -241,6 +255,7 @@ class SwiGLU(nn.Module):
         setattr(self, down, nn.Linear(hidden, dim, bias=False))
 
     def forward(self, x):
+        """x (..., dim) -> (..., dim)."""
         gate, up, down = (getattr(self, n) for n in self.names)
         return down(F.silu(gate(x)) * up(x))
 
@@ -249,11 +264,15 @@ class FeedForward(SwiGLU):
     """LlamaGen's SwiGLU MLP (dim -> ffn_hidden -> dim): x (B, S, dim) -> (B, S, dim)."""
 
     def __init__(self, c: LlamaGenConfig):
+        """dim -> ffn_hidden -> dim, sized by ``c``."""
         super().__init__(c.dim, c.ffn_hidden)
 
 
 class Block(nn.Module):
+    """One pre-norm transformer layer: attention and SwiGLU feed-forward, each after an RMSNorm and added back
+    (residual); x (B, S, dim) -> (B, S, dim)."""
     def __init__(self, c: LlamaGenConfig):
+        """Attention, feed-forward and their two RMSNorms, sized by ``c``."""
         super().__init__()
         self.attention = Attention(c)
         self.feed_forward = FeedForward(c)
@@ -267,13 +286,18 @@ class Block(nn.Module):
 
 
 class LabelEmbedder(nn.Module):
+    """c2i prefix: class embeddings ``embedding_table`` (num_classes + 1 with the CFG null class, dim); class id k
+    -> row k."""
     def __init__(self, c: LlamaGenConfig):
+        """The (num_classes + [class_dropout_prob > 0], dim) table."""
         super().__init__()
         self.embedding_table = nn.Embedding(c.num_classes + int(c.class_dropout_prob > 0), c.dim)
 
 
 class MLP(nn.Module):
+    """Two bias-free linear layers with GELU(tanh) between (LlamaGen's caption projection)."""
     def __init__(self, cin: int, hidden: int, cout: int):
+        """fc1 (cin -> hidden) and fc2 (hidden -> cout)."""
         super().__init__()
         self.fc1 = nn.Linear(cin, hidden, bias=False)
         self.fc2 = nn.Linear(hidden, cout, bias=False)
@@ -284,7 +308,11 @@ class MLP(nn.Module):
 
 
 class CaptionEmbedder(nn.Module):
+    """t2i prefix: caption features (N, caption_dim) projected to (N, dim) by ``cap_proj``; ``uncond_embedding``
+    (caption_tokens, caption_dim) is the CFG null caption."""
     def __init__(self, c: LlamaGenConfig):
+        """``cap_proj`` = MLP(caption_dim -> dim -> dim) and the (caption_tokens, caption_dim) null-caption buffer
+        (N(0, 1/caption_dim) until loaded)."""
         super().__init__()
         self.cap_proj = MLP(c.caption_dim, c.dim, c.dim)
         self.register_buffer("uncond_embedding", torch.randn(c.caption_tokens, c.caption_dim) / c.caption_dim ** 0.5)
@@ -304,6 +332,9 @@ class LlamaGen(Placed, CachedRows, nn.Module):
     needs_features = False
 
     def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
+        """Layers sized by ``c``, default-initialised (``random_init`` or a checkpoint loader set the weights);
+        ``extra_slots``: cache entries per row beyond P + block_size. ``rope`` (P + block_size, head_dim/2)
+        complex64 stays float32-based under a bf16 cast."""
         super().__init__()
         self.config = c
         self.vocab_size = c.vocab_size

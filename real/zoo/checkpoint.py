@@ -18,6 +18,7 @@ MANIFEST = "manifest.json"
 
 
 def sha256(path: str | pathlib.Path) -> str:
+    """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -26,6 +27,7 @@ def sha256(path: str | pathlib.Path) -> str:
 
 
 def read_manifest(directory: str | pathlib.Path = CHECKPOINTS) -> dict[str, Any]:
+    """The manifest of ``directory`` as a dict (``{'files': {}}`` when there is none)."""
     path = pathlib.Path(directory) / MANIFEST
     if not path.exists():
         return {"files": {}}

@@ -23,6 +23,8 @@ class Classifier(nn.Module):
     """conv(ch) pool conv(2ch) pool conv(2ch) -> fc(feature_dim) ReLU [features] -> fc(10)."""
 
     def __init__(self, ch: int = 32, feature_dim: int = 64, n_classes: int = 10, dropout: float = 0.3):
+        """Sizes: ``ch`` conv channels, ``feature_dim`` features, ``n_classes`` outputs, ``dropout`` before the
+        head; inputs are (N, 1, 28, 28)."""
         super().__init__()
         self.config = dict(ch=ch, feature_dim=feature_dim, n_classes=n_classes, dropout=dropout)
         self.conv1 = nn.Conv2d(1, ch, 3, padding=1)

@@ -21,6 +21,7 @@ from .training import finish, parse_training_args, timed_training, training_pars
 
 
 def parse(argv=None):
+    """The command line of ``python -m real.zoo.train_classifier`` (``--help``); ``argv`` None: sys.argv."""
     p = training_parser("real.zoo.train_classifier", __doc__, seed=0, steps=1500, batch_size=64, lr=1e-3)
     p.add_argument("--ch", type=int, default=32)
     p.add_argument("--feature-dim", type=int, default=64)
@@ -57,6 +58,8 @@ def fd_noise_floor(model: Classifier, seed: int) -> dict:
 
 
 def train(args) -> Classifier:
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads -> the trained classifier
+    (eval mode)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         x, y = data.train_split()
@@ -84,6 +87,7 @@ def train(args) -> Classifier:
 
 @torch.no_grad()
 def evaluate(model: Classifier, seed: int) -> dict:
+    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
     x_ho, y_ho = data.heldout_split()
     x_tr, y_tr = data.train_split()
     acc_ho = float((model(x_ho).argmax(1) == y_ho).double().mean())
@@ -94,6 +98,8 @@ def evaluate(model: Classifier, seed: int) -> dict:
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
     model, wall = timed_training(train, args)
     finish(model, CHECKPOINT, "real.zoo.train_classifier", args, argv, model.config, evaluate(model, args.seed), wall)

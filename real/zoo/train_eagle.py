@@ -24,6 +24,7 @@ from .training import finish, parse_training_args, timed_training, training_pars
 
 
 def parse(argv=None):
+    """The command line of ``python -m real.zoo.train_eagle`` (``--help``); ``argv`` None: sys.argv."""
     p = training_parser("real.zoo.train_eagle", __doc__, seed=2, steps=4000, batch_size=64, lr=2e-3)
     p.add_argument("--p-w", type=float, default=0.1, help="weight of the token cross-entropy (EAGLE's p_w)")
     p.add_argument("--noise", type=float, default=0.1, help="uniform feature-noise width")
@@ -44,6 +45,8 @@ def eagle_logits(target, drafter):
 
 
 def train(args, target):
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
+    (the drafter, eval mode and frozen; training statistics)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         codes, labels = augmented_codes(args.max_shift)
@@ -64,6 +67,8 @@ def train(args, target):
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
     target = load_target()
     (drafter, stats), wall = timed_training(train, args, target)

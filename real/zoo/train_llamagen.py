@@ -35,6 +35,7 @@ ROLES = {  # default architecture per role: (dim, layers, heads)
 
 
 def parse(argv=None):
+    """The command line of ``python -m real.zoo.train_llamagen`` (``--help``); ``argv`` None: sys.argv."""
     p = training_parser("real.zoo.train_llamagen", __doc__)
     p.add_argument("--role", choices=sorted(ROLES), required=True)
     p.add_argument("--dim", type=int, default=None)
@@ -83,6 +84,8 @@ def _augmented_codes(max_shift: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(args) -> tuple[lg.LlamaGen, dict]:
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
+    (the model, eval mode and frozen; the held-out NLL history)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         codes, labels = augmented_codes(args.max_shift)
@@ -130,6 +133,7 @@ def train(args) -> tuple[lg.LlamaGen, dict]:
 
 
 def evaluate(model: lg.LlamaGen, role: str) -> dict:
+    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
     ho_codes, ho_labels = heldout_tokens()
     tr_codes, tr_labels = vq.token_dataset()
     fl, fc = fixed_batch()
@@ -149,6 +153,8 @@ def evaluate(model: lg.LlamaGen, role: str) -> dict:
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
     (model, stats), wall = timed_training(train, args)
     name = TARGET if args.role == "target" else DRAFT

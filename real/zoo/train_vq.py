@@ -19,6 +19,7 @@ from .vq import CHECKPOINT, VQModel, codebook_usage, vq_losses
 
 
 def parse(argv=None):
+    """The command line of ``python -m real.zoo.train_vq`` (``--help``); ``argv`` None: sys.argv."""
     p = training_parser("real.zoo.train_vq", __doc__, seed=0, steps=3000, batch_size=128, lr=2e-3)
     p.add_argument("--codebook-size", type=int, default=512)
     p.add_argument("--code-dim", type=int, default=8)
@@ -50,6 +51,7 @@ def restart_dead_codes(model: VQModel, opt: torch.optim.Optimizer, counts: torch
 
 @torch.no_grad()
 def evaluate(model: VQModel) -> dict[str, float]:
+    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
     model.eval()
     x_tr, _ = data.train_split()
     x_ho, _ = data.heldout_split()
@@ -68,6 +70,8 @@ def evaluate(model: VQModel) -> dict[str, float]:
 
 
 def train(args) -> tuple[VQModel, dict]:
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
+    (the tokenizer; the count of restarted codes)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         x, _ = data.train_split()
@@ -104,6 +108,8 @@ def train(args) -> tuple[VQModel, dict]:
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
     (model, stats), wall = timed_training(train, args)
     finish(model, CHECKPOINT, "real.zoo.train_vq", args, argv, model.config, evaluate(model), wall, stats)

@@ -25,17 +25,22 @@ TOKENS = 7  # tokens per side
 
 
 class ResBlock(nn.Module):
+    """x + conv3x3(silu(conv3x3(silu(x)))): (N, ch, H, W) -> (N, ch, H, W)."""
     def __init__(self, ch: int):
+        """Two conv3x3 (ch -> ch)."""
         super().__init__()
         self.conv1 = nn.Conv2d(ch, ch, 3, padding=1)
         self.conv2 = nn.Conv2d(ch, ch, 3, padding=1)
 
     def forward(self, x):
+        """x (N, ch, H, W) -> (N, ch, H, W)."""
         return x + self.conv2(F.silu(self.conv1(F.silu(x))))
 
 
 class Encoder(nn.Module):
+    """Digits (N, 1, 28, 28) -> (N, code_dim, 7, 7): conv, two stride-2 convs, a ResBlock, 1x1 conv."""
     def __init__(self, ch: int, code_dim: int):
+        """Layers of width ``ch`` (``ch // 2`` at 28 x 28) and ``code_dim`` outputs."""
         super().__init__()
         self.conv_in = nn.Conv2d(1, ch // 2, 3, padding=1)
         self.down1 = nn.Conv2d(ch // 2, ch, 4, stride=2, padding=1)  # 28 -> 14
@@ -44,13 +49,17 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(ch, code_dim, 1)
 
     def forward(self, x):
+        """x (N, 1, 28, 28) -> (N, code_dim, 7, 7), not normalised."""
         h = F.silu(self.down1(F.silu(self.conv_in(x))))
         h = self.res(self.down2(h))
         return self.conv_out(F.silu(h))
 
 
 class Decoder(nn.Module):
+    """Code vectors (N, code_dim, 7, 7) -> digits (N, 1, 28, 28): conv, ResBlock, two stride-2 transposed convs,
+    conv."""
     def __init__(self, ch: int, code_dim: int):
+        """Layers of width ``ch`` (``ch // 2`` at 28 x 28) from ``code_dim`` inputs."""
         super().__init__()
         self.conv_in = nn.Conv2d(code_dim, ch, 3, padding=1)
         self.res = ResBlock(ch)
@@ -59,6 +68,7 @@ class Decoder(nn.Module):
         self.conv_out = nn.Conv2d(ch // 2, 1, 3, padding=1)
 
     def forward(self, z):
+        """z (N, code_dim, 7, 7) -> (N, 1, 28, 28) (unbounded; about [-1, 1] once trained)."""
         h = F.silu(self.res(self.conv_in(z)))
         h = F.silu(self.up2(F.silu(self.up1(h))))
         return self.conv_out(h)
@@ -72,6 +82,8 @@ class VQModel(nn.Module):
     """
 
     def __init__(self, codebook_size: int = 512, code_dim: int = 8, ch: int = 32):
+        """``codebook`` (codebook_size, code_dim) uniform(-1, 1) (normalised on use), encoder and decoder of width
+        ``ch``."""
         super().__init__()
         self.config = dict(codebook_size=codebook_size, code_dim=code_dim, ch=ch)
         self.encoder = Encoder(ch, code_dim)
@@ -79,6 +91,7 @@ class VQModel(nn.Module):
         self.codebook = nn.Parameter(torch.empty(codebook_size, code_dim).uniform_(-1, 1))
 
     def unit_codebook(self) -> torch.Tensor:
+        """The (V, d) l2-normalised code vectors."""
         return F.normalize(self.codebook, dim=1)
 
     def encode_continuous(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +117,9 @@ class VQModel(nn.Module):
 
 
 def vq_losses(x, recon, z, zq, beta: float = 0.25) -> dict[str, torch.Tensor]:
-    """Reconstruction MSE, codebook loss |sg(z) - z_q|^2 and commitment beta |z - sg(z_q)|^2."""
+    """Losses of a batch: images x and recon (N, 1, 28, 28), encoder outputs z and their quantised codes zq
+    (N, d, 7, 7) -> 0-d tensors: reconstruction MSE, codebook loss |sg(z) - z_q|^2 and commitment beta |z -
+    sg(z_q)|^2."""
     return {
         "recon": F.mse_loss(recon, x),
         "codebook": F.mse_loss(zq, z.detach()),
@@ -174,7 +189,8 @@ def token_dataset() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def codebook_usage(codes: torch.Tensor, codebook_size: int) -> dict[str, float]:
-    """Fraction of codes used at least once and perplexity exp(H(usage)) of the code histogram."""
+    """Codes (any shape) ints in [0, codebook_size) -> the number and fraction of codes used at least once, and the
+    perplexity exp(H(usage)) of the code histogram."""
     counts = torch.bincount(codes.reshape(-1), minlength=codebook_size).double()
     p = counts / counts.sum()
     nz = p[p > 0]  # 0 log 0 = 0
