@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .llamagen import HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend_gqa, complex_rope, rope_table_2d
+from .layers import HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend_gqa, complex_rope, rope_table_2d
 from .kvcache import CachedRows, KVCache
 from .protocol import ModelOutput, Placed
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llamagen import RMSNorm
+from .layers import RMSNorm
 from .protocol import ModelOutput, Placed, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]

@@ -27,6 +27,8 @@ from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .kvcache import CachedRows, KVCache
+from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, attend_gqa,  # re-exported (moved)
+                     complex_rope, rope_table_2d)
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
 from .protocol import Caption, ModelOutput, Placed, as_conds
 
@@ -37,36 +39,6 @@ __all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "
 def find_multiple(n: int, k: int) -> int:
     """Smallest multiple of k that is >= n (upstream's SwiGLU sizing rule)."""
     return n if n % k == 0 else n + k - n % k
-
-
-class HeadGeometry:
-    """Attention-head geometry of a transformer config (a mixin for frozen dataclasses): ``head_dim``
-    and ``kv_heads`` from the fields named by ``_head_fields`` = (width, heads, kv heads or None), and
-    ``_check_heads``, the checks a config with a square image grid needs (width divisible by heads, heads
-    by kv heads, ``block_size`` a square number of image tokens)."""
-    _head_fields = ("dim", "n_head", "n_kv_head")
-
-    @property
-    def head_dim(self) -> int:
-        """Channels per attention head: width / heads."""
-        width, heads, _ = self._head_fields
-        return getattr(self, width) // getattr(self, heads)
-
-    @property
-    def kv_heads(self) -> int:
-        """Key-value heads (the kv field; all heads when it is None)."""
-        _, heads, kv = self._head_fields
-        return getattr(self, kv) or getattr(self, heads)
-
-    def _check_heads(self) -> None:
-        width, heads, kv = self._head_fields
-        w, h = getattr(self, width), getattr(self, heads)
-        if w % h:
-            raise ValueError(f"{width} {w} not divisible by {heads} {h}")
-        if h % self.kv_heads:
-            raise ValueError(f"{heads} {h} not divisible by {kv} {self.kv_heads}")
-        if math.isqrt(self.block_size) ** 2 != self.block_size:
-            raise ValueError(f"block_size must be a square number of image tokens, got {self.block_size}")
 
 
 @dataclass(frozen=True)
@@ -143,69 +115,10 @@ def config(name: str, *, image_size: int | None = None, downsample: int = 16, mo
 
 # --------------------------------------------------------------------------- layers
 
-class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dimension: weight (dim,), statistics in float32."""
-    def __init__(self, dim: int, eps: float):
-        """weight (dim,) ones; ``eps`` is added to the mean square."""
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times the weight."""
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-def rope_table_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
-    """(prefix + grid^2, head_dim/2, 2) cos/sin per absolute position; zeros for the prefix rows.
-    Image token j = (row a, col b), j = a * grid + b: pair m < head_dim/4 rotates with a * w_m, the
-    others with b * w_m, w_m = base^(-2m / (head_dim/2))."""
-    half = head_dim // 2
-    w = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    ang = torch.outer(torch.arange(grid).float(), w)                      # (grid, head_dim/4)
-    grid_ang = torch.cat([ang[:, None, :].expand(grid, grid, -1), ang[None, :, :].expand(grid, grid, -1)], -1)
-    tab = torch.stack([grid_ang.cos(), grid_ang.sin()], -1).flatten(0, 1)  # (grid^2, head_dim/2, 2)
-    return torch.cat([torch.zeros(prefix, half, 2), tab])
-
-
-def complex_rope(table: torch.Tensor) -> torch.Tensor:
-    """The (N, Dh/2, 2) cos/sin table of ``rope_table_2d`` as (N, Dh/2) complex cos + i sin (what the
-    models keep: a rotation is then one complex product)."""
-    return torch.view_as_complex(table.float().contiguous())
-
-
-def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """x (B, S, H, Dh), rot (S, Dh/2) or (B, S, Dh/2) complex (``complex_rope``), or the real (..., 2)
-    table: rotate interleaved pairs (in float32)."""
-    if not rot.is_complex():
-        rot = complex_rope(rot)
-    r = rot[:, :, None] if rot.ndim == 3 else rot[None, :, None]
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    if xs.stride(-1) != 1 or any(st % 2 for st in xs.stride()[:-1]):
-        xs = xs.contiguous()
-    return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
-    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. On CPU the three
-    operations written out (the engine's blocks are small: S <= 58 queries over <= a few hundred keys, where
-    this is ~3x faster than torch's fused CPU kernel); elsewhere ``scaled_dot_product_attention``."""
-    if q.device.type != "cpu" or q.dtype != torch.float32:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - q.shape[-2])
-    if mask is not None:
-        a = a.masked_fill(~mask, float("-inf"))
-    return a.softmax(-1) @ v
-
-
 class Attention(nn.Module):
     """LlamaGen's attention: fused q/k/v projection ``wqkv`` (dim -> (n_head + 2 kv_heads) head_dim), 2-D RoPE on q
     and k, grouped-query ``attend_gqa``, output ``wo`` (dim -> dim)."""
+
     def __init__(self, c: LlamaGenConfig):
         """Projections sized by ``c`` (default-initialised)."""
         super().__init__()
@@ -225,41 +138,6 @@ class Attention(nn.Module):
         return self.wo(attend_gqa(q, k, v, mask, cache, i))
 
 
-def attend_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               cache: KVCache | None = None, i: int = 0, causal: bool = False) -> torch.Tensor:
-    """Grouped-query attention of a block: q (B, H, S, d) and the block's k, v (B, Hkv, S, d) (H a multiple
-    of Hkv). With ``cache`` the block's k, v are written into layer i's slots and the row's cached entries
-    (B, Hkv, K, d) are attended to; each kv head serves H / Hkv query heads; then ``attend`` (mask (B or 1,
-    1, S, K) bool or None, ``causal`` as there). Returns the heads concatenated, (B, S, H * d)."""
-    if cache is not None:
-        k, v = cache.update(i, k, v)
-    if k.shape[1] != q.shape[1]:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    B, H, S, d = q.shape
-    return attend(q, k, v, mask, causal).transpose(1, 2).reshape(B, S, H * d)
-
-
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)): x (..., dim) -> (..., dim) through ``hidden`` units, no biases. The three
-    projections are registered (in this order) under the names ``names`` = (gate, up, down): LlamaGen's
-    ``w1, w3, w2`` here; a subclass renames them to fit its checkpoints."""
-    names = ("w1", "w3", "w2")
-
-    def __init__(self, dim: int, hidden: int):
-        """gate and up (dim -> hidden) and down (hidden -> dim) projections, no biases, registered under ``names``."""
-        super().__init__()
-        gate, up, down = self.names
-        setattr(self, gate, nn.Linear(dim, hidden, bias=False))
-        setattr(self, up, nn.Linear(dim, hidden, bias=False))
-        setattr(self, down, nn.Linear(hidden, dim, bias=False))
-
-    def forward(self, x):
-        """x (..., dim) -> (..., dim)."""
-        gate, up, down = (getattr(self, n) for n in self.names)
-        return down(F.silu(gate(x)) * up(x))
-
-
 class FeedForward(SwiGLU):
     """LlamaGen's SwiGLU MLP (dim -> ffn_hidden -> dim): x (B, S, dim) -> (B, S, dim)."""
 
@@ -271,6 +149,7 @@ class FeedForward(SwiGLU):
 class Block(nn.Module):
     """One pre-norm transformer layer: attention and SwiGLU feed-forward, each after an RMSNorm and added back
     (residual); x (B, S, dim) -> (B, S, dim)."""
+
     def __init__(self, c: LlamaGenConfig):
         """Attention, feed-forward and their two RMSNorms, sized by ``c``."""
         super().__init__()
@@ -288,6 +167,7 @@ class Block(nn.Module):
 class LabelEmbedder(nn.Module):
     """c2i prefix: class embeddings ``embedding_table`` (num_classes + 1 with the CFG null class, dim); class id k
     -> row k."""
+
     def __init__(self, c: LlamaGenConfig):
         """The (num_classes + [class_dropout_prob > 0], dim) table."""
         super().__init__()
@@ -296,6 +176,7 @@ class LabelEmbedder(nn.Module):
 
 class MLP(nn.Module):
     """Two bias-free linear layers with GELU(tanh) between (LlamaGen's caption projection)."""
+
     def __init__(self, cin: int, hidden: int, cout: int):
         """fc1 (cin -> hidden) and fc2 (hidden -> cout)."""
         super().__init__()
@@ -310,6 +191,7 @@ class MLP(nn.Module):
 class CaptionEmbedder(nn.Module):
     """t2i prefix: caption features (N, caption_dim) projected to (N, dim) by ``cap_proj``; ``uncond_embedding``
     (caption_tokens, caption_dim) is the CFG null caption."""
+
     def __init__(self, c: LlamaGenConfig):
         """``cap_proj`` = MLP(caption_dim -> dim -> dim) and the (caption_tokens, caption_dim) null-caption buffer
         (N(0, 1/caption_dim) until loaded)."""

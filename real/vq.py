@@ -114,6 +114,7 @@ class ResnetBlock(nn.Module):
 
 class AttnBlock(nn.Module):
     """Single-head spatial self-attention with a residual: x (B, c, H, W) -> (B, c, H, W)."""
+
     def __init__(self, c: int):
         """GroupNorm and 1x1 q, k, v and proj_out convs (c -> c)."""
         super().__init__()
@@ -131,6 +132,7 @@ class AttnBlock(nn.Module):
 
 class Upsample(nn.Module):
     """Nearest-neighbour x2 then conv3x3: (B, c, H, W) -> (B, c, 2H, 2W)."""
+
     def __init__(self, c: int):
         """The conv3x3 (c -> c)."""
         super().__init__()
@@ -143,6 +145,7 @@ class Upsample(nn.Module):
 
 class Downsample(nn.Module):
     """Pad right and bottom by 1, then conv3x3 with stride 2: (B, c, H, W) -> (B, c, H/2, W/2) (H, W even)."""
+
     def __init__(self, c: int):
         """The stride-2 conv3x3 (c -> c)."""
         super().__init__()
@@ -187,6 +190,7 @@ def run_level(lvl: nn.Module, h: torch.Tensor, blocks: str = "res") -> torch.Ten
 class Encoder(nn.Module):
     """LlamaGen's VQ encoder: images (B, in_channels, H, W) -> latents (B, z_channels, H/f, W/f), f =
     ``c.downsample``."""
+
     def __init__(self, c: VQConfig, in_channels: int = 3):
         """conv_in, one ``resnet_level`` per ch_mult entry
         (attention at the last; stride-2 ``downsample`` between levels), the mid ResNet-attention-ResNet, norm
@@ -218,6 +222,7 @@ class Encoder(nn.Module):
 
 class Decoder(nn.Module):
     """The mirrored decoder: latents (B, z_channels, h, w) -> images (B, out_channels, h*f, w*f)."""
+
     def __init__(self, c: VQConfig, out_channels: int = 3):
         """conv_in, the mid ResNet-attention-ResNet, one ``resnet_level`` of num_res_blocks + 1 blocks per ch_mult
         entry from the last (attention at the first built; nearest x2 ``upsample`` between levels), norm and
@@ -250,6 +255,7 @@ class Decoder(nn.Module):
 class VectorQuantizer(nn.Module):
     """The codebook ``embedding`` (codebook_size, codebook_embed_dim), plus the checkpoints' ``codebook_used``
     (65536,) buffer when ``codebook_show_usage``."""
+
     def __init__(self, c: VQConfig):
         """The (codebook_size, codebook_embed_dim) embedding, sized by ``c``."""
         super().__init__()
@@ -276,6 +282,7 @@ class VectorQuantizer(nn.Module):
 class VQModel(nn.Module):
     """LlamaGen's VQ tokenizer: ``encode`` images (B, 3, H, W) -> codes (B, (H/f)(W/f)), ``decode_code`` codes ->
     images."""
+
     def __init__(self, c: VQConfig):
         """Encoder, decoder, quantizer and the 1x1 convs ``quant_conv`` (z_channels -> codebook_embed_dim) and
         ``post_quant_conv`` (back), default-initialised (``load_vq`` or ``random_init`` set the weights)."""

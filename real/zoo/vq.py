@@ -26,6 +26,7 @@ TOKENS = 7  # tokens per side
 
 class ResBlock(nn.Module):
     """x + conv3x3(silu(conv3x3(silu(x)))): (N, ch, H, W) -> (N, ch, H, W)."""
+
     def __init__(self, ch: int):
         """Two conv3x3 (ch -> ch)."""
         super().__init__()
@@ -39,6 +40,7 @@ class ResBlock(nn.Module):
 
 class Encoder(nn.Module):
     """Digits (N, 1, 28, 28) -> (N, code_dim, 7, 7): conv, two stride-2 convs, a ResBlock, 1x1 conv."""
+
     def __init__(self, ch: int, code_dim: int):
         """Layers of width ``ch`` (``ch // 2`` at 28 x 28) and ``code_dim`` outputs."""
         super().__init__()
@@ -58,6 +60,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Code vectors (N, code_dim, 7, 7) -> digits (N, 1, 28, 28): conv, ResBlock, two stride-2 transposed convs,
     conv."""
+
     def __init__(self, ch: int, code_dim: int):
         """Layers of width ``ch`` (``ch // 2`` at 28 x 28) from ``code_dim`` inputs."""
         super().__init__()
