@@ -18,67 +18,9 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-__all__ = ["rms_norm", "swiglu", "attend", "rope_qkv", "mix_heads", "block_pre", "block_post", "EAGER",
-           "compiled_functions", "compile_blocks"]
+from .layers import gqa_heads, rms_norm, rope_qkv, swiglu
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times weight (dim,)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
-
-
-def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """SwiGLU feed-forward: x (..., dim), w1, w3 (hidden, dim), w2 (dim, hidden) -> (..., dim)."""
-    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
-    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. On CPU the three
-    operations written out (the engine's blocks are small: S <= 58 queries over <= a few hundred keys, where
-    this is ~3x faster than torch's fused CPU kernel); elsewhere ``scaled_dot_product_attention``."""
-    if q.device.type != "cpu" or q.dtype != torch.float32:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - q.shape[-2])
-    if mask is not None:
-        a = a.masked_fill(~mask, float("-inf"))
-    return a.softmax(-1) @ v
-
-
-def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """x (B, S, H, Dh), rot (S, Dh/2) or (B, S, Dh/2) complex (cos + i sin): rotate interleaved pairs (in
-    float32)."""
-    r = rot[:, :, None] if rot.ndim == 3 else rot[None, :, None]
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    if xs.stride(-1) != 1 or any(st % 2 for st in xs.stride()[:-1]):
-        xs = xs.contiguous()
-    return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
-
-
-def rope_qkv(qkv: torch.Tensor, rot: torch.Tensor, n_head: int, n_kv: int):
-    """Fused projections qkv (B, S, (n_head + 2 n_kv) Dh) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh),
-    q and k rotated (``apply_rope``, one rotation for both)."""
-    B, S, _ = qkv.shape
-    hd = qkv.shape[-1] // (n_head + 2 * n_kv)
-    qk, v = qkv.split([(n_head + n_kv) * hd, n_kv * hd], dim=-1)
-    qk = apply_rope(qk.view(B, S, n_head + n_kv, hd), rot)
-    return (qk[:, :, :n_head].transpose(1, 2), qk[:, :, n_head:].transpose(1, 2),
-            v.view(B, S, n_kv, hd).transpose(1, 2))
-
-
-def mix_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, wo: torch.Tensor,
-              causal: bool = False) -> torch.Tensor:
-    """Attention output projected: q (B, H, S, Dh), k, v (B, Hkv, K, Dh) (Hkv divides H: grouped-query
-    heads repeated), mask as ``attend``, wo (dim, H Dh) -> (B, S, dim)."""
-    B, H, S, hd = q.shape
-    if k.shape[1] != H:
-        k = k.repeat_interleave(H // k.shape[1], dim=1)
-        v = v.repeat_interleave(H // v.shape[1], dim=1)
-    return F.linear(attend(q, k, v, mask, causal).transpose(1, 2).reshape(B, S, H * hd), wo)
+__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks"]
 
 
 def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, eps: float, wqkv: torch.Tensor,
@@ -92,9 +34,10 @@ def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, e
 def block_post(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                wo: torch.Tensor, norm_w: torch.Tensor, eps: float, w1: torch.Tensor, w3: torch.Tensor,
                w2: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """(iii) of a decoder layer: h = x + ``mix_heads``(q, k, v, mask, wo); h + ``swiglu``(rms_norm(h)).
-    x (B, S, dim), q (B, H, S, Dh), k, v (B, Hkv, K, Dh) (cached keys included) -> (B, S, dim)."""
-    h = x + mix_heads(q, k, v, mask, wo, causal)
+    """(iii) of a decoder layer: h = x + wo ``gqa_heads``(q, k, v, mask); h + ``swiglu``(rms_norm(h)).
+    x (B, S, dim), q (B, H, S, Dh), k, v (B, Hkv, K, Dh) (cached keys included), wo (dim, H Dh), norm_w
+    (dim,), w1/w3/w2 the SwiGLU gate/up/down weights -> (B, S, dim)."""
+    h = x + F.linear(gqa_heads(q, k, v, mask, causal), wo)
     return h + swiglu(rms_norm(h, norm_w, eps), w1, w3, w2)
 
 

@@ -23,8 +23,8 @@ import torch
 
 from .image_layout import ImageLayout
 from .imagelm import ImageTokenLM
-from .imagelm_eagle import tiny_draft
-from .imagelm_loading import embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .imagelm_eagle import tiny_pair
+from .imagelm_loading import embedding_dominated_init, hf_from_pretrained
 
 __all__ = ["ChameleonImageLM", "lumina_layout", "image_code_ids", "tiny_chameleon", "tiny_chameleon_pair",
            "load_lumina_mgpt", "lumina_prompt", "LUMINA_IDS", "tiny_vqgan", "vqgan_paths", "lumina_7b_config"]
@@ -65,6 +65,9 @@ class ChameleonImageLM(ImageTokenLM):
     LM ids of the codes (default: the model's vocabulary map, ``image_code_ids``)."""
 
     def __init__(self, model, layout: ImageLayout, code_ids: torch.Tensor | None = None):
+        """``model``: a transformers ``ChameleonForConditionalGeneration``; ``layout``: its ``ImageLayout``;
+        ``code_ids`` (V,) int64: the LM ids of codes 0..V-1 (default ``image_code_ids(model)``); the image head
+        is those (V, D) rows of ``lm_head``."""
         ids = image_code_ids(model) if code_ids is None else torch.as_tensor(code_ids, dtype=torch.long)
         w = model.lm_head.weight[ids.to(model.lm_head.weight.device)]
         super().__init__(model, model.model, layout, ids, w, uncond="header")
@@ -127,16 +130,8 @@ def tiny_chameleon_pair(seed: int = 0, draft: str = "layerskip", device="cpu", d
     ``layerskip`` (the target's first layer), ``small`` (independent random 1-layer, hidden 32, same
     vocabulary) or ``eagle`` (a random EAGLE-1 head on the target)."""
 
-    m, lay, text = tiny_chameleon(seed, **kw)
-    m = m.to(device, dtype)
-    t = ChameleonImageLM(m, lay)
-    small_kw = {k: v for k, v in kw.items() if k in ("V", "side")}
-    d = tiny_draft(t, draft, seed,
-                   layerskip=lambda: ChameleonImageLM(truncated_hf(m, 1, "model.layers",
-                                                                   lambda c, n: setattr(c, "num_hidden_layers", n)), lay),
-                   small=lambda: ChameleonImageLM(tiny_chameleon(seed + 1, hidden=32, layers=1, heads=2,
-                                                                 **small_kw)[0].to(device, dtype), lay))
-    return t, d, text
+    return tiny_pair(tiny_chameleon, ChameleonImageLM, seed, draft, device, dtype, kw, layer_key="model.layers",
+                     set_layers=lambda c, n: setattr(c, "num_hidden_layers", n))
 
 
 def lumina_7b_config(max_position_embeddings: int = 4096):

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .vq import AttnBlock, ResnetBlock, Upsample, code_grid, group_norm  # shared with LlamaGen's VQ
+from .vq import AttnBlock, ResnetBlock, Upsample, code_grid, group_norm, reset_convs, resnet_level, run_level  # shared with LlamaGen's VQ
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_vqgan", "CHAMELEON_VQGAN",
            "split_vqgan_state"]
@@ -37,6 +37,8 @@ __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_v
 
 @dataclass(frozen=True)
 class VQGANConfig:
+    """A taming VQGAN's ``vqgan.yaml`` values (module docstring); every ch * ch_mult[i] must be divisible by 32
+    (GroupNorm(32))."""
     n_embed: int = 8192
     embed_dim: int = 256
     ch: int = 128
@@ -56,6 +58,7 @@ class VQGANConfig:
 
     @property
     def downsample(self) -> int:
+        """Pixels per code side: 2^(len(ch_mult) - 1)."""
         return 2 ** (len(self.ch_mult) - 1)
 
     def to_hf(self):
@@ -104,13 +107,9 @@ class _Decoder(nn.Module):
         self.mid.block_2 = ResnetBlock(cin, cin, c.dropout)
         levels: list[nn.Module] = [None] * n
         for i in reversed(range(n)):
-            lvl = nn.Module()
-            lvl.block, lvl.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks + 1):
-                lvl.block.append(ResnetBlock(cin, c.ch * c.ch_mult[i], c.dropout))
-                cin = c.ch * c.ch_mult[i]
-                if res in c.attn_resolutions:
-                    lvl.attn.append(AttnBlock(cin))
+            lvl = resnet_level(cin, c.ch * c.ch_mult[i], c.num_res_blocks + 1, res in c.attn_resolutions,
+                               c.dropout, blocks="block")
+            cin = c.ch * c.ch_mult[i]
             if i != 0:
                 lvl.upsample = Upsample(cin)
                 res *= 2
@@ -123,13 +122,7 @@ class _Decoder(nn.Module):
         h = self.conv_in(z)
         h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
         for i in reversed(range(len(self.up))):
-            lvl = self.up[i]
-            for j, blk in enumerate(lvl.block):
-                h = blk(h)
-                if len(lvl.attn):
-                    h = lvl.attn[j](h)
-            if hasattr(lvl, "upsample"):
-                h = lvl.upsample(h)
+            h = run_level(self.up[i], h, "block")
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
@@ -144,6 +137,9 @@ class ChameleonVQGAN(nn.Module):
     ``encoder`` (optional): transformers' ``ChameleonVQVAE`` for pixels -> codes."""
 
     def __init__(self, c: VQGANConfig = CHAMELEON_VQGAN):
+        """The decoder half with default-initialised weights
+        (``load_chameleon_vqgan`` or ``random_init`` set them): codebook (n_embed, embed_dim),
+        ``post_quant_conv`` (embed_dim -> z_channels) and the decoder; no encoder (``encoder_model`` None)."""
         super().__init__()
         self.config = c
         self.quantize = _Quantize(c)
@@ -153,19 +149,22 @@ class ChameleonVQGAN(nn.Module):
 
     @property
     def codebook(self) -> torch.Tensor:
+        """The code vectors (n_embed, embed_dim), as looked up (no normalisation)."""
         return self.quantize.embedding.weight
 
     @torch.no_grad()
     def random_init(self, seed: int = 0) -> "ChameleonVQGAN":
-        torch.manual_seed(seed)
-        for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
-                m.reset_parameters()
+        """Seeded random weights: convs and norms default-initialised, codebook (n_embed, embed_dim) N(0, 1)."""
+        reset_convs(self, seed)
         self.quantize.embedding.weight.copy_(torch.randn(self.codebook.shape, generator=torch.Generator().manual_seed(seed)))
         return self
 
     @torch.no_grad()
     def decode_code(self, codes: torch.Tensor, grid: tuple[int, int] | None = None, clamp: bool = True) -> torch.Tensor:
+        """Codes (B, h*w) (grid (h, w), square when None) or (B, h, w), ints in [0, n_embed) -> images
+        (B, out_ch, h*f, w*f) in the model dtype, f = 2^(len(ch_mult) - 1), in about [-1, 1]
+        (clamped unless ``clamp=False``). ValueError for codes that do not fill the grid or lie outside
+        [0, n_embed)."""
         c = torch.as_tensor(codes)
         if c.ndim == 3:                 # (B, h, w) grids
             grid = tuple(c.shape[1:])

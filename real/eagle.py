@@ -31,9 +31,9 @@ from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .blocks import EAGER
-from .llamagen import RMSNorm, apply_rope, complex_rope, rope_table_2d
-from .kvcache import KVCache, common_len
-from .protocol import ModelOutput
+from .layers import HeadGeometry, RMSNorm, SwiGLU, apply_rope, complex_rope, rope_table_2d
+from .kvcache import CachedRows, KVCache
+from .protocol import ModelOutput, Placed
 
 __all__ = ["EagleConfig", "EagleDrafter", "load_lantern_drafter", "save_lantern_drafter", "eagle_pairs",
            "record_features", "train_eagle"]
@@ -42,7 +42,10 @@ _INPUT_TYPES = {"c2i": 576, "t2i": 256, "t2i2": 1024}   # LANTERN's block sizes 
 
 
 @dataclass(frozen=True)
-class EagleConfig:
+class EagleConfig(HeadGeometry):
+    """An EAGLE-1 drafter's sizes (LANTERN's ``config.json`` names): hidden size D, MLP width, attention
+    (and key-value) heads, V image tokens, ``block_size`` image tokens per image
+    (a square grid, for the 2-D RoPE), decoder layers, RMSNorm eps, RoPE base, and whether ``fc`` has a bias."""
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -53,20 +56,10 @@ class EagleConfig:
     rms_norm_eps: float = 1e-6
     rope_base: float = 10000.0
     bias: bool = True                   # fc bias
+    _head_fields = ("hidden_size", "num_attention_heads", "num_key_value_heads")   # not a field (no annotation)
 
     def __post_init__(self):
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} not divisible by heads {self.num_attention_heads}")
-        if math.isqrt(self.block_size) ** 2 != self.block_size:
-            raise ValueError(f"block_size must be a square, got {self.block_size}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads or self.num_attention_heads
+        self._check_heads()
 
     @classmethod
     def from_lantern_json(cls, d: dict) -> "EagleConfig":
@@ -94,19 +87,18 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
 
     def project(self, x, rot):
-        """x (B, S, hidden) -> q (B, nh, S, hd), k, v (B, nkv, S, hd); q and k rotated."""
+        """x (B, S, hidden), rot (S or B x S, hd/2) complex -> q (B, nh, S, hd), k, v (B, nkv, S, hd); q, k rotated."""
         B, S, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, S, self.nh, self.hd), rot).transpose(1, 2)
         k = apply_rope(self.k_proj(x).view(B, S, self.nkv, self.hd), rot).transpose(1, 2)
         return q, k, self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
 
 
-class _MLP(nn.Module):
+class _MLP(SwiGLU):
+    names = ("gate_proj", "up_proj", "down_proj")     # transformers' / LANTERN's keys
+
     def __init__(self, c: EagleConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        super().__init__(c.hidden_size, c.intermediate_size)
 
 
 class _Layer(nn.Module):
@@ -120,28 +112,34 @@ class _Layer(nn.Module):
         self.fns = EAGER            # real.blocks.compile_blocks swaps in the compiled functions
 
     def forward(self, x, rot, mask, cache=None, i=0):
-        """x (B, S, hidden), rot (S or B x S, hd/2) complex, mask (B or 1, 1, S, K) bool or None; with
-        ``cache`` the block is written into layer i's slots (else causal attention over x alone) ->
-        (B, S, hidden). Attention and SwiGLU through ``real.blocks.block_post`` (compilable)."""
+        """x (B, S, hidden), rot (S or B x S, hd/2) complex, mask (B or 1, 1, S, K) bool or None -> (B, S,
+        hidden). With ``cache`` the block's keys/values go into layer i's slots (inference); without, causal
+        attention over x (training). Attention output, residual and SwiGLU: ``real.blocks.block_post``."""
         h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
         q, k, v = self.self_attn.project(h, rot)
-        if cache is not None:                     # inference with the static cache
+        if cache is not None:
             k, v = cache.update(i, k, v)
-        a, m, n = self.self_attn, self.mlp, self.post_attention_layernorm
-        return self.fns.post(x, q, k, v, mask, a.o_proj.weight, n.weight, n.eps, m.gate_proj.weight,
-                             m.up_proj.weight, m.down_proj.weight, cache is None)
+        n = self.post_attention_layernorm
+        return self.fns.post(x, q, k, v, mask, self.self_attn.o_proj.weight, n.weight, n.eps, *self.mlp.weights(),
+                             cache is None)
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(Placed, CachedRows, nn.Module):
     """EAGLE-1 drafter (``real.protocol.FeatureDrafter``) drafting through the target's LM head.
 
     ``head`` is the target's output ``nn.Linear`` (not registered here: it is the target's and stays
     frozen); ``head_index`` (V,) optionally maps image tokens 0..V-1 to the ids of a larger LM
     vocabulary (rows of the head and of ``embed_tokens``), as ``real.hf.HFCausalLM(image_token_ids=...)``."""
+    _placed_by = "fc.weight"
     needs_features = True
     batched = True
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
+        """``c``: the drafter's sizes; ``head``: the target's output ``nn.Linear`` (D -> LM vocabulary), kept
+        unregistered and frozen; ``head_index`` (V,) int64 or None: LM ids of image tokens 0..V-1 (rows of
+        ``head`` and of ``embed_tokens``, which is (c.vocab_size, D) and frozen); ``extra_slots``: cache entries
+        per row beyond prefix + block_size. Weights are default-initialised
+        (``init_weights`` or ``load_lantern_drafter`` set them)."""
         super().__init__()
         self.config = c
         self.vocab_size = c.vocab_size if head_index is None else int(head_index.numel())
@@ -182,23 +180,6 @@ class EagleDrafter(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=g) * std)
         self.embed_tokens.weight.copy_(embeddings.to(self.embed_tokens.weight))
         return self
-
-    @property
-    def device(self):
-        return self.fc.weight.device
-
-    @property
-    def dtype(self):
-        return self.fc.weight.dtype
-
-    @property
-    def cache_len(self) -> int:
-        return common_len(self.cache_lens)
-
-    @property
-    def cache_lens(self) -> np.ndarray:
-        """(rows,) int64 pairs in each row's cache (a copy)."""
-        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits over the image vocabulary from drafter features (target head, frozen)."""
@@ -262,6 +243,8 @@ class EagleDrafter(nn.Module):
         self._need_cache().rollback(n)
 
     def keep(self, indices, counts=None) -> None:
+        """Keep the last block's entries ``indices`` ((k,) shared or (R, k) per row; block-relative, in order), the
+        first ``counts[r]`` ((R,), default k) in row r (``KVCache.keep``)."""
         self._need_cache().keep(indices, counts)
 
     def _need_cache(self) -> KVCache:

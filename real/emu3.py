@@ -21,8 +21,8 @@ import torch
 
 from .image_layout import ImageLayout
 from .imagelm import ImageTokenLM
-from .imagelm_eagle import tiny_draft
-from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .imagelm_eagle import tiny_pair
+from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained
 from .protocol import Prompt
 
 __all__ = ["Emu3ImageLM", "emu3_layout", "tiny_emu3", "tiny_emu3_pair", "load_emu3", "emu3_prompt", "emu3_decoder",
@@ -47,6 +47,10 @@ class Emu3ImageLM(ImageTokenLM):
     to the trailer by ``image_sequence``) defaults to the text config's EOS."""
 
     def __init__(self, model, layout: ImageLayout, *, bos_id: int | None = None, eos_id: int | None = None):
+        """``model``: a transformers ``Emu3ForConditionalGeneration``; codes 0..V-1 are its vocabulary map's visual
+        tokens (LM ids (V,) from ``img2bpe``, image head the (V, D) rows of ``lm_head``); ``eos_id`` is appended
+        to the ``layout`` trailer when missing; ``bos_id`` / ``eos_id`` default to the text config's. ValueError
+        when the visual tokens do not name codes 0..V-1."""
         vm = model.vocabulary_mapping
         img2bpe = vm.img2bpe
         V = len(img2bpe)
@@ -141,16 +145,8 @@ def tiny_emu3_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=
     """(target, draft, text id range): draft ``layerskip`` (first layer), ``small`` (independent random
     1-layer, 32-wide LM over the same vocabulary) or ``eagle``."""
 
-    m, lay, text = tiny_emu3(seed, **kw)
-    m = m.to(device, dtype)
-    t = Emu3ImageLM(m, lay)
-    small_kw = {k: v for k, v in kw.items() if k in ("V", "side")}
-    d = tiny_draft(t, draft, seed,
-                   layerskip=lambda: Emu3ImageLM(truncated_hf(m, 1, "text_model.layers",
-                                                              lambda c, n: setattr(c.text_config, "num_hidden_layers", n)), lay),
-                   small=lambda: Emu3ImageLM(tiny_emu3(seed + 1, hidden=32, layers=1, heads=2,
-                                                       **small_kw)[0].to(device, dtype), lay))
-    return t, d, text
+    return tiny_pair(tiny_emu3, Emu3ImageLM, seed, draft, device, dtype, kw, layer_key="text_model.layers",
+                     set_layers=lambda c, n: setattr(c.text_config, "num_hidden_layers", n))
 
 
 # --------------------------------------------------------------------------- real checkpoints

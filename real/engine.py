@@ -60,6 +60,8 @@ class RoundRecord:
 
 @dataclass
 class Generation:
+    """One image's generation: ``tokens`` (T,) int64, one record per round, wall-clock ``seconds``, the target's
+    and the draft's forward counts, and ``info``."""
     tokens: torch.Tensor                 # (T,) int64 image tokens
     rounds: list[RoundRecord]
     seconds: float
@@ -68,6 +70,7 @@ class Generation:
     info: dict = field(default_factory=dict)
 
     def stats(self) -> dict:
+        """``summarize([self])``: this generation's acceptance and speed figures."""
         return summarize([self])
 
 
@@ -133,7 +136,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
              progress: bool | None = False) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one
-    ``Generation`` per image, in order.
+    ``Generation`` per image, in order, its ``tokens`` (num_tokens,) int64.
 
     Modes: ``draft=None``: plain AR sampling (the baseline; ``verifier`` unused); ``tree`` (a
     ``theory.tree.Tree``): static-tree drafting; else chain drafting of ``L`` tokens per round.
@@ -256,7 +259,7 @@ def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, L: i
                          generator: torch.Generator | None = None, record_rows: bool = False,
                          progress: bool | None = False) -> Generation:
     """One image with speculative decoding: chain drafts of length L, or the static draft ``tree``
-    (``generate`` at batch size 1)."""
+    (``generate`` at batch size 1); the ``Generation`` holds tokens (num_tokens,) int64."""
     return generate(target, draft, [cond], num_tokens=num_tokens, verifier=verifier, L=L, tree=tree,
                     processing=processing, seed=seed, batch_size=1, generator=generator, record_rows=record_rows,
                     progress=progress)[0]
@@ -265,7 +268,8 @@ def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, L: i
 def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
                   processing: Processing = Processing(), seed: int = 0, generator: torch.Generator | None = None,
                   record_rows: bool = False, progress: bool | None = False) -> Generation:
-    """One image with static-tree speculative decoding (``generate`` at batch size 1)."""
+    """One image with static-tree speculative decoding (``generate`` at batch size 1); the ``Generation`` holds
+    tokens (num_tokens,) int64."""
     if not isinstance(tree, Tree):
         raise ValueError(f"tree must be a theory.tree.Tree, got {type(tree).__name__}")
     return speculative_generate(target, draft, cond, num_tokens=num_tokens, verifier=verifier, tree=tree,
@@ -275,7 +279,8 @@ def tree_generate(target, draft, cond, *, num_tokens: int, verifier, tree: Tree,
 
 def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Processing(), seed: int = 0,
                 generator: torch.Generator | None = None, progress: bool | None = False) -> Generation:
-    """One image by plain autoregressive sampling through the same protocol and processing (the baseline)."""
+    """One image by plain autoregressive sampling through the same protocol and processing (the baseline); the
+    ``Generation`` holds tokens (num_tokens,) int64."""
     return generate(model, None, [cond], num_tokens=num_tokens, processing=processing, seed=seed, batch_size=1,
                     generator=generator, progress=progress)[0]
 

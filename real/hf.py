@@ -23,9 +23,18 @@ __all__ = ["HFCausalLM"]
 
 
 class HFCausalLM:
+    """``real.protocol.ARModel`` over a transformers causal LM
+    (its own ``DynamicCache``, one cache length for all rows: the engine wraps it in ``real.protocol.OneRow``).
+    Conditions are ``Prompt``s
+    (a CFG pair is left-padded: padded prefix columns are masked, positions count from each row's first real token).
+    Logits are float32 (B, S, V) over the image tokens: V = len(``image_token_ids``) when given, else the LM's
+    whole vocabulary."""
     needs_features = False
 
     def __init__(self, model, image_token_ids: torch.Tensor | None = None):
+        """``model``: a transformers ``*ForCausalLM`` (put in eval mode); ``image_token_ids`` (V,) int64: the LM
+        ids of image tokens 0..V-1, each in [0, LM vocabulary), to which tokens are mapped and by which the
+        logits are sliced; None: tokens are LM ids. ValueError for empty or out-of-range ids."""
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -51,14 +60,17 @@ class HFCausalLM:
 
     @property
     def device(self):
+        """The wrapped model's device."""
         return self.model.device
 
     @property
     def dtype(self):
+        """The wrapped model's dtype."""
         return self.model.dtype
 
     @property
     def cache_len(self) -> int:
+        """Entries in the cache (every row), prefix included."""
         return self._len
 
     def _full_mask(self, B: int) -> torch.Tensor:
@@ -67,6 +79,8 @@ class HFCausalLM:
         return torch.ones(B, self._len, dtype=torch.long, device=self.device)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits (..., V) from last hidden states (..., D) through the LM's output embeddings
+        (the ``image_token_ids`` columns when given)."""
         logits = self.model.get_output_embeddings()(hidden).float()
         return logits if self.image_token_ids is None else logits[..., self.image_token_ids]
 
@@ -88,7 +102,10 @@ class HFCausalLM:
     @torch.no_grad()
     def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
                 return_hidden: bool = False) -> ModelOutput:
-        """cond: a ``Prompt`` (or ids); with cfg the pair (ids, uncond_ids), left-padded."""
+        """Reset the cache and run the prompt: cond a ``Prompt`` (or ids) -> prefix ids (B, P), B = 2 with ``cfg``
+        (the pair (ids, uncond_ids), left-padded) else 1, followed by the optional image ``tokens`` (B, S).
+        Returns ``ModelOutput``: logits (B, 1 + S, V) float32 (row 0 after the prefix), and with
+        ``return_hidden`` the last hidden states (B, P + S, D)."""
         ids, real, pos = prompt_rows(cond, cfg, self.device)
         mask = real.long()
         S = 0
@@ -111,6 +128,10 @@ class HFCausalLM:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
+        """Append a block of image tokens (B, S) to the cache -> ``ModelOutput`` logits (B, S, V) float32 (+ last
+        hidden states (B, S, D) with ``return_hidden``). ``position_ids`` (S,) absolute positions of the block
+        (default cache_len + arange(S); each row's left padding is subtracted); ``attn_mask`` (S, K) bool, S <=
+        K <= cache_len + S, as in ``real.protocol``."""
         if self.cache is None:
             raise ValueError("HFCausalLM.forward before prefill")
         t = self._map(tokens)
@@ -145,6 +166,7 @@ class HFCausalLM:
         return out
 
     def rollback(self, n: int) -> None:
+        """Drop the last n (int) cache entries of every row."""
         n = int(n)
         if n < 0 or n > self.cache_len:
             raise ValueError(f"rollback({n}) with {self.cache_len} cached entries")
@@ -161,7 +183,8 @@ class HFCausalLM:
         self._block_start = min(self._block_start, self._len)
 
     def keep(self, indices: torch.Tensor) -> None:
-        """Keep the entries ``indices`` of the last block (a chain: their positions become consecutive)."""
+        """Keep the entries ``indices`` (k,) int64 (block-relative, in order) of the last block and drop the rest
+        of it; the kept entries' positions become consecutive (a chain)."""
         s = self._block_start
         idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
         layers = getattr(self.cache, "layers", None)

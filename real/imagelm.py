@@ -70,6 +70,8 @@ class ImageTokenLM(HFCausalLM):
     def __init__(self, model, backbone: nn.Module, layout: ImageLayout, code_ids: torch.Tensor,
                  head_weight: torch.Tensor | None = None, *, uncond: str = "header", pad_id: int | None = None,
                  keep_ids: tuple[int, ...] = ()):
+        """Arguments as in the class docstring: ``code_ids`` (V,) int64, ``head_weight`` (V, D) or None. ValueError
+        for V < 2, a head without V rows, an unknown ``uncond``, or ``uncond='pad'`` without ``pad_id``."""
         super().__init__(model)
         model.requires_grad_(False)
         self.backbone = backbone

@@ -14,7 +14,7 @@ from .eagle import EagleConfig, EagleDrafter
 
 # ``ImageTokenLM`` in annotations is real.imagelm's adapter (not imported: real.imagelm imports this module)
 
-__all__ = ["AdapterEagle", "eagle_for", "load_adapter_eagle", "tiny_draft"]
+__all__ = ["AdapterEagle", "eagle_for", "load_adapter_eagle", "tiny_draft", "tiny_pair"]
 
 
 class AdapterEagle(EagleDrafter):
@@ -37,6 +37,27 @@ def tiny_draft(target: ImageTokenLM, kind: str, seed: int, *, layerskip, small):
     if kind == "eagle":
         return eagle_for(target, seed=seed + 1)
     raise ValueError(f"unknown draft kind {kind!r}; choose layerskip, small or eagle")
+
+
+def tiny_pair(factory, wrap, seed: int, draft: str, device, dtype, kw: dict, *, layer_key: str,
+              set_layers, small_keys: tuple[str, ...] = ("V", "side")):
+    """(target adapter, draft adapter, text id range) of a ``tiny_*_pair``. ``factory(seed, **kw)`` builds
+    a tiny random transformers model and returns (model, *rest, text id range) (``rest``: the layout,
+    or nothing); ``wrap(model, *rest)`` makes the ``ImageTokenLM`` adapter. Drafts as ``tiny_draft``:
+    the target's first layer (``truncated_hf`` with ``layer_key`` and ``set_layers(config, n)``), an
+    independent random 1-layer, 32-wide model ``factory(seed + 1, ...)`` sharing the target's
+    ``small_keys`` arguments, or a fresh EAGLE-1 head."""
+    from .imagelm_loading import truncated_hf
+
+    m, *rest, text = factory(seed, **kw)
+    m = m.to(device, dtype)
+    t = wrap(m, *rest)
+    small_kw = {k: v for k, v in kw.items() if k in small_keys}
+    d = tiny_draft(t, draft, seed,
+                   layerskip=lambda: wrap(truncated_hf(m, 1, layer_key, set_layers), *rest),
+                   small=lambda: wrap(factory(seed + 1, hidden=32, layers=1, heads=2, **small_kw)[0].to(device, dtype),
+                                      *rest))
+    return t, d, text
 
 
 def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: float = 0.02):

@@ -92,6 +92,7 @@ class CodeDecoder:
     ``codebook`` (V, d) feeds LANTERN's neighbour tables."""
 
     def __init__(self, fn, grid: tuple[int, int], codebook: torch.Tensor | None = None):
+        """``fn(codes (B, h, w) int64) -> images (B, 3, H, W)``; ``grid`` (h, w); ``codebook`` (V, d) or None."""
         self.fn, self.grid, self.codebook = fn, grid, codebook
 
     @torch.no_grad()

@@ -20,8 +20,8 @@ import torch
 
 from .image_layout import ImageLayout
 from .imagelm import ImageTokenLM
-from .imagelm_eagle import tiny_draft
-from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, truncated_hf
+from .imagelm_eagle import tiny_pair
+from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained
 
 __all__ = ["JanusImageLM", "tiny_janus", "tiny_janus_pair", "load_janus", "janus_prompt", "janus_decoder",
            "JANUS_PRO_IDS"]
@@ -38,6 +38,11 @@ class JanusImageLM(ImageTokenLM):
 
     def __init__(self, model, *, boi_id: int | None = None, pad_id: int | None = None, bos_id: int | None = None,
                  grid: tuple[int, int] | None = None):
+        """``model``: a transformers ``JanusForConditionalGeneration``; its V = vq num_embeddings codes are fed as
+        stream ids text_vocab + k (the generation embeddings) and scored by the generation head (logits
+        (..., V)); ``boi_id`` / ``pad_id`` / ``bos_id`` default to the generation config's; ``grid`` (h, w)
+        image tokens (default: the square of num_image_tokens). ValueError when boi / pad ids are unknown or the
+        token count is not a square without ``grid``."""
         gc = model.generation_config
         boi = boi_id if boi_id is not None else (getattr(gc, "generation_kwargs", None) or {}).get("boi_token_id")
         pad = pad_id if pad_id is not None else gc.pad_token_id
@@ -129,16 +134,9 @@ def tiny_janus_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype
     """(target, draft, text id range): draft ``layerskip`` (first LM layer), ``small`` (independent
     random Janus with a 1-layer, 32-wide LM; same codes and text ids) or ``eagle``."""
 
-    m, text = tiny_janus(seed, **kw)
-    m = m.to(device, dtype)
-    t = JanusImageLM(m)
-    small_kw = {k: v for k, v in kw.items() if k in ("V", "side", "text_vocab")}
-    d = tiny_draft(t, draft, seed,
-                   layerskip=lambda: JanusImageLM(truncated_hf(m, 1, "language_model.layers",
-                                                               lambda c, n: setattr(c.text_config, "num_hidden_layers", n))),
-                   small=lambda: JanusImageLM(tiny_janus(seed + 1, hidden=32, layers=1, heads=2,
-                                                         **small_kw)[0].to(device, dtype)))
-    return t, d, text
+    return tiny_pair(tiny_janus, JanusImageLM, seed, draft, device, dtype, kw, layer_key="language_model.layers",
+                     set_layers=lambda c, n: setattr(c.text_config, "num_hidden_layers", n),
+                     small_keys=("V", "side", "text_vocab"))
 
 
 # --------------------------------------------------------------------------- real checkpoints

@@ -25,7 +25,7 @@ import torch
 
 from .protocol import check_attn_mask
 
-__all__ = ["KVCache", "row_counts", "common_len"]
+__all__ = ["KVCache", "CachedRows", "row_counts", "common_len"]
 
 
 def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
@@ -42,16 +42,34 @@ def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
 
 
 def common_len(lens: np.ndarray) -> int:
-    """The one length of rows that all hold the same number of entries (the protocol's ``cache_len``)."""
+    """lens (R,) int64 -> the one length when all R rows hold the same number of entries
+    (the protocol's ``cache_len``); ValueError otherwise."""
     if lens.min() != lens.max():
         raise ValueError(f"rows hold different numbers of entries {lens.tolist()}: use cache_lens")
     return int(lens[0])
+
+
+class CachedRows:
+    """Mixin for a model that keeps its per-row entries in a ``KVCache`` at ``self.cache`` (None before
+    the first ``prefill``)."""
+
+    @property
+    def cache_len(self) -> int:
+        """Entries per row when every row holds the same number (else use ``cache_lens``)."""
+        return common_len(self.cache_lens)
+
+    @property
+    def cache_lens(self) -> np.ndarray:
+        """(rows,) int64 entries in each row's cache, prefix included (a copy)."""
+        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
 
 
 class KVCache:
     """Static per-row KV cache of ``n_layers`` attention layers (module docstring)."""
 
     def __init__(self, n_layers: int, rows: int, n_kv: int, max_len: int, head_dim: int, *, dtype, device):
+        """``n_layers`` layers of keys and values, each (rows, n_kv, max_len, head_dim) zeros of ``dtype`` on
+        ``device``; every row starts empty."""
         shape = (rows, n_kv, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -64,10 +82,12 @@ class KVCache:
 
     @property
     def rows(self) -> int:
+        """Rows (R) of the cache."""
         return int(self.lens.shape[0])
 
     @property
     def max_len(self) -> int:
+        """Entry slots per row."""
         return int(self.k[0].shape[2])
 
     def fits(self, n_layers: int, rows: int, max_len: int, dtype, device) -> bool:
@@ -77,6 +97,7 @@ class KVCache:
                 and k.device == torch.device(device))
 
     def reset(self) -> None:
+        """Empty every row (the buffers are kept for reuse)."""
         self.lens[:] = 0
         self.block_start[:] = 0
         self._S = 0
@@ -123,6 +144,8 @@ class KVCache:
         return kc[:, :, :self._K], vc[:, :, :self._K]
 
     def commit(self) -> None:
+        """End the block ``begin`` prepared: each row's length grows by its S entries; the block starts are kept
+        for ``keep`` and ``rollback``."""
         self.block_start = self.lens.copy()
         self.lens = self.lens + self._S
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .llamagen import RMSNorm
-from .protocol import ModelOutput, block_mask, prompt_rows
+from .layers import RMSNorm
+from .protocol import ModelOutput, Placed, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]
 
@@ -58,13 +58,19 @@ class _Layer(nn.Module):
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
-class FastLlama(nn.Module):
+class FastLlama(Placed, nn.Module):
     """``real.protocol.ARModel`` over a Llama checkpoint. Conditions are ``Prompt``s (a CFG pair is
     left-padded: padded prefix columns are masked, positions count from each row's first real token);
     ``image_token_ids`` as in ``real.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
+    _placed_by = "embed.weight"
     needs_features = False
 
     def __init__(self, config, image_token_ids: torch.Tensor | None = None, max_len: int = 4096):
+        """``config``: a transformers ``LlamaConfig``
+        (default RoPE and SiLU only: others raise NotImplementedError); ``image_token_ids`` (V,) int64: LM ids
+        of image tokens 0..V-1, or None (V = vocab_size); ``max_len``: cache entries per row (the per-layer
+        caches (B, kv heads, max_len, head_dim) are allocated by ``prefill``). Weights are default-initialised:
+        ``from_hf`` copies a checkpoint's."""
         super().__init__()
         c = config
         rp = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0),
@@ -94,7 +100,8 @@ class FastLlama(nn.Module):
 
     @classmethod
     def from_hf(cls, model, image_token_ids: torch.Tensor | None = None, max_len: int = 4096) -> "FastLlama":
-        """Copy the weights of a transformers ``LlamaForCausalLM`` (same device and dtype)."""
+        """Copy the weights of a transformers ``LlamaForCausalLM`` (same device and dtype); ``image_token_ids``
+        (V,) int64 and ``max_len`` as in the constructor."""
         m = cls(model.config, image_token_ids, max_len)
         src = model.state_dict()
         names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
@@ -122,18 +129,13 @@ class FastLlama(nn.Module):
         return m
 
     @property
-    def device(self):
-        return self.embed.weight.device
-
-    @property
-    def dtype(self):
-        return self.embed.weight.dtype
-
-    @property
     def cache_len(self) -> int:
+        """Entries in the cache (every row), prefix included."""
         return self._len
 
     def head(self, hidden):
+        """float32 logits (..., V) from last hidden states (..., D)
+        (the ``image_token_ids`` columns of the LM head when given)."""
         logits = self.lm_head(hidden).float()
         return logits if self.image_token_ids is None else logits[..., self.image_token_ids]
 
@@ -178,6 +180,9 @@ class FastLlama(nn.Module):
 
     @torch.no_grad()
     def prefill(self, cond, tokens=None, *, cfg=False, return_hidden=False) -> ModelOutput:
+        """Reset the cache and run the prompt: cond a ``Prompt`` -> prefix ids (B, P), B = 2 with ``cfg``
+        (left-padded pair) else 1, then the optional image ``tokens`` (B, S). Returns ``ModelOutput``: logits
+        (B, 1 + S, V) float32, and with ``return_hidden`` the post-norm hidden states (B, P + S, D)."""
         ids, real, pos = prompt_rows(cond, cfg, self.device)
         B, P = ids.shape
         S = 0
@@ -202,6 +207,9 @@ class FastLlama(nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden=False) -> ModelOutput:
+        """Append image tokens (B, S) -> ``ModelOutput`` logits (B, S, V) float32 (+ post-norm hidden states
+        (B, S, D) with ``return_hidden``). ``position_ids`` (S,) absolute positions (default cache_len +
+        arange(S); each row's left padding is subtracted); ``attn_mask`` (S, K) bool as in ``real.protocol``."""
         if self._next_pos is None:
             raise ValueError("FastLlama.forward before prefill")
         t = self._map(tokens)
@@ -217,6 +225,7 @@ class FastLlama(nn.Module):
         return out
 
     def rollback(self, n: int) -> None:
+        """Drop the last n (int) cache entries of every row."""
         n = int(n)
         if n < 0 or n > self._len:
             raise ValueError(f"rollback({n}) with {self._len} cached entries")
@@ -225,6 +234,8 @@ class FastLlama(nn.Module):
         self._block_start = min(self._block_start, self._len)
 
     def keep(self, indices) -> None:
+        """Keep the entries ``indices`` (k,) int64 (block-relative, in order) of the last block, dropping the rest
+        of it."""
         s = self._block_start
         idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
         for layer in self.layers:

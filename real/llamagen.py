@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blocks import EAGER, attend, mix_heads, rms_norm, rope_qkv, swiglu
-from .blocks import apply_rope as _rotate
+from .blocks import EAGER
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .kvcache import KVCache, common_len
+from .kvcache import CachedRows, KVCache
+from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, attend_gqa,  # re-exported (moved)
+                     complex_rope, rope_qkv, rope_table_2d)
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
-from .protocol import Caption, ModelOutput, as_conds
+from .protocol import Caption, ModelOutput, Placed, as_conds
 
 __all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
            "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple", "complex_rope", "attend"]
@@ -42,7 +43,11 @@ def find_multiple(n: int, k: int) -> int:
 
 
 @dataclass(frozen=True)
-class LlamaGenConfig:
+class LlamaGenConfig(HeadGeometry):
+    """A LlamaGen GPT's sizes (names as in the release's ``ModelArgs``): width ``dim``, layers, heads
+    (``n_kv_head`` None: all), FFN sizing (``multiple_of``, ``ffn_dim_multiplier``), RoPE base, norm eps, the
+    prefix (``cls_token_num`` = P positions: a class, or caption features (caption_tokens, caption_dim)), V
+    image tokens and ``block_size`` image tokens per image (a square grid)."""
     dim: int = 768
     n_layer: int = 12
     n_head: int = 12
@@ -63,26 +68,14 @@ class LlamaGenConfig:
     def __post_init__(self):
         if self.model_type not in ("c2i", "t2i"):
             raise ValueError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
-        if self.dim % self.n_head:
-            raise ValueError(f"dim {self.dim} not divisible by n_head {self.n_head}")
-        if self.n_head % self.kv_heads:
-            raise ValueError(f"n_head {self.n_head} not divisible by n_kv_head {self.kv_heads}")
+        self._check_heads()
         if (self.head_dim // 2) % 2:
             raise ValueError(f"2-D RoPE needs head_dim divisible by 4, got {self.head_dim}")
-        g = math.isqrt(self.block_size)
-        if g * g != self.block_size:
-            raise ValueError(f"block_size must be a square number of image tokens, got {self.block_size}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_head or self.n_head
 
     @property
     def ffn_hidden(self) -> int:
+        """SwiGLU width: int(2/3 of 4 dim), times ``ffn_dim_multiplier`` when set, rounded up to a multiple of
+        ``multiple_of``."""
         h = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             h = int(self.ffn_dim_multiplier * h)
@@ -123,71 +116,38 @@ def config(name: str, *, image_size: int | None = None, downsample: int = 16, mo
 
 # --------------------------------------------------------------------------- layers
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times the weight."""
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rope_table_2d(grid: int, head_dim: int, base: float, prefix: int) -> torch.Tensor:
-    """(prefix + grid^2, head_dim/2, 2) cos/sin per absolute position; zeros for the prefix rows.
-    Image token j = (row a, col b), j = a * grid + b: pair m < head_dim/4 rotates with a * w_m, the
-    others with b * w_m, w_m = base^(-2m / (head_dim/2))."""
-    half = head_dim // 2
-    w = 1.0 / (base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    ang = torch.outer(torch.arange(grid).float(), w)                      # (grid, head_dim/4)
-    grid_ang = torch.cat([ang[:, None, :].expand(grid, grid, -1), ang[None, :, :].expand(grid, grid, -1)], -1)
-    tab = torch.stack([grid_ang.cos(), grid_ang.sin()], -1).flatten(0, 1)  # (grid^2, head_dim/2, 2)
-    return torch.cat([torch.zeros(prefix, half, 2), tab])
-
-
-def complex_rope(table: torch.Tensor) -> torch.Tensor:
-    """The (N, Dh/2, 2) cos/sin table of ``rope_table_2d`` as (N, Dh/2) complex cos + i sin (what the
-    models keep: a rotation is then one complex product)."""
-    return torch.view_as_complex(table.float().contiguous())
-
-
-def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
-    """x (B, S, H, Dh), rot (S, Dh/2) or (B, S, Dh/2) complex (``complex_rope``), or the real (..., 2)
-    table: rotate interleaved pairs (in float32; ``real.blocks.apply_rope``)."""
-    return _rotate(x, rot if rot.is_complex() else complex_rope(rot))
-
-
 class Attention(nn.Module):
+    """LlamaGen's attention: fused q/k/v projection ``wqkv`` (dim -> (n_head + 2 kv_heads) head_dim), 2-D RoPE on q
+    and k, grouped-query ``attend_gqa``, output ``wo`` (dim -> dim)."""
+
     def __init__(self, c: LlamaGenConfig):
+        """Projections sized by ``c`` (default-initialised)."""
         super().__init__()
         self.n_head, self.n_kv, self.hd, self.dim = c.n_head, c.kv_heads, c.head_dim, c.dim
         self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.kv_heads) * c.head_dim, bias=False)
         self.wo = nn.Linear(c.dim, c.dim, bias=False)
 
     def forward(self, x, rot, mask, cache: KVCache | None = None, i: int = 0):
-        """x (B, S, dim), rot (S or B x S, head_dim/2) complex, mask (B or 1, 1, S, K) bool or None; with
+        """x (B, S, dim), rot (S or B x S, head_dim/2, 2), mask (B or 1, 1, S, K) bool or None; with
         ``cache`` the block is written into layer i's slots and attends over the row's cached entries."""
         q, k, v = rope_qkv(self.wqkv(x), rot, self.n_head, self.n_kv)
-        if cache is not None:
-            k, v = cache.update(i, k, v)
-        return mix_heads(q, k, v, mask, self.wo.weight)
+        return self.wo(attend_gqa(q, k, v, mask, cache, i))
 
 
-class FeedForward(nn.Module):
+class FeedForward(SwiGLU):
+    """LlamaGen's SwiGLU MLP (dim -> ffn_hidden -> dim): x (B, S, dim) -> (B, S, dim)."""
+
     def __init__(self, c: LlamaGenConfig):
-        super().__init__()
-        self.w1 = nn.Linear(c.dim, c.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(c.dim, c.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(c.ffn_hidden, c.dim, bias=False)
-
-    def forward(self, x):
-        """SwiGLU: x (B, S, dim) -> (B, S, dim)."""
-        return swiglu(x, self.w1.weight, self.w3.weight, self.w2.weight)
+        """dim -> ffn_hidden -> dim, sized by ``c``."""
+        super().__init__(c.dim, c.ffn_hidden)
 
 
 class Block(nn.Module):
+    """One pre-norm transformer layer: attention and SwiGLU feed-forward, each after an RMSNorm and added back
+    (residual); x (B, S, dim) -> (B, S, dim)."""
+
     def __init__(self, c: LlamaGenConfig):
+        """Attention, feed-forward and their two RMSNorms, sized by ``c``."""
         super().__init__()
         self.attention = Attention(c)
         self.feed_forward = FeedForward(c)
@@ -196,25 +156,31 @@ class Block(nn.Module):
         self.fns = EAGER            # real.blocks.compile_blocks swaps in the compiled functions
 
     def forward(self, x, rot, mask, cache=None, i=0):
-        """Pre-norm attention + SwiGLU residual block (``real.blocks.block_pre`` / ``block_post``): x (B, S,
-        dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
-        a, f = self.attention, self.feed_forward
-        q, k, v = self.fns.pre(x, rot, self.attention_norm.weight, self.attention_norm.eps, a.wqkv.weight,
-                               a.n_head, a.n_kv)
+        """Pre-norm attention + SwiGLU residual block (``real.blocks.block_pre`` / ``block_post``, compilable):
+        x (B, S, dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
+        a, n = self.attention, self.ffn_norm
+        an = self.attention_norm
+        q, k, v = self.fns.pre(x, rot, an.weight, an.eps, a.wqkv.weight, a.n_head, a.n_kv)
         if cache is not None:
             k, v = cache.update(i, k, v)
-        return self.fns.post(x, q, k, v, mask, a.wo.weight, self.ffn_norm.weight, self.ffn_norm.eps,
-                             f.w1.weight, f.w3.weight, f.w2.weight)
+        return self.fns.post(x, q, k, v, mask, a.wo.weight, n.weight, n.eps, *self.feed_forward.weights())
 
 
 class LabelEmbedder(nn.Module):
+    """c2i prefix: class embeddings ``embedding_table`` (num_classes + 1 with the CFG null class, dim); class id k
+    -> row k."""
+
     def __init__(self, c: LlamaGenConfig):
+        """The (num_classes + [class_dropout_prob > 0], dim) table."""
         super().__init__()
         self.embedding_table = nn.Embedding(c.num_classes + int(c.class_dropout_prob > 0), c.dim)
 
 
 class MLP(nn.Module):
+    """Two bias-free linear layers with GELU(tanh) between (LlamaGen's caption projection)."""
+
     def __init__(self, cin: int, hidden: int, cout: int):
+        """fc1 (cin -> hidden) and fc2 (hidden -> cout)."""
         super().__init__()
         self.fc1 = nn.Linear(cin, hidden, bias=False)
         self.fc2 = nn.Linear(hidden, cout, bias=False)
@@ -225,7 +191,12 @@ class MLP(nn.Module):
 
 
 class CaptionEmbedder(nn.Module):
+    """t2i prefix: caption features (N, caption_dim) projected to (N, dim) by ``cap_proj``; ``uncond_embedding``
+    (caption_tokens, caption_dim) is the CFG null caption."""
+
     def __init__(self, c: LlamaGenConfig):
+        """``cap_proj`` = MLP(caption_dim -> dim -> dim) and the (caption_tokens, caption_dim) null-caption buffer
+        (N(0, 1/caption_dim) until loaded)."""
         super().__init__()
         self.cap_proj = MLP(c.caption_dim, c.dim, c.dim)
         self.register_buffer("uncond_embedding", torch.randn(c.caption_tokens, c.caption_dim) / c.caption_dim ** 0.5)
@@ -233,17 +204,21 @@ class CaptionEmbedder(nn.Module):
 
 # --------------------------------------------------------------------------- model
 
-class LlamaGen(nn.Module):
+class LlamaGen(Placed, CachedRows, nn.Module):
     """LlamaGen GPT implementing ``real.protocol.ARModel`` for a batch of images (``real.kvcache.KVCache``,
     one row per image, two with CFG).
 
     Conditions: c2i an int class id (or 0-d tensor); t2i a ``Caption`` (left-padded flan-t5 features,
     mask); ``prefill`` takes one condition or a list. The cache is (re)allocated by ``prefill`` for
     ``P + block_size + extra_slots`` entries per row."""
+    _placed_by = "tok_embeddings.weight"
     batched = True
     needs_features = False
 
     def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
+        """Layers sized by ``c``, default-initialised (``random_init`` or a checkpoint loader set the weights);
+        ``extra_slots``: cache entries per row beyond P + block_size. ``rope`` (P + block_size, head_dim/2)
+        complex64 stays float32-based under a bf16 cast."""
         super().__init__()
         self.config = c
         self.vocab_size = c.vocab_size
@@ -281,29 +256,11 @@ class LlamaGen(nn.Module):
             u.normal_(0.0, u.shape[-1] ** -0.5, generator=g)
         return self
 
-    @property
-    def device(self):
-        return self.tok_embeddings.weight.device
-
-    @property
-    def dtype(self):
-        return self.tok_embeddings.weight.dtype
-
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) float32 from last hidden states (..., dim) (the EAGLE drafter reuses this head)."""
         return self.output(hidden).float()
 
     # ---------------------------------------------------------------- cache
-    @property
-    def cache_len(self) -> int:
-        """Entries per row (prefix included) when every row holds the same number (else use cache_lens)."""
-        return common_len(self.cache_lens)
-
-    @property
-    def cache_lens(self) -> np.ndarray:
-        """(rows,) int64 entries in each row's cache, prefix included (a copy)."""
-        return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
-
     def cache_bytes(self, rows: int) -> int:
         """Memory of the KV cache ``prefill`` allocates for ``rows`` rows."""
         c = self.config

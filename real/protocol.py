@@ -60,42 +60,59 @@ __all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "Caption", "Prompt", "che
 
 
 class ModelOutput(NamedTuple):
+    """A model call's result: ``logits`` (B, S, V) float32 over the image vocabulary; ``hidden`` (B, S', D) the
+    last hidden states when asked (S' = S after ``forward``, P + S after ``prefill``)."""
     logits: torch.Tensor                 # (B, S, V) float32, image-token vocabulary
     hidden: torch.Tensor | None = None   # (B, S', D) last hidden states (post final norm), when asked
 
 
 @runtime_checkable
 class ARModel(Protocol):
+    """A target or plain draft (module docstring for the full contract)."""
     vocab_size: int
 
     @property
-    def cache_len(self) -> int: ...
+    def cache_len(self) -> int:
+        """Entries in the cache, prefix included."""
 
     def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
-                return_hidden: bool = False) -> ModelOutput: ...
+                return_hidden: bool = False) -> ModelOutput:
+        """Reset the cache and run cond's prefix (P positions) then ``tokens`` (B, S) -> logits (B, 1 + S, V) (+
+        hidden (B, P + S, D)); B = 2 with ``cfg``."""
 
     def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput: ...
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
+        """Append ``tokens`` (B, S) at ``position_ids`` (S,) under ``attn_mask`` (S, K) bool -> logits (B, S, V) (+
+        hidden (B, S, D))."""
 
-    def rollback(self, n: int) -> None: ...
+    def rollback(self, n: int) -> None:
+        """Drop the last n cache entries."""
 
-    def keep(self, indices: torch.Tensor) -> None: ...
+    def keep(self, indices: torch.Tensor) -> None:
+        """Keep the last block's entries at ``indices`` (k,) (block-relative, in order); drop the rest of the
+        block."""
 
 
 @runtime_checkable
 class FeatureDrafter(Protocol):
+    """A drafter fed the target's hidden states (EAGLE-1; module docstring)."""
     vocab_size: int
     needs_features: bool
 
     @property
-    def cache_len(self) -> int: ...
+    def cache_len(self) -> int:
+        """Entries in the cache."""
 
-    def start(self, prefix_len: int, batch: int) -> None: ...
+    def start(self, prefix_len: int, batch: int) -> None:
+        """Reset the cache for ``batch`` rows whose target prefix has ``prefix_len`` positions."""
 
     def forward(self, tokens: torch.Tensor, *, features: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None, return_hidden: bool = True) -> ModelOutput: ...
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = True) -> ModelOutput:
+        """Append ``tokens`` (B, S) paired with ``features`` (B, S, D), the target's hidden states -> logits
+        (B, S, V) and the drafter's hidden states (B, S, D)."""
 
-    def rollback(self, n: int) -> None: ...
+    def rollback(self, n: int) -> None:
+        """Drop the last n cache entries."""
 
 
 @dataclass
@@ -197,6 +214,22 @@ def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -
     return torch.cat([past, blk], dim=1)
 
 
+class Placed:
+    """Mixin for an ``nn.Module`` model: its ``device`` and ``dtype`` are those of the parameter named
+    ``_placed_by`` (dotted name; the model's weights all live there)."""
+    _placed_by = ""
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the ``_placed_by`` parameter."""
+        return self.get_parameter(self._placed_by).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the ``_placed_by`` parameter."""
+        return self.get_parameter(self._placed_by).dtype
+
+
 class OneRow:
     """A model whose cache has a single length (the transformers adapters: ``batched`` false) seen through
     the batched calls of ``real.steps`` at batch size 1: rows (1, or the CFG pair) always agree, so
@@ -204,6 +237,7 @@ class OneRow:
     batched = True
 
     def __init__(self, model):
+        """Wrap ``model``, an ``ARModel`` / ``FeatureDrafter`` that keeps one cache length for all its rows."""
         self.model = model
         self._rows = 1
 
@@ -212,6 +246,7 @@ class OneRow:
 
     @property
     def cache_lens(self) -> np.ndarray:
+        """(rows,) int64: the model's single cache length, once per row."""
         return np.full(self._rows, int(self.model.cache_len), dtype=np.int64)
 
     def _one(self, a: np.ndarray, name: str) -> np.ndarray:
@@ -222,6 +257,8 @@ class OneRow:
         return a[0]
 
     def prefill(self, cond, tokens=None, *, cfg: bool = False, return_hidden: bool = False):
+        """The model's ``prefill`` for one condition (a list must hold exactly one): tokens (B, S) -> logits
+        (B, 1 + S, V), B = 2 with ``cfg``."""
         conds = as_conds(cond)
         if len(conds) != 1:
             raise ValueError(f"{type(self.model).__name__} generates one image at a time, got {len(conds)} conditions")
@@ -229,10 +266,13 @@ class OneRow:
         return self.model.prefill(conds[0], tokens, cfg=cfg, return_hidden=return_hidden)
 
     def start(self, prefix_len: int, batch: int) -> None:
+        """The drafter's ``start`` for ``batch`` rows."""
         self._rows = int(batch)
         self.model.start(prefix_len, batch)
 
     def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden: bool = False, **kw):
+        """The model's ``forward`` on tokens (B, S): ``position_ids`` (S,) or per row (R, S) (the rows must agree)
+        -> logits (B, S, V); default positions are passed as None."""
         if position_ids is not None:
             pos = np.asarray(position_ids)
             pos = self._one(pos, "positions") if pos.ndim == 2 else pos.reshape(-1)
@@ -242,9 +282,12 @@ class OneRow:
                                   **kw)
 
     def rollback(self, n) -> None:
+        """Drop n entries: n an int or (R,) counts that must agree across rows."""
         self.model.rollback(int(self._one(np.broadcast_to(np.asarray(n), (self._rows,)), "rollbacks")))
 
     def keep(self, indices, counts=None) -> None:
+        """Keep the last block's entries ``indices`` ((k,), or (R, k) rows that must agree), the first ``counts``
+        (int or agreeing (R,), default k) of them."""
         idx = np.asarray(indices)
         idx = self._one(idx, "kept entries") if idx.ndim == 2 else idx
         c = idx.shape[0] if counts is None else int(self._one(np.broadcast_to(np.asarray(counts), (self._rows,)), "counts"))

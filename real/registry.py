@@ -20,6 +20,9 @@ __all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamag
 
 @dataclass
 class Bundle:
+    """What ``build`` returns: ``target`` and ``draft`` models, ``conds`` (one condition per image), ``num_tokens``
+    image tokens per image, LANTERN's ``neighbors`` table (V, K) int64 or None, the code decoder ``vq`` (codes
+    (B, T) -> images) or None, the model's default ``cfg_scale`` and ``top_k``, and ``info``."""
     target: Any
     draft: Any
     conds: list
@@ -35,6 +38,7 @@ MODELS: dict[str, tuple[Callable[[Any], Bundle], str]] = {}
 
 
 def register(name: str, builder: Callable[[Any], Bundle], help: str = "") -> None:
+    """Add model ``name`` to ``MODELS``: ``builder(BuildOptions) -> Bundle`` and its one-line ``help``."""
     MODELS[name] = (builder, help)
 
 

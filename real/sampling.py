@@ -80,10 +80,12 @@ class Processing:
 
     @property
     def cfg(self) -> bool:
+        """Whether classifier-free guidance is on (cfg_scale != 1)."""
         return self.cfg_scale != 1.0
 
     @property
     def batch(self) -> int:
+        """Model rows per image: 2 with CFG (conditional, unconditional), else 1."""
         return 2 if self.cfg else 1
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
@@ -107,6 +109,7 @@ class Processing:
         return self.combined(x) if combined else self(x)
 
     def params(self) -> dict:
+        """The four settings as a plain dict (for records)."""
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "cfg_scale": self.cfg_scale}
 
 

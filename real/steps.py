@@ -36,6 +36,7 @@ __all__ = ["Run", "Step", "prefill_step", "ar_step", "chain_step", "tree_step", 
 
 
 def sync(device) -> None:
+    """Wait for the device's queued work (CUDA) before a clock is read; a no-op elsewhere."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -59,10 +60,12 @@ class Run:
 
     @property
     def B(self) -> int:
+        """Images in the batch."""
         return int(self.n.shape[0])
 
     @property
     def active(self) -> np.ndarray:
+        """(B,) bool: the images still short of T committed tokens."""
         return self.n < self.T
 
     def rows(self, x):
@@ -308,6 +311,10 @@ class TreePlan:
 
 
 def tree_plan(tree: Tree, device) -> TreePlan:
+    """The per-level drafting plan and verification tensors of a static ``tree`` on ``device``: one ``_Level`` per
+    depth d < D (parent nodes (k,), their parents (k,), children (m,), their draw slots (m,), mask (k, F + k)
+    bool), the target's tree attention mask (N+1, N+1) bool, node depths (N+1,) int64, the draft entries fed
+    (n_fed) and the parent-child mask (N+1, N+1) bool. Built once per (tree, depth); loops over levels only."""
     ch, dep, par_of = tree.children, tree.node_depth, tree.parent
     inner = (ch >= 0).any(1)
     levels, fed = [], []

@@ -23,6 +23,9 @@ __all__ = ["VQConfig", "VQModel", "VQ_CONFIGS", "vq_config", "load_vq", "codeboo
 
 @dataclass(frozen=True)
 class VQConfig:
+    """LlamaGen's VQ sizes (VQ-16 defaults): codebook_size codes of dimension codebook_embed_dim
+    (l2-normalised at use), base channels ``ch`` times ``ch_mult`` per level, z_channels latent channels,
+    ``num_res_blocks`` ResNet blocks per encoder level."""
     codebook_size: int = 16384
     codebook_embed_dim: int = 8
     codebook_l2_norm: bool = True
@@ -34,6 +37,7 @@ class VQConfig:
 
     @property
     def downsample(self) -> int:
+        """Pixels per code side: 2^(len(ch_mult) - 1)."""
         return 2 ** (len(self.ch_mult) - 1)
 
 
@@ -45,6 +49,7 @@ VQ_CONFIGS = {
 
 
 def vq_config(name: str, **overrides) -> VQConfig:
+    """A copy of ``VQ_CONFIGS[name]`` with ``overrides`` applied; ValueError for an unknown name."""
     if name not in VQ_CONFIGS:
         raise ValueError(f"unknown VQ config {name!r}; choose from {sorted(VQ_CONFIGS)}")
     from dataclasses import replace
@@ -72,6 +77,15 @@ def code_grid(codes, grid: tuple[int, int] | None, V: int, device) -> tuple[torc
     return codes, tuple(grid)
 
 
+def reset_convs(model: nn.Module, seed: int) -> None:
+    """Seeded default initialisation (``torch.manual_seed(seed)``, then ``reset_parameters`` in module
+    order) of every Conv2d and GroupNorm of a VQ model; the caller fills its codebook."""
+    torch.manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
+            m.reset_parameters()
+
+
 def group_norm(c: int) -> nn.GroupNorm:
     """GroupNorm(32 groups, eps 1e-6) of the taming-transformers blocks."""
     return nn.GroupNorm(32, c, eps=1e-6, affine=True)
@@ -82,6 +96,8 @@ class ResnetBlock(nn.Module):
     parameters, so the state-dict keys are the same with or without it."""
 
     def __init__(self, cin: int, cout: int, dropout: float = 0.0):
+        """GroupNorm, swish and conv3x3 twice (cin -> cout -> cout), dropout before the second conv, and a 1x1
+        ``nin_shortcut`` when cin != cout."""
         super().__init__()
         self.norm1, self.conv1 = group_norm(cin), nn.Conv2d(cin, cout, 3, 1, 1)
         self.norm2, self.conv2 = group_norm(cout), nn.Conv2d(cout, cout, 3, 1, 1)
@@ -90,18 +106,23 @@ class ResnetBlock(nn.Module):
             self.nin_shortcut = nn.Conv2d(cin, cout, 1)
 
     def forward(self, x):
+        """x (B, cin, H, W) -> (B, cout, H, W)."""
         h = self.conv1(F.silu(self.norm1(x)))
         h = self.conv2(self.dropout(F.silu(self.norm2(h))))
         return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
 
 
 class AttnBlock(nn.Module):
+    """Single-head spatial self-attention with a residual: x (B, c, H, W) -> (B, c, H, W)."""
+
     def __init__(self, c: int):
+        """GroupNorm and 1x1 q, k, v and proj_out convs (c -> c)."""
         super().__init__()
         self.norm = group_norm(c)
         self.q, self.k, self.v, self.proj_out = (nn.Conv2d(c, c, 1) for _ in range(4))
 
     def forward(self, x):
+        """x (B, c, H, W) -> (B, c, H, W): each of the H*W positions attends to all of them."""
         b, c, h, w = x.shape
         y = self.norm(x)
         q, k, v = (t(y).reshape(b, 1, c, h * w).transpose(-1, -2) for t in (self.q, self.k, self.v))
@@ -110,38 +131,78 @@ class AttnBlock(nn.Module):
 
 
 class Upsample(nn.Module):
+    """Nearest-neighbour x2 then conv3x3: (B, c, H, W) -> (B, c, 2H, 2W)."""
+
     def __init__(self, c: int):
+        """The conv3x3 (c -> c)."""
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, 1, 1)
 
     def forward(self, x):
+        """x (B, c, H, W) -> (B, c, 2H, 2W)."""
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class Downsample(nn.Module):
+    """Pad right and bottom by 1, then conv3x3 with stride 2: (B, c, H, W) -> (B, c, H/2, W/2) (H, W even)."""
+
     def __init__(self, c: int):
+        """The stride-2 conv3x3 (c -> c)."""
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, 2, 0)
 
     def forward(self, x):
+        """x (B, c, H, W) -> (B, c, H/2, W/2)."""
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
+def resnet_level(cin: int, cout: int, n_blocks: int, attn: bool, dropout: float = 0.0,
+                 blocks: str = "res") -> nn.Module:
+    """One resolution level of a taming VQ encoder / decoder: ``n_blocks`` ResNet blocks cin -> cout
+    -> cout ... (under attribute ``blocks``: "res" in LlamaGen's keys, "block" in Chameleon's), each
+    followed by a spatial ``AttnBlock(cout)`` in ``attn`` when ``attn`` is true. Modules are created in
+    that order (so seeded default inits are unchanged); the caller adds the down- or upsampler."""
+    lvl = nn.Module()
+    res, att = nn.ModuleList(), nn.ModuleList()
+    setattr(lvl, blocks, res)
+    lvl.attn = att
+    for _ in range(n_blocks):
+        res.append(ResnetBlock(cin, cout, dropout))
+        cin = cout
+        if attn:
+            att.append(AttnBlock(cout))
+    return lvl
+
+
+def run_level(lvl: nn.Module, h: torch.Tensor, blocks: str = "res") -> torch.Tensor:
+    """A ``resnet_level`` on h (B, cin, H, W): each block (then its attention, if any), then the level's
+    ``downsample`` / ``upsample`` when it has one -> (B, cout, H', W') (H' = H/2, 2H or H)."""
+    for j, r in enumerate(getattr(lvl, blocks)):
+        h = r(h)
+        if len(lvl.attn):
+            h = lvl.attn[j](h)
+    for name in ("downsample", "upsample"):
+        if hasattr(lvl, name):
+            h = getattr(lvl, name)(h)
+    return h
+
+
 class Encoder(nn.Module):
+    """LlamaGen's VQ encoder: images (B, in_channels, H, W) -> latents (B, z_channels, H/f, W/f), f =
+    ``c.downsample``."""
+
     def __init__(self, c: VQConfig, in_channels: int = 3):
+        """conv_in, one ``resnet_level`` per ch_mult entry
+        (attention at the last; stride-2 ``downsample`` between levels), the mid ResNet-attention-ResNet, norm
+        and conv_out, sized by ``c``."""
         super().__init__()
         self.conv_in = nn.Conv2d(in_channels, c.ch, 3, 1, 1)
         self.conv_blocks = nn.ModuleList()
         cin = c.ch
         n = len(c.ch_mult)
         for i, m in enumerate(c.ch_mult):
-            blk = nn.Module()
-            blk.res, blk.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks):
-                blk.res.append(ResnetBlock(cin, c.ch * m))
-                cin = c.ch * m
-                if i == n - 1:
-                    blk.attn.append(AttnBlock(cin))
+            blk = resnet_level(cin, c.ch * m, c.num_res_blocks, attn=i == n - 1)
+            cin = c.ch * m
             if i != n - 1:
                 blk.downsample = Downsample(cin)
             self.conv_blocks.append(blk)
@@ -150,21 +211,22 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(cin, c.z_channels, 3, 1, 1)
 
     def forward(self, x):
+        """images x (B, in_channels, H, W) -> latents (B, z_channels, H/f, W/f)."""
         h = self.conv_in(x)
         for blk in self.conv_blocks:
-            for j, r in enumerate(blk.res):
-                h = r(h)
-                if len(blk.attn):
-                    h = blk.attn[j](h)
-            if hasattr(blk, "downsample"):
-                h = blk.downsample(h)
+            h = run_level(blk, h)
         for mod in self.mid:
             h = mod(h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
 class Decoder(nn.Module):
+    """The mirrored decoder: latents (B, z_channels, h, w) -> images (B, out_channels, h*f, w*f)."""
+
     def __init__(self, c: VQConfig, out_channels: int = 3):
+        """conv_in, the mid ResNet-attention-ResNet, one ``resnet_level`` of num_res_blocks + 1 blocks per ch_mult
+        entry from the last (attention at the first built; nearest x2 ``upsample`` between levels), norm and
+        conv_out."""
         super().__init__()
         n = len(c.ch_mult)
         cin = c.ch * c.ch_mult[-1]
@@ -172,13 +234,8 @@ class Decoder(nn.Module):
         self.mid = nn.ModuleList([ResnetBlock(cin, cin), AttnBlock(cin), ResnetBlock(cin, cin)])
         self.conv_blocks = nn.ModuleList()
         for i in reversed(range(n)):
-            blk = nn.Module()
-            blk.res, blk.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(c.num_res_blocks + 1):
-                blk.res.append(ResnetBlock(cin, c.ch * c.ch_mult[i]))
-                cin = c.ch * c.ch_mult[i]
-                if i == n - 1:
-                    blk.attn.append(AttnBlock(cin))
+            blk = resnet_level(cin, c.ch * c.ch_mult[i], c.num_res_blocks + 1, attn=i == n - 1)
+            cin = c.ch * c.ch_mult[i]
             if i != 0:
                 blk.upsample = Upsample(cin)
             self.conv_blocks.append(blk)
@@ -186,21 +243,21 @@ class Decoder(nn.Module):
         self.conv_out = nn.Conv2d(cin, out_channels, 3, 1, 1)
 
     def forward(self, z):
+        """latents z (B, z_channels, h, w) -> images (B, out_channels, h*f, w*f)."""
         h = self.conv_in(z)
         for mod in self.mid:
             h = mod(h)
         for blk in self.conv_blocks:
-            for j, r in enumerate(blk.res):
-                h = r(h)
-                if len(blk.attn):
-                    h = blk.attn[j](h)
-            if hasattr(blk, "upsample"):
-                h = blk.upsample(h)
+            h = run_level(blk, h)
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
 class VectorQuantizer(nn.Module):
+    """The codebook ``embedding`` (codebook_size, codebook_embed_dim), plus the checkpoints' ``codebook_used``
+    (65536,) buffer when ``codebook_show_usage``."""
+
     def __init__(self, c: VQConfig):
+        """The (codebook_size, codebook_embed_dim) embedding, sized by ``c``."""
         super().__init__()
         self.l2_norm = c.codebook_l2_norm
         self.embedding = nn.Embedding(c.codebook_size, c.codebook_embed_dim)
@@ -223,7 +280,12 @@ class VectorQuantizer(nn.Module):
 
 
 class VQModel(nn.Module):
+    """LlamaGen's VQ tokenizer: ``encode`` images (B, 3, H, W) -> codes (B, (H/f)(W/f)), ``decode_code`` codes ->
+    images."""
+
     def __init__(self, c: VQConfig):
+        """Encoder, decoder, quantizer and the 1x1 convs ``quant_conv`` (z_channels -> codebook_embed_dim) and
+        ``post_quant_conv`` (back), default-initialised (``load_vq`` or ``random_init`` set the weights)."""
         super().__init__()
         self.config = c
         self.encoder = Encoder(c)
@@ -235,10 +297,7 @@ class VQModel(nn.Module):
     @torch.no_grad()
     def random_init(self, seed: int = 0) -> "VQModel":
         """Seeded random weights (convs default-initialised, codebook l2-normalised)."""
-        torch.manual_seed(seed)
-        for m in self.modules():
-            if isinstance(m, (nn.Conv2d, nn.GroupNorm)):
-                m.reset_parameters()
+        reset_convs(self, seed)
         w = torch.randn(self.quantize.embedding.weight.shape, generator=torch.Generator().manual_seed(seed))
         self.quantize.embedding.weight.copy_(F.normalize(w, dim=-1))
         return self

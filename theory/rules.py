@@ -59,6 +59,13 @@ def _as_position(i, p, xp):
     return xp.astype(xp.asarray(i, device=array_api_compat.device(p)), p.dtype)
 
 
+def _schedule_at(schedule, i, p, xp):
+    """A per-position schedule's value(s) at draft position(s) i (``_as_position``): a scalar, or an array
+    with a trailing axis added so that it broadcasts against rows p (..., V)."""
+    w = schedule(_as_position(i, p, xp), xp)
+    return w if isinstance(w, float | int) else w[..., None]
+
+
 _ratio_min1 = ratio_min1  # one definition, in theory._xp (shared with theory.lantern)
 
 
@@ -80,10 +87,7 @@ class Scaled:
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
-        w = self.schedule(_as_position(i, p, xp), xp)
-        if not isinstance(w, float | int):
-            w = w[..., None]
-        return _ratio_min1(w * p, q, xp)
+        return _ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
 
 
 # the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
@@ -100,9 +104,7 @@ class Level:
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
-        a = self.levels(_as_position(i, p, xp), xp)
-        if not isinstance(a, float | int):
-            a = a[..., None]
+        a = _schedule_at(self.levels, i, p, xp)
         v = _ratio_min1(p, q, xp)
         return v + a * (1 - v)
 

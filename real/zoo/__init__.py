@@ -7,5 +7,6 @@ class accuracy), ``checkpoint`` (hash-verified safetensors loading), ``gpt`` (th
 LlamaGen target, its small independent draft and its EAGLE-1 drafter). The main job that runs them,
 ``coolsd demo``, is ``coolsd.studies.demo``. Trained weights live in ``real/zoo/checkpoints/`` with ``manifest.json``;
 ``python -m real.zoo.train_vq``, ``train_classifier``, ``train_llamagen --role target|draft`` and
-``train_eagle`` regenerate them (bitwise, on 2 CPU threads).
+``train_eagle`` regenerate them (bitwise, on 2 CPU threads); ``training`` holds what those scripts share
+(common options, the timed run, print-then-ship).
 """

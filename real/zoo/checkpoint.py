@@ -18,6 +18,7 @@ MANIFEST = "manifest.json"
 
 
 def sha256(path: str | pathlib.Path) -> str:
+    """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -26,6 +27,7 @@ def sha256(path: str | pathlib.Path) -> str:
 
 
 def read_manifest(directory: str | pathlib.Path = CHECKPOINTS) -> dict[str, Any]:
+    """The manifest of ``directory`` as a dict (``{'files': {}}`` when there is none)."""
     path = pathlib.Path(directory) / MANIFEST
     if not path.exists():
         return {"files": {}}
@@ -135,3 +137,10 @@ def load_into(model: torch.nn.Module, name: str,
     check_state(model, state, name)
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def load_shipped(build, name: str, directory: str | pathlib.Path = CHECKPOINTS) -> torch.nn.Module:
+    """A shipped zoo model: ``build(**config)`` from ``name``'s manifest entry, its weights loaded with
+    ``load_into`` (hash, keys and shapes checked), eval mode, gradients off."""
+    model = build(**manifest_entry(name, directory)["config"])
+    return load_into(model, name, directory).requires_grad_(False)

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import data
+
 CHECKPOINT = "classifier.safetensors"
 
 
@@ -21,6 +23,8 @@ class Classifier(nn.Module):
     """conv(ch) pool conv(2ch) pool conv(2ch) -> fc(feature_dim) ReLU [features] -> fc(10)."""
 
     def __init__(self, ch: int = 32, feature_dim: int = 64, n_classes: int = 10, dropout: float = 0.3):
+        """Sizes: ``ch`` conv channels, ``feature_dim`` features, ``n_classes`` outputs, ``dropout`` before the
+        head; inputs are (N, 1, 28, 28)."""
         super().__init__()
         self.config = dict(ch=ch, feature_dim=feature_dim, n_classes=n_classes, dropout=dropout)
         self.conv1 = nn.Conv2d(1, ch, 3, padding=1)
@@ -45,27 +49,16 @@ class Classifier(nn.Module):
 @functools.lru_cache(maxsize=1)
 def load_classifier() -> Classifier:
     """The shipped classifier (hash-verified, eval mode, no grad)."""
-    from .checkpoint import load_into, manifest_entry
+    from .checkpoint import load_shipped
 
-    model = Classifier(**manifest_entry(CHECKPOINT)["config"])
-    load_into(model, CHECKPOINT)
-    return model.requires_grad_(False)
-
-
-def _check_images(images) -> torch.Tensor:
-    images = torch.as_tensor(images, dtype=torch.float32)
-    if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
-        raise ValueError(f"images must be (N, 1, 28, 28) in [-1, 1], got {tuple(images.shape)}")
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain NaN or inf")
-    return images
+    return load_shipped(Classifier, CHECKPOINT)
 
 
 @torch.no_grad()
 def features(images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
     """Penultimate features (N, 64) float64 of the shipped classifier."""
     model = load_classifier()
-    images = _check_images(images)
+    images = data.check_images(images)
     out = [model.features(b).double() for b in images.split(batch_size)]
     return torch.cat(out) if out else torch.empty(0, model.config["feature_dim"], dtype=torch.float64)
 
@@ -74,6 +67,6 @@ def features(images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
 def predict(images: torch.Tensor, batch_size: int = 500) -> torch.Tensor:
     """Predicted labels (N,) int64 of the shipped classifier."""
     model = load_classifier()
-    images = _check_images(images)
+    images = data.check_images(images)
     out = [model(b).argmax(1) for b in images.split(batch_size)]
     return torch.cat(out) if out else torch.empty(0, dtype=torch.int64)

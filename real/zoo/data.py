@@ -42,6 +42,17 @@ def to_unit_range(pixels: np.ndarray | torch.Tensor) -> torch.Tensor:
     return (x / 127.5 - 1.0).reshape(-1, 1, IMAGE_SIZE, IMAGE_SIZE)
 
 
+def check_images(images) -> torch.Tensor:
+    """Digit images as float32 (N, 1, 28, 28) (values meant in [-1, 1]); ValueError for another shape
+    or NaN / inf entries."""
+    images = torch.as_tensor(images, dtype=torch.float32)
+    if images.ndim != 4 or images.shape[1:] != (1, IMAGE_SIZE, IMAGE_SIZE):
+        raise ValueError(f"images must be (N, 1, 28, 28) in [-1, 1], got {tuple(images.shape)}")
+    if not torch.isfinite(images).all():
+        raise ValueError("images contain NaN or inf")
+    return images
+
+
 @functools.lru_cache(maxsize=4)
 def split_indices(seed: int = SPLIT_SEED) -> tuple[np.ndarray, np.ndarray]:
     """(train (4000,), held-out (1000,)) indices into the 5,000 digits, each in a seeded random order."""

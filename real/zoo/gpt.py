@@ -117,12 +117,9 @@ def fixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _build(name: str) -> lg.LlamaGen:
-    from .checkpoint import load_into, manifest_entry
+    from .checkpoint import load_shipped
 
-    c = lg.LlamaGenConfig(**manifest_entry(name)["config"])
-    model = lg.LlamaGen(c)
-    load_into(model, name)
-    return model.requires_grad_(False)
+    return load_shipped(lambda **c: lg.LlamaGen(lg.LlamaGenConfig(**c)), name)
 
 
 def load_target() -> lg.LlamaGen:

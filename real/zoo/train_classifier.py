@@ -6,10 +6,7 @@ its manifest entry (hash, command, seed, held-out accuracy, Frechet-distance noi
 """
 from __future__ import annotations
 
-import argparse
 import math
-import pathlib
-import time
 
 import numpy as np
 import torch
@@ -17,25 +14,19 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import data
-from .checkpoint import CHECKPOINTS, ship
-from .seeding import reproducible
 from .classifier import CHECKPOINT, Classifier
 from .metrics import frechet_distance
+from .seeding import reproducible
+from .training import finish, parse_training_args, timed_training, training_parser
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m real.zoo.train_classifier",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
+    """The command line of ``python -m real.zoo.train_classifier`` (``--help``); ``argv`` None: sys.argv."""
+    p = training_parser("real.zoo.train_classifier", __doc__, seed=0, steps=1500, batch_size=64, lr=1e-3)
     p.add_argument("--ch", type=int, default=32)
     p.add_argument("--feature-dim", type=int, default=64)
     p.add_argument("--shift", type=int, default=2, help="max random shift in pixels (augmentation)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
-    return p.parse_args(argv)
+    return parse_training_args(p, argv, dry_run=False)
 
 
 def random_shift(x: torch.Tensor, max_shift: int, gen: torch.Generator) -> torch.Tensor:
@@ -67,6 +58,8 @@ def fd_noise_floor(model: Classifier, seed: int) -> dict:
 
 
 def train(args) -> Classifier:
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads -> the trained classifier
+    (eval mode)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         x, y = data.train_split()
@@ -94,6 +87,7 @@ def train(args) -> Classifier:
 
 @torch.no_grad()
 def evaluate(model: Classifier, seed: int) -> dict:
+    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
     x_ho, y_ho = data.heldout_split()
     x_tr, y_tr = data.train_split()
     acc_ho = float((model(x_ho).argmax(1) == y_ho).double().mean())
@@ -104,15 +98,11 @@ def evaluate(model: Classifier, seed: int) -> dict:
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
-    torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    model = train(args)
-    wall = time.perf_counter() - t0
-    quality = evaluate(model, args.seed)
-    ship(model, CHECKPOINT, "real.zoo.train_classifier", args, argv, model.config, quality, wall)
-    for k, v in quality.items():
-        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
+    model, wall = timed_training(train, args)
+    finish(model, CHECKPOINT, "real.zoo.train_classifier", args, argv, model.config, evaluate(model, args.seed), wall)
 
 
 if __name__ == "__main__":

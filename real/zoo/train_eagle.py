@@ -11,36 +11,27 @@ manifest entry.
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
-import time
-
 import torch
 
 from real.eagle import EagleDrafter, train_eagle
 
 from . import vq
-from .checkpoint import CHECKPOINTS, manifest_entry, ship
+from .checkpoint import manifest_entry
 from .gpt import EAGLE, NULL_CLASS, TARGET, draft_agreement, heldout_tokens, load_target, target_features
 from .seeding import reproducible
 from .train_llamagen import augmented_codes
+from .training import finish, parse_training_args, timed_training, training_parser
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m real.zoo.train_eagle", description=__doc__.splitlines()[0])
-    p.add_argument("--seed", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
+    """The command line of ``python -m real.zoo.train_eagle`` (``--help``); ``argv`` None: sys.argv."""
+    p = training_parser("real.zoo.train_eagle", __doc__, seed=2, steps=4000, batch_size=64, lr=2e-3)
     p.add_argument("--p-w", type=float, default=0.1, help="weight of the token cross-entropy (EAGLE's p_w)")
     p.add_argument("--noise", type=float, default=0.1, help="uniform feature-noise width")
     p.add_argument("--shifted", type=int, default=8000, help="shifted training copies to add (of 8 x 4000)")
     p.add_argument("--null-frac", type=float, default=0.2, help="share of sequences featurised with the null class")
     p.add_argument("--max-shift", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
-    p.add_argument("--dry-run", action="store_true")
-    return p.parse_args(argv)
+    return parse_training_args(p, argv, dry_run=True)
 
 
 def eagle_logits(target, drafter):
@@ -54,6 +45,8 @@ def eagle_logits(target, drafter):
 
 
 def train(args, target):
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
+    (the drafter, eval mode and frozen; training statistics)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         codes, labels = augmented_codes(args.max_shift)
@@ -74,22 +67,16 @@ def train(args, target):
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
-    torch.set_num_threads(args.threads)
     target = load_target()
-    t0 = time.perf_counter()
-    drafter, stats = train(args, target)
-    wall = time.perf_counter() - t0
+    (drafter, stats), wall = timed_training(train, args, target)
     ho_codes, ho_labels = heldout_tokens()
     quality = draft_agreement(target, eagle_logits(target, drafter), ho_labels, ho_codes)
     quality["parameters_trained"] = sum(p.numel() for n, p in drafter.named_parameters() if n != "embed_tokens.weight")
-    for k, v in quality.items():
-        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
-    if args.dry_run:
-        print(f"trained in {wall:.1f} s (dry run: nothing written)")
-        return
-    ship(drafter, EAGLE, "real.zoo.train_eagle", args, argv, dict(drafter.config.__dict__), quality, wall, stats,
-         extra={"target_sha256": manifest_entry(TARGET)["sha256"], "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"]})
+    finish(drafter, EAGLE, "real.zoo.train_eagle", args, argv, dict(drafter.config.__dict__), quality, wall, stats,
+           extra={"target_sha256": manifest_entry(TARGET)["sha256"], "vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"]})
 
 
 if __name__ == "__main__":

@@ -12,12 +12,9 @@ the manifest entry (hash, command, seed, config, quality, wall clock).
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import math
-import pathlib
-import time
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +23,10 @@ from tqdm import tqdm
 from real import llamagen as lg
 
 from . import data, vq
-from .checkpoint import CHECKPOINTS, manifest_entry, ship
+from .checkpoint import manifest_entry
 from .gpt import DRAFT, NULL_CLASS, TARGET, fixed_batch, heldout_tokens, llamagen_config, nll_per_token, train_logits
 from .seeding import reproducible
+from .training import add_optimiser_options, finish, parse_training_args, timed_training, training_parser
 
 ROLES = {  # default architecture per role: (dim, layers, heads)
     "target": (64, 12, 4),
@@ -37,15 +35,13 @@ ROLES = {  # default architecture per role: (dim, layers, heads)
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m real.zoo.train_llamagen", description=__doc__.splitlines()[0])
+    """The command line of ``python -m real.zoo.train_llamagen`` (``--help``); ``argv`` None: sys.argv."""
+    p = training_parser("real.zoo.train_llamagen", __doc__)
     p.add_argument("--role", choices=sorted(ROLES), required=True)
     p.add_argument("--dim", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--heads", type=int, default=None)
-    p.add_argument("--seed", type=int, default=None, help="default: 0 for the target, 1 for the draft")
-    p.add_argument("--steps", type=int, default=3200)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
+    add_optimiser_options(p, seed=None, steps=3200, batch_size=64, lr=2e-3, seed_help="default: 0 for the target, 1 for the draft")
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--dropout", type=float, default=0.1, help="residual dropout")
@@ -53,10 +49,7 @@ def parse(argv=None):
     p.add_argument("--max-shift", type=int, default=1, help="pixel shifts in [-s, s]^2 (augmentation)")
     p.add_argument("--shift-prob", type=float, default=0.5, help="probability of a shifted copy")
     p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
-    p.add_argument("--dry-run", action="store_true", help="train and report, write nothing")
-    args = p.parse_args(argv)
+    args = parse_training_args(p, argv, dry_run=True)
     d = ROLES[args.role]
     args.dim = args.dim or d[0]
     args.layers = args.layers or d[1]
@@ -91,6 +84,8 @@ def _augmented_codes(max_shift: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(args) -> tuple[lg.LlamaGen, dict]:
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
+    (the model, eval mode and frozen; the held-out NLL history)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         codes, labels = augmented_codes(args.max_shift)
@@ -138,6 +133,7 @@ def train(args) -> tuple[lg.LlamaGen, dict]:
 
 
 def evaluate(model: lg.LlamaGen, role: str) -> dict:
+    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
     ho_codes, ho_labels = heldout_tokens()
     tr_codes, tr_labels = vq.token_dataset()
     fl, fc = fixed_batch()
@@ -157,20 +153,13 @@ def evaluate(model: lg.LlamaGen, role: str) -> dict:
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
-    torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    model, stats = train(args)
-    wall = time.perf_counter() - t0
-    quality = evaluate(model, args.role)
+    (model, stats), wall = timed_training(train, args)
     name = TARGET if args.role == "target" else DRAFT
-    for k, v in quality.items():
-        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
-    if args.dry_run:
-        print(f"trained in {wall:.1f} s (dry run: nothing written)")
-        return
-    ship(model, name, "real.zoo.train_llamagen", args, argv, dict(model.config.__dict__), quality, wall, stats,
-         extra={"vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"]})
+    finish(model, name, "real.zoo.train_llamagen", args, argv, dict(model.config.__dict__), evaluate(model, args.role),
+           wall, stats, extra={"vq_sha256": manifest_entry(vq.CHECKPOINT)["sha256"]})
 
 
 if __name__ == "__main__":

@@ -7,35 +7,27 @@ current batch during the first ``--restart-until`` fraction of training. Writes
 """
 from __future__ import annotations
 
-import argparse
 import math
-import pathlib
-import time
 
 import torch
 from tqdm import tqdm
 
 from . import data
-from .checkpoint import CHECKPOINTS, ship
 from .seeding import reproducible
+from .training import finish, parse_training_args, timed_training, training_parser
 from .vq import CHECKPOINT, VQModel, codebook_usage, vq_losses
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="python -m real.zoo.train_vq", description=__doc__.splitlines()[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
+    """The command line of ``python -m real.zoo.train_vq`` (``--help``); ``argv`` None: sys.argv."""
+    p = training_parser("real.zoo.train_vq", __doc__, seed=0, steps=3000, batch_size=128, lr=2e-3)
     p.add_argument("--codebook-size", type=int, default=512)
     p.add_argument("--code-dim", type=int, default=8)
     p.add_argument("--ch", type=int, default=32)
     p.add_argument("--beta", type=float, default=0.25, help="commitment weight")
     p.add_argument("--restart-every", type=int, default=50)
     p.add_argument("--restart-until", type=float, default=0.8, help="fraction of steps with restarts")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=pathlib.Path, default=CHECKPOINTS)
-    return p.parse_args(argv)
+    return parse_training_args(p, argv, dry_run=False)
 
 
 def restart_dead_codes(model: VQModel, opt: torch.optim.Optimizer, counts: torch.Tensor,
@@ -59,6 +51,7 @@ def restart_dead_codes(model: VQModel, opt: torch.optim.Optimizer, counts: torch
 
 @torch.no_grad()
 def evaluate(model: VQModel) -> dict[str, float]:
+    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
     model.eval()
     x_tr, _ = data.train_split()
     x_ho, _ = data.heldout_split()
@@ -77,6 +70,8 @@ def evaluate(model: VQModel) -> dict[str, float]:
 
 
 def train(args) -> tuple[VQModel, dict]:
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
+    (the tokenizer; the count of restarted codes)."""
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
         x, _ = data.train_split()
@@ -113,15 +108,11 @@ def train(args) -> tuple[VQModel, dict]:
 
 
 def main(argv=None):
+    """Train, evaluate, print the quality and ship the checkpoint and its manifest entry
+    (``real.zoo.training.finish``)."""
     args = parse(argv)
-    torch.set_num_threads(args.threads)
-    t0 = time.perf_counter()
-    model, stats = train(args)
-    wall = time.perf_counter() - t0
-    quality = evaluate(model)
-    ship(model, CHECKPOINT, "real.zoo.train_vq", args, argv, model.config, quality, wall, stats)
-    for k, v in quality.items():
-        print(f"  {k}: {v:.5g}" if isinstance(v, float) else f"  {k}: {v}")
+    (model, stats), wall = timed_training(train, args)
+    finish(model, CHECKPOINT, "real.zoo.train_vq", args, argv, model.config, evaluate(model), wall, stats)
 
 
 if __name__ == "__main__":

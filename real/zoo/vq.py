@@ -25,17 +25,24 @@ TOKENS = 7  # tokens per side
 
 
 class ResBlock(nn.Module):
+    """x + conv3x3(silu(conv3x3(silu(x)))): (N, ch, H, W) -> (N, ch, H, W)."""
+
     def __init__(self, ch: int):
+        """Two conv3x3 (ch -> ch)."""
         super().__init__()
         self.conv1 = nn.Conv2d(ch, ch, 3, padding=1)
         self.conv2 = nn.Conv2d(ch, ch, 3, padding=1)
 
     def forward(self, x):
+        """x (N, ch, H, W) -> (N, ch, H, W)."""
         return x + self.conv2(F.silu(self.conv1(F.silu(x))))
 
 
 class Encoder(nn.Module):
+    """Digits (N, 1, 28, 28) -> (N, code_dim, 7, 7): conv, two stride-2 convs, a ResBlock, 1x1 conv."""
+
     def __init__(self, ch: int, code_dim: int):
+        """Layers of width ``ch`` (``ch // 2`` at 28 x 28) and ``code_dim`` outputs."""
         super().__init__()
         self.conv_in = nn.Conv2d(1, ch // 2, 3, padding=1)
         self.down1 = nn.Conv2d(ch // 2, ch, 4, stride=2, padding=1)  # 28 -> 14
@@ -44,13 +51,18 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(ch, code_dim, 1)
 
     def forward(self, x):
+        """x (N, 1, 28, 28) -> (N, code_dim, 7, 7), not normalised."""
         h = F.silu(self.down1(F.silu(self.conv_in(x))))
         h = self.res(self.down2(h))
         return self.conv_out(F.silu(h))
 
 
 class Decoder(nn.Module):
+    """Code vectors (N, code_dim, 7, 7) -> digits (N, 1, 28, 28): conv, ResBlock, two stride-2 transposed convs,
+    conv."""
+
     def __init__(self, ch: int, code_dim: int):
+        """Layers of width ``ch`` (``ch // 2`` at 28 x 28) from ``code_dim`` inputs."""
         super().__init__()
         self.conv_in = nn.Conv2d(code_dim, ch, 3, padding=1)
         self.res = ResBlock(ch)
@@ -59,6 +71,7 @@ class Decoder(nn.Module):
         self.conv_out = nn.Conv2d(ch // 2, 1, 3, padding=1)
 
     def forward(self, z):
+        """z (N, code_dim, 7, 7) -> (N, 1, 28, 28) (unbounded; about [-1, 1] once trained)."""
         h = F.silu(self.res(self.conv_in(z)))
         h = F.silu(self.up2(F.silu(self.up1(h))))
         return self.conv_out(h)
@@ -72,6 +85,8 @@ class VQModel(nn.Module):
     """
 
     def __init__(self, codebook_size: int = 512, code_dim: int = 8, ch: int = 32):
+        """``codebook`` (codebook_size, code_dim) uniform(-1, 1) (normalised on use), encoder and decoder of width
+        ``ch``."""
         super().__init__()
         self.config = dict(codebook_size=codebook_size, code_dim=code_dim, ch=ch)
         self.encoder = Encoder(ch, code_dim)
@@ -79,6 +94,7 @@ class VQModel(nn.Module):
         self.codebook = nn.Parameter(torch.empty(codebook_size, code_dim).uniform_(-1, 1))
 
     def unit_codebook(self) -> torch.Tensor:
+        """The (V, d) l2-normalised code vectors."""
         return F.normalize(self.codebook, dim=1)
 
     def encode_continuous(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +120,9 @@ class VQModel(nn.Module):
 
 
 def vq_losses(x, recon, z, zq, beta: float = 0.25) -> dict[str, torch.Tensor]:
-    """Reconstruction MSE, codebook loss |sg(z) - z_q|^2 and commitment beta |z - sg(z_q)|^2."""
+    """Losses of a batch: images x and recon (N, 1, 28, 28), encoder outputs z and their quantised codes zq
+    (N, d, 7, 7) -> 0-d tensors: reconstruction MSE, codebook loss |sg(z) - z_q|^2 and commitment beta |z -
+    sg(z_q)|^2."""
     return {
         "recon": F.mse_loss(recon, x),
         "codebook": F.mse_loss(zq, z.detach()),
@@ -115,27 +133,16 @@ def vq_losses(x, recon, z, zq, beta: float = 0.25) -> dict[str, torch.Tensor]:
 @functools.lru_cache(maxsize=1)
 def load_vq() -> VQModel:
     """The shipped tokenizer (hash-verified, eval mode, no grad)."""
-    from .checkpoint import load_into, manifest_entry
+    from .checkpoint import load_shipped
 
-    model = VQModel(**manifest_entry(CHECKPOINT)["config"])
-    load_into(model, CHECKPOINT)
-    return model.requires_grad_(False)
-
-
-def _check_images(images: torch.Tensor) -> torch.Tensor:
-    images = torch.as_tensor(images, dtype=torch.float32)
-    if images.ndim != 4 or images.shape[1:] != (1, 28, 28):
-        raise ValueError(f"images must be (N, 1, 28, 28), got {tuple(images.shape)}")
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain NaN or inf")
-    return images
+    return load_shipped(VQModel, CHECKPOINT)
 
 
 @torch.no_grad()
 def encode(images: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
     """Images (N, 1, 28, 28) in [-1, 1] -> codes (N, 7, 7) int64 under the shipped tokenizer."""
     model = load_vq()
-    images = _check_images(images)
+    images = data.check_images(images)
     return torch.cat([model.nearest(model.encode_continuous(b)) for b in images.split(batch_size)]
                      or [torch.empty(0, TOKENS, TOKENS, dtype=torch.int64)])
 
@@ -185,7 +192,8 @@ def token_dataset() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def codebook_usage(codes: torch.Tensor, codebook_size: int) -> dict[str, float]:
-    """Fraction of codes used at least once and perplexity exp(H(usage)) of the code histogram."""
+    """Codes (any shape) ints in [0, codebook_size) -> the number and fraction of codes used at least once, and the
+    perplexity exp(H(usage)) of the code histogram."""
     counts = torch.bincount(codes.reshape(-1), minlength=codebook_size).double()
     p = counts / counts.sum()
     nz = p[p > 0]  # 0 log 0 = 0
