@@ -146,6 +146,36 @@ def test_killed_sweep_resumes_without_duplicates(one_process, tmp_path):
     assert again["done_here"] == 0 and again["remaining_before"] == 0
 
 
+def test_interrupted_merge_keeps_the_quality_it_finished(one_process, tmp_path, monkeypatch):
+    """The merge stops after the per-setting quality of AR (the first of 3): rerunning computes only the
+    other two (cached quality/<slug>.json is reused) and writes the report of the uninterrupted run."""
+    import shutil
+
+    from coolsd.studies.sweep import analysis
+
+    out = tmp_path / "merge"
+    shutil.copytree(one_process, out, ignore=shutil.ignore_patterns("report*", "*.png", "quality"))
+    real, calls, armed = analysis._quality, [], [True]
+
+    def counted(*a, **k):
+        calls.append(1)
+        if armed[0] and len(calls) == 2:
+            raise KeyboardInterrupt("killed during the merge")
+        return real(*a, **k)
+
+    monkeypatch.setattr(analysis, "_quality", counted)
+    cfg = _cfg(*TINY, "--out", str(out))
+    with pytest.raises(KeyboardInterrupt):
+        sweep(cfg, out)
+    assert len(list(out.glob("quality/*.json"))) == 1 and not (out / "report.json").exists()
+    calls.clear()
+    armed[0] = False
+    res = sweep(cfg, out)
+    assert res["complete"] and len(calls) == 2 and len(list(out.glob("quality/*.json"))) == 3
+    a, b = (json.loads((d / "report.json").read_text()) for d in (one_process, out))
+    assert _timing_free(a) == _timing_free(b)
+
+
 def test_another_grid_or_model_is_refused(one_process, capsys, tmp_path):
     before = sorted(one_process.rglob("*"))
     for argv in (["--grid", "cool-sd:delta=2", "vanilla"], ["--model", "llamagen-tiny"], ["--seed", "1"],

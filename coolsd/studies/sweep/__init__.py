@@ -75,7 +75,7 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
         missing = [u for u in units if not store.done(u.slug, u.index)]
         result = {"complete": not missing, "units": len(units), "missing": len(missing), **status,
                   "rank": dist.rank, "world_size": dist.world}
-        if dist.rank == 0 and not missing:
+        if not missing:
             result["report"] = merge(cfg, store, dist)
         dist.barrier()
         return result
@@ -84,8 +84,10 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
         torch.set_num_threads(threads)
 
 
-def merge(cfg, store: Store, dist) -> dict:
-    """Rank 0: analyse every stored unit and write report.json, report.md and the figures atomically."""
+def merge(cfg, store: Store, dist) -> dict | None:
+    """Every rank: its share of the per-setting image quality (``analysis.quality_shard``, cached under
+    DIR/quality/, so an interrupted merge resumes); then rank 0 analyses every stored unit and writes
+    report.json, report.md and the figures atomically (other ranks return None)."""
     import torch
 
     from . import analysis, report
@@ -94,6 +96,10 @@ def merge(cfg, store: Store, dist) -> dict:
     t0 = time.perf_counter()
     torch.set_num_threads(max(cfg.threads, 1))
     ctx = Context(cfg, dist)
+    analysis.quality_shard(store, cfg, ctx, dist.rank, dist.world)
+    dist.barrier()
+    if dist.rank != 0:
+        return None
     rep = analysis.analyse(store, cfg, ctx)
     rep["config"] = {"model": cfg.model, "grid_items": list(cfg.grid_items), "grid": [s.key for s in cfg.settings],
                      "vanilla_added": cfg.vanilla_added, "images": cfg.images, "unit_images": cfg.unit_images,

@@ -102,6 +102,55 @@ def _quality(ctx: Context, d: dict, ref, real_feats) -> dict:
             **nll, "precision": pr["precision"], "recall": pr["recall"], "precision_recall_k": pr["k"]}
 
 
+_QUALITY_FORMAT = 1
+
+
+def quality(store: Store, cfg: SweepConfig, ctx: Context, unit: Unit, refs) -> dict:
+    """``_quality`` of one setting's first ``cfg.images`` images (AR: ``unit.setting`` None), cached in
+    ``DIR/quality/<slug>.json`` (written atomically; reused while its key and image count match), so that an
+    interrupted merge keeps the settings it finished and ranks can share the work (``quality_shard``).
+    ``refs`` = (reference Gaussian, held-out features)."""
+    import json
+
+    from . import _json_safe
+
+    name = f"quality/{unit.slug}.json"
+    path = store.root / name
+    want = {"format": _QUALITY_FORMAT, "key": unit.key, "images": cfg.images, "code_version": ctx.code_version}
+    if path.exists():
+        try:
+            cached = json.loads(path.read_text())
+            if {k: cached.get(k) for k in want} == want:
+                return cached["quality"]
+        except (OSError, ValueError, KeyError):
+            pass                                   # damaged: recompute and overwrite
+    path.parent.mkdir(exist_ok=True)
+    q = _json_safe(_quality(ctx, load(store, cfg, unit), *refs))
+    store.write_text(name, json.dumps({**want, "quality": q}, allow_nan=False) + "\n")
+    return q
+
+
+def quality_refs():
+    """(reference Gaussian of the held-out digits, their classifier features (n, 64)) for ``_quality``."""
+    from real.zoo import data
+    from real.zoo.metrics import image_features, reference_stats
+
+    return reference_stats(), image_features(data.heldout_split()[0]).numpy()
+
+
+def quality_shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int) -> int:
+    """This rank's share of the per-setting quality (AR first, then the grid; setting i on rank i mod world),
+    cached as ``quality`` does. Returns how many it computed or found. MNIST only (else 0)."""
+    if cfg.model != "mnist":
+        return 0
+    refs = quality_refs()
+    units = [Unit(None, 0)] + [Unit(s, 0) for s in cfg.settings]
+    mine = units[rank::world]
+    for u in mine:  # one setting at a time: each is a whole batched computation
+        quality(store, cfg, ctx, u, refs)
+    return len(mine)
+
+
 def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     """The report dict: {"methods": [...], "baseline": {...}, "claims": [...], "config": ...}."""
     from coolsd.studies import demo
@@ -109,14 +158,8 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     ar = load(store, cfg, Unit(None, 0))
     ar_stats = _stats(ar)
     T = ctx.bundle.num_tokens
-    quality = cfg.model == "mnist"
-    ref = real_feats = None
-    if quality:
-        from real.zoo import data
-        from real.zoo.metrics import image_features, reference_stats
-
-        ref = reference_stats()
-        real_feats = image_features(data.heldout_split()[0]).numpy()
+    with_quality = cfg.model == "mnist"
+    refs = quality_refs() if with_quality else None
     loaded = {s.key: load(store, cfg, Unit(s, 0)) for s in cfg.settings}
     van_setting = next(s for s in cfg.settings if s.method == "vanilla")
     van = loaded[van_setting.key]
@@ -129,8 +172,8 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     costs = demo.unit_costs(_stats(van), ar_stats) if predictable else None
     baseline = {"name": AR, "images": int(len(ar["tokens"])), "tokens_per_target_call": 1.0,
                 "seconds_per_image": ar["wall_per_image"]}
-    if quality:
-        baseline |= _quality(ctx, ar, ref, real_feats)
+    if with_quality:
+        baseline |= quality(store, cfg, ctx, Unit(None, 0), refs)
     entries = []
     for i, s in enumerate(cfg.settings):
         d = loaded[s.key]
@@ -156,13 +199,13 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
              "tv_bound": pred["tv_bound"] if pred else None, "tv_bound_se": pred["tv_bound_se"] if pred else None,
              "acceptance_rate": float(d["round_accepted"].sum() / depth.sum()) if depth.sum() else None,
              "seconds_per_image": d["wall_per_image"], "rounds": int(d["image_rounds"].sum())}
-        if quality:
-            e |= _quality(ctx, d, ref, real_feats)
+        if with_quality:
+            e |= quality(store, cfg, ctx, Unit(s, 0), refs)
         else:
             e |= {k: None for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token")}
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
-    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if quality else [],
+    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if with_quality else [],
             "predictions": {"available": predictable, "first_round_prefill_only": first_single,
                             "from": f"vanilla {'tree' if ctx.tree is not None else 'chain'} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
@@ -170,7 +213,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                                     "not available (no recorded vanilla rows: --record-images 0?)",
                             "tokens_per_row": per_row,
                             "costs": costs},
-            "quality": "MNIST: shipped VQ + classifier features" if quality else
+            "quality": "MNIST: shipped VQ + classifier features" if with_quality else
                        "not available for this model (FD / accuracy need the MNIST zoo's classifier)",
             "code_versions": versions}
 
