@@ -343,6 +343,21 @@ def _gumbel(shape, gen: torch.Generator, device) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
+    """Indices (..., m) of the m largest entries of x (..., V) in decreasing order, ties to the lower index:
+    ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries (``topk``, then the m winners
+    ordered by (value, index)); when a tie straddles the m-th place, the full stable sort decides."""
+    V = x.shape[-1]
+    if m >= V:
+        return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
+    val, idx = x.topk(m + 1, dim=-1, sorted=True)
+    if bool((val[..., m - 1] == val[..., m]).any()):      # which of the tied entries is in is decided by index
+        return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
+    idx, val = idx[..., :m], val[..., :m]
+    idx, o = idx.sort(dim=-1)                              # by index, then stably by value: ties to the lower id
+    return idx.gather(-1, torch.argsort(val.gather(-1, o), dim=-1, descending=True, stable=True))
+
+
 def draft_tree(run: Run, plan: TreePlan):
     """Feed the draft, then draft the tree level by level (one draft forward per level below the root).
     A node's children: a draw without replacement from its processed row (temperature > 0, lossless), or
@@ -376,7 +391,7 @@ def draft_tree(run: Run, plan: TreePlan):
             lg = o.logits
             fwd += 1
         if greedy:
-            draws = torch.argsort(run.proc.rows(lg, combined=True), dim=-1, descending=True, stable=True)[..., :lv.K]
+            draws = top_m(run.proc.rows(lg, combined=True), lv.K)
         else:
             rows = run.proc.rows(lg)
             q[:, lv.parents] = rows

@@ -262,3 +262,18 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
         top = torch.topk(guided, len(kids)).indices
         assert tokens[b, kids].tolist() == top.tolist()
         assert torch.allclose(q[b, 0, top], torch.full((len(kids),), 1.0 / len(kids)))   # q marks the candidates
+
+
+def test_top_m_is_the_stable_descending_argsort():
+    """real.steps.top_m (topk + tie order) == argsort(descending, stable)[..., :m] on rows with ties inside
+    the top m, ties straddling the m-th place (the fallback) and distinct values."""
+    from real.steps import top_m
+
+    g = torch.Generator().manual_seed(0)
+    inside = torch.tensor([[1.0, 5.0, 3.0, 5.0, 5.0, 0.0]])            # three 5s inside the top 3, then a 3
+    assert top_m(inside, 3).tolist() == [[1, 3, 4]] and top_m(inside, 4).tolist() == [[1, 3, 4, 2]]
+    for _ in range(200):
+        V = int(torch.randint(2, 40, (1,), generator=g))
+        m = int(torch.randint(1, V + 1, (1,), generator=g))
+        for x in (torch.randint(0, 5, (3, 2, V), generator=g).float(), torch.randn(3, 2, V, generator=g)):
+            assert torch.equal(top_m(x, m), torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m])

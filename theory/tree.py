@@ -140,6 +140,9 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
     xp = namespace(q, gumbel)
     pos = q > 0
     keys = xp.where(pos, xp.log(xp.where(pos, q, xp.ones_like(q))) + gumbel, xp.full_like(q, -float("inf")))
+    topk = getattr(keys, "topk", None)
+    if topk is not None:    # torch: the m largest keys, sorted (distinct with probability 1), without a full sort
+        return topk(m, dim=-1, largest=True, sorted=True).indices
     return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
 
 
