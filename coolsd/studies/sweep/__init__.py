@@ -10,11 +10,10 @@ PNGs). ``sweep`` below runs the whole thing on one rank or under torchrun.
 from __future__ import annotations
 
 import json
-import math
 import time
 
 from .grid import DEFAULT_GRID, Setting, ensure_vanilla, grid_from_toml, parse_grid
-from .store import Store
+from .store import Store, json_safe as _json_safe
 
 _LAZY = ("Dist", "SweepConfig", "plan_units", "run_units")      # torch-side names, imported on use
 
@@ -28,21 +27,6 @@ def __getattr__(name):
 
 __all__ = ["sweep", "SweepConfig", "Setting", "DEFAULT_GRID", "parse_grid", "grid_from_toml", "ensure_vanilla",
            "Store", "plan_units"]
-
-
-def _json_safe(x):
-    """NaN / inf -> None, numpy scalars -> Python, recursively (strict JSON)."""
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,

@@ -112,7 +112,7 @@ def quality(store: Store, cfg: SweepConfig, ctx: Context, unit: Unit, refs) -> d
     ``refs`` = (reference Gaussian, held-out features)."""
     import json
 
-    from . import _json_safe
+    from .store import json_safe
 
     name = f"quality/{unit.slug}.json"
     path = store.root / name
@@ -125,7 +125,7 @@ def quality(store: Store, cfg: SweepConfig, ctx: Context, unit: Unit, refs) -> d
         except (OSError, ValueError, KeyError):
             pass                                   # damaged: recompute and overwrite
     path.parent.mkdir(exist_ok=True)
-    q = _json_safe(_quality(ctx, load(store, cfg, unit), *refs))
+    q = json_safe(_quality(ctx, load(store, cfg, unit), *refs))
     store.write_text(name, json.dumps({**want, "quality": q}, allow_nan=False) + "\n")
     return q
 
