@@ -41,7 +41,7 @@ def block_post(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return h + swiglu(rms_norm(h, norm_w, eps), w1, w3, w2)
 
 
-EAGER = SimpleNamespace(pre=block_pre, post=block_post, mode="eager")
+EAGER = SimpleNamespace(pre=block_pre, post=block_post)
 
 
 class _WithFallback:
@@ -71,8 +71,7 @@ def compiled_functions(mode: str | None = None, backend: str = "inductor") -> Si
     # torch's default limit; beyond the limit dynamo silently runs eager, so leave room
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return SimpleNamespace(pre=_WithFallback(torch.compile(block_pre, **kw), block_pre, "block_pre"),
-                           post=_WithFallback(torch.compile(block_post, **kw), block_post, "block_post"),
-                           mode=f"compiled ({mode or 'default'}, {backend})")
+                           post=_WithFallback(torch.compile(block_post, **kw), block_post, "block_post"))
 
 
 def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | None = None,

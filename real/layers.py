@@ -1,7 +1,7 @@
 """Transformer pieces shared by the LlamaGen GPT (``real.llamagen``), the EAGLE-1 drafter (``real.eagle``)
 and the fast Llama (``real.llama``): attention-head geometry of a config, RMSNorm, LlamaGen's 2-D RoPE
-(table, complex form, rotation), attention (``attend``) and its grouped-query, KV-cached form
-(``attend_gqa``), and the SwiGLU MLP with checkpoint-specific projection names.
+(table, complex form, rotation), attention (``attend``) and its grouped-query form (``gqa_heads``), and
+the SwiGLU MLP with checkpoint-specific projection names.
 """
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kvcache import KVCache
 
 __all__ = ["HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d", "complex_rope", "apply_rope", "rope_qkv", "attend",
-           "gqa_heads", "attend_gqa", "SwiGLU", "swiglu"]
+           "gqa_heads", "SwiGLU", "swiglu"]
 
 
 class HeadGeometry:
@@ -134,16 +133,6 @@ def gqa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     B, H, S, d = q.shape
     return attend(q, k, v, mask, causal).transpose(1, 2).reshape(B, S, H * d)
-
-
-def attend_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               cache: KVCache | None = None, i: int = 0, causal: bool = False) -> torch.Tensor:
-    """``gqa_heads`` of a block: q (B, H, S, d) and the block's k, v (B, Hkv, S, d). With ``cache`` the block's
-    k, v are first written into layer i's slots and the row's cached entries (B, Hkv, K, d) are attended to.
-    Returns (B, S, H * d)."""
-    if cache is not None:
-        k, v = cache.update(i, k, v)
-    return gqa_heads(q, k, v, mask, causal)
 
 
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from torch import nn
 from .blocks import EAGER
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .kvcache import CachedRows, KVCache
-from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, attend_gqa,  # re-exported (moved)
+from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, gqa_heads,  # re-exported (moved)
                      complex_rope, rope_qkv, rope_table_2d)
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
 from .protocol import Caption, ModelOutput, Placed, as_conds
@@ -118,7 +118,7 @@ def config(name: str, *, image_size: int | None = None, downsample: int = 16, mo
 
 class Attention(nn.Module):
     """LlamaGen's attention: fused q/k/v projection ``wqkv`` (dim -> (n_head + 2 kv_heads) head_dim), 2-D RoPE on q
-    and k, grouped-query ``attend_gqa``, output ``wo`` (dim -> dim)."""
+    and k, grouped-query ``gqa_heads``, output ``wo`` (dim -> dim)."""
 
     def __init__(self, c: LlamaGenConfig):
         """Projections sized by ``c`` (default-initialised)."""
@@ -131,7 +131,9 @@ class Attention(nn.Module):
         """x (B, S, dim), rot (S or B x S, head_dim/2, 2), mask (B or 1, 1, S, K) bool or None; with
         ``cache`` the block is written into layer i's slots and attends over the row's cached entries."""
         q, k, v = rope_qkv(self.wqkv(x), rot, self.n_head, self.n_kv)
-        return self.wo(attend_gqa(q, k, v, mask, cache, i))
+        if cache is not None:
+            k, v = cache.update(i, k, v)
+        return self.wo(gqa_heads(q, k, v, mask))
 
 
 class FeedForward(SwiGLU):

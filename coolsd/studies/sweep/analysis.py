@@ -9,6 +9,7 @@ classifier's feature space.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -130,8 +131,10 @@ def quality(store: Store, cfg: SweepConfig, ctx: Context, unit: Unit, refs) -> d
     return q
 
 
+@functools.lru_cache(maxsize=1)
 def quality_refs():
-    """(reference Gaussian of the held-out digits, their classifier features (n, 64)) for ``_quality``."""
+    """(reference Gaussian of the held-out digits, their classifier features (n, 64)) for ``_quality``; computed
+    once per process (``quality_shard`` and ``analyse`` both need it on rank 0)."""
     from real.zoo import data
     from real.zoo.metrics import image_features, reference_stats
 
