@@ -85,7 +85,7 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
                          f"'max-autotune-no-cudagraphs', got {mode!r}")
     fns = compiled_functions(None if mode == "default" else mode, backend) if enabled else EAGER
     n = 0
-    for m in model.modules():
+    for m in (model.modules() if isinstance(model, torch.nn.Module) else ()):
         if hasattr(m, "fns"):
             m.fns = fns
             n += 1

@@ -215,10 +215,11 @@ def _compile(bundle, mode: str) -> None:
     for name, m in (("target", bundle.target), ("draft", bundle.draft)):
         if m is None:
             continue
-        if not any(hasattr(x, "fns") for x in getattr(m, "modules", lambda: [])()):
-            raise ValueError(f"--compile: the {name} ({type(m).__name__}) has no compilable decoder blocks "
-                             "(supported: LlamaGen targets and drafts, EAGLE-1 drafters)")
-        compile_blocks(m, mode=mode)
+        try:
+            compile_blocks(m, mode=mode)
+        except ValueError as e:
+            raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
+                             "drafters)") from None
 
 
 def parse_tree(spec: str, L: int):
