@@ -16,19 +16,19 @@ import warnings
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 
-from .layers import gqa_heads, rms_norm, rope_qkv, swiglu
+from .layers import gqa_heads, linear, rms_norm, rope_qkv, swiglu
 
 __all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks"]
 
 
-def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, eps: float, wqkv: torch.Tensor,
+def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, eps: float, wqkv,
               n_head: int, n_kv: int):
     """(i) of a decoder layer: x (B, S, dim), rot as ``apply_rope``, norm_w (dim,) or None (no input norm:
-    EAGLE's layer 0), wqkv ((n_head + 2 n_kv) Dh, dim) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh)."""
+    EAGLE's layer 0), wqkv ((n_head + 2 n_kv) Dh, dim), or the q, k, v weights as a tuple (one fused GEMM,
+    ``real.layers.linear``) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh)."""
     h = x if norm_w is None else rms_norm(x, norm_w, eps)
-    return rope_qkv(F.linear(h, wqkv), rot, n_head, n_kv)
+    return rope_qkv(linear(h, wqkv), rot, n_head, n_kv)
 
 
 def block_post(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -37,7 +37,7 @@ def block_post(x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """(iii) of a decoder layer: h = x + wo ``gqa_heads``(q, k, v, mask); h + ``swiglu``(rms_norm(h)).
     x (B, S, dim), q (B, H, S, Dh), k, v (B, Hkv, K, Dh) (cached keys included), wo (dim, H Dh), norm_w
     (dim,), w1/w3/w2 the SwiGLU gate/up/down weights -> (B, S, dim)."""
-    h = x + F.linear(gqa_heads(q, k, v, mask, causal), wo)
+    h = x + linear(gqa_heads(q, k, v, mask, causal), wo)
     return h + swiglu(rms_norm(h, norm_w, eps), w1, w3, w2)
 
 

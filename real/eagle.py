@@ -31,7 +31,7 @@ from torch import nn
 
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .blocks import EAGER
-from .layers import HeadGeometry, RMSNorm, SwiGLU, apply_rope, complex_rope, rope_table_2d
+from .layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d
 from .kvcache import CachedRows, KVCache
 from .protocol import ModelOutput, Placed
 
@@ -86,12 +86,9 @@ class _Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, self.nkv * self.hd, bias=False)
         self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
 
-    def project(self, x, rot):
-        """x (B, S, hidden), rot (S or B x S, hd/2) complex -> q (B, nh, S, hd), k, v (B, nkv, S, hd); q, k rotated."""
-        B, S, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(B, S, self.nh, self.hd), rot).transpose(1, 2)
-        k = apply_rope(self.k_proj(x).view(B, S, self.nkv, self.hd), rot).transpose(1, 2)
-        return q, k, self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
+    def wqkv(self) -> tuple:
+        """The q, k, v projection weights ((nh hd, hidden), (nkv hd, hidden) x 2), used as one fused projection."""
+        return self.q_proj.weight, self.k_proj.weight, self.v_proj.weight
 
 
 class _MLP(SwiGLU):
@@ -114,9 +111,12 @@ class _Layer(nn.Module):
     def forward(self, x, rot, mask, cache=None, i=0):
         """x (B, S, hidden), rot (S or B x S, hd/2) complex, mask (B or 1, 1, S, K) bool or None -> (B, S,
         hidden). With ``cache`` the block's keys/values go into layer i's slots (inference); without, causal
-        attention over x (training). Attention output, residual and SwiGLU: ``real.blocks.block_post``."""
-        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        q, k, v = self.self_attn.project(h, rot)
+        attention over x (training). Norm, fused q/k/v projection and RoPE: ``real.blocks.block_pre`` (no norm in
+        layer 0); attention output, residual and SwiGLU: ``real.blocks.block_post``."""
+        a = self.self_attn
+        ln = getattr(self, "input_layernorm", None)
+        q, k, v = self.fns.pre(x, rot, None if ln is None else ln.weight, 0.0 if ln is None else ln.eps, a.wqkv(),
+                               a.nh, a.nkv)
         if cache is not None:
             k, v = cache.update(i, k, v)
         n = self.post_attention_layernorm
@@ -186,7 +186,9 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
         lin = self._head[0]
         w = lin.weight if self._head_index is None else lin.weight[self._head_index]
         b = lin.bias if (lin.bias is None or self._head_index is None) else lin.bias[self._head_index]
-        return F.linear(hidden.to(w.dtype), w.detach(), None if b is None else b.detach()).float()
+        if torch.is_grad_enabled():         # training the drafter: no gradient into the target's head
+            w, b = w.detach(), (None if b is None else b.detach())
+        return linear(hidden.to(w.dtype), w, b).float()
 
     def _rope(self, zero_rows: int) -> torch.Tensor:
         if self.rope is None or self._zero_rows != zero_rows or self.rope.device != self.device:
@@ -256,7 +258,7 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
         if self._head_index is not None:
             tokens = self._head_index.to(tokens.device)[tokens]
         e = self.embed_tokens(tokens).to(features.dtype)
-        h = self.fc(torch.cat([e, features.to(self.dtype)], dim=-1))
+        h = linear(torch.cat([e, features.to(self.dtype)], dim=-1), self.fc.weight, self.fc.bias)
         for i, layer in enumerate(self.layers):
             h = layer(h, rot, mask, cache, i)
         return h

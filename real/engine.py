@@ -26,6 +26,7 @@ import torch
 
 from theory.tree import Tree
 
+from .layers import forget_derived
 from .protocol import OneRow, as_conds, check_pair
 from .sampling import Processing
 from .steps import Run, Step, ar_step, chain_step, prefill_step, sync, tree_step, truncate_tree
@@ -170,6 +171,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
         elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"L must be >= 1 (an int: drafts per round), got {L!r}")
     bs = _check_batch(target, draft, len(conds), batch_size, processing)
+    forget_derived()     # packed / fused weights are rebuilt from the models as they are now (real.layers.linear)
     target, draft = (m if m is None or getattr(m, "batched", False) else OneRow(m) for m in (target, draft))
     dev = _device_of(target)
     gen = generator or torch.Generator(device=dev).manual_seed(seed)

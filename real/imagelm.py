@@ -41,10 +41,10 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .hf import HFCausalLM
+from .layers import linear
 from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, entry_mask, kept_entries, visible_cut
 from .imagelm_eagle import AdapterEagle, eagle_for, load_adapter_eagle, tiny_draft
 from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, hf_loading_errors, truncated_hf
@@ -101,7 +101,7 @@ class ImageTokenLM(HFCausalLM):
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits (..., V) over the image codes from last hidden states (..., D)."""
         w = self._head_w
-        return F.linear(hidden.to(w.dtype), w).float()
+        return linear(hidden.to(w.dtype), w).float()
 
     def code_embeddings(self) -> torch.Tensor:
         """(V, D) input embedding of every code (for EAGLE drafters)."""

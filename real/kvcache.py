@@ -10,8 +10,8 @@ Lengths live on the host (numpy int64): rollback and keep take host arrays, whic
 its one verdict sync per round, so no cache operation syncs with the device.
 
 Operations (all per row, ``rows`` = R):
-  ``begin(S, attn_mask)``   (R, 1, S, K) bool visibility of a block of S new entries (or None when every
-                             row sees everything: equal lengths and S = 1), K = max(lens) + S
+  ``begin(S, attn_mask)``   (R or 1, 1, S, K) bool visibility of a block of S new entries (or None when
+                             every row sees everything: equal lengths and S = 1), K = max(lens) + S
   ``update(i, k, v)``       write layer i's (R, n_kv, S, hd) block, return its (R, n_kv, K, hd) keys/values
   ``commit()``              the block becomes part of the cache (lens += S)
   ``rollback(n)``           drop the last n[r] entries of row r (int or (R,))
@@ -70,9 +70,10 @@ class KVCache:
     def __init__(self, n_layers: int, rows: int, n_kv: int, max_len: int, head_dim: int, *, dtype, device):
         """``n_layers`` layers of keys and values, each (rows, n_kv, max_len, head_dim) zeros of ``dtype`` on
         ``device``; every row starts empty."""
-        shape = (rows, n_kv, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        # one tensor (2 n_layers, rows, n_kv, max_len, head_dim): ``keep`` moves every layer's entries at once
+        self.kv = torch.zeros((2 * n_layers, rows, n_kv, max_len, head_dim), dtype=dtype, device=device)
+        self.k = [self.kv[2 * i] for i in range(n_layers)]         # views
+        self.v = [self.kv[2 * i + 1] for i in range(n_layers)]
         self.lens = np.zeros(rows, dtype=np.int64)
         self.block_start = np.zeros(rows, dtype=np.int64)
         self._S = 0
@@ -104,8 +105,8 @@ class KVCache:
 
     # ------------------------------------------------------------------ a block
     def begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Prepare a block of S entries per row; returns the (R, 1, S, K) bool attention mask (None: all
-        visible). ``attn_mask`` (S, Kb) bool, S <= Kb <= min(lens) + S, replaces the causal mask over the
+        """Prepare a block of S entries per row; returns the (R, 1, S, K) bool attention mask ((1, 1, S, K) when
+        every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool, S <= Kb <= min(lens) + S, replaces the causal mask over the
         block and the last Kb - S cached entries of every row (tree levels); older entries stay visible."""
         lo, hi = int(self.lens.min()), int(self.lens.max())
         K = hi + S
@@ -120,6 +121,11 @@ class KVCache:
         self._slots = None if self._start is not None else lens[:, None] + torch.arange(S, device=dev)
         if attn_mask is None and S == 1 and lo == hi:
             return None
+        if lo == hi:                   # every row at the same length: one (1, 1, S, K) mask for all rows
+            if attn_mask is None:
+                return torch.ones(S, K, dtype=torch.bool, device=dev).tril_(K - S)[None, None]
+            return torch.cat([torch.ones(S, K - attn_mask.shape[1], dtype=torch.bool, device=dev), attn_mask],
+                             1)[None, None]
         rel = torch.arange(K, device=dev)[None, :] - lens[:, None]            # (R, K) column - block start
         if attn_mask is None:                                                 # causal over the block
             vis = rel[:, None, :] <= torch.arange(S, device=dev)[None, :, None]
@@ -172,14 +178,13 @@ class KVCache:
         used = np.arange(k)[None, :] < counts[:, None]
         if (counts > k).any() or (used & ((idx < 0) | (idx >= span[:, None]))).any():
             raise ValueError(f"keep: indices must lie in [0, block length {span.tolist()}) and counts <= {k}")
-        if k:
+        if k and not (np.where(used, idx, np.arange(k)) == np.arange(k)).all():   # else: already in place
             dev = self.k[0].device
             base = torch.as_tensor(self.block_start, device=dev)[:, None]
             src = base + torch.as_tensor(np.where(used, idx, 0), device=dev)
             dst = base + torch.arange(k, device=dev)
-            kc = self.k[0]
-            e = lambda t: t[:, None, :, None].expand(-1, kc.shape[1], -1, kc.shape[3])  # noqa: E731
+            L2, _, H, _, hd = self.kv.shape
+            e = lambda t: t[None, :, None, :, None].expand(L2, -1, H, -1, hd)  # noqa: E731
             src, dst = e(src), e(dst)
-            for c in self.k + self.v:
-                c.scatter_(2, dst, c.gather(2, src))     # gather first: a copy, so overlaps are safe
+            self.kv.scatter_(3, dst, self.kv.gather(3, src))     # gather first: a copy, so overlaps are safe
         self.lens = self.block_start + counts

@@ -6,14 +6,74 @@ the SwiGLU MLP with checkpoint-specific projection names.
 from __future__ import annotations
 
 import math
+import os
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-__all__ = ["HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d", "complex_rope", "apply_rope", "rope_qkv", "attend",
+__all__ = ["linear", "derived_weight", "forget_derived", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d", "complex_rope", "apply_rope", "rope_qkv", "attend",
            "gqa_heads", "SwiGLU", "swiglu"]
+
+
+# CPU dense layers: weights (nn.Parameters) are packed once into oneDNN's blocked layout and multiplied by its
+# GEMM (``torch.ops.mkldnn``, as inductor does after freezing). Measured on the dev machine (AMD Zen 5, torch
+# 2.13, one thread, 30 weights of 256 x 704-768 cycled as in a forward): 0.45x the time of ``F.linear`` (MKL
+# sgemm) at 52 or 400 rows, 0.55-0.6x at 2-8 rows; below ~2^19 multiply-adds oneDNN's ~13 us call overhead
+# loses to MKL's ~5 us (benchmarks/bench_kernels.py measures both on any machine).
+_ONEDNN = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+           and os.environ.get("COOLSD_CPU_GEMM", "onednn") != "default")
+ONEDNN_MIN_MACS = 1 << 19
+_onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+_CACHE: dict = {}     # (kind, ids of the weights) -> (weak refs, signature, derived weight)
+
+
+def _signature(ws: tuple) -> tuple:
+    return tuple((w._version, w.data_ptr(), w.dtype, w.device) for w in ws)
+
+
+def derived_weight(ws: tuple, kind: str) -> torch.Tensor:
+    """The weights ws ((out_i, in) each) concatenated along out (``kind="cat"``) or that concatenation packed
+    for oneDNN (``kind="packed"``, CPU float32), computed at the first call and again whenever one of them
+    changed since: torch's in-place version counter (optimiser steps, ``load_state_dict``), a new storage or
+    dtype (``.to``). In-place writes through ``w.data`` bypass the version counter: call ``forget_derived()``
+    after those (``real.engine.generate`` does at every call). An entry is dropped when a weight dies."""
+    key = (kind, *map(id, ws))
+    e = _CACHE.get(key)
+    sig = _signature(ws)
+    if e is None or e[1] != sig or any(r() is not w for r, w in zip(e[0], ws)):
+        w = ws[0].detach() if len(ws) == 1 else torch.cat([w.detach() for w in ws])
+        drop = lambda _, key=key: _CACHE.pop(key, None)  # noqa: E731  (ids may be reused once a weight dies)
+        e = _CACHE[key] = (tuple(weakref.ref(w, drop) for w in ws), sig,
+                           torch.ops.mkldnn._reorder_linear_weight(w) if kind == "packed" else w)
+    return e[2]
+
+
+def forget_derived() -> None:
+    """Drop every cached concatenated or packed weight (rebuilt at their next use)."""
+    _CACHE.clear()
+
+
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``: x (..., in), w (out, in) or a tuple of weights (out_i, in) applied as one (their outputs
+    concatenated: a fused q/k/v projection of separately stored weights), b (out,) or None -> (..., out).
+    Every dense layer of the engine's models calls this. Without autograd, on CPU in float32, with
+    ``nn.Parameter`` weights and at least ``ONEDNN_MIN_MACS`` multiply-adds, it multiplies by the weights
+    packed for oneDNN (``derived_weight``; the same result up to float rounding); otherwise ``F.linear``
+    (tuples concatenated, cached when no gradient is needed). ``COOLSD_CPU_GEMM=default`` in the environment
+    turns oneDNN off; under ``torch.compile`` inductor picks its own kernels."""
+    ws = w if isinstance(w, tuple) else (w,)
+    cached = all(isinstance(t, nn.Parameter) for t in ws) and not torch.compiler.is_compiling()
+    if cached and torch.is_grad_enabled():
+        cached = not (x.requires_grad or any(t.requires_grad for t in ws) or (b is not None and b.requires_grad))
+    if not cached:
+        return F.linear(x, ws[0] if len(ws) == 1 else torch.cat(ws), b)
+    if (_ONEDNN and x.dtype == torch.float32 and x.device.type == "cpu" and ws[0].dtype == torch.float32
+            and x.numel() * sum(t.shape[0] for t in ws) >= ONEDNN_MIN_MACS and x.shape[-1] == ws[0].shape[-1]):
+        return _onednn_linear(x, derived_weight(ws, "packed"), b, "none", [], "")
+    return F.linear(x, ws[0] if len(ws) == 1 else derived_weight(ws, "cat"), b)
 
 
 class HeadGeometry:
@@ -110,10 +170,11 @@ def rope_qkv(qkv: torch.Tensor, rot: torch.Tensor, n_head: int, n_kv: int):
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
            causal: bool = False) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
-    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. On CPU the three
-    operations written out (the engine's blocks are small: S <= 58 queries over <= a few hundred keys, where
-    this is ~3x faster than torch's fused CPU kernel); elsewhere ``scaled_dot_product_attention``."""
-    if q.device.type != "cpu" or q.dtype != torch.float32:
+    (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. ``scaled_dot_product_attention``,
+    except for single-query blocks of more than 8 (row, head) pairs on CPU in float32 (ragged batched decoding),
+    where the three operations written out are faster (torch 2.13, one thread: 0.76-0.94x the fused kernel's
+    time at 8-64 rows x 4 heads over 200 keys; the fused kernel is 1.1-1.6x faster for B x H <= 8 or S > 1)."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:
@@ -137,7 +198,8 @@ def gqa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)): x (..., dim), w_gate, w_up (hidden, dim), w_down (dim, hidden) -> (..., dim)."""
-    return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+    g, u = linear(x, (w_gate, w_up)).split([w_gate.shape[0], w_up.shape[0]], dim=-1)   # one GEMM for both
+    return linear(F.silu(g) * u, w_down)
 
 
 class SwiGLU(nn.Module):

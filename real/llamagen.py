@@ -29,7 +29,7 @@ from .blocks import EAGER
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .kvcache import CachedRows, KVCache
 from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, gqa_heads,  # re-exported (moved)
-                     complex_rope, rope_qkv, rope_table_2d)
+                     complex_rope, linear, rope_qkv, rope_table_2d)
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
 from .protocol import Caption, ModelOutput, Placed, as_conds
 
@@ -260,7 +260,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (..., V) float32 from last hidden states (..., dim) (the EAGLE drafter reuses this head)."""
-        return self.output(hidden).float()
+        return linear(hidden, self.output.weight).float()
 
     # ---------------------------------------------------------------- cache
     def cache_bytes(self, rows: int) -> int:
@@ -310,7 +310,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
             h = layer(h, rot, mask, cache, i)
         h = self.norm(h)
         cache.commit()
-        logits = self.output(h[:, logits_from:]).float()
+        logits = self.head(h[:, logits_from:])
         return ModelOutput(logits, h if return_hidden else None)
 
     def _prefix_masked(self, m: torch.Tensor | None, S: int) -> torch.Tensor | None:
@@ -323,7 +323,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
         if m is None:
             m = torch.ones(self.cache.rows, 1, S, K, dtype=torch.bool, device=self.device)
         else:
-            m = m.clone()
+            m = m.expand(self.cache.rows, -1, -1, -1).clone()
         P = self._prefix_mask.shape[1]
         m[:, 0, :, :P] &= self._prefix_mask[:, None, :]
         if int(lens.min()) < P:                    # prefill: the prefix queries (slots < P) see themselves

@@ -1,0 +1,157 @@
+"""The engine's CPU fast paths give what the plain operations give: ``real.layers.linear`` (oneDNN with packed,
+possibly fused weights, rebuilt whenever a weight changes), ``real.layers.attend`` (fused kernel or written out),
+``KVCache.begin`` with every row at the same length (one shared mask) and ``KVCache.keep`` when the kept
+entries are already in place (no copy)."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from real import layers
+from real.kvcache import KVCache
+
+needs_onednn = pytest.mark.skipif(not layers._ONEDNN, reason="torch built without oneDNN (or COOLSD_CPU_GEMM=default)")
+
+
+def _spy(monkeypatch):
+    """Count the calls that reach oneDNN."""
+    calls = []
+    real = layers._onednn_linear
+
+    def spy(*a):
+        calls.append(a[0].shape)
+        return real(*a)
+    monkeypatch.setattr(layers, "_onednn_linear", spy)
+    return calls
+
+
+@needs_onednn
+def test_linear_packed_and_fused_match_f_linear(monkeypatch):
+    calls = _spy(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(256, 768, bias=True)
+    q, k, v = (nn.Linear(256, n, bias=False) for n in (512, 128, 128))
+    x = torch.randn(2, 26, 256, generator=g)
+    with torch.no_grad():
+        got = layers.linear(x, lin.weight, lin.bias)
+        fused = layers.linear(x, (q.weight, k.weight, v.weight))
+        small = layers.linear(x[:1, :1], lin.weight)              # 196,608 multiply-adds: below the threshold
+    assert len(calls) == 2                                         # the two big products went to oneDNN
+    assert torch.allclose(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(fused, torch.cat([q(x), k(x), v(x)], -1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(small, F.linear(x[:1, :1], lin.weight))
+    assert got.shape == (2, 26, 768) and fused.shape == (2, 26, 768)
+
+
+@needs_onednn
+def test_linear_repacks_after_every_kind_of_weight_change(monkeypatch):
+    """A stale packed copy would give the old product: each change below moves the output by O(1)."""
+    _spy(monkeypatch)
+    lin = nn.Linear(256, 1024, bias=False)
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        y0 = layers.linear(x, lin.weight)
+        lin.weight.add_(1.0)                                        # in place (an optimiser step)
+        y1 = layers.linear(x, lin.weight)
+        assert torch.allclose(y1, F.linear(x, lin.weight), rtol=1e-5, atol=1e-4)
+        assert not torch.allclose(y0, y1, atol=1.0)
+        lin.load_state_dict({"weight": torch.zeros(1024, 256)})    # load_state_dict copies in place
+        assert torch.equal(layers.linear(x, lin.weight), torch.zeros(4, 1024))
+        lin.weight.data = torch.ones(1024, 256)                    # a new storage
+        assert torch.allclose(layers.linear(x, lin.weight), x.sum(-1, keepdim=True).expand(-1, 1024), atol=1e-4)
+        lin.weight.data.mul_(2.0)                                  # through .data: invisible to the version counter
+        layers.forget_derived()                                    # ... hence forget_derived (engine.generate calls it)
+        assert torch.allclose(layers.linear(x, lin.weight), 2 * x.sum(-1, keepdim=True).expand(-1, 1024), atol=1e-4)
+
+
+@needs_onednn
+def test_linear_under_autograd_is_f_linear_with_gradients(monkeypatch):
+    calls = _spy(monkeypatch)
+    lin = nn.Linear(256, 1024)
+    x = torch.randn(8, 256, requires_grad=True)
+    y = layers.linear(x, (lin.weight,), lin.bias)
+    y.square().sum().backward()
+    assert not calls
+    ref_x = x.detach().clone().requires_grad_(True)
+    F.linear(ref_x, lin.weight, lin.bias).square().sum().backward()
+    assert torch.allclose(x.grad, ref_x.grad)
+    assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
+@needs_onednn
+def test_linear_cache_dies_with_its_weights(monkeypatch):
+    _spy(monkeypatch)
+    layers.forget_derived()
+    lin = nn.Linear(256, 1024, bias=False)
+    with torch.no_grad():
+        layers.linear(torch.randn(4, 256), lin.weight)
+    assert len(layers._CACHE) == 1
+    del lin
+    gc.collect()
+    assert len(layers._CACHE) == 0
+
+
+def test_linear_off_switch_and_other_devices_use_f_linear(monkeypatch):
+    calls = _spy(monkeypatch) if layers._ONEDNN else []
+    monkeypatch.setattr(layers, "_ONEDNN", False)
+    lin = nn.Linear(256, 1024, bias=False)
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        assert torch.equal(layers.linear(x, lin.weight), F.linear(x, lin.weight))
+        assert torch.equal(layers.linear(x.double(), lin.weight.double()), F.linear(x.double(), lin.weight.double()))
+    assert not calls
+
+
+@pytest.mark.parametrize("B,S,K,kind", [(2, 1, 40, None), (2, 4, 40, "mask"), (2, 26, 60, "mask"), (16, 1, 40, "mask"),
+                                        (12, 1, 40, None), (2, 30, 30, "causal")])
+def test_attend_matches_the_written_out_softmax(B, S, K, kind):
+    """Whichever kernel ``attend`` picks for the shape equals softmax(q k^T / sqrt(d) + mask) v in float64."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, 4, n, 16, generator=g) for n in (S, K, K))
+    mask = None
+    if kind == "mask":
+        mask = torch.rand(B, 1, S, K, generator=g) > 0.4
+        mask[..., -S:] |= torch.eye(S, dtype=torch.bool)                 # every query sees itself
+    got = layers.attend(q, k, v, mask, causal=kind == "causal")
+    a = q.double() @ k.double().transpose(-1, -2) / 4.0
+    if kind == "causal":
+        mask = torch.ones(S, K, dtype=torch.bool).tril(K - S)
+    if mask is not None:
+        a = a.masked_fill(~mask, float("-inf"))
+    assert torch.allclose(got.double(), a.softmax(-1) @ v.double(), atol=1e-5)
+
+
+def test_kvcache_equal_lengths_mask_and_keep_in_place():
+    """Rows at the same length share one (1, 1, S, K) mask equal to the per-row construction; keeping entries
+    already in place moves nothing (a sentinel written past the kept entries survives), other keeps do."""
+    c = KVCache(2, 2, 1, 12, 1, dtype=torch.float32, device="cpu")
+    c.begin(5)
+    for i in range(2):
+        c.update(i, torch.arange(10.0).view(2, 1, 5, 1), torch.arange(10.0).view(2, 1, 5, 1))
+    c.commit()
+    m = c.begin(3)                                                       # causal block of 3 after 5 entries
+    assert m.shape == (1, 1, 3, 8)
+    assert m[0, 0].tolist() == [[True] * 6 + [False] * 2, [True] * 7 + [False], [True] * 8]
+    tm = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
+    m = c.begin(2, tm[1:])                                               # tree level over the last cached entry
+    assert m[0, 0].tolist() == [[True] * 4 + [True, True, False], [True] * 4 + [True, False, True]]
+    c.begin(3, tm)
+    for i in range(2):
+        c.update(i, torch.full((2, 1, 3, 1), 7.0), torch.full((2, 1, 3, 1), 7.0))
+    c.commit()
+    c.k[0][:, 0, 6, 0] = -1.0                                            # sentinel in block slot 1
+    c.keep(np.array([0]), np.array([1, 1]))                               # in place: no copy
+    assert c.lens.tolist() == [6, 6] and c.k[0][:, 0, 6, 0].tolist() == [-1.0, -1.0]
+    c.begin(3, tm)
+    for i in range(2):
+        c.update(i, torch.tensor([1.0, 2.0, 3.0]).view(1, 1, 3, 1).expand(2, 1, 3, 1).contiguous(),
+                 torch.zeros(2, 1, 3, 1))
+    c.commit()
+    c.keep(np.array([0, 2]))                                             # node 2 moves to slot 1 in every layer
+    assert c.lens.tolist() == [8, 8]
+    assert c.k[0][:, 0, 6:8, 0].tolist() == [[1.0, 3.0]] * 2 and c.k[1][:, 0, 6:8, 0].tolist() == [[1.0, 3.0]] * 2
