@@ -49,7 +49,8 @@ def dense(rows_list=(2, 8, 52, 400)) -> None:
         b = _time(lambda: [lp(x, w, None, "none", [], "") for w in ws], reps) / 30 * 1e6
         c = _time(lambda: [lp(x, w, None, "none", [], "") for w in packed], reps) / 30 * 1e6
         print(f"{M:5d} {a:9.1f} {b:9.1f} ({b / a:.2f}) {c:9.1f} ({c / a:.2f})  {M * 256 * 736:,}")
-    print(f"(real.layers.linear packs Parameters and uses oneDNN from {layers.ONEDNN_MIN_MACS:,} multiply-adds)")
+    print(f"(real.layers.linear packs Parameters for oneDNN above {layers.ONEDNN_MIN_WEIGHT:,} weight entries or "
+          f"from {layers.ONEDNN_MIN_MACS:,} multiply-adds)")
 
 
 def attention() -> None:

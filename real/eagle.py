@@ -232,11 +232,11 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
             raise ValueError(f"features must be ({B}, {S}, {self.config.hidden_size}), got {tuple(features.shape)}")
         if position_ids is None:
             position_ids = self.cache.lens[:, None] + np.arange(S)
-        pos = torch.as_tensor(position_ids, dtype=torch.long)
-        if isinstance(position_ids, np.ndarray) and int(pos.max()) >= self.rope.shape[0]:
-            raise ValueError(f"drafter position {int(pos.max())} beyond its RoPE table ({self.rope.shape[0]})")
+        if isinstance(position_ids, np.ndarray) and int(position_ids.max()) >= self.rope.shape[0]:   # host: no sync
+            raise ValueError(f"drafter position {int(position_ids.max())} beyond its RoPE table ({self.rope.shape[0]})")
+        pos = torch.as_tensor(position_ids, dtype=torch.long, device=self.rope.device)
         mask = self.cache.begin(S, attn_mask)
-        h = self._trunk(tokens, features, self.rope[pos.to(self.device)], mask, self.cache)
+        h = self._trunk(tokens, features, self.rope[pos], mask, self.cache)
         self.cache.commit()
         return ModelOutput(self.head(h), h)
 
@@ -257,10 +257,11 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
     def _trunk(self, tokens, features, rot, mask, cache=None):
         if self._head_index is not None:
             tokens = self._head_index.to(tokens.device)[tokens]
-        e = self.embed_tokens(tokens).to(features.dtype)
-        h = linear(torch.cat([e, features.to(self.dtype)], dim=-1), self.fc.weight, self.fc.bias)
+        w = self.fc.weight
+        e = F.embedding(tokens, self.embed_tokens.weight).to(w.dtype)
+        h = linear(torch.cat([e, features.to(w.dtype)], dim=-1), w, self.fc.bias)
         for i, layer in enumerate(self.layers):
-            h = layer(h, rot, mask, cache, i)
+            h = layer.forward(h, rot, mask, cache, i)     # (no module hooks on the layers: skip __call__'s cost)
         return h
 
     # ---------------------------------------------------------------- training

@@ -29,7 +29,7 @@ from theory.tree import Tree
 from .layers import forget_derived
 from .protocol import OneRow, as_conds, check_pair
 from .sampling import Processing
-from .steps import Run, Step, ar_step, chain_step, prefill_step, sync, tree_step, truncate_tree
+from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync, tree_step, truncate_tree
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
            "summarize", "records_to_arrays", "truncate_tree", "default_batch_size", "MAX_BATCH"]
@@ -190,7 +190,7 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, gen, recor
     slack = 2 + (tree.depth if tree is not None else (L or 0))
     run = Run(target, draft, proc, gen, dev, T, np.zeros(B, np.int64),
               torch.zeros((B, T + slack), dtype=torch.long, device=dev),
-              feat=bool(getattr(draft, "needs_features", False)))
+              feat=bool(getattr(draft, "needs_features", False)), host=host_verification(dev, verifier))
     sync(dev)
     t_start = time.perf_counter()
     if draft is not None and tree is None and not run.feat:     # an independent draft drafts from round 0

@@ -21,17 +21,35 @@ __all__ = ["linear", "derived_weight", "forget_derived", "HeadGeometry", "RMSNor
 # CPU dense layers: weights (nn.Parameters) are packed once into oneDNN's blocked layout and multiplied by its
 # GEMM (``torch.ops.mkldnn``, as inductor does after freezing). Measured on the dev machine (AMD Zen 5, torch
 # 2.13, one thread, 30 weights of 256 x 704-768 cycled as in a forward): 0.45x the time of ``F.linear`` (MKL
-# sgemm) at 52 or 400 rows, 0.55-0.6x at 2-8 rows; below ~2^19 multiply-adds oneDNN's ~13 us call overhead
-# loses to MKL's ~5 us (benchmarks/bench_kernels.py measures both on any machine).
+# sgemm) at 52 or 400 rows, 0.55-0.6x at 2-8 rows; on small weights oneDNN's ~13 us call overhead loses to MKL's
+# ~5 us (benchmarks/bench_kernels.py measures both on any machine).
 _ONEDNN = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
            and os.environ.get("COOLSD_CPU_GEMM", "onednn") != "default")
-ONEDNN_MIN_MACS = 1 << 19
+# oneDNN for products of >= 2^21 multiply-adds, or weights of > 2^17 entries (streamed from past L2 in a forward,
+# where packing pays even at 2 rows); MKL for the small rest (in the engine's batch-1 rounds, per call: 256 x 256
+# at 2-8 rows 19-27 us MKL vs 28-31 us oneDNN, 704 x 256 at 2 rows 43 vs 36 us, 1024 x 256 at 8 rows 92 vs 58 us)
+ONEDNN_MIN_MACS = 1 << 21
+ONEDNN_MIN_WEIGHT = 1 << 17
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
-_CACHE: dict = {}     # (kind, ids of the weights) -> (weak refs, signature, derived weight)
+_CACHE: dict = {}     # ids of a weight tuple -> [weak refs, signature, concatenation, packed copy or None]
 
 
-def _signature(ws: tuple) -> tuple:
-    return tuple((w._version, w.data_ptr(), w.dtype, w.device) for w in ws)
+def _entry(ws: tuple) -> list:
+    """The cache entry of the weights ws, (re)built when one of them changed since (``derived_weight``)."""
+    key = tuple(map(id, ws))
+    e = _CACHE.get(key)
+    if e is not None:
+        refs, sig = e[0], e[1]
+        for r, s, w in zip(refs, sig, ws):
+            if r() is not w or s[0] != w._version or s[1] != w.data_ptr() or s[2] is not w.dtype:
+                break
+        else:
+            return e
+    drop = lambda _, key=key: _CACHE.pop(key, None)  # noqa: E731  (ids may be reused once a weight dies)
+    cat = ws[0].detach() if len(ws) == 1 else torch.cat([w.detach() for w in ws])
+    e = _CACHE[key] = [tuple(weakref.ref(w, drop) for w in ws),
+                       tuple((w._version, w.data_ptr(), w.dtype) for w in ws), cat, None]
+    return e
 
 
 def derived_weight(ws: tuple, kind: str) -> torch.Tensor:
@@ -40,15 +58,12 @@ def derived_weight(ws: tuple, kind: str) -> torch.Tensor:
     changed since: torch's in-place version counter (optimiser steps, ``load_state_dict``), a new storage or
     dtype (``.to``). In-place writes through ``w.data`` bypass the version counter: call ``forget_derived()``
     after those (``real.engine.generate`` does at every call). An entry is dropped when a weight dies."""
-    key = (kind, *map(id, ws))
-    e = _CACHE.get(key)
-    sig = _signature(ws)
-    if e is None or e[1] != sig or any(r() is not w for r, w in zip(e[0], ws)):
-        w = ws[0].detach() if len(ws) == 1 else torch.cat([w.detach() for w in ws])
-        drop = lambda _, key=key: _CACHE.pop(key, None)  # noqa: E731  (ids may be reused once a weight dies)
-        e = _CACHE[key] = (tuple(weakref.ref(w, drop) for w in ws), sig,
-                           torch.ops.mkldnn._reorder_linear_weight(w) if kind == "packed" else w)
-    return e[2]
+    e = _entry(ws)
+    if kind == "cat":
+        return e[2]
+    if e[3] is None:
+        e[3] = torch.ops.mkldnn._reorder_linear_weight(e[2])
+    return e[3]
 
 
 def forget_derived() -> None:
@@ -60,20 +75,28 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``: x (..., in), w (out, in) or a tuple of weights (out_i, in) applied as one (their outputs
     concatenated: a fused q/k/v projection of separately stored weights), b (out,) or None -> (..., out).
     Every dense layer of the engine's models calls this. Without autograd, on CPU in float32, with
-    ``nn.Parameter`` weights and at least ``ONEDNN_MIN_MACS`` multiply-adds, it multiplies by the weights
-    packed for oneDNN (``derived_weight``; the same result up to float rounding); otherwise ``F.linear``
-    (tuples concatenated, cached when no gradient is needed). ``COOLSD_CPU_GEMM=default`` in the environment
-    turns oneDNN off; under ``torch.compile`` inductor picks its own kernels."""
-    ws = w if isinstance(w, tuple) else (w,)
-    cached = all(isinstance(t, nn.Parameter) for t in ws) and not torch.compiler.is_compiling()
-    if cached and torch.is_grad_enabled():
-        cached = not (x.requires_grad or any(t.requires_grad for t in ws) or (b is not None and b.requires_grad))
-    if not cached:
-        return F.linear(x, ws[0] if len(ws) == 1 else torch.cat(ws), b)
-    if (_ONEDNN and x.dtype == torch.float32 and x.device.type == "cpu" and ws[0].dtype == torch.float32
-            and x.numel() * sum(t.shape[0] for t in ws) >= ONEDNN_MIN_MACS and x.shape[-1] == ws[0].shape[-1]):
-        return _onednn_linear(x, derived_weight(ws, "packed"), b, "none", [], "")
-    return F.linear(x, ws[0] if len(ws) == 1 else derived_weight(ws, "cat"), b)
+    ``nn.Parameter`` weights of more than ``ONEDNN_MIN_WEIGHT`` entries (or at least ``ONEDNN_MIN_MACS``
+    multiply-adds), it multiplies by the weights packed for oneDNN (``derived_weight``; the same result up to
+    float rounding); otherwise ``F.linear`` (tuples concatenated, cached when no gradient is needed).
+    ``COOLSD_CPU_GEMM=default`` in the environment turns oneDNN off; under ``torch.compile`` inductor picks its
+    own kernels."""
+    ws = w if type(w) is tuple else (w,)
+    for t in ws:
+        if not isinstance(t, nn.Parameter):
+            return F.linear(x, ws[0] if len(ws) == 1 else torch.cat(ws), b)
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if (torch.compiler.is_compiling() or x.requires_grad or (b is not None and b.requires_grad)
+                or any(t.requires_grad for t in ws)):
+            return F.linear(x, ws[0] if len(ws) == 1 else torch.cat(ws), b)
+    e = _entry(ws)
+    cat = e[2]
+    if _ONEDNN and x.dtype is torch.float32 and cat.dtype is torch.float32 and x.device.type == "cpu":
+        n = cat.numel()
+        if n > ONEDNN_MIN_WEIGHT or x.numel() // cat.shape[1] * n >= ONEDNN_MIN_MACS:
+            if e[3] is None:
+                e[3] = torch.ops.mkldnn._reorder_linear_weight(cat)
+            return _onednn_linear(x, e[3], b, "none", [], "")
+    return F.linear(x, cat, b)
 
 
 class HeadGeometry:
@@ -122,6 +145,8 @@ class RMSNorm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times weight (dim,)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:     # the same arithmetic in one call
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 

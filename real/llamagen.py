@@ -29,7 +29,7 @@ from .blocks import EAGER
 from .checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .kvcache import CachedRows, KVCache
 from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, gqa_heads,  # re-exported (moved)
-                     complex_rope, linear, rope_qkv, rope_table_2d)
+                     complex_rope, linear, rms_norm, rope_qkv, rope_table_2d)
 from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
 from .protocol import Caption, ModelOutput, Placed, as_conds
 
@@ -295,11 +295,12 @@ class LlamaGen(Placed, CachedRows, nn.Module):
         """h (R, S, dim) embedded block; position_ids (S,) or (R, S) absolute, host or device."""
         cache = self.cache
         S = h.shape[1]
-        pos = torch.as_tensor(position_ids, dtype=torch.long)
-        if isinstance(position_ids, np.ndarray) and pos.numel():   # host positions: checked without a sync
-            if int(pos.max()) >= self.rope.shape[0] or int(pos.min()) < 0:
+        if isinstance(position_ids, np.ndarray) and position_ids.size:   # host positions: checked without a sync
+            lo, hi = int(position_ids.min()), int(position_ids.max())
+            if hi >= self.rope.shape[0] or lo < 0:
                 raise ValueError(f"positions must lie in [0, prefix + block_size = {self.rope.shape[0]}), got "
-                                 f"[{int(pos.min())}, {int(pos.max())}]")
+                                 f"[{lo}, {hi}]")
+        pos = torch.as_tensor(position_ids, dtype=torch.long)
         if pos.shape[-1] != S or pos.ndim > 2 or (pos.ndim == 2 and pos.shape[0] != h.shape[0]):
             raise ValueError(f"position_ids must be ({S},) or ({h.shape[0]}, {S}), got {tuple(pos.shape)}")
         if self.rope.device != h.device:
@@ -307,8 +308,8 @@ class LlamaGen(Placed, CachedRows, nn.Module):
         rot = self.rope[pos.to(h.device)]
         mask = self._prefix_masked(cache.begin(S, attn_mask), S)
         for i, layer in enumerate(self.layers):
-            h = layer(h, rot, mask, cache, i)
-        h = self.norm(h)
+            h = layer.forward(h, rot, mask, cache, i)     # (no module hooks on the blocks: skip __call__'s cost)
+        h = rms_norm(h, self.norm.weight, self.norm.eps)
         cache.commit()
         logits = self.head(h[:, logits_from:])
         return ModelOutput(logits, h if return_hidden else None)

@@ -38,7 +38,8 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     V = x.shape[-1]
     if temperature == 0:
         return torch.nn.functional.one_hot(x.argmax(-1), V).to(dtype)
-    x = x / temperature
+    if temperature != 1.0:
+        x = x / temperature
     if 0 < top_k < V:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))

@@ -57,6 +57,7 @@ class Run:
     d_off: int = 0                       # draft element of image token 0
     hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
     plans: dict = field(default_factory=dict)
+    host: bool = False                   # verify on numpy views of the rows (``verify_on``)
 
     @property
     def B(self) -> int:
@@ -104,6 +105,39 @@ class Step:
             if isinstance(x, torch.Tensor):
                 setattr(self, name, (x.float() if x.is_floating_point() else x).cpu().numpy())
         return self
+
+
+def holds_tensors(obj, depth: int = 4) -> bool:
+    """Whether ``obj`` (a verifier, its rules, their schedules...) keeps a torch tensor among its attributes,
+    containers included, up to ``depth`` levels (e.g. LANTERN's neighbour table placed on the model device)."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(obj, (str, bytes, int, float, np.ndarray)) or obj is None:
+        return False
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = obj
+    else:
+        items = getattr(obj, "__dict__", {}).values()
+    return any(holds_tensors(x, depth - 1) for x in items)
+
+
+def host_verification(dev, verifier) -> bool:
+    """Whether rounds on ``dev`` can be verified on numpy views of their rows: CPU rows and a verifier whose
+    rules hold no torch tensors (``theory`` is array-API code). On (B, V) rows numpy's per-operation cost is
+    about a third of torch's, and the tree walk is ~70 such operations per candidate."""
+    return torch.device(dev).type == "cpu" and verifier is not None and not holds_tensors(verifier)
+
+
+def verify_on(run: "Run", fn, *arrays, **kw):
+    """``fn(*arrays, **kw)`` (``verify_chain`` / ``verify_tree``) on the round's tensors, or with ``run.host``
+    on numpy views of the same memory (no copy); the verdict's fields come back as tensors either way."""
+    if not run.host:
+        return fn(*arrays, **kw)
+    conv = lambda a: a.numpy() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    v = fn(*map(conv, arrays), **{k: conv(a) for k, a in kw.items()})
+    return type(v)(*(torch.from_numpy(np.ascontiguousarray(a)) for a in v))
 
 
 def _check_finite(*rows: torch.Tensor) -> None:
@@ -257,11 +291,12 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
     p = run.proc.rows(o.logits)                                                        # (B, Lr + 1, V)
     sync(run.dev)
     t2 = time.perf_counter()
-    if not bool(torch.isfinite(p).all() & torch.isfinite(q).all()):                  # one sync for both
+    if not bool(torch.isfinite(p.sum() + q.sum())):        # rows in [0, 1]: the sum is finite iff every entry is
         _check_finite(p, q)
     u_acc = torch.rand((run.B, Lr), generator=run.gen, device=run.dev, dtype=p.dtype)
     u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
-    v = verify_chain(p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev), check=False)
+    v = verify_on(run, verify_chain, p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev),
+                  check=False)
     tau = v.accepted.cpu().numpy()                                                     # the round's sync
     cand = torch.cat([x, x[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
     run.target.rollback(run.rows(np.where(act, Lr - tau, Lr + 1)))
@@ -336,11 +371,10 @@ def tree_plan(tree: Tree, device) -> TreePlan:
                     len(fed), torch.as_tensor(cm, device=device))
 
 
-def _gumbel(shape, gen: torch.Generator, device) -> torch.Tensor:
-    """Gumbel(0, 1) noise -log(-log U) from float64 uniforms (U = 0, probability 2^-53, gives -inf: that
+def _exponential(shape, gen: torch.Generator, device) -> torch.Tensor:
+    """Exp(1) noise -log U from float64 uniforms in [0, 1): always > 0 (U = 0, probability 2^-53, gives inf: that
     token is simply drawn last, no NaN)."""
-    u = torch.rand(shape, generator=gen, device=device, dtype=torch.float64)
-    return -torch.log(-torch.log(u))
+    return torch.rand(shape, generator=gen, device=device, dtype=torch.float64).log_().neg_()
 
 
 def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
@@ -381,7 +415,7 @@ def draft_tree(run: Run, plan: TreePlan):
             if run.feat:
                 hid[:, 0] = hid0
         else:
-            pos = np.broadcast_to(root[:, None] + lv.offset, (root.shape[0], lv.parents.numel())).clip(max=cap)
+            pos = np.repeat(np.minimum(root + lv.offset, cap)[:, None], lv.parents.numel(), 1)
             x = run.rows(tokens[:, lv.parents])
             if run.feat:
                 o = run.draft.forward(x, features=hid[:, lv.parent_of], position_ids=pos, attn_mask=lv.mask)
@@ -395,7 +429,7 @@ def draft_tree(run: Run, plan: TreePlan):
         else:
             rows = run.proc.rows(lg)
             q[:, lv.parents] = rows
-            draws = draft_without_replacement(rows, lv.K, _gumbel(rows.shape, run.gen, dev))   # (B, k, K)
+            draws = draft_without_replacement(rows, lv.K, exponential=_exponential(rows.shape, run.gen, dev))   # (B, k, K)
         tokens[:, lv.kids] = draws.reshape(B, -1)[:, lv.draw]          # index gathers only: no device sync
     if greedy:   # draft rows uniform over each node's drafted children (q only marks the candidates)
         ind = torch.zeros((B, N + 1, V), dtype=run.proc.dtype, device=dev)
@@ -426,12 +460,12 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
     sync(run.dev)
     t2 = time.perf_counter()
-    if not bool(torch.isfinite(p).all() & torch.isfinite(q).all()):
+    if not bool(torch.isfinite(p.sum() + q.sum())):        # rows in [0, 1]: the sum is finite iff every entry is
         _check_finite(p, q)
     u_acc = torch.rand((run.B, N + 1), generator=run.gen, device=run.dev, dtype=p.dtype)
     u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
-    v = verify_tree(p, q, tokens, u_acc, u_smp, plan.tree, verifier, early_exit=True,
-                    max_depth=torch.as_tensor(Db, device=run.dev))
+    v = verify_on(run, verify_tree, p, q, tokens, u_acc, u_smp, plan.tree, verifier, early_exit=True,
+                  max_depth=torch.as_tensor(Db, device=run.dev))
     head = torch.cat([v.accepted[:, None], v.path], 1).cpu().numpy()                  # the round's sync
     tau, path = head[:, 0], head[:, 1:]
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1)

@@ -36,15 +36,18 @@ def test_linear_packed_and_fused_match_f_linear(monkeypatch):
     g = torch.Generator().manual_seed(0)
     lin = nn.Linear(256, 768, bias=True)
     q, k, v = (nn.Linear(256, n, bias=False) for n in (512, 128, 128))
+    sm = nn.Linear(256, 256, bias=False)                           # 2^16 entries
     x = torch.randn(2, 26, 256, generator=g)
     with torch.no_grad():
         got = layers.linear(x, lin.weight, lin.bias)
         fused = layers.linear(x, (q.weight, k.weight, v.weight))
-        small = layers.linear(x[:1, :1], lin.weight)              # 196,608 multiply-adds: below the threshold
-    assert len(calls) == 2                                         # the two big products went to oneDNN
+        small = layers.linear(x[:1, :1], sm.weight)                # a small weight at one row: MKL
+        small_many = layers.linear(x, sm.weight)                   # 52 rows: 3.4M multiply-adds, oneDNN
+    assert len(calls) == 3                                         # the three big products went to oneDNN
     assert torch.allclose(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
     assert torch.allclose(fused, torch.cat([q(x), k(x), v(x)], -1), rtol=1e-5, atol=1e-5)
-    assert torch.equal(small, F.linear(x[:1, :1], lin.weight))
+    assert torch.equal(small, F.linear(x[:1, :1], sm.weight))
+    assert torch.allclose(small_many, F.linear(x, sm.weight), rtol=1e-5, atol=1e-5)
     assert got.shape == (2, 26, 768) and fused.shape == (2, 26, 768)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 import sim
@@ -38,6 +39,13 @@ def test_draft_without_replacement_law():
     exp = np.array([q[a] * q[b] / (1 - q[a]) for a, b in pairs])
     obs = np.array([np.sum((d[:, 0] == a) & (d[:, 1] == b)) for a, b in pairs])
     assert stats.chisquare(obs, exp * n).pvalue > 1e-3
+    # the exponential race draws the same candidates from e = exp(-g) (the engine's noise), in numpy and torch
+    e = np.exp(-g)
+    assert np.array_equal(draft_without_replacement(np.broadcast_to(q, (n, 4)), 2, exponential=e), d)
+    qt = torch.as_tensor(q).expand(n, 4)
+    assert np.array_equal(draft_without_replacement(qt, 2, exponential=torch.as_tensor(e)).numpy(), d)
+    with pytest.raises(ValueError, match="exactly one"):
+        draft_without_replacement(q, 2)
 
 
 def simulate_tree(P, Q, tree, verifier, s, n, seed):

@@ -133,13 +133,20 @@ class TreeVerdict(NamedTuple):
     last_node: Array   # (...,) int64: the last accepted node (0 = root)
 
 
-def draft_without_replacement(q: Array, m: int, gumbel: Array) -> Array:
-    """The first m candidates of a node (section 9): a sequential draw without replacement from rows q (..., V), by the
-    Gumbel-top-k trick with Gumbel noise ``gumbel`` (..., V). Returns (..., m) int64 in draw order.
-    Tokens with q = 0 come last (-inf keys); callers must not ask for more than the support size."""
-    xp = namespace(q, gumbel)
-    pos = q > 0
-    keys = xp.where(pos, xp.log(xp.where(pos, q, xp.ones_like(q))) + gumbel, xp.full_like(q, -float("inf")))
+def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *, exponential: Array | None = None) -> Array:
+    """The first m candidates of a node (section 9): a sequential draw without replacement from rows q (..., V). Give
+    either Gumbel(0, 1) noise ``gumbel`` (..., V) (Gumbel-top-k: the m largest log q + g) or Exp(1) noise
+    ``exponential`` (..., V) (the exponential race: the m largest q / e, the same order as gumbel = -log e, in
+    one division instead of two logarithms). Returns (..., m) int64 in draw order. Tokens with q = 0 come last
+    (keys -inf, or 0); callers must not ask for more than the support size."""
+    if (gumbel is None) == (exponential is None):
+        raise ValueError("give exactly one of gumbel= and exponential= noise")
+    xp = namespace(q, gumbel if exponential is None else exponential)
+    if exponential is not None:
+        keys = q / exponential      # e > 0 (e = inf gives key 0: drawn last, as q = 0)
+    else:
+        pos = q > 0
+        keys = xp.where(pos, xp.log(xp.where(pos, q, xp.ones_like(q))) + gumbel, xp.full_like(q, -float("inf")))
     topk = getattr(keys, "topk", None)
     if topk is not None:    # torch: the m largest keys, sorted (distinct with probability 1), without a full sort
         return topk(m, dim=-1, largest=True, sorted=True).indices
@@ -169,6 +176,7 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     V = p.shape[-1]
     batch = tuple(tokens.shape[:-1])
     children = xp.asarray(tree.children, device=dev)
+    n_kids = xp.asarray((tree.children >= 0).sum(1), device=dev)                 # (N+1,) candidates per node
     K = children.shape[-1]
     tokens = xp.astype(tokens, xp.int64)
     zero_i = xp.zeros(batch, dtype=xp.int64, device=dev)
@@ -208,6 +216,9 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
         depth = depth + xp.astype(acc, xp.int64)
         rank = xp.where(acc, zero_i, rank + xp.astype(has & ~acc, xp.int64))
         active = active & has  # a round stops when its current node has no untried candidate left
+        if early_exit:         # ... which is known now: the round need not come back for an empty step
+            left = xp.reshape(xp.take(n_kids, xp.reshape(node, (-1,)), axis=0), batch)
+            active = active & (rank < left) & (depth < cap)
     return TreeVerdict(depth, path, sample_categorical(p_res, u_sample, xp), node)
 
 
