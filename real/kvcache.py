@@ -106,8 +106,9 @@ class KVCache:
     # ------------------------------------------------------------------ a block
     def begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """Prepare a block of S entries per row; returns the (R, 1, S, K) bool attention mask ((1, 1, S, K) when
-        every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool, S <= Kb <= min(lens) + S, replaces the causal mask over the
-        block and the last Kb - S cached entries of every row (tree levels); older entries stay visible."""
+        every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool,
+        S <= Kb <= min(lens) + S, replaces the causal mask over the block and the last Kb - S cached entries of
+        every row (tree levels); older entries stay visible."""
         lo, hi = int(self.lens.min()), int(self.lens.max())
         K = hi + S
         if K > self.max_len:

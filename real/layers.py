@@ -14,15 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
-__all__ = ["linear", "derived_weight", "forget_derived", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d", "complex_rope", "apply_rope", "rope_qkv", "attend",
-           "gqa_heads", "SwiGLU", "swiglu"]
+__all__ = ["linear", "derived_weight", "forget_derived", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
+           "complex_rope", "apply_rope", "rope_qkv", "attend", "gqa_heads", "SwiGLU", "swiglu"]
 
 
 # CPU dense layers: weights (nn.Parameters) are packed once into oneDNN's blocked layout and multiplied by its
 # GEMM (``torch.ops.mkldnn``, as inductor does after freezing). Measured on the dev machine (AMD Zen 5, torch
-# 2.13, one thread, 30 weights of 256 x 704-768 cycled as in a forward): 0.45x the time of ``F.linear`` (MKL
-# sgemm) at 52 or 400 rows, 0.55-0.6x at 2-8 rows; on small weights oneDNN's ~13 us call overhead loses to MKL's
-# ~5 us (benchmarks/bench_kernels.py measures both on any machine).
+# 2.13, one thread, 30 weights of 256 x 704-768 cycled as in a forward): 0.34-0.45x the time of ``F.linear`` (MKL
+# sgemm) at 52-400 rows, 0.47-0.6x at 2-8 rows; on small weights oneDNN's ~13 us call overhead loses to MKL's
+# ~5 us (benchmarks/bench_kernels.py measures both on any machine; results/kernels.txt).
 _ONEDNN = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
            and os.environ.get("COOLSD_CPU_GEMM", "onednn") != "default")
 # oneDNN for products of >= 2^21 multiply-adds, or weights of > 2^17 entries (streamed from past L2 in a forward,
@@ -197,8 +197,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """softmax(q k^T / sqrt(d) + mask) v: q (B, H, S, d), k, v (B, H, K, d), mask (B or 1, 1, S, K) bool
     (True = visible) or None; ``causal`` (no mask, S = K) for whole sequences. ``scaled_dot_product_attention``,
     except for single-query blocks of more than 8 (row, head) pairs on CPU in float32 (ragged batched decoding),
-    where the three operations written out are faster (torch 2.13, one thread: 0.76-0.94x the fused kernel's
-    time at 8-64 rows x 4 heads over 200 keys; the fused kernel is 1.1-1.6x faster for B x H <= 8 or S > 1)."""
+    where the three operations written out are faster (torch 2.13, one thread: 0.70-0.97x the fused kernel's
+    time at 8-64 rows x 4 heads over 200 keys; the fused kernel takes 0.73-0.92x the written-out time for
+    B x H <= 8 or S > 1; benchmarks/results/kernels.txt)."""
     if q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5

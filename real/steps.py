@@ -429,7 +429,8 @@ def draft_tree(run: Run, plan: TreePlan):
         else:
             rows = run.proc.rows(lg)
             q[:, lv.parents] = rows
-            draws = draft_without_replacement(rows, lv.K, exponential=_exponential(rows.shape, run.gen, dev))   # (B, k, K)
+            noise = _exponential(rows.shape, run.gen, dev)
+            draws = draft_without_replacement(rows, lv.K, exponential=noise)            # (B, k, K)
         tokens[:, lv.kids] = draws.reshape(B, -1)[:, lv.draw]          # index gathers only: no device sync
     if greedy:   # draft rows uniform over each node's drafted children (q only marks the candidates)
         ind = torch.zeros((B, N + 1, V), dtype=run.proc.dtype, device=dev)

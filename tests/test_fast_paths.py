@@ -158,3 +158,40 @@ def test_kvcache_equal_lengths_mask_and_keep_in_place():
     c.keep(np.array([0, 2]))                                             # node 2 moves to slot 1 in every layer
     assert c.lens.tolist() == [8, 8]
     assert c.k[0][:, 0, 6:8, 0].tolist() == [[1.0, 3.0]] * 2 and c.k[1][:, 0, 6:8, 0].tolist() == [[1.0, 3.0]] * 2
+
+
+def test_host_verification_gives_the_torch_verdict():
+    """``verify_on`` with ``run.host`` (numpy views) returns the same verdict, as tensors, as the torch path on
+    the same rows, for chains and trees; a verifier holding a tensor (LANTERN's neighbour table placed on the
+    device) is kept on torch, one without is verified on the host."""
+    from types import SimpleNamespace
+
+    from real.steps import holds_tensors, host_verification, verify_on
+    from theory import rules
+    from theory.lantern import lantern_neighbors
+    from theory.tree import EAGLE_25, Tree, verify_tree
+    from theory.verify import verify_chain
+
+    g = torch.Generator().manual_seed(3)
+    V, B, tree = 64, 5, Tree(EAGLE_25)
+    N = tree.n_nodes
+    p = torch.softmax(2 * torch.randn(B, N + 1, V, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(2 * torch.randn(B, N + 1, V, generator=g, dtype=torch.float64), -1)
+    tok = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, N + 1)
+    ua, us = torch.rand(B, N + 1, generator=g, dtype=torch.float64), torch.rand(B, generator=g, dtype=torch.float64)
+    nb = lantern_neighbors(np.random.default_rng(0).normal(size=(V, 4)), 8)
+    lpp_t = rules.lantern_pp(torch.as_tensor(nb), 2, 2.0)
+    for v in (rules.vanilla(), rules.cool_sd(2.0), rules.lantern_pp(nb, 2, 2.0)):
+        kw = dict(early_exit=True, max_depth=torch.tensor([5, 5, 2, 1, 5]))
+        want = verify_tree(p, q, tok, ua, us, tree, v, **kw)
+        got = verify_on(SimpleNamespace(host=True), verify_tree, p, q, tok, ua, us, tree, v, **kw)
+        assert all(isinstance(a, torch.Tensor) and torch.equal(a, b) for a, b in zip(got, want)), v.name
+        c_want = verify_chain(p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
+                              n_drafted=torch.tensor([4, 4, 2, 0, 3]))
+        c_got = verify_on(SimpleNamespace(host=True), verify_chain, p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
+                          n_drafted=torch.tensor([4, 4, 2, 0, 3]))
+        assert all(torch.allclose(a, b) for a, b in zip(c_got, c_want)), v.name
+    assert not holds_tensors(rules.vanilla()) and not holds_tensors(rules.lantern_pp(nb, 2, 2.0))
+    assert holds_tensors(lpp_t)
+    assert host_verification("cpu", rules.cool_sd(2.0)) and not host_verification("cpu", lpp_t)
+    assert not host_verification("meta", rules.vanilla())

@@ -133,7 +133,8 @@ class TreeVerdict(NamedTuple):
     last_node: Array   # (...,) int64: the last accepted node (0 = root)
 
 
-def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *, exponential: Array | None = None) -> Array:
+def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
+                              exponential: Array | None = None) -> Array:
     """The first m candidates of a node (section 9): a sequential draw without replacement from rows q (..., V). Give
     either Gumbel(0, 1) noise ``gumbel`` (..., V) (Gumbel-top-k: the m largest log q + g) or Exp(1) noise
     ``exponential`` (..., V) (the exponential race: the m largest q / e, the same order as gumbel = -log e, in
