@@ -26,7 +26,7 @@ import torch
 
 from theory.tree import Tree
 
-from .layers import forget_derived
+from .layers import inference_weights
 from .protocol import OneRow, as_conds, check_pair
 from .sampling import Processing
 from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync, tree_step, truncate_tree
@@ -171,15 +171,16 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
         elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"L must be >= 1 (an int: drafts per round), got {L!r}")
     bs = _check_batch(target, draft, len(conds), batch_size, processing)
-    forget_derived()     # packed / fused weights are rebuilt from the models as they are now (real.layers.linear)
     target, draft = (m if m is None or getattr(m, "batched", False) else OneRow(m) for m in (target, draft))
     dev = _device_of(target)
     gen = generator or torch.Generator(device=dev).manual_seed(seed)
     bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None,
                desc="AR decode" if draft is None else "tree decode" if tree is not None else "spec decode", leave=False)
     gens: list[Generation] = []
-    for a in range(0, len(conds), bs):   # a loop over batches
-        gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, gen, record_rows, bar)
+    with inference_weights():            # packed / fused weight copies for this call only (real.layers.linear)
+        for a in range(0, len(conds), bs):   # a loop over batches
+            gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, gen,
+                                    record_rows, bar)
     bar.close()
     return gens
 

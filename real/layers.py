@@ -5,6 +5,7 @@ the SwiGLU MLP with checkpoint-specific projection names.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import weakref
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-__all__ = ["linear", "derived_weight", "forget_derived", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
+__all__ = ["linear", "inference_weights", "derived_weight", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
            "complex_rope", "apply_rope", "rope_qkv", "attend", "gqa_heads", "SwiGLU", "swiglu"]
 
 
@@ -32,6 +33,27 @@ ONEDNN_MIN_MACS = 1 << 21
 ONEDNN_MIN_WEIGHT = 1 << 17
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _CACHE: dict = {}     # ids of a weight tuple -> [weak refs, signature, concatenation, packed copy or None]
+_SCOPE = 0            # open ``inference_weights`` scopes
+
+
+@contextlib.contextmanager
+def inference_weights():
+    """A scope in which ``linear`` keeps concatenated / oneDNN-packed copies of the ``nn.Parameter`` weights it
+    multiplies (the weights must not change inside; ``real.engine.generate`` runs in one). Leaving the outermost
+    scope drops the copies, so outside one no weight is ever read from a copy (training with fused optimisers,
+    ``swap_tensors`` conversions, in-place writes through ``.data`` or numpy views are all safe)."""
+    global _SCOPE
+    _SCOPE += 1
+    try:
+        yield
+    finally:
+        _SCOPE -= 1
+        if _SCOPE == 0:
+            _CACHE.clear()
+
+
+def _signature(w: torch.Tensor) -> tuple:
+    return w._version, w.data_ptr(), w.dtype, w.shape, w.stride(), w.storage_offset()
 
 
 def _entry(ws: tuple) -> list:
@@ -39,25 +61,23 @@ def _entry(ws: tuple) -> list:
     key = tuple(map(id, ws))
     e = _CACHE.get(key)
     if e is not None:
-        refs, sig = e[0], e[1]
-        for r, s, w in zip(refs, sig, ws):
-            if r() is not w or s[0] != w._version or s[1] != w.data_ptr() or s[2] is not w.dtype:
+        for r, s, w in zip(e[0], e[1], ws):
+            if r() is not w or s != _signature(w):
                 break
         else:
             return e
     drop = lambda _, key=key: _CACHE.pop(key, None)  # noqa: E731  (ids may be reused once a weight dies)
     cat = ws[0].detach() if len(ws) == 1 else torch.cat([w.detach() for w in ws])
-    e = _CACHE[key] = [tuple(weakref.ref(w, drop) for w in ws),
-                       tuple((w._version, w.data_ptr(), w.dtype) for w in ws), cat, None]
+    e = _CACHE[key] = [tuple(weakref.ref(w, drop) for w in ws), tuple(map(_signature, ws)), cat, None]
     return e
 
 
 def derived_weight(ws: tuple, kind: str) -> torch.Tensor:
     """The weights ws ((out_i, in) each) concatenated along out (``kind="cat"``) or that concatenation packed
-    for oneDNN (``kind="packed"``, CPU float32), computed at the first call and again whenever one of them
-    changed since: torch's in-place version counter (optimiser steps, ``load_state_dict``), a new storage or
-    dtype (``.to``). In-place writes through ``w.data`` bypass the version counter: call ``forget_derived()``
-    after those (``real.engine.generate`` does at every call). An entry is dropped when a weight dies."""
+    for oneDNN (``kind="packed"``, CPU float32), cached for the current ``inference_weights`` scope and rebuilt
+    whenever one of them changed within it (torch's version counter, storage, dtype, shape or strides)."""
+    if not _SCOPE:
+        raise ValueError("derived_weight outside an inference_weights() scope")
     e = _entry(ws)
     if kind == "cat":
         return e[2]
@@ -66,28 +86,30 @@ def derived_weight(ws: tuple, kind: str) -> torch.Tensor:
     return e[3]
 
 
-def forget_derived() -> None:
-    """Drop every cached concatenated or packed weight (rebuilt at their next use)."""
-    _CACHE.clear()
-
-
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``: x (..., in), w (out, in) or a tuple of weights (out_i, in) applied as one (their outputs
     concatenated: a fused q/k/v projection of separately stored weights), b (out,) or None -> (..., out).
-    Every dense layer of the engine's models calls this. Without autograd, on CPU in float32, with
-    ``nn.Parameter`` weights of more than ``ONEDNN_MIN_WEIGHT`` entries (or at least ``ONEDNN_MIN_MACS``
-    multiply-adds), it multiplies by the weights packed for oneDNN (``derived_weight``; the same result up to
-    float rounding); otherwise ``F.linear`` (tuples concatenated, cached when no gradient is needed).
-    ``COOLSD_CPU_GEMM=default`` in the environment turns oneDNN off; under ``torch.compile`` inductor picks its
-    own kernels."""
+    Every dense layer of the engine's models calls this. Inside ``inference_weights()`` (``engine.generate``),
+    without autograd, with ``nn.Parameter`` weights: a tuple is one GEMM on the cached concatenation, and on
+    CPU in float32, above ``ONEDNN_MIN_WEIGHT`` weight entries or ``ONEDNN_MIN_MACS`` multiply-adds, the
+    product runs on oneDNN with the weights packed once (the same result up to float rounding;
+    ``COOLSD_CPU_GEMM=default`` in the environment turns oneDNN off). Elsewhere (training included, so the
+    arithmetic of the shipped checkpoints' training runs is unchanged) each weight is its own ``F.linear``."""
     ws = w if type(w) is tuple else (w,)
-    for t in ws:
-        if not isinstance(t, nn.Parameter):
-            return F.linear(x, ws[0] if len(ws) == 1 else torch.cat(ws), b)
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        if (torch.compiler.is_compiling() or x.requires_grad or (b is not None and b.requires_grad)
-                or any(t.requires_grad for t in ws)):
-            return F.linear(x, ws[0] if len(ws) == 1 else torch.cat(ws), b)
+    plain = not _SCOPE or torch.compiler.is_compiling()
+    if not plain:
+        for t in ws:
+            if not isinstance(t, nn.Parameter):
+                plain = True
+        if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)
+                                        or any(t.requires_grad for t in ws)):
+            plain = True
+    if plain:
+        if len(ws) == 1:
+            return F.linear(x, ws[0], b)
+        if b is not None:
+            return F.linear(x, torch.cat(ws), b)
+        return torch.cat([F.linear(x, t) for t in ws], -1)
     e = _entry(ws)
     cat = e[2]
     if _ONEDNN and x.dtype is torch.float32 and cat.dtype is torch.float32 and x.device.type == "cpu":
@@ -145,8 +167,9 @@ class RMSNorm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times weight (dim,)."""
-    if x.dtype == torch.float32 and weight.dtype == torch.float32:     # the same arithmetic in one call
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if _SCOPE and x.dtype == torch.float32 and weight.dtype == torch.float32 and not (
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)   # one call (inference_weights scopes only, as attend)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 
@@ -199,8 +222,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     except for single-query blocks of more than 8 (row, head) pairs on CPU in float32 (ragged batched decoding),
     where the three operations written out are faster (torch 2.13, one thread: 0.70-0.97x the fused kernel's
     time at 8-64 rows x 4 heads over 200 keys; the fused kernel takes 0.73-0.92x the written-out time for
-    B x H <= 8 or S > 1; benchmarks/results/kernels.txt)."""
-    if q.device.type != "cpu" or q.dtype != torch.float32 or q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8:
+    B x H <= 8 or S > 1; benchmarks/results/kernels.txt). The fused kernel is used on CPU in float32 only inside
+    ``inference_weights()`` without autograd: elsewhere (training, feature extraction for it) the written-out form
+    keeps the arithmetic, hence the bits, of the shipped checkpoints' training runs."""
+    fast = _SCOPE and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if q.device.type != "cpu" or q.dtype != torch.float32 or (
+            fast and (q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:

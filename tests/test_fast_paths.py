@@ -4,6 +4,7 @@ possibly fused weights, rebuilt whenever a weight changes), ``real.layers.attend
 entries are already in place (no copy)."""
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import numpy as np
@@ -39,11 +40,17 @@ def test_linear_packed_and_fused_match_f_linear(monkeypatch):
     sm = nn.Linear(256, 256, bias=False)                           # 2^16 entries
     x = torch.randn(2, 26, 256, generator=g)
     with torch.no_grad():
-        got = layers.linear(x, lin.weight, lin.bias)
-        fused = layers.linear(x, (q.weight, k.weight, v.weight))
-        small = layers.linear(x[:1, :1], sm.weight)                # a small weight at one row: MKL
-        small_many = layers.linear(x, sm.weight)                   # 52 rows: 3.4M multiply-adds, oneDNN
+        outside = layers.linear(x, lin.weight, lin.bias)           # no scope: plain F.linear, nothing cached
+        assert not calls and not layers._CACHE
+        with layers.inference_weights():
+            got = layers.linear(x, lin.weight, lin.bias)
+            fused = layers.linear(x, (q.weight, k.weight, v.weight))
+            small = layers.linear(x[:1, :1], sm.weight)            # a small weight at one row: MKL
+            small_many = layers.linear(x, sm.weight)               # 52 rows: 3.4M multiply-adds, oneDNN
+            assert len(layers._CACHE) == 3
+        assert not layers._CACHE                                   # dropped when the scope ends
     assert len(calls) == 3                                         # the three big products went to oneDNN
+    assert torch.equal(outside, F.linear(x, lin.weight, lin.bias))
     assert torch.allclose(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
     assert torch.allclose(fused, torch.cat([q(x), k(x), v(x)], -1), rtol=1e-5, atol=1e-5)
     assert torch.equal(small, F.linear(x[:1, :1], sm.weight))
@@ -57,7 +64,7 @@ def test_linear_repacks_after_every_kind_of_weight_change(monkeypatch):
     _spy(monkeypatch)
     lin = nn.Linear(256, 1024, bias=False)
     x = torch.randn(4, 256)
-    with torch.no_grad():
+    with torch.no_grad(), layers.inference_weights():
         y0 = layers.linear(x, lin.weight)
         lin.weight.add_(1.0)                                        # in place (an optimiser step)
         y1 = layers.linear(x, lin.weight)
@@ -67,9 +74,45 @@ def test_linear_repacks_after_every_kind_of_weight_change(monkeypatch):
         assert torch.equal(layers.linear(x, lin.weight), torch.zeros(4, 1024))
         lin.weight.data = torch.ones(1024, 256)                    # a new storage
         assert torch.allclose(layers.linear(x, lin.weight), x.sum(-1, keepdim=True).expand(-1, 1024), atol=1e-4)
-        lin.weight.data.mul_(2.0)                                  # through .data: invisible to the version counter
-        layers.forget_derived()                                    # ... hence forget_derived (engine.generate calls it)
-        assert torch.allclose(layers.linear(x, lin.weight), 2 * x.sum(-1, keepdim=True).expand(-1, 1024), atol=1e-4)
+        lin.weight.data = lin.weight.data[:300]                    # a view of the same storage: new shape
+        assert layers.linear(x, lin.weight).shape == (4, 300)
+
+
+def test_linear_outside_a_scope_reads_the_weights_themselves():
+    """Training is outside any scope: a fused optimiser step (which leaves the version counter alone) and writes
+    through ``.data`` are seen at once, and gradients flow as through ``F.linear``."""
+    lin = nn.Linear(256, 1024, bias=False)
+    x = torch.randn(4, 256)
+    with layers.inference_weights(), torch.no_grad():
+        layers.linear(x, lin.weight)
+    opt = torch.optim.AdamW(lin.parameters(), lr=0.5, fused=True)
+    lin.weight.grad = torch.ones_like(lin.weight)
+    opt.step()
+    lin.weight.data.mul_(2.0)
+    with torch.no_grad():
+        assert torch.equal(layers.linear(x, lin.weight), F.linear(x, lin.weight))
+
+
+def test_training_keeps_the_plain_arithmetic():
+    """Under autograd every piece computes exactly what the shipped checkpoints were trained with: each weight of
+    a tuple its own ``F.linear``, the written-out attention, the written-out RMSNorm (bitwise)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, 64, generator=g, requires_grad=True)
+    w1, w2, w3 = (nn.Parameter(torch.randn(n, 64, generator=g)) for n in (32, 16, 16))
+    with layers.inference_weights():
+        y = layers.linear(x, (w1, w2, w3))
+        q, k, v = (t.view(3, 5, 2, -1).transpose(1, 2) for t in y.split([32, 16, 16], -1))
+        att = layers.attend(q.repeat(1, 1, 1, 2)[..., :8], k, v, causal=True)
+        nw = nn.Parameter(torch.rand(64, generator=g))
+        n = layers.rms_norm(x, nw, 1e-5)
+    assert torch.equal(y, torch.cat([F.linear(x, w1), F.linear(x, w2), F.linear(x, w3)], -1))
+    qq = q.repeat(1, 1, 1, 2)[..., :8]
+    a = (qq @ k.transpose(-1, -2)) * qq.shape[-1] ** -0.5
+    a = a.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril_(), float("-inf"))
+    assert torch.equal(att, a.softmax(-1) @ v)
+    assert torch.equal(n, (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw)
+    (y.sum() + att.sum() + n.sum()).backward()
+    assert w1.grad is not None and x.grad is not None
 
 
 @needs_onednn
@@ -77,7 +120,8 @@ def test_linear_under_autograd_is_f_linear_with_gradients(monkeypatch):
     calls = _spy(monkeypatch)
     lin = nn.Linear(256, 1024)
     x = torch.randn(8, 256, requires_grad=True)
-    y = layers.linear(x, (lin.weight,), lin.bias)
+    with layers.inference_weights():
+        y = layers.linear(x, (lin.weight,), lin.bias)
     y.square().sum().backward()
     assert not calls
     ref_x = x.detach().clone().requires_grad_(True)
@@ -87,16 +131,24 @@ def test_linear_under_autograd_is_f_linear_with_gradients(monkeypatch):
 
 
 @needs_onednn
-def test_linear_cache_dies_with_its_weights(monkeypatch):
+def test_linear_cache_dies_with_its_weights_and_its_scope(monkeypatch):
     _spy(monkeypatch)
-    layers.forget_derived()
     lin = nn.Linear(256, 1024, bias=False)
-    with torch.no_grad():
+    keep = nn.Linear(256, 1024, bias=False)
+    with torch.no_grad(), layers.inference_weights():
         layers.linear(torch.randn(4, 256), lin.weight)
-    assert len(layers._CACHE) == 1
-    del lin
-    gc.collect()
+        layers.linear(torch.randn(4, 256), keep.weight)
+        assert len(layers._CACHE) == 2
+        del lin
+        gc.collect()
+        assert len(layers._CACHE) == 1
     assert len(layers._CACHE) == 0
+    torch.__future__.set_swap_module_params_on_conversion(True)    # swap_tensors needs weights without weak refs
+    try:
+        keep.to(torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert keep.weight.dtype == torch.float64
 
 
 def test_linear_off_switch_and_other_devices_use_f_linear(monkeypatch):
@@ -104,7 +156,7 @@ def test_linear_off_switch_and_other_devices_use_f_linear(monkeypatch):
     monkeypatch.setattr(layers, "_ONEDNN", False)
     lin = nn.Linear(256, 1024, bias=False)
     x = torch.randn(4, 256)
-    with torch.no_grad():
+    with torch.no_grad(), layers.inference_weights():
         assert torch.equal(layers.linear(x, lin.weight), F.linear(x, lin.weight))
         assert torch.equal(layers.linear(x.double(), lin.weight.double()), F.linear(x.double(), lin.weight.double()))
     assert not calls
@@ -112,15 +164,18 @@ def test_linear_off_switch_and_other_devices_use_f_linear(monkeypatch):
 
 @pytest.mark.parametrize("B,S,K,kind", [(2, 1, 40, None), (2, 4, 40, "mask"), (2, 26, 60, "mask"), (16, 1, 40, "mask"),
                                         (12, 1, 40, None), (2, 30, 30, "causal")])
-def test_attend_matches_the_written_out_softmax(B, S, K, kind):
-    """Whichever kernel ``attend`` picks for the shape equals softmax(q k^T / sqrt(d) + mask) v in float64."""
+@pytest.mark.parametrize("scoped", [False, True])
+def test_attend_matches_the_written_out_softmax(B, S, K, kind, scoped):
+    """Whichever kernel ``attend`` picks for the shape, inside an ``inference_weights`` scope or not, equals
+    softmax(q k^T / sqrt(d) + mask) v in float64."""
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, 4, n, 16, generator=g) for n in (S, K, K))
     mask = None
     if kind == "mask":
         mask = torch.rand(B, 1, S, K, generator=g) > 0.4
         mask[..., -S:] |= torch.eye(S, dtype=torch.bool)                 # every query sees itself
-    got = layers.attend(q, k, v, mask, causal=kind == "causal")
+    with layers.inference_weights() if scoped else contextlib.nullcontext():
+        got = layers.attend(q, k, v, mask, causal=kind == "causal")
     a = q.double() @ k.double().transpose(-1, -2) / 4.0
     if kind == "causal":
         mask = torch.ones(S, K, dtype=torch.bool).tril(K - S)
