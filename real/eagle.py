@@ -120,7 +120,7 @@ class _Layer(nn.Module):
         if cache is not None:
             k, v = cache.update(i, k, v)
         n = self.post_attention_layernorm
-        return self.fns.post(x, q, k, v, mask, self.self_attn.o_proj.weight, n.weight, n.eps, *self.mlp.weights(),
+        return self.fns.post(x, q, k, v, mask, a.o_proj.weight, n.weight, n.eps, *self.mlp.weights(),
                              cache is None)
 
 

@@ -118,15 +118,14 @@ class KVCache:
             attn_mask = check_attn_mask(attn_mask, S, lo, dev)
         self._S, self._K = S, K
         self._start = lo if lo == hi else None
-        lens = torch.as_tensor(self.lens, device=dev)
-        self._slots = None if self._start is not None else lens[:, None] + torch.arange(S, device=dev)
-        if attn_mask is None and S == 1 and lo == hi:
-            return None
+        self._slots = None
         if lo == hi:                   # every row at the same length: one (1, 1, S, K) mask for all rows
             if attn_mask is None:
-                return torch.ones(S, K, dtype=torch.bool, device=dev).tril_(K - S)[None, None]
+                return None if S == 1 else torch.ones(S, K, dtype=torch.bool, device=dev).tril_(K - S)[None, None]
             return torch.cat([torch.ones(S, K - attn_mask.shape[1], dtype=torch.bool, device=dev), attn_mask],
                              1)[None, None]
+        lens = torch.as_tensor(self.lens, device=dev)
+        self._slots = lens[:, None] + torch.arange(S, device=dev)           # (R, S) each row's slots
         rel = torch.arange(K, device=dev)[None, :] - lens[:, None]            # (R, K) column - block start
         if attn_mask is None:                                                 # causal over the block
             vis = rel[:, None, :] <= torch.arange(S, device=dev)[None, :, None]

@@ -1,7 +1,8 @@
 """Transformer pieces shared by the LlamaGen GPT (``real.llamagen``), the EAGLE-1 drafter (``real.eagle``)
-and the fast Llama (``real.llama``): attention-head geometry of a config, RMSNorm, LlamaGen's 2-D RoPE
-(table, complex form, rotation), attention (``attend``) and its grouped-query form (``gqa_heads``), and
-the SwiGLU MLP with checkpoint-specific projection names.
+and the fast Llama (``real.llama``): dense layers (``linear``, with packed / fused weight copies inside an
+``inference_weights`` scope), attention-head geometry of a config, RMSNorm, LlamaGen's 2-D RoPE (table,
+complex form, rotation), attention (``attend``) and its grouped-query form (``gqa_heads``), and the SwiGLU MLP
+with checkpoint-specific projection names.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-__all__ = ["linear", "inference_weights", "derived_weight", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
+__all__ = ["linear", "inference_weights", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
            "complex_rope", "apply_rope", "rope_qkv", "attend", "gqa_heads", "SwiGLU", "swiglu"]
 
 
@@ -52,12 +53,21 @@ def inference_weights():
             _CACHE.clear()
 
 
+def _inference(*tensors) -> bool:
+    """Whether the fast kernels may run: inside an ``inference_weights`` scope and no gradient wanted through
+    any of ``tensors`` (None entries ignored)."""
+    return bool(_SCOPE) and not (torch.is_grad_enabled()
+                                 and any(t is not None and t.requires_grad for t in tensors))
+
+
 def _signature(w: torch.Tensor) -> tuple:
     return w._version, w.data_ptr(), w.dtype, w.shape, w.stride(), w.storage_offset()
 
 
 def _entry(ws: tuple) -> list:
-    """The cache entry of the weights ws, (re)built when one of them changed since (``derived_weight``)."""
+    """The cache entry of the weights ws ((out_i, in) each): their concatenation along out and (filled by
+    ``linear`` at first use) its oneDNN-packed copy, cached for the current ``inference_weights`` scope and rebuilt
+    whenever one of them changed within it (torch's version counter, storage, dtype, shape or strides)."""
     key = tuple(map(id, ws))
     e = _CACHE.get(key)
     if e is not None:
@@ -72,39 +82,18 @@ def _entry(ws: tuple) -> list:
     return e
 
 
-def derived_weight(ws: tuple, kind: str) -> torch.Tensor:
-    """The weights ws ((out_i, in) each) concatenated along out (``kind="cat"``) or that concatenation packed
-    for oneDNN (``kind="packed"``, CPU float32), cached for the current ``inference_weights`` scope and rebuilt
-    whenever one of them changed within it (torch's version counter, storage, dtype, shape or strides)."""
-    if not _SCOPE:
-        raise ValueError("derived_weight outside an inference_weights() scope")
-    e = _entry(ws)
-    if kind == "cat":
-        return e[2]
-    if e[3] is None:
-        e[3] = torch.ops.mkldnn._reorder_linear_weight(e[2])
-    return e[3]
-
-
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``: x (..., in), w (out, in) or a tuple of weights (out_i, in) applied as one (their outputs
     concatenated: a fused q/k/v projection of separately stored weights), b (out,) or None -> (..., out).
     Every dense layer of the engine's models calls this. Inside ``inference_weights()`` (``engine.generate``),
     without autograd, with ``nn.Parameter`` weights: a tuple is one GEMM on the cached concatenation, and on
     CPU in float32, above ``ONEDNN_MIN_WEIGHT`` weight entries or ``ONEDNN_MIN_MACS`` multiply-adds, the
-    product runs on oneDNN with the weights packed once (the same result up to float rounding;
+    product runs on oneDNN with the weights packed once (``_entry``; the same result up to float rounding;
     ``COOLSD_CPU_GEMM=default`` in the environment turns oneDNN off). Elsewhere (training included, so the
     arithmetic of the shipped checkpoints' training runs is unchanged) each weight is its own ``F.linear``."""
     ws = w if type(w) is tuple else (w,)
-    plain = not _SCOPE or torch.compiler.is_compiling()
-    if not plain:
-        for t in ws:
-            if not isinstance(t, nn.Parameter):
-                plain = True
-        if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad)
-                                        or any(t.requires_grad for t in ws)):
-            plain = True
-    if plain:
+    if (not _inference(x, b, *ws) or torch.compiler.is_compiling()
+            or not all(isinstance(t, nn.Parameter) for t in ws)):
         if len(ws) == 1:
             return F.linear(x, ws[0], b)
         if b is not None:
@@ -167,8 +156,7 @@ class RMSNorm(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (..., dim) -> (..., dim): x / rms(x) (statistics in float32) times weight (dim,)."""
-    if _SCOPE and x.dtype == torch.float32 and weight.dtype == torch.float32 and not (
-            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and _inference(x, weight):
         return F.rms_norm(x, (x.shape[-1],), weight, eps)   # one call (inference_weights scopes only, as attend)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
@@ -225,9 +213,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     B x H <= 8 or S > 1; benchmarks/results/kernels.txt). The fused kernel is used on CPU in float32 only inside
     ``inference_weights()`` without autograd: elsewhere (training, feature extraction for it) the written-out form
     keeps the arithmetic, hence the bits, of the shipped checkpoints' training runs."""
-    fast = _SCOPE and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
     if q.device.type != "cpu" or q.dtype != torch.float32 or (
-            fast and (q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8)):
+            _inference(q, k, v) and (q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:

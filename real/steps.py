@@ -141,6 +141,10 @@ def verify_on(run: "Run", fn, *arrays, **kw):
 
 
 def _check_finite(*rows: torch.Tensor) -> None:
+    """ValueError unless every entry of the probability rows is finite: rows in [0, 1] sum to a finite number iff
+    every entry is, so one reduction and one sync decide the usual case; the entries are looked at only then."""
+    if bool(torch.isfinite(sum(r.sum() for r in rows))):
+        return
     if not all(bool(torch.isfinite(r).all()) for r in rows):
         raise ValueError("non-finite probabilities (NaN/inf logits from the model?)")
 
@@ -291,8 +295,7 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
     p = run.proc.rows(o.logits)                                                        # (B, Lr + 1, V)
     sync(run.dev)
     t2 = time.perf_counter()
-    if not bool(torch.isfinite(p.sum() + q.sum())):        # rows in [0, 1]: the sum is finite iff every entry is
-        _check_finite(p, q)
+    _check_finite(p, q)
     u_acc = torch.rand((run.B, Lr), generator=run.gen, device=run.dev, dtype=p.dtype)
     u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
     v = verify_on(run, verify_chain, p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev),
@@ -461,8 +464,7 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
     sync(run.dev)
     t2 = time.perf_counter()
-    if not bool(torch.isfinite(p.sum() + q.sum())):        # rows in [0, 1]: the sum is finite iff every entry is
-        _check_finite(p, q)
+    _check_finite(p, q)
     u_acc = torch.rand((run.B, N + 1), generator=run.gen, device=run.dev, dtype=p.dtype)
     u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
     v = verify_on(run, verify_tree, p, q, tokens, u_acc, u_smp, plan.tree, verifier, early_exit=True,

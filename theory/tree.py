@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import array_api_compat
 import numpy as np
@@ -190,13 +190,18 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     path = xp.full((*batch, tree.depth), -1, dtype=xp.int64, device=dev)
     ar_depth = xp.arange(tree.depth, device=dev)
     ar_V = xp.arange(V, device=dev)
+
+    def untried(node, rank, depth):
+        """(...,) bool: the round's current node has a candidate left to try, within its depth cap."""
+        return (rank < xp.reshape(xp.take(n_kids, xp.reshape(node, (-1,)), axis=0), batch)) & (depth < cap)
+
     for _ in range(tree.n_nodes + tree.depth + 1):
         if early_exit and not bool(xp.any(active)):
             break
         kid_row = xp.take(children, xp.reshape(node, (-1,)), axis=0)              # (B, K)
         kid_row = xp.reshape(kid_row, (*batch, K))
         kid = gather(kid_row, xp.minimum(rank, xp.full_like(rank, K - 1)), xp)
-        has = active & (rank < K) & (kid >= 0) & (depth < cap)
+        has = active & untried(node, rank, depth)
         kid_safe = xp.where(has, kid, zero_i)
         q_node = gather_rows(q, node, xp)
         q_left = xp.where(removed, xp.zeros_like(q_node), q_node)
@@ -218,8 +223,7 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
         rank = xp.where(acc, zero_i, rank + xp.astype(has & ~acc, xp.int64))
         active = active & has  # a round stops when its current node has no untried candidate left
         if early_exit:         # ... which is known now: the round need not come back for an empty step
-            left = xp.reshape(xp.take(n_kids, xp.reshape(node, (-1,)), axis=0), batch)
-            active = active & (rank < left) & (depth < cap)
+            active = active & untried(node, rank, depth)
     return TreeVerdict(depth, path, sample_categorical(p_res, u_sample, xp), node)
 
 
