@@ -27,8 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coolsd.studies import demo  # noqa: E402
-from real import engine  # noqa: E402
-from real.sampling import Processing  # noqa: E402
+from real.decode import engine  # noqa: E402
+from real.decode.sampling import Processing  # noqa: E402
 from real.zoo import gpt, vq  # noqa: E402
 from theory import rules  # noqa: E402
 

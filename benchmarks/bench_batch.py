@@ -23,8 +23,8 @@ from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from real import engine  # noqa: E402
-from real.sampling import Processing  # noqa: E402
+from real.decode import engine  # noqa: E402
+from real.decode.sampling import Processing  # noqa: E402
 from real.zoo import gpt  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.image import batch_speedup  # noqa: E402

@@ -3,7 +3,7 @@
 (L = 4) and EAGLE-1's 25-node tree: tokens/s and tokens per target call of the engine, its time split (draft,
 target, verify, the rest), against plain AR in the same run. ``--target B`` uses a LlamaGen-B-sized target
 (dim 768, 12 layers, V = 16384) instead. ``--compile`` adds the same runs with the decoder blocks compiled
-(``real.blocks.compile_blocks``; compilation is done in a warm-up outside the timing). ``--profile`` adds, for
+(``real.nn.blocks.compile_blocks``; compilation is done in a warm-up outside the timing). ``--profile`` adds, for
 one tree image at temperature 1, the torch profiler's top operators and a per-function breakdown of the round
 (cProfile, cumulative seconds of the engine's own functions: draft levels, target forward, mask construction
 in ``KVCache.begin``, cache compaction in ``KVCache.keep``, ``verify_tree``, host syncs).
@@ -24,10 +24,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
 
-from real import engine, llamagen as lg  # noqa: E402
-from real.blocks import compile_blocks  # noqa: E402
-from real.eagle import EagleDrafter  # noqa: E402
-from real.sampling import Processing  # noqa: E402
+from real.decode import engine
+from real.models import llamagen as lg  # noqa: E402
+from real.nn.blocks import compile_blocks  # noqa: E402
+from real.models.eagle import EagleDrafter  # noqa: E402
+from real.decode.sampling import Processing  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import EAGLE_25, Tree  # noqa: E402
 
@@ -91,7 +92,7 @@ def main(argv=None):
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--compile", action="store_true", help="also measure with real.blocks.compile_blocks")
+    ap.add_argument("--compile", action="store_true", help="also measure with real.nn.blocks.compile_blocks")
     ap.add_argument("--target", choices=["tiny", "B"], default="tiny")
     a = ap.parse_args(argv)
     if a.images < 1 or a.threads < 1:

@@ -4,10 +4,10 @@ verifier's share of a round on the tiny LlamaGen config.
 Part 1: a random LlamaForCausalLM target (hidden 128, 4 layers, V = 256) and its layer-skip draft (its
 first layer, embeddings and head), CPU, greedy (lossless on both sides, so tokens per target call are
 comparable), L = num_assistant_tokens = 4 with the constant schedule and no confidence-based early stop.
-Our engine runs the pair twice: through the generic adapter ``real.hf.HFCausalLM`` (every forward is
+Our engine runs the pair twice: through the generic adapter ``real.adapters.hf.HFCausalLM`` (every forward is
 the transformers forward, so the ratio there is the engine's own overhead vs assisted generation's,
 bounded by the share of assisted generation's time spent outside model forwards, printed), and through
-``real.llama.FastLlama`` loaded from the same two models (gpt-fast-style static-cache forward, same
+``real.models.llama.FastLlama`` loaded from the same two models (gpt-fast-style static-cache forward, same
 weights, same logits). All outputs are checked equal to plain greedy decoding; target forward calls
 are counted on the models; times are medians over --repeats runs after a warm-up.
 
@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
 
-from real import engine  # noqa: E402
-from real.hf import HFCausalLM  # noqa: E402
+from real.decode import engine  # noqa: E402
+from real.adapters.hf import HFCausalLM  # noqa: E402
 from real.protocol import Prompt  # noqa: E402
 from real.registry import hf_llama_pair, tiny_llamagen_pair  # noqa: E402
-from real.sampling import Processing  # noqa: E402
+from real.decode.sampling import Processing  # noqa: E402
 from theory import rules  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def part1(args):
             return g.tokens, (g.target_forwards if fast else calls.n), None
         return run
 
-    from real.llama import FastLlama
+    from real.models.llama import FastLlama
 
     shares = []
 
@@ -113,12 +113,12 @@ def part1(args):
         [hf_logged, ours(HFCausalLM(tgt), HFCausalLM(drf), False), ours(FastLlama.from_hf(tgt), FastLlama.from_hf(drf), True)],
         args.repeats)
     share = statistics.median(shares)
-    for name, tok in (("assisted generation", tok_hf), ("engine + real.hf", tok_ad), ("engine + FastLlama", tok_fa)):
+    for name, tok in (("assisted generation", tok_hf), ("engine + real.adapters.hf", tok_ad), ("engine + FastLlama", tok_fa)):
         assert torch.equal(tok, ref), f"{name}: output differs from greedy decoding"
     print(f"Part 1: {N} new tokens, greedy, L = num_assistant_tokens = {args.L}, CPU ({torch.get_num_threads()} thread(s))")
     print(f"  {'':36s} {'tokens/s':>10s} {'tokens/target call':>20s} {'target calls':>13s} {'vs transformers':>16s}")
-    for name, t, n in (("transformers assisted generation", t_hf, n_hf), ("coolsd engine, real.hf adapter", t_ad, n_ad),
-                       ("coolsd engine, real.llama.FastLlama", t_fa, n_fa)):
+    for name, t, n in (("transformers assisted generation", t_hf, n_hf), ("coolsd engine, real.adapters.hf adapter", t_ad, n_ad),
+                       ("coolsd engine, real.models.llama.FastLlama", t_fa, n_fa)):
         print(f"  {name:36s} {N / t:10.1f} {N / n:20.3f} {n:13d} {t_hf / t:15.2f}x")
     print(f"  all outputs identical to greedy decoding. Assisted generation spends {100 * share:.0f}% of its time in the "
           f"two models' forwards, so an engine calling the same transformers forwards is at most {1 / share:.2f}x faster")
@@ -126,8 +126,8 @@ def part1(args):
 
 
 def part2(args):
-    from real.methods import MethodParams, make_verifier
-    from real.vq import VQModel, vq_config
+    from real.decode.methods import MethodParams, make_verifier
+    from real.models.vq import VQModel, vq_config
 
     t, d = tiny_llamagen_pair(seed=0)
     vq = VQModel(vq_config("tiny", codebook_size=t.vocab_size)).random_init(0)
@@ -150,7 +150,7 @@ def part2(args):
 def part3(args):
     """The same share at the real vocabulary: a LlamaGen-B-sized target (random weights, V = 16384) and
     its first layer as the draft, on CPU, a few rounds."""
-    from real import llamagen as lg
+    from real.models import llamagen as lg
 
     t = lg.LlamaGen(lg.config("B", image_size=256)).random_init(0, std=0.02, output_std=0.1, embed_std=1.0).eval()
     d = lg.truncated(t, 1)

@@ -1,6 +1,6 @@
-"""The CPU kernel choices of ``real.layers`` measured on this machine: dense layers (``F.linear``, i.e. torch's BLAS,
-against oneDNN with the weight unpacked and packed once, as ``real.layers.linear`` does) and attention
-(``scaled_dot_product_attention`` against the three operations written out, as ``real.layers.attend`` picks).
+"""The CPU kernel choices of ``real.nn.layers`` measured on this machine: dense layers (``F.linear``, i.e. torch's BLAS,
+against oneDNN with the weight unpacked and packed once, as ``real.nn.layers.linear`` does) and attention
+(``scaled_dot_product_attention`` against the three operations written out, as ``real.nn.layers.attend`` picks).
 
 Dense layers are timed as a forward uses them: 30 different weights (in x out as in the tiny LlamaGen of
 bench_engine: 256 -> 704/768) cycled, so they come from cache levels past L2 as in a real forward, at the row
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from real import layers  # noqa: E402
+from real.nn import layers  # noqa: E402
 
 
 def _time(f, reps: int) -> float:
@@ -49,7 +49,7 @@ def dense(rows_list=(2, 8, 52, 400)) -> None:
         b = _time(lambda: [lp(x, w, None, "none", [], "") for w in ws], reps) / 30 * 1e6
         c = _time(lambda: [lp(x, w, None, "none", [], "") for w in packed], reps) / 30 * 1e6
         print(f"{M:5d} {a:9.1f} {b:9.1f} ({b / a:.2f}) {c:9.1f} ({c / a:.2f})  {M * 256 * 736:,}")
-    print(f"(real.layers.linear packs Parameters for oneDNN above {layers.ONEDNN_MIN_WEIGHT:,} weight entries or "
+    print(f"(real.nn.layers.linear packs Parameters for oneDNN above {layers.ONEDNN_MIN_WEIGHT:,} weight entries or "
           f"from {layers.ONEDNN_MIN_MACS:,} multiply-adds)")
 
 

@@ -1,7 +1,7 @@
 """Unit costs of the shipped MNIST models (real.zoo) on this machine, as ratios to the target's AR step.
 
 Times (median of --repeats, after warm-up) with CFG (batch 2, as the demo runs): the target's AR step
-(one-token forward + processing + sampling, through ``real.engine.ar_generate``, per token), the target's
+(one-token forward + processing + sampling, through ``real.decode.engine.ar_generate``, per token), the target's
 verification pass over L + 1 = 5 tokens and over the 11 nodes of the demo's static tree (tree mask), a
 step of the independent 2-layer draft and of the EAGLE-1 drafter, and ``verify_chain`` with vanilla and
 LANTERN++ rows at V = 512. A speculative round pays off when
@@ -21,8 +21,8 @@ from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
-from real import engine  # noqa: E402
-from real.sampling import Processing, sample  # noqa: E402
+from real.decode import engine  # noqa: E402
+from real.decode.sampling import Processing, sample  # noqa: E402
 from real.zoo import gpt, vq  # noqa: E402
 from coolsd.studies.demo.settings import SMALL_TREE  # noqa: E402
 from theory import rules  # noqa: E402

@@ -26,9 +26,9 @@ from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
-from real import engine  # noqa: E402
+from real.decode import engine  # noqa: E402
 from real.registry import tiny_llamagen_pair  # noqa: E402
-from real.sampling import Processing  # noqa: E402
+from real.decode.sampling import Processing  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree, verify_tree  # noqa: E402
 from theory.verify import verify_chain  # noqa: E402

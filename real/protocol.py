@@ -1,6 +1,6 @@
 """The model protocol the engine speaks: what a target or a draft must provide.
 
-Every model (LlamaGen, a transformers causal LM through ``real.hf``, Chameleon / Lumina-mGPT / Janus /
+Every model (LlamaGen, a transformers causal LM through ``real.adapters.hf``, Chameleon / Lumina-mGPT / Janus /
 Emu3 adapters, the toy models of the MNIST zoo) is a stateful object that owns its KV cache:
 
 * ``prefill(cond, tokens=None, *, cfg=False, return_hidden=False)`` resets the cache, runs the
@@ -24,13 +24,13 @@ Emu3 adapters, the toy models of the MNIST zoo) is a stateful object that owns i
   drop the rest (adapters that cannot do it raise NotImplementedError with a sentence).
 * ``cache_len`` (int): entries in the cache, prefix included.
 * ``vocab_size`` (int): V, the image-token vocabulary; logits are over image tokens only (an adapter of
-  a multimodal LM maps image token k to its own id and slices the logits, see ``real.hf``).
+  a multimodal LM maps image token k to its own id and slices the logits, see ``real.adapters.hf``).
 * ``needs_features`` (bool, default False): see ``FeatureDrafter``.
 
 Logits are float32 whatever the model dtype (bf16 on GPU); probabilities are formed by
-``real.sampling.Processing`` from them, never by the model.
+``real.decode.sampling.Processing`` from them, never by the model.
 
-A model that needs the target's hidden states (EAGLE-1 drafters, ``real.eagle``) is a
+A model that needs the target's hidden states (EAGLE-1 drafters, ``real.models.eagle``) is a
 ``FeatureDrafter``: ``needs_features = True``, ``start(prefix_len, batch)`` instead of prefill,
 ``forward(tokens, *, features, ...)`` with ``features`` (B, S, D) the target's hidden states paired
 with the tokens (EAGLE's (token_{t+1}, h_t) pairs), returning logits and its own hidden states.
@@ -41,7 +41,7 @@ Conditions (model-specific; these containers are shared so adapters agree):
 Writing an adapter (Chameleon / Lumina-mGPT, Janus, Emu3, toy models): wrap the model's forward so
 that the five members above hold, keep structural tokens (image start, end-of-row markers) inside the
 adapter if the engine should only see image tokens, and check it the way ``tests/test_real_models.py``
-and ``tests/test_real_hf.py`` check LlamaGen and ``real.hf``: ``prefill(cond, tokens)`` logits equal a
+and ``tests/test_real_hf.py`` check LlamaGen and ``real.adapters.hf``: ``prefill(cond, tokens)`` logits equal a
 prefill followed by one-token forwards; ``rollback(n)`` then re-feeding gives the same logits;
 greedy ``speculative_generate`` equals ``ar_generate`` at temperature 0 (with and without CFG); a tree
 block (``attn_mask``, ``position_ids``) scores a branch as the chain does and ``keep`` compacts it.
@@ -232,7 +232,7 @@ class Placed:
 
 class OneRow:
     """A model whose cache has a single length (the transformers adapters: ``batched`` false) seen through
-    the batched calls of ``real.steps`` at batch size 1: rows (1, or the CFG pair) always agree, so
+    the batched calls of ``real.decode.steps`` at batch size 1: rows (1, or the CFG pair) always agree, so
     per-row positions (R, S), counts (R,) and keep indices (R, k) reduce to the first row's."""
     batched = True
 

@@ -106,7 +106,7 @@ def _neighbor_table(vectors, opts, K: int | None = None):
     l2``, our earlier table). K = V - 1 by default (capped at V - 1); chunked torch code above V = 4096."""
     from theory.rules import lantern_neighbors
 
-    from .vq import codebook_neighbors
+    from .models.vq import codebook_neighbors
 
     space = _o(opts, "lantern_neighbors", "raw")
     if space not in NEIGHBOR_SPACES:
@@ -157,8 +157,8 @@ def tiny_llamagen_pair(seed: int = 0, draft: str = "layerskip", model_type: str 
     config), or ``eagle`` (a random EAGLE-1 head on the target). The target's weights are scaled so
     that the residual stream is embedding-dominated (a layer-skip draft then agrees often), which makes
     the acceptance rates of the methods differ visibly."""
-    from . import llamagen as lg
-    from .eagle import EagleDrafter
+    from .models import llamagen as lg
+    from .models.eagle import EagleDrafter
 
     c = lg.config("tiny", model_type=model_type)
     t = lg.LlamaGen(c).random_init(seed, std=0.05, output_std=0.2, embed_std=1.0).to(device, dtype).eval()
@@ -175,7 +175,7 @@ def tiny_llamagen_pair(seed: int = 0, draft: str = "layerskip", model_type: str 
 
 
 def _tiny_vq(seed: int, V: int):
-    from .vq import VQModel, vq_config
+    from .models.vq import VQModel, vq_config
 
     return VQModel(vq_config("tiny", codebook_size=V)).random_init(seed).eval()
 
@@ -215,9 +215,9 @@ def _build_llamagen(opts) -> Bundle:
     """Real LlamaGen c2i/t2i: --target-ckpt/--target-size, --draft-ckpt/--draft-size (or --draft eagle
     with --drafter-dir, a LANTERN release directory), --vq-ckpt, --image-size; t2i needs --captions
     (a .pt file with a list of {embedding, mask}) or --prompts with flan-t5-xl available."""
-    from . import llamagen as lg
-    from .eagle import load_lantern_drafter
-    from .vq import load_vq
+    from .models import llamagen as lg, llamagen_io
+    from .models.eagle import load_lantern_drafter
+    from .models.vq import load_vq
 
     dev, dt = _device(opts), _dtype(opts)
     mtype = _o(opts, "model_type", "c2i")
@@ -226,7 +226,7 @@ def _build_llamagen(opts) -> Bundle:
     def ckpt(path_opt, name_opt):
         p = getattr(opts, path_opt)
         if p is None and getattr(opts, name_opt):
-            p = lg.download(getattr(opts, name_opt))
+            p = llamagen_io.download(getattr(opts, name_opt))
         if p is None:
             raise ValueError(f"--{path_opt.replace('_', '-')} (or --{name_opt.replace('_', '-')} to download) is required")
         return p
@@ -257,15 +257,15 @@ def _build_llamagen(opts) -> Bundle:
 
 
 def _captions(opts, dev, dt):
-    from . import llamagen as lg
+    from .models import llamagen_io
     from .protocol import Caption
 
     if opts.captions:
-        from .checkpoint import load_captions
+        from .nn.checkpoint import load_captions
 
         return [Caption(c["embedding"], c.get("mask")) for c in load_captions(opts.captions)]
     if opts.prompts:
-        return lg.t5_captions(list(opts.prompts), device=dev, dtype=dt)
+        return llamagen_io.t5_captions(list(opts.prompts), device=dev, dtype=dt)
     raise ValueError("t2i needs --captions FILE.pt (list of {'embedding', 'mask'}) or --prompts TEXT ...")
 
 
@@ -275,8 +275,8 @@ register("llamagen", _build_llamagen, "LlamaGen from published checkpoints (c2i 
 # --------------------------------------------------------------------------- transformers (tiny random Llama)
 
 def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
-    from .hf import HFCausalLM
-    from .llama import FastLlama
+    from .adapters.hf import HFCausalLM
+    from .models.llama import FastLlama
     from .protocol import Prompt
 
     seed = int(_o(opts, "seed", 0))
@@ -289,7 +289,7 @@ def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
     wrap = FastLlama.from_hf if fast else HFCausalLM
     return Bundle(wrap(tgt.to(dev, dt)), wrap(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
                   cfg_scale=1.0, info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
-                                       "backend": "real.llama.FastLlama" if fast else "real.hf.HFCausalLM"})
+                                       "backend": "real.models.llama.FastLlama" if fast else "real.adapters.hf.HFCausalLM"})
 
 
 def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 256, draft_layers: int = 1):
@@ -326,11 +326,11 @@ def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int 
 
 register("hf-llama-tiny", _build_hf_llama_tiny, "random tiny transformers LlamaForCausalLM + layer-skip draft (HF adapter)")
 register("llama-tiny-fast", lambda o: _build_hf_llama_tiny(o, fast=True),
-         "the hf-llama-tiny pair run by real.llama.FastLlama (static-cache Llama, same weights)")
+         "the hf-llama-tiny pair run by real.models.llama.FastLlama (static-cache Llama, same weights)")
 
 
 # --------------------------------------------------------------------------- multimodal transformers LMs
-# Chameleon / Lumina-mGPT, Janus(-Pro), Emu3 through real.imagelm adapters (engine tokens = VQ codes).
+# Chameleon / Lumina-mGPT, Janus(-Pro), Emu3 through real.adapters.imagelm adapters (engine tokens = VQ codes).
 
 _MM_DEFAULTS = {  # family: (CFG scale, top-k) of the published samplers
     "chameleon": (3.0, 2000), "janus": (5.0, 0), "emu3": (3.0, 2048)}
@@ -347,19 +347,19 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     kind = _o(opts, "draft", "layerskip")
     side = 8
     if family == "chameleon":
-        from .chameleon import tiny_chameleon_pair, tiny_vqgan
+        from .adapters.chameleon import tiny_chameleon_pair, tiny_vqgan
 
         t, d, (a, b) = tiny_chameleon_pair(seed, kind, dev, dt, side=side)
         vq = tiny_vqgan(seed, t.vocab_size).to(dev)
         name = "ChameleonForConditionalGeneration tiny (random), Lumina-mGPT layout"
     elif family == "janus":
-        from .janus import janus_decoder, tiny_janus_pair
+        from .adapters.janus import janus_decoder, tiny_janus_pair
 
         t, d, (a, b) = tiny_janus_pair(seed, kind, dev, dt, side=side)
         vq = janus_decoder(t.model)
         name = "JanusForConditionalGeneration tiny (random)"
     elif family == "emu3":
-        from .emu3 import emu3_decoder, tiny_emu3_pair
+        from .adapters.emu3 import emu3_decoder, tiny_emu3_pair
 
         t, d, (a, b) = tiny_emu3_pair(seed, kind, dev, dt, side=side)
         vq = emu3_decoder(t.model, t.layout)
@@ -376,8 +376,8 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
 
 
 def _mm_draft(opts, family: str, target, load_small):
-    from .imagelm_eagle import eagle_for, load_adapter_eagle
-    from .imagelm_loading import truncated_hf
+    from .adapters.imagelm_eagle import eagle_for, load_adapter_eagle
+    from .adapters.imagelm_loading import truncated_hf
 
     kind = _o(opts, "draft", "eagle" if family != "janus" else "small")
     if kind == "eagle":
@@ -409,8 +409,8 @@ def _build_mm_real(opts, family: str) -> Bundle:
         raise ValueError(f"--model {family}: pass --prompts TEXT ...")
     vq, load_small = None, None
     if family == "chameleon":
-        from .chameleon import load_lumina_mgpt, lumina_prompt, vqgan_paths
-        from .chameleon_vqgan import load_chameleon_vqgan
+        from .adapters.chameleon import load_lumina_mgpt, lumina_prompt, vqgan_paths
+        from .models.chameleon_vqgan import load_chameleon_vqgan
 
         size = int(_o(opts, "image_size", 768))
         t, tok = load_lumina_mgpt(_o(opts, "target_pretrained", "Alpha-VLLM/Lumina-mGPT-7B-768"), pixels=size,
@@ -422,7 +422,7 @@ def _build_mm_real(opts, family: str) -> Bundle:
             y, c = vqgan_paths(opts.vq_ckpt if os.path.isdir(opts.vq_ckpt) else os.path.dirname(opts.vq_ckpt))
             vq = load_chameleon_vqgan(c, y, device=dev)
     elif family == "janus":
-        from .janus import JANUS_PRO_IDS, janus_decoder, janus_prompt, load_janus
+        from .adapters.janus import JANUS_PRO_IDS, janus_decoder, janus_prompt, load_janus
 
         t, proc = load_janus(_o(opts, "target_pretrained", JANUS_PRO_IDS["7B"]), device=dev, dtype=dt)
         if proc is None:
@@ -431,7 +431,7 @@ def _build_mm_real(opts, family: str) -> Bundle:
         vq = janus_decoder(t.model)
         load_small = lambda: load_janus(_o(opts, "draft_pretrained", JANUS_PRO_IDS["1B"]), device=dev, dtype=dt)[0]
     else:
-        from .emu3 import EMU3_GEN_ID, emu3_decoder, emu3_prompt, load_emu3
+        from .adapters.emu3 import EMU3_GEN_ID, emu3_decoder, emu3_prompt, load_emu3
 
         t, proc = load_emu3(_o(opts, "target_pretrained", EMU3_GEN_ID), device=dev, dtype=dt)
         conds = [emu3_prompt(proc, p) for p in prompts]
@@ -471,7 +471,7 @@ def _build_mnist(opts) -> Bundle:
     """The shipped MNIST models (``real.zoo``): our LlamaGen c2i target (12 layers) over the zoo's VQ
     (7x7 = 49 tokens, 512 codes); --draft small (default: the independent 2-layer LlamaGen), eagle (the
     EAGLE-1 drafter trained on the target's features) or layerskip (--draft-layers of the target)."""
-    from . import llamagen as lg
+    from .models import llamagen as lg
     from .zoo import gpt
     from .zoo import vq as zvq
 

@@ -21,9 +21,10 @@ import time
 import numpy as np
 import torch
 
-from real import engine, llamagen as lg
-from real.methods import MethodParams, make_verifier
-from real.sampling import Processing
+from real.decode import engine
+from real.models import llamagen as lg
+from real.decode.methods import MethodParams, make_verifier
+from real.decode.sampling import Processing
 from theory.verify import verify_chain
 
 
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
 
     # the verifier alone at full vocabulary
     from theory.rules import lantern_neighbors
-    from real.vq import codebook_neighbors
+    from real.models.vq import codebook_neighbors
 
     cb = torch.nn.functional.normalize(torch.randn(V, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
     k = min(1000, V // 16)
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
 def batched(tgt, drf, sizes, proc, L: int, T: int, dev, iters: int) -> list:
     """The batch curve: at each batch size B (2B model rows with CFG), the target forward of 1 token (an AR
     step) and of L + 1 tokens (a verification pass), a draft step, and one batch of B images by vanilla
-    chain SD and by plain AR through ``real.engine.generate``: images/s, the measured SD/AR speed-up and
+    chain SD and by plain AR through ``real.decode.engine.generate``: images/s, the measured SD/AR speed-up and
     the unit-cost prediction ``theory.image.batch_speedup``."""
     from theory import rules
     from theory.image import batch_speedup

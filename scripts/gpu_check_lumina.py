@@ -1,11 +1,11 @@
 """Lumina-mGPT-7B-shaped timing check (random weights, bf16, CFG batch of 2) through the transformers
-Chameleon adapter (real.chameleon.ChameleonImageLM). Run through ``scripts/gpu_check.sh --lumina``.
+Chameleon adapter (real.adapters.chameleon.ChameleonImageLM). Run through ``scripts/gpu_check.sh --lumina``.
 
 Measured (median of --iters CUDA-synchronised repeats, cache filled with --context image tokens):
   * raw ``model.model`` forward of 1 token with a DynamicCache (transformers alone) and the adapter's
     1-token forward (+ its layout bookkeeping: forced newline insertion, cache accounting);
   * the adapter's verification pass over L + 1 tokens (crossing a row end);
-  * an EAGLE-1 drafter step (real.eagle layout, hidden 4096, 1 layer) and a layer-skip draft step
+  * an EAGLE-1 drafter step (real.models.eagle layout, hidden 4096, 1 layer) and a layer-skip draft step
     (the target's first --draft-layers layers);
   * theory.verify_chain alone on (L+1, 8192) rows (vanilla, cool-sd);
   * --tokens image tokens by speculative decoding (vanilla, cool-sd; EAGLE draft; and an EAGLE-25 static
@@ -26,12 +26,13 @@ import numpy as np
 import torch
 
 from gpu_check import _sync, timeit
-from real import engine
-from real.chameleon import ChameleonImageLM, lumina_7b_config, lumina_layout, tiny_chameleon
-from real.imagelm import eagle_for, truncated_hf
-from real.methods import make_verifier
+from real.decode import engine
+from real.adapters.chameleon import ChameleonImageLM, lumina_7b_config, lumina_layout, tiny_chameleon
+from real.adapters.imagelm_eagle import eagle_for
+from real.adapters.imagelm_loading import truncated_hf
+from real.decode.methods import make_verifier
 from real.protocol import Prompt
-from real.sampling import Processing
+from real.decode.sampling import Processing
 from theory.verify import verify_chain
 
 

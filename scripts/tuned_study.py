@@ -111,8 +111,8 @@ def main(argv=None):
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     from coolsd.studies import demo
-    from real import engine
-    from real.sampling import Processing
+    from real.decode import engine
+    from real.decode.sampling import Processing
     from real.zoo import gpt, vq
     from real.zoo.metrics import class_accuracy, image_features
 

@@ -350,7 +350,7 @@ def test_generate_refuses_before_any_work(capsys, args, name):
 
 
 def test_generate_num_tokens_checked_before_generating(capsys, monkeypatch):
-    from real import engine
+    from real.decode import engine
 
     def boom(*a, **k):
         raise AssertionError("generation started")
@@ -402,7 +402,7 @@ def test_one_caption_with_three_images_is_an_error(capsys, tmp_path):
 
 def test_captions_give_one_image_each(capsys, tmp_path):
     """Positive control of the captions checks: a valid two-caption file runs and gives two images."""
-    from real import llamagen as lg
+    from real.models import llamagen as lg
 
     t = lg.LlamaGen(lg.config("tiny", model_type="t2i")).random_init(0)
     torch.save({"model": t.state_dict()}, tmp_path / "t.pt")
@@ -414,7 +414,7 @@ def test_captions_give_one_image_each(capsys, tmp_path):
 
 
 def test_processing_rejects_non_finite():
-    from real.sampling import Processing
+    from real.decode.sampling import Processing
 
     for kw, name in (({"temperature": math.inf}, "temperature"), ({"cfg_scale": math.nan}, "cfg_scale"),
                      ({"temperature": 1e-40}, "temperature")):
@@ -602,7 +602,7 @@ def test_ctrl_c_prints_one_line(capsys, monkeypatch):
 # --------------------------------------------------------------------------- checkpoints
 
 def test_garbled_safetensors_named(tmp_path):
-    from real.checkpoint import read_checkpoint
+    from real.nn.checkpoint import read_checkpoint
 
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
@@ -611,7 +611,7 @@ def test_garbled_safetensors_named(tmp_path):
 
 
 def test_garbled_pickle_named(tmp_path):
-    from real.checkpoint import read_checkpoint
+    from real.nn.checkpoint import read_checkpoint
 
     f = tmp_path / "w.pt"
     f.write_bytes(b"garbage" * 10)
@@ -620,7 +620,7 @@ def test_garbled_pickle_named(tmp_path):
 
 
 def test_non_finite_weights_refused():
-    from real.checkpoint import load_checked
+    from real.nn.checkpoint import load_checked
 
     m = torch.nn.Linear(3, 2)
     sd = {k: v.clone() for k, v in m.state_dict().items()}
@@ -632,7 +632,7 @@ def test_non_finite_weights_refused():
 def test_sha256_pinning(tmp_path, monkeypatch):
     import hashlib
 
-    from real import checkpoint as ck
+    from real.nn import checkpoint as ck
 
     f = tmp_path / "c2i_B_256.pt"
     f.write_bytes(b"published bytes")
@@ -646,7 +646,7 @@ def test_sha256_pinning(tmp_path, monkeypatch):
 
 
 def test_pinned_hashes_are_well_formed():
-    from real.checkpoint import PINNED_SHA256
+    from real.nn.checkpoint import PINNED_SHA256
 
     for k, v in PINNED_SHA256.items():
         assert "/" in k and len(v) == 64 and int(v, 16) >= 0

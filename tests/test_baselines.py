@@ -326,7 +326,7 @@ def test_raw_and_l2_tables_differ_on_a_codebook_with_varied_norms():
     assert rules.lantern_neighbors(E)[0].tolist() == [2, 1]
     assert rules.lantern_neighbors(E, normalize=True)[0].tolist() == [1, 2]
     torch = pytest.importorskip("torch")
-    from real.vq import codebook_neighbors
+    from real.models.vq import codebook_neighbors
     assert codebook_neighbors(torch.as_tensor(E), 2).tolist() == [[2, 1], [0, 2], [0, 1]]
     assert codebook_neighbors(torch.as_tensor(E), 2, normalize=True)[0].tolist() == [1, 2]
 
@@ -387,7 +387,7 @@ def test_cli_runs_the_released_lantern_pp_and_selects_the_variants(capsys):
 
 
 def test_method_registry_maps_resampler_names_to_the_rules():
-    from real.methods import MethodParams, make_verifier
+    from real.decode.methods import MethodParams, make_verifier
 
     table = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(40, 2)))
     names = {r: make_verifier("lantern", 4, MethodParams(resampler=r), table).name for r in rules.LANTERN_RESAMPLERS}

@@ -1,5 +1,5 @@
-"""The batched engine: B images per round, each row with its own committed length (real.engine.generate,
-real.steps, real.kvcache). Tiny random LlamaGen models on CPU, single-threaded (see test_real_engine)."""
+"""The batched engine: B images per round, each row with its own committed length (real.decode.engine.generate,
+real.decode.steps, real.nn.kvcache). Tiny random LlamaGen models on CPU, single-threaded (see test_real_engine)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,12 +7,13 @@ import pytest
 import torch
 from scipy import stats
 
-from real import engine, llamagen as lg
-from real.eagle import EagleDrafter
-from real.kvcache import KVCache
+from real.decode import engine
+from real.models import llamagen as lg
+from real.models.eagle import EagleDrafter
+from real.nn.kvcache import KVCache
 from real.protocol import Caption, Prompt
 from real.registry import hf_llama_pair, tiny_llamagen_pair
-from real.sampling import Processing
+from real.decode.sampling import Processing
 from theory import rules
 from theory.tree import EAGLE_25, Tree
 
@@ -227,7 +228,7 @@ def test_bad_batches_are_refused_before_any_work():
         engine.generate(t, d, [1, Caption(torch.zeros(8, 32))], batch_size=2, **kw)
     with pytest.raises(ValueError, match="GiB"):
         engine.generate(t, d, list(range(10)) * 10**5, batch_size=10**6, **kw)
-    from real.hf import HFCausalLM
+    from real.adapters.hf import HFCausalLM
 
     ht, hd = hf_llama_pair()
     with pytest.raises(ValueError, match="one image at a time"):
@@ -240,19 +241,19 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
     """At temperature 0 a node's children are the draft's top-m tokens by guided logits (as EAGLE drafts),
     not the argmax followed by arbitrary zero-probability tokens (the without-replacement draw from a
     one-hot row, which this test would catch: its 2nd..m-th children are the lowest token ids)."""
-    from real import steps
+    from real.decode import steps, tree_steps
 
     t, d = tiny_llamagen_pair(seed=0, draft="small")
     proc = Processing(temperature=0.0, cfg_scale=3.0)
     tree = Tree(EAGLE_25)
-    plan = steps.tree_plan(tree, torch.device("cpu"))
+    plan = tree_steps.tree_plan(tree, torch.device("cpu"))
     seq = torch.tensor([[5, 9, 17], [2, 40, 33]])
     out = torch.zeros(2, 80, dtype=torch.long)
     out[:, :3] = seq
     run = steps.Run(t, d, proc, torch.Generator().manual_seed(0), torch.device("cpu"), 64, np.array([3, 3]), out)
     d.prefill([1, 4], cfg=True)
     run.d_off = d.cache_len
-    tokens, q, _ = steps.draft_tree(run, plan)
+    tokens, q, _ = tree_steps.draft_tree(run, plan)
     ref = d.__class__(d.config).eval()
     ref.load_state_dict(d.state_dict())
     for b, c in enumerate([1, 4]):
@@ -265,9 +266,9 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
 
 
 def test_top_m_is_the_stable_descending_argsort():
-    """real.steps.top_m (topk + tie order) == argsort(descending, stable)[..., :m] on rows with ties inside
+    """real.decode.tree_steps.top_m (topk + tie order) == argsort(descending, stable)[..., :m] on rows with ties inside
     the top m, ties straddling the m-th place (the fallback) and distinct values."""
-    from real.steps import top_m
+    from real.decode.tree_steps import top_m
 
     g = torch.Generator().manual_seed(0)
     inside = torch.tensor([[1.0, 5.0, 3.0, 5.0, 5.0, 0.0]])            # three 5s inside the top 3, then a 3

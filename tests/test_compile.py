@@ -1,4 +1,4 @@
-"""The compiled decoder blocks (``real.blocks.compile_blocks``, torch.compile with the inductor CPU backend):
+"""The compiled decoder blocks (``real.nn.blocks.compile_blocks``, torch.compile with the inductor CPU backend):
 same greedy tokens as eager, same sampling law, eager fallback when compilation fails."""
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from real import engine, llamagen as lg
-from real.blocks import EAGER, compile_blocks
-from real.sampling import Processing
+from real.decode import engine
+from real.models import llamagen as lg
+from real.nn.blocks import EAGER, compile_blocks
+from real.decode.sampling import Processing
 from theory import rules
 from theory.tree import EAGLE_25, Tree
 

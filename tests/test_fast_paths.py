@@ -1,5 +1,5 @@
-"""The engine's CPU fast paths give what the plain operations give: ``real.layers.linear`` (oneDNN with packed,
-possibly fused weights, rebuilt whenever a weight changes), ``real.layers.attend`` (fused kernel or written out),
+"""The engine's CPU fast paths give what the plain operations give: ``real.nn.layers.linear`` (oneDNN with packed,
+possibly fused weights, rebuilt whenever a weight changes), ``real.nn.layers.attend`` (fused kernel or written out),
 ``KVCache.begin`` with every row at the same length (one shared mask) and ``KVCache.keep`` when the kept
 entries are already in place (no copy)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from real import layers
-from real.kvcache import KVCache
+from real.nn import layers
+from real.nn.kvcache import KVCache
 
 needs_onednn = pytest.mark.skipif(not layers._ONEDNN, reason="torch built without oneDNN (or COOLSD_CPU_GEMM=default)")
 
@@ -221,7 +221,7 @@ def test_host_verification_gives_the_torch_verdict():
     device) is kept on torch, one without is verified on the host."""
     from types import SimpleNamespace
 
-    from real.steps import holds_tensors, host_verification, verify_on
+    from real.decode.steps import holds_tensors, host_verification, verify_on
     from theory import rules
     from theory.lantern import lantern_neighbors
     from theory.tree import EAGLE_25, Tree, verify_tree

@@ -1,4 +1,4 @@
-"""real.image_layout without a model: the block arithmetic (where codes and forced row ends land, their
+"""real.adapters.image_layout without a model: the block arithmetic (where codes and forced row ends land, their
 model-stream positions, the widened attention mask, rollback cuts, kept root paths) against a brute-force
 walk over the complete token sequence that ``ImageLayout.sequence`` writes.
 """
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from real.image_layout import KIND_CODE, KIND_PREFIX, KIND_ROW_END, ImageLayout, entry_mask, kept_entries, visible_cut
+from real.adapters.image_layout import KIND_CODE, KIND_PREFIX, KIND_ROW_END, ImageLayout, entry_mask, kept_entries, visible_cut
 
 ROW_END = 7        # LM id of the row-end token; codes are LM ids 100 + k
 HEADER, TRAILER = (3, 4), (5,)

@@ -43,7 +43,7 @@ def test_bad_methods_and_parameters_are_named(call, match):
 
 
 def test_flat_options_come_from_the_registry():
-    from real.methods import MethodParams, make_verifier
+    from real.decode.methods import MethodParams, make_verifier
 
     fields = set(MethodParams.__dataclass_fields__)
     assert fields == set(methods.flags()) and {"lantern_k", "lam", "lantern_delta", "resampler"} <= fields

@@ -91,8 +91,8 @@ def test_flags_models_record_and_errors(capsys, tmp_path):
 def test_llamagen_from_checkpoint_files(capsys, tmp_path):
     """The --model llamagen path (published-checkpoint loading) end to end, with tiny files in the
     upstream layouts: GPT state dicts under "model" / raw, VQ under "model"."""
-    from real import llamagen as lg
-    from real.vq import VQModel, vq_config
+    from real.models import llamagen as lg
+    from real.models.vq import VQModel, vq_config
 
     t = lg.LlamaGen(lg.config("tiny")).random_init(0, std=0.05, output_std=0.2, embed_std=1.0)
     torch.save({"model": t.state_dict()}, tmp_path / "t.pt")

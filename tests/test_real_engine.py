@@ -12,11 +12,12 @@ import pytest
 import torch
 from scipy import stats
 
-from real import engine, llamagen as lg
-from real.eagle import EagleDrafter
+from real.decode import engine
+from real.models import llamagen as lg
+from real.models.eagle import EagleDrafter
 from real.protocol import Caption
 from real.registry import tiny_llamagen_pair
-from real.sampling import Processing, process_logits
+from real.decode.sampling import Processing, process_logits
 from theory import rules
 from theory.recorded import predict_rounds
 from theory.rules import Vanilla, Target, Verifier
@@ -244,8 +245,8 @@ def test_recorded_rows_predict_the_measured_acceptance(pair):
 # --------------------------------------------------------------------------- every method runs; bad input
 
 def test_every_method_runs_and_relaxation_accepts_more(pair):
-    from real.methods import METHODS, MethodParams, make_verifier, method_processing
-    from real.vq import VQModel, vq_config
+    from real.decode.methods import METHODS, MethodParams, make_verifier, method_processing
+    from real.models.vq import VQModel, vq_config
 
     t, d = pair
     vq = VQModel(vq_config("tiny", codebook_size=t.vocab_size)).random_init(0)

@@ -6,12 +6,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from real import engine
-from real.eagle import EagleConfig, EagleDrafter
-from real.hf import HFCausalLM
+from real.decode import engine
+from real.models.eagle import EagleConfig, EagleDrafter
+from real.adapters.hf import HFCausalLM
 from real.protocol import Prompt
 from real.registry import hf_llama_pair
-from real.sampling import Processing
+from real.decode.sampling import Processing
 from theory import rules
 
 torch.set_num_threads(1)  # tiny models: threads only contend (see test_real_engine)
@@ -115,9 +115,9 @@ def test_image_token_slice_and_eagle_on_hf_target(models):
 
 
 def test_fast_llama_matches_transformers(models):
-    """real.llama.FastLlama loaded from the same LlamaForCausalLM: same logits as the HF adapter (CFG
+    """real.models.llama.FastLlama loaded from the same LlamaForCausalLM: same logits as the HF adapter (CFG
     pair with left padding included), same tree/keep behaviour, greedy speculative == greedy."""
-    from real.llama import FastLlama
+    from real.models.llama import FastLlama
 
     tgt, drf = models
     h, f = HFCausalLM(tgt), FastLlama.from_hf(tgt)

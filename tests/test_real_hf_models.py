@@ -1,4 +1,4 @@
-"""Chameleon / Lumina-mGPT, Janus and Emu3 through transformers (real.imagelm adapters) on tiny random
+"""Chameleon / Lumina-mGPT, Janus and Emu3 through transformers (real.adapters.imagelm adapters) on tiny random
 configs: the facts the adapters rely on, logits against no-cache references written here, cache
 rollback and tree blocks, greedy speculative == greedy (and == transformers' own image generation where
 it exists), the sampling law (chi-square with a negative control), the layout constraints, the
@@ -16,13 +16,14 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from real import engine
-from real.chameleon import ChameleonImageLM, tiny_chameleon, tiny_chameleon_pair
-from real.emu3 import emu3_decoder, tiny_emu3_pair
-from real.imagelm import eagle_for, load_adapter_eagle, truncated_hf
-from real.janus import janus_decoder, tiny_janus_pair
+from real.decode import engine
+from real.adapters.chameleon import ChameleonImageLM, tiny_chameleon, tiny_chameleon_pair
+from real.adapters.emu3 import emu3_decoder, tiny_emu3_pair
+from real.adapters.imagelm_eagle import eagle_for, load_adapter_eagle
+from real.adapters.imagelm_loading import truncated_hf
+from real.adapters.janus import janus_decoder, tiny_janus_pair
 from real.protocol import Prompt
-from real.sampling import Processing
+from real.decode.sampling import Processing
 from theory import rules
 from theory.rules import Target, Vanilla, Verifier
 
@@ -339,14 +340,14 @@ def _law_pair(family, seed=0):
         key, setn = "model.layers", lambda c, n: setattr(c, "num_hidden_layers", n)
         head = lambda mm: mm.lm_head.weight
     elif family == "emu3":
-        from real.emu3 import Emu3ImageLM, tiny_emu3
+        from real.adapters.emu3 import Emu3ImageLM, tiny_emu3
 
         m, lay, text = tiny_emu3(seed, **kw)
         build = lambda mm: Emu3ImageLM(mm, lay)
         key, setn = "text_model.layers", lambda c, n: setattr(c.text_config, "num_hidden_layers", n)
         head = lambda mm: mm.lm_head.weight
     else:
-        from real.janus import JanusImageLM, tiny_janus
+        from real.adapters.janus import JanusImageLM, tiny_janus
 
         m, text = tiny_janus(seed, **kw)
         build = JanusImageLM
@@ -419,7 +420,7 @@ def test_sampling_law_janus_emu3(family):
 # --------------------------------------------------------------------------- Chameleon VQGAN
 
 def _vqgan_cfg():
-    from real.chameleon_vqgan import VQGANConfig
+    from real.models.chameleon_vqgan import VQGANConfig
 
     return VQGANConfig(n_embed=40, embed_dim=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(8,),
                        z_channels=32, resolution=16)
@@ -466,7 +467,7 @@ def _functional_decode(sd, codes, c):
 def test_vqgan_decoder_matches_description_loads_checkpoint_and_round_trips_shapes(tmp_path):
     from transformers.models.chameleon.modeling_chameleon import ChameleonVQVAE
 
-    from real.chameleon_vqgan import ChameleonVQGAN, load_chameleon_vqgan
+    from real.models.chameleon_vqgan import ChameleonVQGAN, load_chameleon_vqgan
 
     c = _vqgan_cfg()
     src = ChameleonVQGAN(c).random_init(3)
@@ -500,7 +501,7 @@ def test_vqgan_decoder_matches_description_loads_checkpoint_and_round_trips_shap
 
 
 def test_vqgan_wrong_checkpoint_names_keys_and_shapes(tmp_path):
-    from real.chameleon_vqgan import ChameleonVQGAN, load_chameleon_vqgan, read_vqgan_yaml
+    from real.models.chameleon_vqgan import ChameleonVQGAN, load_chameleon_vqgan, read_vqgan_yaml
 
     c = _vqgan_cfg()
     sd = ChameleonVQGAN(c).state_dict()
@@ -527,9 +528,9 @@ def test_vqgan_wrong_checkpoint_names_keys_and_shapes(tmp_path):
 def test_loaders_accept_saved_checkpoints_and_refuse_wrong_ones(tmp_path, janus, cham):
     from safetensors.torch import load_file, save_file
 
-    from real.chameleon import load_lumina_mgpt
-    from real.emu3 import load_emu3
-    from real.janus import load_janus
+    from real.adapters.chameleon import load_lumina_mgpt
+    from real.adapters.emu3 import load_emu3
+    from real.adapters.janus import load_janus
 
     tj, _, text = janus
     tj.model.save_pretrained(tmp_path / "janus")
@@ -565,7 +566,7 @@ def test_loaders_accept_saved_checkpoints_and_refuse_wrong_ones(tmp_path, janus,
 
 
 def test_eagle_drafter_trains_saves_and_loads(tmp_path, emu3):
-    from real.eagle import record_features, save_lantern_drafter, train_eagle
+    from real.models.eagle import record_features, save_lantern_drafter, train_eagle
 
     t, _, text = emu3
     e = eagle_for(t, seed=2)

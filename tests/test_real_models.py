@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from real import llamagen as lg
-from real.eagle import EagleDrafter, EagleConfig, load_lantern_drafter, save_lantern_drafter, record_features, train_eagle
+from real.models import llamagen as lg, llamagen_io
+from real.nn import layers
+from real.models.eagle import EagleDrafter, EagleConfig, load_lantern_drafter, save_lantern_drafter, record_features, train_eagle
 from real.protocol import Caption
 from real.registry import tiny_llamagen_pair
-from real.vq import VQModel, codebook_neighbors, load_vq, vq_config
+from real.models.vq import VQModel, codebook_neighbors, load_vq, vq_config
 from theory.rules import lantern_neighbors
 
 torch.set_num_threads(1)  # tiny models: threads only contend (see test_real_engine)
@@ -74,10 +75,10 @@ def test_tree_mask_positions_and_keep(target):
 
 
 def test_configs_match_published_sizes():
-    for name, (layers, dim, hidden) in {"B": (12, 768, 2048), "L": (24, 1024, 2816), "XL": (36, 1280, 3584),
+    for name, (n_layer, dim, hidden) in {"B": (12, 768, 2048), "L": (24, 1024, 2816), "XL": (36, 1280, 3584),
                                          "XXL": (48, 1536, 4096)}.items():
         c = lg.config(name, image_size=384)
-        assert (c.n_layer, c.dim, c.head_dim, c.vocab_size, c.block_size) == (layers, dim, 64, 16384, 576)
+        assert (c.n_layer, c.dim, c.head_dim, c.vocab_size, c.block_size) == (n_layer, dim, 64, 16384, 576)
         # SwiGLU hidden: the multiple of 256 at or above int(2 * 4 * dim / 3), computed here by hand
         assert c.ffn_hidden == hidden and c.ffn_hidden % 256 == 0 and 0 <= c.ffn_hidden - int(8 * dim / 3) < 256
     t2i = lg.config("XL", image_size=512, model_type="t2i")
@@ -88,7 +89,7 @@ def test_configs_match_published_sizes():
 
 
 def test_rope_zero_on_prefix_and_2d_on_grid():
-    tab = lg.rope_table_2d(4, 16, 10000.0, prefix=3)
+    tab = layers.rope_table_2d(4, 16, 10000.0, prefix=3)
     assert tab.shape == (3 + 16, 8, 2) and tab[:3].abs().max() == 0
     # token j = (row a, col b): first 4 pairs rotate by a * w, the last 4 by b * w, w_m = 10000^(-m/4)
     w = torch.tensor([10000.0 ** (-2 * m / 8) for m in range(4)])
@@ -131,7 +132,7 @@ def test_llamagen_t2i_layout_and_safetensors(tmp_path):
     save_file({k: v.contiguous() for k, v in t.state_dict().items()}, str(tmp_path / "w.safetensors"))
     m = lg.load_llamagen(str(tmp_path / "w.safetensors"), t.config)
     P, C = t.config.cls_token_num, t.config.caption_dim
-    cap = lg.left_pad_caption(torch.randn(P, C), torch.arange(P) < 5)
+    cap = llamagen_io.left_pad_caption(torch.randn(P, C), torch.arange(P) < 5)
     assert cap.mask.tolist() == [False] * (P - 5) + [True] * 5 and cap.embedding[: P - 5].abs().max() == 0
     x = torch.randint(0, t.vocab_size, (2, 4))
     assert torch.equal(m.prefill(cap, x, cfg=True).logits, t.prefill(cap, x, cfg=True).logits)
@@ -156,7 +157,7 @@ def test_mismatched_checkpoint_names_keys_and_shapes(target):
 
 def test_decode_code_rejects_bad_codes_and_grids():
     """Both VQ decoders (LlamaGen's, Chameleon's VQGAN) share the code/grid checks: each bad input is named."""
-    from real.chameleon_vqgan import ChameleonVQGAN, VQGANConfig
+    from real.models.chameleon_vqgan import ChameleonVQGAN, VQGANConfig
 
     vqgan = ChameleonVQGAN(VQGANConfig(n_embed=64, embed_dim=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=32,
                                        resolution=8)).random_init(0)
@@ -237,8 +238,8 @@ def test_eagle_lantern_layout_round_trip(tmp_path, target):
 def test_eagle_cache_and_training(target):
     """Cached pair-by-pair drafting equals one block; training on recorded features lowers the loss and
     raises the drafter's top-1 agreement with the target."""
-    from real import engine
-    from real.sampling import Processing
+    from real.decode import engine
+    from real.decode.sampling import Processing
 
     d = EagleDrafter.from_target(target, seed=5)
     feats = record_features(target, 1, torch.arange(20))
@@ -292,7 +293,7 @@ def test_t5_captions_are_left_padded_features():
             ids[i, :len(w)], mask[i, :len(w)] = torch.tensor(w), 1
         return SimpleNamespace(input_ids=ids, attention_mask=mask)
 
-    caps = lg.t5_captions(["a red cat", "dog"], encoder=enc, tokenizer=tok, max_length=6)
+    caps = llamagen_io.t5_captions(["a red cat", "dog"], encoder=enc, tokenizer=tok, max_length=6)
     with torch.no_grad():
         ids = tok(["a red cat"], 6).input_ids
         ref = enc(input_ids=ids, attention_mask=(ids > 0).long()).last_hidden_state[0]
@@ -303,8 +304,8 @@ def test_t5_captions_are_left_padded_features():
 def test_bf16_keeps_rope_in_float32(target):
     """Cast to bf16 (the GPU setting): RoPE tables stay float32 (as upstream), logits stay float32 and
     close to the float32 model's, and greedy speculative decoding still equals greedy decoding."""
-    from real import engine
-    from real.sampling import Processing
+    from real.decode import engine
+    from real.decode.sampling import Processing
     from theory import rules
 
     t16 = lg.load_llamagen(target.state_dict(), target.config, dtype=torch.bfloat16)

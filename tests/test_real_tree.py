@@ -1,4 +1,4 @@
-"""Static-tree speculative decoding in the real engine (``real.engine.tree_generate``) on tiny random models:
+"""Static-tree speculative decoding in the real engine (``real.decode.engine.tree_generate``) on tiny random models:
 tree-masked forwards against separate path forwards, level-by-level drafting against chain drafting,
 cache compaction, greedy exactness, the end-of-image truncation, and losslessness of vanilla
 multi-candidate verification (chi-square against the exact law, with a negative control)."""
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from real import engine, steps
-from real.eagle import EagleDrafter
+from theory.tree import truncate_tree
+from real.decode import engine, steps, tree_steps
+from real.models.eagle import EagleDrafter
 from real.protocol import Caption, OneRow, Prompt
 from real.registry import hf_llama_pair, tiny_llamagen_pair
-from real.sampling import Processing
+from real.decode.sampling import Processing
 from theory import rules
 from theory.rules import Target, Vanilla, Verifier
 from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree
@@ -49,8 +50,8 @@ def _target(kind, llamagen, hf_models):
     if kind == "llamagen-t2i":
         t = tiny_llamagen_pair(seed=1, model_type="t2i")[0]
         return t, _t2i_cond(t), True
-    from real.hf import HFCausalLM
-    from real.llama import FastLlama
+    from real.adapters.hf import HFCausalLM
+    from real.models.llama import FastLlama
 
     wrap = HFCausalLM if kind == "hf" else FastLlama.from_hf
     return wrap(hf_models[0]), Prompt(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([9, 8])), True
@@ -108,14 +109,14 @@ def _drafter(kind, llamagen, hf_models):
         return t, d, 3
     if kind == "eagle":
         return t, EagleDrafter.from_target(t, seed=3), 3
-    from real.hf import HFCausalLM
+    from real.adapters.hf import HFCausalLM
 
     return HFCausalLM(hf_models[0]), HFCausalLM(hf_models[1]), Prompt(torch.tensor([1, 2, 3]), torch.tensor([7]))
 
 
 @pytest.mark.parametrize("kind", ["layerskip", "eagle", "hf"])
 def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models):
-    """``real.steps.draft_tree`` (one forward per level with the (S, K) tree mask over the tree entries
+    """``real.decode.tree_steps.draft_tree`` (one forward per level with the (S, K) tree mask over the tree entries
     already in the draft cache) gives at every inner node the draft row that chain drafting along the
     node's path gives; the children of a node are distinct tokens of positive probability under that row;
     after rolling the tree entries back, the draft continues as if the tree had never been drafted."""
@@ -125,7 +126,7 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
     B = 2
     g = torch.Generator().manual_seed(2)
     seq = torch.randint(0, d.vocab_size, (5,), generator=g)             # committed tokens, seq[-1] = the root
-    plan = steps.tree_plan(TREE, torch.device("cpu"))
+    plan = tree_steps.tree_plan(TREE, torch.device("cpu"))
     D = t.config.dim if feat else None
 
     def level0():
@@ -154,7 +155,7 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
         dm.prefill(cond, cfg=True)
         run.d_off = d.cache_len
     L0 = run.d_off + len(seq)
-    tokens, q, fwd = steps.draft_tree(run, plan)
+    tokens, q, fwd = tree_steps.draft_tree(run, plan)
     tokens, q = tokens[0], q[0]
     assert fwd == TREE.depth and d.cache_len == L0 + plan.n_fed        # the feed, then one forward per level
     # rolled back, the draft continues from the committed tokens exactly
@@ -194,8 +195,8 @@ def test_greedy_tree_decoding_equals_greedy_decoding(kind, cfg_scale, paths, lla
     tree = Tree(paths)
     T = 40
     if kind in ("hf", "fast"):
-        from real.hf import HFCausalLM
-        from real.llama import FastLlama
+        from real.adapters.hf import HFCausalLM
+        from real.models.llama import FastLlama
 
         wrap = HFCausalLM if kind == "hf" else FastLlama.from_hf
         t, d = wrap(hf_models[0]), wrap(hf_models[1])
@@ -215,7 +216,7 @@ def test_greedy_tree_decoding_equals_greedy_decoding(kind, cfg_scale, paths, lla
     n = 0
     for r in g.rounds:
         D = 0 if n == 0 else min(tree.depth, T - n - 1)
-        assert r.depth == D and r.drafted == (engine.truncate_tree(tree, D).n_nodes if D else 0)
+        assert r.depth == D and r.drafted == (truncate_tree(tree, D).n_nodes if D else 0)
         assert 0 <= r.accepted <= D and len(r.nodes) == r.accepted
         n += r.accepted + 1
     assert n == T and g.target_forwards == len(g.rounds)
@@ -228,7 +229,7 @@ def test_truncation_at_the_end_of_an_image(llamagen):
     single target step is taken when one token is left (T = 1: the prefill alone)."""
     t, d = llamagen
     for depth in range(0, 7):
-        cut = engine.truncate_tree(TREE, depth)
+        cut = truncate_tree(TREE, depth)
         if depth == 0:
             assert cut is None
             continue
@@ -256,7 +257,7 @@ def test_engine_cache_after_sampled_tree_rounds_equals_fresh_prefill(kind, llama
     target's cache holds exactly [prefix; x_0 .. x_{T-2}]: forwarding x_{T-1} gives the logits of a fresh
     prefill of the whole output."""
     if kind == "hf":
-        from real.hf import HFCausalLM
+        from real.adapters.hf import HFCausalLM
 
         t, d = HFCausalLM(hf_models[0]), HFCausalLM(hf_models[1])
         cond = Prompt(torch.tensor([1, 2, 3, 4]), torch.tensor([5]))
@@ -319,7 +320,7 @@ def test_api_records_and_bad_input(llamagen):
     b = engine.tree_generate(t, d, 1, num_tokens=20, verifier=rules.cool_sd(2.0), tree=SMALL, processing=proc, seed=3)
     assert torch.equal(a.tokens, b.tokens)
     for r in a.rounds:
-        N = engine.truncate_tree(SMALL, r.depth).n_nodes if r.depth else 0
+        N = truncate_tree(SMALL, r.depth).n_nodes if r.depth else 0
         if N == 0:                                           # single target steps: one row, no draft row
             assert r.p.shape == (1, 256) and r.q.shape == (0, 256) and r.drafts.shape == (1,)
             continue

@@ -198,3 +198,59 @@ def test_import_circle_check_detects_a_circle(tmp_path):
     for p in ("theory", "real", "coolsd"):
         (tmp_path / p).mkdir()
     assert _import_circles(tmp_path) == [["sim.a", "sim.b", "sim.c"]]
+
+
+# The boundaries of real/ (real/__init__.py): which of our modules each part may import. A prefix allows the
+# module and everything below it. The registry and the zoo compose models and may import anything of ours
+# except coolsd (test_dependency_direction).
+REAL_RULES = {
+    "real.protocol": ("theory",),
+    "real.decode": ("theory", "real.protocol", "real.nn", "real.decode"),
+    "real.nn": ("real.protocol", "real.nn"),
+    "real.models": ("theory", "real.protocol", "real.nn", "real.models"),
+    "real.adapters": ("theory", "real.protocol", "real.nn", "real.models", "real.adapters"),
+}
+
+
+def _layering_violations(root=ROOT):
+    """(module, imported module) for every import of ours that a part of real/ may not make (REAL_RULES);
+    package ``__init__`` imports of ``real`` itself are ignored (importing a submodule runs them anyway)."""
+    bad = []
+    for mod, deps in sorted(_import_graph(root).items()):
+        part = next((p for p in REAL_RULES if mod == p or mod.startswith(p + ".")), None)
+        if part is None:
+            continue
+        for d in sorted(deps):
+            if d == "real" or not d.split(".")[0] in OUR_PACKAGES:
+                continue
+            if not any(d == a or d.startswith(a + ".") for a in REAL_RULES[part]):
+                bad.append((mod, d))
+    return bad
+
+
+def test_real_layering():
+    assert _layering_violations() == []
+
+
+def test_layering_check_detects_a_forbidden_import(tmp_path):
+    # the decoder importing a model (absolute and relative), a layer importing the decoder: three violations;
+    # the decoder importing theory and the protocol, a model importing real.nn: allowed
+    for d in ("theory", "sim", "coolsd", "real", "real/decode", "real/nn", "real/models"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "__init__.py").write_text("")
+    (tmp_path / "theory" / "verify.py").write_text("")
+    (tmp_path / "real" / "protocol.py").write_text("")
+    (tmp_path / "real" / "models" / "llamagen.py").write_text("from real.nn import layers\n")
+    (tmp_path / "real" / "nn" / "layers.py").write_text("def f():\n    from real.decode import engine\n")
+    (tmp_path / "real" / "decode" / "engine.py").write_text(
+        "from theory import verify\nfrom real.protocol import x\nfrom real.models import llamagen\n")
+    (tmp_path / "real" / "decode" / "steps.py").write_text("from ..models.llamagen import LlamaGen\n")
+    assert _layering_violations(tmp_path) == [("real.decode.engine", "real.models.llamagen"),
+                                              ("real.decode.steps", "real.models.llamagen"),
+                                              ("real.nn.layers", "real.decode.engine")]
+
+
+def test_modules_stay_under_500_lines():
+    long = {f.relative_to(ROOT).as_posix(): n for pkg in OUR_PACKAGES for f in (ROOT / pkg).rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > 500}
+    assert long == {}

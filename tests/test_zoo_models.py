@@ -84,7 +84,7 @@ def test_eagle_quality_reproduces(target):
 
 
 def test_wrong_checkpoint_is_named():
-    from real import llamagen as lg
+    from real.models import llamagen as lg
 
     wrong = lg.LlamaGen(gpt.llamagen_config(64, 3, 4))
     with pytest.raises(ValueError, match="unexpected keys.*layers.3"):

@@ -4,7 +4,7 @@ Each entry (``Method``) holds the factory that builds the rule from ``theory.rul
 parameters (``Param``: type, default, allowed range or choices, the flat option name used on the
 command line), whether it needs a codebook neighbour table (LANTERN family), and a display label.
 Used by the CLI (``coolsd generate``, ``coolsd theory table``), the demo, the simulator's validation
-grid and method comparison, and ``coolsd sweep`` (through ``real.methods``, which adds devices).
+grid and method comparison, and ``coolsd sweep`` (through ``real.decode.methods``, which adds devices).
 
 Adding a method or a variant is one entry::
 

@@ -66,7 +66,6 @@ def _schedule_at(schedule, i, p, xp):
     return w if isinstance(w, float | int) else w[..., None]
 
 
-_ratio_min1 = ratio_min1  # one definition, in theory._xp (shared with theory.lantern)
 
 
 # --------------------------------------------------------------------------- acceptance rules
@@ -77,7 +76,7 @@ class Vanilla:
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
-        return _ratio_min1(p, q, xp)
+        return ratio_min1(p, q, xp)
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ class Scaled:
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
-        return _ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
+        return ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
 
 
 # the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
@@ -105,7 +104,7 @@ class Level:
     def __call__(self, p, q, i):
         xp = namespace(p, q)
         a = _schedule_at(self.levels, i, p, xp)
-        v = _ratio_min1(p, q, xp)
+        v = ratio_min1(p, q, xp)
         return v + a * (1 - v)
 
 

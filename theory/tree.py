@@ -133,6 +133,37 @@ class TreeVerdict(NamedTuple):
     last_node: Array   # (...,) int64: the last accepted node (0 = root)
 
 
+def parse_tree(spec: str, L: int) -> "Tree":
+    """A tree spec (the CLI's ``--tree``) -> ``Tree``: eagle25, eagle57, chain (``chain_tree(L)``) or a JSON list of
+    paths such as '[[0],[1],[0,0]]'."""
+    import json
+
+    named = {"eagle25": EAGLE_25, "eagle57": EAGLE_57}
+    key = spec.strip().lower()
+    if key in named:
+        return Tree(named[key])
+    if key == "chain":
+        return chain_tree(L)
+    try:
+        paths = json.loads(spec)
+        if not isinstance(paths, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in paths):
+            raise TypeError
+    except (ValueError, TypeError):
+        raise ValueError(f"--tree must be eagle25, eagle57, chain or a JSON list of paths like '[[0],[1],[0,0]]', "
+                         f"got {spec!r}") from None
+    return Tree(tuple(tuple(p) for p in paths))
+
+
+def truncate_tree(tree: "Tree", depth: int) -> "Tree | None":
+    """The tree without its nodes deeper than ``depth`` (None when depth < 1): still a valid tree,
+    since a node's parent and lower-ranked siblings are never deeper than the node."""
+    if depth < 1:
+        return None
+    if depth >= tree.depth:
+        return tree
+    return Tree(tuple(p for p in tree.paths if len(p) <= depth))
+
+
 def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
                               exponential: Array | None = None) -> Array:
     """The first m candidates of a node (section 9): a sequential draw without replacement from rows q (..., V). Give
@@ -165,7 +196,7 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
       u_accept (..., N+1)     one uniform per node: candidate n is accepted iff u_accept[n] < f(token[n])
       u_sample (...,)         uniform for the final token
       max_depth (...,)        optional int: the walk of that round stops at this depth (its tree truncated
-                              there, as ``real.engine`` does at the end of an image in a ragged batch);
+                              there, as ``real.decode.engine`` does at the end of an image in a ragged batch);
                               default: the whole tree
     The walk loops over at most N + depth steps (a static bound, not over batch elements); every step
     tries one candidate for every unfinished round. ``early_exit=True`` stops as soon as every round has

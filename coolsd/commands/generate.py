@@ -3,7 +3,7 @@
   coolsd generate --model llamagen-tiny --method cool-sd --delta 2 --json
   coolsd generate --model llamagen-tiny --method vanilla --tree eagle25
 
-Models come from ``real.registry`` (``--list-models``); methods from ``real.methods``.
+Models come from ``real.registry`` (``--list-models``); methods from ``real.decode.methods``.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def register(sub):
                    help="images to generate (default 1, or one per --prompts / --captions entry)")
     s.add_argument("--batch-size", type=int, default=None,
                    help="images generated together in one engine batch (default: all --num-images, at most "
-                        "real.engine.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
+                        "real.decode.engine.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
     s.add_argument("--num-tokens", type=int, default=None, help="tokens per image (default: the whole image)")
     s.add_argument("--class-id", type=int, default=None, help="c2i class (default: seeded random per image)")
     r = g.add_argument_group("run")
@@ -57,7 +57,7 @@ def register(sub):
     r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
     r.add_argument("--compile", nargs="?", const="default", default=None,
                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
-                   help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.blocks; falls back "
+                   help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.nn.blocks; falls back "
                         "to eager with a warning when compilation fails); mode default, or reduce-overhead for "
                         "CUDA graphs. On CPU it does not pay at batch 1 (benchmarks/bench_engine.py --compile)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
@@ -77,7 +77,7 @@ def add_checkpoint_args(p):
     c.add_argument("--image-size", type=int, default=None)
     c.add_argument("--target-ckpt", default=None)
     c.add_argument("--target-size", default=None, help="B, L, XL, XXL (default XL)")
-    c.add_argument("--target-pretrained", default=None, help="download a published checkpoint (real.llamagen.PRETRAINED)")
+    c.add_argument("--target-pretrained", default=None, help="download a published checkpoint (real.models.llamagen_io.PRETRAINED)")
     c.add_argument("--draft-ckpt", default=None)
     c.add_argument("--draft-size", default=None, help="B, L, XL, XXL (default B)")
     c.add_argument("--draft-pretrained", default=None)
@@ -119,11 +119,12 @@ def generate(args) -> dict:
     import numpy as np
     import torch
 
-    from real import engine
-    from real.methods import MethodParams, make_verifier, method_processing
+    from real.decode import engine
+    from real.decode.methods import MethodParams, make_verifier, method_processing
     from real.registry import BuildOptions, build
-    from real.sampling import Processing
+    from real.decode.sampling import Processing
     from theory import methods as registry
+    from theory.tree import parse_tree
 
     if args.dtype is None:
         dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -209,8 +210,8 @@ def generate(args) -> dict:
 
 
 def _compile(bundle, mode: str) -> None:
-    """--compile: route the target's and the draft's decoder blocks through ``real.blocks.compile_blocks``."""
-    from real.blocks import compile_blocks
+    """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
+    from real.nn.blocks import compile_blocks
 
     for name, m in (("target", bundle.target), ("draft", bundle.draft)):
         if m is None:
@@ -220,26 +221,6 @@ def _compile(bundle, mode: str) -> None:
         except ValueError as e:
             raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
                              "drafters)") from None
-
-
-def parse_tree(spec: str, L: int):
-    """--tree value -> theory.tree.Tree: eagle25, eagle57, chain (chain_tree(L)) or a JSON list of paths."""
-    from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree
-
-    named = {"eagle25": EAGLE_25, "eagle57": EAGLE_57}
-    key = spec.strip().lower()
-    if key in named:
-        return Tree(named[key])
-    if key == "chain":
-        return chain_tree(L)
-    try:
-        paths = json.loads(spec)
-        if not isinstance(paths, list) or not all(isinstance(p, list) and all(isinstance(r, int) for r in p) for p in paths):
-            raise TypeError
-    except (ValueError, TypeError):
-        raise ValueError(f"--tree must be eagle25, eagle57, chain or a JSON list of paths like '[[0],[1],[0,0]]', "
-                         f"got {spec!r}") from None
-    return Tree(tuple(tuple(p) for p in paths))
 
 
 def _plain(x):
@@ -362,13 +343,13 @@ CODEBOOK_NEEDS_VQ = ("llamagen", "lumina-mgpt")        # codebook only with --vq
 
 
 def _validate_method(args) -> None:
-    from real.methods import METHODS
+    from real.decode.methods import METHODS
 
-    from real.methods import MethodParams, method_params
+    from real.decode.methods import MethodParams, method_params
     from theory import methods as registry
 
     method = str(args.method).lower()
-    if method not in tuple(m.lower() for m in METHODS) + ("ar", "lantern+gstar"):
+    if method not in tuple(m.lower() for m in METHODS) + ("ar",) + tuple(registry.ALIASES):
         raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")
     if method != "ar":   # the registry's ranges (e.g. --delta > 0) checked before any model is built
         params = MethodParams(**{f: getattr(args, f, None) for f in registry.flags()})
@@ -426,7 +407,7 @@ def _validate_model_options(args) -> None:
                              f"the draft is {kind!r}")
         if kind == "eagle" and not _given(args, "drafter_dir"):
             raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
-        from real.llamagen import CONFIGS
+        from real.models.llamagen import CONFIGS
 
         for d in ("target_size", "draft_size"):
             if _given(args, d) and getattr(args, d) not in CONFIGS:
@@ -435,7 +416,7 @@ def _validate_model_options(args) -> None:
             raise ValueError("--vq-size configures --vq-ckpt; give --vq-ckpt too")
         for d in ("target_pretrained", "draft_pretrained"):
             if _given(args, d):
-                from real.llamagen import PRETRAINED
+                from real.models.llamagen_io import PRETRAINED
 
                 if getattr(args, d) not in PRETRAINED:
                     raise ValueError(f"{_flag(d)}: unknown checkpoint {getattr(args, d)!r}; "
@@ -458,7 +439,7 @@ def _validate_inputs(args) -> None:
     if args.drafter_dir is not None and not os.path.isdir(args.drafter_dir):
         raise ValueError(f"--drafter-dir: {args.drafter_dir!r} is not an existing directory")
     if args.captions is not None:
-        from real.checkpoint import load_captions
+        from real.nn.checkpoint import load_captions
 
         args._caption_count = len(load_captions(args.captions))
     if args.prompts is not None:

@@ -84,7 +84,7 @@ def config(args):
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
     if args.tree is not None:
-        from coolsd.commands.generate import parse_tree
+        from theory.tree import parse_tree
 
         parse_tree(args.tree, args.L)
     from real.registry import BuildOptions

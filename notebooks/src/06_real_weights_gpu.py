@@ -37,8 +37,8 @@ if HAVE:
                  vq=WEIGHTS / "vq_ds16_c2i.pt", vqsize="VQ-16", image_size=384)
 else:
     # tiny random models written in the upstream layouts: the loader and CLI path are the real ones
-    from real import llamagen as lg
-    from real.vq import VQModel, vq_config
+    from real.models import llamagen as lg
+    from real.models.vq import VQModel, vq_config
 
     tmp = pathlib.Path(tempfile.mkdtemp())
     torch.save({"model": lg.LlamaGen(lg.config("tiny")).random_init(0, std=0.05, output_std=0.2).state_dict()},

@@ -1,6 +1,6 @@
 """The zoo's class-conditional LlamaGen target, its small independent draft and its EAGLE-1 drafter.
 
-All three are *our* implementations (``real.llamagen.LlamaGen``, ``real.eagle.EagleDrafter``) over the
+All three are *our* implementations (``real.models.llamagen.LlamaGen``, ``real.models.eagle.EagleDrafter``) over the
 shipped VQ tokenizer's 7x7 grid of 512 codes: class prefix (10 digits + the CFG null class, index 10),
 49 image tokens in raster order. Public API (shipped weights ``checkpoints/{target,draft,eagle}.safetensors``)::
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from real import llamagen as lg
+from real.models import llamagen as lg
 
 TARGET = "target.safetensors"
 DRAFT = "draft.safetensors"
@@ -135,7 +135,7 @@ def load_draft() -> lg.LlamaGen:
 def load_eagle(target: lg.LlamaGen | None = None):
     """The shipped EAGLE-1 drafter on ``target`` (default: a fresh ``load_target()``); it drafts through the
     target's own LM head, so pass the target the engine will verify with."""
-    from real.eagle import EagleConfig, EagleDrafter
+    from real.models.eagle import EagleConfig, EagleDrafter
 
     from .checkpoint import load_into, manifest_entry
 

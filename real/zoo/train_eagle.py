@@ -1,7 +1,7 @@
 """Train the EAGLE-1 drafter of the shipped target and ship it: ``python -m real.zoo.train_eagle``.
 
-The drafter (``real.eagle.EagleDrafter``: one decoder layer on (token, target feature) pairs, drafting
-through the target's own LM head) is fitted with ``real.eagle.train_eagle`` (EAGLE-1 objective) to the
+The drafter (``real.models.eagle.EagleDrafter``: one decoder layer on (token, target feature) pairs, drafting
+through the target's own LM head) is fitted with ``real.models.eagle.train_eagle`` (EAGLE-1 objective) to the
 target's last hidden states along training sequences: the train digits' codes (unshifted, and shifted
 copies as in the target's training), each with its class and, for a ``--null-frac`` share, with the null
 class (classifier-free guidance runs the drafter on the null row too). Quality on the held-out digits:
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from real.eagle import EagleDrafter, train_eagle
+from real.models.eagle import EagleDrafter, train_eagle
 
 from . import vq
 from .checkpoint import manifest_entry
@@ -36,7 +36,7 @@ def parse(argv=None):
 
 def eagle_logits(target, drafter):
     """Teacher-forced drafter logits for x_1 .. x_48: pair (x_j, h_j) predicts the target's h_{j+1}, whose
-    head row predicts x_{j+1} (``real.eagle.eagle_pairs``)."""
+    head row predicts x_{j+1} (``real.models.eagle.eagle_pairs``)."""
     def f(labels, codes):
         h = target_features(target, labels, codes)
         with torch.no_grad():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from real import llamagen as lg
+from real.models import llamagen as lg
 
 from . import data, vq
 from .checkpoint import manifest_entry

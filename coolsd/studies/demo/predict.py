@@ -77,7 +77,7 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
 def chain_arrays(gens, L: int):
     """Stack the recorded chain rounds of several generations: p (R, L+1, V), q (R, L, V), drafts (R, L),
     n_drafted (R,), start (R,) (float64 for the theory)."""
-    from real.engine import records_to_arrays
+    from real.decode.engine import records_to_arrays
 
     recs, starts = [], []
     for g in gens:
@@ -164,7 +164,7 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
     forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for our renormalised LANTERN++
     resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
     over the depth groups in proportion): unbiased for the same means, at a few times the SE."""
-    from real.engine import truncate_tree
+    from theory.tree import truncate_tree
 
     D = tree.depth
     costly = _costly_resampler(verifier)
@@ -220,7 +220,7 @@ def time_verifier(kind: str, arrays_or_groups, verifier, tree: Tree | None, n: i
     from theory.tree import verify_tree
     from theory.verify import verify_chain
 
-    from real.engine import truncate_tree
+    from theory.tree import truncate_tree
 
     g = torch.Generator(device=device).manual_seed(0)
     if kind == "chain":

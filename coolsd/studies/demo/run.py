@@ -72,8 +72,8 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
     """Run the whole job and write report.json, report.md and the figures into ``out``; returns the report."""
     from tqdm import tqdm
 
-    from real import engine
-    from real.sampling import Processing
+    from real.decode import engine
+    from real.decode.sampling import Processing
 
     from real.zoo import gpt, vq
     from real.zoo.checkpoint import read_manifest
@@ -144,7 +144,7 @@ def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, t
 
 def unit_costs(stats: dict, ar_stats: dict) -> dict:
     """Measured unit costs (seconds) from summarized runs: AR step, draft step, target pass, verifier and
-    bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.engine.summarize``)."""
+    bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.decode.engine.summarize``)."""
     R = stats["rounds"]
     other = stats["seconds"] - stats["time_draft_s"] - stats["time_target_s"] - stats["time_verify_s"]
     return {"ar_step_s": ar_stats["seconds"] / ar_stats["tokens"],

@@ -1,5 +1,5 @@
 """What ``coolsd demo`` runs: image geometry (``T_IMAGE`` tokens in rows of ``ROWS``), the static trees,
-the ``Settings`` dataclass and the list of runs (``Spec``, ``specs``; each a method of ``real.methods``)."""
+the ``Settings`` dataclass and the list of runs (``Spec``, ``specs``; each a method of ``real.decode.methods``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ SMALL_TREE = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (1
 class Settings:
     """What the demo runs. ``quick`` only shrinks the sample counts (tests)."""
     n_images: int = 500                # per method, balanced over the 10 classes (class = i mod 10)
-    batch_size: int = 50               # digits generated together (real.engine.generate); AR at the same size
+    batch_size: int = 50               # digits generated together (real.decode.engine.generate); AR at the same size
     L: int = 4                         # chain draft length
     cfg_scale: float = 2.0
     temperature: float = 1.0
@@ -71,7 +71,7 @@ class Spec:
 def specs(s: Settings, neighbors) -> list[Spec]:
     """The runs of the demo (besides plain AR), in order; the first chain and tree runs are vanilla and
     record rows for the predictions. ``neighbors`` (V, >= k+1) the codebook neighbour table."""
-    from real.methods import make_verifier
+    from real.decode.methods import make_verifier
 
     nb = np.asarray(neighbors)
     nb_dev = torch.as_tensor(nb, device=s.device)     # no host-to-device copy of the table per round

@@ -63,7 +63,7 @@ def load(store: Store, cfg: SweepConfig, unit: Unit) -> dict:
 
 
 def _stats(d: dict) -> dict:
-    """``real.engine.summarize``-like totals of a merged setting (for ``coolsd.studies.demo.unit_costs``)."""
+    """``real.decode.engine.summarize``-like totals of a merged setting (for ``coolsd.studies.demo.unit_costs``)."""
     return {"rounds": int(d["image_rounds"].sum()), "seconds": float(d["image_seconds"].sum()),
             "tokens": int(d["tokens"].size), "draft_forwards": int(d["image_draft_forwards"].sum()),
             "time_draft_s": float(d["round_t_draft"].sum()), "time_target_s": float(d["round_t_target"].sum()),

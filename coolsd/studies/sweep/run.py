@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from real.engine import generate
-from real.sampling import Processing
+from real.decode.engine import generate
+from real.decode.sampling import Processing
 
 from .grid import Setting
 from .store import Store
@@ -143,7 +143,7 @@ class Context:
     """The models and everything a unit needs, loaded once per rank."""
 
     def __init__(self, cfg: SweepConfig, dist: Dist):
-        from coolsd.commands.generate import parse_tree
+        from theory.tree import parse_tree
         from real.registry import BuildOptions, build
 
         self.cfg = cfg
@@ -176,7 +176,7 @@ class Context:
         return [self.bundle.conds[i % len(self.bundle.conds)] for i in idx]
 
     def verifier(self, s: Setting):
-        from real.methods import make_verifier
+        from real.decode.methods import make_verifier
 
         if s.key not in self._verifiers:
             self._verifiers[s.key] = make_verifier(s.method, self.L, neighbors=self.bundle.neighbors,
@@ -187,7 +187,7 @@ class Context:
 
 def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
     """Generate one unit; returns (arrays, meta) for the store."""
-    from real.methods import method_processing
+    from real.decode.methods import method_processing
     from coolsd.studies.demo.predict import chain_arrays, tree_records
 
     cfg, b = ctx.cfg, ctx.bundle

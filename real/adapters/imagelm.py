@@ -12,7 +12,7 @@ structural tokens of a family's image layout are the adapter's business:
   first code of the next row). A forced token is a point mass for target and draft alike, so leaving
   it out of verification changes nothing: p and q at every engine position are the family's
   constrained distributions (the code logits only; non-code tokens masked), with CFG and top-k
-  applied by ``real.sampling.Processing`` identically to both;
+  applied by ``real.decode.sampling.Processing`` identically to both;
 * the trailer (eoi, ...) follows the last code; the engine never feeds it (``image_sequence`` writes
   the complete token sequence of an image, ``ImageLayout.check`` verifies one).
 
@@ -21,19 +21,19 @@ positional mask, then top-k): CFG is affine per token, and Lumina-mGPT's / trans
 log-softmax scores differs from CFG on logits by a per-row constant, which the renormalisation over
 the codes removes.
 
-``ImageTokenLM`` subclasses ``real.hf.HFCausalLM`` and reuses its DynamicCache, left-padded CFG pair,
+``ImageTokenLM`` subclasses ``real.adapters.hf.HFCausalLM`` and reuses its DynamicCache, left-padded CFG pair,
 positions, tree masks, rollback and keep; it only maps the visible (code) stream to the model's
 stream. Visible quantities: ``cache_len`` counts prefix + codes (row-end entries hidden);
 ``forward(position_ids=...)`` takes visible positions (code index = position - prefix length decides
 where a row end is forced, so tree levels at any depth get theirs) and (S, K) masks over visible
-entries (``real.engine.tree_generate`` drafts level by level with them); ``rollback(n)`` drops the
+entries (``real.decode.engine.tree_generate`` drafts level by level with them); ``rollback(n)`` drops the
 last n visible entries with their row-end tokens; ``keep(indices)`` keeps a root path of the last
 block (depths 0..k-1) with its row-end tokens. Image logits come from the hidden states through the rows of the
 output head that belong to the codes (or a family's own generation head), never through the model's
 full-vocabulary forward (Chameleon's forward sets every image logit to the dtype minimum).
 
-Modules: the index arithmetic of the image token stream is ``real.image_layout`` (pure, tested without
-a model), the EAGLE drafter pieces ``real.imagelm_eagle``, the loading helpers ``real.imagelm_loading``;
+Modules: the index arithmetic of the image token stream is ``real.adapters.image_layout`` (pure, tested without
+a model), the EAGLE drafter pieces ``real.adapters.imagelm_eagle``, the loading helpers ``real.adapters.imagelm_loading``;
 this module holds the adapter and re-exports the others' public names.
 """
 from __future__ import annotations
@@ -44,16 +44,11 @@ import torch
 from torch import nn
 
 from .hf import HFCausalLM
-from .layers import linear
+from real.nn.layers import linear
 from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, entry_mask, kept_entries, visible_cut
-from .imagelm_eagle import AdapterEagle, eagle_for, load_adapter_eagle, tiny_draft
-from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained, hf_loading_errors, truncated_hf
-from .protocol import ModelOutput, Prompt
+from real.protocol import ModelOutput, Prompt
 
-# the layout (pure index arithmetic), the EAGLE pieces and the loading helpers live in real.image_layout,
-# real.imagelm_eagle and real.imagelm_loading; they are re-exported here for the family modules and callers
-__all__ = ["ImageLayout", "ImageTokenLM", "hf_loading_errors", "hf_from_pretrained", "truncated_hf", "embedding_dominated_init",
-           "AdapterEagle", "eagle_for", "load_adapter_eagle", "tiny_draft", "CodeDecoder"]
+__all__ = ["ImageTokenLM"]
 
 
 class ImageTokenLM(HFCausalLM):

@@ -1,8 +1,8 @@
-"""The decoder block's tensor arithmetic as pure functions, shared by LlamaGen (``real.llamagen``) and the
-EAGLE-1 drafter (``real.eagle``), and its ``torch.compile``d variant.
+"""The decoder block's tensor arithmetic as pure functions, shared by LlamaGen (``real.models.llamagen``) and the
+EAGLE-1 drafter (``real.models.eagle``), and its ``torch.compile``d variant.
 
 A decoder layer of the engine is (i) ``block_pre``: norm, fused q/k/v projection and RoPE; (ii) the KV-cache
-write (``real.kvcache.KVCache.update``: host bookkeeping, never compiled); (iii) ``block_post``: attention
+write (``real.nn.kvcache.KVCache.update``: host bookkeeping, never compiled); (iii) ``block_post``: attention
 over the cached keys, output projection, residual, norm, SwiGLU, residual. (i) and (iii) hold every FLOP
 and no state, so they are what ``compile_blocks`` compiles, with dynamic shapes (the block length S and the
 key count K change from round to round) and one compiled graph shared by all layers (weights are
@@ -26,7 +26,7 @@ def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, e
               n_head: int, n_kv: int):
     """(i) of a decoder layer: x (B, S, dim), rot as ``apply_rope``, norm_w (dim,) or None (no input norm:
     EAGLE's layer 0), wqkv ((n_head + 2 n_kv) Dh, dim), or the q, k, v weights as a tuple (one fused GEMM,
-    ``real.layers.linear``) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh)."""
+    ``real.nn.layers.linear``) -> q (B, n_head, S, Dh), k, v (B, n_kv, S, Dh)."""
     h = x if norm_w is None else rms_norm(x, norm_w, eps)
     return rope_qkv(linear(h, wqkv), rot, n_head, n_kv)
 

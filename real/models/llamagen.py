@@ -25,16 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blocks import EAGER
-from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .kvcache import CachedRows, KVCache
-from .layers import (HeadGeometry, RMSNorm, SwiGLU, apply_rope, attend, gqa_heads,  # re-exported (moved)
-                     complex_rope, linear, rms_norm, rope_qkv, rope_table_2d)
-from .llamagen_io import PRETRAINED, download, left_pad_caption, t5_captions  # re-exported (moved)
-from .protocol import Caption, ModelOutput, Placed, as_conds
+from real.nn.blocks import EAGER
+from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
+from real.nn.kvcache import CachedRows, KVCache
+from real.nn.layers import (HeadGeometry, RMSNorm, SwiGLU, gqa_heads, complex_rope, linear, rms_norm, rope_qkv,
+                             rope_table_2d)
+from real.protocol import Caption, ModelOutput, Placed, as_conds
 
-__all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated",
-           "left_pad_caption", "t5_captions", "PRETRAINED", "download", "find_multiple", "complex_rope", "attend"]
+__all__ = ["LlamaGenConfig", "LlamaGen", "CONFIGS", "config", "load_llamagen", "truncated", "find_multiple"]
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -155,10 +153,10 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(c)
         self.attention_norm = RMSNorm(c.dim, c.norm_eps)
         self.ffn_norm = RMSNorm(c.dim, c.norm_eps)
-        self.fns = EAGER            # real.blocks.compile_blocks swaps in the compiled functions
+        self.fns = EAGER            # real.nn.blocks.compile_blocks swaps in the compiled functions
 
     def forward(self, x, rot, mask, cache=None, i=0):
-        """Pre-norm attention + SwiGLU residual block (``real.blocks.block_pre`` / ``block_post``, compilable):
+        """Pre-norm attention + SwiGLU residual block (``real.nn.blocks.block_pre`` / ``block_post``, compilable):
         x (B, S, dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
         a, n = self.attention, self.ffn_norm
         an = self.attention_norm
@@ -207,7 +205,7 @@ class CaptionEmbedder(nn.Module):
 # --------------------------------------------------------------------------- model
 
 class LlamaGen(Placed, CachedRows, nn.Module):
-    """LlamaGen GPT implementing ``real.protocol.ARModel`` for a batch of images (``real.kvcache.KVCache``,
+    """LlamaGen GPT implementing ``real.protocol.ARModel`` for a batch of images (``real.nn.kvcache.KVCache``,
     one row per image, two with CFG).
 
     Conditions: c2i an int class id (or 0-d tensor); t2i a ``Caption`` (left-padded flan-t5 features,
@@ -282,7 +280,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
 
     def keep(self, indices, counts=None) -> None:
         """Keep entries ``indices`` ((k,) or (rows, k), block-relative, in order) of the last forwarded block,
-        the first ``counts[r]`` in row r (``real.kvcache.KVCache.keep``)."""
+        the first ``counts[r]`` in row r (``real.nn.kvcache.KVCache.keep``)."""
         self._need_cache().keep(indices, counts)
 
     def _need_cache(self) -> KVCache:
@@ -391,7 +389,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
                 return_hidden: bool = False) -> ModelOutput:
         """Append image tokens (R, S) on every row's cache: logits (R, S, V) (+ hidden (R, S, D)).
         ``position_ids`` (S,) or (R, S) absolute positions (numpy: range-checked on the host; default:
-        each row's own cache length + arange(S)); ``attn_mask`` as ``real.kvcache.KVCache.begin``."""
+        each row's own cache length + arange(S)); ``attn_mask`` as ``real.nn.kvcache.KVCache.begin``."""
         cache = self._need_cache()
         tokens = self._check_tokens(tokens, cache.rows)
         S = tokens.shape[1]

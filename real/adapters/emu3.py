@@ -23,7 +23,7 @@ from .image_layout import ImageLayout
 from .imagelm import ImageTokenLM
 from .imagelm_eagle import tiny_pair
 from .imagelm_loading import CodeDecoder, embedding_dominated_init, hf_from_pretrained
-from .protocol import Prompt
+from real.protocol import Prompt
 
 __all__ = ["Emu3ImageLM", "emu3_layout", "tiny_emu3", "tiny_emu3_pair", "load_emu3", "emu3_prompt", "emu3_decoder",
            "EMU3_GEN_ID"]

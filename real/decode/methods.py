@@ -51,7 +51,7 @@ def neighbors_on(neighbors, device=None):
 def make_verifier(method: str, L: int, params=None, neighbors=None, device=None, **kw):
     """The ``theory.rules.Verifier`` for a method name (``theory.methods``) from flat options ``params``
     (MethodParams) and/or registry parameters ``kw``. LANTERN methods need the codebook neighbour table
-    ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.vq.codebook_neighbors``); with
+    ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.models.vq.codebook_neighbors``); with
     ``device`` the table is kept there as a torch tensor."""
     m = registry.get(method)
     nb = neighbors_on(neighbors, device) if m.needs_neighbors else None

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .blocks import EAGER
-from .layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d
-from .kvcache import CachedRows, KVCache
-from .protocol import ModelOutput, Placed
+from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
+from real.nn.blocks import EAGER
+from real.nn.layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d
+from real.nn.kvcache import CachedRows, KVCache
+from real.protocol import ModelOutput, Placed
 
 __all__ = ["EagleConfig", "EagleDrafter", "load_lantern_drafter", "save_lantern_drafter", "eagle_pairs",
            "record_features", "train_eagle"]
@@ -106,13 +106,13 @@ class _Layer(nn.Module):
         if index != 0:
             self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.fns = EAGER            # real.blocks.compile_blocks swaps in the compiled functions
+        self.fns = EAGER            # real.nn.blocks.compile_blocks swaps in the compiled functions
 
     def forward(self, x, rot, mask, cache=None, i=0):
         """x (B, S, hidden), rot (S or B x S, hd/2) complex, mask (B or 1, 1, S, K) bool or None -> (B, S,
         hidden). With ``cache`` the block's keys/values go into layer i's slots (inference); without, causal
-        attention over x (training). Norm, fused q/k/v projection and RoPE: ``real.blocks.block_pre`` (no norm in
-        layer 0); attention output, residual and SwiGLU: ``real.blocks.block_post``."""
+        attention over x (training). Norm, fused q/k/v projection and RoPE: ``real.nn.blocks.block_pre`` (no norm in
+        layer 0); attention output, residual and SwiGLU: ``real.nn.blocks.block_post``."""
         a = self.self_attn
         ln = getattr(self, "input_layernorm", None)
         q, k, v = self.fns.pre(x, rot, None if ln is None else ln.weight, 0.0 if ln is None else ln.eps, a.wqkv(),
@@ -129,7 +129,7 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
 
     ``head`` is the target's output ``nn.Linear`` (not registered here: it is the target's and stays
     frozen); ``head_index`` (V,) optionally maps image tokens 0..V-1 to the ids of a larger LM
-    vocabulary (rows of the head and of ``embed_tokens``), as ``real.hf.HFCausalLM(image_token_ids=...)``."""
+    vocabulary (rows of the head and of ``embed_tokens``), as ``real.adapters.hf.HFCausalLM(image_token_ids=...)``."""
     _placed_by = "fc.weight"
     needs_features = True
     batched = True

@@ -185,7 +185,7 @@ def _boi_id(path: str, model, processor) -> int:
 
 def janus_prompt(processor, text: str):
     """A ``Prompt`` through Janus' chat template in image-generation mode (ends with boi)."""
-    from .protocol import Prompt
+    from real.protocol import Prompt
 
     msgs = [{"role": "user", "content": [{"type": "text", "text": text}]}]
     prompt = processor.apply_chat_template(msgs, add_generation_prompt=True)

@@ -22,7 +22,7 @@ STATE_KEYS = ("model", "module", "state_dict")
 # file) belong here; no published value could be found for the LlamaGen, VQ-16 and LANTERN releases
 # when this table was written (README "Errors and safety"), so it is empty and downloads of those are
 # not verified. Add "repo/file": "hex" lines as they become known; the check runs after each download
-# (``verify_pinned``, to be called by ``real.llamagen_io.download``).
+# (``verify_pinned``, to be called by ``real.models.llamagen_io.download``).
 PINNED_SHA256: dict[str, str] = {}
 
 
@@ -53,7 +53,7 @@ def pinned_sha256(repo: str, filename: str) -> str | None:
 
 def verify_pinned(path: str | os.PathLike, repo: str, filename: str) -> str:
     """Check a downloaded published file against its pinned sha256 (when one is known); return the path.
-    Hook for ``real.llamagen_io.download``: ``return verify_pinned(hf_hub_download(repo, file, ...), repo, file)``."""
+    Hook for ``real.models.llamagen_io.download``: ``return verify_pinned(hf_hub_download(repo, file, ...), repo, file)``."""
     expected = pinned_sha256(repo, filename)
     if expected is not None:
         verify_sha256(path, expected, what=f"{repo}/{filename}")

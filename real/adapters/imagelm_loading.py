@@ -1,4 +1,4 @@
-"""Loading helpers for the multimodal LMs of ``real.imagelm`` (Chameleon / Lumina-mGPT, Janus, Emu3):
+"""Loading helpers for the multimodal LMs of ``real.adapters.imagelm`` (Chameleon / Lumina-mGPT, Janus, Emu3):
 checked ``from_pretrained``, layer-skip copies, the seeded initialisation of tiny test models, and
 ``CodeDecoder`` (codes -> pixels for ``coolsd generate --save``).
 """

@@ -1,5 +1,5 @@
-"""Transformer pieces shared by the LlamaGen GPT (``real.llamagen``), the EAGLE-1 drafter (``real.eagle``)
-and the fast Llama (``real.llama``): dense layers (``linear``, with packed / fused weight copies inside an
+"""Transformer pieces shared by the LlamaGen GPT (``real.models.llamagen``), the EAGLE-1 drafter (``real.models.eagle``)
+and the transformers adapters' heads (FastLlama, ``real.models.llama``, uses only ``RMSNorm``): dense layers (``linear``, with packed / fused weight copies inside an
 ``inference_weights`` scope), attention-head geometry of a config, RMSNorm, LlamaGen's 2-D RoPE (table,
 complex form, rotation), attention (``attend``) and its grouped-query form (``gqa_heads``), and the SwiGLU MLP
 with checkpoint-specific projection names.
@@ -40,7 +40,7 @@ _SCOPE = 0            # open ``inference_weights`` scopes
 @contextlib.contextmanager
 def inference_weights():
     """A scope in which ``linear`` keeps concatenated / oneDNN-packed copies of the ``nn.Parameter`` weights it
-    multiplies (the weights must not change inside; ``real.engine.generate`` runs in one). Leaving the outermost
+    multiplies (the weights must not change inside; ``real.decode.engine.generate`` runs in one). Leaving the outermost
     scope drops the copies, so outside one no weight is ever read from a copy (training with fused optimisers,
     ``swap_tensors`` conversions, in-place writes through ``.data`` or numpy views are all safe)."""
     global _SCOPE

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import extract_state_dict, load_checked, read_checkpoint
+from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from .vq import AttnBlock, ResnetBlock, Upsample, code_grid, group_norm, reset_convs, resnet_level, run_level  # shared with LlamaGen's VQ
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "read_vqgan_yaml", "load_chameleon_vqgan", "CHAMELEON_VQGAN",

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import extract_state_dict, load_checked, read_checkpoint
+from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 
 __all__ = ["VQConfig", "VQModel", "VQ_CONFIGS", "vq_config", "load_vq", "codebook_neighbors"]
 

@@ -17,7 +17,7 @@ import inspect
 
 import torch
 
-from .protocol import ModelOutput, block_mask, prompt_rows
+from real.protocol import ModelOutput, block_mask, prompt_rows
 
 __all__ = ["HFCausalLM"]
 

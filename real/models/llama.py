@@ -1,5 +1,5 @@
 """A gpt-fast-style Llama (static KV cache, no framework overhead) loaded from a transformers
-``LlamaForCausalLM``: the same weights and outputs as ``real.hf.HFCausalLM`` on that model, at a
+``LlamaForCausalLM``: the same weights and outputs as ``real.adapters.hf.HFCausalLM`` on that model, at a
 fraction of the per-call cost, which dominates small drafts.
 
 Architecture as in transformers' Llama (facts checked on 5.24): RMSNorm (float32 statistics), separate
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm
-from .protocol import ModelOutput, Placed, block_mask, prompt_rows
+from real.nn.layers import RMSNorm
+from real.protocol import ModelOutput, Placed, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]
 
@@ -61,7 +61,7 @@ class _Layer(nn.Module):
 class FastLlama(Placed, nn.Module):
     """``real.protocol.ARModel`` over a Llama checkpoint. Conditions are ``Prompt``s (a CFG pair is
     left-padded: padded prefix columns are masked, positions count from each row's first real token);
-    ``image_token_ids`` as in ``real.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
+    ``image_token_ids`` as in ``real.adapters.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
     _placed_by = "embed.weight"
     needs_features = False
 

@@ -1,4 +1,4 @@
-"""One static KV cache for the models that own theirs (LlamaGen, the EAGLE-1 drafter, FastLlama).
+"""One static KV cache for the models that own theirs (LlamaGen and the EAGLE-1 drafter; FastLlama has its own).
 
 gpt-fast style: per layer, preallocated key and value tensors (rows, n_kv, max_len, head_dim), written
 in place. Each row (an image, or one half of its classifier-free-guidance pair) has its own length,
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .protocol import check_attn_mask
+from real.protocol import check_attn_mask
 
 __all__ = ["KVCache", "CachedRows", "row_counts", "common_len"]
 

@@ -1,10 +1,10 @@
 """Plain autoregressive and speculative generation of a batch of images through ``real.protocol`` models.
 
 ``generate`` is the one loop: it splits the images into batches, runs round 0 (the target's prefill
-alone, ``real.steps.prefill_step``) and then one step function per round until every image has its T
+alone, ``real.decode.steps.prefill_step``) and then one step function per round until every image has its T
 tokens -- ``ar_step`` (plain AR), ``chain_step`` (chain drafts of length L, docs/theory.md section 1)
 or ``tree_step`` (static draft tree, section 9) -- and turns the steps into per-image records. The rules
-of a round and the ragged-batch conventions are in ``real.steps``; every image follows the law of the
+of a round and the ragged-batch conventions are in ``real.decode.steps``; every image follows the law of the
 batch-1 round whatever the batch (rows that drafted past their own L' are cut by ``n_drafted`` /
 ``max_depth`` in the shared verifiers), so greedy output is the same for every batch size.
 
@@ -26,13 +26,14 @@ import torch
 
 from theory.tree import Tree
 
-from .layers import inference_weights
-from .protocol import OneRow, as_conds, check_pair
+from real.nn.layers import inference_weights
+from real.protocol import OneRow, as_conds, check_pair
 from .sampling import Processing
-from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync, tree_step, truncate_tree
+from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
+from .tree_steps import tree_step
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
-           "summarize", "records_to_arrays", "truncate_tree", "default_batch_size", "MAX_BATCH"]
+           "summarize", "records_to_arrays", "default_batch_size", "MAX_BATCH"]
 
 MAX_BATCH = 64          # default images per batch (``generate(batch_size=None)``), lowered to fit memory
 
@@ -177,7 +178,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
     bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None,
                desc="AR decode" if draft is None else "tree decode" if tree is not None else "spec decode", leave=False)
     gens: list[Generation] = []
-    with inference_weights():            # packed / fused weight copies for this call only (real.layers.linear)
+    with inference_weights():            # packed / fused weight copies for this call only (real.nn.layers.linear)
         for a in range(0, len(conds), bs):   # a loop over batches
             gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, gen,
                                     record_rows, bar)

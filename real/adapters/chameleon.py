@@ -6,7 +6,7 @@ image logits are computed here from ``model.model``'s post-norm hidden states an
 the image tokens. Image tokens are the vocabulary entries named ``IMGIMG<letters>Z`` (letters A-J
 spell the decimal digits of the VQ code); engine token k = VQ code k is fed as LM id ``img2bpe[k]``
 (transformers' ``ChameleonImageVocabularyMapping``), an order that differs from the id order.
-``ChameleonVQVAE`` in transformers has an encoder only: pixels come from ``real.chameleon_vqgan``.
+``ChameleonVQVAE`` in transformers has an encoder only: pixels come from ``real.models.chameleon_vqgan``.
 
 Lumina-mGPT layout (Alpha-VLLM; read from the LANTERN release's copy of its inference code): the prompt
 is followed by boi ``<racm3:break>`` (id 8197), a height and a width token ``<reserved{8800+n}>`` with
@@ -153,8 +153,8 @@ def lumina_7b_config(max_position_embeddings: int = 4096):
 
 
 def tiny_vqgan(seed: int = 0, V: int = 64):
-    """A random tiny ``real.chameleon_vqgan.ChameleonVQGAN`` over V codes (downsampling 2)."""
-    from .chameleon_vqgan import ChameleonVQGAN, VQGANConfig
+    """A random tiny ``real.models.chameleon_vqgan.ChameleonVQGAN`` over V codes (downsampling 2)."""
+    from real.models.chameleon_vqgan import ChameleonVQGAN, VQGANConfig
 
     c = VQGANConfig(n_embed=V, embed_dim=8, ch=32, ch_mult=(1, 2), num_res_blocks=1, z_channels=32, resolution=8)
     return ChameleonVQGAN(c).random_init(seed).eval()
@@ -194,7 +194,7 @@ def lumina_prompt(tokenizer, caption: str, pixels: int = 768, negative: str | No
     """A ``Prompt`` in Lumina-mGPT's text-to-image template ("Generate an image of {p}x{p} according to
     the following prompt:\\n{caption}" + end-of-turn ``<reserved08706>``; the adapter appends boi and
     the size tokens)."""
-    from .protocol import Prompt
+    from real.protocol import Prompt
 
     def enc(text):
         ids = tokenizer(text + "<reserved08706>", add_special_tokens=True)["input_ids"]

@@ -1,4 +1,4 @@
-"""The token stream of one generated image in a multimodal LM (``real.imagelm``): pure index arithmetic,
+"""The token stream of one generated image in a multimodal LM (``real.adapters.imagelm``): pure index arithmetic,
 no model.
 
 ``ImageLayout`` holds an image's layout in the LM's id space (H x W codes in raster order, an optional

@@ -1,14 +1,14 @@
 """LlamaGen's published checkpoints and caption conditions: ``PRETRAINED`` (name -> Hugging Face repo,
 file, config), ``download`` (fetch and check a pinned checkpoint), ``t5_captions`` (flan-t5 features
 as ``Caption`` conditions) and ``left_pad_caption`` (upstream's t2i caption preprocessing).
-Re-exported by ``real.llamagen``, where the model and ``load_llamagen`` live.
+Re-exported by ``real.models.llamagen``, where the model and ``load_llamagen`` live.
 """
 from __future__ import annotations
 
 import torch
 
-from .checkpoint import verify_pinned
-from .protocol import Caption
+from real.nn.checkpoint import verify_pinned
+from real.protocol import Caption
 
 __all__ = ["PRETRAINED", "download", "t5_captions", "left_pad_caption"]
 

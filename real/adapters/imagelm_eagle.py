@@ -1,24 +1,29 @@
-"""EAGLE drafters for the multimodal LMs of ``real.imagelm``: ``AdapterEagle`` (a ``real.eagle``
+"""EAGLE drafters for the multimodal LMs of ``real.adapters.imagelm``: ``AdapterEagle`` (a ``real.models.eagle``
 drafter whose head is the target's image head), a fresh one sized to a target (``eagle_for``), one
 saved in LANTERN's layout (``load_adapter_eagle``), and the draft of the ``tiny_*_pair`` test pairs.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import json
 import os
 
 import torch
 
-from .checkpoint import extract_state_dict, load_checked, read_checkpoint
-from .eagle import EagleConfig, EagleDrafter
+from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
+from real.models.eagle import EagleConfig, EagleDrafter
 
-# ``ImageTokenLM`` in annotations is real.imagelm's adapter (not imported: real.imagelm imports this module)
+if TYPE_CHECKING:                       # annotations only: imagelm imports this module's users
+    from .imagelm import ImageTokenLM
+
+# ``ImageTokenLM`` in annotations is real.adapters.imagelm's adapter (not imported: real.adapters.imagelm imports this module)
 
 __all__ = ["AdapterEagle", "eagle_for", "load_adapter_eagle", "tiny_draft", "tiny_pair"]
 
 
 class AdapterEagle(EagleDrafter):
-    """``real.eagle.EagleDrafter`` drafting through an ``ImageTokenLM``'s image head (code rows of
+    """``real.models.eagle.EagleDrafter`` drafting through an ``ImageTokenLM``'s image head (code rows of
     the LM head, or Janus' generation head); ``embed_tokens`` holds the V code input embeddings."""
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -61,13 +66,13 @@ def tiny_pair(factory, wrap, seed: int, draft: str, device, dtype, kw: dict, *, 
 
 
 def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: float = 0.02):
-    """A fresh EAGLE-1 drafter (``real.eagle`` layout) for an ``ImageTokenLM`` target: hidden size,
+    """A fresh EAGLE-1 drafter (``real.models.eagle`` layout) for an ``ImageTokenLM`` target: hidden size,
     heads and MLP width of the target's decoder, 2-D RoPE over the H x W grid (square images only),
     embeddings = the target's code input embeddings, head = the target's image head (frozen). Train it
-    with ``real.eagle.record_features`` + ``train_eagle``."""
+    with ``real.models.eagle.record_features`` + ``train_eagle``."""
     lay = target.layout
     if lay.height != lay.width:
-        raise ValueError(f"real.eagle's 2-D RoPE needs a square grid, the layout is {lay.height} x {lay.width}")
+        raise ValueError(f"real.models.eagle's 2-D RoPE needs a square grid, the layout is {lay.height} x {lay.width}")
     bc = target.backbone.config
     c = EagleConfig(hidden_size=bc.hidden_size, intermediate_size=bc.intermediate_size,
                     num_attention_heads=bc.num_attention_heads, vocab_size=target.vocab_size,
@@ -78,7 +83,7 @@ def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: 
 
 
 def load_adapter_eagle(directory: str, target: ImageTokenLM):
-    """An EAGLE drafter saved with ``real.eagle.save_lantern_drafter`` (config.json + weights) for an
+    """An EAGLE drafter saved with ``real.models.eagle.save_lantern_drafter`` (config.json + weights) for an
     ``ImageTokenLM`` target; key / shape mismatches raise ValueError naming them."""
     cfg_path = os.path.join(directory, "config.json")
     if not os.path.exists(cfg_path):
