@@ -242,6 +242,7 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
     not the argmax followed by arbitrary zero-probability tokens (the without-replacement draw from a
     one-hot row, which this test would catch: its 2nd..m-th children are the lowest token ids)."""
     from real.decode import steps, tree_steps
+    from real.decode.rng import Streams
 
     t, d = tiny_llamagen_pair(seed=0, draft="small")
     proc = Processing(temperature=0.0, cfg_scale=3.0)
@@ -250,7 +251,7 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
     seq = torch.tensor([[5, 9, 17], [2, 40, 33]])
     out = torch.zeros(2, 80, dtype=torch.long)
     out[:, :3] = seq
-    run = steps.Run(t, d, proc, torch.Generator().manual_seed(0), torch.device("cpu"), 64, np.array([3, 3]), out)
+    run = steps.Run(t, d, proc, Streams(0, np.arange(2), "cpu"), torch.device("cpu"), 64, np.array([3, 3]), out)
     d.prefill([1, 4], cfg=True)
     run.d_off = d.cache_len
     tokens, q, _ = tree_steps.draft_tree(run, plan)

@@ -10,6 +10,7 @@ import torch
 
 from theory.tree import truncate_tree
 from real.decode import engine, steps, tree_steps
+from real.decode.rng import Streams
 from real.models.eagle import EagleDrafter
 from real.protocol import Caption, OneRow, Prompt
 from real.registry import hf_llama_pair, tiny_llamagen_pair
@@ -142,7 +143,7 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
     dm = d if getattr(d, "batched", False) else OneRow(d)
     out = torch.zeros(1, 80, dtype=torch.long)
     out[0, :len(seq)] = seq
-    run = steps.Run(t, dm, proc, torch.Generator().manual_seed(0), torch.device("cpu"), 64, np.array([len(seq)]), out,
+    run = steps.Run(t, dm, proc, Streams(0, np.arange(1), "cpu"), torch.device("cpu"), 64, np.array([len(seq)]), out,
                     feat=feat)
     if feat:
         h = t.prefill(cond, _expand(seq[:-1], B), cfg=True, return_hidden=True).hidden

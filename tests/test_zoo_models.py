@@ -163,6 +163,35 @@ def test_generate_mnist_cool_sd(capsys, tmp_path):
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == 49
 
 
+def _cli_tokens(tmp_path, *args):
+    from coolsd.cli import main
+
+    out = tmp_path / f"t{abs(hash(args))}.npz"
+    assert main(["generate", "--model", "mnist", *args, "--save", str(out)]) == 0
+    return np.load(out)["tokens"]
+
+
+@pytest.mark.parametrize("method", ["cool-sd", "greedy"])
+def test_seeded_images_do_not_depend_on_the_batch_size(tmp_path, method):
+    """Per-image random streams (real.decode.rng): image k depends only on (seed, k). The same draws, so the
+    tokens are identical, not only equal in law; another seed changes them (the test can fail)."""
+    args = ("--method", method, "--num-images", "8", "--seed", "3")
+    tok = {B: _cli_tokens(tmp_path, *args, "--batch-size", str(B)) for B in (1, 3, 8)}
+    assert tok[1].shape == (8, 49)
+    assert np.array_equal(tok[1], tok[3]) and np.array_equal(tok[1], tok[8])
+    if method != "greedy":
+        other = _cli_tokens(tmp_path, "--method", method, "--num-images", "8", "--seed", "4", "--batch-size", "8")
+        assert (other != tok[8]).any(1).sum() >= 6
+
+
+@pytest.mark.parametrize("mode", [("--method", "ar"), ("--method", "vanilla", "--draft", "small"),
+                                  ("--method", "lantern++", "--tree", "eagle25")])
+def test_seeded_images_do_not_depend_on_the_batch_size_in_every_mode(tmp_path, mode):
+    a = _cli_tokens(tmp_path, *mode, "--num-images", "5", "--seed", "11", "--batch-size", "1")
+    b = _cli_tokens(tmp_path, *mode, "--num-images", "5", "--seed", "11", "--batch-size", "5")
+    assert np.array_equal(a, b)
+
+
 # --- the main job, quick mode ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,10 @@ of a round and the ragged-batch conventions are in ``real.decode.steps``; every 
 batch-1 round whatever the batch (rows that drafted past their own L' are cut by ``n_drafted`` /
 ``max_depth`` in the shared verifiers), so greedy output is the same for every batch size.
 
-Uniforms come from one seeded ``torch.Generator`` on the model device (draft sampling, acceptance and
-the final draw), so runs are reproducible for a given (seed, batch size). Probabilities are float32
-(or float64) whatever the model dtype. Greedy decoding = temperature 0 (one-hot rows) with
+Every uniform an image uses (draft sampling, acceptance, the final draw) comes from its own counter-based
+stream (``real.decode.rng.Streams``), keyed by (seed, the image's index in the call, its round, the draw), so
+image k of a call depends only on (seed, k): not on the batch size nor on the other images of its batch.
+Probabilities are float32 (or float64) whatever the model dtype. Greedy decoding = temperature 0 (one-hot rows) with
 ``theory.rules.greedy()``; greedy static trees draft each node's top-m tokens (as EAGLE does).
 
 ``speculative_generate``, ``tree_generate`` and ``ar_generate`` generate one image (batch 1).
@@ -28,6 +29,7 @@ from theory.tree import Tree
 
 from real.nn.layers import inference_weights
 from real.protocol import OneRow, as_conds, check_pair
+from .rng import Streams
 from .sampling import Processing
 from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
 from .tree_steps import tree_step
@@ -149,7 +151,10 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
 
     Records: per image, one ``RoundRecord`` per round it took part in (chain: drafted L'; tree: nodes,
     depth, accepted nodes), the batch's wall times shared equally among its unfinished images, and with
-    ``record_rows`` the processed rows along the round (``theory.recorded`` predictions use them)."""
+    ``record_rows`` the processed rows along the round (``theory.recorded`` predictions use them).
+
+    Randomness: image k's draws depend only on (``seed``, k) (``real.decode.rng``); with ``generator`` (a
+    ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it."""
     from tqdm import tqdm
 
     conds = as_conds(conds)
@@ -174,23 +179,25 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
     bs = _check_batch(target, draft, len(conds), batch_size, processing)
     target, draft = (m if m is None or getattr(m, "batched", False) else OneRow(m) for m in (target, draft))
     dev = _device_of(target)
-    gen = generator or torch.Generator(device=dev).manual_seed(seed)
+    if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None,
                desc="AR decode" if draft is None else "tree decode" if tree is not None else "spec decode", leave=False)
     gens: list[Generation] = []
     with inference_weights():            # packed / fused weight copies for this call only (real.nn.layers.linear)
         for a in range(0, len(conds), bs):   # a loop over batches
-            gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, gen,
+            rng = Streams(seed, np.arange(a, min(a + bs, len(conds))), dev)
+            gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, rng,
                                     record_rows, bar)
     bar.close()
     return gens
 
 
-def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, gen, record, bar) -> list[Generation]:
+def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, record, bar) -> list[Generation]:
     B = len(conds)
     dev = _device_of(target)
     slack = 2 + (tree.depth if tree is not None else (L or 0))
-    run = Run(target, draft, proc, gen, dev, T, np.zeros(B, np.int64),
+    run = Run(target, draft, proc, rng, dev, T, np.zeros(B, np.int64),
               torch.zeros((B, T + slack), dtype=torch.long, device=dev),
               feat=bool(getattr(draft, "needs_features", False)), host=host_verification(dev, verifier))
     sync(dev)

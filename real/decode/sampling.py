@@ -114,9 +114,8 @@ class Processing:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "cfg_scale": self.cfg_scale}
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row: probs (..., V) -> (...,) int64, an inverse-CDF draw
-    (``theory.xp.sample_categorical``) with one uniform per row from the seeded ``generator``
-    (about 20x faster than torch.multinomial on (64, 512) rows on CPU)."""
-    u = torch.rand(probs.shape[:-1], generator=generator, device=probs.device, dtype=probs.dtype)
-    return sample_categorical(probs, u)
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row: probs (..., V) and uniforms u (...,) in [0, 1) -> (...,) int64, an inverse-CDF draw
+    (``theory.xp.sample_categorical``; about 20x faster than torch.multinomial on (64, 512) rows on CPU). The
+    engine's uniforms come from the images' own streams (``real.decode.rng.Streams``)."""
+    return sample_categorical(probs, u.to(device=probs.device, dtype=probs.dtype))

@@ -28,6 +28,8 @@ import torch
 
 from theory.verify import verify_chain
 
+from . import rng as R
+from .rng import Streams
 from .sampling import Processing, sample
 
 __all__ = ["Run", "Step", "prefill_step", "ar_step", "chain_step", "feed_draft", "draft_chain", "sync"]
@@ -45,7 +47,7 @@ class Run:
     target: object
     draft: object | None
     proc: Processing
-    gen: torch.Generator
+    rng: Streams                         # the batch's per-image random streams (real.decode.rng)
     dev: torch.device
     T: int
     n: np.ndarray                        # (B,) committed tokens per image
@@ -182,7 +184,7 @@ def prefill_step(run: Run, conds: list, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     check_finite(p)
-    x = sample(p[:, 0], run.gen)
+    x = sample(p[:, 0], run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     sync(run.dev)
     zeros = np.zeros(run.B, np.int64)
@@ -202,7 +204,7 @@ def ar_step(run: Run, record: bool) -> Step:
         store_hidden(run, o.hidden, pos)
     sync(run.dev)
     t1 = time.perf_counter()
-    x = sample(p[:, 0], run.gen)
+    x = sample(p[:, 0], run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
         run.target.rollback(run.rows(np.where(act, 0, 1)))
@@ -248,7 +250,7 @@ def draft_chain(run: Run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: in
     cap = run.d_off + run.T - 1
     for i in range(Lr):   # a loop over the L draft positions (each one batched over images)
         q = run.proc.rows(logits)
-        x = sample(q, run.gen)
+        x = sample(q, run.rng.uniform(run.n, R.DRAFT + i))
         xs.append(x)
         qs.append(q)
         if i < Lr - 1:
@@ -294,8 +296,8 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
     sync(run.dev)
     t2 = time.perf_counter()
     check_finite(p, q)
-    u_acc = torch.rand((run.B, Lr), generator=run.gen, device=run.dev, dtype=p.dtype)
-    u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
+    u_acc = run.rng.uniform(run.n, R.ACCEPT, (Lr,), p.dtype)
+    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
     v = verify_on(run, verify_chain, p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev),
                   check=False)
     tau = v.accepted.cpu().numpy()                                                     # the round's sync

@@ -14,6 +14,7 @@ import torch
 
 from theory.tree import Tree, draft_without_replacement, truncate_tree, verify_tree
 
+from . import rng as R
 from .steps import Run, Step, check_finite, commit, store_hidden, ar_step, feed_draft, sync, verify_on
 
 __all__ = ["TreePlan", "tree_plan", "draft_tree", "tree_step", "top_m"]
@@ -69,10 +70,10 @@ def tree_plan(tree: Tree, device) -> TreePlan:
                     len(fed), torch.as_tensor(cm, device=device))
 
 
-def _exponential(shape, gen: torch.Generator, device) -> torch.Tensor:
-    """Exp(1) noise -log U from float64 uniforms in [0, 1): always > 0 (U = 0, probability 2^-53, gives inf: that
-    token is simply drawn last, no NaN)."""
-    return torch.rand(shape, generator=gen, device=device, dtype=torch.float64).log_().neg_()
+def _exponential(run: Run, level: int, shape: tuple) -> torch.Tensor:
+    """Exp(1) noise (B, *shape) -log U from the images' float64 uniforms in [0, 1) for tree level ``level``: always
+    > 0 (U = 0, probability 2^-53, gives inf: that token is simply drawn last, no NaN)."""
+    return run.rng.uniform(run.n, R.TREE + level, shape).log_().neg_()
 
 
 def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
@@ -127,7 +128,7 @@ def draft_tree(run: Run, plan: TreePlan):
         else:
             rows = run.proc.rows(lg)
             q[:, lv.parents] = rows
-            noise = _exponential(rows.shape, run.gen, dev)
+            noise = _exponential(run, lv.offset, rows.shape[1:])
             draws = draft_without_replacement(rows, lv.K, exponential=noise)            # (B, k, K)
         tokens[:, lv.kids] = draws.reshape(B, -1)[:, lv.draw]          # index gathers only: no device sync
     if greedy:   # draft rows uniform over each node's drafted children (q only marks the candidates)
@@ -160,8 +161,8 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     sync(run.dev)
     t2 = time.perf_counter()
     check_finite(p, q)
-    u_acc = torch.rand((run.B, N + 1), generator=run.gen, device=run.dev, dtype=p.dtype)
-    u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
+    u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
+    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
     v = verify_on(run, verify_tree, p, q, tokens, u_acc, u_smp, plan.tree, verifier, early_exit=True,
                   max_depth=torch.as_tensor(Db, device=run.dev))
     head = torch.cat([v.accepted[:, None], v.path], 1).cpu().numpy()                  # the round's sync

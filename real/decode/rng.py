@@ -1,0 +1,99 @@
+"""Per-image random streams: every uniform an image uses depends only on (seed, image index, where it is used).
+
+``engine.generate`` used to draw from one ``torch.Generator`` per batch, so an image's tokens depended on the
+batch size and on the other images of its batch. Here a uniform is a hash of a key, counter-based (as Philox
+or JAX's PRNG keys are), so draws stay vectorised over the batch and need no state per row:
+
+    u = mix(seed, image, n, purpose, coordinates)   in [0, 1), float64 with 53 random bits
+
+* ``image`` is the image's index in the call (``generate``'s k-th condition is image k);
+* ``n`` is the number of tokens the image had committed when the round began: it grows by at least one
+  every round, so (image, n) names one round of one image whatever the batch;
+* ``purpose`` says which draw of the round it is (``DRAFT + i`` for the i-th chain draft, ``ACCEPT``,
+  ``SAMPLE``, ``TREE + d`` for tree level d, ...);
+* ``coordinates`` index the draw inside its purpose (draft position, candidate, token), with fixed
+  strides, so a row reads the same value at a coordinate whatever the batch's widest row drafted.
+
+Then image k of a run depends only on (seed, k): not on the batch size, the rank, nor the other images of
+its batch (tests/test_batch.py checks B = 1, 3, 8). The mixing function is splitmix64's finaliser on int64
+tensors (multiplication wraps modulo 2^64 in two's complement; logical right shifts are masked).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["Streams", "DRAFT", "ACCEPT", "SAMPLE", "TREE", "JACOBI"]
+
+# purposes (disjoint ranges; a chain draft position or a tree level is added to its base)
+SAMPLE = 1          # the one token drawn from a target row (round 0, plain AR, the resampled / bonus token)
+ACCEPT = 2          # the acceptance uniforms of a verification, one per draft (node)
+DRAFT = 1 << 10     # + i: the i-th chain draft of a round
+TREE = 2 << 10      # + d: the candidates drawn at tree level d
+JACOBI = 3 << 10    # + j: Jacobi re-drafting / initialisation of window slot j
+
+_M1 = 0xBF58476D1CE4E5B9     # splitmix64's multipliers and increment
+_M2 = 0x94D049BB133111EB
+_GOLDEN = 0x9E3779B97F4A7C15
+_STRIDE = 1 << 21           # coordinate strides: up to 2^21 per coordinate (vocabularies, nodes, positions)
+_SIGNED = lambda c: c - (1 << 64) if c >= 1 << 63 else c  # noqa: E731  (the same 64 bits as an int64)
+
+
+def _mix(x):
+    """splitmix64's finaliser, a bijection of 64-bit integers with full avalanche, on numpy uint64 (the host path)
+    or torch int64 (device tensors: multiplication wraps modulo 2^64 in two's complement; logical right shifts
+    are masked, torch's >> being arithmetic on signed integers)."""
+    if isinstance(x, np.ndarray):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(_M1)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(_M2)
+        return x ^ (x >> np.uint64(31))
+    shr = lambda v, k: (v >> k) & ((1 << (64 - k)) - 1)  # noqa: E731
+    x = (x ^ shr(x, 30)) * _SIGNED(_M1)
+    x = (x ^ shr(x, 27)) * _SIGNED(_M2)
+    return x ^ shr(x, 31)
+
+
+def _counters(shape: tuple, like):
+    """The coordinates of every entry of ``shape`` folded into one integer with fixed strides (broadcastable)."""
+    xp_arange = (lambda k: np.arange(k, dtype=np.uint64)) if isinstance(like, np.ndarray) else \
+        (lambda k: torch.arange(k, dtype=torch.int64, device=like.device))
+    ctr = 0
+    for d, k in enumerate(shape):      # a loop over at most 3 coordinate axes, each a broadcast arange
+        ctr = ctr + xp_arange(k).reshape((k,) + (1,) * (len(shape) - d - 1)) * (_STRIDE ** (len(shape) - 1 - d))
+    return ctr
+
+
+class Streams:
+    """The per-image random streams of one batch: ``images`` (B,) int64 are the images' indices in the call.
+
+    ``uniform(n, purpose, shape)`` -> (B, *shape) float64 uniforms in [0, 1): row b keyed by
+    (seed, images[b], n[b], purpose), entry c by its coordinates (each < 2^21, at most 3 of them). On a CPU
+    device the hashing runs in numpy (uint64; a few microseconds per call), elsewhere in torch on the device."""
+
+    def __init__(self, seed: int, images: np.ndarray, device):
+        self.device = torch.device(device)
+        with np.errstate(over="ignore"):
+            base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
+            self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
+        self._keys_t = None if self.device.type == "cpu" else torch.from_numpy(self.keys.view(np.int64)).to(self.device)
+
+    def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """(B, *shape) uniforms in [0, 1) (module docstring); ``n`` (B,) the rows' committed lengths at the round's
+        start. ``dtype`` float32 rounds the 53-bit value, and a value that would round up to 1 is kept below it."""
+        shape = tuple(int(s) for s in shape)
+        if len(shape) > 3 or any(s > _STRIDE for s in shape):
+            raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
+        n = np.asarray(n, np.int64).astype(np.uint64)
+        if self._keys_t is None:
+            with np.errstate(over="ignore"):
+                k = _mix(self.keys ^ _mix(n * np.uint64(_GOLDEN) + np.uint64(purpose)))
+                h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, k) * np.uint64(_GOLDEN))
+            u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
+        else:
+            nt = torch.from_numpy(n.view(np.int64)).to(self.device)
+            k = _mix(self._keys_t ^ _mix(nt * _SIGNED(_GOLDEN) + purpose))
+            h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, k) * _SIGNED(_GOLDEN))
+            u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+        if dtype == torch.float64:
+            return u
+        return u.to(dtype).clamp_(max=float(np.nextafter(np.float32(1), np.float32(0))))
