@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from bruteforce import argmax_g, lantern_g_released, lantern_ptilde, optimal_g_rows, scaled_f, typical_f
-from theory import rules
+from theory import fidelity, rules
 from theory.likelihood import log_likelihood, log_target
 
 # --------------------------------------------------------------------------- brute-force process (scalar rules)
@@ -349,3 +349,133 @@ def test_unread_q_rows_may_hold_anything():
     q3[:, 0] = np.nan               # eagle: token 0 comes from p_0
     np.testing.assert_array_equal(log_likelihood(p, q3, x, rules.cool_sd(2.0), L, convention="eagle"),
                                   log_likelihood(p, q, x, rules.cool_sd(2.0), L, convention="eagle"))
+
+
+# --------------------------------------------------------------------------- estimators (theory.fidelity)
+
+def _exact_pair(rule="cool-sd:offset", V=3, T=3, L=2, seed=8, zp=0.0, P=None):
+    """All V^T sequences with their exact P^ (log_likelihood) and P (log_target) on an order-1 chain."""
+    rng = np.random.default_rng(seed)
+    verifier, _, _ = scalar_rule(rule, V, rng)
+    if callable(P):
+        P = P(verifier)
+    elif P is None:
+        P = np.array([_row(rng, V, zp) for _ in range(V)])
+    Q = np.array([_row(rng, V, 0.0) for _ in range(V)])
+    seqs = all_sequences(V, T)
+    prev = np.concatenate([np.zeros((len(seqs), 1), np.int64), seqs[:, :-1]], axis=1)
+    return (log_likelihood(P[prev], Q[prev], seqs, verifier, L), log_target(P[prev], seqs), P, Q, verifier, seqs)
+
+
+def test_estimator_intervals_cover_the_exact_values():
+    """400 repetitions of n = 400 images: each 95% interval covers the exact TV / KL in 92-98% of them (binomial
+    SE 1.1%); the negative control (intervals a third as wide) must cover far less."""
+    lh, lp, *_ = _exact_pair()
+    ph, pt = np.exp(lh), np.exp(lp)
+    exact = {"tv_sd": 0.5 * np.abs(ph - pt).sum(), "kl_sd": float(np.sum(ph * (lh - lp))),
+             "kl_ar": float(np.sum(pt * (lp - lh)))}
+    exact["tv_ar"] = exact["tv_sd"]
+    assert exact["tv_sd"] > 0.02 and exact["kl_sd"] > 0.01
+    rng = np.random.default_rng(9)
+    reps, n = 400, 400
+    cover = {k: 0 for k in exact}
+    narrow = {k: 0 for k in exact}
+    est = {k: [] for k in exact}
+    for _ in range(reps):   # repetitions of a whole experiment (the estimators are vectorised over images)
+        i_sd = rng.choice(len(ph), size=n, p=ph / ph.sum())
+        i_ar = rng.choice(len(pt), size=n, p=pt / pt.sum())
+        for k, d in (("tv_sd", fidelity.tv_sd(lh[i_sd], lp[i_sd])), ("kl_sd", fidelity.kl_sd(lh[i_sd], lp[i_sd])),
+                     ("tv_ar", fidelity.tv_ar(lh[i_ar], lp[i_ar])), ("kl_ar", fidelity.kl_ar(lh[i_ar], lp[i_ar]))):
+            cover[k] += d["ci"][0] <= exact[k] <= d["ci"][1]
+            narrow[k] += abs(d["measured"] - exact[k]) <= fidelity.Z95 * d["se"] / 3
+            est[k].append(d["measured"])
+    for k in exact:
+        assert 0.92 <= cover[k] / reps <= 0.98, (k, cover[k] / reps)
+        assert narrow[k] / reps < 0.6, (k, narrow[k] / reps)
+    # the two TV estimators estimate one number from independent samples
+    a, b = np.array(est["tv_sd"]), np.array(est["tv_ar"])
+    assert abs(a.mean() - b.mean()) < 4 * math.hypot(a.std(), b.std()) / math.sqrt(reps)
+
+
+def test_vanilla_estimates_are_zero():
+    lh, lp, *_ = _exact_pair("vanilla")
+    r = fidelity.report((lh, lp), (lh, lp), T=3)
+    assert r["tv_to_target"]["measured"] < 1e-12 and r["tv_to_target"]["from_ar"] < 1e-12
+    assert abs(r["kl_to_target"]["measured"]) < 1e-12 and abs(r["kl_from_ar"]["measured"]) < 1e-12
+
+
+def test_infinite_kl_is_flagged_not_averaged():
+    """LANTERN emits tokens the target gives probability 0 (neighbour mass admits them): KL(P^||P) is infinite,
+    reported as None with a count; TV counts those images as 1."""
+    def target(v):      # code 2 has p = 0 and its nearest neighbour mass 0.3 <= delta = 0.35: p~(2) = 0.3
+        row = np.zeros(3)
+        n1 = int(v.accept.neighbors[2][0])
+        row[n1], row[1 - n1] = 0.3, 0.7
+        return np.tile(row, (3, 1))
+
+    lh, lp, *_ = _exact_pair("lantern", P=target)
+    zero = np.isneginf(lp) & np.isfinite(lh)
+    assert zero.any()
+    rng = np.random.default_rng(2)
+    ph = np.exp(lh)
+    i = rng.choice(len(ph), size=3000, p=ph / ph.sum())
+    kl = fidelity.kl_sd(lh[i], lp[i], T=3)
+    assert kl["measured"] is None and kl["ci"] is None and kl["n_infinite"] == int(zero[i].sum()) > 0
+    assert "infinite" in kl["reason"]
+    tv = fidelity.tv_sd(lh[i], lp[i])
+    assert tv["n_target_zero"] == kl["n_infinite"]
+    terms = np.where(zero[i], 1.0, np.maximum(0.0, 1 - np.exp(lp[i] - lh[i])))
+    assert tv["measured"] == pytest.approx(terms.mean(), rel=1e-12)
+    # images from P that P^ cannot emit: KL(P||P^) infinite; a sample the law itself cannot emit: impossible
+    out = fidelity.kl_ar(np.array([-1.0, -np.inf, -2.0]), np.array([-1.5, -1.0, -2.0]))
+    assert out["measured"] is None and out["n_infinite"] == 1
+    bad = fidelity.kl_sd(np.array([-1.0, -np.inf]), np.array([-1.0, -1.0]))
+    assert bad["measured"] is None and bad["n_impossible"] == 1
+    r = fidelity.report((lh[i], lp[i]), T=3)
+    assert r["kl_to_target"]["measured"] is None and r["tv_to_target"]["measured"] == tv["measured"]
+
+
+def test_tv_is_within_the_summed_round_bounds():
+    """Hybrid argument (docs/theory.md section 11): exact TV(P^, P) over whole sequences <= E[sum over the
+    rounds of the T11 term], the expectation estimated from the simulator's recorded bounds (S = 20,000;
+    4 SE of slack). Can fail: the bound is not vacuous here (< 1) and the TV is not 0."""
+    from sim.sequence import simulate_sequence_rule
+
+    for rule in ("cool-sd:offset", "lantern", "typical"):
+        lh, lp, P, Q, verifier, seqs = _exact_pair(rule, V=3, T=4, L=2, seed=12)
+        tv = 0.5 * np.abs(np.exp(lh) - np.exp(lp)).sum()
+        res = simulate_sequence_rule(P, Q, verifier, 2, 4, 20_000, seed=13, init=0, record_bound=True)
+        per = np.nansum(res.bound, axis=1)
+        b = fidelity.bound_summary(per)
+        assert 0 < tv and b["measured"] < 1 and not b["vacuous"]
+        assert tv <= b["measured"] + 4 * b["se"], (rule, tv, b)
+        chk = fidelity.bound_check({"measured": tv, "ci": [tv, tv]}, b)
+        assert chk["within"] and not chk["refuted"] and not chk["vacuous"]
+
+
+def test_image_bounds_sum_rounds_per_image():
+    from theory.recorded import Rows, predict_rounds
+
+    rng = np.random.default_rng(14)
+    R, L, V = 7, 3, 5
+    rows = Rows(rng.dirichlet(np.ones(V), size=(R, L + 1)), rng.dirichlet(np.ones(V), size=(R, L)),
+                rng.integers(V, size=(R, L)), np.array([3, 3, 1, 2, 3, 3, 1]), np.array([4, 0, 4, 4, 0, 9, 0]))
+    v = rules.cool_sd(3.0)
+    images, b = fidelity.image_bounds(rows, v)
+    per_round = predict_rounds(rows.p, rows.q, rows.drafts, v, rows.n_drafted).bound
+    assert list(images) == [0, 4, 9]
+    np.testing.assert_allclose(b, [per_round[[1, 4, 6]].sum(), per_round[[0, 2, 3]].sum(), per_round[5]], rtol=1e-14)
+    rows.image[0] = -1
+    with pytest.raises(ValueError, match="image"):
+        fidelity.image_bounds(rows, v)
+    assert fidelity.bound_summary(np.array([1.5, 2.5]))["vacuous"]
+
+
+@pytest.mark.parametrize("args,match", [
+    ((np.zeros(3), np.zeros(2)), "same shape"), ((np.zeros(1), np.zeros(1)), "at least 2"),
+    ((np.array([0.0, np.nan]), np.zeros(2)), "no NaN"), ((np.array([0.0, np.inf]), np.zeros(2)), "no NaN"),
+])
+def test_estimator_bad_input(args, match):
+    for fn in (fidelity.kl_sd, fidelity.tv_sd, fidelity.tv_ar, fidelity.kl_ar):
+        with pytest.raises(ValueError, match=match):
+            fn(*args)
