@@ -479,3 +479,31 @@ def test_estimator_bad_input(args, match):
     for fn in (fidelity.kl_sd, fidelity.tv_sd, fidelity.tv_ar, fidelity.kl_ar):
         with pytest.raises(ValueError, match=match):
             fn(*args)
+
+
+@pytest.mark.parametrize("variant", ["lantern", "lantern++"])
+def test_lantern_effective_at_token_equals_the_dense_law(variant):
+    """LanternResample.effective_at (O(V k), used by log_likelihood) == the dense (V, V) effective law gathered,
+    on random rows with zeros and on peaked rows where the "p" law's Z(y) cancels (recomputed exactly)."""
+    from theory._xp import gather
+
+    rng = np.random.default_rng(15)
+    V, k, n = 12, 3, 400
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    v = rules.lantern(nb, k, 0.3) if variant == "lantern" else rules.lantern_pp(nb, k, 3.0)
+    p = rng.dirichlet(np.full(V, 0.4), size=n)
+    p[rng.random(p.shape) < 0.3] = 0
+    p[:, 0] += 1e-3
+    p /= p.sum(1, keepdims=True)
+    peak = np.full((n // 2, V), 1e-12)               # nearly all mass on code nb[y][1] for y = 0: Z(0) ~ 1e-11
+    peak[:, int(nb[0][1])] = 1.0
+    p = np.concatenate([p, peak / peak.sum(1, keepdims=True)])
+    q = rng.dirichlet(np.full(V, 0.4), size=len(p))
+    q[: n // 4, 0] += 5.0                             # often draft (and reject) code 0
+    q /= q.sum(1, keepdims=True)
+    f = v.accept(p, q, 1)
+    x = rng.integers(V, size=len(p))
+    dense = gather(v.resample(p, q, f), x)
+    fast = v.resample.effective_at(p, q, f, x)
+    np.testing.assert_allclose(fast, dense, rtol=1e-9, atol=1e-300)
+    assert rules.lantern(nb, k, 0.3, resample="renormalised").resample.effective_at(p, q, f, x) is None

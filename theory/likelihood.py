@@ -122,41 +122,44 @@ def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, conve
     batch = tuple(p.shape[:-2])
     B = math.prod(batch)
     f64 = xp.float64
-    pf = xp.reshape(p, (B, T, V))
-    qf = xp.reshape(q, (B, T, L, V) if per_offset else (B, T, V))
-    tok = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
     if B == 0:
         return xp.zeros(batch, dtype=f64, device=dev)
-    a_parts, r_parts, pt_parts = [], [], []
-    step = max(1, CHUNK_ELEMENTS // (T * V))
-    for s in range(0, B, step):   # a loop over chunks of images (memory), each vectorised over (chunk, T)
-        a, r, pt = _emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], verifier, L, per_offset, xp)
-        a_parts.append(a)
-        r_parts.append(r)
-        pt_parts.append(pt)
-    a = xp.concat(a_parts, axis=0)        # (B, T, L)
-    r = xp.concat(r_parts, axis=0)        # (B, T, L)
-    pt = xp.concat(pt_parts, axis=0)      # (B, T)
+    N = B * T                              # emissions are per token row: chunks of rows bound the temporaries
+    pf = xp.reshape(p, (N, V))
+    qf = xp.reshape(q, (N, L, V) if per_offset else (N, V))
+    tok = xp.astype(xp.reshape(tokens, (N,)), xp.int64)
+    # rules whose acceptance forms (rows, V, k) neighbour masses (LANTERN) need k times smaller chunks
+    width = 1 + int(getattr(verifier.accept, "k", 0) or 0)
+    step = max(1, CHUNK_ELEMENTS // (V * width))
+    parts = [_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], verifier, L, per_offset, xp)
+             for s in range(0, N, step)]   # a loop over chunks of rows (memory), each vectorised
+    a = xp.reshape(xp.concat([e[0] for e in parts], axis=0), (B, T, L))
+    r = xp.reshape(xp.concat([e[1] for e in parts], axis=0), (B, T, L))
+    pt = xp.reshape(xp.concat([e[2] for e in parts], axis=0), (B, T))
     out = _forward(a, r, pt, draft, bonus, L, xp, dev)
     return xp.reshape(out, batch)
 
 
 def _emissions(p, q, tok, verifier, L, per_offset, xp):
-    """Token entries of the emissions for a chunk of images: a (b, T, L) = q_{t,i} f_i (x_t), r (b, T, L) =
-    (1 - beta_i) G^eff_i(x_t), pt (b, T) = p_t(x_t), for draft positions i = 1..L (columns i-1)."""
+    """Token entries of the emissions for a chunk of n token rows: a (n, L) = q_i f_i (x), r (n, L) =
+    (1 - beta_i) G^eff_i(x), pt (n,) = p(x), for draft positions i = 1..L (columns i-1). A resampler with
+    ``effective_at(p, q, f, x)`` (LANTERN's released laws) gives G^eff at the token without the full row
+    (None: not available); otherwise the rule's ``resample(p, q, f)`` row is gathered."""
     f64 = xp.float64
     p = xp.astype(p, f64)
+    at = getattr(verifier.resample, "effective_at", None)
     a_cols, r_cols = [], []
-    for i in range(1, L + 1):   # a loop over the L draft positions (each vectorised over images and tokens)
-        qi = xp.astype(q[:, :, i - 1, :] if per_offset else q, f64)
-        f = verifier.accept(p, qi, i)                                   # (b, T, V)
+    for i in range(1, L + 1):   # a loop over the L draft positions (each vectorised over the rows)
+        qi = xp.astype(q[:, i - 1, :] if per_offset else q, f64)
+        f = verifier.accept(p, qi, i)                                   # (n, V)
         qf = qi * f
         beta = xp.sum(qf, axis=-1)                                      # T0
-        G = verifier.resample(p, qi, f)                                 # effective law (section 6)
+        g = at(p, qi, f, tok) if at is not None else None
+        if g is None:
+            g = gather(verifier.resample(p, qi, f), tok, xp)            # effective law (section 6)
         a_cols.append(gather(qf, tok, xp))
-        # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y); beta = 1 means no rejection mass (exactly 0)
-        one_minus = xp.where(beta < 1, 1 - beta, xp.zeros_like(beta))
-        r_cols.append(one_minus * gather(G, tok, xp))
+        # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y); beta >= 1 (round-off) means no rejection mass
+        r_cols.append(xp.where(beta < 1, 1 - beta, xp.zeros_like(beta)) * g)
     return xp.stack(a_cols, axis=-1), xp.stack(r_cols, axis=-1), gather(p, tok, xp)
 
 
