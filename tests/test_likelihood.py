@@ -506,4 +506,8 @@ def test_lantern_effective_at_token_equals_the_dense_law(variant):
     dense = gather(v.resample(p, q, f), x)
     fast = v.resample.effective_at(p, q, f, x)
     np.testing.assert_allclose(fast, dense, rtol=1e-9, atol=1e-300)
+    torch = pytest.importorskip("torch")
+    vt = rules.lantern(torch.as_tensor(nb), k, 0.3) if variant == "lantern" else rules.lantern_pp(torch.as_tensor(nb), k, 3.0)
+    tt = vt.resample.effective_at(*(torch.as_tensor(a) for a in (p, q, f, x)))
+    np.testing.assert_allclose(tt.numpy(), dense, rtol=1e-9, atol=1e-300)
     assert rules.lantern(nb, k, 0.3, resample="renormalised").resample.effective_at(p, q, f, x) is None

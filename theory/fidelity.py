@@ -71,28 +71,27 @@ def _impossible(n: int, k: int, law: str) -> dict:
                     f"convention do not match the run", n_impossible=int(k))
 
 
+def _kl(own, other, T, what: str, own_law: str, other_law: str) -> dict:
+    """KL(own || other) = E_own[log own - log other] from images sampled from ``own`` (log-likelihood arrays)."""
+    if np.isneginf(own).any():
+        return _impossible(own.size, int(np.isneginf(own).sum()), own_law)
+    inf = np.isneginf(other)
+    if inf.any():
+        return _none(own.size, f"{what} is infinite: {other_law} gives probability 0 to {int(inf.sum())} of "
+                               f"{own.size} images {own_law} emitted", n_infinite=int(inf.sum()))
+    return _per_token({**mean_ci(own - other), "n_infinite": 0}, T)
+
+
 def kl_sd(log_p_hat, log_p, T: int | None = None) -> dict:
     """KL(P^ || P) from images sampled by SD (module docstring)."""
     a, b = _pair(log_p_hat, log_p, "kl_sd")
-    if np.isneginf(a).any():
-        return _impossible(a.size, int(np.isneginf(a).sum()), "P^")
-    inf = np.isneginf(b)
-    if inf.any():
-        return _none(a.size, f"KL(P^||P) is infinite: the target gives probability 0 to {int(inf.sum())} of "
-                             f"{a.size} images the sampler emitted", n_infinite=int(inf.sum()))
-    return _per_token({**mean_ci(a - b), "n_infinite": 0}, T)
+    return _kl(a, b, T, "KL(P^||P)", "P^", "P")
 
 
 def kl_ar(log_p_hat, log_p, T: int | None = None) -> dict:
     """KL(P || P^) from images sampled by plain AR (module docstring)."""
     a, b = _pair(log_p_hat, log_p, "kl_ar")
-    if np.isneginf(b).any():
-        return _impossible(b.size, int(np.isneginf(b).sum()), "P")
-    inf = np.isneginf(a)
-    if inf.any():
-        return _none(a.size, f"KL(P||P^) is infinite: the sampler gives probability 0 to {int(inf.sum())} of "
-                             f"{a.size} images the target emitted", n_infinite=int(inf.sum()))
-    return _per_token({**mean_ci(b - a), "n_infinite": 0}, T)
+    return _kl(b, a, T, "KL(P||P^)", "P", "P^")
 
 
 def _one_minus_ratio(num, den):
