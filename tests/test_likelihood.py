@@ -399,7 +399,10 @@ def test_estimator_intervals_cover_the_exact_values():
 
 def test_vanilla_estimates_are_zero():
     lh, lp, *_ = _exact_pair("vanilla")
-    r = fidelity.report((lh, lp), (lh, lp), T=3)
+    r = fidelity.report((lh, lp), (lh, lp), T=3, bound_per_image=np.zeros(len(lh)))
+    import json
+    assert json.loads(json.dumps(r)) == r                       # plain JSON (no inf, no numpy scalars)
+    assert r["bound_check"] == {"within": True, "refuted": False, "vacuous": False}
     assert r["tv_to_target"]["measured"] < 1e-12 and r["tv_to_target"]["from_ar"] < 1e-12
     assert abs(r["kl_to_target"]["measured"]) < 1e-12 and abs(r["kl_from_ar"]["measured"]) < 1e-12
 
@@ -451,6 +454,11 @@ def test_tv_is_within_the_summed_round_bounds():
         assert tv <= b["measured"] + 4 * b["se"], (rule, tv, b)
         chk = fidelity.bound_check({"measured": tv, "ci": [tv, tv]}, b)
         assert chk["within"] and not chk["refuted"] and not chk["vacuous"]
+        # the whole pipeline on the simulator's own sequences: teacher-forced rows -> log P^, log P -> TV, KL
+        x = res.tokens
+        prev = np.concatenate([np.zeros((len(x), 1), np.int64), x[:, :-1]], axis=1)
+        est = fidelity.tv_sd(log_likelihood(P[prev], Q[prev], x, verifier, 2), log_target(P[prev], x))
+        assert abs(est["measured"] - tv) < 4 * est["se"], (rule, est, tv)
 
 
 def test_image_bounds_sum_rounds_per_image():
