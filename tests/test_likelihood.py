@@ -519,3 +519,19 @@ def test_lantern_effective_at_token_equals_the_dense_law(variant):
     tt = vt.resample.effective_at(*(torch.as_tensor(a) for a in (p, q, f, x)))
     np.testing.assert_allclose(tt.numpy(), dense, rtol=1e-9, atol=1e-300)
     assert rules.lantern(nb, k, 0.3, resample="renormalised").resample.effective_at(p, q, f, x) is None
+
+
+def test_unnormalised_rows_follow_the_engines_draws():
+    """Rows within float32 rounding of 1 (accepted by validation): every draw of the engine normalises its
+    row (inverse CDF) and the rules are ratio-based, so scaling all rows by 1 + 1e-7 must leave log P^ and
+    log P unchanged; reading q f and p as if the rows summed to 1 would move log P^ by ~T x 1e-7."""
+    rng = np.random.default_rng(16)
+    B, T, L, V = 4, 12, 3, 20
+    p = rng.dirichlet(np.full(V, 0.5), size=(B, T))
+    q = rng.dirichlet(np.full(V, 0.5), size=(B, T, L))
+    x = rng.integers(V, size=(B, T))
+    for v in (rules.vanilla(), rules.cool_sd(2.0)):
+        ref = log_likelihood(p, q, x, v, L)
+        # both rows scaled alike: f = min(1, w p/q) unchanged, every normalised draw unchanged
+        np.testing.assert_allclose(log_likelihood(p * (1 + 1e-7), q * (1 + 1e-7), x, v, L), ref, rtol=1e-12)
+    np.testing.assert_allclose(log_target(p * (1 - 1e-7), x), log_target(p, x), rtol=1e-12)

@@ -18,7 +18,8 @@ API (array API: numpy, torch; everything computed in float64):
   starts with n tokens done drafts L' = min(L, T - n - 1). ``convention="eagle"``: the engine's EAGLE
   convention (``real.steps.prefill_step``): token 0 comes from p_0 alone (round 0 is the target's prefill)
   and the first drafted round starts at n = 1 with the same L'.
-* ``log_target(p, tokens)`` -> (...,) float64 log P(tokens) = sum_t log p_t(x_t) (-inf where a p_t(x_t) = 0).
+* ``log_target(p, tokens)`` -> (...,) float64 log P(tokens) = sum_t log p_t(x_t) (-inf where a p_t(x_t) = 0),
+  the law plain AR samples (rows normalised, as every draw normalises them).
 * estimators with 95% intervals in ``theory.fidelity`` (KL, TV, the per-image T11 bound).
 
 The recursion (T12). The sampler's law is a hidden Markov model over the round offset i = the number of
@@ -34,8 +35,10 @@ obey, with n = t - i the round's start and L'(n) its draft count,
 from alpha_0 = [1, 0, .., 0], and P^(x) = alpha_T(0) (a round never runs past T). The emissions are
 computed once, vectorised over (batch, T), by the verifier's own ``accept`` and ``resample(...,
 rejected=None)`` (one loop over the L draft positions); only token entries are kept, so nothing of size
-(T, L, V, V) is formed (LANTERN's effective law forms its own (V, V) neighbour mask per call; the
-rows are processed in chunks of images to bound the (chunk, T, V) temporaries). The recursion itself is
+(T, L, V, V) is formed: a resampler may provide ``effective_at(p, q, f, x)`` -> G^eff(x) (...,) (LANTERN's
+released laws do, in O(V k) per row; its "renormalised" variants fall back to the dense (V, V) effective
+law), and the token rows are processed in chunks of about 2^24 / (V (k+1)) rows (k: LANTERN's neighbourhood,
+else 0) to bound the rules' temporaries. The recursion itself is
 a loop over the T positions, each step O(L) on (batch, L+1) arrays, with rescaling (alpha normalised
 each step, the log of the scale accumulated), so there is no underflow at any T.
 """
@@ -144,7 +147,15 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp):
     """Token entries of the emissions for a chunk of n token rows: a (n, L) = q_i f_i (x), r (n, L) =
     (1 - beta_i) G^eff_i(x), pt (n,) = p(x), for draft positions i = 1..L (columns i-1). A resampler with
     ``effective_at(p, q, f, x)`` (LANTERN's released laws) gives G^eff at the token without the full row
-    (None: not available); otherwise the rule's ``resample(p, q, f)`` row is gathered."""
+    (None: not available); otherwise the rule's ``resample(p, q, f)`` row is gathered.
+
+    As the engine does: the rule sees the rows as given, and every draw (draft, replacement, target token)
+    is an inverse-CDF draw that normalises its row (``theory._xp.sample_categorical``). So the draft law is
+    q / sum(q), the rejection mass sum(q (1 - f)) / sum(q), a replacement G(x) / sum(G) and the target
+    token p(x) / sum(p). Rows pass validation within float32 rounding of 1; dividing by the sums (not
+    assuming 1) keeps P^ the law the engine samples from such rows. (That law is not exactly P under
+    vanilla when sum(p) != sum(q): the mass sum(q) - sum(p), ~1e-6 for float32 rows, lands on the
+    residual; rows normalised in float64 before the call make vanilla's P^ = P exact, T1.)"""
     f64 = xp.float64
     p = xp.astype(p, f64)
     at = getattr(verifier.resample, "effective_at", None)
@@ -152,15 +163,16 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp):
     for i in range(1, L + 1):   # a loop over the L draft positions (each vectorised over the rows)
         qi = xp.astype(q[:, i - 1, :] if per_offset else q, f64)
         f = verifier.accept(p, qi, i)                                   # (n, V)
-        qf = qi * f
-        beta = xp.sum(qf, axis=-1)                                      # T0
+        sq = xp.sum(qi, axis=-1)
         g = at(p, qi, f, tok) if at is not None else None
         if g is None:
-            g = gather(verifier.resample(p, qi, f), tok, xp)            # effective law (section 6)
-        a_cols.append(gather(qf, tok, xp))
-        # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y); beta >= 1 (round-off) means no rejection mass
-        r_cols.append(xp.where(beta < 1, 1 - beta, xp.zeros_like(beta)) * g)
-    return xp.stack(a_cols, axis=-1), xp.stack(r_cols, axis=-1), gather(p, tok, xp)
+            G = verifier.resample(p, qi, f)                             # effective law (section 6)
+            g = gather(G, tok, xp) / xp.sum(G, axis=-1)
+        a_cols.append(gather(qi * f, tok, xp) / sq)
+        # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y) (T0; a sum of non-negative terms: exactly 0 when
+        # nothing can be rejected)
+        r_cols.append(xp.sum(qi * (1 - f), axis=-1) / sq * g)
+    return xp.stack(a_cols, axis=-1), xp.stack(r_cols, axis=-1), gather(p, tok, xp) / xp.sum(p, axis=-1)
 
 
 def _forward(a, r, pt, draft, bonus, L, xp, dev):
@@ -196,7 +208,8 @@ def log_target(p: Array, tokens: Array) -> Array:
                          f"tokens {tuple(tokens.shape)}")
     checks.check_tokens_xp("log_target: tokens", tokens, p.shape[-1], xp)
     checks.check_rows_xp("log_target: p", p, xp)
-    pt = xp.astype(gather(p, xp.astype(tokens, xp.int64), xp), xp.float64)
+    pf = xp.astype(p, xp.float64)
+    pt = gather(pf, xp.astype(tokens, xp.int64), xp) / xp.sum(pf, axis=-1)   # as drawn: the row normalised
     pos = pt > 0
     lg = xp.where(pos, xp.log(xp.where(pos, pt, xp.ones_like(pt))), xp.full_like(pt, -math.inf))
     return xp.sum(lg, axis=-1)
