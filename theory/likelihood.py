@@ -14,9 +14,9 @@ API (array API: numpy, torch; everything computed in float64):
                             "eagle"; token T-1, always a target token) are not read and may hold anything;
     tokens  (..., T)        ints in [0, V).
   ``convention="theory"``: the simulator's (``sim.simulate_sequence``) and an independent draft's in the
-  engine (``real.engine``: it drafts from round 0): the first round drafts from the start, a round that
+  engine (``real.decode.engine``: it drafts from round 0): the first round drafts from the start, a round that
   starts with n tokens done drafts L' = min(L, T - n - 1). ``convention="eagle"``: the engine's EAGLE
-  convention (``real.steps.prefill_step``): token 0 comes from p_0 alone (round 0 is the target's prefill)
+  convention (``real.decode.steps.prefill_step``): token 0 comes from p_0 alone (round 0 is the target's prefill)
   and the first drafted round starts at n = 1 with the same L'.
 * ``log_target(p, tokens)`` -> (...,) float64 log P(tokens) = sum_t log p_t(x_t) (-inf where a p_t(x_t) = 0),
   the law plain AR samples (rows normalised, as every draw normalises them).
