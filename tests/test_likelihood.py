@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from bruteforce import argmax_g, lantern_g_released, lantern_ptilde, optimal_g_rows, scaled_f, typical_f
+from bruteforce import argmax_g, lantern_g, lantern_g_released, lantern_ptilde, optimal_g_rows, scaled_f, typical_f
 from theory import fidelity, rules
 from theory.likelihood import log_likelihood, log_target
 
@@ -45,8 +45,20 @@ def scalar_rule(name, V, rng):
     if name == "typical":
         return (rules.typical(0.3, 0.9), lambda i, p, q: typical_f(p, 0.3, 0.9, "release"),
                 lambda p, q, f, x: argmax_g(p))
+    if name == "typical+G*":
+        return (rules.typical(0.3, 0.9, resample="optimal"), lambda i, p, q: typical_f(p, 0.3, 0.9, "release"),
+                optimal_g_rows)
     if name == "greedy":
         return rules.greedy(), lambda i, p, q: argmax_g(p), lambda p, q, f, x: argmax_g(p)
+    if name == "scaled":
+        w = (0.8, 2.0, 1.3)
+        return rules.scaled(rules.Explicit(w)), lambda i, p, q: scaled_f(w[i - 1], p, q), optimal_g_rows
+    if name == "level":
+        a = (0.3, 0.6, 0.1)
+
+        def level_f(i, p, q):
+            return [v + a[i - 1] * (1 - v) for v in scaled_f(1.0, p, q)]
+        return rules.level(rules.Explicit(a)), level_f, optimal_g_rows
     nb = rules.lantern_neighbors(rng.normal(size=(V, 2)))
     k = 1
     if name == "lantern":
@@ -57,11 +69,23 @@ def scalar_rule(name, V, rng):
         lam = 2.5
         return (rules.lantern_pp(nb, k, lam), lambda i, p, q: _min1(lantern_ptilde(p, nb, k, lam=lam), q),
                 lambda p, q, f, x: lantern_g_released(p, q, nb, k, x, "q", lam=lam))
+    if name == "lantern-renormalised":       # the dense (V, V) effective law (no effective_at)
+        return (rules.lantern(nb, k, 0.35, resample="renormalised"),
+                lambda i, p, q: _min1(lantern_ptilde(p, nb, k, delta=0.35), q),
+                lambda p, q, f, x: lantern_g(p, q, nb, k, x, "p"))
+    if name == "lantern++-renormalised":
+        return (rules.lantern_pp(nb, k, 2.5, resample="renormalised"),
+                lambda i, p, q: _min1(lantern_ptilde(p, nb, k, lam=2.5), q),
+                lambda p, q, f, x: lantern_g(p, q, nb, k, x, "q"))
+    if name == "lantern+G*":
+        return (rules.lantern(nb, k, 0.35, resample="optimal"),
+                lambda i, p, q: _min1(lantern_ptilde(p, nb, k, delta=0.35), q), optimal_g_rows)
     raise KeyError(name)
 
 
-RULES = ["vanilla", "cool-sd:offset", "cool-sd:mu", "cool-sd:mean", "cool-sd:first", "cool-sd:floor1", "uniform-rsd", "linear-rsd",
-         "typical", "greedy", "lantern", "lantern++"]
+RULES = ["vanilla", "cool-sd:offset", "cool-sd:mu", "cool-sd:mean", "cool-sd:first", "cool-sd:floor1", "uniform-rsd",
+         "linear-rsd", "scaled", "level", "typical", "typical+G*", "greedy", "lantern", "lantern++",
+         "lantern-renormalised", "lantern++-renormalised", "lantern+G*"]
 
 
 def process_law(prow, qrow, f_rule, g_rule, L, T, convention="theory", truncate=True):
@@ -153,7 +177,7 @@ def all_sequences(V, T):
 
 # --------------------------------------------------------------------------- brute force vs the recursion
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(rule=st.sampled_from(RULES), V=st.integers(2, 3), T=st.integers(1, 4), L=st.integers(1, 3),
        per_offset=st.booleans(), convention=st.sampled_from(["theory", "eagle"]),
        zp=st.sampled_from([0.0, 0.3]), seed=st.integers(0, 2**32 - 1))
@@ -535,3 +559,29 @@ def test_unnormalised_rows_follow_the_engines_draws():
         # both rows scaled alike: f = min(1, w p/q) unchanged, every normalised draw unchanged
         np.testing.assert_allclose(log_likelihood(p * (1 + 1e-7), q * (1 + 1e-7), x, v, L), ref, rtol=1e-12)
     np.testing.assert_allclose(log_target(p * (1 - 1e-7), x), log_target(p, x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", __import__("theory.methods", fromlist=["names"]).names())
+def test_every_registered_method(name):
+    """Every method in the registry (and any added later), with its default parameters: the recursion against the
+    enumeration of the process driven by the verifier's own rules (G(.|rejected) given the rejected draft)."""
+    from theory import methods
+
+    rng = np.random.default_rng(17)
+    V, T, L = 3, 4, 2
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 2)))
+    m = methods.get(name)
+    kw = {"k": 1} if m.needs_neighbors else {}
+    test_values = {"weights": "2.0,1.3"}       # parameters without a default (a method added later adds its own)
+    kw.update({p.name: test_values[p.name] for p in m.params if p.default is None and not p.optional})
+    v = methods.build(name, L, neighbors=nb, **kw)
+    f_rule = lambda i, p, q: v.accept(np.array(p), np.array(q), i).tolist()                      # noqa: E731
+    g_rule = lambda p, q, f, x: v.resample(np.array(p), np.array(q), np.array(f), np.array(x)).tolist()  # noqa: E731
+    for per_offset, conv in ((False, "theory"), (True, "eagle")):
+        prow, qrow = context_rows(rng, V, T, L, per_offset, 0.2)
+        law = process_law(prow, qrow, f_rule, g_rule, L, T, conv)
+        seqs = all_sequences(V, T)
+        p, q = teacher_rows(prow, qrow, seqs, L, per_offset)
+        exact = np.array([law.get(tuple(s), 0.0) for s in seqs])
+        np.testing.assert_allclose(np.exp(log_likelihood(p, q, seqs, v, L, convention=conv)), exact,
+                                   rtol=1e-10, atol=1e-15)
