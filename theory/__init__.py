@@ -9,16 +9,17 @@ confirmation: B or exact TV minimised over all resampling tables), ``optimize`` 
 optimal schedules, named schedules tuned to E[tau], equal-E[tau] trade-off curves; re-exports
 ``gstar`` and ``objectives``), ``image`` (whole-image predictions and the speed-up model), ``recorded``
 (T10-T11 from recorded rounds; the recorded rows and their loader), ``schedules`` (weight schedules,
-Cool-SD's normalisations), ``tune`` (schedules tuned on recorded rounds). JAX is imported on use
-(``_optim``: JAX plumbing and size checks shared by ``gstar``, ``optimize`` and ``tune``). ``theory``
-imports nothing else of this project.
+Cool-SD's normalisations), ``tune`` (schedules tuned on recorded rounds), ``likelihood`` (the exact law
+P^(x) of a chain-drafted sequence, T12) and ``fidelity`` (TV and KL to the target with intervals, the
+per-image T11 bound). JAX is imported on use (``_optim``: JAX plumbing and size checks shared by
+``gstar``, ``optimize`` and ``tune``). ``theory`` imports nothing else of this project.
 """
-from . import chains, checks, gstar, image, markov, methods, objectives, recorded, rules, schedules, tree, verify
+from . import chains, checks, fidelity, gstar, image, likelihood, markov, methods, objectives, recorded, rules, schedules, tree, verify
 from .rules import Verifier, cool_sd, greedy, lantern, lantern_pp, linear_rsd, typical, uniform_rsd, vanilla
 from .tree import Tree, verify_tree
 from .verify import verify_chain
 
-__all__ = ["chains", "checks", "gstar", "image", "markov", "methods", "objectives", "optimize", "recorded", "rules",
+__all__ = ["chains", "checks", "fidelity", "gstar", "image", "likelihood", "markov", "methods", "objectives", "optimize", "recorded", "rules",
            "schedules", "tree", "tune", "verify", "Verifier", "Tree",
            "verify_chain", "verify_tree", "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
            "typical", "greedy"]

@@ -254,6 +254,69 @@ class LanternResample:
             return p * (c @ keep) + fallback
         return xp.sum(w[..., :, None] * self._given_dense(p, q, M > 0, xp), axis=-2)
 
+    def effective_at(self, p, q, f, x):
+        """G_eff(x) (...,) at one token x (...,) per row, for the released laws (None for "renormalised": use
+        ``__call__``). Equal to ``gather(self(p, q, f), x)`` but without the (V, V) neighbourhood mask: O(V (k+1))
+        per row, the cost of the acceptance rule (``theory.likelihood`` calls it). Sums of non-negative terms,
+        except the "p" law's Z(y) = sum(p) - p(y) - adm(y) p(N(y)); where that subtraction leaves less than
+        1e-6 of the row's mass (cancellation) Z(y) is recomputed as the direct sum over the kept codes, and its
+        zero test is exact (counts of positive entries), so the relative error stays below 1e-8."""
+        if self.law != "released":
+            return None
+        xp = namespace(p, q, f)
+        dev = array_api_compat.device(p)
+        V = p.shape[-1]
+        x = xp.astype(x, xp.int64)
+        nb = _table(self.neighbors, self.k + 1, dev, xp)                              # (V, k+1)
+        adm = self.accept.admits(p)                                                   # (..., V_y)
+        hit = xp.any(nb == x[..., None, None], axis=-1) & adm                         # x in N(y), removed
+        w = q * (1 - f)                                                               # rejection mass of y
+        tot = xp.sum(w, axis=-1)
+
+        def at_nb(a):   # a (..., V) -> a at each y's k+1 neighbours (..., V_y, k+1)
+            return xp.reshape(xp.take(a, xp.reshape(nb, (-1,)), axis=-1), (*a.shape[:-1], V, self.k + 1))
+
+        admf = xp.astype(adm, p.dtype)
+        if self.variant == "p":
+            S = xp.sum(p, axis=-1, keepdims=True)
+            Z = S - p - admf * xp.sum(at_nb(p), axis=-1)
+            pos = xp.astype(p > 0, xp.int64)
+            npos = xp.sum(pos, axis=-1, keepdims=True) - pos - xp.astype(adm, xp.int64) * xp.sum(at_nb(pos), axis=-1)
+            empty = npos == 0
+            Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & (w > 0) & (Z < 1e-6 * S), xp)
+            c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
+            kept = (~hit) & (xp.arange(V, device=dev) != x[..., None])                 # x survives G(.|y)
+            mix = gather(p, x, xp) * xp.sum(xp.where(kept, c, xp.zeros_like(c)), axis=-1)
+        else:
+            r = positive_part(p - q, xp)
+            d = p - r
+            Z = xp.sum(r, axis=-1, keepdims=True) + admf * xp.sum(at_nb(d), axis=-1)   # sums of non-negatives
+            empty = Z <= 0
+            c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
+            mix = gather(r, x, xp) * xp.sum(c, axis=-1) \
+                + gather(d, x, xp) * xp.sum(xp.where(hit, c, xp.zeros_like(c)), axis=-1)
+        mix = mix + xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1) / V           # uniform fallback
+        has = tot > 0
+        return xp.where(has, mix / xp.where(has, tot, xp.ones_like(tot)), gather(p, x, xp))
+
+    def _exact_where_cancelled(self, p, adm, nb, Z, flag, xp):
+        """Z (..., V_y) with the flagged entries replaced by the direct sum of p over the codes G(.|y) keeps
+        (numpy / torch item assignment; chunks of flagged pairs bound the (m, k+1, V) mask)."""
+        if not bool(xp.any(flag)):
+            return Z
+        V = p.shape[-1]
+        dev = array_api_compat.device(p)
+        pf, af, Zf = xp.reshape(p, (-1, V)), xp.reshape(adm, (-1, V)), xp.reshape(Z, (-1, V))
+        rr, yy = xp.nonzero(xp.reshape(flag, (-1, V)))
+        ar = xp.arange(V, device=dev)
+        step = max(1, (1 << 24) // (V * (self.k + 1)))
+        Zf = xp.asarray(Zf, copy=True)
+        for s in range(0, rr.shape[0], step):   # a loop over chunks of the (rare) cancelled pairs
+            r, y = rr[s:s + step], yy[s:s + step]
+            drop = (ar == y[:, None]) | (af[r, y][:, None] & xp.any(xp.take(nb, y, axis=0)[:, :, None] == ar, axis=1))
+            Zf[r, y] = xp.sum(xp.where(drop, xp.zeros_like(pf[r]), pf[r]), axis=-1)
+        return xp.reshape(Zf, Z.shape)
+
     def _given_dense(self, p, q, S, xp):
         """Renormalised "q" law for every x at once, S (V_x, V_y) bool -> (..., V_x, V_y)."""
         V = p.shape[-1]
