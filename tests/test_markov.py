@@ -15,24 +15,7 @@ TOL = 1e-10
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
-def _mu(init, V):
-    if isinstance(init, int):
-        mu = np.zeros(V)
-        mu[init] = 1.0
-        return mu
-    return init
-
-
-def _brute(P, Q, rule, L, init):
-    """(E[tau], B, exact TV averaged over start states, Pr(tau >= i)) by enumeration."""
-    mu = _mu(init, len(P))
-    e = b = t = 0.0
-    for s in np.flatnonzero(mu > 0):
-        law, e_s = bf.algorithm_law(P, Q, rule, L, s)
-        e += mu[s] * e_s
-        b += mu[s] * bf.bound(P, Q, rule, L, s)
-        t += mu[s] * bf.tv(law, bf.target_law(P, L, s))
-    return e, b, t
+_brute = bf.theory_by_enumeration      # (E[tau], B, exact TV averaged over start states) by enumeration
 
 
 @SETTINGS
