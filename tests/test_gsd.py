@@ -224,6 +224,38 @@ def test_grouping_can_be_stricter_than_vanilla_so_gstar_differs_from_the_release
     assert np.allclose(rules.Optimal()(p, q, fw), w.resample(p, q, fw), atol=1e-15)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 12), st.integers(0, 2**32 - 1))
+def test_partition_groups_accept_at_least_as_much_as_vanilla(V, seed):
+    """Groups that partition the vocabulary (whole-vocabulary windows, w >= 2V - 1; no probability test;
+    tight clusters far apart): sum_G q f = min(P(G), Q(G)) >= sum_G min(p, q), so beta >= beta^van."""
+    rng = np.random.default_rng(seed)
+    centres = np.stack([10.0 * rng.integers(0, max(1, V // 3), size=V), np.zeros(V)], axis=1)
+    E = centres + rng.uniform(-0.2, 0.2, size=(V, 2))     # inside a cluster d^2 <= 0.32, across >= 92
+    p = rng.dirichlet(np.full(V, 0.5), size=20)
+    q = rng.dirichlet(np.full(V, 0.5), size=20)
+    v = rules.gsd(E, window=2 * V - 1, p_threshold=2.0, d_threshold=2.0)
+    C = v.accept.close
+    assert np.array_equal(C, C.T) and np.array_equal((C.astype(int) @ C.astype(int)) > 0, C)   # an equivalence
+    beta = (q * v.accept(p, q, 1)).sum(-1)
+    assert np.all(beta >= np.minimum(p, q).sum(-1) - 1e-12)
+    if V >= 6:   # negative control: window 1 breaks the partition, and some row then accepts less than vanilla
+        narrow = rules.gsd(E, window=1, p_threshold=2.0, d_threshold=2.0)
+        rows = rng.dirichlet(np.full(V, 0.5), size=(2, 200))
+        assert np.any((rows[1] * narrow.accept(rows[0], rows[1], 1)).sum(-1) < np.minimum(*rows).sum(-1) - 1e-12)
+
+
+def test_grouping_can_accept_less_than_vanilla_on_a_chain():
+    """The non-partition case (section 6b): the codebook chain of the docs, p_threshold 0.05, L = 3."""
+    from sim.sources import codebook_source
+
+    src = codebook_source(V=16, d=2, seed=1)
+    e = {}
+    for name, v in (("vanilla", rules.vanilla()), ("gsd", rules.gsd(src.embeddings, p_threshold=0.05))):
+        e[name] = markov.expected_accepted(src.P, src.Q, markov.rule_tables(src.P, src.Q, 3, v)[0], src.init)
+    assert e["gsd"] < e["vanilla"]
+
+
 def test_equal_rows_accept_everything():
     rng = np.random.default_rng(5)
     p = rng.dirichlet(np.ones(20), size=4)
