@@ -203,3 +203,60 @@ def optimal_g_rows(p, q, f, rejected=None):
     r = [max(p[x] - q[x] * f[x], 0.0) for x in range(len(p))]
     t = sum(r)
     return [v / t for v in r] if t > 0 else list(p)
+
+
+def residual_g_rows(p, q, f=None, rejected=None):
+    """The vanilla residual Norm([p - q]_+), p where it is empty."""
+    r = [max(p[x] - q[x], 0.0) for x in range(len(p))]
+    t = sum(r)
+    return [v / t for v in r] if t > 0 else list(p)
+
+
+def gsd_f(p, q, emb, window=7, p_thr=0.15, d_thr=0.5):
+    """GSD's acceptance replayed token by token as the release's loop does it (junhyukso/GSD, the grouped
+    test of SpeculativeSampler): rank the vocabulary by ascending logit (log p; ties by token id), take the
+    Python slice [r - window : r + window] of that ranking around the draft's rank r, keep the tokens within
+    p_thr in probability and within d_thr in squared embedding distance (d_thr None: no distance test),
+    accept with min(1, sum p / sum q) over the kept ones; an empty slice falls back to min(1, p(x)/q(x)).
+    q(x) = 0 (never drafted) gives 1 by the package's convention."""
+    V = len(p)
+    logit = [math.log(v) if v > 0 else -math.inf for v in p]
+    order = sorted(range(V), key=lambda y: (logit[y], y))
+    out = []
+    for x in range(V):
+        if q[x] == 0:
+            out.append(1.0)
+            continue
+        r = order.index(x)
+        cand = order[r - window: r + window]
+        if not cand:
+            out.append(min(1.0, p[x] / q[x]))
+            continue
+        num = den = 0.0
+        for y in cand:
+            d2 = sum((a - b) ** 2 for a, b in zip(emb[x], emb[y])) if d_thr is not None else 0.0
+            if abs(p[y] - p[x]) < p_thr and (d_thr is None or d2 < d_thr):
+                num += p[y]
+                den += q[y]
+        if den > 0:
+            out.append(min(1.0, num / den))
+        else:                          # the release's num / 0: inf (accepted) or NaN (rejected)
+            out.append(1.0 if num > 0 else 0.0)
+    return out
+
+
+def theory_by_enumeration(P, Q, rule, L, init):
+    """(E[tau], B, exact TV) averaged over the start law ``init`` (an int or a distribution), by enumeration."""
+    V = len(P)
+    if isinstance(init, (int, np.integer)):
+        mu = np.zeros(V)
+        mu[init] = 1.0
+    else:
+        mu = np.asarray(init, dtype=float)
+    e = b = t = 0.0
+    for s in np.flatnonzero(mu > 0):
+        law, e_s = algorithm_law(P, Q, rule, L, s)
+        e += mu[s] * e_s
+        b += mu[s] * bound(P, Q, rule, L, s)
+        t += mu[s] * tv(law, target_law(P, L, s))
+    return e, b, t

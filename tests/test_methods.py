@@ -10,8 +10,10 @@ from theory import methods, rules
 def test_every_method_builds_the_rule_of_theory_rules():
     nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(10, 2)))
     needs = {"scaled": {"weights": (3.0, 1.5, 1.0)}}                       # a method with a required parameter
+    emb = np.random.default_rng(1).normal(size=(10, 2))
     for name in methods.names():
         v = methods.build(name, 3, nb, k=2) if methods.get(name).needs_neighbors else \
+            methods.build(name, 3, embeddings=emb) if methods.get(name).needs_embeddings else \
             methods.build(name, 3, **needs.get(name, {}))
         assert isinstance(v, rules.Verifier)
         assert v.name == name or (name, v.name) == ("lantern+G*", "lantern+G*")
@@ -36,10 +38,31 @@ def test_every_method_builds_the_rule_of_theory_rules():
     (lambda: methods.build("lantern+G*", 4, np.zeros((4, 3), np.int64), resampler="lantern"), "is fixed"),
     (lambda: methods.build("lantern", 4), "neighbour table"),
     (lambda: methods.build("vanilla", 0), "L must be"),
+    (lambda: methods.build("gsd", 4), r"gsd: the embedding-distance test \(--gsd-d-threshold 0.5\) needs the codebook"),
+    (lambda: methods.build("gsd", 4, d_threshold="near"), "'d_threshold': need a number > 0 or 'off'"),
+    (lambda: methods.build("gsd", 4, d_threshold=0.0), "'d_threshold': need a number > 0 or 'off'"),
+    (lambda: methods.build("gsd", 4, d_threshold="off", window=-1), "'window' must be >= 0"),
+    (lambda: methods.build("gsd", 4, d_threshold="off", p_threshold=0.0), "'p_threshold' must be > 0"),
+    (lambda: methods.build("gsd", 4, d_threshold="off", resampler="lantern"), "one of"),
+    (lambda: methods.build("gsd+G*", 4, d_threshold="off", resampler="residual"), "is fixed"),
 ])
 def test_bad_methods_and_parameters_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_gsd_entries_build_the_release_rule_and_our_g_star_variant():
+    emb = np.random.default_rng(0).normal(size=(12, 3))
+    v = methods.build("gsd", 4, embeddings=emb)
+    assert v.name == "gsd" and isinstance(v.resample, rules.Residual) and isinstance(v.accept, rules.Grouped)
+    assert v.params == {"window": 7, "p_threshold": 0.15, "d_threshold": 0.5, "resampler": "residual"}
+    assert np.array_equal(v.accept.close, rules.gsd_close(emb, 0.5))
+    g = methods.build("gsd+gstar", 4, embeddings=emb, window=3)       # alias spelling, resampler pinned
+    assert g.name == "gsd+G*" and isinstance(g.resample, rules.Optimal) and g.params["window"] == 3
+    off = methods.build("gsd", 4, d_threshold="off")                   # no distance test: no embeddings needed
+    assert off.accept.close is None and off.params["d_threshold"] is None
+    assert methods.flags()["gsd_d_threshold"].type is methods.threshold_or_off
+    assert set(methods.flags()["resampler"].choices) >= {"residual", "optimal", "lantern", "argmax"}
 
 
 def test_flat_options_come_from_the_registry():

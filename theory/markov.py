@@ -170,11 +170,15 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     stacked (L, V, V) F and G); LANTERN's acceptance (section 6) gathers its k neighbours' masses into
     (V, V, k) arrays (about 3k + 2L + 3 (V, V) arrays in all), and the effective law of our renormalised
     LANTERN++ resampler (``dense_effective_law``; not the released one) forms dense (V_x, V_x, V_y)
-    stacks: about 5 float64 arrays of V^3 at its peak. Measured with tracemalloc (tests/test_bad_input.py): within 20%."""
+    stacks: about 5 float64 arrays of V^3 at its peak; GSD's group acceptance (section 6b) gathers its 2w
+    window members into (V, V, 2w) arrays (about 10 w + 2L + 10 (V, V) arrays in all). Measured with
+    tracemalloc (tests/test_bad_input.py, tests/test_gsd.py): within 20%."""
     acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
     n = 4 * L + 2
     if isinstance(acc, _rules.Lantern):
         n = 3 * int(acc.k) + 2 * L + 3
+    if isinstance(acc, _rules.Grouped) and acc.window > 0:
+        n = 10 * int(acc.window) + 2 * L + 10
     cube = 5 * V ** 3 if getattr(res, "dense_effective_law", False) else 0
     return 8 * (n * V * V + cube)
 

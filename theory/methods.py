@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 from . import rules
 
 __all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "TYPICAL_RESAMPLERS", "register", "get", "names", "resolve", "build",
-           "flags", "default_lantern_k"]
+           "flags", "default_lantern_k", "threshold_or_off"]
 
 # LANTERN / LANTERN++ resamplers (docs/theory.md section 6): as released ("lantern", the default), our
 # earlier variant ("renormalised") or G* ("optimal", T5); typical acceptance: argmax (vLLM) or G*
@@ -67,9 +67,16 @@ class Param:
                 v = int(value)
             elif self.type is float:
                 v = float(value)
-            else:
+            elif self.type in (str, bool):
                 v = self.type(value)
-        except (TypeError, ValueError):
+            else:                        # a parser function (weights_value, threshold_or_off): its own message
+                try:
+                    v = self.type(value)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"{method}: parameter {self.name!r}: {e}") from None
+        except (TypeError, ValueError) as e:
+            if str(e).startswith(f"{method}: parameter"):
+                raise
             raise ValueError(f"{method}: parameter {self.name!r} must be {self.type.__name__}, got {value!r}") from None
         if self.choices is not None and v not in self.choices:
             raise ValueError(f"{method}: parameter {self.name!r} must be one of {list(self.choices)}, got {v!r}")
@@ -89,12 +96,14 @@ class Param:
 class Method:
     """name -> factory(params: dict, L: int, neighbors (V, K) or None) -> ``rules.Verifier``.
     ``fixed`` are parameters an alias pins (``lantern+G*`` = ``lantern`` with resampler "optimal");
-    ``greedy_rows`` marks rules meant for temperature-0 rows (greedy)."""
+    ``greedy_rows`` marks rules meant for temperature-0 rows (greedy); ``needs_embeddings`` marks rules that
+    take the codebook vectors (V, d) (GSD), which ``build`` passes to the factory in place of the table."""
     name: str
     label: str
     params: tuple[Param, ...]
     factory: Callable[[dict, int, Any], rules.Verifier]
     needs_neighbors: bool = False
+    needs_embeddings: bool = False
     fixed: Mapping[str, Any] = field(default_factory=dict)
     greedy_rows: bool = False
     help: str = ""
@@ -114,7 +123,7 @@ class Method:
 
 
 METHODS: dict[str, Method] = {}
-ALIASES = {"lantern+gstar": "lantern+G*"}      # other spellings of a registered name (lower case)
+ALIASES = {"lantern+gstar": "lantern+G*", "gsd+gstar": "gsd+G*"}      # other spellings of a registered name (lower case)
 
 
 def register(m: Method) -> Method:
@@ -151,15 +160,17 @@ def resolve(name: str, params: Mapping[str, Any] | None = None) -> dict:
     return {p.name: p.check(m.name, out[p.name]) for p in m.params}
 
 
-def build(name: str, L: int, neighbors=None, params: Mapping[str, Any] | None = None, **kw) -> rules.Verifier:
+def build(name: str, L: int, neighbors=None, params: Mapping[str, Any] | None = None, *, embeddings=None,
+          **kw) -> rules.Verifier:
     """The verifier of method ``name`` with parameters ``params`` / ``kw`` (defaults for the rest) for
-    draft length ``L``; ``neighbors`` (V, K) the codebook neighbour table (numpy or torch, LANTERN family)."""
+    draft length ``L``; ``neighbors`` (V, K) the codebook neighbour table (numpy or torch, LANTERN family);
+    ``embeddings`` (V, d) the codebook vectors (numpy or torch, GSD's distance test)."""
     m = get(name)
     if m.needs_neighbors and neighbors is None:
         raise ValueError(f"method {name!r} needs a codebook neighbour table (the model has no VQ codebook here)")
     if not (isinstance(L, int) and L >= 1):
         raise ValueError(f"L must be an int >= 1, got {L!r}")
-    return m.factory(resolve(name, {**(params or {}), **kw}), L, neighbors)
+    return m.factory(resolve(name, {**(params or {}), **kw}), L, embeddings if m.needs_embeddings else neighbors)
 
 
 def flags() -> dict[str, Param]:
@@ -170,8 +181,9 @@ def flags() -> dict[str, Param]:
         for p in m.free:
             q = out.setdefault(p.option, p)
             if q is not p and q.choices and p.choices and set(p.choices) - set(q.choices):   # e.g. --resampler
-                out[p.option] = dataclasses.replace(q, choices=tuple(dict.fromkeys(q.choices + p.choices)),
-                                                    default=None, help=q.help + " (the method's own default)")
+                note = " (the method's own default)"
+                out[p.option] = dataclasses.replace(q, choices=tuple(dict.fromkeys(q.choices + p.choices)), default=None,
+                                                    help=q.help if q.help.endswith(note) else q.help + note)
     return out
 
 
@@ -235,6 +247,44 @@ register(Method("typical", "typical acceptance", (
           help="correction after a rejection: argmax p (as vLLM's release) or G*")),
     lambda p, L, nb: rules.typical(p["eps"], p["alpha"], resample=p["resampler"]),
     help="typical acceptance as vLLM / Medusa release it (entropy with +1e-5, argmax correction)", relaxation="eps"))
+def threshold_or_off(spec) -> float:
+    """GSD's distance threshold: a number > 0, or "off" / "none" / "inf" (inf: no distance test)."""
+    if isinstance(spec, str) and spec.strip().lower() in ("off", "none", "inf"):
+        return math.inf
+    try:
+        v = float(spec)
+    except (TypeError, ValueError):
+        raise ValueError(f"need a number > 0 or 'off', got {spec!r}") from None
+    if not (v > 0):                                           # also refuses NaN
+        raise ValueError(f"need a number > 0 or 'off', got {spec!r}")
+    return v
+
+
+def _gsd(p: dict, L: int, embeddings) -> rules.Verifier:
+    off = math.isinf(p["d_threshold"])
+    if not off and embeddings is None:
+        raise ValueError(f"gsd: the embedding-distance test (--gsd-d-threshold {p['d_threshold']:g}) needs the codebook "
+                         "vectors (embeddings, V x d); the model has none here: give them, or --gsd-d-threshold off")
+    return rules.gsd(None if off else embeddings, window=p["window"], p_threshold=p["p_threshold"],
+                     d_threshold=None if off else p["d_threshold"], resample=p["resampler"])
+
+
+_GSD_PARAMS = (
+    Param("window", int, rules.GSD_WINDOW, low=0, flag="gsd_window",
+          help="GSD rank window: sorted positions [r - w, r + w) around the draft's rank r (as released: 7)"),
+    Param("p_threshold", float, rules.GSD_P_THRESHOLD, low=0, low_open=True, flag="gsd_p_threshold",
+          help="GSD probability test |p(y) - p(x)| < threshold (as released: 0.15)"),
+    Param("d_threshold", threshold_or_off, rules.GSD_D_THRESHOLD, flag="gsd_d_threshold",
+          help="GSD squared embedding distance < threshold (as released: 0.5), or off"),
+    Param("resampler", str, "residual", choices=rules.GSD_RESAMPLERS, flag="resampler",
+          help="GSD after a rejection: the vanilla residual Norm([p - q]_+) (residual, as released) or G* (optimal)"))
+register(Method("gsd", "GSD", _GSD_PARAMS, _gsd, needs_embeddings=True, relaxation="p_threshold",
+                help="grouped acceptance min(1, P(G)/Q(G)) over the draft's rank/probability/embedding group "
+                     "(section 6b), vanilla residual, as released"))
+register(Method("gsd+G*", "GSD+G*", _GSD_PARAMS, _gsd, needs_embeddings=True, fixed={"resampler": "optimal"},
+                relaxation="p_threshold", help="GSD's grouped acceptance with the G* resampler (T5)"))
+
+
 def weights_value(spec) -> tuple:
     """Weights w_1..w_L of the ``scaled`` method: a sequence, comma-separated numbers ("3,1.2,1,1") or the
     path of a schedule.json written by ``coolsd tune`` (key "weights")."""

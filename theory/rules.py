@@ -27,6 +27,7 @@ import array_api_compat
 
 from . import checks
 from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
+from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import LANTERN_LAWS, Lantern, LanternResample, check_neighbors, lantern_neighbors
 from .schedules import (COOL_SD_NORM, COOL_SD_NORMS, Explicit, Exponential, Floored, Linear, Offset, Schedule,  # noqa: F401
                         Uniform, Vector, cool_sd_schedule)
@@ -39,6 +40,7 @@ __all__ = [
     "COOL_SD_NORMS", "COOL_SD_NORM", "cool_sd_schedule", "level",
     "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "scaled", "lantern", "lantern_pp",
     "typical", "greedy", "lantern_neighbors", "check_neighbors", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "LANTERN_LAWS",
+    "Grouped", "gsd", "gsd_close", "GSD_RESAMPLERS",
 ]
 
 
@@ -289,6 +291,41 @@ def typical(eps: float = 0.09, alpha: float = 0.3, resample: str = "argmax", ent
         + ("" if entropy == "release" else "(exact H)")
     return Verifier(Typical(eps, alpha, entropy), G, name,
                     {"eps": eps, "alpha": alpha, "resampler": resample, "entropy": entropy})
+
+
+# GSD's resamplers (CLI --resampler): the release's vanilla residual Norm([p - q]_+) first (the default), G*
+GSD_RESAMPLERS = ("residual", "optimal")
+
+
+def gsd(embeddings=None, *, window: int = GSD_WINDOW, p_threshold: float = GSD_P_THRESHOLD,
+        d_threshold: float | None = GSD_D_THRESHOLD, resample: str = "residual", close=None) -> Verifier:
+    """GSD, Grouped Speculative Decoding (section 6b) as released: f(x) = min(1, P(G(x)) / Q(G(x))), G(x) the
+    tokens of x's rank window (``window`` = 7: ascending-sorted positions [r - 7, r + 7) of p) within
+    ``p_threshold`` (0.15) of p(x) and within squared distance ``d_threshold`` (0.5) of x's vector in
+    ``embeddings`` (V, d); after a rejection the vanilla residual Norm([p - q]_+) (``resample="residual"``).
+    ``resample="optimal"``: G* = Norm([p - q f]_+) (T5), named "gsd+G*". ``d_threshold=None`` (or inf) turns
+    the distance test off (no embeddings needed); ``close`` (V, V) bool, a prebuilt ``gsd_close`` table,
+    replaces ``embeddings``."""
+    off = d_threshold is None or (isinstance(d_threshold, (int, float)) and math.isinf(d_threshold) and d_threshold > 0)
+    if not off and not (isinstance(d_threshold, (int, float)) and not isinstance(d_threshold, bool)
+                        and math.isfinite(d_threshold) and d_threshold > 0):
+        raise ValueError(f"gsd: d_threshold must be a number > 0 (None or inf: no distance test), got {d_threshold!r}")
+    if not off and close is None:
+        if embeddings is None:
+            raise ValueError(f"gsd: the embedding-distance test (d_threshold={d_threshold!r}) needs the codebook "
+                             "vectors: pass embeddings=(V, d) (the target's input embeddings as released, or the VQ "
+                             "codebook), or d_threshold=None to turn the test off")
+        close = gsd_close(embeddings, d_threshold)
+    elif off:
+        close = None
+    if resample not in GSD_RESAMPLERS:
+        raise ValueError(f"gsd: unknown resampler {resample!r}; choose from {list(GSD_RESAMPLERS)}")
+    acc = Grouped(close, window, p_threshold)
+    params = {"window": window, "p_threshold": p_threshold, "d_threshold": None if off else d_threshold,
+              "resampler": resample}
+    if resample == "residual":
+        return Verifier(acc, Residual(), "gsd", params)
+    return Verifier(acc, Optimal(), "gsd+G*", params)
 
 
 def greedy() -> Verifier:
