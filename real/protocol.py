@@ -23,6 +23,10 @@ Emu3 adapters, the toy models of the MNIST zoo) is a stateful object that owns i
   block: of the entries written by the last ``forward``, keep those at ``indices`` (k,) (in order),
   drop the rest (adapters that cannot do it raise NotImplementedError with a sentence).
 * ``cache_len`` (int): entries in the cache, prefix included.
+* ``batched`` (bool): False for these single-length models; the decoder sees them through ``OneRow``.
+  Models with per-row cache lengths follow ``BatchedTarget`` / ``BatchedFeatureDrafter`` (per-row
+  ``cache_lens``, ``rollback(counts)``, ``keep(indices, counts)``, ``cache_bytes``), which is exactly what
+  ``real.decode`` calls; ``real.nn.kvcache.CachedRows`` gives their cache members.
 * ``vocab_size`` (int): V, the image-token vocabulary; logits are over image tokens only (an adapter of
   a multimodal LM maps image token k to its own id and slices the logits, see ``real.adapters.hf``).
 * ``needs_features`` (bool, default False): see ``FeatureDrafter``.
@@ -55,7 +59,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask", "as_conds",
+__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask", "as_conds",
            "OneRow", "prompt_rows", "check_attn_mask"]
 
 
@@ -113,6 +117,80 @@ class FeatureDrafter(Protocol):
 
     def rollback(self, n: int) -> None:
         """Drop the last n cache entries."""
+
+
+@runtime_checkable
+class BatchedTarget(Protocol):
+    """What ``real.decode`` calls on a target or an independent draft, with per-row cache lengths (LlamaGen, the
+    zoo models; a single-length ``ARModel`` is seen through ``OneRow``). R = model rows (images, x2 with CFG).
+
+    * ``vocab_size`` V; ``batched`` True; ``needs_features`` False; ``prefix_len`` the condition prefix's
+      positions (a feature drafter's cache is sized by it);
+    * ``cache_lens`` (R,) int64 entries per row, prefix included;
+    * ``prefill(conds, tokens=None, *, cfg, return_hidden)``: conds a list of B conditions, tokens (B, S) ->
+      logits (R, 1 + S, V) (+ hidden (R, P + S, D));
+    * ``forward(tokens (R, S), *, position_ids (R, S) or (S,), attn_mask (S, K) bool, return_hidden)`` ->
+      logits (R, S, V) (+ hidden (R, S, D));
+    * ``rollback(counts)``: drop counts[r] entries of row r (an int: every row);
+    * ``keep(indices (R, k) or (k,), counts (R,))``: of the last block, keep the first counts[r] of indices[r];
+    * ``cache_bytes(rows)``: the memory ``prefill`` allocates for ``rows`` rows.
+    ``real.nn.kvcache.CachedRows`` implements the cache members for every model that owns a ``KVCache``."""
+    vocab_size: int
+    batched: bool
+    needs_features: bool
+    prefix_len: int
+
+    @property
+    def cache_lens(self) -> np.ndarray:
+        """(R,) int64 entries per row, prefix included."""
+
+    def prefill(self, conds, tokens: torch.Tensor | None = None, *, cfg: bool = False,
+                return_hidden: bool = False) -> ModelOutput:
+        """Reset every row and run the conditions' prefixes, then ``tokens`` (B, S) -> logits (R, 1 + S, V)."""
+
+    def forward(self, tokens: torch.Tensor, *, position_ids=None, attn_mask: torch.Tensor | None = None,
+                return_hidden: bool = False) -> ModelOutput:
+        """Append ``tokens`` (R, S) at ``position_ids`` (R, S) -> logits (R, S, V) (+ hidden (R, S, D))."""
+
+    def rollback(self, counts) -> None:
+        """Drop the last counts[r] entries of row r (int: every row)."""
+
+    def keep(self, indices, counts=None) -> None:
+        """Keep the last block's entries ``indices`` ((R, k) or (k,)), the first counts[r] in row r."""
+
+    def cache_bytes(self, rows: int) -> int:
+        """Memory of the cache ``prefill`` allocates for ``rows`` rows."""
+
+
+@runtime_checkable
+class BatchedFeatureDrafter(Protocol):
+    """What ``real.decode`` calls on an EAGLE-style drafter with per-row cache lengths: as ``BatchedTarget`` but
+    ``needs_features`` True, ``start(prefix_len, rows)`` instead of ``prefill`` (``prefix_len`` the target's),
+    ``forward(tokens (R, S), *, features (R, S, D), position_ids, attn_mask)`` -> logits (R, S, V) and the
+    drafter's hidden states (R, S, D), and ``cache_bytes(rows, prefix_len)``."""
+    vocab_size: int
+    batched: bool
+    needs_features: bool
+
+    @property
+    def cache_lens(self) -> np.ndarray:
+        """(R,) int64 entries per row."""
+
+    def start(self, prefix_len: int, batch: int) -> None:
+        """Reset for ``batch`` rows whose target prefix has ``prefix_len`` positions."""
+
+    def forward(self, tokens: torch.Tensor, *, features: torch.Tensor, position_ids=None,
+                attn_mask: torch.Tensor | None = None, return_hidden: bool = True) -> ModelOutput:
+        """Append (tokens (R, S), features (R, S, D)) -> logits (R, S, V), hidden (R, S, D)."""
+
+    def rollback(self, counts) -> None:
+        """Drop the last counts[r] entries of row r."""
+
+    def keep(self, indices, counts=None) -> None:
+        """As ``BatchedTarget.keep``."""
+
+    def cache_bytes(self, rows: int, prefix_len: int) -> int:
+        """Memory of the cache ``start(prefix_len, rows)`` allocates."""
 
 
 @dataclass
@@ -243,6 +321,13 @@ class OneRow:
 
     def __getattr__(self, name):
         return getattr(self.model, name)
+
+    prefix_len = 1           # not known before the prompt is seen: a feature drafter's memory is estimated from 1
+
+    def cache_bytes(self, rows: int, prefix_len: int | None = None) -> int:
+        """0: the memory of a single-length model's cache (it grows with the prompt) is not estimated; such models
+        run one image at a time."""
+        return 0
 
     @property
     def cache_lens(self) -> np.ndarray:

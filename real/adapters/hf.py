@@ -30,6 +30,7 @@ class HFCausalLM:
     Logits are float32 (B, S, V) over the image tokens: V = len(``image_token_ids``) when given, else the LM's
     whole vocabulary."""
     needs_features = False
+    batched = False          # one cache length for all rows: the engine wraps it in real.protocol.OneRow
 
     def __init__(self, model, image_token_ids: torch.Tensor | None = None):
         """``model``: a transformers ``*ForCausalLM`` (put in eval mode); ``image_token_ids`` (V,) int64: the LM

@@ -96,16 +96,26 @@ def _available_bytes(device: torch.device) -> int:
 
 
 def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int:
-    """Estimated memory of a batch: both KV caches (``cache_bytes``, where the model reports it) and the
-    per-round probability rows (a few (rows, 64, V) float32 arrays)."""
+    """Estimated memory of a batch: both KV caches (``cache_bytes``: a feature drafter's sized by the target's
+    ``prefix_len``) and the per-round probability rows (a few (rows, 64, V) float32 arrays). ``target`` and
+    ``draft`` follow the batched protocol (``_batched``)."""
     R = images * rows_per_image
-    caches = sum(int(m.cache_bytes(R)) for m in (target, draft) if m is not None and hasattr(m, "cache_bytes"))
+    caches = int(target.cache_bytes(R))
+    if draft is not None:
+        caches += int(draft.cache_bytes(R, target.prefix_len) if draft.needs_features else draft.cache_bytes(R))
     return caches + 8 * R * 64 * V * 4
+
+
+def _batched(model):
+    """``model`` as the decoder calls it: itself when it keeps per-row cache lengths (``batched``), else wrapped in
+    ``real.protocol.OneRow`` (one image at a time)."""
+    return model if model is None or model.batched else OneRow(model)
 
 
 def default_batch_size(target, draft, n_images: int, processing: Processing = Processing()) -> int:
     """Images per batch when none is asked: all of them, at most ``MAX_BATCH``, and at most what half of
     the device's free memory holds (``_batch_bytes``)."""
+    target, draft = _batched(target), _batched(draft)
     dev, V = _device_of(target), int(target.vocab_size)
     per = max(1, _batch_bytes(target, draft, 1, processing.batch, V))
     return int(max(1, min(n_images, MAX_BATCH, _available_bytes(dev) // 2 // per)))
@@ -123,10 +133,10 @@ def _check_batch(target, draft, n_images: int, batch_size, processing: Processin
         if bs > n_images:
             raise ValueError(f"batch_size {bs} is larger than the {n_images} images asked")
     for m in (target, draft):
-        if m is not None and bs > 1 and not getattr(m, "batched", False):
+        if m is not None and bs > 1 and not m.batched:
             raise ValueError(f"{type(m).__name__} generates one image at a time (its cache has no per-row lengths): "
                              f"use batch size 1, got {bs}")
-    need = _batch_bytes(target, draft, bs, processing.batch, int(target.vocab_size))
+    need = _batch_bytes(_batched(target), _batched(draft), bs, processing.batch, int(target.vocab_size))
     free = _available_bytes(_device_of(target))
     if need > free:
         raise ValueError(f"a batch of {bs} images needs about {need / 2**30:.2f} GiB (KV caches and rows), "
@@ -177,7 +187,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
         elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"L must be >= 1 (an int: drafts per round), got {L!r}")
     bs = _check_batch(target, draft, len(conds), batch_size, processing)
-    target, draft = (m if m is None or getattr(m, "batched", False) else OneRow(m) for m in (target, draft))
+    target, draft = _batched(target), _batched(draft)
     dev = _device_of(target)
     if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
@@ -199,7 +209,7 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
     slack = 2 + (tree.depth if tree is not None else (L or 0))
     run = Run(target, draft, proc, rng, dev, T, np.zeros(B, np.int64),
               torch.zeros((B, T + slack), dtype=torch.long, device=dev),
-              feat=bool(getattr(draft, "needs_features", False)), host=host_verification(dev, verifier))
+              feat=draft is not None and draft.needs_features, host=host_verification(dev, verifier))
     sync(dev)
     t_start = time.perf_counter()
     if draft is not None and tree is None and not run.feat:     # an independent draft drafts from round 0

@@ -132,7 +132,6 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
     vocabulary (rows of the head and of ``embed_tokens``), as ``real.adapters.hf.HFCausalLM(image_token_ids=...)``."""
     _placed_by = "fc.weight"
     needs_features = True
-    batched = True
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
         """``c``: the drafter's sizes; ``head``: the target's output ``nn.Linear`` (D -> LM vocabulary), kept
@@ -197,8 +196,9 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
             self._zero_rows = zero_rows
         return self.rope
 
-    def cache_bytes(self, rows: int, prefix_len: int = 120) -> int:
-        """Memory of the KV cache ``start`` allocates for ``rows`` rows (prefix_len: an upper bound)."""
+    def cache_bytes(self, rows: int, prefix_len: int) -> int:
+        """Memory of the KV cache ``start(prefix_len, rows)`` allocates (``prefix_len``: the target's, its
+        ``prefix_len``)."""
         c = self.config
         n = prefix_len - 1 + c.block_size + self.extra_slots
         return 2 * c.num_hidden_layers * rows * c.kv_heads * n * c.head_dim * self.fc.weight.element_size()
@@ -239,20 +239,6 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
         h = self._trunk(tokens, features, self.rope[pos], mask, self.cache)
         self.cache.commit()
         return ModelOutput(self.head(h), h)
-
-    def rollback(self, n) -> None:
-        """Drop the last n pairs of every row (int, or (rows,) one count per row)."""
-        self._need_cache().rollback(n)
-
-    def keep(self, indices, counts=None) -> None:
-        """Keep the last block's entries ``indices`` ((k,) shared or (R, k) per row; block-relative, in order), the
-        first ``counts[r]`` ((R,), default k) in row r (``KVCache.keep``)."""
-        self._need_cache().keep(indices, counts)
-
-    def _need_cache(self) -> KVCache:
-        if self.cache is None:
-            raise ValueError("EagleDrafter has no cache yet: call start(prefix_len, batch) first")
-        return self.cache
 
     def _trunk(self, tokens, features, rot, mask, cache=None):
         if self._head_index is not None:

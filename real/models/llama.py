@@ -64,6 +64,7 @@ class FastLlama(Placed, nn.Module):
     ``image_token_ids`` as in ``real.adapters.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
     _placed_by = "embed.weight"
     needs_features = False
+    batched = False          # one cache length for all rows (real.protocol.OneRow)
 
     def __init__(self, config, image_token_ids: torch.Tensor | None = None, max_len: int = 4096):
         """``config``: a transformers ``LlamaConfig``

@@ -212,7 +212,6 @@ class LlamaGen(Placed, CachedRows, nn.Module):
     mask); ``prefill`` takes one condition or a list. The cache is (re)allocated by ``prefill`` for
     ``P + block_size + extra_slots`` entries per row."""
     _placed_by = "tok_embeddings.weight"
-    batched = True
     needs_features = False
 
     def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
@@ -274,19 +273,15 @@ class LlamaGen(Placed, CachedRows, nn.Module):
             self.cache = KVCache(c.n_layer, rows, c.kv_heads, max_len, c.head_dim, dtype=self.dtype, device=self.device)
         self.cache.reset()
 
-    def rollback(self, n) -> None:
-        """Drop the last n image-token entries of every row (n: int, or (rows,) one count per row)."""
-        self._need_cache().rollback(n, floor=self.config.cls_token_num)
+    @property
+    def cache_floor(self) -> int:
+        """Cache entries a rollback never removes: the condition prefix (``real.nn.kvcache.CachedRows``)."""
+        return self.config.cls_token_num
 
-    def keep(self, indices, counts=None) -> None:
-        """Keep entries ``indices`` ((k,) or (rows, k), block-relative, in order) of the last forwarded block,
-        the first ``counts[r]`` in row r (``real.nn.kvcache.KVCache.keep``)."""
-        self._need_cache().keep(indices, counts)
-
-    def _need_cache(self) -> KVCache:
-        if self.cache is None:
-            raise ValueError("LlamaGen has no cache yet: call prefill(cond) first")
-        return self.cache
+    @property
+    def prefix_len(self) -> int:
+        """Positions of the condition prefix (class token or caption): a feature drafter's cache is sized by it."""
+        return self.config.cls_token_num
 
     # ---------------------------------------------------------------- forward
     def _run(self, h: torch.Tensor, position_ids, attn_mask, return_hidden: bool, logits_from: int):

@@ -50,8 +50,12 @@ def common_len(lens: np.ndarray) -> int:
 
 
 class CachedRows:
-    """Mixin for a model that keeps its per-row entries in a ``KVCache`` at ``self.cache`` (None before
-    the first ``prefill``)."""
+    """The cache half of the batched protocol (``real.protocol.BatchedTarget``) for a model that keeps its per-row
+    entries in a ``KVCache`` at ``self.cache`` (None before the first ``prefill`` / ``start``): ``cache_len``,
+    ``cache_lens``, per-row ``rollback`` and ``keep``. ``cache_floor`` is the number of leading entries a
+    rollback may never remove (LlamaGen: its condition prefix); ``_cache_owner`` names the model in errors."""
+    batched = True
+    cache_floor = 0
 
     @property
     def cache_len(self) -> int:
@@ -62,6 +66,21 @@ class CachedRows:
     def cache_lens(self) -> np.ndarray:
         """(rows,) int64 entries in each row's cache, prefix included (a copy)."""
         return np.zeros(1, np.int64) if self.cache is None else self.cache.lens.copy()
+
+    def rollback(self, n) -> None:
+        """Drop the last n[r] entries of row r (n: int, or (rows,) one count per row), never below ``cache_floor``."""
+        self._need_cache().rollback(n, floor=self.cache_floor)
+
+    def keep(self, indices, counts=None) -> None:
+        """Keep the last block's entries ``indices`` ((k,) shared or (rows, k) per row; block-relative, in order), the
+        first ``counts[r]`` ((rows,), default k) in row r (``KVCache.keep``)."""
+        self._need_cache().keep(indices, counts)
+
+    def _need_cache(self) -> "KVCache":
+        if self.cache is None:
+            raise ValueError(f"{type(self).__name__} has no cache yet: call prefill(cond) (a drafter: "
+                             "start(prefix_len, batch)) first")
+        return self.cache
 
 
 class KVCache:
