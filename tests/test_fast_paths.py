@@ -216,12 +216,13 @@ def test_kvcache_equal_lengths_mask_and_keep_in_place():
 
 
 def test_host_verification_gives_the_torch_verdict():
-    """``verify_on`` with ``run.host`` (numpy views) returns the same verdict, as tensors, as the torch path on
+    """``verify_tree_on`` / ``verify_chain_on`` with ``run.host`` (numpy views) return the same verdict, as tensors, as the torch path on
     the same rows, for chains and trees; a verifier holding a tensor (LANTERN's neighbour table placed on the
     device) is kept on torch, one without is verified on the host."""
     from types import SimpleNamespace
 
-    from real.decode.steps import holds_tensors, host_verification, verify_on
+    from real.decode.steps import holds_tensors, host_verification, verify_chain_on
+    from real.decode.tree_steps import verify_tree_on
     from theory import rules
     from theory.lantern import lantern_neighbors
     from theory.tree import EAGLE_25, Tree, verify_tree
@@ -239,12 +240,12 @@ def test_host_verification_gives_the_torch_verdict():
     for v in (rules.vanilla(), rules.cool_sd(2.0), rules.lantern_pp(nb, 2, 2.0)):
         kw = dict(early_exit=True, max_depth=torch.tensor([5, 5, 2, 1, 5]))
         want = verify_tree(p, q, tok, ua, us, tree, v, **kw)
-        got = verify_on(SimpleNamespace(host=True), verify_tree, p, q, tok, ua, us, tree, v, **kw)
+        got = verify_tree_on(SimpleNamespace(host=True), p, q, tok, ua, us, tree, v, kw["max_depth"])
         assert all(isinstance(a, torch.Tensor) and torch.equal(a, b) for a, b in zip(got, want)), v.name
         c_want = verify_chain(p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
                               n_drafted=torch.tensor([4, 4, 2, 0, 3]))
-        c_got = verify_on(SimpleNamespace(host=True), verify_chain, p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
-                          n_drafted=torch.tensor([4, 4, 2, 0, 3]))
+        c_got = verify_chain_on(SimpleNamespace(host=True), p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
+                                torch.tensor([4, 4, 2, 0, 3]))
         assert all(torch.allclose(a, b) for a, b in zip(c_got, c_want)), v.name
     assert not holds_tensors(rules.vanilla()) and not holds_tensors(rules.lantern_pp(nb, 2, 2.0))
     assert holds_tensors(lpp_t)

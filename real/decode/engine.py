@@ -31,35 +31,13 @@ from real.nn.layers import inference_weights
 from real.protocol import OneRow, as_conds, check_pair
 from .rng import Streams
 from .sampling import Processing
-from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
+from .steps import RoundRecord, Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
 from .tree_steps import tree_step
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
            "summarize", "records_to_arrays", "default_batch_size", "MAX_BATCH"]
 
 MAX_BATCH = 64          # default images per batch (``generate(batch_size=None)``), lowered to fit memory
-
-
-@dataclass
-class RoundRecord:
-    """One round: ``drafted`` = L', ``accepted`` = tau (tokens produced: tau + 1), wall times in seconds
-    (CUDA-synchronised), and with ``record_rows=True`` the processed rows along the drafted path:
-    ``p`` (L'+1, V) target rows P(.|h_{i-1}), i = 1..L'+1; ``q`` (L', V) draft rows; ``drafts`` (L',).
-
-    Tree rounds: ``drafted`` = N' nodes drafted, ``depth`` = D' (the truncated tree's depth), ``nodes``
-    the accepted tree nodes (tau of them, by depth); rows: ``p`` (N'+1, V) target rows at every node,
-    ``q`` (N'+1, V) the draft rows the node's children were drawn from (uniform placeholders at leaves),
-    ``drafts`` (N'+1,) node tokens, the root's (the last committed token) at 0."""
-    drafted: int
-    accepted: int
-    t_draft: float
-    t_target: float
-    t_verify: float
-    p: np.ndarray | None = None
-    q: np.ndarray | None = None
-    drafts: np.ndarray | None = None
-    depth: int | None = None
-    nodes: tuple | None = None
 
 
 @dataclass
@@ -236,42 +214,20 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
             "batch_size": B, "batch_seconds": seconds}
     if draft is not None:
         info.update({"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
-    recs = _records(steps, actives, tree, record)
+    recs = _records(steps, actives, tree is not None, record)
     return [Generation(tokens[b], recs[b], seconds / B, len(recs[b]),
                        sum(s.draft_forwards for s, a in zip(steps, actives) if a[b]), dict(info)) for b in range(B)]
 
 
-def _records(steps: list[Step], actives: list[np.ndarray], tree: Tree | None, record: bool) -> list[list[RoundRecord]]:
-    """Per-image RoundRecords from the batch's steps (a loop over rounds and images, once per batch)."""
-    B = actives[0].shape[0]
-    nodes_at = None if tree is None else np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")
-    out: list[list[RoundRecord]] = [[] for _ in range(B)]
-    for k, (s, act) in enumerate(zip(steps, actives)):
+def _records(steps: list[Step], actives: list[np.ndarray], tree_run: bool, record: bool) -> list[list[RoundRecord]]:
+    """Per-image RoundRecords from the batch's steps, each kind of round making its own (``Step.record``); the
+    batch's times are shared equally among the images that took part (a loop over rounds and images, once per
+    batch)."""
+    out: list[list[RoundRecord]] = [[] for _ in range(actives[0].shape[0])]
+    for s, act in zip(steps, actives):
         share = 1.0 / max(1, int(act.sum()))
         for b in np.flatnonzero(act):
-            tau = int(s.accepted[b])
-            if s.depth is not None:             # a tree round
-                D = int(s.depth[b])
-                rec = RoundRecord(int(nodes_at[D]), tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
-                                  depth=D, nodes=tuple(int(x) for x in s.nodes[b, :tau]))
-            else:
-                ell = int(s.drafted[b])
-                rec = RoundRecord(ell, tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
-                                  depth=0 if tree is not None else None, nodes=() if tree is not None else None)
-            if record:
-                p, q, d = s.p, s.q, s.drafts
-                if s.depth is not None:
-                    m = int(nodes_at[int(s.depth[b])]) + 1
-                    rec.p, rec.q, rec.drafts = p[b, :m], q[b, :m], d[b, :m]
-                else:
-                    ell = rec.drafted
-                    rec.p = p[b, :ell + 1]
-                    rec.q = q[b, :ell] if q is not None else p[b, :0]
-                    if tree is not None:        # a single target step of a tree run: the root (-1 at round 0)
-                        rec.drafts = d[b, :1] if d is not None else np.full(1, -1, dtype=np.int64)
-                    else:
-                        rec.drafts = d[b, :ell] if d is not None else np.zeros(0, dtype=np.int64)
-            out[b].append(rec)
+            out[b].append(s.record(int(b), share, record, tree_run))
     return out
 
 

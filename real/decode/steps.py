@@ -26,19 +26,41 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from theory.verify import verify_chain
+from theory.verify import ChainVerdict, verify_chain
 
 from . import rng as R
 from .rng import Streams
 from .sampling import Processing, sample
 
-__all__ = ["Run", "Step", "prefill_step", "ar_step", "chain_step", "feed_draft", "draft_chain", "sync"]
+__all__ = ["RoundRecord", "Run", "Step", "ChainStep", "verify_chain_on", "on_host", "as_tensors", "prefill_step", "ar_step", "chain_step", "feed_draft", "draft_chain", "sync"]
 
 
 def sync(device) -> None:
     """Wait for the device's queued work (CUDA) before a clock is read; a no-op elsewhere."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@dataclass
+class RoundRecord:
+    """One round: ``drafted`` = L', ``accepted`` = tau (tokens produced: tau + 1), wall times in seconds
+    (CUDA-synchronised), and with ``record_rows=True`` the processed rows along the drafted path:
+    ``p`` (L'+1, V) target rows P(.|h_{i-1}), i = 1..L'+1; ``q`` (L', V) draft rows; ``drafts`` (L',).
+
+    Tree rounds: ``drafted`` = N' nodes drafted, ``depth`` = D' (the truncated tree's depth), ``nodes``
+    the accepted tree nodes (tau of them, by depth); rows: ``p`` (N'+1, V) target rows at every node,
+    ``q`` (N'+1, V) the draft rows the node's children were drawn from (uniform placeholders at leaves),
+    ``drafts`` (N'+1,) node tokens, the root's (the last committed token) at 0."""
+    drafted: int
+    accepted: int
+    t_draft: float
+    t_target: float
+    t_verify: float
+    p: np.ndarray | None = None
+    q: np.ndarray | None = None
+    drafts: np.ndarray | None = None
+    depth: int | None = None
+    nodes: tuple | None = None
 
 
 @dataclass
@@ -57,7 +79,7 @@ class Run:
     d_off: int = 0                       # draft element of image token 0
     hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
     plans: dict = field(default_factory=dict)
-    host: bool = False                   # verify on numpy views of the rows (``verify_on``)
+    host: bool = False                   # verify on numpy views of the rows (``on_host``)
 
     @property
     def B(self) -> int:
@@ -84,27 +106,55 @@ class Run:
 
 @dataclass
 class Step:
-    """What one round did, per image: drafted L'_b (tree: nodes), accepted tau_b, tree depth D'_b and the
-    accepted nodes (B, D) (-1 past tau), times of the batch, and (record_rows) the processed rows."""
-    drafted: np.ndarray
-    accepted: np.ndarray
+    """A round that drafted nothing, per image (B,): round 0 (the target's prefill) or one plain AR step. Times are
+    the batch's; with record_rows ``p`` (B, 1, V) the target row the token was drawn from and, for AR steps,
+    ``drafts`` (B, 1) the last committed token (the root a tree run records). Each kind of round turns itself
+    into per-image ``RoundRecord``s (``record``)."""
+    drafted: np.ndarray                  # (B,) drafts per image (0 here)
+    accepted: np.ndarray                 # (B,) accepted drafts tau
     t_draft: float
     t_target: float
     t_verify: float
     draft_forwards: int = 0
-    depth: np.ndarray | None = None
-    nodes: np.ndarray | None = None
-    p: torch.Tensor | None = None        # (B, S+1, V) target rows along the round
-    q: torch.Tensor | None = None        # (B, S, V) chain / (B, N+1, V) tree draft rows
-    drafts: torch.Tensor | None = None   # (B, S) chain / (B, N+1) tree node tokens
+    p: torch.Tensor | None = None
+    drafts: torch.Tensor | None = None
 
     def to_host(self) -> "Step":
         """The recorded rows as numpy on the host (float32), so a recording run holds no rows on the device."""
         for name in ("p", "q", "drafts"):
-            x = getattr(self, name)
+            x = getattr(self, name, None)
             if isinstance(x, torch.Tensor):
                 setattr(self, name, (x.float() if x.is_floating_point() else x).cpu().numpy())
         return self
+
+    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
+        """Image b's record (times: ``share`` of the batch's); a tree run marks single target steps as depth 0 with
+        the root token (-1 at round 0) as its only node token."""
+        rec = RoundRecord(0, int(self.accepted[b]), self.t_draft * share, self.t_target * share, self.t_verify * share,
+                          depth=0 if tree_run else None, nodes=() if tree_run else None)
+        if rows:
+            rec.p, rec.q = self.p[b, :1], self.p[b, :0]
+            if tree_run:
+                rec.drafts = self.drafts[b, :1] if self.drafts is not None else np.full(1, -1, dtype=np.int64)
+            else:
+                rec.drafts = np.zeros(0, dtype=np.int64)
+        return rec
+
+
+@dataclass
+class ChainStep(Step):
+    """A chain round: ``drafted`` (B,) L'_b, ``accepted`` tau_b; with record_rows ``p`` (B, S+1, V) target rows
+    along the drafted path, ``q`` (B, S, V) draft rows, ``drafts`` (B, S) (S = the batch's widest L')."""
+    q: torch.Tensor | None = None
+
+    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
+        """Image b's record: drafted L'_b, its rows cut to L'_b."""
+        ell = int(self.drafted[b])
+        rec = RoundRecord(ell, int(self.accepted[b]), self.t_draft * share, self.t_target * share,
+                          self.t_verify * share)
+        if rows:
+            rec.p, rec.q, rec.drafts = self.p[b, :ell + 1], self.q[b, :ell], self.drafts[b, :ell]
+        return rec
 
 
 def holds_tensors(obj, depth: int = 4) -> bool:
@@ -130,14 +180,26 @@ def host_verification(dev, verifier) -> bool:
     return torch.device(dev).type == "cpu" and verifier is not None and not holds_tensors(verifier)
 
 
-def verify_on(run: "Run", fn, *arrays, **kw):
-    """``fn(*arrays, **kw)`` (``verify_chain`` / ``verify_tree``) on the round's tensors, or with ``run.host``
-    on numpy views of the same memory (no copy); the verdict's fields come back as tensors either way."""
+def on_host(run: "Run", *arrays):
+    """The arrays as the round's verifier sees them: numpy views of the same memory with ``run.host`` (no copy),
+    else as they are (``host_verification``)."""
     if not run.host:
-        return fn(*arrays, **kw)
-    conv = lambda a: a.numpy() if isinstance(a, torch.Tensor) else a  # noqa: E731
-    v = fn(*map(conv, arrays), **{k: conv(a) for k, a in kw.items()})
-    return type(v)(*(torch.from_numpy(np.ascontiguousarray(a)) for a in v))
+        return arrays
+    return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in arrays)
+
+
+def as_tensors(run: "Run", verdict):
+    """A verdict computed by ``on_host`` arrays, its fields back as tensors."""
+    if not run.host:
+        return verdict
+    return type(verdict)(*(torch.from_numpy(np.ascontiguousarray(a)) for a in verdict))
+
+
+def verify_chain_on(run: "Run", p, q, x, u_acc, u_smp, verifier, n_drafted) -> ChainVerdict:
+    """``theory.verify.verify_chain`` for the batch (rows p (B, S+1, V), q (B, S, V), drafts x (B, S), uniforms
+    (B, S) and (B,), per-row draft lengths (B,)), on numpy views with ``run.host``; the verdict as tensors."""
+    p, q, x, u_acc, u_smp, n_drafted = on_host(run, p, q, x, u_acc, u_smp, n_drafted)
+    return as_tensors(run, verify_chain(p, q, x, u_acc, u_smp, verifier, n_drafted=n_drafted, check=False))
 
 
 def check_finite(*rows: torch.Tensor) -> None:
@@ -298,8 +360,7 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
     check_finite(p, q)
     u_acc = run.rng.uniform(run.n, R.ACCEPT, (Lr,), p.dtype)
     u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    v = verify_on(run, verify_chain, p, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev),
-                  check=False)
+    v = verify_chain_on(run, p, q, x, u_acc, u_smp, verifier, torch.as_tensor(Lb, device=run.dev))
     tau = v.accepted.cpu().numpy()                                                     # the round's sync
     cand = torch.cat([x, x[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
     run.target.rollback(run.rows(np.where(act, Lr - tau, Lr + 1)))
@@ -308,5 +369,5 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
         run.draft.rollback(run.rows(np.broadcast_to(own, (run.B,)).astype(np.int64)))
     commit(run, cand, tau)
     sync(run.dev)
-    return Step(Lb, np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2, Lr,
-                p=p if record else None, q=q if record else None, drafts=x if record else None)
+    return ChainStep(Lb, np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2, Lr,
+                     p=p if record else None, drafts=x if record else None, q=q if record else None)

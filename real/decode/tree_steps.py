@@ -12,12 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from theory.tree import Tree, draft_without_replacement, truncate_tree, verify_tree
+from theory.tree import Tree, TreeVerdict, draft_without_replacement, truncate_tree, verify_tree
 
 from . import rng as R
-from .steps import Run, Step, check_finite, commit, store_hidden, ar_step, feed_draft, sync, verify_on
+from .steps import (RoundRecord, Run, Step, ar_step, as_tensors, check_finite, commit, feed_draft, on_host,
+                    store_hidden, sync)
 
-__all__ = ["TreePlan", "tree_plan", "draft_tree", "tree_step", "top_m"]
+__all__ = ["TreePlan", "TreeStep", "tree_plan", "draft_tree", "tree_step", "verify_tree_on", "top_m"]
 
 
 @dataclass
@@ -163,8 +164,7 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     check_finite(p, q)
     u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
     u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    v = verify_on(run, verify_tree, p, q, tokens, u_acc, u_smp, plan.tree, verifier, early_exit=True,
-                  max_depth=torch.as_tensor(Db, device=run.dev))
+    v = verify_tree_on(run, p, q, tokens, u_acc, u_smp, plan.tree, verifier, torch.as_tensor(Db, device=run.dev))
     head = torch.cat([v.accepted[:, None], v.path], 1).cpu().numpy()                  # the round's sync
     tau, path = head[:, 0], head[:, 1:]
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1)
@@ -179,6 +179,33 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
     commit(run, cand, tau)
     sync(run.dev)
-    return Step(np.where(act, N, 0), np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2, fwd,
-                depth=Db, nodes=path, p=p if record else None, q=q if record else None,
-                drafts=tokens if record else None)
+    nodes_at = np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")   # nodes up to depth d
+    return TreeStep(np.where(act, nodes_at[Db], 0), np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2,
+                    fwd, p=p if record else None, drafts=tokens if record else None, q=q if record else None,
+                    depth=Db, nodes=path)
+
+
+def verify_tree_on(run: Run, p, q, tokens, u_acc, u_smp, tree: Tree, verifier, max_depth) -> TreeVerdict:
+    """``theory.tree.verify_tree`` for the batch (rows p, q (B, N+1, V), node tokens (B, N+1), uniforms (B, N+1) and
+    (B,), per-row depths (B,)), early exit, on numpy views with ``run.host``; the verdict as tensors."""
+    p, q, tokens, u_acc, u_smp, max_depth = on_host(run, p, q, tokens, u_acc, u_smp, max_depth)
+    return as_tensors(run, verify_tree(p, q, tokens, u_acc, u_smp, tree, verifier, early_exit=True, max_depth=max_depth))
+
+
+@dataclass
+class TreeStep(Step):
+    """A static-tree round: ``drafted`` (B,) the nodes of each image's truncated tree, ``accepted`` tau_b,
+    ``depth`` (B,) D'_b, ``nodes`` (B, D) the accepted nodes (-1 past tau); with record_rows ``p``, ``q``
+    (B, N+1, V) and node tokens ``drafts`` (B, N+1), the root (the last committed token) at 0."""
+    q: torch.Tensor | None = None
+    depth: np.ndarray | None = None
+    nodes: np.ndarray | None = None
+
+    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
+        """Image b's record: its truncated tree's nodes, depth and accepted path, its rows cut to that tree."""
+        tau, m = int(self.accepted[b]), int(self.drafted[b]) + 1
+        rec = RoundRecord(m - 1, tau, self.t_draft * share, self.t_target * share, self.t_verify * share,
+                          depth=int(self.depth[b]), nodes=tuple(int(x) for x in self.nodes[b, :tau]))
+        if rows:
+            rec.p, rec.q, rec.drafts = self.p[b, :m], self.q[b, :m], self.drafts[b, :m]
+        return rec
