@@ -337,14 +337,13 @@ def _colour_images(idx, g):
     return (base + 20 * torch.randn(len(idx), 3, SIDE, SIDE, generator=g)).clamp(0, 255).to(torch.uint8)
 
 
-@pytest.fixture(scope="module")
-def tiny_clip(tmp_path_factory):
+def _tiny_clip(d, steps: int = 60):
     """A tiny transformers CLIP (1 layer per tower, width 32, character-level BPE vocabulary) whose features
-    are planted by 60 contrastive steps on solid-colour 16 x 16 images and their colour names, saved with
-    save_pretrained to a temporary directory."""
+    are planted by ``steps`` contrastive steps on solid-colour 16 x 16 images and their colour names (0: random
+    weights), saved with save_pretrained to directory ``d``."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
 
-    d = tmp_path_factory.mktemp("clip")
+    d.mkdir(parents=True, exist_ok=True)
     chars = "abcdefghijklmnopqrstuvwxyz"
     vocab = {c: i for i, c in enumerate(chars)} | {c + "</w>": len(chars) + i for i, c in enumerate(chars)}
     vocab |= {"<|startoftext|>": len(vocab), "<|endoftext|>": len(vocab) + 1}
@@ -361,23 +360,25 @@ def tiny_clip(tmp_path_factory):
                                         image_size=SIDE, patch_size=8), projection_dim=16)
     torch.manual_seed(0)
     model = CLIPModel(cfg)
-    untrained = d / "untrained"
-    model.save_pretrained(untrained)
-    proc.save_pretrained(untrained)
     g = torch.Generator().manual_seed(1)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     names = list(COLOURS)
-    for _ in range(60):  # training steps
+    for _ in range(steps):  # training steps
         idx = torch.randperm(4, generator=g).tolist()
         inp = proc(text=[names[i] for i in idx], images=list(_colour_images(idx, g)), return_tensors="pt", padding=True)
         loss = model(**inp, return_loss=True).loss
         opt.zero_grad()
         loss.backward()
         opt.step()
-    trained = d / "trained"
-    model.save_pretrained(trained)
-    proc.save_pretrained(trained)
-    return trained, untrained
+    model.save_pretrained(d)
+    proc.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clip")
+    return _tiny_clip(d / "trained"), _tiny_clip(d / "untrained", steps=0)
 
 
 def test_clip_score_ranks_matching_over_mismatched_captions(tiny_clip):
@@ -414,3 +415,76 @@ def test_clip_through_prepare_and_its_errors(tiny_clip, tmp_path, monkeypatch):
     monkeypatch.delenv("COOLSD_QUALITY_CLIP", raising=False)
     with pytest.raises(ValueError, match="--quality-clip: no weights given.*clip-vit-large-patch14"):
         quality.prepare(quality.QualitySpec(("clip",), captions=str(cap)), image_shape=(3, SIDE, SIDE), conds=["a", "b"])
+
+
+# ----------------------------------------------------------------------------------------------- coolsd sweep
+
+
+def _sweep(model, out, *extra):
+    from coolsd.cli import main
+
+    return main(["sweep", "--model", model, "--grid", "vanilla", "cool-sd:delta=4", "--images", "8", "--unit-images",
+                 "4", "--no-progress", "--out", str(out), *extra])
+
+
+def test_sweep_llamagen_tiny_fid_end_to_end(tmp_path, capsys):
+    w = _save_tiny(tmp_path / "W.pt2")
+    r = _adm(tmp_path / "R.npz", _images(64, 11))
+    assert _sweep("llamagen-tiny", tmp_path / "out", "--quality", "fid", "--quality-weights", str(w),
+                  "--quality-ref", str(r)) == 0
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    rows = [rep["baseline"], *rep["methods"]]
+    assert all(m["fid"] > 0 and m["fid_ci"][0] < m["fid"] < m["fid_ci"][1] and m["frechet_distance"] == m["fid"]
+               for m in rows)
+    assert all(m["kid"] is not None and m["inception_score"] >= 1.0 and m["precision"] is not None for m in rows)
+    st = rep["quality_stamp"]["fid"]
+    assert st["weights_sha256"] == extractors.file_sha256(w) and st["reference_sha256"] == extractors.file_sha256(r)
+    assert st["images"] == 8 and all(m["quality_stamp"]["fid"] == st for m in rows)
+    assert "tiny-inception test" in rep["quality"] and "FD [95% CI]" in (tmp_path / "out" / "report.md").read_text()
+    assert len(list((tmp_path / "out" / "quality").glob("*.json"))) == 3          # cached per setting
+    # a cached setting computed with another stamp is never reused: a changed weights file recomputes all
+    before = {p.name: p.read_text() for p in (tmp_path / "out" / "quality").glob("*.json")}
+    _save_tiny(w, seed=5)
+    assert _sweep("llamagen-tiny", tmp_path / "out", "--quality", "fid", "--quality-weights", str(w),
+                  "--quality-ref", str(r)) == 0
+    after = {p.name: p.read_text() for p in (tmp_path / "out" / "quality").glob("*.json")}
+    assert after.keys() == before.keys() and all(after[k] != before[k] for k in after)
+
+
+def test_sweep_chameleon_tiny_clip_end_to_end(tmp_path, tiny_clip):
+    trained, _ = tiny_clip
+    cap = tmp_path / "captions.txt"
+    cap.write_text("\n".join(["red", "green", "blue", "yellow"] * 2) + "\n")
+    assert _sweep("chameleon-tiny", tmp_path / "out", "--quality", "clip", "--quality-clip", str(trained),
+                  "--quality-captions", str(cap), "--batch-size", "1") == 0
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    rows = [rep["baseline"], *rep["methods"]]
+    assert all(m["clip_score"] is not None and m["clip_score_se"] > 0 for m in rows)
+    st = rep["quality_stamp"]["clip"]
+    assert st["weights"] == str(trained) and st["images"] == 8 and st["reference"] is None
+    assert "CLIP score (SE)" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("case", ["npz_arrays", "image_size", "clip_c2i", "stamp", "missing_weights"])
+def test_sweep_bad_quality_input_fails_before_generation(tmp_path, capsys, case):
+    w = _save_tiny(tmp_path / "W.pt2")
+    r = _adm(tmp_path / "R.npz", _images(20, 0))
+    args = ["--quality", "fid", "--quality-weights", str(w), "--quality-ref", str(r)]
+    if case == "npz_arrays":
+        np.savez(tmp_path / "bad.npz", images=_images(4, 0))
+        args[-1], want = str(tmp_path / "bad.npz"), "has arrays ['images'], expected the ADM reference-batch layout"
+    elif case == "image_size":
+        extractors.save_extractor(TinyInception(), w, name="tiny32", version="test", size=(3, 32, 32),
+                                  num_features=8, has_logits=True)
+        want = "images of shape (3, 16, 16) do not fit the feature extractor tiny32"
+    elif case == "clip_c2i":
+        args, want = ["--quality", "clip", "--quality-clip", str(tmp_path)], "this model is class-conditional"
+    elif case == "stamp":
+        other = extractors.load_extractor(str(_save_tiny(tmp_path / "other.pt2", seed=3)))
+        reference.save_reference(reference.load_reference(str(r), other), tmp_path / "stats.npz")
+        args[-1], want = str(tmp_path / "stats.npz"), "quality stamps differ in 'weights_sha256'"
+    else:
+        args[3], want = str(tmp_path / "nope.pth"), "--quality-weights: weights"
+    assert _sweep("llamagen-tiny", tmp_path / "out", *args) == 2
+    err = capsys.readouterr().err
+    assert want in err and not (tmp_path / "out").exists()                   # nothing stored, nothing generated

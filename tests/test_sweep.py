@@ -151,11 +151,11 @@ def test_interrupted_merge_keeps_the_quality_it_finished(one_process, tmp_path, 
     other two (cached quality/<slug>.json is reused) and writes the report of the uninterrupted run."""
     import shutil
 
-    from coolsd.studies.sweep import analysis
+    from coolsd.studies.sweep import quality
 
     out = tmp_path / "merge"
     shutil.copytree(one_process, out, ignore=shutil.ignore_patterns("report*", "*.png", "quality"))
-    real, calls, armed = analysis._quality, [], [True]
+    real, calls, armed = quality._measure, [], [True]
 
     def counted(*a, **k):
         calls.append(1)
@@ -163,7 +163,7 @@ def test_interrupted_merge_keeps_the_quality_it_finished(one_process, tmp_path, 
             raise KeyboardInterrupt("killed during the merge")
         return real(*a, **k)
 
-    monkeypatch.setattr(analysis, "_quality", counted)
+    monkeypatch.setattr(quality, "_measure", counted)
     cfg = _cfg(*TINY, "--out", str(out))
     with pytest.raises(KeyboardInterrupt):
         sweep(cfg, out)

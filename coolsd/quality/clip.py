@@ -14,7 +14,7 @@ import torch
 from .extractors import resolve_weights
 from .stamp import Stamp, files_sha256, library_versions
 
-__all__ = ["ClipModel", "load_clip", "clip_score", "ENV_CLIP"]
+__all__ = ["ClipModel", "ClipScorer", "load_clip", "clip_score", "ENV_CLIP"]
 
 ENV_CLIP = "COOLSD_QUALITY_CLIP"
 CLIP_SOURCE = "a transformers CLIP directory (e.g. huggingface.co/openai/clip-vit-large-patch14, all files)"
@@ -87,32 +87,49 @@ def load_clip(path=None, device="cpu", flag: str = "--quality-clip") -> ClipMode
     return ClipModel(model, processor, p, files_sha256(files, p), device)
 
 
-@torch.no_grad()
+class ClipScorer:
+    """torchmetrics' CLIPScore accumulated batch by batch (``add``) from its own update arithmetic
+    (``_clip_score_update``), keeping the per-image scores for the standard error; ``result()`` ->
+    {"clip_score", "clip_score_se", "clip_scores" (N,)}."""
+
+    def __init__(self, clip: ClipModel):
+        from torchmetrics.multimodal.clip_score import CLIPScore
+
+        self.metric = CLIPScore(model_name_or_path=lambda: (clip.model, clip.processor), sync_on_compute=False)  # per rank
+        self.scores: list = []
+
+    @torch.no_grad()
+    def add(self, images: torch.Tensor, captions) -> None:
+        from torchmetrics.functional.multimodal.clip_score import _clip_score_update
+
+        captions = list(captions)
+        if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
+            raise ValueError(f"images must be uint8 (N, 3, H, W), got {getattr(images, 'shape', images)!r} "
+                             f"{getattr(images, 'dtype', '')}")
+        if len(captions) != len(images) or not all(isinstance(c, str) and c for c in captions):
+            raise ValueError(f"captions must be {len(images)} non-empty str (one per image), got {len(captions)}")
+        m = self.metric
+        for a in range(0, len(images), _BATCH):  # batches bound the CLIP forward's memory
+            s, n = _clip_score_update(list(images[a:a + _BATCH]), captions[a:a + _BATCH], m.model, m.processor)
+            m.score += s.sum(0).to(m.score)
+            m.n_samples += n
+            self.scores.append(s.double().cpu())
+
+    def result(self) -> dict:
+        import warnings
+
+        if not self.scores:
+            raise ValueError("CLIP score of no image")
+        scores = torch.cat(self.scores).numpy()
+        with warnings.catch_warnings():   # the states were filled from _clip_score_update, not through update()
+            warnings.filterwarnings("ignore", message=".*called before the ``update`` method.*")
+            value = float(self.metric.compute())
+        se = float(scores.std(ddof=1) / np.sqrt(len(scores))) if len(scores) > 1 else None
+        return {"clip_score": value, "clip_score_se": se, "clip_scores": scores}
+
+
 def clip_score(clip: ClipModel, images: torch.Tensor, captions) -> dict:
-    """CLIP score of uint8 images (N, 3, H, W) against their captions (N str): torchmetrics' CLIPScore states
-    filled batch by batch from its own update arithmetic, so the per-image scores (N,) are kept for the standard
-    error. Returns {"clip_score", "clip_score_se", "clip_scores"}."""
-    from torchmetrics.functional.multimodal.clip_score import _clip_score_update
-    from torchmetrics.multimodal.clip_score import CLIPScore
-
-    captions = list(captions)
-    if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
-        raise ValueError(f"images must be uint8 (N, 3, H, W), got {getattr(images, 'shape', images)!r} "
-                         f"{getattr(images, 'dtype', '')}")
-    if len(captions) != len(images) or not all(isinstance(c, str) and c for c in captions):
-        raise ValueError(f"captions must be {len(images)} non-empty str (one per image), got {len(captions)}")
-    metric = CLIPScore(model_name_or_path=lambda: (clip.model, clip.processor))
-    per = []
-    for a in range(0, len(images), _BATCH):  # batches bound the CLIP forward's memory
-        s, n = _clip_score_update(list(images[a:a + _BATCH]), captions[a:a + _BATCH], metric.model, metric.processor)
-        metric.score += s.sum(0).to(metric.score)
-        metric.n_samples += n
-        per.append(s.double().cpu())
-    scores = torch.cat(per).numpy()
-    import warnings
-
-    with warnings.catch_warnings():   # the states were filled from _clip_score_update, not through update()
-        warnings.filterwarnings("ignore", message=".*called before the ``update`` method.*")
-        value = float(metric.compute())
-    se = float(scores.std(ddof=1) / np.sqrt(len(scores))) if len(scores) > 1 else None
-    return {"clip_score": value, "clip_score_se": se, "clip_scores": scores}
+    """CLIP score of uint8 images (N, 3, H, W) against their captions (N str) (``ClipScorer``)."""
+    scorer = ClipScorer(clip)
+    scorer.add(images, captions)
+    return scorer.result()

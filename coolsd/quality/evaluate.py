@@ -85,7 +85,8 @@ class Quality:
         out = {}
         resize = {"eval_size": self.spec.image_size, "eval_resize": "bicubic" if self.spec.image_size else None}
         if "fid" in self.spec.metrics:
-            s = self.reference.stamp.with_(images=int(n))
+            s = self.reference.stamp.with_(images=int(n), reference=f"{self.reference.stamp.reference} "
+                                                                     f"[{self.reference.source}]")
             out["fid"] = s.with_(preprocessing={**s.preprocessing, **resize}).as_dict()
         if "clip" in self.spec.metrics:
             s = self.clip.stamp(images=int(n))
@@ -93,38 +94,57 @@ class Quality:
         return out
 
     @torch.no_grad()
-    def evaluate(self, images: torch.Tensor, captions=None) -> dict:
-        """Figures of decoded images (N, C, H, W) float in [-1, 1] (``captions``: N str, for clip), with
-        "quality_stamp" {metric: stamp}. FID keys: fid, fid_ci, fid_se, kid, kid_std, kid_subset_size,
-        inception_score, inception_score_std, precision, recall, precision_recall_k, sfid (None)."""
+    def measure(self, batches) -> dict:
+        """Figures of decoded images given batch by batch: ``batches`` yields (images (b, C, H, W) float in
+        [-1, 1], captions (b str) or None); features, logits and CLIP scores are kept, images are not. Returns
+        "quality_stamp" {metric: stamp} and, for fid: fid, fid_ci, fid_se, kid, kid_std, kid_subset_size,
+        inception_score, inception_score_std, precision, recall, precision_recall_k, sfid (None: no library
+        has it); for clip: clip_score, clip_score_se."""
         from . import metrics
 
-        if tuple(images.shape[1:]) != self.image_shape:
-            raise ValueError(f"images {tuple(images.shape[1:])} are not the prepared shape {self.image_shape}")
+        feats, logits, scorer, n = [], [], None, 0
+        if "clip" in self.spec.metrics:
+            from .clip import ClipScorer
+
+            scorer = ClipScorer(self.clip)
+        for images, captions in batches:  # batches of decoded images: memory holds one at a time
+            if tuple(images.shape[1:]) != self.image_shape:
+                raise ValueError(f"images {tuple(images.shape[1:])} are not the prepared shape {self.image_shape}")
+            n += len(images)
+            if self.extractor is not None:
+                f, lg = self.extractor.extract(self._prepared(images, self.extractor.preprocessing.dtype))
+                feats.append(f)
+                if lg is not None:
+                    logits.append(lg)
+            if scorer is not None:
+                if captions is None or len(captions) != len(images):
+                    raise ValueError(f"clip needs one caption per image ({len(images)})")
+                scorer.add(self._prepared(images, "uint8"), captions)
         out = {}
-        if "fid" in self.spec.metrics:
-            ex = self.extractor
-            f, logits = ex.extract(self._prepared(images, ex.preprocessing.dtype))
+        if self.extractor is not None:
+            f = np.concatenate(feats)
+            lg = np.concatenate(logits) if logits else None
             ci = metrics.fid_with_ci(self.reference, f) if len(f) >= 3 else {"fd": metrics.fid(self.reference, f),
                                                                              "ci": None, "se": None}
             out |= {"fid": ci["fd"], "fid_ci": ci["ci"], "fid_se": ci["se"], **metrics.kid(self.reference, f),
-                    **(metrics.inception_score(logits, splits=min(10, len(f))) if logits is not None else
+                    **(metrics.inception_score(lg, splits=min(10, len(f))) if lg is not None else
                        {"inception_score": None, "inception_score_std": None}),
                     **metrics.precision_recall(self.reference, f), "sfid": None}
-        if "clip" in self.spec.metrics:
-            from .clip import clip_score
-
-            if captions is None or len(captions) != len(images):
-                raise ValueError(f"clip needs one caption per image ({len(images)})")
-            r = clip_score(self.clip, self._prepared(images, "uint8"), captions)
+        if scorer is not None:
+            r = scorer.result()
             out |= {"clip_score": r["clip_score"], "clip_score_se": r["clip_score_se"]}
-        out["quality_stamp"] = self.stamps(len(images))
+        out["quality_stamp"] = self.stamps(n)
         return out
 
+    def evaluate(self, images: torch.Tensor, captions=None) -> dict:
+        """``measure`` of one batch: images (N, C, H, W) float in [-1, 1], captions N str (for clip)."""
+        return self.measure([(images, captions)])
 
-def prepare(spec: QualitySpec, *, image_shape, conds) -> Quality:
+
+def prepare(spec: QualitySpec, *, image_shape, conds, prompts=None) -> Quality:
     """Load and check everything ``spec`` needs for a model whose decoder gives images of ``image_shape``
     (C, H, W) under conditions ``conds`` (ints: class-conditional; else text-conditioned), before generation.
+    The captions of CLIP score are ``spec.captions``' lines, else the model's text ``prompts`` (one per condition).
     One-line ValueError for: CLIP score of a class-conditional model, missing / wrong weights, a reference
     without the expected arrays or computed with another extractor (StampMismatch), images the extractor or the
     reference cannot take, a caption count that is not one per condition."""
@@ -142,9 +162,10 @@ def prepare(spec: QualitySpec, *, image_shape, conds) -> Quality:
         if class_conditional:
             raise ValueError("--quality clip: CLIP score compares images with their text prompts; this model is "
                              "class-conditional (use --quality fid)")
-        if spec.captions is None:
-            raise ValueError("--quality clip needs --quality-captions FILE: one caption per line, one per prompt")
-        captions = read_captions(spec.captions)
+        if spec.captions is None and not prompts:
+            raise ValueError("--quality clip needs --quality-captions FILE (one caption per line, one per prompt) "
+                             "when the model has no text prompts")
+        captions = read_captions(spec.captions) if spec.captions is not None else [str(t) for t in prompts]
         if len(captions) != len(conds):
             raise ValueError(f"--quality-captions: {len(captions)} caption(s) for {len(conds)} prompt(s); give one "
                              "per prompt, in order")

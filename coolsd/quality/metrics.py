@@ -11,7 +11,10 @@ What the library lacks stays ours (``coolsd.studies.sweep.metrics``): the delete
 (our point estimate must equal the library's: ``fid_with_ci`` checks it on every call) and improved
 precision/recall (Kynkaanniemi et al. 2019, k = 3 as in ADM's evaluator; torchmetrics has none, torch-fidelity's
 needs torchvision). sFID (ADM's ``mixed_6/conv`` spatial features) is in neither library: not computed.
-Random subsets (KID) and the IS permutation draw from a seeded generator (``fork_rng``) so reruns agree.
+Random subsets (KID) and the IS permutation draw from a seeded generator (``fork_rng``) so reruns agree. Every
+metric object is built with ``sync_on_compute=False``: under torchrun each rank scores its own settings, and
+torchmetrics' default would all-reduce the states of different settings across the ranks at ``compute``
+(the FD agreement check caught exactly that).
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ def fid(ref: Reference, features) -> float:
 
     d = ref.mu.shape[0]
     f = _as(features, "features", d)
-    m = FrechetInceptionDistance(feature=_Given(d), reset_real_features=False)
+    m = FrechetInceptionDistance(feature=_Given(d), reset_real_features=False, sync_on_compute=False)
     n = ref.n if ref.n is not None else 2     # only n mu and (n - 1) sigma + n mu mu^T enter: any n >= 2 is exact
     mu, sigma = torch.from_numpy(ref.mu), torch.from_numpy(ref.sigma)
     m.real_features_sum = n * mu
@@ -104,7 +107,8 @@ def kid(ref: Reference, features, subsets: int = 100, subset_size: int = 1000, s
     size = int(min(subset_size, len(f), len(r)))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*save all extracted features.*")
-        m = KernelInceptionDistance(feature=_Given(f.shape[1]), subsets=subsets, subset_size=size)
+        m = KernelInceptionDistance(feature=_Given(f.shape[1]), subsets=subsets, subset_size=size,
+                                        sync_on_compute=False)
     m.update(r, real=True)
     m.update(f, real=False)
     with torch.random.fork_rng(devices=[]):
@@ -124,7 +128,7 @@ def inception_score(logits, splits: int = 10, seed: int = 0) -> dict:
         raise ValueError(f"inception_score needs at least splits = {splits} images, got {len(lg)}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*save all extracted features.*")   # n logits: small
-        m = InceptionScore(feature=_Given(lg.shape[1]), splits=splits)
+        m = InceptionScore(feature=_Given(lg.shape[1]), splits=splits, sync_on_compute=False)
     m.update(lg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -83,8 +83,8 @@ def library_versions() -> str:
 
 
 def file_sha256(path) -> str:
-    """Hex sha256 of one file (``real.checkpoint.sha256_file``)."""
-    from real.checkpoint import sha256_file
+    """Hex sha256 of one file (``real.nn.checkpoint.sha256_file``)."""
+    from real.nn.checkpoint import sha256_file
 
     return sha256_file(path)
 
