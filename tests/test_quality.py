@@ -140,6 +140,32 @@ def test_jackknife_fd_point_estimate_equals_the_library(n, d):
     assert both["fd"] == lib and both["ci"][0] < lib < both["ci"][1] and both["se"] > 0
 
 
+def test_group_jackknife():
+    """Delete-a-group with one image per group is delete-one, exactly; with 25 groups its SE matches the spread
+    of FD over independent samples (300 replications: the SD's relative SE is 1 / sqrt(2 x 299) = 4%, the
+    mean SE's ~1%); the naive SE of the group FDs (their SD / sqrt(g) = the jackknife SE / (g - 1)) is far off."""
+    from coolsd.studies.sweep.metrics import fd_with_ci
+
+    g = np.random.default_rng(3)
+    d, n = 6, 400
+    A = g.normal(size=(d, d)) / np.sqrt(d)
+    ref = (np.zeros(d), A @ A.T + np.eye(d))
+    f = g.normal(size=(40, d)) @ A.T
+    one, grouped = fd_with_ci(f, ref), fd_with_ci(f, ref, groups=40)
+    assert grouped["se"] == pytest.approx(one["se"], rel=1e-9) and grouped["fd"] == one["fd"]
+    fds, ses = [], []
+    for _ in range(300):  # independent replications of the whole sample
+        x = g.normal(0.2, 1.0, size=(n, d)) @ A.T
+        r = fd_with_ci(x, ref, groups=25)
+        fds.append(r["fd"])
+        ses.append(r["se"])
+    sd, mean_se = float(np.std(fds, ddof=1)), float(np.mean(ses))
+    assert abs(mean_se / sd - 1) < 0.15
+    assert abs(mean_se / 24 / sd - 1) > 0.5                             # negative control: uninflated SE
+    with pytest.raises(ValueError, match="groups must be"):
+        fd_with_ci(f, ref, groups=2)
+
+
 def test_fid_with_ci_refuses_a_point_estimate_that_disagrees(monkeypatch):
     """The agreement check can fail: our FD shifted by 1e-3 of the traces is caught."""
     import coolsd.studies.sweep.metrics as sm
@@ -193,6 +219,25 @@ def test_inception_score_and_kid_come_from_the_library(tmp_path):
     k.update(torch.from_numpy(f), real=False)
     torch.manual_seed(4)
     assert metrics.kid(ref, f, subsets=7, subset_size=50, seed=4)["kid"] == pytest.approx(float(k.compute()[0]), rel=1e-12)
+
+
+def test_inception_from_a_local_state_dict(tmp_path, monkeypatch):
+    """Where torch-fidelity is installed (not here: its torchvision would move torch): the Inception path builds
+    torch-fidelity's network from a local state dict and gives pool3 (2048) and logits (1008) for uint8 images of
+    any size; the random weights are refused by the published hash until the check is pointed at them."""
+    fe = pytest.importorskip("torch_fidelity.feature_extractor_inceptionv3")
+    with monkeypatch.context() as m:             # the architecture with random weights, nothing loaded
+        m.setattr(fe.torch, "load", lambda *a, **k: {})
+        m.setattr(fe.FeatureExtractorInceptionV3, "load_state_dict", lambda self, *a, **k: None)
+        arch = fe.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path="-")
+    w = tmp_path / extractors.INCEPTION_FILE
+    torch.save(arch.state_dict(), w)
+    with pytest.raises(ValueError, match="starts 6726825d"):
+        extractors.load_extractor(str(w))
+    monkeypatch.setattr(extractors, "INCEPTION_SHA256_PREFIX", extractors.file_sha256(w)[:8])
+    ex = extractors.load_extractor(str(w))
+    f, lg = ex.extract(torch.randint(0, 256, (3, 3, 40, 40), dtype=torch.uint8))
+    assert f.shape == (3, 2048) and lg.shape == (3, 1008) and ex.name == "inception-v3-compat"
 
 
 # ----------------------------------------------------------------------------------------------- references

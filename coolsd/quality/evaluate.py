@@ -125,8 +125,9 @@ class Quality:
             f = np.concatenate(feats)
             lg = np.concatenate(logits) if logits else None
             ci = metrics.fid_with_ci(self.reference, f) if len(f) >= 3 else {"fd": metrics.fid(self.reference, f),
-                                                                             "ci": None, "se": None}
-            out |= {"fid": ci["fd"], "fid_ci": ci["ci"], "fid_se": ci["se"], **metrics.kid(self.reference, f),
+                                                                             "ci": None, "se": None, "se_method": None}
+            out |= {"fid": ci["fd"], "fid_ci": ci["ci"], "fid_se": ci["se"], "fid_se_method": ci["se_method"],
+                    **metrics.kid(self.reference, f),
                     **(metrics.inception_score(lg, splits=min(10, len(f))) if lg is not None else
                        {"inception_score": None, "inception_score_std": None}),
                     **metrics.precision_recall(self.reference, f), "sfid": None}

@@ -201,7 +201,7 @@ def save_extractor(module: torch.nn.Module, path, *, name: str, version: str, si
 def _load_inception(p: pathlib.Path, device, flag) -> FeatureExtractor:
     sha = file_sha256(p)
     if not sha.startswith(INCEPTION_SHA256_PREFIX):
-        raise ValueError(f"{flag}: {str(p)!r} is neither a TorchScript extractor nor the published Inception weights "
+        raise ValueError(f"{flag}: {str(p)!r} is neither an extractor written by coolsd.quality.save_extractor nor the published Inception weights "
                          f"(sha256 {sha[:12]}..., the published {INCEPTION_FILE} starts {INCEPTION_SHA256_PREFIX}): "
                          f"download {INCEPTION_SOURCE}")
     try:
