@@ -533,3 +533,13 @@ def test_sweep_bad_quality_input_fails_before_generation(tmp_path, capsys, case)
     assert _sweep("llamagen-tiny", tmp_path / "out", *args) == 2
     err = capsys.readouterr().err
     assert want in err and not (tmp_path / "out").exists()                   # nothing stored, nothing generated
+
+
+def test_sweep_quality_flags_are_checked_with_the_arguments(tmp_path, capsys):
+    from coolsd.cli import main
+
+    for argv, want in ((["--model", "llamagen-tiny", "--quality-ref", "r.npz"], "--quality-ref configures --quality"),
+                       (["--model", "mnist", "--quality", "fid"], "always scored with the shipped classifier"),
+                       (["--model", "llamagen-tiny", "--quality", "fid,lpips"], "unknown metric(s) ['lpips']")):
+        assert main(["sweep", *argv, "--out", str(tmp_path / "o")]) == 2
+        assert want in capsys.readouterr().err and not (tmp_path / "o").exists()

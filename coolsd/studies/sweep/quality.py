@@ -49,9 +49,11 @@ def setup(cfg, ctx):
     None when the sweep measures no quality. Every bad input is an error here, before any generation."""
     if getattr(ctx, "quality", None) is not None or spec_of(cfg) is None:
         return getattr(ctx, "quality", None)
+    import dataclasses
+
     from coolsd.quality import prepare
 
-    spec = spec_of(cfg)
+    spec = dataclasses.replace(spec_of(cfg), device=str(ctx.device))   # this rank's device (cuda:LOCAL_RANK)
     prompts = dict(cfg.model_options).get("prompts")
     ctx.quality = prepare(spec, image_shape=_image_shape(ctx.bundle), conds=ctx.bundle.conds, prompts=prompts)
     return ctx.quality
