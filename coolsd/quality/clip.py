@@ -42,6 +42,12 @@ class _Features(torch.nn.Module):
         return self._tensor(self.model.get_text_features(*a, **kw))
 
 
+def _plain(x):
+    """A processor size (dict or transformers SizeDict) as a plain dict without unset entries."""
+    d = x if isinstance(x, dict) else getattr(x, "__dict__", None)
+    return {k: v for k, v in d.items() if v is not None} if isinstance(d, dict) else x
+
+
 class ClipModel:
     """A loaded CLIP: ``model`` (CLIPModel), ``processor`` (CLIPProcessor), ``path``, ``sha256`` (our hash of the
     directory's files), ``preprocessing`` (the image processor's resize / crop / normalisation)."""
@@ -51,9 +57,10 @@ class ClipModel:
         ip = processor.image_processor
         crop = getattr(ip, "crop_size", None) or {}
         self.image_size = (3, crop.get("height"), crop.get("width"))
-        self.preprocessing = {"size": list(self.image_size), "dtype": "uint8", "value_range": [0, 255],
-                              "resize": f"shortest edge {getattr(ip, 'size', None)}, resample "
-                                        f"{getattr(ip, 'resample', None)}, center crop {crop}",
+        self.preprocessing = {"processor": type(ip).__name__,   # transformers picks a PIL or torchvision backend
+                              "size": list(self.image_size), "dtype": "uint8", "value_range": [0, 255],
+                              "resize": f"size {_plain(getattr(ip, 'size', None))}, resample "
+                                        f"{getattr(ip, 'resample', None)}, center crop {_plain(crop)}",
                               "normalize": {"mean": list(getattr(ip, "image_mean", []) or []),
                                             "std": list(getattr(ip, "image_std", []) or [])}}
 

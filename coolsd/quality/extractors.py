@@ -111,7 +111,7 @@ class FeatureExtractor:
                      weights_sha256=self.weights_sha256, preprocessing=self.preprocessing.as_dict(), **kw)
 
 
-def resolve_weights(path, flag: str = "--quality-weights", need: str = "an Inception-v3 or TorchScript feature "
+def resolve_weights(path, flag: str = "--quality-weights", need: str = "an Inception-v3 weights file or a coolsd.quality.save_extractor "
                     f"extractor file (Inception: {INCEPTION_FILE} from {INCEPTION_SOURCE})",
                     env: str = ENV_WEIGHTS) -> pathlib.Path:
     """The weights path given (``path``), else the environment variable ``env``; one-line ValueError naming the
