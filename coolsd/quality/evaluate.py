@@ -7,7 +7,7 @@ Metrics (``QualitySpec.metrics``):
 
 * ``fid``: FID with its jackknife interval, KID, Inception Score (when the extractor has logits) and
   precision/recall (when the reference has features), in the extractor's feature space (``--quality-weights``:
-  Inception-v3, a TorchScript extractor, or "mnist" for the shipped digit classifier) against the reference
+  Inception-v3, a save_extractor file, or "mnist" for the shipped digit classifier) against the reference
   (``--quality-ref``). sFID is not computed (no maintained library has it).
 * ``clip``: CLIP score (``--quality-clip``) of each image against its caption (``--quality-captions``: a text
   file, one caption per line, one line per condition of the model, in order).

@@ -112,7 +112,7 @@ class FeatureExtractor:
 
 
 def resolve_weights(path, flag: str = "--quality-weights", need: str = "an Inception-v3 weights file or a coolsd.quality.save_extractor "
-                    f"extractor file (Inception: {INCEPTION_FILE} from {INCEPTION_SOURCE})",
+                    f"file (Inception: {INCEPTION_FILE} from {INCEPTION_SOURCE})",
                     env: str = ENV_WEIGHTS) -> pathlib.Path:
     """The weights path given (``path``), else the environment variable ``env``; one-line ValueError naming the
     file, where it comes from and the flag when neither is given or the path does not exist."""
