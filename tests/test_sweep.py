@@ -151,11 +151,11 @@ def test_interrupted_merge_keeps_the_quality_it_finished(one_process, tmp_path, 
     other two (cached quality/<slug>.json is reused) and writes the report of the uninterrupted run."""
     import shutil
 
-    from coolsd.studies.sweep import analysis
+    from coolsd.studies.sweep import quality
 
     out = tmp_path / "merge"
     shutil.copytree(one_process, out, ignore=shutil.ignore_patterns("report*", "*.png", "quality"))
-    real, calls, armed = analysis._quality, [], [True]
+    real, calls, armed = quality._measure, [], [True]
 
     def counted(*a, **k):
         calls.append(1)
@@ -163,7 +163,7 @@ def test_interrupted_merge_keeps_the_quality_it_finished(one_process, tmp_path, 
             raise KeyboardInterrupt("killed during the merge")
         return real(*a, **k)
 
-    monkeypatch.setattr(analysis, "_quality", counted)
+    monkeypatch.setattr(quality, "_measure", counted)
     cfg = _cfg(*TINY, "--out", str(out))
     with pytest.raises(KeyboardInterrupt):
         sweep(cfg, out)
@@ -318,3 +318,30 @@ def test_blocked_precision_recall_and_batched_fd_equal_the_unblocked_computation
     jk = np.array([frechet_distance_stats(np.delete(f, i, 0).mean(0), np.cov(np.delete(f, i, 0), rowvar=False), *ref)
                    for i in range(30)])
     assert metrics.fd_with_ci(f, ref)["se"] == pytest.approx(np.sqrt(29 / 30 * ((jk - jk.mean()) ** 2).sum()), rel=1e-9)
+
+
+def test_mnist_report_fd_is_the_library_fid_of_the_old_fd(one_process):
+    """The MNIST frontier's FD (now torchmetrics' FID through coolsd.quality) equals the sweep's former FD
+    (real.zoo.metrics on the classifier features of the decoded codes) for every setting, within the round-off
+    bound of the two eigen-solvers (4 images in 64 dims: singular covariances, coolsd.quality.metrics.fd_agreement),
+    the jackknife SE exactly, and the report carries the classifier's stamp."""
+    pytest.importorskip("torchmetrics")
+    import torch
+
+    from coolsd.quality.metrics import fd_agreement
+
+    from real.zoo import vq
+    from real.zoo.metrics import image_features, reference_stats
+
+    rep = json.loads((one_process / "report.json").read_text())
+    for m in [rep["baseline"], *rep["methods"]]:
+        slug = "ar" if m["name"] == "ar" else next(p.parent.name for p in one_process.glob("units/*/*.npz")
+                                                    if p.parent.name.startswith(m["name"]))
+        toks = np.concatenate([np.load(p)["tokens"] for p in sorted((one_process / "units" / slug).glob("*.npz"))])
+        f = image_features(vq.decode(torch.as_tensor(toks))).numpy()
+        old = metrics.fd_with_ci(f, reference_stats())
+        assert abs(m["frechet_distance"] - old["fd"]) <= fd_agreement(f, reference_stats()[1])
+        assert m["frechet_distance"] == pytest.approx(old["fd"], rel=1e-6)
+        assert m["frechet_distance_se"] == pytest.approx(old["se"], rel=1e-9)
+        assert m["quality_stamp"]["fid"]["extractor"] == "mnist-classifier zoo"
+    assert rep["quality_stamp"]["fid"]["images"] == 4

@@ -39,6 +39,24 @@ def register(sub):
                    help="stop after this many units per rank (run in chunks; rerun to continue)")
     s.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     s.add_argument("--no-progress", action="store_true")
+    q = s.add_argument_group("image quality (coolsd.quality; MNIST always uses its shipped classifier; README "
+                             "'Quality metrics')")
+    q.add_argument("--quality", default=None, metavar="fid[,clip]",
+                   help="fid: FID (jackknife CI), KID, IS, precision/recall against --quality-ref; clip: CLIP score "
+                        "against --quality-captions (text-conditioned models)")
+    q.add_argument("--quality-weights", default=None, metavar="FILE",
+                   help="feature extractor for fid: weights-inception-2015-12-05-6726825d.pth (torch-fidelity's "
+                        "release), or a coolsd.quality.save_extractor file (default $COOLSD_QUALITY_WEIGHTS)")
+    q.add_argument("--quality-ref", default=None, metavar="NPZ|DIR",
+                   help="reference for fid: an ADM reference batch (VIRTUAL_imagenet256_labeled.npz), a "
+                        "coolsd.quality.save_reference npz, or a folder of images")
+    q.add_argument("--quality-clip", default=None, metavar="DIR",
+                   help="transformers CLIP directory for clip (default $COOLSD_QUALITY_CLIP)")
+    q.add_argument("--quality-captions", default=None, metavar="FILE",
+                   help="clip: one caption per line, one per prompt (default: the --prompts)")
+    q.add_argument("--quality-image-size", type=int, default=None, metavar="PX",
+                   help="resize generated images to PX x PX (bicubic) before the extractor, as LlamaGen's "
+                        "--image-size-eval (384 -> 256)")
     from coolsd.commands.generate import add_checkpoint_args
 
     add_checkpoint_args(s)
@@ -89,6 +107,7 @@ def config(args):
         parse_tree(args.tree, args.L)
     from real.registry import BuildOptions
 
+    qspec = _quality_spec(args)
     dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
     files = {k: v for k, v in vars(BuildOptions.from_namespace(args)).items()
              if v is not None and k not in ("device", "draft", "seed", "num_images")}
@@ -98,7 +117,27 @@ def config(args):
                        seed=args.seed, L=args.L, tree=args.tree, draft=args.draft, batch_size=args.batch_size,
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,
-                       grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added)
+                       grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added,
+                       quality=qspec)
+
+
+def _quality_spec(args):
+    """coolsd.quality.QualitySpec of the --quality flags, or None (the weights, reference and image checks need
+    the model: ``coolsd.studies.sweep.quality.setup`` runs them before anything is generated)."""
+    given = [f for f in ("quality_weights", "quality_ref", "quality_clip", "quality_captions", "quality_image_size")
+             if getattr(args, f, None) is not None]
+    if args.quality is None:
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} configures --quality; give --quality fid or clip too")
+        return None
+    if args.model == "mnist":
+        raise ValueError("--quality: the MNIST models are always scored with the shipped classifier (FD against the "
+                         "held-out digits); drop --quality")
+    from coolsd.quality import QualitySpec
+
+    return QualitySpec.parse(args.quality, weights=args.quality_weights, reference=args.quality_ref,
+                             clip=args.quality_clip, captions=args.quality_captions,
+                             image_size=args.quality_image_size, device=args.device)
 
 
 def run(args):

@@ -38,9 +38,17 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
 
     from .run import Dist, plan_units, run_units
 
+    from . import quality
+    from .run import Context
+
     threads = torch.get_num_threads()
     dist = Dist.from_env(cfg.device)
     try:
+        ctx = None
+        if quality.spec_of(cfg) is not None:    # quality inputs checked before the store is made or anything generated
+            torch.set_num_threads(max(cfg.threads, 1))
+            ctx = Context(cfg, dist)
+            quality.setup(cfg, ctx)
         store = Store(out, cfg.identity())
         err = None
         if dist.rank == 0:
@@ -53,14 +61,14 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
             raise ValueError(err)
         if dist.rank != 0:
             store.open(create=False)
-        status = run_units(cfg, store, dist, max_units=max_units, progress=progress, after_unit=after_unit)
+        status = run_units(cfg, store, dist, max_units=max_units, progress=progress, after_unit=after_unit, ctx=ctx)
         dist.barrier()
         units = plan_units(cfg)
         missing = [u for u in units if not store.done(u.slug, u.index)]
         result = {"complete": not missing, "units": len(units), "missing": len(missing), **status,
                   "rank": dist.rank, "world_size": dist.world}
         if not missing:
-            result["report"] = merge(cfg, store, dist)
+            result["report"] = merge(cfg, store, dist, ctx)
         dist.barrier()
         return result
     finally:
@@ -68,19 +76,20 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
         torch.set_num_threads(threads)
 
 
-def merge(cfg, store: Store, dist) -> dict | None:
-    """Every rank: its share of the per-setting image quality (``analysis.quality_shard``, cached under
+def merge(cfg, store: Store, dist, ctx=None) -> dict | None:
+    """Every rank: its share of the per-setting image quality (``quality.quality_shard``, cached under
     DIR/quality/, so an interrupted merge resumes); then rank 0 analyses every stored unit and writes
-    report.json, report.md and the figures atomically (other ranks return None)."""
+    report.json, report.md and the figures atomically (other ranks return None). ``ctx``: this rank's
+    ``run.Context`` when already built."""
     import torch
 
-    from . import analysis, report
+    from . import analysis, quality, report
     from .run import Context
 
     t0 = time.perf_counter()
     torch.set_num_threads(max(cfg.threads, 1))
-    ctx = Context(cfg, dist)
-    analysis.quality_shard(store, cfg, ctx, dist.rank, dist.world)
+    ctx = ctx if ctx is not None else Context(cfg, dist)
+    quality.quality_shard(store, cfg, ctx, dist.rank, dist.world, analysis.load)
     dist.barrier()
     if dist.rank != 0:
         return None
@@ -90,7 +99,8 @@ def merge(cfg, store: Store, dist) -> dict | None:
                      "seed": cfg.seed, "L": ctx.L, "tree": cfg.tree, "drafting": "tree" if cfg.tree else "chain",
                      "draft": ctx.bundle.info.get("draft"), "batch_size": cfg.batch_size, "device": cfg.device,
                      "threads": cfg.threads, "world_size": dist.world, "record_images": cfg.record_images,
-                     "temperature": cfg.temperature, "cfg_scale": ctx.proc.cfg_scale}
+                     "temperature": cfg.temperature, "cfg_scale": ctx.proc.cfg_scale,
+                     "quality": None if cfg.quality is None else cfg.quality.identity()}
     rep["manifest"] = store.manifest()
     rep["figures"] = report.figures(store.root, rep)
     rep["merge_seconds"] = time.perf_counter() - t0

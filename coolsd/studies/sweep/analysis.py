@@ -3,19 +3,19 @@ figures and their uncertainty, and the paper's claims tested on the data.
 
 Predictions reuse the demo's code (``coolsd.studies.demo``: T10/T11 per recorded vanilla round, the renewal
 recursion over the image's positions, the speed-up model), called on the vanilla rows the sweep stored.
-Quality (MNIST only: the shipped VQ decoder and classifier): Frechet distance to the held-out digits
-with a jackknife interval, class accuracy, target NLL per token, k-NN precision/recall in the
-classifier's feature space.
+Quality (``quality``: MNIST's classifier always, other models with --quality): FID with a jackknife interval
+(and KID, IS, precision/recall, CLIP score) through ``coolsd.quality``, stamped; MNIST adds class accuracy and
+the target NLL per token.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import torch
 
-from .metrics import fd_with_ci, frontier_difference, precision_recall, tokens_per_call
+from . import quality as qual
+from .metrics import frontier_difference, tokens_per_call
 from .run import AR, Context, SweepConfig, Unit
 from .store import Store
 
@@ -83,77 +83,6 @@ def _vanilla_source(ctx: Context, van: dict):
                 van[f"rect{d}_start"]) for d in deps} or None
 
 
-def _quality(ctx: Context, d: dict, ref, real_feats) -> dict:
-    from real.zoo import vq
-    from coolsd.studies.demo.quality import nll_with_se
-    from real.zoo.metrics import class_accuracy, image_features
-
-    tokens = torch.as_tensor(d["tokens"])
-    images = vq.decode(tokens)
-    labels = torch.as_tensor(d["classes"])
-    f = image_features(images).numpy()
-    fd = fd_with_ci(f, ref)
-    acc = class_accuracy(images, labels)
-    k = min(3, len(f) - 1)
-    pr = precision_recall(real_feats, f, k=k) if k >= 1 else {"precision": None, "recall": None, "k": None}
-    dev = getattr(ctx.bundle.target, "device", "cpu")
-    nll = nll_with_se(ctx.bundle.target, labels.to(dev), tokens.to(dev))
-    return {"frechet_distance": fd["fd"], "frechet_distance_ci": fd["ci"], "frechet_distance_se": fd["se"],
-            "class_accuracy": acc, "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels)),
-            **nll, "precision": pr["precision"], "recall": pr["recall"], "precision_recall_k": pr["k"]}
-
-
-_QUALITY_FORMAT = 1
-
-
-def quality(store: Store, cfg: SweepConfig, ctx: Context, unit: Unit, refs) -> dict:
-    """``_quality`` of one setting's first ``cfg.images`` images (AR: ``unit.setting`` None), cached in
-    ``DIR/quality/<slug>.json`` (written atomically; reused while its key and image count match), so that an
-    interrupted merge keeps the settings it finished and ranks can share the work (``quality_shard``).
-    ``refs`` = (reference Gaussian, held-out features)."""
-    import json
-
-    from .store import json_safe
-
-    name = f"quality/{unit.slug}.json"
-    path = store.root / name
-    want = {"format": _QUALITY_FORMAT, "key": unit.key, "images": cfg.images, "code_version": ctx.code_version}
-    if path.exists():
-        try:
-            cached = json.loads(path.read_text())
-            if {k: cached.get(k) for k in want} == want:
-                return cached["quality"]
-        except (OSError, ValueError, KeyError):
-            pass                                   # damaged: recompute and overwrite
-    path.parent.mkdir(exist_ok=True)
-    q = json_safe(_quality(ctx, load(store, cfg, unit), *refs))
-    store.write_text(name, json.dumps({**want, "quality": q}, allow_nan=False) + "\n")
-    return q
-
-
-@functools.lru_cache(maxsize=1)
-def quality_refs():
-    """(reference Gaussian of the held-out digits, their classifier features (n, 64)) for ``_quality``; computed
-    once per process (``quality_shard`` and ``analyse`` both need it on rank 0)."""
-    from real.zoo import data
-    from real.zoo.metrics import image_features, reference_stats
-
-    return reference_stats(), image_features(data.heldout_split()[0]).numpy()
-
-
-def quality_shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int) -> int:
-    """This rank's share of the per-setting quality (AR first, then the grid; setting i on rank i mod world),
-    cached as ``quality`` does. Returns how many it computed or found. MNIST only (else 0)."""
-    if cfg.model != "mnist":
-        return 0
-    refs = quality_refs()
-    units = [Unit(None, 0)] + [Unit(s, 0) for s in cfg.settings]
-    mine = units[rank::world]
-    for u in mine:  # one setting at a time: each is a whole batched computation
-        quality(store, cfg, ctx, u, refs)
-    return len(mine)
-
-
 def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     """The report dict: {"methods": [...], "baseline": {...}, "claims": [...], "config": ...}."""
     from coolsd.studies import demo
@@ -161,8 +90,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     ar = load(store, cfg, Unit(None, 0))
     ar_stats = _stats(ar)
     T = ctx.bundle.num_tokens
-    with_quality = cfg.model == "mnist"
-    refs = quality_refs() if with_quality else None
+    with_quality = qual.spec_of(cfg) is not None
     loaded = {s.key: load(store, cfg, Unit(s, 0)) for s in cfg.settings}
     van_setting = next(s for s in cfg.settings if s.method == "vanilla")
     van = loaded[van_setting.key]
@@ -176,7 +104,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     baseline = {"name": AR, "images": int(len(ar["tokens"])), "tokens_per_target_call": 1.0,
                 "seconds_per_image": ar["wall_per_image"]}
     if with_quality:
-        baseline |= quality(store, cfg, ctx, Unit(None, 0), refs)
+        baseline |= qual.quality(store, cfg, ctx, Unit(None, 0), load)
     entries = []
     for i, s in enumerate(cfg.settings):
         d = loaded[s.key]
@@ -203,12 +131,14 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
              "acceptance_rate": float(d["round_accepted"].sum() / depth.sum()) if depth.sum() else None,
              "seconds_per_image": d["wall_per_image"], "rounds": int(d["image_rounds"].sum())}
         if with_quality:
-            e |= quality(store, cfg, ctx, Unit(s, 0), refs)
-        else:
-            e |= {k: None for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token")}
+            e |= qual.quality(store, cfg, ctx, Unit(s, 0), load)
+        for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token"):
+            e.setdefault(k, None)
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
-    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if with_quality else [],
+    stamp = qual.check_stamps([baseline, *entries])          # one stamp for the whole report, else an error
+    has_fd = with_quality and "frechet_distance" in baseline
+    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if has_fd else [],
             "predictions": {"available": predictable, "first_round_prefill_only": first_single,
                             "from": f"vanilla {'tree' if ctx.tree is not None else 'chain'} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
@@ -216,8 +146,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                                     "not available (no recorded vanilla rows: --record-images 0?)",
                             "tokens_per_row": per_row,
                             "costs": costs},
-            "quality": "MNIST: shipped VQ + classifier features" if with_quality else
-                       "not available for this model (FD / accuracy need the MNIST zoo's classifier)",
+            "quality": qual.describe(stamp), "quality_stamp": stamp,
             "code_versions": versions}
 
 
@@ -256,6 +185,9 @@ def claims(entries: list[dict]) -> list[dict]:
                 row = {"id": cid, "claim": text, "a": na, "b": nb_, "points_a": len(ea), "points_b": len(eb)}
                 for measure, y, se in (("frechet_distance", "frechet_distance", "frechet_distance_se"),
                                        ("nll_per_token", "nll_per_token", "nll_per_token_se")):
+                    if any(e.get(y) is None or e.get(se) is None for e in ea + eb):
+                        row[measure] = {"verdict": "not measured for this model"}
+                        continue
                     r = frontier_difference([e["accepted_length"]["measured"] for e in ea], [e[y] for e in ea],
                                             [e[se] for e in ea], [e["accepted_length"]["measured"] for e in eb],
                                             [e[y] for e in eb], [e[se] for e in eb])

@@ -11,29 +11,36 @@ def _f(x, nd=3):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def _g(x):
+    """4 significant digits (FDs range from ~1e-2 on tiny test extractors to ~1e2)."""
+    return "-" if x is None else f"{x:.4g}"
+
+
 def _params(m: dict) -> str:
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in m["params"].items()) or "-"
 
 
+def _quality_cells(m: dict, clip: bool) -> str:
+    """FD [95% CI] | class acc | NLL/token (SE) | precision / recall [| CLIP score (SE)] of one row."""
+    ci = m.get("frechet_distance_ci")
+    fd = (f"{_g(m['frechet_distance'])} [{_g(ci[0])}, {_g(ci[1])}]" if ci else _g(m.get("frechet_distance")))
+    cells = (f"{fd} | {_f(m.get('class_accuracy'))} | {_f(m.get('nll_per_token'))} ({_f(m.get('nll_per_token_se'))}) | "
+             f"{_f(m.get('precision'), 2)} / {_f(m.get('recall'), 2)}")
+    return cells + (f" | {_f(m.get('clip_score'), 2)} ({_f(m.get('clip_score_se'), 2)})" if clip else "")
+
+
 def table(report: dict) -> str:
-    head = ("| method | params | images | tokens/call predicted | measured (SE) | speed-up predicted | measured "
-            "| FD [95% CI] | class acc | NLL/token (SE) | precision / recall | TV bound / round |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     b = report["baseline"]
-    rows = [f"| plain AR (baseline) | - | {b['images']} | 1 | 1 | 1 | 1 | "
-            + (f"{_f(b['frechet_distance'], 1)} [{_f(b['frechet_distance_ci'][0], 1)}, "
-               f"{_f(b['frechet_distance_ci'][1], 1)}] | {_f(b['class_accuracy'])} | {_f(b['nll_per_token'])} "
-               f"({_f(b['nll_per_token_se'])}) | {_f(b['precision'], 2)} / {_f(b['recall'], 2)} | 0 |"
-               if "frechet_distance" in b else "- | - | - | - | 0 |")]
+    clip = "clip_score" in b
+    head = ("| method | params | images | tokens/call predicted | measured (SE) | speed-up predicted | measured "
+            "| FD [95% CI] | class acc | NLL/token (SE) | precision / recall |" + (" CLIP score (SE) |" if clip else "")
+            + " TV bound / round |\n|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if clip else "") + "---|\n")
+    rows = [f"| plain AR (baseline) | - | {b['images']} | 1 | 1 | 1 | 1 | {_quality_cells(b, clip)} | 0 |"]
     for m in report["methods"]:
         a, s = m["accepted_length"], m["speedup"]
-        ci = m["frechet_distance_ci"]
-        q = (f"{_f(m['frechet_distance'], 1)} [{_f(ci[0], 1)}, {_f(ci[1], 1)}] | {_f(m['class_accuracy'])} | "
-             f"{_f(m['nll_per_token'])} ({_f(m.get('nll_per_token_se'))}) | {_f(m.get('precision'), 2)} / "
-             f"{_f(m.get('recall'), 2)}" if ci else "- | - | - | -")
         rows.append(f"| {m['name']} | {_params(m)} | {m['images']} | {_f(a['predicted'])} | {_f(a['measured'])} "
-                    f"({_f(a['measured_se'])}) | {_f(s['predicted'], 2)} | {_f(s['measured'], 2)} | {q} "
-                    f"| {_f(m['tv_bound'], 4)} |")
+                    f"({_f(a['measured_se'])}) | {_f(s['predicted'], 2)} | {_f(s['measured'], 2)} | "
+                    f"{_quality_cells(m, clip)} | {_f(m['tv_bound'], 4)} |")
     return head + "\n".join(rows) + "\n"
 
 
@@ -63,9 +70,10 @@ def markdown(report: dict) -> str:
         f"Ranks: {c['world_size']}; merge wall clock {report['merge_seconds']:.0f} s.", "",
         "Tokens per target call: T n / (target calls), SE over images (delta method). Speed-up: plain-AR wall time per "
         "image / the setting's, same batch size; predicted from the vanilla rows and measured unit costs "
-        "(`coolsd.studies.demo`). FD: Frechet distance to the held-out digits in the shipped classifier's space, 95% "
+        "(`coolsd.studies.demo`). FD: torchmetrics' FID in the feature space and against the reference of the quality "
+        "stamp (Quality, below) (MNIST: the shipped classifier, the held-out digits), 95% "
         "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.studies.sweep.metrics.fd_with_ci` for why not the bootstrap). NLL: target NLL per token of the generated codes. "
-        "Precision / recall: k-NN manifolds (k = 3) in the classifier's feature space against the held-out digits. "
+        "Precision / recall: k-NN manifolds (k = 3) in the same feature space against the reference images. "
         f"TV bound: mean per-round T11 bound. Predictions: {p['from']}. Quality: {report['quality']}.", "",
         "## Settings", "", table(report),
         "## The paper's claims on this data", "",

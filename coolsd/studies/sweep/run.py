@@ -52,6 +52,8 @@ class SweepConfig:
     threads: int = 1
     grid_items: tuple = ()     # as given (for the report)
     vanilla_added: bool = False
+    quality: object = None     # coolsd.quality.QualitySpec (--quality ...) or None; not part of the identity:
+                               # quality is computed at the merge from the stored codes
 
     def identity(self) -> dict:
         """What must match for stored units to be reused (not ``images``: more images add blocks)."""
@@ -243,9 +245,10 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
 
 
 def run_units(cfg: SweepConfig, store: Store, dist: Dist, *, max_units: int | None = None,
-              progress: bool = False, after_unit=None) -> dict:
+              progress: bool = False, after_unit=None, ctx: Context | None = None) -> dict:
     """Run this rank's share of the units not yet in ``store``. ``max_units`` stops after that many units
-    of this rank (a run in chunks); ``after_unit(unit)`` is called after each unit is written (tests).
+    of this rank (a run in chunks); ``after_unit(unit)`` is called after each unit is written (tests); ``ctx``
+    this rank's Context when already built.
     Returns {"done_here", "remaining_before", "stopped_early"}."""
     units = plan_units(cfg)
     remaining = [u for u in units if not store.done(u.slug, u.index)]
@@ -257,7 +260,7 @@ def run_units(cfg: SweepConfig, store: Store, dist: Dist, *, max_units: int | No
     done = 0
     if mine:
         torch.set_num_threads(cfg.threads)
-        ctx = Context(cfg, dist)
+        ctx = ctx if ctx is not None else Context(cfg, dist)
         bar = None
         if progress:
             from tqdm import tqdm
