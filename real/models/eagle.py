@@ -133,6 +133,7 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
     _placed_by = "fc.weight"
     needs_features = True
     batched = True
+    row_masks = True        # forward takes (rows, S, K) attention masks, one per row (real.nn.kvcache)
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
         """``c``: the drafter's sizes; ``head``: the target's output ``nn.Linear`` (D -> LM vocabulary), kept

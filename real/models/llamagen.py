@@ -214,6 +214,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
     _placed_by = "tok_embeddings.weight"
     batched = True
     needs_features = False
+    row_masks = True        # forward takes (rows, S, K) attention masks, one per row (real.nn.kvcache)
 
     def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
         """Layers sized by ``c``, default-initialised (``random_init`` or a checkpoint loader set the weights);
