@@ -33,18 +33,11 @@ torch.set_num_threads(1)  # tiny models: threads only contend (see test_real_eng
 
 def _generate(target, draft, conds, T, verifier, spec, proc, seed=0, batch_size=None, record=False):
     """Dynamic-tree generation of one image per condition: tokens (n, T) (and the per-batch steps)."""
-    import sys
-    sys.path.insert(0, "/tmp/dyn")
-    from harness import dyn_generate          # TEMPORARY until the engine is wired (after the streams commit)
+    from real.decode import engine
 
-    B = batch_size or len(conds)
-    outs, steps = [], []
-    for a in range(0, len(conds), B):
-        o, s = dyn_generate(target, draft, conds[a:a + B], T, verifier, spec, proc, seed=seed * 7919 + a,
-                            record=record)
-        outs.append(o)
-        steps += s
-    return torch.cat(outs), steps
+    gens = engine.generate(target, draft, conds, num_tokens=T, verifier=verifier, tree=spec, processing=proc,
+                           seed=seed, batch_size=batch_size or len(conds), record_rows=record)
+    return torch.stack([g.tokens for g in gens]), gens
 
 
 # --------------------------------------------------------------------------- theory: keys, selection, trees
@@ -226,9 +219,9 @@ def test_greedy_dynamic_equals_plain_greedy_at_every_batch_size(llamagen, kind, 
     accepted = 0
     for spec in (DynamicTree(), DynamicTree(total=9, depth=2, topk=3)):
         for B in (1, 3):
-            out, steps = _generate(t, d, conds, T, rules.greedy(), spec, proc, batch_size=B)
+            out, gens = _generate(t, d, conds, T, rules.greedy(), spec, proc, batch_size=B)
             assert torch.equal(out, ref), (spec, B)
-            accepted = max(accepted, max(int(s.accepted.max()) for s in steps))
+            accepted = max(accepted, max(r.accepted for g in gens for r in g.rounds))
     assert kind == "eagle" or accepted >= 2      # the trees were used (the random EAGLE drafter rarely hits)
 
 

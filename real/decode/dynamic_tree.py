@@ -30,6 +30,7 @@ from theory import checks
 from theory.dynamic import KEYS, child_keys, select_nodes
 from theory.tree import RowTrees, row_trees, verify_tree
 
+from . import rng as R
 from .steps import Run, Step, ar_step, check_finite, commit, feed_draft, store_hidden, sync, verify_on
 from .tree_steps import top_m
 
@@ -110,10 +111,9 @@ class DynamicStep(Step):
 
 
 def _gumbel(run: Run, shape, level: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise (B, *shape) float64 for the candidate draws of tree level ``level``: -log(-log U), U
-    uniform in (0, 1) (U = 0, probability 2^-53, gives -inf: that token is drawn last)."""
-    u = torch.rand((run.B, *shape), generator=run.gen, device=run.dev, dtype=torch.float64)
-    return u.log_().neg_().log_().neg_()
+    """Gumbel(0, 1) noise (B, *shape) float64 for the candidate draws of tree level ``level`` from the images' own
+    streams (``rng.TREE + level``): -log(-log U) (U = 0, probability 2^-53, gives -inf: that token is drawn last)."""
+    return run.rng.uniform(run.n, R.TREE + level, tuple(shape)).log_().neg_().log_().neg_()
 
 
 def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, level: int):
@@ -249,8 +249,8 @@ def dynamic_tree_step(run: Run, spec: DynamicTree, verifier, record: bool) -> Dy
     trees = row_trees(parent, spec.topk, depth=Dr)
     if run.host:
         trees = RowTrees(trees.children.numpy(), trees.node_depth.numpy(), trees.depth)
-    u_acc = torch.rand((run.B, n + 1), generator=run.gen, device=run.dev, dtype=p.dtype)
-    u_smp = torch.rand((run.B,), generator=run.gen, device=run.dev, dtype=p.dtype)
+    u_acc = run.rng.uniform(run.n, R.ACCEPT, (n + 1,), p.dtype)
+    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
     v = verify_on(run, verify_tree, p, qv, tokens, u_acc, u_smp, trees, verifier, early_exit=True,
                   max_depth=torch.as_tensor(Db, device=run.dev), draft_law=law)
     head = torch.cat([v.accepted[:, None], v.path], 1).cpu().numpy()                  # the round's sync

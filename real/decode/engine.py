@@ -33,6 +33,7 @@ from .rng import Streams
 from .sampling import Processing
 from .steps import Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
 from .tree_steps import tree_step
+from .dynamic_tree import DynamicStep, DynamicTree, check_dynamic, dynamic_tree_step
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
            "summarize", "records_to_arrays", "default_batch_size", "MAX_BATCH"]
@@ -60,6 +61,7 @@ class RoundRecord:
     drafts: np.ndarray | None = None
     depth: int | None = None
     nodes: tuple | None = None
+    parent: np.ndarray | None = None     # dynamic trees: (N'+1,) the round's own tree (node parents, -1 at the root)
 
 
 @dataclass
@@ -169,9 +171,11 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
             raise ValueError("speculative decoding needs a draft length L (or a tree)")
         if verifier is None:
             raise ValueError("speculative decoding needs a verifier (theory.rules); plain AR: draft=None")
-        if tree is not None:
+        if isinstance(tree, DynamicTree):
+            check_dynamic(tree, target, draft, len(conds) if batch_size is None else int(batch_size))
+        elif tree is not None:
             if not isinstance(tree, Tree):
-                raise ValueError(f"tree must be a theory.tree.Tree, got {type(tree).__name__}")
+                raise ValueError(f"tree must be a theory.tree.Tree or a DynamicTree, got {type(tree).__name__}")
             if tree.children.shape[1] > int(target.vocab_size):
                 raise ValueError(f"the tree has a node with {tree.children.shape[1]} candidates but V = {target.vocab_size}")
         elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
@@ -196,7 +200,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
 def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, record, bar) -> list[Generation]:
     B = len(conds)
     dev = _device_of(target)
-    slack = 2 + (tree.depth if tree is not None else (L or 0))
+    slack = 2 + ((tree.max_depth if isinstance(tree, DynamicTree) else tree.depth) if tree is not None else (L or 0))
     run = Run(target, draft, proc, rng, dev, T, np.zeros(B, np.int64),
               torch.zeros((B, T + slack), dtype=torch.long, device=dev),
               feat=bool(getattr(draft, "needs_features", False)), host=host_verification(dev, verifier))
@@ -212,6 +216,8 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
         act, n0 = run.active, run.n.copy()
         if draft is None:
             st = ar_step(run, record)
+        elif isinstance(tree, DynamicTree):
+            st = dynamic_tree_step(run, tree, verifier, record)
         elif tree is not None:
             st = tree_step(run, tree, verifier, record)
         else:
@@ -225,7 +231,8 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
     info = {"method": "ar" if draft is None else getattr(verifier, "name", "custom"), **proc.params(),
             "batch_size": B, "batch_seconds": seconds}
     if draft is not None:
-        info.update({"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
+        info.update(tree.params() if isinstance(tree, DynamicTree) else
+                    {"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
     recs = _records(steps, actives, tree, record)
     return [Generation(tokens[b], recs[b], seconds / B, len(recs[b]),
                        sum(s.draft_forwards for s, a in zip(steps, actives) if a[b]), dict(info)) for b in range(B)]
@@ -234,12 +241,21 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
 def _records(steps: list[Step], actives: list[np.ndarray], tree: Tree | None, record: bool) -> list[list[RoundRecord]]:
     """Per-image RoundRecords from the batch's steps (a loop over rounds and images, once per batch)."""
     B = actives[0].shape[0]
-    nodes_at = None if tree is None else np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")
+    nodes_at = None if not isinstance(tree, Tree) else np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")
     out: list[list[RoundRecord]] = [[] for _ in range(B)]
     for k, (s, act) in enumerate(zip(steps, actives)):
         share = 1.0 / max(1, int(act.sum()))
         for b in np.flatnonzero(act):
             tau = int(s.accepted[b])
+            if isinstance(s, DynamicStep):      # a dynamic-tree round: its own tree per image
+                D = int(s.depth[b])
+                rec = RoundRecord(int(s.drafted[b]), tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
+                                  depth=D, nodes=tuple(int(x) for x in s.nodes[b, :tau]), parent=s.parent[b])
+                if record:
+                    rec.p, rec.drafts = s.p[b], s.drafts[b]
+                    rec.q = s.q[b] if s.q is not None else None
+                out[b].append(rec)
+                continue
             if s.depth is not None:             # a tree round
                 D = int(s.depth[b])
                 rec = RoundRecord(int(nodes_at[D]), tau, s.t_draft * share, s.t_target * share, s.t_verify * share,
