@@ -266,14 +266,19 @@ def check_pair(target, draft) -> None:
                          "needs both over the same image tokens (same tokenizer)")
 
 
-def check_attn_mask(attn_mask: torch.Tensor, S: int, cache_len: int, device) -> torch.Tensor:
-    """A block's ``attn_mask`` (S, K) as bool on ``device``, checked: S <= K <= cache_len + S (the last
-    K - S cached entries and the block) and every new token attends to itself."""
-    if attn_mask.ndim != 2 or attn_mask.shape[0] != S or not S <= attn_mask.shape[1] <= cache_len + S:
-        raise ValueError(f"attn_mask must be (S, K) with S = {S} new tokens and {S} <= K <= cache_len + S = "
-                         f"{cache_len + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
+def check_attn_mask(attn_mask: torch.Tensor, S: int, cache_len: int, device, rows: int | None = None) -> torch.Tensor:
+    """A block's ``attn_mask`` (S, K) -- or (rows, S, K), one per row, when ``rows`` is given (models with
+    ``row_masks``: dynamic trees differ per image) -- as bool on ``device``, checked: S <= K <= cache_len + S (the
+    last K - S cached entries and the block) and every new token attends to itself."""
+    per_row = rows is not None and attn_mask.ndim == 3
+    lead = (rows,) if per_row else ()
+    if attn_mask.ndim != 2 + per_row or tuple(attn_mask.shape[:-1]) != (*lead, S) \
+            or not S <= attn_mask.shape[-1] <= cache_len + S:
+        shape = "(rows, S, K) or (S, K)" if rows is not None else "(S, K)"
+        raise ValueError(f"attn_mask must be {shape} with rows = {rows}, S = {S} new tokens and {S} <= K <= "
+                         f"cache_len + S = {cache_len + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
     blk = attn_mask.to(device=device, dtype=torch.bool)
-    if not bool(blk[:, -S:].diagonal().all()):
+    if not bool(blk[..., -S:].diagonal(dim1=-2, dim2=-1).all()):
         raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
     return blk
 

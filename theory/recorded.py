@@ -22,7 +22,7 @@ import numpy as np
 from . import checks
 from .markov import discrepancy
 from ._xp import Array, gather, namespace, normalize
-from .tree import Tree
+from .tree import DRAFT_LAWS, RowTrees, Tree
 
 
 class RoundPrediction(NamedTuple):
@@ -80,7 +80,8 @@ class TreePrediction(NamedTuple):
     reach: Array     # (R, N+1) probability that the walk accepts each node (root: 1) given the drafts
 
 
-def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, check: bool = True) -> TreePrediction:
+def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, check: bool = True,
+                        draft_law: str = "without_replacement", max_depth: Array | None = None) -> TreePrediction:
     """T10 and T11 for static-tree rounds recorded under any rule (docs/theory.md section 9).
 
     p (R, N+1, V) target rows at every node (node 0 = root), q (R, N+1, V) the draft rows each node's
@@ -98,7 +99,14 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, ch
     Pr(reach node) this gives sum_n reach_n sum_j prod_{i<j} (1 - f_i(c_i)) D_j(n), an unbiased estimate
     of a bound on the round's TV to the target (T11 for trees; 0 for vanilla; equal to T11 for a chain).
     Candidates with q_j(c) = 0 are skipped, as the verifier does. Loops over the N nodes (not over rounds).
+
+    Dynamic trees (section 10): ``tree`` a ``theory.tree.RowTrees`` (children (R, N+1, K)), each recorded round its
+    own tree; ``draft_law`` as ``verify_tree``'s ("point": the release's deterministic candidates, q unused);
+    ``max_depth`` (R,) ints: the walk of a round stops at that depth (the end of an image). The reach and the
+    bound are then accumulated per round over (node, rank) slots (a loop over N+1 nodes and K ranks).
     """
+    if isinstance(tree, RowTrees) or draft_law != "without_replacement" or max_depth is not None:
+        return _predict_row_trees(p, q, tokens, tree, verifier, check, draft_law, max_depth)
     xp = namespace(p, q)
     R = tokens.shape[0]
     N = tree.n_nodes
@@ -138,6 +146,68 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, ch
             p_j = xp.where(valid[:, None], verifier.resample(p_j, q_j, f_row, c), p_j)
             q_left = xp.where(valid[:, None] & (ar_V == c[:, None]), xp.zeros_like(q_left), q_left)
     return TreePrediction(accepted, bound, xp.stack(reach, axis=1))
+
+
+def _predict_row_trees(p, q, tokens, tree, verifier, check, draft_law, max_depth) -> TreePrediction:
+    """``predict_tree_rounds`` for per-round trees (``RowTrees``; a static ``Tree`` is broadcast to every round)."""
+    if draft_law not in DRAFT_LAWS:
+        raise ValueError(f"draft_law must be one of {DRAFT_LAWS}, got {draft_law!r}")
+    xp = namespace(p, q)
+    dev = array_api_compat.device(p)
+    R, V = tokens.shape[0], p.shape[-1]
+    N = tree.n_nodes
+    if p.shape[:2] != (R, N + 1) or q.shape[:2] != (R, N + 1) or p.shape[-1] != q.shape[-1] \
+            or tuple(tokens.shape) != (R, N + 1):
+        raise ValueError(f"predict_tree_rounds: expected p, q (R, N+1={N + 1}, V) and tokens (R, N+1); got p "
+                         f"{tuple(p.shape)}, q {tuple(q.shape)}, tokens {tuple(tokens.shape)}")
+    children = xp.asarray(tree.children, device=dev)
+    depth = xp.asarray(tree.node_depth, device=dev)
+    if children.ndim == 2:          # a static tree: the same children in every round
+        children = xp.broadcast_to(children[None], (R, *children.shape))
+        depth = xp.broadcast_to(depth[None], (R, N + 1))
+    if tuple(children.shape[:2]) != (R, N + 1):
+        raise ValueError(f"predict_tree_rounds: the trees' children must be (R={R}, N+1={N + 1}, K), got "
+                         f"{tuple(children.shape)}")
+    cap = xp.full((R,), tree.depth, dtype=xp.int64, device=dev) if max_depth is None else \
+        xp.astype(xp.asarray(max_depth, device=dev), xp.int64)
+    if check:
+        checks.check_rows_xp("predict_tree_rounds: p", p, xp)
+        checks.check_tokens_xp("predict_tree_rounds: tokens", tokens[:, 1:], V, xp)
+        if tuple(cap.shape) != (R,):
+            raise ValueError(f"predict_tree_rounds: max_depth must be ({R},), got {tuple(cap.shape)}")
+    tokens = xp.astype(tokens, xp.int64)
+    ar_V, ar_N = xp.arange(V, device=dev), xp.arange(N + 1, device=dev)
+    zero = xp.zeros((R,), dtype=p.dtype, device=dev)
+    reach = xp.astype(ar_N[None, :] == 0, p.dtype) * xp.ones((R, 1), dtype=p.dtype, device=dev)   # (R, N+1)
+    accepted, bound = zero, zero
+    K = children.shape[-1]
+    for n in range(N + 1):  # nodes in index order: parents come before their children
+        kids = children[:, n, :]                                                  # (R, K)
+        live_n = (kids >= 0) & (depth[:, n] < cap)[:, None]
+        if not bool(xp.any(live_n)):
+            continue
+        r_n = reach[:, n]
+        p_j, q_left = p[:, n, :], q[:, n, :]
+        survive = xp.ones((R,), dtype=p.dtype, device=dev)
+        for j in range(K):  # candidates in rank order
+            live = live_n[:, j]
+            if not bool(xp.any(live)):
+                break
+            kid = xp.where(live, kids[:, j], xp.zeros_like(kids[:, j]))
+            c = gather(tokens, kid, xp)
+            q_j = xp.astype(ar_V == c[:, None], p.dtype) if draft_law == "point" else normalize(q_left, q_left, xp)
+            f_row = verifier.accept(p_j, q_j, depth[:, n] + 1)
+            valid = live & (gather(q_j, c, xp) > 0)
+            f_c = xp.where(valid, gather(f_row, c, xp), zero)
+            D = discrepancy(p_j, q_j, f_row, verifier.resample(p_j, q_j, f_row))   # (R,)  T3
+            bound = bound + r_n * survive * xp.where(valid, D, zero)
+            r_kid = r_n * survive * f_c
+            reach = xp.where(live[:, None] & (ar_N[None, :] == kid[:, None]), r_kid[:, None], reach)
+            accepted = accepted + xp.where(live, r_kid, zero)
+            survive = survive * (1 - f_c)
+            p_j = xp.where(valid[:, None], verifier.resample(p_j, q_j, f_row, c), p_j)
+            q_left = xp.where(valid[:, None] & (ar_V == c[:, None]), xp.zeros_like(q_left), q_left)
+    return TreePrediction(accepted, bound, reach)
 
 
 # --------------------------------------------------------------------------- recorded rows (numpy, float64)

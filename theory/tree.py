@@ -24,8 +24,14 @@ import numpy as np
 
 from ._xp import Array, gather, gather_rows, namespace, normalize, sample_categorical
 
-__all__ = ["Tree", "TreeVerdict", "verify_tree", "draft_without_replacement", "EAGLE_25", "EAGLE_57", "tree_round",
-           "chain_tree"]
+__all__ = ["Tree", "RowTrees", "row_trees", "TreeVerdict", "verify_tree", "draft_without_replacement", "EAGLE_25",
+           "EAGLE_57", "tree_round", "chain_tree", "DRAFT_LAWS"]
+
+# How a node's candidates were drafted (section 10): "without_replacement" = a sequential draw without replacement
+# from the node's draft row q (the walk's q_j = Norm(q with c_1..c_{j-1} removed)); "point" = deterministic
+# candidates (the draft's top-k, as the EAGLE-2 / LANTERN releases), whose conditional draft law is the point
+# mass at c_j (q_j = one-hot(c_j): vanilla then accepts with p_j(c_j), the release's ``qx = 1``).
+DRAFT_LAWS = ("without_replacement", "point")
 
 # Tree shapes used by the EAGLE-1 / LANTERN releases: 25 nodes of depth 5 and 57 nodes of depth 5.
 EAGLE_25 = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
@@ -126,6 +132,58 @@ class Tree:
         return out[::-1]
 
 
+@dataclass(frozen=True)
+class RowTrees:
+    """Draft trees that differ per round (dynamic trees, section 10), batched: ``children`` (..., N+1, K) int64
+    child nodes by rank, -1 padded; ``node_depth`` (..., N+1) int64 (root 0); ``depth`` the largest node depth
+    (an int: the walk's static bound). Every round has N drafted nodes numbered so that a parent comes before its
+    children. Arrays of any array-API namespace (numpy on the host, torch on the model device)."""
+    children: Array
+    node_depth: Array
+    depth: int
+
+    @property
+    def n_nodes(self) -> int:
+        """N: drafted nodes per round (the root excluded)."""
+        return int(self.children.shape[-2]) - 1
+
+
+def row_trees(parent: Array, K: int, depth: int | None = None) -> RowTrees:
+    """``RowTrees`` from per-round parent pointers ``parent`` (..., N+1) int (entry 0: -1, the root; parent[a] < a),
+    children ranked by node index (K: most children a node may have). Node depths by pointer jumping (a loop over
+    at most N levels); children by matching (parent, sibling rank): O(N^2 K) per round, no scatter (array API)."""
+    xp = namespace(parent)
+    dev = array_api_compat.device(parent)
+    parent = xp.astype(parent, xp.int64)
+    N1 = parent.shape[-1]
+    ar = xp.arange(N1, device=dev)
+    same = parent[..., :, None] == parent[..., None, :]                          # (..., a, b): siblings (or both root)
+    before = ar[None, :] < ar[:, None]                                           # b < a
+    rank = xp.sum(xp.astype(same & before, xp.int64), axis=-1)                   # (..., N+1) sibling rank
+    node_depth = xp.zeros_like(parent)
+    cur = parent
+    for _ in range(N1):  # pointer jumping: one step per tree level (at most N)
+        live = cur >= 0
+        if not bool(xp.any(live)):
+            break
+        node_depth = node_depth + xp.astype(live, xp.int64)
+        cur = _parent_of(parent, cur, xp)
+    ar_K = xp.arange(K, device=dev)
+    match = (parent[..., None, None, :] == ar[:, None, None]) & (rank[..., None, None, :] == ar_K[None, :, None]) \
+        & (ar[None, None, :] > 0)                                                  # (..., N+1 node, K, N+1 a)
+    has = xp.any(match, axis=-1)
+    kid = xp.astype(xp.argmax(xp.astype(match, xp.int64), axis=-1), xp.int64)
+    children = xp.where(has, kid, xp.full_like(kid, -1))
+    D = int(xp.max(node_depth)) if depth is None else int(depth)
+    return RowTrees(children, node_depth, D)
+
+
+def _parent_of(parent: Array, node: Array, xp) -> Array:
+    """parent[..., node[..., j]] for every j (-1 where node = -1): parent, node (..., N+1)."""
+    safe = xp.where(node >= 0, node, xp.zeros_like(node))
+    return xp.where(node >= 0, xp.take_along_axis(parent, safe, axis=-1), node)
+
+
 class TreeVerdict(NamedTuple):
     accepted: Array    # (...,) int64: accepted drafts (depth reached)
     path: Array        # (..., D) int64: accepted nodes by depth, -1 after the last
@@ -185,8 +243,9 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
     return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
 
 
-def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: Tree, verifier, *,
-                early_exit: bool = False, max_depth: Array | None = None) -> TreeVerdict:
+def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: "Tree | RowTrees", verifier, *,
+                early_exit: bool = False, max_depth: Array | None = None,
+                draft_law: str = "without_replacement") -> TreeVerdict:
     """Multi-candidate verification of one static-tree round (section 9; T5 applied recursively), batched over leading dims.
 
     Shapes (N = tree.n_nodes, node 0 = root):
@@ -198,17 +257,24 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
       max_depth (...,)        optional int: the walk of that round stops at this depth (its tree truncated
                               there, as ``real.decode.engine`` does at the end of an image in a ragged batch);
                               default: the whole tree
+    ``tree``: a static ``Tree`` shared by every round, or ``RowTrees`` (children (..., N+1, K)), one tree per
+    round (dynamic trees, section 10). ``draft_law`` (``DRAFT_LAWS``): "point" for deterministic candidates (q_j =
+    one-hot(c_j); q unused).
     The walk loops over at most N + depth steps (a static bound, not over batch elements); every step
     tries one candidate for every unfinished round. ``early_exit=True`` stops as soon as every round has
     finished (same result: finished rounds no longer change; one host sync per step, so not for JAX
     tracing); the real-model engine uses it, a round typically needing far fewer steps than the bound.
     """
+    if draft_law not in DRAFT_LAWS:
+        raise ValueError(f"draft_law must be one of {DRAFT_LAWS}, got {draft_law!r}")
+    point = draft_law == "point"
     xp = namespace(p, q)
     dev = array_api_compat.device(p)
     V = p.shape[-1]
     batch = tuple(tokens.shape[:-1])
-    children = xp.asarray(tree.children, device=dev)
-    n_kids = xp.asarray((tree.children >= 0).sum(1), device=dev)                 # (N+1,) candidates per node
+    per_row = isinstance(tree, RowTrees)
+    children = xp.asarray(tree.children, device=dev)                             # (N+1, K) or (*batch, N+1, K)
+    n_kids = xp.sum(xp.astype(children >= 0, xp.int64), axis=-1)                 # (N+1,) or (*batch, N+1)
     K = children.shape[-1]
     tokens = xp.astype(tokens, xp.int64)
     zero_i = xp.zeros(batch, dtype=xp.int64, device=dev)
@@ -222,22 +288,32 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     ar_depth = xp.arange(tree.depth, device=dev)
     ar_V = xp.arange(V, device=dev)
 
+    def kids_of(node):
+        """(..., K) the children of each round's current node, and (...,) how many it has."""
+        if per_row:
+            return gather_rows(children, node, xp), gather(n_kids, node, xp)
+        flat = xp.reshape(node, (-1,))
+        return (xp.reshape(xp.take(children, flat, axis=0), (*batch, K)),
+                xp.reshape(xp.take(n_kids, flat, axis=0), batch))
+
     def untried(node, rank, depth):
         """(...,) bool: the round's current node has a candidate left to try, within its depth cap."""
-        return (rank < xp.reshape(xp.take(n_kids, xp.reshape(node, (-1,)), axis=0), batch)) & (depth < cap)
+        return (rank < kids_of(node)[1]) & (depth < cap)
 
     for _ in range(tree.n_nodes + tree.depth + 1):
         if early_exit and not bool(xp.any(active)):
             break
-        kid_row = xp.take(children, xp.reshape(node, (-1,)), axis=0)              # (B, K)
-        kid_row = xp.reshape(kid_row, (*batch, K))
+        kid_row, n_here = kids_of(node)
         kid = gather(kid_row, xp.minimum(rank, xp.full_like(rank, K - 1)), xp)
-        has = active & untried(node, rank, depth)
+        has = active & (rank < n_here) & (depth < cap)
         kid_safe = xp.where(has, kid, zero_i)
-        q_node = gather_rows(q, node, xp)
-        q_left = xp.where(removed, xp.zeros_like(q_node), q_node)
-        q_j = normalize(q_left, q_left, xp)                                       # all zero once exhausted
         c = gather(tokens, kid_safe, xp)
+        if point:        # deterministic candidates: the draft's conditional law is the point mass at c_j
+            q_j = xp.astype(ar_V == c[..., None], p.dtype)
+        else:
+            q_node = gather_rows(q, node, xp)
+            q_left = xp.where(removed, xp.zeros_like(q_node), q_node)
+            q_j = normalize(q_left, q_left, xp)                                   # all zero once exhausted
         # rounds at a leaf (depth = D) have no candidate (has = False): their f is unused, so the position is
         # clamped to D (schedules defined on positions 1..D only, e.g. Explicit weights, accept it)
         f_row = verifier.accept(p_res, q_j, xp.minimum(depth + 1, xp.full_like(depth, tree.depth)))

@@ -24,7 +24,17 @@ def register(sub):
     g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
     g.add_argument("--tree", default=None,
                    help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
-                        "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'")
+                        "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'; "
+                        "or dynamic (EAGLE-2 dynamic trees, the LANTERN release's default: --tree-total/-depth/-topk)")
+    t = g.add_argument_group("dynamic trees (--tree dynamic; real.decode.dynamic_tree, docs/theory.md section 9b)")
+    t.add_argument("--tree-total", type=int, default=59,
+                   help="nodes the target scores per round, root included (the release's total_token; default 59)")
+    t.add_argument("--tree-depth", type=int, default=4,
+                   help="expansion levels after the root's children: nodes reach depth + 1 (default 4, as released)")
+    t.add_argument("--tree-topk", type=int, default=10, help="children per expanded node and beam width (default 10)")
+    t.add_argument("--tree-sampling", choices=["lossless", "release"], default="lossless",
+                   help="lossless (default: stochastic-beam-search keys, candidates verified with their draft law) "
+                        "or release (top-k candidates verified with qx = 1, as the EAGLE-2 / LANTERN release)")
     from theory import methods as registry
 
     m = g.add_argument_group("verifier parameters (theory.methods; unset: the method's default)")
@@ -138,10 +148,19 @@ def generate(args) -> dict:
         if other:
             raise ValueError(f"{', '.join('--' + f.replace('_', '-') for f in other)} do(es) not apply to method "
                              f"{spec.name} (its options: {sorted('--' + f.replace('_', '-') for f in own) or 'none'})")
-    tree = parse_tree(args.tree, args.L) if args.tree is not None else None
+    dynamic = args.tree is not None and args.tree.strip().lower() == "dynamic"
+    if dynamic:
+        from real.decode.dynamic_tree import DynamicTree
+
+        for flag in ("tree_total", "tree_depth", "tree_topk"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+        tree = DynamicTree(args.tree_total, args.tree_depth, args.tree_topk, args.tree_sampling)
+    else:
+        tree = parse_tree(args.tree, args.L) if args.tree is not None else None
     if tree is not None and args.method.lower() == "ar":
         raise ValueError("--tree needs a speculative method (not ar)")
-    L = tree.depth if tree is not None else args.L
+    L = (tree.max_depth if dynamic else tree.depth) if tree is not None else args.L
     threads = args.threads if args.threads is not None else (1 if "tiny" in args.model else None)
     if threads is not None:
         if threads < 1:
@@ -172,12 +191,17 @@ def generate(args) -> dict:
            "image_tokens": bundle.num_tokens, "num_images": len(gens), "seed": args.seed,
            "batch_size": gens[0].info["batch_size"],
            "device": str(args.device), "dtype": args.dtype, "info": bundle.info, **stats}
-    if tree is not None:
+    if dynamic:
+        out["tree"] = {"name": "dynamic", "nodes": tree.n_nodes, "depth": tree.max_depth, **tree.params()}
+    elif tree is not None:
         out["tree"] = {"name": args.tree, "nodes": tree.n_nodes, "depth": tree.depth}
     if base:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
         out["speedup"] = b["seconds"] / stats["seconds"]
+    if args.record and dynamic:
+        raise NotImplementedError("--record with --tree dynamic is not written yet (per-round trees need their parents "
+                                  "in the record); theory.recorded.predict_tree_rounds takes them as RowTrees")
     if args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.tune.TreeRows)
         full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
         if not full:

@@ -33,6 +33,7 @@ from .rng import Streams
 from .sampling import Processing
 from .steps import RoundRecord, Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
 from .tree_steps import tree_step
+from .dynamic_tree import DynamicTree, check_dynamic, dynamic_tree_step
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
            "summarize", "records_to_arrays", "default_batch_size", "MAX_BATCH"]
@@ -157,9 +158,11 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
             raise ValueError("speculative decoding needs a draft length L (or a tree)")
         if verifier is None:
             raise ValueError("speculative decoding needs a verifier (theory.rules); plain AR: draft=None")
-        if tree is not None:
+        if isinstance(tree, DynamicTree):
+            check_dynamic(tree, target, draft, len(conds) if batch_size is None else int(batch_size))
+        elif tree is not None:
             if not isinstance(tree, Tree):
-                raise ValueError(f"tree must be a theory.tree.Tree, got {type(tree).__name__}")
+                raise ValueError(f"tree must be a theory.tree.Tree or a DynamicTree, got {type(tree).__name__}")
             if tree.children.shape[1] > int(target.vocab_size):
                 raise ValueError(f"the tree has a node with {tree.children.shape[1]} candidates but V = {target.vocab_size}")
         elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
@@ -184,7 +187,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
 def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, record, bar) -> list[Generation]:
     B = len(conds)
     dev = _device_of(target)
-    slack = 2 + (tree.depth if tree is not None else (L or 0))
+    slack = 2 + ((tree.max_depth if isinstance(tree, DynamicTree) else tree.depth) if tree is not None else (L or 0))
     run = Run(target, draft, proc, rng, dev, T, np.zeros(B, np.int64),
               torch.zeros((B, T + slack), dtype=torch.long, device=dev),
               feat=draft is not None and draft.needs_features, host=host_verification(dev, verifier))
@@ -200,6 +203,8 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
         act, n0 = run.active, run.n.copy()
         if draft is None:
             st = ar_step(run, record)
+        elif isinstance(tree, DynamicTree):
+            st = dynamic_tree_step(run, tree, verifier, record)
         elif tree is not None:
             st = tree_step(run, tree, verifier, record)
         else:
@@ -213,7 +218,8 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
     info = {"method": "ar" if draft is None else getattr(verifier, "name", "custom"), **proc.params(),
             "batch_size": B, "batch_seconds": seconds}
     if draft is not None:
-        info.update({"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
+        info.update(tree.params() if isinstance(tree, DynamicTree) else
+                    {"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})
     recs = _records(steps, actives, tree is not None, record)
     return [Generation(tokens[b], recs[b], seconds / B, len(recs[b]),
                        sum(s.draft_forwards for s, a in zip(steps, actives) if a[b]), dict(info)) for b in range(B)]

@@ -61,6 +61,7 @@ class RoundRecord:
     drafts: np.ndarray | None = None
     depth: int | None = None
     nodes: tuple | None = None
+    parent: np.ndarray | None = None     # dynamic trees: (N'+1,) the round's own tree (node parents, -1 at the root)
 
 
 @dataclass

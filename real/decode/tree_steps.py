@@ -18,7 +18,8 @@ from . import rng as R
 from .steps import (RoundRecord, Run, Step, ar_step, as_tensors, check_finite, commit, feed_draft, on_host,
                     store_hidden, sync)
 
-__all__ = ["TreePlan", "TreeStep", "tree_plan", "draft_tree", "tree_step", "verify_tree_on", "top_m"]
+__all__ = ["TreePlan", "TreeStep", "tree_plan", "draft_tree", "tree_step", "verify_tree_on", "finish_tree_round",
+           "top_m"]
 
 
 @dataclass
@@ -165,19 +166,9 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
     u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
     v = verify_tree_on(run, p, q, tokens, u_acc, u_smp, plan.tree, verifier, torch.as_tensor(Db, device=run.dev))
-    head = torch.cat([v.accepted[:, None], v.path], 1).cpu().numpy()                  # the round's sync
-    tau, path = head[:, 0], head[:, 1:]
-    keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1)
-    keep_t = torch.as_tensor(keep, device=run.dev)
-    run.target.keep(run.rows(keep), run.rows(np.where(act, tau + 1, 0)))
-    if run.feat:
-        kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, o.hidden.shape[-1])
-        store_hidden(run, o.hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
+    tau, path = finish_tree_round(run, tokens, o.hidden, v, Dr)
     if plan.n_fed:
         run.draft.rollback(plan.n_fed)
-    cand = tokens.gather(1, keep_t[:, 1:])
-    cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
-    commit(run, cand, tau)
     sync(run.dev)
     nodes_at = np.searchsorted(tree.node_depth[1:], np.arange(tree.depth + 1), side="right")   # nodes up to depth d
     return TreeStep(np.where(act, nodes_at[Db], 0), np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2,
@@ -185,11 +176,33 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
                     depth=Db, nodes=path)
 
 
-def verify_tree_on(run: Run, p, q, tokens, u_acc, u_smp, tree: Tree, verifier, max_depth) -> TreeVerdict:
+def verify_tree_on(run: Run, p, q, tokens, u_acc, u_smp, tree, verifier, max_depth, draft_law: str = "without_replacement"
+                   ) -> TreeVerdict:
     """``theory.tree.verify_tree`` for the batch (rows p, q (B, N+1, V), node tokens (B, N+1), uniforms (B, N+1) and
-    (B,), per-row depths (B,)), early exit, on numpy views with ``run.host``; the verdict as tensors."""
+    (B,), per-row depths (B,); ``tree`` a ``Tree`` or per-row ``RowTrees``), early exit, on numpy views with
+    ``run.host``; the verdict as tensors."""
     p, q, tokens, u_acc, u_smp, max_depth = on_host(run, p, q, tokens, u_acc, u_smp, max_depth)
-    return as_tensors(run, verify_tree(p, q, tokens, u_acc, u_smp, tree, verifier, early_exit=True, max_depth=max_depth))
+    return as_tensors(run, verify_tree(p, q, tokens, u_acc, u_smp, tree, verifier, early_exit=True, max_depth=max_depth,
+                                       draft_law=draft_law))
+
+
+def finish_tree_round(run: Run, tokens: torch.Tensor, hidden, v: TreeVerdict, Dr: int):
+    """After a tree verification: keep the accepted path in the target's cache (and, for feature drafters, its hidden
+    states at their positions), commit path + next token. tokens (B, N+1); hidden (R, N+1, D) or None; returns
+    tau (B,) and the accepted nodes (B, Dr) (-1 past tau) on the host (the round's one sync)."""
+    act = run.active
+    head = torch.cat([v.accepted[:, None], v.path], 1).cpu().numpy()                  # the round's sync
+    tau, path = head[:, 0], head[:, 1:]
+    keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1)
+    keep_t = torch.as_tensor(keep, device=run.dev)
+    run.target.keep(run.rows(keep), run.rows(np.where(act, tau + 1, 0)))
+    if run.feat:
+        kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
+        store_hidden(run, hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
+    cand = tokens.gather(1, keep_t[:, 1:])
+    cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
+    commit(run, cand, tau)
+    return tau, path
 
 
 @dataclass

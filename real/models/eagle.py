@@ -132,6 +132,7 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
     vocabulary (rows of the head and of ``embed_tokens``), as ``real.adapters.hf.HFCausalLM(image_token_ids=...)``."""
     _placed_by = "fc.weight"
     needs_features = True
+    row_masks = True        # forward takes (rows, S, K) attention masks, one per row (real.nn.kvcache)
 
     def __init__(self, c: EagleConfig, head: nn.Linear, head_index: torch.Tensor | None = None, extra_slots: int = 64):
         """``c``: the drafter's sizes; ``head``: the target's output ``nn.Linear`` (D -> LM vocabulary), kept

@@ -213,6 +213,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
     ``P + block_size + extra_slots`` entries per row."""
     _placed_by = "tok_embeddings.weight"
     needs_features = False
+    row_masks = True        # forward takes (rows, S, K) attention masks, one per row (real.nn.kvcache)
 
     def __init__(self, c: LlamaGenConfig, extra_slots: int = 64):
         """Layers sized by ``c``, default-initialised (``random_init`` or a checkpoint loader set the weights);

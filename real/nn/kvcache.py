@@ -11,7 +11,8 @@ its one verdict sync per round, so no cache operation syncs with the device.
 
 Operations (all per row, ``rows`` = R):
   ``begin(S, attn_mask)``   (R or 1, 1, S, K) bool visibility of a block of S new entries (or None when
-                             every row sees everything: equal lengths and S = 1), K = max(lens) + S
+                             every row sees everything: equal lengths and S = 1), K = max(lens) + S;
+                             ``attn_mask`` (S, Kb) shared or (R, S, Kb) per row (dynamic trees)
   ``update(i, k, v)``       write layer i's (R, n_kv, S, hd) block, return its (R, n_kv, K, hd) keys/values
   ``commit()``              the block becomes part of the cache (lens += S)
   ``rollback(n)``           drop the last n[r] entries of row r (int or (R,))
@@ -125,22 +126,25 @@ class KVCache:
     # ------------------------------------------------------------------ a block
     def begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """Prepare a block of S entries per row; returns the (R, 1, S, K) bool attention mask ((1, 1, S, K) when
-        every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool,
-        S <= Kb <= min(lens) + S, replaces the causal mask over the block and the last Kb - S cached entries of
-        every row (tree levels); older entries stay visible."""
+        every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool, or (R, S, Kb)
+        one per row, S <= Kb <= min(lens) + S, replaces the causal mask over the block and the last Kb - S cached
+        entries of every row (tree levels); older entries stay visible."""
         lo, hi = int(self.lens.min()), int(self.lens.max())
         K = hi + S
         if K > self.max_len:
             raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
         dev = self.k[0].device
         if attn_mask is not None:
-            attn_mask = check_attn_mask(attn_mask, S, lo, dev)
+            attn_mask = check_attn_mask(attn_mask, S, lo, dev, rows=self.rows)
         self._S, self._K = S, K
         self._start = lo if lo == hi else None
         self._slots = None
         if lo == hi:                   # every row at the same length: one (1, 1, S, K) mask for all rows
             if attn_mask is None:
                 return None if S == 1 else torch.ones(S, K, dtype=torch.bool, device=dev).tril_(K - S)[None, None]
+            if attn_mask.ndim == 3:                                           # one mask per row
+                return torch.cat([torch.ones(self.rows, S, K - attn_mask.shape[-1], dtype=torch.bool, device=dev),
+                                  attn_mask], -1)[:, None]
             return torch.cat([torch.ones(S, K - attn_mask.shape[1], dtype=torch.bool, device=dev), attn_mask],
                              1)[None, None]
         lens = torch.as_tensor(self.lens, device=dev)
@@ -149,9 +153,13 @@ class KVCache:
         if attn_mask is None:                                                 # causal over the block
             vis = rel[:, None, :] <= torch.arange(S, device=dev)[None, :, None]
         else:
-            Kb = attn_mask.shape[1]
+            Kb = attn_mask.shape[-1]
             inb = (rel >= S - Kb) & (rel < S)
-            g = attn_mask[:, (rel + Kb - S).clamp(0, Kb - 1)].permute(1, 0, 2)  # (R, S, K)
+            col = (rel + Kb - S).clamp(0, Kb - 1)                                 # (R, K) block column
+            if attn_mask.ndim == 3:
+                g = attn_mask.gather(2, col[:, None, :].expand(-1, S, -1))        # (R, S, K)
+            else:
+                g = attn_mask[:, col].permute(1, 0, 2)                            # (R, S, K)
             vis = torch.where(inb[:, None, :], g, (rel < S - Kb)[:, None, :])
         return vis[:, None]
 

@@ -1,0 +1,273 @@
+"""Dynamic draft trees (EAGLE-2; the LANTERN release's default mode), docs/theory.md section 10, as a step of
+``real.decode.engine.generate``: every round grows its own tree per image from the drafter's rows
+(``grow_tree``: one draft forward per level over the k frontier nodes of every image, per-row tree masks), the
+target scores the ``total`` nodes (root included) in one forward under a per-row ancestor mask with per-row
+positions, ``theory.tree.verify_tree`` walks each image's own tree (``theory.tree.RowTrees``) and the KV caches
+are compacted to the accepted path.
+
+``DynamicTree(total, depth, topk, sampling)``: the release's parameters (``total_token`` nodes in the target's
+block, root included; ``depth`` draft forwards after the first, so nodes reach depth ``depth + 1``; ``top_k``
+children per expanded node and beam width), defaults those of the LANTERN release (59, 4, 10). ``sampling``:
+
+* ``"lossless"`` (default): stochastic beam search keys (``theory.dynamic.child_keys``): each node's children are
+  a draw without replacement from its processed draft row and the tree is decided by the keys alone, so the
+  walk is recursive rejection sampling (vanilla: the target's law exactly; section 10);
+* ``"release"``: the release's construction, the top-k children ranked by cumulative draft log-probability,
+  verified with the point-mass draft law (``draft_law="point"``, the release's ``qx = 1``).
+
+Greedy (temperature 0): the top-k children by the guided draft logits (log-softmax at temperature 1, as the
+release), any candidates being verified exactly by the greedy rule. Index conventions as ``real.decode.steps``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from theory import checks
+from theory.dynamic import KEYS, child_keys, select_nodes
+from theory.tree import RowTrees, row_trees
+
+from . import rng as R
+from .steps import RoundRecord, Run, ar_step, check_finite, feed_draft, sync
+from .tree_steps import TreeStep, finish_tree_round, top_m, verify_tree_on
+
+__all__ = ["DynamicTree", "DynamicStep", "grow_tree", "dynamic_tree_step", "check_dynamic"]
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """A dynamic tree's parameters (module docstring): ``total`` nodes per round in the target's block (root
+    included: ``total - 1`` drafted), ``depth`` expansion levels (nodes reach depth ``depth + 1``), ``topk``
+    children per expanded node (and frontier width), ``sampling`` in ``theory.dynamic.KEYS``."""
+    total: int = 59
+    depth: int = 4
+    topk: int = 10
+    sampling: str = "lossless"
+
+    def __post_init__(self):
+        checks.integer("total", self.total, lo=1)
+        checks.integer("depth", self.depth, lo=1)
+        checks.integer("topk", self.topk, lo=1)
+        if self.sampling not in KEYS:
+            raise ValueError(f"sampling must be one of {KEYS}, got {self.sampling!r}")
+        if self.total - 1 > self.pool:
+            raise ValueError(f"total = {self.total} exceeds the {self.pool + 1} nodes a tree of depth {self.depth} "
+                             f"and topk {self.topk} can hold (topk + depth topk^2 drafted, plus the root)")
+
+    @property
+    def n_nodes(self) -> int:
+        """N: drafted nodes per round."""
+        return self.total - 1
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest a node can be (the walk's depth bound)."""
+        return self.depth + 1
+
+    @property
+    def pool(self) -> int:
+        """Nodes proposed per round before the selection: topk + depth topk^2."""
+        return self.topk + self.depth * self.topk ** 2
+
+    @property
+    def draft_law(self) -> str:
+        """``verify_tree``'s draft law for this construction."""
+        return "point" if self.sampling == "release" else "without_replacement"
+
+    def params(self) -> dict:
+        """The four settings (for records)."""
+        return {"tree": "dynamic", "tree_total": self.total, "tree_depth": self.depth, "tree_topk": self.topk,
+                "tree_sampling": self.sampling}
+
+
+def check_dynamic(spec: DynamicTree, target, draft, batch: int) -> None:
+    """ValueError before any work when the models cannot run ``spec``: topk > V, a block larger than a model's
+    spare cache slots (``extra_slots``: the target holds ``total`` tree entries, the drafter ``depth * topk``
+    frontier entries on top of the committed ones), or per-image trees (batch > 1) for a model whose forward
+    takes no per-row attention masks (``row_masks``)."""
+    if not isinstance(spec, DynamicTree):
+        raise ValueError(f"a dynamic tree must be a DynamicTree, got {type(spec).__name__}")
+    V = int(target.vocab_size)
+    if spec.topk > V:
+        raise ValueError(f"tree topk = {spec.topk} exceeds the vocabulary size V = {V}")
+    for name, m, need in (("target", target, spec.total), ("draft", draft, spec.depth * spec.topk + 1)):
+        room = getattr(m, "extra_slots", None)
+        if room is not None and need > int(room) + 1:
+            raise ValueError(f"tree total {spec.total} / depth {spec.depth} / topk {spec.topk} needs {need} cache "
+                             f"entries past the image in the {name}, which has room for {int(room) + 1} "
+                             f"({type(m).__name__} extra_slots = {room})")
+        if batch > 1 and not getattr(m, "row_masks", False):
+            raise ValueError(f"--tree dynamic at batch size {batch} needs per-row tree masks, which the {name} "
+                             f"({type(m).__name__}) cannot take: use batch size 1")
+
+
+@dataclass
+class DynamicStep(TreeStep):
+    """A dynamic-tree round: ``TreeStep`` plus each image's own tree, ``parent`` (B, N+1) node parents (-1 at the
+    root); ``drafted`` (B,) counts the nodes within each image's depth."""
+    parent: np.ndarray | None = None
+
+    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
+        """Image b's record with its own tree (``parent``) and the round's full rows."""
+        tau = int(self.accepted[b])
+        rec = RoundRecord(int(self.drafted[b]), tau, self.t_draft * share, self.t_target * share,
+                          self.t_verify * share, depth=int(self.depth[b]),
+                          nodes=tuple(int(x) for x in self.nodes[b, :tau]), parent=self.parent[b])
+        if rows:
+            rec.p, rec.drafts = self.p[b], self.drafts[b]
+            rec.q = self.q[b] if self.q is not None else None
+        return rec
+
+
+def _gumbel(run: Run, shape, level: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise (B, *shape) float64 for the candidate draws of tree level ``level`` from the images' own
+    streams (``rng.TREE + level``): -log(-log U) (U = 0, probability 2^-53, gives -inf: that token is drawn last)."""
+    return run.rng.uniform(run.n, R.TREE + level, tuple(shape)).log_().neg_().log_().neg_()
+
+
+def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, level: int):
+    """Children of nodes with draft logits lg (R, ..., V) (R model rows), keys and path log-probabilities (B, ...)
+    float64 -> tokens (B, ..., k), keys (B, ..., k), log-probabilities (B, ..., k), processed rows q (B, ..., V)."""
+    k = spec.topk
+    if run.proc.temperature == 0:            # greedy: log-softmax of the guided logits (the release's scores)
+        ls = torch.log_softmax(run.proc.rows(lg, combined=True).double(), -1)
+        tok = top_m(ls, k)
+        val = ls.gather(-1, tok)
+        return tok, key[..., None] + val, logp[..., None] + val, None
+    q = run.proc.rows(lg)
+    if spec.sampling == "release":           # deterministic top-k by cumulative draft log-probability
+        tok = top_m(q, k)
+        val = q.gather(-1, tok).double().log()
+        return tok, key[..., None] + val, logp[..., None] + val, q
+    tok, kk, lp = child_keys(key, logp, q.double(), _gumbel(run, q.shape[1:], level), k)
+    return tok, kk, lp, q
+
+
+def grow_tree(run: Run, spec: DynamicTree, levels: int):
+    """Feed the draft, then grow every image's tree: the root's children, then ``levels`` expansions of the k
+    frontier nodes (one draft forward each, per-row masks over the level's own ancestors), then the best
+    ``n = min(N, pool)`` nodes (``theory.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
+    parents (B, n+1) int64 (-1 at the root), node depths (B, n+1), draft rows q (B, n+1, V) (the row a node's
+    children were drawn from; uniform where it has none; None when greedy) and the draft forwards done."""
+    logits, hid0 = feed_draft(run)
+    dev, B, k = run.dev, run.B, spec.topk
+    zeros = torch.zeros(B, dtype=torch.float64, device=dev)
+    root_tok = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])     # (B, 1)
+    tok, key, logp, q0 = _children(run, spec, logits, zeros, zeros, 0)               # (B, k)
+    toks, keys, pars, qrows = [tok], [key], [torch.full((B, k), -1, dtype=torch.long, device=dev)], [q0]
+    qslot = [torch.arange(k, device=dev).expand(B, -1) if levels else  # draft row of each pool node (-1: none)
+             torch.full((B, k), -1, dtype=torch.long, device=dev)]
+    front = torch.arange(k, device=dev).expand(B, -1)           # (B, k) pool indices of the frontier
+    fhid = hid0[:, None].expand(-1, k, -1) if run.feat else None
+    anc = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)  # the frontier's ancestors among fed entries
+    eye = torch.eye(k, dtype=torch.bool, device=dev)
+    cap = run.d_off + run.T - 1
+    root_pos = run.rows(run.d_off + run.n - 1)
+    fwd, size = 1, k
+    for i in range(levels):  # one draft forward per level (a loop over at most `depth` levels)
+        pos = np.repeat(np.minimum(root_pos + 1 + i, cap)[:, None], k, 1)
+        mask = torch.cat([anc, eye.expand(B, -1, -1)], -1)                        # (B, k, F + k)
+        mask = mask[0] if B == 1 else run.rows(mask)           # one image: the (S, K) mask every model takes
+        x = run.rows(tok)
+        if run.feat:
+            o = run.draft.forward(x, features=fhid, position_ids=pos, attn_mask=mask)
+        else:
+            o = run.draft.forward(x, position_ids=pos, attn_mask=mask)
+        fwd += 1
+        ctok, ckey, clogp, q = _children(run, spec, o.logits, key, logp, i + 1)      # (B, k, k)
+        base = size
+        toks.append(ctok.reshape(B, -1))
+        keys.append(ckey.reshape(B, -1))
+        pars.append(front[:, :, None].expand(-1, -1, k).reshape(B, -1))
+        qslot.append(torch.full((B, k * k), -1, dtype=torch.long, device=dev))
+        qrows.append(q)
+        size += k * k
+        if i + 1 < levels:                                      # the next frontier: the k best of the k^2
+            best = top_m(ckey.reshape(B, -1), k)                                    # (B, k)
+            out = best // k                                                         # their parents' frontier slot
+            tok, key, logp = (a.reshape(B, -1).gather(1, best) for a in (ctok, ckey, clogp))
+            front = base + best
+            qslot[-1].scatter_(1, best, (1 + i) * k + torch.arange(k, device=dev).expand(B, -1))
+            if run.feat:
+                fhid = o.hidden.gather(1, run.rows(out)[..., None].expand(-1, -1, o.hidden.shape[-1]))
+            prev = anc.gather(1, out[..., None].expand(-1, -1, anc.shape[-1]))
+            anc = torch.cat([prev, torch.nn.functional.one_hot(out, k).bool()], -1)
+    if levels:
+        run.draft.rollback(levels * k)
+    n = min(spec.n_nodes, size)
+    sel, parent = select_nodes(torch.cat(keys, 1), torch.cat(pars, 1), n)             # (B, n), (B, n+1)
+    tokens = torch.cat([root_tok, torch.cat(toks, 1).gather(1, sel)], 1)
+    depth = _depths(parent, levels + 1)
+    if run.proc.temperature == 0:
+        return tokens, parent, depth, None, fwd
+    V = q0.shape[-1]
+    allq = torch.cat([q0[:, None]] + [r for r in qrows[1:]], 1)                        # (B, 1 + levels k, V)
+    slot = torch.cat(qslot, 1).gather(1, sel)                                         # (B, n)
+    slot = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=dev), slot + (slot >= 0)], 1)   # root: slot 0
+    q = allq.gather(1, slot.clamp(min=0)[..., None].expand(-1, -1, V))
+    q = torch.where((slot >= 0)[..., None], q, torch.full_like(q, 1.0 / V))
+    return tokens, parent, depth, q, fwd
+
+
+def _depths(parent: torch.Tensor, D: int) -> torch.Tensor:
+    """Node depths (B, n+1) from parents (B, n+1) (-1 at the root): pointer jumping over at most D levels."""
+    depth = torch.zeros_like(parent)
+    cur = parent
+    for _ in range(D):  # a loop over tree levels
+        live = cur >= 0
+        depth += live
+        cur = torch.where(live, parent.gather(1, cur.clamp(min=0)), cur)
+    return depth
+
+
+def _ancestors(parent: torch.Tensor, D: int) -> torch.Tensor:
+    """Tree attention (B, n+1, n+1) bool: node a sees node b iff b is a or one of its ancestors (D levels)."""
+    B, n1 = parent.shape
+    m = torch.eye(n1, dtype=torch.bool, device=parent.device).expand(B, -1, -1).clone()
+    cur = parent
+    for _ in range(D):  # a loop over tree levels
+        live = cur >= 0
+        m.scatter_(2, cur.clamp(min=0)[..., None], live[..., None] | m.gather(2, cur.clamp(min=0)[..., None]))
+        cur = torch.where(live, parent.gather(1, cur.clamp(min=0)), cur)
+    return m
+
+
+def dynamic_tree_step(run: Run, spec: DynamicTree, verifier, record: bool) -> DynamicStep:
+    """One dynamic-tree round for the batch (module docstring; section 10)."""
+    act = run.active
+    Db = np.where(act, np.minimum(spec.max_depth, run.T - run.n - 1), 0)
+    Dr = int(Db.max())
+    if Dr == 0 or spec.n_nodes == 0:
+        return ar_step(run, record)
+    t0 = time.perf_counter()
+    tokens, parent, depth, q, fwd = grow_tree(run, spec, Dr - 1)
+    n = tokens.shape[1] - 1
+    sync(run.dev)
+    t1 = time.perf_counter()
+    cap = run.P + run.T - 1
+    pos = (torch.as_tensor(run.target.cache_lens, device=run.dev)[:, None] + run.rows(depth)).clamp(max=cap)
+    mask = _ancestors(parent, Dr)
+    o = run.target.forward(run.rows(tokens), position_ids=pos, attn_mask=mask[0] if run.B == 1 else run.rows(mask),
+                           return_hidden=run.feat)
+    p = run.proc.rows(o.logits)                                                        # (B, n+1, V)
+    sync(run.dev)
+    t2 = time.perf_counter()
+    law = "point" if q is None else spec.draft_law
+    qv = p if q is None else q                      # the point law never reads q
+    check_finite(p) if q is None else check_finite(p, q)
+    trees = row_trees(parent, spec.topk, depth=Dr)
+    if run.host:
+        trees = RowTrees(trees.children.numpy(), trees.node_depth.numpy(), trees.depth)
+    u_acc = run.rng.uniform(run.n, R.ACCEPT, (n + 1,), p.dtype)
+    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
+    v = verify_tree_on(run, p, qv, tokens, u_acc, u_smp, trees, verifier, torch.as_tensor(Db, device=run.dev), law)
+    tau, path = finish_tree_round(run, tokens, o.hidden, v, Dr)
+    dep = depth.cpu().numpy()
+    drafted = np.where(act, ((dep[:, 1:] >= 1) & (dep[:, 1:] <= Db[:, None])).sum(1), 0)
+    sync(run.dev)
+    return DynamicStep(drafted, np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2, fwd,
+                       depth=Db, nodes=path, p=p if record else None, q=(q if q is not None else None) if record
+                       else None, drafts=tokens if record else None, parent=parent.cpu().numpy())

@@ -1,0 +1,92 @@
+"""Dynamic draft trees (EAGLE-2; the LANTERN release's default mode), docs/theory.md section 10.
+
+A round grows its tree level by level from the drafter's rows: level 1 = the root's top-k children; at each of
+the next ``depth`` levels the k frontier nodes (the beam) each propose their top-k children, and the k best of
+those k^2 become the next frontier; every proposed node joins the pool (k + depth k^2 nodes). The tree is the
+``total - 1`` best nodes of the pool (plus the root). "Best" is by a key per node:
+
+* ``"release"`` keys: the cumulative draft log-probability sum_{path} log q of the top-k children (deterministic
+  candidates, verified with the point-mass draft law ``theory.tree.verify_tree(..., draft_law="point")``: the
+  release's ``qx = 1``);
+* ``"lossless"`` keys: stochastic beam search (Kool et al. 2019): each child's Gumbel-perturbed log-probability
+  truncated at its parent's key (``child_keys``). A node's children are then a draw without replacement from its
+  draft row (Gumbel-top-k), keys never increase along a path, and the tree is decided by the keys alone (an
+  "upper set" rule), which makes the multi-candidate walk lossless under vanilla verification (section 10).
+
+Ties are broken by pool index (``select_nodes``), which puts every node after its parent, so the selected set is
+closed under ancestors. Array-API code (numpy or torch); float64 keys.
+"""
+from __future__ import annotations
+
+import array_api_compat
+
+from ._xp import Array, namespace
+
+__all__ = ["KEYS", "child_keys", "select_nodes"]
+
+KEYS = ("lossless", "release")
+
+
+def _log(q: Array, xp) -> Array:
+    """log q with log 0 = -inf (no warning)."""
+    pos = q > 0
+    return xp.where(pos, xp.log(xp.where(pos, q, xp.ones_like(q))), xp.full_like(q, -float("inf")))
+
+
+def child_keys(parent_key: Array, parent_logp: Array, q: Array, gumbel: Array, k: int):
+    """Stochastic beam search children (section 10): for rows q (..., V) of nodes with keys ``parent_key`` (...,)
+    and path log-probabilities ``parent_logp`` (...,), Gumbel(0, 1) noise ``gumbel`` (..., V) -> the k children
+    (..., k) int64 with the largest perturbed log-probabilities phi_c = parent_logp + log q(c) + g_c (a draw
+    without replacement from q, in draw order), their keys (..., k) float64 and path log-probabilities (..., k).
+
+    Key of child c: -log(exp(-G) - exp(-Z) + exp(-phi_c)) with G the parent's key and Z = max_c phi_c, computed
+    stably as G - max(v, 0) - log1p(exp(-|v|)), v = G - phi_c + log(1 - exp(phi_c - Z)) (Kool et al. 2019,
+    appendix): the first child's key is exactly G, later ones are smaller; tokens with q = 0 get -inf."""
+    xp = namespace(q, gumbel)
+    lq = _log(q, xp)
+    phi = parent_logp[..., None] + lq + gumbel                                 # (..., V); -inf where q = 0
+    top = getattr(phi, "topk", None)
+    if top is not None:
+        val, idx = phi.topk(k, dim=-1, largest=True, sorted=True)
+    else:
+        idx = xp.astype(xp.argsort(phi, axis=-1, descending=True, stable=True)[..., :k], xp.int64)
+        val = xp.take_along_axis(phi, idx, axis=-1)
+    Z = val[..., :1]
+    G = parent_key[..., None]
+    fin = val > -float("inf")
+    first = xp.arange(k, device=array_api_compat.device(q)) == 0
+    d = xp.where(fin & ~first, val - Z, xp.full_like(val, -1.0))             # < 0; placeholder at -inf / child 1
+    # log(1 - exp(d)) for d <= 0: log(-expm1(d)) near 0, log1p(-exp(d)) below log 2 (-inf at d = 0: the first child)
+    small = d > -0.6931471805599453
+    l1me = xp.where(small, xp.log(-xp.expm1(xp.where(small, d, xp.full_like(d, -1.0)))),
+                    xp.log1p(-xp.exp(xp.where(small, xp.full_like(d, -1.0), d))))
+    v = G - xp.where(fin, val, xp.zeros_like(val)) + l1me
+    key = G - xp.where(v > 0, v, xp.zeros_like(v)) - xp.log1p(xp.exp(-xp.abs(v)))
+    key = xp.where(fin, key, xp.full_like(key, -float("inf")))
+    key = xp.where(first, xp.broadcast_to(G, key.shape), key)                # the first child's key is G exactly
+    logp = parent_logp[..., None] + xp.take_along_axis(lq, idx, axis=-1)
+    return idx, key, logp
+
+
+def select_nodes(keys: Array, pool_parent: Array, n: int):
+    """The tree of a round from its pool: keys (..., M) float, pool_parent (..., M) int (the pool index of each
+    node's parent, -1 for the root's children; parents come first) -> the n best nodes, ordered by pool index:
+    ``sel`` (..., n) pool indices and ``parent`` (..., n+1) node parents (entry 0: -1 for the root; 0 = the
+    root). Best = largest key, ties to the lower pool index, so a node's parent (key >= the node's, lower
+    index) always ranks before it and the selection is closed under ancestors."""
+    xp = namespace(keys)
+    dev = array_api_compat.device(keys)
+    M = keys.shape[-1]
+    if not 1 <= n <= M:
+        raise ValueError(f"select_nodes: n must be in [1, pool size {M}], got {n}")
+    order = xp.argsort(-keys, axis=-1, stable=True)                            # best first, ties by index
+    rank = xp.argsort(order, axis=-1, stable=True)                             # the inverse permutation
+    chosen = rank < n                                                          # (..., M)
+    node_of = xp.where(chosen, xp.cumulative_sum(xp.astype(chosen, xp.int64), axis=-1), xp.zeros_like(rank))
+    ar = xp.arange(M, device=dev)
+    sel = xp.astype(xp.argsort(xp.where(chosen, ar, ar + M), axis=-1, stable=True)[..., :n], xp.int64)
+    par_pool = xp.take_along_axis(xp.astype(pool_parent, xp.int64), sel, axis=-1)
+    safe = xp.where(par_pool >= 0, par_pool, xp.zeros_like(par_pool))
+    par = xp.where(par_pool >= 0, xp.take_along_axis(node_of, safe, axis=-1), xp.zeros_like(par_pool))
+    root = xp.full((*par.shape[:-1], 1), -1, dtype=xp.int64, device=dev)
+    return sel, xp.concat([root, xp.astype(par, xp.int64)], axis=-1)
