@@ -2,6 +2,7 @@
 
   coolsd generate --model llamagen-tiny --method cool-sd --delta 2 --json
   coolsd generate --model llamagen-tiny --method vanilla --tree eagle25
+  coolsd generate --model mnist --draft jacobi --window 16 --method vanilla     (Speculative Jacobi Decoding)
 
 Models come from ``real.registry`` (``--list-models``); methods from ``real.decode.methods``.
 """
@@ -21,7 +22,7 @@ def register(sub):
     g.add_argument("--method", default="vanilla",
                    help="a method of theory.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
                         "lantern+G*, typical, greedy, scaled --weights) or ar (plain autoregressive baseline)")
-    g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
+    g.add_argument("--L", type=int, default=None, help="draft length per round (default 4; --draft jacobi: --window)")
     g.add_argument("--tree", default=None,
                    help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
                         "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'")
@@ -54,7 +55,19 @@ def register(sub):
                    help="torch CPU threads (default: 1 for *-tiny models, whose ops are too small to share)")
     r.add_argument("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
-    r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
+    r.add_argument("--draft", default=None,
+                   help="draft kind: layerskip, small, eagle (model-dependent default), or jacobi (any model: no drafter, "
+                        "Speculative Jacobi Decoding, real.decode.jacobi)")
+    j = g.add_argument_group("Jacobi drafting (--draft jacobi)")
+    j.add_argument("--window", type=int, default=None,
+                   help="target rows per call W: W - 1 Jacobi drafts, at most W tokens per call (default 16, the SJD "
+                        "release's)")
+    j.add_argument("--jacobi-init", default=None, choices=["random", "repeat_horizon", "sample_horizon"],
+                   help="initialisation of new window slots, as the SJD release's schemes (default random)")
+    j.add_argument("--coupling", default=None, choices=["none", "scd-mc", "scd-mc-p", "scd-gs"],
+                   help="couple consecutive iterations' drafts (SCD): scd-mc maximal coupling as released (not "
+                        "lossless), scd-mc-p the same with the current rows as q (lossless), scd-gs Gumbel coupling "
+                        "(default none: plain SJD)")
     r.add_argument("--compile", nargs="?", const="default", default=None,
                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                    help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.nn.blocks; falls back "
@@ -129,8 +142,9 @@ def generate(args) -> dict:
     if args.dtype is None:
         dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         args.dtype = "bfloat16" if str(dev).startswith("cuda") else "float32"
-    if args.L < 1:
-        raise ValueError(f"--L must be >= 1, got {args.L}")
+    jac = jacobi_spec(args)
+    if args.L is None:
+        args.L = jac.slots if jac is not None else 4
     if args.method.lower() != "ar":
         spec = registry.get(args.method)                    # unknown method: error before loading models
         own = {p.option for p in spec.free}
@@ -147,8 +161,15 @@ def generate(args) -> dict:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    bundle = build(args.model, BuildOptions.from_namespace(args))
+    opts = BuildOptions.from_namespace(args)
+    if jac is not None:                  # no drafter: the builder's default draft is built and left unused
+        import dataclasses
+
+        opts = dataclasses.replace(opts, draft=None)
+    bundle = build(args.model, opts)
     check_bundle(args, bundle)
+    if jac is not None:
+        jac = _jacobi_for(jac, bundle)
     if getattr(args, "compile", None):
         _compile(bundle, args.compile)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
@@ -162,8 +183,9 @@ def generate(args) -> dict:
     progress = None if not args.json else False
     run = dict(num_tokens=bundle.num_tokens, processing=proc, seed=args.seed, batch_size=args.batch_size,
                progress=progress)
-    gens = engine.generate(bundle.target, None if verifier is None else bundle.draft, bundle.conds, verifier=verifier,
-                           L=None if tree is not None else args.L, tree=tree, record_rows=args.record is not None, **run)
+    gens = engine.generate(bundle.target, None if verifier is None or jac is not None else bundle.draft, bundle.conds,
+                           verifier=verifier, L=None if tree is not None or jac is not None else args.L, tree=tree,
+                           jacobi=jac, record_rows=args.record is not None, **run)
     base = engine.generate(bundle.target, None, bundle.conds, **run) if args.baseline else []
     stats = engine.summarize(gens)
     out = {"model": args.model, "method": method, "L": L,
@@ -174,6 +196,9 @@ def generate(args) -> dict:
            "device": str(args.device), "dtype": args.dtype, "info": bundle.info, **stats}
     if tree is not None:
         out["tree"] = {"name": args.tree, "nodes": tree.n_nodes, "depth": tree.depth}
+    if jac is not None:
+        out["draft"] = "jacobi"
+        out["jacobi"] = {"window": jac.window, "init": jac.init, "coupling": jac.coupling, "width": jac.width}
     if base:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
@@ -207,6 +232,33 @@ def generate(args) -> dict:
             np.savez_compressed(fh, tokens=toks, **extra)
         out["saved"] = str(args.save)
     return out
+
+
+def jacobi_spec(args):
+    """``--draft jacobi``'s ``real.decode.jacobi.Jacobi`` (the row width is filled in by ``_jacobi_for`` once the
+    model is built), or None for other drafts."""
+    if getattr(args, "draft", None) != "jacobi":
+        return None
+    from real.decode.jacobi import DEFAULT_WINDOW, Jacobi
+
+    return Jacobi(DEFAULT_WINDOW if args.window is None else args.window, args.jacobi_init or "random",
+                  args.coupling or "none")
+
+
+def _jacobi_for(jac, bundle):
+    """The Jacobi spec for the built model: the image row width (``info['grid']``, else the side of a square image)
+    and the window checked against the image length (ValueError naming --window)."""
+    import dataclasses
+    import math as _m
+
+    grid = (bundle.info or {}).get("grid")
+    T = int(bundle.num_tokens)
+    width = int(grid[1]) if grid else (_m.isqrt(T) if _m.isqrt(T) ** 2 == T else None)
+    if jac.window > T:
+        raise ValueError(f"--window {jac.window} is larger than the image ({T} tokens)")
+    if jac.init != "random" and width is None:
+        raise ValueError(f"--jacobi-init {jac.init} needs the image row width; --model's images have no known grid")
+    return dataclasses.replace(jac, width=width)
 
 
 def _compile(bundle, mode: str) -> None:
@@ -285,6 +337,7 @@ def validate_args(args) -> None:
     from theory import checks
 
     _validate_numbers(args, checks)
+    _validate_jacobi(args, checks)
     _validate_model_options(args)
     _validate_method(args)
     _validate_inputs(args)
@@ -308,7 +361,8 @@ def validate_args(args) -> None:
 
 
 def _validate_numbers(args, checks) -> None:
-    checks.integer("--L", args.L, lo=1)
+    if args.L is not None:
+        checks.integer("--L", args.L, lo=1)
     checks.seed(args.seed, "--seed")
     t = checks.real("--temperature", args.temperature, 0)
     if 0 < t < 1e-6:
@@ -342,6 +396,36 @@ NO_CODEBOOK = ("hf-llama-tiny", "llama-tiny-fast")     # text LMs: no VQ codeboo
 CODEBOOK_NEEDS_VQ = ("llamagen", "lumina-mgpt")        # codebook only with --vq-ckpt
 
 
+JACOBI_ONLY = ("window", "jacobi_init", "coupling")
+DRAFTER_OPTIONS = ("drafter_dir", "draft_ckpt", "draft_pretrained", "draft_size", "draft_layers")
+
+
+def _validate_jacobi(args, checks) -> None:
+    """--draft jacobi and its options: no drafter options, no --L / --tree, a window >= 1 (and within --num-tokens),
+    a coupling only with a sampling verifier; the Jacobi options only with --draft jacobi."""
+    if getattr(args, "draft", None) != "jacobi":
+        extra = [_flag(d) for d in JACOBI_ONLY if _given(args, d)]
+        if extra:
+            raise ValueError(f"{', '.join(extra)} configure Jacobi drafting: add --draft jacobi")
+        return
+    bad = [_flag(d) for d in DRAFTER_OPTIONS if _given(args, d)]
+    if bad:
+        raise ValueError(f"--draft jacobi drafts from the target itself: {', '.join(bad)} load(s) a drafter")
+    for d in ("L", "tree"):
+        if _given(args, d):
+            raise ValueError(f"--draft jacobi sets its draft length with --window, not {_flag(d)}")
+    if args.window is not None:
+        checks.integer("--window", args.window, lo=1)
+        if args.num_tokens is not None and args.window > args.num_tokens:
+            raise ValueError(f"--window {args.window} is larger than the image (--num-tokens {args.num_tokens})")
+    method = str(args.method).lower()
+    if method == "ar":
+        raise ValueError("--draft jacobi needs a speculative method (not ar)")
+    if (args.coupling or "none") != "none" and method == "greedy":
+        raise ValueError(f"--coupling {args.coupling} couples sampled drafts; --method greedy has one-hot rows "
+                         "(every coupling is the identity): drop --coupling")
+
+
 def _validate_method(args) -> None:
     from real.decode.methods import METHODS
 
@@ -371,7 +455,7 @@ def _validate_model_options(args) -> None:
         raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(MODELS)} (--list-models)")
     if model not in MODEL_OPTIONS:
         return  # a model registered elsewhere: its builder checks its own options
-    allowed = MODEL_OPTIONS[model]
+    allowed = MODEL_OPTIONS[model] | ({"draft"} if args.draft == "jacobi" else set())
     extra = [_flag(d) for d in MODEL_SPECIFIC if _given(args, d) and d not in allowed]
     if extra:
         ok = ", ".join(_flag(d) for d in MODEL_SPECIFIC if d in allowed) or "none of the model options"
@@ -379,7 +463,7 @@ def _validate_model_options(args) -> None:
         raise ValueError(f"{', '.join(extra)} {verb} not apply to --model {model} (it would be ignored); "
                          f"{model} reads {ok}")
     kind = args.draft or DEFAULT_DRAFT.get(model, "layerskip")
-    kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle"))
+    kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle")) + ("jacobi",)   # jacobi: every model, no drafter
     if "draft" in allowed and kind not in kinds:
         raise ValueError(f"--draft must be one of {', '.join(kinds)} for --model {model}, got {kind!r}")
     if _given(args, "drafter_dir") and kind != "eagle":
