@@ -27,6 +27,20 @@ def settings(codebook):
     return rule
 
 
+def predict(p, q, d, nd, verifier, chunk: int = 128):
+    """T10 / T11 per recorded round (``theory.recorded.predict_rounds``) in chunks of rounds (GSD's grouped
+    acceptance forms (rounds, L, V, window) arrays): (accepted (R,), bound (R,))."""
+    from theory.recorded import predict_rounds
+
+    acc, bnd = [], []
+    for a in range(0, len(nd), chunk):   # a loop over chunks of recorded rounds (memory), not over tokens
+        r = predict_rounds(p[a:a + chunk].astype(np.float64), q[a:a + chunk].astype(np.float64), d[a:a + chunk],
+                           verifier, nd[a:a + chunk], check=False)
+        acc.append(np.asarray(r.accepted))
+        bnd.append(np.asarray(r.bound))
+    return np.concatenate(acc), np.concatenate(bnd)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=100, help="images per setting at the demo batch")
@@ -46,7 +60,6 @@ def main(argv=None) -> int:
     from real.decode.sampling import Processing
     from real.zoo import gpt, vq
     from real.zoo.metrics import image_features
-    from theory.recorded import predict_rounds
 
     t = gpt.load_target()
     eagle = gpt.load_eagle(t)
@@ -86,13 +99,14 @@ def main(argv=None) -> int:
             if name == "vanilla":
                 rec = engine.records_to_arrays(drafted, L)
             p, q, d, nd = rec
-            pred = predict_rounds(p.astype(np.float64), q.astype(np.float64), d, ver, nd, check=False)
+            pred = predict(p, q, d, nd, ver)
             row = {"drafter": dname, "rule": name, "L": L, "tokens_per_target_call": tpc, "tpc_se": tpc_se,
+                   "rounds": len(drafted), "recorded_rounds": len(nd),
                    "speedup_B": out["ar"]["seconds_B"] / s["seconds"], "speedup_b1": out["ar"]["seconds_b1"] / s1["seconds"],
                    "seconds_B": s["seconds"], "seconds_b1": s1["seconds"],
                    "measured_accepted_per_drafted_round": float(np.mean([r.accepted for r in drafted])),
-                   "predicted_accepted_per_drafted_round": float(np.mean(pred.accepted)),
-                   "predicted_bound_per_round": float(np.mean(pred.bound)), **quality(gens)}
+                   "predicted_accepted_per_drafted_round": float(np.mean(pred[0])),
+                   "predicted_bound_per_round": float(np.mean(pred[1])), **quality(gens)}
             m, pr = 1 + row["measured_accepted_per_drafted_round"], 1 + row["predicted_accepted_per_drafted_round"]
             row["prediction_error"] = pr / m - 1          # of tokens per drafted round (tau + 1)
             out["settings"].append(row)

@@ -297,3 +297,40 @@ def test_cli_jacobi_bad_input(argv, msg):
     args = sub.choices["generate"].parse_args(["--model", "mnist", *argv])
     with pytest.raises(ValueError, match=msg.replace("-", r"\-")):
         g.generate(args)
+
+
+def test_cli_gsd_on_jacobi_and_gsd_without_a_codebook(capsys, tmp_path):
+    """--method gsd --draft jacobi runs with the model's VQ codebook (GSD's embedding-distance test); a model
+    without a codebook is refused before any work, naming the way out (--gsd-d-threshold off)."""
+    out = tmp_path / "g.npz"
+    d = _cli(capsys, "--model", "mnist", "--draft", "jacobi", "--window", "8", "--method", "gsd", "--num-images", "2",
+             "--batch-size", "2", "--seed", "1", "--save", str(out))
+    assert d["verifier"] == "gsd" and d["params"]["d_threshold"] == 0.5 and 1.0 < d["tokens_per_target_call"] <= 8
+    assert np.load(out)["tokens"].shape == (2, 49)
+    import argparse
+
+    from coolsd.commands import generate as g
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    g.register(sub)
+    args = sub.choices["generate"].parse_args(["--model", "hf-llama-tiny", "--method", "gsd"])
+    with pytest.raises(ValueError, match="needs the VQ codebook"):
+        g.generate(args)
+
+
+def test_sweep_draft_jacobi(tmp_path):
+    """coolsd sweep --draft jacobi: drafter-free units (at most W tokens per call), predictions from the vanilla
+    SJD rows, the report says jacobi drafting with L = W - 1."""
+    import json
+
+    from coolsd.cli import main
+
+    out = tmp_path / "sw"
+    assert main(["sweep", "--model", "mnist", "--draft", "jacobi", "--window", "6", "--grid", "vanilla", "gsd",
+                 "--images", "4", "--unit-images", "2", "--no-progress", "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert [m["name"] for m in rep["methods"]] == ["vanilla", "gsd"]
+    for m in rep["methods"]:
+        assert m["drafting"] == "jacobi" and m["L"] == 5
+        assert 1.0 < m["accepted_length"]["measured"] <= 6 and m["accepted_length"]["predicted"] > 1.0
+    assert rep["methods"][0]["tv_bound"] < 1e-6

@@ -179,7 +179,8 @@ def generate(args) -> dict:
     proc = proc if method == "ar" else method_processing(method, proc)
     params = MethodParams(**{f: getattr(args, f) for f in registry.flags()})
     verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
-                                                         device=getattr(bundle.target, "device", None))
+                                                         device=getattr(bundle.target, "device", None),
+                                                         embeddings=getattr(bundle, "codebook", None))
     progress = None if not args.json else False
     run = dict(num_tokens=bundle.num_tokens, processing=proc, seed=args.seed, batch_size=args.batch_size,
                progress=progress)
@@ -438,6 +439,16 @@ def _validate_method(args) -> None:
     if method != "ar":   # the registry's ranges (e.g. --delta > 0) checked before any model is built
         params = MethodParams(**{f: getattr(args, f, None) for f in registry.flags()})
         registry.resolve(method, method_params(method, params))
+    d_thr = getattr(args, "gsd_d_threshold", None)         # None: the default threshold; inf: "off"
+    gsd_needs = method != "ar" and registry.get(method).needs_embeddings and not (d_thr is not None
+                                                                                  and math.isinf(d_thr))
+    if gsd_needs:   # GSD's embedding-distance test: the VQ codebook vectors
+        if args.model in NO_CODEBOOK:
+            raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model "
+                             f"{args.model} has none (or turn the test off: --gsd-d-threshold off)")
+        if args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"):
+            raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test: give "
+                             f"--vq-ckpt with --model {args.model} (or --gsd-d-threshold off)")
     if method.startswith("lantern"):
         if args.model in NO_CODEBOOK:
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "

@@ -190,6 +190,7 @@ class Context:
         if s.key not in self._verifiers:
             self._verifiers[s.key] = make_verifier(s.method, self.L, neighbors=self.bundle.neighbors,
                                                    device=getattr(self.bundle.target, "device", None),
+                                                   embeddings=getattr(self.bundle, "codebook", None),
                                                    **s.params_dict)
         return self._verifiers[s.key]
 
