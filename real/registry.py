@@ -22,8 +22,7 @@ __all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamag
 class Bundle:
     """What ``build`` returns: ``target`` and ``draft`` models, ``conds`` (one condition per image), ``num_tokens``
     image tokens per image, LANTERN's ``neighbors`` table (V, K) int64 or None, the code decoder ``vq`` (codes
-    (B, T) -> images) or None, the model's default ``cfg_scale`` and ``top_k``, ``info``, and ``codebook`` (V, d)
-    the VQ code vectors the neighbour table is built from (GSD's embedding-distance test) or None."""
+    (B, T) -> images) or None, the model's default ``cfg_scale`` and ``top_k``, ``info``, and ``codebook``."""
     target: Any
     draft: Any
     conds: list
@@ -189,8 +188,7 @@ def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
     dev, dt = _device(opts), _dtype(opts)
     t, d = tiny_llamagen_pair(seed, _o(opts, "draft", "layerskip"), model_type, dev, dt)
     vq = _tiny_vq(seed, t.config.vocab_size).to(dev)
-    nb = _neighbor_table(vq.quantize.embedding.weight, opts)
-    cb = vq.quantize.embedding.weight.detach()
+    nb, cb = _neighbor_table(vq.quantize.embedding.weight, opts), vq.quantize.embedding.weight.detach()
     if model_type == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:
@@ -203,9 +201,8 @@ def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
             mask = torch.arange(P) >= P - valid
             conds.append(Caption(torch.randn(P, C, generator=g) * mask[:, None], mask))
     T = int(_o(opts, "num_tokens", t.config.block_size))
-    return Bundle(t, d, conds, T, nb, vq, cfg_scale=2.0,
-                  info={"target": "LlamaGen tiny (random)", "draft": _o(opts, "draft", "layerskip"), "type": model_type},
-                  codebook=cb)
+    return Bundle(t, d, conds, T, nb, vq, cfg_scale=2.0, codebook=cb,
+                  info={"target": "LlamaGen tiny (random)", "draft": _o(opts, "draft", "layerskip"), "type": model_type})
 
 
 register("llamagen-tiny", _build_llamagen_tiny, "random tiny LlamaGen c2i target + tiny draft (CPU demo/tests)")
@@ -251,15 +248,14 @@ def _build_llamagen(opts) -> Bundle:
     vq_path = opts.vq_ckpt
     if vq_path:
         vq = load_vq(vq_path, _o(opts, "vq_size", "VQ-16"), device=dev)
-        nb = _neighbor_table(vq.quantize.embedding.weight, opts, K=int(_o(opts, "neighbors_k", 1001)))
         cb = vq.quantize.embedding.weight.detach()
+        nb = _neighbor_table(cb, opts, K=int(_o(opts, "neighbors_k", 1001)))
     if mtype == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:
         conds = _captions(opts, dev, dt)
-    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.config.block_size)), nb, vq,
-                  cfg_scale=4.0 if mtype == "c2i" else 7.5, info={"target": "LlamaGen", "type": mtype, "draft": kind},
-                  codebook=cb)
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.config.block_size)), nb, vq, codebook=cb,
+                  cfg_scale=4.0 if mtype == "c2i" else 7.5, info={"target": "LlamaGen", "type": mtype, "draft": kind})
 
 
 def _captions(opts, dev, dt):
@@ -378,8 +374,7 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     nb = _neighbor_table(vq.codebook, opts)
     cfg, _ = _MM_DEFAULTS[family]     # tiny models: V = 64 codes, the published top-k would be a no-op
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg,
-                  info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]},
-                  codebook=vq.codebook.detach())
+                  info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]}, codebook=vq.codebook)
 
 
 def _mm_draft(opts, family: str, target, load_small):

@@ -8,11 +8,14 @@ Models come from ``real.registry`` (``--list-models``); methods from ``real.deco
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 
 from coolsd.io import atomic_file, check_output_file
+
+from .jacobi_args import _flag, _given, add_jacobi_args, jacobi_for, jacobi_spec, validate_jacobi
 
 
 def register(sub):
@@ -58,16 +61,7 @@ def register(sub):
     r.add_argument("--draft", default=None,
                    help="draft kind: layerskip, small, eagle (model-dependent default), or jacobi (any model: no drafter, "
                         "Speculative Jacobi Decoding, real.decode.jacobi)")
-    j = g.add_argument_group("Jacobi drafting (--draft jacobi)")
-    j.add_argument("--window", type=int, default=None,
-                   help="target rows per call W: W - 1 Jacobi drafts, at most W tokens per call (default 16, the SJD "
-                        "release's)")
-    j.add_argument("--jacobi-init", default=None, choices=["random", "repeat_horizon", "sample_horizon"],
-                   help="initialisation of new window slots, as the SJD release's schemes (default random)")
-    j.add_argument("--coupling", default=None, choices=["none", "scd-mc", "scd-mc-p", "scd-gs"],
-                   help="couple consecutive iterations' drafts (SCD): scd-mc maximal coupling as released (not "
-                        "lossless), scd-mc-p the same with the current rows as q (lossless), scd-gs Gumbel coupling "
-                        "(default none: plain SJD)")
+    add_jacobi_args(g)
     r.add_argument("--compile", nargs="?", const="default", default=None,
                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                    help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.nn.blocks; falls back "
@@ -161,15 +155,11 @@ def generate(args) -> dict:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    opts = BuildOptions.from_namespace(args)
-    if jac is not None:                  # no drafter: the builder's default draft is built and left unused
-        import dataclasses
-
-        opts = dataclasses.replace(opts, draft=None)
-    bundle = build(args.model, opts)
+    opts = BuildOptions.from_namespace(args)   # --draft jacobi: no drafter (the default draft is built, unused)
+    bundle = build(args.model, opts if jac is None else dataclasses.replace(opts, draft=None))
     check_bundle(args, bundle)
     if jac is not None:
-        jac = _jacobi_for(jac, bundle)
+        jac = jacobi_for(jac, bundle)
     if getattr(args, "compile", None):
         _compile(bundle, args.compile)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
@@ -235,33 +225,6 @@ def generate(args) -> dict:
     return out
 
 
-def jacobi_spec(args):
-    """``--draft jacobi``'s ``real.decode.jacobi.Jacobi`` (the row width is filled in by ``_jacobi_for`` once the
-    model is built), or None for other drafts."""
-    if getattr(args, "draft", None) != "jacobi":
-        return None
-    from real.decode.jacobi import DEFAULT_WINDOW, Jacobi
-
-    return Jacobi(DEFAULT_WINDOW if args.window is None else args.window, args.jacobi_init or "random",
-                  args.coupling or "none")
-
-
-def _jacobi_for(jac, bundle):
-    """The Jacobi spec for the built model: the image row width (``info['grid']``, else the side of a square image)
-    and the window checked against the image length (ValueError naming --window)."""
-    import dataclasses
-    import math as _m
-
-    grid = (bundle.info or {}).get("grid")
-    T = int(bundle.num_tokens)
-    width = int(grid[1]) if grid else (_m.isqrt(T) if _m.isqrt(T) ** 2 == T else None)
-    if jac.window > T:
-        raise ValueError(f"--window {jac.window} is larger than the image ({T} tokens)")
-    if jac.init != "random" and width is None:
-        raise ValueError(f"--jacobi-init {jac.init} needs the image row width; --model's images have no known grid")
-    return dataclasses.replace(jac, width=width)
-
-
 def _compile(bundle, mode: str) -> None:
     """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
     from real.nn.blocks import compile_blocks
@@ -322,15 +285,6 @@ DRAFT_KINDS = {"llamagen": ("small", "layerskip", "eagle"), "mnist": ("small", "
 DEFAULT_DRAFT = {"llamagen": "small", "mnist": "small", "janus-pro": "small", "lumina-mgpt": "eagle", "emu3": "eagle"}
 
 
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _given(args, dest: str) -> bool:
-    v = getattr(args, dest, None)
-    return v is not None and v != [] and v is not False
-
-
 def validate_args(args) -> None:
     """Check every ``coolsd generate`` input before any work: numbers, option/model compatibility,
     input files and output paths. Raises ValueError naming the option. Resolves ``--save`` /
@@ -338,7 +292,7 @@ def validate_args(args) -> None:
     from theory import checks
 
     _validate_numbers(args, checks)
-    _validate_jacobi(args, checks)
+    validate_jacobi(args, checks)
     _validate_model_options(args)
     _validate_method(args)
     _validate_inputs(args)
@@ -397,36 +351,6 @@ NO_CODEBOOK = ("hf-llama-tiny", "llama-tiny-fast")     # text LMs: no VQ codeboo
 CODEBOOK_NEEDS_VQ = ("llamagen", "lumina-mgpt")        # codebook only with --vq-ckpt
 
 
-JACOBI_ONLY = ("window", "jacobi_init", "coupling")
-DRAFTER_OPTIONS = ("drafter_dir", "draft_ckpt", "draft_pretrained", "draft_size", "draft_layers")
-
-
-def _validate_jacobi(args, checks) -> None:
-    """--draft jacobi and its options: no drafter options, no --L / --tree, a window >= 1 (and within --num-tokens),
-    a coupling only with a sampling verifier; the Jacobi options only with --draft jacobi."""
-    if getattr(args, "draft", None) != "jacobi":
-        extra = [_flag(d) for d in JACOBI_ONLY if _given(args, d)]
-        if extra:
-            raise ValueError(f"{', '.join(extra)} configure Jacobi drafting: add --draft jacobi")
-        return
-    bad = [_flag(d) for d in DRAFTER_OPTIONS if _given(args, d)]
-    if bad:
-        raise ValueError(f"--draft jacobi drafts from the target itself: {', '.join(bad)} load(s) a drafter")
-    for d in ("L", "tree"):
-        if _given(args, d):
-            raise ValueError(f"--draft jacobi sets its draft length with --window, not {_flag(d)}")
-    if args.window is not None:
-        checks.integer("--window", args.window, lo=1)
-        if args.num_tokens is not None and args.window > args.num_tokens:
-            raise ValueError(f"--window {args.window} is larger than the image (--num-tokens {args.num_tokens})")
-    method = str(args.method).lower()
-    if method == "ar":
-        raise ValueError("--draft jacobi needs a speculative method (not ar)")
-    if (args.coupling or "none") != "none" and method == "greedy":
-        raise ValueError(f"--coupling {args.coupling} couples sampled drafts; --method greedy has one-hot rows "
-                         "(every coupling is the identity): drop --coupling")
-
-
 def _validate_method(args) -> None:
     from real.decode.methods import METHODS
 
@@ -442,13 +366,9 @@ def _validate_method(args) -> None:
     d_thr = getattr(args, "gsd_d_threshold", None)         # None: the default threshold; inf: "off"
     gsd_needs = method != "ar" and registry.get(method).needs_embeddings and not (d_thr is not None
                                                                                   and math.isinf(d_thr))
-    if gsd_needs:   # GSD's embedding-distance test: the VQ codebook vectors
-        if args.model in NO_CODEBOOK:
-            raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model "
-                             f"{args.model} has none (or turn the test off: --gsd-d-threshold off)")
-        if args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"):
-            raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test: give "
-                             f"--vq-ckpt with --model {args.model} (or --gsd-d-threshold off)")
+    if gsd_needs and (args.model in NO_CODEBOOK or (args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"))):
+        raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
+                         f"has none{' without --vq-ckpt' if args.model in CODEBOOK_NEEDS_VQ else ''} (or --gsd-d-threshold off)")
     if method.startswith("lantern"):
         if args.model in NO_CODEBOOK:
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "

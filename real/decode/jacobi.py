@@ -39,11 +39,9 @@ import numpy as np
 import torch
 
 from theory import rules
-from theory.verify import verify_chain
-
 from . import rng as R
 from .sampling import sample
-from .steps import Run, Step, ar_step, check_finite, commit, sync, verify_on
+from .steps import ChainStep, Run, ar_step, commit, sync, verify_chain_round
 
 __all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "jacobi_step", "check_jacobi", "draft_rows"]
 
@@ -160,7 +158,7 @@ def _redraft(run: Run, spec: Jacobi, P: torch.Tensor, x: torch.Tensor, q: torch.
     return y, P
 
 
-def jacobi_step(run: Run, spec: Jacobi, verifier, record: bool) -> Step:
+def jacobi_step(run: Run, spec: Jacobi, verifier, record: bool) -> ChainStep:
     """One Jacobi round for the batch (module docstring); the window lives in ``run.plans['jacobi']``."""
     act = run.active
     S = spec.slots
@@ -185,14 +183,7 @@ def jacobi_step(run: Run, spec: Jacobi, verifier, record: bool) -> Step:
     q = draft_rows(win, P)
     sync(run.dev)
     t2 = time.perf_counter()
-    check_finite(P, q)
-    u_acc = run.rng.uniform(run.n, R.ACCEPT, (Lr,), P.dtype)
-    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), P.dtype)
-    v = verify_on(run, verify_chain, P, q, x, u_acc, u_smp, verifier, n_drafted=torch.as_tensor(Lb, device=run.dev),
-                  check=False)
-    tau = v.accepted.cpu().numpy()                                                     # the round's sync
-    cand = torch.cat([x, x[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
-    run.target.rollback(run.rows(np.where(act, Lr - tau, Lr + 1)))
+    v, tau, cand = verify_chain_round(run, P, q, x, Lb, verifier)    # as a chain round: any verifier
     t3 = time.perf_counter()
     y, qn = _redraft(run, spec, P, x, q)          # keyed by the round's n: drawn before the commit moves it
     commit(run, cand, tau)
@@ -208,5 +199,5 @@ def jacobi_step(run: Run, spec: Jacobi, verifier, record: bool) -> Step:
     _init_slots(run, spec, win, carried, last_tok, last_row)
     sync(run.dev)
     t4 = time.perf_counter()
-    return Step(Lb, np.where(act, tau, 0), t4 - t3, t2 - t1, t3 - t2, 0,
-                p=P if record else None, q=q if record else None, drafts=x if record else None)
+    return ChainStep(Lb, np.where(act, tau, 0), t4 - t3, t2 - t1, t3 - t2, 0,
+                     p=P if record else None, drafts=x if record else None, q=q if record else None)
