@@ -50,6 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--L", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--paired-b1", type=int, default=0, metavar="R",
+                    help="only time batch 1 again: R repeats of (AR, setting) on --images-b1 images, interleaved so that "
+                         "both see the same machine load; writes the median speed-up per setting into --out's JSON")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     from coolsd.studies.demo.quality import nll_with_se
@@ -81,6 +84,23 @@ def main(argv=None) -> int:
         fd = fd_with_ci(image_features(vq.decode(toks)).numpy(), ref)
         return {"fd": fd["fd"], "fd_se": fd["se"], **nll_with_se(t, labels, toks)}
 
+    if a.paired_b1:
+        with open(a.out) as fh:
+            out = json.load(fh)
+        for row in out["settings"]:   # a loop over settings and repeats (timing), each an engine call
+            kw = drafters[row["drafter"]]
+            ratios = []
+            for r in range(a.paired_b1):
+                s_ar = engine.summarize(run({}, None, a.images_b1, 1, seed=100 + r))["seconds"]
+                s_me = engine.summarize(run(kw, rules_[row["rule"]], a.images_b1, 1, seed=100 + r))["seconds"]
+                ratios.append(s_ar / s_me)
+            row["speedup_b1_paired"] = float(np.median(ratios))
+            row["speedup_b1_paired_all"] = ratios
+            print(row["drafter"], row["rule"], np.round(ratios, 3), flush=True)
+        out["paired_b1"] = {"repeats": a.paired_b1, "images": a.images_b1}
+        with open(a.out, "w") as fh:
+            json.dump(out, fh, indent=1)
+        return 0
     t0 = time.time()
     ar = run({}, None, a.images, a.batch)
     ar1 = run({}, None, a.images_b1, 1)

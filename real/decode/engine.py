@@ -3,7 +3,8 @@
 ``generate`` is the one loop: it splits the images into batches, runs round 0 (the target's prefill
 alone, ``real.decode.steps.prefill_step``) and then one step function per round until every image has its T
 tokens -- ``ar_step`` (plain AR), ``chain_step`` (chain drafts of length L, docs/theory.md section 1)
-or ``tree_step`` (static draft tree, section 9) -- and turns the steps into per-image records. The rules
+or ``tree_step`` (static draft tree, section 9) or ``jacobi_step`` (drafter-free Jacobi drafts, section 12,
+``real.decode.jacobi``) -- and turns the steps into per-image records. The rules
 of a round and the ragged-batch conventions are in ``real.decode.steps``; every image follows the law of the
 batch-1 round whatever the batch (rows that drafted past their own L' are cut by ``n_drafted`` /
 ``max_depth`` in the shared verifiers), so greedy output is the same for every batch size.
