@@ -3,12 +3,11 @@ per-image streams (batch-size invariance), the law of vanilla SJD and of SCD's c
 enumeration (with negative controls), recorded rows for theory.recorded, bad input."""
 from __future__ import annotations
 
-import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from real.decode import engine
 from real.decode import jacobi as J
@@ -79,13 +78,10 @@ def _law_model(T: int):
 
 
 def _counts(t, spec, verifier, N, B, T, proc, seed):
+    """Sequence counts of N Jacobi-decoded images (batches of B) and the generations."""
     gens = engine.generate(t, None, [1] * N, num_tokens=T, verifier=verifier, jacobi=spec, processing=proc,
                            batch_size=B, seed=seed)
-    out: dict = {}
-    for g in gens:
-        s = tuple(g.tokens.tolist())
-        out[s] = out.get(s, 0) + 1
-    return out, gens
+    return dict(Counter(tuple(g.tokens.tolist()) for g in gens)), gens
 
 
 @pytest.fixture(scope="module")
