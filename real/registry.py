@@ -22,7 +22,7 @@ __all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamag
 class Bundle:
     """What ``build`` returns: ``target`` and ``draft`` models, ``conds`` (one condition per image), ``num_tokens``
     image tokens per image, LANTERN's ``neighbors`` table (V, K) int64 or None, the code decoder ``vq`` (codes
-    (B, T) -> images) or None, the model's default ``cfg_scale`` and ``top_k``, and ``info``."""
+    (B, T) -> images) or None, the model's default ``cfg_scale`` and ``top_k``, ``info``, and ``codebook``."""
     target: Any
     draft: Any
     conds: list
@@ -32,6 +32,7 @@ class Bundle:
     cfg_scale: float = 1.0            # default CFG scale for this model
     top_k: int = 0                    # default top-k for this model (0 = off)
     info: dict = field(default_factory=dict)
+    codebook: Any = None              # (V, d) code vectors (as stored), for GSD; None without a VQ
 
 
 MODELS: dict[str, tuple[Callable[[Any], Bundle], str]] = {}
@@ -187,7 +188,7 @@ def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
     dev, dt = _device(opts), _dtype(opts)
     t, d = tiny_llamagen_pair(seed, _o(opts, "draft", "layerskip"), model_type, dev, dt)
     vq = _tiny_vq(seed, t.config.vocab_size).to(dev)
-    nb = _neighbor_table(vq.quantize.embedding.weight, opts)
+    nb, cb = _neighbor_table(vq.quantize.embedding.weight, opts), vq.quantize.embedding.weight.detach()
     if model_type == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:
@@ -200,7 +201,7 @@ def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
             mask = torch.arange(P) >= P - valid
             conds.append(Caption(torch.randn(P, C, generator=g) * mask[:, None], mask))
     T = int(_o(opts, "num_tokens", t.config.block_size))
-    return Bundle(t, d, conds, T, nb, vq, cfg_scale=2.0,
+    return Bundle(t, d, conds, T, nb, vq, cfg_scale=2.0, codebook=cb,
                   info={"target": "LlamaGen tiny (random)", "draft": _o(opts, "draft", "layerskip"), "type": model_type})
 
 
@@ -243,16 +244,17 @@ def _build_llamagen(opts) -> Bundle:
     else:
         d = lg.load_llamagen(ckpt("draft_ckpt", "draft_pretrained"), _o(opts, "draft_size", "B"),
                              image_size=size, model_type=mtype, device=dev, dtype=dt)
-    vq, nb = None, None
+    vq, nb, cb = None, None, None
     vq_path = opts.vq_ckpt
     if vq_path:
         vq = load_vq(vq_path, _o(opts, "vq_size", "VQ-16"), device=dev)
-        nb = _neighbor_table(vq.quantize.embedding.weight, opts, K=int(_o(opts, "neighbors_k", 1001)))
+        cb = vq.quantize.embedding.weight.detach()
+        nb = _neighbor_table(cb, opts, K=int(_o(opts, "neighbors_k", 1001)))
     if mtype == "c2i":
         conds = _class_ids(opts, t.config.num_classes)
     else:
         conds = _captions(opts, dev, dt)
-    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.config.block_size)), nb, vq,
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.config.block_size)), nb, vq, codebook=cb,
                   cfg_scale=4.0 if mtype == "c2i" else 7.5, info={"target": "LlamaGen", "type": mtype, "draft": kind})
 
 
@@ -372,7 +374,7 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     nb = _neighbor_table(vq.codebook, opts)
     cfg, _ = _MM_DEFAULTS[family]     # tiny models: V = 64 codes, the published top-k would be a no-op
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg,
-                  info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]})
+                  info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]}, codebook=vq.codebook)
 
 
 def _mm_draft(opts, family: str, target, load_small):
@@ -442,7 +444,8 @@ def _build_mm_real(opts, family: str) -> Bundle:
         nb = _neighbor_table(vq.codebook, opts, K=int(_o(opts, "neighbors_k", 1001)))
     cfg, top_k = _MM_DEFAULTS[family]
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg, top_k=top_k,
-                  info={"target": family, "draft": dname, "grid": [t.layout.height, t.layout.width]})
+                  info={"target": family, "draft": dname, "grid": [t.layout.height, t.layout.width]},
+                  codebook=None if vq is None else vq.codebook.detach())
 
 
 register("chameleon-tiny", lambda o: _build_mm_tiny(o, "chameleon"),
@@ -486,10 +489,11 @@ def _build_mnist(opts) -> Bundle:
         d = lg.truncated(t, int(_o(opts, "draft_layers", 1)))
     else:
         raise ValueError(f"unknown draft kind {kind!r} for mnist; choose small, eagle or layerskip")
-    nb = _neighbor_table(zvq.raw_codebook(), opts)
+    cb = zvq.raw_codebook()
+    nb = _neighbor_table(cb, opts)
     return Bundle(t, d, _class_ids(opts, gpt.NUM_CLASSES), int(_o(opts, "num_tokens", gpt.TOKENS)), nb,
                   _MnistDecoder(), cfg_scale=2.0,
-                  info={"target": "MNIST LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [7, 7]})
+                  info={"target": "MNIST LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [7, 7]}, codebook=cb)
 
 
 register("mnist", _build_mnist, "the shipped MNIST LlamaGen c2i target (real.zoo) + small / eagle / layerskip draft")

@@ -2,16 +2,20 @@
 
   coolsd generate --model llamagen-tiny --method cool-sd --delta 2 --json
   coolsd generate --model llamagen-tiny --method vanilla --tree eagle25
+  coolsd generate --model mnist --draft jacobi --window 16 --method vanilla     (Speculative Jacobi Decoding)
 
 Models come from ``real.registry`` (``--list-models``); methods from ``real.decode.methods``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 
 from coolsd.io import atomic_file, check_output_file
+
+from .jacobi_args import _flag, _given, add_jacobi_args, jacobi_for, jacobi_spec, validate_jacobi
 
 
 def register(sub):
@@ -21,7 +25,7 @@ def register(sub):
     g.add_argument("--method", default="vanilla",
                    help="a method of theory.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
                         "lantern+G*, typical, greedy, scaled --weights) or ar (plain autoregressive baseline)")
-    g.add_argument("--L", type=int, default=4, help="draft length per round (default 4)")
+    g.add_argument("--L", type=int, default=None, help="draft length per round (default 4; --draft jacobi: --window)")
     g.add_argument("--tree", default=None,
                    help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
                         "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'; "
@@ -64,7 +68,10 @@ def register(sub):
                    help="torch CPU threads (default: 1 for *-tiny models, whose ops are too small to share)")
     r.add_argument("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
-    r.add_argument("--draft", default=None, help="draft kind: layerskip, small, eagle (model-dependent default)")
+    r.add_argument("--draft", default=None,
+                   help="draft kind: layerskip, small, eagle (model-dependent default), or jacobi (any model: no drafter, "
+                        "Speculative Jacobi Decoding, real.decode.jacobi)")
+    add_jacobi_args(g)
     r.add_argument("--compile", nargs="?", const="default", default=None,
                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                    help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.nn.blocks; falls back "
@@ -139,8 +146,9 @@ def generate(args) -> dict:
     if args.dtype is None:
         dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         args.dtype = "bfloat16" if str(dev).startswith("cuda") else "float32"
-    if args.L < 1:
-        raise ValueError(f"--L must be >= 1, got {args.L}")
+    jac = jacobi_spec(args)
+    if args.L is None:
+        args.L = jac.slots if jac is not None else 4
     if args.method.lower() != "ar":
         spec = registry.get(args.method)                    # unknown method: error before loading models
         own = {p.option for p in spec.free}
@@ -166,8 +174,11 @@ def generate(args) -> dict:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    bundle = build(args.model, BuildOptions.from_namespace(args))
+    opts = BuildOptions.from_namespace(args)   # --draft jacobi: no drafter (the default draft is built, unused)
+    bundle = build(args.model, opts if jac is None else dataclasses.replace(opts, draft=None))
     check_bundle(args, bundle)
+    if jac is not None:
+        jac = jacobi_for(jac, bundle)
     if getattr(args, "compile", None):
         _compile(bundle, args.compile)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
@@ -177,12 +188,14 @@ def generate(args) -> dict:
     proc = proc if method == "ar" else method_processing(method, proc)
     params = MethodParams(**{f: getattr(args, f) for f in registry.flags()})
     verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
-                                                         device=getattr(bundle.target, "device", None))
+                                                         device=getattr(bundle.target, "device", None),
+                                                         embeddings=getattr(bundle, "codebook", None))
     progress = None if not args.json else False
     run = dict(num_tokens=bundle.num_tokens, processing=proc, seed=args.seed, batch_size=args.batch_size,
                progress=progress)
-    gens = engine.generate(bundle.target, None if verifier is None else bundle.draft, bundle.conds, verifier=verifier,
-                           L=None if tree is not None else args.L, tree=tree, record_rows=args.record is not None, **run)
+    gens = engine.generate(bundle.target, None if verifier is None or jac is not None else bundle.draft, bundle.conds,
+                           verifier=verifier, L=None if tree is not None or jac is not None else args.L, tree=tree,
+                           jacobi=jac, record_rows=args.record is not None, **run)
     base = engine.generate(bundle.target, None, bundle.conds, **run) if args.baseline else []
     stats = engine.summarize(gens)
     out = {"model": args.model, "method": method, "L": L,
@@ -195,6 +208,9 @@ def generate(args) -> dict:
         out["tree"] = {"name": "dynamic", "nodes": tree.n_nodes, "depth": tree.max_depth, **tree.params()}
     elif tree is not None:
         out["tree"] = {"name": args.tree, "nodes": tree.n_nodes, "depth": tree.depth}
+    if jac is not None:
+        out["draft"] = "jacobi"
+        out["jacobi"] = {"window": jac.window, "init": jac.init, "coupling": jac.coupling, "width": jac.width}
     if base:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
@@ -293,15 +309,6 @@ DRAFT_KINDS = {"llamagen": ("small", "layerskip", "eagle"), "mnist": ("small", "
 DEFAULT_DRAFT = {"llamagen": "small", "mnist": "small", "janus-pro": "small", "lumina-mgpt": "eagle", "emu3": "eagle"}
 
 
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _given(args, dest: str) -> bool:
-    v = getattr(args, dest, None)
-    return v is not None and v != [] and v is not False
-
-
 def validate_args(args) -> None:
     """Check every ``coolsd generate`` input before any work: numbers, option/model compatibility,
     input files and output paths. Raises ValueError naming the option. Resolves ``--save`` /
@@ -309,6 +316,7 @@ def validate_args(args) -> None:
     from theory import checks
 
     _validate_numbers(args, checks)
+    validate_jacobi(args, checks)
     _validate_model_options(args)
     _validate_method(args)
     _validate_inputs(args)
@@ -332,7 +340,8 @@ def validate_args(args) -> None:
 
 
 def _validate_numbers(args, checks) -> None:
-    checks.integer("--L", args.L, lo=1)
+    if args.L is not None:
+        checks.integer("--L", args.L, lo=1)
     checks.seed(args.seed, "--seed")
     t = checks.real("--temperature", args.temperature, 0)
     if 0 < t < 1e-6:
@@ -378,6 +387,12 @@ def _validate_method(args) -> None:
     if method != "ar":   # the registry's ranges (e.g. --delta > 0) checked before any model is built
         params = MethodParams(**{f: getattr(args, f, None) for f in registry.flags()})
         registry.resolve(method, method_params(method, params))
+    d_thr = getattr(args, "gsd_d_threshold", None)         # None: the default threshold; inf: "off"
+    gsd_needs = method != "ar" and registry.get(method).needs_embeddings and not (d_thr is not None
+                                                                                  and math.isinf(d_thr))
+    if gsd_needs and (args.model in NO_CODEBOOK or (args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"))):
+        raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
+                         f"has none{' without --vq-ckpt' if args.model in CODEBOOK_NEEDS_VQ else ''} (or --gsd-d-threshold off)")
     if method.startswith("lantern"):
         if args.model in NO_CODEBOOK:
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
@@ -395,7 +410,7 @@ def _validate_model_options(args) -> None:
         raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(MODELS)} (--list-models)")
     if model not in MODEL_OPTIONS:
         return  # a model registered elsewhere: its builder checks its own options
-    allowed = MODEL_OPTIONS[model]
+    allowed = MODEL_OPTIONS[model] | ({"draft"} if args.draft == "jacobi" else set())
     extra = [_flag(d) for d in MODEL_SPECIFIC if _given(args, d) and d not in allowed]
     if extra:
         ok = ", ".join(_flag(d) for d in MODEL_SPECIFIC if d in allowed) or "none of the model options"
@@ -403,7 +418,7 @@ def _validate_model_options(args) -> None:
         raise ValueError(f"{', '.join(extra)} {verb} not apply to --model {model} (it would be ignored); "
                          f"{model} reads {ok}")
     kind = args.draft or DEFAULT_DRAFT.get(model, "layerskip")
-    kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle"))
+    kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle")) + ("jacobi",)   # jacobi: every model, no drafter
     if "draft" in allowed and kind not in kinds:
         raise ValueError(f"--draft must be one of {', '.join(kinds)} for --model {model}, got {kind!r}")
     if _given(args, "drafter_dir") and kind != "eagle":

@@ -28,7 +28,10 @@ def register(sub):
     s.add_argument("--L", type=int, default=4, help="chain draft length (default 4)")
     s.add_argument("--tree", default=None, help="static-tree drafting: eagle25, eagle57, chain or JSON paths "
                                                 "(as coolsd generate --tree); default chain drafting")
-    s.add_argument("--draft", default=None, help="draft kind (model-dependent default; mnist: small, eagle, layerskip)")
+    s.add_argument("--draft", default=None, help="draft kind (model-dependent default; mnist: small, eagle, layerskip) "
+                                                 "or jacobi (no drafter: Speculative Jacobi Decoding, --window)")
+    s.add_argument("--window", type=int, default=None,
+                   help="--draft jacobi: target rows per call W (W - 1 Jacobi drafts; default 16, the SJD release's)")
     s.add_argument("--record-images", type=int, default=256,
                    help="vanilla images whose P/Q rows are stored for the predictions (default 256)")
     s.add_argument("--temperature", type=float, default=1.0)
@@ -101,6 +104,15 @@ def config(args):
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+    L = args.L
+    if args.draft == "jacobi":
+        if args.tree is not None:
+            raise ValueError("--draft jacobi drafts chains over its window: --tree does not apply")
+        if args.window is not None and args.window < 1:
+            raise ValueError(f"--window must be >= 1, got {args.window}")
+        L = (16 if args.window is None else args.window) - 1       # the window's drafts
+    elif args.window is not None:
+        raise ValueError("--window configures Jacobi drafting: add --draft jacobi")
     if args.tree is not None:
         from theory.tree import parse_tree
 
@@ -114,7 +126,7 @@ def config(args):
     files["dtype"] = dtype
     model_options = tuple(sorted((k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in files.items()))
     return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images, unit_images=args.unit_images,
-                       seed=args.seed, L=args.L, tree=args.tree, draft=args.draft, batch_size=args.batch_size,
+                       seed=args.seed, L=L, tree=args.tree, draft=args.draft, batch_size=args.batch_size,
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,
                        grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added,

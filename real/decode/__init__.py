@@ -1,5 +1,6 @@
 """The model-agnostic decoder: ``engine.generate`` (the one loop over rounds), the step functions
-(``steps``: round 0, plain AR, chain rounds; ``tree_steps``: static trees), logits processing
+(``steps``: round 0, plain AR, chain rounds; ``tree_steps``: static trees; ``jacobi``: drafter-free
+Jacobi rounds), logits processing
 (``sampling``) and method names -> verifiers (``methods``).
 
 May import ``theory``, ``real.protocol`` and ``real.nn`` (only for ``layers.inference_weights``, the scope of

@@ -3,7 +3,8 @@
 ``generate`` is the one loop: it splits the images into batches, runs round 0 (the target's prefill
 alone, ``real.decode.steps.prefill_step``) and then one step function per round until every image has its T
 tokens -- ``ar_step`` (plain AR), ``chain_step`` (chain drafts of length L, docs/theory.md section 1)
-or ``tree_step`` (static draft tree, section 9) -- and turns the steps into per-image records. The rules
+or ``tree_step`` (static draft tree, section 9) or ``jacobi_step`` (drafter-free Jacobi drafts, section 12,
+``real.decode.jacobi``) -- and turns the steps into per-image records. The rules
 of a round and the ragged-batch conventions are in ``real.decode.steps``; every image follows the law of the
 batch-1 round whatever the batch (rows that drafted past their own L' are cut by ``n_drafted`` /
 ``max_depth`` in the shared verifiers), so greedy output is the same for every batch size.
@@ -34,6 +35,7 @@ from .sampling import Processing
 from .steps import RoundRecord, Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
 from .tree_steps import tree_step
 from .dynamic_tree import DynamicTree, check_dynamic, dynamic_tree_step
+from .jacobi import Jacobi, check_jacobi, jacobi_step
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "tree_generate", "ar_generate",
            "summarize", "records_to_arrays", "default_batch_size", "MAX_BATCH"]
@@ -124,7 +126,8 @@ def _check_batch(target, draft, n_images: int, batch_size, processing: Processin
 
 
 def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | None = None, tree: Tree | None = None,
-             processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
+             jacobi: Jacobi | None = None, processing: Processing = Processing(), seed: int = 0,
+             batch_size: int | None = None,
              generator: torch.Generator | None = None, record_rows: bool = False,
              progress: bool | None = False) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
@@ -132,7 +135,9 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
     ``Generation`` per image, in order, its ``tokens`` (num_tokens,) int64.
 
     Modes: ``draft=None``: plain AR sampling (the baseline; ``verifier`` unused); ``tree`` (a
-    ``theory.tree.Tree``): static-tree drafting; else chain drafting of ``L`` tokens per round.
+    ``theory.tree.Tree``): static-tree drafting; ``jacobi`` (a ``real.decode.jacobi.Jacobi``, ``draft=None``):
+    drafter-free Speculative Jacobi Decoding over a window of W target rows; else chain drafting of ``L`` tokens
+    per round.
     ``target``: an ``ARModel``; ``draft``: an ``ARModel`` (independent small model, prefilled with the same
     conditions) or a ``FeatureDrafter`` (EAGLE). ``verifier``: a ``theory.rules.Verifier``; ``processing``
     is applied identically to draft and target logits. A model without per-row cache lengths
@@ -150,6 +155,12 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
     T = int(num_tokens)
     if T < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    if jacobi is not None:
+        if draft is not None or tree is not None or L is not None:
+            raise ValueError("jacobi drafting drafts from the target itself: give no draft model, L or tree")
+        if verifier is None:
+            raise ValueError("jacobi drafting needs a verifier (theory.rules)")
+        check_jacobi(jacobi, T, verifier)
     if draft is not None:
         check_pair(target, draft)
         if tree is not None and L is not None:
@@ -173,21 +184,23 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
     if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
     bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None,
-               desc="AR decode" if draft is None else "tree decode" if tree is not None else "spec decode", leave=False)
+               desc="jacobi decode" if jacobi is not None else "AR decode" if draft is None else
+               "tree decode" if tree is not None else "spec decode", leave=False)
     gens: list[Generation] = []
     with inference_weights():            # packed / fused weight copies for this call only (real.nn.layers.linear)
         for a in range(0, len(conds), bs):   # a loop over batches
             rng = Streams(seed, np.arange(a, min(a + bs, len(conds))), dev)
-            gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, processing, rng,
+            gens += _generate_batch(target, draft, conds[a:a + bs], T, verifier, L, tree, jacobi, processing, rng,
                                     record_rows, bar)
     bar.close()
     return gens
 
 
-def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, record, bar) -> list[Generation]:
+def _generate_batch(target, draft, conds, T, verifier, L, tree, jacobi, proc, rng, record, bar) -> list[Generation]:
     B = len(conds)
     dev = _device_of(target)
-    slack = 2 + ((tree.max_depth if isinstance(tree, DynamicTree) else tree.depth) if tree is not None else (L or 0))
+    slack = 2 + ((tree.max_depth if isinstance(tree, DynamicTree) else tree.depth) if tree is not None
+                 else jacobi.window if jacobi is not None else (L or 0))
     run = Run(target, draft, proc, rng, dev, T, np.zeros(B, np.int64),
               torch.zeros((B, T + slack), dtype=torch.long, device=dev),
               feat=draft is not None and draft.needs_features, host=host_verification(dev, verifier))
@@ -201,7 +214,9 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
     bar.update(int(run.n.sum()))
     while run.active.any():
         act, n0 = run.active, run.n.copy()
-        if draft is None:
+        if jacobi is not None:
+            st = jacobi_step(run, jacobi, verifier, record)
+        elif draft is None:
             st = ar_step(run, record)
         elif isinstance(tree, DynamicTree):
             st = dynamic_tree_step(run, tree, verifier, record)
@@ -215,8 +230,11 @@ def _generate_batch(target, draft, conds, T, verifier, L, tree, proc, rng, recor
     sync(dev)
     seconds = time.perf_counter() - t_start
     tokens = run.out[:, :T].cpu()
-    info = {"method": "ar" if draft is None else getattr(verifier, "name", "custom"), **proc.params(),
-            "batch_size": B, "batch_seconds": seconds}
+    info = {"method": "ar" if draft is None and jacobi is None else getattr(verifier, "name", "custom"),
+            **proc.params(), "batch_size": B, "batch_seconds": seconds}
+    if jacobi is not None:
+        info.update({"draft": "jacobi", "window": jacobi.window, "L": jacobi.slots, "init": jacobi.init,
+                     "coupling": jacobi.coupling})
     if draft is not None:
         info.update(tree.params() if isinstance(tree, DynamicTree) else
                     {"tree_nodes": tree.n_nodes, "tree_depth": tree.depth} if tree is not None else {"L": L})

@@ -48,14 +48,18 @@ def neighbors_on(neighbors, device=None):
     return nb if device is None else torch.as_tensor(nb, device=device)
 
 
-def make_verifier(method: str, L: int, params=None, neighbors=None, device=None, **kw):
+def make_verifier(method: str, L: int, params=None, neighbors=None, device=None, embeddings=None, **kw):
     """The ``theory.rules.Verifier`` for a method name (``theory.methods``) from flat options ``params``
     (MethodParams) and/or registry parameters ``kw``. LANTERN methods need the codebook neighbour table
     ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.models.vq.codebook_neighbors``); with
-    ``device`` the table is kept there as a torch tensor."""
+    ``device`` the table is kept there as a torch tensor. GSD methods take the codebook vectors ``embeddings``
+    (V, d) (``real.registry.Bundle.codebook``; their (V, V) closeness table is built once, as numpy)."""
     m = registry.get(method)
     nb = neighbors_on(neighbors, device) if m.needs_neighbors else None
-    return registry.build(method, L, nb, {**method_params(method, params), **kw})
+    emb = None
+    if m.needs_embeddings and embeddings is not None:
+        emb = embeddings.detach().cpu().double().numpy() if isinstance(embeddings, torch.Tensor) else embeddings
+    return registry.build(method, L, nb, {**method_params(method, params), **kw}, embeddings=emb)
 
 
 def method_processing(method: str, processing: Processing) -> Processing:

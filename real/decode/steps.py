@@ -329,6 +329,22 @@ def draft_chain(run: Run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: in
 
 # ----------------------------------------------------------------------------- chain round
 
+def verify_chain_round(run: Run, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, Lb: np.ndarray, verifier):
+    """Verify a chain round's drafts x (B, Lr) drawn from q (B, Lr, V) against the target rows p (B, Lr + 1, V),
+    image b's first Lb[b] drafts counting (``verify_chain``'s n_drafted), and roll the target's cache back to
+    [last committed token; accepted drafts]. Returns the verdict, tau (B,) numpy (the round's sync) and the
+    candidates (B, Lr + 1) whose first tau_b + 1 entries ``commit`` writes."""
+    Lr = x.shape[1]
+    check_finite(p, q)
+    u_acc = run.rng.uniform(run.n, R.ACCEPT, (Lr,), p.dtype)
+    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
+    v = verify_chain_on(run, p, q, x, u_acc, u_smp, verifier, torch.as_tensor(Lb, device=run.dev))
+    tau = v.accepted.cpu().numpy()                                                     # the round's sync
+    cand = torch.cat([x, x[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
+    run.target.rollback(run.rows(np.where(run.active, Lr - tau, Lr + 1)))
+    return v, tau, cand
+
+
 def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = None) -> Step:
     """One chain round for the batch (module docstring). With ``conds`` this is round 0 of an independent
     draft: both models' prefills, the target's over [prefix; drafts] (target forwards == rounds)."""
@@ -358,13 +374,7 @@ def chain_step(run: Run, L: int, verifier, record: bool, conds: list | None = No
     p = run.proc.rows(o.logits)                                                        # (B, Lr + 1, V)
     sync(run.dev)
     t2 = time.perf_counter()
-    check_finite(p, q)
-    u_acc = run.rng.uniform(run.n, R.ACCEPT, (Lr,), p.dtype)
-    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    v = verify_chain_on(run, p, q, x, u_acc, u_smp, verifier, torch.as_tensor(Lb, device=run.dev))
-    tau = v.accepted.cpu().numpy()                                                     # the round's sync
-    cand = torch.cat([x, x[:, :1]], 1).scatter(1, v.accepted[:, None], v.next_token[:, None])
-    run.target.rollback(run.rows(np.where(act, Lr - tau, Lr + 1)))
+    v, tau, cand = verify_chain_round(run, p, q, x, Lb, verifier)
     own = Lr - 1 if run.feat else np.where(act, Lr - 1 - np.minimum(tau, Lr - 1), Lr - 1)
     if np.any(own):
         run.draft.rollback(run.rows(np.broadcast_to(own, (run.B,)).astype(np.int64)))

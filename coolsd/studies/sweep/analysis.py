@@ -98,6 +98,9 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     predictable = source is not None
     per_row = _per_row(ctx.bundle, T)
     nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
+    cb = getattr(ctx.bundle, "codebook", None)
+    cb = None if cb is None else torch.as_tensor(cb).detach().cpu().double().numpy()
+    drafting = "tree" if ctx.tree is not None else "jacobi" if getattr(ctx, "jacobi", None) else "chain"
     first = np.r_[True, van["round_image"][1:] != van["round_image"][:-1]]
     first_single = bool((van["round_drafted"][first] == 0).all())
     costs = demo.unit_costs(_stats(van), ar_stats) if predictable else None
@@ -111,7 +114,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
         tpc, se = tokens_per_call(d["image_rounds"], T)
         pred = None
         if predictable:
-            rule = s.verifier(ctx.L, nb)
+            rule = s.verifier(ctx.L, nb, cb)
             if ctx.tree is None:
                 pred = demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row)
                 verify_s = demo.time_verifier("chain", source, ctx.verifier(s), None, device=ctx.device)
@@ -120,7 +123,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                 verify_s = demo.time_verifier("tree", source, ctx.verifier(s), ctx.tree, device=ctx.device)
         drafted = d["round_drafted"]
         depth = np.where(d["round_depth"] >= 0, d["round_depth"], drafted)
-        e = {"name": s.method, "params": s.params_dict, "drafting": "tree" if ctx.tree is not None else "chain",
+        e = {"name": s.method, "params": s.params_dict, "drafting": drafting,
              "draft": ctx.bundle.info.get("draft"), "L": ctx.L, "family": s.family, "key": s.key,
              "images": int(len(d["tokens"])),
              "accepted_length": {"predicted": pred["tokens_per_call"] if pred else None, "measured": tpc,
@@ -140,7 +143,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     has_fd = with_quality and "frechet_distance" in baseline
     return {"methods": entries, "baseline": baseline, "claims": claims(entries) if has_fd else [],
             "predictions": {"available": predictable, "first_round_prefill_only": first_single,
-                            "from": f"vanilla {'tree' if ctx.tree is not None else 'chain'} rows of "
+                            "from": f"vanilla {drafting} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
                                     "images (coolsd.studies.demo predictions)" if predictable else
                                     "not available (no recorded vanilla rows: --record-images 0?)",

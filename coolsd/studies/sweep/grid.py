@@ -60,8 +60,9 @@ class Setting:
         rest = [f"{k}={_fmt(v)}" for k, v in self.params if k != relax]
         return " ".join([self.method] + rest)
 
-    def verifier(self, L: int, neighbors=None):
-        return methods.build(self.method, L, neighbors, self.params_dict)
+    def verifier(self, L: int, neighbors=None, embeddings=None):
+        """The setting's verifier for draft length L (LANTERN's ``neighbors`` (V, K), GSD's ``embeddings`` (V, d))."""
+        return methods.build(self.method, L, neighbors, self.params_dict, embeddings=embeddings)
 
 
 def _fmt(v) -> str:

@@ -155,11 +155,18 @@ class Context:
             dev = f"cuda:{dist.local_rank}"
         self.device = dev
         n_cond = cfg.images
-        b = build(cfg.model, BuildOptions(device=dev, draft=cfg.draft, seed=cfg.seed, num_images=n_cond),
-                  **dict(cfg.model_options))
+        jacobi = cfg.draft == "jacobi"          # drafter-free: cfg.L = window - 1 Jacobi drafts
+        b = build(cfg.model, BuildOptions(device=dev, draft=None if jacobi else cfg.draft, seed=cfg.seed,
+                                          num_images=n_cond), **dict(cfg.model_options))
         self.bundle = b
         self.tree = parse_tree(cfg.tree, cfg.L) if cfg.tree is not None else None
         self.L = self.tree.depth if self.tree is not None else cfg.L
+        self.jacobi = None
+        if jacobi:
+            from real.decode.jacobi import Jacobi
+
+            grid = (b.info or {}).get("grid")
+            self.jacobi = Jacobi(cfg.L + 1, width=int(grid[1]) if grid else None)
         self.proc = Processing(temperature=cfg.temperature, top_k=b.top_k,
                                cfg_scale=b.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale)
         ncls = getattr(getattr(b.target, "config", None), "num_classes", None)
@@ -183,6 +190,7 @@ class Context:
         if s.key not in self._verifiers:
             self._verifiers[s.key] = make_verifier(s.method, self.L, neighbors=self.bundle.neighbors,
                                                    device=getattr(self.bundle.target, "device", None),
+                                                   embeddings=getattr(self.bundle, "codebook", None),
                                                    **s.params_dict)
         return self._verifiers[s.key]
 
@@ -206,8 +214,9 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
         gens = generate(b.target, None, conds, num_tokens=b.num_tokens, processing=ctx.proc, seed=seed,
                         batch_size=cfg.batch_size)
     else:
-        gens = generate(b.target, b.draft, conds, num_tokens=b.num_tokens, verifier=ctx.verifier(unit.setting),
-                        L=ctx.L, tree=ctx.tree, processing=method_processing(unit.setting.method, ctx.proc),
+        gens = generate(b.target, None if ctx.jacobi else b.draft, conds, num_tokens=b.num_tokens,
+                        verifier=ctx.verifier(unit.setting), L=None if ctx.jacobi else ctx.L, tree=ctx.tree,
+                        jacobi=ctx.jacobi, processing=method_processing(unit.setting.method, ctx.proc),
                         seed=seed, batch_size=cfg.batch_size, record_rows=record)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
