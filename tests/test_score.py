@@ -147,3 +147,20 @@ def test_bad_input(mnist):
         teacher_forced_rows(b.target, mnist["eagle"].draft, b.conds, tok, L=None)
     with pytest.raises(NotImplementedError, match="without replacement"):
         score(b.target, b.draft, b.conds, tok, verifier=v, tree=chain_tree(2))
+
+
+def test_generate_fidelity_cli(tmp_path, capsys):
+    import json
+
+    from coolsd.cli import main
+
+    out = tmp_path / "g.npz"
+    assert main(["generate", "--model", "mnist", "--draft", "eagle", "--method", "vanilla", "--num-images", "3",
+                 "--fidelity", "--json", "--save", str(out)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    z = np.load(out)
+    assert z["log_p_hat"].shape == z["log_p"].shape == (3,)
+    assert np.abs(z["log_p_hat"] - z["log_p"]).max() < 1e-4                  # vanilla: P^ = P
+    assert abs(r["fidelity"]["tv_to_target"]["measured"]) < 1e-4 and r["fidelity"]["nll_per_token"] > 0
+    assert main(["generate", "--model", "mnist", "--tree", "2x2", "--fidelity"]) == 2
+    assert "static-tree" in capsys.readouterr().err
