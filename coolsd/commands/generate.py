@@ -202,24 +202,14 @@ def generate(args) -> dict:
                                 accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
         out["record"] = str(args.record)
     fid = None
-    if getattr(args, "fidelity", False):
-        from real.decode.score import score
-        from theory import fidelity
+    if getattr(args, "fidelity", False):     # exact per-image likelihoods of the images just made
+        from real.decode.score import summary
 
-        toks = torch.stack([g.tokens for g in gens])
         rule = None if verifier is None else make_verifier(method, L, params, bundle.neighbors)   # numpy tables
-        fid = score(bundle.target, None if rule is None else bundle.draft, bundle.conds, toks, verifier=rule,
-                    L=None if rule is None else L, processing=proc, batch_size=args.batch_size or 64)
-        if rule is None:   # plain AR samples the target: P^ = P
-            fid["log_p_hat"] = fid["log_p"].copy()
-        T = bundle.num_tokens
-        nll = -fid["log_p"] / T
-        out["fidelity"] = {"nll_per_token": float(nll.mean()), "images": len(gens)}
-        if len(gens) >= 2:
-            out["fidelity"] |= {k: fidelity.report((fid["log_p_hat"], fid["log_p"]), T=T)[k]
-                                for k in ("tv_to_target", "kl_to_target")}
-        else:
-            out["fidelity"]["reason"] = "TV / KL need at least 2 images for an interval"
+        fid = summary(bundle.target, None if rule is None else bundle.draft, bundle.conds,
+                      torch.stack([g.tokens for g in gens]), verifier=rule, L=None if rule is None else L,
+                      processing=proc, batch_size=args.batch_size or 64)
+        out["fidelity"] = fid["report"]
     if args.save:
         toks = np.stack([g.tokens.numpy() for g in gens])
         extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}

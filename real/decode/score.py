@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from theory.likelihood import _check_verifier, log_likelihood, log_target
+from theory.likelihood import log_likelihood, log_target
 
 from real.nn.layers import inference_weights
 from real.protocol import OneRow, as_conds, check_pair
 from .sampling import Processing
 
-__all__ = ["Rows", "teacher_forced_rows", "score", "TREE_REASON"]
+__all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON"]
 
 TREE_REASON = ("exact likelihood of static-tree drafting is not implemented: a node's m candidates are drawn "
                "without replacement, so the law of the emitted token sums over every order of the earlier "
@@ -173,7 +173,9 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if draft is not None:
-        _check_verifier(verifier)
+        if not (callable(getattr(verifier, "accept", None)) and callable(getattr(verifier, "resample", None))):
+            raise ValueError(f"verifier must be a chain rule (theory.rules.Verifier: accept and resample), got "
+                             f"{type(verifier).__name__}")
         if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"L must be an int >= 1 (drafts per round), got {L!r}")
         check_pair(target, draft)
@@ -189,3 +191,24 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
         if draft is not None:
             lph.append(log_likelihood(p, rows.q.cpu().numpy(), x, verifier, int(L), convention=rows.convention))
     return {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph) if draft is not None else None}
+
+
+def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None,
+            processing: Processing = Processing(), batch_size: int = 64) -> dict:
+    """``score`` plus the summaries ``coolsd generate --fidelity`` prints: {"log_p_hat", "log_p" (n,) arrays
+    (plain AR, draft None: log_p_hat = log_p), "report": {"nll_per_token", "images", "tv_to_target",
+    "kl_to_target"} (``theory.fidelity``; with fewer than 2 images a "reason" instead of the last two)}."""
+    from theory import fidelity
+
+    s = score(target, draft, conds, tokens, verifier=verifier, L=L, processing=processing, batch_size=batch_size)
+    if s["log_p_hat"] is None:             # plain AR samples the target itself
+        s["log_p_hat"] = s["log_p"].copy()
+    T = int(torch.as_tensor(tokens).shape[1])
+    n = s["log_p"].size
+    rep = {"nll_per_token": float(np.mean(-s["log_p"] / T)), "images": int(n)}
+    if n >= 2:
+        full = fidelity.report((s["log_p_hat"], s["log_p"]), T=T)
+        rep |= {k: full[k] for k in ("tv_to_target", "kl_to_target")}
+    else:
+        rep["reason"] = "TV / KL need at least 2 images for an interval"
+    return {**s, "report": rep}

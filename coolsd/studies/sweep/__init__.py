@@ -82,7 +82,7 @@ def merge(cfg, store: Store, dist) -> dict | None:
     torch.set_num_threads(max(cfg.threads, 1))
     ctx = Context(cfg, dist)
     analysis.quality_shard(store, cfg, ctx, dist.rank, dist.world)
-    fidelity.shard(store, cfg, ctx, dist.rank, dist.world)
+    fidelity.shard(store, cfg, ctx, dist.rank, dist.world, analysis.load)
     dist.barrier()
     if dist.rank != 0:
         return None

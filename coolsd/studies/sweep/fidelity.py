@@ -80,13 +80,12 @@ def _rule(ctx: Context, s):
     return s.verifier(ctx.L, nb)
 
 
-def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int) -> int:
-    """This rank's settings' fidelity arrays (computed, or found in the cache). Returns how many it holds."""
+def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
+    """This rank's settings' fidelity arrays (computed, or found in the cache). Returns how many it holds.
+    ``load(store, cfg, unit)`` reads a setting's merged images (``analysis.load``)."""
     from real.decode.score import teacher_forced_rows
     from theory.likelihood import log_likelihood, log_target
     from theory.path_bound import image_path_bounds, round_offsets
-
-    from .analysis import load
 
     if ctx.tree is not None:
         return 0
