@@ -33,11 +33,12 @@ obey, with n = t - i the round's start and L'(n) its draft count,
     alpha_{t+1}(0)   = sum_{i < L'(n)} alpha_t(i) r_{t,i} + sum_{i = L'(n)} alpha_t(i) p_t(x_t)
 
 from alpha_0 = [1, 0, .., 0], and P^(x) = alpha_T(0) (a round never runs past T). The emissions are
-computed once, vectorised over (batch, T), by the verifier's own ``accept`` and ``resample(...,
-rejected=None)`` (one loop over the L draft positions); only token entries are kept, so nothing of size
+computed once, vectorised over (batch, T) and the L draft positions jointly (p as (rows, 1, V), so what
+depends on p alone, LANTERN's neighbour masses, is formed once), by the verifier's own ``accept`` and
+``resample(..., rejected=None)``; only token entries are kept, so nothing of size
 (T, L, V, V) is formed: a resampler may provide ``effective_at(p, q, f, x)`` -> G^eff(x) (...,) (LANTERN's
 released laws do, in O(V k) per row; its "renormalised" variants fall back to the dense (V, V) effective
-law), and the token rows are processed in chunks of about 2^24 / (V (k+1)) rows (k: LANTERN's neighbourhood,
+law), and the token rows are processed in chunks of about 2^24 / (V L (k+1)) rows (k: LANTERN's neighbourhood,
 else 0) to bound the rules' temporaries. The recursion itself is
 a loop over the T positions, each step O(L) on (batch, L+1) arrays, with rescaling (alpha normalised
 each step, the log of the scale accumulated), so there is no underflow at any T.
