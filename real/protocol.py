@@ -35,7 +35,7 @@ Logits are float32 whatever the model dtype (bf16 on GPU); probabilities are for
 ``real.decode.sampling.Processing`` from them, never by the model.
 
 A model that needs the target's hidden states (EAGLE-1 drafters, ``real.models.eagle``) is a
-``FeatureDrafter``: ``needs_features = True``, ``start(prefix_len, batch)`` instead of prefill,
+``FeatureDrafter``: ``needs_features = True``, ``start(prefix_len, batch, *, extra=0)`` instead of prefill,
 ``forward(tokens, *, features, ...)`` with ``features`` (B, S, D) the target's hidden states paired
 with the tokens (EAGLE's (token_{t+1}, h_t) pairs), returning logits and its own hidden states.
 
@@ -107,8 +107,9 @@ class FeatureDrafter(Protocol):
     def cache_len(self) -> int:
         """Entries in the cache."""
 
-    def start(self, prefix_len: int, batch: int) -> None:
-        """Reset the cache for ``batch`` rows whose target prefix has ``prefix_len`` positions."""
+    def start(self, prefix_len: int, batch: int, *, extra: int = 0) -> None:
+        """Reset the cache for ``batch`` rows whose target prefix has ``prefix_len`` positions; ``extra`` more
+        entries per row than generation needs (``real.decode.score``'s per-offset passes append ~L T entries)."""
 
     def forward(self, tokens: torch.Tensor, *, features: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = True) -> ModelOutput:
@@ -355,10 +356,10 @@ class OneRow:
         self._rows = 2 if cfg else 1
         return self.model.prefill(conds[0], tokens, cfg=cfg, return_hidden=return_hidden)
 
-    def start(self, prefix_len: int, batch: int) -> None:
-        """The drafter's ``start`` for ``batch`` rows."""
+    def start(self, prefix_len: int, batch: int, **kw) -> None:
+        """The drafter's ``start`` for ``batch`` rows (``kw``: ``extra``, as ``FeatureDrafter.start``)."""
         self._rows = int(batch)
-        self.model.start(prefix_len, batch)
+        self.model.start(prefix_len, batch, **kw)
 
     def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden: bool = False, **kw):
         """The model's ``forward`` on tokens (B, S): ``position_ids`` (S,) or per row (R, S) (the rows must agree)

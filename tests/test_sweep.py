@@ -81,7 +81,7 @@ def _same_units(a: dict, b: dict) -> None:
 
 def _timing_free(rep: dict) -> list:
     keep = ("name", "params", "images", "accepted_length", "frechet_distance", "frechet_distance_ci", "class_accuracy",
-            "nll_per_token", "precision", "recall", "tv_bound")
+            "nll_per_token", "precision", "recall", "tv_bound", "tv_to_target", "kl_to_target", "tv_bound_image")
     out = []
     for m in rep["methods"]:
         e = {k: m[k] for k in keep}
@@ -102,6 +102,18 @@ def test_report_follows_the_contract(one_process):
         assert m["frechet_distance"] >= 0 and len(m["frechet_distance_ci"]) == 2
         assert 0 <= m["class_accuracy"] <= 1 and m["nll_per_token"] > 0 and m["tv_bound"] >= 0
     assert rep["methods"][1]["tv_bound"] < 1e-6                   # vanilla is lossless (float32 rows)
+    for m in rep["methods"]:                                       # CONTRACT: measured fidelity with intervals
+        tv, kl = m["tv_to_target"], m["kl_to_target"]
+        for k in ("measured", "ci", "from_ar", "from_ar_ci"):
+            assert k in tv
+        assert tv["ci"][0] <= tv["measured"] <= tv["ci"][1] and tv["from_ar_ci"][0] <= tv["from_ar"] <= tv["from_ar_ci"][1]
+        assert kl["ci"][0] <= kl["measured"] <= kl["ci"][1]
+        assert m["tv_bound_image"]["measured"] >= 0
+    van, cool = rep["methods"][1], rep["methods"][0]
+    assert abs(van["tv_to_target"]["measured"]) < 1e-5 and abs(van["kl_to_target"]["measured"]) < 1e-5
+    assert cool["tv_to_target"]["measured"] > 0.1 and cool["kl_to_target"]["measured"] > 0.1   # relaxation is seen
+    assert all(k in c for c in rep["claims"] for k in ("tv_to_target", "kl_to_target"))
+    assert len(list(one_process.glob("fidelity/*.npz"))) == 2
     units = _units(one_process)
     assert len(units) == len(plan_units(_cfg(*TINY, "--out", "x"))) == 6      # (AR + 2 settings) x 2 blocks
     assert all(u["tokens"].shape == (2, 49) for u in units.values())

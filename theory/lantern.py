@@ -73,6 +73,96 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     return xp.astype(xp.asarray(neighbors[:, :cols], device=device), xp.int64, copy=False)
 
 
+# below this many (active entries x remaining columns) ``prefix_mass`` gathers the rest at once (the level loop's
+# per-level overhead would dominate), and from a level where more than SLOW_SHRINK of the entries stay active
+SMALL_REMAINDER = 1 << 16
+SLOW_SHRINK = 0.8
+
+
+def _expand(vals: Array, mask: Array, fill: Array, xp) -> Array:
+    """Dense (n,) from ``vals`` (m,) at the True entries of ``mask`` (n,) bool (in order, m = their count) and
+    ``fill`` (n,) elsewhere; a gather at each entry's running count (no item assignment: any backend)."""
+    if vals.shape[0] == 0:
+        return fill
+    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
+    return xp.where(mask, xp.take(vals, xp.where(pos < 0, xp.zeros_like(pos), pos)), fill)
+
+
+def _any_to(m: Array, shape, xp) -> Array:
+    """m (..., V) bool reduced by "any" to ``shape`` (the same or fewer axes, size 1 where m's are larger)."""
+    lead = m.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + a for a, s in enumerate(shape) if s == 1 and m.shape[lead + a] != 1)
+    return xp.reshape(xp.any(m, axis=axes, keepdims=True), shape) if axes else m
+
+
+def _at_neighbors(af: Array, e: Array, nb: Array, V: int, xp) -> Array:
+    """a at the table's neighbours of flat entries e (m,) of a flat (rows x V) array ``af``: (m, K) with
+    [j, c] = a[row of e_j, nb[e_j mod V, c]], K = nb's columns."""
+    y = e % V
+    idx = (e - y)[:, None] + xp.take(nb, y, axis=0)
+    return xp.reshape(xp.take(af, xp.reshape(idx, (-1,))), (e.shape[0], nb.shape[1]))
+
+
+def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
+    """sum of a over each code's neighbours (every column of ``nb``) at the entries where ``mask``, 0 elsewhere.
+
+    a (..., V) float or int; nb (V, K) int64 on a's device; mask (..., V) bool, broadcastable to a. Section 6's
+    masses p(N(y)) and min(p, q)(N(y)). Computed on the transposed rows (V, rows): a loop over the K
+    neighbour ranks, each a gather of whole contiguous rows (a[..., nb[:, j]] for every row at once); the
+    sum runs in column order (sequential, not numpy's pairwise order: equal to the dense (..., V, K) sum to
+    rounding)."""
+    xp = namespace(a)
+    V = a.shape[-1]
+    rows = xp.reshape(a, (-1, V))
+    # (V, rows) C-ordered: flattening the transposed view copies it in that order (take then reads whole rows)
+    at = xp.reshape(xp.reshape(rows.T, (-1,)), (V, rows.shape[0]))
+    s = xp.take(at, nb[:, 0], axis=0)
+    for j in range(1, nb.shape[1]):   # a loop over neighbour ranks, each vectorised over codes and rows
+        s = s + xp.take(at, nb[:, j], axis=0)
+    return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
+
+
+def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
+    """LANTERN's admitted neighbour mass (section 6) (..., V): for each code y the cumulative target mass of
+    the longest prefix of its k nearest neighbours (``nb`` (V, >= k) int64 on p's device, nearest first)
+    whose cumulative sum stays <= thr(y) (a scalar, or (..., V)); 0 when the nearest already exceeds it.
+
+    The same sums, in the same order, as the dense cumulative sum over the (..., V, k) gather, so equal to it
+    bit for bit on numpy: max over {c_j <= thr} is the last c_j of the prefix (sums of non-negative masses
+    never decrease). Computed level by level (a loop over neighbour ranks, at most k): entries whose prefix
+    stopped leave the active set, so the work is O(V (1 + mean prefix length)) per row where prefixes are
+    short (LANTERN++'s relative threshold: about 2 columns on the shipped MNIST rows instead of k); when the
+    active set shrinks slowly (LANTERN's absolute delta) or is small, the remaining columns are gathered at
+    once. No item assignment (``_expand``): numpy, torch and JAX alike."""
+    xp = namespace(p)
+    V = p.shape[-1]
+    dev = array_api_compat.device(p)
+    pf = xp.reshape(p, (-1,))
+    scalar = getattr(thr, "ndim", 0) == 0                            # delta (LANTERN) or (lam - 1) p
+    ta = thr if scalar else xp.reshape(xp.broadcast_to(thr, p.shape), (-1,))
+    idx = xp.arange(pf.shape[0], device=dev)                          # the active flat entries
+    c = xp.zeros(pf.shape, dtype=p.dtype, device=dev)                 # their prefix mass so far (all pass 0 <= thr)
+    levels, j, prev = [], 0, None
+    while j < k and idx.shape[0] > 0:   # a loop over neighbour ranks (at most k), the active set shrinking
+        n = idx.shape[0]
+        if n * (k - j) <= SMALL_REMAINDER or (prev is not None and n > SLOW_SHRINK * prev):
+            cs = xp.cumulative_sum(xp.concat([c[:, None], _at_neighbors(pf, idx, nb[:, j:k], V, xp)], axis=1), axis=1)
+            t = ta if scalar else ta[:, None]
+            c = xp.max(xp.where(cs <= t, cs, xp.zeros_like(cs)), axis=1)   # column 0 (c itself) always passes
+            break
+        y = idx % V
+        cn = c + xp.take(pf, idx - y + xp.take(nb[:, j], y))
+        ok = cn <= ta
+        levels.append((ok, c))                                        # an entry stopping here keeps c
+        keep = xp.nonzero(ok)[0]
+        idx, c, prev, j = xp.take(idx, keep), xp.take(cn, keep), n, j + 1
+        if not scalar:
+            ta = xp.take(ta, keep)
+    for ok, before in reversed(levels):   # back up the levels: survivors' masses into each level's entries
+        c = _expand(c, ok, before, xp)
+    return xp.reshape(c, p.shape)
+
+
 @dataclass(frozen=True, eq=False)
 class Lantern:
     """LANTERN / LANTERN++ latent-neighbourhood acceptance (section 6; the release's formula).
@@ -99,10 +189,6 @@ class Lantern:
         if not 1 <= self.k <= K:
             raise ValueError(f"Lantern: k must be in [1, {K}] (neighbour table width), got {self.k}")
 
-    def _threshold(self, p: Array):
-        """delta, or (lam - 1) p (..., V, 1) broadcast against the (..., V, k) cumulative sums."""
-        return self.delta if self.delta is not None else ((self.lam - 1.0) * p)[..., None]
-
     def _check_rows(self, p):
         if self.neighbors.shape[0] != p.shape[-1]:
             raise ValueError(f"Lantern: neighbour table has {self.neighbors.shape[0]} rows, rows p have V={p.shape[-1]}")
@@ -111,12 +197,9 @@ class Lantern:
         """p~ (..., V): each token's target mass plus its admitted neighbours' mass."""
         xp = namespace(p)
         self._check_rows(p)
-        V = p.shape[-1]
         nb = _table(self.neighbors, self.k, array_api_compat.device(p), xp)
-        nbp = xp.reshape(xp.take(p, xp.reshape(nb, (-1,)), axis=-1), (*p.shape[:-1], V, self.k))
-        c = xp.cumulative_sum(nbp, axis=-1)
-        mass = xp.max(xp.where(c <= self._threshold(p), c, xp.zeros_like(c)), axis=-1)
-        return p + mass
+        thr = self.delta if self.delta is not None else (self.lam - 1.0) * p
+        return p + prefix_mass(p, nb, thr, self.k)
 
     def admits(self, p: Array) -> Array:
         """(..., V) bool: at least one neighbour of x is admitted, i.e. the nearest one passes the threshold
@@ -257,10 +340,13 @@ class LanternResample:
     def effective_at(self, p, q, f, x):
         """G_eff(x) (...,) at one token x (...,) per row, for the released laws (None for "renormalised": use
         ``__call__``). Equal to ``gather(self(p, q, f), x)`` but without the (V, V) neighbourhood mask: O(V (k+1))
-        per row, the cost of the acceptance rule (``theory.likelihood`` calls it). Sums of non-negative terms,
-        except the "p" law's Z(y) = sum(p) - p(y) - adm(y) p(N(y)); where that subtraction leaves less than
-        1e-6 of the row's mass (cancellation) Z(y) is recomputed as the direct sum over the kept codes, and its
-        zero test is exact (counts of positive entries), so the relative error stays below 1e-8."""
+        per row at most (``neighbor_sum`` visits only the codes y a rejection can reach, w(y) > 0, with a
+        neighbour admitted). p and x may have size-1 axes where q and f have more (``theory.likelihood`` passes
+        p (n, 1, V), x (n, 1) and q, f (n, L, V): what depends on p and x alone is computed once for the L
+        offsets). Sums of non-negative terms, except the "p" law's Z(y) = sum(p) - p(y) - adm(y) p(N(y)); where
+        that subtraction leaves less than 1e-6 of the row's mass (cancellation) Z(y) is recomputed as the direct
+        sum over the kept codes, and its zero test is exact (counts of positive entries), so the relative error
+        stays below 1e-8."""
         if self.law != "released":
             return None
         xp = namespace(p, q, f)
@@ -268,33 +354,32 @@ class LanternResample:
         V = p.shape[-1]
         x = xp.astype(x, xp.int64)
         nb = _table(self.neighbors, self.k + 1, dev, xp)                              # (V, k+1)
-        adm = self.accept.admits(p)                                                   # (..., V_y)
+        adm = self.accept.admits(p)                                                   # (..., V_y), p's shape
         hit = xp.any(nb == x[..., None, None], axis=-1) & adm                         # x in N(y), removed
+        _, q, f = xp.broadcast_arrays(p, q, f)
         w = q * (1 - f)                                                               # rejection mass of y
         tot = xp.sum(w, axis=-1)
-
-        def at_nb(a):   # a (..., V) -> a at each y's k+1 neighbours (..., V_y, k+1)
-            return xp.reshape(xp.take(a, xp.reshape(nb, (-1,)), axis=-1), (*a.shape[:-1], V, self.k + 1))
-
-        admf = xp.astype(adm, p.dtype)
+        reach = w > 0                                                                 # y can be rejected
         if self.variant == "p":
             S = xp.sum(p, axis=-1, keepdims=True)
-            Z = S - p - admf * xp.sum(at_nb(p), axis=-1)
+            Z = S - p - neighbor_sum(p, nb, adm)
             pos = xp.astype(p > 0, xp.int64)
-            npos = xp.sum(pos, axis=-1, keepdims=True) - pos - xp.astype(adm, xp.int64) * xp.sum(at_nb(pos), axis=-1)
+            npos = xp.sum(pos, axis=-1, keepdims=True) - pos - neighbor_sum(pos, nb, adm)
             empty = npos == 0
-            Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & (w > 0) & (Z < 1e-6 * S), xp)
+            Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & _any_to(reach, p.shape, xp) & (Z < 1e-6 * S), xp)
             c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
             kept = (~hit) & (xp.arange(V, device=dev) != x[..., None])                 # x survives G(.|y)
             mix = gather(p, x, xp) * xp.sum(xp.where(kept, c, xp.zeros_like(c)), axis=-1)
         else:
             r = positive_part(p - q, xp)
             d = p - r
-            Z = xp.sum(r, axis=-1, keepdims=True) + admf * xp.sum(at_nb(d), axis=-1)   # sums of non-negatives
+            # Z(y) = R + adm(y) d(N(y)) (sums of non-negatives), needed where w(y) > 0 only (c = w / Z)
+            Z = xp.sum(r, axis=-1, keepdims=True) + neighbor_sum(d, nb, adm & reach)
             empty = Z <= 0
             c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
-            mix = gather(r, x, xp) * xp.sum(c, axis=-1) \
-                + gather(d, x, xp) * xp.sum(xp.where(hit, c, xp.zeros_like(c)), axis=-1)
+            xb = xp.broadcast_to(x, tot.shape)
+            mix = gather(r, xb, xp) * xp.sum(c, axis=-1) \
+                + gather(d, xb, xp) * xp.sum(xp.where(hit, c, xp.zeros_like(c)), axis=-1)
         mix = mix + xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1) / V           # uniform fallback
         has = tot > 0
         return xp.where(has, mix / xp.where(has, tot, xp.ones_like(tot)), gather(p, x, xp))

@@ -33,11 +33,12 @@ obey, with n = t - i the round's start and L'(n) its draft count,
     alpha_{t+1}(0)   = sum_{i < L'(n)} alpha_t(i) r_{t,i} + sum_{i = L'(n)} alpha_t(i) p_t(x_t)
 
 from alpha_0 = [1, 0, .., 0], and P^(x) = alpha_T(0) (a round never runs past T). The emissions are
-computed once, vectorised over (batch, T), by the verifier's own ``accept`` and ``resample(...,
-rejected=None)`` (one loop over the L draft positions); only token entries are kept, so nothing of size
+computed once, vectorised over (batch, T) and the L draft positions jointly (p as (rows, 1, V), so what
+depends on p alone, LANTERN's neighbour masses, is formed once), by the verifier's own ``accept`` and
+``resample(..., rejected=None)``; only token entries are kept, so nothing of size
 (T, L, V, V) is formed: a resampler may provide ``effective_at(p, q, f, x)`` -> G^eff(x) (...,) (LANTERN's
 released laws do, in O(V k) per row; its "renormalised" variants fall back to the dense (V, V) effective
-law), and the token rows are processed in chunks of about 2^24 / (V (k+1)) rows (k: LANTERN's neighbourhood,
+law), and the token rows are processed in chunks of about 2^24 / (V L (k+1)) rows (k: LANTERN's neighbourhood,
 else 0) to bound the rules' temporaries. The recursion itself is
 a loop over the T positions, each step O(L) on (batch, L+1) arrays, with rescaling (alpha normalised
 each step, the log of the scale accumulated), so there is no underflow at any T.
@@ -131,9 +132,10 @@ def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, conve
     pf = xp.reshape(p, (N, V))
     qf = xp.reshape(q, (N, L, V) if per_offset else (N, V))
     tok = xp.astype(xp.reshape(tokens, (N,)), xp.int64)
-    # rules whose acceptance forms (rows, V, k) neighbour masses (LANTERN) need k times smaller chunks
+    # the L offsets are processed jointly (rows, L, V); rules that gather (rows, V, k) neighbour masses (LANTERN)
+    # need k times smaller chunks
     width = 1 + int(getattr(verifier.accept, "k", 0) or 0)
-    step = max(1, CHUNK_ELEMENTS // (V * width))
+    step = max(1, CHUNK_ELEMENTS // (V * L * width))
     parts = [_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], verifier, L, per_offset, xp)
              for s in range(0, N, step)]   # a loop over chunks of rows (memory), each vectorised
     a = xp.reshape(xp.concat([e[0] for e in parts], axis=0), (B, T, L))
@@ -157,22 +159,29 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp):
     vanilla when sum(p) != sum(q): the mass sum(q) - sum(p), ~1e-6 for float32 rows, lands on the
     residual; rows normalised in float64 before the call make vanilla's P^ = P exact, T1.)"""
     f64 = xp.float64
-    p = xp.astype(p, f64)
+    n, V = p.shape
+    dev = array_api_compat.device(p)
+    # p and the token are offset-independent: one (n, 1, V) row shared by the L offsets (rules broadcast it,
+    # and LANTERN's neighbour masses of p are formed once, not L times); q is (n, L, V) or (n, 1, V)
+    p = xp.astype(p, f64)[:, None, :]
+    q = xp.astype(q, f64) if per_offset else xp.astype(q, f64)[:, None, :]
+    x = tok[:, None]
+    f = verifier.accept(p, q, xp.arange(1, L + 1, device=dev))          # (n, L or 1, V): i = 1..L jointly
+    _, q, f = xp.broadcast_arrays(p, q, f)          # (n, L, V), or (n, 1, V): the offset-free case, once
+    m = f.shape[1]
+    xb = xp.broadcast_to(x, (n, m))
+    sq = xp.sum(q, axis=-1)
     at = getattr(verifier.resample, "effective_at", None)
-    a_cols, r_cols = [], []
-    for i in range(1, L + 1):   # a loop over the L draft positions (each vectorised over the rows)
-        qi = xp.astype(q[:, i - 1, :] if per_offset else q, f64)
-        f = verifier.accept(p, qi, i)                                   # (n, V)
-        sq = xp.sum(qi, axis=-1)
-        g = at(p, qi, f, tok) if at is not None else None
-        if g is None:
-            G = verifier.resample(p, qi, f)                             # effective law (section 6)
-            g = gather(G, tok, xp) / xp.sum(G, axis=-1)
-        a_cols.append(gather(qi * f, tok, xp) / sq)
-        # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y) (T0; a sum of non-negative terms: exactly 0 when
-        # nothing can be rejected)
-        r_cols.append(xp.sum(qi * (1 - f), axis=-1) / sq * g)
-    return xp.stack(a_cols, axis=-1), xp.stack(r_cols, axis=-1), gather(p, tok, xp) / xp.sum(p, axis=-1)
+    g = at(p, q, f, x) if at is not None else None
+    if g is None:
+        G = xp.broadcast_to(verifier.resample(p, q, f), (n, m, V))      # effective law (section 6)
+        g = gather(G, xb, xp) / xp.sum(G, axis=-1)
+    a = gather(q * f, xb, xp) / sq
+    # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y) (T0; a sum of non-negative terms: exactly 0 when
+    # nothing can be rejected)
+    r = xp.sum(q * (1 - f), axis=-1) / sq * xp.broadcast_to(g, (n, m))
+    pt = p[:, 0, :]
+    return xp.broadcast_to(a, (n, L)), xp.broadcast_to(r, (n, L)), gather(pt, tok, xp) / xp.sum(pt, axis=-1)
 
 
 def _forward(a, r, pt, draft, bonus, L, xp, dev):

@@ -83,6 +83,10 @@ def register(sub):
                         "with --tree the rounds that drafted the whole tree")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument("--fidelity", action="store_true",
+                   help="score the generated images exactly (real.decode.score): per-image log_p_hat (the sampler's law) "
+                        "and log_p (the processed target) into --save, TV / KL to the target summaries into --json "
+                        "(chain drafting only)")
     add_checkpoint_args(g)
     g.set_defaults(func=run)
 
@@ -237,9 +241,18 @@ def generate(args) -> dict:
             np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd, image=image,
                                 accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
         out["record"] = str(args.record)
+    fid = None
+    if getattr(args, "fidelity", False):     # exact per-image likelihoods of the images just made
+        from real.decode.score import summary
+
+        rule = None if verifier is None else make_verifier(method, L, params, bundle.neighbors)   # numpy tables
+        fid = summary(bundle.target, None if rule is None else bundle.draft, bundle.conds,
+                      torch.stack([g.tokens for g in gens]), verifier=rule, L=None if rule is None else L,
+                      processing=proc, batch_size=args.batch_size or 64)
+        out["fidelity"] = fid["report"]
     if args.save:
         toks = np.stack([g.tokens.numpy() for g in gens])
-        extra = {}
+        extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
         side = int(round(bundle.num_tokens ** 0.5))
         if bundle.vq is not None and side * side == bundle.num_tokens:
             extra["images"] = bundle.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
@@ -279,6 +292,15 @@ def format_result(r: dict) -> str:
              f"verify {r['time_verify_s']:.3f}s ({100 * r['verify_share']:.1f}%)"]
     if "speedup" in r:
         lines.append(f"  speed-up vs plain AR    {r['speedup']:.2f}x")
+    f = r.get("fidelity")
+    if f:
+        lines.append(f"  NLL/token (sampled law) {f['nll_per_token']:.4f}")
+        for k, name in (("tv_to_target", "TV to target"), ("kl_to_target", "KL to target")):
+            d = f.get(k)
+            if d and d.get("measured") is not None:
+                lines.append(f"  {name:<23} {d['measured']:.4f} [{d['ci'][0]:.4f}, {d['ci'][1]:.4f}]")
+            elif d:
+                lines.append(f"  {name:<23} {d.get('reason', '-')}")
     return "\n".join(lines)
 
 
@@ -331,6 +353,10 @@ def validate_args(args) -> None:
                              f"{src} (one image per entry); drop --num-images or give {args.num_images} entries")
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=args.num_images)
+    if getattr(args, "fidelity", False) and args.tree is not None:
+        from real.decode.score import TREE_REASON
+
+        raise ValueError(f"--fidelity with --tree: {TREE_REASON}")
     if args.save is not None:
         args.save = str(check_output_file("--save", args.save, ".npz"))
     if args.record is not None:

@@ -163,12 +163,14 @@ def run(args):
         print(f"sweep incomplete: {res['units'] - res['missing']} of {res['units']} units stored in {args.out}; "
               "rerun the same command to continue")
         return 0 if res["stopped_early"] else 3
-    from coolsd.studies.sweep.report import table
+    from coolsd.studies.sweep.report import fidelity_table, table
 
     rep = res["report"]
     print(table(rep))
+    print(fidelity_table(rep))
     for c in rep["claims"]:
         print(f"claim {c['id']} ({c['a']} vs {c['b']}): FD {c['frechet_distance']['verdict']}, "
-              f"NLL {c['nll_per_token']['verdict']}")
+              f"NLL {c['nll_per_token']['verdict']}, TV to target {c['tv_to_target']['verdict']}, "
+              f"KL to target {c['kl_to_target']['verdict']}")
     print(f"report: {args.out}/report.md (also report.json and PNGs)")
     return 0

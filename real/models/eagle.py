@@ -205,13 +205,16 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
         return 2 * c.num_hidden_layers * rows * c.kv_heads * n * c.head_dim * self.fc.weight.element_size()
 
     # ---------------------------------------------------------------- inference (protocol)
-    def start(self, prefix_len: int, batch: int) -> None:
+    def start(self, prefix_len: int, batch: int, *, extra: int = 0) -> None:
         """Reset for new images whose target prefix has ``prefix_len`` positions; ``batch`` rows (one per
-        image, two with CFG)."""
+        image, two with CFG); ``extra`` cache entries per row beyond prefix + block_size + ``extra_slots``
+        (teacher-forced scoring, ``real.decode.score``)."""
         if prefix_len < 1:
             raise ValueError(f"prefix_len must be >= 1, got {prefix_len}")
+        if isinstance(extra, bool) or not isinstance(extra, (int, np.integer)) or extra < 0:
+            raise ValueError(f"extra must be an int >= 0, got {extra!r}")
         c = self.config
-        n = prefix_len - 1 + c.block_size + self.extra_slots
+        n = prefix_len - 1 + c.block_size + self.extra_slots + int(extra)
         if self.cache is None or not self.cache.fits(c.num_hidden_layers, batch, n, self.dtype, self.device):
             self.cache = KVCache(c.num_hidden_layers, batch, c.kv_heads, n, c.head_dim, dtype=self.dtype,
                                  device=self.device)

@@ -4,7 +4,8 @@ sharded over processes / GPUs with torch.distributed, stored so that a rerun res
 Modules: ``grid`` (settings from ``--grid`` items / TOML, checked against ``theory.methods``), ``store``
 (results directory, manifest, atomic unit files), ``run`` (units, seeds, ranks; the one engine call),
 ``metrics`` (uncertainties, precision/recall, paired frontier comparison), ``analysis`` (merge,
-predictions from the vanilla rows via ``coolsd.studies.demo``, the paper's claims), ``report`` (report.md,
+predictions from the vanilla rows via ``coolsd.studies.demo``, the paper's claims), ``fidelity`` (TV / KL to the
+target from exact likelihoods of the stored images), ``report`` (report.md,
 PNGs). ``sweep`` below runs the whole thing on one rank or under torchrun.
 """
 from __future__ import annotations
@@ -83,13 +84,14 @@ def merge(cfg, store: Store, dist, ctx=None) -> dict | None:
     ``run.Context`` when already built."""
     import torch
 
-    from . import analysis, quality, report
+    from . import analysis, fidelity, quality, report
     from .run import Context
 
     t0 = time.perf_counter()
     torch.set_num_threads(max(cfg.threads, 1))
     ctx = ctx if ctx is not None else Context(cfg, dist)
     quality.quality_shard(store, cfg, ctx, dist.rank, dist.world, analysis.load)
+    fidelity.shard(store, cfg, ctx, dist.rank, dist.world, analysis.load)
     dist.barrier()
     if dist.rank != 0:
         return None

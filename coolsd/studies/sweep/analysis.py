@@ -34,6 +34,22 @@ CLAIMS = (
 Z = 2.0   # |z| beyond which a paired difference counts as separated
 
 
+def _value(e: dict, y: str, se: str):
+    return None if e.get(y) is None or e.get(se) is None else (e[y], e[se])
+
+
+def _fid(e: dict, name: str):
+    d = e.get(name)
+    return None if not d or d.get("measured") is None else (d["measured"], d["se"])
+
+
+# quality measures the claims are tested on (lower is better): entry -> (value, SE) or None
+MEASURES = {"frechet_distance": lambda e: _value(e, "frechet_distance", "frechet_distance_se"),
+            "nll_per_token": lambda e: _value(e, "nll_per_token", "nll_per_token_se"),
+            "tv_to_target": lambda e: _fid(e, "tv_to_target"),
+            "kl_to_target": lambda e: _fid(e, "kl_to_target")}
+
+
 def load(store: Store, cfg: SweepConfig, unit: Unit) -> dict:
     """The first ``cfg.images`` images of one setting (AR: ``unit.setting`` None), every block merged:
     per-image arrays, per-round arrays (with global image index), recorded vanilla rows, wall seconds."""
@@ -108,6 +124,14 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                 "seconds_per_image": ar["wall_per_image"]}
     if with_quality:
         baseline |= qual.quality(store, cfg, ctx, Unit(None, 0), load)
+    from . import fidelity
+
+    fid, fid_base = fidelity.entries(store, cfg, ctx)
+    if fid_base is not None:
+        if "nll_per_token" in baseline:   # the quality pass's NLL is under the unguided conditional model
+            baseline["nll_unguided_per_token"] = baseline.pop("nll_per_token")
+            baseline["nll_unguided_per_token_se"] = baseline.pop("nll_per_token_se")
+        baseline |= fid_base
     entries = []
     for i, s in enumerate(cfg.settings):
         d = loaded[s.key]
@@ -137,11 +161,19 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             e |= qual.quality(store, cfg, ctx, Unit(s, 0), load)
         for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token"):
             e.setdefault(k, None)
+        if s.key in fid:
+            if e.get("nll_per_token") is not None:
+                e["nll_unguided_per_token"] = e.pop("nll_per_token")
+                e["nll_unguided_per_token_se"] = e.pop("nll_per_token_se", None)
+            e |= fid[s.key]
+        else:
+            e |= {"tv_to_target": None, "kl_to_target": None, "tv_bound_image": None,
+                  "fidelity_reason": "static-tree drafting: no exact likelihood (real.decode.score.TREE_REASON)"}
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
     stamp = qual.check_stamps([baseline, *entries])          # one stamp for the whole report, else an error
     has_fd = with_quality and "frechet_distance" in baseline
-    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if has_fd else [],
+    return {"methods": entries, "baseline": baseline, "claims": claims(entries) if (has_fd or fid) else [],
             "predictions": {"available": predictable, "first_round_prefill_only": first_single,
                             "from": f"vanilla {drafting} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
@@ -174,7 +206,7 @@ def _match(e: dict, method: str, pinned: dict) -> bool:
 
 
 def claims(entries: list[dict]) -> list[dict]:
-    """Each claim of ``CLAIMS`` on every pair of matching frontier families, for FD and NLL: the paired
+    """Each claim of ``CLAIMS`` on every pair of matching frontier families, for each of ``MEASURES``: the paired
     difference A - B by interpolation along A's frontier (``metrics.frontier_difference``);
     held (z <= -2), not held (z >= 2), not separable, or not testable (no overlap / too few points)."""
     out = []
@@ -186,22 +218,21 @@ def claims(entries: list[dict]) -> list[dict]:
                 if na == nb_:
                     continue
                 row = {"id": cid, "claim": text, "a": na, "b": nb_, "points_a": len(ea), "points_b": len(eb)}
-                for measure, y, se in (("frechet_distance", "frechet_distance", "frechet_distance_se"),
-                                       ("nll_per_token", "nll_per_token", "nll_per_token_se")):
-                    if any(e.get(y) is None or e.get(se) is None for e in ea + eb):
-                        row[measure] = {"verdict": "not measured for this model"}
+                for measure, get in MEASURES.items():
+                    ya, yb = [get(e) for e in ea], [get(e) for e in eb]
+                    if any(v is None for v in ya + yb):
+                        row[measure] = {"verdict": "not testable (a value is missing or infinite)"}
                         continue
-                    r = frontier_difference([e["accepted_length"]["measured"] for e in ea], [e[y] for e in ea],
-                                            [e[se] for e in ea], [e["accepted_length"]["measured"] for e in eb],
-                                            [e[y] for e in eb], [e[se] for e in eb])
+                    r = frontier_difference([e["accepted_length"]["measured"] for e in ea], [v[0] for v in ya],
+                                            [v[1] for v in ya], [e["accepted_length"]["measured"] for e in eb],
+                                            [v[0] for v in yb], [v[1] for v in yb])
                     verdict = ("not testable (the frontiers do not overlap in tokens per call)" if r is None else
                                "held" if r["z"] <= -Z else "not held" if r["z"] >= Z else "not separable")
                     row[measure] = {**(r or {}), "verdict": verdict}
                 out.append(row)
         if not fa or not fb:
             out.append({"id": cid, "claim": text, "a": ma, "b": mb,
-                        "frechet_distance": {"verdict": "not testable (the grid lacks one of the two methods)"},
-                        "nll_per_token": {"verdict": "not testable (the grid lacks one of the two methods)"}})
+                        **{m: {"verdict": "not testable (the grid lacks one of the two methods)"} for m in MEASURES}})
     return out
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pathlib
 
 FIGURES = {"fd_vs_tokens": "fd_vs_tokens_per_call.png", "fd_vs_speedup": "fd_vs_speedup.png",
-           "nll_vs_tokens": "nll_vs_tokens_per_call.png", "predicted": "predicted_frontier.png"}
+           "nll_vs_tokens": "nll_vs_tokens_per_call.png", "predicted": "predicted_frontier.png",
+           "tv_vs_tokens": "tv_vs_tokens_per_call.png", "tv_vs_speedup": "tv_vs_speedup.png",
+           "kl_vs_tokens": "kl_vs_tokens_per_call.png", "kl_vs_speedup": "kl_vs_speedup.png"}
 
 
 def _f(x, nd=3):
@@ -29,6 +31,42 @@ def _quality_cells(m: dict, clip: bool) -> str:
     return cells + (f" | {_f(m.get('clip_score'), 2)} ({_f(m.get('clip_score_se'), 2)})" if clip else "")
 
 
+def _ci(d: dict | None, key="measured", ci="ci", nd=3) -> str:
+    """``value [lo, hi]`` of a fidelity dict, or its reason when there is no number."""
+    if not d:
+        return "-"
+    if d.get(key) is None:
+        return "inf" if d.get("n_infinite") else "-"
+    lo, hi = d[ci]
+    if max(abs(d[key]), abs(lo), abs(hi)) < 10 ** -nd:     # the vanilla floor: float32 rounding of the rows
+        return f"{d[key]:.1e} [{lo:.1e}, {hi:.1e}]"
+    return f"{d[key]:.{nd}f} [{lo:.{nd}f}, {hi:.{nd}f}]"
+
+
+def fidelity_table(report: dict) -> str:
+    """TV / KL to the target per setting with 95% intervals, and the predicted per-image bound."""
+    head = ("| method | params | tokens/call | TV to target, SD images [95% CI] | TV, AR images [95% CI] | "
+            "KL(P^‖P) nats/image [95% CI] | KL(P‖P^) nats/image [95% CI] | TV bound / image [95% CI] | "
+            "TV within bound | NLL/token under the sampled law (SE) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    b = report["baseline"]
+    rows = [f"| plain AR (baseline) | - | 1 | 0 | 0 | 0 | 0 | 0 | - | {_f(b.get('nll_per_token'))} "
+            f"({_f(b.get('nll_per_token_se'))}) |"]
+    for m in report["methods"]:
+        tv, kl = m.get("tv_to_target"), m.get("kl_to_target")
+        if tv is None:
+            rows.append(f"| {m['name']} | {_params(m)} | {_f(m['accepted_length']['measured'])} | "
+                        f"{m.get('fidelity_reason', '-')} | | | | | | |")
+            continue
+        bd, chk = m.get("tv_bound_image"), m.get("bound_check") or {}
+        within = "-" if chk.get("within") is None else ("yes" if chk["within"] else "**no**")
+        if chk.get("vacuous"):
+            within += " (bound vacuous, > 1)"
+        rows.append(f"| {m['name']} | {_params(m)} | {_f(m['accepted_length']['measured'])} | {_ci(tv)} | "
+                    f"{_ci(tv, 'from_ar', 'from_ar_ci')} | {_ci(kl)} | {_ci(m.get('kl_from_ar'))} | {_ci(bd)} | "
+                    f"{within} | {_f(m.get('nll_per_token'))} ({_f(m.get('nll_per_token_se'))}) |")
+    return head + "\n".join(rows) + "\n"
+
+
 def table(report: dict) -> str:
     b = report["baseline"]
     clip = "clip_score" in b
@@ -47,10 +85,14 @@ def table(report: dict) -> str:
 def claims_section(report: dict) -> str:
     if not report["claims"]:
         return "No quality measure for this model: the paper's claims are not tested.\n"
-    lines = ["| claim | A | B | FD: A - B (SE), points | verdict | NLL: A - B (SE) | verdict |", "|---|---|---|---|---|---|---|"]
+    lines = ["| claim | A | B | FD: A - B (SE), points | verdict | NLL: A - B (SE) | verdict | TV to target: A - B (SE) "
+             "| verdict | KL to target: A - B (SE) | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["claims"]:
         cells = []
-        for k, nd in (("frechet_distance", 2), ("nll_per_token", 4)):
+        for k, nd in (("frechet_distance", 2), ("nll_per_token", 4), ("tv_to_target", 4), ("kl_to_target", 3)):
+            if k not in c:
+                cells += ["-", "-"]
+                continue
             r = c[k]
             cells.append(f"{r['difference']:+.{nd}f} ({r['se']:.{nd}f}), {r['points']}" if "difference" in r else "-")
             cells.append(f"**{r['verdict']}**")
@@ -72,10 +114,26 @@ def markdown(report: dict) -> str:
         "image / the setting's, same batch size; predicted from the vanilla rows and measured unit costs "
         "(`coolsd.studies.demo`). FD: torchmetrics' FID in the feature space and against the reference of the quality "
         "stamp (Quality, below) (MNIST: the shipped classifier, the held-out digits), 95% "
-        "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.studies.sweep.metrics.fd_with_ci` for why not the bootstrap). NLL: target NLL per token of the generated codes. "
+        "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.studies.sweep.metrics.fd_with_ci` for why not the bootstrap). NLL: -log P(x) / T of the generated codes under the law actually sampled (the processed target: CFG, temperature; "
+        "report.json keeps the unguided conditional NLL as nll_unguided_per_token). "
         "Precision / recall: k-NN manifolds (k = 3) in the same feature space against the reference images. "
         f"TV bound: mean per-round T11 bound. Predictions: {p['from']}. Quality: {report['quality']}.", "",
         "## Settings", "", table(report),
+        "## Fidelity to the target, measured", "",
+        "Exact per-image log-likelihoods from teacher-forced rows (`real.decode.score`, `theory.likelihood`): log P^(x) "
+        "under the setting's speculative sampler and log P(x) under the processed target. TV(P^, P) = E_{P^}[(1 - P/P^)_+] "
+        "from the setting's own images, and again as E_P[(1 - P^/P)_+] from the plain-AR images (two independent "
+        "estimates of one number); KL(P^‖P) = E_{P^}[log P^ - log P] (nats per image; infinite, and said so, when "
+        "an image has P(x) = 0); KL(P‖P^) from the AR images. 95% normal intervals over images. TV bound / image: "
+        "the hybrid-argument bound E[sum over the image's tokens of the T3 discrepancy at its round offset] "
+        "(`theory.path_bound`, from each image's own rounds and rows; vacuous when > 1). Noise floor: vanilla "
+        "(lossless) measures TV and KL at float32 rounding of the rows, ~1e-6.", "",
+        "FD to held-out digits and TV / KL to the target answer different questions: FD measures how close the "
+        "samples are to real digits, TV / KL how far the sampler moved from the model it accelerates. A relaxed "
+        "rule shifts mass towards tokens the draft likes, which (here) are smoother, more typical strokes: the "
+        "images can get closer to the data in the classifier's feature space while the law moves away from the "
+        "target, so FD can fall while TV, KL and the NLL under the sampled law rise.", "",
+        fidelity_table(report),
         "## The paper's claims on this data", "",
         "Paired comparison along the frontier: A's curve (quality vs measured tokens per call) is interpolated at "
         "each of B's settings inside A's range; the mean difference A - B and its SE follow from the interpolation "
@@ -145,6 +203,7 @@ def figures(out: pathlib.Path, report: dict) -> dict:
           lambda ms: [2 * m["nll_per_token_se"] for m in ms] if all(m.get("nll_per_token_se") for m in ms) else None,
           "measured tokens per target call", "target NLL per token (+- 2 SE)", "NLL vs tokens per target call",
           (1.0, b.get("nll_per_token")))
+    _fidelity_figures(out, report, fams, cmap, panel, tpc)
     fig = Figure(figsize=(7.5, 5.2))
     ax = fig.subplots()
     for f, ms in fams.items():
@@ -162,3 +221,49 @@ def figures(out: pathlib.Path, report: dict) -> dict:
     fig.tight_layout()
     _save(fig, out / FIGURES["predicted"])
     return dict(FIGURES)
+
+
+def _fidelity_figures(out, report, fams, cmap, panel, tpc) -> None:
+    """TV (with the predicted per-image bound drawn beside it, dashed) and KL to the target against measured
+    tokens per call and measured speed-up; AR at (1, 0)."""
+    from matplotlib.figure import Figure
+
+    def val(name, key="measured"):
+        return lambda m: (m.get(name) or {}).get(key)
+
+    def err(name):
+        def f(ms):
+            return [[m[name]["measured"] - m[name]["ci"][0] for m in ms], [m[name]["ci"][1] - m[name]["measured"] for m in ms]]
+        return f
+
+    spd = lambda m: m["speedup"]["measured"]  # noqa: E731
+    for key, x_of, xl in (("tv_vs_tokens", tpc, "measured tokens per target call"),
+                          ("tv_vs_speedup", spd, "measured wall-clock speed-up over plain AR")):
+        fig = Figure(figsize=(7.5, 5.2))
+        ax = fig.subplots()
+        for f, ms in fams.items():
+            ms = sorted([m for m in ms if val("tv_to_target")(m) is not None], key=x_of)
+            if not ms:
+                continue
+            xs = [x_of(m) for m in ms]
+            ax.errorbar(xs, [val("tv_to_target")(m) for m in ms], yerr=err("tv_to_target")(ms), fmt="o-", ms=5,
+                        color=cmap[f], label=f"{f} measured TV", capsize=3)
+            bd = [val("tv_bound_image")(m) for m in ms]
+            if all(v is not None for v in bd):
+                ax.plot(xs, [min(v, 1.05) for v in bd], "^--", mfc="none", color=cmap[f], alpha=0.7,
+                        label=f"{f} predicted bound (clipped at 1.05)")
+        ax.plot(1.0, 0.0, "kX", ms=10, label="plain AR")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel(xl)
+        ax.set_ylabel("TV(P^, P) to the target (95% CI); bound dashed")
+        ax.set_title("measured TV to the target beside the predicted per-image bound", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        _save(fig, out / FIGURES[key])
+    kl_ok = lambda m: val("kl_to_target")(m) is not None  # noqa: E731
+    for key, x_of, xl in (("kl_vs_tokens", tpc, "measured tokens per target call"),
+                          ("kl_vs_speedup", spd, "measured wall-clock speed-up over plain AR")):
+        panel(out / FIGURES[key], lambda m, x_of=x_of: x_of(m) if kl_ok(m) else None, val("kl_to_target"),
+              err("kl_to_target"), xl, "KL(P^ || P), nats per image (95% CI)", "KL to the target (lower is closer)",
+              (1.0, 0.0))

@@ -1,0 +1,85 @@
+"""Scoring an image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo).
+
+Scoring = teacher-forced rows (``real.decode.score.teacher_forced_rows``: one target prefill, one draft
+prefill or the EAGLE drafter's L passes) plus the forward recursion (``theory.likelihood.log_likelihood``) for
+one rule; generating = ``real.decode.engine.generate`` with draft=None (plain AR) on the same images' classes, the
+same batch size, CFG 2 as the sweep runs. Reported per image (median of --repeats after a warm-up) and as the
+ratio score / generate (the issue's target: <= 1).
+
+  python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json] [--short]
+
+``--short``: one repeat of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import theory.methods as tm  # noqa: E402
+from real.decode.engine import generate  # noqa: E402
+from real.decode.sampling import Processing  # noqa: E402
+from real.decode.score import teacher_forced_rows  # noqa: E402
+from real.registry import build  # noqa: E402
+from theory.likelihood import log_likelihood  # noqa: E402
+
+# report name -> (method, parameters); LANTERN++ with its released resampler and with G* (T5)
+RULES = {"cool-sd": ("cool-sd", {"delta": 4}), "lantern++": ("lantern++", {"lambda": 2}),
+         "lantern++G*": ("lantern++", {"lambda": 2, "resampler": "optimal"})}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--L", type=int, default=4)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--short", action="store_true")
+    a = ap.parse_args(argv)
+    if a.short:
+        a.images, a.repeats = 20, 1
+    if a.images < 1 or a.repeats < 1 or a.threads < 1 or a.L < 1:
+        raise SystemExit("bench_likelihood: --images, --repeats, --threads and --L must be >= 1")
+    torch.set_num_threads(a.threads)
+    proc = Processing(cfg_scale=2.0)
+    out = {"images": a.images, "batch_size": a.images, "L": a.L, "threads": a.threads, "results": []}
+    rules = {"cool-sd": RULES["cool-sd"]} if a.short else RULES
+    for draft in ("eagle", "small"):
+        b = build("mnist", draft=draft, num_images=a.images, seed=0)
+        gen = lambda: generate(b.target, None, b.conds, num_tokens=b.num_tokens, processing=proc, seed=1,  # noqa: E731
+                               batch_size=a.images)
+        t_gen = median_time(gen, a.repeats)
+        tok = torch.stack([g.tokens for g in gen()])
+        rows_fn = lambda: teacher_forced_rows(b.target, b.draft, b.conds, tok, L=a.L, processing=proc)  # noqa: E731
+        t_rows = median_time(rows_fn, a.repeats)
+        rows = rows_fn()
+        p, q, x = rows.p.numpy(), rows.q.numpy(), tok.numpy()
+        nb = np.asarray(b.neighbors)
+        for name, (method, params) in rules.items():
+            v = tm.build(method, a.L, nb, params)
+            t_rec = median_time(lambda: log_likelihood(p, q, x, v, a.L, convention=rows.convention), a.repeats)
+            out["results"].append({"draft": draft, "rule": name, "generate_ar_s_per_image": t_gen / a.images,
+                                   "rows_s_per_image": t_rows / a.images, "recursion_s_per_image": t_rec / a.images,
+                                   "ratio": (t_rows + t_rec) / t_gen})
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(f"{a.images} images per batch, CFG 2, L = {a.L}, {a.threads} thread(s); per image:")
+        print(f"{'draft':<7} {'rule':<11} {'AR generate':>12} {'rows':>9} {'recursion':>10} {'score/AR':>9}")
+        for r in out["results"]:
+            print(f"{r['draft']:<7} {r['rule']:<11} {r['generate_ar_s_per_image'] * 1e3:9.2f} ms "
+                  f"{r['rows_s_per_image'] * 1e3:6.2f} ms {r['recursion_s_per_image'] * 1e3:7.2f} ms {r['ratio']:9.2f}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The fast LANTERN / LANTERN++ paths (theory.lantern.prefix_mass, neighbor_sum; theory.likelihood's joint
+offsets with p shared) against the direct computations they replace, written here: the dense (..., V, k)
+neighbour gather with its cumulative sum, and log P^ from per-offset 2-D rule calls with the dense (V, V)
+effective law and a plain forward sum over round offsets (docs/theory.md sections 6 and 11, T12)."""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+from theory import rules
+from theory.likelihood import log_likelihood, round_masks
+
+lantern_mod = importlib.import_module("theory.lantern")
+
+
+def dense_prefix_mass(p, nb, thr, k):
+    """The admitted mass the direct way: gather p at the (V, k) table, cumulative sums, the largest <= thr."""
+    c = np.cumsum(p[..., nb[:, :k]], axis=-1)
+    t = thr if np.ndim(thr) == 0 else thr[..., None]
+    return np.max(np.where(c <= t, c, 0.0), axis=-1)
+
+
+def rows(rng, shape, V, conc, zeros=0.0):
+    r = rng.dirichlet(np.full(V, conc), size=shape)
+    r[rng.random(r.shape) < zeros] = 0
+    r[..., 0] += 1e-3
+    return r / r.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("regime", ["levels", "dense", "mixed"])
+def test_prefix_mass_equals_the_dense_cumulative_sum(regime, monkeypatch):
+    """Bit for bit on numpy (the same sequential sums), for both thresholds, rows with zeros, and each of the
+    strategies forced: the level loop to the end, the dense gather at once, the switch after a few levels."""
+    if regime == "levels":
+        monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 0)
+        monkeypatch.setattr(lantern_mod, "SLOW_SHRINK", 2.0)
+    elif regime == "dense":
+        monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 1 << 40)
+    else:
+        monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 200)   # a few levels, then the rest at once
+    rng = np.random.default_rng(3)
+    V, k = 60, 9
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    for conc, zeros in ((0.2, 0.0), (1.0, 0.4), (5.0, 0.0)):
+        p = rows(rng, (7, 5), V, conc, zeros)
+        for thr in (0.0, 0.05, 0.3, 1.0, 1.5 * p, 0.0 * p, 4.0 * p):
+            got = lantern_mod.prefix_mass(p, nb, thr, k)
+            want = dense_prefix_mass(p, nb, thr, k)
+            assert got.shape == p.shape
+            assert np.array_equal(got, want), (regime, conc, np.max(np.abs(got - want)))
+    # a wrong mass (the first neighbour always admitted) must be told apart
+    assert not np.array_equal(lantern_mod.prefix_mass(p, nb, 1.5 * p, k), p[..., nb[:, 0]])
+
+
+def test_prefix_mass_and_neighbor_sum_on_torch_and_jax():
+    rng = np.random.default_rng(4)
+    V, k = 30, 5
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 2)))
+    p = rows(rng, (6, 4), V, 0.5, 0.2)
+    mask = rng.random(p.shape) < 0.5
+    want_m = dense_prefix_mass(p, nb, 2.0 * p, k)
+    want_s = np.where(mask, p[..., nb[:, :k + 1]].sum(-1), 0.0)
+    np.testing.assert_allclose(lantern_mod.neighbor_sum(p, nb[:, :k + 1], mask), want_s, rtol=1e-14, atol=0)
+    pos = (p > 0).astype(np.int64)
+    assert np.array_equal(lantern_mod.neighbor_sum(pos, nb[:, :k + 1], mask),
+                          np.where(mask, pos[..., nb[:, :k + 1]].sum(-1), 0))
+    for mod in ("torch", "jax"):
+        m = pytest.importorskip(mod)
+        if mod == "jax":
+            m.config.update("jax_enable_x64", True)
+            to = m.numpy.asarray
+        else:
+            to = m.as_tensor
+        got = lantern_mod.prefix_mass(to(p), to(nb), 2.0 * to(p), k)
+        np.testing.assert_allclose(np.asarray(got), want_m, rtol=1e-14, atol=0)
+        got = lantern_mod.neighbor_sum(to(p), to(nb[:, :k + 1]), to(mask))
+        np.testing.assert_allclose(np.asarray(got), want_s, rtol=1e-14, atol=0)
+
+
+def reference_log_likelihood(p, q, x, v, L, convention):
+    """log P^ from the emissions computed one offset at a time on 2-D rows, with the dense effective law
+    ``v.resample(p, q, f)`` (no effective_at, no shared p), then alpha summed over offsets (T12, unscaled:
+    T is small here)."""
+    B, T, V = p.shape
+    draft, bonus = round_masks(T, L, convention)
+    out = np.zeros(B)
+    for b in range(B):   # a reference: loops over images, offsets and positions
+        a = np.zeros((T, L))
+        r = np.zeros((T, L))
+        for i in range(1, L + 1):
+            qi = q[b, :, i - 1] if q.ndim == 4 else q[b]
+            f = v.accept(p[b], qi, i)
+            G = v.resample(p[b], qi, f)
+            t = np.arange(T)
+            sq = qi.sum(-1)
+            a[:, i - 1] = (qi * f)[t, x[b]] / sq
+            r[:, i - 1] = (qi * (1 - f)).sum(-1) / sq * G[t, x[b]] / G.sum(-1)
+        pt = p[b][np.arange(T), x[b]] / p[b].sum(-1)
+        alpha = np.zeros(L + 1)
+        alpha[0] = 1.0
+        for t in range(T):
+            new = np.zeros(L + 1)
+            for i in range(L + 1):
+                if draft[t, i]:
+                    new[i + 1] += alpha[i] * a[t, i]
+                    new[0] += alpha[i] * r[t, i]
+                elif bonus[t, i]:
+                    new[0] += alpha[i] * pt[t]
+            alpha = new
+        out[b] = np.log(alpha[0]) if alpha[0] > 0 else -np.inf
+    return out
+
+
+@pytest.mark.parametrize("family", ["lantern", "lantern++"])
+@pytest.mark.parametrize("resample", ["lantern", "optimal"])
+@pytest.mark.parametrize("per_offset", [False, True])
+@pytest.mark.parametrize("convention", ["theory", "eagle"])
+def test_fast_log_likelihood_equals_the_per_offset_path(family, resample, per_offset, convention, monkeypatch):
+    """log_likelihood (offsets jointly, p's neighbour masses once, effective_at) == the per-offset dense path to
+    1e-12, on flat and peaked random rows, with prefix_mass's level loop forced (these rows are small enough
+    for its dense gather otherwise)."""
+    monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 0)
+    rng = np.random.default_rng(11)
+    B, T, L, V, k = 3, 7, 3, 24, 4
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    make = rules.lantern if family == "lantern" else rules.lantern_pp
+    v = make(nb, k, 0.15 if family == "lantern" else 2.0, resample=resample)
+    for conc in (0.3, 3.0):
+        p = rows(rng, (B, T), V, conc)
+        q = rows(rng, (B, T, L) if per_offset else (B, T), V, conc)
+        x = rng.integers(V, size=(B, T))
+        got = log_likelihood(p, q, x, v, L, convention=convention)
+        want = reference_log_likelihood(p, q, x, v, L, convention)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    # negative control: another rule's law is told apart at this tolerance
+    other = make(nb, k, 0.3 if family == "lantern" else 3.0, resample=resample)
+    assert np.max(np.abs(reference_log_likelihood(p, q, x, other, L, convention) - got)) > 1e-6
