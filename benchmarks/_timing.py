@@ -1,6 +1,9 @@
-"""Timers shared by the benchmark scripts (imported as ``_timing``: a script's own folder is on sys.path)."""
+"""Timers shared by the benchmark scripts (imported as ``_timing``: a script's own folder is on sys.path),
+and the machine-readable output that ``benchmarks/run_all.py`` reads (``write_ratios``)."""
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 
@@ -25,3 +28,30 @@ def median_time(fn, repeats: int, warmup: int = 1) -> float:
         fn()
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+def interleaved_best(fns: dict, repeat: int, clock=time.perf_counter) -> dict:
+    """{name: fastest time in seconds} over ``repeat`` rounds that call every fn once in turn, so a load
+    spike on a shared machine hits all of them alike. ``clock=time.thread_time``: CPU time of this thread
+    (single-threaded work on a shared machine: time slices lost to other processes do not count)."""
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = clock()
+            fn()
+            best[name] = min(best[name], clock() - t0)
+    return best
+
+
+def write_ratios(path: str | None, ratios: dict) -> None:
+    """Write {name: {"value": float, "better": "higher" | "lower", "what": str}} as JSON to ``path``
+    (atomically; nothing when ``path`` is None): what ``--json`` of each ratio benchmark produces."""
+    if path is None:
+        return
+    for name, r in ratios.items():
+        if set(r) != {"value", "better", "what"} or r["better"] not in ("higher", "lower"):
+            raise ValueError(f"ratio {name!r} must have value, better (higher/lower) and what, got {r}")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump({k: {**v, "value": float(v["value"])} for k, v in ratios.items()}, fh, indent=1)
+    os.replace(tmp, path)

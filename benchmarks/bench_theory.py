@@ -1,7 +1,13 @@
-"""Theory engine timings (issue: foundation). Prints times and ratios against naive baselines measured
-in the same run (machines are noisy: compare ratios, not absolute numbers).
+"""Theory engine timings. Prints times and ratios against baselines measured in the same run (machines
+are noisy: compare ratios, not absolute numbers).
+
+E[tau] + B at V = 1024, L = 8 against the touch-once numpy limit (issue 30, target <= 1.2x): the public
+``markov.round_terms`` (one validation, one pass) and the pair ``expected_accepted`` + ``tv_bound``,
+with the breakdown (validation at the public boundary, the unchecked core). CPU time of this thread,
+fastest of interleaved repeats. Then the naive matrix-product baseline and the exact TV on 10^6 sequences.
 
   python benchmarks/bench_theory.py            # V = 1024, L = 8; exact TV on 10^6 sequences
+  python benchmarks/bench_theory.py --short --json out.json    # the limit ratio only (run_all.py)
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")        # "one core", as the target
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from _timing import best_of  # noqa: E402  (benchmarks/_timing.py)
+from _timing import best_of, interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 
@@ -36,13 +42,63 @@ def naive_expected_and_bound(P, Q, F, G, s):
     return e, b
 
 
+def touch_once_limit(P, Q, F, G, s):
+    """The irreducible numpy work of E[tau] and B (T8, T9): touch F and G once per position (A = Q F_i,
+    beta, D_i (T3), one vector-matrix product), no validation, no extra temporaries. (E[tau], B)."""
+    v = np.zeros(P.shape[0])
+    v[s] = 1.0
+    e = b = 0.0
+    for i in range(F.shape[0]):  # loop over draft positions
+        A = Q * F[i]
+        beta = A.sum(-1, keepdims=True)
+        b += v @ (0.5 * np.abs(A + (1 - beta) * G[i] - P).sum(-1))
+        v = v @ A
+        e += v.sum()
+    return e, b
+
+
+def limit_ratio(P, Q, F, G, repeat: int) -> dict:
+    """Times (s) of the limit, the public calls and their parts, interleaved (CPU time of this thread)."""
+    mu = markov.init_distribution(0, P.shape[0])
+    return interleaved_best({
+        "touch-once numpy limit": lambda: touch_once_limit(P, Q, F, G, 0),
+        "markov.round_terms (public)": lambda: markov.round_terms(P, Q, F, G, 0),
+        "  validation at the boundary (_validated)": lambda: markov._validated(P, Q, F, G, 0),
+        "  unchecked core (round_terms_xp)": lambda: markov.round_terms_xp(P, Q, F, G, mu),
+        "expected_accepted + tv_bound (two public calls)":
+            lambda: (markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)),
+    }, repeat, clock=time.thread_time)
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--V", type=int, default=1024)
     ap.add_argument("--L", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=30, help="interleaved repeats of the limit comparison")
+    ap.add_argument("--short", action="store_true", help="only the limit comparison (about 10 s)")
+    ap.add_argument("--json", default=None, help="write the ratios to this JSON file (for run_all.py)")
     args = ap.parse_args()
     P, Q = chains.random_pair(args.V, tv=0.4, seed=0)
     F, G = markov.rule_tables(P, Q, args.L, rules.cool_sd(2.0))
+
+    acc, terms = markov.round_terms(P, Q, F, G, 0)
+    e_lim, b_lim = touch_once_limit(P, Q, F, G, 0)
+    assert abs(acc.sum() - e_lim) < 1e-12 and abs(terms.sum() - b_lim) < 1e-12, (acc.sum(), e_lim, terms.sum(), b_lim)
+    t = limit_ratio(P, Q, F, G, args.repeat)
+    t_lim = t["touch-once numpy limit"]
+    print(f"V={args.V} L={args.L}  E[tau] + B, CPU time of one thread, fastest of {args.repeat} interleaved:")
+    for name, v in t.items():
+        print(f"  {name:50s} {v * 1e3:8.2f} ms  {v / t_lim:5.2f}x limit")
+    r = t["markov.round_terms (public)"] / t_lim
+    print(f"  round_terms / limit = {r:.3f}x  (target <= 1.2x: {'OK' if r <= 1.2 else 'MISSED'})")
+    write_ratios(args.json, {
+        "theory_round_terms_over_limit": {"value": r, "better": "lower",
+                                          "what": f"markov.round_terms / touch-once numpy limit, V={args.V} L={args.L}"},
+        "theory_pair_over_limit": {"value": t["expected_accepted + tv_bound (two public calls)"] / t_lim,
+                                   "better": "lower", "what": "expected_accepted + tv_bound / limit"},
+    })
+    if args.short:
+        return
 
     t_fast, (e, b) = best_of(lambda: (markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)))
     t_naive, (e2, b2) = best_of(lambda: naive_expected_and_bound(P, Q, F, G, 0), repeat=1)

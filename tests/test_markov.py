@@ -25,6 +25,8 @@ def check_against_enumeration(P, Q, F, G, rule, L, init):
     assert abs(markov.expected_accepted(P, Q, F, init) - e) < TOL
     assert abs(markov.tv_bound(P, Q, F, G, init) - b) < TOL
     assert abs(markov.exact_tv(P, Q, F, G, init) - t) < TOL
+    acc, terms = markov.round_terms(P, Q, F, G, init)    # the one-pass pair (T8, T9)
+    assert abs(acc.sum() - e) < TOL and abs(terms.sum() - b) < TOL
     assert t <= b + TOL
     if L == 1:
         assert abs(b - t) < TOL

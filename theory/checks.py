@@ -92,9 +92,11 @@ def real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_o
 
 # --------------------------------------------------------------------------- numpy arrays
 
-def float_array(name: str, a, ndim: int | None = None, allow_empty: bool = False) -> tuple[np.ndarray, np.dtype]:
-    """(float64 copy of ``a``, the input's float dtype). Rejects complex, non-numeric and empty arrays
-    and, when given, a wrong number of dimensions. The input dtype sets the row-sum tolerance."""
+def float_array(name: str, a, ndim: int | None = None, allow_empty: bool = False,
+                copy: bool = True) -> tuple[np.ndarray, np.dtype]:
+    """(float64 version of ``a``, the input's float dtype). Rejects complex, non-numeric and empty arrays
+    and, when given, a wrong number of dimensions. The input dtype sets the row-sum tolerance.
+    ``copy=False``: a float64 input comes back as is (no full-array copy) for callers that only read it."""
     arr = np.asarray(a)
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a real-valued array, got dtype {arr.dtype}")
@@ -105,7 +107,7 @@ def float_array(name: str, a, ndim: int | None = None, allow_empty: bool = False
     if arr.size == 0 and not allow_empty:
         raise ValueError(f"{name} is empty (shape {arr.shape})")
     src = arr.dtype if arr.dtype.kind == "f" else np.dtype(np.float64)
-    return arr.astype(np.float64, copy=True), src
+    return arr.astype(np.float64, copy=copy), src
 
 
 def row_sum_tol(dtype, V: int) -> float:
@@ -135,8 +137,27 @@ def _eps(dtype) -> float:
         return float(ml_dtypes.finfo(dt).eps)
 
 
+# IEEE-754 float64 bit patterns read as uint64: with the sign bit clear they are ordered like the values,
+# and every pattern with the sign bit set (negatives, -0.0) exceeds them all; NaN patterns exceed +inf's.
+# So one read-only max over the patterns decides "all in [+0, 1]" or "all finite and >= +0" (the fast
+# paths below); anything else (including a legal -0.0) goes to the exact float comparisons.
+_ONE_BITS = int(np.array(1.0).view(np.uint64))
+_INF_BITS = int(np.array(np.inf).view(np.uint64))
+
+
+def _max_bits(a: np.ndarray) -> int | None:
+    """max of the float64 bit patterns of ``a`` (one vectorised read, no temporary), or None when ``a``
+    is not a C-contiguous float64 array (the caller then uses the float comparisons)."""
+    if a.dtype != np.float64 or not a.flags.c_contiguous or a.size == 0:
+        return None
+    return int(a.reshape(-1).view(np.uint64).max())
+
+
 def finite_nonneg(name: str, a: np.ndarray) -> None:
-    """All entries finite and >= 0 (one fast pass when they are)."""
+    """All entries finite and >= 0 (one vectorised read when they are)."""
+    bits = _max_bits(a)
+    if bits is not None and bits < _INF_BITS:
+        return
     if np.all(a >= 0) and np.isfinite(a.sum()):  # NaN fails `>= 0`, inf fails the sum
         return
     if not np.all(np.isfinite(a)):
@@ -146,7 +167,8 @@ def finite_nonneg(name: str, a: np.ndarray) -> None:
 
 def stochastic(name: str, a: np.ndarray, dtype=np.float64) -> None:
     """Rows of ``a`` (..., V) are probability vectors: finite, >= 0, summing to 1 within
-    ``row_sum_tol(dtype, V)`` (``dtype``: the dtype the caller received the array in)."""
+    ``row_sum_tol(dtype, V)`` (``dtype``: the dtype the caller received the array in). A valid
+    C-contiguous float64 array costs two vectorised reads (the signs, ``finite_nonneg``, and the row sums)."""
     finite_nonneg(name, a)
     tol = row_sum_tol(dtype, a.shape[-1])
     sums = a.sum(-1)
@@ -157,13 +179,17 @@ def stochastic(name: str, a: np.ndarray, dtype=np.float64) -> None:
                          f"{sums[bad]:.12g} (tolerance {tol:g})")
 
 
-def acceptance_tables(F, V: int, name: str = "F") -> np.ndarray:
-    """F (L, V, V) acceptance probabilities f_i(x | s) in [0, 1], L >= 1 (section 4); float64 copy."""
-    F, _ = float_array(name, F, allow_empty=True)
+def acceptance_tables(F, V: int, name: str = "F", copy: bool = True) -> np.ndarray:
+    """F (L, V, V) acceptance probabilities f_i(x | s) in [0, 1], L >= 1 (section 4); float64 (a copy
+    unless ``copy=False``). A valid float64 table costs one vectorised read."""
+    F, _ = float_array(name, F, allow_empty=True, copy=copy)
     if F.ndim != 3 or F.shape[1:] != (V, V):
         raise ValueError(f"{name} must have shape (L, {V}, {V}), got {F.shape}")
     if F.shape[0] < 1:
         raise ValueError(f"{name} must cover L >= 1 draft positions")
+    bits = _max_bits(F)
+    if bits is not None and bits <= _ONE_BITS:
+        return F
     if not np.all((F >= 0) & (F <= 1)):  # NaN fails both comparisons
         if not np.all(np.isfinite(F)):
             raise ValueError(f"{name} contains NaN or infinite entries")
@@ -172,9 +198,10 @@ def acceptance_tables(F, V: int, name: str = "F") -> np.ndarray:
     return F
 
 
-def resampling_tables(G, F: np.ndarray, name: str = "G") -> np.ndarray:
-    """G (L, V, V) resampling laws, row-stochastic, of the same shape as F (section 4); float64 copy."""
-    G, src = float_array(name, G, allow_empty=True)
+def resampling_tables(G, F: np.ndarray, name: str = "G", copy: bool = True) -> np.ndarray:
+    """G (L, V, V) resampling laws, row-stochastic, of the same shape as F (section 4); float64 (a copy
+    unless ``copy=False``). A valid float64 table costs two vectorised reads (``stochastic``)."""
+    G, src = float_array(name, G, allow_empty=True, copy=copy)
     if G.shape != F.shape:
         raise ValueError(f"{name} must have the same shape as F {F.shape}, got {G.shape}")
     stochastic(name, G, src)

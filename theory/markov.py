@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import array_api_compat
 import numpy as np
 
 from . import checks
@@ -28,17 +29,19 @@ __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
     "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
     "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
-    "tables_bytes", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp",
+    "tables_bytes", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp", "round_terms",
+    "round_terms_xp",
 ]
 
 
 # --------------------------------------------------------------------------- validation
 
-def check_chain(P, Q) -> tuple[np.ndarray, np.ndarray]:
-    """Validate a target/draft pair of V x V row-stochastic matrices (section 4); return float64 copies.
+def check_chain(P, Q, copy: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a target/draft pair of V x V row-stochastic matrices (section 4); return float64 copies
+    (``copy=False``: float64 inputs as they are, for callers that only read them).
     Rows are checked against the tolerance of the dtype they came in (``checks.row_sum_tol``)."""
-    P, p_dtype = checks.float_array("P", P, allow_empty=True)
-    Q, q_dtype = checks.float_array("Q", Q, allow_empty=True)
+    P, p_dtype = checks.float_array("P", P, allow_empty=True, copy=copy)
+    Q, q_dtype = checks.float_array("Q", Q, allow_empty=True, copy=copy)
     if P.ndim != 2 or P.shape[0] != P.shape[1] or P.shape[0] < 1:
         raise ValueError(f"P must be a square (V, V) matrix with V >= 1, got shape {P.shape}")
     if Q.shape != P.shape:
@@ -71,15 +74,31 @@ def init_distribution(init, V: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- array-API cores
 
+def _path_terms_xp(Q, F, mu, d_of=None):
+    """(Pr(tau >= i), mu^T A_1 ... A_{i-1} d_i) for i = 1..L (T8, T9), A_i = Q * F_i, each (L,).
+
+    d_of(i, A_i, work) -> (V,) gives d_i from the A_i already formed (None: no path terms, an empty
+    second output); ``work`` is a (V, V) scratch array it may overwrite, or None. One A_i and one (V,) @
+    (V, V) product per position: (V, V) temporaries only, no (L, V, V). On float64 numpy input A_i and
+    the scratch live in two buffers reused across positions (same arithmetic, no fresh temporaries)."""
+    xp = namespace(Q, F, mu)
+    acc, terms = [], []
+    buf = work = None
+    if array_api_compat.is_numpy_namespace(xp) and Q.dtype == F.dtype == np.float64 and Q.shape == F.shape[1:]:
+        buf, work = np.empty_like(Q), (np.empty_like(Q) if d_of is not None else None)
+    v = mu
+    for i in range(F.shape[0]):  # loop over draft positions
+        A = Q * F[i] if buf is None else np.multiply(Q, F[i], out=buf)
+        if d_of is not None:
+            terms.append(v @ d_of(i, A, work))
+        v = v @ A
+        acc.append(xp.sum(v))
+    return xp.stack(acc), (xp.stack(terms) if terms else None)
+
+
 def acceptance_probs_xp(P, Q, F, mu):
     """Pr(tau >= i) for i = 1..L (T8): mu^T A_1 ... A_i 1 with A_i = Q * F_i, by vector-matrix products."""
-    xp = namespace(P, Q, F, mu)
-    out = []
-    v = mu
-    for i in range(F.shape[0]):  # loop over draft positions, each a (V,) @ (V, V) product
-        v = v @ (Q * F[i])
-        out.append(xp.sum(v))
-    return xp.stack(out)
+    return _path_terms_xp(Q, F, mu)[0]
 
 
 def expected_accepted_xp(P, Q, F, mu):
@@ -88,54 +107,77 @@ def expected_accepted_xp(P, Q, F, mu):
     return xp.sum(acceptance_probs_xp(P, Q, F, mu))
 
 
+def _discrepancy_of(A, P, g, xp, work=None):
+    """T3 from A = Q f already formed: 1/2 || A + (1 - beta) g - P ||_1 over the last axis, beta = sum A.
+    ``work``: a numpy scratch array of the full broadcast shape to compute in place (the same operations
+    in the same order, so bit for bit the same result), or None (array API: JAX traces this)."""
+    beta = xp.sum(A, axis=-1, keepdims=True)
+    if work is None:
+        return 0.5 * xp.sum(xp.abs(A + (1 - beta) * g - P), axis=-1)
+    np.multiply(1 - beta, g, out=work)
+    np.add(A, work, out=work)
+    np.subtract(work, P, out=work)
+    return 0.5 * np.abs(work, out=work).sum(-1)
+
+
+def _optimal_discrepancy_of(A, P, xp):
+    """T6 from A = Q f already formed: sum_x [A - P]_+ over the last axis."""
+    return xp.sum(positive_part(A - P, xp), axis=-1)
+
+
 def discrepancy(P, Q, f, g):
     """D(s) = 1/2 || Q f + (1 - beta) G - P ||_1 per state (T3), beta = sum_x Q f: the one place T3 is
     computed (bound_terms_xp, theory.recorded, theory.image and sim call it). Array API, no checks
     (traceable by JAX). P, Q, f, g broadcast to (..., V) rows -> (...,); e.g. (V, V) chain rows or
     (R, L, V) recorded rows."""
     xp = namespace(P, Q, f, g)
-    A = Q * f
-    beta = xp.sum(A, axis=-1, keepdims=True)
-    return 0.5 * xp.sum(xp.abs(A + (1 - beta) * g - P), axis=-1)
+    return _discrepancy_of(Q * f, P, g, xp)
 
 
 def optimal_discrepancy(P, Q, f):
     """D(s) with the optimal resampler G* (T6): sum_x [Q f - P]_+ (s, x), equal to discrepancy(P, Q, f, G*)
     in exact arithmetic (Theorem 2(c)) without forming G*. Array API, no checks; (..., V) rows -> (...,)."""
     xp = namespace(P, Q, f)
-    return xp.sum(positive_part(Q * f - P, xp), axis=-1)
+    return _optimal_discrepancy_of(Q * f, P, xp)
 
 
-def _path_terms_xp(Q, F, mu, d_at):
-    """mu^T A_1 ... A_{i-1} d_i for i = 1..L (T9), A_i = Q * F_i, d_i = d_at(i) (V,); float64 (L,).
-    One (V,) @ (V, V) product per position: (V, V) temporaries only, no (L, V, V) ones."""
-    xp = namespace(Q, F, mu)
-    out = []
-    v = mu
-    for i in range(F.shape[0]):  # loop over draft positions
-        out.append(v @ d_at(i))
-        v = v @ (Q * F[i])
-    return xp.stack(out)
+def round_terms_xp(P, Q, F, G, mu):
+    """(Pr(tau >= i), per-position terms of B) for i = 1..L in one pass over the tables (T2-T4, T8, T9):
+    each A_i = Q * F_i is formed once and serves both the acceptance product and D_i. Array API, no checks."""
+    xp = namespace(P, Q, F, G, mu)
+    return _path_terms_xp(Q, F, mu, lambda i, A, work: _discrepancy_of(A, P, G[i], xp, work))
 
 
 def bound_terms_xp(P, Q, F, G, mu):
     """Per-position terms of B: mu^T A_1 ... A_{i-1} d_i, d_i the discrepancy of (F_i, G_i)  (T3, T4, T9)."""
-    return _path_terms_xp(Q, F, mu, lambda i: discrepancy(P, Q, F[i], G[i]))
+    return round_terms_xp(P, Q, F, G, mu)[1]
 
 
 def bound_terms_optimal_xp(P, Q, F, mu):
     """Per-position terms of B with the optimal resampler G* (T6, T9): d_i = optimal_discrepancy(P, Q, F_i).
     What the optimisers minimise (no G* formed, so no division by 1 - beta in the gradient)."""
-    return _path_terms_xp(Q, F, mu, lambda i: optimal_discrepancy(P, Q, F[i]))
+    xp = namespace(P, Q, F, mu)
+    return _path_terms_xp(Q, F, mu, lambda i, A, work: _optimal_discrepancy_of(A, P, xp))[1]
 
 
 # --------------------------------------------------------------------------- public API (contract)
 
+def _validated(P, Q, F, G, init):
+    """The public boundary: (P, Q, F, G, mu_0) checked once, as float64 without copies (the cores only
+    read them); the unchecked ``*_xp`` cores run on the result. G or init None: not checked, None back.
+    Each table costs one (F) or two (G) vectorised reads when valid (``checks.acceptance_tables``,
+    ``checks.resampling_tables``)."""
+    P, Q = check_chain(P, Q, copy=False)
+    F = checks.acceptance_tables(F, P.shape[0], copy=False)
+    if G is not None:
+        G = checks.resampling_tables(G, F, copy=False)
+    return P, Q, F, G, (None if init is None else init_distribution(init, P.shape[0]))
+
+
 def acceptance_probs(P, Q, F, init) -> np.ndarray:
     """Pr(tau >= i) for i = 1..L (T8), float64 (L,)."""
-    P, Q = check_chain(P, Q)
-    F = checks.acceptance_tables(F, P.shape[0])
-    return acceptance_probs_xp(P, Q, F, init_distribution(init, P.shape[0]))
+    P, Q, F, _, mu = _validated(P, Q, F, None, init)
+    return acceptance_probs_xp(P, Q, F, mu)
 
 
 def expected_accepted(P, Q, F, init) -> float:
@@ -145,10 +187,7 @@ def expected_accepted(P, Q, F, init) -> float:
 
 def bound_terms(P, Q, F, G, init) -> np.ndarray:
     """The L terms of the TV upper bound B (T4, T9), float64 (L,)."""
-    P, Q = check_chain(P, Q)
-    F = checks.acceptance_tables(F, P.shape[0])
-    G = checks.resampling_tables(G, F)
-    return bound_terms_xp(P, Q, F, G, init_distribution(init, P.shape[0]))
+    return round_terms(P, Q, F, G, init)[1]
 
 
 def tv_bound(P, Q, F, G, init) -> float:
@@ -156,10 +195,16 @@ def tv_bound(P, Q, F, G, init) -> float:
     return float(bound_terms(P, Q, F, G, init).sum())
 
 
+def round_terms(P, Q, F, G, init) -> tuple[np.ndarray, np.ndarray]:
+    """(Pr(tau >= i), terms of B) for i = 1..L, each float64 (L,), in one pass over the tables (T2-T4,
+    T8, T9): ``E[tau] = acc.sum()``, ``B = terms.sum()``. Cheaper than expected_accepted and tv_bound
+    called one after the other (one validation, each A_i = Q * F_i formed once)."""
+    return round_terms_xp(*_validated(P, Q, F, G, init))
+
+
 def optimal_resampling(P, Q, F) -> np.ndarray:
     """G*_i = Norm([P - Q F_i]_+) per position and state (T5); P where beta_i = 1. (L, V, V)."""
-    P, Q = check_chain(P, Q)
-    F = checks.acceptance_tables(F, P.shape[0])
+    P, Q, F, _, _ = _validated(P, Q, F, None, None)
     return _rules.Optimal()(P[None], Q[None], F)
 
 
@@ -264,10 +309,8 @@ def _checked_prefix_masses(P, Q, F, G, init, max_sequences, max_bytes=checks.MAX
     """Inputs checked, then the T7 prefix masses from every start state with mu_0(s) > 0:
     (P, F, states, a, d) as ``_prefix_masses``."""
     _check_max_sequences(max_sequences)
-    P, Q = check_chain(P, Q)
-    F = checks.acceptance_tables(F, P.shape[0])
-    G = checks.resampling_tables(G, F)
-    states = np.flatnonzero(init_distribution(init, P.shape[0]) > 0)
+    P, Q, F, G, mu = _validated(P, Q, F, G, init)
+    states = np.flatnonzero(mu > 0)
     a, d = _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes)
     return P, F, states, a, d
 
