@@ -9,12 +9,15 @@ the transformers forward, so the ratio there is the engine's own overhead vs ass
 bounded by the share of assisted generation's time spent outside model forwards, printed), and through
 ``real.models.llama.FastLlama`` loaded from the same two models (gpt-fast-style static-cache forward, same
 weights, same logits). All outputs are checked equal to plain greedy decoding; target forward calls
-are counted on the models; times are medians over --repeats runs after a warm-up.
+are counted on the models; times are medians over --repeats interleaved runs after a warm-up, the ratio
+printed both from wall time and from the process's CPU time (steadier on a shared machine; the JSON of
+``--json`` holds the CPU-time ratios).
 
 Part 2: on the tiny LlamaGen pair of ``coolsd generate --model llamagen-tiny`` (CFG 2, temperature 1),
 the verifier's share of the round time (draft + target + verify), per method.
 
   python benchmarks/bench_engine_vs_hf.py [--tokens 256] [--repeats 5] [--threads 1]
+  python benchmarks/bench_engine_vs_hf.py --short --json out.json    # part 1 only, ratios to JSON (run_all.py)
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # run from a checkout, installed or not
+
+from _timing import write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
@@ -57,16 +62,19 @@ class Counter:
 
 
 def interleaved_medians(fns, repeats):
-    """Median wall time of each function, runs interleaved round-robin (so load changes on a shared
-    machine hit every contender alike), after one warm-up each; also each function's last output."""
+    """Median wall time and median CPU time (this process: on a shared machine the time slices other
+    processes take do not count) of each function, runs interleaved round-robin (so load changes hit every
+    contender alike), after one warm-up each; also each function's last output."""
     outs = [fn() for fn in fns]
     ts = [[] for _ in fns]
+    cs = [[] for _ in fns]
     for _ in range(repeats):
         for j, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             outs[j] = fn()
             ts[j].append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts], outs
+            cs[j].append(time.process_time() - c0)
+    return [statistics.median(t) for t in ts], [statistics.median(c) for c in cs], outs
 
 
 def part1(args):
@@ -109,20 +117,25 @@ def part1(args):
         shares.append(out[2])
         return out
 
-    (t_hf, t_ad, t_fa), ((tok_hf, n_hf, _), (tok_ad, n_ad, _), (tok_fa, n_fa, _)) = interleaved_medians(
+    (t_hf, t_ad, t_fa), (c_hf, c_ad, c_fa), ((tok_hf, n_hf, _), (tok_ad, n_ad, _), (tok_fa, n_fa, _)) = interleaved_medians(
         [hf_logged, ours(HFCausalLM(tgt), HFCausalLM(drf), False), ours(FastLlama.from_hf(tgt), FastLlama.from_hf(drf), True)],
         args.repeats)
     share = statistics.median(shares)
     for name, tok in (("assisted generation", tok_hf), ("engine + real.adapters.hf", tok_ad), ("engine + FastLlama", tok_fa)):
         assert torch.equal(tok, ref), f"{name}: output differs from greedy decoding"
     print(f"Part 1: {N} new tokens, greedy, L = num_assistant_tokens = {args.L}, CPU ({torch.get_num_threads()} thread(s))")
-    print(f"  {'':36s} {'tokens/s':>10s} {'tokens/target call':>20s} {'target calls':>13s} {'vs transformers':>16s}")
-    for name, t, n in (("transformers assisted generation", t_hf, n_hf), ("coolsd engine, real.adapters.hf adapter", t_ad, n_ad),
-                       ("coolsd engine, real.models.llama.FastLlama", t_fa, n_fa)):
-        print(f"  {name:36s} {N / t:10.1f} {N / n:20.3f} {n:13d} {t_hf / t:15.2f}x")
+    print(f"  {'':42s} {'tokens/s':>10s} {'tokens/target call':>20s} {'target calls':>13s} {'vs transformers':>16s} "
+          f"{'(CPU time)':>11s}")
+    for name, t, c, n in (("transformers assisted generation", t_hf, c_hf, n_hf),
+                          ("coolsd engine, real.adapters.hf adapter", t_ad, c_ad, n_ad),
+                          ("coolsd engine, real.models.llama.FastLlama", t_fa, c_fa, n_fa)):
+        print(f"  {name:42s} {N / t:10.1f} {N / n:20.3f} {n:13d} {t_hf / t:15.2f}x {c_hf / c:10.2f}x")
     print(f"  all outputs identical to greedy decoding. Assisted generation spends {100 * share:.0f}% of its time in the "
           f"two models' forwards, so an engine calling the same transformers forwards is at most {1 / share:.2f}x faster")
-    return t_hf / t_fa
+    return {"engine_fastllama_over_hf_assisted": {"value": c_hf / c_fa, "better": "higher",
+                                                  "what": f"engine + FastLlama / transformers assisted, {N} tokens, CPU time"},
+            "engine_hf_adapter_over_hf_assisted": {"value": c_hf / c_ad, "better": "higher",
+                                                   "what": f"engine + real.adapters.hf / transformers assisted, {N} tokens, CPU time"}}
 
 
 def part2(args):
@@ -173,10 +186,14 @@ def main():
     ap.add_argument("--images", type=int, default=4)
     ap.add_argument("--big-tokens", type=int, default=40, help="tokens for part 3 (0 skips it)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads for both sides (default 1)")
+    ap.add_argument("--short", action="store_true", help="part 1 only")
+    ap.add_argument("--json", default=None, help="write part 1's ratios to this JSON file (for run_all.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    part1(args)
+    write_ratios(args.json, part1(args))
+    if args.short:
+        return
     part2(args)
     if args.big_tokens:
         part3(args)

@@ -6,6 +6,13 @@ Architecture as in transformers' Llama (facts checked on 5.24): RMSNorm (float32
 q/k/v/o projections (optional biases), grouped-query attention, 1-D RoPE on half-split pairs
 (``rotate_half``) with ``rope_theta``, SwiGLU MLP (gate, up, down), final norm, LM head. Only the
 default RoPE type is supported (scaled variants raise NotImplementedError).
+
+The forward takes LlamaGen's CPU fast paths (``real.nn.layers``): q/k/v and gate/up each one fused weight
+(one ``linear``, oneDNN-packed inside ``inference_weights`` when large enough), q and k rotated by one complex
+product (``rope_qkv``; the q/k rows are reordered from half-split to interleaved pairs at load, which leaves
+the attention scores unchanged), ``attend`` over a static cache written in place, RoPE rotations looked up
+in a table; layers are called without the module-call machinery. Logits agree with transformers' up to
+float rounding (tests/test_real_hf.py: within 1e-4).
 """
 from __future__ import annotations
 
@@ -13,49 +20,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from real.nn.layers import RMSNorm
+from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 from real.protocol import ModelOutput, Placed, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]
 
 
-def _rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+def _interleave_rows(w: torch.Tensor, heads: int, hd: int) -> torch.Tensor:
+    """q or k projection rows (heads hd, ...) reordered within each head from transformers' half-split RoPE
+    pairs (j, j + hd/2) to interleaved pairs (2j, 2j + 1), so that ``real.nn.layers.apply_rope`` (one complex
+    product) rotates them. Attention scores are unchanged: q and k get the same permutation, and q . k
+    sums over it (v and the cache layout of v are untouched)."""
+    perm = torch.arange(hd).view(2, hd // 2).t().reshape(-1)          # [0, hd/2, 1, hd/2 + 1, ...]
+    return w.view(heads, hd, *w.shape[1:])[:, perm].reshape(w.shape)
 
 
 class _Layer(nn.Module):
+    """One decoder layer through LlamaGen's CPU fast paths (``real.nn.layers``): ``qkv`` holds the q, k, v
+    weights stacked ((nh + 2 nkv) hd, hidden; q and k rows interleaved, ``_interleave_rows``), one ``linear``;
+    ``rope_qkv`` rotates q and k in one complex product; ``gqa_heads`` / ``attend`` attend over the static
+    cache, written in place; ``gate_up`` (2 inter, hidden) is the SwiGLU gate and up projections in one
+    ``linear``. ``linear`` packs large weights for oneDNN inside ``inference_weights``. ``forward`` is called
+    directly by ``FastLlama._run`` (no module-call machinery)."""
+
     def __init__(self, hidden, inter, nh, nkv, hd, eps, attn_bias, mlp_bias):
         super().__init__()
         self.nh, self.nkv, self.hd = nh, nkv, hd
-        self.q = nn.Linear(hidden, nh * hd, bias=attn_bias)
-        self.k = nn.Linear(hidden, nkv * hd, bias=attn_bias)
-        self.v = nn.Linear(hidden, nkv * hd, bias=attn_bias)
+        self.qkv = nn.Linear(hidden, (nh + 2 * nkv) * hd, bias=attn_bias)
         self.o = nn.Linear(nh * hd, hidden, bias=attn_bias)
-        self.gate = nn.Linear(hidden, inter, bias=mlp_bias)
-        self.up = nn.Linear(hidden, inter, bias=mlp_bias)
+        self.gate_up = nn.Linear(hidden, 2 * inter, bias=mlp_bias)
         self.down = nn.Linear(inter, hidden, bias=mlp_bias)
         self.ln1, self.ln2 = RMSNorm(hidden, eps), RMSNorm(hidden, eps)
         self.kc = self.vc = None
 
-    def forward(self, x, cos, sin, start, mask):
-        B, S, _ = x.shape
-        h = self.ln1(x)
-        q = self.q(h).view(B, S, self.nh, self.hd).transpose(1, 2)
-        k = self.k(h).view(B, S, self.nkv, self.hd).transpose(1, 2)
-        v = self.v(h).view(B, S, self.nkv, self.hd).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        self.kc[:, :, start:start + S] = k
-        self.vc[:, :, start:start + S] = v
-        k, v = self.kc[:, :, :start + S], self.vc[:, :, :start + S]
-        if self.nkv != self.nh:
-            k = k.repeat_interleave(self.nh // self.nkv, 1)
-            v = v.repeat_interleave(self.nh // self.nkv, 1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = x + self.o(y.transpose(1, 2).reshape(B, S, -1))
-        h = self.ln2(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+    def forward(self, x, rot, start, mask):
+        """x (B, S, hidden), rot (B, S, hd/2) complex (``FastLlama._rope``), ``start`` the cache slot of the
+        block, mask (B or 1, 1, S, start + S) bool or None -> (B, S, hidden); writes the block's keys and values
+        into the static cache in place."""
+        q, k, v = rope_qkv(linear(rms_norm(x, self.ln1.weight, self.ln1.eps), self.qkv.weight, self.qkv.bias),
+                           rot, self.nh, self.nkv)
+        S = x.shape[1]
+        kc, vc = self.kc, self.vc
+        kc[:, :, start:start + S] = k
+        vc[:, :, start:start + S] = v
+        x = x + linear(gqa_heads(q, kc[:, :, :start + S], vc[:, :, :start + S], mask), self.o.weight, self.o.bias)
+        g, u = linear(rms_norm(x, self.ln2.weight, self.ln2.eps), self.gate_up.weight, self.gate_up.bias).chunk(2, -1)
+        return x + linear(F.silu(g) * u, self.down.weight, self.down.bias)             # SwiGLU (optional biases)
 
 
 class FastLlama(Placed, nn.Module):
@@ -98,6 +108,7 @@ class FastLlama(Placed, nn.Module):
         self._next_pos: torch.Tensor | None = None
         self._block_pos: torch.Tensor | None = None
         self._pad: torch.Tensor | None = None      # (B, P) bool, True at padded prefix entries
+        self._rope_tab: torch.Tensor | None = None   # (max_len, hd/2) complex rotations (``_rope``)
 
     @classmethod
     def from_hf(cls, model, image_token_ids: torch.Tensor | None = None, max_len: int = 4096) -> "FastLlama":
@@ -105,21 +116,29 @@ class FastLlama(Placed, nn.Module):
         (V,) int64 and ``max_len`` as in the constructor."""
         m = cls(model.config, image_token_ids, max_len)
         src = model.state_dict()
-        names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-                 "lm_head.weight": "lm_head.weight"}
+        names = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"],
+                 "lm_head.weight": ["lm_head.weight"]}
         if "lm_head.weight" not in src:                       # tied embeddings
-            names["lm_head.weight"] = "model.embed_tokens.weight"
-        hf = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-              "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
-              "ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
+            names["lm_head.weight"] = ["model.embed_tokens.weight"]
+        hf = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
+              "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"],
+              "ln1": ["input_layernorm"], "ln2": ["post_attention_layernorm"]}
         for k in m.state_dict():
             if k.startswith("layers."):
                 _, i, mod, p = k.split(".")
-                names[k] = f"model.layers.{i}.{hf[mod]}.{p}"
-        missing = [v for v in names.values() if v not in src]
+                names[k] = [f"model.layers.{i}.{n}.{p}" for n in hf[mod]]
+        missing = [v for vs in names.values() for v in vs if v not in src]
         if missing:
             raise ValueError(f"not a Llama checkpoint: missing {missing[:8]}")
-        m.load_state_dict({k: src[v] for k, v in names.items()}, strict=True)
+        c, hd = model.config, m.hd
+
+        def fused(k, vs):      # q/k/v and gate/up: the checkpoint's weights stacked along the output dimension
+            ws = [src[v] for v in vs]
+            if k.endswith((".qkv.weight", ".qkv.bias")):      # q and k rows to interleaved RoPE pairs
+                ws[0] = _interleave_rows(ws[0], c.num_attention_heads, hd)
+                ws[1] = _interleave_rows(ws[1], m.nkv, hd)
+            return torch.cat(ws)
+        m.load_state_dict({k: fused(k, vs) for k, vs in names.items()}, strict=True)
         p = next(model.parameters())
         m = m.to(device=p.device, dtype=p.dtype).eval()
         rot = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
@@ -137,29 +156,36 @@ class FastLlama(Placed, nn.Module):
     def head(self, hidden):
         """float32 logits (..., V) from last hidden states (..., D)
         (the ``image_token_ids`` columns of the LM head when given)."""
-        logits = self.lm_head(hidden).float()
+        logits = linear(hidden, self.lm_head.weight).float()
         return logits if self.image_token_ids is None else logits[..., self.image_token_ids]
 
     def _map(self, tokens):
-        tokens = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
+        tokens = torch.as_tensor(tokens, device=self.embed.weight.device, dtype=torch.long)
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (B, S), got shape {tuple(tokens.shape)}")
         return tokens if self.image_token_ids is None else self.image_token_ids[tokens]
+
+    def _rope(self, pos):
+        """RoPE rotations (B, S, hd/2) complex at positions pos (B, S) int64, looked up in a table of positions
+        [0, max_len) built once per device with transformers' arithmetic (angle = position x inv_freq in float32,
+        then cos + i sin)."""
+        dev = self.embed.weight.device
+        if self._rope_tab is None or self._rope_tab.device != dev:
+            self.inv_freq = self.inv_freq.to(dev)
+            ang = torch.arange(self.max_len, device=dev).float()[:, None] * self.inv_freq   # (max_len, hd/2)
+            self._rope_tab = torch.polar(torch.ones_like(ang), ang)
+        return self._rope_tab[pos]
 
     def _run(self, ids, pos, mask, return_hidden, logits_from):
         S = ids.shape[1]
         start = self._len
         if start + S > self.max_len:
             raise ValueError(f"FastLlama cache full ({start} + {S} > {self.max_len}); raise max_len")
-        if self.inv_freq.device != ids.device:
-            self.inv_freq = self.inv_freq.to(ids.device)
-        ang = pos.float()[..., None] * self.inv_freq                 # (B, S, hd/2)
-        emb = torch.cat([ang, ang], -1)[:, None]                      # (B, 1, S, hd)
-        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
-        h = self.embed(ids)
-        for layer in self.layers:
-            h = layer(h, cos, sin, start, mask)
-        h = self.norm(h)
+        rot = self._rope(pos)
+        h = F.embedding(ids, self.embed.weight)
+        for layer in self.layers:   # a loop over decoder layers
+            h = layer.forward(h, rot, start, mask)
+        h = rms_norm(h, self.norm.weight, self.norm.eps)
         self._block_start, self._len = start, start + S
         logits = self.head(h[:, logits_from:])
         return ModelOutput(logits, h if return_hidden else None)
@@ -215,10 +241,15 @@ class FastLlama(Placed, nn.Module):
             raise ValueError("FastLlama.forward before prefill")
         t = self._map(tokens)
         B, S = t.shape
+        dev = t.device
         if position_ids is None:
-            off = torch.arange(S, device=self.device)
+            off = torch.arange(S, device=dev)
         else:
-            off = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1) - self._len
+            position_ids = torch.as_tensor(position_ids, device=dev, dtype=torch.long).reshape(-1)
+            if position_ids.shape[0] != S or not bool(((position_ids >= 0) & (position_ids < self._len + S)).all()):
+                raise ValueError(f"position_ids must be {S} positions in [0, cache_len + S = {self._len + S}), "
+                                 f"got {position_ids.tolist()}")
+            off = position_ids - self._len
         pos = self._next_pos[:, None] + off[None]
         self._block_pos = self._next_pos
         out = self._run(t, pos, self._mask(S, attn_mask, B), return_hidden, 0)

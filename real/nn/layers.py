@@ -91,7 +91,13 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     product runs on oneDNN with the weights packed once (``_entry``; the same result up to float rounding;
     ``COOLSD_CPU_GEMM=default`` in the environment turns oneDNN off). Elsewhere (training included, so the
     arithmetic of the shipped checkpoints' training runs is unchanged) each weight is its own ``F.linear``."""
-    ws = w if type(w) is tuple else (w,)
+    if type(w) is not tuple:
+        n = w.numel()
+        if n <= ONEDNN_MIN_WEIGHT and x.numel() // w.shape[-1] * n < ONEDNN_MIN_MACS:
+            return F.linear(x, w, b)      # what every path below does for one small weight: no cache lookup
+        ws = (w,)
+    else:
+        ws = w
     if (not _inference(x, b, *ws) or torch.compiler.is_compiling()
             or not all(isinstance(t, nn.Parameter) for t in ws)):
         if len(ws) == 1:
