@@ -7,6 +7,9 @@ expected maximum of B images' round counts from the vanilla run), and the share 
 model forwards (every model call timed).
 
   python benchmarks/bench_batch.py [--batches 1 8 32 64] [--images 128] [--threads 2] [--json out.json]
+  python benchmarks/bench_batch.py --short --json out.json   # B = 1 (8 images) and 64 (64), 1 thread (run_all.py)
+
+The JSON also holds "ratios" (SD / AR at B = 1 and 64, SD at B = 64 / SD at B = 1), which run_all.py reads.
 """
 from __future__ import annotations
 
@@ -111,7 +114,11 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    ap.add_argument("--short", action="store_true",
+                    help="--batches 1 64 --images 64 --threads 1 --repeats 10, 8 of the images at batch 1")
     args = ap.parse_args(argv)
+    if args.short:
+        args.batches, args.images, args.threads, args.repeats = [1, 64], 64, 1, 10
     if args.images < max(args.batches):
         raise SystemExit(f"--images ({args.images}) must be >= the largest batch size ({max(args.batches)})")
     torch.set_num_threads(args.threads)
@@ -128,7 +135,8 @@ def main(argv=None):
           f"{'non-fwd':>7}")
     for B in args.batches:
         c = unit_costs(target, eagle, B, proc, args.repeats)
-        res = {m: run(m, target, eagle, conds, B, proc, seed=B) for m in ("ar", "vanilla", "cool-sd")}
+        cb = conds[:max(B, 8)] if args.short else conds      # --short: 8 images at batch 1
+        res = {m: run(m, target, eagle, cb, B, proc, seed=B) for m in ("ar", "vanilla", "cool-sd")}
         round_cost = L * c["draft_step"] + c["verify_pass"] + c["verifier"]
         for m in ("ar", "vanilla", "cool-sd"):
             ips, rounds, fwd_share, st = res[m]
@@ -145,9 +153,19 @@ def main(argv=None):
     print(f"vanilla SD stops paying (measured speed-up < 1) from B = {stop[0]}" if stop else
           "vanilla SD still pays at every batch size measured")
     if args.json:
+        at = {(r["B"], r["method"]): r for r in rows}
+        ratios = {}
+        for m in ("vanilla", "cool-sd"):
+            for B in (1, 64):
+                if (B, m) in at:
+                    ratios[f"sd_{m}_over_ar_b{B}"] = {"value": at[B, m]["speedup_measured"], "better": "higher",
+                                                      "what": f"images/s, {m} SD / plain AR, both at batch {B}"}
+            if (1, m) in at and (64, m) in at:
+                ratios[f"sd_{m}_b64_over_b1"] = {"value": at[64, m]["vs_batch1"], "better": "higher",
+                                                 "what": f"images/s, {m} SD at batch 64 / at batch 1"}
         with open(args.json + ".tmp", "w") as f:
             json.dump({"command": " ".join(["python", "benchmarks/bench_batch.py"] + (argv or sys.argv[1:])),
-                       "rows": rows}, f, indent=2)
+                       "rows": rows, "ratios": ratios}, f, indent=2)
         os.replace(args.json + ".tmp", args.json)
 
 

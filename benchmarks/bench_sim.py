@@ -3,6 +3,7 @@ Python loop measured in the same run, on one core (the process is pinned to one 
 
   python benchmarks/bench_sim.py                 # V = 64, L = 8 (the default setting)
   python benchmarks/bench_sim.py --V 512 --L 4   # other sizes
+  python benchmarks/bench_sim.py --short --json out.json   # numpy backend only, fewer rounds (run_all.py)
 
 The machine may be shared: compare the ratios, and read the absolute numbers together with the load
 average printed at the top.
@@ -24,6 +25,7 @@ import bisect  # noqa: E402
 import random  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _timing import write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import sim  # noqa: E402
 from theory import chains, markov, rules  # noqa: E402
@@ -79,7 +81,11 @@ def main():
     ap.add_argument("--n", type=int, default=1 << 20, help="rounds per timed run of the vectorised backends")
     ap.add_argument("--n-loop", type=int, default=50_000, help="rounds per timed run of the Python loop")
     ap.add_argument("--cpu", type=int, default=None, help="CPU to pin to (default: the first allowed one)")
+    ap.add_argument("--short", action="store_true", help="numpy backend against the loop only, 2^18 / 20000 rounds")
+    ap.add_argument("--json", default=None, help="write the ratios to this JSON file (for run_all.py)")
     args = ap.parse_args()
+    if args.short:
+        args.n, args.n_loop = min(args.n, 1 << 18), min(args.n_loop, 20_000)
     cpu = min(os.sched_getaffinity(0)) if args.cpu is None else args.cpu
     os.sched_setaffinity(0, {cpu})
     print(f"pinned to CPU {cpu}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -98,6 +104,11 @@ def main():
     r_np = rate(lambda n: sim.simulate(P, Q, F, G, 0, n, 1), args.n)
     m_np = sim.simulate(P, Q, F, G, 0, args.n, 2).accepted.mean()
     print(f"{'numpy (alias tables)':26s} {r_np:12.3e} {r_np / r_loop:14.1f}x {m_np:9.4f}")
+    write_ratios(args.json, {"sim_numpy_over_loop": {
+        "value": r_np / r_loop, "better": "higher",
+        "what": f"simulator rounds/s, numpy backend / per-round Python loop, V={args.V} L={args.L}"}})
+    if args.short:
+        return
     try:
         import jax  # noqa: F401
 

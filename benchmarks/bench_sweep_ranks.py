@@ -6,6 +6,7 @@ started), from the unit files' timestamps (model loading and the merge are exclu
 otherwise idle machine: on a shared one the ratio measures the other load.
 
     python benchmarks/bench_sweep_ranks.py --images 64
+    python benchmarks/bench_sweep_ranks.py --short --json out.json    # 8 images per grid point (run_all.py)
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import tempfile
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _timing import write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 
 def throughput(out: pathlib.Path) -> tuple[float, int]:
@@ -46,7 +50,11 @@ def main(argv=None):
     p.add_argument("--images", type=int, default=64)
     p.add_argument("--unit-images", type=int, default=4)
     p.add_argument("--grid", nargs="+", default=["vanilla", "cool-sd:delta=4"])
+    p.add_argument("--short", action="store_true", help="--images 8 (per grid point)")
+    p.add_argument("--json", default=None, help="write the ratio to this JSON file (for run_all.py)")
     a = p.parse_args(argv)
+    if a.short:
+        a.images = 8
     sweep = ["-m", "coolsd", "sweep", "--model", "mnist", "--grid", *a.grid, "--images", str(a.images),
              "--unit-images", str(a.unit_images), "--no-progress"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,6 +63,8 @@ def main(argv=None):
                       pathlib.Path(tmp) / "two")
     print(f"one process: {one:.2f} images/s ({n1} images); torchrun 2 ranks: {two:.2f} images/s ({n2} images); "
           f"ratio {two / one:.2f}x (cpu count {os.cpu_count()}, load average {os.getloadavg()[0]:.1f})")
+    write_ratios(a.json, {"sweep_2_ranks_over_1": {"value": two / one, "better": "higher",
+                                                   "what": f"coolsd sweep images/s, torchrun 2 ranks / 1 process, {a.images} images"}})
 
 
 if __name__ == "__main__":

@@ -191,15 +191,16 @@ class FastLlama(Placed, nn.Module):
         return ModelOutput(logits, h if return_hidden else None)
 
     def _mask(self, S, attn_mask, B):
-        m = block_mask(S, self._len, attn_mask, self.device)
+        dev = self.embed.weight.device
+        m = block_mask(S, self._len, attn_mask, dev)
         if self._pad is None:
             return None if m is None else m[None, None]
         if m is None:
-            m = torch.ones(S, self._len + S, dtype=torch.bool, device=self.device)
+            m = torch.ones(S, self._len + S, dtype=torch.bool, device=dev)
         P = self._pad.shape[1]
         m = m[None].repeat(B, 1, 1)
         m[:, :, :P] &= ~self._pad[:, None, :]
-        q = self._len + torch.arange(S, device=self.device)
+        q = self._len + torch.arange(S, device=dev)
         own = q < P                                                   # padded prefix queries see themselves
         if bool(own.any()):
             m[:, own, q[own]] = True

@@ -1,0 +1,183 @@
+"""Every ratio benchmark in its short mode, compared with the committed baseline (issue 30).
+
+Each benchmark runs as a subprocess (``--short --json FILE``) and reports ratios measured within its own
+run (interleaved against a baseline of the same run: theory vs the touch-once numpy limit, simulator vs a
+Python loop, the engine vs transformers assisted generation, SD vs plain AR at batch 1 and 64, batched vs
+batch-1 SD, 2 ranks vs 1, likelihood scoring vs generation). Each ratio is compared with
+``benchmarks/results/baseline.json``: a regression is a ratio worse than the baseline value by more than
+its tolerance, which ``--update`` sets from the ratio's run-to-run spread over ``--runs`` runs. Prints a
+table now vs baseline and exits 1 on a regression (2 when a benchmark fails or a ratio is missing). The
+baseline records the commit it was measured at and the machine (/proc/cpuinfo model name, cores); a
+different machine is reported, since ratios move with the hardware. Not a test: CI does not run it.
+
+  python benchmarks/run_all.py                   # one run of each, compare (about 3-5 minutes)
+  python benchmarks/run_all.py --update          # 3 runs of each, rewrite the baseline from them
+  python benchmarks/run_all.py --only theory sim # a subset
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+BASELINE = HERE / "results" / "baseline.json"
+
+# name -> (script in benchmarks/, its short-mode arguments): each under about a minute on a quiet machine
+BENCHMARKS = {
+    "theory": ("bench_theory.py", ["--short"]),
+    "sim": ("bench_sim.py", ["--short"]),
+    "engine_vs_hf": ("bench_engine_vs_hf.py", ["--short", "--tokens", "256", "--repeats", "3", "--threads", "1"]),
+    "batch": ("bench_batch.py", ["--short"]),
+    "sweep_ranks": ("bench_sweep_ranks.py", ["--short"]),
+    "likelihood": ("bench_likelihood.py", ["--short"]),
+}
+TIMEOUT_S = 600
+REL_FLOOR = 0.05   # tolerance never below 5% of the value (three runs can agree by chance)
+SPREAD_FACTOR = 1.5  # tolerance = max(SPREAD_FACTOR x (max - min) over the runs, REL_FLOOR x value)
+
+
+def machine() -> dict:
+    """The CPU model (/proc/cpuinfo's first model name) and the number of CPUs this process may use."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0))}
+
+
+def commit() -> str:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    h = git("rev-parse", "--short", "HEAD") or "unknown"
+    return h + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def run_one(name: str) -> tuple[str, dict | None, float, str]:
+    """Run benchmark ``name`` once: (status "ok" / "skipped" / "failed", its ratios or None, seconds, note)."""
+    script, args = BENCHMARKS[name]
+    path = HERE / script
+    if not path.exists():
+        return "skipped", None, 0.0, f"benchmarks/{script} is absent"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "ratios.json"
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run([sys.executable, str(path), *args, "--json", str(out)], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return "failed", None, time.perf_counter() - t0, f"timed out after {TIMEOUT_S} s"
+        dt = time.perf_counter() - t0
+        if r.returncode or not out.exists():
+            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+            return "failed", None, dt, f"exit {r.returncode}: " + " | ".join(tail)
+        ratios = json.loads(out.read_text())["ratios"]
+    return "ok", ratios, dt, ""
+
+
+def regressed(now: float, base: dict) -> bool:
+    """Whether ``now`` is worse than the baseline value by more than its tolerance."""
+    if base["better"] == "higher":
+        return now < base["value"] - base["tolerance"]
+    return now > base["value"] + base["tolerance"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--update", action="store_true", help="rewrite the baseline from --runs runs of each benchmark")
+    ap.add_argument("--runs", type=int, default=None, help="runs of each benchmark (default 3 with --update, else 1)")
+    ap.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=None, help="run only these benchmarks")
+    args = ap.parse_args(argv)
+    runs = args.runs or (3 if args.update else 1)
+    if runs < 1 or (args.update and runs < 2):
+        ap.error("--runs must be >= 1 (>= 2 with --update: the tolerance comes from the spread)")
+    names = args.only or list(BENCHMARKS)
+    base = json.loads(BASELINE.read_text()) if BASELINE.exists() else None
+    here = machine()
+    print(f"run_all at {commit()} on {here['cpu']} ({here['cores']} CPUs), load average "
+          f"{os.getloadavg()[0]:.1f}; {runs} run(s) of each benchmark")
+    if base and base.get("machine") != here:
+        print(f"  note: the baseline was measured on {base.get('machine')}; ratios move with the hardware")
+
+    values: dict[str, list[float]] = {}
+    meta: dict[str, dict] = {}
+    failed, skipped = [], []
+    for k in range(runs):     # runs one after another: each benchmark interleaves its own contenders
+        for name in names:
+            status, ratios, dt, note = run_one(name)
+            print(f"  [{k + 1}/{runs}] {name:13s} {status:8s} {dt:6.1f} s  {note}")
+            if status == "skipped":
+                if name not in skipped:
+                    skipped.append(name)
+                continue
+            if status == "failed":
+                failed.append(name)
+                continue
+            for r, v in ratios.items():
+                values.setdefault(r, []).append(float(v["value"]))
+                meta[r] = {"better": v["better"], "what": v["what"], "benchmark": name}
+
+    rc = 2 if failed else 0
+    print(f"\n{'ratio':34s} {'now':>8s} {'baseline':>9s} {'tol':>7s} {'better':>7s}  status")
+    base_r = (base or {}).get("ratios", {})
+    for r in sorted(set(values) | {r for r, b in base_r.items() if b.get("benchmark") in names}):
+        b = base_r.get(r)
+        if r not in values:
+            if b and b.get("benchmark") in skipped:
+                print(f"{r:34s} {'-':>8s} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  skipped")
+            else:
+                print(f"{r:34s} {'-':>8s} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  MISSING")
+                rc = 2
+            continue
+        now = statistics.median(values[r])
+        if b is None:
+            print(f"{r:34s} {now:8.3f} {'-':>9s} {'-':>7s} {meta[r]['better']:>7s}  new (not in the baseline)")
+            continue
+        bad = regressed(now, b)
+        rc = max(rc, 1) if bad else rc
+        print(f"{r:34s} {now:8.3f} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  "
+              f"{'REGRESSION' if bad else 'ok'}")
+    for name in skipped:
+        print(f"skipped {name}: benchmarks/{BENCHMARKS[name][0]} is absent")
+
+    if args.update:
+        if failed:
+            print(f"not updating the baseline: {', '.join(sorted(set(failed)))} failed")
+            return 2
+        ratios = dict(base_r) if args.only else {}
+        for r, vs in values.items():
+            value = statistics.median(vs)
+            spread = max(vs) - min(vs)
+            ratios[r] = {**meta[r], "value": value, "tolerance": max(SPREAD_FACTOR * spread, REL_FLOOR * abs(value)),
+                         "runs": vs, "spread": spread}
+        BASELINE.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"commit": commit(), "machine": here, "measured": datetime.datetime.now().isoformat(timespec="seconds"),
+               "load_average": os.getloadavg()[0], "runs": runs,
+               "tolerance_rule": f"max({SPREAD_FACTOR} x (max - min) over the runs, {REL_FLOOR} x value)",
+               "ratios": dict(sorted(ratios.items()))}
+        tmp = BASELINE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, BASELINE)
+        print(f"baseline rewritten: {BASELINE.relative_to(ROOT)} ({len(ratios)} ratios)")
+        return 0
+    if base is None:
+        print("no baseline yet: python benchmarks/run_all.py --update")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
