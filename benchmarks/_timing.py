@@ -2,8 +2,11 @@
 and the machine-readable output that ``benchmarks/run_all.py`` reads (``write_ratios``)."""
 from __future__ import annotations
 
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import time
 
@@ -56,3 +59,14 @@ def write_ratios(path: str | None, ratios: dict) -> None:
     with open(tmp, "w") as fh:
         json.dump({"ratios": {k: {**v, "value": float(v["value"])} for k, v in ratios.items()}}, fh, indent=1)
     os.replace(tmp, path)
+
+
+def profile_text(fn, top: int) -> str:
+    """cProfile of one call of ``fn``: the ``top`` functions by own time, as text (the profile scripts' output)."""
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return "\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip())

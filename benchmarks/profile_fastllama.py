@@ -8,10 +8,7 @@ functions by own time. benchmarks/results/fastllama_profile_{before,after}.txt a
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -19,6 +16,8 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import profile_text  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
@@ -71,14 +70,8 @@ def main():
     t = statistics.median(ts)
     print(f"engine + FastLlama at {commit}: {args.tokens} tokens, greedy, L = 4, 1 thread: {args.tokens / t:.1f} tokens/s "
           f"(median of 5), {len(g.rounds)} rounds, {100 * share:.0f}% of the time inside the models' forward calls")
-    pr = cProfile.Profile()
-    pr.enable()
-    run()
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
     print("cProfile of one generation, by own time:")
-    print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()))
+    print(profile_text(run, 30))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,7 @@ Writes text (benchmarks/results/theory_profile_*.txt are its output before and a
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import subprocess
 import sys
 import time
@@ -20,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from _timing import interleaved_best  # noqa: E402
+from _timing import interleaved_best, profile_text  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -61,17 +58,13 @@ def main():
     t_lim = times[rows[0][0]]
     for name, t in times.items():
         print(f"{name:50s} {t * 1e3:8.2f} ms  {t / t_lim:5.2f}x limit")
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(5):
-        markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)
-        if hasattr(markov, "round_terms"):
-            markov.round_terms(P, Q, F, G, 0)
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
+    def calls():
+        for _ in range(5):
+            markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)
+            if hasattr(markov, "round_terms"):
+                markov.round_terms(P, Q, F, G, 0)
     print("\ncProfile of 5 x (expected_accepted + tv_bound [+ round_terms]), by own time:")
-    print("\n".join(line for line in s.getvalue().splitlines()[4:] if line.strip()))
+    print(profile_text(calls, 18))
 
 
 if __name__ == "__main__":
