@@ -7,8 +7,8 @@ comparable), L = num_assistant_tokens = 4 with the constant schedule and no conf
 Our engine runs the pair twice: through the generic adapter ``real.adapters.hf.HFCausalLM`` (every forward is
 the transformers forward, so the ratio there is the engine's own overhead vs assisted generation's,
 bounded by the share of assisted generation's time spent outside model forwards, printed), and through
-``real.models.llama.FastLlama`` loaded from the same two models (gpt-fast-style static-cache forward, same
-weights, same logits). All outputs are checked equal to plain greedy decoding; target forward calls
+``real.models.llama.FastLlama`` loaded from the same two models (static-cache forward through LlamaGen's CPU
+fast paths, same weights, logits equal up to float rounding). All outputs are checked equal to plain greedy decoding; target forward calls
 are counted on the models; times are medians over --repeats interleaved runs after a warm-up, the ratio
 printed both from wall time and from the process's CPU time (steadier on a shared machine; the JSON of
 ``--json`` holds the CPU-time ratios).
