@@ -46,10 +46,11 @@ def interleaved_best(fns: dict, repeat: int, clock=time.perf_counter) -> dict:
     return best
 
 
-def write_ratios(path: str | None, ratios: dict) -> None:
+def write_ratios(path: str | None, ratios: dict, extra: dict | None = None) -> None:
     """Write {"ratios": {name: {"value": float, "better": "higher" | "lower", "what": str}}} as JSON to ``path``
     (atomically; nothing when ``path`` is None): what ``--json`` of each ratio benchmark produces and
-    ``benchmarks/run_all.py`` reads (a script with a JSON of its own puts the same "ratios" key in it)."""
+    ``benchmarks/run_all.py`` reads (a script with a JSON of its own puts the same "ratios" key in it, or passes
+    its figures as ``extra``, written beside "ratios")."""
     if path is None:
         return
     for name, r in ratios.items():
@@ -57,7 +58,8 @@ def write_ratios(path: str | None, ratios: dict) -> None:
             raise ValueError(f"ratio {name!r} must have value, better (higher/lower) and what, got {r}")
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
-        json.dump({"ratios": {k: {**v, "value": float(v["value"])} for k, v in ratios.items()}}, fh, indent=1)
+        json.dump({**(extra or {}), "ratios": {k: {**v, "value": float(v["value"])} for k, v in ratios.items()}},
+                  fh, indent=1)
     os.replace(tmp, path)
 
 

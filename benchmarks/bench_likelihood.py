@@ -6,9 +6,10 @@ one rule; generating = ``real.decode.engine.generate`` with draft=None (plain AR
 same batch size, CFG 2 as the sweep runs. Reported per image (median of --repeats after a warm-up) and as the
 ratio score / generate (the issue's target: <= 1).
 
-  python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json] [--short]
+  python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json [FILE]] [--short]
 
-``--short``: one repeat of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object.
+``--short``: one repeat of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
+on stdout, ``--json FILE``: the same object written to FILE with the "ratios" benchmarks/run_all.py reads.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
+from _timing import median_time, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -42,7 +43,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--L", type=int, default=4)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                    help="JSON on stdout, or (with FILE) to FILE with run_all.py's ratios")
     ap.add_argument("--short", action="store_true")
     a = ap.parse_args(argv)
     if a.short:
@@ -70,7 +72,12 @@ def main(argv=None) -> dict:
             out["results"].append({"draft": draft, "rule": name, "generate_ar_s_per_image": t_gen / a.images,
                                    "rows_s_per_image": t_rows / a.images, "recursion_s_per_image": t_rec / a.images,
                                    "ratio": (t_rows + t_rec) / t_gen})
-    if a.json:
+    if a.json not in (None, "-"):
+        write_ratios(a.json, {f"likelihood_{r['rule']}_{r['draft']}_score_over_generate": {
+            "value": r["ratio"], "better": "lower",
+            "what": f"s per image, scoring ({r['draft']} draft rows + {r['rule']} recursion) / plain AR generation"}
+            for r in out["results"]}, extra=out)
+    if a.json == "-":
         print(json.dumps(out))
     else:
         print(f"{a.images} images per batch, CFG 2, L = {a.L}, {a.threads} thread(s); per image:")
