@@ -169,9 +169,10 @@ def main(argv=None) -> int:
         ratios = dict(base_r) if args.only else {}
         for r, vs in values.items():
             ratios[r] = {**meta[r], "value": statistics.median(vs), "tolerance": tolerance(vs), "runs": vs,
-                         "spread": max(vs) - min(vs)}
+                         "spread": max(vs) - min(vs), "commit": commit(),
+                         "measured": datetime.datetime.now().isoformat(timespec="seconds")}
         BASELINE.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"commit": commit(), "machine": here, "measured": datetime.datetime.now().isoformat(timespec="seconds"),
+        doc = {"commit": commit(), "machine": here,  # of the last update; each ratio records its own "measured": datetime.datetime.now().isoformat(timespec="seconds"),
                "load_average": os.getloadavg()[0], "runs": runs,
                "tolerance_rule": f"max({SPREAD_FACTOR} x (max - min) over the runs, {REL_FLOOR} x value)",
                "ratios": dict(sorted(ratios.items()))}
