@@ -140,24 +140,24 @@ def main(argv=None) -> int:
                 meta[r] = {"better": v["better"], "what": v["what"], "benchmark": name}
 
     rc = 2 if failed else 0
-    print(f"\n{'ratio':34s} {'now':>8s} {'baseline':>9s} {'tol':>7s} {'better':>7s}  status")
+    print(f"\n{'ratio':46s} {'now':>8s} {'baseline':>9s} {'tol':>7s} {'better':>7s}  status")
     base_r = (base or {}).get("ratios", {})
     for r in sorted(set(values) | {r for r, b in base_r.items() if b.get("benchmark") in names}):
         b = base_r.get(r)
         if r not in values:
             if b and b.get("benchmark") in skipped:
-                print(f"{r:34s} {'-':>8s} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  skipped")
+                print(f"{r:46s} {'-':>8s} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  skipped")
             else:
-                print(f"{r:34s} {'-':>8s} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  MISSING")
+                print(f"{r:46s} {'-':>8s} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  MISSING")
                 rc = 2
             continue
         now = statistics.median(values[r])
         if b is None:
-            print(f"{r:34s} {now:8.3f} {'-':>9s} {'-':>7s} {meta[r]['better']:>7s}  new (not in the baseline)")
+            print(f"{r:46s} {now:8.3f} {'-':>9s} {'-':>7s} {meta[r]['better']:>7s}  new (not in the baseline)")
             continue
         bad = regressed(now, b)
         rc = max(rc, 1) if bad else rc
-        print(f"{r:34s} {now:8.3f} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  "
+        print(f"{r:46s} {now:8.3f} {b['value']:9.3f} {b['tolerance']:7.3f} {b['better']:>7s}  "
               f"{'REGRESSION' if bad else 'ok'}")
     for name in skipped:
         print(f"skipped {name}: benchmarks/{BENCHMARKS[name][0]} is absent")
