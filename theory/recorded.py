@@ -301,18 +301,23 @@ class TreeRows:
         return TreeRows(self.p[idx], self.q[idx], self.tokens[idx], self.tree, self.image[idx])
 
 
-def load_rows(path):
+def load_rows(path, name: str = "record"):
     """Rows from an ``.npz`` written by ``coolsd generate --record`` (chains: keys p, q, drafts, n_drafted,
-    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows."""
+    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows.
+    The whole file is read and checked now: a missing, empty, non-.npz, damaged or malformed file is one
+    ValueError line naming ``name`` and the file (``checks.npz_arrays``)."""
     import json
+    import os
 
-    with np.load(path) as z:
-        if "tree_paths" in z.files:
+    hint = "write it again with coolsd generate --record FILE (a speculative --method, not ar)"
+    z = checks.npz_arrays(name, path, ("p", "q"), hint)
+    try:
+        if "tree_paths" in z:
             paths = json.loads(str(z["tree_paths"]))
-            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)),
-                            z["image"] if "image" in z.files else None)
-        missing = {"p", "q", "drafts"} - set(z.files)
-        if missing:
-            raise ValueError(f"record {path}: missing arrays {sorted(missing)} (write it with coolsd generate --record)")
-        return Rows(z["p"], z["q"], z["drafts"], z["n_drafted"] if "n_drafted" in z.files else None,
-                    z["image"] if "image" in z.files else None)
+            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)), z.get("image"))
+        if "drafts" not in z:
+            raise ValueError("missing arrays ['drafts']")
+        return Rows(z["p"], z["q"], z["drafts"], z.get("n_drafted"), z.get("image"))
+    except (ValueError, TypeError, KeyError) as e:
+        msg = str(e).removeprefix("rows: ")
+        raise ValueError(f"{name}: {os.fspath(path)!r} does not hold recorded rows ({msg}); {hint}") from None
