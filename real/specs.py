@@ -94,7 +94,8 @@ class ModelSpec:
     kind); ``drafts`` / ``default_draft``: its draft kinds; ``codebook``: "own", "vq" (only with --vq-ckpt)
     or "none" (no LANTERN neighbours); ``batched``: several images per engine batch (False: the
     transformers adapters, batch size 1); ``cfg_scale`` (a number, or {model_type: number}) and ``top_k``:
-    the published sampler's defaults; ``defaults``: option defaults the rules and builders read;
+    the published sampler's defaults; ``defaults``: option defaults the rules and builders read; ``choices``:
+    per-model choices of an option (dest -> callable), over the option's own;
     ``tokens``: tokens per image when fixed (None: set by the options); ``rules``: :class:`Rule` s."""
     name: str
     options: frozenset = frozenset()
@@ -107,6 +108,7 @@ class ModelSpec:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     tokens: int | None = None
     rules: tuple = ()
+    choices: Mapping[str, Callable[[], tuple]] = field(default_factory=dict)   # per-model choices of an option
 
     def __post_init__(self):
         unknown = sorted(set(self.options) - set(OPTIONS))
@@ -139,6 +141,8 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("llamagen", _LLAMAGEN_FILES, ("small", "layerskip", "eagle"), "small", codebook="vq",
               cfg_scale={"c2i": 4.0, "t2i": 7.5},
               defaults={"model_type": "c2i", "target_size": "XL", "draft_size": "B", "vq_size": "VQ-16"},
+              choices={"target_pretrained": _names("real.models.llamagen_io", "PRETRAINED"),
+                       "draft_pretrained": _names("real.models.llamagen_io", "PRETRAINED")},
               rules=(Rule(need=(("target_ckpt", "target_pretrained"),),
                           exclusive=(("target_ckpt", "target_pretrained"), ("draft_ckpt", "draft_pretrained"),
                                      ("captions", "prompts"))),
@@ -214,7 +218,7 @@ def check_options(model: str, values: Mapping[str, Any]) -> ModelSpec:
                 raise ValueError(f"{flag(d)} needs one or more non-empty strings, got {x!r}")
         elif not isinstance(x, str) or not x:
             raise ValueError(f"{flag(d)} must be a non-empty string, got {x!r}")
-        allowed = o.allowed()
+        allowed = s.choices[d]() if d in s.choices else o.allowed()
         if allowed is not None and x not in allowed:
             raise ValueError(f"{flag(d)} must be one of {', '.join(map(str, allowed))}, got {x!r}")
         if o.needs is not None and not given(values, o.needs):

@@ -95,7 +95,7 @@ def real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_o
 def float_array(name: str, a, ndim: int | None = None, allow_empty: bool = False) -> tuple[np.ndarray, np.dtype]:
     """(float64 copy of ``a``, the input's float dtype). Rejects complex, non-numeric and empty arrays
     and, when given, a wrong number of dimensions. The input dtype sets the row-sum tolerance."""
-    arr = np.asarray(a)
+    arr = array(name, a)
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a real-valued array, got dtype {arr.dtype}")
     if arr.dtype.kind == "b":

@@ -321,8 +321,20 @@ def validate_args(args) -> None:
             src = "--prompts" if _given(args, "prompts") else "--captions"
             raise ValueError(f"--num-images {args.num_images} does not match the {n_conds} condition(s) given by "
                              f"{src} (one image per entry); drop --num-images or give {args.num_images} entries")
+    from real.decode.checks import MAX_IMAGES
+    from real.specs import spec
+
+    T = args.num_tokens or spec(args.model).tokens      # tokens per image when the spec knows them
+    if T and args.tree is None and args.L is not None and args.L > T:
+        raise ValueError(f"--L {args.L} is more than the {T} tokens of one image of --model {args.model} "
+                         f"(a round never drafts past the image); use --L <= {T}")
+
+    checks.integer("--num-images", args.num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=args.num_images)
+        if args.batch_size > 1 and not spec(args.model).batched:
+            raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time "
+                             "(its cache has no per-row lengths); use --batch-size 1")
     if getattr(args, "fidelity", False) and args.tree is not None:
         from real.decode.score import TREE_REASON
 
@@ -330,6 +342,9 @@ def validate_args(args) -> None:
     if args.save is not None:
         args.save = str(check_output_file("--save", args.save, ".npz"))
     if args.record is not None:
+        if str(args.method).lower() == "ar":
+            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
+                             "speculative --method (e.g. vanilla) or drop --record")
         args.record = str(check_output_file("--record", args.record, ".npz"))
         if args.save is not None and os.path.abspath(args.record) == os.path.abspath(args.save):
             raise ValueError(f"--record and --save name the same file {args.save!r}")
@@ -417,6 +432,10 @@ def _count_conditions(args) -> int | None:
 def check_bundle(args, bundle) -> None:
     """Checks that need the built model but no generation: --num-tokens within the model's image,
     --class-id within its classes (the builders check it too)."""
+    L = args.L if args.tree is None else None
+    if L is not None and L > bundle.num_tokens:
+        raise ValueError(f"--L {L} is more than the {bundle.num_tokens} tokens of one image of --model {args.model} "
+                         "(a round never drafts past the image); use --L <= " + str(bundle.num_tokens))
     cap = _token_capacity(bundle.target)
     if args.num_tokens is not None and cap is not None and args.num_tokens > cap:
         raise ValueError(f"--num-tokens {args.num_tokens} is more than the {cap} tokens of one image of "
