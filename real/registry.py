@@ -1,12 +1,9 @@
 """Named model pairs for the command line (``coolsd generate --model NAME``) and scripts.
 
-A builder takes a ``BuildOptions`` (a frozen dataclass: device, dtype, seed, num_images, class_id, draft,
-checkpoint paths, ...; None = the model's default; an unknown option is an error) and returns a ``Bundle``: target, draft, one condition per image,
-tokens per image, an optional codebook neighbour table for LANTERN, an optional VQ decoder.
-Add a model with ``register("name", builder, "one-line help")`` (other adapters: Chameleon, Janus, Emu3,
-the MNIST zoo). Every model has a ``real.specs.ModelSpec`` (its options, draft kinds, codebook, batching,
-CFG / top-k defaults): ``build`` checks the options against it (``real.specs.check_options``), fills in
-its defaults (draft kind, model type, sizes) and sets the bundle's ``cfg_scale`` / ``top_k`` from it.
+A builder takes a ``BuildOptions`` (device, dtype, seed, num_images, class_id, draft, checkpoint paths, ...;
+None = the model's default) and returns a ``Bundle``: target, draft, one condition per image, tokens per
+image, LANTERN's neighbour table, a VQ decoder. ``register("name", builder, "help")`` adds a model; its
+``real.specs.ModelSpec`` says what it accepts (``build`` checks the options, fills in the defaults, CFG, top-k).
 """
 from __future__ import annotations
 
@@ -43,15 +40,8 @@ MODELS: dict[str, tuple[Callable[[Any], Bundle], str]] = {}
 def register(name: str, builder: Callable[[Any], Bundle], help: str = "", spec=None) -> None:
     """Add model ``name`` to ``MODELS``: ``builder(BuildOptions) -> Bundle`` and its one-line ``help``; its
     ``spec`` (a ``real.specs.ModelSpec``) defaults to ``real.specs.SPECS[name]``: a model without one is refused."""
-    from . import specs
-
-    if spec is not None:
-        if not isinstance(spec, specs.ModelSpec) or spec.name != name:
-            raise TypeError(f"register: spec must be a real.specs.ModelSpec named {name!r}, got {spec!r}")
-        specs.SPECS[name] = spec
-    elif name not in specs.SPECS:
-        raise ValueError(f"register: model {name!r} has no spec; pass spec=real.specs.ModelSpec({name!r}, ...) "
-                         "(its options, draft kinds, codebook, batching and defaults)")
+    from .specs import attach
+    attach(name, spec)          # refuses a model without a spec
     MODELS[name] = (builder, help)
 
 
@@ -101,12 +91,8 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     if bad:
         raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
     opts = dataclasses.replace(opts or BuildOptions(), **kw)
-    from . import specs
-
-    s = specs.check_options(name, vars(opts))       # the one generic check of the model's options
-    fill = {d: s.default(d) for d in specs.OPTIONS if getattr(opts, d, None) is None and s.default(d) is not None
-            and hasattr(opts, d)}
-    opts = dataclasses.replace(opts, **fill)
+    from .specs import prepare
+    s, opts = prepare(name, opts)         # the one generic check of the model's options, its defaults filled in
     bundle = MODELS[name][0](opts)
     bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
     return bundle

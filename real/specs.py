@@ -1,7 +1,7 @@
 """What each registered model accepts, in one place: its options, draft kinds, codebook, batching and
 sampling defaults (issue 24, "one model spec"). ``real.registry`` refuses a model without a spec; the CLI
 (``coolsd generate`` / ``coolsd sweep``: their model arguments are made from ``OPTIONS``), the sweep and
-the README's model table (``markdown_table``; tests/test_probes.py checks the README against it) read it.
+the README's model table (``markdown_table``; tests/test_specs.py checks the README against it) read it.
 
 * ``OPTIONS``: every model-specific option (dest name -> :class:`Option`: type, help, choices, which
   draft kind it belongs to, which option it configures). Options not listed here (device, dtype, seed,
@@ -23,8 +23,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["Option", "Rule", "ModelSpec", "OPTIONS", "SPECS", "DRAFT_KINDS", "UNIVERSAL_DRAFTS", "CODEBOOKS", "spec", "flag",
-           "given", "check_options", "resolved", "markdown_table"]
+__all__ = ["Option", "Rule", "ModelSpec", "OPTIONS", "SPECS", "DRAFT_KINDS", "UNIVERSAL_DRAFTS", "CODEBOOKS", "spec",
+           "flag", "given", "check_options", "resolved", "attach", "prepare", "markdown_table"]
 
 DRAFT_KINDS = ("layerskip", "small", "eagle")
 UNIVERSAL_DRAFTS = ("jacobi",)        # draft kinds every model takes (no drafter: Speculative Jacobi Decoding)
@@ -151,7 +151,7 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
                      Rule(when={"draft": ("small",)}, need=(("draft_ckpt", "draft_pretrained"),)),
                      Rule(when={"draft": ("eagle",)}, need=(("drafter_dir",),)))),
     ModelSpec("hf-llama-tiny", batched=False, codebook="none", tokens=64),
-    ModelSpec("llama-tiny-fast", codebook="none", tokens=64),
+    ModelSpec("llama-tiny-fast", batched=False, codebook="none", tokens=64),
     ModelSpec("chameleon-tiny", frozenset({"draft"}), batched=False, cfg_scale=3.0, **_TINY),
     ModelSpec("janus-tiny", frozenset({"draft"}), batched=False, cfg_scale=5.0, **_TINY),
     ModelSpec("emu3-tiny", frozenset({"draft"}), batched=False, cfg_scale=3.0, **_TINY),
@@ -169,11 +169,31 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
 
 def spec(model: str) -> ModelSpec:
     """The spec of a registered model (ValueError naming --model otherwise)."""
-    from .registry import MODELS
-
-    if model not in MODELS or model not in SPECS:
-        raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(MODELS)} (--list-models)")
+    if model not in SPECS:
+        raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(SPECS)} (--list-models)")
     return SPECS[model]
+
+
+def attach(name: str, model_spec: ModelSpec | None) -> None:
+    """``real.registry.register``'s side: ``model_spec`` becomes ``SPECS[name]``; None: ``SPECS`` must hold one."""
+    if model_spec is not None:
+        if not isinstance(model_spec, ModelSpec) or model_spec.name != name:
+            raise TypeError(f"register: spec must be a real.specs.ModelSpec named {name!r}, got {model_spec!r}")
+        SPECS[name] = model_spec
+    elif name not in SPECS:
+        raise ValueError(f"register: model {name!r} has no spec; pass spec=real.specs.ModelSpec({name!r}, ...) "
+                         "(its options, draft kinds, codebook, batching and defaults)")
+
+
+def prepare(name: str, opts):
+    """``real.registry.build``'s side: the generic check of ``opts`` (a BuildOptions), then ``opts`` with the
+    spec's defaults filled in for unset options. Returns (spec, opts)."""
+    import dataclasses
+
+    s = check_options(name, vars(opts))
+    fill = {d: s.default(d) for d in OPTIONS if hasattr(opts, d) and getattr(opts, d) is None
+            and s.default(d) is not None}
+    return s, dataclasses.replace(opts, **fill)
 
 
 def flag(dest: str) -> str:
@@ -246,15 +266,11 @@ def check_options(model: str, values: Mapping[str, Any]) -> ModelSpec:
 
 
 def markdown_table() -> str:
-    """The README's model table, made from ``SPECS`` (tests/test_probes.py checks the README holds it)."""
-    from .registry import MODELS
-
+    """The README's model table, made from ``SPECS`` (tests/test_specs.py checks the README holds it)."""
     rows = ["| model | draft kinds (default first) | codebook | batched | CFG | top-k | options |",
             "|---|---|---|---|---|---|---|"]
     for name in sorted(SPECS):
         s = SPECS[name]
-        if name not in MODELS:
-            continue
         kinds = [s.default_draft] + [d for d in s.drafts if d != s.default_draft]
         cfg = (", ".join(f"{k} {x:g}" for k, x in s.cfg_scale.items()) if isinstance(s.cfg_scale, Mapping)
                else f"{s.cfg_scale:g}")

@@ -185,7 +185,7 @@ def _simulate_np(tab: ChainTables, n_rounds: int, seed) -> SimResult:
 ROUND_SECONDS = {"table": 1.5e-7, "rule": 8e-7}   # per round and position, one core (measured 0.1 / 0.6 us at L = 4)
 
 
-def check_rounds_cost(what: str, n_rounds: int, L: int, V: int, path: str = "table", runs: int = 1,
+def check_rounds_cost(what: str, n_rounds: int, L: int, V: int, path: str = "table", runs: int = 1, *,
                       max_bytes: float | None = checks.MAX_BYTES, max_seconds: float | None = checks.MAX_SECONDS) -> tuple[str, float]:
     """Refuse (``checks.SizeError``) before any work a simulation of ``n_rounds`` rounds whose results (tau, the
     L + 1 tokens, the start and the L drafts: (2L + 3) int64 per round; the rule path also holds a chunk of
@@ -219,7 +219,8 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
     seed = checks.seed(seed)
     backend = _check_backend(backend)
     tab = prepare_tables(P, Q, F, G, init)
-    check_rounds_cost("simulate", n_rounds, tab.F.shape[0], tab.P.shape[0], "table", max_bytes, max_seconds)
+    check_rounds_cost("simulate", n_rounds, tab.F.shape[0], tab.P.shape[0], "table", max_bytes=max_bytes,
+                      max_seconds=max_seconds)
     if backend == "jax":
         try:
             import jax  # noqa: F401
@@ -249,7 +250,7 @@ def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None 
     chunk = checks.count("chunk", chunk)
     seed = checks.seed(seed)
     P, Q = markov.check_chain(P, Q)
-    check_rounds_cost("simulate_rule", n_rounds, L, P.shape[0], "rule", max_bytes, max_seconds)
+    check_rounds_cost("simulate_rule", n_rounds, L, P.shape[0], "rule", max_bytes=max_bytes, max_seconds=max_seconds)
     mu = markov.init_distribution(init, P.shape[0])
     V = P.shape[0]
     qp, qa = alias_table(Q)

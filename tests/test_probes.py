@@ -400,6 +400,12 @@ API_PROBES = [
     ("engine batch_size 1.5", lambda: _gen(batch_size=1.5), E, "batch_size"),
     ("engine target is draft", lambda: _gen(draft=_tiny()[0]), E, "draft"),             # 26
     ("engine target None", lambda: _gen(target=None), E, "target"),
+    ("engine conds str", lambda: __import__("real.decode.engine", fromlist=["x"]).generate(
+        *_tiny(), ["cat"], num_tokens=4, verifier=rules.vanilla(), L=2), E, "conds[0]"),                # 26
+    ("engine conds float", lambda: __import__("real.decode.engine", fromlist=["x"]).generate(
+        *_tiny(), [1.5], num_tokens=4, verifier=rules.vanilla(), L=2), E, "conds[0]"),
+    ("engine conds None", lambda: __import__("real.decode.engine", fromlist=["x"]).generate(
+        _tiny()[0], None, [None], num_tokens=4), E, "conds[0]"),
     ("rule_tables L 2.7", lambda: markov.rule_tables(P4, Q4, 2.7, rules.vanilla()), E, "L"),
     ("rule_tables L '2'", lambda: markov.rule_tables(P4, Q4, "2", rules.vanilla()), E, "L"),
     ("rule_tables L 0", lambda: markov.rule_tables(P4, Q4, 0, rules.vanilla()), E, "L"),

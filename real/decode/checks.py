@@ -7,7 +7,11 @@ and add a bad value to tests/test_probes.py.
 """
 from __future__ import annotations
 
+import numbers
+
 from theory import checks
+
+from ..protocol import Caption, Prompt
 
 __all__ = ["generate_args", "MAX_IMAGES"]
 
@@ -29,6 +33,7 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, 
     n = len(conds) if isinstance(conds, (list, tuple)) else 1
     if n > MAX_IMAGES:
         raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
+    _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
     if draft is None:
         return
     if draft is target:
@@ -37,3 +42,17 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, 
     checks.verifier(verifier)
     if tree is None and L is not None:
         checks.integer("L", L, lo=1, hi=T)
+
+
+def _check_class_ids(conds) -> None:
+    """Conditions that are not a ``Caption`` or ``Prompt`` are class ids: integers (Python, numpy or 0-d integer
+    tensors), not strings, floats, bools or None (a float 1.5 would silently become class 1). One pass over the
+    conditions (validation, not a hot path)."""
+    for i, c in enumerate(conds):   # a loop over the images' conditions, once per call
+        if isinstance(c, (Caption, Prompt)):
+            continue
+        bad = c is None or isinstance(c, (str, bytes, bool, float, complex)) or not (
+            isinstance(c, numbers.Integral) or (getattr(c, "ndim", None) == 0 and "int" in str(getattr(c, "dtype", ""))))
+        if bad:
+            raise TypeError(f"conds[{i}] must be a class id (an integer), a real.protocol.Caption or a Prompt, got "
+                            f"{type(c).__name__} {c!r}"[:200])
