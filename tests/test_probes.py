@@ -326,7 +326,8 @@ def test_bound_budget_zero_returns_the_vanilla_weights(files, tmp_path, capsys):
 def test_newcomer_warnings(tmp_path, monkeypatch, capsys):
     """A sweep below the minimum image count warns (before any work) that its intervals are unreliable."""
     from coolsd.cli import build_parser
-    from coolsd.commands.sweep import MIN_RELIABLE_IMAGES, config
+    from coolsd.commands.sweep import config
+    from coolsd.studies.sweep.metrics import MIN_RELIABLE_IMAGES
 
     config(build_parser().parse_args(["sweep", "--out", "x", "--model", "mnist", "--images", "16"]))
     assert "unreliable" in capsys.readouterr().err

@@ -65,7 +65,6 @@ def register(sub):
 
 
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-MIN_RELIABLE_IMAGES = 64      # below, the report's FD intervals are too wide to tell settings apart (a warning)
 
 
 def _default():
@@ -108,6 +107,8 @@ def config(args):
     validate.device("--device", args.device)
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    from coolsd.studies.sweep.metrics import MIN_RELIABLE_IMAGES
+
     if args.images < MIN_RELIABLE_IMAGES:
         import sys
 

@@ -66,16 +66,20 @@ def default_verifiers(V: int, L: int = 4, seed: int = 0):
             for name, p in TABLE_METHODS]
 
 
-def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes=None):
+def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes=None, max_seconds=None,
+                 progress: bool = False):
     """E[tau], B and exact TV (None above max_sequences) of each verifier. Every verifier's table
-    memory is estimated first (``markov.tables_bytes``), so an oversized table is refused before
-    any of them is computed."""
+    memory and time are estimated first (``markov.tables_bytes`` / ``tables_seconds``), so an oversized
+    table is refused before any of them is computed; ``progress``: a bar over the verifiers."""
+    from tqdm import tqdm
+
     from theory import checks, markov
 
-    check_table_size(P.shape[0], L, verifiers, max_bytes if max_bytes is not None else checks.MAX_BYTES)
+    check_table_size(P.shape[0], L, verifiers, max_bytes if max_bytes is not None else checks.MAX_BYTES,
+                     max_seconds)
     rows = []
-    for v in verifiers:
-        F, G = markov.rule_tables(P, Q, L, v)
+    for v in tqdm(verifiers, desc="theory table", disable=not progress, leave=False):
+        F, G = markov.rule_tables(P, Q, L, v, max_seconds=None)     # the time of all of them was checked above
         e = markov.expected_accepted(P, Q, F, init)
         b = markov.tv_bound(P, Q, F, G, init)
         try:
@@ -132,7 +136,7 @@ def run_table(args):
     validate.announce(est, "theory table", args.json, seconds=secs)
     verifiers = default_verifiers(args.V, args.L, args.seed)
     P, Q = make_chain(args)
-    rows = theory_table(P, Q, args.L, verifiers)
+    rows = theory_table(P, Q, args.L, verifiers, max_seconds=max_seconds(args), progress=secs > 10 and not args.json)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -44,7 +44,8 @@ def main_table(report: dict) -> str:
     for m in report["methods"]:
         rows.append(f"| {label(m)} | {m['drafting']} | {_speed_quality_cells(m)} "
                     f"| {_f(m['tv_bound'])} | {_f(m['nll_per_token'])} ({_f(m['nll_per_token_se'])}) |")
-    return head + "\n".join(rows) + "\n"
+    note = report.get("batch_note", {}).get("text")
+    return head + "\n".join(rows) + "\n" + (f"\n{note}\n" if note else "")
 
 
 def _speed_quality_cells(m: dict) -> str:
