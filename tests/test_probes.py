@@ -613,3 +613,20 @@ def test_fuzz_control_catches_other_exceptions():
         _clean(lambda: None.accept)
     with pytest.raises(AssertionError):
         _clean(lambda: (_ for _ in ()).throw(ValueError("")))
+
+
+def test_batch_note_finds_where_sd_stops_paying():
+    """stops_paying on hand-made unit costs: a round costing L + 1 AR steps from B = 8 on (compute-bound)
+    stops paying there; costs that stay memory-bound pay at every B (the control); one noisy slow B in the
+    middle is no verdict."""
+    from coolsd.studies.batching import note, stops_paying
+
+    T, L = 49, 4
+    rounds = np.full(20, 16)          # 49 tokens in 16 rounds: about 3 tokens per round
+    cheap = {"ar_step": 1.0, "draft_step": 0.05, "verify_pass": 1.2, "verifier": 0.01}
+    dear = {"ar_step": 1.0, "draft_step": 0.3, "verify_pass": 5.0, "verifier": 0.01}
+    r = stops_paying(rounds, {1: cheap, 4: cheap, 8: dear, 16: dear}, T, L)
+    assert r["stops_paying_at"] == 8 and r["predicted"][1] == pytest.approx(49 / (16 * 1.41))
+    assert stops_paying(rounds, {1: cheap, 16: cheap}, T, L)["stops_paying_at"] is None
+    assert stops_paying(rounds, {1: cheap, 4: dear, 16: cheap}, T, L)["stops_paying_at"] is None
+    assert "from B = 8" in note({"vanilla": r}, 16, "cpu")

@@ -139,8 +139,13 @@ def load_checked(module: nn.Module, state: Mapping[str, torch.Tensor], *, ignore
 
 
 def _first_line(e: BaseException) -> str:
-    """The first non-empty line of an exception's message (torch's load errors run to six lines of advice)."""
-    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)[:200]
+    """The informative line of an exception's message: torch's weights-only load errors run to six lines of
+    advice with the cause after "WeightsUnpickler error:"; otherwise the first non-empty line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for i, ln in enumerate(lines[:-1]):
+        if ln.endswith("WeightsUnpickler error:"):
+            return lines[i + 1][:200]
+    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 def load_captions(path: str | os.PathLike, option: str = "--captions") -> list:

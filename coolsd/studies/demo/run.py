@@ -145,7 +145,8 @@ def _batch_note(s: Settings, runs, rounds: dict, target, drafts: dict, proc) -> 
 
     Bs = batching.batches_up_to(s.batch_size)
     costs = {B: batching.unit_costs(target, drafts[s.chain_draft], B, proc, s.L) for B in Bs}
-    per = {sp.key.removesuffix(f" chain {sp.draft}"): batching.stops_paying(rounds[sp.key], costs, T_IMAGE, s.L)
+    per = {" ".join([sp.name, *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sp.params.items())]):
+           batching.stops_paying(rounds[sp.key], costs, T_IMAGE, s.L)
            for sp in runs if sp.drafting == "chain" and sp.draft == s.chain_draft and not sp.extra}
     return {"batches": list(Bs), "unit_costs": {str(B): c for B, c in costs.items()},
             "methods": {k: {"stops_paying_at": v["stops_paying_at"],
