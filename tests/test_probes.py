@@ -557,7 +557,9 @@ def _arrays():
         sp = draw(specials)
         if sp is not None and a.size:
             a.flat[rng.integers(a.size)] = sp
-        a = a.astype(draw(dtypes)) if draw(st.booleans()) else a
+        if draw(st.booleans()):
+            with np.errstate(invalid="ignore"):     # NaN / inf cast to an integer dtype: any value will do
+                a = a.astype(draw(dtypes))
         return a.tolist() if kind == "list" else a
     return arr()
 

@@ -302,7 +302,13 @@ def array(name: str, a, ndim: int | None = None) -> np.ndarray:
 
 def unit_interval(name: str, a) -> np.ndarray:
     """Values (a number or an array-like) in [0, 1] (NaN fails), as a float64 array."""
-    arr = array(name, a).astype(np.float64) if not np.isscalar(a) else np.asarray(real(name, a), np.float64)
+    if np.isscalar(a):
+        arr = np.asarray(real(name, a), np.float64)
+    else:
+        arr = array(name, a)
+        if arr.dtype.kind not in "iuf":          # complex, bool, strings: not levels
+            raise ValueError(f"{name} must be real numbers in [0, 1], got dtype {arr.dtype}")
+        arr = arr.astype(np.float64)
     if arr.size == 0:
         raise ValueError(f"{name} is empty")
     if not np.all((arr >= 0) & (arr <= 1)):
