@@ -60,7 +60,7 @@ def check_cost(Vs, Ls, n_tvs: int, n_seeds: int, n_fractions: int, optimize: boo
     secs = sum(n_tvs * n_seeds * per_eval * markov.tables_seconds(v, V, L) for V in Vs for L in Ls)
     mem = max(markov.tables_bytes(v, V, L) for V in Vs for L in Ls)
     est = checks.check_cost(f"--Vs {max(Vs)} --Ls {max(Ls)}: the anneal study", mem, secs, checks.MAX_BYTES,
-                            max_seconds, "use smaller --Vs / --Ls, fewer --tvs / --seeds, or raise --max-seconds")
+                            max_seconds, "use smaller --Vs / --Ls or fewer --tvs / --seeds (time: or raise --max-seconds)")
     return est, secs
 
 
