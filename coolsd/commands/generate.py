@@ -397,13 +397,13 @@ def _validate_method(args) -> None:
     d_thr = getattr(args, "gsd_d_threshold", None)         # None: the default threshold; inf: "off"
     gsd_needs = method != "ar" and registry.get(method).needs_embeddings and not (d_thr is not None
                                                                                   and math.isinf(d_thr))
-    if gsd_needs and (args.model in NO_CODEBOOK or (args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"))):
-        raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
-                         f"has none{' without --vq-ckpt' if args.model in CODEBOOK_NEEDS_VQ else ''} (or --gsd-d-threshold off)")
-    if method.startswith("lantern"):
-        from real.specs import spec
+    from real.specs import spec
 
-        codebook = spec(args.model).codebook
+    codebook = spec(args.model).codebook                  # "own", "vq" (only with --vq-ckpt) or "none"
+    if gsd_needs and (codebook == "none" or (codebook == "vq" and not _given(args, "vq_ckpt"))):
+        raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
+                         f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (or --gsd-d-threshold off)")
+    if method.startswith("lantern"):
         if codebook == "none":
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
                              "VQ codebook")

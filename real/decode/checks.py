@@ -18,7 +18,7 @@ __all__ = ["generate_args", "MAX_IMAGES"]
 MAX_IMAGES = 10**6       # conditions per call: above, the per-image records alone outgrow memory
 
 
-def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, batch_size) -> None:
+def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, batch_size, jacobi=None) -> None:
     """Types and ranges of ``engine.generate``'s arguments: num_tokens an integer >= 1 (not 2.7, not "16"),
     seed an integer in [0, 2^64), L an integer in [1, num_tokens] for chains, a verifier object when
     drafting, a draft that is not the target object itself, batch_size an integer >= 1 or None, and at most
@@ -34,7 +34,7 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, 
     if n > MAX_IMAGES:
         raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
     _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
-    if draft is None:
+    if draft is None or jacobi is not None:       # jacobi: the engine checks its own arguments
         return
     if draft is target:
         raise ValueError("draft is the target object itself (they would share one KV cache); give a separate "
