@@ -7,8 +7,9 @@ import io
 import json
 import os
 import pstats
-import statistics
 import time
+
+from coolsd.studies.batching import median_time  # noqa: F401  (one implementation, shared with the reports)
 
 
 def best_of(fn, repeat: int = 5):
@@ -19,18 +20,6 @@ def best_of(fn, repeat: int = 5):
         out = fn()
         ts.append(time.perf_counter() - t0)
     return min(ts), out
-
-
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time in seconds of ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def interleaved_best(fns: dict, repeat: int, clock=time.perf_counter) -> dict:

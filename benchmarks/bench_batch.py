@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from _timing import median_time  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -31,7 +31,7 @@ from real.decode.sampling import Processing  # noqa: E402
 from real.zoo import gpt  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.image import batch_speedup  # noqa: E402
-from theory.verify import verify_chain  # noqa: E402
+from coolsd.studies.batching import unit_costs  # noqa: E402
 
 T, L = gpt.TOKENS, 4
 
@@ -56,43 +56,6 @@ class Timed:
 
     def forward(self, *a, **kw):
         return self._t(self.model.forward, *a, **kw)
-
-
-def unit_costs(target, eagle, B: int, proc: Processing, repeats: int) -> dict:
-    """Median seconds at batch B (CFG: 2B model rows): one AR step (1-token target forward + processing +
-    sampling), the target pass over L + 1 tokens, one EAGLE draft step, verify_chain."""
-    g = torch.Generator().manual_seed(0)
-    R = proc.batch * B
-    conds = [i % 10 for i in range(B)]
-    target.prefill(conds, torch.zeros(R, 20, dtype=torch.long), cfg=proc.cfg, return_hidden=True)
-    eagle.start(target.cache_len - 20, R)
-    h = torch.zeros(R, 20, target.config.dim)
-    eagle.forward(torch.zeros(R, 20, dtype=torch.long), features=h)
-
-    def ar():
-        o = target.forward(torch.zeros(R, 1, dtype=torch.long), return_hidden=True)
-        torch.multinomial(proc.rows(o.logits)[:, 0], 1, generator=g)
-        target.rollback(1)
-
-    def verify_pass():
-        o = target.forward(torch.zeros(R, L + 1, dtype=torch.long), return_hidden=True)
-        proc.rows(o.logits)
-        target.rollback(L + 1)
-
-    def draft_step():
-        o = eagle.forward(torch.zeros(R, 1, dtype=torch.long), features=h[:, :1])
-        torch.multinomial(proc.rows(o.logits[:, -1]), 1, generator=g)
-        eagle.rollback(1)
-
-    V = target.vocab_size
-    p = torch.softmax(torch.randn(B, L + 1, V, generator=g), -1)
-    q = torch.softmax(torch.randn(B, L, V, generator=g), -1)
-    x = torch.randint(0, V, (B, L), generator=g)
-    u, us = torch.rand(B, L, generator=g), torch.rand(B, generator=g)
-    v = rules.cool_sd(2.0)
-    return {"ar_step": median_time(ar, repeats), "verify_pass": median_time(verify_pass, repeats),
-            "draft_step": median_time(draft_step, repeats),
-            "verifier": median_time(lambda: verify_chain(p, q, x, u, us, v), repeats)}
 
 
 def run(method: str, target, eagle, conds, B: int, proc: Processing, seed: int):
@@ -134,7 +97,7 @@ def main(argv=None):
     print(f"{'B':>4} {'method':>8} {'img/s':>8} {'x batch-1':>9} {'tok/call':>8} {'speed-up':>8} {'pred.':>6} "
           f"{'non-fwd':>7}")
     for B in args.batches:
-        c = unit_costs(target, eagle, B, proc, args.repeats)
+        c = unit_costs(target, eagle, B, proc, L, args.repeats, reduce=statistics.median)   # coolsd.studies.batching
         cb = conds[:max(B, 8)] if args.short else conds      # --short: 8 images at batch 1
         res = {m: run(m, target, eagle, cb, B, proc, seed=B) for m in ("ar", "vanilla", "cool-sd")}
         round_cost = L * c["draft_step"] + c["verify_pass"] + c["verifier"]

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         msg = describe_error(e)
         if msg is None or debug:
             raise
+        msg = " ".join(ln.strip() for ln in msg.splitlines() if ln.strip())   # one line, whatever the source
         print(f"coolsd: error: {msg}", file=sys.stderr)
         return 2
 

@@ -1,10 +1,9 @@
 """Named model pairs for the command line (``coolsd generate --model NAME``) and scripts.
 
-A builder takes a ``BuildOptions`` (a frozen dataclass: device, dtype, seed, num_images, class_id, draft,
-checkpoint paths, ...; None = the model's default; an unknown option is an error) and returns a ``Bundle``: target, draft, one condition per image,
-tokens per image, an optional codebook neighbour table for LANTERN, an optional VQ decoder.
-Add a model with ``register("name", builder, "one-line help")`` (other adapters: Chameleon, Janus, Emu3,
-the MNIST zoo).
+A builder takes a ``BuildOptions`` (device, dtype, seed, num_images, class_id, draft, checkpoint paths, ...;
+None = the model's default) and returns a ``Bundle``: target, draft, one condition per image, tokens per
+image, LANTERN's neighbour table, a VQ decoder. ``register("name", builder, "help")`` adds a model; its
+``real.specs.ModelSpec`` says what it accepts (``build`` checks the options, fills in the defaults, CFG, top-k).
 """
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ class Bundle:
     num_tokens: int
     neighbors: np.ndarray | None = None
     vq: Any = None
-    cfg_scale: float = 1.0            # default CFG scale for this model
-    top_k: int = 0                    # default top-k for this model (0 = off)
+    cfg_scale: float = 1.0            # default CFG scale for this model (build: from its real.specs.ModelSpec)
+    top_k: int = 0                    # default top-k for this model (0 = off; build: from its spec)
     info: dict = field(default_factory=dict)
     codebook: Any = None              # (V, d) code vectors (as stored), for GSD; None without a VQ
 
@@ -38,8 +37,11 @@ class Bundle:
 MODELS: dict[str, tuple[Callable[[Any], Bundle], str]] = {}
 
 
-def register(name: str, builder: Callable[[Any], Bundle], help: str = "") -> None:
-    """Add model ``name`` to ``MODELS``: ``builder(BuildOptions) -> Bundle`` and its one-line ``help``."""
+def register(name: str, builder: Callable[[Any], Bundle], help: str = "", spec=None) -> None:
+    """Add model ``name`` to ``MODELS``: ``builder(BuildOptions) -> Bundle`` and its one-line ``help``; its
+    ``spec`` (a ``real.specs.ModelSpec``) defaults to ``real.specs.SPECS[name]``: a model without one is refused."""
+    from .specs import attach
+    attach(name, spec)          # refuses a model without a spec
     MODELS[name] = (builder, help)
 
 
@@ -89,7 +91,11 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     if bad:
         raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
     opts = dataclasses.replace(opts or BuildOptions(), **kw)
-    return MODELS[name][0](opts)
+    from .specs import prepare
+    s, opts = prepare(name, opts)         # the one generic check of the model's options, its defaults filled in
+    bundle = MODELS[name][0](opts)
+    bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
+    return bundle
 
 
 def _o(opts: BuildOptions, name: str, default):
@@ -201,7 +207,7 @@ def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
             mask = torch.arange(P) >= P - valid
             conds.append(Caption(torch.randn(P, C, generator=g) * mask[:, None], mask))
     T = int(_o(opts, "num_tokens", t.config.block_size))
-    return Bundle(t, d, conds, T, nb, vq, cfg_scale=2.0, codebook=cb,
+    return Bundle(t, d, conds, T, nb, vq, codebook=cb,
                   info={"target": "LlamaGen tiny (random)", "draft": _o(opts, "draft", "layerskip"), "type": model_type})
 
 
@@ -255,7 +261,7 @@ def _build_llamagen(opts) -> Bundle:
     else:
         conds = _captions(opts, dev, dt)
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.config.block_size)), nb, vq, codebook=cb,
-                  cfg_scale=4.0 if mtype == "c2i" else 7.5, info={"target": "LlamaGen", "type": mtype, "draft": kind})
+                  info={"target": "LlamaGen", "type": mtype, "draft": kind})
 
 
 def _captions(opts, dev, dt):
@@ -290,7 +296,7 @@ def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
     conds = [Prompt(torch.randint(0, V, (8,), generator=g), torch.randint(0, V, (2,), generator=g)) for _ in range(n)]
     wrap = FastLlama.from_hf if fast else HFCausalLM
     return Bundle(wrap(tgt.to(dev, dt)), wrap(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
-                  cfg_scale=1.0, info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
+                  info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
                                        "backend": "real.models.llama.FastLlama" if fast else "real.adapters.hf.HFCausalLM"})
 
 
@@ -334,10 +340,6 @@ register("llama-tiny-fast", lambda o: _build_hf_llama_tiny(o, fast=True),
 # --------------------------------------------------------------------------- multimodal transformers LMs
 # Chameleon / Lumina-mGPT, Janus(-Pro), Emu3 through real.adapters.imagelm adapters (engine tokens = VQ codes).
 
-_MM_DEFAULTS = {  # family: (CFG scale, top-k) of the published samplers
-    "chameleon": (3.0, 2000), "janus": (5.0, 0), "emu3": (3.0, 2048)}
-
-
 def _build_mm_tiny(opts, family: str) -> Bundle:
     """Random tiny target + draft of one family (8 x 8 codes, V = 64, CPU demo/tests); --draft
     layerskip (default: the target's first decoder layer), small (independent 1-layer random model of the
@@ -372,8 +374,7 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     n = int(_o(opts, "num_images", 1))
     conds = [Prompt(torch.cat([torch.tensor([1]), torch.randint(a, b, (8,), generator=g)])) for _ in range(n)]
     nb = _neighbor_table(vq.codebook, opts)
-    cfg, _ = _MM_DEFAULTS[family]     # tiny models: V = 64 codes, the published top-k would be a no-op
-    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg,
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq,
                   info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]}, codebook=vq.codebook)
 
 
@@ -442,8 +443,7 @@ def _build_mm_real(opts, family: str) -> Bundle:
     nb = None
     if vq is not None:
         nb = _neighbor_table(vq.codebook, opts, K=int(_o(opts, "neighbors_k", 1001)))
-    cfg, top_k = _MM_DEFAULTS[family]
-    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq, cfg_scale=cfg, top_k=top_k,
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq,
                   info={"target": family, "draft": dname, "grid": [t.layout.height, t.layout.width]},
                   codebook=None if vq is None else vq.codebook.detach())
 
@@ -492,7 +492,7 @@ def _build_mnist(opts) -> Bundle:
     cb = zvq.raw_codebook()
     nb = _neighbor_table(cb, opts)
     return Bundle(t, d, _class_ids(opts, gpt.NUM_CLASSES), int(_o(opts, "num_tokens", gpt.TOKENS)), nb,
-                  _MnistDecoder(), cfg_scale=2.0,
+                  _MnistDecoder(),
                   info={"target": "MNIST LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [7, 7]}, codebook=cb)
 
 

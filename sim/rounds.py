@@ -182,7 +182,25 @@ def _simulate_np(tab: ChainTables, n_rounds: int, seed) -> SimResult:
 
 # --------------------------------------------------------------------------- public entries
 
-def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: str = "numpy") -> SimResult:
+ROUND_SECONDS = {"table": 1.5e-7, "rule": 8e-7}   # per round and position, one core (measured 0.1 / 0.6 us at L = 4)
+
+
+def check_rounds_cost(what: str, n_rounds: int, L: int, V: int, path: str = "table", runs: int = 1, *,
+                      max_bytes: float | None = checks.MAX_BYTES, max_seconds: float | None = checks.MAX_SECONDS) -> tuple[str, float]:
+    """Refuse (``checks.SizeError``) before any work a simulation of ``n_rounds`` rounds whose results (tau, the
+    L + 1 tokens, the start and the L drafts: (2L + 3) int64 per round; the rule path also holds a chunk of
+    (2L + 1) V float64 rows) or run time (``ROUND_SECONDS``) exceed the budgets; ``runs`` such runs one after another cost ``runs`` times the time, not the memory.
+    Returns (the estimate, seconds)."""
+    n = checks.count("n_rounds", n_rounds)
+    nbytes = 8 * n * (2 * L + 3) + (8 * min(n, 8192) * (2 * L + 1) * V if path == "rule" else 0)
+    secs = runs * n * (L + 1) * ROUND_SECONDS[path] * (1 + V / 512 if path == "rule" else 1)
+    est = checks.check_cost(f"{what}: {checks.fmt_count(n)} rounds of L={L}", nbytes, secs, max_bytes, max_seconds,
+                            "use fewer rounds, or raise max_bytes / max_seconds (None or --max-seconds 0: no limit)")
+    return est, secs
+
+
+def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: str = "numpy",
+             max_bytes: float | None = checks.MAX_BYTES, max_seconds: float | None = checks.MAX_SECONDS) -> SimResult:
     """Simulate ``n_rounds`` independent rounds from per-position tables (a contract: external checks call
     it with this signature).
 
@@ -194,12 +212,15 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
 
     backend "numpy": float64 uniforms (PCG64) and alias tables. backend "jax": jit + vmap over rounds,
     one uint32 PCG64 word per draw and float32 thresholds (resolution 2^-24; see ``sim._jax``).
-    The two backends read the random stream differently: same law, different samples.
+    The two backends read the random stream differently: same law, different samples. A run whose results or
+    time exceed ``max_bytes`` / ``max_seconds`` is refused first (``check_rounds_cost``; None: no limit).
     """
     n_rounds = checks.count("n_rounds", n_rounds)
     seed = checks.seed(seed)
     backend = _check_backend(backend)
     tab = prepare_tables(P, Q, F, G, init)
+    check_rounds_cost("simulate", n_rounds, tab.F.shape[0], tab.P.shape[0], "table", max_bytes=max_bytes,
+                      max_seconds=max_seconds)
     if backend == "jax":
         try:
             import jax  # noqa: F401
@@ -212,7 +233,8 @@ def simulate(P, Q, F, G, init, n_rounds: int, seed: int | None = 0, *, backend: 
     return _simulate_np(tab, n_rounds, seed)
 
 
-def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None = 0, *, chunk: int = 8192) -> SimResult:
+def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None = 0, *, chunk: int = 8192,
+                  max_bytes: float | None = checks.MAX_BYTES, max_seconds: float | None = checks.MAX_SECONDS) -> SimResult:
     """Simulate ``n_rounds`` rounds with a verifier's rule objects, exactly as the engine runs them.
 
     Per round: start s ~ init; drafts x~_i ~ Q(. | x~_{i-1}) for i = 1..L (x~_0 = s); the rows
@@ -220,13 +242,15 @@ def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None 
     to ``theory.verify.verify_chain`` (acceptance u < f_i(x~_i), resampling from G given the rejected
     token, bonus from P). Then x_{tau+2:L+1} ~ P (virtual extension, T7). numpy, float64.
     ``chunk`` rounds are verified at once (memory ~ chunk * (2L+1) * V * 8 bytes); it does not
-    change the output.
+    change the output. Refused first when the results or time exceed ``max_bytes`` / ``max_seconds``.
     """
+    checks.verifier(verifier)
     L = checks.integer("draft length L", L, lo=1)
     n_rounds = checks.count("n_rounds", n_rounds)
     chunk = checks.count("chunk", chunk)
     seed = checks.seed(seed)
     P, Q = markov.check_chain(P, Q)
+    check_rounds_cost("simulate_rule", n_rounds, L, P.shape[0], "rule", max_bytes=max_bytes, max_seconds=max_seconds)
     mu = markov.init_distribution(init, P.shape[0])
     V = P.shape[0]
     qp, qa = alias_table(Q)

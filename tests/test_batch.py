@@ -220,7 +220,7 @@ def test_kvcache_slots_rollback_keep_unit():
 def test_bad_batches_are_refused_before_any_work():
     t, d = tiny_llamagen_pair(seed=0)
     kw = dict(num_tokens=8, verifier=rules.vanilla(), L=2)
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="^batch_size must be an integer >= 1, got 0"):
         engine.generate(t, d, [1, 2], batch_size=0, **kw)
     with pytest.raises(ValueError, match="larger than the 2 images"):
         engine.generate(t, d, [1, 2], batch_size=3, **kw)

@@ -271,7 +271,7 @@ def test_bad_inputs(pair):
     other = lg.LlamaGen(lg.config("tiny-draft", vocab_size=128)).random_init(0)
     with pytest.raises(ValueError, match="vocabularies differ"):
         engine.speculative_generate(t, other, 0, num_tokens=8, verifier=rules.vanilla(), L=2)
-    with pytest.raises(ValueError, match="L must be >= 1"):
+    with pytest.raises(ValueError, match=r"^L must be an integer in \[1, 8\], got 0"):
         engine.speculative_generate(t, d, 0, num_tokens=8, verifier=rules.vanilla(), L=0)
     with pytest.raises(ValueError, match="class id"):
         engine.ar_generate(t, 99, num_tokens=2)

@@ -97,7 +97,7 @@ def float_array(name: str, a, ndim: int | None = None, allow_empty: bool = False
     """(float64 version of ``a``, the input's float dtype). Rejects complex, non-numeric and empty arrays
     and, when given, a wrong number of dimensions. The input dtype sets the row-sum tolerance.
     ``copy=False``: a float64 input comes back as is (no full-array copy) for callers that only read it."""
-    arr = np.asarray(a)
+    arr = array(name, a)
     if arr.dtype == object or arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be a real-valued array, got dtype {arr.dtype}")
     if arr.dtype.kind == "b":
@@ -265,7 +265,17 @@ def check_uniforms_xp(name: str, u, xp) -> None:
 
 # --------------------------------------------------------------------------- sizes
 
+def fmt_count(n) -> str:
+    """A count (a Python int of any size) in 3 significant digits: 1.23e+45, or 10^12345.6 beyond floats."""
+    try:
+        return f"{float(n):.3g}"
+    except OverflowError:
+        return f"10^{math.log10(n):.1f}"
+
+
 def fmt_bytes(n: float) -> str:
+    if not isinstance(n, float) and n > 2**1000:          # huge Python ints (V^(L+1) sequences): no float
+        return f"10^{math.log10(n):.1f} B"
     for unit, k in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= k:
             return f"{n / k:.3g} {unit}"
@@ -279,3 +289,116 @@ def check_memory(what: str, nbytes: float, max_bytes: float | None = MAX_BYTES, 
         return
     raise SizeError(f"{what} would need about {fmt_bytes(nbytes)} of memory, above max_bytes={fmt_bytes(max_bytes)}"
                     + (f"; {hint}" if hint else ""))
+
+
+# --------------------------------------------------------------------------- objects, array-likes, files, cost
+# The shared layer of every public entry point (issue 26): the same bad input gets the same message in the
+# CLI (coolsd.validate builds on these) and in the API (markov, sim, recorded, tune, real.decode.engine).
+
+__all__ += ["MAX_SECONDS", "verifier", "array", "unit_interval", "fmt_seconds", "CostError", "check_cost",
+            "npz_arrays"]
+MAX_SECONDS = 600.0         # default run-time budget of the cost guards (10 minutes; max_seconds=None lifts it)
+
+
+def verifier(v, name: str = "verifier", members: tuple[str, ...] = ("accept", "resample")):
+    """A verifier object (``theory.rules.Verifier`` or anything with callable ``members``); a TypeError
+    naming ``name`` otherwise (None, a method name such as "cool-sd", a class instead of an instance)."""
+    if all(callable(getattr(v, m, None)) for m in members) and not isinstance(v, type):
+        return v
+    hint = (f"; build it first, e.g. theory.methods.build({v!r}, L) or theory.rules.cool_sd(delta=2)"
+            if isinstance(v, str) else "; e.g. theory.rules.vanilla() or theory.rules.cool_sd(delta=2)")
+    raise TypeError(f"{name} must be a verifier object (theory.rules.Verifier), got {type(v).__name__} {v!r}"[:200]
+                    + hint)
+
+
+def array(name: str, a, ndim: int | None = None) -> np.ndarray:
+    """``a`` as a numpy array: lists and tuples are converted; None, strings, bytes, dicts and sets are a
+    TypeError naming ``name``; ragged lists a ValueError. (Torch / JAX arrays: convert them yourself.)"""
+    if a is None or isinstance(a, (str, bytes, dict, set)):
+        raise TypeError(f"{name} must be an array (numpy, or a nested list of numbers), got {type(a).__name__}")
+    try:
+        arr = np.asarray(a)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{name} is not a rectangular array ({str(e).splitlines()[0][:120]})") from None
+    if arr.dtype == object:
+        raise ValueError(f"{name} must be a rectangular array of numbers, got an object array of shape {arr.shape}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {arr.shape}")
+    return arr
+
+
+def unit_interval(name: str, a) -> np.ndarray:
+    """Values (a number or an array-like) in [0, 1] (NaN fails), as a float64 array."""
+    if np.isscalar(a):
+        arr = np.asarray(real(name, a), np.float64)
+    else:
+        arr = array(name, a)
+        if arr.dtype.kind not in "iuf":          # complex, bool, strings: not levels
+            raise ValueError(f"{name} must be real numbers in [0, 1], got dtype {arr.dtype}")
+        arr = arr.astype(np.float64)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty")
+    if not np.all((arr >= 0) & (arr <= 1)):
+        bad = arr[~((arr >= 0) & (arr <= 1))].ravel()[0]
+        raise ValueError(f"{name} must lie in [0, 1], got {bad!r}")
+    return arr
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 86400 * 365:
+        return f"{s / (86400 * 365):.3g} years"
+    for unit, k in (("days", 86400), ("h", 3600), ("min", 60)):
+        if s >= k:
+            return f"{s / k:.3g} {unit}"
+    return f"{s:.2g} s"
+
+
+class CostError(SizeError):
+    """A computation was refused before it started because its estimated run time exceeds the budget."""
+
+
+def check_cost(what: str, nbytes: float, seconds: float, max_bytes: float | None = MAX_BYTES,
+               max_seconds: float | None = MAX_SECONDS, hint: str = "") -> str:
+    """Refuse (SizeError / CostError) before any work when the estimated peak memory ``nbytes`` or run time
+    ``seconds`` exceeds its budget (None: no limit); the message gives both estimates and ``hint``. Returns
+    a one-line estimate ("about 3 s, 12 MiB") for callers that print it before a long run."""
+    check_memory(what, nbytes, max_bytes, hint)
+    est = f"about {fmt_seconds(seconds)} and {fmt_bytes(nbytes)}"
+    if max_seconds is not None and seconds > max_seconds:
+        raise CostError(f"{what} would take {est}, above max_seconds={fmt_seconds(max_seconds)}"
+                        + (f"; {hint}" if hint else ""))
+    return est
+
+
+def npz_arrays(name: str, path, required: tuple[str, ...] = (), hint: str = "") -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` at ``path``, read and decompressed now (CRC checked): a missing, empty,
+    non-zip, truncated or bit-flipped file, a pickled array or a missing key ``required`` is one ValueError
+    line naming ``name``, the file, what is wrong and ``hint`` (what to do)."""
+    import os
+    import zipfile
+    import zlib
+
+    where = f"{name}: {os.fspath(path)!r}"
+    tail = f"; {hint}" if hint else ""
+    if not os.path.isfile(path):
+        raise ValueError(f"{where} is not an existing file{tail}")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if not head:
+        raise ValueError(f"{where} is empty (0 bytes){tail}")
+    if head != b"PK\x03\x04":
+        raise ValueError(f"{where} is not an .npz archive (it starts with {head!r}, not a zip header){tail}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            out = {k: z[k] for k in z.files}
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise ValueError(f"{where} holds pickled (object) arrays, which are not loaded{tail}") from None
+        raise ValueError(f"{where} is damaged ({str(e).splitlines()[0][:120]}){tail}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError, RuntimeError) as e:
+        raise ValueError(f"{where} is damaged or truncated ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:120] if str(e) else 'no detail'}){tail}") from None
+    missing = sorted(set(required) - set(out))
+    if missing:
+        raise ValueError(f"{where} lacks the arrays {missing} (has {sorted(out)[:8]}){tail}")
+    return out

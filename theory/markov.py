@@ -29,8 +29,8 @@ __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
     "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
     "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
-    "tables_bytes", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp", "round_terms",
-    "round_terms_xp",
+    "tables_bytes", "tables_seconds", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp",
+    "round_terms", "round_terms_xp",
 ]
 
 
@@ -228,17 +228,30 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     return 8 * (n * V * V + cube)
 
 
-def rule_tables(P, Q, L: int, verifier, max_bytes: float | None = checks.MAX_BYTES) -> tuple[np.ndarray, np.ndarray]:
+def tables_seconds(verifier, V: int, L: int) -> float:
+    """Estimated run time (s) of ``verifier.tables``: a Python step per position (about 0.1 ms) plus about
+    150 ns per (V, V) entry and position (measured on one core, V = 4..256: 60-80 us and 90-125 ns; LANTERN's
+    k neighbour gathers count k times). An upper-side estimate for the cost guard, not a benchmark."""
+    acc = getattr(verifier, "accept", None)
+    per = 1.5e-7 * V * V * (max(1, int(acc.k)) if isinstance(acc, _rules.Lantern) else 1)
+    return L * (1e-4 + per)
+
+
+def rule_tables(P, Q, L: int, verifier, max_bytes: float | None = checks.MAX_BYTES,
+                max_seconds: float | None = checks.MAX_SECONDS) -> tuple[np.ndarray, np.ndarray]:
     """(F, G) tables (L, V, V) of a verifier on this chain (section 4); G is the effective resampling law (section 6).
 
     ``expected_accepted(P, Q, *rule_tables(P, Q, L, v)[:1], init)`` and
-    ``tv_bound(P, Q, *rule_tables(P, Q, L, v), init)`` are one line each.
+    ``tv_bound(P, Q, *rule_tables(P, Q, L, v), init)`` are one line each. Refused before any work (SizeError)
+    when the estimated memory (``tables_bytes``) or time (``tables_seconds``) exceeds its budget (None: none).
     """
+    checks.verifier(verifier, "verifier", ("accept", "resample", "tables"))
     L = checks.integer("draft length L", L, lo=1)
     P, Q = check_chain(P, Q)
-    checks.check_memory(f"rule_tables for {getattr(verifier, 'name', 'this verifier')} (V={P.shape[0]}, L={L})",
-                        tables_bytes(verifier, P.shape[0], L), max_bytes,
-                        "pass a larger max_bytes if you have the memory, or use a smaller V")
+    V = P.shape[0]
+    checks.check_cost(f"rule_tables for {getattr(verifier, 'name', 'this verifier')} (V={V}, L={L})",
+                      tables_bytes(verifier, V, L), tables_seconds(verifier, V, L), max_bytes, max_seconds,
+                      "pass larger max_bytes / max_seconds if you have them, or use a smaller V or L")
     F, G = verifier.tables(P, Q, L)
     F = np.asarray(F, dtype=np.float64)
     G = np.asarray(G, dtype=np.float64)
@@ -268,9 +281,9 @@ def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES
     need = exact_tv_bytes(len(states), V, L)
     if max_sequences is not None and n_seq > max_sequences:
         raise ValueError(f"max_sequences: exact TV needs {len(states)} start state(s) x V^(L+1) = {len(states)} x "
-                         f"{V}^{L + 1} = {n_seq:.3g} sequences, above max_sequences={max_sequences:.3g}; pass a "
+                         f"{V}^{L + 1} = {checks.fmt_count(n_seq)} sequences, above max_sequences={max_sequences:.3g}; pass a "
                          f"larger max_sequences (or None) if you have about {checks.fmt_bytes(need)} of memory")
-    checks.check_memory(f"exact TV over {n_seq:.3g} sequences", need, max_bytes,
+    checks.check_memory(f"exact TV over {checks.fmt_count(n_seq)} sequences", need, max_bytes,
                         "pass a larger max_bytes (or None) if you have the memory")
     return prefix_masses_xp(P, Q, F, G, states)
 

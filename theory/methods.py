@@ -216,7 +216,7 @@ _LANTERN_DELTA = Param("delta", float, 0.2, low=0, flag="lantern_delta", help="L
 register(Method("vanilla", "vanilla SD", (), lambda p, L, nb: rules.vanilla(), help="lossless speculative decoding (T1)"))
 register(Method("cool-sd", "Cool-SD", (
     Param("delta", float, 2.0, low=0, low_open=True, help="Cool-SD relaxation budget delta (w_1 = delta)"),
-    Param("nu", float, 0.7, help="Cool-SD decay nu"),
+    Param("nu", float, 0.7, low=0, help="Cool-SD decay nu (>= 0: a decaying schedule)"),
     Param("mu", float, None, optional=True,
           help="Cool-SD explicit offset mu: w_i = delta exp(-nu i - mu) (default: the normalisation --cool-sd-norm)"),
     Param("norm", str, None, choices=rules.COOL_SD_NORMS, flag="cool_sd_norm", optional=True,

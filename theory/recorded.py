@@ -41,8 +41,17 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     The discrepancy D_i uses the rule's effective resampling law (``resample(..., rejected=None)``).
     p and q rows must be probability rows (finite, >= 0, summing to 1 within their dtype's tolerance)
     and drafts tokens in [0, V): checked here (ValueError naming the argument); ``check=False`` skips the
-    checks (rows validated once by the caller, e.g. ``theory.tune`` under JAX tracing).
+    checks (rows validated once by the caller, e.g. ``theory.tune`` under JAX tracing). Lists are converted to
+    numpy arrays; the verifier must be a verifier object (TypeError otherwise).
     """
+    checks.verifier(verifier)
+    if check:
+        p, q, drafts = (checks.array(n, a) if isinstance(a, (list, tuple)) or a is None or isinstance(a, str) else a
+                        for n, a in (("predict_rounds: p", p), ("predict_rounds: q", q), ("predict_rounds: drafts", drafts)))
+        if getattr(drafts, "ndim", 0) != 2 or getattr(p, "ndim", 0) != 3 or getattr(q, "ndim", 0) != 3:
+            raise ValueError(f"predict_rounds: expected p (R, L+1, V), q (R, L, V), drafts (R, L); got p "
+                             f"{tuple(getattr(p, 'shape', ()))}, q {tuple(getattr(q, 'shape', ()))}, drafts "
+                             f"{tuple(getattr(drafts, 'shape', ()))}")
     xp = namespace(p, q)
     R, L = drafts.shape[0], drafts.shape[-1]
     if p.shape[:2] != (R, L + 1) or q.shape[:2] != (R, L) or p.shape[-1] != q.shape[-1]:
@@ -105,6 +114,7 @@ def predict_tree_rounds(p: Array, q: Array, tokens: Array, tree, verifier, *, ch
     ``max_depth`` (R,) ints: the walk of a round stops at that depth (the end of an image). The reach and the
     bound are then accumulated per round over (node, rank) slots (a loop over N+1 nodes and K ranks).
     """
+    checks.verifier(verifier)
     if isinstance(tree, RowTrees) or draft_law != "without_replacement" or max_depth is not None:
         return _predict_row_trees(p, q, tokens, tree, verifier, check, draft_law, max_depth)
     xp = namespace(p, q)
@@ -301,18 +311,23 @@ class TreeRows:
         return TreeRows(self.p[idx], self.q[idx], self.tokens[idx], self.tree, self.image[idx])
 
 
-def load_rows(path):
+def load_rows(path, name: str = "record"):
     """Rows from an ``.npz`` written by ``coolsd generate --record`` (chains: keys p, q, drafts, n_drafted,
-    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows."""
+    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows.
+    The whole file is read and checked now: a missing, empty, non-.npz, damaged or malformed file is one
+    ValueError line naming ``name`` and the file (``checks.npz_arrays``)."""
     import json
+    import os
 
-    with np.load(path) as z:
-        if "tree_paths" in z.files:
+    hint = "write it again with coolsd generate --record FILE (a speculative --method, not ar)"
+    z = checks.npz_arrays(name, path, ("p", "q"), hint)
+    try:
+        if "tree_paths" in z:
             paths = json.loads(str(z["tree_paths"]))
-            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)),
-                            z["image"] if "image" in z.files else None)
-        missing = {"p", "q", "drafts"} - set(z.files)
-        if missing:
-            raise ValueError(f"record {path}: missing arrays {sorted(missing)} (write it with coolsd generate --record)")
-        return Rows(z["p"], z["q"], z["drafts"], z["n_drafted"] if "n_drafted" in z.files else None,
-                    z["image"] if "image" in z.files else None)
+            return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)), z.get("image"))
+        if "drafts" not in z:
+            raise ValueError("missing arrays ['drafts']")
+        return Rows(z["p"], z["q"], z["drafts"], z.get("n_drafted"), z.get("image"))
+    except (ValueError, TypeError, KeyError) as e:
+        msg = str(e).removeprefix("rows: ")
+        raise ValueError(f"{name}: {os.fspath(path)!r} does not hold recorded rows ({msg}); {hint}") from None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import array_api_compat
+import numpy as np
 
 from . import checks
 from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
@@ -226,6 +227,8 @@ def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | 
             L: int | None = None) -> Verifier:
     """Cool-SD: exponentially decaying weights (``cool_sd_schedule``; default normalisation
     ``COOL_SD_NORM`` = "offset", w_i = 1 + (delta - 1) exp(-nu (i - 1))) with G* (T5)."""
+    if checks.real("cool_sd: nu", nu) < 0:
+        raise ValueError(f"cool_sd: nu={float(nu):g} must be >= 0 (a decaying schedule; nu < 0 makes the weights grow)")
     sch = cool_sd_schedule(delta, nu, norm, L, mu)
     params = {"delta": delta, "nu": nu, "norm": "mu" if mu is not None else (norm or COOL_SD_NORM)}
     if isinstance(sch, Exponential):
@@ -236,7 +239,16 @@ def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | 
 
 
 def level(levels) -> Verifier:
-    """The "level" rule f_i = v + a_i (1 - v) (a schedule of a_i in [0, 1], e.g. ``Explicit``) with G* (T5)."""
+    """The "level" rule f_i = v + a_i (1 - v) (a schedule of a_i in [0, 1], e.g. ``Explicit``, or the levels
+    a_1..a_L as a list / array, checked to lie in [0, 1]) with G* (T5)."""
+    if isinstance(levels, (list, tuple, np.ndarray)) or np.isscalar(levels):
+        a = checks.unit_interval("level: levels", levels).ravel()
+        levels = Explicit(tuple(float(x) for x in a), zero_ok=True)
+    elif isinstance(levels, Explicit):
+        checks.unit_interval("level: levels", levels.weights)
+    elif not callable(levels):
+        raise TypeError(f"level: levels must be a schedule (e.g. Explicit) or a list of levels in [0, 1], "
+                        f"got {type(levels).__name__}")
     return Verifier(Level(levels), Optimal(), "level", {"levels": levels})
 
 

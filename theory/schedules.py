@@ -95,13 +95,19 @@ class Linear:
 
 @dataclass(frozen=True)
 class Explicit:
-    """An explicit weight vector w_1..w_L (section 5)."""
+    """An explicit weight vector w_1..w_L (section 5); ``zero_ok``: values may be 0 (the levels a_i of
+    ``rules.level``, where a = 0 is vanilla)."""
     weights: tuple[float, ...]
+    zero_ok: bool = False
 
     def __post_init__(self):
         if len(self.weights) == 0:
             raise ValueError("Explicit schedule: empty weight vector")
-        _check_positive("Explicit schedule", *self.weights)
+        if self.zero_ok:
+            for w in self.weights:
+                checks.real("Explicit schedule: weights", w, 0)
+        else:
+            _check_positive("Explicit schedule", *self.weights)
         object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
     def __call__(self, i, xp):

@@ -94,9 +94,10 @@ def family_values(family: str, theta, L: int, xp=np):
 def rule_of(family: str, values) -> rules.Verifier:
     """The verifier of per-position values (L,): ``rules.scaled`` (weights, G*) or ``rules.level`` (levels, G*).
     numpy values give ``Explicit`` schedules (what the engine runs); other arrays ``Vector`` (traceable)."""
-    sched = rules.Explicit(tuple(float(v) for v in values)) if isinstance(values, (np.ndarray, list, tuple)) \
-        else rules.Vector(values)
-    return rules.level(sched) if family == "level" else rules.scaled(sched)
+    numeric = isinstance(values, (np.ndarray, list, tuple))
+    if family == "level":
+        return rules.level(np.asarray(values, np.float64) if numeric else rules.Vector(values))
+    return rules.scaled(rules.Explicit(tuple(float(v) for v in values)) if numeric else rules.Vector(values))
 
 
 def _shift(family: str, theta: np.ndarray, s: float) -> np.ndarray:
@@ -271,9 +272,23 @@ def tune(rows: Rows | TreeRows, family: str = "free", tokens_per_call: float | N
     ``search_rounds``: the search (SLSQP from every start) runs on a seeded subsample of this many rounds
     (None: all; each evaluation costs O(R L V)); the best end point is then polished on all rows, so the
     constraint holds on all rows and the reported figures are all-rows figures."""
+    if not isinstance(rows, (Rows, TreeRows)):
+        raise TypeError(f"rows must be theory.recorded.Rows or TreeRows (theory.recorded.load_rows(path)), "
+                        f"got {type(rows).__name__}")
     family = _check_family(family)
     if (tokens_per_call is None) == (bound_budget is None):
         raise ValueError("tune: give exactly one of tokens_per_call (target) or bound_budget (budget)")
+    n_random = checks.integer("n_random", n_random, lo=0)
+    seed = checks.seed(seed)
+    maxiter = checks.integer("maxiter", maxiter, lo=1)
+    if search_rounds is not None:
+        checks.integer("search_rounds", search_rounds, lo=2)
+    if tokens_per_call is not None:
+        checks.real("tokens_per_call", tokens_per_call)
+    else:
+        b = checks.real("bound_budget", bound_budget, 0)
+        if b == 0:           # only the lossless schedule has bound 0 (T11): vanilla, no search
+            return _vanilla_result(rows, family)
     van, top = reachable(rows, family)
     if tokens_per_call is not None:
         t = float(tokens_per_call)
@@ -332,6 +347,16 @@ def tune(rows: Rows | TreeRows, family: str = "free", tokens_per_call: float | N
     pr = predict(rows, rule_of(family, values))
     return TuneResult(family, mode, value, values, theta, pr["tokens_per_call"], pr["bound_mean"],
                       pr["tokens_per_call_se"], pr["bound_se"], name, scores)
+
+
+def _vanilla_result(rows, family: str) -> TuneResult:
+    """The family's vanilla member (weights 1, or levels 0): the answer to a bound budget of 0."""
+    L = rows.L
+    values = np.zeros(L) if family == "level" else np.ones(L)
+    theta = np.full(L, -np.inf) if family == "level" else np.zeros(n_params(family, L))
+    pr = predict(rows, rule_of(family, values))
+    return TuneResult(family, "budget", 0.0, values, theta, pr["tokens_per_call"], pr["bound_mean"],
+                      pr["tokens_per_call_se"], pr["bound_se"], "vanilla (budget 0)", {})
 
 
 def frontier(rows: Rows | TreeRows, families=FAMILIES, n_points: int = 6, lo: float = 0.1, hi: float = 0.9, **kw) -> dict:

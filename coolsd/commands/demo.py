@@ -43,8 +43,10 @@ def run(args):
         checks.integer("--images", args.images, lo=1)
     if args.L is not None:
         checks.integer("--L", args.L, lo=1)
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    checks.integer("--threads", args.threads, lo=1)
+    from coolsd import validate
+
+    validate.device("--device", args.device)
     out = check_output_dir("--out", args.out, DEMO_FILES)    # before the 8-minute run
 
     import torch

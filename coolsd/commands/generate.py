@@ -61,16 +61,12 @@ def register(sub):
                    help="images generated together in one engine batch (default: all --num-images, at most "
                         "real.decode.engine.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
     s.add_argument("--num-tokens", type=int, default=None, help="tokens per image (default: the whole image)")
-    s.add_argument("--class-id", type=int, default=None, help="c2i class (default: seeded random per image)")
     r = g.add_argument_group("run")
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     r.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: 1 for *-tiny models, whose ops are too small to share)")
     r.add_argument("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
-    r.add_argument("--draft", default=None,
-                   help="draft kind: layerskip, small, eagle (model-dependent default), or jacobi (any model: no drafter, "
-                        "Speculative Jacobi Decoding, real.decode.jacobi)")
     add_jacobi_args(g)
     r.add_argument("--compile", nargs="?", const="default", default=None,
                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
@@ -91,30 +87,29 @@ def register(sub):
     g.set_defaults(func=run)
 
 
-def add_checkpoint_args(p):
-    """The model-file and prompt options (fields of ``real.registry.BuildOptions``); shared with ``coolsd sweep``."""
-    c = p.add_argument_group("model files and prompts (--model llamagen, lumina-mgpt, janus-pro, emu3)")
-    c.add_argument("--model-type", choices=["c2i", "t2i"], default=None)
-    c.add_argument("--image-size", type=int, default=None)
-    c.add_argument("--target-ckpt", default=None)
-    c.add_argument("--target-size", default=None, help="B, L, XL, XXL (default XL)")
-    c.add_argument("--target-pretrained", default=None, help="download a published checkpoint (real.models.llamagen_io.PRETRAINED)")
-    c.add_argument("--draft-ckpt", default=None)
-    c.add_argument("--draft-size", default=None, help="B, L, XL, XXL (default B)")
-    c.add_argument("--draft-pretrained", default=None)
-    c.add_argument("--drafter-dir", default=None, help="LANTERN EAGLE drafter directory (with --draft eagle)")
-    c.add_argument("--vq-ckpt", default=None)
-    c.add_argument("--vq-size", default=None, help="VQ config: VQ-16 (default), VQ-8, tiny")
-    c.add_argument("--captions", default=None, help="t2i: .pt list of {'embedding': (120, 2048), 'mask': (120,)}")
-    c.add_argument("--prompts", nargs="*", default=None, help="t2i: prompts encoded with flan-t5-xl")
+def add_checkpoint_args(p, skip: tuple[str, ...] = ()):
+    """The model options of ``real.specs.OPTIONS`` (fields of ``real.registry.BuildOptions``) as flags; shared
+    with ``coolsd sweep``. Which model reads which is its spec's business (``real.specs.check_options``)."""
+    from real.specs import OPTIONS, flag
+
+    c = p.add_argument_group("model options (real.specs: which model reads which, coolsd generate --list-models)")
+    for d, o in OPTIONS.items():
+        if d in skip:
+            continue
+        kw = dict(nargs="*") if o.type is list else dict(type=o.type)
+        c.add_argument(flag(d), dest=d, default=None, help=o.help, **kw)
 
 
 def run(args):
     if args.list_models:
         from real.registry import MODELS
 
+        from real.specs import SPECS
+
         for name, (_, help) in sorted(MODELS.items()):
-            print(f"{name:22s} {help}")
+            sp = SPECS[name]
+            print(f"{name:22s} {help}  [draft {sp.default_draft} of {'/'.join(sp.drafts)}; codebook {sp.codebook}; "
+                  f"{'batched' if sp.batched else 'batch 1'}]")
         return 0
     result = generate(args)
     if args.json:  # strict JSON: undefined statistics (e.g. acceptance rate of plain decoding) are null
@@ -307,30 +302,6 @@ def format_result(r: dict) -> str:
 # --------------------------------------------------------------------------- input validation (before any work)
 # Kept apart from ``generate`` so new options (e.g. --batch-size) add their checks here.
 
-# options only some models read (dest names); given with another model they are an error, not a no-op
-MODEL_OPTIONS = {
-    "llamagen": {"model_type", "image_size", "target_ckpt", "target_size", "target_pretrained", "draft_ckpt",
-                 "draft_size", "draft_pretrained", "drafter_dir", "vq_ckpt", "vq_size", "captions", "prompts",
-                 "class_id", "draft"},
-    "llamagen-tiny": {"class_id", "draft"},
-    "llamagen-tiny-t2i": {"draft"},
-    "hf-llama-tiny": set(),
-    "llama-tiny-fast": set(),
-    "chameleon-tiny": {"draft"},
-    "janus-tiny": {"draft"},
-    "emu3-tiny": {"draft"},
-    "lumina-mgpt": {"target_pretrained", "prompts", "draft", "drafter_dir", "image_size", "vq_ckpt"},
-    "janus-pro": {"target_pretrained", "draft_pretrained", "prompts", "draft", "drafter_dir"},
-    "emu3": {"target_pretrained", "prompts", "draft", "drafter_dir"},
-    "mnist": {"class_id", "draft"},
-}
-MODEL_SPECIFIC = ("model_type", "image_size", "target_ckpt", "target_size", "target_pretrained", "draft_ckpt",
-                  "draft_size", "draft_pretrained", "drafter_dir", "vq_ckpt", "vq_size", "captions", "prompts",
-                  "class_id", "draft")
-DRAFT_KINDS = {"llamagen": ("small", "layerskip", "eagle"), "mnist": ("small", "eagle", "layerskip")}
-DEFAULT_DRAFT = {"llamagen": "small", "mnist": "small", "janus-pro": "small", "lumina-mgpt": "eagle", "emu3": "eagle"}
-
-
 def validate_args(args) -> None:
     """Check every ``coolsd generate`` input before any work: numbers, option/model compatibility,
     input files and output paths. Raises ValueError naming the option. Resolves ``--save`` /
@@ -341,7 +312,6 @@ def validate_args(args) -> None:
     validate_jacobi(args, checks)
     _validate_model_options(args)
     _validate_method(args)
-    _validate_inputs(args)
     n_conds = _count_conditions(args)
     if args.num_images is None:
         args.num_images = n_conds or 1
@@ -351,8 +321,20 @@ def validate_args(args) -> None:
             src = "--prompts" if _given(args, "prompts") else "--captions"
             raise ValueError(f"--num-images {args.num_images} does not match the {n_conds} condition(s) given by "
                              f"{src} (one image per entry); drop --num-images or give {args.num_images} entries")
+    from real.decode.checks import MAX_IMAGES
+    from real.specs import spec
+
+    T = args.num_tokens or spec(args.model).tokens      # tokens per image when the spec knows them
+    if T and args.tree is None and args.L is not None and args.L > T:
+        raise ValueError(f"--L {args.L} is more than the {T} tokens of one image of --model {args.model} "
+                         f"(a round never drafts past the image); use --L <= {T}")
+
+    checks.integer("--num-images", args.num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=args.num_images)
+        if args.batch_size > 1 and not spec(args.model).batched:
+            raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time "
+                             "(its cache has no per-row lengths); use --batch-size 1")
     if getattr(args, "fidelity", False) and args.tree is not None:
         from real.decode.score import TREE_REASON
 
@@ -360,6 +342,9 @@ def validate_args(args) -> None:
     if args.save is not None:
         args.save = str(check_output_file("--save", args.save, ".npz"))
     if args.record is not None:
+        if str(args.method).lower() == "ar":
+            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
+                             "speculative --method (e.g. vanilla) or drop --record")
         args.record = str(check_output_file("--record", args.record, ".npz"))
         if args.save is not None and os.path.abspath(args.record) == os.path.abspath(args.save):
             raise ValueError(f"--record and --save name the same file {args.save!r}")
@@ -392,13 +377,9 @@ def _validate_numbers(args, checks) -> None:
         v = getattr(args, dest, None)
         if v is not None and p.type in (int, float):
             checks.integer(_flag(dest), v) if p.type is int else checks.real(_flag(dest), v)
-    dev = str(args.device)
-    if not (dev in ("cpu", "auto", "mps", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise ValueError(f"--device must be cpu, cuda, cuda:N, mps or auto, got {dev!r}")
+    from coolsd import validate
 
-
-NO_CODEBOOK = ("hf-llama-tiny", "llama-tiny-fast")     # text LMs: no VQ codebook, no LANTERN neighbours
-CODEBOOK_NEEDS_VQ = ("llamagen", "lumina-mgpt")        # codebook only with --vq-ckpt
+    validate.device("--device", args.device, available=False)    # availability: real.registry when building
 
 
 def _validate_method(args) -> None:
@@ -416,100 +397,30 @@ def _validate_method(args) -> None:
     d_thr = getattr(args, "gsd_d_threshold", None)         # None: the default threshold; inf: "off"
     gsd_needs = method != "ar" and registry.get(method).needs_embeddings and not (d_thr is not None
                                                                                   and math.isinf(d_thr))
-    if gsd_needs and (args.model in NO_CODEBOOK or (args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"))):
+    from real.specs import spec
+
+    codebook = spec(args.model).codebook                  # "own", "vq" (only with --vq-ckpt) or "none"
+    if gsd_needs and (codebook == "none" or (codebook == "vq" and not _given(args, "vq_ckpt"))):
         raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
-                         f"has none{' without --vq-ckpt' if args.model in CODEBOOK_NEEDS_VQ else ''} (or --gsd-d-threshold off)")
+                         f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (or --gsd-d-threshold off)")
     if method.startswith("lantern"):
-        if args.model in NO_CODEBOOK:
+        if codebook == "none":
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
                              "VQ codebook")
-        if args.model in CODEBOOK_NEEDS_VQ and not _given(args, "vq_ckpt"):
+        if codebook == "vq" and not _given(args, "vq_ckpt"):
             raise ValueError(f"--method {method} needs a codebook neighbour table: give --vq-ckpt "
                              f"with --model {args.model}")
 
 
 def _validate_model_options(args) -> None:
-    from real.registry import MODELS
+    """The model's spec (``real.specs``): the one generic check, then its input files and prompts."""
+    from coolsd import validate
 
-    model = args.model
-    if model not in MODELS:
-        raise ValueError(f"--model: unknown model {model!r}; choose from {sorted(MODELS)} (--list-models)")
-    if model not in MODEL_OPTIONS:
-        return  # a model registered elsewhere: its builder checks its own options
-    allowed = MODEL_OPTIONS[model] | ({"draft"} if args.draft == "jacobi" else set())
-    extra = [_flag(d) for d in MODEL_SPECIFIC if _given(args, d) and d not in allowed]
-    if extra:
-        ok = ", ".join(_flag(d) for d in MODEL_SPECIFIC if d in allowed) or "none of the model options"
-        verb = "does" if len(extra) == 1 else "do"
-        raise ValueError(f"{', '.join(extra)} {verb} not apply to --model {model} (it would be ignored); "
-                         f"{model} reads {ok}")
-    kind = args.draft or DEFAULT_DRAFT.get(model, "layerskip")
-    kinds = DRAFT_KINDS.get(model, ("layerskip", "small", "eagle")) + ("jacobi",)   # jacobi: every model, no drafter
-    if "draft" in allowed and kind not in kinds:
-        raise ValueError(f"--draft must be one of {', '.join(kinds)} for --model {model}, got {kind!r}")
-    if _given(args, "drafter_dir") and kind != "eagle":
-        raise ValueError(f"--drafter-dir is an EAGLE drafter: it needs --draft eagle (the draft is {kind!r})")
-    if model == "llamagen":
-        mtype = args.model_type or "c2i"
-        if mtype == "c2i" and (_given(args, "captions") or _given(args, "prompts")):
-            raise ValueError("--captions / --prompts condition t2i models; add --model-type t2i (c2i uses --class-id)")
-        if mtype == "t2i" and _given(args, "class_id"):
-            raise ValueError("--class-id conditions c2i models; --model-type t2i uses --captions or --prompts")
-        if mtype == "t2i" and not (_given(args, "captions") or _given(args, "prompts")):
-            raise ValueError("--model-type t2i needs --captions FILE.pt or --prompts TEXT ...")
-        if _given(args, "captions") and _given(args, "prompts"):
-            raise ValueError("give --captions or --prompts, not both")
-        for path_opt, name_opt in (("target_ckpt", "target_pretrained"), ("draft_ckpt", "draft_pretrained")):
-            if _given(args, path_opt) and _given(args, name_opt):
-                raise ValueError(f"give {_flag(path_opt)} or {_flag(name_opt)}, not both")
-        if not (_given(args, "target_ckpt") or _given(args, "target_pretrained")):
-            raise ValueError("--model llamagen needs --target-ckpt FILE or --target-pretrained NAME")
-        if kind == "small" and not (_given(args, "draft_ckpt") or _given(args, "draft_pretrained")):
-            raise ValueError("--draft small needs --draft-ckpt FILE or --draft-pretrained NAME "
-                             "(or use --draft layerskip / --draft eagle --drafter-dir DIR)")
-        if kind != "small" and any(_given(args, d) for d in ("draft_ckpt", "draft_pretrained", "draft_size")):
-            raise ValueError(f"--draft-ckpt / --draft-pretrained / --draft-size load a small draft model; "
-                             f"the draft is {kind!r}")
-        if kind == "eagle" and not _given(args, "drafter_dir"):
-            raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
-        from real.models.llamagen import CONFIGS
-
-        for d in ("target_size", "draft_size"):
-            if _given(args, d) and getattr(args, d) not in CONFIGS:
-                raise ValueError(f"{_flag(d)} must be one of {', '.join(CONFIGS)}, got {getattr(args, d)!r}")
-        if _given(args, "vq_size") and not _given(args, "vq_ckpt"):
-            raise ValueError("--vq-size configures --vq-ckpt; give --vq-ckpt too")
-        for d in ("target_pretrained", "draft_pretrained"):
-            if _given(args, d):
-                from real.models.llamagen_io import PRETRAINED
-
-                if getattr(args, d) not in PRETRAINED:
-                    raise ValueError(f"{_flag(d)}: unknown checkpoint {getattr(args, d)!r}; "
-                                     f"choose from {sorted(PRETRAINED)}")
-    if model in ("lumina-mgpt", "janus-pro", "emu3") and not _given(args, "prompts"):
-        raise ValueError(f"--model {model} needs --prompts TEXT ...")
-    if model == "janus-pro" and _given(args, "draft_pretrained") and kind != "small":
-        raise ValueError(f"--draft-pretrained loads the small Janus draft; the draft is {kind!r}")
-
-
-def _validate_inputs(args) -> None:
-    for dest in ("target_ckpt", "draft_ckpt"):
-        p = getattr(args, dest, None)
-        if p is not None and not os.path.isfile(p):
-            raise ValueError(f"{_flag(dest)}: {p!r} is not an existing file")
-    if args.vq_ckpt is not None:
-        ok = os.path.exists(args.vq_ckpt) if args.model == "lumina-mgpt" else os.path.isfile(args.vq_ckpt)
-        if not ok:
-            raise ValueError(f"--vq-ckpt: {args.vq_ckpt!r} does not exist")
-    if args.drafter_dir is not None and not os.path.isdir(args.drafter_dir):
-        raise ValueError(f"--drafter-dir: {args.drafter_dir!r} is not an existing directory")
+    validate.model_options(args)
     if args.captions is not None:
         from real.nn.checkpoint import load_captions
 
         args._caption_count = len(load_captions(args.captions))
-    if args.prompts is not None:
-        if not args.prompts or any(not p.strip() for p in args.prompts):
-            raise ValueError("--prompts needs one or more non-empty prompts")
 
 
 def _count_conditions(args) -> int | None:
@@ -521,6 +432,10 @@ def _count_conditions(args) -> int | None:
 def check_bundle(args, bundle) -> None:
     """Checks that need the built model but no generation: --num-tokens within the model's image,
     --class-id within its classes (the builders check it too)."""
+    L = args.L if args.tree is None else None
+    if L is not None and L > bundle.num_tokens:
+        raise ValueError(f"--L {L} is more than the {bundle.num_tokens} tokens of one image of --model {args.model} "
+                         "(a round never drafts past the image); use --L <= " + str(bundle.num_tokens))
     cap = _token_capacity(bundle.target)
     if args.num_tokens is not None and cap is not None and args.num_tokens > cap:
         raise ValueError(f"--num-tokens {args.num_tokens} is more than the {cap} tokens of one image of "

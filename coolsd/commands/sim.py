@@ -21,6 +21,9 @@ def register(sub):
     v.add_argument("--backend", choices=["numpy", "jax"], default="numpy", help="backend of the table path")
     v.add_argument("--paths", default="table,rule", help="comma-separated: table, rule (default both)")
     v.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from coolsd.commands.theory import add_cost_args
+
+    add_cost_args(v)
     v.set_defaults(func=run_validate)
 
     s = ssub.add_parser("sources", help="vanilla, UniformRSD, Cool-SD, LANTERN, LANTERN++, LANTERN+G* on "
@@ -37,6 +40,7 @@ def register(sub):
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--figure", default=None, help="write a PNG of accepted length vs TV per method here")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_cost_args(s)
     s.set_defaults(func=run_sources)
 
 
@@ -49,10 +53,19 @@ def run_validate(args):
     bad = set(paths) - {"table", "rule"}
     if bad or not paths:
         raise ValueError(f"--paths takes table and/or rule, got {args.paths!r}")
-    if args.n_rounds is not None and args.n_rounds < 1:
-        raise ValueError(f"--n-rounds must be >= 1, got {args.n_rounds}")
-    if not (0 < args.alpha < 1 and args.z_max > 0 and args.se > 0 and args.tv_bias > 0):
-        raise ValueError("need 0 < --alpha < 1 and positive --z-max, --se, --tv-bias")
+    checks.real("--alpha", args.alpha, 0, 1, lo_open=True, hi_open=True)
+    for name in ("z_max", "se", "tv_bias"):
+        checks.real("--" + name.replace("_", "-"), getattr(args, name), 0, lo_open=True)
+    if args.n_rounds is not None:    # every (chain, verifier, path) job simulates n rounds: cost of them all
+        from coolsd.commands.theory import max_seconds
+        from sim.rounds import check_rounds_cost
+
+        jobs = sum(len(va.default_verifiers(c.neighbors, c.L)) for c in va.default_chains()) * len(paths)
+        est, secs = check_rounds_cost("--n-rounds", checks.count("--n-rounds", args.n_rounds), 4, 8,
+                                      "rule" if "rule" in paths else "table", jobs, max_seconds=max_seconds(args))
+        from coolsd import validate
+
+        validate.announce(est, "sim validate", args.json, seconds=secs)
     rep = va.validate(n_rounds=args.n_rounds, seed=args.seed, alpha=args.alpha, z_max=args.z_max,
                       se_target=args.se, tv_bias_target=args.tv_bias, paths=paths, backend=args.backend,
                       progress=not args.json)
@@ -74,9 +87,26 @@ def run_sources(args):
     which = tuple(w.strip() for w in args.which.split(",") if w.strip())
     if not which or set(which) - {"codebook", "grid"}:
         raise ValueError(f"--which takes codebook and/or grid, got {args.which!r}")
-    if args.L < 1 or args.k < 1 or args.n_rounds < 2 or args.n_images < 2:
-        raise ValueError("need --L >= 1, --k >= 1, --n-rounds >= 2 and --n-images >= 2")
+    checks.integer("--L", args.L, lo=1)
+    checks.integer("--k", args.k, lo=1)
+    checks.integer("--n-rounds", args.n_rounds, lo=2)
+    checks.integer("--n-images", args.n_images, lo=2)
+    checks.integer("--grid-size", args.grid_size, lo=2)
+    if args.V is not None:
+        checks.integer("--V", args.V, lo=2)
+    if args.ambiguity is not None:
+        checks.real("--ambiguity", args.ambiguity, 0, lo_open=True)
     checks.seed(args.seed, "--seed")
+    from coolsd.commands.theory import max_seconds
+    from sim.rounds import check_rounds_cost
+
+    n_methods = sum(len(levels) for _, _, levels in so.GRID)
+    if "codebook" in which:       # every method simulates --n-rounds rule rounds on the V-state codebook chain
+        check_rounds_cost("--n-rounds", args.n_rounds, args.L, args.V or 12, "rule", n_methods,
+                          max_seconds=max_seconds(args))
+    if "grid" in which:           # whole images: about H W / 2 rounds of L drafts each, per image and method
+        check_rounds_cost("--n-images / --grid-size", max(1, args.n_images * args.grid_size ** 2 // 2), args.L,
+                          args.V or 32, "rule", n_methods, max_seconds=max_seconds(args))
     if args.figure:  # checked now, written atomically at the end
         suffix = None if pathlib.Path(args.figure).suffix else ".png"    # matplotlib's default format
         args.figure = str(check_output_file("--figure", args.figure, suffix))

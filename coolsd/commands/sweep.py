@@ -28,8 +28,6 @@ def register(sub):
     s.add_argument("--L", type=int, default=4, help="chain draft length (default 4)")
     s.add_argument("--tree", default=None, help="static-tree drafting: eagle25, eagle57, chain or JSON paths "
                                                 "(as coolsd generate --tree); default chain drafting")
-    s.add_argument("--draft", default=None, help="draft kind (model-dependent default; mnist: small, eagle, layerskip) "
-                                                 "or jacobi (no drafter: Speculative Jacobi Decoding, --window)")
     s.add_argument("--window", type=int, default=None,
                    help="--draft jacobi: target rows per call W (W - 1 Jacobi drafts; default 16, the SJD release's)")
     s.add_argument("--record-images", type=int, default=256,
@@ -62,8 +60,11 @@ def register(sub):
                         "--image-size-eval (384 -> 256)")
     from coolsd.commands.generate import add_checkpoint_args
 
-    add_checkpoint_args(s)
+    add_checkpoint_args(s, skip=("class_id",))     # --draft and the model files; real.specs says which apply
     s.set_defaults(func=run)
+
+
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 
 
 def _default():
@@ -74,13 +75,11 @@ def _default():
 
 def config(args):
     """SweepConfig from the parsed arguments (every check before any work)."""
-    import torch
-
+    from coolsd import validate
     from coolsd.studies.sweep import SweepConfig, ensure_vanilla, grid_from_toml, parse_grid
-    from real.registry import MODELS
+    from theory import checks
 
-    if args.model not in MODELS:
-        raise ValueError(f"unknown model {args.model!r}; choose from {sorted(MODELS)}")
+    validate.model_options(args)           # the model's spec: options that do not apply are refused
     items = list(args.grid or [])
     if args.grid_file:
         items += grid_from_toml(args.grid_file)
@@ -91,25 +90,37 @@ def config(args):
     for name, v, lo in (("--images", args.images, 2), ("--unit-images", args.unit_images, 1), ("--L", args.L, 1),
                         ("--threads", args.threads, 1),
                         ("--record-images", args.record_images, 0)):
-        if v < lo:
-            raise ValueError(f"{name} must be >= {lo}, got {v}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        checks.integer(name, v, lo=lo)
+    checks.seed(args.seed, "--seed")
+    if args.batch_size is not None:
+        checks.integer("--batch-size", args.batch_size, lo=1)
     if args.batch_size is not None and args.batch_size > args.unit_images:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {args.unit_images} (each unit is one "
                          "engine call): raise --unit-images")
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
-    if not args.temperature >= 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+    checks.real("--temperature", args.temperature, 0)
+    if args.cfg_scale is not None:
+        checks.real("--cfg-scale", args.cfg_scale, 0)
+    if args.image_size is not None:
+        checks.integer("--image-size", args.image_size, lo=16)
+    validate.device("--device", args.device)
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    from coolsd.studies.sweep.metrics import MIN_RELIABLE_IMAGES
+
+    if args.images < MIN_RELIABLE_IMAGES:
+        import sys
+
+        print(f"coolsd: warning: --images {args.images} is below {MIN_RELIABLE_IMAGES}: the FD / NLL intervals "
+              "and the claim verdicts of so few images are unreliable (a jackknife interval needs many images)",
+              file=sys.stderr)
     L = args.L
     if args.draft == "jacobi":
         if args.tree is not None:
             raise ValueError("--draft jacobi drafts chains over its window: --tree does not apply")
-        if args.window is not None and args.window < 1:
-            raise ValueError(f"--window must be >= 1, got {args.window}")
+        if args.window is not None:
+            checks.integer("--window", args.window, lo=1)
         L = (16 if args.window is None else args.window) - 1       # the window's drafts
     elif args.window is not None:
         raise ValueError("--window configures Jacobi drafting: add --draft jacobi")

@@ -10,6 +10,7 @@ def register(sub):
     t = tsub.add_parser("table", help="E[tau], TV bound and exact TV of every verifier on one chain")
     add_chain_args(t)
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_cost_args(t)
     t.set_defaults(func=run_table)
     register_anneal(tsub)
 
@@ -21,6 +22,21 @@ def add_chain_args(p):
     p.add_argument("--L", type=int, default=4, help="draft length (default 4)")
     p.add_argument("--tv", type=float, default=0.4, help="row-wise TV(P, Q) (default 0.4)")
     p.add_argument("--seed", type=int, default=0)
+
+
+def add_cost_args(p):
+    """--max-seconds: the run-time budget of the cost guard (theory.checks.check_cost), 0 = no limit."""
+    from theory import checks
+
+    p.add_argument("--max-seconds", type=float, default=checks.MAX_SECONDS,
+                   help=f"refuse a run estimated to take longer (default {checks.MAX_SECONDS:g} s; 0: no limit)")
+
+
+def max_seconds(args):
+    from theory import checks
+
+    v = checks.real("--max-seconds", args.max_seconds, 0)
+    return None if v == 0 else v
 
 
 def make_chain(args):
@@ -50,16 +66,20 @@ def default_verifiers(V: int, L: int = 4, seed: int = 0):
             for name, p in TABLE_METHODS]
 
 
-def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes=None):
+def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes=None, max_seconds=None,
+                 progress: bool = False):
     """E[tau], B and exact TV (None above max_sequences) of each verifier. Every verifier's table
-    memory is estimated first (``markov.tables_bytes``), so an oversized table is refused before
-    any of them is computed."""
+    memory and time are estimated first (``markov.tables_bytes`` / ``tables_seconds``), so an oversized
+    table is refused before any of them is computed; ``progress``: a bar over the verifiers."""
+    from tqdm import tqdm
+
     from theory import checks, markov
 
-    check_table_size(P.shape[0], L, verifiers, max_bytes if max_bytes is not None else checks.MAX_BYTES)
+    check_table_size(P.shape[0], L, verifiers, max_bytes if max_bytes is not None else checks.MAX_BYTES,
+                     max_seconds)
     rows = []
-    for v in verifiers:
-        F, G = markov.rule_tables(P, Q, L, v)
+    for v in tqdm(verifiers, desc="theory table", disable=not progress, leave=False):
+        F, G = markov.rule_tables(P, Q, L, v, max_seconds=None)     # the time of all of them was checked above
         e = markov.expected_accepted(P, Q, F, init)
         b = markov.tv_bound(P, Q, F, G, init)
         try:
@@ -71,13 +91,17 @@ def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes
     return rows
 
 
-def check_table_size(V: int, L: int, verifiers, max_bytes) -> None:
-    """SizeError naming the largest verifier when its tables would exceed ``max_bytes``."""
+def check_table_size(V: int, L: int, verifiers, max_bytes, max_seconds=None) -> tuple[str, float]:
+    """SizeError naming the largest verifier when its tables would exceed ``max_bytes``, or when all the
+    tables together would take longer than ``max_seconds`` (``markov.tables_seconds``; the bound and E[tau]
+    cost about as much again). Returns (the estimate as text, the estimated seconds)."""
     from theory import checks, markov
 
     worst = max(verifiers, key=lambda v: markov.tables_bytes(v, V, L))
-    checks.check_memory(f"--V {V} --L {L}: the {worst.name} tables", markov.tables_bytes(worst, V, L), max_bytes,
-                        "use a smaller --V")
+    secs = 2 * sum(markov.tables_seconds(v, V, L) for v in verifiers)
+    est = checks.check_cost(f"--V {V} --L {L}: the {worst.name} tables", markov.tables_bytes(worst, V, L), secs,
+                            max_bytes, max_seconds, "use a smaller --V or --L, or raise --max-seconds")
+    return est, secs
 
 
 def _plain(x):
@@ -99,16 +123,20 @@ def format_table(rows) -> str:
 def run_table(args):
     from theory import checks
 
-    if args.V < 2 or args.L < 1:
-        raise ValueError(f"need V >= 2 and L >= 1, got V={args.V}, L={args.L}")
+    from coolsd import validate
+
+    checks.integer("--V", args.V, lo=2)
+    checks.integer("--L", args.L, lo=1)
     checks.real("--tv", args.tv, 0, 1, hi_open=True)
     checks.seed(args.seed, "--seed")
     # size check first, on stand-in verifiers of the same kinds (the estimate needs the rules' k, not the
     # V x V neighbour table, which alone takes seconds at V = 6000): refused before any V-sized work
-    check_table_size(args.V, args.L, default_verifiers(min(args.V, 8), args.L, args.seed), checks.MAX_BYTES)
+    est, secs = check_table_size(args.V, args.L, default_verifiers(min(args.V, 8), min(args.L, 4), args.seed),
+                                 checks.MAX_BYTES, max_seconds(args))
+    validate.announce(est, "theory table", args.json, seconds=secs)
     verifiers = default_verifiers(args.V, args.L, args.seed)
     P, Q = make_chain(args)
-    rows = theory_table(P, Q, args.L, verifiers)
+    rows = theory_table(P, Q, args.L, verifiers, max_seconds=max_seconds(args), progress=secs > 10 and not args.json)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -143,6 +171,7 @@ def register_anneal(tsub):
     a.add_argument("--no-optimize", action="store_true", help="skip the optimal-schedule columns (faster)")
     a.add_argument("--points", type=int, default=10, help="E[tau] points per Pareto curve (default 10)")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cost_args(a)
     a.set_defaults(func=run_anneal)
 
 
@@ -155,13 +184,23 @@ def run_anneal(args):
     from coolsd.studies import anneal
     from theory import chains, optimize
 
-    if args.seeds < 1 or args.points < 2 or min(args.Vs) < 2 or min(args.Ls) < 1:
-        raise ValueError("need --seeds >= 1, --points >= 2, every V >= 2 and every L >= 1")
+    from coolsd import validate
+    from theory import checks
+
+    checks.integer("--seeds", args.seeds, lo=1)
+    checks.integer("--points", args.points, lo=2)
+    for V in args.Vs:
+        checks.integer("--Vs", V, lo=2)
+    for L in args.Ls:
+        checks.integer("--Ls", L, lo=1)
     if any(not 0 < f < 1 for f in args.fractions):
         raise ValueError(f"--fractions must lie in (0, 1), got {args.fractions}")
     if any(not 0 <= t < 1 for t in args.tvs):
         raise ValueError(f"--tvs must lie in [0, 1), got {args.tvs}")
+    est, secs = anneal.check_cost(args.Vs, args.Ls, len(args.tvs), args.seeds, len(args.fractions),
+                                  not args.no_optimize, max_seconds(args))
     out = check_output_dir("--out", args.out, ANNEAL_FILES)
+    validate.announce(est, "theory anneal", args.quiet, seconds=secs)
     t0 = time.perf_counter()
     study = anneal.anneal_study(tvs=tuple(args.tvs), Vs=tuple(args.Vs), Ls=tuple(args.Ls),
                                 seeds=tuple(range(args.seeds)), fractions=tuple(args.fractions),

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 
 def register(sub):
@@ -35,17 +34,21 @@ def register(sub):
 def run(args) -> int:
     import numpy as np
 
-    from theory import tune
+    from coolsd import validate
+    from coolsd.io import check_output_file
+    from theory import checks, tune
 
-    if args.max_rounds is not None and args.max_rounds < 2:
-        raise ValueError(f"--max-rounds must be >= 2, got {args.max_rounds}")
-    if args.frontier < 0:
-        raise ValueError(f"--frontier must be >= 0, got {args.frontier}")
-    if args.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise ValueError(f"--out: directory of {args.out} does not exist")
-    if not os.path.exists(args.record):
-        raise ValueError(f"--record: {args.record} does not exist")
-    rows = tune.load_rows(args.record)
+    if args.max_rounds is not None:
+        checks.integer("--max-rounds", args.max_rounds, lo=2)
+    checks.integer("--frontier", args.frontier, lo=0)
+    checks.seed(args.seed, "--seed")
+    if args.tokens_per_call is not None:
+        checks.real("--tokens-per-call", args.tokens_per_call, 1)
+    if args.bound_budget is not None:
+        checks.real("--bound-budget", args.bound_budget, 0)
+    if args.out is not None:          # checked now: a refused path costs nothing, not a minute of tuning
+        args.out = str(check_output_file("--out", args.out))
+    rows = validate.record_file("--record", args.record)     # read and checked whole, before any tuning
     if args.max_rounds is not None and rows.R > args.max_rounds:
         rows = rows.subset(np.sort(np.random.default_rng(args.seed).choice(rows.R, args.max_rounds, replace=False)))
     res = tune.tune(rows, args.family, tokens_per_call=args.tokens_per_call, bound_budget=args.bound_budget,

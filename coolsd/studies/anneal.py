@@ -44,6 +44,26 @@ def study_chain(kind: str, tv_mode: str, V: int, tv: float, seed: int) -> tuple[
     return P, Q
 
 
+EVALS_PER_TARGET = 60     # table evaluations per (case, target): root finding on each schedule's scale (rough)
+EVALS_OPTIMIZE = 400      # more for the optimal schedule (SLSQP iterations x gradient evaluations; rough)
+
+
+def check_cost(Vs, Ls, n_tvs: int, n_seeds: int, n_fractions: int, optimize: bool = True,
+               max_seconds: float | None = None) -> tuple[str, float]:
+    """Refuse (theory.checks.SizeError) before any work a study whose largest (V, L) tables exceed the memory
+    budget or whose estimated time (``markov.tables_seconds`` x the evaluations per target above, an
+    order-of-magnitude estimate) exceeds ``max_seconds``. Returns (estimate text, seconds)."""
+    from theory import checks, markov, rules
+
+    v = rules.vanilla()
+    per_eval = n_fractions * (len(STUDY_SCHEDULES) * EVALS_PER_TARGET + (EVALS_OPTIMIZE if optimize else 0))
+    secs = sum(n_tvs * n_seeds * per_eval * markov.tables_seconds(v, V, L) for V in Vs for L in Ls)
+    mem = max(markov.tables_bytes(v, V, L) for V in Vs for L in Ls)
+    est = checks.check_cost(f"--Vs {max(Vs)} --Ls {max(Ls)}: the anneal study", mem, secs, checks.MAX_BYTES,
+                            max_seconds, "use smaller --Vs / --Ls or fewer --tvs / --seeds (time: or raise --max-seconds)")
+    return est, secs
+
+
 def _wins(a: float, b: float, rel: float = 1e-9) -> bool:
     return a < b - rel * max(abs(b), 1e-300)
 

@@ -151,6 +151,10 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
     ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it."""
     from tqdm import tqdm
 
+    from .checks import generate_args
+
+    generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, L=L, tree=tree, seed=seed,
+                  batch_size=batch_size, jacobi=jacobi)      # types and ranges before any model call (issue 26)
     conds = as_conds(conds)
     T = int(num_tokens)
     if T < 1:

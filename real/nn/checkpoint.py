@@ -89,13 +89,15 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         try:
             return load_file(path, device=str(map_location))
         except Exception as e:  # SafetensorError (truncated or garbled header), OSError: name the file
-            raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from e
+            raise ValueError(f"{path}: not a readable safetensors file ({type(e).__name__}: "
+                             f"{_first_line(e)})") from e
     with torch.serialization.safe_globals([argparse.Namespace]):
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
         except Exception as e:  # pickle with foreign objects: say so instead of executing it
-            raise ValueError(f"{path}: not loadable as a weights-only checkpoint ({e}). If you trust the file, "
-                             "load it yourself with torch.load(..., weights_only=False) and pass the state dict.") from e
+            raise ValueError(f"{path}: not loadable as a weights-only checkpoint ({type(e).__name__}: "
+                             f"{_first_line(e)}): a damaged file, or pickled objects; if you trust the file, load it "
+                             "yourself with torch.load(..., weights_only=False) and pass the state dict") from e
 
 
 def extract_state_dict(obj: Any) -> dict[str, torch.Tensor]:
@@ -136,6 +138,16 @@ def load_checked(module: nn.Module, state: Mapping[str, torch.Tensor], *, ignore
     module.load_state_dict(state, strict=True)
 
 
+def _first_line(e: BaseException) -> str:
+    """The informative line of an exception's message: torch's weights-only load errors run to six lines of
+    advice with the cause after "WeightsUnpickler error:"; otherwise the first non-empty line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for i, ln in enumerate(lines[:-1]):
+        if ln.endswith("WeightsUnpickler error:"):
+            return lines[i + 1][:200]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
 def load_captions(path: str | os.PathLike, option: str = "--captions") -> list:
     """A captions file (t2i conditions), checked: a torch file (weights-only) holding a non-empty list
     of {'embedding': (P, C) finite float tensor, 'mask': (P,) optional} dicts, all of the same shape.
@@ -146,7 +158,7 @@ def load_captions(path: str | os.PathLike, option: str = "--captions") -> list:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # garbage, truncated file, pickled foreign objects
-        raise ValueError(f"{where} is not a weights-only torch file ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{where} is not a weights-only torch file ({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(obj, (list, tuple)) or not obj:
         empty = " (empty)" if isinstance(obj, (list, tuple)) else ""
         raise ValueError(f"{where} must hold a non-empty list of {{'embedding', 'mask'}} dicts, "

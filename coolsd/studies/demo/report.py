@@ -44,7 +44,8 @@ def main_table(report: dict) -> str:
     for m in report["methods"]:
         rows.append(f"| {label(m)} | {m['drafting']} | {_speed_quality_cells(m)} "
                     f"| {_f(m['tv_bound'])} | {_f(m['nll_per_token'])} ({_f(m['nll_per_token_se'])}) |")
-    return head + "\n".join(rows) + "\n"
+    note = report.get("batch_note", {}).get("text")
+    return head + "\n".join(rows) + "\n" + (f"\n{note}\n" if note else "")
 
 
 def _speed_quality_cells(m: dict) -> str:
@@ -134,7 +135,7 @@ def markdown(report: dict) -> str:
         "recursion over the 49 positions for the short end-of-image rounds; trees: `theory.recorded.predict_tree_rounds` "
         "on the vanilla tree run); *measured* values from running each rule. Speed-up: plain AR time / method time "
         "(same classes and seeds); predicted from the measured unit costs below. FD: Frechet distance in the shipped "
-        f"classifier's feature space to the 1,000 held-out digits ({c['n_images']} generated digits each, bootstrap SE); "
+        f"classifier's feature space to the 1,000 held-out digits ({c['n_images']} generated digits each, delete-one jackknife SE as in the sweep); "
         f"the real-digit floor at this n is {fl['mean']:.1f} (sd {fl['sd']:.1f}: {fl['n']} real train digits vs held-out). "
         "TV bound: mean per-round T11 bound (0 for vanilla, which is lossless). NLL: target NLL per token of the generated codes.",
         "",
@@ -152,7 +153,7 @@ def markdown(report: dict) -> str:
         "Differences from vanilla chain drafting in units of the combined standard error (|z| > 2: separated). "
         "Tokens per call have SEs over hundreds of rounds and separate easily; the target NLL per token of the "
         "generated codes separates the rules that move the output most; the Frechet distance of a few hundred "
-        "digits has a bootstrap SE larger than most differences between methods (see the FD column), so read FD "
+        "digits has a jackknife SE larger than most differences between methods (see the FD column), so read FD "
         "as a sanity check and NLL as the quality measure at this sample size.",
         "",
         separation_table(report),

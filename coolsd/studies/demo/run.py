@@ -11,7 +11,7 @@ reported apart.
 
 Predictions use only the recorded vanilla rows (``coolsd.studies.demo.predict``).
 Measured: tokens per target call (SE over rounds), wall-clock speed-up over plain AR, Frechet distance of
-the decoded digits to the held-out digits in the shipped classifier's space (bootstrap SE), class
+the decoded digits to the held-out digits in the shipped classifier's space (jackknife SE, as the sweep), class
 accuracy, the target's NLL per token of the generated codes (``coolsd.studies.demo.quality``).
 
 Outputs in ``out``: report.json (the contract: ``{"methods": [{"name", "params", "drafting",
@@ -118,12 +118,14 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
                 gens[sp.key] += _generate(engine, target, drafts[sp.draft], sp, cls, sd, proc, tree, s.L, B)
                 bar.update(len(cls))
         results = {"ar": Result(None, [], torch.stack([g.tokens for g in gens["ar"]]), engine.summarize(gens["ar"]))}
+        rounds = {sp.key: np.array([len(x.rounds) for x in gens[sp.key]]) for sp in runs}
         for sp in runs:
             g = gens.pop(sp.key)
             results[sp.key] = Result(sp, g if sp.record else [], torch.stack([x.tokens for x in g]), engine.summarize(g))
         bar.close()
         torch.set_num_threads(max(old_threads, 1))
         report = _analyse(s, runs, results, target, tree, classes, progress)
+        report["batch_note"] = _batch_note(s, runs, rounds, target, drafts, proc)
     finally:
         torch.set_num_threads(old_threads)
     report["manifest"] = {k: {"sha256": v["sha256"], "command": v.get("command")}
@@ -134,6 +136,22 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(demo_report.markdown(report))
     return report
+
+
+def _batch_note(s: Settings, runs, rounds: dict, target, drafts: dict, proc) -> dict:
+    """Where SD stops paying with batch size on this machine (``coolsd.studies.batching``), for the chain
+    methods of the main table (tree rounds cost otherwise; ``benchmarks/bench_tree.py``)."""
+    from coolsd.studies import batching
+
+    Bs = batching.batches_up_to(s.batch_size)
+    costs = {B: batching.unit_costs(target, drafts[s.chain_draft], B, proc, s.L) for B in Bs}
+    per = {" ".join([sp.name, *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sp.params.items())]):
+           batching.stops_paying(rounds[sp.key], costs, T_IMAGE, s.L)
+           for sp in runs if sp.drafting == "chain" and sp.draft == s.chain_draft and not sp.extra}
+    return {"batches": list(Bs), "unit_costs": {str(B): c for B, c in costs.items()},
+            "methods": {k: {"stops_paying_at": v["stops_paying_at"],
+                            "predicted": {str(B): x for B, x in v["predicted"].items()}} for k, v in per.items()},
+            "text": batching.note(per, s.batch_size, s.device)}
 
 
 def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, tree: Tree, L: int, B: int):
@@ -170,11 +188,9 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
             c["cost_ratio_draft_over_ar_step"] = c["draft_step_s"] / c["ar_step_s"]
             c["cost_ratio_target_pass_over_ar_step"] = c["target_per_round_s"] / c["ar_step_s"]
             sources[(sp.drafting, sp.draft)] = (data, c)
-    n_boot = 30 if s.quick else 100
-
     def quality(tokens: torch.Tensor, seed: int) -> dict:
         images = vq.decode(tokens)
-        fd, fd_se = fd_with_se(images, n_boot, seed)
+        fd, fd_se = fd_with_se(images)
         acc = class_accuracy(images, labels)
         return {"frechet_distance": fd, "frechet_distance_se": fd_se, "class_accuracy": acc,
                 "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels)), **nll_with_se(target, labels, tokens)}

@@ -58,6 +58,13 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
             except ValueError as e:
                 err = str(e)
         err = dist.broadcast(err)
+        if err is None:
+            if dist.rank == 0:
+                try:                   # stored units opened now: a damaged one is named before any work
+                    store.check_units(plan_units(cfg))
+                except ValueError as e:
+                    err = str(e)
+            err = dist.broadcast(err)
         if err is not None:
             raise ValueError(err)
         if dist.rank != 0:

@@ -171,6 +171,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                   "fidelity_reason": "static-tree drafting: no exact likelihood (real.decode.score.TREE_REASON)"}
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
+    batch_note = _batch_note(cfg, ctx, loaded, T)
     stamp = qual.check_stamps([baseline, *entries])          # one stamp for the whole report, else an error
     has_fd = with_quality and "frechet_distance" in baseline
     return {"methods": entries, "baseline": baseline, "claims": claims(entries) if (has_fd or fid) else [],
@@ -182,7 +183,30 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                             "tokens_per_row": per_row,
                             "costs": costs},
             "quality": qual.describe(stamp), "quality_stamp": stamp,
-            "code_versions": versions}
+            "code_versions": versions, "batch_note": batch_note}
+
+
+def _batch_note(cfg: SweepConfig, ctx: Context, loaded: dict, T: int) -> dict:
+    """Where SD stops paying with batch size on this machine (``coolsd.studies.batching``): chain drafting on a
+    batched model; otherwise a sentence saying why there is no curve."""
+    from coolsd.studies import batching
+
+    B = cfg.batch_size or cfg.unit_images
+    t, d = ctx.bundle.target, ctx.bundle.draft
+    if ctx.tree is not None or not getattr(t, "batched", False) or not hasattr(t, "cache_len"):
+        why = "tree drafting" if ctx.tree is not None else "a model that generates one image at a time"
+        return {"text": f"Speed-ups measured at batch size {B} on {ctx.device}; no batch-size curve for {why}."}
+    Bs = batching.batches_up_to(B)
+    try:
+        costs = {b: batching.unit_costs(t, d, b, ctx.proc, ctx.L) for b in Bs}
+    except (AttributeError, TypeError) as e:    # a model outside the LlamaGen-style calls the timer makes
+        return {"text": f"Speed-ups measured at batch size {B} on {ctx.device}; no batch-size curve for this "
+                        f"model ({type(e).__name__}: {e})."}
+    per = {s.key: batching.stops_paying(loaded[s.key]["image_rounds"], costs, T, ctx.L) for s in cfg.settings}
+    return {"batches": list(Bs), "methods": {k: {"stops_paying_at": v["stops_paying_at"],
+                                               "predicted": {str(b): x for b, x in v["predicted"].items()}}
+                                           for k, v in per.items()},
+            "text": batching.note(per, B, str(ctx.device))}
 
 
 def _per_row(bundle, T: int) -> int:

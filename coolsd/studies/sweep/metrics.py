@@ -14,6 +14,8 @@ _JACKKNIFE_BLOCK = 512   # leave-one-out fits per batched eigen-solve: (512, 64,
 _DISTANCE_ROWS = 1024    # rows of a distance block: (1024, n) float64 per block, never (n, n) at once
 
 
+MIN_RELIABLE_IMAGES = 64    # below, a setting's FD interval is too wide (and may reach below 0) to compare settings
+
 def tokens_per_call(image_rounds, tokens_per_image: int) -> tuple[float, float]:
     """Tokens per target call T n / sum_i R_i over n images with R_i target calls (rounds) each, and its
     standard error from the per-image values (delta method on the mean of R_i: images are the

@@ -101,6 +101,8 @@ def claims_section(report: dict) -> str:
 
 
 def markdown(report: dict) -> str:
+    from .metrics import MIN_RELIABLE_IMAGES
+
     c = report["config"]
     p = report["predictions"]
     lines = [
@@ -118,7 +120,10 @@ def markdown(report: dict) -> str:
         "report.json keeps the unguided conditional NLL as nll_unguided_per_token). "
         "Precision / recall: k-NN manifolds (k = 3) in the same feature space against the reference images. "
         f"TV bound: mean per-round T11 bound. Predictions: {p['from']}. Quality: {report['quality']}.", "",
-        "## Settings", "", table(report),
+        "## Settings", "", table(report), report.get("batch_note", {}).get("text", ""), "",
+        *([f"**Warning: {c['images']} images per setting is below {MIN_RELIABLE_IMAGES}: the FD intervals (which may "
+           "reach below 0) and the claim verdicts are unreliable at this sample size.**", ""]
+          if c["images"] < MIN_RELIABLE_IMAGES else []),
         "## Fidelity to the target, measured", "",
         "Exact per-image log-likelihoods from teacher-forced rows (`real.decode.score`, `theory.likelihood`): log P^(x) "
         "under the setting's speculative sampler and log P(x) under the processed target. TV(P^, P) = E_{P^}[(1 - P/P^)_+] "

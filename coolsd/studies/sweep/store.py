@@ -74,8 +74,11 @@ class Store:
         if mf.exists():
             try:
                 old = json.loads(mf.read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise ValueError(f"{mf} is unreadable ({e}); " + IDENTITY_HELP.format(dir=self.root)) from None
+                if not isinstance(old, dict):
+                    raise ValueError(f"a JSON {type(old).__name__}, not an object")
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise ValueError(f"manifest {str(mf)!r} is damaged ({str(e).splitlines()[0][:100]}); "
+                                 + IDENTITY_HELP.format(dir=self.root)) from None
             if old.get("format") != FORMAT or old.get("identity") != self.identity:
                 diff = sorted(k for k in set(self.identity) | set(old.get("identity", {}))
                               if old.get("identity", {}).get(k) != self.identity.get(k))
@@ -118,15 +121,28 @@ class Store:
         return path
 
     def read_unit(self, slug: str, index: int) -> tuple[dict, dict]:
-        """(arrays, meta) of a done unit; a damaged file is a ValueError saying which file to delete."""
+        """(arrays, meta) of a done unit; a damaged file (truncated, bit-flipped, empty, not an .npz, bad
+        meta) is one ValueError line saying which file to delete (``theory.checks.npz_arrays``)."""
+        from theory import checks
+
         path = self.unit_path(slug, index)
+        hint = "delete it and rerun the same command to recompute it"
+        arrays = checks.npz_arrays("unit file", path, ("meta",), hint)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files if k != "meta"}
-                meta = json.loads(str(z["meta"]))
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f"unit file {path} is damaged ({e}); delete it and rerun to recompute it") from None
+            meta = json.loads(str(arrays.pop("meta")))
+        except ValueError as e:
+            raise ValueError(f"unit file: {str(path)!r} has an unreadable meta record ({e}); {hint}") from None
         return arrays, meta
+
+    def check_units(self, units) -> int:
+        """Open every stored unit of ``units`` (objects with ``slug`` and ``index``) now, before any work, so
+        that a damaged one is reported up front, not after the other units ran. Returns how many exist."""
+        n = 0
+        for u in units:
+            if self.done(u.slug, u.index):
+                self.read_unit(u.slug, u.index)
+                n += 1
+        return n
 
     def write_text(self, name: str, text: str) -> pathlib.Path:
         path = self.root / name

@@ -1,0 +1,71 @@
+"""The command line's side of the shared validation layer (issue 26): what only the CLI sees (devices,
+model options from a parsed Namespace, input files named by flags, cost estimates printed before a long
+run). Numbers, arrays and verifiers are checked by ``theory.checks``; model options by the one generic
+check of ``real.specs``; output paths by ``coolsd.io``.
+
+Adding a command option: give it ``type=`` in argparse, then check its range here or with
+``theory.checks`` in the command's validation function *before* any model, file or table is built, with a
+ValueError whose message starts with the flag (tests/test_probes.py: add a row for the bad value).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["device", "model_options", "input_paths", "record_file", "announce", "DEVICE_FORMS"]
+
+DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
+
+
+def device(option: str, dev, *, available: bool = True) -> str:
+    """A device string (``DEVICE_FORMS``); with ``available`` a CUDA device must exist (checked by torch)."""
+    d = str(dev)
+    if not (d in ("cpu", "auto", "mps", "cuda") or (d.startswith("cuda:") and d[5:].isdigit())):
+        raise ValueError(f"{option} must be {DEVICE_FORMS}, got {d!r}")
+    if available and d.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"{option} {d} requested but torch.cuda.is_available() is False (use --device cpu)")
+        if ":" in d and int(d[5:]) >= torch.cuda.device_count():
+            raise ValueError(f"{option} {d}: only {torch.cuda.device_count()} CUDA device(s)")
+    return d
+
+
+def model_options(args, model: str | None = None):
+    """The model options in ``args`` checked by ``real.specs.check_options`` (every command that takes model
+    options calls this), then their input paths (``input_paths``). Returns the model's spec."""
+    from real import specs
+
+    s = specs.check_options(model or args.model, vars(args))
+    input_paths(args)
+    return s
+
+
+def input_paths(args) -> None:
+    """Each given model option naming an input file or directory (``real.specs.Option.kind``) exists."""
+    from real.specs import OPTIONS, flag
+
+    for d, o in OPTIONS.items():
+        p = getattr(args, d, None)
+        if p is None or o.kind is None:
+            continue
+        ok = {"file": os.path.isfile, "dir": os.path.isdir, "path": os.path.exists}[o.kind](p)
+        if not ok:
+            what = {"file": "an existing file", "dir": "an existing directory", "path": "an existing path"}[o.kind]
+            raise ValueError(f"{flag(d)}: {p!r} is not {what}")
+
+
+def record_file(option: str, path):
+    """A recorded-rounds file (``coolsd generate --record``) opened and checked now: one line naming the file
+    and what to do when it is missing, empty, not an .npz, damaged or lacks the rows. Returns the rows
+    (``theory.recorded.Rows`` / ``TreeRows``)."""
+    from theory import recorded
+
+    return recorded.load_rows(path, name=option)
+
+
+def announce(estimate: str, what: str, quiet: bool = False, threshold_s: float = 10.0, seconds: float = 0.0) -> None:
+    """Print the cost estimate of a large but feasible run (above ``threshold_s``) to stderr before it starts."""
+    if not quiet and seconds > threshold_s:
+        print(f"coolsd: {what}: {estimate} estimated", file=sys.stderr)

@@ -1,0 +1,58 @@
+"""Argument checks of ``engine.generate``, the decoder's public entry point (the shared layer of issue 26:
+``theory.checks``), kept out of the engine's body: every check here runs before any model call, in
+microseconds, and raises a ValueError / TypeError whose message starts with the argument's name.
+
+Adding an argument to ``engine.generate``: check it in ``generate_args`` (one line with ``theory.checks``)
+and add a bad value to tests/test_probes.py.
+"""
+from __future__ import annotations
+
+import numbers
+
+from theory import checks
+
+from ..protocol import Caption, Prompt
+
+__all__ = ["generate_args", "MAX_IMAGES"]
+
+MAX_IMAGES = 10**6       # conditions per call: above, the per-image records alone outgrow memory
+
+
+def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, batch_size, jacobi=None) -> None:
+    """Types and ranges of ``engine.generate``'s arguments: num_tokens an integer >= 1 (not 2.7, not "16"),
+    seed an integer in [0, 2^64), L an integer in [1, num_tokens] for chains, a verifier object when
+    drafting, a draft that is not the target object itself, batch_size an integer >= 1 or None, and at most
+    ``MAX_IMAGES`` conditions."""
+    T = checks.integer("num_tokens", num_tokens, lo=1)
+    checks.integer("seed", seed, lo=0, hi=checks.SEED_MAX)
+    if batch_size is not None:
+        checks.integer("batch_size", batch_size, lo=1)
+    if target is None or not callable(getattr(target, "prefill", None)):
+        raise TypeError(f"target must be a model of the real.protocol contract (prefill, step, ...), "
+                        f"got {type(target).__name__}")
+    n = len(conds) if isinstance(conds, (list, tuple)) else 1
+    if n > MAX_IMAGES:
+        raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
+    _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
+    if draft is None or jacobi is not None:       # jacobi: the engine checks its own arguments
+        return
+    if draft is target:
+        raise ValueError("draft is the target object itself (they would share one KV cache); give a separate "
+                         "draft model, e.g. real.models.llamagen.truncated(target, 1) for a layer-skip draft")
+    checks.verifier(verifier)
+    if tree is None and L is not None:
+        checks.integer("L", L, lo=1, hi=T)
+
+
+def _check_class_ids(conds) -> None:
+    """Conditions that are not a ``Caption`` or ``Prompt`` are class ids: integers (Python, numpy or 0-d integer
+    tensors), not strings, floats, bools or None (a float 1.5 would silently become class 1). One pass over the
+    conditions (validation, not a hot path)."""
+    for i, c in enumerate(conds):   # a loop over the images' conditions, once per call
+        if isinstance(c, (Caption, Prompt)):
+            continue
+        bad = c is None or isinstance(c, (str, bytes, bool, float, complex)) or not (
+            isinstance(c, numbers.Integral) or (getattr(c, "ndim", None) == 0 and "int" in str(getattr(c, "dtype", ""))))
+        if bad:
+            raise TypeError(f"conds[{i}] must be a class id (an integer), a real.protocol.Caption or a Prompt, got "
+                            f"{type(c).__name__} {c!r}"[:200])
