@@ -574,7 +574,8 @@ def test_every_registered_method(name):
     kw = {"k": 1} if m.needs_neighbors else {}
     test_values = {"weights": "2.0,1.3"}       # parameters without a default (a method added later adds its own)
     kw.update({p.name: test_values[p.name] for p in m.params if p.default is None and not p.optional})
-    v = methods.build(name, L, neighbors=nb, **kw)
+    emb = rng.normal(size=(V, 2)) if getattr(m, "needs_embeddings", False) else None   # GSD's codebook vectors
+    v = methods.build(name, L, neighbors=nb, embeddings=emb, **kw)
     f_rule = lambda i, p, q: v.accept(np.array(p), np.array(q), i).tolist()                      # noqa: E731
     g_rule = lambda p, q, f, x: v.resample(np.array(p), np.array(q), np.array(f), np.array(x)).tolist()  # noqa: E731
     for per_offset, conv in ((False, "theory"), (True, "eagle")):

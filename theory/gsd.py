@@ -184,7 +184,9 @@ class Grouped:
 
 
 def _take_tokens(row: Array, members: Array, xp) -> Array:
-    """row[..., members[..., r, k]] (..., V, 2w) for rows (..., V) and token ids (..., V, 2w)."""
+    """row[..., members[..., r, k]] (..., V, 2w) for rows (..., V) and token ids (..., V, 2w); the leading dims
+    broadcast (the likelihood shares one p row (n, 1, V) across the L offsets' q rows (n, L, V))."""
     shape = members.shape
     flat = xp.reshape(members, (*shape[:-2], shape[-2] * shape[-1]))
-    return xp.reshape(xp.take_along_axis(row, flat, axis=-1), shape)
+    out = xp.take_along_axis(row, flat, axis=-1)
+    return xp.reshape(out, (*out.shape[:-1], shape[-2], shape[-1]))

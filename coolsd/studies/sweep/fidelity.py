@@ -76,8 +76,10 @@ def _proc(ctx: Context, s):
 
 
 def _rule(ctx: Context, s):
+    """The setting's verifier on the host (numpy tables: the likelihood is float64 theory code)."""
     nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
-    return s.verifier(ctx.L, nb)
+    cb = getattr(ctx.bundle, "codebook", None)
+    return s.verifier(ctx.L, nb, None if cb is None else np.asarray(cb))
 
 
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
