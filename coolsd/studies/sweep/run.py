@@ -231,7 +231,7 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
     else:
         gens = generate(b.target, None if ctx.jacobi else b.draft, conds, num_tokens=b.num_tokens,
                         verifier=ctx.verifier(unit.setting),
-                        L=None if ctx.jacobi or ctx.dynamic is not None else ctx.L,
+                        L=None if ctx.jacobi or ctx.dynamic is not None or ctx.tree is not None else ctx.L,   # a tree sets its depth
                         tree=ctx.dynamic if ctx.dynamic is not None else ctx.tree,
                         jacobi=ctx.jacobi, processing=method_processing(unit.setting.method, ctx.proc),
                         seed=seed, batch_size=cfg.batch_size, record_rows=record)
