@@ -181,7 +181,9 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                             "from": f"vanilla {drafting} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
                                     "images (coolsd.studies.demo predictions)" if predictable else
-                                    "not available (no recorded vanilla rows: --record-images 0?)",
+                                    ("not available (dynamic trees: the sweep records no per-round trees; "
+                                     "coolsd generate --record does)" if drafting == "dynamic-tree" else
+                                     "not available (no recorded vanilla rows: --record-images 0?)"),
                             "tokens_per_row": per_row,
                             "costs": costs},
             "quality": qual.describe(stamp), "quality_stamp": stamp,
