@@ -13,10 +13,11 @@ those ``RowTrees`` (``theory.tree.row_trees``) predicts every other rule's accep
 figure is the mean accepted drafts per drafted round of that rule's own run (tokens per round = 1 + accepted).
 Each round's walk stops at its recorded depth bound (the end of an image).
 
-  python benchmarks/bench_dynamic_tree.py [--images-b1 8] [--images-pred 200] [--threads 1] [--json] [--short] [--save FILE]
+  python benchmarks/bench_dynamic_tree.py [--images-b1 8] [--images-pred 200] [--threads 1] [--short] [--json [FILE]] [--save FILE]
 
-``--short``: part 1 only, 4 images at B = 1 and the 26-node trees only (for benchmarks/run_all.py); ``--json``:
-one JSON object.
+``--short``: part 1 only, 4 images at B = 1 and the 26-node trees only (for benchmarks/run_all.py); ``--json FILE``:
+the JSON object with run_all's ratios (``_timing.write_ratios``; ``--json`` alone: printed); ``--save FILE``: the
+JSON object too, beside the text table.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -114,12 +117,22 @@ def predictions(b, proc, images: int, spec: DynamicTree) -> list[dict]:
     return out
 
 
+def ratios(speed: list[dict]) -> dict:
+    """run_all's ratios: tokens/s of the 26-node dynamic tree (lossless) over the static 25-node tree, B = 1 and 32."""
+    tps = {(r["tree"], r["batch_size"]): r["tokens_per_second"] for r in speed}
+    return {f"dynamic26_over_static25_b{B}": {"value": tps[("dynamic 26/4/4 lossless", B)] / tps[("static eagle25", B)],
+                                             "better": "higher",
+                                             "what": f"MNIST tokens/s, dynamic 26-node tree / static 25-node tree, B = {B}"}
+            for B in (1, 32)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images-b1", type=int, default=8)
     ap.add_argument("--images-pred", type=int, default=200)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                    help="the JSON object (with run_all's ratios) to FILE, or to stdout without FILE")
     ap.add_argument("--short", action="store_true")
     ap.add_argument("--save", default=None, metavar="FILE", help="also write the JSON object to FILE")
     a = ap.parse_args(argv)
@@ -137,12 +150,15 @@ def main(argv=None):
         out["predictions"] = {"tree": DynamicTree(26, 4, 4).params(), "images": a.images_pred,
                               "rules": predictions(b, proc, a.images_pred, DynamicTree(26, 4, 4, "lossless"))}
     out["wall_s"] = time.perf_counter() - t0
+    out["ratios"] = ratios(out["speed"])
     if a.save:
         with open(a.save, "w") as fh:
             json.dump(out, fh, indent=1)
-    if a.json:
+    if a.json == "-":
         print(json.dumps(out))
         return out
+    if a.json:
+        write_ratios(a.json, out["ratios"], {k: v for k, v in out.items() if k != "ratios"})
     print(f"MNIST, EAGLE drafter, CFG {b.cfg_scale}, top-k {b.top_k}, temperature 1, vanilla, {a.threads} thread(s)")
     print(f"{'tree':<26} {'B':>3} {'images':>6} {'tokens/call':>16} {'tokens/s':>9}")
     for r in out["speed"]:
