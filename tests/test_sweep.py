@@ -122,6 +122,42 @@ def test_report_follows_the_contract(one_process):
     assert not list(one_process.rglob("*.tmp"))
 
 
+def test_sweep_runs_dynamic_trees_and_greedy_equals_chain_greedy(tmp_path):
+    """``coolsd sweep --tree dynamic``: the engine gets the DynamicTree of the flags (a vanilla run drafts more than
+    one token per call), the report says so, and greedy decoding through dynamic trees gives the same images as
+    greedy through chains and through the static 25-node tree (all are plain greedy decoding; an error in the tree
+    wiring changes the codes)."""
+    base = ["--model", "mnist", "--grid", "greedy", "--images", "4", "--unit-images", "2", "--no-progress"]
+    dyn = ["--tree", "dynamic", "--tree-total", "8", "--tree-depth", "2", "--tree-topk", "3"]
+    cfg = _cfg(*base, *dyn, "--out", "x")
+    assert cfg.dynamic == (8, 2, 3, "lossless") and cfg.tree is None and cfg.identity()["dynamic"] == [8, 2, 3, "lossless"]
+    assert "dynamic" not in _cfg(*TINY, "--out", "x").identity()             # chain stores keep their identity
+    assert main(["sweep", *base, *dyn, "--out", str(tmp_path / "d")]) == 0
+    assert main(["sweep", *base, "--out", str(tmp_path / "c")]) == 0
+    assert main(["sweep", *base, "--tree", "eagle25", "--out", str(tmp_path / "s")]) == 0   # static trees too
+    rep = json.loads((tmp_path / "d" / "report.json").read_text())
+    assert rep["config"]["drafting"] == "dynamic-tree" and rep["config"]["dynamic"] == [8, 2, 3, "lossless"]
+    van = next(m for m in rep["methods"] if m["name"] == "vanilla")
+    assert van["drafting"] == "dynamic-tree" and van["L"] == 3 and van["accepted_length"]["measured"] > 1.2
+    assert van["accepted_length"]["predicted"] is None and not rep["predictions"]["available"]
+    d, c, st = _units(tmp_path / "d"), _units(tmp_path / "c"), _units(tmp_path / "s")
+    greedy = [k for k in d if k.startswith("units/greedy")]
+    assert len(greedy) == 2 and all(np.array_equal(d[k]["tokens"], c[k]["tokens"]) for k in greedy)
+    assert all(np.array_equal(st[k]["tokens"], c[k]["tokens"]) for k in greedy)
+    assert (d[greedy[0]]["round_depth"] >= 0).all() and d[greedy[0]]["round_depth"].max() <= 3
+
+
+def test_sweep_dynamic_tree_flags_are_checked_before_any_work(tmp_path):
+    for extra, match in [(["--tree-total", "8"], "--tree-total configures dynamic trees: add --tree dynamic"),
+                         (["--tree", "eagle25", "--tree-topk", "3"], "--tree-topk configures dynamic trees"),
+                         (["--tree", "dynamic", "--tree-depth", "0"], "--tree-depth must be >= 1, got 0"),
+                         (["--tree", "dynamic", "--tree-total", "500", "--tree-depth", "1", "--tree-topk", "2"],
+                          "exceeds the 7 nodes")]:
+        with pytest.raises(ValueError, match=match):
+            _cfg(*TINY, *extra, "--out", str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+
+
 def test_torchrun_two_ranks_gives_the_same_results(one_process, tmp_path):
     out = tmp_path / "sweep2"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")

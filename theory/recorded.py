@@ -311,9 +311,55 @@ class TreeRows:
         return TreeRows(self.p[idx], self.q[idx], self.tokens[idx], self.tree, self.image[idx])
 
 
+@dataclass
+class DynamicRows:
+    """Recorded dynamic-tree rounds (section 10), each its own tree: p (R, N+1, V), q (R, N+1, V) or None (the release's
+    point-mass candidates: ``draft_law`` "point"), tokens and parent (R, N+1) ints (parent -1 at the root), max_depth
+    (R,) the walk's depth bound, topk (most children per node), image (R,). ``trees`` gives the ``RowTrees`` and
+    ``predict(verifier)`` T10/T11 of ``predict_tree_rounds`` on them."""
+    p: np.ndarray
+    q: np.ndarray | None
+    tokens: np.ndarray
+    parent: np.ndarray
+    max_depth: np.ndarray
+    topk: int
+    image: np.ndarray
+
+    def __post_init__(self):
+        self.p = np.asarray(self.p, dtype=np.float64)
+        self.q = None if self.q is None else np.asarray(self.q, dtype=np.float64)
+        R, N1 = self.p.shape[:2]
+        for name in ("tokens", "parent"):
+            if np.shape(getattr(self, name)) != (R, N1):
+                raise ValueError(f"dynamic rows: {name} must be (R, N+1) = ({R}, {N1}), got {np.shape(getattr(self, name))}")
+        if self.q is not None and self.q.shape != self.p.shape:
+            raise ValueError(f"dynamic rows: q must be p's shape {self.p.shape}, got {self.q.shape}")
+
+    @property
+    def draft_law(self) -> str:
+        return "point" if self.q is None else "without_replacement"
+
+    @property
+    def trees(self) -> RowTrees:
+        from .tree import row_trees
+
+        return row_trees(np.asarray(self.parent, np.int64), int(self.topk), depth=int(np.max(self.max_depth)))
+
+    def predict(self, verifier, chunk: int = 64) -> TreePrediction:
+        """``predict_tree_rounds`` over the rounds in chunks of ``chunk`` (memory: chunk x (N+1) x V)."""
+        t = self.trees
+        q = self.p if self.q is None else self.q          # the point law never reads q
+        parts = [predict_tree_rounds(self.p[a:a + chunk], q[a:a + chunk], self.tokens[a:a + chunk],
+                                     RowTrees(t.children[a:a + chunk], t.node_depth[a:a + chunk], t.depth), verifier,
+                                     draft_law=self.draft_law, max_depth=self.max_depth[a:a + chunk])
+                 for a in range(0, len(self.tokens), chunk)]    # a loop over chunks of rounds
+        return TreePrediction(*[np.concatenate([np.asarray(getattr(x, k)) for x in parts]) for k in parts[0]._fields])
+
+
 def load_rows(path, name: str = "record"):
     """Rows from an ``.npz`` written by ``coolsd generate --record`` (chains: keys p, q, drafts, n_drafted,
-    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image) -> Rows or TreeRows.
+    image; static trees (``--tree``): p, q, tokens, tree_paths (JSON), image; dynamic trees: p, q (empty in release mode),
+    tokens, parent, max_depth, image, dynamic (JSON)) -> Rows, TreeRows or DynamicRows.
     The whole file is read and checked now: a missing, empty, non-.npz, damaged or malformed file is one
     ValueError line naming ``name`` and the file (``checks.npz_arrays``)."""
     import json
@@ -322,6 +368,9 @@ def load_rows(path, name: str = "record"):
     hint = "write it again with coolsd generate --record FILE (a speculative --method, not ar)"
     z = checks.npz_arrays(name, path, ("p", "q"), hint)
     try:
+        if "dynamic" in z:   # q empty: the release's point-mass candidates (coolsd.commands.dynamic_record)
+            return DynamicRows(z["p"], z["q"] if z["q"].size else None, z["tokens"], z["parent"], z["max_depth"],
+                               int(json.loads(str(z["dynamic"]))["tree_topk"]), z["image"])
         if "tree_paths" in z:
             paths = json.loads(str(z["tree_paths"]))
             return TreeRows(z["p"], z["q"], z["tokens"], Tree(tuple(tuple(p) for p in paths)), z.get("image"))

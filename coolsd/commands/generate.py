@@ -214,10 +214,12 @@ def generate(args) -> dict:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
         out["speedup"] = b["seconds"] / stats["seconds"]
-    if args.record and dynamic:
-        raise NotImplementedError("--record with --tree dynamic is not written yet (per-round trees need their parents "
-                                  "in the record); theory.recorded.predict_tree_rounds takes them as RowTrees")
-    if args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.tune.TreeRows)
+    if args.record and dynamic:   # per-round trees (theory.recorded.DynamicRows)
+        from coolsd.commands.dynamic_record import write_dynamic_record
+
+        write_dynamic_record(args.record, gens, tree)
+        out["record"] = str(args.record)
+    elif args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.tune.TreeRows)
         full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
         if not full:
             raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")

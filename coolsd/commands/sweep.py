@@ -27,7 +27,14 @@ def register(sub):
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--L", type=int, default=4, help="chain draft length (default 4)")
     s.add_argument("--tree", default=None, help="static-tree drafting: eagle25, eagle57, chain or JSON paths "
-                                                "(as coolsd generate --tree); default chain drafting")
+                                                "(as coolsd generate --tree), or dynamic (EAGLE-2 dynamic trees, "
+                                                "--tree-total/-depth/-topk/-sampling); default chain drafting")
+    s.add_argument("--tree-total", type=int, default=None,
+                   help="--tree dynamic: nodes per target call, root included (default 59, the LANTERN release's)")
+    s.add_argument("--tree-depth", type=int, default=None, help="--tree dynamic: expansion levels (default 4)")
+    s.add_argument("--tree-topk", type=int, default=None, help="--tree dynamic: children per node (default 10)")
+    s.add_argument("--tree-sampling", choices=["lossless", "release"], default=None,
+                   help="--tree dynamic: lossless (default) or release (top-k candidates, qx = 1)")
     s.add_argument("--window", type=int, default=None,
                    help="--draft jacobi: target rows per call W (W - 1 Jacobi drafts; default 16, the SJD release's)")
     s.add_argument("--record-images", type=int, default=256,
@@ -124,10 +131,28 @@ def config(args):
         L = (16 if args.window is None else args.window) - 1       # the window's drafts
     elif args.window is not None:
         raise ValueError("--window configures Jacobi drafting: add --draft jacobi")
-    if args.tree is not None:
-        from theory.tree import parse_tree
+    dyn_flags = {f: getattr(args, f) for f in ("tree_total", "tree_depth", "tree_topk", "tree_sampling")}
+    dynamic = None
+    if args.tree is not None and args.tree.strip().lower() == "dynamic":
+        from real.decode.dynamic_tree import DynamicTree
 
-        parse_tree(args.tree, args.L)
+        for f in ("tree_total", "tree_depth", "tree_topk"):
+            if dyn_flags[f] is not None and dyn_flags[f] < 1:
+                raise ValueError(f"--{f.replace('_', '-')} must be >= 1, got {dyn_flags[f]}")
+        d = DynamicTree()
+        spec = DynamicTree(*(d.total if dyn_flags["tree_total"] is None else dyn_flags["tree_total"],
+                             d.depth if dyn_flags["tree_depth"] is None else dyn_flags["tree_depth"],
+                             d.topk if dyn_flags["tree_topk"] is None else dyn_flags["tree_topk"],
+                             d.sampling if dyn_flags["tree_sampling"] is None else dyn_flags["tree_sampling"]))
+        dynamic = (spec.total, spec.depth, spec.topk, spec.sampling)
+    else:
+        given = [f for f, v in dyn_flags.items() if v is not None]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} configures dynamic trees: add --tree dynamic")
+        if args.tree is not None:
+            from theory.tree import parse_tree
+
+            parse_tree(args.tree, args.L)
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
@@ -137,7 +162,7 @@ def config(args):
     files["dtype"] = dtype
     model_options = tuple(sorted((k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in files.items()))
     return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images, unit_images=args.unit_images,
-                       seed=args.seed, L=L, tree=args.tree, draft=args.draft, batch_size=args.batch_size,
+                       seed=args.seed, L=L, tree=None if dynamic else args.tree, dynamic=dynamic, draft=args.draft, batch_size=args.batch_size,
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,
                        grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added,

@@ -89,6 +89,8 @@ def _stats(d: dict) -> dict:
 def _vanilla_source(ctx: Context, van: dict):
     """The prediction input from the vanilla rows: chain arrays (p, q, drafts, n_drafted, start) in
     float64, or tree groups {depth: (p, q, tokens, start)}; None when nothing was recorded."""
+    if getattr(ctx, "dynamic", None) is not None:
+        return None         # dynamic trees: no rows recorded by the sweep (run.run_unit)
     if ctx.tree is None:
         if "rec_p" not in van:
             return None
@@ -116,7 +118,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
     cb = getattr(ctx.bundle, "codebook", None)
     cb = None if cb is None else torch.as_tensor(cb).detach().cpu().double().numpy()
-    drafting = "tree" if ctx.tree is not None else "jacobi" if getattr(ctx, "jacobi", None) else "chain"
+    drafting = cfg.drafting
     first = np.r_[True, van["round_image"][1:] != van["round_image"][:-1]]
     first_single = bool((van["round_drafted"][first] == 0).all())
     costs = demo.unit_costs(_stats(van), ar_stats) if predictable else None
@@ -168,7 +170,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             e |= fid[s.key]
         else:
             e |= {"tv_to_target": None, "kl_to_target": None, "tv_bound_image": None,
-                  "fidelity_reason": "static-tree drafting: no exact likelihood (real.decode.score.TREE_REASON)"}
+                  "fidelity_reason": f"{drafting} drafting: no exact likelihood (real.decode.score.TREE_REASON)"}
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
     batch_note = _batch_note(cfg, ctx, loaded, T)
@@ -179,7 +181,9 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                             "from": f"vanilla {drafting} rows of "
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
                                     "images (coolsd.studies.demo predictions)" if predictable else
-                                    "not available (no recorded vanilla rows: --record-images 0?)",
+                                    ("not available (dynamic trees: the sweep records no per-round trees; "
+                                     "coolsd generate --record does)" if drafting == "dynamic-tree" else
+                                     "not available (no recorded vanilla rows: --record-images 0?)"),
                             "tokens_per_row": per_row,
                             "costs": costs},
             "quality": qual.describe(stamp), "quality_stamp": stamp,

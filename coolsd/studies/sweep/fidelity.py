@@ -12,7 +12,7 @@ at a time, the recursion run for every setting of that rank); each setting's per
 ``DIR/fidelity/<slug>.npz`` (written atomically, keyed by setting, image count and code version), so an
 interrupted merge resumes and the ranks share the work (setting i on rank i mod world). ``entries`` turns
 them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` (``theory.fidelity.report``).
-Static trees: not scored (``real.decode.score.TREE_REASON``).
+Static and dynamic trees: not scored (``real.decode.score.TREE_REASON``).
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
     from theory.likelihood import log_likelihood, log_target
     from theory.path_bound import image_path_bounds, round_offsets
 
-    if ctx.tree is not None:
+    if ctx.tree is not None or getattr(ctx, "dynamic", None) is not None:   # tree drafting: not scored
         return 0
     mine = list(cfg.settings)[rank::world]
     todo = [s for s in mine if _cached(store, cfg, ctx, s) is None]
@@ -135,7 +135,7 @@ def entries(store: Store, cfg: SweepConfig, ctx: Context) -> tuple[dict, dict | 
     ``bound_check`` (``theory.fidelity.report``) and ``nll_per_token`` / ``_se`` under the processed target."""
     from theory import fidelity
 
-    if ctx.tree is not None:
+    if ctx.tree is not None or getattr(ctx, "dynamic", None) is not None:   # tree drafting: not scored
         return {}, None
     T = ctx.bundle.num_tokens
     out, base = {}, None

@@ -43,6 +43,7 @@ class SweepConfig:
     seed: int = 0
     L: int = 4
     tree: str | None = None    # static-tree drafting (coolsd generate's --tree syntax); None: chains of L
+    dynamic: tuple | None = None   # dynamic trees (total, depth, topk, sampling) of real.decode.dynamic_tree.DynamicTree
     draft: str | None = None   # draft kind (None: the model's default)
     batch_size: int | None = None
     record_images: int = 256   # vanilla images whose P/Q rows are kept for the predictions
@@ -60,7 +61,14 @@ class SweepConfig:
         return {"model": self.model, "model_options": [list(kv) for kv in self.model_options], "grid": [s.key for s in self.settings], "seed": self.seed,
                 "unit_images": self.unit_images, "L": self.L, "tree": self.tree, "draft": self.draft,
                 "batch_size": self.batch_size, "record_images": self.record_images,
-                "temperature": self.temperature, "cfg_scale": self.cfg_scale}
+                "temperature": self.temperature, "cfg_scale": self.cfg_scale} \
+            | ({"dynamic": list(self.dynamic)} if self.dynamic is not None else {})   # old stores keep their identity
+
+    @property
+    def drafting(self) -> str:
+        """chain, tree (static), dynamic-tree or jacobi."""
+        return ("dynamic-tree" if self.dynamic is not None else "tree" if self.tree is not None
+                else "jacobi" if self.draft == "jacobi" else "chain")
 
     @property
     def n_blocks(self) -> int:
@@ -161,6 +169,12 @@ class Context:
         self.bundle = b
         self.tree = parse_tree(cfg.tree, cfg.L) if cfg.tree is not None else None
         self.L = self.tree.depth if self.tree is not None else cfg.L
+        self.dynamic = None
+        if cfg.dynamic is not None:
+            from real.decode.dynamic_tree import DynamicTree
+
+            self.dynamic = DynamicTree(*cfg.dynamic)
+            self.L = self.dynamic.max_depth
         self.jacobi = None
         if jacobi:
             from real.decode.jacobi import Jacobi
@@ -204,7 +218,8 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
     conds = ctx.conds(unit.index)
     seed = unit_seed(cfg.seed, unit.key, unit.index)
     record = (unit.setting is not None and unit.setting.method == "vanilla"
-              and unit.index * cfg.unit_images < cfg.record_images)
+              and unit.index * cfg.unit_images < cfg.record_images
+              and ctx.dynamic is None)   # dynamic trees: per-round trees are not stored (no sweep predictions yet)
     dev = torch.device(ctx.device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -215,7 +230,9 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
                         batch_size=cfg.batch_size)
     else:
         gens = generate(b.target, None if ctx.jacobi else b.draft, conds, num_tokens=b.num_tokens,
-                        verifier=ctx.verifier(unit.setting), L=None if ctx.jacobi else ctx.L, tree=ctx.tree,
+                        verifier=ctx.verifier(unit.setting),
+                        L=None if ctx.jacobi or ctx.dynamic is not None or ctx.tree is not None else ctx.L,   # a tree sets its depth
+                        tree=ctx.dynamic if ctx.dynamic is not None else ctx.tree,
                         jacobi=ctx.jacobi, processing=method_processing(unit.setting.method, ctx.proc),
                         seed=seed, batch_size=cfg.batch_size, record_rows=record)
     if dev.type == "cuda":
