@@ -29,7 +29,7 @@ def register(sub):
     d.set_defaults(func=run)
 
 
-DEMO_FILES = ("report.md", "report.json", "pareto.png", "predicted_vs_measured.png", "samples.png")
+DEMO_FILES = ("report.md", "report.json", "pareto.png", "predicted_vs_measured.png", "samples.png", "fidelity.png")
 
 
 def run(args):
@@ -77,5 +77,5 @@ def run(args):
     ch = report["checks"]
     print("checks: " + ", ".join(f"{k}: {'PASS' if v['pass'] else 'FAIL'}" for k, v in ch.items()))
     print(f"report: {(out / 'report.md').resolve()}  (also report.json, pareto.png, predicted_vs_measured.png, "
-          f"samples.png; {report['wall_clock_s']:.0f} s)")
+          f"samples.png, fidelity.png; {report['wall_clock_s']:.0f} s)")
     return 0

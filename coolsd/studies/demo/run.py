@@ -11,8 +11,10 @@ reported apart.
 
 Predictions use only the recorded vanilla rows (``coolsd.studies.demo.predict``).
 Measured: tokens per target call (SE over rounds), wall-clock speed-up over plain AR, Frechet distance of
-the decoded digits to the held-out digits in the shipped classifier's space (jackknife SE, as the sweep), class
-accuracy, the target's NLL per token of the generated codes (``coolsd.studies.demo.quality``).
+the decoded digits to the held-out digits in the shipped classifier's space (delete-one jackknife SE,
+the sweep's ``coolsd.studies.sweep.metrics.fd_with_ci``), class accuracy, the target's NLL per
+token of the generated codes (``coolsd.studies.demo.quality``); for chain runs the exact TV and KL to the
+target with 95% intervals and the per-image TV bound (``coolsd.studies.demo.fidelity``).
 
 Outputs in ``out``: report.json (the contract: ``{"methods": [{"name", "params", "drafting",
 "accepted_length": {"predicted", "measured", "measured_se"}, "speedup": {"predicted", "measured"},
@@ -38,6 +40,7 @@ from theory.tree import Tree
 from . import report as demo_report
 from .predict import chain_arrays, chain_prediction, predicted_speedup, sweep_predictions, time_verifier, \
     tree_prediction, tree_records
+from .fidelity import fidelity_entries, round_arrays
 from .quality import fd_with_se, manifest_floor, nll_with_se, real_floor
 from .report import find_method
 from .settings import T_IMAGE, Settings, Spec, specs
@@ -121,11 +124,19 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
         rounds = {sp.key: np.array([len(x.rounds) for x in gens[sp.key]]) for sp in runs}
         for sp in runs:
             g = gens.pop(sp.key)
-            results[sp.key] = Result(sp, g if sp.record else [], torch.stack([x.tokens for x in g]), engine.summarize(g))
+            extra = {"rounds": round_arrays(g, T_IMAGE)} if sp.drafting == "chain" else {}
+            results[sp.key] = Result(sp, g if sp.record else [], torch.stack([x.tokens for x in g]), engine.summarize(g),
+                                     extra)
         bar.close()
         torch.set_num_threads(max(old_threads, 1))
         report = _analyse(s, runs, results, target, tree, classes, progress)
         report["batch_note"] = _batch_note(s, runs, rounds, target, drafts, proc)
+        t_fid = time.perf_counter()
+        fid = fidelity_entries(s, runs, results, target, drafts, classes, proc, T_IMAGE)
+        for m, sp in zip([m for m in report["methods"] + report["other_drafts"]],
+                         [sp for sp in runs if not sp.extra] + [sp for sp in runs if sp.extra]):
+            m.update(fid[sp.key])
+        report["fidelity_s"] = time.perf_counter() - t_fid
     finally:
         torch.set_num_threads(old_threads)
     report["manifest"] = {k: {"sha256": v["sha256"], "command": v.get("command")}

@@ -25,7 +25,7 @@ import torch
 from .run import Context, SweepConfig, Unit
 from .store import Store
 
-__all__ = ["shard", "entries", "FORMAT"]
+__all__ = ["shard", "entries", "score_images", "FORMAT"]
 
 FORMAT = 1
 BATCH = 50     # images per teacher-forced batch
@@ -85,9 +85,7 @@ def _rule(ctx: Context, s):
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
     """This rank's settings' fidelity arrays (computed, or found in the cache). Returns how many it holds.
     ``load(store, cfg, unit)`` reads a setting's merged images (``analysis.load``)."""
-    from real.decode.score import teacher_forced_rows
-    from theory.likelihood import log_likelihood, log_target
-    from theory.path_bound import image_path_bounds, round_offsets
+    from theory.path_bound import round_offsets
 
     if ctx.tree is not None or getattr(ctx, "dynamic", None) is not None:   # tree drafting: not scored
         return 0
@@ -101,32 +99,48 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
     n_ar = len(ar["tokens"])
     ar_idx = np.arange(n_ar)
     same = [s for s in todo if _proc(ctx, s) == ctx.proc]      # AR images were sampled under ctx.proc
-    lp_ar = np.empty(n_ar)
-    lph_ar = {s.key: np.full(n_ar, np.nan) for s in todo}
-    for a in range(0, n_ar, BATCH):     # a loop over batches of AR images: rows once, the recursion per setting
-        tok = torch.as_tensor(ar["tokens"][a:a + BATCH])
-        rows = teacher_forced_rows(b.target, b.draft, _conds(ctx, ar_idx[a:a + BATCH]), tok, L=L, processing=ctx.proc)
-        p, q, x = rows.p.cpu().numpy(), rows.q.cpu().numpy(), tok.numpy()
-        lp_ar[a:a + BATCH] = log_target(p, x)
-        for s in same:   # a loop over this rank's settings
-            lph_ar[s.key][a:a + BATCH] = log_likelihood(p, q, x, rules[s.key], L, convention=rows.convention)
+    sc = score_images(b.target, b.draft, _conds(ctx, ar_idx), ar["tokens"], {s.key: rules[s.key] for s in same}, L,
+                      ctx.proc)
+    lp_ar = sc["log_p"]
+    lph_ar = {s.key: sc["log_p_hat"].get(s.key, np.full(n_ar, np.nan)) for s in todo}
     for s in todo:       # a loop over this rank's settings
         d = load(store, cfg, Unit(s, 0))
         n = len(d["tokens"])
         offset, drafting = round_offsets(d["round_image"], d["round_drafted"], d["round_accepted"], n, T)
-        lp, lph, bound = np.empty(n), np.empty(n), np.empty(n)
-        idx = np.arange(n)
-        for a in range(0, n, BATCH):   # a loop over batches of the setting's images
-            tok = torch.as_tensor(d["tokens"][a:a + BATCH])
-            rows = teacher_forced_rows(b.target, b.draft, _conds(ctx, idx[a:a + BATCH]), tok, L=L,
-                                       processing=_proc(ctx, s))
-            p, q, x = rows.p.cpu().numpy(), rows.q.cpu().numpy(), tok.numpy()
-            lp[a:a + BATCH] = log_target(p, x)
-            lph[a:a + BATCH] = log_likelihood(p, q, x, rules[s.key], L, convention=rows.convention)
-            bound[a:a + BATCH] = image_path_bounds(p, q, offset[a:a + BATCH], drafting[a:a + BATCH], rules[s.key], L)
+        sc = score_images(b.target, b.draft, _conds(ctx, np.arange(n)), d["tokens"], {s.key: rules[s.key]}, L,
+                          _proc(ctx, s), rounds=(offset, drafting))
+        lp, lph, bound = sc["log_p"], sc["log_p_hat"][s.key], sc["bound"][s.key]
         _write(store, cfg, ctx, s, {"log_p_hat": lph, "log_p": lp, "bound": bound, "ar_log_p_hat": lph_ar[s.key],
                                     "ar_log_p": lp_ar, "ar_comparable": np.array(s in same)})
     return len(mine)
+
+
+def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds=None, batch: int = BATCH) -> dict:
+    """Exact per-image fidelity arrays of n images ``tokens`` (n, T) with conditions ``conds`` (n,): teacher-forced
+    rows (``real.decode.score.teacher_forced_rows``) once per batch of ``batch`` images, then for every chain rule
+    of ``rules`` ({key: verifier}) the recursion (``theory.likelihood.log_likelihood``) and, with ``rounds`` =
+    (offset, drafting) (n, T) of the images' own rounds (``theory.path_bound.round_offsets``), the per-image TV
+    bound (``theory.path_bound.image_path_bounds``). Returns {"log_p": (n,), "log_p_hat": {key: (n,)},
+    "bound": {key: (n,)} (empty without ``rounds``)}, float64. Used by the sweep (``shard``) and the demo."""
+    from real.decode.score import teacher_forced_rows
+    from theory.likelihood import log_likelihood, log_target
+    from theory.path_bound import image_path_bounds
+
+    tokens = np.asarray(tokens)
+    n = len(tokens)
+    lp = np.empty(n)
+    lph = {k: np.empty(n) for k in rules}
+    bound = {k: np.empty(n) for k in rules} if rounds is not None else {}
+    for a in range(0, n, batch):   # a loop over batches of images: rows once, the recursion per rule
+        tok = torch.as_tensor(tokens[a:a + batch])
+        rows = teacher_forced_rows(target, draft, list(conds[a:a + batch]), tok, L=L, processing=proc)
+        p, q, x = rows.p.cpu().numpy(), rows.q.cpu().numpy(), tok.numpy()
+        lp[a:a + batch] = log_target(p, x)
+        for k, rule in rules.items():   # a loop over the rules scored on these images
+            lph[k][a:a + batch] = log_likelihood(p, q, x, rule, L, convention=rows.convention)
+            if rounds is not None:
+                bound[k][a:a + batch] = image_path_bounds(p, q, rounds[0][a:a + batch], rounds[1][a:a + batch], rule, L)
+    return {"log_p": lp, "log_p_hat": lph, "bound": bound}
 
 
 def entries(store: Store, cfg: SweepConfig, ctx: Context) -> tuple[dict, dict | None]:

@@ -1,0 +1,48 @@
+"""Fidelity to the target of every demo run, measured exactly (docs/theory.md section 11; issue 25).
+
+For each chain run: teacher-forced rows of its own images give log P^(x) and log P(x) (KL(P^||P), TV from the SD
+images) and, from the image's own rounds, the predicted per-image TV bound; the plain-AR images scored under the
+same rule give the second, independent TV estimate E_P[(1 - P^/P)_+]. The scoring is the sweep's
+(``coolsd.studies.sweep.fidelity.score_images``), the summaries ``theory.fidelity.report``. All runs sample the
+same processed target (CFG, temperature: ``Settings``), so the AR images are a sample of every run's P.
+Static trees get a stated reason instead (``real.decode.score.TREE_REASON``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["round_arrays", "fidelity_entries"]
+
+
+def round_arrays(gens, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, drafting) (n, T) of chain generations ``gens`` (``real.decode.engine.Generation``) from their
+    recorded rounds (``theory.path_bound.round_offsets``)."""
+    from theory.path_bound import round_offsets
+
+    rounds = [(i, r) for i, g in enumerate(gens) for r in g.rounds]
+    return round_offsets(np.array([i for i, _ in rounds], np.int64), np.array([r.drafted for _, r in rounds], np.int64),
+                         np.array([r.accepted for _, r in rounds], np.int64), len(gens), T)
+
+
+def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) -> dict:
+    """{run key: {"tv_to_target", "kl_to_target", "kl_from_ar", "tv_bound_image", "bound_check"}} for the chain
+    runs, {"fidelity_reason": ...} for tree runs. ``results[key].extra["rounds"]`` holds the run's
+    (offset, drafting); ``results["ar"].tokens`` the plain-AR images."""
+    from real.decode.score import TREE_REASON
+    from theory import fidelity
+
+    from ..sweep.fidelity import score_images
+
+    chain = [sp for sp in runs if sp.drafting == "chain"]
+    out = {sp.key: {"fidelity_reason": TREE_REASON} for sp in runs if sp.drafting != "chain"}
+    ar_tok = results["ar"].tokens.numpy()
+    for draft in sorted({sp.draft for sp in chain}):   # a loop over draft kinds (AR rows need each draft's q)
+        mine = [sp for sp in chain if sp.draft == draft]
+        ar = score_images(target, drafts[draft], classes, ar_tok, {sp.key: sp.rule for sp in mine}, s.L, proc)
+        for sp in mine:   # a loop over this draft's runs
+            res = results[sp.key]
+            sc = score_images(target, drafts[draft], classes, res.tokens.numpy(), {sp.key: sp.rule}, s.L, proc,
+                              rounds=res.extra["rounds"])
+            out[sp.key] = fidelity.report((sc["log_p_hat"][sp.key], sc["log_p"]), (ar["log_p_hat"][sp.key], ar["log_p"]),
+                                          T=T, bound_per_image=sc["bound"][sp.key])
+    return out
