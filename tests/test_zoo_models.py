@@ -231,10 +231,41 @@ def test_quick_report_figures_are_pngs(quick_report):
     import matplotlib.image as mpimg
 
     out, _ = quick_report
-    for f in ("pareto.png", "predicted_vs_measured.png", "samples.png"):
+    for f in ("pareto.png", "predicted_vs_measured.png", "samples.png", "fidelity.png"):
         img = mpimg.imread(out / f)
         assert img.ndim == 3 and img.shape[0] > 300 and img.shape[1] > 300
         assert img[..., :3].std() > 0.05                                   # not blank
+
+
+def test_quick_report_measures_fidelity_to_the_target(quick_report):
+    """Every chain run carries the exact TV / KL to the target with 95% CIs and the per-image bound; vanilla is
+    lossless (TV, KL and the bound ~ 0: float32 rows give ~1e-7-1e-6), strongly relaxed rules are far from the target (LANTERN
+    delta = 0.2 and Cool-SD delta = 8 measure TV ~ 0.97-0.99 on these models: a negative control the vanilla
+    bound must not pass), the two TV estimators (SD images, AR images) agree within 4 combined SEs, and static
+    trees state why they have no numbers."""
+    out, rep = quick_report
+    chain = [m for m in rep["methods"] + rep["other_drafts"] if m["drafting"] == "chain"]
+    assert len(chain) >= 7
+    for m in chain:
+        tv, kl, b = m["tv_to_target"], m["kl_to_target"], m["tv_bound_image"]
+        for est, ci in ((tv["measured"], tv["ci"]), (tv["from_ar"], tv["from_ar_ci"])):
+            assert _num(est) and 0.0 <= ci[0] <= est <= ci[1] <= 1.0, (m["name"], est, ci)
+        se = math.hypot(tv["se"], tv["from_ar_se"])
+        assert abs(tv["measured"] - tv["from_ar"]) <= 4 * se + 1e-6, (m["name"], tv)
+        assert kl["measured"] is None or kl["ci"][0] <= kl["measured"] <= kl["ci"][1]
+        assert _num(b["measured"]) and b["measured"] >= 0 and isinstance(m["bound_check"]["within"], bool)
+    van = next(m for m in chain if m["name"] == "vanilla")
+    assert van["tv_to_target"]["measured"] < 1e-4 and van["tv_to_target"]["from_ar"] < 1e-4
+    assert abs(van["kl_to_target"]["measured"]) < 1e-4 and van["tv_bound_image"]["measured"] < 1e-4
+    assert van["bound_check"]["within"]
+    for name, params in (("lantern", {}), ("cool-sd", {"delta": 8.0})):
+        m = next(m for m in chain if m["name"] == name and all(m["params"][k] == v for k, v in params.items()))
+        assert m["tv_to_target"]["ci"][0] > van["tv_to_target"]["ci"][1] + 0.3, (name, m["tv_to_target"])
+        assert m["kl_to_target"]["measured"] is None or m["kl_to_target"]["measured"] > 0.1
+    trees = [m for m in rep["methods"] if m["drafting"] == "tree"]
+    assert trees and all("tv_to_target" not in m and "without replacement" in m["fidelity_reason"] for m in trees)
+    md = (out / "report.md").read_text()
+    assert "## Fidelity to the target, measured exactly" in md and "without replacement" in md
 
 
 def test_vanilla_prediction_within_three_se(quick_report):
