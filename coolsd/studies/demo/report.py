@@ -201,7 +201,7 @@ def markdown(report: dict) -> str:
         "images: two estimators of one number that must agree. KL(P^‖P) = E_{P^}[log P^ - log P]. Intervals: "
         f"normal 95% over the {c['n_images']} images. Vanilla is lossless (TV = KL = 0 up to float error). TV bound: "
         "the sum of each image's per-round T11 terms along its own path (`theory.path_bound`); by the hybrid "
-        "argument TV <= its mean, which exceeds 1 (vacuous) once the per-round terms add up over ~15-20 rounds.",
+        "argument TV <= its mean; a mean above 1 is vacuous (TV <= 1 always), and the table says so.",
         "",
         fidelity_table(report),
         "## Chain vs tree drafting",
