@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from . import quality as qual
 from .metrics import frontier_difference, tokens_per_call
-from .run import AR, Context, SweepConfig, Unit
+from .run import AR, Context, SweepConfig, Unit, host_tables
 from .store import Store
 
 __all__ = ["load", "analyse", "CLAIMS"]
@@ -115,9 +114,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     source = _vanilla_source(ctx, van)
     predictable = source is not None
     per_row = _per_row(ctx.bundle, T)
-    nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
-    cb = getattr(ctx.bundle, "codebook", None)
-    cb = None if cb is None else torch.as_tensor(cb).detach().cpu().double().numpy()
+    nb, cb = host_tables(ctx)
     drafting = cfg.drafting
     first = np.r_[True, van["round_image"][1:] != van["round_image"][:-1]]
     first_single = bool((van["round_drafted"][first] == 0).all())

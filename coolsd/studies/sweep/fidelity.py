@@ -77,9 +77,9 @@ def _proc(ctx: Context, s):
 
 def _rule(ctx: Context, s):
     """The setting's verifier on the host (numpy tables: the likelihood is float64 theory code)."""
-    nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
-    cb = getattr(ctx.bundle, "codebook", None)
-    return s.verifier(ctx.L, nb, None if cb is None else np.asarray(cb))
+    from .run import host_tables
+
+    return s.verifier(ctx.L, *host_tables(ctx))
 
 
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
@@ -128,6 +128,8 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
 
     tokens = np.asarray(tokens)
     n = len(tokens)
+    if not all(m.batched for m in (target, draft) if m is not None):
+        batch = 1                  # single-length models (the transformers adapters) score one image at a time
     lp = np.empty(n)
     lph = {k: np.empty(n) for k in rules}
     bound = {k: np.empty(n) for k in rules} if rounds is not None else {}

@@ -209,6 +209,16 @@ class Context:
         return self._verifiers[s.key]
 
 
+def host_tables(ctx: Context):
+    """The bundle's LANTERN neighbour table (V, K) and GSD codebook vectors (V, d) as host numpy arrays (None where
+    the model has none): the float64 theory code (predictions, exact likelihoods) reads them on the host."""
+    import torch
+
+    nb = None if ctx.bundle.neighbors is None else np.asarray(ctx.bundle.neighbors)
+    cb = getattr(ctx.bundle, "codebook", None)
+    return nb, None if cb is None else torch.as_tensor(cb).detach().cpu().double().numpy()
+
+
 def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
     """Generate one unit; returns (arrays, meta) for the store."""
     from real.decode.methods import method_processing
