@@ -39,6 +39,7 @@ BENCHMARKS = {
     "batch": ("bench_batch.py", ["--short"]),
     "sweep_ranks": ("bench_sweep_ranks.py", ["--short"]),
     "likelihood": ("bench_likelihood.py", ["--short"]),
+    "dynamic_tree": ("bench_dynamic_tree.py", ["--short"]),
 }
 TIMEOUT_S = 600
 # tolerance = max(SPREAD_FACTOR x (max - min) over the runs, REL_FLOOR x value). The range of three runs is
