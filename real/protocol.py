@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 __all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask", "as_conds",
-           "OneRow", "prompt_rows", "check_attn_mask"]
+           "OneRow", "as_batched", "prompt_rows", "check_attn_mask"]
 
 
 class ModelOutput(NamedTuple):
@@ -383,3 +383,9 @@ class OneRow:
         idx = self._one(idx, "kept entries") if idx.ndim == 2 else idx
         c = idx.shape[0] if counts is None else int(self._one(np.broadcast_to(np.asarray(counts), (self._rows,)), "counts"))
         self.model.keep(torch.as_tensor(idx[:c], dtype=torch.long))
+
+
+def as_batched(model):
+    """``model`` as the decoder calls it: itself when it keeps per-row cache lengths (``batched``), else wrapped in
+    ``OneRow`` (one image at a time); None stays None."""
+    return model if model is None or model.batched else OneRow(model)

@@ -52,7 +52,7 @@ import array_api_compat
 from . import checks
 from ._xp import Array, gather, namespace
 
-__all__ = ["CONVENTIONS", "log_likelihood", "log_target", "round_masks"]
+__all__ = ["CONVENTIONS", "log_likelihood", "log_target", "round_masks", "check_chain_rule"]
 
 CONVENTIONS = ("theory", "eagle")
 CHUNK_ELEMENTS = 1 << 24   # rows x V elements (float64: 128 MiB) per chunk of images in the emission pass
@@ -74,16 +74,18 @@ def round_masks(T: int, L: int, convention: str = "theory"):
     return live & (i < Lp), live & (i == Lp)
 
 
-def _check_verifier(verifier) -> None:
+def check_chain_rule(verifier, who: str = "log_likelihood") -> None:
+    """ValueError (naming ``who``) unless ``verifier`` has the chain rule's accept(p, q, i) and resample(p, q, f,
+    rejected): the rules the recursion and the engine's chain rounds call."""
     if not (callable(getattr(verifier, "accept", None)) and callable(getattr(verifier, "resample", None))):
-        raise ValueError(f"log_likelihood: verifier must be a chain rule with accept(p, q, i) and resample(p, q, f, "
+        raise ValueError(f"{who}: verifier must be a chain rule with accept(p, q, i) and resample(p, q, f, "
                          f"rejected) (theory.rules.Verifier); got {type(verifier).__name__}")
 
 
 def _validate(p, q, tokens, verifier, L, convention, xp):
     """Every check of ``log_likelihood`` (one-line ValueErrors, before any work). Returns (T, V, per_offset,
     draft mask, bonus mask)."""
-    _check_verifier(verifier)
+    check_chain_rule(verifier)
     if isinstance(L, bool) or not isinstance(L, int) or L < 1:
         raise ValueError(f"log_likelihood: L must be an int >= 1, got {L!r}")
     if convention not in CONVENTIONS:

@@ -29,7 +29,7 @@ import torch
 from theory.tree import Tree
 
 from real.nn.layers import inference_weights
-from real.protocol import OneRow, as_conds, check_pair
+from real.protocol import as_batched, as_conds, check_pair
 from .rng import Streams
 from .sampling import Processing
 from .steps import RoundRecord, Run, Step, ar_step, chain_step, host_verification, prefill_step, sync
@@ -79,7 +79,7 @@ def _available_bytes(device: torch.device) -> int:
 def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int:
     """Estimated memory of a batch: both KV caches (``cache_bytes``: a feature drafter's sized by the target's
     ``prefix_len``) and the per-round probability rows (a few (rows, 64, V) float32 arrays). ``target`` and
-    ``draft`` follow the batched protocol (``_batched``)."""
+    ``draft`` follow the batched protocol (``real.protocol.as_batched``)."""
     R = images * rows_per_image
     caches = int(target.cache_bytes(R))
     if draft is not None:
@@ -87,16 +87,11 @@ def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int
     return caches + 8 * R * 64 * V * 4
 
 
-def _batched(model):
-    """``model`` as the decoder calls it: itself when it keeps per-row cache lengths (``batched``), else wrapped in
-    ``real.protocol.OneRow`` (one image at a time)."""
-    return model if model is None or model.batched else OneRow(model)
-
 
 def default_batch_size(target, draft, n_images: int, processing: Processing = Processing()) -> int:
     """Images per batch when none is asked: all of them, at most ``MAX_BATCH``, and at most what half of
     the device's free memory holds (``_batch_bytes``)."""
-    target, draft = _batched(target), _batched(draft)
+    target, draft = as_batched(target), as_batched(draft)
     dev, V = _device_of(target), int(target.vocab_size)
     per = max(1, _batch_bytes(target, draft, 1, processing.batch, V))
     return int(max(1, min(n_images, MAX_BATCH, _available_bytes(dev) // 2 // per)))
@@ -117,7 +112,7 @@ def _check_batch(target, draft, n_images: int, batch_size, processing: Processin
         if m is not None and bs > 1 and not m.batched:
             raise ValueError(f"{type(m).__name__} generates one image at a time (its cache has no per-row lengths): "
                              f"use batch size 1, got {bs}")
-    need = _batch_bytes(_batched(target), _batched(draft), bs, processing.batch, int(target.vocab_size))
+    need = _batch_bytes(as_batched(target), as_batched(draft), bs, processing.batch, int(target.vocab_size))
     free = _available_bytes(_device_of(target))
     if need > free:
         raise ValueError(f"a batch of {bs} images needs about {need / 2**30:.2f} GiB (KV caches and rows), "
@@ -183,7 +178,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
         elif isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"L must be >= 1 (an int: drafts per round), got {L!r}")
     bs = _check_batch(target, draft, len(conds), batch_size, processing)
-    target, draft = _batched(target), _batched(draft)
+    target, draft = as_batched(target), as_batched(draft)
     dev = _device_of(target)
     if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from theory.likelihood import log_likelihood, log_target
+from theory.likelihood import check_chain_rule, log_likelihood, log_target
 
 from real.nn.layers import inference_weights
-from real.protocol import OneRow, as_conds, check_pair
+from real.protocol import as_batched, as_conds, check_pair
 from .sampling import Processing
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON"]
@@ -97,10 +97,10 @@ def teacher_forced_rows(target, draft, conds, tokens, *, L: int | None = None, p
     tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
     B, T = tok.shape
     for m in (target, draft):
-        if m is not None and B > 1 and not getattr(m, "batched", False):
+        if m is not None and B > 1 and not m.batched:
             raise ValueError(f"{type(m).__name__} scores one image at a time (its cache has no per-row lengths): "
                              f"got {B} images")
-    target, draft = (m if m is None or getattr(m, "batched", False) else OneRow(m) for m in (target, draft))
+    target, draft = as_batched(target), as_batched(draft)
     proc, k = processing, processing.batch
     dev = torch.device(getattr(target, "device", "cpu") or "cpu")
     tok = tok.to(dev)
@@ -173,13 +173,11 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if draft is not None:
-        if not (callable(getattr(verifier, "accept", None)) and callable(getattr(verifier, "resample", None))):
-            raise ValueError(f"verifier must be a chain rule (theory.rules.Verifier: accept and resample), got "
-                             f"{type(verifier).__name__}")
+        check_chain_rule(verifier, "score")
         if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
             raise ValueError(f"L must be an int >= 1 (drafts per round), got {L!r}")
         check_pair(target, draft)
-    if not all(getattr(m, "batched", False) for m in (target, draft) if m is not None):
+    if not all(m.batched for m in (target, draft) if m is not None):
         batch_size = 1
     lp, lph = [], []
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
