@@ -2,7 +2,8 @@
 are noisy: compare ratios, not absolute numbers).
 
 E[tau] + B at V = 1024, L = 8 against the touch-once numpy limit (issue 30, target <= 1.2x): the public
-``markov.round_terms`` (one validation, one pass) and the pair ``expected_accepted`` + ``tv_bound``,
+``markov.round_terms`` (P, Q checked, then F and G checked row block by row block inside the one pass
+over them, ``markov._round_terms_checked``) and the pair ``expected_accepted`` + ``tv_bound``,
 with the breakdown (validation at the public boundary, the unchecked core). CPU time of this thread,
 fastest of interleaved repeats. Then the naive matrix-product baseline and the exact TV on 10^6 sequences.
 
@@ -63,8 +64,10 @@ def limit_ratio(P, Q, F, G, repeat: int) -> dict:
     return interleaved_best({
         "touch-once numpy limit": lambda: touch_once_limit(P, Q, F, G, 0),
         "markov.round_terms (public)": lambda: markov.round_terms(P, Q, F, G, 0),
-        "  validation at the boundary (_validated)": lambda: markov._validated(P, Q, F, G, 0),
-        "  unchecked core (round_terms_xp)": lambda: markov.round_terms_xp(P, Q, F, G, mu),
+        "  P, Q and init checked (check_chain)": lambda: markov.check_chain(P, Q, copy=False),
+        "  F, G checked block by block, with the core": lambda: markov._round_terms_checked(P, Q, F, G, mu),
+        "  (full validation pass alone, _validated)": lambda: markov._validated(P, Q, F, G, 0),
+        "  (unchecked unblocked core, round_terms_xp)": lambda: markov.round_terms_xp(P, Q, F, G, mu),
         "expected_accepted + tv_bound (two public calls)":
             lambda: (markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)),
     }, repeat, clock=time.thread_time)

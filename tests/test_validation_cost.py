@@ -19,7 +19,7 @@ def _case(V=6, L=3, seed=0):
 
 
 def _counting(monkeypatch):
-    calls = {"acceptance_tables": 0, "resampling_tables": 0, "stochastic": 0}
+    calls = {"acceptance_tables": 0, "resampling_tables": 0, "stochastic": 0, "tables_block_ok": 0}
     for name in calls:
         real = getattr(checks, name)
 
@@ -30,19 +30,48 @@ def _counting(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("fn, nG", [
-    (lambda P, Q, F, G: markov.round_terms(P, Q, F, G, 0), 1),
-    (lambda P, Q, F, G: markov.tv_bound(P, Q, F, G, 0), 1),
-    (lambda P, Q, F, G: markov.bound_terms(P, Q, F, G, 0), 1),
-    (lambda P, Q, F, G: markov.expected_accepted(P, Q, F, 0), 0),
-    (lambda P, Q, F, G: markov.exact_tv(P, Q, F, G, 0), 1),
+# folded: F and G checked row block by row block inside the pass (markov._round_terms_checked), one
+# block check per (position, block of 128 rows): L = 3 positions x 1 block at V = 6; P and Q by stochastic
+_FOLDED = {"acceptance_tables": 0, "resampling_tables": 0, "stochastic": 2, "tables_block_ok": 3}
+
+
+@pytest.mark.parametrize("fn, expected", [
+    (lambda P, Q, F, G: markov.round_terms(P, Q, F, G, 0), _FOLDED),
+    (lambda P, Q, F, G: markov.tv_bound(P, Q, F, G, 0), _FOLDED),
+    (lambda P, Q, F, G: markov.bound_terms(P, Q, F, G, 0), _FOLDED),
+    (lambda P, Q, F, G: markov.expected_accepted(P, Q, F, 0), _FOLDED),
+    (lambda P, Q, F, G: markov.exact_tv(P, Q, F, G, 0),
+     {"acceptance_tables": 1, "resampling_tables": 1, "stochastic": 3, "tables_block_ok": 0}),
 ])
-def test_each_public_call_validates_each_table_once(monkeypatch, fn, nG):
+def test_each_public_call_validates_each_table_once(monkeypatch, fn, expected):
     P, Q, F, G = _case()
     calls = _counting(monkeypatch)
     fn(P, Q, F, G)
-    # F once; G once when used; stochastic: P, Q and (when used) G, each once
-    assert calls == {"acceptance_tables": 1, "resampling_tables": nG, "stochastic": 2 + nG}
+    assert calls == expected
+
+
+def test_folded_validation_is_bit_for_bit_the_unblocked_core_and_refuses_the_last_block():
+    V, L = 300, 2        # three row blocks, the last one partial (300 = 2 x 128 + 44)
+    P, Q, F, G = _case(V=V, L=L, seed=5)
+    mu = markov.init_distribution(0, V)
+    acc, terms = markov.round_terms(P, Q, F, G, 0)
+    acc_xp, terms_xp = markov.round_terms_xp(P, Q, F, G, mu)
+    assert np.array_equal(acc, acc_xp) and np.array_equal(terms, terms_xp)
+    assert np.array_equal(markov.acceptance_probs(P, Q, F, 0), acc_xp)
+    # negative controls: one bad entry in the last rows of the last position is still refused
+    Fb = F.copy()
+    Fb[-1, -1, -1] = 1.5
+    with pytest.raises(ValueError, match="^acceptance probabilities F must lie in"):
+        markov.round_terms(P, Q, Fb, G, 0)
+    Gb = G.copy()
+    Gb[-1, -1, 0] += 1e-6            # row sum off by 1e-6 > 1e-8
+    with pytest.raises(ValueError, match="^G is not row-stochastic: row \\(1, 299\\)"):
+        markov.round_terms(P, Q, F, Gb, 0)
+    Gz = G.copy()
+    j = int(np.argmin(Gz[-1, 200]))
+    Gz[-1, 200] /= 1 - Gz[-1, 200, j]
+    Gz[-1, 200, j] = -0.0            # refused by the block predicate, accepted by the full check
+    assert np.isfinite(markov.round_terms(P, Q, F, Gz, 0)[1]).all()
 
 
 def test_public_calls_neither_copy_nor_modify_their_inputs():

@@ -153,6 +153,21 @@ def _max_bits(a: np.ndarray) -> int | None:
     return int(a.reshape(-1).view(np.uint64).max())
 
 
+def tables_block_ok(f: np.ndarray, g: np.ndarray | None, tol: float) -> bool:
+    """Fast predicate for one row block of the tables (C-contiguous float64, as ``_max_bits`` needs):
+    f in [0, 1] (bit patterns <= those of 1.0: no NaN, no negative, -0.0 included), g finite and >= 0
+    with rows summing to 1 within ``tol``. True means ``acceptance_tables`` / ``resampling_tables``
+    accept the block; False means they are to be called for the verdict and its message (a block of
+    -0.0 entries is refused here and accepted there, so False is not an error by itself)."""
+    if int(f.reshape(-1).view(np.uint64).max()) > _ONE_BITS:
+        return False
+    if g is None:
+        return True
+    if int(g.reshape(-1).view(np.uint64).max()) >= _INF_BITS:
+        return False
+    return bool(np.all(np.abs(g.sum(-1) - 1.0) <= tol))
+
+
 def finite_nonneg(name: str, a: np.ndarray) -> None:
     """All entries finite and >= 0 (one vectorised read when they are)."""
     bits = _max_bits(a)
