@@ -4,10 +4,13 @@
 Per setting: tokens per target call (SE over images), measured speed-up over AR at batch 1 and at the demo's batch
 (50), FD to the held-out digits (jackknife SE, coolsd.studies.sweep.metrics.fd_with_ci), target NLL per token (SE
 over images); and the T10 predictions of every rule's accepted drafts per round from ONE vanilla run's recorded
-rows per drafter (theory.recorded.predict_rounds), against the measured ones.
+rows per drafter (theory.recorded.predict_rounds), against the measured ones: per round and, weighted by the
+stretch of the image each recorded round covers (theory.recorded.renewal_tokens_per_round, docs/theory.md
+section 8), per drafted round and per target call.
 
   PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_jacobi.py --images 100 --images-b1 10 \
       --out docs/results/jacobi/frontier.json
+  ... --predict-only --out docs/results/jacobi/frontier.json   # the predictions again (same seeds), ~1 CPU minute
 """
 from __future__ import annotations
 
@@ -41,6 +44,34 @@ def predict(p, q, d, nd, verifier, chunk: int = 128):
     return np.concatenate(acc), np.concatenate(bnd)
 
 
+def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int) -> dict:
+    """T10 predictions of ``verifier`` from the vanilla run ``recorded_gens`` (its recorded rows ``rec`` and
+    vanilla's own T10 ``van_acc`` (R,)): accepted drafts per drafted round (plain mean), tokens per drafted
+    round (renewal weighting) and tokens per target call (the vanilla run's tokens committed in drafted
+    rounds over the predicted number of such rounds, plus its undrafted rounds, which no rule changes)."""
+    from theory.recorded import renewal_tokens_per_round
+
+    p, q, d, nd = rec
+    pred = predict(p, q, d, nd, verifier)
+    per_round = renewal_tokens_per_round(pred[0], van_acc)
+    rounds = [r for g in recorded_gens for r in g.rounds]
+    drafted_tokens = sum(r.accepted + 1 for r in rounds if r.drafted > 0)
+    undrafted = sum(1 for r in rounds if r.drafted == 0)
+    calls = undrafted + drafted_tokens / per_round
+    return {"predicted_accepted_per_drafted_round": float(np.mean(pred[0])),
+            "predicted_tokens_per_drafted_round_renewal": per_round,
+            "predicted_tokens_per_target_call": len(recorded_gens) * T / calls,
+            "predicted_bound_per_round": float(np.mean(pred[1]))}
+
+
+def errors(row: dict) -> dict:
+    """Relative errors of the predictions in ``row`` against its measured values."""
+    m = 1 + row["measured_accepted_per_drafted_round"]
+    return {"prediction_error_plain": (1 + row["predicted_accepted_per_drafted_round"]) / m - 1,
+            "prediction_error": row["predicted_tokens_per_drafted_round_renewal"] / m - 1,
+            "prediction_error_tokens_per_call": row["predicted_tokens_per_target_call"] / row["tokens_per_target_call"] - 1}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=100, help="images per setting at the demo batch")
@@ -50,26 +81,28 @@ def main(argv=None) -> int:
     ap.add_argument("--L", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--predict-only", action="store_true",
+                    help="recompute only the predictions into --out's JSON: the vanilla recordings and every rule's run at "
+                         "the demo batch again on the same seeds (their measured rounds must reproduce the stored ones)")
     ap.add_argument("--paired-b1", type=int, default=0, metavar="R",
                     help="only time batch 1 again: R repeats of (AR, setting) on --images-b1 images, interleaved so that "
                          "both see the same machine load; writes the median speed-up per setting into --out's JSON")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     from coolsd.studies.demo.quality import nll_with_se
-    from coolsd.studies.sweep.analysis import quality_refs
     from coolsd.studies.sweep.metrics import fd_with_ci, tokens_per_call
     from real.decode import engine
     from real.decode.jacobi import Jacobi
     from real.decode.sampling import Processing
     from real.zoo import gpt, vq
-    from real.zoo.metrics import image_features
+    from real.zoo.metrics import image_features, reference_stats
 
     t = gpt.load_target()
     eagle = gpt.load_eagle(t)
     rules_ = settings(vq.raw_codebook().double().numpy())
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     classes = [i % 10 for i in range(a.images)]
-    ref, _ = quality_refs()
+    ref = reference_stats()          # the held-out digits' Gaussian in the classifier's feature space
     T = gpt.TOKENS
     drafters = {"jacobi": dict(draft=None, jacobi=Jacobi(a.window, width=7)), "eagle": dict(draft=eagle, L=a.L)}
 
@@ -84,6 +117,28 @@ def main(argv=None) -> int:
         fd = fd_with_ci(image_features(vq.decode(toks)).numpy(), ref)
         return {"fd": fd["fd"], "fd_se": fd["se"], **nll_with_se(t, labels, toks)}
 
+    if a.predict_only:
+        with open(a.out) as fh:
+            out = json.load(fh)
+        t0 = time.time()
+        for dname, kw in drafters.items():   # a loop over the two drafters and four rules (settings, not tokens)
+            L = kw["jacobi"].slots if dname == "jacobi" else a.L
+            van_gens = run(kw, rules_["vanilla"], a.images, a.batch, record=True)
+            rec = engine.records_to_arrays([r for g in van_gens for r in g.rounds if r.drafted > 0], L)
+            van = predict(*rec, rules_["vanilla"])[0]
+            for row in (r for r in out["settings"] if r["drafter"] == dname):
+                gens = van_gens if row["rule"] == "vanilla" else run(kw, rules_[row["rule"]], a.images, a.batch)
+                tpc, _ = tokens_per_call([len(g.rounds) for g in gens], T)
+                if abs(tpc - row["tokens_per_target_call"]) > 1e-9:
+                    raise SystemExit(f"{dname} {row['rule']}: tokens per call {tpc} do not reproduce the stored "
+                                     f"{row['tokens_per_target_call']} (other code or seeds): run the full benchmark")
+                row.update(prediction_fields(rec, van, rules_[row["rule"]], van_gens, T))
+                row.update(errors(row))
+                print(dname, row["rule"], {k: round(v, 4) for k, v in row.items() if k.startswith("predict")}, flush=True)
+        out["predict_only_cpu_seconds"] = time.time() - t0
+        with open(a.out, "w") as fh:
+            json.dump(out, fh, indent=1)
+        return 0
     if a.paired_b1:
         with open(a.out) as fh:
             out = json.load(fh)
@@ -109,7 +164,7 @@ def main(argv=None) -> int:
     print(f"AR: {out['ar']}", flush=True)
     for dname, kw in drafters.items():   # a loop over the two drafters and four rules (settings, not tokens)
         L = kw["jacobi"].slots if dname == "jacobi" else a.L
-        rec = None
+        rec = van = van_gens = None
         for name, ver in rules_.items():
             gens = run(kw, ver, a.images, a.batch, record=(name == "vanilla"))
             g1 = run(kw, ver, a.images_b1, 1)
@@ -117,18 +172,15 @@ def main(argv=None) -> int:
             tpc, tpc_se = tokens_per_call([len(g.rounds) for g in gens], T)
             drafted = [r for g in gens for r in g.rounds if r.drafted > 0]
             if name == "vanilla":
-                rec = engine.records_to_arrays(drafted, L)
-            p, q, d, nd = rec
-            pred = predict(p, q, d, nd, ver)
+                rec, van_gens = engine.records_to_arrays(drafted, L), gens
+                van = predict(*rec, ver)[0]
             row = {"drafter": dname, "rule": name, "L": L, "tokens_per_target_call": tpc, "tpc_se": tpc_se,
-                   "rounds": len(drafted), "recorded_rounds": len(nd),
+                   "rounds": len(drafted), "recorded_rounds": len(rec[3]),
                    "speedup_B": out["ar"]["seconds_B"] / s["seconds"], "speedup_b1": out["ar"]["seconds_b1"] / s1["seconds"],
                    "seconds_B": s["seconds"], "seconds_b1": s1["seconds"],
                    "measured_accepted_per_drafted_round": float(np.mean([r.accepted for r in drafted])),
-                   "predicted_accepted_per_drafted_round": float(np.mean(pred[0])),
-                   "predicted_bound_per_round": float(np.mean(pred[1])), **quality(gens)}
-            m, pr = 1 + row["measured_accepted_per_drafted_round"], 1 + row["predicted_accepted_per_drafted_round"]
-            row["prediction_error"] = pr / m - 1          # of tokens per drafted round (tau + 1)
+                   **prediction_fields(rec, van, ver, van_gens, T), **quality(gens)}
+            row.update(errors(row))
             out["settings"].append(row)
             print(json.dumps(row), flush=True)
     out["cpu_seconds"] = time.time() - t0

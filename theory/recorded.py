@@ -83,6 +83,33 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     return RoundPrediction(xp.sum(live * acc, axis=-1), xp.sum(live * before * D, axis=-1), f_tok)
 
 
+def renewal_tokens_per_round(accepted: Array, accepted_recorded: Array) -> float:
+    """Tokens per round (tau + 1) of a rule, predicted from ONE recorded run of another rule, weighting
+    the recorded rounds by the stretch of the image each covers (docs/theory.md section 8, renewal weighting).
+
+    accepted (R,): T10 estimates of the predicted rule's accepted drafts per recorded round
+    (``predict_rounds(...).accepted`` or ``predict_tree_rounds(...).accepted``); accepted_recorded (R,):
+    the same for the rule that was run (T10 with its own verifier), so m = accepted_recorded + 1 and
+    m' = accepted + 1 are the two rules' expected tokens per round from each recorded round's state.
+    A recorded round covers m tokens on average, which the predicted rule needs m / m' rounds for, so
+
+        tokens per round  =  sum_k m_k / sum_k (m_k / m'_k)                        (T10; section 8)
+
+    rather than mean_k m'_k: the plain mean weights states by how often the RECORDED rule starts a round
+    there, and overweights where the predicted rule is locally faster (it starts fewer rounds there). The
+    two agree when m' / m is the same in every round; ``renewal == mean(m')`` when the rules coincide.
+    Both arrays are float and >= 0 (tokens per round >= 1, so no division by zero); float64 result."""
+    a = checks.array("renewal_tokens_per_round: accepted", accepted).astype(np.float64)
+    b = checks.array("renewal_tokens_per_round: accepted_recorded", accepted_recorded).astype(np.float64)
+    if a.ndim != 1 or a.shape != b.shape or a.size == 0:
+        raise ValueError(f"renewal_tokens_per_round: expected two (R,) arrays with R >= 1, got shapes "
+                         f"{a.shape} and {b.shape}")
+    if not (np.all(a >= 0) and np.all(b >= 0) and np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        raise ValueError("renewal_tokens_per_round: accepted drafts per round must be finite and >= 0")
+    m, m_new = b + 1.0, a + 1.0
+    return float(m.sum() / (m / m_new).sum())
+
+
 class TreePrediction(NamedTuple):
     accepted: Array  # (R,) T10 for trees: sum over drafted nodes of their acceptance probability
     bound: Array     # (R,) T11 for trees: sum over nodes of Pr(reach node) x node discrepancy bound
