@@ -54,7 +54,7 @@ class BuildOptions:
     num_images: int | None = None         # one condition per image (default 1)
     class_id: int | None = None           # c2i: this class for every image (default: seeded random)
     num_tokens: int | None = None         # tokens per image (default: the whole image)
-    draft: str | None = None              # draft kind: layerskip, small, eagle (model-dependent default)
+    draft: str | None = None              # draft kind: layerskip, small, eagle (model-dependent default); "none"
     draft_layers: int | None = None       # layerskip drafts: target layers kept (default 1)
     model_type: str | None = None         # llamagen: c2i (default) or t2i
     image_size: int | None = None
@@ -78,6 +78,9 @@ class BuildOptions:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})
 
 
+NO_DRAFT = "none"   # BuildOptions.draft for drafter-free decoding (--draft jacobi): the Bundle's draft is None
+
+
 def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     """The ``Bundle`` of model ``name`` built with ``opts`` and/or options ``kw`` (fields of ``BuildOptions``;
     an unknown one is a ValueError naming it)."""
@@ -92,9 +95,14 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
         raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
     opts = dataclasses.replace(opts or BuildOptions(), **kw)
     from .specs import prepare
+    no_draft = opts.draft == NO_DRAFT
+    if no_draft:   # drafter-free decoding: the builders make their lightest draft, one target layer, dropped below
+        opts = dataclasses.replace(opts, draft="layerskip")
     s, opts = prepare(name, opts)         # the one generic check of the model's options, its defaults filled in
     bundle = MODELS[name][0](opts)
     bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
+    if no_draft:
+        bundle.draft, bundle.info = None, {**bundle.info, "draft": NO_DRAFT}
     return bundle
 
 

@@ -267,6 +267,18 @@ def test_sjd_on_chameleon_tiny_batch1(capsys, tmp_path):
     d = _cli(capsys, "--model", "chameleon-tiny", "--draft", "jacobi", "--window", "16", "--method", "vanilla",
              "--num-images", "1", "--batch-size", "1")
     assert 1.0 < d["tokens_per_target_call"] <= 16
+    assert d["info"]["draft"] == "none"              # no drafter was built for Jacobi drafting
+
+
+@pytest.mark.parametrize("model", ["llamagen-tiny", "chameleon-tiny", "mnist"])
+def test_build_without_a_draft(model, monkeypatch):
+    """draft="none" (what --draft jacobi builds): no draft in the bundle, whatever the model's default draft
+    needs (llamagen's default small draft needs a checkpoint; lumina-mgpt's EAGLE a drafter directory)."""
+    from real import registry
+
+    b = registry.build(model, draft="none")
+    assert b.draft is None and b.info["draft"] == "none"
+    assert registry.build(model).draft is not None      # the control: the default still builds one
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -280,6 +292,7 @@ def test_sjd_on_chameleon_tiny_batch1(capsys, tmp_path):
     (["--draft", "jacobi", "--method", "greedy", "--coupling", "scd-gs"], "--coupling scd-gs"),
     (["--window", "4"], "add --draft jacobi"),
     (["--coupling", "scd-mc"], "add --draft jacobi"),
+    (["--draft", "jacobi", "--method", "cool-sd", "--fidelity"], "--fidelity with --draft jacobi: exact likelihood"),
 ])
 def test_cli_jacobi_bad_input(argv, msg):
     """Each bad --draft jacobi input is a ValueError naming the option, raised by validation before any model is
@@ -330,3 +343,5 @@ def test_sweep_draft_jacobi(tmp_path):
         assert m["drafting"] == "jacobi" and m["L"] == 5
         assert 1.0 < m["accepted_length"]["measured"] <= 6 and m["accepted_length"]["predicted"] > 1.0
     assert rep["methods"][0]["tv_bound"] < 1e-6
+    for m in rep["methods"]:          # no exact likelihood for Jacobi drafts: no TV / KL, a stated reason
+        assert m["tv_to_target"] is None and "JACOBI_REASON" in m["fidelity_reason"]

@@ -137,7 +137,7 @@ def generate(args) -> dict:
 
     from real.decode import engine
     from real.decode.methods import MethodParams, make_verifier, method_processing
-    from real.registry import BuildOptions, build
+    from real.registry import NO_DRAFT, BuildOptions, build
     from real.decode.sampling import Processing
     from theory import methods as registry
     from theory.tree import parse_tree
@@ -173,8 +173,8 @@ def generate(args) -> dict:
         if threads < 1:
             raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    opts = BuildOptions.from_namespace(args)   # --draft jacobi: no drafter (the default draft is built, unused)
-    bundle = build(args.model, opts if jac is None else dataclasses.replace(opts, draft=None))
+    opts = BuildOptions.from_namespace(args)
+    bundle = build(args.model, opts if jac is None else dataclasses.replace(opts, draft=NO_DRAFT))   # Jacobi: no drafter
     check_bundle(args, bundle)
     if jac is not None:
         jac = jacobi_for(jac, bundle)
@@ -341,6 +341,10 @@ def validate_args(args) -> None:
         from real.decode.score import TREE_REASON
 
         raise ValueError(f"--fidelity with --tree: {TREE_REASON}")
+    if getattr(args, "fidelity", False) and getattr(args, "draft", None) == "jacobi":
+        from real.decode.score import JACOBI_REASON
+
+        raise ValueError(f"--fidelity with --draft jacobi: {JACOBI_REASON}")
     if args.save is not None:
         args.save = str(check_output_file("--save", args.save, ".npz"))
     if args.record is not None:

@@ -42,12 +42,15 @@ from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds, check_pair
 from .sampling import Processing
 
-__all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON"]
+__all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
 
 TREE_REASON = ("exact likelihood of static-tree drafting is not implemented: a node's m candidates are drawn "
                "without replacement, so the law of the emitted token sums over every order of the earlier "
                "siblings that were tried and rejected (m! orders per node, each with its own residual row), "
                "and the path through the tree is hidden too; score chain runs (L) instead")
+JACOBI_REASON = ("exact likelihood of Jacobi drafting is not tractable: a draft's q is the target's row from the "
+                 "previous iteration, conditioned on window tokens that are not in the output, so the hidden state "
+                 "holds up to W - 1 stale tokens (docs/theory.md section 12); score a drafter's chain runs instead")
 
 
 @dataclass

@@ -167,7 +167,8 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             e |= fid[s.key]
         else:
             e |= {"tv_to_target": None, "kl_to_target": None, "tv_bound_image": None,
-                  "fidelity_reason": f"{drafting} drafting: no exact likelihood (real.decode.score.TREE_REASON)"}
+                  "fidelity_reason": f"{drafting} drafting: no exact likelihood (real.decode.score."
+                                     f"{'JACOBI_REASON' if drafting == 'jacobi' else 'TREE_REASON'})"}
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
     batch_note = _batch_note(cfg, ctx, loaded, T)

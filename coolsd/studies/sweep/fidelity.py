@@ -12,7 +12,7 @@ at a time, the recursion run for every setting of that rank); each setting's per
 ``DIR/fidelity/<slug>.npz`` (written atomically, keyed by setting, image count and code version), so an
 interrupted merge resumes and the ranks share the work (setting i on rank i mod world). ``entries`` turns
 them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` (``theory.fidelity.report``).
-Static and dynamic trees: not scored (``real.decode.score.TREE_REASON``).
+Static and dynamic trees and Jacobi drafting: not scored (``real.decode.score.TREE_REASON`` / ``JACOBI_REASON``).
 """
 from __future__ import annotations
 
@@ -82,12 +82,17 @@ def _rule(ctx: Context, s):
     return s.verifier(ctx.L, *host_tables(ctx))
 
 
+def scored(ctx: Context) -> bool:
+    """Whether the sweep's drafting has an exact likelihood (chain rounds of a drafter)."""
+    return ctx.tree is None and getattr(ctx, "dynamic", None) is None and getattr(ctx, "jacobi", None) is None
+
+
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
     """This rank's settings' fidelity arrays (computed, or found in the cache). Returns how many it holds.
     ``load(store, cfg, unit)`` reads a setting's merged images (``analysis.load``)."""
     from theory.path_bound import round_offsets
 
-    if ctx.tree is not None or getattr(ctx, "dynamic", None) is not None:   # tree drafting: not scored
+    if not scored(ctx):
         return 0
     mine = list(cfg.settings)[rank::world]
     todo = [s for s in mine if _cached(store, cfg, ctx, s) is None]
@@ -151,7 +156,7 @@ def entries(store: Store, cfg: SweepConfig, ctx: Context) -> tuple[dict, dict | 
     ``bound_check`` (``theory.fidelity.report``) and ``nll_per_token`` / ``_se`` under the processed target."""
     from theory import fidelity
 
-    if ctx.tree is not None or getattr(ctx, "dynamic", None) is not None:   # tree drafting: not scored
+    if not scored(ctx):
         return {}, None
     T = ctx.bundle.num_tokens
     out, base = {}, None

@@ -154,7 +154,7 @@ class Context:
 
     def __init__(self, cfg: SweepConfig, dist: Dist):
         from theory.tree import parse_tree
-        from real.registry import BuildOptions, build
+        from real.registry import NO_DRAFT, BuildOptions, build
 
         self.cfg = cfg
         self.rank = dist.rank
@@ -164,7 +164,7 @@ class Context:
         self.device = dev
         n_cond = cfg.images
         jacobi = cfg.draft == "jacobi"          # drafter-free: cfg.L = window - 1 Jacobi drafts
-        b = build(cfg.model, BuildOptions(device=dev, draft=None if jacobi else cfg.draft, seed=cfg.seed,
+        b = build(cfg.model, BuildOptions(device=dev, draft=NO_DRAFT if jacobi else cfg.draft, seed=cfg.seed,
                                           num_images=n_cond), **dict(cfg.model_options))
         self.bundle = b
         self.tree = parse_tree(cfg.tree, cfg.L) if cfg.tree is not None else None
