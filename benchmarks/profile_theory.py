@@ -52,6 +52,9 @@ def main():
     ]
     if hasattr(markov, "round_terms_xp"):
         rows.append(("  round_terms_xp (core)", lambda: markov.round_terms_xp(P, Q, F, G, mu)))
+    if hasattr(markov, "_round_terms_checked"):
+        rows.append(("  _round_terms_checked (core, F and G checked per block)",
+                     lambda: markov._round_terms_checked(P, Q, F, G, mu)))
     print(f"theory engine profile at {commit}: V={args.V} L={args.L}, OMP_NUM_THREADS="
           f"{os.environ['OMP_NUM_THREADS']}; CPU time of this thread, fastest of 20 interleaved repeats")
     times = interleaved_best(dict(rows), 20, clock=time.thread_time)
