@@ -114,6 +114,16 @@ class Processing:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "cfg_scale": self.cfg_scale}
 
 
+def draw(probs: torch.Tensor, proc: "Processing", uniforms) -> torch.Tensor:
+    """One token per row of rows ``probs`` (..., V) processed by ``proc``: at temperature 0 the rows are
+    one-hot at the argmax, so the token is ``probs.argmax(-1)`` (what the inverse-CDF draw returns for
+    any u) and no uniforms are drawn; else ``sample(probs, uniforms())``, ``uniforms`` a zero-argument
+    callable giving (...,) uniforms (the images' streams). (...,) int64."""
+    if proc.temperature == 0:
+        return probs.argmax(-1)
+    return sample(probs, uniforms())
+
+
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row: probs (..., V) and uniforms u (...,) in [0, 1) -> (...,) int64, an inverse-CDF draw
     (``theory.xp.sample_categorical``; about 20x faster than torch.multinomial on (64, 512) rows on CPU). The

@@ -30,7 +30,7 @@ from theory.verify import ChainVerdict, verify_chain
 
 from . import rng as R
 from .rng import Streams
-from .sampling import Processing, sample
+from .sampling import Processing, draw
 
 __all__ = ["RoundRecord", "Run", "Step", "ChainStep", "verify_chain_on", "on_host", "as_tensors", "prefill_step", "ar_step", "chain_step", "feed_draft", "draft_chain", "sync"]
 
@@ -247,7 +247,7 @@ def prefill_step(run: Run, conds: list, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     check_finite(p)
-    x = sample(p[:, 0], run.rng.uniform(run.n, R.SAMPLE))
+    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     sync(run.dev)
     zeros = np.zeros(run.B, np.int64)
@@ -267,7 +267,7 @@ def ar_step(run: Run, record: bool) -> Step:
         store_hidden(run, o.hidden, pos)
     sync(run.dev)
     t1 = time.perf_counter()
-    x = sample(p[:, 0], run.rng.uniform(run.n, R.SAMPLE))
+    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
         run.target.rollback(run.rows(np.where(act, 0, 1)))
@@ -313,7 +313,7 @@ def draft_chain(run: Run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: in
     cap = run.d_off + run.T - 1
     for i in range(Lr):   # a loop over the L draft positions (each one batched over images)
         q = run.proc.rows(logits)
-        x = sample(q, run.rng.uniform(run.n, R.DRAFT + i))
+        x = draw(q, run.proc, lambda: run.rng.uniform(run.n, R.DRAFT + i))
         xs.append(x)
         qs.append(q)
         if i < Lr - 1:
