@@ -10,7 +10,7 @@ section 8), per drafted round and per target call.
 
   PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_jacobi.py --images 100 --images-b1 10 \
       --out docs/results/jacobi/frontier.json
-  ... --predict-only --out docs/results/jacobi/frontier.json   # the predictions again (same seeds), ~1 CPU minute
+  ... --predict-only --out docs/results/jacobi/frontier.json   # predictions + exact TV/KL again (same seeds)
 """
 from __future__ import annotations
 
@@ -62,6 +62,26 @@ def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int) -> dict:
             "predicted_tokens_per_drafted_round_renewal": per_round,
             "predicted_tokens_per_target_call": len(recorded_gens) * T / calls,
             "predicted_bound_per_round": float(np.mean(pred[1]))}
+
+
+def fidelity_fields(t, draft, classes, gens, ar_gens, verifier, L: int, proc, T: int) -> dict:
+    """Exact TV / KL to the target's law (docs/theory.md section 11; ``coolsd.studies.sweep.fidelity.score_images``
+    and ``theory.fidelity.report``, as ``coolsd sweep`` computes them) of a drafter's chain setting: from its
+    own images and, as a second estimate, from the plain-AR images (same processing). Jacobi drafts have no
+    tractable likelihood (``real.decode.score.JACOBI_REASON``): pass draft=None for the reason instead."""
+    from real.decode.score import JACOBI_REASON
+    from theory import fidelity
+
+    if draft is None:
+        return {"tv_to_target": None, "kl_to_target": None, "fidelity_reason": JACOBI_REASON}
+    from coolsd.studies.sweep.fidelity import score_images
+
+    toks = np.stack([g.tokens.numpy() for g in gens])
+    ar_toks = np.stack([g.tokens.numpy() for g in ar_gens])
+    sc = score_images(t, draft, classes[:len(toks)], toks, {"r": verifier}, L, proc)
+    sa = score_images(t, draft, classes[:len(ar_toks)], ar_toks, {"r": verifier}, L, proc)
+    rep = fidelity.report((sc["log_p_hat"]["r"], sc["log_p"]), (sa["log_p_hat"]["r"], sa["log_p"]), T=T)
+    return {"tv_to_target": rep["tv_to_target"], "kl_to_target": rep["kl_to_target"]}
 
 
 def errors(row: dict) -> dict:
@@ -121,6 +141,7 @@ def main(argv=None) -> int:
         with open(a.out) as fh:
             out = json.load(fh)
         t0 = time.time()
+        ar = run({}, None, a.images, a.batch)
         for dname, kw in drafters.items():   # a loop over the two drafters and four rules (settings, not tokens)
             L = kw["jacobi"].slots if dname == "jacobi" else a.L
             van_gens = run(kw, rules_["vanilla"], a.images, a.batch, record=True)
@@ -133,8 +154,11 @@ def main(argv=None) -> int:
                     raise SystemExit(f"{dname} {row['rule']}: tokens per call {tpc} do not reproduce the stored "
                                      f"{row['tokens_per_target_call']} (other code or seeds): run the full benchmark")
                 row.update(prediction_fields(rec, van, rules_[row["rule"]], van_gens, T))
+                row.update(fidelity_fields(t, kw.get("draft"), classes, gens, ar, rules_[row["rule"]], L, proc, T))
                 row.update(errors(row))
-                print(dname, row["rule"], {k: round(v, 4) for k, v in row.items() if k.startswith("predict")}, flush=True)
+                print(dname, row["rule"], {k: round(v, 4) for k, v in row.items() if k.startswith("predict")},
+                      "TV", (row["tv_to_target"] or {}).get("measured"), (row["tv_to_target"] or {}).get("from_ar"),
+                      "KL", (row["kl_to_target"] or {}).get("measured"), flush=True)
         out["predict_only_cpu_seconds"] = time.time() - t0
         with open(a.out, "w") as fh:
             json.dump(out, fh, indent=1)
@@ -179,7 +203,8 @@ def main(argv=None) -> int:
                    "speedup_B": out["ar"]["seconds_B"] / s["seconds"], "speedup_b1": out["ar"]["seconds_b1"] / s1["seconds"],
                    "seconds_B": s["seconds"], "seconds_b1": s1["seconds"],
                    "measured_accepted_per_drafted_round": float(np.mean([r.accepted for r in drafted])),
-                   **prediction_fields(rec, van, ver, van_gens, T), **quality(gens)}
+                   **prediction_fields(rec, van, ver, van_gens, T), **quality(gens),
+                   **fidelity_fields(t, kw.get("draft"), classes, gens, ar, ver, L, proc, T)}
             row.update(errors(row))
             out["settings"].append(row)
             print(json.dumps(row), flush=True)
