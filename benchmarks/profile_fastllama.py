@@ -25,7 +25,7 @@ from real.decode import engine  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from real.models.llama import FastLlama  # noqa: E402
 from real.protocol import Prompt  # noqa: E402
-from real.registry import hf_llama_pair  # noqa: E402
+from real.adapters.hf import hf_llama_pair  # noqa: E402
 from theory import rules  # noqa: E402
 
 

@@ -291,7 +291,7 @@ register("llamagen", _build_llamagen, "LlamaGen from published checkpoints (c2i 
 # --------------------------------------------------------------------------- transformers (tiny random Llama)
 
 def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
-    from .adapters.hf import HFCausalLM
+    from .adapters.hf import HFCausalLM, hf_llama_pair
     from .models.llama import FastLlama
     from .protocol import Prompt
 
@@ -306,38 +306,6 @@ def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
     return Bundle(wrap(tgt.to(dev, dt)), wrap(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
                   info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
                                        "backend": "real.models.llama.FastLlama" if fast else "real.adapters.hf.HFCausalLM"})
-
-
-def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 256, draft_layers: int = 1):
-    """Random LlamaForCausalLM target and its layer-skip draft (first ``draft_layers`` layers, shared
-    embeddings/norm/head copied), embedding-dominated like ``tiny_llamagen_pair``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
-                      tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    tgt = LlamaForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in tgt.named_parameters():
-            if "norm" in name:
-                p.fill_(1.0)
-            elif "embed_tokens" in name:
-                p.normal_(0, 1.0, generator=g)
-            elif "lm_head" in name:
-                p.normal_(0, 0.2, generator=g)
-            else:
-                p.normal_(0, 0.05, generator=g)
-    dcfg = LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": draft_layers})
-    drf = LlamaForCausalLM(dcfg).eval()
-    sd = {k: v for k, v in tgt.state_dict().items()
-          if not k.startswith("model.layers.") or int(k.split(".")[2]) < draft_layers}
-    drf.load_state_dict(sd, strict=True)
-    for m in (tgt, drf):
-        m.generation_config.eos_token_id = None
-        m.generation_config.pad_token_id = 0
-    return tgt, drf
 
 
 register("hf-llama-tiny", _build_hf_llama_tiny, "random tiny transformers LlamaForCausalLM + layer-skip draft (HF adapter)")

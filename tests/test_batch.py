@@ -12,7 +12,8 @@ from real.models import llamagen as lg
 from real.models.eagle import EagleDrafter
 from real.nn.kvcache import KVCache
 from real.protocol import Caption, Prompt
-from real.registry import hf_llama_pair, tiny_llamagen_pair
+from real.adapters.hf import hf_llama_pair
+from real.registry import tiny_llamagen_pair
 from real.decode.sampling import Processing
 from theory import rules
 from theory.tree import EAGLE_25, Tree

@@ -10,7 +10,7 @@ from real.decode import engine
 from real.models.eagle import EagleConfig, EagleDrafter
 from real.adapters.hf import HFCausalLM
 from real.protocol import Prompt
-from real.registry import hf_llama_pair
+from real.adapters.hf import hf_llama_pair
 from real.decode.sampling import Processing
 from theory import rules
 

@@ -13,7 +13,8 @@ from real.decode import engine, steps, tree_steps
 from real.decode.rng import Streams
 from real.models.eagle import EagleDrafter
 from real.protocol import Caption, OneRow, Prompt
-from real.registry import hf_llama_pair, tiny_llamagen_pair
+from real.adapters.hf import hf_llama_pair
+from real.registry import tiny_llamagen_pair
 from real.decode.sampling import Processing
 from theory import rules
 from theory.rules import Target, Vanilla, Verifier

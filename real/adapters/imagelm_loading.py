@@ -66,7 +66,7 @@ def embedding_dominated_init(model: nn.Module, seed: int, *, embed_std: float = 
     """Seeded random weights for tiny test models whose residual stream is dominated by the token
     embedding (norm weights 1, norm biases 0, embeddings N(0, embed_std), heads N(0, head_std), the rest
     N(0, std)): a layer-skip draft then agrees with the target often and acceptance rates differ by
-    method, like ``real.registry.hf_llama_pair``. VQ / vision towers keep their default init."""
+    method, like ``real.adapters.hf.hf_llama_pair``. VQ / vision towers keep their default init."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if "vqmodel" in name or "vision_model" in name:
