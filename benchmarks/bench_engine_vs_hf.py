@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from real.decode import engine  # noqa: E402
 from real.adapters.hf import HFCausalLM  # noqa: E402
 from real.protocol import Prompt  # noqa: E402
-from real.adapters.hf import hf_llama_pair
+from real.adapters.hf import hf_llama_pair  # noqa: E402
 from real.registry import tiny_llamagen_pair  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from theory import rules  # noqa: E402
