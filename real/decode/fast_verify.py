@@ -23,6 +23,7 @@ import numpy as np
 
 from theory.rules import Argmax, Greedy, Residual, Vanilla
 from theory.tree import RowTrees, Tree, TreeVerdict
+from theory.xp import sample_categorical
 
 __all__ = ["fast_kind", "verify_tree_fast"]
 
@@ -167,5 +168,4 @@ def _merge(res, stop, r):
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Inverse-CDF draws from the rows w (B, V) (unnormalised, as ``theory._xp.sample_categorical``)."""
-    from theory._xp import sample_categorical
     return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))

@@ -87,6 +87,8 @@ def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     if m >= V:
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     val, idx = x.topk(m + 1, dim=-1, sorted=True)
+    if not bool((val[..., 1:] == val[..., :-1]).any()):   # no tie among the m + 1 largest: topk's order is the one
+        return idx[..., :m]
     if bool((val[..., m - 1] == val[..., m]).any()):      # which of the tied entries is in is decided by index
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     idx, val = idx[..., :m], val[..., :m]
