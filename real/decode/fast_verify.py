@@ -1,6 +1,6 @@
-"""Closed-form tree walks for the two verifiers whose multi-candidate verdict needs no full-row work per candidate
-(docs/theory.md section 9, T5 applied recursively), on the host (numpy), batched over rounds, a loop over tree
-levels: ``theory.tree.verify_tree``'s verdict at a fraction of its cost when a round tries many siblings.
+"""Lean host (numpy) tree walks for vanilla and greedy verification (docs/theory.md section 9, T5 applied
+recursively), batched over rounds: ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its generic
+array-API walk spends ~90 full-row operations per candidate tried, the price of serving every verifier).
 
 * vanilla (``theory.rules.vanilla``: f = min(1, p/q), G = Norm([p - q]_+)) with the point draft law
   (``draft_law="point"``: the candidates are the draft's deterministic top-k, q_j = one-hot(c_j); the LANTERN
@@ -13,9 +13,14 @@ levels: ``theory.tree.verify_tree``'s verdict at a fraction of its cost when a r
   draft row gives it positive mass (``verify_tree`` skips impossible candidates), and the next token is the argmax
   of the last node's row after a rejection, else (a leaf, no possible candidate) a draw from it.
 
-Same verdict as ``verify_tree(..., early_exit=True)`` (greedy: exactly; vanilla: up to the rounding of the
-residual's normalisation, ~1 ulp of p per rejection, so a decision differs only when a uniform falls within that
-of its threshold), tested in tests/test_fast_verify.py against ``verify_tree``.
+* vanilla with candidates drawn without replacement (``draft_law="without_replacement"``, static trees and the
+  lossless dynamic trees): ``verify_tree``'s own walk (one candidate per round per step, the same operations on
+  the same rows), with the acceptance evaluated at the candidate only and the residual built only on rejection.
+
+Same verdict as ``verify_tree(..., early_exit=True)`` (greedy and without replacement: the same operations;
+vanilla with the point law: up to the rounding of the residual's normalisation, ~1 ulp of p per rejection, so a
+decision differs only when a uniform falls within that of its threshold), tested in tests/test_fast_verify.py
+against ``verify_tree``.
 """
 from __future__ import annotations
 
