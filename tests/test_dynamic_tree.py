@@ -290,7 +290,7 @@ def test_per_row_masks_never_leak(llamagen):
     rng = np.random.default_rng(0)
     parents = [torch.tensor([[-1, 0, 0, 1, 1, 2]]), torch.tensor([[-1, 0, 1, 2, 0, 4]])]
     masks = torch.cat([dt._ancestors(p, 5) for p in parents])                   # (2, 6, 6)
-    depth = torch.cat([dt._depths(p, 5) for p in parents])                      # (2, 6)
+    depth = torch.cat([row_trees(p, 5).node_depth for p in parents])             # (2, 6)
     toks = torch.as_tensor(rng.integers(0, t.vocab_size, (2, 6)))
     seqs = torch.as_tensor(rng.integers(0, t.vocab_size, (2, 5)))
     t.prefill([1, 2], seqs)
@@ -355,3 +355,35 @@ def test_generate_record_stores_each_rounds_tree_and_t10_predicts_its_acceptance
           f"wrong trees {wrong.mean():+.3f}")
     assert abs(diff.mean()) < 4 * se and abs(wrong.mean()) > 4 * se
     assert _json.loads(str(np.load(f)["dynamic"]))["tree_total"] == 12
+
+
+def test_ancestor_masks_numpy_torch_and_brute_force():
+    """dt._ancestors (array API) on numpy and on torch == the ancestor sets walked one parent at a time."""
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        n1 = int(rng.integers(1, 12))
+        parent = np.stack([np.concatenate([[-1], [rng.integers(0, a) for a in range(1, n1)]]) for _ in range(3)])
+        want = np.zeros((3, n1, n1), bool)
+        for b in range(3):
+            for a in range(n1):
+                c = a
+                while c >= 0:
+                    want[b, a, c] = True
+                    c = parent[b, c]
+        D = int(row_trees(parent, n1).node_depth.max())
+        assert np.array_equal(dt._ancestors(parent, D), want)
+        assert np.array_equal(dt._ancestors(torch.as_tensor(parent), D).numpy(), want)
+        if D > 0:
+            assert not np.array_equal(dt._ancestors(parent, D - 1), want)      # too few levels: detected
+
+
+def test_top_m_ties_to_the_lower_index():
+    """top_m: the m largest by value, ties to the lower index, with and without ties (the no-tie shortcut)."""
+    from real.decode.tree_steps import top_m
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        x = torch.as_tensor(rng.integers(0, 6, size=(3, 12)).astype(np.float32) if rng.random() < 0.5
+                            else rng.normal(size=(3, 12)).astype(np.float32))
+        m = int(rng.integers(1, 12))
+        want = torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
+        assert torch.equal(top_m(x, m), want)

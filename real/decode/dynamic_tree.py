@@ -23,12 +23,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import array_api_compat
 import numpy as np
 import torch
 
 from theory import checks
 from theory.dynamic import KEYS, child_keys, select_nodes
-from theory.tree import RowTrees, row_trees
+from theory.tree import row_trees
+from theory.xp import namespace
 
 from . import rng as R
 from .steps import RoundRecord, Run, ar_step, check_finite, feed_draft, sync
@@ -146,12 +148,13 @@ def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, 
     return tok, kk, lp, q
 
 
-def grow_tree(run: Run, spec: DynamicTree, levels: int):
+def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
     """Feed the draft, then grow every image's tree: the root's children, then ``levels`` expansions of the k
     frontier nodes (one draft forward each, per-row masks over the level's own ancestors), then the best
     ``n = min(N, pool)`` nodes (``theory.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
-    parents (B, n+1) int64 (-1 at the root), node depths (B, n+1), draft rows q (B, n+1, V) (the row a node's
-    children were drawn from; uniform where it has none; None when greedy) and the draft forwards done."""
+    parents (B, n+1) int64 (-1 at the root; numpy with ``run.host``), draft rows q (B, n+1, V) (the row a node's
+    children were drawn from; uniform where it has none; None when greedy, or for the point law when not
+    ``with_q``: it never reads them) and the draft forwards done."""
     logits, hid0 = feed_draft(run)
     dev, B, k = run.dev, run.B, spec.topk
     zeros = torch.zeros(B, dtype=torch.float64, device=dev)
@@ -198,40 +201,36 @@ def grow_tree(run: Run, spec: DynamicTree, levels: int):
     if levels:
         run.draft.rollback(levels * k)
     n = min(spec.n_nodes, size)
-    sel, parent = select_nodes(torch.cat(keys, 1), torch.cat(pars, 1), n)             # (B, n), (B, n+1)
+    pool_keys, pool_parents = torch.cat(keys, 1), torch.cat(pars, 1)
+    if run.host:       # the tree's shape on the host: a few dozen entries, where numpy's calls cost least
+        sel, parent = select_nodes(pool_keys.numpy(), pool_parents.numpy(), n)             # (B, n), (B, n+1)
+        sel = torch.from_numpy(sel)
+    else:
+        sel, parent = select_nodes(pool_keys, pool_parents, n)
     tokens = torch.cat([root_tok, torch.cat(toks, 1).gather(1, sel)], 1)
-    depth = _depths(parent, levels + 1)
-    if run.proc.temperature == 0:
-        return tokens, parent, depth, None, fwd
+    if run.proc.temperature == 0 or (spec.draft_law == "point" and not with_q):
+        return tokens, parent, None, fwd       # greedy, or the point law (which never reads q) unrecorded
     V = q0.shape[-1]
     allq = torch.cat([q0[:, None]] + [r for r in qrows[1:]], 1)                        # (B, 1 + levels k, V)
     slot = torch.cat(qslot, 1).gather(1, sel)                                         # (B, n)
     slot = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=dev), slot + (slot >= 0)], 1)   # root: slot 0
     q = allq.gather(1, slot.clamp(min=0)[..., None].expand(-1, -1, V))
     q = torch.where((slot >= 0)[..., None], q, torch.full_like(q, 1.0 / V))
-    return tokens, parent, depth, q, fwd
+    return tokens, parent, q, fwd
 
 
-def _depths(parent: torch.Tensor, D: int) -> torch.Tensor:
-    """Node depths (B, n+1) from parents (B, n+1) (-1 at the root): pointer jumping over at most D levels."""
-    depth = torch.zeros_like(parent)
-    cur = parent
+def _ancestors(parent, D: int):
+    """Tree attention (B, n+1, n+1) bool: node a sees node b iff b is a or one of its ancestors (D levels); parent
+    (B, n+1) (-1 at the root), numpy or torch (array API: pointer jumping, a loop over tree levels)."""
+    xp = namespace(parent)
+    n1 = parent.shape[-1]
+    ar = xp.arange(n1, device=array_api_compat.device(parent))
+    cur = xp.broadcast_to(ar, parent.shape)
+    m = cur[..., :, None] == ar                                                # the node itself
     for _ in range(D):  # a loop over tree levels
-        live = cur >= 0
-        depth += live
-        cur = torch.where(live, parent.gather(1, cur.clamp(min=0)), cur)
-    return depth
-
-
-def _ancestors(parent: torch.Tensor, D: int) -> torch.Tensor:
-    """Tree attention (B, n+1, n+1) bool: node a sees node b iff b is a or one of its ancestors (D levels)."""
-    B, n1 = parent.shape
-    m = torch.eye(n1, dtype=torch.bool, device=parent.device).expand(B, -1, -1).clone()
-    cur = parent
-    for _ in range(D):  # a loop over tree levels
-        live = cur >= 0
-        m.scatter_(2, cur.clamp(min=0)[..., None], live[..., None] | m.gather(2, cur.clamp(min=0)[..., None]))
-        cur = torch.where(live, parent.gather(1, cur.clamp(min=0)), cur)
+        safe = xp.where(cur >= 0, cur, xp.zeros_like(cur))
+        cur = xp.where(cur >= 0, xp.take_along_axis(parent, safe, axis=-1), cur)
+        m = m | (cur[..., :, None] == ar)                                      # -1 (past the root) matches nothing
     return m
 
 
@@ -243,13 +242,20 @@ def dynamic_tree_step(run: Run, spec: DynamicTree, verifier, record: bool) -> Dy
     if Dr == 0 or spec.n_nodes == 0:
         return ar_step(run, record)
     t0 = time.perf_counter()
-    tokens, parent, depth, q, fwd = grow_tree(run, spec, Dr - 1)
+    tokens, parent, q, fwd = grow_tree(run, spec, Dr - 1, with_q=record)
     n = tokens.shape[1] - 1
+    trees = row_trees(parent, spec.topk, depth=Dr)     # children and node depths (numpy on the host)
+    depth = trees.node_depth
+    mask = _ancestors(parent, Dr)
+    if run.host:
+        dep, mask = depth, torch.from_numpy(mask)
+        pos = np.minimum(run.target.cache_lens[:, None] + run.rows(dep), run.P + run.T - 1)
+    else:
+        dep = depth.cpu().numpy()
+        pos = (torch.as_tensor(run.target.cache_lens, device=run.dev)[:, None] + run.rows(depth)).clamp(
+            max=run.P + run.T - 1)
     sync(run.dev)
     t1 = time.perf_counter()
-    cap = run.P + run.T - 1
-    pos = (torch.as_tensor(run.target.cache_lens, device=run.dev)[:, None] + run.rows(depth)).clamp(max=cap)
-    mask = _ancestors(parent, Dr)
     o = run.target.forward(run.rows(tokens), position_ids=pos, attn_mask=mask[0] if run.B == 1 else run.rows(mask),
                            return_hidden=run.feat)
     p = run.proc.rows(o.logits)                                                        # (B, n+1, V)
@@ -258,16 +264,13 @@ def dynamic_tree_step(run: Run, spec: DynamicTree, verifier, record: bool) -> Dy
     law = "point" if q is None else spec.draft_law
     qv = p if q is None else q                      # the point law never reads q
     check_finite(p) if q is None else check_finite(p, q)
-    trees = row_trees(parent, spec.topk, depth=Dr)
-    if run.host:
-        trees = RowTrees(trees.children.numpy(), trees.node_depth.numpy(), trees.depth)
     u_acc = run.rng.uniform(run.n, R.ACCEPT, (n + 1,), p.dtype)
     u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
     v = verify_tree_on(run, p, qv, tokens, u_acc, u_smp, trees, verifier, torch.as_tensor(Db, device=run.dev), law)
     tau, path = finish_tree_round(run, tokens, o.hidden, v, Dr)
-    dep = depth.cpu().numpy()
     drafted = np.where(act, ((dep[:, 1:] >= 1) & (dep[:, 1:] <= Db[:, None])).sum(1), 0)
     sync(run.dev)
+    parent = parent if isinstance(parent, np.ndarray) else parent.cpu().numpy()
     return DynamicStep(drafted, np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2, fwd,
                        depth=Db, nodes=path, p=p if record else None, q=(q if q is not None else None) if record
-                       else None, drafts=tokens if record else None, parent=parent.cpu().numpy())
+                       else None, drafts=tokens if record else None, parent=parent)

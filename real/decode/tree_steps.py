@@ -15,6 +15,7 @@ import torch
 from theory.tree import Tree, TreeVerdict, draft_without_replacement, truncate_tree, verify_tree
 
 from . import rng as R
+from .fast_verify import fast_kind, verify_tree_fast
 from .steps import (RoundRecord, Run, Step, ar_step, as_tensors, check_finite, commit, feed_draft, on_host,
                     store_hidden, sync)
 
@@ -86,6 +87,8 @@ def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     if m >= V:
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     val, idx = x.topk(m + 1, dim=-1, sorted=True)
+    if not bool((val[..., 1:] == val[..., :-1]).any()):   # no tie among the m + 1 largest: topk's order is the one
+        return idx[..., :m]
     if bool((val[..., m - 1] == val[..., m]).any()):      # which of the tied entries is in is decided by index
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     idx, val = idx[..., :m], val[..., :m]
@@ -180,8 +183,12 @@ def verify_tree_on(run: Run, p, q, tokens, u_acc, u_smp, tree, verifier, max_dep
                    ) -> TreeVerdict:
     """``theory.tree.verify_tree`` for the batch (rows p, q (B, N+1, V), node tokens (B, N+1), uniforms (B, N+1) and
     (B,), per-row depths (B,); ``tree`` a ``Tree`` or per-row ``RowTrees``), early exit, on numpy views with
-    ``run.host``; the verdict as tensors."""
+    ``run.host``; the verdict as tensors. On the host, vanilla with the point law and greedy take the closed-form
+    walk of ``real.decode.fast_verify`` (the same verdict without full-row work per candidate)."""
     p, q, tokens, u_acc, u_smp, max_depth = on_host(run, p, q, tokens, u_acc, u_smp, max_depth)
+    kind = fast_kind(verifier, draft_law) if run.host else None
+    if kind is not None:
+        return as_tensors(run, verify_tree_fast(kind, p, q, tokens, u_acc, u_smp, tree, max_depth, draft_law))
     return as_tensors(run, verify_tree(p, q, tokens, u_acc, u_smp, tree, verifier, early_exit=True, max_depth=max_depth,
                                        draft_law=draft_law))
 

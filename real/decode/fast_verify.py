@@ -1,0 +1,176 @@
+"""Lean host (numpy) tree walks for vanilla and greedy verification (docs/theory.md section 9, T5 applied
+recursively), batched over rounds: ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its generic
+array-API walk spends ~90 full-row operations per candidate tried, the price of serving every verifier).
+
+* vanilla (``theory.rules.vanilla``: f = min(1, p/q), G = Norm([p - q]_+)) with the point draft law
+  (``draft_law="point"``: the candidates are the draft's deterministic top-k, q_j = one-hot(c_j); the LANTERN
+  release's ``qx = 1``): after rejecting c_1 .. c_{j-1} the residual is p with those tokens zeroed, renormalised,
+  so candidate j is accepted iff u_j < p(c_j) / (m - S_j), with m = sum(p) and S_j = sum_{i<j} p(c_i) (a token
+  repeated among the siblings has p_res = 0: rejected, residual unchanged), and the next token after the last
+  rejection is drawn from p with every rejected sibling zeroed.
+* greedy (``theory.rules.greedy``: f = 1[x = argmax p], G = one-hot(argmax p)), any draft law: rejections leave
+  the argmax in place, so the walk follows the first child (by rank) whose token is the node's argmax and whose
+  draft row gives it positive mass (``verify_tree`` skips impossible candidates), and the next token is the argmax
+  of the last node's row after a rejection, else (a leaf, no possible candidate) a draw from it.
+
+* vanilla with candidates drawn without replacement (``draft_law="without_replacement"``, static trees and the
+  lossless dynamic trees): ``verify_tree``'s own walk (one candidate per round per step, the same operations on
+  the same rows), with the acceptance evaluated at the candidate only and the residual built only on rejection.
+
+Same verdict as ``verify_tree(..., early_exit=True)`` (greedy and without replacement: the same operations;
+vanilla with the point law: up to the rounding of the residual's normalisation, ~1 ulp of p per rejection, so a
+decision differs only when a uniform falls within that of its threshold), tested in tests/test_fast_verify.py
+against ``verify_tree``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from theory.rules import Argmax, Greedy, Residual, Vanilla
+from theory.tree import RowTrees, Tree, TreeVerdict
+from theory.xp import sample_categorical
+
+__all__ = ["fast_kind", "verify_tree_fast"]
+
+
+def fast_kind(verifier, draft_law: str) -> str | None:
+    """"vanilla", "vanilla_wr" or "greedy" when ``verify_tree_fast`` gives this verifier's verdict under
+    ``draft_law``, else None."""
+    if isinstance(verifier.accept, Greedy) and isinstance(verifier.resample, Argmax):
+        return "greedy"
+    if isinstance(verifier.accept, Vanilla) and isinstance(verifier.resample, Residual):
+        return "vanilla" if draft_law == "point" else "vanilla_wr" if draft_law == "without_replacement" else None
+    return None
+
+
+def verify_tree_fast(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
+                     u_sample: np.ndarray, tree: "Tree | RowTrees", max_depth: np.ndarray | None = None,
+                     draft_law: str = "point") -> TreeVerdict:
+    """The verdict of ``theory.tree.verify_tree`` for ``kind`` (``fast_kind``), numpy arrays: p (B, N+1, V) target
+    rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates it gives mass 0 are
+    skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), max_depth (B,) or None; ``tree`` a ``Tree``
+    (shared) or ``RowTrees`` (B, N+1, K). Returns ``TreeVerdict`` arrays (B,), (B, D), (B,), (B,)."""
+    B, N1, V = p.shape
+    D = int(tree.depth)
+    children = np.asarray(tree.children)
+    if children.ndim == 2:
+        children = np.broadcast_to(children, (B, *children.shape))
+    if kind == "vanilla_wr":
+        return _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth)
+    K = children.shape[-1]
+    rows = np.arange(B)
+    cap = np.full(B, D, np.int64) if max_depth is None else np.asarray(max_depth, np.int64)
+    node = np.zeros(B, np.int64)
+    depth = np.zeros(B, np.int64)
+    path = np.full((B, D), -1, np.int64)
+    live = np.ones(B, bool)
+    earlier = np.tri(K, K, -1, dtype=bool)                    # earlier[j, i]: sibling i is tried before j
+    res = None                                                # vanilla: the residual rows of stopped rounds
+    rejected = np.zeros(B, bool)                              # greedy: the walk ended with a rejection
+    for _ in range(D):  # a loop over tree levels: each step settles one node of every live round
+        kids = children[rows, node]                                              # (B, K)
+        has = (kids >= 0) & (live & (depth < cap))[:, None]
+        safe = np.where(has, kids, 0)
+        c = tokens[rows[:, None], safe]                                          # (B, K) candidate tokens
+        pr = p[rows, node]                                                       # (B, V) the node's row
+        if kind == "greedy":
+            valid = has if draft_law == "point" else has & (q[rows[:, None], node[:, None], c] > 0)
+            ok = valid & (c == pr.argmax(-1)[:, None])
+            rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
+        else:
+            dup = ((c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]).any(-1)
+            pc = np.where(has & ~dup, pr[rows[:, None], c], 0.0)
+            left = pr.sum(-1, keepdims=True) - (np.cumsum(pc, -1) - pc)          # mass not yet rejected
+            thr = np.where(left > 0, pc / np.where(left > 0, left, 1.0), 0.0)
+            ok = has & (u_accept[rows[:, None], safe] < thr)
+        acc = ok.any(-1)
+        first = ok.argmax(-1)                                                    # the first accepted sibling
+        if kind == "vanilla":                                                    # stopping rounds: their residual
+            stop = live & ~acc
+            if stop.any():
+                tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
+                r = pr[stop].copy()
+                cs, ts = c[stop], tried[stop]
+                r[np.nonzero(ts)[0], cs[ts]] = 0.0
+                res = (stop, r) if res is None else _merge(res, stop, r)
+        win = kids[rows, first]
+        path[rows[acc], depth[acc]] = win[acc]
+        node = np.where(acc, win, node)
+        depth = depth + acc
+        live = live & acc
+        if not live.any():
+            break
+    # the next token: the last node's row (greedy: its argmax; vanilla: the residual, or the row after a leaf)
+    last = p[rows, node]
+    if kind == "greedy":                       # after a rejection the argmax; after a leaf / no candidate a draw
+        nxt = np.where(rejected, last.argmax(-1), _sample(last, u_sample))
+    else:
+        w = last.copy()
+        if res is not None:
+            w[res[0]] = res[1]
+        empty = w.sum(-1) <= 0                  # every sibling's mass rejected (round-off only): the node's row
+        if empty.any():
+            w[empty] = last[empty]
+        nxt = _sample(w, u_sample)
+    return TreeVerdict(depth, path, nxt.astype(np.int64), node)
+
+
+def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth):
+    """Vanilla with candidates drawn without replacement: ``verify_tree``'s walk (one candidate per round per step,
+    the same operations on the same (B, V) rows, hence the same bits), with the acceptance evaluated at the
+    candidate only and the residual Norm([p_res - q_j]_+) only when a round rejects."""
+    B, N1, V = p.shape
+    K = children.shape[-1]
+    rows = np.arange(B)
+    n_kids = (children >= 0).sum(-1)                                             # (B, N+1)
+    cap = np.full(B, D, np.int64) if max_depth is None else np.asarray(max_depth, np.int64)
+    node = np.zeros(B, np.int64)
+    rank = np.zeros(B, np.int64)
+    depth = np.zeros(B, np.int64)
+    path = np.full((B, D), -1, np.int64)
+    active = np.ones(B, bool)
+    p_res = p[:, 0].copy()
+    removed = np.zeros((B, V), bool)
+    for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
+        has = active & (rank < n_kids[rows, node]) & (depth < cap)
+        if not has.any():
+            break
+        kid = np.where(has, children[rows, node, np.minimum(rank, K - 1)], 0)
+        c = tokens[rows, kid]
+        q_left = np.where(removed, 0.0, q[rows, node]).astype(p.dtype, copy=False)
+        s = q_left.sum(-1, keepdims=True)
+        q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, 1.0, s))        # Norm(q_left), 0 once exhausted
+        qc = q_j[rows, c]
+        valid = has & (qc > 0)
+        f = np.where(qc > 0, np.minimum(1.0, p_res[rows, c] / np.where(qc > 0, qc, 1.0)), 1.0)
+        acc = valid & (u_accept[rows, kid] < f)
+        rej = valid & ~acc
+        if rej.any():
+            w = p_res[rej] - q_j[rej]
+            w = np.where(w > 0, w, 0.0)
+            sw = w.sum(-1, keepdims=True)
+            p_res[rej] = np.where(sw <= 0, p_res[rej], w / np.where(sw <= 0, 1.0, sw))
+            removed[rows[rej], c[rej]] = True
+        if acc.any():
+            p_res[acc] = p[rows[acc], kid[acc]]
+            removed[acc] = False
+            path[rows[acc], depth[acc]] = kid[acc]
+        node = np.where(acc, kid, node)
+        depth = depth + acc
+        rank = np.where(acc, 0, rank + (has & ~acc))
+        active = active & has
+    return TreeVerdict(depth, path, _sample(p_res, u_sample).astype(np.int64), node)
+
+
+def _merge(res, stop, r):
+    """Residual rows of two disjoint sets of stopped rounds."""
+    m, rr = res
+    full = np.zeros((len(stop), rr.shape[-1]), rr.dtype)
+    full[m], full[stop] = rr, r
+    both = m | stop
+    return both, full[both]
+
+
+def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws from the rows w (B, V) (unnormalised, as ``theory._xp.sample_categorical``)."""
+    return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))

@@ -1,0 +1,75 @@
+"""real.decode.fast_verify: the closed-form walks give theory.tree.verify_tree's verdict (vanilla with the point
+draft law, greedy with any law, vanilla with candidates drawn without replacement), on static trees and per-round dynamic trees, with depth caps, repeated sibling
+tokens and peaked rows; a control (the greedy walk against the vanilla verdict) must be told apart."""
+import numpy as np
+import pytest
+
+from real.decode.fast_verify import fast_kind, verify_tree_fast
+from theory import rules
+from theory.tree import EAGLE_25, Tree, row_trees, verify_tree
+
+
+def _rows(rng, B, N1, V, peaked):
+    logits = rng.normal(size=(B, N1, V)) * (6.0 if peaked else 1.0)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p[rng.random(p.shape) < 0.2] = 0.0                      # exact zeros
+    p[..., 0] += 1e-3                                       # no all-zero row
+    return p / p.sum(-1, keepdims=True)
+
+
+def _case(seed, static, V):
+    rng = np.random.default_rng(seed)
+    B = 5
+    if static:
+        tree = Tree(EAGLE_25)
+        N1 = tree.n_nodes + 1
+    else:
+        N1 = int(rng.integers(2, 30))
+        parent = np.stack([np.concatenate([[-1], [rng.integers(0, a) for a in range(1, N1)]]) for _ in range(B)])
+        tree = row_trees(parent, K=N1, depth=None)
+    p = _rows(rng, B, N1, V, peaked=bool(seed % 2))
+    q = _rows(rng, B, N1, V, peaked=False)
+    tokens = rng.integers(0, V, size=(B, N1))
+    if seed % 3 == 0:                                       # candidates the target likes (long accepted paths)
+        tokens = p.argmax(-1)[np.arange(B)[:, None], np.maximum(np.arange(N1) - 1, 0)[None, :]]
+    u = rng.random((B, N1))
+    us = rng.random(B)
+    cap = rng.integers(0, tree.depth + 1, size=B) if seed % 4 == 0 else None
+    return p, q, tokens, u, us, tree, cap
+
+
+def _same(a, b):
+    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("V", [4, 50])
+def test_fast_walks_equal_verify_tree(static, V):
+    n_acc = 0
+    for seed in range(150):
+        p, q, tokens, u, us, tree, cap = _case(seed, static, V)
+        for verifier, law in ((rules.vanilla(), "point"), (rules.greedy(), "point"),
+                              (rules.greedy(), "without_replacement"), (rules.vanilla(), "without_replacement")):
+            kind = fast_kind(verifier, law)
+            ref = verify_tree(p, q, tokens, u, us, tree, verifier, early_exit=True, max_depth=cap, draft_law=law)
+            got = verify_tree_fast(kind, p, q, tokens, u, us, tree, cap, law)
+            assert _same(ref, got), (seed, kind, law, ref, got)
+            n_acc += int(np.asarray(ref.accepted).sum())
+    assert n_acc > 100          # the cases do accept candidates, at several depths
+
+
+def test_control_is_told_apart():
+    """The greedy walk against the vanilla verdict differs on these cases: the comparison above has power."""
+    diff = 0
+    for seed in range(40):
+        p, q, tokens, u, us, tree, cap = _case(seed, False, 50)
+        ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, max_depth=cap, draft_law="point")
+        diff += not _same(ref, verify_tree_fast("greedy", p, q, tokens, u, us, tree, cap, "point"))
+    assert diff >= 10
+
+
+def test_fast_kind_only_for_closed_forms():
+    assert fast_kind(rules.vanilla(), "point") == "vanilla"
+    assert fast_kind(rules.vanilla(), "without_replacement") == "vanilla_wr"
+    assert fast_kind(rules.greedy(), "without_replacement") == "greedy"
+    assert fast_kind(rules.scaled(lambda i: 2.0), "point") is None
