@@ -67,7 +67,7 @@ def limit_ratio(P, Q, F, G, repeat: int) -> dict:
         "  P, Q and init checked (check_chain)": lambda: markov.check_chain(P, Q, copy=False),
         "  F, G checked block by block, with the core": lambda: markov._round_terms_checked(P, Q, F, G, mu),
         "  (full validation pass alone, _validated)": lambda: markov._validated(P, Q, F, G, 0),
-        "  (unchecked unblocked core, round_terms_xp)": lambda: markov.round_terms_xp(P, Q, F, G, mu),
+        "  (the same core unchecked, round_terms_xp)": lambda: markov.round_terms_xp(P, Q, F, G, mu),
         "expected_accepted + tv_bound (two public calls)":
             lambda: (markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)),
     }, repeat, clock=time.thread_time)

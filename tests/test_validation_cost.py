@@ -50,13 +50,19 @@ def test_each_public_call_validates_each_table_once(monkeypatch, fn, expected):
     assert calls == expected
 
 
-def test_folded_validation_is_bit_for_bit_the_unblocked_core_and_refuses_the_last_block():
+def test_folded_validation_is_bit_for_bit_the_whole_row_expression_and_refuses_the_last_block():
     V, L = 300, 2        # three row blocks, the last one partial (300 = 2 x 128 + 44)
     P, Q, F, G = _case(V=V, L=L, seed=5)
     mu = markov.init_distribution(0, V)
     acc, terms = markov.round_terms(P, Q, F, G, 0)
     acc_xp, terms_xp = markov.round_terms_xp(P, Q, F, G, mu)
     assert np.array_equal(acc, acc_xp) and np.array_equal(terms, terms_xp)
+    v, acc_ref, terms_ref = mu, [], []          # T8 and T9 on whole rows, no blocks, no buffers
+    for i in range(L):
+        terms_ref.append(v @ markov.discrepancy(P, Q, F[i], G[i]))
+        v = v @ (Q * F[i])
+        acc_ref.append(v.sum())
+    assert np.array_equal(acc, acc_ref) and np.array_equal(terms, terms_ref)
     assert np.array_equal(markov.acceptance_probs(P, Q, F, 0), acc_xp)
     # negative controls: one bad entry in the last rows of the last position is still refused
     Fb = F.copy()

@@ -74,23 +74,51 @@ def init_distribution(init, V: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- array-API cores
 
-def _path_terms_xp(Q, F, mu, d_of=None):
+# Rows per cache block of the numpy float64 path: four (128, V) float64 blocks (F_i, G_i, the scratch, the
+# block of A_i) are 4 MiB at V = 1024, so each block is read once from memory and then worked on (and, in
+# the public calls, checked) in cache. Measured (bench_theory.py, V = 1024, L = 8, one thread): 64 / 128 /
+# 256 rows 1.04x / 1.00x / 0.98x the (unblocked) touch-once numpy work with the checks folded in; unblocked
+# validation + core 1.16-1.23x.
+_ROW_BLOCK = 128
+
+
+def _path_terms_xp(Q, F, mu, d_of=None, check=None):
     """(Pr(tau >= i), mu^T A_1 ... A_{i-1} d_i) for i = 1..L (T8, T9), A_i = Q * F_i, each (L,).
 
-    d_of(i, A_i, work) -> (V,) gives d_i from the A_i already formed (None: no path terms, an empty
-    second output); ``work`` is a (V, V) scratch array it may overwrite, or None. One A_i and one (V,) @
-    (V, V) product per position: (V, V) temporaries only, no (L, V, V). On float64 numpy input A_i and
-    the scratch live in two buffers reused across positions (same arithmetic, no fresh temporaries)."""
+    d_of(i, A, work, rows) -> d_i on the states ``rows`` (a slice) from the rows A of A_i already formed
+    (None: no path terms, an empty second output); ``work`` is a scratch array of A's shape it may
+    overwrite, or None. One A_i and one (V,) @ (V, V) product per position: (V, V) temporaries only, no
+    (L, V, V). On float64 numpy input A_i is formed in one buffer reused across positions, block of
+    ``_ROW_BLOCK`` rows by block (row-wise operations: the same bits as whole rows), and ``check(i, rows)``,
+    if given, is called on each block just before it is used, while it is in cache: False stops the pass
+    and returns None (the public calls' folded validation). Elsewhere (array API: JAX traces this) rows is
+    ``slice(None)`` and ``check`` must be None."""
     xp = namespace(Q, F, mu)
+    V = Q.shape[-1]
+    host = array_api_compat.is_numpy_namespace(xp) and Q.dtype == F.dtype == np.float64 and Q.shape == F.shape[1:]
+    if check is not None and not host:
+        raise ValueError("_path_terms_xp: check needs float64 numpy tables")
+    blocks = [slice(r, min(V, r + _ROW_BLOCK)) for r in range(0, V, _ROW_BLOCK)] if host else None
+    buf = np.empty_like(Q) if host else None
+    work = np.empty((min(V, _ROW_BLOCK), V)) if host and d_of is not None else None
+    d = np.empty(V) if host else None
     acc, terms = [], []
-    buf = work = None
-    if array_api_compat.is_numpy_namespace(xp) and Q.dtype == F.dtype == np.float64 and Q.shape == F.shape[1:]:
-        buf, work = np.empty_like(Q), (np.empty_like(Q) if d_of is not None else None)
     v = mu
     for i in range(F.shape[0]):  # loop over draft positions
-        A = Q * F[i] if buf is None else np.multiply(Q, F[i], out=buf)
-        if d_of is not None:
-            terms.append(v @ d_of(i, A, work))
+        if not host:
+            A = Q * F[i]
+            if d_of is not None:
+                terms.append(v @ d_of(i, A, None, slice(None)))
+        else:
+            for rows in blocks:  # cache blocks of rows (V / 128 of them), not states
+                if check is not None and not check(i, rows):
+                    return None
+                a = np.multiply(Q[rows], F[i, rows], out=buf[rows])
+                if d_of is not None:
+                    d[rows] = d_of(i, a, work[:a.shape[0]], rows)
+            A = buf
+            if d_of is not None:
+                terms.append(v @ d)
         v = v @ A
         acc.append(xp.sum(v))
     return xp.stack(acc), (xp.stack(terms) if terms else None)
@@ -145,7 +173,7 @@ def round_terms_xp(P, Q, F, G, mu):
     """(Pr(tau >= i), per-position terms of B) for i = 1..L in one pass over the tables (T2-T4, T8, T9):
     each A_i = Q * F_i is formed once and serves both the acceptance product and D_i. Array API, no checks."""
     xp = namespace(P, Q, F, G, mu)
-    return _path_terms_xp(Q, F, mu, lambda i, A, work: _discrepancy_of(A, P, G[i], xp, work))
+    return _path_terms_xp(Q, F, mu, lambda i, A, work, rows: _discrepancy_of(A, P[rows], G[i, rows], xp, work))
 
 
 def bound_terms_xp(P, Q, F, G, mu):
@@ -157,7 +185,7 @@ def bound_terms_optimal_xp(P, Q, F, mu):
     """Per-position terms of B with the optimal resampler G* (T6, T9): d_i = optimal_discrepancy(P, Q, F_i).
     What the optimisers minimise (no G* formed, so no division by 1 - beta in the gradient)."""
     xp = namespace(P, Q, F, mu)
-    return _path_terms_xp(Q, F, mu, lambda i, A, work: _optimal_discrepancy_of(A, P, xp))[1]
+    return _path_terms_xp(Q, F, mu, lambda i, A, work, rows: _optimal_discrepancy_of(A, P[rows], xp))[1]
 
 
 # --------------------------------------------------------------------------- public API (contract)
@@ -197,19 +225,12 @@ def tv_bound(P, Q, F, G, init) -> float:
     return float(bound_terms(P, Q, F, G, init).sum())
 
 
-# Rows per cache block of the checked numpy path: four (128, V) float64 blocks (F_i, G_i, the scratch,
-# the block of A_i) are 4 MiB at V = 1024, so each block is read once from memory and then worked on in
-# cache. Measured (bench_theory.py, V = 1024, L = 8, one thread): 64 / 128 / 256 rows 1.04x / 1.00x /
-# 0.98x the unblocked touch-once numpy work, validation included; unblocked validation + core 1.16-1.23x.
-_ROW_BLOCK = 128
-
-
 def _round_terms_checked(P, Q, F, G, mu):
-    """``round_terms_xp`` on numpy float64 tables with their validation folded in, block of rows by block
-    of rows (checks.tables_block_ok on each block just before the block is used, while it is in cache).
-    The same operations on the same rows as the unblocked core, so bit for bit its result. None when the
-    tables are not C-contiguous float64 (L, V, V) or a block is refused: the caller then validates in
-    full (which raises the detailed message) and runs the unblocked core. P, Q, mu already checked."""
+    """``round_terms_xp`` (``acceptance_probs_xp`` when G is None) on numpy float64 tables with their validation
+    folded into the pass: ``checks.tables_block_ok`` on each block of rows of F_i and G_i just before it is used
+    (``_path_terms_xp``'s ``check``). None when the tables are not C-contiguous float64 (L, V, V) or a block is
+    refused: the caller then validates in full (which raises the detailed message) and runs the core. P, Q, mu
+    already checked."""
     V = P.shape[0]
     ok = (isinstance(F, np.ndarray) and F.dtype == np.float64 and F.flags.c_contiguous and F.ndim == 3
           and F.shape[0] >= 1 and F.shape[1:] == (V, V))
@@ -219,22 +240,9 @@ def _round_terms_checked(P, Q, F, G, mu):
     if not ok:
         return None
     tol = checks.row_sum_tol(np.float64, V)
-    A, work, d = np.empty_like(Q), np.empty((_ROW_BLOCK, V)), np.empty(V)
-    acc, terms, v = [], [], mu
-    for i in range(F.shape[0]):  # loop over draft positions
-        for r0 in range(0, V, _ROW_BLOCK):  # cache blocks of rows (V / 128 of them), not states
-            r1 = min(V, r0 + _ROW_BLOCK)
-            f, g = F[i, r0:r1], (None if G is None else G[i, r0:r1])
-            if not checks.tables_block_ok(f, g, tol):
-                return None
-            a = np.multiply(Q[r0:r1], f, out=A[r0:r1])
-            if g is not None:
-                d[r0:r1] = _discrepancy_of(a, P[r0:r1], g, np, work[:r1 - r0])
-        if G is not None:
-            terms.append(v @ d)
-        v = v @ A
-        acc.append(v.sum())
-    return np.stack(acc), (np.stack(terms) if G is not None else None)
+    check = lambda i, rows: checks.tables_block_ok(F[i, rows], None if G is None else G[i, rows], tol)  # noqa: E731
+    d_of = None if G is None else (lambda i, A, work, rows: _discrepancy_of(A, P[rows], G[i, rows], np, work))
+    return _path_terms_xp(Q, F, mu, d_of, check=check)
 
 
 def round_terms(P, Q, F, G, init) -> tuple[np.ndarray, np.ndarray]:
