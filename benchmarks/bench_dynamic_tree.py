@@ -86,8 +86,9 @@ def speed(b, proc, images_b1: int, short: bool) -> list[dict]:
         conds = [i % 10 for i in range(n)]
         last = {}
         run = lambda name: last.__setitem__(name, _run(b, conds, trees[name], v, proc, B))  # noqa: E731
-        best = (interleaved_best({name: lambda name=name: run(name) for name in trees}, SHORT_REPEATS,
-                                 clock=time.thread_time) if short else {})
+        clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+        best = interleaved_best({name: lambda name=name: run(name) for name in trees}, SHORT_REPEATS,
+                                clock=clock) if short else {}
         for name in trees:
             if not short:
                 run(name)
