@@ -6,7 +6,9 @@ Python loop measured in the same run, on one core (the process is pinned to one 
   python benchmarks/bench_sim.py --short --json out.json   # numpy backend only, fewer rounds (run_all.py)
 
 The machine may be shared: compare the ratios, and read the absolute numbers together with the load
-average printed at the top.
+average printed at the top. The numpy backend and the loop (the ratio run_all.py reads) are timed interleaved
+(loop, numpy, loop, ...), each by its fastest of 5 runs in CPU time of this thread (``time.thread_time``: the
+process is single-threaded and pinned, so this is its wall time less the time slices other processes take).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import bisect  # noqa: E402
 import random  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _timing import write_ratios  # noqa: E402  (benchmarks/_timing.py)
+from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import sim  # noqa: E402
 from theory import chains, markov, rules  # noqa: E402
@@ -95,13 +97,14 @@ def main():
     F, G = markov.rule_tables(P, Q, args.L, v)
     e_tau = markov.expected_accepted(P, Q, F, 0)
 
-    r_loop = rate(lambda n: python_loop(P, Q, F, G, 0, n), args.n_loop, repeat=2)
+    best = interleaved_best({"loop": lambda: python_loop(P, Q, F, G, 0, args.n_loop),
+                             "numpy": lambda: sim.simulate(P, Q, F, G, 0, args.n, 1)}, 5, clock=time.thread_time)
+    r_loop, r_np = args.n_loop / best["loop"], args.n / best["numpy"]
     taus, _ = python_loop(P, Q, F, G, 0, args.n_loop, seed=1)
     print(f"V={args.V} L={args.L} cool-sd(2.0); exact E[tau] = {e_tau:.4f}")
     print(f"{'backend':26s} {'rounds/s':>12s} {'vs Python loop':>15s} {'mean tau':>9s}")
     print(f"{'python loop (baseline)':26s} {r_loop:12.3e} {1.0:14.1f}x {np.mean(taus):9.4f}")
 
-    r_np = rate(lambda n: sim.simulate(P, Q, F, G, 0, n, 1), args.n)
     m_np = sim.simulate(P, Q, F, G, 0, args.n, 2).accepted.mean()
     print(f"{'numpy (alias tables)':26s} {r_np:12.3e} {r_np / r_loop:14.1f}x {m_np:9.4f}")
     write_ratios(args.json, {"sim_numpy_over_loop": {
