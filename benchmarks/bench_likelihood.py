@@ -3,12 +3,15 @@
 Scoring = teacher-forced rows (``real.decode.score.teacher_forced_rows``: one target prefill, one draft
 prefill or the EAGLE drafter's L passes) plus the forward recursion (``theory.likelihood.log_likelihood``) for
 one rule; generating = ``real.decode.engine.generate`` with draft=None (plain AR) on the same images' classes, the
-same batch size, CFG 2 as the sweep runs. Reported per image (median of --repeats after a warm-up) and as the
-ratio score / generate (the issue's target: <= 1).
+same batch size, CFG 2 as the sweep runs. Reported per image and as the ratio score / generate (the issue's
+target: <= 1). Generation, the rows and each rule's recursion are timed interleaved (one call of each in turn,
+--repeats rounds, after a warm-up), each by its fastest round, in CPU time of this thread at one thread
+(``time.thread_time``: at one torch thread the work runs on the calling thread, within 1% of wall time on an idle
+core, and time slices lost to other processes on a shared machine do not count; wall time at more threads).
 
   python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json [FILE]] [--short]
 
-``--short``: one repeat of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
+``--short``: 7 repeats of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
 on stdout, ``--json FILE``: the same object written to FILE with the "ratios" benchmarks/run_all.py reads.
 """
 from __future__ import annotations
@@ -17,10 +20,11 @@ import argparse
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from _timing import median_time, write_ratios  # noqa: E402  (benchmarks/_timing.py)
+from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -48,27 +52,30 @@ def main(argv=None) -> dict:
     ap.add_argument("--short", action="store_true")
     a = ap.parse_args(argv)
     if a.short:
-        a.images, a.repeats = 20, 1
+        a.images, a.repeats = 20, 7
     if a.images < 1 or a.repeats < 1 or a.threads < 1 or a.L < 1:
         raise SystemExit("bench_likelihood: --images, --repeats, --threads and --L must be >= 1")
     torch.set_num_threads(a.threads)
     proc = Processing(cfg_scale=2.0)
     out = {"images": a.images, "batch_size": a.images, "L": a.L, "threads": a.threads, "results": []}
     rules = {"cool-sd": RULES["cool-sd"]} if a.short else RULES
+    clock = time.thread_time if a.threads == 1 else time.perf_counter
     for draft in ("eagle", "small"):
         b = build("mnist", draft=draft, num_images=a.images, seed=0)
         gen = lambda: generate(b.target, None, b.conds, num_tokens=b.num_tokens, processing=proc, seed=1,  # noqa: E731
                                batch_size=a.images)
-        t_gen = median_time(gen, a.repeats)
-        tok = torch.stack([g.tokens for g in gen()])
+        tok = torch.stack([g.tokens for g in gen()])                  # also the warm-up
         rows_fn = lambda: teacher_forced_rows(b.target, b.draft, b.conds, tok, L=a.L, processing=proc)  # noqa: E731
-        t_rows = median_time(rows_fn, a.repeats)
         rows = rows_fn()
         p, q, x = rows.p.numpy(), rows.q.numpy(), tok.numpy()
         nb = np.asarray(b.neighbors)
-        for name, (method, params) in rules.items():
-            v = tm.build(method, a.L, nb, params)
-            t_rec = median_time(lambda: log_likelihood(p, q, x, v, a.L, convention=rows.convention), a.repeats)
+        rec = {name: lambda v=tm.build(method, a.L, nb, params): log_likelihood(p, q, x, v, a.L, convention=rows.convention)
+               for name, (method, params) in rules.items()}
+        best = interleaved_best({"gen": gen, "rows": rows_fn, **{("rec", k): f for k, f in rec.items()}}, a.repeats,
+                                clock=clock)
+        t_gen, t_rows = best["gen"], best["rows"]
+        for name in rules:
+            t_rec = best["rec", name]
             out["results"].append({"draft": draft, "rule": name, "generate_ar_s_per_image": t_gen / a.images,
                                    "rows_s_per_image": t_rows / a.images, "recursion_s_per_image": t_rec / a.images,
                                    "ratio": (t_rows + t_rec) / t_gen})
