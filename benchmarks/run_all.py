@@ -38,13 +38,14 @@ BASELINE = HERE / "results" / "baseline.json"
 BENCHMARKS = {
     "theory": ("bench_theory.py", ["--short"]),
     "sim": ("bench_sim.py", ["--short"]),
-    "engine_vs_hf": ("bench_engine_vs_hf.py", ["--short", "--tokens", "256", "--repeats", "3", "--threads", "1"]),
+    "engine_vs_hf": ("bench_engine_vs_hf.py", ["--short", "--tokens", "256", "--repeats", "10", "--threads", "1"]),
     "batch": ("bench_batch.py", ["--short"]),
     "sweep_ranks": ("bench_sweep_ranks.py", ["--short"]),
     "likelihood": ("bench_likelihood.py", ["--short"]),
     "dynamic_tree": ("bench_dynamic_tree.py", ["--short"]),
 }
 TIMEOUT_S = 600
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # tolerance = max(SPREAD_FACTOR x (max - min) over the runs, REL_FLOOR x value). The range of three runs is
 # about 1.7 standard deviations on average and timings on a shared machine are heavy-tailed: at 1.5 ranges
 # the theory pair ratio (baseline runs 1.48-1.55) was flagged at 1.69 on the next run, unchanged code
@@ -88,7 +89,9 @@ def run_one(name: str) -> tuple[str, dict | None, float, str]:
         return "skipped", None, 0.0, f"benchmarks/{script} is absent"
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "ratios.json"
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # one BLAS/OpenMP thread unless set (the benchmarks time one thread; the 2-rank sweep sets its own)
+        env = {**{k: "1" for k in THREAD_VARS}, **os.environ,
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         t0 = time.perf_counter()
         try:
             r = subprocess.run([sys.executable, str(path), *args, "--json", str(out)], cwd=ROOT, env=env,
