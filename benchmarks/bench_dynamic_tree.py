@@ -52,7 +52,7 @@ RULES = {"vanilla": ("vanilla", {}), "lantern++ lambda=2": ("lantern++", {"lambd
          "cool-sd delta=4": ("cool-sd", {"delta": 4})}
 
 
-SHORT_REPEATS = 5
+SHORT_REPEATS = 8
 
 
 def _trees(short: bool) -> dict:
