@@ -35,6 +35,15 @@ def interleaved_best(fns: dict, repeat: int, clock=time.perf_counter) -> dict:
     return best
 
 
+def single_thread_clock():
+    """The clock for timing torch work in this process: ``time.thread_time`` (CPU time of the calling thread) at one
+    torch thread, where the work runs on the calling thread (within 1% of wall time on an idle core) and the time
+    slices other processes take on a shared machine do not count; ``time.perf_counter`` (wall) at more threads,
+    whose work one thread's CPU time would not see. Call it after ``torch.set_num_threads``."""
+    import torch
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
 def write_ratios(path: str | None, ratios: dict, extra: dict | None = None) -> None:
     """Write {"ratios": {name: {"value": float, "better": "higher" | "lower", "what": str}}} as JSON to ``path``
     (atomically; nothing when ``path`` is None): what ``--json`` of each ratio benchmark produces and

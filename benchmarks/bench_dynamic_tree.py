@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
+from _timing import interleaved_best, single_thread_clock, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -86,9 +86,8 @@ def speed(b, proc, images_b1: int, short: bool) -> list[dict]:
         conds = [i % 10 for i in range(n)]
         last = {}
         run = lambda name: last.__setitem__(name, _run(b, conds, trees[name], v, proc, B))  # noqa: E731
-        clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
         best = interleaved_best({name: lambda name=name: run(name) for name in trees}, SHORT_REPEATS,
-                                clock=clock) if short else {}
+                                clock=single_thread_clock()) if short else {}
         for name in trees:
             if not short:
                 run(name)

@@ -31,7 +31,7 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # run from a checkout, installed or not
 
-from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
+from _timing import interleaved_best, single_thread_clock, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import torch  # noqa: E402
 
@@ -106,7 +106,7 @@ def part1(args):
     fns = {"hf": hf_logged, "adapter": ours(HFCausalLM(tgt), HFCausalLM(drf), False),
            "fast": ours(FastLlama.from_hf(tgt), FastLlama.from_hf(drf), True)}
     (tok_hf, n_hf, _), (tok_ad, n_ad, _), (tok_fa, n_fa, _) = [fn() for fn in fns.values()]     # warm-up, outputs
-    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    clock = single_thread_clock()
     best = interleaved_best(fns, args.repeats, clock=clock)
     t_hf, t_ad, t_fa = best["hf"], best["adapter"], best["fast"]
     share = statistics.median(shares)

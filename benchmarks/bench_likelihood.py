@@ -20,11 +20,10 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
+from _timing import interleaved_best, single_thread_clock, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -59,7 +58,7 @@ def main(argv=None) -> dict:
     proc = Processing(cfg_scale=2.0)
     out = {"images": a.images, "batch_size": a.images, "L": a.L, "threads": a.threads, "results": []}
     rules = {"cool-sd": RULES["cool-sd"]} if a.short else RULES
-    clock = time.thread_time if a.threads == 1 else time.perf_counter
+    clock = single_thread_clock()
     for draft in ("eagle", "small"):
         b = build("mnist", draft=draft, num_images=a.images, seed=0)
         gen = lambda: generate(b.target, None, b.conds, num_tokens=b.num_tokens, processing=proc, seed=1,  # noqa: E731
