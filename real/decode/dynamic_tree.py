@@ -132,18 +132,21 @@ def _gumbel(run: Run, shape, level: int) -> torch.Tensor:
 
 def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, level: int):
     """Children of nodes with draft logits lg (R, ..., V) (R model rows), keys and path log-probabilities (B, ...)
-    float64 -> tokens (B, ..., k), keys (B, ..., k), log-probabilities (B, ..., k), processed rows q (B, ..., V)."""
+    float64 -> tokens (B, ..., k), keys (B, ..., k), log-probabilities (B, ..., k), processed rows q (B, ..., V).
+    Greedy and release keys are the path log-probabilities: given one tensor for both, one tensor is returned."""
     k = spec.topk
     if run.proc.temperature == 0:            # greedy: log-softmax of the guided logits (the release's scores)
         ls = torch.log_softmax(run.proc.rows(lg, combined=True).double(), -1)
         tok = top_m(ls, k)
         val = ls.gather(-1, tok)
-        return tok, key[..., None] + val, logp[..., None] + val, None
+        kv = key[..., None] + val
+        return tok, kv, kv if logp is key else logp[..., None] + val, None
     q = run.proc.rows(lg)
     if spec.sampling == "release":           # deterministic top-k by cumulative draft log-probability
         tok = top_m(q, k)
         val = q.gather(-1, tok).double().log()
-        return tok, key[..., None] + val, logp[..., None] + val, q
+        kv = key[..., None] + val
+        return tok, kv, kv if logp is key else logp[..., None] + val, q
     tok, kk, lp = child_keys(key, logp, q.double(), _gumbel(run, q.shape[1:], level), k)
     return tok, kk, lp, q
 
@@ -160,19 +163,22 @@ def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
     zeros = torch.zeros(B, dtype=torch.float64, device=dev)
     root_tok = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])     # (B, 1)
     tok, key, logp, q0 = _children(run, spec, logits, zeros, zeros, 0)               # (B, k)
-    toks, keys, pars, qrows = [tok], [key], [torch.full((B, k), -1, dtype=torch.long, device=dev)], [q0]
+    toks, keys, qrows = [tok], [key], [q0]
+    want_q = not (run.proc.temperature == 0 or (spec.draft_law == "point" and not with_q))
     qslot = [torch.arange(k, device=dev).expand(B, -1) if levels else  # draft row of each pool node (-1: none)
              torch.full((B, k), -1, dtype=torch.long, device=dev)]
     front = torch.arange(k, device=dev).expand(B, -1)           # (B, k) pool indices of the frontier
+    fronts = []                                                 # the expanded frontiers (their k children each)
     fhid = hid0[:, None].expand(-1, k, -1) if run.feat else None
     anc = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)  # the frontier's ancestors among fed entries
     eye = torch.eye(k, dtype=torch.bool, device=dev)
+    eyes = eye.expand(B, -1, -1)
     cap = run.d_off + run.T - 1
     root_pos = run.rows(run.d_off + run.n - 1)
     fwd, size = 1, k
     for i in range(levels):  # one draft forward per level (a loop over at most `depth` levels)
         pos = np.repeat(np.minimum(root_pos + 1 + i, cap)[:, None], k, 1)
-        mask = torch.cat([anc, eye.expand(B, -1, -1)], -1)                        # (B, k, F + k)
+        mask = torch.cat([anc, eyes], -1)                                         # (B, k, F + k)
         mask = mask[0] if B == 1 else run.rows(mask)           # one image: the (S, K) mask every model takes
         x = run.rows(tok)
         if run.feat:
@@ -182,33 +188,40 @@ def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
         fwd += 1
         ctok, ckey, clogp, q = _children(run, spec, o.logits, key, logp, i + 1)      # (B, k, k)
         base = size
-        toks.append(ctok.reshape(B, -1))
-        keys.append(ckey.reshape(B, -1))
-        pars.append(front[:, :, None].expand(-1, -1, k).reshape(B, -1))
-        qslot.append(torch.full((B, k * k), -1, dtype=torch.long, device=dev))
-        qrows.append(q)
+        fronts.append(front)
+        same = clogp is ckey                                    # greedy / release: keys = log-probabilities
+        ctok, ckey = ctok.reshape(B, -1), ckey.reshape(B, -1)
+        toks.append(ctok)
+        keys.append(ckey)
+        if want_q:
+            qslot.append(torch.full((B, k * k), -1, dtype=torch.long, device=dev))
+            qrows.append(q)
         size += k * k
         if i + 1 < levels:                                      # the next frontier: the k best of the k^2
-            best = top_m(ckey.reshape(B, -1), k)                                    # (B, k)
+            best = top_m(ckey, k)                                                   # (B, k)
             out = best // k                                                         # their parents' frontier slot
-            tok, key, logp = (a.reshape(B, -1).gather(1, best) for a in (ctok, ckey, clogp))
+            tok, key = ctok.gather(1, best), ckey.gather(1, best)
+            logp = key if same else clogp.reshape(B, -1).gather(1, best)
             front = base + best
-            qslot[-1].scatter_(1, best, (1 + i) * k + torch.arange(k, device=dev).expand(B, -1))
+            if want_q:
+                qslot[-1].scatter_(1, best, (1 + i) * k + torch.arange(k, device=dev).expand(B, -1))
             if run.feat:
                 fhid = o.hidden.gather(1, run.rows(out)[..., None].expand(-1, -1, o.hidden.shape[-1]))
             prev = anc.gather(1, out[..., None].expand(-1, -1, anc.shape[-1]))
-            anc = torch.cat([prev, torch.nn.functional.one_hot(out, k).bool()], -1)
+            anc = torch.cat([prev, eye[out]], -1)
     if levels:
         run.draft.rollback(levels * k)
     n = min(spec.n_nodes, size)
-    pool_keys, pool_parents = torch.cat(keys, 1), torch.cat(pars, 1)
+    pool_keys = torch.cat(keys, 1)
+    pool_parents = torch.cat([torch.full((B, k), -1, dtype=torch.long, device=dev)]
+                             + [f.repeat_interleave(k, dim=1) for f in fronts], 1)    # each child's parent
     if run.host:       # the tree's shape on the host: a few dozen entries, where numpy's calls cost least
         sel, parent = select_nodes(pool_keys.numpy(), pool_parents.numpy(), n)             # (B, n), (B, n+1)
         sel = torch.from_numpy(sel)
     else:
         sel, parent = select_nodes(pool_keys, pool_parents, n)
     tokens = torch.cat([root_tok, torch.cat(toks, 1).gather(1, sel)], 1)
-    if run.proc.temperature == 0 or (spec.draft_law == "point" and not with_q):
+    if not want_q:
         return tokens, parent, None, fwd       # greedy, or the point law (which never reads q) unrecorded
     V = q0.shape[-1]
     allq = torch.cat([q0[:, None]] + [r for r in qrows[1:]], 1)                        # (B, 1 + levels k, V)

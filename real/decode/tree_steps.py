@@ -96,19 +96,20 @@ def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     return idx.gather(-1, torch.argsort(val.gather(-1, o), dim=-1, descending=True, stable=True))
 
 
-def draft_tree(run: Run, plan: TreePlan):
+def draft_tree(run: Run, plan: TreePlan, with_q: bool = True):
     """Feed the draft, then draft the tree level by level (one draft forward per level below the root).
     A node's children: a draw without replacement from its processed row (temperature > 0, lossless), or
     its top-m tokens by guided logits (temperature 0, as EAGLE; ties to the lower token id), the draft
     row then being uniform over them. Returns node tokens (B, N+1) (root at 0), draft rows q (B, N+1, V)
-    (uniform at leaves: unused by the verifier), draft forwards done."""
+    (uniform at leaves: unused by the verifier; None when greedy and not ``with_q``: the greedy walk over distinct
+    top-m candidates never needs them), draft forwards done."""
     logits, hid0 = feed_draft(run)
     dev, B, N = run.dev, run.B, plan.tree.n_nodes
     V = logits.shape[-1]
     greedy = run.proc.temperature == 0
     tokens = torch.empty(B, N + 1, dtype=torch.long, device=dev)
     tokens[:, 0] = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])[:, 0]
-    q = torch.full((B, N + 1, V), 1.0 / V, dtype=run.proc.dtype, device=dev)
+    q = None if greedy and not with_q else torch.full((B, N + 1, V), 1.0 / V, dtype=run.proc.dtype, device=dev)
     hid = hid0.new_empty((hid0.shape[0], N + 1, hid0.shape[-1])) if run.feat else None
     cap = run.d_off + run.T - 1
     root = run.rows(run.d_off + run.n - 1)          # (R,) the root's draft element (its position)
@@ -136,7 +137,7 @@ def draft_tree(run: Run, plan: TreePlan):
             noise = _exponential(run, lv.offset, rows.shape[1:])
             draws = draft_without_replacement(rows, lv.K, exponential=noise)            # (B, k, K)
         tokens[:, lv.kids] = draws.reshape(B, -1)[:, lv.draw]          # index gathers only: no device sync
-    if greedy:   # draft rows uniform over each node's drafted children (q only marks the candidates)
+    if greedy and with_q:   # draft rows uniform over each node's drafted children (q only marks the candidates)
         ind = torch.zeros((B, N + 1, V), dtype=run.proc.dtype, device=dev)
         par = torch.as_tensor(plan.tree.parent[1:], device=dev)[None, :].expand(B, -1)
         ind[torch.arange(B, device=dev)[:, None], par, tokens[:, 1:]] = 1.0
@@ -157,7 +158,9 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     plan = run.plans[Dr]
     N = plan.tree.n_nodes
     t0 = time.perf_counter()
-    tokens, q, fwd = draft_tree(run, plan)
+    # greedy verified by the host walk reads no draft rows: its candidates (distinct top-m tokens) all have mass
+    lean = not record and run.host and run.proc.temperature == 0 and fast_kind(verifier, "point") == "greedy"
+    tokens, q, fwd = draft_tree(run, plan, with_q=not lean)
     sync(run.dev)
     t1 = time.perf_counter()
     pos = run.positions(run.target, plan.depth, run.P + run.T - 1)
@@ -165,10 +168,11 @@ def tree_step(run: Run, tree: Tree, verifier, record: bool) -> Step:
     p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
     sync(run.dev)
     t2 = time.perf_counter()
-    check_finite(p, q)
+    check_finite(p) if q is None else check_finite(p, q)
     u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
     u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    v = verify_tree_on(run, p, q, tokens, u_acc, u_smp, plan.tree, verifier, torch.as_tensor(Db, device=run.dev))
+    v = verify_tree_on(run, p, p if q is None else q, tokens, u_acc, u_smp, plan.tree, verifier,
+                       torch.as_tensor(Db, device=run.dev), "point" if q is None else "without_replacement")
     tau, path = finish_tree_round(run, tokens, o.hidden, v, Dr)
     if plan.n_fed:
         run.draft.rollback(plan.n_fed)

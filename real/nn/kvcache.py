@@ -31,6 +31,8 @@ __all__ = ["KVCache", "CachedRows", "row_counts", "common_len"]
 
 def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
     """An int or a length-``rows`` sequence of non-negative ints -> int64 array (rows,)."""
+    if type(n) is int and n >= 0:           # the common call (the engine's tree rollbacks): no array checks
+        return np.full(rows, n, np.int64)
     a = np.asarray(n)
     if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{name} must be an int or an integer array of {rows} rows, got {n!r}")

@@ -65,8 +65,9 @@ def _signature(w: torch.Tensor) -> tuple:
 
 
 def _entry(ws: tuple) -> list:
-    """The cache entry of the weights ws ((out_i, in) each): their concatenation along out and (filled by
-    ``linear`` at first use) its oneDNN-packed copy, cached for the current ``inference_weights`` scope and rebuilt
+    """The cache entry of the weights ws ((out_i, in) each): [weak refs, signatures, their concatenation along out,
+    its oneDNN-packed copy (filled by ``linear`` at first use), whether all are ``nn.Parameter``s, whether oneDNN
+    can multiply them (float32 on CPU, ``_ONEDNN``)], cached for the current ``inference_weights`` scope and rebuilt
     whenever one of them changed within it (torch's version counter, storage, dtype, shape or strides)."""
     key = tuple(map(id, ws))
     e = _CACHE.get(key)
@@ -78,7 +79,9 @@ def _entry(ws: tuple) -> list:
             return e
     drop = lambda _, key=key: _CACHE.pop(key, None)  # noqa: E731  (ids may be reused once a weight dies)
     cat = ws[0].detach() if len(ws) == 1 else torch.cat([w.detach() for w in ws])
-    e = _CACHE[key] = [tuple(weakref.ref(w, drop) for w in ws), tuple(map(_signature, ws)), cat, None]
+    e = _CACHE[key] = [tuple(weakref.ref(w, drop) for w in ws), tuple(map(_signature, ws)), cat, None,
+                       all(isinstance(t, nn.Parameter) for t in ws),
+                       _ONEDNN and cat.dtype is torch.float32 and cat.device.type == "cpu"]
     return e
 
 
@@ -98,22 +101,21 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
         ws = (w,)
     else:
         ws = w
-    if (not _inference(x, b, *ws) or torch.compiler.is_compiling()
-            or not all(isinstance(t, nn.Parameter) for t in ws)):
-        if len(ws) == 1:
-            return F.linear(x, ws[0], b)
-        if b is not None:
-            return F.linear(x, torch.cat(ws), b)
-        return torch.cat([F.linear(x, t) for t in ws], -1)
-    e = _entry(ws)
-    cat = e[2]
-    if _ONEDNN and x.dtype is torch.float32 and cat.dtype is torch.float32 and x.device.type == "cpu":
-        n = cat.numel()
-        if n > ONEDNN_MIN_WEIGHT or x.numel() // cat.shape[1] * n >= ONEDNN_MIN_MACS:
-            if e[3] is None:
-                e[3] = torch.ops.mkldnn._reorder_linear_weight(cat)
-            return _onednn_linear(x, e[3], b, "none", [], "")
-    return F.linear(x, cat, b)
+    if _SCOPE and (not torch.is_grad_enabled() or _inference(x, b, *ws)) and not torch.compiler.is_compiling():
+        e = _entry(ws)
+        if e[4]:                            # nn.Parameters: the cached concatenation (and packed copy)
+            cat = e[2]
+            if e[5] and x.dtype is torch.float32 and (
+                    cat.numel() > ONEDNN_MIN_WEIGHT or x.numel() // cat.shape[1] * cat.numel() >= ONEDNN_MIN_MACS):
+                if e[3] is None:
+                    e[3] = torch.ops.mkldnn._reorder_linear_weight(cat)
+                return _onednn_linear(x, e[3], b, "none", [], "")
+            return F.linear(x, cat, b)
+    if len(ws) == 1:
+        return F.linear(x, ws[0], b)
+    if b is not None:
+        return F.linear(x, torch.cat(ws), b)
+    return torch.cat([F.linear(x, t) for t in ws], -1)
 
 
 class HeadGeometry:
@@ -192,10 +194,12 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     if not rot.is_complex():
         rot = complex_rope(rot)
     r = rot[:, :, None] if rot.ndim == 3 else rot[None, :, None]
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    f32 = x.dtype is torch.float32
+    xs = (x if f32 else x.float()).reshape(*x.shape[:-1], -1, 2)
     if xs.stride(-1) != 1 or any(st % 2 for st in xs.stride()[:-1]):
         xs = xs.contiguous()
-    return torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3).type_as(x)
+    y = torch.view_as_real(torch.view_as_complex(xs) * r).flatten(3)
+    return y if f32 else y.type_as(x)
 
 
 def rope_qkv(qkv: torch.Tensor, rot: torch.Tensor, n_head: int, n_kv: int):
