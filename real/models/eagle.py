@@ -31,7 +31,7 @@ from torch import nn
 
 from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from real.nn.blocks import EAGER
-from real.nn.layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d
+from real.nn.layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d, scoped
 from real.nn.kvcache import CachedRows, KVCache
 from real.protocol import ModelOutput, Placed
 
@@ -113,15 +113,19 @@ class _Layer(nn.Module):
         hidden). With ``cache`` the block's keys/values go into layer i's slots (inference); without, causal
         attention over x (training). Norm, fused q/k/v projection and RoPE: ``real.nn.blocks.block_pre`` (no norm in
         layer 0); attention output, residual and SwiGLU: ``real.nn.blocks.block_post``."""
-        a = self.self_attn
-        ln = getattr(self, "input_layernorm", None)
-        q, k, v = self.fns.pre(x, rot, None if ln is None else ln.weight, 0.0 if ln is None else ln.eps, a.wqkv(),
-                               a.nh, a.nkv)
+        ln_w, eps0, wqkv, nh, nkv, wo, n_w, eps, mlp = scoped(self, self._weights)
+        q, k, v = self.fns.pre(x, rot, ln_w, eps0, wqkv, nh, nkv)
         if cache is not None:
             k, v = cache.update(i, k, v)
-        n = self.post_attention_layernorm
-        return self.fns.post(x, q, k, v, mask, a.o_proj.weight, n.weight, n.eps, *self.mlp.weights(),
-                             cache is None)
+        return self.fns.post(x, q, k, v, mask, wo, n_w, eps, *mlp, cache is None)
+
+    def _weights(self) -> tuple:
+        """(input norm weight or None, its eps, q/k/v weights, heads, kv heads, o weight, post-attention norm weight,
+        its eps, SwiGLU weights): what ``forward`` passes to the block functions."""
+        a, n = self.self_attn, self.post_attention_layernorm
+        ln = self._modules.get("input_layernorm")
+        return (None if ln is None else ln.weight, 0.0 if ln is None else ln.eps, a.wqkv(), a.nh, a.nkv,
+                a.o_proj.weight, n.weight, n.eps, self.mlp.weights())
 
 
 class EagleDrafter(Placed, CachedRows, nn.Module):
@@ -183,12 +187,17 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits over the image vocabulary from drafter features (target head, frozen)."""
+        w, b = scoped(self, self._head_weights)
+        if torch.is_grad_enabled():         # training the drafter: no gradient into the target's head
+            w, b = w.detach(), (None if b is None else b.detach())
+        out = linear(hidden if hidden.dtype == w.dtype else hidden.to(w.dtype), w, b)
+        return out if out.dtype == torch.float32 else out.float()
+
+    def _head_weights(self) -> tuple:
         lin = self._head[0]
         w = lin.weight if self._head_index is None else lin.weight[self._head_index]
         b = lin.bias if (lin.bias is None or self._head_index is None) else lin.bias[self._head_index]
-        if torch.is_grad_enabled():         # training the drafter: no gradient into the target's head
-            w, b = w.detach(), (None if b is None else b.detach())
-        return linear(hidden.to(w.dtype), w, b).float()
+        return w, b
 
     def _rope(self, zero_rows: int) -> torch.Tensor:
         if self.rope is None or self._zero_rows != zero_rows or self.rope.device != self.device:

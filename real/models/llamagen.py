@@ -28,7 +28,7 @@ from torch import nn
 from real.nn.blocks import EAGER
 from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from real.nn.kvcache import CachedRows, KVCache
-from real.nn.layers import (HeadGeometry, RMSNorm, SwiGLU, gqa_heads, complex_rope, linear, rms_norm, rope_qkv,
+from real.nn.layers import (HeadGeometry, RMSNorm, SwiGLU, gqa_heads, complex_rope, linear, rms_norm, rope_qkv, scoped,
                              rope_table_2d)
 from real.protocol import Caption, ModelOutput, Placed, as_conds
 
@@ -158,12 +158,18 @@ class Block(nn.Module):
     def forward(self, x, rot, mask, cache=None, i=0):
         """Pre-norm attention + SwiGLU residual block (``real.nn.blocks.block_pre`` / ``block_post``, compilable):
         x (B, S, dim) -> (B, S, dim); rot, mask, cache, i as ``Attention.forward``."""
-        a, n = self.attention, self.ffn_norm
-        an = self.attention_norm
-        q, k, v = self.fns.pre(x, rot, an.weight, an.eps, a.wqkv.weight, a.n_head, a.n_kv)
+        an_w, an_eps, wqkv, nh, nkv, wo, n_w, eps, ff = scoped(self, self._weights)
+        q, k, v = self.fns.pre(x, rot, an_w, an_eps, wqkv, nh, nkv)
         if cache is not None:
             k, v = cache.update(i, k, v)
-        return self.fns.post(x, q, k, v, mask, a.wo.weight, n.weight, n.eps, *self.feed_forward.weights())
+        return self.fns.post(x, q, k, v, mask, wo, n_w, eps, *ff)
+
+    def _weights(self) -> tuple:
+        """(attention norm weight, eps, wqkv weight, heads, kv heads, wo weight, ffn norm weight, eps, SwiGLU
+        weights): what ``forward`` passes to the block functions."""
+        a, n, an = self.attention, self.ffn_norm, self.attention_norm
+        return (an.weight, an.eps, a.wqkv.weight, a.n_head, a.n_kv, a.wo.weight, n.weight, n.eps,
+                self.feed_forward.weights())
 
 
 class LabelEmbedder(nn.Module):
