@@ -208,12 +208,14 @@ class KVCache:
         if (counts > k).any() or (used & ((idx < 0) | (idx >= span[:, None]))).any():
             raise ValueError(f"keep: indices must lie in [0, block length {span.tolist()}) and counts <= {k}")
         if k and not (np.where(used, idx, np.arange(k)) == np.arange(k)).all():   # else: already in place
-            dev = self.k[0].device
-            base = torch.as_tensor(self.block_start, device=dev)[:, None]
-            src = base + torch.as_tensor(np.where(used, idx, 0), device=dev)
-            dst = base + torch.arange(k, device=dev)
-            L2, _, H, _, hd = self.kv.shape
-            e = lambda t: t[None, :, None, :, None].expand(L2, -1, H, -1, hd)  # noqa: E731
-            src, dst = e(src), e(dst)
-            self.kv.scatter_(3, dst, self.kv.gather(3, src))     # gather first: a copy, so overlaps are safe
+            dev = self.kv.device
+            src = self.block_start[:, None] + np.where(used, idx, 0)                 # (R, k) slots to keep
+            s0 = int(self.block_start[0])
+            if (src == src[0]).all() and (self.block_start == s0).all():   # every row keeps the same slots (CFG)
+                self.kv[:, :, :, s0:s0 + k] = self.kv.index_select(3, torch.as_tensor(src[0], device=dev))
+            else:          # per row: (R, slots, 2 layers, heads, hd) view; the gather is a copy, so overlaps are safe
+                v = self.kv.permute(1, 3, 0, 2, 4)
+                r = torch.arange(self.rows, device=dev)[:, None]
+                dst = torch.as_tensor(self.block_start[:, None] + np.arange(k), device=dev)
+                v[r, dst] = v[r, torch.as_tensor(src, device=dev)]
         self.lens = self.block_start + counts
