@@ -97,7 +97,7 @@ class Run:
         k = self.proc.batch
         if k == 1:
             return x
-        return np.tile(x, (k,) + (1,) * (x.ndim - 1)) if isinstance(x, np.ndarray) else x.repeat(k, *([1] * (x.ndim - 1)))
+        return np.concatenate([x] * k) if isinstance(x, np.ndarray) else torch.cat([x] * k)   # (not repeat/tile: 5x slower)
 
     def positions(self, model, offsets: np.ndarray, cap: int) -> np.ndarray:
         """(R, S) absolute positions: each row's cache length + offsets (S,), clamped to ``cap`` (the
