@@ -116,6 +116,10 @@ def test_row_trees_match_brute_force(seed):
                 a, d = parent[r, a], d + 1
             assert t.node_depth[r, n] == d
     assert t.depth == int(t.node_depth.max())
+    given_d = row_trees(parent, K, depth=t.depth, node_depth=t.node_depth)   # the engine passes the depths it built
+    assert np.array_equal(given_d.children, t.children) and np.array_equal(given_d.node_depth, t.node_depth)
+    with pytest.raises(ValueError, match="node_depth must have the shape"):
+        row_trees(parent, K, node_depth=t.node_depth[:, 1:])
 
 
 def test_row_trees_reduce_to_the_static_walk_and_prediction():
@@ -223,6 +227,26 @@ def test_greedy_dynamic_equals_plain_greedy_at_every_batch_size(llamagen, kind, 
             assert torch.equal(out, ref), (spec, B)
             accepted = max(accepted, max(r.accepted for g in gens for r in g.rounds))
     assert kind == "eagle" or accepted >= 2      # the trees were used (the random EAGLE drafter rarely hits)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grown_tree_depths_are_the_pointer_jumped_depths(llamagen, monkeypatch, temperature):
+    """grow_tree hands its node depths to row_trees (no pointer jumping): on every round of a batched run, to the
+    last (truncated) rounds of each image, they equal the depths the parent pointers give."""
+    from real.decode import dynamic_tree as DT
+
+    orig, seen = DT.row_trees, []
+
+    def check(parent, K, depth=None, node_depth=None):
+        assert np.array_equal(np.asarray(node_depth), np.asarray(orig(parent, K, depth=depth).node_depth))
+        seen.append(int(np.asarray(node_depth).max()))
+        return orig(parent, K, depth=depth, node_depth=node_depth)
+
+    monkeypatch.setattr(DT, "row_trees", check)
+    t, d = llamagen
+    _generate(t, d, [1, 4, 6], 20, rules.greedy() if temperature == 0 else rules.vanilla(),
+              DynamicTree(total=9, depth=2, topk=3), Processing(temperature=temperature, cfg_scale=3.0), batch_size=3)
+    assert len(seen) > 3 and max(seen) == 3 and min(seen) < 3     # full-depth rounds and truncated ones
 
 
 # --------------------------------------------------------------------------- engine: the law (chi-square)

@@ -148,32 +148,46 @@ class RowTrees:
         return int(self.children.shape[-2]) - 1
 
 
-def row_trees(parent: Array, K: int, depth: int | None = None) -> RowTrees:
+def row_trees(parent: Array, K: int, depth: int | None = None, node_depth: Array | None = None) -> RowTrees:
     """``RowTrees`` from per-round parent pointers ``parent`` (..., N+1) int (entry 0: -1, the root; parent[a] < a),
-    children ranked by node index (K: most children a node may have). Node depths by pointer jumping (a loop over
-    at most N levels); children by matching (parent, sibling rank): O(N^2 K) per round, no scatter (array API)."""
+    children ranked by node index (K: most children a node may have; a node's children past the K-th are dropped).
+    ``depth``: the walk's bound (default: the largest node depth). Node depths by pointer jumping (a loop over the
+    tree's levels); children by a stable sort of the nodes by parent:
+    node p's children are the ``counts[p]`` nodes from its group's start. Array API only (no scatter).
+    ``node_depth`` (..., N+1): the depths when the caller built the tree level by level and knows them (no pointer
+    jumping)."""
     xp = namespace(parent)
     dev = array_api_compat.device(parent)
     parent = xp.astype(parent, xp.int64)
     N1 = parent.shape[-1]
+    lead = parent.shape[:-1]
     ar = xp.arange(N1, device=dev)
-    same = parent[..., :, None] == parent[..., None, :]                          # (..., a, b): siblings (or both root)
-    before = ar[None, :] < ar[:, None]                                           # b < a
-    rank = xp.sum(xp.astype(same & before, xp.int64), axis=-1)                   # (..., N+1) sibling rank
-    node_depth = xp.zeros_like(parent)
-    cur = parent
-    for _ in range(N1):  # pointer jumping: one step per tree level (at most N)
-        live = cur >= 0
-        if not bool(xp.any(live)):
-            break
-        node_depth = node_depth + xp.astype(live, xp.int64)
-        cur = _parent_of(parent, cur, xp)
+    if node_depth is not None:
+        if tuple(node_depth.shape) != tuple(parent.shape):
+            raise ValueError(f"row_trees: node_depth must have the shape of parent {tuple(parent.shape)}, "
+                             f"got {tuple(node_depth.shape)}")
+        node_depth = xp.astype(node_depth, xp.int64)
+    else:
+        node_depth = xp.zeros_like(parent)
+        cur = parent
+        for _ in range(N1):  # pointer jumping: one step per tree level (at most N)
+            live = cur >= 0
+            if not bool(xp.any(live)):
+                break
+            node_depth = node_depth + xp.astype(live, xp.int64)
+            cur = _parent_of(parent, cur, xp)
     ar_K = xp.arange(K, device=dev)
-    match = (parent[..., None, None, :] == ar[:, None, None]) & (rank[..., None, None, :] == ar_K[None, :, None]) \
-        & (ar[None, None, :] > 0)                                                  # (..., N+1 node, K, N+1 a)
-    has = xp.any(match, axis=-1)
-    kid = xp.astype(xp.argmax(xp.astype(match, xp.int64), axis=-1), xp.int64)
-    children = xp.where(has, kid, xp.full_like(kid, -1))
+    par = parent[..., 1:]                                                        # (..., N) the drafted nodes' parents
+    counts = xp.sum(xp.astype(par[..., None, :] == ar[:, None], xp.int64), axis=-1)     # (..., N+1) children per node
+    if N1 == 1:
+        children = xp.full((*lead, 1, K), -1, dtype=xp.int64, device=dev)
+    else:
+        order = xp.astype(xp.argsort(par, axis=-1, stable=True), xp.int64) + 1   # nodes grouped by parent, by index
+        idx = (xp.cumulative_sum(counts, axis=-1) - counts)[..., :, None] + ar_K  # (..., N+1, K) slots in `order`
+        valid = ar_K < counts[..., :, None]
+        idx = xp.where(valid, idx, xp.zeros_like(idx))
+        kid = xp.reshape(xp.take_along_axis(order, xp.reshape(idx, (*lead, N1 * K)), axis=-1), (*lead, N1, K))
+        children = xp.where(valid, kid, xp.full_like(kid, -1))
     D = int(xp.max(node_depth)) if depth is None else int(depth)
     return RowTrees(children, node_depth, D)
 

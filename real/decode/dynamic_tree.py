@@ -157,7 +157,7 @@ def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
     ``n = min(N, pool)`` nodes (``theory.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
     parents (B, n+1) int64 (-1 at the root; numpy with ``run.host``), draft rows q (B, n+1, V) (the row a node's
     children were drawn from; uniform where it has none; None when greedy, or for the point law when not
-    ``with_q``: it never reads them) and the draft forwards done."""
+    ``with_q``: it never reads them), the draft forwards done and node depths (B, n+1) int64 (as ``parent``)."""
     logits, hid0 = feed_draft(run)
     dev, B, k = run.dev, run.B, spec.topk
     zeros = torch.zeros(B, dtype=torch.float64, device=dev)
@@ -215,21 +215,25 @@ def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
     pool_keys = torch.cat(keys, 1)
     pool_parents = torch.cat([torch.full((B, k), -1, dtype=torch.long, device=dev)]
                              + [f.repeat_interleave(k, dim=1) for f in fronts], 1)    # each child's parent
+    pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]                # level i's nodes: i + 2
+                           + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(len(fronts))])
     if run.host:       # the tree's shape on the host: a few dozen entries, where numpy's calls cost least
         sel, parent = select_nodes(pool_keys.numpy(), pool_parents.numpy(), n)             # (B, n), (B, n+1)
+        depth = np.concatenate([np.zeros((B, 1), np.int64), pool_depth.numpy()[sel]], 1)
         sel = torch.from_numpy(sel)
     else:
         sel, parent = select_nodes(pool_keys, pool_parents, n)
+        depth = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=dev), pool_depth[sel]], 1)
     tokens = torch.cat([root_tok, torch.cat(toks, 1).gather(1, sel)], 1)
     if not want_q:
-        return tokens, parent, None, fwd       # greedy, or the point law (which never reads q) unrecorded
+        return tokens, parent, None, fwd, depth   # greedy, or the point law (which never reads q) unrecorded
     V = q0.shape[-1]
     allq = torch.cat([q0[:, None]] + [r for r in qrows[1:]], 1)                        # (B, 1 + levels k, V)
     slot = torch.cat(qslot, 1).gather(1, sel)                                         # (B, n)
     slot = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=dev), slot + (slot >= 0)], 1)   # root: slot 0
     q = allq.gather(1, slot.clamp(min=0)[..., None].expand(-1, -1, V))
     q = torch.where((slot >= 0)[..., None], q, torch.full_like(q, 1.0 / V))
-    return tokens, parent, q, fwd
+    return tokens, parent, q, fwd, depth
 
 
 def _ancestors(parent, D: int):
@@ -255,9 +259,9 @@ def dynamic_tree_step(run: Run, spec: DynamicTree, verifier, record: bool) -> Dy
     if Dr == 0 or spec.n_nodes == 0:
         return ar_step(run, record)
     t0 = time.perf_counter()
-    tokens, parent, q, fwd = grow_tree(run, spec, Dr - 1, with_q=record)
+    tokens, parent, q, fwd, node_depth = grow_tree(run, spec, Dr - 1, with_q=record)
     n = tokens.shape[1] - 1
-    trees = row_trees(parent, spec.topk, depth=Dr)     # children and node depths (numpy on the host)
+    trees = row_trees(parent, spec.topk, depth=Dr, node_depth=node_depth)   # children (numpy on the host)
     depth = trees.node_depth
     mask = _ancestors(parent, Dr)
     if run.host:
