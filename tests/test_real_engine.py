@@ -285,3 +285,28 @@ def test_bad_inputs(pair):
         nan.output.weight.fill_(float("nan"))
     with pytest.raises(ValueError, match="non-finite"):
         engine.ar_generate(nan, 1, num_tokens=2)
+
+
+def test_models_work_outside_inference_mode_after_generate():
+    """engine.generate runs in torch.inference_mode: afterwards its tokens are ordinary (writable) tensors, and the
+    buffers the models made inside it (KV caches, the drafter's RoPE table) are rebuilt when used outside it: a
+    prefill then gives the logits of an identical fresh model, and a drafter training step (autograd through its
+    RoPE table) runs. Without the rebuild both raise (in-place write to / backward through an inference tensor)."""
+    from real.models.eagle import record_features, train_eagle
+
+    t = tiny_llamagen_pair(seed=0)[0]
+    d = EagleDrafter.from_target(t, seed=1)
+    proc = Processing(cfg_scale=2.0)
+    gens = engine.generate(t, d, [1, 2], num_tokens=12, verifier=rules.vanilla(), L=3, processing=proc)
+    assert t.cache.kv.is_inference() and d.rope.is_inference()         # made inside: the case under test
+    x = torch.stack([g.tokens for g in gens])
+    assert not x.is_inference() and not gens[0].tokens.is_inference()
+    gens[0].tokens[0] = gens[0].tokens[0]                               # writable
+    with torch.no_grad():
+        got = t.prefill([1, 2], x[:, :5]).logits
+    fresh = tiny_llamagen_pair(seed=0)[0]
+    with torch.no_grad():
+        assert torch.equal(got, fresh.prefill([1, 2], x[:, :5]).logits)
+    feats = torch.cat([record_features(t, c, x[i]) for i, c in enumerate((1, 2))])
+    log = train_eagle(d, x, feats, t.prefix_len, steps=1, batch_size=2)
+    assert np.isfinite(log[0]["loss"])

@@ -31,7 +31,7 @@ from torch import nn
 
 from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from real.nn.blocks import EAGER
-from real.nn.layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d, scoped
+from real.nn.layers import HeadGeometry, RMSNorm, SwiGLU, complex_rope, linear, rope_table_2d, scoped, stale_inference
 from real.nn.kvcache import CachedRows, KVCache
 from real.protocol import ModelOutput, Placed
 
@@ -200,7 +200,8 @@ class EagleDrafter(Placed, CachedRows, nn.Module):
         return w, b
 
     def _rope(self, zero_rows: int) -> torch.Tensor:
-        if self.rope is None or self._zero_rows != zero_rows or self.rope.device != self.device:
+        if (self.rope is None or self._zero_rows != zero_rows or self.rope.device != self.device
+                or stale_inference(self.rope)):
             c = self.config
             self.rope = complex_rope(rope_table_2d(math.isqrt(c.block_size), c.head_dim, c.rope_base, zero_rows)).to(self.device)
             self._zero_rows = zero_rows

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
+from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv, stale_inference
 from real.protocol import ModelOutput, Placed, block_mask, prompt_rows
 
 __all__ = ["FastLlama"]
@@ -177,6 +177,7 @@ class FastLlama(Placed, nn.Module):
         return self._rope_tab[pos]
 
     def _run(self, ids, pos, mask, return_hidden, logits_from):
+        self._writable()
         S = ids.shape[1]
         start = self._len
         if start + S > self.max_len:
@@ -222,7 +223,8 @@ class FastLlama(Placed, nn.Module):
             ids = torch.cat([ids, t], 1)
             pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(S, device=self.device)], 1)
         for layer in self.layers:
-            if layer.kc is None or layer.kc.shape[0] != B or layer.kc.device != self.device or layer.kc.dtype != self.dtype:
+            if (layer.kc is None or layer.kc.shape[0] != B or layer.kc.device != self.device
+                    or layer.kc.dtype != self.dtype or stale_inference(layer.kc)):
                 shape = (B, self.nkv, self.max_len, self.hd)
                 layer.kc = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 layer.vc = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -266,9 +268,17 @@ class FastLlama(Placed, nn.Module):
         self._next_pos = self._next_pos - n
         self._block_start = min(self._block_start, self._len)
 
+    def _writable(self) -> None:
+        """Caches made inside ``torch.inference_mode`` (``engine.generate``) and written outside it are copied once
+        into ordinary tensors (``real.nn.kvcache.KVCache.writable``)."""
+        for layer in self.layers:
+            if stale_inference(layer.kc):
+                layer.kc, layer.vc = layer.kc.clone(), layer.vc.clone()
+
     def keep(self, indices) -> None:
         """Keep the entries ``indices`` (k,) int64 (block-relative, in order) of the last block, dropping the rest
         of it."""
+        self._writable()
         s = self._block_start
         idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
         for layer in self.layers:

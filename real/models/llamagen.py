@@ -29,6 +29,7 @@ from real.nn.blocks import EAGER
 from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from real.nn.kvcache import CachedRows, KVCache
 from real.nn.layers import (HeadGeometry, RMSNorm, SwiGLU, gqa_heads, complex_rope, linear, rms_norm, rope_qkv, scoped,
+                             stale_inference,
                              rope_table_2d)
 from real.protocol import Caption, ModelOutput, Placed, as_conds
 
@@ -303,8 +304,8 @@ class LlamaGen(Placed, CachedRows, nn.Module):
         pos = torch.as_tensor(position_ids, dtype=torch.long)
         if pos.shape[-1] != S or pos.ndim > 2 or (pos.ndim == 2 and pos.shape[0] != h.shape[0]):
             raise ValueError(f"position_ids must be ({S},) or ({h.shape[0]}, {S}), got {tuple(pos.shape)}")
-        if self.rope.device != h.device:
-            self.rope = self.rope.to(h.device)
+        if self.rope.device != h.device or stale_inference(self.rope):
+            self.rope = self.rope.to(h.device) if not self.rope.is_inference() else self.rope.clone().to(h.device)
         rot = self.rope[pos.to(h.device)]
         mask = self._prefix_masked(cache.begin(S, attn_mask), S)
         for i, layer in enumerate(self.layers):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from real.nn.layers import stale_inference
 from real.protocol import check_attn_mask
 
 __all__ = ["KVCache", "CachedRows", "row_counts", "common_len"]
@@ -117,7 +118,16 @@ class KVCache:
         """Whether this cache can be reused (reset) for a new generation of that shape."""
         k = self.k[0]
         return (len(self.k) == n_layers and k.shape[0] == rows and k.shape[2] >= max_len and k.dtype == dtype
-                and k.device == torch.device(device))
+                and k.device == torch.device(device) and not stale_inference(self.kv))
+
+    def writable(self) -> None:
+        """Buffers made inside ``torch.inference_mode`` (``engine.generate``) and written outside it (a caller
+        continuing a generation's cache) are copied once into ordinary tensors: inference tensors take no in-place
+        writes outside that mode."""
+        if stale_inference(self.kv):
+            self.kv = self.kv.clone()
+            self.k = [self.kv[2 * i] for i in range(len(self.k))]
+            self.v = [self.kv[2 * i + 1] for i in range(len(self.v))]
 
     def reset(self) -> None:
         """Empty every row (the buffers are kept for reuse)."""
@@ -131,6 +141,7 @@ class KVCache:
         every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool, or (R, S, Kb)
         one per row, S <= Kb <= min(lens) + S, replaces the causal mask over the block and the last Kb - S cached
         entries of every row (tree levels); older entries stay visible."""
+        self.writable()
         lo, hi = int(self.lens.min()), int(self.lens.max())
         K = hi + S
         if K > self.max_len:
@@ -208,6 +219,7 @@ class KVCache:
         if (counts > k).any() or (used & ((idx < 0) | (idx >= span[:, None]))).any():
             raise ValueError(f"keep: indices must lie in [0, block length {span.tolist()}) and counts <= {k}")
         if k and not (np.where(used, idx, np.arange(k)) == np.arange(k)).all():   # else: already in place
+            self.writable()
             dev = self.kv.device
             src = self.block_start[:, None] + np.where(used, idx, 0)                 # (R, k) slots to keep
             s0 = int(self.block_start[0])

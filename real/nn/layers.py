@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-__all__ = ["linear", "inference_weights", "scoped", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
+__all__ = ["linear", "inference_weights", "scoped", "stale_inference", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
            "complex_rope", "apply_rope", "rope_qkv", "attend", "gqa_heads", "SwiGLU", "swiglu"]
 
 
@@ -61,7 +61,15 @@ def _inference(*tensors) -> bool:
 
 
 def _signature(w: torch.Tensor) -> tuple:
-    return w._version, w.data_ptr(), w.dtype, w.shape, w.stride(), w.storage_offset()
+    # an inference tensor (made inside engine.generate's inference mode) has no version counter and cannot change
+    return -1 if w.is_inference() else w._version, w.data_ptr(), w.dtype, w.shape, w.stride(), w.storage_offset()
+
+
+def stale_inference(t: torch.Tensor | None) -> bool:
+    """Whether ``t`` is a buffer made inside ``torch.inference_mode`` (``engine.generate`` runs in one) that is now
+    used outside it, where such a tensor can be neither written in place nor saved for autograd: its owner then
+    rebuilds it (KV caches, RoPE tables)."""
+    return t is not None and t.is_inference() and not torch.is_inference_mode_enabled()
 
 
 def _entry(ws: tuple) -> list:
