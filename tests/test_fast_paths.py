@@ -251,3 +251,31 @@ def test_host_verification_gives_the_torch_verdict():
     assert holds_tensors(lpp_t)
     assert host_verification("cpu", rules.cool_sd(2.0)) and not host_verification("cpu", lpp_t)
     assert not host_verification("meta", rules.vanilla())
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_keep_matches_a_row_by_row_copy(shared):
+    """KVCache.keep (one index_select when every row keeps the same slots, an advanced-index copy otherwise) against a
+    brute-force copy per row, layer, head and entry, on random blocks with ragged lengths and partial counts."""
+    rng = np.random.default_rng(5 if shared else 6)
+    for _ in range(40):
+        R, L, H, M, hd = int(rng.integers(1, 5)), int(rng.integers(1, 3)), 2, 40, 3
+        c = KVCache(L, R, H, M, hd, dtype=torch.float32, device="cpu")
+        c.kv.copy_(torch.randn(c.kv.shape))
+        c.lens[:] = int(rng.integers(0, 10)) if shared else rng.integers(0, 10, R)
+        S = int(rng.integers(1, 12))
+        c.begin(S)
+        c.commit()
+        k = int(rng.integers(1, S + 1))
+        rows = [np.sort(rng.choice(S, k, replace=False)) for _ in range(1 if shared else R)]
+        idx = np.stack(rows * R if shared else rows)
+        counts = np.full(R, k) if shared else rng.integers(0, k + 1, R)
+        before, start = c.kv.clone(), c.block_start.copy()
+        c.keep(idx, counts)
+        want = before.clone()
+        for r in range(R):                      # the reference: entry by entry
+            for j in range(int(counts[r])):
+                want[:, r, :, start[r] + j] = before[:, r, :, start[r] + idx[r, j]]
+        assert (c.lens == start + counts).all()
+        for r in range(R):
+            assert torch.equal(c.kv[:, r, :, :c.lens[r]], want[:, r, :, :c.lens[r]])
