@@ -107,15 +107,18 @@ def teacher_forced_rows(target, draft, conds, tokens, *, L: int | None = None, p
     proc, k = processing, processing.batch
     dev = torch.device(getattr(target, "device", "cpu") or "cpu")
     tok = tok.to(dev)
-    with inference_weights():            # the engine's fast paths (real.nn.layers.linear), as in generate
+    # the engine's fast paths (real.nn.layers.linear) and inference mode, as in generate; the rows are cloned
+    # outside it (ordinary tensors the caller may write to)
+    with inference_weights(), torch.inference_mode():
         o = target.prefill(conds, _rows(tok[:, :T - 1], k), cfg=proc.cfg, return_hidden=feat)
         p = proc.rows(o.logits)                                                   # (B, T, V)
         if draft is None:
-            return Rows(p, None, "theory")
-        if not feat:                       # independent / layer-skip draft: offset-independent rows
-            q = proc.rows(draft.prefill(conds, _rows(tok[:, :T - 1], k), cfg=proc.cfg).logits)
-            return Rows(p, q, "theory")
-        return Rows(p, _eagle_rows(draft, o.hidden, tok, int(L), proc, dev), "eagle")
+            q, kind = None, "theory"
+        elif not feat:                     # independent / layer-skip draft: offset-independent rows
+            q, kind = proc.rows(draft.prefill(conds, _rows(tok[:, :T - 1], k), cfg=proc.cfg).logits), "theory"
+        else:
+            q, kind = _eagle_rows(draft, o.hidden, tok, int(L), proc, dev), "eagle"
+    return Rows(p.clone(), None if q is None else q.clone(), kind)
 
 
 def _eagle_rows(draft, hidden: torch.Tensor, tok: torch.Tensor, L: int, proc: Processing, dev) -> torch.Tensor:
