@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Batched generation on the shipped MNIST models (real.zoo): images/s of plain AR and of vanilla and
 Cool-SD chain speculative decoding (EAGLE-1 drafter, L = 4, CFG 2, as the demo) at batch sizes B, the
 SD / AR speed-up at each B measured (both batched at the same B) and predicted by the unit-cost model of
-``theory.image.batch_speedup`` (unit costs measured at each B: one AR step of the batch, one speculative
+``theory.markov.image.batch_speedup`` (unit costs measured at each B: one AR step of the batch, one speculative
 round = L draft steps + the target pass over L + 1 tokens + the verifier; rounds per batch = the
 expected maximum of B images' round counts from the vanilla run), and the share of a round spent outside
 model forwards (every model call timed).
@@ -36,7 +36,7 @@ from real.decode import engine  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from real.zoo import gpt  # noqa: E402
 from theory import rules  # noqa: E402
-from theory.image import batch_speedup  # noqa: E402
+from theory.markov.image import batch_speedup  # noqa: E402
 from coolsd.studies.batching import unit_costs  # noqa: E402
 
 T, L = gpt.TOKENS, 4

@@ -8,7 +8,7 @@ both dynamic sampling modes. Tokens/s = image tokens / wall seconds of ``real.de
 warm-up), one thread.
 
 Part 2 (predictions, T10 on recorded dynamic rounds, docs/theory.md section 10): one vanilla run with
-``record_rows`` stores each round's own tree (parents), p and q rows; ``theory.recorded.predict_tree_rounds`` with
+``record_rows`` stores each round's own tree (parents), p and q rows; ``theory.likelihood.recorded.predict_tree_rounds`` with
 those ``RowTrees`` (``theory.tree.row_trees``) predicts every other rule's accepted drafts per round; the measured
 figure is the mean accepted drafts per drafted round of that rule's own run (tokens per round = 1 + accepted).
 Each round's walk stops at its recorded depth bound (the end of an image).
@@ -38,12 +38,12 @@ from _timing import interleaved_best, single_thread_clock, write_ratios  # noqa:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import theory.methods as tm  # noqa: E402
+import theory.rules.methods as tm  # noqa: E402
 from real.decode.dynamic_tree import DynamicTree  # noqa: E402
 from real.decode.engine import generate, summarize  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from real.registry import build  # noqa: E402
-from theory.recorded import predict_tree_rounds  # noqa: E402
+from theory.likelihood.recorded import predict_tree_rounds  # noqa: E402
 from theory.tree import EAGLE_25, Tree, row_trees  # noqa: E402
 
 # report name -> (method, parameters), as the committed sweep comparison (docs/results/dynamic_tree)

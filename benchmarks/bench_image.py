@@ -18,7 +18,8 @@ from _timing import best_of  # noqa: E402  (benchmarks/_timing.py)
 
 import numpy as np  # noqa: E402
 
-from theory import chains, image, markov, rules  # noqa: E402
+from theory.markov import chains, image  # noqa: E402
+from theory import markov, rules
 
 
 def kernel_baseline(P, Q, F, G, T, s0):

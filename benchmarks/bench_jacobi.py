@@ -4,8 +4,8 @@
 Per setting: tokens per target call (SE over images), measured speed-up over AR at batch 1 and at the demo's batch
 (50), FD to the held-out digits (jackknife SE, coolsd.studies.sweep.metrics.fd_with_ci), target NLL per token (SE
 over images); and the T10 predictions of every rule's accepted drafts per round from ONE vanilla run's recorded
-rows per drafter (theory.recorded.predict_rounds), against the measured ones: per round and, weighted by the
-stretch of the image each recorded round covers (theory.recorded.renewal_tokens_per_round, docs/theory.md
+rows per drafter (theory.likelihood.recorded.predict_rounds), against the measured ones: per round and, weighted by the
+stretch of the image each recorded round covers (theory.likelihood.recorded.renewal_tokens_per_round, docs/theory.md
 section 8), per drafted round and per target call.
 
   PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_jacobi.py --images 100 --images-b1 10 \
@@ -31,9 +31,9 @@ def settings(codebook):
 
 
 def predict(p, q, d, nd, verifier, chunk: int = 128):
-    """T10 / T11 per recorded round (``theory.recorded.predict_rounds``) in chunks of rounds (GSD's grouped
+    """T10 / T11 per recorded round (``theory.likelihood.recorded.predict_rounds``) in chunks of rounds (GSD's grouped
     acceptance forms (rounds, L, V, window) arrays): (accepted (R,), bound (R,))."""
-    from theory.recorded import predict_rounds
+    from theory.likelihood.recorded import predict_rounds
 
     acc, bnd = [], []
     for a in range(0, len(nd), chunk):   # a loop over chunks of recorded rounds (memory), not over tokens
@@ -49,7 +49,7 @@ def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int) -> dict:
     vanilla's own T10 ``van_acc`` (R,)): accepted drafts per drafted round (plain mean), tokens per drafted
     round (renewal weighting) and tokens per target call (the vanilla run's tokens committed in drafted
     rounds over the predicted number of such rounds, plus its undrafted rounds, which no rule changes)."""
-    from theory.recorded import renewal_tokens_per_round
+    from theory.likelihood.recorded import renewal_tokens_per_round
 
     p, q, d, nd = rec
     pred = predict(p, q, d, nd, verifier)
@@ -66,11 +66,11 @@ def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int) -> dict:
 
 def fidelity_fields(t, draft, classes, gens, ar_gens, verifier, L: int, proc, T: int) -> dict:
     """Exact TV / KL to the target's law (docs/theory.md section 11; ``coolsd.studies.sweep.fidelity.score_images``
-    and ``theory.fidelity.report``, as ``coolsd sweep`` computes them) of a drafter's chain setting: from its
+    and ``theory.likelihood.fidelity.report``, as ``coolsd sweep`` computes them) of a drafter's chain setting: from its
     own images and, as a second estimate, from the plain-AR images (same processing). Jacobi drafts have no
     tractable likelihood (``real.decode.score.JACOBI_REASON``): pass draft=None for the reason instead."""
     from real.decode.score import JACOBI_REASON
-    from theory import fidelity
+    from theory.likelihood import fidelity
 
     if draft is None:
         return {"tv_to_target": None, "kl_to_target": None, "fidelity_reason": JACOBI_REASON}

@@ -28,7 +28,7 @@ from _timing import interleaved_best, single_thread_clock, write_ratios  # noqa:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import theory.methods as tm  # noqa: E402
+import theory.rules.methods as tm  # noqa: E402
 from real.decode.engine import generate  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from real.decode.score import teacher_forced_rows  # noqa: E402

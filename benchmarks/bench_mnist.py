@@ -27,7 +27,7 @@ from real.zoo import gpt, vq  # noqa: E402
 from coolsd.studies.demo.settings import SMALL_TREE  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import Tree  # noqa: E402
-from theory.verify import verify_chain  # noqa: E402
+from theory.rules.chain import verify_chain  # noqa: E402
 
 
 def main(argv=None):

@@ -30,7 +30,8 @@ import numpy as np  # noqa: E402
 from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 import sim  # noqa: E402
-from theory import chains, markov, rules  # noqa: E402
+from theory.markov import chains  # noqa: E402
+from theory import markov, rules
 
 
 def python_loop(P, Q, F, G, s0: int, n_rounds: int, seed: int = 0):

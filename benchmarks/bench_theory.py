@@ -26,7 +26,8 @@ from _timing import best_of, interleaved_best, write_ratios  # noqa: E402  (benc
 
 import numpy as np  # noqa: E402
 
-from theory import chains, markov, rules  # noqa: E402
+from theory.markov import chains  # noqa: E402
+from theory import markov, rules
 
 
 def naive_expected_and_bound(P, Q, F, G, s):

@@ -9,7 +9,7 @@ engine's conventions: its first round is the prefill alone), and the EAGLE-1 tre
 nothing about real acceptance rates; the MNIST zoo / LlamaGen checkpoints give the real comparison.
 
 Part 2: cost of one verification call on torch CPU: ``theory.tree.verify_tree`` (25 and 57 nodes) vs
-``theory.verify.verify_chain`` (L = 5), at V = 256 and V = 16384 (LlamaGen's codebook), median of
+``theory.rules.chain.verify_chain`` (L = 5), at V = 256 and V = 16384 (LlamaGen's codebook), median of
 --repeats calls.
 
   python benchmarks/bench_tree.py [--images 8] [--draft layerskip] [--repeats 20] [--threads 1]
@@ -31,7 +31,7 @@ from real.registry import tiny_llamagen_pair  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree, verify_tree  # noqa: E402
-from theory.verify import verify_chain  # noqa: E402
+from theory.rules.chain import verify_chain  # noqa: E402
 
 
 def part1(images: int, draft: str) -> None:

@@ -21,7 +21,9 @@ from _timing import interleaved_best, profile_text  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from theory import chains, checks, markov, rules  # noqa: E402
+from theory.markov import chains  # noqa: E402
+from theory.core import checks
+from theory import markov, rules
 from bench_theory import touch_once_limit  # noqa: E402
 
 

@@ -1,10 +1,10 @@
 """The command line's side of the shared validation layer (issue 26): what only the CLI sees (devices,
 model options from a parsed Namespace, input files named by flags, cost estimates printed before a long
-run). Numbers, arrays and verifiers are checked by ``theory.checks``; model options by the one generic
+run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
 check of ``real.specs``; output paths by ``coolsd.io``.
 
 Adding a command option: give it ``type=`` in argparse, then check its range here or with
-``theory.checks`` in the command's validation function *before* any model, file or table is built, with a
+``theory.core.checks`` in the command's validation function *before* any model, file or table is built, with a
 ValueError whose message starts with the flag (tests/test_probes.py: add a row for the bad value).
 """
 from __future__ import annotations
@@ -59,8 +59,8 @@ def input_paths(args) -> None:
 def record_file(option: str, path):
     """A recorded-rounds file (``coolsd generate --record``) opened and checked now: one line naming the file
     and what to do when it is missing, empty, not an .npz, damaged or lacks the rows. Returns the rows
-    (``theory.recorded.Rows`` / ``TreeRows``)."""
-    from theory import recorded
+    (``theory.likelihood.recorded.Rows`` / ``TreeRows``)."""
+    from theory.likelihood import recorded
 
     return recorded.load_rows(path, name=option)
 

@@ -219,7 +219,7 @@ def check_options(model: str, values: Mapping[str, Any]) -> ModelSpec:
     """The one generic check of the model options in ``values`` (dest -> value; None / [] = not given) against
     ``SPECS[model]``: applicability, types, choices, draft kind, ``needs`` and the spec's rules. Returns
     the spec; raises ValueError naming the flag (the message says what to do)."""
-    from theory import checks
+    from theory.core import checks
 
     s = spec(model)
     universal = values.get("draft") in UNIVERSAL_DRAFTS          # --draft jacobi: every model, no drafter

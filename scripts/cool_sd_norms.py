@@ -6,7 +6,7 @@ delta from 1.1 to 4.0. For each normalisation of ``theory.rules.cool_sd_schedule
 
 * exactly (T2, T8) on the synthetic chains of ``coolsd.studies.anneal.study_chain`` (peaked / ambiguous rows,
   equal / mixed row TVs, V in {4, 8, 24}, TV in {0.1 ... 0.7}, two seeds), start law = stationary;
-* predicted from the recorded vanilla rows of the shipped MNIST models (T10, ``theory.tune.predict``).
+* predicted from the recorded vanilla rows of the shipped MNIST models (T10, ``theory.likelihood.tune.predict``).
 
 A normalisation "reproduces" the statements on a chain when delta = 1.1 accepts more than vanilla and
 E[tau] is strictly increasing over DELTAS. Output: JSON (and a markdown table) at --out.
@@ -26,7 +26,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from coolsd.studies.anneal import study_chain  # noqa: E402
-from theory import chains, markov, rules, tune  # noqa: E402
+from theory.markov import chains  # noqa: E402
+from theory import markov, rules
+from theory.likelihood import tune
 
 DELTAS = (1.1, 1.5, 2.0, 3.0, 4.0)
 FINE = np.linspace(1.1, 4.0, 59)

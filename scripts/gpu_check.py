@@ -25,7 +25,7 @@ from real.decode import engine
 from real.models import llamagen as lg
 from real.decode.methods import MethodParams, make_verifier
 from real.decode.sampling import Processing
-from theory.verify import verify_chain
+from theory.rules.chain import verify_chain
 
 
 def _sync(dev):
@@ -159,9 +159,9 @@ def batched(tgt, drf, sizes, proc, L: int, T: int, dev, iters: int) -> list:
     """The batch curve: at each batch size B (2B model rows with CFG), the target forward of 1 token (an AR
     step) and of L + 1 tokens (a verification pass), a draft step, and one batch of B images by vanilla
     chain SD and by plain AR through ``real.decode.engine.generate``: images/s, the measured SD/AR speed-up and
-    the unit-cost prediction ``theory.image.batch_speedup``."""
+    the unit-cost prediction ``theory.markov.image.batch_speedup``."""
     from theory import rules
-    from theory.image import batch_speedup
+    from theory.markov.image import batch_speedup
 
     out = []
     V = tgt.vocab_size

@@ -33,7 +33,7 @@ from real.adapters.imagelm_loading import truncated_hf
 from real.decode.methods import make_verifier
 from real.protocol import Prompt
 from real.decode.sampling import Processing
-from theory.verify import verify_chain
+from theory.rules.chain import verify_chain
 
 
 def build(a, dev, dtype):

@@ -1,7 +1,7 @@
 """Schedules tuned to the shipped MNIST models vs Cool-SD and UniformRSD.
 
 1. a vanilla chain run (small draft, L = 4) records the P/Q rows of every round (with the image index);
-2. ``theory.tune`` fits the free-weight schedule minimising the mean predicted TV bound (T11) at three target
+2. ``theory.likelihood.tune`` fits the free-weight schedule minimising the mean predicted TV bound (T11) at three target
    speeds (predicted tokens per drafted round = 1 + mean T10), and a held-out check per target (fit on half
    of the images, predict on the other half, image-bootstrap CIs);
 3. Cool-SD (default normalisation, nu = 0.7; delta solved) and UniformRSD (c solved) are tuned to the same
@@ -35,14 +35,15 @@ from coolsd.io import atomic_file  # noqa: E402
 def write_text(path, text: str) -> None:
     with atomic_file(path, "w") as f:
         f.write(text)
-from theory import rules, tune  # noqa: E402
+from theory import rules  # noqa: E402
+from theory.likelihood import tune
 
 L = 4
 T = 49
 
 
 def rows_of(gens) -> tuple[tune.Rows, tuple]:
-    """theory.tune rows (with image index) and coolsd.studies.demo chain arrays of the recorded vanilla run."""
+    """theory.likelihood.tune rows (with image index) and coolsd.studies.demo chain arrays of the recorded vanilla run."""
     from coolsd.studies.demo import chain_arrays
 
     arrays = chain_arrays(gens, L)
@@ -264,7 +265,7 @@ def markdown(rep: dict) -> str:
              f"rule (class i mod 10, seed i, the same digits for every rule). Predictions come only from the vanilla run's "
              f"{rep['rounds_recorded']} recorded rounds: *per drafted round* = 1 + mean T10 (the quantity the tuner "
              f"targets), *renewal* = tokens per target call with the end-of-image rounds (coolsd.studies.demo.chain_prediction), "
-             f"bound = mean T11 per round. Tuned = free weights minimising the predicted bound at the target (theory.tune, "
+             f"bound = mean T11 per round. Tuned = free weights minimising the predicted bound at the target (theory.likelihood.tune, "
              f"G*); Cool-SD (norm {rules.COOL_SD_NORM}, nu = 0.7) and UniformRSD have their delta / c solved for the same "
              f"predicted speed. Quality: target NLL per token (SE over digits), Frechet distance to held-out digits "
              f"(bootstrap SE), class accuracy.", "",

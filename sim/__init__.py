@@ -1,7 +1,7 @@
 """Monte-Carlo simulation of relaxed speculative decoding (imports ``theory``).
 
 * :func:`simulate` (tables F, G; numpy or JAX) and :func:`simulate_rule` (the real rule objects through
-  ``theory.verify.verify_chain``): many independent rounds, x_{1:L+1} virtually extended (T7).
+  ``theory.rules.chain.verify_chain``): many independent rounds, x_{1:L+1} virtually extended (T7).
 * :func:`simulate_sequence` / :func:`simulate_sequence_rule`: whole sequences of T tokens by successive
   rounds (section 7), the latter for any context function (e.g. the 2-D grid source).
 * :func:`validate` (module :mod:`sim.validation`): statistical checks of the simulator against the exact

@@ -5,7 +5,7 @@ Two entries, one law:
 * :func:`simulate` takes per-position tables F, G (L, V, V) (e.g. from ``theory.markov.rule_tables``)
   and runs the round with O(1) alias-table draws; numpy (default) or JAX (jit + vmap) backend.
 * :func:`simulate_rule` takes a ``theory.rules.Verifier`` and runs the engine's own path: drafts
-  x~_{1:L} from Q, the rows P, Q gathered along the drafted path, and ``theory.verify.verify_chain``
+  x~_{1:L} from Q, the rows P, Q gathered along the drafted path, and ``theory.rules.chain.verify_chain``
   with the real rule objects (so LANTERN's resampler sees the rejected token).
 
 Both return the virtually extended sequence x_{1:L+1} (T7): after a round stops at tau, x_{tau+2:L+1}
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from theory import checks, markov
-from theory.verify import verify_chain
+from theory.core import checks
+from theory import markov
+from theory.rules.chain import verify_chain
 
 from .alias import alias_draw, alias_table
 
@@ -239,7 +240,7 @@ def simulate_rule(P, Q, verifier, L: int, init, n_rounds: int, seed: int | None 
 
     Per round: start s ~ init; drafts x~_i ~ Q(. | x~_{i-1}) for i = 1..L (x~_0 = s); the rows
     p (L+1, V) = P[s, x~_1, ..., x~_L] and q (L, V) = Q[s, x~_1..x~_{L-1}] along the drafted path go
-    to ``theory.verify.verify_chain`` (acceptance u < f_i(x~_i), resampling from G given the rejected
+    to ``theory.rules.chain.verify_chain`` (acceptance u < f_i(x~_i), resampling from G given the rejected
     token, bonus from P). Then x_{tau+2:L+1} ~ P (virtual extension, T7). numpy, float64.
     ``chunk`` rounds are verified at once (memory ~ chunk * (2L+1) * V * 8 bytes); it does not
     change the output. Refused first when the results or time exceed ``max_bytes`` / ``max_seconds``.

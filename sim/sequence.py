@@ -18,9 +18,10 @@ from typing import Callable
 
 import numpy as np
 
-from theory import checks, markov
-from theory.recorded import predict_rounds
-from theory.verify import verify_chain
+from theory.core import checks
+from theory import markov
+from theory.likelihood.recorded import predict_rounds
+from theory.rules.chain import verify_chain
 
 from .alias import alias_draw, alias_table
 from .rounds import prepare_tables, round_kernel_np
@@ -116,14 +117,14 @@ def order1_context(buf: np.ndarray, rows: np.ndarray, pos: np.ndarray, start: np
 
 def simulate_sequence_rule(P, Q, verifier, L: int, T: int, n_sequences: int, seed: int | None = 0, *,
                            init=0, context: Context | None = None, record_bound: bool = False) -> SequenceResult:
-    """Whole sequences with a verifier's rule objects (``theory.verify.verify_chain``), for any context.
+    """Whole sequences with a verifier's rule objects (``theory.rules.chain.verify_chain``), for any context.
 
     P, Q (n_states, V): next-token rows indexed by a state. ``context(buf, rows, pos, start)`` maps
     sequences ``rows`` (k,) and 0-based positions ``pos`` (k,) to the state (k,) that predicts
     buf[rows, pos] from the tokens before it (drafts of the current round included, as in the engine);
     the default is :func:`order1_context` (P, Q square, state = previous token, ``init`` at position 0).
     ``record_bound`` also records, per round, the T11 bound term and the T10 accepted-draft estimate
-    along the drafted path (``theory.recorded.predict_rounds``; the resampler's effective law, section 6, enters D_i).
+    along the drafted path (``theory.likelihood.recorded.predict_rounds``; the resampler's effective law, section 6, enters D_i).
     """
     L = checks.integer("draft length L", L, lo=1)
     T = _check_T(T)

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory import chains, markov, methods, rules
+from theory.markov import chains
+from theory import markov, rules
+from theory.rules import methods
 
 from .rounds import simulate_rule
 from .sequence import simulate_sequence_rule
@@ -132,7 +134,7 @@ def codebook_source(V: int = 12, d: int = 2, ambiguity: float = 0.6, draft_noise
 
 # --------------------------------------------------------------------------- methods and comparison
 
-# (method of theory.methods, swept parameter, levels) compared on the sources
+# (method of theory.rules.methods, swept parameter, levels) compared on the sources
 GRID = (("vanilla", None, (1.0,)), ("uniform-rsd", "c", (1.5, 2.0, 3.0)), ("cool-sd", "delta", (1.5, 2.0, 3.0, 4.0)),
         ("lantern", "delta", (0.1, 0.2, 0.4)), ("lantern++", "lambda", (1.5, 2.0, 3.0)),
         ("lantern+G*", "delta", (0.1, 0.2, 0.4)))

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theory import checks, markov
+from theory.core import checks
+from theory import markov
 from theory.tree import Tree, draft_without_replacement, verify_tree
 
 

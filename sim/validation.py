@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from theory import chains as _chains
-from theory import markov, methods, rules
+from theory.markov import chains as _chains
+from theory import markov, rules
+from theory.rules import methods
 
 from . import stats
 from .rounds import simulate, simulate_rule
@@ -89,7 +90,7 @@ def negative_control() -> rules.Verifier:
     return rules.Verifier(rules.Vanilla(), rules.Target(), "neg-control", {"G": "P"})
 
 
-# (method of theory.methods, parameters) checked on every chain, besides the negative control
+# (method of theory.rules.methods, parameters) checked on every chain, besides the negative control
 VALIDATED = (("vanilla", {}), ("cool-sd", {"delta": 2.0}), ("uniform-rsd", {"c": 1.5}), ("lantern", {"k": 1, "delta": 0.2}),
              ("lantern+G*", {"k": 1, "delta": 0.2}), ("lantern++", {"k": 1, "lambda": 2.0}))
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from coolsd.studies import anneal
-from theory import chains, optimize
+from theory.markov import chains, optimize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

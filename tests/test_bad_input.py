@@ -16,9 +16,11 @@ import torch
 
 from coolsd.cli import main
 from coolsd.io import TMP_PREFIX, atomic_dir, atomic_file
-from theory import chains, checks, image, markov, rules
-from theory.recorded import predict_rounds
-from theory.verify import verify_chain
+from theory.markov import chains, image
+from theory.core import checks
+from theory import markov, rules
+from theory.likelihood.recorded import predict_rounds
+from theory.rules.chain import verify_chain
 
 
 def _pair(V=4, seed=0):
@@ -153,7 +155,7 @@ def test_exact_tv_max_sequences_none_and_message():
 
 
 def test_optimiser_counts_and_tolerances():
-    from theory import optimize
+    from theory.markov import optimize
 
     P, Q = _pair(V=3)
     F, _ = markov.rule_tables(P, Q, 2, rules.cool_sd(2.0))
@@ -264,8 +266,8 @@ def test_table_memory_estimate_within_20_percent(make):
 
 
 def test_optimiser_exact_tv_objective_refused_before_allocating():
-    """Estimates calibrated on measured RSS peaks (theory._optim._check_exact_size docstring)."""
-    from theory import optimize
+    """Estimates calibrated on measured RSS peaks (theory.markov.sizes.check_exact_size docstring)."""
+    from theory.markov import optimize
 
     P, Q = chains.ambiguous_pair(17, spread=0.5, tv=0.4, seed=0)
     F, _ = markov.rule_tables(P, Q, 4, rules.cool_sd(2.0))

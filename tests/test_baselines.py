@@ -19,9 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bruteforce as bf
-from theory import recorded, rules
+from theory.likelihood import recorded
+from theory import rules
 from theory.tree import Tree, draft_without_replacement, verify_tree
-from theory.verify import verify_chain
+from theory.rules.chain import verify_chain
 
 LINE = np.array([[0.0], [1.0], [3.0], [7.0], [15.0]])
 P = np.array([4, 2, 1, 5, 4]) / 16

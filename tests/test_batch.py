@@ -9,7 +9,6 @@ from scipy import stats
 
 from real.decode import engine
 from real.models import llamagen as lg
-from real.models.eagle import EagleDrafter
 from real.nn.kvcache import KVCache
 from real.protocol import Caption, Prompt
 from real.adapters.hf import hf_llama_pair
@@ -75,7 +74,7 @@ def test_batched_greedy_equals_plain_greedy(kind, mode, cfg):
 
 def test_batched_records_follow_the_whole_image_convention():
     """Per image, the rounds of a batched run follow the batch-1 convention (L' = min(L, T - n - 1), round 0
-    of an independent draft drafts from the prefill) and carry rows that theory.recorded can stack."""
+    of an independent draft drafts from the prefill) and carry rows that theory.likelihood.recorded can stack."""
     t, d = tiny_llamagen_pair(seed=0)
     L, T = 3, 30
     gens = engine.generate(t, d, [1, 2, 3, 4], num_tokens=T, verifier=rules.cool_sd(2.0), L=L,

@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from theory import rules
-from theory.dynamic import child_keys, select_nodes
-from theory.recorded import predict_tree_rounds
+from theory.tree.dynamic import child_keys, select_nodes
+from theory.likelihood.recorded import predict_tree_rounds
 from theory.rules import Target, Vanilla, Verifier
-from theory.tree import EAGLE_25, RowTrees, Tree, row_trees, verify_tree
+from theory.tree import EAGLE_25, Tree, row_trees, verify_tree
 from real.decode import dynamic_tree as dt
 from real.decode.dynamic_tree import DynamicTree
 from real.decode.sampling import Processing
@@ -351,14 +351,14 @@ def test_bad_input(llamagen):
 
 def test_generate_record_stores_each_rounds_tree_and_t10_predicts_its_acceptance(tmp_path):
     """``coolsd generate --record`` with ``--tree dynamic`` stores every full round's own tree (parents) with its p, q
-    rows; ``theory.recorded.load_rows`` reads them back as ``DynamicRows`` and T10 on them (the walk's expected
+    rows; ``theory.likelihood.recorded.load_rows`` reads them back as ``DynamicRows`` and T10 on them (the walk's expected
     accepted drafts given the drafts) has the recorded vanilla acceptance as its mean: the difference per round
     has mean 0 (checked to 4 SE). Negative control: the same rows under wrong trees (every node re-hung as a chain,
     parent[a] = a - 1) must miss by more than 4 SE."""
     import json as _json
 
     from coolsd.cli import main
-    from theory.recorded import DynamicRows, load_rows
+    from theory.likelihood.recorded import DynamicRows, load_rows
 
     f = tmp_path / "rec.npz"
     assert main(["generate", "--model", "mnist", "--draft", "eagle", "--tree", "dynamic", "--tree-total", "12",

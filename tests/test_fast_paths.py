@@ -224,9 +224,9 @@ def test_host_verification_gives_the_torch_verdict():
     from real.decode.steps import holds_tensors, host_verification, verify_chain_on
     from real.decode.tree_steps import verify_tree_on
     from theory import rules
-    from theory.lantern import lantern_neighbors
+    from theory.rules.lantern import lantern_neighbors
     from theory.tree import EAGLE_25, Tree, verify_tree
-    from theory.verify import verify_chain
+    from theory.rules.chain import verify_chain
 
     g = torch.Generator().manual_seed(3)
     V, B, tree = 64, 5, Tree(EAGLE_25)

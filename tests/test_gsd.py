@@ -1,4 +1,4 @@
-"""GSD (theory.gsd, theory.rules.gsd; docs/theory.md section 6b): a hand-worked example, the release's
+"""GSD (theory.rules.gsd, theory.rules.gsd; docs/theory.md section 6b): a hand-worked example, the release's
 logic replayed as a plain loop (tests/bruteforce.py: gsd_f) on a planted codebook, the theory (E[tau], B,
 exact TV against enumeration; T10/T11 from recorded rows), the simulator's law, the facts of section 6b
 and bad input."""
@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 import bruteforce as bf
 from strategies import chain_case
 from test_markov import check_against_enumeration
-from theory import markov, methods, rules
-from theory.recorded import predict_rounds
+from theory import markov, rules
+from theory.rules import methods
+from theory.likelihood.recorded import predict_rounds
 
 TOL = 1e-10
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -266,7 +267,7 @@ def test_simulator_follows_the_enumerated_law():
     import sim
     from test_sim import ALPHA, brute_law, chisq_p, with_start
 
-    from theory import chains
+    from theory.markov import chains
 
     V, L, n = 4, 2, 60_000
     P, Q = chains.ambiguous_pair(V, spread=0.8, tv=0.45, seed=7)
@@ -308,7 +309,7 @@ def test_bad_input_is_named(call, match):
 def test_table_memory_estimate_covers_the_group_gathers():
     from test_bad_input import _peak
 
-    from theory import chains
+    from theory.markov import chains
 
     V = 100
     P, Q = chains.ambiguous_pair(V, spread=0.5, tv=0.4, seed=0)

@@ -1,4 +1,4 @@
-"""theory.image (docs/theory.md section 7): the whole-image recursion against (1) an exact enumeration of the
+"""theory.markov.image (docs/theory.md section 7): the whole-image recursion against (1) an exact enumeration of the
 algorithm for tiny images, (2) a Monte-Carlo simulation written here (vectorised numpy, independent of
 sim/), (3) a closed-form renewal recursion for context-free pairs; the accumulated bound against the exact
 whole-image TV; the speed-up model; and clear errors on bad input."""
@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import bruteforce as bf
 from strategies import chain_case, random_tables
-from theory import chains, image, markov, rules
+from theory.markov import chains, image
+from theory import markov, rules
 
 TOL = 1e-10
 

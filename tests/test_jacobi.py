@@ -1,6 +1,6 @@
 """Speculative Jacobi Decoding in the engine (real.decode.jacobi, ``generate(jacobi=...)``): greedy == plain greedy,
 per-image streams (batch-size invariance), the law of vanilla SJD and of SCD's couplings against exact
-enumeration (with negative controls), recorded rows for theory.recorded, bad input."""
+enumeration (with negative controls), recorded rows for theory.likelihood.recorded, bad input."""
 from __future__ import annotations
 
 from collections import Counter
@@ -15,7 +15,7 @@ from real.decode.jacobi import Jacobi
 from real.decode.sampling import Processing
 from real.models import llamagen as lg
 from theory import rules
-from theory.recorded import predict_rounds
+from theory.likelihood.recorded import predict_rounds
 
 from test_real_engine import _chi2, _exact_law
 
@@ -187,7 +187,7 @@ def test_release_maximal_coupling_deviation_measured(law6):
 
 def test_recorded_rows_predict_vanilla_acceptance(mnist):
     """The rows of a Jacobi run (drafts, the q rows they were drawn from, the current p rows) feed
-    theory.recorded.predict_rounds unchanged: under the rule that ran (vanilla) T10 is an unbiased estimate of
+    theory.likelihood.recorded.predict_rounds unchanged: under the rule that ran (vanilla) T10 is an unbiased estimate of
     the accepted drafts per round, so the means agree within 3 standard errors of the difference."""
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     spec = Jacobi(6)

@@ -1,4 +1,4 @@
-"""The fast LANTERN / LANTERN++ paths (theory.lantern.prefix_mass, neighbor_sum; theory.likelihood's joint
+"""The fast LANTERN / LANTERN++ paths (theory.rules.lantern.prefix_mass, neighbor_sum; theory.likelihood's joint
 offsets with p shared) against the direct computations they replace, written here: the dense (..., V, k)
 neighbour gather with its cumulative sum, and log P^ from per-offset 2-D rule calls with the dense (V, V)
 effective law and a plain forward sum over round offsets (docs/theory.md sections 6 and 11, T12)."""
@@ -12,7 +12,7 @@ import pytest
 from theory import rules
 from theory.likelihood import log_likelihood, round_masks
 
-lantern_mod = importlib.import_module("theory.lantern")
+lantern_mod = importlib.import_module("theory.rules.lantern")
 
 
 def dense_prefix_mass(p, nb, thr, k):

@@ -1,4 +1,4 @@
-"""theory.likelihood (T12) and theory.fidelity against an independent enumeration of the speculative process,
+"""theory.likelihood (T12) and theory.likelihood.fidelity against an independent enumeration of the speculative process,
 the simulator's sequence frequencies, and negative controls (docs/theory.md section 11)."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from bruteforce import argmax_g, lantern_g, lantern_g_released, lantern_ptilde, optimal_g_rows, scaled_f, typical_f
-from theory import fidelity, rules
+from theory.likelihood import fidelity
+from theory import rules
 from theory.likelihood import log_likelihood, log_target
 
 # --------------------------------------------------------------------------- brute-force process (scalar rules)
@@ -375,7 +376,7 @@ def test_unread_q_rows_may_hold_anything():
                                   log_likelihood(p, q, x, rules.cool_sd(2.0), L, convention="eagle"))
 
 
-# --------------------------------------------------------------------------- estimators (theory.fidelity)
+# --------------------------------------------------------------------------- estimators (theory.likelihood.fidelity)
 
 def _exact_pair(rule="cool-sd:offset", V=3, T=3, L=2, seed=8, zp=0.0, P=None):
     """All V^T sequences with their exact P^ (log_likelihood) and P (log_target) on an order-1 chain."""
@@ -486,7 +487,7 @@ def test_tv_is_within_the_summed_round_bounds():
 
 
 def test_image_bounds_sum_rounds_per_image():
-    from theory.recorded import Rows, predict_rounds
+    from theory.likelihood.recorded import Rows, predict_rounds
 
     rng = np.random.default_rng(14)
     R, L, V = 7, 3, 5
@@ -517,7 +518,7 @@ def test_estimator_bad_input(args, match):
 def test_lantern_effective_at_token_equals_the_dense_law(variant):
     """LanternResample.effective_at (O(V k), used by log_likelihood) == the dense (V, V) effective law gathered,
     on random rows with zeros and on peaked rows where the "p" law's Z(y) cancels (recomputed exactly)."""
-    from theory._xp import gather
+    from theory.core.xp import gather
 
     rng = np.random.default_rng(15)
     V, k, n = 12, 3, 400
@@ -561,11 +562,11 @@ def test_unnormalised_rows_follow_the_engines_draws():
     np.testing.assert_allclose(log_target(p * (1 - 1e-7), x), log_target(p, x), rtol=1e-12)
 
 
-@pytest.mark.parametrize("name", __import__("theory.methods", fromlist=["names"]).names())
+@pytest.mark.parametrize("name", __import__("theory.rules.methods", fromlist=["names"]).names())
 def test_every_registered_method(name):
     """Every method in the registry (and any added later), with its default parameters: the recursion against the
     enumeration of the process driven by the verifier's own rules (G(.|rejected) given the rejected draft)."""
-    from theory import methods
+    from theory.rules import methods
 
     rng = np.random.default_rng(17)
     V, T, L = 3, 4, 2

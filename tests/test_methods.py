@@ -1,10 +1,11 @@
-"""The method registry (theory.methods) and the typed build options (real.registry.BuildOptions)."""
+"""The method registry (theory.rules.methods) and the typed build options (real.registry.BuildOptions)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from theory import methods, rules
+from theory.rules import methods
+from theory import rules
 
 
 def test_every_method_builds_the_rule_of_theory_rules():

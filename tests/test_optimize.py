@@ -1,4 +1,4 @@
-"""theory.optimize (with theory.gstar and theory.objectives): G* confirmed by optimisation over all G
+"""theory.markov.optimize (with theory.markov.gstar and theory.markov.objectives): G* confirmed by optimisation over all G
 (Theorem 2(c)), the JAX twin of the exact TV, the E[tau] root finder, the schedule optimiser against
 analytically known optima and brute-force line searches (the annealing study is tested in test_anneal.py).
 References here are independent: brute force (tests/bruteforce.py), closed forms derived in the
@@ -18,7 +18,8 @@ from scipy.optimize import brentq
 
 import bruteforce as bf
 from strategies import chain_case, random_tables
-from theory import chains, gstar, markov, objectives, optimize, rules
+from theory.markov import chains, gstar, objectives, optimize
+from theory import markov, rules
 
 TOL = 1e-10
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -389,6 +390,6 @@ def test_table_family_is_at_least_as_good_as_free_weights():
 
 
 def test_import_theory_does_not_import_jax():
-    code = "import sys, theory, theory.optimize, theory.image; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, theory, theory.markov.optimize, theory.markov.image; assert 'jax' not in sys.modules, 'jax imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV)
     assert r.returncode == 0, r.stderr

@@ -1,13 +1,13 @@
-"""theory.path_bound: per-token round offsets from round records, and the per-image hybrid TV bound from an
+"""theory.likelihood.path_bound: per-token round offsets from round records, and the per-image hybrid TV bound from an
 image's own path (docs/theory.md section 11)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from theory.markov import discrepancy
-from theory.path_bound import image_path_bounds, round_offsets
-import theory.methods as tm
+from theory.rules import discrepancy
+from theory.likelihood.path_bound import image_path_bounds, round_offsets
+import theory.rules.methods as tm
 
 
 def test_round_offsets_by_hand():

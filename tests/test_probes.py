@@ -12,7 +12,6 @@ ValueError / TypeError with a message, never another exception.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import time
@@ -22,7 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from coolsd.cli import main
-from theory import chains, checks, markov, recorded, rules, tune
+from theory.markov import chains
+from theory.core import checks
+from theory import markov, rules
+from theory.likelihood import recorded, tune
 import sim
 
 CLI_SECONDS = 10.0     # generous for a loaded 2-core machine; the guards themselves take milliseconds
@@ -500,9 +502,9 @@ API_PROBES = [
     ("build t2i class_id", lambda: _build(model="llamagen-tiny-t2i", class_id=1), E, "--class-id"),
     ("register no spec", lambda: __import__("real.registry", fromlist=["x"]).register("ghost", lambda o: None),
      E, "spec"),
-    # theory.methods and friends
-    ("methods.build unknown", lambda: __import__("theory.methods", fromlist=["x"]).build("nope", 4), E, "nope"),
-    ("image batch rounds B 0", lambda: __import__("theory.image", fromlist=["x"]).expected_batch_rounds([3, 4], 0),
+    # theory.rules.methods and friends
+    ("methods.build unknown", lambda: __import__("theory.rules.methods", fromlist=["x"]).build("nope", 4), E, "nope"),
+    ("image batch rounds B 0", lambda: __import__("theory.markov.image", fromlist=["x"]).expected_batch_rounds([3, 4], 0),
      E, "B"),
     ("checks.verifier list", lambda: checks.verifier([rules.vanilla()]), TypeError, "verifier"),
     ("checks.array dict", lambda: checks.array("x", {"a": 1}), TypeError, "x"),

@@ -19,7 +19,7 @@ from real.protocol import Caption
 from real.registry import tiny_llamagen_pair
 from real.decode.sampling import Processing, process_logits
 from theory import rules
-from theory.recorded import predict_rounds
+from theory.likelihood.recorded import predict_rounds
 from theory.rules import Vanilla, Target, Verifier
 
 torch.set_num_threads(1)

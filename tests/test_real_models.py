@@ -1,7 +1,6 @@
 """LlamaGen, the VQ tokenizer and the EAGLE drafter: cache consistency, tree masks, checkpoint layouts."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -10,7 +9,6 @@ import torch
 from real.models import llamagen as lg, llamagen_io
 from real.nn import layers
 from real.models.eagle import EagleDrafter, EagleConfig, load_lantern_drafter, save_lantern_drafter, record_features, train_eagle
-from real.protocol import Caption
 from real.registry import tiny_llamagen_pair
 from real.models.vq import VQModel, codebook_neighbors, load_vq, vq_config
 from theory.rules import lantern_neighbors

@@ -369,8 +369,8 @@ def test_cli_tree(capsys, tmp_path):
     assert main(["generate", "--tree", "[[1]]", "--json"]) == 2
     err = capsys.readouterr().err
     assert "--tree must be" in err and "rank 1 without rank 0" in err
-    # --record with --tree saves the rounds that drafted the whole tree, for theory.tune.TreeRows
-    from theory import tune
+    # --record with --tree saves the rounds that drafted the whole tree, for theory.likelihood.tune.TreeRows
+    from theory.likelihood import tune
     from theory.tree import Tree
 
     rec = tmp_path / "tree_rows.npz"

@@ -7,12 +7,11 @@ import itertools
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from strategies import chain_case
 from theory import markov, rules
-from theory import recorded
-from theory.recorded import predict_rounds
+from theory.likelihood import recorded
+from theory.likelihood.recorded import predict_rounds
 
 TOL = 1e-10
 

@@ -1,4 +1,4 @@
-"""T10-T11 for static trees (theory.recorded.predict_tree_rounds): averaged over every way the tree's
+"""T10-T11 for static trees (theory.likelihood.recorded.predict_tree_rounds): averaged over every way the tree's
 candidates can be drafted (without replacement, enumerated exactly), the per-round estimates equal the
 exact expected accepted drafts of ``theory.tree.tree_round`` (an independent enumeration), the bound
 estimate is >= the exact one-round TV and 0 for vanilla, and a chain-shaped tree gives T10-T11 of
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from theory import markov, rules
-from theory.recorded import predict_rounds, predict_tree_rounds
+from theory import rules
+from theory.likelihood.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import Tree, chain_tree, tree_round
 
 TOL = 1e-10

@@ -39,7 +39,8 @@ def test_readme_python_examples_run():
     for b in blocks:
         exec(compile(b, "README.md", "exec"), ns)
     if "mine" in ns:  # the custom verifier runs through the theory engine
-        from theory import chains, markov
+        from theory.markov import chains
+        from theory import markov
 
         P, Q = chains.random_pair(5, seed=1)
         F, G = markov.rule_tables(P, Q, 3, ns["mine"])
@@ -212,20 +213,57 @@ REAL_RULES = {
 }
 
 
-def _layering_violations(root=ROOT):
-    """(module, imported module) for every import of ours that a part of real/ may not make (REAL_RULES);
-    package ``__init__`` imports of ``real`` itself are ignored (importing a submodule runs them anyway)."""
+# The rooms of theory/ (theory/__init__.py): which of our modules each room may import (its own included).
+THEORY_RULES = {
+    "theory.core": ("theory.core",),
+    "theory.rules": ("theory.core", "theory.rules"),
+    "theory.tree": ("theory.core", "theory.rules", "theory.tree"),
+    "theory.markov": ("theory.core", "theory.rules", "theory.tree", "theory.markov"),
+    "theory.likelihood": ("theory.core", "theory.rules", "theory.tree", "theory.likelihood"),
+}
+
+
+def _layering_violations(root=ROOT, rules=REAL_RULES, top="real"):
+    """(module, imported module) for every import of ours that a part of ``top`` may not make (``rules``: part ->
+    allowed prefixes); package ``__init__`` imports of ``top`` itself are ignored (importing a submodule runs them
+    anyway). A module of ``top`` outside every part is a violation too (it would escape the rules)."""
     bad = []
     for mod, deps in sorted(_import_graph(root).items()):
-        part = next((p for p in REAL_RULES if mod == p or mod.startswith(p + ".")), None)
+        if mod != top and not mod.startswith(top + "."):
+            continue
+        part = next((p for p in rules if mod == p or mod.startswith(p + ".")), None)
         if part is None:
+            if top == "theory" and mod != top:
+                bad.append((mod, "(outside every room)"))
             continue
         for d in sorted(deps):
-            if d == "real" or not d.split(".")[0] in OUR_PACKAGES:
+            if d == top or not d.split(".")[0] in OUR_PACKAGES:
                 continue
-            if not any(d == a or d.startswith(a + ".") for a in REAL_RULES[part]):
+            if not any(d == a or d.startswith(a + ".") for a in rules[part]):
                 bad.append((mod, d))
     return bad
+
+
+def test_theory_rooms():
+    assert _layering_violations(rules=THEORY_RULES, top="theory") == []
+    assert sorted(p.name for p in (ROOT / "theory").iterdir() if p.is_dir() and p.name != "__pycache__") == \
+        sorted(r.split(".")[1] for r in THEORY_RULES)
+
+
+def test_theory_room_check_detects_a_forbidden_import(tmp_path):
+    # rules importing markov (a room above it), core importing rules, a module outside every room: three
+    # violations; tree importing rules and core, markov importing tree: allowed
+    for d in ("sim", "real", "coolsd", "theory", "theory/core", "theory/rules", "theory/tree", "theory/markov"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "__init__.py").write_text("")
+    (tmp_path / "theory" / "core" / "xp.py").write_text("from theory.rules import verifiers\n")
+    (tmp_path / "theory" / "rules" / "verifiers.py").write_text("from ..core import xp\nfrom ..markov import tables\n")
+    (tmp_path / "theory" / "tree" / "shapes.py").write_text("from theory.rules import verifiers\nfrom ..core import xp\n")
+    (tmp_path / "theory" / "markov" / "tables.py").write_text("from ..tree import shapes\n")
+    (tmp_path / "theory" / "flat.py").write_text("")
+    assert _layering_violations(tmp_path, THEORY_RULES, "theory") == [
+        ("theory.core.xp", "theory.rules.verifiers"), ("theory.flat", "(outside every room)"),
+        ("theory.rules.verifiers", "theory.markov.tables")]
 
 
 def test_real_layering():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import theory.methods as tm
+import theory.rules.methods as tm
 from real.decode import engine
 from real.decode.sampling import Processing
 from real.decode.score import Rows, score, teacher_forced_rows

@@ -18,7 +18,8 @@ import bruteforce as bf
 import sim
 from sim.alias import alias_draw, alias_table
 from strategies import _rows, chain_case
-from theory import chains, markov, rules
+from theory.markov import chains
+from theory import markov, rules
 
 Z_MAX = 4.0          # |z| allowed for means (two-sided false alarm ~6e-5 per check)
 ALPHA = 1e-3         # chi-square level

@@ -12,7 +12,8 @@ from scipy import stats as sst
 import bruteforce as bf
 import sim
 from test_sim import chisq_p  # Pearson chi-square of sampled sequences against an exact law
-from theory import chains, markov, rules
+from theory.markov import chains
+from theory import markov, rules
 
 Z_MAX = 4.0
 ALPHA = 1e-3

@@ -10,7 +10,8 @@ from scipy import stats as sst
 import sim.validation as va
 from coolsd.cli import main
 from sim import stats
-from theory import chains, markov, rules
+from theory.markov import chains
+from theory import markov, rules
 
 
 def test_chi_square_matches_scipy_without_pooling_and_flags_impossible_cells():

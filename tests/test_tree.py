@@ -8,7 +8,8 @@ import torch
 from scipy import stats
 
 import sim
-from theory import chains, markov, rules
+from theory.markov import chains
+from theory import markov, rules
 from theory.tree import EAGLE_25, EAGLE_57, Tree, chain_tree, draft_without_replacement, tree_round, verify_tree
 
 SMALL = Tree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))

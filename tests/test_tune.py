@@ -1,4 +1,4 @@
-"""theory.tune (schedules tuned on recorded rounds), Cool-SD's normalisations and the tune CLI."""
+"""theory.likelihood.tune (schedules tuned on recorded rounds), Cool-SD's normalisations and the tune CLI."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from theory import chains, markov, optimize, rules, tune
+from theory.markov import chains, optimize
+from theory import markov, rules
+from theory.likelihood import tune
 
 pytest.importorskip("jax")
 
@@ -259,7 +261,7 @@ def test_tune_cli(setup, tmp_path, capsys):
 
 def test_generate_scaled_weights(tmp_path, capsys):
     from coolsd.cli import main
-    from theory.methods import weights_value as parse_weights     # the registry's --weights parser
+    from theory.rules.methods import weights_value as parse_weights     # the registry's --weights parser
 
     sched = tmp_path / "s.json"
     sched.write_text(json.dumps({"weights": [3.0, 1.2, 1.0, 1.0]}))

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from strategies import random_tables
-from theory import checks, markov
+from theory.core import checks
+from theory import markov
+from theory.rules import discrepancy
 
 
 def _case(V=6, L=3, seed=0):
@@ -59,7 +61,7 @@ def test_folded_validation_is_bit_for_bit_the_whole_row_expression_and_refuses_t
     assert np.array_equal(acc, acc_xp) and np.array_equal(terms, terms_xp)
     v, acc_ref, terms_ref = mu, [], []          # T8 and T9 on whole rows, no blocks, no buffers
     for i in range(L):
-        terms_ref.append(v @ markov.discrepancy(P, Q, F[i], G[i]))
+        terms_ref.append(v @ discrepancy(P, Q, F[i], G[i]))
         v = v @ (Q * F[i])
         acc_ref.append(v.sum())
     assert np.array_equal(acc, acc_ref) and np.array_equal(terms, terms_ref)
@@ -99,7 +101,7 @@ def test_in_place_numpy_core_is_bit_for_bit_the_array_api_expression():
     # the array-API expressions, position by position (no buffers): T8 and T9 written out
     v, acc_ref, terms_ref = mu, [], []
     for i in range(4):
-        terms_ref.append(v @ markov.discrepancy(P, Q, F[i], G[i]))
+        terms_ref.append(v @ discrepancy(P, Q, F[i], G[i]))
         v = v @ (Q * F[i])
         acc_ref.append(v.sum())
     assert np.array_equal(acc, acc_ref) and np.array_equal(terms, terms_ref)

@@ -36,7 +36,7 @@ def run(args):
     import dataclasses
 
     from coolsd.io import atomic_dir, check_output_dir
-    from theory import checks
+    from theory.core import checks
 
     checks.seed(args.seed, "--seed")
     if args.images is not None:

@@ -1,5 +1,5 @@
 """``coolsd generate --record FILE --tree dynamic``: the recorded dynamic-tree rounds, each with its own tree, in the
-form ``theory.recorded.load_rows`` reads back as ``theory.recorded.DynamicRows`` (docs/theory.md section 10)."""
+form ``theory.likelihood.recorded.load_rows`` reads back as ``theory.likelihood.recorded.DynamicRows`` (docs/theory.md section 10)."""
 from __future__ import annotations
 
 import json

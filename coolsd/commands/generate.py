@@ -23,7 +23,7 @@ def register(sub):
     g.add_argument("--model", default="llamagen-tiny", help="model pair from real.registry (default llamagen-tiny)")
     g.add_argument("--list-models", action="store_true", help="list the registered models and exit")
     g.add_argument("--method", default="vanilla",
-                   help="a method of theory.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
+                   help="a method of theory.rules.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
                         "lantern+G*, typical, greedy, scaled --weights) or ar (plain autoregressive baseline)")
     g.add_argument("--L", type=int, default=None, help="draft length per round (default 4; --draft jacobi: --window)")
     g.add_argument("--tree", default=None,
@@ -39,9 +39,9 @@ def register(sub):
     t.add_argument("--tree-sampling", choices=["lossless", "release"], default="lossless",
                    help="lossless (default: stochastic-beam-search keys, candidates verified with their draft law) "
                         "or release (top-k candidates verified with qx = 1, as the EAGLE-2 / LANTERN release)")
-    from theory import methods as registry
+    from theory.rules import methods as registry
 
-    m = g.add_argument_group("verifier parameters (theory.methods; unset: the method's default)")
+    m = g.add_argument_group("verifier parameters (theory.rules.methods; unset: the method's default)")
     for flag, p in registry.flags().items():
         m.add_argument("--" + flag.replace("_", "-"), dest=flag, type=p.type, default=None,
                        choices=list(p.choices) if p.choices else None,
@@ -75,7 +75,7 @@ def register(sub):
                         "CUDA graphs. On CPU it does not pay at batch 1 (benchmarks/bench_engine.py --compile)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
     r.add_argument("--record", default=None,
-                   help="save the per-round P/Q rows (and image index) to this .npz (theory.recorded, coolsd tune); "
+                   help="save the per-round P/Q rows (and image index) to this .npz (theory.likelihood.recorded, coolsd tune); "
                         "with --tree the rounds that drafted the whole tree")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
@@ -139,7 +139,7 @@ def generate(args) -> dict:
     from real.decode.methods import MethodParams, make_verifier, method_processing
     from real.registry import NO_DRAFT, BuildOptions, build
     from real.decode.sampling import Processing
-    from theory import methods as registry
+    from theory.rules import methods as registry
     from theory.tree import parse_tree
 
     if args.dtype is None:
@@ -214,12 +214,12 @@ def generate(args) -> dict:
         b = engine.summarize(base)
         out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
         out["speedup"] = b["seconds"] / stats["seconds"]
-    if args.record and dynamic:   # per-round trees (theory.recorded.DynamicRows)
+    if args.record and dynamic:   # per-round trees (theory.likelihood.recorded.DynamicRows)
         from coolsd.commands.dynamic_record import write_dynamic_record
 
         write_dynamic_record(args.record, gens, tree)
         out["record"] = str(args.record)
-    elif args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.tune.TreeRows)
+    elif args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.likelihood.tune.TreeRows)
         full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
         if not full:
             raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")
@@ -308,7 +308,7 @@ def validate_args(args) -> None:
     """Check every ``coolsd generate`` input before any work: numbers, option/model compatibility,
     input files and output paths. Raises ValueError naming the option. Resolves ``--save`` /
     ``--record`` to the file that will be written and ``--num-images`` to the number of images."""
-    from theory import checks
+    from theory.core import checks
 
     _validate_numbers(args, checks)
     validate_jacobi(args, checks)
@@ -377,7 +377,7 @@ def _validate_numbers(args, checks) -> None:
         checks.integer("--image-size", args.image_size, lo=16)
         if args.image_size % 16:
             raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
-    from theory import methods as registry
+    from theory.rules import methods as registry
 
     for dest, p in registry.flags().items():      # verifier flags: the registry's types and ranges
         v = getattr(args, dest, None)
@@ -392,7 +392,7 @@ def _validate_method(args) -> None:
     from real.decode.methods import METHODS
 
     from real.decode.methods import MethodParams, method_params
-    from theory import methods as registry
+    from theory.rules import methods as registry
 
     method = str(args.method).lower()
     if method not in tuple(m.lower() for m in METHODS) + ("ar",) + tuple(registry.ALIASES):

@@ -46,7 +46,7 @@ def register(sub):
 
 def run_validate(args):
     from sim import validation as va
-    from theory import checks
+    from theory.core import checks
 
     checks.seed(args.seed, "--seed")
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
@@ -82,7 +82,7 @@ def run_sources(args):
 
     from coolsd.io import atomic_path, check_output_file
     from sim import sources as so
-    from theory import checks
+    from theory.core import checks
 
     which = tuple(w.strip() for w in args.which.split(",") if w.strip())
     if not which or set(which) - {"codebook", "grid"}:

@@ -16,7 +16,7 @@ def register(sub):
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", default="mnist", help="model pair from real.registry (default mnist)")
     s.add_argument("--grid", nargs="+", default=None, metavar="ITEM",
-                   help="grid items METHOD[:NAME=V1,V2[:NAME=...]] (methods and parameters of theory.methods; "
+                   help="grid items METHOD[:NAME=V1,V2[:NAME=...]] (methods and parameters of theory.rules.methods; "
                         "'ar' = plain AR, always run as the baseline). Default: the paper's three comparisons: "
                         + " ".join(_default()))
     s.add_argument("--grid-file", default=None, help="TOML file with grid = [ITEM, ...] and/or [[setting]] tables")
@@ -84,7 +84,7 @@ def config(args):
     """SweepConfig from the parsed arguments (every check before any work)."""
     from coolsd import validate
     from coolsd.studies.sweep import SweepConfig, ensure_vanilla, grid_from_toml, parse_grid
-    from theory import checks
+    from theory.core import checks
 
     validate.model_options(args)           # the model's spec: options that do not apply are refused
     items = list(args.grid or [])

@@ -25,22 +25,22 @@ def add_chain_args(p):
 
 
 def add_cost_args(p):
-    """--max-seconds: the run-time budget of the cost guard (theory.checks.check_cost), 0 = no limit."""
-    from theory import checks
+    """--max-seconds: the run-time budget of the cost guard (theory.core.checks.check_cost), 0 = no limit."""
+    from theory.core import checks
 
     p.add_argument("--max-seconds", type=float, default=checks.MAX_SECONDS,
                    help=f"refuse a run estimated to take longer (default {checks.MAX_SECONDS:g} s; 0: no limit)")
 
 
 def max_seconds(args):
-    from theory import checks
+    from theory.core import checks
 
     v = checks.real("--max-seconds", args.max_seconds, 0)
     return None if v == 0 else v
 
 
 def make_chain(args):
-    from theory import chains
+    from theory.markov import chains
 
     if args.chain == "random":
         return chains.random_pair(args.V, tv=args.tv, seed=args.seed)
@@ -49,7 +49,7 @@ def make_chain(args):
     return chains.ambiguous_pair(args.V, spread=0.5, tv=args.tv, seed=args.seed)
 
 
-# the table's rows: (method of theory.methods, parameters); "k" is filled in from V
+# the table's rows: (method of theory.rules.methods, parameters); "k" is filled in from V
 TABLE_METHODS = (("vanilla", {}), ("cool-sd", {"delta": 1.5}), ("cool-sd", {"delta": 3.0}), ("uniform-rsd", {"c": 1.5}),
                  ("linear-rsd", {"first": 3.0, "last": 1.0}), ("lantern", {"delta": 0.2}), ("lantern+G*", {"delta": 0.2}),
                  ("lantern++", {"lambda": 2.0}), ("typical", {}), ("greedy", {}))
@@ -58,7 +58,8 @@ TABLE_METHODS = (("vanilla", {}), ("cool-sd", {"delta": 1.5}), ("cool-sd", {"del
 def default_verifiers(V: int, L: int = 4, seed: int = 0):
     import numpy as np
 
-    from theory import methods, rules
+    from theory.rules import methods
+    from theory import rules
 
     nb = rules.lantern_neighbors(np.random.default_rng(seed).normal(size=(V, 2)))
     k = max(1, min(3, V - 2))
@@ -73,7 +74,8 @@ def theory_table(P, Q, L: int, verifiers, init=0, max_sequences=10**7, max_bytes
     table is refused before any of them is computed; ``progress``: a bar over the verifiers."""
     from tqdm import tqdm
 
-    from theory import checks, markov
+    from theory.core import checks
+    from theory import markov
 
     check_table_size(P.shape[0], L, verifiers, max_bytes if max_bytes is not None else checks.MAX_BYTES,
                      max_seconds)
@@ -95,7 +97,8 @@ def check_table_size(V: int, L: int, verifiers, max_bytes, max_seconds=None) -> 
     """SizeError naming the largest verifier when its tables would exceed ``max_bytes``, or when all the
     tables together would take longer than ``max_seconds`` (``markov.tables_seconds``; the bound and E[tau]
     cost about as much again). Returns (the estimate as text, the estimated seconds)."""
-    from theory import checks, markov
+    from theory.core import checks
+    from theory import markov
 
     worst = max(verifiers, key=lambda v: markov.tables_bytes(v, V, L))
     secs = 2 * sum(markov.tables_seconds(v, V, L) for v in verifiers)
@@ -121,7 +124,7 @@ def format_table(rows) -> str:
 
 
 def run_table(args):
-    from theory import checks
+    from theory.core import checks
 
     from coolsd import validate
 
@@ -182,10 +185,10 @@ def run_anneal(args):
 
     from coolsd.io import atomic_dir, check_output_dir
     from coolsd.studies import anneal
-    from theory import chains, optimize
+    from theory.markov import chains, optimize
 
     from coolsd import validate
-    from theory import checks
+    from theory.core import checks
 
     checks.integer("--seeds", args.seeds, lo=1)
     checks.integer("--points", args.points, lo=2)

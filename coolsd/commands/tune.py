@@ -1,4 +1,4 @@
-"""`coolsd tune`: an acceptance schedule tuned to a model's recorded rounds (theory.tune).
+"""`coolsd tune`: an acceptance schedule tuned to a model's recorded rounds (theory.likelihood.tune).
 
   coolsd generate --model mnist --method vanilla --num-images 150 --record rows.npz
   coolsd tune --record rows.npz --tokens-per-call 3.2 --out schedule.json
@@ -36,7 +36,8 @@ def run(args) -> int:
 
     from coolsd import validate
     from coolsd.io import check_output_file
-    from theory import checks, tune
+    from theory.core import checks
+    from theory.likelihood import tune
 
     if args.max_rounds is not None:
         checks.integer("--max-rounds", args.max_rounds, lo=2)

@@ -1,18 +1,19 @@
 """The annealing study behind ``coolsd theory anneal``: Proposition 2 at equal E[tau].
 
 For every chain of a sweep (``study_chain``: peaked or near-uniform rows, equal or mixed row TVs, V, L, seeds)
-and every target E[tau], the named schedules of ``theory.optimize`` (Cool-SD's exponential, its floored
+and every target E[tau], the named schedules of ``theory.markov.optimize`` (Cool-SD's exponential, its floored
 variant, linear, uniform, increasing) are tuned to the same E[tau] (T2, T8) with G* (T5), and their TV bound
 B (T4) and exact TV (T7) are compared, inside and outside the paper's assumption TV(P, Q) <= 2/5; the summary
-holds the win fractions. An experiment built on the exact theory (``theory.optimize``, ``theory.markov``,
-``theory.chains``), not theory itself.
+holds the win fractions. An experiment built on the exact theory (``theory.markov.optimize``, ``theory.markov``,
+``theory.markov.chains``), not theory itself.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from theory import chains, markov
-from theory.optimize import (EXACT_TV_LIMIT, STUDY_SCHEDULES, max_reachable, named_schedules, optimal_schedule,
+from theory.markov import chains
+from theory import markov
+from theory.markov.optimize import (EXACT_TV_LIMIT, STUDY_SCHEDULES, max_reachable, named_schedules, optimal_schedule,
                              scaled_tables_xp)
 
 __all__ = ["ROW_KINDS", "TV_MODES", "PAPER_TV_ASSUMPTION", "study_chain", "anneal_study"]
@@ -50,10 +51,11 @@ EVALS_OPTIMIZE = 400      # more for the optimal schedule (SLSQP iterations x gr
 
 def check_cost(Vs, Ls, n_tvs: int, n_seeds: int, n_fractions: int, optimize: bool = True,
                max_seconds: float | None = None) -> tuple[str, float]:
-    """Refuse (theory.checks.SizeError) before any work a study whose largest (V, L) tables exceed the memory
+    """Refuse (theory.core.checks.SizeError) before any work a study whose largest (V, L) tables exceed the memory
     budget or whose estimated time (``markov.tables_seconds`` x the evaluations per target above, an
     order-of-magnitude estimate) exceeds ``max_seconds``. Returns (estimate text, seconds)."""
-    from theory import checks, markov, rules
+    from theory.core import checks
+    from theory import markov, rules
 
     v = rules.vanilla()
     per_eval = n_fractions * (len(STUDY_SCHEDULES) * EVALS_PER_TARGET + (EVALS_OPTIMIZE if optimize else 0))

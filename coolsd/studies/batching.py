@@ -3,7 +3,7 @@ sweep reports, issue 26; ``benchmarks/bench_batch.py`` measures the same curve w
 
 :func:`unit_costs` times, at batch size B, one plain AR step of the whole batch, one target pass over L + 1
 tokens, one draft step and the chain verifier; :func:`stops_paying` feeds them to the speed-up model with
-batch size (``theory.image.batch_speedup``: T a(B) / (E[max_B rounds] r(B)), section 7) with a method's
+batch size (``theory.markov.image.batch_speedup``: T a(B) / (E[max_B rounds] r(B)), section 7) with a method's
 measured per-image round counts, and returns the smallest B at which the predicted speed-up falls below 1.
 The timings are of the shipped LlamaGen-style models (``prefill`` / ``forward`` / ``rollback``; EAGLE drafts
 ``start`` and take ``features``), inside ``real.nn.layers.inference_weights`` as ``engine.generate`` runs.
@@ -40,7 +40,7 @@ def unit_costs(target, draft, B: int, proc, L: int, repeats: int = 9, prefix: in
 
     from real.nn.layers import inference_weights
     from theory import rules
-    from theory.verify import verify_chain
+    from theory.rules.chain import verify_chain
 
     g = torch.Generator().manual_seed(0)
     R = proc.batch * B
@@ -86,7 +86,7 @@ def stops_paying(rounds_per_image, costs: dict, T: int, L: int) -> dict:
     """{"predicted": {B: speed-up}, "stops_paying_at": the smallest timed B from which on the predicted speed-up
     stays below 1 (None: it pays at the largest B timed)} from a method's per-image round counts (n,) and
     ``costs`` {B: unit_costs}. "From which on": timings on a busy machine are noisy, one slow B is no verdict."""
-    from theory.image import batch_speedup
+    from theory.markov.image import batch_speedup
 
     r = np.asarray(rounds_per_image, dtype=np.float64)
     pred = {}
@@ -116,5 +116,5 @@ def note(per_method: dict, batch_size: int, device: str) -> str:
                      + (f" (predicted {b1:.2f}x at B = 1)" if b1 is not None else ""))
     return (f"Speed-ups are measured at batch size {batch_size} on {device}, where one forward of the whole batch "
             "may already be compute-bound, so a round's target pass over L + 1 tokens costs nearly L + 1 AR steps. "
-            "SD stops paying (predicted speed-up < 1; theory.image.batch_speedup with one AR step, one target pass, "
+            "SD stops paying (predicted speed-up < 1; theory.markov.image.batch_speedup with one AR step, one target pass, "
             "one draft step and the verifier timed at each batch size on this machine) " + "; ".join(parts) + ".")

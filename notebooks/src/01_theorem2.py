@@ -18,7 +18,8 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 
-from theory import chains, markov, rules
+from theory.markov import chains
+from theory import markov, rules
 
 SMALL = os.environ.get("COOLSD_SMALL") == "1"
 V, L = (6, 3) if SMALL else (8, 4)

@@ -5,7 +5,7 @@
 # number of accepted drafts E[tau], which schedule w_1..w_L gives the most faithful output?
 # The paper's Proposition 2 says: move relaxation to early positions (annealing) to lower the
 # *bound* B. We compare, at equal E[tau]: Cool-SD's exponential (nu = 0.7), linear decay, uniform
-# (UniformRSD), increasing, and the optimal free weights found by `theory.optimize.optimal_schedule`,
+# (UniformRSD), increasing, and the optimal free weights found by `theory.markov.optimize.optimal_schedule`,
 # for the bound B and for the exact TV.
 
 # %%
@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from coolsd.studies import anneal
-from theory import chains, optimize
+from theory.markov import chains, optimize
 
 SMALL = os.environ.get("COOLSD_SMALL") == "1"
 V, L = (5, 3) if SMALL else (6, 4)

@@ -15,7 +15,8 @@ from scipy import stats
 
 import sim
 from sim.stats import chi_square, sequence_counts, tau_moments
-from theory import chains, image, markov, rules, tree
+from theory.markov import chains, image
+from theory import markov, rules, tree
 
 SMALL = os.environ.get("COOLSD_SMALL") == "1"
 N = 20_000 if SMALL else 400_000
@@ -72,7 +73,7 @@ for j, v in enumerate([rules.vanilla(), rules.cool_sd(2.5), rules.uniform_rsd(1.
 
 # %% [markdown]
 # ## Whole images: rounds per image
-# An image of T tokens is made by successive rounds; `theory.image` predicts the expected number of
+# An image of T tokens is made by successive rounds; `theory.markov.image` predicts the expected number of
 # target calls exactly (a recursion over tokens generated and last state).
 
 # %%

@@ -86,14 +86,14 @@ for method, extra in [("vanilla", ()), ("cool-sd", ("--delta", "2.0")), ("lanter
 # the numbers mean nothing: they only show that the path works.
 #
 # ## Predicting other rules from one run (T10, T11)
-# `--record rows.npz` saves the target and draft rows along every drafted path; `theory.recorded`
+# `--record rows.npz` saves the target and draft rows along every drafted path; `theory.likelihood.recorded`
 # then predicts any verifier's accepted length and per-round TV bound from that single run.
 
 # %%
 import numpy as np
 
 from theory import rules
-from theory.recorded import predict_rounds
+from theory.likelihood.recorded import predict_rounds
 
 rec = pathlib.Path(tempfile.mkdtemp()) / "rows.npz"
 generate("vanilla", "--record", str(rec))

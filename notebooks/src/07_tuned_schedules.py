@@ -2,7 +2,7 @@
 # # 07 · Schedules tuned to the model
 #
 # One vanilla run's recorded rows predict any rule's accepted drafts (T10) and TV-bound term (T11) per
-# round (`theory.recorded`). `theory.tune` turns that into an optimiser: the per-position weights
+# round (`theory.likelihood.recorded`). `theory.likelihood.tune` turns that into an optimiser: the per-position weights
 # w_1..w_L of the scaled rule (free, uniform, exponential with free nu, linear) or the levels of the
 # level rule that minimise the predicted bound at a target tokens per call, on the model's own rows.
 # This notebook (1) checks the optimiser against the exact theory on a synthetic chain, (2) shows the
@@ -18,7 +18,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from sim.rounds import simulate_rule
-from theory import chains, markov, optimize, rules, tune
+from theory.markov import chains, optimize
+from theory import markov, rules
+from theory.likelihood import tune
 
 SMALL = os.environ.get("COOLSD_SMALL") == "1"
 ROOT = pathlib.Path.cwd()

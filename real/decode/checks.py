@@ -1,15 +1,15 @@
 """Argument checks of ``engine.generate``, the decoder's public entry point (the shared layer of issue 26:
-``theory.checks``), kept out of the engine's body: every check here runs before any model call, in
+``theory.core.checks``), kept out of the engine's body: every check here runs before any model call, in
 microseconds, and raises a ValueError / TypeError whose message starts with the argument's name.
 
-Adding an argument to ``engine.generate``: check it in ``generate_args`` (one line with ``theory.checks``)
+Adding an argument to ``engine.generate``: check it in ``generate_args`` (one line with ``theory.core.checks``)
 and add a bad value to tests/test_probes.py.
 """
 from __future__ import annotations
 
 import numbers
 
-from theory import checks
+from theory.core import checks
 
 from ..protocol import Caption, Prompt
 

@@ -9,7 +9,7 @@ are compacted to the accepted path.
 block, root included; ``depth`` draft forwards after the first, so nodes reach depth ``depth + 1``; ``top_k``
 children per expanded node and beam width), defaults those of the LANTERN release (59, 4, 10). ``sampling``:
 
-* ``"lossless"`` (default): stochastic beam search keys (``theory.dynamic.child_keys``): each node's children are
+* ``"lossless"`` (default): stochastic beam search keys (``theory.tree.dynamic.child_keys``): each node's children are
   a draw without replacement from its processed draft row and the tree is decided by the keys alone, so the
   walk is recursive rejection sampling (vanilla: the target's law exactly; section 10);
 * ``"release"``: the release's construction, the top-k children ranked by cumulative draft log-probability,
@@ -27,10 +27,10 @@ import array_api_compat
 import numpy as np
 import torch
 
-from theory import checks
-from theory.dynamic import KEYS, child_keys, select_nodes
+from theory.core import checks
+from theory.tree.dynamic import KEYS, child_keys, select_nodes
 from theory.tree import row_trees
-from theory.xp import namespace
+from theory.core.xp import namespace
 
 from . import rng as R
 from .steps import RoundRecord, Run, ar_step, check_finite, feed_draft, sync
@@ -43,7 +43,7 @@ __all__ = ["DynamicTree", "DynamicStep", "grow_tree", "dynamic_tree_step", "chec
 class DynamicTree:
     """A dynamic tree's parameters (module docstring): ``total`` nodes per round in the target's block (root
     included: ``total - 1`` drafted), ``depth`` expansion levels (nodes reach depth ``depth + 1``), ``topk``
-    children per expanded node (and frontier width), ``sampling`` in ``theory.dynamic.KEYS``."""
+    children per expanded node (and frontier width), ``sampling`` in ``theory.tree.dynamic.KEYS``."""
     total: int = 59
     depth: int = 4
     topk: int = 10
@@ -154,7 +154,7 @@ def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, 
 def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
     """Feed the draft, then grow every image's tree: the root's children, then ``levels`` expansions of the k
     frontier nodes (one draft forward each, per-row masks over the level's own ancestors), then the best
-    ``n = min(N, pool)`` nodes (``theory.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
+    ``n = min(N, pool)`` nodes (``theory.tree.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
     parents (B, n+1) int64 (-1 at the root; numpy with ``run.host``), draft rows q (B, n+1, V) (the row a node's
     children were drawn from; uniform where it has none; None when greedy, or for the point law when not
     ``with_q``: it never reads them), the draft forwards done and node depths (B, n+1) int64 (as ``parent``)."""

@@ -140,7 +140,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, L: int | N
 
     Records: per image, one ``RoundRecord`` per round it took part in (chain: drafted L'; tree: nodes,
     depth, accepted nodes), the batch's wall times shared equally among its unfinished images, and with
-    ``record_rows`` the processed rows along the round (``theory.recorded`` predictions use them).
+    ``record_rows`` the processed rows along the round (``theory.likelihood.recorded`` predictions use them).
 
     Randomness: image k's draws depend only on (``seed``, k) (``real.decode.rng``); with ``generator`` (a
     ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it."""
@@ -319,7 +319,7 @@ def summarize(gens: list[Generation]) -> dict:
 
 
 def records_to_arrays(records: list[RoundRecord], L: int):
-    """Stack recorded rounds for ``theory.recorded.predict_rounds``: p (R, L+1, V), q (R, L, V),
+    """Stack recorded rounds for ``theory.likelihood.recorded.predict_rounds``: p (R, L+1, V), q (R, L, V),
     drafts (R, L), n_drafted (R,). Rounds with L' < L are padded with uniform rows (f = 1, D = 0 there,
     and ``n_drafted`` masks them anyway) and token 0; L' = 0 rounds are dropped (nothing to predict)."""
     if any(r.depth is not None for r in records):

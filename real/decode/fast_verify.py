@@ -28,7 +28,7 @@ import numpy as np
 
 from theory.rules import Argmax, Greedy, Residual, Vanilla
 from theory.tree import RowTrees, Tree, TreeVerdict
-from theory.xp import sample_categorical
+from theory.core.xp import sample_categorical
 
 __all__ = ["fast_kind", "verify_tree_fast"]
 
@@ -172,5 +172,5 @@ def _merge(res, stop, r):
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Inverse-CDF draws from the rows w (B, V) (unnormalised, as ``theory._xp.sample_categorical``)."""
+    """Inverse-CDF draws from the rows w (B, V) (unnormalised, as ``theory.core.xp.sample_categorical``)."""
     return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))

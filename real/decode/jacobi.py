@@ -7,7 +7,7 @@ q_0..q_{S-1} they were drawn from. One round (``jacobi_step``):
 
   1. one target forward over [x_{n-1}; x_0..x_{L'-1}] (L' = min(S, T - n - 1) per image, ragged as the chain
      rounds of ``real.decode.steps``) gives the current rows P_0..P_{L'} (P_k = P(.|committed, x_<k));
-  2. the drafts are verified with any chain verifier, ``theory.verify.verify_chain(P, q, x, ...,
+  2. the drafts are verified with any chain verifier, ``theory.rules.chain.verify_chain(P, q, x, ...,
      n_drafted=L')``: tau accepted drafts plus the resampled (or bonus) token are committed;
   3. the positions past the commit are re-drafted from the rows just computed: y_k ~ P_k with q'_k = P_k
      (k = tau + 1..L'), shifted to the window's front; the slots left over are initialised (``INITS``);

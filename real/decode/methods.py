@@ -1,5 +1,5 @@
 """Method names (as on the command line) -> ``theory.rules`` verifiers on a device, and the processing
-they imply. The names, parameters, defaults and ranges live in one registry, ``theory.methods``; this
+they imply. The names, parameters, defaults and ranges live in one registry, ``theory.rules.methods``; this
 module adds the torch concerns (the LANTERN neighbour table kept on the model's device) and the flat
 option set of ``coolsd generate`` (``MethodParams``, generated from the registry's flags).
 """
@@ -11,8 +11,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from theory import methods as registry
-from theory.methods import default_lantern_k
+from theory.rules import methods as registry
+from theory.rules.methods import default_lantern_k
 
 from .sampling import Processing
 
@@ -25,7 +25,7 @@ METHODS = registry.names()
 # eps, alpha); None = the method's default. Generated, so a parameter added to the registry appears here.
 MethodParams = dataclasses.make_dataclass(
     "MethodParams", [(flag, object, dataclasses.field(default=None)) for flag in registry.flags()], frozen=True)
-MethodParams.__doc__ = ("Flat method options (``coolsd generate``'s verifier flags, from ``theory.methods.flags``); "
+MethodParams.__doc__ = ("Flat method options (``coolsd generate``'s verifier flags, from ``theory.rules.methods.flags``); "
                         "None = the method's default; options of other methods are ignored by ``make_verifier``.")
 
 
@@ -49,7 +49,7 @@ def neighbors_on(neighbors, device=None):
 
 
 def make_verifier(method: str, L: int, params=None, neighbors=None, device=None, embeddings=None, **kw):
-    """The ``theory.rules.Verifier`` for a method name (``theory.methods``) from flat options ``params``
+    """The ``theory.rules.Verifier`` for a method name (``theory.rules.methods``) from flat options ``params``
     (MethodParams) and/or registry parameters ``kw``. LANTERN methods need the codebook neighbour table
     ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` / ``real.models.vq.codebook_neighbors``); with
     ``device`` the table is kept there as a torch tensor. GSD methods take the codebook vectors ``embeddings``

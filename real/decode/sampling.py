@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from theory import checks
-from theory.xp import sample_categorical
+from theory.core import checks
+from theory.core.xp import sample_categorical
 
 __all__ = ["Processing", "cfg_combine", "process_logits", "sample"]
 
@@ -126,6 +126,6 @@ def draw(probs: torch.Tensor, proc: "Processing", uniforms) -> torch.Tensor:
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row: probs (..., V) and uniforms u (...,) in [0, 1) -> (...,) int64, an inverse-CDF draw
-    (``theory.xp.sample_categorical``; about 20x faster than torch.multinomial on (64, 512) rows on CPU). The
+    (``theory.core.xp.sample_categorical``; about 20x faster than torch.multinomial on (64, 512) rows on CPU). The
     engine's uniforms come from the images' own streams (``real.decode.rng.Streams``)."""
     return sample_categorical(probs, u.to(device=probs.device, dtype=probs.dtype))

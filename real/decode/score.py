@@ -201,8 +201,8 @@ def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None
             processing: Processing = Processing(), batch_size: int = 64) -> dict:
     """``score`` plus the summaries ``coolsd generate --fidelity`` prints: {"log_p_hat", "log_p" (n,) arrays
     (plain AR, draft None: log_p_hat = log_p), "report": {"nll_per_token", "images", "tv_to_target",
-    "kl_to_target"} (``theory.fidelity``; with fewer than 2 images a "reason" instead of the last two)}."""
-    from theory import fidelity
+    "kl_to_target"} (``theory.likelihood.fidelity``; with fewer than 2 images a "reason" instead of the last two)}."""
+    from theory.likelihood import fidelity
 
     s = score(target, draft, conds, tokens, verifier=verifier, L=L, processing=processing, batch_size=batch_size)
     if s["log_p_hat"] is None:             # plain AR samples the target itself

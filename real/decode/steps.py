@@ -10,7 +10,7 @@ d_off = P - 1 and image token j is element P - 1 + j as well (``Run.d_off``).
 
 A round at committed lengths n (docs/theory.md section 1 for chains, section 9 for trees):
   each unfinished image drafts L'_b = min(L, T - n_b - 1) tokens (a tree: depth D'_b = min(D, T - n_b - 1));
-  the batch drafts max_b L'_b, ``theory.verify.verify_chain(..., n_drafted=L')`` (``verify_tree(...,
+  the batch drafts max_b L'_b, ``theory.rules.chain.verify_chain(..., n_drafted=L')`` (``verify_tree(...,
   max_depth=D')``) ignores what a row drafted past its own L'_b, so every image follows exactly the law
   of the batch-1 round; rows that finished (n_b = T) ride along and keep nothing;
   positions past an image's last token (drafts that can never be accepted) are clamped to it.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from theory.verify import ChainVerdict, verify_chain
+from theory.rules.chain import ChainVerdict, verify_chain
 
 from . import rng as R
 from .rng import Streams
@@ -197,7 +197,7 @@ def as_tensors(run: "Run", verdict):
 
 
 def verify_chain_on(run: "Run", p, q, x, u_acc, u_smp, verifier, n_drafted) -> ChainVerdict:
-    """``theory.verify.verify_chain`` for the batch (rows p (B, S+1, V), q (B, S, V), drafts x (B, S), uniforms
+    """``theory.rules.chain.verify_chain`` for the batch (rows p (B, S+1, V), q (B, S, V), drafts x (B, S), uniforms
     (B, S) and (B,), per-row draft lengths (B,)), on numpy views with ``run.host``; the verdict as tensors."""
     p, q, x, u_acc, u_smp, n_drafted = on_host(run, p, q, x, u_acc, u_smp, n_drafted)
     return as_tensors(run, verify_chain(p, q, x, u_acc, u_smp, verifier, n_drafted=n_drafted, check=False))

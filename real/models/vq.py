@@ -10,7 +10,7 @@ checkpoints (``encoder.*``, ``decoder.*``, ``quantize.embedding.weight``, ``quan
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

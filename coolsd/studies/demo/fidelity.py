@@ -3,7 +3,7 @@
 For each chain run: teacher-forced rows of its own images give log P^(x) and log P(x) (KL(P^||P), TV from the SD
 images) and, from the image's own rounds, the predicted per-image TV bound; the plain-AR images scored under the
 same rule give the second, independent TV estimate E_P[(1 - P^/P)_+]. The scoring is the sweep's
-(``coolsd.studies.sweep.fidelity.score_images``), the summaries ``theory.fidelity.report``. All runs sample the
+(``coolsd.studies.sweep.fidelity.score_images``), the summaries ``theory.likelihood.fidelity.report``. All runs sample the
 same processed target (CFG, temperature: ``Settings``), so the AR images are a sample of every run's P.
 Static trees get a stated reason instead (``real.decode.score.TREE_REASON``).
 """
@@ -16,8 +16,8 @@ __all__ = ["round_arrays", "fidelity_entries"]
 
 def round_arrays(gens, T: int) -> tuple[np.ndarray, np.ndarray]:
     """(offset, drafting) (n, T) of chain generations ``gens`` (``real.decode.engine.Generation``) from their
-    recorded rounds (``theory.path_bound.round_offsets``)."""
-    from theory.path_bound import round_offsets
+    recorded rounds (``theory.likelihood.path_bound.round_offsets``)."""
+    from theory.likelihood.path_bound import round_offsets
 
     rounds = [(i, r) for i, g in enumerate(gens) for r in g.rounds]
     return round_offsets(np.array([i for i, _ in rounds], np.int64), np.array([r.drafted for _, r in rounds], np.int64),
@@ -29,7 +29,7 @@ def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) ->
     runs, {"fidelity_reason": ...} for tree runs. ``results[key].extra["rounds"]`` holds the run's
     (offset, drafting); ``results["ar"].tokens`` the plain-AR images."""
     from real.decode.score import TREE_REASON
-    from theory import fidelity
+    from theory.likelihood import fidelity
 
     from ..sweep.fidelity import score_images
 

@@ -1,9 +1,9 @@
 """Predictions of ``coolsd demo`` from the recorded vanilla rows alone (docs/theory.md section 8): per
-round, T10 (accepted drafts) and T11 (TV-bound term) of each rule (``theory.recorded.predict_rounds``;
+round, T10 (accepted drafts) and T11 (TV-bound term) of each rule (``theory.likelihood.recorded.predict_rounds``;
 trees: ``predict_tree_rounds``); tokens per target call and the draft work per image from a renewal
 recursion over the token positions (``expected_rounds``: short end-of-image rounds draft
 L' = min(L, T - n - 1) tokens, the first round of EAGLE / tree runs is the prefill alone, acceptance is
-estimated per image row; unlike ``theory.image.image_prediction``, which propagates the law of the last
+estimated per image row; unlike ``theory.markov.image.image_prediction``, which propagates the law of the last
 token through exact (V, V) kernels, it propagates only the position with survival curves estimated from
 the records); the speed-up from measured unit costs (``predicted_speedup``); the predicted trade-off
 curves over each family's parameter (``sweep_predictions``). Also used by ``coolsd sweep``."""
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from theory import rules
-from theory.image import draft_lengths
-from theory.recorded import predict_rounds, predict_tree_rounds
+from theory.markov.image import draft_lengths
+from theory.likelihood.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import Tree
 
 from .settings import ROWS, T_IMAGE, Settings
@@ -160,7 +160,7 @@ def tree_records(gens):
 def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
                     seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
     """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
-    (``tree_records``), by ``theory.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
+    (``tree_records``), by ``theory.likelihood.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
     forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for our renormalised LANTERN++
     resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
     over the depth groups in proportion): unbiased for the same means, at a few times the SE."""
@@ -206,7 +206,7 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
 def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) -> float:
     """Speed-up over plain AR predicted from the expected work per image and measured unit costs (seconds):
     time = rounds (target pass + bookkeeping) + drafted rounds x verifier + draft steps x draft step, AR
-    time = T x AR step. In units of the AR step this is ``theory.image.ImagePrediction.speedup`` with
+    time = T x AR step. In units of the AR step this is ``theory.markov.image.ImagePrediction.speedup`` with
     cost_ratio = draft step / AR step and verify_cost = (target pass + verifier + bookkeeping) / AR step."""
     drafted_rounds = er["rounds"] - er["single_steps"]
     t = er["rounds"] * (costs["target_per_round_s"] + costs["other_per_round_s"]) \
@@ -218,7 +218,7 @@ def time_verifier(kind: str, arrays_or_groups, verifier, tree: Tree | None, n: i
     """Seconds per round of the verifier alone, timed on recorded rows as the engine calls it
     (one round at a time, torch tensors)."""
     from theory.tree import verify_tree
-    from theory.verify import verify_chain
+    from theory.rules.chain import verify_chain
 
     from theory.tree import truncate_tree
 
@@ -263,8 +263,8 @@ SWEEPS = {
 
 
 def _sweep_verifier(name: str, value: float, s: Settings, nb):
-    """The rule of family ``name`` (theory.methods) with its swept parameter (``SWEEPS``) set to ``value``."""
-    from theory import methods
+    """The rule of family ``name`` (theory.rules.methods) with its swept parameter (``SWEEPS``) set to ``value``."""
+    from theory.rules import methods
 
     param = SWEEPS[name][0]
     extra = {"nu": s.nu} if name == "cool-sd" else {"k": s.lantern_k} if methods.get(name).needs_neighbors else {}

@@ -165,7 +165,7 @@ def markdown(report: dict) -> str:
         "",
         "**Accepted length = tokens per target call** (= E[tau] + 1 per round, end-of-image rounds included). "
         "*Predicted* values come only from the vanilla run's recorded P/Q rows (T10/T11 per round, then a renewal "
-        "recursion over the 49 positions for the short end-of-image rounds; trees: `theory.recorded.predict_tree_rounds` "
+        "recursion over the 49 positions for the short end-of-image rounds; trees: `theory.likelihood.recorded.predict_tree_rounds` "
         "on the vanilla tree run); *measured* values from running each rule. Speed-up: plain AR time / method time "
         "(same classes and seeds); predicted from the measured unit costs below. FD: Frechet distance in the shipped "
         f"classifier's feature space to the 1,000 held-out digits ({c['n_images']} generated digits each, delete-one jackknife SE as in the sweep); "
@@ -200,7 +200,7 @@ def markdown(report: dict) -> str:
         "E_{P^}[(1 - P/P^)_+] from the run's images and, independently, E_P[(1 - P^/P)_+] from the plain-AR "
         "images: two estimators of one number that must agree. KL(P^‖P) = E_{P^}[log P^ - log P]. Intervals: "
         f"normal 95% over the {c['n_images']} images. Vanilla is lossless (TV = KL = 0 up to float error). TV bound: "
-        "the sum of each image's per-round T11 terms along its own path (`theory.path_bound`); by the hybrid "
+        "the sum of each image's per-round T11 terms along its own path (`theory.likelihood.path_bound`); by the hybrid "
         "argument TV <= its mean; a mean above 1 is vacuous (TV <= 1 always), and the table says so.",
         "",
         fidelity_table(report),

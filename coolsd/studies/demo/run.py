@@ -184,7 +184,7 @@ def unit_costs(stats: dict, ar_stats: dict) -> dict:
 
 
 def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool = False) -> dict:
-    from real.zoo import gpt, vq
+    from real.zoo import vq
     from real.zoo.metrics import class_accuracy
 
     labels = torch.tensor(classes)
@@ -239,8 +239,8 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
             "acceptance_rate": st["acceptance_rate"], "seconds": st["seconds"], "rounds": st["rounds"],
             "images": st["images"], "time_split_s": {k: st[k] for k in ("time_draft_s", "time_target_s", "time_verify_s")},
             "predicted_from": f"vanilla {sp.drafting} run with the {sp.draft} draft: recorded P/Q rows "
-                              + ("(T10/T11, theory.recorded.predict_rounds)" if sp.drafting == "chain"
-                                 else "(theory.recorded.predict_tree_rounds)"),
+                              + ("(T10/T11, theory.likelihood.recorded.predict_rounds)" if sp.drafting == "chain"
+                                 else "(theory.likelihood.recorded.predict_tree_rounds)"),
         }
         (others if sp.extra else methods).append(entry)
     floor = real_floor(s.n_images, s.seed)

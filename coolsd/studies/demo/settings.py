@@ -77,7 +77,7 @@ def specs(s: Settings, neighbors) -> list[Spec]:
     nb_dev = torch.as_tensor(nb, device=s.device)     # no host-to-device copy of the table per round
 
     def spec(name: str, params: dict, drafting: str, draft: str, **kw) -> Spec:
-        """The run of method ``name`` (theory.methods) with ``params``; LANTERN rules get the table on the
+        """The run of method ``name`` (theory.rules.methods) with ``params``; LANTERN rules get the table on the
         device for the engine and on the host for the predictions."""
         v = make_verifier(name, s.L, neighbors=nb_dev, **params)
         tv = make_verifier(name, s.L, neighbors=nb, **params) if isinstance(v.accept, rules.Lantern) else None

@@ -1,7 +1,7 @@
 """``coolsd sweep``: quality/speed frontiers of relaxed speculative decoding over a grid of settings,
 sharded over processes / GPUs with torch.distributed, stored so that a rerun resumes.
 
-Modules: ``grid`` (settings from ``--grid`` items / TOML, checked against ``theory.methods``), ``store``
+Modules: ``grid`` (settings from ``--grid`` items / TOML, checked against ``theory.rules.methods``), ``store``
 (results directory, manifest, atomic unit files), ``run`` (units, seeds, ranks; the one engine call),
 ``metrics`` (uncertainties, precision/recall, paired frontier comparison), ``analysis`` (merge,
 predictions from the vanilla rows via ``coolsd.studies.demo``, the paper's claims), ``fidelity`` (TV / KL to the

@@ -223,7 +223,7 @@ def _per_row(bundle, T: int) -> int:
 
 
 def _match(e: dict, method: str, pinned: dict) -> bool:
-    from theory import methods
+    from theory.rules import methods
 
     if e["name"] != method:
         return False

@@ -3,7 +3,7 @@
 For each chain setting s, from the images already stored:
 
 * its own images x ~ P^_s: teacher-forced rows (``real.decode.score``), exact log P^_s(x) and log P(x), and the
-  per-image TV bound from the image's own rounds (``theory.path_bound``);
+  per-image TV bound from the image's own rounds (``theory.likelihood.path_bound``);
 * the plain-AR images x ~ P: log P(x) and log P^_s(x) (the second, independent TV estimate).
 
 P is the target's law as sampled, CFG- and temperature-processed (``Context.proc``), so ``nll_per_token`` =
@@ -11,7 +11,7 @@ P is the target's law as sampled, CFG- and temperature-processed (``Context.proc
 at a time, the recursion run for every setting of that rank); each setting's per-image arrays are cached in
 ``DIR/fidelity/<slug>.npz`` (written atomically, keyed by setting, image count and code version), so an
 interrupted merge resumes and the ranks share the work (setting i on rank i mod world). ``entries`` turns
-them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` (``theory.fidelity.report``).
+them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` (``theory.likelihood.fidelity.report``).
 Static and dynamic trees and Jacobi drafting: not scored (``real.decode.score.TREE_REASON`` / ``JACOBI_REASON``).
 """
 from __future__ import annotations
@@ -90,7 +90,7 @@ def scored(ctx: Context) -> bool:
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
     """This rank's settings' fidelity arrays (computed, or found in the cache). Returns how many it holds.
     ``load(store, cfg, unit)`` reads a setting's merged images (``analysis.load``)."""
-    from theory.path_bound import round_offsets
+    from theory.likelihood.path_bound import round_offsets
 
     if not scored(ctx):
         return 0
@@ -124,12 +124,12 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
     """Exact per-image fidelity arrays of n images ``tokens`` (n, T) with conditions ``conds`` (n,): teacher-forced
     rows (``real.decode.score.teacher_forced_rows``) once per batch of ``batch`` images, then for every chain rule
     of ``rules`` ({key: verifier}) the recursion (``theory.likelihood.log_likelihood``) and, with ``rounds`` =
-    (offset, drafting) (n, T) of the images' own rounds (``theory.path_bound.round_offsets``), the per-image TV
-    bound (``theory.path_bound.image_path_bounds``). Returns {"log_p": (n,), "log_p_hat": {key: (n,)},
+    (offset, drafting) (n, T) of the images' own rounds (``theory.likelihood.path_bound.round_offsets``), the per-image TV
+    bound (``theory.likelihood.path_bound.image_path_bounds``). Returns {"log_p": (n,), "log_p_hat": {key: (n,)},
     "bound": {key: (n,)} (empty without ``rounds``)}, float64. Used by the sweep (``shard``) and the demo."""
     from real.decode.score import teacher_forced_rows
     from theory.likelihood import log_likelihood, log_target
-    from theory.path_bound import image_path_bounds
+    from theory.likelihood.path_bound import image_path_bounds
 
     tokens = np.asarray(tokens)
     n = len(tokens)
@@ -153,8 +153,8 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
 def entries(store: Store, cfg: SweepConfig, ctx: Context) -> tuple[dict, dict | None]:
     """({setting key: report fields}, AR baseline fields or None) from the cached arrays (rank 0, after every
     rank's ``shard``). Fields: ``tv_to_target``, ``kl_to_target``, ``kl_from_ar``, ``tv_bound_image``,
-    ``bound_check`` (``theory.fidelity.report``) and ``nll_per_token`` / ``_se`` under the processed target."""
-    from theory import fidelity
+    ``bound_check`` (``theory.likelihood.fidelity.report``) and ``nll_per_token`` / ``_se`` under the processed target."""
+    from theory.likelihood import fidelity
 
     if not scored(ctx):
         return {}, None

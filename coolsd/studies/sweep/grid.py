@@ -1,5 +1,5 @@
 """The sweep's grid: settings (method + parameters) parsed from ``--grid`` items or a TOML file and
-checked against the method registry (``theory.methods``).
+checked against the method registry (``theory.rules.methods``).
 
 Item syntax (one command-line argument each): ``METHOD[:NAME=V1,V2[:NAME=...]]``; the settings are the
 cartesian product of the listed values, e.g. ``lantern++:lambda=2,3:resampler=lantern,optimal`` is four
@@ -18,7 +18,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from theory import methods
+from theory.rules import methods
 
 __all__ = ["Setting", "parse_item", "parse_grid", "grid_from_toml", "DEFAULT_GRID", "ensure_vanilla"]
 
@@ -55,7 +55,7 @@ class Setting:
     @property
     def family(self) -> str:
         """The frontier curve this setting belongs to: the method and every set parameter except the
-        method's relaxation parameter (``theory.methods.Method.relaxation``)."""
+        method's relaxation parameter (``theory.rules.methods.Method.relaxation``)."""
         relax = methods.get(self.method).relaxation
         rest = [f"{k}={_fmt(v)}" for k, v in self.params if k != relax]
         return " ".join([self.method] + rest)

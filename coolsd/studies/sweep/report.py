@@ -131,7 +131,7 @@ def markdown(report: dict) -> str:
         "estimates of one number); KL(P^‖P) = E_{P^}[log P^ - log P] (nats per image; infinite, and said so, when "
         "an image has P(x) = 0); KL(P‖P^) from the AR images. 95% normal intervals over images. TV bound / image: "
         "the hybrid-argument bound E[sum over the image's tokens of the T3 discrepancy at its round offset] "
-        "(`theory.path_bound`, from each image's own rounds and rows; vacuous when > 1). Noise floor: vanilla "
+        "(`theory.likelihood.path_bound`, from each image's own rounds and rows; vacuous when > 1). Noise floor: vanilla "
         "(lossless) measures TV and KL at float32 rounding of the rows, ~1e-6.", "",
         "FD to held-out digits and TV / KL to the target answer different questions: FD measures how close the "
         "samples are to real digits, TV / KL how far the sampler moved from the model it accelerates. A relaxed "

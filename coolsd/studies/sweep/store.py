@@ -122,8 +122,8 @@ class Store:
 
     def read_unit(self, slug: str, index: int) -> tuple[dict, dict]:
         """(arrays, meta) of a done unit; a damaged file (truncated, bit-flipped, empty, not an .npz, bad
-        meta) is one ValueError line saying which file to delete (``theory.checks.npz_arrays``)."""
-        from theory import checks
+        meta) is one ValueError line saying which file to delete (``theory.core.checks.npz_arrays``)."""
+        from theory.core import checks
 
         path = self.unit_path(slug, index)
         hint = "delete it and rerun the same command to recompute it"

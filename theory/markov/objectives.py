@@ -6,15 +6,15 @@
   the engine runs; :func:`scaled_tables` adds G* (T5), checked, numpy.
 * :func:`_bound_gstar_xp` -- B with the optimal resampler (T6, T9); :func:`exact_tv_xp` -- the exact TV
   (T7), optionally smoothed for gradients. Both on ``theory.markov``'s recursions.
-Used by ``theory.optimize`` (which re-exports the public names).
+Used by ``theory.markov.optimize`` (which re-exports the public names).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import markov
-from . import rules as _rules
-from ._xp import namespace
+from .. import rules as _rules
+from ..core.xp import namespace
+from . import tables as markov
 
 __all__ = ["scaled_tables", "scaled_tables_xp", "level_tables_xp", "exact_tv_xp"]
 

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 import array_api_compat
 
-from . import checks
+from ..core import checks
+from ..core.xp import Array
 
 __all__ = ["Schedule", "Uniform", "Exponential", "Linear", "Explicit", "Vector", "Offset", "Floored",
            "COOL_SD_NORMS", "COOL_SD_NORM", "cool_sd_schedule"]
@@ -124,7 +125,7 @@ class Explicit:
 @dataclass(frozen=True, eq=False)
 class Vector:
     """Weights w_1..w_L held as an array (numpy / torch / JAX: traceable, so optimisers can differentiate
-    through the rule objects; ``theory.tune``). An int position above L is an error."""
+    through the rule objects; ``theory.likelihood.tune``). An int position above L is an error."""
     weights: Any
 
     def __call__(self, i, xp):

@@ -8,7 +8,7 @@ for every other rule r, per-round unbiased estimates (given the round's prefix) 
   bound term       sum_{i<=L} prod_{j<i}  f^r_j(x~_j) D^r_i(h_{i-1})      (T11)
 
 Array-API code: numpy, torch or JAX rows. ``Rows`` / ``TreeRows`` hold recorded chain / static-tree rounds
-(numpy float64, checked) and ``load_rows`` reads them from ``coolsd generate --record`` (used by ``theory.tune``,
+(numpy float64, checked) and ``load_rows`` reads them from ``coolsd generate --record`` (used by ``theory.likelihood.tune``,
 which re-exports them).
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import NamedTuple
 import array_api_compat
 import numpy as np
 
-from . import checks
-from .markov import discrepancy
-from ._xp import Array, gather, namespace, normalize
-from .tree import DRAFT_LAWS, RowTrees, Tree
+from ..core import checks
+from ..core.xp import Array, gather, namespace, normalize
+from ..rules.discrepancy import discrepancy
+from ..tree import DRAFT_LAWS, RowTrees, Tree
 
 
 class RoundPrediction(NamedTuple):
@@ -41,7 +41,7 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     The discrepancy D_i uses the rule's effective resampling law (``resample(..., rejected=None)``).
     p and q rows must be probability rows (finite, >= 0, summing to 1 within their dtype's tolerance)
     and drafts tokens in [0, V): checked here (ValueError naming the argument); ``check=False`` skips the
-    checks (rows validated once by the caller, e.g. ``theory.tune`` under JAX tracing). Lists are converted to
+    checks (rows validated once by the caller, e.g. ``theory.likelihood.tune`` under JAX tracing). Lists are converted to
     numpy arrays; the verifier must be a verifier object (TypeError otherwise).
     """
     checks.verifier(verifier)
@@ -297,7 +297,7 @@ class Rows:
 
 @dataclass
 class TreeRows:
-    """Recorded static-tree rounds (``theory.recorded.predict_tree_rounds``): p (R, N+1, V) target rows at every
+    """Recorded static-tree rounds (``theory.likelihood.recorded.predict_tree_rounds``): p (R, N+1, V) target rows at every
     node, q (R, N+1, V) the draft rows each node's children were drawn from, tokens (R, N+1) node tokens, the
     ``tree`` (N nodes; only rounds that drafted the whole tree), image (R,) ints (-1 when unknown)."""
     p: np.ndarray
@@ -368,7 +368,7 @@ class DynamicRows:
 
     @property
     def trees(self) -> RowTrees:
-        from .tree import row_trees
+        from ..tree import row_trees
 
         return row_trees(np.asarray(self.parent, np.int64), int(self.topk), depth=int(np.max(self.max_depth)))
 

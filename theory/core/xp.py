@@ -1,7 +1,7 @@
-"""Array-API helpers shared by the verifier rules (numpy, JAX and torch arrays alike).
-
-Everything here takes arrays and returns arrays of the same namespace; no backend is imported.
-"""
+"""Array-API helpers (numpy, JAX and torch arrays alike): ``namespace`` (the arrays' namespace), ``gather``
+(x[..., idx] along the last axis), ``gather_rows``, ``normalize``, ``positive_part``, ``ratio_min1`` and
+``sample_categorical`` (inverse-CDF draws from rows). Everything takes arrays and returns arrays of the same
+namespace; no backend is imported. Shapes are in each function's docstring."""
 from __future__ import annotations
 
 from typing import Any

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from . import rules
+from .. import rules
 
 __all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "TYPICAL_RESAMPLERS", "register", "get", "names", "resolve", "build",
            "flags", "default_lantern_k", "threshold_or_off"]

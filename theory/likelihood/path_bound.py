@@ -4,10 +4,10 @@
 By the hybrid argument, TV(P^, P) <= E_{x ~ P^}[ sum_t D(t) ], where D(t) is the TV between the law of token
 t given the sampler's whole history (x_<t and the hidden round offset i) and the target row p_t: at a draft
 position (i < L' of its round) that law is q f_{i+1} + (1 - beta) G_{i+1} with the rows (p_t, q_{t,i+1}), so
-D(t) = D_{i+1} of T3 (``theory.markov.discrepancy``); the target's own token after L' accepted drafts adds 0.
+D(t) = D_{i+1} of T3 (``theory.rules.discrepancy``); the target's own token after L' accepted drafts adds 0.
 A generated image records its rounds (L', tau), hence every token's offset, and its teacher-forced rows
 (``real.decode.score``) give p_t and q_{t,i+1} on its path: ``image_path_bounds`` is, per image, an unbiased
-estimate of that expectation (the same one ``theory.fidelity.image_bounds`` estimates from the rows recorded
+estimate of that expectation (the same one ``theory.likelihood.fidelity.image_bounds`` estimates from the rows recorded
 along the drafted paths, T11 summed over rounds), without recording any rows during generation.
 
 numpy, float64.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .markov import discrepancy
+from ..rules.discrepancy import discrepancy
 
 __all__ = ["round_offsets", "image_path_bounds"]
 

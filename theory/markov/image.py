@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checks, markov
+from ..core import checks
+from ..rules.discrepancy import discrepancy
+from . import tables as markov
 
 __all__ = ["ImagePrediction", "image_prediction", "predict_image", "round_kernels", "round_bounds",
            "round_speedup", "draft_lengths", "image_bytes", "expected_batch_rounds", "batch_speedup"]
@@ -80,7 +82,7 @@ def round_bounds(P, Q, F, G) -> np.ndarray:
 
 def _round_bounds(P, Q, F, G) -> np.ndarray:
     L, V = F.shape[0], P.shape[0]
-    d = markov.discrepancy(P, Q, F, G)           # (L, V): D_i(s), T3
+    d = discrepancy(P, Q, F, G)           # (L, V): D_i(s), T3
     A = Q * F
     b = np.zeros((L + 1, V))
     for i in range(1, L + 1):                    # u = A_1 ... A_{i-1} d_i, applied right to left

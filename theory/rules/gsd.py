@@ -45,7 +45,7 @@ from typing import Any
 
 import array_api_compat
 
-from ._xp import Array, namespace, ratio_min1
+from ..core.xp import Array, namespace, ratio_min1
 
 __all__ = ["Grouped", "gsd_close", "GSD_WINDOW", "GSD_P_THRESHOLD", "GSD_D_THRESHOLD"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import array_api_compat
 
-from ._xp import Array, namespace
+from ..core.xp import Array, namespace
 
 __all__ = ["KEYS", "child_keys", "select_nodes"]
 

@@ -1,62 +1,37 @@
-"""Helpers shared by the optimisers (``theory.optimize``, ``theory.gstar``, ``theory.tune``): JAX plumbing
-(float64 for the duration of a block, jitted functions built once per process) and the size checks of
-the exact-TV objective (T7). Imports nothing of this project but ``theory.checks`` and ``theory.markov``.
+"""The size checks of the exact-TV objective (T7) shared by the optimisers (``theory.markov.optimize``,
+``theory.markov.gstar``): how many sequences and how much memory an exact TV needs, refused above the limits.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any
-
 import numpy as np
 
-from . import checks, markov
+from ..core import checks
+from . import tables as markov
 
 EXACT_TV_LIMIT = 10**6           # start states x V^(L+1) sequences above which exact TV is not computed
 
 
-# --------------------------------------------------------------------------- JAX plumbing
-
-@contextlib.contextmanager
-def _jax64():
-    """(jax, jax.numpy) with float64 enabled for the duration of the block only."""
-    try:
-        import jax
-    except ImportError as e:  # pragma: no cover - jax is an optional extra
-        raise ImportError("theory.optimize needs JAX for gradients: pip install 'coolsd[jax]'") from e
-    with jax.enable_x64(True):
-        yield jax, jax.numpy
-
-
-_JIT: dict[str, Any] = {}
-
-
-def _jitted(name: str, builder):
-    """Build a jitted function once per process (JAX retraces per input shape by itself)."""
-    if name not in _JIT:
-        _JIT[name] = builder()
-    return _JIT[name]
-
 # --------------------------------------------------------------------------- exact-TV objective: checks
 
-def _check_objective(objective: str) -> str:
+def check_objective(objective: str) -> str:
     if objective not in ("bound", "exact_tv"):
         raise ValueError(f"objective must be 'bound' or 'exact_tv', got {objective!r}")
     return objective
 
 
-def _exact_size(mu: np.ndarray, V: int, L: int) -> int:
+def exact_size(mu: np.ndarray, V: int, L: int) -> int:
     return int(np.count_nonzero(mu > 0)) * V ** (L + 1)
 
 
-def _exact_ok(mu, V: int, L: int, max_sequences) -> bool:
+def exact_ok(mu, V: int, L: int, max_sequences) -> bool:
     """Whether the exact TV is computed (else reported as None): within max_sequences (None: no
     limit) and within the memory budget (markov.exact_tv_bytes)."""
     S = int(np.count_nonzero(mu > 0))
-    return ((max_sequences is None or _exact_size(mu, V, L) <= max_sequences)
+    return ((max_sequences is None or exact_size(mu, V, L) <= max_sequences)
             and markov.exact_tv_bytes(S, V, L) <= checks.MAX_BYTES)
 
 
-def _check_exact_size(mu, V, L, max_sequences, jacobian: bool = False, max_bytes=checks.MAX_BYTES):
+def check_exact_size(mu, V, L, max_sequences, jacobian: bool = False, max_bytes=checks.MAX_BYTES):
     """Refuse objective='exact_tv' above max_sequences or when its memory would exceed max_bytes.
     Measured peaks (RSS, JAX float64 on CPU; V=10..20, L=4..5): the gradient path (optimal_schedule)
     takes about 48 bytes per DP row (S V^L rows) plus ~48 MiB of JAX buffers; the Jacobian path
@@ -64,7 +39,7 @@ def _check_exact_size(mu, V, L, max_sequences, jacobian: bool = False, max_bytes
     Jacobian, its scaled copy and the CSR matrix) plus ~150 MiB. The estimates below are within 20% of
     those measurements."""
     S = int(np.count_nonzero(mu > 0))
-    n = _exact_size(mu, V, L)
+    n = exact_size(mu, V, L)
     if max_sequences is not None and n > checks.integer("max_sequences", max_sequences, lo=1):
         raise ValueError(f"max_sequences: objective='exact_tv' needs {S} start state(s) x V^(L+1) = {S} x "
                          f"{V}^{L + 1} = {n:.3g} sequences, above max_sequences={max_sequences:.3g}; use "

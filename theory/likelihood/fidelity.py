@@ -18,7 +18,7 @@ the sampling law itself gives probability 0 (log P^ = -inf on an sd image, log P
 means the rows do not belong to the run: ``n_impossible`` and a reason, no number.
 
 The predicted bound: ``image_bounds`` sums the T11 term of every recorded round of an image
-(``theory.recorded.predict_rounds``); by the hybrid argument over tokens, TV(P^, P) <= E[sum of an image's
+(``theory.likelihood.recorded.predict_rounds``); by the hybrid argument over tokens, TV(P^, P) <= E[sum of an image's
 round terms], so ``bound_check`` says whether the measured TV is within the predicted one and whether that
 bound is vacuous (> 1). ``report`` assembles the sweep's ``tv_to_target`` / ``kl_to_target`` /
 ``tv_bound_image`` entries.
@@ -123,7 +123,7 @@ def tv_ar(log_p_hat, log_p) -> dict:
 
 def image_bounds(rows, verifier) -> tuple[np.ndarray, np.ndarray]:
     """(images (m,), bound (m,)): the sum of the T11 term over every recorded round of each image, from
-    ``theory.recorded.Rows`` (``rows.image`` must name the images; rounds that drafted nothing, e.g. EAGLE's
+    ``theory.likelihood.recorded.Rows`` (``rows.image`` must name the images; rounds that drafted nothing, e.g. EAGLE's
     prefill round, contribute 0 and need not be recorded). An unbiased estimate, per image, of the bound
     E[sum over rounds] that caps TV(P^, P) (docs/theory.md section 11)."""
     from .recorded import predict_rounds

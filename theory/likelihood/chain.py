@@ -20,7 +20,7 @@ API (array API: numpy, torch; everything computed in float64):
   and the first drafted round starts at n = 1 with the same L'.
 * ``log_target(p, tokens)`` -> (...,) float64 log P(tokens) = sum_t log p_t(x_t) (-inf where a p_t(x_t) = 0),
   the law plain AR samples (rows normalised, as every draw normalises them).
-* estimators with 95% intervals in ``theory.fidelity`` (KL, TV, the per-image T11 bound).
+* estimators with 95% intervals in ``theory.likelihood.fidelity`` (KL, TV, the per-image T11 bound).
 
 The recursion (T12). The sampler's law is a hidden Markov model over the round offset i = the number of
 drafts accepted so far in the current round (0..L). With a_{t,i} = q_{t,i+1}(x_t) f_{i+1}(x_t) (token t
@@ -49,8 +49,8 @@ import math
 
 import array_api_compat
 
-from . import checks
-from ._xp import Array, gather, namespace
+from ..core import checks
+from ..core.xp import Array, gather, namespace
 
 __all__ = ["CONVENTIONS", "log_likelihood", "log_target", "round_masks", "check_chain_rule"]
 
@@ -154,7 +154,7 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp):
     (None: not available); otherwise the rule's ``resample(p, q, f)`` row is gathered.
 
     As the engine does: the rule sees the rows as given, and every draw (draft, replacement, target token)
-    is an inverse-CDF draw that normalises its row (``theory._xp.sample_categorical``). So the draft law is
+    is an inverse-CDF draw that normalises its row (``theory.core.xp.sample_categorical``). So the draft law is
     q / sum(q), the rejection mass sum(q (1 - f)) / sum(q), a replacement G(x) / sum(G) and the target
     token p(x) / sum(p). Rows pass validation within float32 rounding of 1; dividing by the sums (not
     assuming 1) keeps P^ the law the engine samples from such rows. (That law is not exactly P under

@@ -18,19 +18,20 @@ import numbers
 import array_api_compat
 import numpy as np
 
-from . import checks
-from . import rules as _rules
-from ._xp import Array, namespace, positive_part
+from .. import rules as _rules
+from ..core import checks
+from ..core.xp import namespace
+from ..rules.discrepancy import discrepancy_of, optimal_discrepancy_of
 
 ROW_SUM_TOL = checks.ROW_SUM_TOL   # |sum of a float64 row - 1| allowed for P, Q and G rows
 DEFAULT_MAX_SEQUENCES = 10**8
 
 __all__ = [
     "expected_accepted", "acceptance_probs", "tv_bound", "bound_terms", "exact_tv", "exact_tv_per_state",
-    "optimal_resampling", "rule_tables", "discrepancy", "sequence_laws", "check_chain", "init_distribution",
+    "optimal_resampling", "rule_tables", "sequence_laws", "check_chain", "init_distribution",
     "expected_accepted_xp", "bound_terms_xp", "ROW_SUM_TOL", "DEFAULT_MAX_SEQUENCES", "exact_tv_bytes",
-    "tables_bytes", "tables_seconds", "prefix_masses_xp", "optimal_discrepancy", "bound_terms_optimal_xp",
-    "round_terms", "round_terms_xp",
+    "tables_bytes", "tables_seconds", "prefix_masses_xp", "bound_terms_optimal_xp",
+    "round_terms", "round_terms_xp", "context_free_vanilla",
 ]
 
 
@@ -135,45 +136,11 @@ def expected_accepted_xp(P, Q, F, mu):
     return xp.sum(acceptance_probs_xp(P, Q, F, mu))
 
 
-def _discrepancy_of(A, P, g, xp, work=None):
-    """T3 from A = Q f already formed: 1/2 || A + (1 - beta) g - P ||_1 over the last axis, beta = sum A.
-    ``work``: a numpy scratch array of the full broadcast shape to compute in place (the same operations
-    in the same order, so bit for bit the same result), or None (array API: JAX traces this)."""
-    beta = xp.sum(A, axis=-1, keepdims=True)
-    if work is None:
-        return 0.5 * xp.sum(xp.abs(A + (1 - beta) * g - P), axis=-1)
-    np.multiply(1 - beta, g, out=work)
-    np.add(A, work, out=work)
-    np.subtract(work, P, out=work)
-    return 0.5 * np.abs(work, out=work).sum(-1)
-
-
-def _optimal_discrepancy_of(A, P, xp):
-    """T6 from A = Q f already formed: sum_x [A - P]_+ over the last axis."""
-    return xp.sum(positive_part(A - P, xp), axis=-1)
-
-
-def discrepancy(P, Q, f, g):
-    """D(s) = 1/2 || Q f + (1 - beta) G - P ||_1 per state (T3), beta = sum_x Q f: the one place T3 is
-    computed (bound_terms_xp, theory.recorded, theory.image and sim call it). Array API, no checks
-    (traceable by JAX). P, Q, f, g broadcast to (..., V) rows -> (...,); e.g. (V, V) chain rows or
-    (R, L, V) recorded rows."""
-    xp = namespace(P, Q, f, g)
-    return _discrepancy_of(Q * f, P, g, xp)
-
-
-def optimal_discrepancy(P, Q, f):
-    """D(s) with the optimal resampler G* (T6): sum_x [Q f - P]_+ (s, x), equal to discrepancy(P, Q, f, G*)
-    in exact arithmetic (Theorem 2(c)) without forming G*. Array API, no checks; (..., V) rows -> (...,)."""
-    xp = namespace(P, Q, f)
-    return _optimal_discrepancy_of(Q * f, P, xp)
-
-
 def round_terms_xp(P, Q, F, G, mu):
     """(Pr(tau >= i), per-position terms of B) for i = 1..L in one pass over the tables (T2-T4, T8, T9):
     each A_i = Q * F_i is formed once and serves both the acceptance product and D_i. Array API, no checks."""
     xp = namespace(P, Q, F, G, mu)
-    return _path_terms_xp(Q, F, mu, lambda i, A, work, rows: _discrepancy_of(A, P[rows], G[i, rows], xp, work))
+    return _path_terms_xp(Q, F, mu, lambda i, A, work, rows: discrepancy_of(A, P[rows], G[i, rows], xp, work))
 
 
 def bound_terms_xp(P, Q, F, G, mu):
@@ -185,7 +152,7 @@ def bound_terms_optimal_xp(P, Q, F, mu):
     """Per-position terms of B with the optimal resampler G* (T6, T9): d_i = optimal_discrepancy(P, Q, F_i).
     What the optimisers minimise (no G* formed, so no division by 1 - beta in the gradient)."""
     xp = namespace(P, Q, F, mu)
-    return _path_terms_xp(Q, F, mu, lambda i, A, work, rows: _optimal_discrepancy_of(A, P[rows], xp))[1]
+    return _path_terms_xp(Q, F, mu, lambda i, A, work, rows: optimal_discrepancy_of(A, P[rows], xp))[1]
 
 
 # --------------------------------------------------------------------------- public API (contract)
@@ -241,7 +208,7 @@ def _round_terms_checked(P, Q, F, G, mu):
         return None
     tol = checks.row_sum_tol(np.float64, V)
     check = lambda i, rows: checks.tables_block_ok(F[i, rows], None if G is None else G[i, rows], tol)  # noqa: E731
-    d_of = None if G is None else (lambda i, A, work, rows: _discrepancy_of(A, P[rows], G[i, rows], np, work))
+    d_of = None if G is None else (lambda i, A, work, rows: discrepancy_of(A, P[rows], G[i, rows], np, work))
     return _path_terms_xp(Q, F, mu, d_of, check=check)
 
 
@@ -343,7 +310,7 @@ def _prefix_masses(P, Q, F, G, states, max_sequences, max_bytes=checks.MAX_BYTES
 
 
 def prefix_masses_xp(P, Q, F, G, states):
-    """The dynamic programme of T7, array API without checks (traceable by JAX; theory.objectives and gstar
+    """The dynamic programme of T7, array API without checks (traceable by JAX; theory.markov.objectives and gstar
     differentiates it). P, Q (V, V); F, G (L, V, V); states (S,) int start states, a numpy array (static
     under tracing). Returns (a, d), each (S, V^(L-1), V) over length-L prefixes x_{1:L} (flattened, last
     token last): a = Pr(all L drafts accepted and equal x_{1:L}), d = (mass of Phat that left the round by

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks
+from ..core import checks
 
 __all__ = ["random_pair", "ambiguous_pair", "iid_pair", "stationary", "row_tv", "dirichlet_rows", "with_row_tv"]
 

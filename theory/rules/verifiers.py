@@ -21,175 +21,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
-import array_api_compat
 import numpy as np
 
-from . import checks
-from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
+from ..core import checks
+from ..core.xp import Array, namespace
+from .acceptance import Greedy, Level, Scaled, Typical, Vanilla
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
-from .lantern import LANTERN_LAWS, Lantern, LanternResample, check_neighbors, lantern_neighbors
-from .schedules import (COOL_SD_NORM, COOL_SD_NORMS, Explicit, Exponential, Floored, Linear, Offset, Schedule,  # noqa: F401
-                        Uniform, Vector, cool_sd_schedule)
+from .lantern import Lantern, LanternResample
+from .resampling import Argmax, Optimal, Residual, Target
+from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
-__all__ = [
-    "Acceptance", "Resampling", "Schedule", "Verifier",
-    "Vanilla", "Scaled", "Lantern", "Typical", "Greedy",
-    "Residual", "Optimal", "Target", "LanternResample", "Argmax",
-    "Uniform", "Exponential", "Linear", "Explicit", "Offset", "Floored", "Vector", "Level",
-    "COOL_SD_NORMS", "COOL_SD_NORM", "cool_sd_schedule", "level",
-    "vanilla", "cool_sd", "uniform_rsd", "linear_rsd", "scaled", "lantern", "lantern_pp",
-    "typical", "greedy", "lantern_neighbors", "check_neighbors", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "LANTERN_LAWS",
-    "Grouped", "gsd", "gsd_close", "GSD_RESAMPLERS",
-]
-
-
-class Acceptance(Protocol):
-    def __call__(self, p: Array, q: Array, i: int | Array) -> Array: ...
-
-
-class Resampling(Protocol):
-    def __call__(self, p: Array, q: Array, f: Array, rejected: Array | None = None) -> Array: ...
-
-
-def _as_position(i, p, xp):
-    """Position(s) as a float array broadcastable against p.shape[:-1] + (1,)."""
-    if isinstance(i, int):
-        if i < 1:
-            raise ValueError(f"draft position i is 1-based; got i={i}")
-        return i
-    return xp.astype(xp.asarray(i, device=array_api_compat.device(p)), p.dtype)
-
-
-def _schedule_at(schedule, i, p, xp):
-    """A per-position schedule's value(s) at draft position(s) i (``_as_position``): a scalar, or an array
-    with a trailing axis added so that it broadcasts against rows p (..., V)."""
-    w = schedule(_as_position(i, p, xp), xp)
-    return w if isinstance(w, float | int) else w[..., None]
-
-
-
-
-# --------------------------------------------------------------------------- acceptance rules
-
-@dataclass(frozen=True)
-class Vanilla:
-    """f^van(x) = min(1, p(x)/q(x))  (T1)."""
-
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
-        return ratio_min1(p, q, xp)
-
-
-@dataclass(frozen=True)
-class Scaled:
-    """f_i(x) = min(1, w_i p(x)/q(x)) with w_i from a schedule (section 5; w = 1 is vanilla)."""
-    schedule: Any
-
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
-        return ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
-
-
-# the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
-# -sum p log(p + 1e-5)); it makes H smaller than the exact entropy, hence exp(-H) and the threshold larger
-RELEASE_ENTROPY_EPS = 1e-5
-
-
-@dataclass(frozen=True)
-class Level:
-    """f_i(x) = v(x) + a_i (1 - v(x)), v = min(1, p/q) the vanilla rule and a_i in [0, 1] from a schedule:
-    the chance of keeping a draft vanilla would reject (a = 0: vanilla; a = 1: accept everything).
-    The "level" family of ``theory.optimize`` and ``theory.tune``."""
-    levels: Any
-
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
-        a = _schedule_at(self.levels, i, p, xp)
-        v = ratio_min1(p, q, xp)
-        return v + a * (1 - v)
-
-
-
-
-@dataclass(frozen=True)
-class Typical:
-    """Typical acceptance (Medusa, vLLM; an f_i of section 1): accept x iff p(x) > min(eps, alpha * exp(-H(p))).
-
-    ``entropy="release"`` (default): H = -sum p log(p + 1e-5), as vLLM's sampler and Medusa compute it;
-    ``entropy="exact"``: H = -sum p log p (0 log 0 = 0), our earlier variant.
-    """
-    eps: float = 0.09
-    alpha: float = 0.3
-    entropy: str = "release"
-
-    def __post_init__(self):
-        # eps = 0 or alpha = 0 makes the threshold 0: every token the target can emit is accepted (allowed)
-        if not (math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.alpha) and self.alpha >= 0):
-            raise ValueError(f"typical acceptance needs finite eps >= 0 and alpha >= 0; got eps={self.eps}, "
-                             f"alpha={self.alpha}")
-        if self.entropy not in ("release", "exact"):
-            raise ValueError(f"typical acceptance: entropy must be 'release' or 'exact', got {self.entropy!r}")
-
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
-        if self.entropy == "release":
-            H = -xp.sum(p * xp.log(p + RELEASE_ENTROPY_EPS), axis=-1, keepdims=True)
-        else:
-            pos = p > 0
-            plogp = xp.where(pos, p * xp.log(xp.where(pos, p, xp.ones_like(p))), xp.zeros_like(p))
-            H = -xp.sum(plogp, axis=-1, keepdims=True)
-        thr = xp.minimum(xp.full_like(H, self.eps), self.alpha * xp.exp(-H))
-        return xp.astype(p > thr, p.dtype)
-
-
-@dataclass(frozen=True)
-class Greedy:
-    """Greedy acceptance (an f_i of section 1): accept x iff x = argmax p (first maximiser on ties)."""
-
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
-        V = p.shape[-1]
-        top = xp.argmax(p, axis=-1)[..., None]
-        ar = xp.arange(V, device=array_api_compat.device(p))
-        return xp.astype(ar == top, p.dtype)
-
-
-# --------------------------------------------------------------------------- resampling rules
-
-@dataclass(frozen=True)
-class Residual:
-    """Vanilla residual G^van = Norm([p - q]_+)  (T1); p itself where p = q."""
-
-    def __call__(self, p, q, f, rejected=None):
-        xp = namespace(p, q)
-        return normalize(positive_part(p - q, xp), p, xp)
-
-
-@dataclass(frozen=True)
-class Optimal:
-    """G* = Norm([p - q f]_+)  (T5). Zero residual mass means beta = 1: G is never used; return p."""
-
-    def __call__(self, p, q, f, rejected=None):
-        xp = namespace(p, q, f)
-        return normalize(positive_part(p - q * f, xp), p, xp)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Resample from the target row itself: G = p (a G_i of section 1; not optimal, T5)."""
-
-    def __call__(self, p, q, f, rejected=None):
-        return p
-
-
-@dataclass(frozen=True)
-class Argmax:
-    """Greedy correction (a G_i of section 1): G = one-hot at argmax p."""
-
-    def __call__(self, p, q, f, rejected=None):
-        return Greedy()(p, q, 1)
+__all__ = ["Verifier", "vanilla", "scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
+           "typical", "gsd", "greedy", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "GSD_RESAMPLERS"]
 
 
 # --------------------------------------------------------------------------- verifiers

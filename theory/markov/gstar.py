@@ -4,7 +4,7 @@
 Both objectives are || J vec(G) + b ||_1 with (J, b) exact (:func:`_g_affine`), so the global minimum is
 an LP (HiGHS, :func:`_g_lp`), checked independently by projected gradient from random starts
 (:func:`_g_projected_gradient`). For B the gap must vanish (Theorem 2(c)); for the exact TV G* need not
-be optimal, and the gap is reported as found. Re-exported by ``theory.optimize``. JAX (float64) is
+be optimal, and the gap is reported as found. Re-exported by ``theory.markov.optimize``. JAX (float64) is
 imported on use, for the Jacobian of the exact-TV residuals only.
 """
 from __future__ import annotations
@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, markov
-from ._optim import EXACT_TV_LIMIT, _check_exact_size, _check_objective, _jax64
-from ._xp import namespace
+from ..core import checks
+from ..core.jaxtools import jax64 as _jax64
+from ..core.xp import namespace
+from . import tables as markov
+from .sizes import EXACT_TV_LIMIT, check_exact_size as _check_exact_size, check_objective as _check_objective
 
 __all__ = ["confirm_optimal_resampling", "ResamplingCheck"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import checks
-from ._xp import Array, gather, gather_rows, namespace, sample_categorical
+from ..core import checks
+from ..core.xp import Array, gather, gather_rows, namespace, sample_categorical
 
 __all__ = ["ChainVerdict", "verify_chain"]
 

@@ -7,11 +7,11 @@
 * :func:`tune_weights` -- the scale c with E[tau](c * shape) = target, by a bracketed root finder.
 * :func:`pareto_curves` -- B and exact TV of the named (and optimal) schedules on a grid of E[tau].
 Re-exported here so callers need one module: the G* confirmation :func:`confirm_optimal_resampling`
-(``theory.gstar``) and the traceable rule tables and objectives (``theory.objectives``).
+(``theory.markov.gstar``) and the traceable rule tables and objectives (``theory.markov.objectives``).
 The annealing study built on these (``coolsd theory anneal``) is ``coolsd.studies.anneal``.
 
 JAX is imported inside the functions that need gradients (``import theory`` works without it) and
-every JAX computation runs under ``jax.enable_x64(True)`` (``theory._optim._jax64``) so it is float64
+every JAX computation runs under ``jax.enable_x64(True)`` (``theory.markov.sizes._jax64``) so it is float64
 without touching the process-wide setting. Reported numbers are always recomputed with the numpy engine
 (theory.markov).
 """
@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import brentq, minimize
 
-from . import checks, markov
-from . import rules as _rules
-from ._optim import EXACT_TV_LIMIT, _check_exact_size, _check_objective, _exact_ok, _jax64, _jitted
-from ._xp import namespace
+from .. import rules as _rules
+from ..core import checks
+from ..core.jaxtools import jax64 as _jax64, jitted as _jitted
+from ..core.xp import namespace
+from . import tables as markov
+from .sizes import EXACT_TV_LIMIT, check_exact_size as _check_exact_size, check_objective as _check_objective, exact_ok as _exact_ok
 from .gstar import ResamplingCheck, confirm_optimal_resampling
 from .objectives import _bound_gstar_xp, exact_tv_xp, level_tables_xp, scaled_tables, scaled_tables_xp
 

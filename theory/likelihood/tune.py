@@ -1,7 +1,7 @@
 """Acceptance schedules tuned to a model's recorded rounds (docs/theory.md section 8b; T10, T11).
 
 One vanilla run's recorded rows (p, q, drafts per round; ``coolsd generate --record``) predict any rule's
-accepted drafts (T10) and TV-bound term (T11) per round (``theory.recorded.predict_rounds``). Here the
+accepted drafts (T10) and TV-bound term (T11) per round (``theory.likelihood.recorded.predict_rounds``). Here the
 rule is searched: per-position weights w_1..w_L of the scaled rule f_i = min(1, w_i p/q) with G* (T5)
 (``rules.Scaled``; families "free" (any w), "uniform" (w_i = c), "exponential" (w_i = c exp(-nu (i-1)),
 nu free, either sign), "linear" (w_1 = c, w_L = c r)) or the levels a_i of the "level" rule
@@ -10,8 +10,8 @@ rule objects the engine runs (``rules.Vector`` holds the weights as a JAX array,
 through them); nothing here re-writes an acceptance formula.
 
 Two problems, over recorded rounds r = 1..R (chains, ``Rows``; or static trees, ``TreeRows``: weights per
-tree depth, T10/T11 of ``theory.recorded.predict_tree_rounds``; both row classes and ``load_rows`` live in
-``theory.recorded`` and are re-exported here):
+tree depth, T10/T11 of ``theory.likelihood.recorded.predict_tree_rounds``; both row classes and ``load_rows`` live in
+``theory.likelihood.recorded`` and are re-exported here):
 
 * target: minimise  mean_r T11_r(w)  subject to  1 + mean_r T10_r(w) = tokens_per_call;
 * budget: maximise  1 + mean_r T10_r(w)  subject to  mean_r T11_r(w) <= bound_budget.
@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import brentq, minimize
 
-from . import checks, rules
+from .. import rules
+from ..core import checks
 from .recorded import Rows, TreeRows, load_rows, predict_rounds, predict_tree_rounds
 
 __all__ = ["FAMILIES", "Rows", "TreeRows", "load_rows", "family_values", "rule_of", "predict", "reachable", "tune",
@@ -148,7 +149,7 @@ class _Jax:
     _cache: dict = {}
 
     def __init__(self, rows, family: str):
-        from ._optim import _jax64
+        from ..core.jaxtools import jax64 as _jax64
 
         self.family, self.L = family, rows.L
         self._ctx = _jax64
@@ -273,7 +274,7 @@ def tune(rows: Rows | TreeRows, family: str = "free", tokens_per_call: float | N
     (None: all; each evaluation costs O(R L V)); the best end point is then polished on all rows, so the
     constraint holds on all rows and the reported figures are all-rows figures."""
     if not isinstance(rows, (Rows, TreeRows)):
-        raise TypeError(f"rows must be theory.recorded.Rows or TreeRows (theory.recorded.load_rows(path)), "
+        raise TypeError(f"rows must be theory.likelihood.recorded.Rows or TreeRows (theory.likelihood.recorded.load_rows(path)), "
                         f"got {type(rows).__name__}")
     family = _check_family(family)
     if (tokens_per_call is None) == (bound_budget is None):

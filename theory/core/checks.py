@@ -320,7 +320,7 @@ def verifier(v, name: str = "verifier", members: tuple[str, ...] = ("accept", "r
     naming ``name`` otherwise (None, a method name such as "cool-sd", a class instead of an instance)."""
     if all(callable(getattr(v, m, None)) for m in members) and not isinstance(v, type):
         return v
-    hint = (f"; build it first, e.g. theory.methods.build({v!r}, L) or theory.rules.cool_sd(delta=2)"
+    hint = (f"; build it first, e.g. theory.rules.methods.build({v!r}, L) or theory.rules.cool_sd(delta=2)"
             if isinstance(v, str) else "; e.g. theory.rules.vanilla() or theory.rules.cool_sd(delta=2)")
     raise TypeError(f"{name} must be a verifier object (theory.rules.Verifier), got {type(v).__name__} {v!r}"[:200]
                     + hint)

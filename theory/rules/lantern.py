@@ -27,7 +27,7 @@ from typing import Any
 
 import array_api_compat
 
-from ._xp import Array, gather, namespace, normalize, positive_part, ratio_min1
+from ..core.xp import Array, gather, namespace, normalize, positive_part, ratio_min1
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
 

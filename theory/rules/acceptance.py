@@ -1,0 +1,131 @@
+"""Acceptance rules f_i (T0, T1, sections 1, 5 and 6 of docs/theory.md), written once against the array API.
+
+An acceptance rule is called as ``f = rule(p, q, i)`` with target rows ``p`` (..., V), draft rows ``q`` (..., V)
+and the 1-based draft position ``i`` (an int, or an integer array broadcastable to ``p.shape[:-1]``, e.g. shape
+(L,) when p is (..., L, V)). It returns f (..., V): the acceptance probability of every token as if it had been
+drafted. Where q(x) = 0 the token is never drafted; f(x) is then set to 1 by convention (Q f = 0 there).
+LANTERN's and GSD's rules live in ``theory.rules.lantern`` and ``theory.rules.gsd``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import array_api_compat
+
+from ..core.xp import Array, namespace, ratio_min1
+
+__all__ = ["Acceptance", "Resampling", "Vanilla", "Scaled", "Level", "Typical", "Greedy", "RELEASE_ENTROPY_EPS"]
+
+
+class Acceptance(Protocol):
+    def __call__(self, p: Array, q: Array, i: int | Array) -> Array: ...
+
+
+class Resampling(Protocol):
+    def __call__(self, p: Array, q: Array, f: Array, rejected: Array | None = None) -> Array: ...
+
+
+def _as_position(i, p, xp):
+    """Position(s) as a float array broadcastable against p.shape[:-1] + (1,)."""
+    if isinstance(i, int):
+        if i < 1:
+            raise ValueError(f"draft position i is 1-based; got i={i}")
+        return i
+    return xp.astype(xp.asarray(i, device=array_api_compat.device(p)), p.dtype)
+
+
+def _schedule_at(schedule, i, p, xp):
+    """A per-position schedule's value(s) at draft position(s) i (``_as_position``): a scalar, or an array
+    with a trailing axis added so that it broadcasts against rows p (..., V)."""
+    w = schedule(_as_position(i, p, xp), xp)
+    return w if isinstance(w, float | int) else w[..., None]
+
+
+
+
+# --------------------------------------------------------------------------- acceptance rules
+
+@dataclass(frozen=True)
+class Vanilla:
+    """f^van(x) = min(1, p(x)/q(x))  (T1)."""
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        return ratio_min1(p, q, xp)
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """f_i(x) = min(1, w_i p(x)/q(x)) with w_i from a schedule (section 5; w = 1 is vanilla)."""
+    schedule: Any
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        return ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
+
+
+# the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
+# -sum p log(p + 1e-5)); it makes H smaller than the exact entropy, hence exp(-H) and the threshold larger
+RELEASE_ENTROPY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Level:
+    """f_i(x) = v(x) + a_i (1 - v(x)), v = min(1, p/q) the vanilla rule and a_i in [0, 1] from a schedule:
+    the chance of keeping a draft vanilla would reject (a = 0: vanilla; a = 1: accept everything).
+    The "level" family of ``theory.optimize`` and ``theory.tune``."""
+    levels: Any
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        a = _schedule_at(self.levels, i, p, xp)
+        v = ratio_min1(p, q, xp)
+        return v + a * (1 - v)
+
+
+
+
+@dataclass(frozen=True)
+class Typical:
+    """Typical acceptance (Medusa, vLLM; an f_i of section 1): accept x iff p(x) > min(eps, alpha * exp(-H(p))).
+
+    ``entropy="release"`` (default): H = -sum p log(p + 1e-5), as vLLM's sampler and Medusa compute it;
+    ``entropy="exact"``: H = -sum p log p (0 log 0 = 0), our earlier variant.
+    """
+    eps: float = 0.09
+    alpha: float = 0.3
+    entropy: str = "release"
+
+    def __post_init__(self):
+        # eps = 0 or alpha = 0 makes the threshold 0: every token the target can emit is accepted (allowed)
+        if not (math.isfinite(self.eps) and self.eps >= 0 and math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"typical acceptance needs finite eps >= 0 and alpha >= 0; got eps={self.eps}, "
+                             f"alpha={self.alpha}")
+        if self.entropy not in ("release", "exact"):
+            raise ValueError(f"typical acceptance: entropy must be 'release' or 'exact', got {self.entropy!r}")
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        if self.entropy == "release":
+            H = -xp.sum(p * xp.log(p + RELEASE_ENTROPY_EPS), axis=-1, keepdims=True)
+        else:
+            pos = p > 0
+            plogp = xp.where(pos, p * xp.log(xp.where(pos, p, xp.ones_like(p))), xp.zeros_like(p))
+            H = -xp.sum(plogp, axis=-1, keepdims=True)
+        thr = xp.minimum(xp.full_like(H, self.eps), self.alpha * xp.exp(-H))
+        return xp.astype(p > thr, p.dtype)
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """Greedy acceptance (an f_i of section 1): accept x iff x = argmax p (first maximiser on ties)."""
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        V = p.shape[-1]
+        top = xp.argmax(p, axis=-1)[..., None]
+        ar = xp.arange(V, device=array_api_compat.device(p))
+        return xp.astype(ar == top, p.dtype)
+

@@ -1,0 +1,156 @@
+"""Static draft trees (EAGLE-1 / LANTERN++ setting) and multi-candidate verification.
+
+A tree is given as a list of paths of child ranks, as in EAGLE's "choices" lists: ``(0,)`` is the
+first candidate after the root, ``(0, 1)`` the second candidate after that one, and so on. Node 0 is the
+root (the last accepted token); nodes 1..N are the paths sorted by (depth, path).
+
+Multi-candidate verification at a node (docs/theory.md section 9): the node's candidates c_1..c_m were
+drafted from its draft row q *without replacement* (q_1 = q, q_{j+1} = Norm(q_j with c_j removed)).
+They are tried in rank order: c_j is accepted with probability f(c_j) computed by the acceptance rule
+from the current residual target row p_j and the current draft row q_j; on rejection the residual
+becomes the resampling rule applied to (p_j, q_j, f, rejected=c_j) -- Norm([p_j - q_j f]_+) for G*
+(T5 applied recursively), LANTERN's own update for the LANTERN baseline. If all candidates are rejected
+the next token is drawn from the final residual; after accepting a leaf, the bonus token comes from the
+leaf's target row. With vanilla f this is recursive rejection sampling and is lossless.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import array_api_compat
+
+from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical
+from .shapes import RowTrees, Tree
+
+__all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "draft_without_replacement"]
+
+
+# How a node's candidates were drafted (section 10): "without_replacement" = a sequential draw without replacement
+# from the node's draft row q (the walk's q_j = Norm(q with c_1..c_{j-1} removed)); "point" = deterministic
+# candidates (the draft's top-k, as the EAGLE-2 / LANTERN releases), whose conditional draft law is the point
+# mass at c_j (q_j = one-hot(c_j): vanilla then accepts with p_j(c_j), the release's ``qx = 1``).
+DRAFT_LAWS = ("without_replacement", "point")
+
+
+
+class TreeVerdict(NamedTuple):
+    accepted: Array    # (...,) int64: accepted drafts (depth reached)
+    path: Array        # (..., D) int64: accepted nodes by depth, -1 after the last
+    next_token: Array  # (...,) int64: resampled token, or the bonus token after a leaf
+    last_node: Array   # (...,) int64: the last accepted node (0 = root)
+
+
+
+
+def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
+                              exponential: Array | None = None) -> Array:
+    """The first m candidates of a node (section 9): a sequential draw without replacement from rows q (..., V). Give
+    either Gumbel(0, 1) noise ``gumbel`` (..., V) (Gumbel-top-k: the m largest log q + g) or Exp(1) noise
+    ``exponential`` (..., V) (the exponential race: the m largest q / e, the same order as gumbel = -log e, in
+    one division instead of two logarithms). Returns (..., m) int64 in draw order. Tokens with q = 0 come last
+    (keys -inf, or 0); callers must not ask for more than the support size."""
+    if (gumbel is None) == (exponential is None):
+        raise ValueError("give exactly one of gumbel= and exponential= noise")
+    xp = namespace(q, gumbel if exponential is None else exponential)
+    if exponential is not None:
+        keys = q / exponential      # e > 0 (e = inf gives key 0: drawn last, as q = 0)
+    else:
+        pos = q > 0
+        keys = xp.where(pos, xp.log(xp.where(pos, q, xp.ones_like(q))) + gumbel, xp.full_like(q, -float("inf")))
+    topk = getattr(keys, "topk", None)
+    if topk is not None:    # torch: the m largest keys, sorted (distinct with probability 1), without a full sort
+        return topk(m, dim=-1, largest=True, sorted=True).indices
+    return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
+
+
+def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: "Tree | RowTrees", verifier, *,
+                early_exit: bool = False, max_depth: Array | None = None,
+                draft_law: str = "without_replacement") -> TreeVerdict:
+    """Multi-candidate verification of one static-tree round (section 9; T5 applied recursively), batched over leading dims.
+
+    Shapes (N = tree.n_nodes, node 0 = root):
+      p        (..., N+1, V)  target rows after each node's path (node 0: after the accepted prefix)
+      q        (..., N+1, V)  draft rows each node's children were drawn from (unused for leaves)
+      tokens   (..., N+1)     drafted token at each node (entry 0 ignored)
+      u_accept (..., N+1)     one uniform per node: candidate n is accepted iff u_accept[n] < f(token[n])
+      u_sample (...,)         uniform for the final token
+      max_depth (...,)        optional int: the walk of that round stops at this depth (its tree truncated
+                              there, as ``real.decode.engine`` does at the end of an image in a ragged batch);
+                              default: the whole tree
+    ``tree``: a static ``Tree`` shared by every round, or ``RowTrees`` (children (..., N+1, K)), one tree per
+    round (dynamic trees, section 10). ``draft_law`` (``DRAFT_LAWS``): "point" for deterministic candidates (q_j =
+    one-hot(c_j); q unused).
+    The walk loops over at most N + depth steps (a static bound, not over batch elements); every step
+    tries one candidate for every unfinished round. ``early_exit=True`` stops as soon as every round has
+    finished (same result: finished rounds no longer change; one host sync per step, so not for JAX
+    tracing); the real-model engine uses it, a round typically needing far fewer steps than the bound.
+    """
+    if draft_law not in DRAFT_LAWS:
+        raise ValueError(f"draft_law must be one of {DRAFT_LAWS}, got {draft_law!r}")
+    point = draft_law == "point"
+    xp = namespace(p, q)
+    dev = array_api_compat.device(p)
+    V = p.shape[-1]
+    batch = tuple(tokens.shape[:-1])
+    per_row = isinstance(tree, RowTrees)
+    children = xp.asarray(tree.children, device=dev)                             # (N+1, K) or (*batch, N+1, K)
+    n_kids = xp.sum(xp.astype(children >= 0, xp.int64), axis=-1)                 # (N+1,) or (*batch, N+1)
+    K = children.shape[-1]
+    tokens = xp.astype(tokens, xp.int64)
+    zero_i = xp.zeros(batch, dtype=xp.int64, device=dev)
+    node, rank, depth = zero_i, zero_i, zero_i
+    active = xp.ones(batch, dtype=xp.bool, device=dev)
+    cap = (xp.full(batch, tree.depth, dtype=xp.int64, device=dev) if max_depth is None
+           else xp.astype(xp.asarray(max_depth, device=dev), xp.int64))
+    p_res = p[..., 0, :]
+    removed = xp.zeros((*batch, V), dtype=xp.bool, device=dev)
+    path = xp.full((*batch, tree.depth), -1, dtype=xp.int64, device=dev)
+    ar_depth = xp.arange(tree.depth, device=dev)
+    ar_V = xp.arange(V, device=dev)
+
+    def kids_of(node):
+        """(..., K) the children of each round's current node, and (...,) how many it has."""
+        if per_row:
+            return gather_rows(children, node, xp), gather(n_kids, node, xp)
+        flat = xp.reshape(node, (-1,))
+        return (xp.reshape(xp.take(children, flat, axis=0), (*batch, K)),
+                xp.reshape(xp.take(n_kids, flat, axis=0), batch))
+
+    def untried(node, rank, depth):
+        """(...,) bool: the round's current node has a candidate left to try, within its depth cap."""
+        return (rank < kids_of(node)[1]) & (depth < cap)
+
+    for _ in range(tree.n_nodes + tree.depth + 1):
+        if early_exit and not bool(xp.any(active)):
+            break
+        kid_row, n_here = kids_of(node)
+        kid = gather(kid_row, xp.minimum(rank, xp.full_like(rank, K - 1)), xp)
+        has = active & (rank < n_here) & (depth < cap)
+        kid_safe = xp.where(has, kid, zero_i)
+        c = gather(tokens, kid_safe, xp)
+        if point:        # deterministic candidates: the draft's conditional law is the point mass at c_j
+            q_j = xp.astype(ar_V == c[..., None], p.dtype)
+        else:
+            q_node = gather_rows(q, node, xp)
+            q_left = xp.where(removed, xp.zeros_like(q_node), q_node)
+            q_j = normalize(q_left, q_left, xp)                                   # all zero once exhausted
+        # rounds at a leaf (depth = D) have no candidate (has = False): their f is unused, so the position is
+        # clamped to D (schedules defined on positions 1..D only, e.g. Explicit weights, accept it)
+        f_row = verifier.accept(p_res, q_j, xp.minimum(depth + 1, xp.full_like(depth, tree.depth)))
+        valid = has & (gather(q_j, c, xp) > 0)                                    # impossible candidates are skipped
+        acc = valid & (gather(u_accept, kid_safe, xp) < gather(f_row, c, xp))
+        rej = valid & ~acc
+        G = verifier.resample(p_res, q_j, f_row, c)
+        # advance the state of every round at once
+        p_res = xp.where(acc[..., None], gather_rows(p, kid_safe, xp), xp.where(rej[..., None], G, p_res))
+        removed = xp.where(acc[..., None], xp.zeros_like(removed), removed | (rej[..., None] & (ar_V == c[..., None])))
+        path = xp.where(acc[..., None] & (ar_depth == depth[..., None]), kid_safe[..., None], path)
+        node = xp.where(acc, kid_safe, node)
+        depth = depth + xp.astype(acc, xp.int64)
+        rank = xp.where(acc, zero_i, rank + xp.astype(has & ~acc, xp.int64))
+        active = active & has  # a round stops when its current node has no untried candidate left
+        if early_exit:         # ... which is known now: the round need not come back for an empty step
+            active = active & untried(node, rank, depth)
+    return TreeVerdict(depth, path, sample_categorical(p_res, u_sample, xp), node)
+
+
