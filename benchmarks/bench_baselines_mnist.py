@@ -78,10 +78,10 @@ def main(argv=None) -> dict:
             gs = []
             for c, sd in zip(classes, range(s.seed, s.seed + s.n_images)):
                 if drafting == "tree":
-                    gs.append(engine.tree_generate(target, draft, c, num_tokens=demo.T_IMAGE, verifier=v, tree=tree,
+                    gs.append(engine.speculative_generate(target, draft, c, num_tokens=demo.T_IMAGE, verifier=v, drafting=tree,
                                                    processing=proc, seed=sd, record_rows=record, progress=False))
                 else:
-                    gs.append(engine.speculative_generate(target, draft, c, num_tokens=demo.T_IMAGE, verifier=v, L=s.L,
+                    gs.append(engine.speculative_generate(target, draft, c, num_tokens=demo.T_IMAGE, verifier=v, drafting=s.L,
                                                           processing=proc, seed=sd, record_rows=record, progress=False))
             return gs
 

@@ -69,7 +69,7 @@ class Timed:
 def run(method: str, target, eagle, conds, B: int, proc: Processing, seed: int):
     """(images/s, per-image rounds, forward share of the wall time) of one method at batch size B."""
     t, d = Timed(target), Timed(eagle)
-    kw = {} if method == "ar" else dict(verifier=rules.vanilla() if method == "vanilla" else rules.cool_sd(4.0), L=L)
+    kw = {} if method == "ar" else dict(verifier=rules.vanilla() if method == "vanilla" else rules.cool_sd(4.0), drafting=L)
     t0 = time.perf_counter()
     gens = engine.generate(t, None if method == "ar" else d, conds, num_tokens=T, processing=proc, seed=seed,
                            batch_size=B, **kw)
@@ -97,7 +97,7 @@ def main(argv=None):
     eagle = gpt.load_eagle(target)
     proc = Processing(cfg_scale=2.0)
     conds = [i % 10 for i in range(args.images)]
-    engine.generate(target, eagle, conds[:8], num_tokens=T, processing=proc, verifier=rules.vanilla(), L=L,
+    engine.generate(target, eagle, conds[:8], num_tokens=T, processing=proc, verifier=rules.vanilla(), drafting=L,
                     batch_size=8)                                              # warm-up
     cells = {(B, m): conds[:max(B, 8)] if args.short else conds for B in args.batches for m in METHODS}  # --short: 8 at B=1
     res = {}

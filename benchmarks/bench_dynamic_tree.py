@@ -70,7 +70,7 @@ def _depth(tree) -> int:
 
 def _run(b, conds, tree, verifier, proc, batch, seed=1, record=False):
     t0 = time.perf_counter()
-    gens = generate(b.target, b.draft, conds, num_tokens=b.num_tokens, verifier=verifier, tree=tree, processing=proc,
+    gens = generate(b.target, b.draft, conds, num_tokens=b.num_tokens, verifier=verifier, drafting=tree, processing=proc,
                     seed=seed, batch_size=batch, record_rows=record)
     return gens, time.perf_counter() - t0
 

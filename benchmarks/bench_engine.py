@@ -47,7 +47,7 @@ def _measure(t, d, conds, T: int, label: str) -> None:
         engine.generate(t, None, conds[:1], num_tokens=16, processing=proc, batch_size=1)           # warm-up
         ar = engine.summarize(engine.generate(t, None, conds, num_tokens=T, processing=proc, batch_size=1))
         print(f"{label + 'plain AR t=' + str(temp):32s} {ar['tokens_per_second']:9.1f} {1.0:8.2f}")
-        for name, kw in (("chain L=4", dict(L=4)), ("tree eagle25", dict(tree=Tree(EAGLE_25)))):
+        for name, kw in (("chain L=4", dict(drafting=4)), ("tree eagle25", dict(drafting=Tree(EAGLE_25)))):
             engine.generate(t, d, conds[:1], num_tokens=T, verifier=v, processing=proc, batch_size=1, **kw)  # warm-up
             s = engine.summarize(engine.generate(t, d, conds, num_tokens=T, verifier=v, processing=proc,
                                                  batch_size=1, **kw))
@@ -117,7 +117,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         for temp in (1.0, 0.0):          # compile every shape class outside the timing
             proc = Processing(temperature=temp, cfg_scale=3.0)
-            for kw in (dict(L=4), dict(tree=Tree(EAGLE_25))):
+            for kw in (dict(drafting=4), dict(drafting=Tree(EAGLE_25))):
                 engine.generate(t, d, conds[:1], num_tokens=T, verifier=rules.vanilla() if temp else rules.greedy(),
                                 processing=proc, batch_size=1, **kw)
             engine.generate(t, None, conds[:1], num_tokens=16, processing=proc, batch_size=1)

@@ -89,7 +89,7 @@ def part1(args):
     def ours(T, D, fast):
         def run():
             calls.reset(), dcalls.reset()
-            g = engine.speculative_generate(T, D, Prompt(prompt[0]), num_tokens=N, verifier=rules.greedy(), L=args.L,
+            g = engine.speculative_generate(T, D, Prompt(prompt[0]), num_tokens=N, verifier=rules.greedy(), drafting=args.L,
                                             processing=greedy)
             return g.tokens, (g.target_forwards if fast else calls.n), None
         return run
@@ -128,7 +128,7 @@ def part1(args):
 
 
 def part2(args):
-    from real.decode.methods import MethodParams, make_verifier
+    from real.decode.methods import make_verifier
     from real.models.vq import VQModel, vq_config
 
     t, d = tiny_llamagen_pair(seed=0)
@@ -139,9 +139,9 @@ def part2(args):
           f"{args.images} images per method")
     print(f"  {'method':12s} {'round ms':>9s} {'draft ms':>9s} {'target ms':>10s} {'verify ms':>10s} {'verify share':>13s}")
     for m in ("vanilla", "cool-sd", "lantern", "typical"):
-        v = make_verifier(m, args.L, MethodParams(), nb)
-        engine.speculative_generate(t, d, 0, num_tokens=64, verifier=v, L=args.L, processing=proc)   # warm-up
-        s = engine.summarize([engine.speculative_generate(t, d, i, num_tokens=64, verifier=v, L=args.L,
+        v = make_verifier(m, args.L, None, nb)
+        engine.speculative_generate(t, d, 0, num_tokens=64, verifier=v, drafting=args.L, processing=proc)   # warm-up
+        s = engine.summarize([engine.speculative_generate(t, d, i, num_tokens=64, verifier=v, drafting=args.L,
                                                           processing=proc, seed=i) for i in range(args.images)])
         R = s["rounds"]
         tot = s["time_draft_s"] + s["time_target_s"] + s["time_verify_s"]
@@ -158,8 +158,8 @@ def part3(args):
     d = lg.truncated(t, 1)
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     v = rules.vanilla()
-    engine.speculative_generate(t, d, 0, num_tokens=6, verifier=v, L=args.L, processing=proc)   # warm-up
-    s = engine.summarize([engine.speculative_generate(t, d, 1, num_tokens=args.big_tokens, verifier=v, L=args.L,
+    engine.speculative_generate(t, d, 0, num_tokens=6, verifier=v, drafting=args.L, processing=proc)   # warm-up
+    s = engine.summarize([engine.speculative_generate(t, d, 1, num_tokens=args.big_tokens, verifier=v, drafting=args.L,
                                                       processing=proc)])
     R = s["rounds"]
     print(f"Part 3: LlamaGen-B-sized target (random, V = 16384) + 1-layer draft, CPU, vanilla, {R} rounds: round "

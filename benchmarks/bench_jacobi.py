@@ -124,11 +124,11 @@ def main(argv=None) -> int:
     classes = [i % 10 for i in range(a.images)]
     ref = reference_stats()          # the held-out digits' Gaussian in the classifier's feature space
     T = gpt.TOKENS
-    drafters = {"jacobi": dict(draft=None, jacobi=Jacobi(a.window, width=7)), "eagle": dict(draft=eagle, L=a.L)}
+    drafters = {"jacobi": dict(draft=None, drafting=Jacobi(a.window, width=7)), "eagle": dict(draft=eagle, drafting=a.L)}
 
     def run(kw, verifier, n, B, record=False, seed=a.seed):
-        gens = engine.generate(t, kw.get("draft"), classes[:n], num_tokens=T, verifier=verifier, L=kw.get("L"),
-                               jacobi=kw.get("jacobi"), processing=proc, seed=seed, batch_size=B, record_rows=record)
+        gens = engine.generate(t, kw.get("draft"), classes[:n], num_tokens=T, verifier=verifier,
+                               drafting=kw.get("drafting"), processing=proc, seed=seed, batch_size=B, record_rows=record)
         return gens
 
     def quality(gens):

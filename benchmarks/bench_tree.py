@@ -37,13 +37,13 @@ from theory.rules.chain import verify_chain  # noqa: E402
 def part1(images: int, draft: str) -> None:
     t, d = tiny_llamagen_pair(seed=0, draft=draft)
     proc = Processing(temperature=1.0, cfg_scale=2.0)
-    shapes = [("chain L=4", dict(L=4)), ("chain L=5", dict(L=5)), ("chain-5 as tree", dict(tree=chain_tree(5))),
-              ("EAGLE tree 25", dict(tree=Tree(EAGLE_25))), ("EAGLE tree 57", dict(tree=Tree(EAGLE_57)))]
+    shapes = [("chain L=4", dict(drafting=4)), ("chain L=5", dict(drafting=5)), ("chain-5 as tree", dict(drafting=chain_tree(5))),
+              ("EAGLE tree 25", dict(drafting=Tree(EAGLE_25))), ("EAGLE tree 57", dict(drafting=Tree(EAGLE_57)))]
     print(f"Part 1: llamagen-tiny ({draft} draft), CFG 2, temperature 1, {images} images x 64 tokens")
     print(f"{'method':9s} {'drafting':16s} {'tokens/call':>14s} {'x chain4':>8s} {'draft fwd/tok':>13s} "
           f"{'seconds':>8s} {'x chain4':>8s} {'verify %':>8s}")
     for v in (rules.vanilla(), rules.cool_sd(2.0, 0.7)):
-        engine.speculative_generate(t, d, 0, num_tokens=8, verifier=v, L=4, processing=proc)   # warm-up
+        engine.speculative_generate(t, d, 0, num_tokens=8, verifier=v, drafting=4, processing=proc)   # warm-up
         base = None
         for name, kw in shapes:
             gens = [engine.speculative_generate(t, d, c % 10, num_tokens=64, verifier=v, processing=proc, seed=c, **kw)

@@ -54,7 +54,7 @@ def main():
 
     def run():
         return engine.speculative_generate(T, D, Prompt(prompt[0]), num_tokens=args.tokens, verifier=rules.greedy(),
-                                           L=4, processing=Processing(temperature=0.0))
+                                           drafting=4, processing=Processing(temperature=0.0))
     run()
     ts = []
     for _ in range(5):

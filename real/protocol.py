@@ -59,8 +59,9 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt", "check_pair", "block_mask", "as_conds",
-           "OneRow", "as_batched", "prompt_rows", "check_attn_mask"]
+__all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt",
+           "check_pair", "block_mask", "as_conds", "OneRow", "as_batched", "prompt_rows", "check_attn_mask", "LAWS",
+           "Proposal", "Drafting"]
 
 
 class ModelOutput(NamedTuple):
@@ -134,12 +135,17 @@ class BatchedTarget(Protocol):
       logits (R, S, V) (+ hidden (R, S, D));
     * ``rollback(counts)``: drop counts[r] entries of row r (an int: every row);
     * ``keep(indices (R, k) or (k,), counts (R,))``: of the last block, keep the first counts[r] of indices[r];
-    * ``cache_bytes(rows)``: the memory ``prefill`` allocates for ``rows`` rows.
+    * ``cache_bytes(rows)``: the memory ``prefill`` allocates for ``rows`` rows;
+    * ``row_masks`` (bool): ``forward`` takes one attention mask per row, (R, S, K) (dynamic trees at B > 1);
+    * ``extra_slots`` (int or None): cache entries per row past the image (a dynamic tree's block must fit), None:
+      unbounded.
     ``real.nn.kvcache.CachedRows`` implements the cache members for every model that owns a ``KVCache``."""
     vocab_size: int
     batched: bool
     needs_features: bool
     prefix_len: int
+    row_masks: bool
+    extra_slots: int | None
 
     @property
     def cache_lens(self) -> np.ndarray:
@@ -168,10 +174,12 @@ class BatchedFeatureDrafter(Protocol):
     """What ``real.decode`` calls on an EAGLE-style drafter with per-row cache lengths: as ``BatchedTarget`` but
     ``needs_features`` True, ``start(prefix_len, rows)`` instead of ``prefill`` (``prefix_len`` the target's),
     ``forward(tokens (R, S), *, features (R, S, D), position_ids, attn_mask)`` -> logits (R, S, V) and the
-    drafter's hidden states (R, S, D), and ``cache_bytes(rows, prefix_len)``."""
+    drafter's hidden states (R, S, D), ``cache_bytes(rows, prefix_len)``, ``row_masks`` and ``extra_slots``."""
     vocab_size: int
     batched: bool
     needs_features: bool
+    row_masks: bool
+    extra_slots: int | None
 
     @property
     def cache_lens(self) -> np.ndarray:
@@ -192,6 +200,87 @@ class BatchedFeatureDrafter(Protocol):
 
     def cache_bytes(self, rows: int, prefix_len: int) -> int:
         """Memory of the cache ``start(prefix_len, rows)`` allocates."""
+
+
+# ----------------------------------------------------------------------------- the drafting contract
+
+LAWS = ("sampled", "without_replacement", "point")
+"""How a proposal's candidates were drawn, stated by the drafting mode (never inferred from its arrays): "sampled"
+(each node's one candidate drawn from its q row: chains, Jacobi windows), "without_replacement" (a node's m candidates
+a sequential draw without replacement from its q row: static and lossless dynamic trees), "point" (deterministic
+candidates: top-k, greedy, n-gram lookups; the draft law is the point mass at the candidate, the release's qx = 1)."""
+
+
+@dataclass
+class Proposal:
+    """What a drafting mode proposes for one round of a batch of B images (N drafted nodes; node 0 is the root, each
+    image's last committed token; a chain is the tree whose node k has the single child k + 1):
+
+    * ``tokens`` (B, N+1) int64 node tokens, the root at 0;
+    * ``q`` (B, N+1, V) the draft row each node's candidates were drawn from (chains: (B, N, V), draft k from row
+      k - 1; rows past a node's children are never read), or None with ``law="point"`` when nothing reads them;
+    * ``law`` in ``LAWS``;
+    * ``tree``: None (a chain), a ``theory.tree.Tree`` shared by the batch, or ``theory.tree.RowTrees`` per image;
+    * ``depth`` (N+1,) or (B, N+1) int64 node depths (the target position of node k is the root's + depth[k]);
+    * ``mask`` (N+1, N+1) or (B, N+1, N+1) bool tree attention (node a sees b iff b is a or an ancestor), None for a
+      chain (causal);
+    * ``draft_forwards``: draft-model forwards the proposal took; ``parent`` (B, N+1) node parents (-1 at the root)
+      when the tree differs per image (recorded with the round)."""
+    tokens: object
+    q: object
+    law: str
+    tree: object = None
+    depth: object = None
+    mask: object = None
+    draft_forwards: int = 0
+    parent: object = None
+
+    def __post_init__(self):
+        if self.law not in LAWS:
+            raise ValueError(f"Proposal.law must be one of {LAWS}, got {self.law!r}")
+        if self.q is None and self.law != "point":
+            raise ValueError(f"a proposal drawn with law {self.law!r} must give its q rows (only 'point' may omit them)")
+
+
+@runtime_checkable
+class Drafting(Protocol):
+    """A drafting mode (``real.decode.modes``): an immutable value holding its options; one batch's state lives in the
+    ``real.decode.round.Run`` it is given (``run.state``). The engine's loop (``real.decode.engine.generate``) does not
+    know which mode it runs: the target's prefill (then ``start``), and per round ``propose``, one target forward,
+    ``theory.tree.verify_round``, the commit, ``advance``.
+
+    * ``max_depth`` (int): the most drafted levels per round (chain L, tree depth, window - 1; 0: plain AR); the round
+      cuts image b's to D'_b = min(max_depth, T - n_b - 1) and proposes nothing when every D'_b is 0 (a plain AR step);
+    * ``needs_draft`` (bool): whether a draft model drives it (else ``generate``'s draft must be None);
+    * ``trees`` (bool): whether its proposals are trees (records then mark plain steps as depth-0 tree rounds);
+    * ``check(target, draft, num_tokens, verifier, processing, batch_size)``: ValueError before any work (models in
+      the batched protocol, ``real.protocol.as_batched``; a drafter-free mode is also asked with target, draft and
+      verifier None by the command line, before any model is built: the options alone);
+    * ``start(run)``: after the target's prefill and the first token (a draft model is already started), the mode's
+      initial ``run.state``;
+    * ``from_prefill(run)`` (bool): round 0 verifies drafts made before the target's prefill (an independent draft's
+      chain, the theory's convention of docs/theory.md section 11); else round 0 is the prefill alone;
+    * ``propose(run, depth)`` -> ``Proposal``, ``depth`` (B,) int64 the images' D'_b (0 for finished images, which ride
+      along and keep nothing);
+    * ``advance(run, proposal, verdict, p, n0)``: after the commit, update the mode's own state (draft cache rollbacks,
+      Jacobi windows); ``verdict`` a ``theory.tree.TreeVerdict`` with ``accepted`` on the host, ``p`` (B, N+1, V) the
+      round's target rows, ``n0`` (B,) the committed lengths the round started from;
+    * ``params()`` -> dict for the records."""
+    max_depth: int
+    needs_draft: bool
+    trees: bool
+
+    def check(self, target, draft, num_tokens: int, verifier, processing, batch_size: int) -> None: ...
+
+    def start(self, run) -> object: ...
+
+    def from_prefill(self, run) -> bool: ...
+
+    def propose(self, run, depth: np.ndarray) -> Proposal: ...
+
+    def advance(self, run, proposal: Proposal, verdict, p, n0: np.ndarray) -> None: ...
+
+    def params(self) -> dict: ...
 
 
 @dataclass
@@ -330,6 +419,12 @@ class OneRow:
         return getattr(self.model, name)
 
     prefix_len = 1           # not known before the prompt is seen: a feature drafter's memory is estimated from 1
+    row_masks = False        # one image at a time: a shared (S, K) mask is all it ever gets
+
+    @property
+    def extra_slots(self):
+        """The model's spare cache entries past the image (None: unbounded, e.g. transformers' dynamic caches)."""
+        return getattr(self.model, "extra_slots", None)
 
     def cache_bytes(self, rows: int, prefix_len: int | None = None) -> int:
         """0: the memory of a single-length model's cache (it grows with the prompt) is not estimated; such models

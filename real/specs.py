@@ -23,11 +23,15 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["Option", "Rule", "ModelSpec", "OPTIONS", "SPECS", "DRAFT_KINDS", "UNIVERSAL_DRAFTS", "CODEBOOKS", "spec",
+__all__ = ["Option", "Rule", "ModelSpec", "OPTIONS", "SPECS", "DRAFT_KINDS", "universal_drafts", "CODEBOOKS", "spec",
            "flag", "given", "check_options", "resolved", "attach", "prepare", "markdown_table"]
 
 DRAFT_KINDS = ("layerskip", "small", "eagle")
-UNIVERSAL_DRAFTS = ("jacobi",)        # draft kinds every model takes (no drafter: Speculative Jacobi Decoding)
+def universal_drafts() -> tuple:
+    """Draft kinds every model takes: the drafter-free modes of ``real.decode.modes`` (Jacobi; any a user registers)."""
+    from real.decode.modes import DRAFTER_FREE
+
+    return tuple(DRAFTER_FREE)
 CODEBOOKS = ("own", "vq", "none")     # a codebook of its own / only with --vq-ckpt / none (text LMs)
 
 
@@ -55,8 +59,9 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {o.dest: o for o in (
-    Option("draft", str, "draft kind: layerskip, small, eagle (model-dependent default), or jacobi (any model: no "
-                         "drafter, Speculative Jacobi Decoding, real.decode.jacobi)", DRAFT_KINDS + UNIVERSAL_DRAFTS),
+    Option("draft", str, "draft kind: layerskip, small, eagle (model-dependent default), or a drafter-free mode (any "
+                         "model: jacobi, Speculative Jacobi Decoding, real.decode.jacobi)",
+           lambda: DRAFT_KINDS + universal_drafts()),
     Option("class_id", int, "c2i class (default: seeded random per image)"),
     Option("model_type", str, "llamagen: c2i (default) or t2i", ("c2i", "t2i")),
     Option("image_size", int, "image side in pixels (a multiple of 16; default: the model's)"),
@@ -222,7 +227,7 @@ def check_options(model: str, values: Mapping[str, Any]) -> ModelSpec:
     from theory.core import checks
 
     s = spec(model)
-    universal = values.get("draft") in UNIVERSAL_DRAFTS          # --draft jacobi: every model, no drafter
+    universal = values.get("draft") in universal_drafts()        # --draft jacobi: every model, no drafter
     extra = [d for d in OPTIONS if given(values, d) and d not in s.options and not (d == "draft" and universal)]
     if extra:
         ok = _list(sorted(s.options, key=list(OPTIONS).index)) or "none of the model options"
@@ -243,7 +248,7 @@ def check_options(model: str, values: Mapping[str, Any]) -> ModelSpec:
             raise ValueError(f"{flag(d)} must be one of {', '.join(map(str, allowed))}, got {x!r}")
         if o.needs is not None and not given(values, o.needs):
             raise ValueError(f"{flag(d)} configures {flag(o.needs)}; give {flag(o.needs)} too")
-    if v["draft"] not in s.drafts + UNIVERSAL_DRAFTS:
+    if v["draft"] not in s.drafts + universal_drafts():
         raise ValueError(f"--draft must be one of {', '.join(s.drafts)} for --model {model}, got {v['draft']!r}")
     for d in (d for d in OPTIONS if given(values, d) and OPTIONS[d].draft not in (None, v["draft"])):
         raise ValueError(f"{flag(d)} belongs to a {OPTIONS[d].draft!r} draft (--draft {OPTIONS[d].draft}); "

@@ -23,7 +23,7 @@ import torch
 
 from real.decode import engine
 from real.models import llamagen as lg
-from real.decode.methods import MethodParams, make_verifier
+from real.decode.methods import make_verifier
 from real.decode.sampling import Processing
 from theory.rules.chain import verify_chain
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     ua, us = torch.rand(1, L, device=dev, generator=g), torch.rand(1, device=dev, generator=g)
     res["verify_ms"] = {}
     for m in ("vanilla", "cool-sd", "lantern"):
-        v = make_verifier(m, L, MethodParams(lantern_k=k), nb, device=dev)
+        v = make_verifier(m, L, {"k": k} if m.startswith("lantern") else None, nb, device=dev)
         res["verify_ms"][m] = 1e3 * timeit(lambda: verify_chain(p, q, tok, ua, us, v).accepted.tolist(), dev, a.iters)
     print("verify_chain alone: " + ", ".join(f"{m} {t:.3f} ms" for m, t in res["verify_ms"].items()))
 
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     proc = Processing(temperature=1.0, top_k=0, cfg_scale=a.cfg_scale)
     for m in ("vanilla", "cool-sd"):
         v = make_verifier(m, L)
-        gens = [engine.speculative_generate(tgt, drf, i, num_tokens=T, verifier=v, L=L, processing=proc, seed=i)
+        gens = [engine.speculative_generate(tgt, drf, i, num_tokens=T, verifier=v, drafting=L, processing=proc, seed=i)
                 for i in range(a.images)]
         s = engine.summarize(gens)
         rounds = [r for gg in gens for r in gg.rounds]
@@ -185,7 +185,7 @@ def batched(tgt, drf, sizes, proc, L: int, T: int, dev, iters: int) -> list:
         kw = dict(num_tokens=T, processing=proc, batch_size=B, seed=B)
         _sync(dev)
         t0 = time.perf_counter()
-        sd = engine.generate(tgt, drf, conds, verifier=rules.vanilla(), L=L, **kw)
+        sd = engine.generate(tgt, drf, conds, verifier=rules.vanilla(), drafting=L, **kw)
         _sync(dev)
         t1 = time.perf_counter()
         engine.generate(tgt, None, conds, **kw)

@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     proc = Processing(temperature=1.0, top_k=a.top_k, cfg_scale=a.cfg_scale)
     T = a.tokens
     for mm in ("vanilla", "cool-sd"):
-        gen = engine.speculative_generate(tgt, eag, prompt, num_tokens=T, verifier=make_verifier(mm, L), L=L,
+        gen = engine.speculative_generate(tgt, eag, prompt, num_tokens=T, verifier=make_verifier(mm, L), drafting=L,
                                           processing=proc, seed=0)
         s = engine.summarize([gen])
         rounds = gen.rounds
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
               f"({100 * over / (wall.mean() * 1e3):.1f}%), verify share {100 * s['verify_share']:.2f}%")
     from theory.tree import EAGLE_25, Tree
 
-    gen = engine.tree_generate(tgt, eag, prompt, num_tokens=T, verifier=make_verifier("vanilla", 5), tree=Tree(EAGLE_25),
+    gen = engine.speculative_generate(tgt, eag, prompt, num_tokens=T, verifier=make_verifier("vanilla", 5), drafting=Tree(EAGLE_25),
                                processing=proc, seed=0)
     s = engine.summarize([gen])
     wall = np.array([r.t_draft + r.t_target + r.t_verify for r in gen.rounds])

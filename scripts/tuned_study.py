@@ -126,7 +126,7 @@ def main(argv=None):
 
     def run(verifier, record=False):
         t = time.perf_counter()
-        gens = [engine.speculative_generate(target, draft, c, num_tokens=T, verifier=verifier, L=L, processing=proc,
+        gens = [engine.speculative_generate(target, draft, c, num_tokens=T, verifier=verifier, drafting=L, processing=proc,
                                             seed=s, record_rows=record) for c, s in zip(classes, seeds)]
         return gens, time.perf_counter() - t
 

@@ -388,10 +388,10 @@ def test_cli_runs_the_released_lantern_pp_and_selects_the_variants(capsys):
 
 
 def test_method_registry_maps_resampler_names_to_the_rules():
-    from real.decode.methods import MethodParams, make_verifier
+    from real.decode.methods import make_verifier
 
     table = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(40, 2)))
-    names = {r: make_verifier("lantern", 4, MethodParams(resampler=r), table).name for r in rules.LANTERN_RESAMPLERS}
+    names = {r: make_verifier("lantern", 4, {"resampler": r}, table).name for r in rules.LANTERN_RESAMPLERS}
     assert names == {"lantern": "lantern", "renormalised": "lantern-renormalised", "optimal": "lantern+G*"}
-    assert make_verifier("typical", 4, MethodParams()).resample == rules.Argmax()
-    assert make_verifier("typical", 4, MethodParams(resampler="optimal")).resample == rules.Optimal()
+    assert make_verifier("typical", 4).resample == rules.Argmax()
+    assert make_verifier("typical", 4, {"resampler": "optimal"}).resample == rules.Optimal()

@@ -59,7 +59,7 @@ def test_batched_greedy_equals_plain_greedy(kind, mode, cfg):
         conds = [0, 3, 7, 3, 9]
     proc = Processing(temperature=0.0, cfg_scale=cfg)
     T = 40 if kind not in ("eagle", "zoo") else 49
-    kw = dict(tree=Tree(EAGLE_25)) if mode == "tree" else dict(L=4)
+    kw = dict(drafting=Tree(EAGLE_25)) if mode == "tree" else dict(drafting=4)
     got = engine.generate(t, d, conds, num_tokens=T, verifier=rules.greedy(), processing=proc, batch_size=5, **kw)
     ar = engine.generate(t, None, conds, num_tokens=T, processing=proc, batch_size=5)
     for c, g, a in zip(conds, got, ar):
@@ -77,7 +77,7 @@ def test_batched_records_follow_the_whole_image_convention():
     of an independent draft drafts from the prefill) and carry rows that theory.likelihood.recorded can stack."""
     t, d = tiny_llamagen_pair(seed=0)
     L, T = 3, 30
-    gens = engine.generate(t, d, [1, 2, 3, 4], num_tokens=T, verifier=rules.cool_sd(2.0), L=L,
+    gens = engine.generate(t, d, [1, 2, 3, 4], num_tokens=T, verifier=rules.cool_sd(2.0), drafting=L,
                            processing=Processing(cfg_scale=2.0), batch_size=4, record_rows=True, seed=5)
     for g in gens:
         n = 0
@@ -107,7 +107,7 @@ def test_batched_law_equals_plain_sampling_and_batch1():
     law = _exact_law(t, 2, T, proc)
 
     def batched(verifier, seed):
-        gens = engine.generate(t, d, [2] * N, num_tokens=T, verifier=verifier, L=L, processing=proc,
+        gens = engine.generate(t, d, [2] * N, num_tokens=T, verifier=verifier, drafting=L, processing=proc,
                                batch_size=B, seed=seed)
         out: dict = {}
         for g in gens:
@@ -132,7 +132,7 @@ def test_batched_law_equals_plain_sampling_and_batch1():
     g1 = torch.Generator().manual_seed(3)
     one: dict = {}
     for _ in range(N):
-        s = tuple(engine.speculative_generate(t, d, 2, num_tokens=T, verifier=rules.cool_sd(1.5), L=L,
+        s = tuple(engine.speculative_generate(t, d, 2, num_tokens=T, verifier=rules.cool_sd(1.5), drafting=L,
                                               processing=proc, generator=g1).tokens.tolist())
         one[s] = one.get(s, 0) + 1
     p_cool = homogeneity(batched(rules.cool_sd(1.5), 4)[0], one)
@@ -145,7 +145,7 @@ def test_batched_law_equals_plain_sampling_and_batch1():
 
 def test_seeded_batched_runs_are_reproducible():
     t, d = tiny_llamagen_pair(seed=0, draft="eagle")
-    kw = dict(num_tokens=20, verifier=rules.cool_sd(2.0), tree=Tree(EAGLE_25), processing=Processing(cfg_scale=2.0))
+    kw = dict(num_tokens=20, verifier=rules.cool_sd(2.0), drafting=Tree(EAGLE_25), processing=Processing(cfg_scale=2.0))
     a = engine.generate(t, d, [1, 2, 3], batch_size=3, seed=7, **kw)
     b = engine.generate(t, d, [1, 2, 3], batch_size=3, seed=7, **kw)
     c = engine.generate(t, d, [1, 2, 3], batch_size=3, seed=8, **kw)
@@ -219,7 +219,7 @@ def test_kvcache_slots_rollback_keep_unit():
 
 def test_bad_batches_are_refused_before_any_work():
     t, d = tiny_llamagen_pair(seed=0)
-    kw = dict(num_tokens=8, verifier=rules.vanilla(), L=2)
+    kw = dict(num_tokens=8, verifier=rules.vanilla(), drafting=2)
     with pytest.raises(ValueError, match="^batch_size must be an integer >= 1, got 0"):
         engine.generate(t, d, [1, 2], batch_size=0, **kw)
     with pytest.raises(ValueError, match="larger than the 2 images"):
@@ -241,7 +241,8 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
     """At temperature 0 a node's children are the draft's top-m tokens by guided logits (as EAGLE drafts),
     not the argmax followed by arbitrary zero-probability tokens (the without-replacement draw from a
     one-hot row, which this test would catch: its 2nd..m-th children are the lowest token ids)."""
-    from real.decode import steps, tree_steps
+    from real.decode import tree as tree_steps
+    from real.decode.round import Run
     from real.decode.rng import Streams
 
     t, d = tiny_llamagen_pair(seed=0, draft="small")
@@ -251,7 +252,7 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
     seq = torch.tensor([[5, 9, 17], [2, 40, 33]])
     out = torch.zeros(2, 80, dtype=torch.long)
     out[:, :3] = seq
-    run = steps.Run(t, d, proc, Streams(0, np.arange(2), "cpu"), torch.device("cpu"), 64, np.array([3, 3]), out)
+    run = Run(t, d, proc, Streams(0, np.arange(2), "cpu"), torch.device("cpu"), 64, np.array([3, 3]), out)
     d.prefill([1, 4], cfg=True)
     run.d_off = d.cache_len
     tokens, q, _ = tree_steps.draft_tree(run, plan)
@@ -267,9 +268,9 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
 
 
 def test_top_m_is_the_stable_descending_argsort():
-    """real.decode.tree_steps.top_m (topk + tie order) == argsort(descending, stable)[..., :m] on rows with ties inside
+    """real.decode.tree.top_m (topk + tie order) == argsort(descending, stable)[..., :m] on rows with ties inside
     the top m, ties straddling the m-th place (the fallback) and distinct values."""
-    from real.decode.tree_steps import top_m
+    from real.decode.tree import top_m
 
     g = torch.Generator().manual_seed(0)
     inside = torch.tensor([[1.0, 5.0, 3.0, 5.0, 5.0, 0.0]])            # three 5s inside the top 3, then a 3

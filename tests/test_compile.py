@@ -35,7 +35,7 @@ def test_compiled_greedy_equals_eager_and_plain_greedy():
         compile_blocks(t)
         compile_blocks(d)
         assert t.layers[0].fns is not EAGER and d.layers[0].fns is t.layers[0].fns
-        for kw in (dict(L=4), dict(tree=Tree(EAGLE_25))):
+        for kw in (dict(drafting=4), dict(drafting=Tree(EAGLE_25))):
             got = engine.generate(t, d, conds, num_tokens=T, verifier=rules.greedy(), processing=proc,
                                   batch_size=3, **kw)
             for g, p in zip(got, plain):
@@ -60,7 +60,7 @@ def test_compiled_sampling_follows_the_exact_law():
 
         def counts(verifier, seed):
             out: dict = {}
-            for g in engine.generate(t, d, [2] * N, num_tokens=T, verifier=verifier, L=2, processing=proc,
+            for g in engine.generate(t, d, [2] * N, num_tokens=T, verifier=verifier, drafting=2, processing=proc,
                                      batch_size=40, seed=seed):
                 s = tuple(g.tokens.tolist())
                 out[s] = out.get(s, 0) + 1

@@ -35,7 +35,7 @@ def _generate(target, draft, conds, T, verifier, spec, proc, seed=0, batch_size=
     """Dynamic-tree generation of one image per condition: tokens (n, T) (and the per-batch steps)."""
     from real.decode import engine
 
-    gens = engine.generate(target, draft, conds, num_tokens=T, verifier=verifier, tree=spec, processing=proc,
+    gens = engine.generate(target, draft, conds, num_tokens=T, verifier=verifier, drafting=spec, processing=proc,
                            seed=seed, batch_size=batch_size or len(conds), record_rows=record)
     return torch.stack([g.tokens for g in gens]), gens
 
@@ -336,15 +336,18 @@ def test_bad_input(llamagen):
                     (dict(sampling="x"), "sampling"), (dict(total=50, depth=1, topk=3), "exceeds")]:
         with pytest.raises(ValueError, match=msg):
             DynamicTree(**kw)
+    proc = Processing()
     with pytest.raises(ValueError, match="vocabulary"):
-        dt.check_dynamic(DynamicTree(topk=t.vocab_size + 1, total=5), t, d, 1)
+        DynamicTree(topk=t.vocab_size + 1, total=5).check(t, d, 16, rules.vanilla(), proc, 1)
     with pytest.raises(ValueError, match="room"):
-        dt.check_dynamic(DynamicTree(total=200, depth=4, topk=10), t, d, 1)
+        DynamicTree(total=200, depth=4, topk=10).check(t, d, 16, rules.vanilla(), proc, 1)
 
     class NoRowMasks:
         vocab_size = t.vocab_size
+        row_masks = False
+        extra_slots = None
     with pytest.raises(ValueError, match="per-row tree masks"):
-        dt.check_dynamic(DynamicTree(), t, NoRowMasks(), 2)
+        DynamicTree().check(t, NoRowMasks(), 16, rules.vanilla(), proc, 2)
 
 
 # --------------------------------------------------------------------------- recorded dynamic rounds
@@ -403,7 +406,7 @@ def test_ancestor_masks_numpy_torch_and_brute_force():
 
 def test_top_m_ties_to_the_lower_index():
     """top_m: the m largest by value, ties to the lower index, with and without ties (the no-tie shortcut)."""
-    from real.decode.tree_steps import top_m
+    from real.decode.tree import top_m
     rng = np.random.default_rng(4)
     for _ in range(200):
         x = torch.as_tensor(rng.integers(0, 6, size=(3, 12)).astype(np.float32) if rng.random() < 0.5

@@ -216,16 +216,15 @@ def test_kvcache_equal_lengths_mask_and_keep_in_place():
 
 
 def test_host_verification_gives_the_torch_verdict():
-    """``verify_tree_on`` / ``verify_chain_on`` with ``run.host`` (numpy views) return the same verdict, as tensors, as the torch path on
-    the same rows, for chains and trees; a verifier holding a tensor (LANTERN's neighbour table placed on the
-    device) is kept on torch, one without is verified on the host."""
+    """``verify_round`` on the host (numpy views of the rows, ``real.decode.round.on_host``) returns the torch path's
+    verdict on the same rows, for chains and trees; a verifier holding a tensor (LANTERN's neighbour table placed on
+    the device) is kept on torch, one without is verified on the host."""
     from types import SimpleNamespace
 
-    from real.decode.steps import holds_tensors, host_verification, verify_chain_on
-    from real.decode.tree_steps import verify_tree_on
+    from real.decode.round import holds_tensors, host_verification, on_host
     from theory import rules
     from theory.rules.lantern import lantern_neighbors
-    from theory.tree import EAGLE_25, Tree, verify_tree
+    from theory.tree import EAGLE_25, Tree, verify_round, verify_tree
     from theory.rules.chain import verify_chain
 
     g = torch.Generator().manual_seed(3)
@@ -237,16 +236,21 @@ def test_host_verification_gives_the_torch_verdict():
     ua, us = torch.rand(B, N + 1, generator=g, dtype=torch.float64), torch.rand(B, generator=g, dtype=torch.float64)
     nb = lantern_neighbors(np.random.default_rng(0).normal(size=(V, 4)), 8)
     lpp_t = rules.lantern_pp(torch.as_tensor(nb), 2, 2.0)
+    host = SimpleNamespace(host=True)
     for v in (rules.vanilla(), rules.cool_sd(2.0), rules.lantern_pp(nb, 2, 2.0)):
-        kw = dict(early_exit=True, max_depth=torch.tensor([5, 5, 2, 1, 5]))
-        want = verify_tree(p, q, tok, ua, us, tree, v, **kw)
-        got = verify_tree_on(SimpleNamespace(host=True), p, q, tok, ua, us, tree, v, kw["max_depth"])
-        assert all(isinstance(a, torch.Tensor) and torch.equal(a, b) for a, b in zip(got, want)), v.name
-        c_want = verify_chain(p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
-                              n_drafted=torch.tensor([4, 4, 2, 0, 3]))
-        c_got = verify_chain_on(SimpleNamespace(host=True), p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v,
-                                torch.tensor([4, 4, 2, 0, 3]))
-        assert all(torch.allclose(a, b) for a, b in zip(c_got, c_want)), v.name
+        cap = torch.tensor([5, 5, 2, 1, 5])
+        want = verify_tree(p, q, tok, ua, us, tree, v, early_exit=True, max_depth=cap,
+                           draft_law="without_replacement")
+        *rows, c = on_host(host, p, q, tok, ua, us, cap)
+        assert all(isinstance(a, np.ndarray) for a in rows)
+        got = verify_round(*rows, tree, v, law="without_replacement", max_depth=c)
+        assert all(np.array_equal(np.asarray(a), b.numpy()) for a, b in zip(got, want)), v.name
+        nd = torch.tensor([4, 4, 2, 0, 3])
+        c_want = verify_chain(p[:, :5], q[:, :4], tok[:, 1:5], ua[:, :4], us, v, n_drafted=nd)
+        *rows, c = on_host(host, p[:, :5], q[:, :4], tok[:, :5], ua[:, :5], us, nd)
+        c_got = verify_round(*rows, None, v, law="sampled", max_depth=c)
+        assert np.array_equal(c_got.accepted, c_want.accepted.numpy()), v.name
+        assert np.array_equal(c_got.next_token, c_want.next_token.numpy()), v.name
     assert not holds_tensors(rules.vanilla()) and not holds_tensors(rules.lantern_pp(nb, 2, 2.0))
     assert holds_tensors(lpp_t)
     assert host_verification("cpu", rules.cool_sd(2.0)) and not host_verification("cpu", lpp_t)

@@ -1,12 +1,19 @@
-"""real.decode.fast_verify: the closed-form walks give theory.tree.verify_tree's verdict (vanilla with the point
-draft law, greedy with any law, vanilla with candidates drawn without replacement), on static trees and per-round dynamic trees, with depth caps, repeated sibling
-tokens and peaked rows; a control (the greedy walk against the vanilla verdict) must be told apart."""
+"""theory.rules.walks, the fast walks vanilla and greedy supply for themselves (``Verifier.walk``): they give
+theory.tree.verify_tree's verdict (vanilla with the point draft law, greedy with any law, vanilla with candidates drawn
+without replacement), on static trees and per-round dynamic trees, with depth caps, repeated sibling tokens and peaked
+rows; ``verify_round`` takes them; a control (the greedy walk against the vanilla verdict) must be told apart."""
 import numpy as np
 import pytest
+import torch
 
-from real.decode.fast_verify import fast_kind, verify_tree_fast
 from theory import rules
-from theory.tree import EAGLE_25, Tree, row_trees, verify_tree
+from theory.tree import EAGLE_25, Tree, TreeVerdict, row_trees, verify_round, verify_tree
+
+
+def verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law):
+    """The verifier's own walk, as ``verify_round`` calls it."""
+    out = verifier.walk(p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
+    return None if out is None else TreeVerdict(*out)
 
 
 def _rows(rng, B, N1, V, peaked):
@@ -50,10 +57,10 @@ def test_fast_walks_equal_verify_tree(static, V):
         p, q, tokens, u, us, tree, cap = _case(seed, static, V)
         for verifier, law in ((rules.vanilla(), "point"), (rules.greedy(), "point"),
                               (rules.greedy(), "without_replacement"), (rules.vanilla(), "without_replacement")):
-            kind = fast_kind(verifier, law)
             ref = verify_tree(p, q, tokens, u, us, tree, verifier, early_exit=True, max_depth=cap, draft_law=law)
-            got = verify_tree_fast(kind, p, q, tokens, u, us, tree, cap, law)
-            assert _same(ref, got), (seed, kind, law, ref, got)
+            got = verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law)
+            assert _same(ref, got), (seed, verifier.name, law, ref, got)
+            assert _same(ref, verify_round(p, q, tokens, u, us, tree, verifier, law=law, max_depth=cap))
             n_acc += int(np.asarray(ref.accepted).sum())
     assert n_acc > 100          # the cases do accept candidates, at several depths
 
@@ -64,12 +71,21 @@ def test_control_is_told_apart():
     for seed in range(40):
         p, q, tokens, u, us, tree, cap = _case(seed, False, 50)
         ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, max_depth=cap, draft_law="point")
-        diff += not _same(ref, verify_tree_fast("greedy", p, q, tokens, u, us, tree, cap, "point"))
+        diff += not _same(ref, verify_tree_fast(rules.greedy(), p, q, tokens, u, us, tree, cap, "point"))
     assert diff >= 10
 
 
-def test_fast_kind_only_for_closed_forms():
-    assert fast_kind(rules.vanilla(), "point") == "vanilla"
-    assert fast_kind(rules.vanilla(), "without_replacement") == "vanilla_wr"
-    assert fast_kind(rules.greedy(), "without_replacement") == "greedy"
-    assert fast_kind(rules.scaled(lambda i: 2.0), "point") is None
+def test_walks_are_the_rules_own_and_apply_to_host_arrays_only():
+    """Only vanilla and greedy supply a walk (a verifier built from the same rules by hand takes the generic walk,
+    which is correct, only slower); a walk declines torch rows and laws it does not cover, and ``verify_round`` then
+    takes ``verify_tree``: the same verdict."""
+    assert rules.vanilla().walk is not None and rules.greedy().walk is not None
+    assert rules.scaled(rules.Uniform(2.0)).walk is None and rules.cool_sd(2.0).walk is None
+    assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
+    p, q, tokens, u, us, tree, cap = _case(1, True, 8)
+    t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
+    assert rules.vanilla().walk(*t, tree.children, tree.depth, None, "point") is None
+    assert rules.vanilla().walk(p, q, tokens, u, us, tree.children, tree.depth, None, "other") is None
+    ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, draft_law="point")
+    got = verify_round(*t, tree, rules.vanilla(), law="point")
+    assert _same(ref, [x.numpy() for x in got])

@@ -44,10 +44,10 @@ def test_greedy_jacobi_equals_plain_greedy(mnist, W, init):
     conds = [0, 3, 7, 3, 9]
     ref = _tokens(engine.generate(mnist, None, conds, num_tokens=49, processing=proc, batch_size=5))
     spec = Jacobi(W, init, width=7)
-    gens = engine.generate(mnist, None, conds, num_tokens=49, verifier=rules.greedy(), jacobi=spec, processing=proc,
+    gens = engine.generate(mnist, None, conds, num_tokens=49, verifier=rules.greedy(), drafting=spec, processing=proc,
                            batch_size=5)
     assert torch.equal(_tokens(gens), ref)
-    one = engine.generate(mnist, None, conds[:2], num_tokens=49, verifier=rules.greedy(), jacobi=spec,
+    one = engine.generate(mnist, None, conds[:2], num_tokens=49, verifier=rules.greedy(), drafting=spec,
                           processing=proc, batch_size=1)
     assert torch.equal(_tokens(one), ref[:2])
     assert engine.summarize(gens)["tokens_per_target_call"] > 1.3
@@ -61,7 +61,7 @@ def test_jacobi_image_depends_only_on_seed_and_index(mnist, coupling):
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     conds = [1, 4, 4, 8, 0, 2]
     spec = Jacobi(8, coupling=coupling)
-    outs = [_tokens(engine.generate(mnist, None, conds, num_tokens=49, verifier=rules.cool_sd(2.0), jacobi=spec,
+    outs = [_tokens(engine.generate(mnist, None, conds, num_tokens=49, verifier=rules.cool_sd(2.0), drafting=spec,
                                     processing=proc, batch_size=b, seed=11)) for b in (1, 3, 6)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
@@ -79,7 +79,7 @@ def _law_model(T: int):
 
 def _counts(t, spec, verifier, N, B, T, proc, seed):
     """Sequence counts of N Jacobi-decoded images (batches of B) and the generations."""
-    gens = engine.generate(t, None, [1] * N, num_tokens=T, verifier=verifier, jacobi=spec, processing=proc,
+    gens = engine.generate(t, None, [1] * N, num_tokens=T, verifier=verifier, drafting=spec, processing=proc,
                            batch_size=B, seed=seed)
     return dict(Counter(tuple(g.tokens.tolist()) for g in gens)), gens
 
@@ -99,17 +99,17 @@ def _tv(counts, law, N):
 def test_sjd_law_equals_plain_sampling_batched(law6, monkeypatch):
     """Vanilla SJD (window 4: 3 Jacobi drafts, carried over up to two iterations) at B = 50 has the exact law of
     plain sampling (chi-square over the 729 sequences, cells under 5 expected pooled; N = 6000). Negative control:
-    verifying the drafts against the CURRENT rows as q (instead of the rows they were drawn from) accepts every
-    draft and is rejected at p < 1e-6."""
+    verifying the drafts against uniform rows as q (instead of the rows they were drawn from) is rejected at
+    p < 1e-6."""
     t, proc, T, law = law6
     N, B = 6000, 50
     c, gens = _counts(t, Jacobi(4), rules.vanilla(), N, B, T, proc, 1)
     assert max(r.drafted - r.accepted for g in gens for r in g.rounds) >= 2     # drafts carried and rejected
     p_ok, _ = _chi2(c, law, N)
-    monkeypatch.setattr(J, "draft_rows", lambda win, P: P[:, :-1])
+    monkeypatch.setattr(J, "draft_rows", lambda win, Lr: torch.full_like(win.q[:, :Lr], 1.0 / win.q.shape[-1]))
     bad, _ = _counts(t, Jacobi(4), rules.vanilla(), N, B, T, proc, 2)
     p_bad, _ = _chi2(bad, law, N)
-    print(f"SJD p={p_ok:.3g} TV={_tv(c, law, N):.4f}; q = current rows p={p_bad:.3g} TV={_tv(bad, law, N):.4f}")
+    print(f"SJD p={p_ok:.3g} TV={_tv(c, law, N):.4f}; q = uniform rows p={p_bad:.3g} TV={_tv(bad, law, N):.4f}")
     assert p_ok > 1e-3
     assert p_bad < 1e-6
 
@@ -191,7 +191,7 @@ def test_recorded_rows_predict_vanilla_acceptance(mnist):
     the accepted drafts per round, so the means agree within 3 standard errors of the difference."""
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     spec = Jacobi(6)
-    gens = engine.generate(mnist, None, list(range(10)) * 2, num_tokens=49, verifier=rules.vanilla(), jacobi=spec,
+    gens = engine.generate(mnist, None, list(range(10)) * 2, num_tokens=49, verifier=rules.vanilla(), drafting=spec,
                            processing=proc, seed=5, record_rows=True)
     recs = [r for g in gens for r in g.rounds if r.drafted > 0]
     p, q, d, nd = engine.records_to_arrays(recs, spec.slots)
@@ -211,14 +211,14 @@ def test_jacobi_bad_input(mnist):
                       (Jacobi(4, init="repeat_horizon"), "needs the image row width"),
                       (Jacobi(4, coupling="bogus"), "coupling must be one of")]:
         with pytest.raises(ValueError, match=msg):
-            engine.generate(mnist, None, [0], jacobi=spec, **run)
-    with pytest.raises(ValueError, match="greedy verification"):
-        engine.generate(mnist, None, [0], num_tokens=49, verifier=rules.greedy(), jacobi=Jacobi(4, coupling="scd-gs"),
+            engine.generate(mnist, None, [0], drafting=spec, **run)
+    with pytest.raises(ValueError, match="greedy decoding has one-hot rows"):
+        engine.generate(mnist, None, [0], num_tokens=49, verifier=rules.greedy(), drafting=Jacobi(4, coupling="scd-gs"),
                         processing=Processing(temperature=0.0))
     with pytest.raises(ValueError, match="no draft model"):
-        engine.generate(mnist, mnist, [0], jacobi=Jacobi(4), **run)
-    with pytest.raises(ValueError, match="needs a verifier"):
-        engine.generate(mnist, None, [0], num_tokens=49, jacobi=Jacobi(4))
+        engine.generate(mnist, mnist, [0], drafting=Jacobi(4), **run)
+    with pytest.raises(TypeError, match="verifier must be"):
+        engine.generate(mnist, None, [0], num_tokens=49, drafting=Jacobi(4))
 
 
 # ----------------------------------------------------------------------------- the command line (issue 27's contract)
@@ -289,7 +289,7 @@ def test_build_without_a_draft(model, monkeypatch):
     (["--draft", "jacobi", "--draft-ckpt", "x.pt"], "--draft-ckpt"),
     (["--draft", "jacobi", "--L", "3"], "--L"),
     (["--draft", "jacobi", "--method", "ar"], "not ar"),
-    (["--draft", "jacobi", "--method", "greedy", "--coupling", "scd-gs"], "--coupling scd-gs"),
+    (["--draft", "jacobi", "--method", "greedy", "--coupling", "scd-gs"], "coupling 'scd-gs' couples sampled drafts"),
     (["--window", "4"], "add --draft jacobi"),
     (["--coupling", "scd-mc"], "add --draft jacobi"),
     (["--draft", "jacobi", "--method", "cool-sd", "--fidelity"], "--fidelity with --draft jacobi: exact likelihood"),

@@ -62,18 +62,36 @@ def test_gsd_entries_build_the_release_rule_and_our_g_star_variant():
     assert g.name == "gsd+G*" and isinstance(g.resample, rules.Optimal) and g.params["window"] == 3
     off = methods.build("gsd", 4, d_threshold="off")                   # no distance test: no embeddings needed
     assert off.accept.close is None and off.params["d_threshold"] is None
-    assert methods.flags()["gsd_d_threshold"].type is methods.threshold_or_off
-    assert set(methods.flags()["resampler"].choices) >= {"residual", "optimal", "lantern", "argmax"}
+    owners = methods.flag_owners()
+    assert {prm.type for _, prm in owners["gsd_d_threshold"]} == {methods.threshold_or_off}
+    assert {m.name for m, _ in owners["resampler"]} >= {"gsd", "lantern", "lantern++", "typical"}
 
 
-def test_flat_options_come_from_the_registry():
-    from real.decode.methods import MethodParams, make_verifier
+def test_method_flags_are_namespaced_per_method():
+    """A flag several methods read is converted by the selected method's own parameter: its choices (gsd takes no
+    --resampler argmax, typical does), its type (a method registered with a text parameter on an existing numeric
+    flag keeps text), and a flag of another method is refused, naming the method's own flags."""
+    from argparse import Namespace
 
-    fields = set(MethodParams.__dataclass_fields__)
-    assert fields == set(methods.flags()) and {"lantern_k", "lam", "lantern_delta", "resampler"} <= fields
-    nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(40, 2)))
-    v = make_verifier("lantern", 4, MethodParams(lantern_k=3, lantern_delta=0.1, delta=5.0), nb)
-    assert v.params == {"k": 3, "delta": 0.1, "resampler": "lantern"}   # cool-sd's --delta does not leak into LANTERN's delta
+    from coolsd.options import method_params
+
+    def args(**kw):
+        return Namespace(**{f: None for f in methods.flag_owners()} | kw)
+
+    assert method_params(args(resampler="argmax"), "typical") == {"resampler": "argmax"}
+    with pytest.raises(ValueError, match="--resampler: gsd: parameter 'resampler' must be one of"):
+        method_params(args(resampler="argmax"), "gsd")
+    assert method_params(args(lantern_k="3", lantern_delta="0.1"), "lantern") == {"k": 3, "delta": 0.1}
+    with pytest.raises(ValueError, match="--delta do.es. not apply to method lantern"):
+        method_params(args(delta="5"), "lantern")       # cool-sd's --delta is not LANTERN's --lantern-delta
+    assert method_params(args(delta="2.5"), "cool-sd") == {"delta": 2.5}
+    m = methods.register(methods.Method("test-flag-rule", "t", (methods.Param("delta", str, "a", flag="delta"),),
+                                        lambda p, L, nb: rules.vanilla()))
+    try:
+        assert method_params(args(delta="2.5"), "test-flag-rule") == {"delta": "2.5"}     # its own type: text
+        assert method_params(args(delta="2.5"), "cool-sd") == {"delta": 2.5}
+    finally:
+        del methods.METHODS[m.name.lower()]
 
 
 def test_cli_refuses_options_of_another_method(capsys):

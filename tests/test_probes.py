@@ -360,7 +360,7 @@ def _gen(**kw):
     from real.decode import engine
 
     t, d = _tiny()
-    args = dict(num_tokens=4, verifier=rules.vanilla(), L=2)
+    args = dict(num_tokens=4, verifier=rules.vanilla(), drafting=2)
     args.update(kw)
     draft = args.pop("draft", d)
     target = args.pop("target", t)
@@ -396,17 +396,17 @@ API_PROBES = [
     ("engine seed -1", lambda: _gen(seed=-1), E, "seed"),
     ("engine seed 1.5", lambda: _gen(seed=1.5), E, "seed"),
     ("engine seed None", lambda: _gen(seed=None), E, "seed"),
-    ("engine L 2.7", lambda: _gen(L=2.7), E, "L"),
-    ("engine L 0", lambda: _gen(L=0), E, "L"),
-    ("engine L 10**5", lambda: _gen(L=10**5), E, "L"),
+    ("engine L 2.7", lambda: _gen(drafting=2.7), E, "L"),
+    ("engine L 0", lambda: _gen(drafting=0), E, "L"),
+    ("engine L 10**5", lambda: _gen(drafting=10**5), E, "L"),
     ("engine batch_size 0", lambda: _gen(batch_size=0), E, "batch_size"),
     ("engine batch_size 1.5", lambda: _gen(batch_size=1.5), E, "batch_size"),
     ("engine target is draft", lambda: _gen(draft=_tiny()[0]), E, "draft"),             # 26
     ("engine target None", lambda: _gen(target=None), E, "target"),
     ("engine conds str", lambda: __import__("real.decode.engine", fromlist=["x"]).generate(
-        *_tiny(), ["cat"], num_tokens=4, verifier=rules.vanilla(), L=2), E, "conds[0]"),                # 26
+        *_tiny(), ["cat"], num_tokens=4, verifier=rules.vanilla(), drafting=2), E, "conds[0]"),                # 26
     ("engine conds float", lambda: __import__("real.decode.engine", fromlist=["x"]).generate(
-        *_tiny(), [1.5], num_tokens=4, verifier=rules.vanilla(), L=2), E, "conds[0]"),
+        *_tiny(), [1.5], num_tokens=4, verifier=rules.vanilla(), drafting=2), E, "conds[0]"),
     ("engine conds None", lambda: __import__("real.decode.engine", fromlist=["x"]).generate(
         _tiny()[0], None, [None], num_tokens=4), E, "conds[0]"),
     ("rule_tables L 2.7", lambda: markov.rule_tables(P4, Q4, 2.7, rules.vanilla()), E, "L"),
@@ -484,9 +484,10 @@ API_PROBES = [
      "rounds"),
     ("exact_tv huge", lambda: markov.exact_tv(P4, Q4, *markov.rule_tables(P4, Q4, 300, rules.vanilla()), 0),
      E, "max_sequences"),
-    ("engine conds 10**7", lambda: _gen(num_tokens=4, L=2, target=_tiny()[0]) if False else
+    ("engine conds 10**7", lambda: _gen(num_tokens=4, drafting=2, target=_tiny()[0]) if False else
      __import__("real.decode.checks", fromlist=["x"]).generate_args(_tiny()[0], _tiny()[1], list(range(10**7)),
-     num_tokens=4, verifier=rules.vanilla(), L=2, tree=None, seed=0, batch_size=None), E, "conds"),
+     num_tokens=4, verifier=rules.vanilla(), drafting=2, seed=0, batch_size=None,
+     processing=__import__("real.decode.sampling", fromlist=["x"]).Processing()), E, "conds"),
     # the model spec at the API (registry.build runs the same generic check as the CLI)
     ("build vq_ckpt mnist", lambda: _build(vq_ckpt="/etc/passwd"), E, "--vq-ckpt"),
     ("build unknown model", lambda: _build(model="nope"), E, "model"),

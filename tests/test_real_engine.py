@@ -38,7 +38,7 @@ def test_greedy_speculative_equals_greedy_decoding(pair, cfg_scale, L):
     t, d = pair
     proc = Processing(temperature=0.0, cfg_scale=cfg_scale)
     ar = engine.ar_generate(t, 7, num_tokens=64, processing=proc)
-    sd = engine.speculative_generate(t, d, 7, num_tokens=64, verifier=rules.greedy(), L=L, processing=proc)
+    sd = engine.speculative_generate(t, d, 7, num_tokens=64, verifier=rules.greedy(), drafting=L, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens)
     assert sd.tokens.shape == (64,)
     # rounds follow the whole-image convention exactly
@@ -55,7 +55,7 @@ def test_greedy_with_eagle_drafter_and_t2i(pair):
     e = EagleDrafter.from_target(t, seed=3)
     proc = Processing(temperature=0.0, cfg_scale=2.0)
     ar = engine.ar_generate(t, 1, num_tokens=64, processing=proc)
-    sd = engine.speculative_generate(t, e, 1, num_tokens=64, verifier=rules.greedy(), L=3, processing=proc)
+    sd = engine.speculative_generate(t, e, 1, num_tokens=64, verifier=rules.greedy(), drafting=3, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens)
     assert sd.rounds[0].drafted == 0           # a feature drafter cannot draft the first token
     assert [r.drafted for r in sd.rounds[1:3]] == [3, 3]
@@ -65,7 +65,7 @@ def test_greedy_with_eagle_drafter_and_t2i(pair):
     mask = torch.arange(P) >= 3
     cap = Caption(torch.randn(P, C, generator=torch.Generator().manual_seed(0)) * mask[:, None], mask)
     a = engine.ar_generate(t2, cap, num_tokens=40, processing=proc)
-    s = engine.speculative_generate(t2, d2, cap, num_tokens=40, verifier=rules.greedy(), L=4, processing=proc)
+    s = engine.speculative_generate(t2, d2, cap, num_tokens=40, verifier=rules.greedy(), drafting=4, processing=proc)
     assert torch.equal(s.tokens, a.tokens)
 
 
@@ -147,7 +147,7 @@ def test_vanilla_sampling_law_equals_plain_sampling():
     assert abs(sum(law.values()) - 1) < 1e-5 and sum(v > 0 for v in law.values()) == 27
 
     g = torch.Generator().manual_seed(1)
-    sd = _sample_counts(lambda: engine.speculative_generate(t, d, 2, num_tokens=T, verifier=rules.vanilla(), L=L,
+    sd = _sample_counts(lambda: engine.speculative_generate(t, d, 2, num_tokens=T, verifier=rules.vanilla(), drafting=L,
                                                            processing=proc, generator=g).tokens, N)
     p_sd, stat_sd = _chi2(sd, law, N)
     g = torch.Generator().manual_seed(2)
@@ -155,7 +155,7 @@ def test_vanilla_sampling_law_equals_plain_sampling():
     p_ar, _ = _chi2(ar, law, N)
     bad = Verifier(Vanilla(), Target(), "wrong-resampler")
     g = torch.Generator().manual_seed(3)
-    ctl = _sample_counts(lambda: engine.speculative_generate(t, d, 2, num_tokens=T, verifier=bad, L=L,
+    ctl = _sample_counts(lambda: engine.speculative_generate(t, d, 2, num_tokens=T, verifier=bad, drafting=L,
                                                             processing=proc, generator=g).tokens, N)
     p_ctl, stat_ctl = _chi2(ctl, law, N)
     print(f"chi2 p-values: speculative {p_sd:.3g} (stat {stat_sd:.1f}), plain {p_ar:.3g}, control {p_ctl:.3g} (stat {stat_ctl:.1f})")
@@ -197,7 +197,7 @@ def test_records_format_and_rows(pair):
     t, d = pair
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     L, T = 4, 64
-    g = engine.speculative_generate(t, d, 5, num_tokens=T, verifier=rules.cool_sd(2.0), L=L, processing=proc,
+    g = engine.speculative_generate(t, d, 5, num_tokens=T, verifier=rules.cool_sd(2.0), drafting=L, processing=proc,
                                     record_rows=True, seed=4)
     toks = g.tokens
     n = 0
@@ -226,7 +226,7 @@ def test_recorded_rows_predict_the_measured_acceptance(pair):
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     recs = []
     for s in range(6):
-        recs += engine.speculative_generate(t, d, s, num_tokens=64, verifier=rules.vanilla(), L=4, processing=proc,
+        recs += engine.speculative_generate(t, d, s, num_tokens=64, verifier=rules.vanilla(), drafting=4, processing=proc,
                                             record_rows=True, seed=s).rounds
     p, q, dr, nd = engine.records_to_arrays(recs, 4)
     pred = predict_rounds(torch.as_tensor(p).double(), torch.as_tensor(q).double(), torch.as_tensor(dr),
@@ -245,7 +245,8 @@ def test_recorded_rows_predict_the_measured_acceptance(pair):
 # --------------------------------------------------------------------------- every method runs; bad input
 
 def test_every_method_runs_and_relaxation_accepts_more(pair):
-    from real.decode.methods import METHODS, MethodParams, make_verifier, method_processing
+    from real.decode.methods import METHODS, make_verifier, method_processing
+    from theory.rules import methods as registry
     from real.models.vq import VQModel, vq_config
 
     t, d = pair
@@ -254,9 +255,11 @@ def test_every_method_runs_and_relaxation_accepts_more(pair):
     tpc = {}
     for m in METHODS:
         # weights: method "scaled"; GSD's distance test off (make_verifier passes no codebook vectors yet)
-        v = make_verifier(m, 4, MethodParams(weights=(2.0, 1.5, 1.2, 1.0), gsd_d_threshold=float("inf")), nb)
+        own = {p.name for p in registry.get(m).free}
+        kw = {k: v for k, v in (("weights", (2.0, 1.5, 1.2, 1.0)), ("d_threshold", float("inf"))) if k in own}
+        v = make_verifier(m, 4, kw, nb)
         proc = method_processing(m, Processing(cfg_scale=2.0))
-        runs = [engine.speculative_generate(t, d, c, num_tokens=64, verifier=v, L=4, processing=proc, seed=c)
+        runs = [engine.speculative_generate(t, d, c, num_tokens=64, verifier=v, drafting=4, processing=proc, seed=c)
                 for c in range(3)]
         s = engine.summarize(runs)
         assert all(r.tokens.shape == (64,) for r in runs)
@@ -270,9 +273,11 @@ def test_bad_inputs(pair):
     t, d = pair
     other = lg.LlamaGen(lg.config("tiny-draft", vocab_size=128)).random_init(0)
     with pytest.raises(ValueError, match="vocabularies differ"):
-        engine.speculative_generate(t, other, 0, num_tokens=8, verifier=rules.vanilla(), L=2)
-    with pytest.raises(ValueError, match=r"^L must be an integer in \[1, 8\], got 0"):
-        engine.speculative_generate(t, d, 0, num_tokens=8, verifier=rules.vanilla(), L=0)
+        engine.speculative_generate(t, other, 0, num_tokens=8, verifier=rules.vanilla(), drafting=2)
+    with pytest.raises(ValueError, match=r"^L must be an integer >= 1, got 0"):
+        engine.speculative_generate(t, d, 0, num_tokens=8, verifier=rules.vanilla(), drafting=0)
+    with pytest.raises(ValueError, match=r"^L must be an integer in \[1, 8\], got 9"):
+        engine.speculative_generate(t, d, 0, num_tokens=8, verifier=rules.vanilla(), drafting=9)
     with pytest.raises(ValueError, match="class id"):
         engine.ar_generate(t, 99, num_tokens=2)
     with pytest.raises(ValueError, match="top_p"):
@@ -297,7 +302,7 @@ def test_models_work_outside_inference_mode_after_generate():
     t = tiny_llamagen_pair(seed=0)[0]
     d = EagleDrafter.from_target(t, seed=1)
     proc = Processing(cfg_scale=2.0)
-    gens = engine.generate(t, d, [1, 2], num_tokens=12, verifier=rules.vanilla(), L=3, processing=proc)
+    gens = engine.generate(t, d, [1, 2], num_tokens=12, verifier=rules.vanilla(), drafting=3, processing=proc)
     assert t.cache.kv.is_inference() and d.rope.is_inference()         # made inside: the case under test
     x = torch.stack([g.tokens for g in gens])
     assert not x.is_inference() and not gens[0].tokens.is_inference()

@@ -78,7 +78,7 @@ def test_greedy_speculative_equals_greedy_with_hf_models(models, cfg_scale):
     cond = Prompt(torch.tensor([1, 2, 3, 4]), torch.tensor([5]))
     proc = Processing(temperature=0.0, cfg_scale=cfg_scale)
     ar = engine.ar_generate(t, cond, num_tokens=40, processing=proc)
-    sd = engine.speculative_generate(t, d, cond, num_tokens=40, verifier=rules.greedy(), L=4, processing=proc)
+    sd = engine.speculative_generate(t, d, cond, num_tokens=40, verifier=rules.greedy(), drafting=4, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens) and sd.stats()["tokens_per_target_call"] > 1.2
     # the same through transformers' own greedy decoding (no cache tricks of ours involved)
     if cfg_scale == 1.0:
@@ -107,11 +107,11 @@ def test_image_token_slice_and_eagle_on_hf_target(models):
                      tgt.get_output_embeddings(), head_index=ids)
     assert e.vocab_size == 128
     for s in (t, d):
-        sd = engine.speculative_generate(t, s if s is d else e, cond, num_tokens=24, verifier=rules.greedy(), L=3,
+        sd = engine.speculative_generate(t, s if s is d else e, cond, num_tokens=24, verifier=rules.greedy(), drafting=3,
                                          processing=proc)
         assert torch.equal(sd.tokens, ar.tokens)
     with pytest.raises(ValueError, match="vocabularies differ"):
-        engine.speculative_generate(t, HFCausalLM(drf), cond, num_tokens=4, verifier=rules.greedy(), L=2)
+        engine.speculative_generate(t, HFCausalLM(drf), cond, num_tokens=4, verifier=rules.greedy(), drafting=2)
 
 
 def test_fast_llama_matches_transformers(models):
@@ -143,5 +143,5 @@ def test_fast_llama_matches_transformers(models):
     proc = Processing(temperature=0.0, cfg_scale=2.0)
     t, d = FastLlama.from_hf(tgt), FastLlama.from_hf(drf)
     ar = engine.ar_generate(h, cond, num_tokens=40, processing=proc)
-    sd = engine.speculative_generate(t, d, cond, num_tokens=40, verifier=rules.greedy(), L=4, processing=proc)
+    sd = engine.speculative_generate(t, d, cond, num_tokens=40, verifier=rules.greedy(), drafting=4, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens)

@@ -229,10 +229,10 @@ def test_greedy_speculative_equals_greedy(family, cfg_scale, cham, janus, emu3):
     proc = Processing(temperature=0.0, cfg_scale=cfg_scale)
     T = SIDE * SIDE
     ar = engine.ar_generate(t, cond, num_tokens=T, processing=proc)
-    sd = engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.greedy(), L=3, processing=proc)
+    sd = engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.greedy(), drafting=3, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens) and any(r.accepted > 0 for r in sd.rounds)
     e = eagle_for(t, seed=1)
-    se = engine.speculative_generate(t, e, cond, num_tokens=T, verifier=rules.greedy(), L=3, processing=proc)
+    se = engine.speculative_generate(t, e, cond, num_tokens=T, verifier=rules.greedy(), drafting=3, processing=proc)
     assert torch.equal(se.tokens, ar.tokens)
     if cfg_scale == 1.0:
         return
@@ -307,7 +307,7 @@ def test_layout_constraints_hold_along_sampled_speculative_runs(family, cham, em
     hl = len(t.layout.header)
     rejected = 0
     for seed in range(8):                                # enough runs that rollbacks happen (checked below)
-        g = engine.speculative_generate(t, d, _prompt(text, seed=seed), num_tokens=T, verifier=rules.vanilla(), L=4,
+        g = engine.speculative_generate(t, d, _prompt(text, seed=seed), num_tokens=T, verifier=rules.vanilla(), drafting=4,
                                         processing=Processing(temperature=1.5, cfg_scale=2.0), seed=seed)
         rejected += sum(r.accepted < r.drafted for r in g.rounds)
         full = t.image_sequence(g.tokens)
@@ -396,11 +396,11 @@ def _law_check(family):
     law = _exact_law(t, cond, T, proc)
     assert abs(sum(law.values()) - 1) < 1e-5
     g = torch.Generator().manual_seed(1)
-    p_sd, _ = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), L=L,
+    p_sd, _ = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), drafting=L,
                                                              processing=proc, generator=g).tokens, N), law, N)
     bad = Verifier(Vanilla(), Target(), "wrong-resampler")
     g = torch.Generator().manual_seed(3)
-    p_ctl, _ = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=bad, L=L,
+    p_ctl, _ = _chi2(_counts(lambda: engine.speculative_generate(t, d, cond, num_tokens=T, verifier=bad, drafting=L,
                                                               processing=proc, generator=g).tokens, N), law, N)
     print(f"{family}: chi2 p speculative {p_sd:.3g}, wrong-resampler control {p_ctl:.3g}")
     assert p_sd > 1e-3
@@ -583,8 +583,8 @@ def test_eagle_drafter_trains_saves_and_loads(tmp_path, emu3):
     save_lantern_drafter(e, str(tmp_path / "d"))
     e2 = load_adapter_eagle(str(tmp_path / "d"), t)
     g = Processing(temperature=0.0)
-    a = engine.speculative_generate(t, e, conds[0], num_tokens=SIDE * SIDE, verifier=rules.greedy(), L=3, processing=g)
-    b = engine.speculative_generate(t, e2, conds[0], num_tokens=SIDE * SIDE, verifier=rules.greedy(), L=3, processing=g)
+    a = engine.speculative_generate(t, e, conds[0], num_tokens=SIDE * SIDE, verifier=rules.greedy(), drafting=3, processing=g)
+    b = engine.speculative_generate(t, e2, conds[0], num_tokens=SIDE * SIDE, verifier=rules.greedy(), drafting=3, processing=g)
     assert torch.equal(a.tokens, b.tokens) and [r.accepted for r in a.rounds] == [r.accepted for r in b.rounds]
     with pytest.raises(ValueError, match="does not fit"):
         load_adapter_eagle(str(tmp_path / "d"), tiny_janus_pair(0, side=SIDE, hidden=32, heads=2)[0])
@@ -638,7 +638,7 @@ def test_registry_draft_choices_for_published_models(cham, emu3):
         proc = Processing(temperature=0.0, cfg_scale=2.0)
         cond = _prompt(text, seed=11)
         a = engine.ar_generate(t, cond, num_tokens=10, processing=proc)
-        s = engine.speculative_generate(t, d, cond, num_tokens=10, verifier=rules.greedy(), L=3, processing=proc)
+        s = engine.speculative_generate(t, d, cond, num_tokens=10, verifier=rules.greedy(), drafting=3, processing=proc)
         assert torch.equal(a.tokens, s.tokens)
         e, name = _mm_draft(BuildOptions(draft="eagle"), family, t, None)
         assert e.needs_features and "untrained" in name
@@ -684,6 +684,6 @@ def test_greedy_tree_engine_equals_greedy(family, cham, janus, emu3):
     proc = Processing(temperature=0.0, cfg_scale=3.0)
     ar = engine.ar_generate(t, cond, num_tokens=SIDE * SIDE, processing=proc)
     for dr in (d, eagle_for(t, seed=3)):
-        g = engine.tree_generate(t, dr, cond, num_tokens=SIDE * SIDE, verifier=rules.greedy(), tree=Tree(EAGLE_25),
+        g = engine.speculative_generate(t, dr, cond, num_tokens=SIDE * SIDE, verifier=rules.greedy(), drafting=Tree(EAGLE_25),
                                  processing=proc)
         assert torch.equal(g.tokens, ar.tokens)

@@ -256,7 +256,7 @@ def test_eagle_cache_and_training(target):
     greedy = Processing(temperature=0.0)
 
     def tpc():
-        return engine.summarize([engine.speculative_generate(target, d, c, num_tokens=64, verifier=rules.greedy(), L=4,
+        return engine.summarize([engine.speculative_generate(target, d, c, num_tokens=64, verifier=rules.greedy(), drafting=4,
                                                              processing=greedy) for c in (0, 1)])["tokens_per_target_call"]
 
     before = tpc()
@@ -317,5 +317,5 @@ def test_bf16_keeps_rope_in_float32(target):
     assert rel < 0.05
     proc = Processing(temperature=0.0, cfg_scale=2.0)
     ar = engine.ar_generate(t16, 1, num_tokens=32, processing=proc)
-    sd = engine.speculative_generate(t16, d16, 1, num_tokens=32, verifier=rules.greedy(), L=4, processing=proc)
+    sd = engine.speculative_generate(t16, d16, 1, num_tokens=32, verifier=rules.greedy(), drafting=4, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens)

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from theory.tree import truncate_tree
-from real.decode import engine, steps, tree_steps
+from real.decode import engine
+from real.decode import tree as tree_steps
+from real.decode.round import Run
 from real.decode.rng import Streams
 from real.models.eagle import EagleDrafter
 from real.protocol import Caption, OneRow, Prompt
@@ -118,7 +120,7 @@ def _drafter(kind, llamagen, hf_models):
 
 @pytest.mark.parametrize("kind", ["layerskip", "eagle", "hf"])
 def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models):
-    """``real.decode.tree_steps.draft_tree`` (one forward per level with the (S, K) tree mask over the tree entries
+    """``real.decode.tree.draft_tree`` (one forward per level with the (S, K) tree mask over the tree entries
     already in the draft cache) gives at every inner node the draft row that chain drafting along the
     node's path gives; the children of a node are distinct tokens of positive probability under that row;
     after rolling the tree entries back, the draft continues as if the tree had never been drafted."""
@@ -144,7 +146,7 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
     dm = d if getattr(d, "batched", False) else OneRow(d)
     out = torch.zeros(1, 80, dtype=torch.long)
     out[0, :len(seq)] = seq
-    run = steps.Run(t, dm, proc, Streams(0, np.arange(1), "cpu"), torch.device("cpu"), 64, np.array([len(seq)]), out,
+    run = Run(t, dm, proc, Streams(0, np.arange(1), "cpu"), torch.device("cpu"), 64, np.array([len(seq)]), out,
                     feat=feat)
     if feat:
         h = t.prefill(cond, _expand(seq[:-1], B), cfg=True, return_hidden=True).hidden
@@ -213,7 +215,7 @@ def test_greedy_tree_decoding_equals_greedy_decoding(kind, cfg_scale, paths, lla
         cond, T = 7, 64
     proc = Processing(temperature=0.0, cfg_scale=cfg_scale)
     ar = engine.ar_generate(t, cond, num_tokens=T, processing=proc)
-    g = engine.tree_generate(t, d, cond, num_tokens=T, verifier=rules.greedy(), tree=tree, processing=proc)
+    g = engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.greedy(), drafting=tree, processing=proc)
     assert torch.equal(g.tokens, ar.tokens)
     n = 0
     for r in g.rounds:
@@ -240,7 +242,7 @@ def test_truncation_at_the_end_of_an_image(llamagen):
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     for T in (1, 2, 3, 7):
         for seed in range(3):
-            g = engine.tree_generate(t, d, 1, num_tokens=T, verifier=rules.uniform_rsd(3.0), tree=TREE,
+            g = engine.speculative_generate(t, d, 1, num_tokens=T, verifier=rules.uniform_rsd(3.0), drafting=TREE,
                                      processing=proc, seed=seed)
             assert g.tokens.shape == (T,)
             n = 0
@@ -248,7 +250,7 @@ def test_truncation_at_the_end_of_an_image(llamagen):
                 assert r.depth == (0 if n == 0 else min(5, T - n - 1)) and r.accepted + 1 <= T - n
                 n += r.accepted + 1
             assert n == T
-    assert len(engine.tree_generate(t, d, 1, num_tokens=1, verifier=rules.vanilla(), tree=TREE).rounds) == 1
+    assert len(engine.speculative_generate(t, d, 1, num_tokens=1, verifier=rules.vanilla(), drafting=TREE).rounds) == 1
 
 
 # --------------------------------------------------------------------------- compaction inside the engine
@@ -269,11 +271,11 @@ def test_engine_cache_after_sampled_tree_rounds_equals_fresh_prefill(kind, llama
         cond = 4
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     T = 48
-    g = engine.tree_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), tree=TREE, processing=proc, seed=2)
+    g = engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), drafting=TREE, processing=proc, seed=2)
     ranks = [TREE.paths[n - 1][-1] for r in g.rounds for n in r.nodes]
     assert any(k > 0 for k in ranks), "no round accepted a non-first-rank candidate: the test would be vacuous"
     toks = g.tokens
-    g = engine.tree_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), tree=TREE, processing=proc, seed=2)
+    g = engine.speculative_generate(t, d, cond, num_tokens=T, verifier=rules.vanilla(), drafting=TREE, processing=proc, seed=2)
     assert torch.equal(g.tokens, toks)                       # seeded: reproducible
     after = t.forward(_expand(toks[-1:], 2)).logits[:, -1]
     fresh = t.prefill(cond, _expand(toks, 2), cfg=True).logits[:, -1]
@@ -302,7 +304,7 @@ def test_vanilla_tree_decoding_is_lossless():
 
     def run(verifier, seed):
         g = torch.Generator().manual_seed(seed)
-        return _sample_counts(lambda: engine.tree_generate(t, d, 2, num_tokens=T, verifier=verifier, tree=SMALL,
+        return _sample_counts(lambda: engine.speculative_generate(t, d, 2, num_tokens=T, verifier=verifier, drafting=SMALL,
                                                            processing=proc, generator=g).tokens, N)
 
     p_tree, stat_tree = _chi2(run(rules.vanilla(), 1), law, N)
@@ -317,9 +319,9 @@ def test_vanilla_tree_decoding_is_lossless():
 def test_api_records_and_bad_input(llamagen):
     t, d = llamagen
     proc = Processing(cfg_scale=2.0)
-    a = engine.speculative_generate(t, d, 1, num_tokens=20, verifier=rules.cool_sd(2.0), tree=SMALL, processing=proc,
+    a = engine.speculative_generate(t, d, 1, num_tokens=20, verifier=rules.cool_sd(2.0), drafting=SMALL, processing=proc,
                                     seed=3, record_rows=True)
-    b = engine.tree_generate(t, d, 1, num_tokens=20, verifier=rules.cool_sd(2.0), tree=SMALL, processing=proc, seed=3)
+    b = engine.speculative_generate(t, d, 1, num_tokens=20, verifier=rules.cool_sd(2.0), drafting=SMALL, processing=proc, seed=3)
     assert torch.equal(a.tokens, b.tokens)
     for r in a.rounds:
         N = truncate_tree(SMALL, r.depth).n_nodes if r.depth else 0
@@ -333,17 +335,15 @@ def test_api_records_and_bad_input(llamagen):
         sum(r.accepted for r in a.rounds) / sum(r.depth for r in a.rounds))
     with pytest.raises(ValueError, match="chain rounds"):
         engine.records_to_arrays(a.rounds, 3)
-    with pytest.raises(ValueError, match="not both"):
-        engine.speculative_generate(t, d, 1, num_tokens=4, verifier=rules.vanilla(), L=2, tree=SMALL)
-    with pytest.raises(ValueError, match="needs a draft length"):
+    with pytest.raises(ValueError, match="no drafting"):
         engine.speculative_generate(t, d, 1, num_tokens=4, verifier=rules.vanilla())
-    with pytest.raises(ValueError, match="theory.tree.Tree"):
-        engine.tree_generate(t, d, 1, num_tokens=4, verifier=rules.vanilla(), tree=EAGLE_25)
+    with pytest.raises(TypeError, match="drafting must be"):
+        engine.speculative_generate(t, d, 1, num_tokens=4, verifier=rules.vanilla(), drafting=EAGLE_25)
     wide = Tree(tuple((r,) for r in range(300)))
     with pytest.raises(ValueError, match="300 candidates but V = 256"):
-        engine.tree_generate(t, d, 1, num_tokens=4, verifier=rules.vanilla(), tree=wide)
+        engine.speculative_generate(t, d, 1, num_tokens=4, verifier=rules.vanilla(), drafting=wide)
     # the chain as a tree: same acceptance law as chain decoding (statistically), through the tree engine
-    c = engine.tree_generate(t, d, 1, num_tokens=20, verifier=rules.greedy(), tree=chain_tree(3),
+    c = engine.speculative_generate(t, d, 1, num_tokens=20, verifier=rules.greedy(), drafting=chain_tree(3),
                              processing=Processing(temperature=0.0))
     assert torch.equal(c.tokens, engine.ar_generate(t, 1, num_tokens=20, processing=Processing(temperature=0.0)).tokens)
 
@@ -358,7 +358,7 @@ def test_cli_tree(capsys, tmp_path):
         return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
     d = run("--method", "vanilla", "--tree", "eagle25")
-    assert d["tree"] == {"name": "eagle25", "nodes": 25, "depth": 5} and d["L"] == 5
+    assert d["tree"] == {"name": "eagle25", "nodes": 25, "depth": 5, "candidates": "sampled"} and d["L"] == 5
     assert d["tokens"] == 64 and d["rounds"] == d["target_forwards"]
     assert d["tokens_per_target_call"] == pytest.approx(64 / d["rounds"]) and 1 <= d["tokens_per_target_call"] <= 6
     c = run("--method", "cool-sd", "--tree", "chain", "--L", "3", "--num-tokens", "20")

@@ -51,7 +51,7 @@ def visited(gens, rows: Rows):
 
 def run(target, draft, conds, T, L, proc, method="cool-sd", params=None, bs=3, seed=5):
     v = tm.build(method, L, params=params or ({"delta": 4} if method == "cool-sd" else {}))
-    gens = engine.generate(target, draft, conds, num_tokens=T, verifier=v, L=L, processing=proc, seed=seed,
+    gens = engine.generate(target, draft, conds, num_tokens=T, verifier=v, drafting=L, processing=proc, seed=seed,
                            record_rows=True, batch_size=bs)
     tok = torch.stack([g.tokens for g in gens])
     return gens, tok, v
@@ -162,5 +162,5 @@ def test_generate_fidelity_cli(tmp_path, capsys):
     assert z["log_p_hat"].shape == z["log_p"].shape == (3,)
     assert np.abs(z["log_p_hat"] - z["log_p"]).max() < 1e-4                  # vanilla: P^ = P
     assert abs(r["fidelity"]["tv_to_target"]["measured"]) < 1e-4 and r["fidelity"]["nll_per_token"] > 0
-    assert main(["generate", "--model", "mnist", "--tree", "2x2", "--fidelity"]) == 2
+    assert main(["generate", "--model", "mnist", "--tree", "eagle25", "--fidelity"]) == 2
     assert "static-tree" in capsys.readouterr().err

@@ -130,8 +130,9 @@ def test_sweep_runs_dynamic_trees_and_greedy_equals_chain_greedy(tmp_path):
     base = ["--model", "mnist", "--grid", "greedy", "--images", "4", "--unit-images", "2", "--no-progress"]
     dyn = ["--tree", "dynamic", "--tree-total", "8", "--tree-depth", "2", "--tree-topk", "3"]
     cfg = _cfg(*base, *dyn, "--out", "x")
-    assert cfg.dynamic == (8, 2, 3, "lossless") and cfg.tree is None and cfg.identity()["dynamic"] == [8, 2, 3, "lossless"]
-    assert "dynamic" not in _cfg(*TINY, "--out", "x").identity()             # chain stores keep their identity
+    assert cfg.dynamic == (8, 2, 3, "lossless") and cfg.tree is None
+    assert cfg.identity()["drafting"]["dynamic"] == [8, 2, 3, "lossless"]
+    assert _cfg(*TINY, "--out", "x").identity()["drafting"]["dynamic"] is None
     assert main(["sweep", *base, *dyn, "--out", str(tmp_path / "d")]) == 0
     assert main(["sweep", *base, "--out", str(tmp_path / "c")]) == 0
     assert main(["sweep", *base, "--tree", "eagle25", "--out", str(tmp_path / "s")]) == 0   # static trees too
@@ -150,7 +151,7 @@ def test_sweep_runs_dynamic_trees_and_greedy_equals_chain_greedy(tmp_path):
 def test_sweep_dynamic_tree_flags_are_checked_before_any_work(tmp_path):
     for extra, match in [(["--tree-total", "8"], "--tree-total configures dynamic trees: add --tree dynamic"),
                          (["--tree", "eagle25", "--tree-topk", "3"], "--tree-topk configures dynamic trees"),
-                         (["--tree", "dynamic", "--tree-depth", "0"], "--tree-depth must be >= 1, got 0"),
+                         (["--tree", "dynamic", "--tree-depth", "0"], "--tree-depth must be an integer >= 1, got 0"),
                          (["--tree", "dynamic", "--tree-total", "500", "--tree-depth", "1", "--tree-topk", "2"],
                           "exceeds the 7 nodes")]:
         with pytest.raises(ValueError, match=match):

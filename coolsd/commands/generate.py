@@ -4,7 +4,8 @@
   coolsd generate --model llamagen-tiny --method vanilla --tree eagle25
   coolsd generate --model mnist --draft jacobi --window 16 --method vanilla     (Speculative Jacobi Decoding)
 
-Models come from ``real.registry`` (``--list-models``); methods from ``real.decode.methods``.
+Models come from ``real.registry`` (``--list-models``); methods from ``real.decode.methods``; drafting and method
+options are parsed by ``coolsd.options`` (shared with ``coolsd sweep``).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 
 from coolsd.io import atomic_file, check_output_file
 
-from .jacobi_args import _flag, _given, add_jacobi_args, jacobi_for, jacobi_spec, validate_jacobi
+from coolsd.options import add_drafting_args, add_method_args, drafting_spec, flag, given, method_params
 
 
 def register(sub):
@@ -25,28 +26,9 @@ def register(sub):
     g.add_argument("--method", default="vanilla",
                    help="a method of theory.rules.methods (vanilla, cool-sd, uniform-rsd, linear-rsd, lantern, lantern++, "
                         "lantern+G*, typical, greedy, scaled --weights) or ar (plain autoregressive baseline)")
-    g.add_argument("--L", type=int, default=None, help="draft length per round (default 4; --draft jacobi: --window)")
-    g.add_argument("--tree", default=None,
-                   help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
-                        "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'; "
-                        "or dynamic (EAGLE-2 dynamic trees, the LANTERN release's default: --tree-total/-depth/-topk)")
-    t = g.add_argument_group("dynamic trees (--tree dynamic; real.decode.dynamic_tree, docs/theory.md section 9b)")
-    t.add_argument("--tree-total", type=int, default=59,
-                   help="nodes the target scores per round, root included (the release's total_token; default 59)")
-    t.add_argument("--tree-depth", type=int, default=4,
-                   help="expansion levels after the root's children: nodes reach depth + 1 (default 4, as released)")
-    t.add_argument("--tree-topk", type=int, default=10, help="children per expanded node and beam width (default 10)")
-    t.add_argument("--tree-sampling", choices=["lossless", "release"], default="lossless",
-                   help="lossless (default: stochastic-beam-search keys, candidates verified with their draft law) "
-                        "or release (top-k candidates verified with qx = 1, as the EAGLE-2 / LANTERN release)")
-    from theory.rules import methods as registry
-
-    m = g.add_argument_group("verifier parameters (theory.rules.methods; unset: the method's default)")
-    for flag, p in registry.flags().items():
-        m.add_argument("--" + flag.replace("_", "-"), dest=flag, type=p.type, default=None,
-                       choices=list(p.choices) if p.choices else None,
-                       help=f"{p.help} (default {p.default if p.default is not None else 'derived'})")
-    m.add_argument("--lantern-neighbors", choices=["raw", "l2"], default=None,
+    add_drafting_args(g)
+    add_method_args(g)
+    g.add_argument("--lantern-neighbors", choices=["raw", "l2"], default=None,
                    help="LANTERN neighbour table: Euclidean distance between the raw codebook vectors (default, as "
                         "released) or between l2-normalised ones (our earlier table)")
     s = g.add_argument_group("sampling")
@@ -59,7 +41,7 @@ def register(sub):
                    help="images to generate (default 1, or one per --prompts / --captions entry)")
     s.add_argument("--batch-size", type=int, default=None,
                    help="images generated together in one engine batch (default: all --num-images, at most "
-                        "real.decode.engine.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
+                        "real.decode.memory.MAX_BATCH and what half the free memory holds); transformers adapters: 1")
     s.add_argument("--num-tokens", type=int, default=None, help="tokens per image (default: the whole image)")
     r = g.add_argument_group("run")
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
@@ -67,7 +49,6 @@ def register(sub):
                    help="torch CPU threads (default: 1 for *-tiny models, whose ops are too small to share)")
     r.add_argument("--dtype", default=None, choices=["float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
-    add_jacobi_args(g)
     r.add_argument("--compile", nargs="?", const="default", default=None,
                    choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                    help="torch.compile the decoder blocks of LlamaGen targets and drafts (real.nn.blocks; falls back "
@@ -75,8 +56,8 @@ def register(sub):
                         "CUDA graphs. On CPU it does not pay at batch 1 (benchmarks/bench_engine.py --compile)")
     r.add_argument("--baseline", action="store_true", help="also run plain AR decoding and report the speed-up")
     r.add_argument("--record", default=None,
-                   help="save the per-round P/Q rows (and image index) to this .npz (theory.likelihood.recorded, coolsd tune); "
-                        "with --tree the rounds that drafted the whole tree")
+                   help="save the per-round P/Q rows (and image index) to this .npz (theory.likelihood.recorded, "
+                        "coolsd tune); with --tree the rounds that drafted the whole tree")
     r.add_argument("--save", default=None, help="save tokens (and decoded images when a VQ is loaded) to this .npz")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("--fidelity", action="store_true",
@@ -131,95 +112,114 @@ def _finite(x):
 
 
 def generate(args) -> dict:
+    """``coolsd generate``: validate every input, build the models, run the engine (and the AR baseline), write the
+    records, score and save; returns the JSON-ready result."""
     validate_args(args)       # every input, option and output path, before any model is built
-    import numpy as np
+    ctx = _build(args)
+    gens = _run(args, ctx, ctx["verifier"], ctx["mode"])
+    base = _run(args, ctx, None, None) if args.baseline else []
+    out = _result(args, ctx, gens, base)
+    if args.record:
+        _write_record(args, ctx, gens)
+        out["record"] = str(args.record)
+    fid = _fidelity(args, ctx, gens) if args.fidelity else None
+    if fid is not None:
+        out["fidelity"] = fid["report"]
+    if args.save:
+        _save(args, ctx, gens, fid)
+        out["saved"] = str(args.save)
+    return out
+
+
+def _build(args) -> dict:
+    """The models, the drafting mode, the processing and the verifier of a validated ``args``."""
     import torch
 
-    from real.decode import engine
-    from real.decode.methods import MethodParams, make_verifier, method_processing
-    from real.registry import NO_DRAFT, BuildOptions, build
+    from real.decode.methods import make_verifier, method_processing
     from real.decode.sampling import Processing
-    from theory.rules import methods as registry
-    from theory.tree import parse_tree
+    from real.registry import NO_DRAFT, BuildOptions, build
 
     if args.dtype is None:
         dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         args.dtype = "bfloat16" if str(dev).startswith("cuda") else "float32"
-    jac = jacobi_spec(args)
-    if args.L is None:
-        args.L = jac.slots if jac is not None else 4
-    if args.method.lower() != "ar":
-        spec = registry.get(args.method)                    # unknown method: error before loading models
-        own = {p.option for p in spec.free}
-        other = sorted(f for f in registry.flags() if getattr(args, f) is not None and f not in own)
-        if other:
-            raise ValueError(f"{', '.join('--' + f.replace('_', '-') for f in other)} do(es) not apply to method "
-                             f"{spec.name} (its options: {sorted('--' + f.replace('_', '-') for f in own) or 'none'})")
-    dynamic = args.tree is not None and args.tree.strip().lower() == "dynamic"
-    if dynamic:
-        from real.decode.dynamic_tree import DynamicTree
-
-        for flag in ("tree_total", "tree_depth", "tree_topk"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-        tree = DynamicTree(args.tree_total, args.tree_depth, args.tree_topk, args.tree_sampling)
-    else:
-        tree = parse_tree(args.tree, args.L) if args.tree is not None else None
-    if tree is not None and args.method.lower() == "ar":
-        raise ValueError("--tree needs a speculative method (not ar)")
-    L = (tree.max_depth if dynamic else tree.depth) if tree is not None else args.L
     threads = args.threads if args.threads is not None else (1 if "tiny" in args.model else None)
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    spec, method = args._drafting, args.method.lower()
     opts = BuildOptions.from_namespace(args)
-    bundle = build(args.model, opts if jac is None else dataclasses.replace(opts, draft=NO_DRAFT))   # Jacobi: no drafter
+    free = spec.kind not in ("chain", "tree", "dynamic")
+    bundle = build(args.model, dataclasses.replace(opts, draft=NO_DRAFT) if free else opts)   # drafter-free: none
     check_bundle(args, bundle)
-    if jac is not None:
-        jac = jacobi_for(jac, bundle)
+    mode = spec.build(bundle)
     if getattr(args, "compile", None):
         _compile(bundle, args.compile)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
-    method = args.method.lower()
     proc = Processing(args.temperature, top_k, args.top_p, cfg_scale)
     proc = proc if method == "ar" else method_processing(method, proc)
-    params = MethodParams(**{f: getattr(args, f) for f in registry.flags()})
-    verifier = None if method == "ar" else make_verifier(method, L, params, bundle.neighbors,
+    verifier = None if method == "ar" else make_verifier(method, mode.max_depth, args._method_params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None),
                                                          embeddings=getattr(bundle, "codebook", None))
-    progress = None if not args.json else False
-    run = dict(num_tokens=bundle.num_tokens, processing=proc, seed=args.seed, batch_size=args.batch_size,
-               progress=progress)
-    gens = engine.generate(bundle.target, None if verifier is None or jac is not None else bundle.draft, bundle.conds,
-                           verifier=verifier, L=None if tree is not None or jac is not None else args.L, tree=tree,
-                           jacobi=jac, record_rows=args.record is not None, **run)
-    base = engine.generate(bundle.target, None, bundle.conds, **run) if args.baseline else []
+    return {"bundle": bundle, "mode": None if method == "ar" else mode, "spec": spec, "proc": proc,
+            "verifier": verifier, "method": method}
+
+
+def _run(args, ctx: dict, verifier, mode) -> list:
+    """One engine call over every image (``mode`` None: the plain AR baseline)."""
+    from real.decode import engine
+
+    b = ctx["bundle"]
+    return engine.generate(b.target, b.draft if mode is not None and mode.needs_draft else None, b.conds,
+                           num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=ctx["proc"],
+                           seed=args.seed, batch_size=args.batch_size, progress=None if not args.json else False,
+                           record_rows=mode is not None and args.record is not None)
+
+
+def _result(args, ctx: dict, gens: list, base: list) -> dict:
+    """The JSON-ready summary of a run (and of the baseline)."""
+    from real.decode import engine
+
+    verifier, mode, spec, b = ctx["verifier"], ctx["mode"], ctx["spec"], ctx["bundle"]
     stats = engine.summarize(gens)
-    out = {"model": args.model, "method": method, "L": L,
+    out = {"model": args.model, "method": ctx["method"], "L": spec.max_depth,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
-           "verifier": verifier.name if verifier else "ar", "processing": proc.params(),
-           "image_tokens": bundle.num_tokens, "num_images": len(gens), "seed": args.seed,
-           "batch_size": gens[0].info["batch_size"],
-           "device": str(args.device), "dtype": args.dtype, "info": bundle.info, **stats}
-    if dynamic:
-        out["tree"] = {"name": "dynamic", "nodes": tree.n_nodes, "depth": tree.max_depth, **tree.params()}
-    elif tree is not None:
-        out["tree"] = {"name": args.tree, "nodes": tree.n_nodes, "depth": tree.depth}
-    if jac is not None:
-        out["draft"] = "jacobi"
-        out["jacobi"] = {"window": jac.window, "init": jac.init, "coupling": jac.coupling, "width": jac.width}
+           "verifier": verifier.name if verifier else "ar", "processing": ctx["proc"].params(),
+           "image_tokens": b.num_tokens, "num_images": len(gens), "seed": args.seed,
+           "batch_size": gens[0].info["batch_size"], "device": str(args.device), "dtype": args.dtype, "info": b.info,
+           **stats}
+    if spec.kind == "dynamic":
+        out["tree"] = {"name": "dynamic", "nodes": mode.n_nodes, "depth": mode.max_depth, **mode.params()}
+    elif spec.kind == "tree" and mode is not None:
+        out["tree"] = {"name": args.tree, "nodes": mode.tree.n_nodes, "depth": mode.tree.depth,
+                       "candidates": mode.candidates}
+    elif spec.kind != "chain" and mode is not None:
+        out["draft"] = spec.kind
+        out[spec.kind] = {k: v for k, v in mode.params().items() if k not in ("draft", "L")} | \
+            {"width": getattr(mode, "width", None)}
     if base:
-        b = engine.summarize(base)
-        out["baseline"] = {"seconds": b["seconds"], "tokens_per_second": b["tokens_per_second"]}
-        out["speedup"] = b["seconds"] / stats["seconds"]
-    if args.record and dynamic:   # per-round trees (theory.likelihood.recorded.DynamicRows)
+        s = engine.summarize(base)
+        out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
+        out["speedup"] = s["seconds"] / stats["seconds"]
+    return out
+
+
+def _write_record(args, ctx: dict, gens: list) -> None:
+    """--record: the rounds' rows as ``theory.likelihood.recorded.load_rows`` reads them (chains, static trees, dynamic
+    trees: one format each)."""
+    import json
+
+    import numpy as np
+
+    from real.decode import engine
+
+    spec, mode = ctx["spec"], ctx["mode"]
+    if spec.kind == "dynamic":   # per-round trees (theory.likelihood.recorded.DynamicRows)
         from coolsd.commands.dynamic_record import write_dynamic_record
 
-        write_dynamic_record(args.record, gens, tree)
-        out["record"] = str(args.record)
-    elif args.record and tree is not None:   # static trees: the rounds that drafted the whole tree (theory.likelihood.tune.TreeRows)
+        write_dynamic_record(args.record, gens, mode)
+        return
+    if spec.kind == "tree":      # static trees: the rounds that drafted the whole tree (TreeRows)
+        tree = mode.tree
         full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
         if not full:
             raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")
@@ -229,34 +229,42 @@ def generate(args) -> dict:
                 "tree_paths": np.array(json.dumps([list(p) for p in tree.paths]))}
         with atomic_file(args.record) as fh:
             np.savez_compressed(fh, **arrs)
-        out["record"] = str(args.record)
-    elif args.record:
-        recs = [r for g in gens for r in g.rounds]
-        p, q, d, nd = engine.records_to_arrays(recs, args.L)
-        image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
-        with atomic_file(args.record) as fh:
-            np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd, image=image,
-                                accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
-        out["record"] = str(args.record)
-    fid = None
-    if getattr(args, "fidelity", False):     # exact per-image likelihoods of the images just made
-        from real.decode.score import summary
+        return
+    recs = [r for g in gens for r in g.rounds]
+    p, q, d, nd = engine.records_to_arrays(recs, spec.max_depth)
+    image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
+    with atomic_file(args.record) as fh:
+        np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd, image=image,
+                            accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
 
-        rule = None if verifier is None else make_verifier(method, L, params, bundle.neighbors)   # numpy tables
-        fid = summary(bundle.target, None if rule is None else bundle.draft, bundle.conds,
-                      torch.stack([g.tokens for g in gens]), verifier=rule, L=None if rule is None else L,
-                      processing=proc, batch_size=args.batch_size or 64)
-        out["fidelity"] = fid["report"]
-    if args.save:
-        toks = np.stack([g.tokens.numpy() for g in gens])
-        extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
-        side = int(round(bundle.num_tokens ** 0.5))
-        if bundle.vq is not None and side * side == bundle.num_tokens:
-            extra["images"] = bundle.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
-        with atomic_file(args.save) as fh:
-            np.savez_compressed(fh, tokens=toks, **extra)
-        out["saved"] = str(args.save)
-    return out
+
+def _fidelity(args, ctx: dict, gens: list) -> dict:
+    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary``)."""
+    import torch
+
+    from real.decode.methods import make_verifier
+    from real.decode.score import summary
+
+    b, L = ctx["bundle"], ctx["spec"].max_depth
+    rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, args._method_params, b.neighbors)
+    return summary(b.target, None if rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
+                   verifier=rule, L=None if rule is None else L, processing=ctx["proc"],
+                   batch_size=args.batch_size or 64)
+
+
+def _save(args, ctx: dict, gens: list, fid: dict | None) -> None:
+    """--save: tokens (and decoded images when a VQ is loaded, and the per-image likelihoods with --fidelity)."""
+    import numpy as np
+    import torch
+
+    b = ctx["bundle"]
+    toks = np.stack([g.tokens.numpy() for g in gens])
+    extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
+    side = int(round(b.num_tokens ** 0.5))
+    if b.vq is not None and side * side == b.num_tokens:
+        extra["images"] = b.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
+    with atomic_file(args.save) as fh:
+        np.savez_compressed(fh, tokens=toks, **extra)
 
 
 def _compile(bundle, mode: str) -> None:
@@ -310,9 +318,12 @@ def validate_args(args) -> None:
     ``--record`` to the file that will be written and ``--num-images`` to the number of images."""
     from theory.core import checks
 
+    from real.specs import spec
+
     _validate_numbers(args, checks)
-    validate_jacobi(args, checks)
     _validate_model_options(args)
+    T = args.num_tokens or spec(args.model).tokens      # tokens per image when the spec knows them
+    args._drafting = drafting_spec(args, T)               # the shared parser of drafting options (coolsd.options)
     _validate_method(args)
     n_conds = _count_conditions(args)
     if args.num_images is None:
@@ -320,16 +331,10 @@ def validate_args(args) -> None:
     else:
         checks.integer("--num-images", args.num_images, lo=1)
         if n_conds and args.num_images != n_conds:
-            src = "--prompts" if _given(args, "prompts") else "--captions"
+            src = "--prompts" if given(args, "prompts") else "--captions"
             raise ValueError(f"--num-images {args.num_images} does not match the {n_conds} condition(s) given by "
                              f"{src} (one image per entry); drop --num-images or give {args.num_images} entries")
     from real.decode.checks import MAX_IMAGES
-    from real.specs import spec
-
-    T = args.num_tokens or spec(args.model).tokens      # tokens per image when the spec knows them
-    if T and args.tree is None and args.L is not None and args.L > T:
-        raise ValueError(f"--L {args.L} is more than the {T} tokens of one image of --model {args.model} "
-                         f"(a round never drafts past the image); use --L <= {T}")
 
     checks.integer("--num-images", args.num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
@@ -337,14 +342,15 @@ def validate_args(args) -> None:
         if args.batch_size > 1 and not spec(args.model).batched:
             raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time "
                              "(its cache has no per-row lengths); use --batch-size 1")
-    if getattr(args, "fidelity", False) and args.tree is not None:
+    kind = args._drafting.kind
+    if getattr(args, "fidelity", False) and kind in ("tree", "dynamic"):
         from real.decode.score import TREE_REASON
 
         raise ValueError(f"--fidelity with --tree: {TREE_REASON}")
-    if getattr(args, "fidelity", False) and getattr(args, "draft", None) == "jacobi":
+    if getattr(args, "fidelity", False) and kind not in ("chain", "tree", "dynamic"):
         from real.decode.score import JACOBI_REASON
 
-        raise ValueError(f"--fidelity with --draft jacobi: {JACOBI_REASON}")
+        raise ValueError(f"--fidelity with --draft {kind}: {JACOBI_REASON}")
     if args.save is not None:
         args.save = str(check_output_file("--save", args.save, ".npz"))
     if args.record is not None:
@@ -357,8 +363,6 @@ def validate_args(args) -> None:
 
 
 def _validate_numbers(args, checks) -> None:
-    if args.L is not None:
-        checks.integer("--L", args.L, lo=1)
     checks.seed(args.seed, "--seed")
     t = checks.real("--temperature", args.temperature, 0)
     if 0 < t < 1e-6:
@@ -377,43 +381,41 @@ def _validate_numbers(args, checks) -> None:
         checks.integer("--image-size", args.image_size, lo=16)
         if args.image_size % 16:
             raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
-    from theory.rules import methods as registry
-
-    for dest, p in registry.flags().items():      # verifier flags: the registry's types and ranges
-        v = getattr(args, dest, None)
-        if v is not None and p.type in (int, float):
-            checks.integer(_flag(dest), v) if p.type is int else checks.real(_flag(dest), v)
     from coolsd import validate
 
     validate.device("--device", args.device, available=False)    # availability: real.registry when building
 
 
 def _validate_method(args) -> None:
+    """The method name, its own parameters (``coolsd.options.method_params``: namespaced per method, the registry's
+    types and ranges) and what it needs from the model (a codebook), before any model is built."""
     from real.decode.methods import METHODS
-
-    from real.decode.methods import MethodParams, method_params
     from theory.rules import methods as registry
 
     method = str(args.method).lower()
     if method not in tuple(m.lower() for m in METHODS) + ("ar",) + tuple(registry.ALIASES):
         raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")
-    if method != "ar":   # the registry's ranges (e.g. --delta > 0) checked before any model is built
-        params = MethodParams(**{f: getattr(args, f, None) for f in registry.flags()})
-        registry.resolve(method, method_params(method, params))
-    d_thr = getattr(args, "gsd_d_threshold", None)         # None: the default threshold; inf: "off"
-    gsd_needs = method != "ar" and registry.get(method).needs_embeddings and not (d_thr is not None
-                                                                                  and math.isinf(d_thr))
+    if method == "ar":
+        other = sorted(f for f in registry.flag_owners() if given(args, f))
+        if other:
+            raise ValueError(f"{', '.join(flag(f) for f in other)} configure(s) a verifier; --method ar has none")
+        args._method_params = {}
+        return
+    args._method_params = method_params(args, method)
+    full = registry.resolve(method, args._method_params)      # the registry's combined checks
+    d_thr = full.get("d_threshold")                             # GSD: None or inf turns the distance test off
+    gsd_needs = registry.get(method).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
     from real.specs import spec
 
     codebook = spec(args.model).codebook                  # "own", "vq" (only with --vq-ckpt) or "none"
-    if gsd_needs and (codebook == "none" or (codebook == "vq" and not _given(args, "vq_ckpt"))):
+    if gsd_needs and (codebook == "none" or (codebook == "vq" and not given(args, "vq_ckpt"))):
         raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
                          f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (or --gsd-d-threshold off)")
     if method.startswith("lantern"):
         if codebook == "none":
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
                              "VQ codebook")
-        if codebook == "vq" and not _given(args, "vq_ckpt"):
+        if codebook == "vq" and not given(args, "vq_ckpt"):
             raise ValueError(f"--method {method} needs a codebook neighbour table: give --vq-ckpt "
                              f"with --model {args.model}")
 
@@ -430,7 +432,7 @@ def _validate_model_options(args) -> None:
 
 
 def _count_conditions(args) -> int | None:
-    if _given(args, "prompts"):
+    if given(args, "prompts"):
         return len(args.prompts)
     return getattr(args, "_caption_count", None)
 
@@ -438,7 +440,7 @@ def _count_conditions(args) -> int | None:
 def check_bundle(args, bundle) -> None:
     """Checks that need the built model but no generation: --num-tokens within the model's image,
     --class-id within its classes (the builders check it too)."""
-    L = args.L if args.tree is None else None
+    L = args._drafting.L if args._drafting.kind == "chain" else None
     if L is not None and L > bundle.num_tokens:
         raise ValueError(f"--L {L} is more than the {bundle.num_tokens} tokens of one image of --model {args.model} "
                          "(a round never drafts past the image); use --L <= " + str(bundle.num_tokens))

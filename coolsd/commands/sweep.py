@@ -25,18 +25,9 @@ def register(sub):
     s.add_argument("--unit-images", type=int, default=8, help="images per work unit (default 8)")
     s.add_argument("--batch-size", type=int, default=None, help="images per engine batch, <= --unit-images (default: the engine's)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--L", type=int, default=4, help="chain draft length (default 4)")
-    s.add_argument("--tree", default=None, help="static-tree drafting: eagle25, eagle57, chain or JSON paths "
-                                                "(as coolsd generate --tree), or dynamic (EAGLE-2 dynamic trees, "
-                                                "--tree-total/-depth/-topk/-sampling); default chain drafting")
-    s.add_argument("--tree-total", type=int, default=None,
-                   help="--tree dynamic: nodes per target call, root included (default 59, the LANTERN release's)")
-    s.add_argument("--tree-depth", type=int, default=None, help="--tree dynamic: expansion levels (default 4)")
-    s.add_argument("--tree-topk", type=int, default=None, help="--tree dynamic: children per node (default 10)")
-    s.add_argument("--tree-sampling", choices=["lossless", "release"], default=None,
-                   help="--tree dynamic: lossless (default) or release (top-k candidates, qx = 1)")
-    s.add_argument("--window", type=int, default=None,
-                   help="--draft jacobi: target rows per call W (W - 1 Jacobi drafts; default 16, the SJD release's)")
+    from coolsd.options import add_drafting_args
+
+    add_drafting_args(s)
     s.add_argument("--record-images", type=int, default=256,
                    help="vanilla images whose P/Q rows are stored for the predictions (default 256)")
     s.add_argument("--temperature", type=float, default=1.0)
@@ -94,7 +85,7 @@ def config(args):
         items = list(_default())
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
-    for name, v, lo in (("--images", args.images, 2), ("--unit-images", args.unit_images, 1), ("--L", args.L, 1),
+    for name, v, lo in (("--images", args.images, 2), ("--unit-images", args.unit_images, 1),
                         ("--threads", args.threads, 1),
                         ("--record-images", args.record_images, 0)):
         checks.integer(name, v, lo=lo)
@@ -122,37 +113,10 @@ def config(args):
         print(f"coolsd: warning: --images {args.images} is below {MIN_RELIABLE_IMAGES}: the FD / NLL intervals "
               "and the claim verdicts of so few images are unreliable (a jackknife interval needs many images)",
               file=sys.stderr)
-    L = args.L
-    if args.draft == "jacobi":
-        if args.tree is not None:
-            raise ValueError("--draft jacobi drafts chains over its window: --tree does not apply")
-        if args.window is not None:
-            checks.integer("--window", args.window, lo=1)
-        L = (16 if args.window is None else args.window) - 1       # the window's drafts
-    elif args.window is not None:
-        raise ValueError("--window configures Jacobi drafting: add --draft jacobi")
-    dyn_flags = {f: getattr(args, f) for f in ("tree_total", "tree_depth", "tree_topk", "tree_sampling")}
-    dynamic = None
-    if args.tree is not None and args.tree.strip().lower() == "dynamic":
-        from real.decode.dynamic_tree import DynamicTree
+    from coolsd.options import drafting_spec
+    from real.specs import spec as model_spec
 
-        for f in ("tree_total", "tree_depth", "tree_topk"):
-            if dyn_flags[f] is not None and dyn_flags[f] < 1:
-                raise ValueError(f"--{f.replace('_', '-')} must be >= 1, got {dyn_flags[f]}")
-        d = DynamicTree()
-        spec = DynamicTree(*(d.total if dyn_flags["tree_total"] is None else dyn_flags["tree_total"],
-                             d.depth if dyn_flags["tree_depth"] is None else dyn_flags["tree_depth"],
-                             d.topk if dyn_flags["tree_topk"] is None else dyn_flags["tree_topk"],
-                             d.sampling if dyn_flags["tree_sampling"] is None else dyn_flags["tree_sampling"]))
-        dynamic = (spec.total, spec.depth, spec.topk, spec.sampling)
-    else:
-        given = [f for f, v in dyn_flags.items() if v is not None]
-        if given:
-            raise ValueError(f"--{given[0].replace('_', '-')} configures dynamic trees: add --tree dynamic")
-        if args.tree is not None:
-            from theory.tree import parse_tree
-
-            parse_tree(args.tree, args.L)
+    drafting = drafting_spec(args, model_spec(args.model).tokens)   # the same parser as coolsd generate
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
@@ -161,8 +125,9 @@ def config(args):
              if v is not None and k not in ("device", "draft", "seed", "num_images")}
     files["dtype"] = dtype
     model_options = tuple(sorted((k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in files.items()))
-    return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images, unit_images=args.unit_images,
-                       seed=args.seed, L=L, tree=None if dynamic else args.tree, dynamic=dynamic, draft=args.draft, batch_size=args.batch_size,
+    return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images,
+                       unit_images=args.unit_images, seed=args.seed, drafting=drafting, draft=args.draft,
+                       batch_size=args.batch_size,
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,
                        grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added,

@@ -3,7 +3,7 @@
 microseconds, and raises a ValueError / TypeError whose message starts with the argument's name.
 
 Adding an argument to ``engine.generate``: check it in ``generate_args`` (one line with ``theory.core.checks``)
-and add a bad value to tests/test_probes.py.
+and add a bad value to tests/test_probes.py. A drafting mode checks its own options (``Drafting.check``).
 """
 from __future__ import annotations
 
@@ -18,15 +18,22 @@ __all__ = ["generate_args", "MAX_IMAGES"]
 MAX_IMAGES = 10**6       # conditions per call: above, the per-image records alone outgrow memory
 
 
-def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, batch_size, jacobi=None) -> None:
-    """Types and ranges of ``engine.generate``'s arguments: num_tokens an integer >= 1 (not 2.7, not "16"),
-    seed an integer in [0, 2^64), L an integer in [1, num_tokens] for chains, a verifier object when
-    drafting, a draft that is not the target object itself, batch_size an integer >= 1 or None, and at most
-    ``MAX_IMAGES`` conditions."""
+def generate_args(target, draft, conds, *, num_tokens, verifier, drafting, seed, batch_size, processing):
+    """Types and ranges of ``engine.generate``'s arguments; returns the drafting mode (``real.decode.modes.as_drafting``).
+    num_tokens an integer >= 1 (not 2.7, not "16"), seed an integer in [0, 2^64), batch_size an integer >= 1 or None,
+    at most ``MAX_IMAGES`` conditions, a ``Processing``; when drafting: a verifier object, the mode's own checks
+    (``Drafting.check``: its draft model, L within the image, tree sizes, cache room...), a draft that is not the target
+    object itself and shares its vocabulary."""
+    from ..protocol import as_batched, check_pair
+    from .modes import as_drafting
+    from .sampling import Processing
+
     T = checks.integer("num_tokens", num_tokens, lo=1)
     checks.integer("seed", seed, lo=0, hi=checks.SEED_MAX)
     if batch_size is not None:
         checks.integer("batch_size", batch_size, lo=1)
+    if not isinstance(processing, Processing):
+        raise TypeError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if target is None or not callable(getattr(target, "prefill", None)):
         raise TypeError(f"target must be a model of the real.protocol contract (prefill, step, ...), "
                         f"got {type(target).__name__}")
@@ -34,14 +41,21 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, L, tree, seed, 
     if n > MAX_IMAGES:
         raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
     _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
-    if draft is None or jacobi is not None:       # jacobi: the engine checks its own arguments
-        return
-    if draft is target:
-        raise ValueError("draft is the target object itself (they would share one KV cache); give a separate "
-                         "draft model, e.g. real.models.llamagen.truncated(target, 1) for a layer-skip draft")
+    mode = as_drafting(drafting)
+    if mode.max_depth == 0:           # plain AR: a draft model would be unused, which is a mistake
+        if draft is not None:
+            raise ValueError("a draft model was given but no drafting: pass drafting= (an int L for chains of L "
+                             "drafts, a theory.tree.Tree, a real.decode.modes mode), or draft=None for plain AR")
+        return mode
     checks.verifier(verifier)
-    if tree is None and L is not None:
-        checks.integer("L", L, lo=1, hi=T)
+    if mode.needs_draft:
+        if draft is target:
+            raise ValueError("draft is the target object itself (they would share one KV cache); give a separate "
+                             "draft model, e.g. real.models.llamagen.truncated(target, 1) for a layer-skip draft")
+        if draft is not None:
+            check_pair(target, draft)
+    mode.check(as_batched(target), as_batched(draft), T, verifier, processing, n if batch_size is None else int(batch_size))
+    return mode
 
 
 def _check_class_ids(conds) -> None:

@@ -20,7 +20,6 @@ release), any candidates being verified exactly by the greedy rule. Index conven
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import array_api_compat
@@ -28,19 +27,19 @@ import numpy as np
 import torch
 
 from theory.core import checks
-from theory.tree.dynamic import KEYS, child_keys, select_nodes
-from theory.tree import row_trees
 from theory.core.xp import namespace
+from theory.tree import KEYS, child_keys, row_trees, select_nodes
+from real.protocol import Proposal
 
 from . import rng as R
-from .steps import RoundRecord, Run, ar_step, check_finite, feed_draft, sync
-from .tree_steps import TreeStep, finish_tree_round, top_m, verify_tree_on
+from .chain import ModelDrafting, feed_draft
+from .tree import top_m
 
-__all__ = ["DynamicTree", "DynamicStep", "grow_tree", "dynamic_tree_step", "check_dynamic"]
+__all__ = ["DynamicTree", "grow_tree"]
 
 
 @dataclass(frozen=True)
-class DynamicTree:
+class DynamicTree(ModelDrafting):
     """A dynamic tree's parameters (module docstring): ``total`` nodes per round in the target's block (root
     included: ``total - 1`` drafted), ``depth`` expansion levels (nodes reach depth ``depth + 1``), ``topk``
     children per expanded node (and frontier width), ``sampling`` in ``theory.tree.dynamic.KEYS``."""
@@ -48,6 +47,7 @@ class DynamicTree:
     depth: int = 4
     topk: int = 10
     sampling: str = "lossless"
+    trees = True
 
     def __post_init__(self):
         checks.integer("total", self.total, lo=1)
@@ -79,63 +79,55 @@ class DynamicTree:
         """``verify_tree``'s draft law for this construction."""
         return "point" if self.sampling == "release" else "without_replacement"
 
+    def check(self, target, draft, num_tokens, verifier, processing, batch_size) -> None:
+        """ValueError before any work when the models cannot run this tree: topk > V, a block larger than a model's
+        spare cache slots (``extra_slots``: the target holds ``total`` tree entries, the drafter ``depth * topk``
+        frontier entries on top of the committed ones), or per-image trees (batch > 1) for a model whose forward
+        takes no per-row attention masks (``row_masks``)."""
+        super().check(target, draft, num_tokens, verifier, processing, batch_size)
+        V = int(target.vocab_size)
+        if self.topk > V:
+            raise ValueError(f"tree topk = {self.topk} exceeds the vocabulary size V = {V}")
+        for name, m, need in (("target", target, self.total), ("draft", draft, self.depth * self.topk + 1)):
+            room = m.extra_slots
+            if room is not None and need > int(room) + 1:
+                raise ValueError(f"tree total {self.total} / depth {self.depth} / topk {self.topk} needs {need} cache "
+                                 f"entries past the image in the {name}, which has room for {int(room) + 1} "
+                                 f"({type(m).__name__} extra_slots = {room})")
+            if batch_size > 1 and not m.row_masks:
+                raise ValueError(f"--tree dynamic at batch size {batch_size} needs per-row tree masks, which the "
+                                 f"{name} ({type(m).__name__}) cannot take: use batch size 1")
+
+    def propose(self, run, depth: np.ndarray) -> Proposal:
+        """Grow every image's tree (depth max_b D'_b): node tokens, per-image trees, masks, positions and the rows."""
+        Dr = int(depth.max())
+        tokens, parent, q, fwd, node_depth = grow_tree(run, self, Dr - 1, with_q=run.record)
+        trees = row_trees(parent, self.topk, depth=Dr, node_depth=node_depth)   # children (numpy on the host)
+        mask = _ancestors(parent, Dr)
+        if run.host:
+            mask = torch.from_numpy(mask)
+        law = "point" if q is None else self.draft_law
+        parent = parent if isinstance(parent, np.ndarray) else parent.cpu().numpy()
+        return Proposal(tokens, q, law, trees, trees.node_depth, mask, fwd, parent)
+
     def params(self) -> dict:
         """The four settings (for records)."""
         return {"tree": "dynamic", "tree_total": self.total, "tree_depth": self.depth, "tree_topk": self.topk,
                 "tree_sampling": self.sampling}
 
 
-def check_dynamic(spec: DynamicTree, target, draft, batch: int) -> None:
-    """ValueError before any work when the models cannot run ``spec``: topk > V, a block larger than a model's
-    spare cache slots (``extra_slots``: the target holds ``total`` tree entries, the drafter ``depth * topk``
-    frontier entries on top of the committed ones), or per-image trees (batch > 1) for a model whose forward
-    takes no per-row attention masks (``row_masks``)."""
-    if not isinstance(spec, DynamicTree):
-        raise ValueError(f"a dynamic tree must be a DynamicTree, got {type(spec).__name__}")
-    V = int(target.vocab_size)
-    if spec.topk > V:
-        raise ValueError(f"tree topk = {spec.topk} exceeds the vocabulary size V = {V}")
-    for name, m, need in (("target", target, spec.total), ("draft", draft, spec.depth * spec.topk + 1)):
-        room = getattr(m, "extra_slots", None)
-        if room is not None and need > int(room) + 1:
-            raise ValueError(f"tree total {spec.total} / depth {spec.depth} / topk {spec.topk} needs {need} cache "
-                             f"entries past the image in the {name}, which has room for {int(room) + 1} "
-                             f"({type(m).__name__} extra_slots = {room})")
-        if batch > 1 and not getattr(m, "row_masks", False):
-            raise ValueError(f"--tree dynamic at batch size {batch} needs per-row tree masks, which the {name} "
-                             f"({type(m).__name__}) cannot take: use batch size 1")
-
-
-@dataclass
-class DynamicStep(TreeStep):
-    """A dynamic-tree round: ``TreeStep`` plus each image's own tree, ``parent`` (B, N+1) node parents (-1 at the
-    root); ``drafted`` (B,) counts the nodes within each image's depth."""
-    parent: np.ndarray | None = None
-
-    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
-        """Image b's record with its own tree (``parent``) and the round's full rows."""
-        tau = int(self.accepted[b])
-        rec = RoundRecord(int(self.drafted[b]), tau, self.t_draft * share, self.t_target * share,
-                          self.t_verify * share, depth=int(self.depth[b]),
-                          nodes=tuple(int(x) for x in self.nodes[b, :tau]), parent=self.parent[b])
-        if rows:
-            rec.p, rec.drafts = self.p[b], self.drafts[b]
-            rec.q = self.q[b] if self.q is not None else None
-        return rec
-
-
-def _gumbel(run: Run, shape, level: int) -> torch.Tensor:
+def _gumbel(run, shape, level: int) -> torch.Tensor:
     """Gumbel(0, 1) noise (B, *shape) float64 for the candidate draws of tree level ``level`` from the images' own
     streams (``rng.TREE + level``): -log(-log U) (U = 0, probability 2^-53, gives -inf: that token is drawn last)."""
     return run.rng.uniform(run.n, R.TREE + level, tuple(shape)).log_().neg_().log_().neg_()
 
 
-def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, level: int):
+def _children(run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, level: int):
     """Children of nodes with draft logits lg (R, ..., V) (R model rows), keys and path log-probabilities (B, ...)
     float64 -> tokens (B, ..., k), keys (B, ..., k), log-probabilities (B, ..., k), processed rows q (B, ..., V).
     Greedy and release keys are the path log-probabilities: given one tensor for both, one tensor is returned."""
     k = spec.topk
-    if run.proc.temperature == 0:            # greedy: log-softmax of the guided logits (the release's scores)
+    if run.proc.greedy:            # greedy: log-softmax of the guided logits (the release's scores)
         ls = torch.log_softmax(run.proc.rows(lg, combined=True).double(), -1)
         tok = top_m(ls, k)
         val = ls.gather(-1, tok)
@@ -151,7 +143,7 @@ def _children(run: Run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, 
     return tok, kk, lp, q
 
 
-def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
+def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True):
     """Feed the draft, then grow every image's tree: the root's children, then ``levels`` expansions of the k
     frontier nodes (one draft forward each, per-row masks over the level's own ancestors), then the best
     ``n = min(N, pool)`` nodes (``theory.tree.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
@@ -164,7 +156,7 @@ def grow_tree(run: Run, spec: DynamicTree, levels: int, with_q: bool = True):
     root_tok = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])     # (B, 1)
     tok, key, logp, q0 = _children(run, spec, logits, zeros, zeros, 0)               # (B, k)
     toks, keys, qrows = [tok], [key], [q0]
-    want_q = not (run.proc.temperature == 0 or (spec.draft_law == "point" and not with_q))
+    want_q = not (run.proc.greedy or (spec.draft_law == "point" and not with_q))
     qslot = [torch.arange(k, device=dev).expand(B, -1) if levels else  # draft row of each pool node (-1: none)
              torch.full((B, k), -1, dtype=torch.long, device=dev)]
     front = torch.arange(k, device=dev).expand(B, -1)           # (B, k) pool indices of the frontier
@@ -249,45 +241,3 @@ def _ancestors(parent, D: int):
         cur = xp.where(cur >= 0, xp.take_along_axis(parent, safe, axis=-1), cur)
         m = m | (cur[..., :, None] == ar)                                      # -1 (past the root) matches nothing
     return m
-
-
-def dynamic_tree_step(run: Run, spec: DynamicTree, verifier, record: bool) -> DynamicStep:
-    """One dynamic-tree round for the batch (module docstring; section 10)."""
-    act = run.active
-    Db = np.where(act, np.minimum(spec.max_depth, run.T - run.n - 1), 0)
-    Dr = int(Db.max())
-    if Dr == 0 or spec.n_nodes == 0:
-        return ar_step(run, record)
-    t0 = time.perf_counter()
-    tokens, parent, q, fwd, node_depth = grow_tree(run, spec, Dr - 1, with_q=record)
-    n = tokens.shape[1] - 1
-    trees = row_trees(parent, spec.topk, depth=Dr, node_depth=node_depth)   # children (numpy on the host)
-    depth = trees.node_depth
-    mask = _ancestors(parent, Dr)
-    if run.host:
-        dep, mask = depth, torch.from_numpy(mask)
-        pos = np.minimum(run.target.cache_lens[:, None] + run.rows(dep), run.P + run.T - 1)
-    else:
-        dep = depth.cpu().numpy()
-        pos = (torch.as_tensor(run.target.cache_lens, device=run.dev)[:, None] + run.rows(depth)).clamp(
-            max=run.P + run.T - 1)
-    sync(run.dev)
-    t1 = time.perf_counter()
-    o = run.target.forward(run.rows(tokens), position_ids=pos, attn_mask=mask[0] if run.B == 1 else run.rows(mask),
-                           return_hidden=run.feat)
-    p = run.proc.rows(o.logits)                                                        # (B, n+1, V)
-    sync(run.dev)
-    t2 = time.perf_counter()
-    law = "point" if q is None else spec.draft_law
-    qv = p if q is None else q                      # the point law never reads q
-    check_finite(p) if q is None else check_finite(p, q)
-    u_acc = run.rng.uniform(run.n, R.ACCEPT, (n + 1,), p.dtype)
-    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    v = verify_tree_on(run, p, qv, tokens, u_acc, u_smp, trees, verifier, torch.as_tensor(Db, device=run.dev), law)
-    tau, path = finish_tree_round(run, tokens, o.hidden, v, Dr)
-    drafted = np.where(act, ((dep[:, 1:] >= 1) & (dep[:, 1:] <= Db[:, None])).sum(1), 0)
-    sync(run.dev)
-    parent = parent if isinstance(parent, np.ndarray) else parent.cpu().numpy()
-    return DynamicStep(drafted, np.where(act, tau, 0), t1 - t0, t2 - t1, time.perf_counter() - t2, fwd,
-                       depth=Db, nodes=path, p=p if record else None, q=(q if q is not None else None) if record
-                       else None, drafts=tokens if record else None, parent=parent)

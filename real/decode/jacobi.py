@@ -32,18 +32,18 @@ Uniforms come from the images' streams (``real.decode.rng``), purposes ``JACOBI 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from theory import rules
+from real.protocol import Proposal
+
 from . import rng as R
 from .sampling import sample
-from .steps import ChainStep, Run, ar_step, commit, sync, verify_chain_round
 
-__all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "jacobi_step", "check_jacobi", "draft_rows"]
+__all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "draft_rows"]
 
 DEFAULT_WINDOW = 16                                   # the release's max_num_new_tokens (Lumina-mGPT, LlamaGen)
 INITS = ("random", "repeat_horizon", "sample_horizon")
@@ -59,17 +59,73 @@ _GUMBEL = R.JACOBI + 4     # Gumbel coupling: the fixed noise table, keyed by AB
 
 @dataclass(frozen=True)
 class Jacobi:
-    """The Jacobi drafting of a run: ``window`` W (target rows per call, W - 1 drafts), ``init`` (``INITS``),
-    ``coupling`` (``COUPLINGS``) and ``width`` (tokens per image row, for the horizon initialisations)."""
+    """The Jacobi drafting mode (``real.protocol.Drafting``): ``window`` W (target rows per call, W - 1 drafts),
+    ``init`` (``INITS``), ``coupling`` (``COUPLINGS``) and ``width`` (tokens per image row, for the horizon
+    initialisations). Drafter-free: ``generate``'s draft must be None; the window lives in ``run.state``."""
     window: int = DEFAULT_WINDOW
     init: str = "random"
     coupling: str = "none"
     width: int | None = None
+    needs_draft = False
+    trees = False
 
     @property
     def slots(self) -> int:
         """S = W - 1 draft slots in the window."""
         return self.window - 1
+
+    @property
+    def max_depth(self) -> int:
+        return self.slots
+
+    def check(self, target, draft, num_tokens, verifier, processing, batch_size) -> None:
+        """``check_jacobi`` and no draft model."""
+        if draft is not None:
+            raise ValueError("jacobi drafting drafts from the target itself: give no draft model")
+        check_jacobi(self, num_tokens, processing)
+
+    def from_prefill(self, run) -> bool:
+        return False
+
+    def start(self, run) -> Window:
+        """Every slot initialised after the committed tokens (round 0 gave one)."""
+        S, V = self.slots, int(run.target.vocab_size)
+        last = run.last_tokens()[:, 0]
+        win = Window(torch.zeros((run.B, S), dtype=torch.long, device=run.dev),
+                     torch.zeros((run.B, S, V), dtype=run.proc.dtype, device=run.dev))
+        _init_slots(run, self, win, torch.zeros(run.B, dtype=torch.long, device=run.dev), last, None)
+        return win
+
+    def propose(self, run, depth: np.ndarray) -> Proposal:
+        """The window's first max_b L'_b drafts and the rows they were drawn from (law "sampled")."""
+        Lr = int(depth.max())
+        win = run.state
+        x = win.tokens[:, :Lr]
+        return Proposal(torch.cat([run.last_tokens(), x], 1), draft_rows(win, Lr), "sampled", None,
+                        np.arange(Lr + 1), None, 0)
+
+    def advance(self, run, prop, verdict, p, n0) -> None:
+        """Re-draft the positions past the commit from the round's rows ``p`` (B, Lr + 1, V) (keyed by the round's
+        committed lengths ``n0``), carry them to the window's front, initialise the slots left over (keyed by the new
+        lengths)."""
+        win, S, V = run.state, self.slots, p.shape[-1]
+        Lr = prop.tokens.shape[1] - 1
+        act = n0 < run.T
+        Lb = np.where(act, np.minimum(S, run.T - n0 - 1), 0)
+        tau = np.asarray(verdict.accepted)
+        y, qn = _redraft(run, self, p, prop.tokens[:, 1:], prop.q, n0)
+        tau_t = torch.as_tensor(tau, device=run.dev)
+        carried = torch.as_tensor(np.where(act, Lb - tau, 0), device=run.dev)
+        idx = (tau_t[:, None] + 1 + torch.arange(S, device=run.dev)).clamp_(max=Lr)       # (B, S)
+        win.tokens = y.gather(1, idx)
+        win.q = qn.gather(1, idx[..., None].expand(-1, -1, V)).to(win.q.dtype)
+        last_row = p.gather(1, torch.as_tensor(Lb, device=run.dev)[:, None, None].expand(-1, 1, V))[:, 0]
+        last_tok = torch.where(carried > 0, y.gather(1, torch.as_tensor(Lb, device=run.dev)[:, None])[:, 0],
+                               torch.as_tensor(verdict.next_token, device=run.dev))
+        _init_slots(run, self, win, carried, last_tok, last_row)
+
+    def params(self) -> dict:
+        return {"draft": "jacobi", "window": self.window, "L": self.slots, "init": self.init, "coupling": self.coupling}
 
 
 @dataclass
@@ -80,9 +136,9 @@ class Window:
     q: torch.Tensor
 
 
-def check_jacobi(spec, num_tokens: int, verifier) -> Jacobi:
+def check_jacobi(spec, num_tokens: int, processing) -> Jacobi:
     """ValueError naming the option unless ``spec`` is a valid ``Jacobi`` for images of ``num_tokens`` tokens and
-    ``verifier`` (a coupling needs sampled rows: not with greedy verification)."""
+    ``processing`` (a coupling needs sampled rows: not with greedy, one-hot rows)."""
     if not isinstance(spec, Jacobi):
         raise ValueError(f"jacobi must be a real.decode.jacobi.Jacobi, got {type(spec).__name__}")
     W = spec.window
@@ -97,20 +153,19 @@ def check_jacobi(spec, num_tokens: int, verifier) -> Jacobi:
     if spec.init != "random" and (isinstance(spec.width, bool) or not isinstance(spec.width, (int, np.integer))
                                   or spec.width < 1):
         raise ValueError(f"jacobi init {spec.init!r} needs the image row width (an int >= 1), got {spec.width!r}")
-    if spec.coupling != "none" and getattr(verifier, "name", None) == "greedy":
-        raise ValueError(f"coupling {spec.coupling!r} couples sampled drafts; greedy verification has one-hot rows "
+    if spec.coupling != "none" and processing.greedy:
+        raise ValueError(f"coupling {spec.coupling!r} couples sampled drafts; greedy decoding has one-hot rows "
                          "(every coupling is the identity): use coupling 'none'")
     return spec
 
 
-def draft_rows(window: Window, P: torch.Tensor) -> torch.Tensor:
-    """The q rows (B, Lr, V) the round's drafts are verified with against the current rows P (B, Lr + 1, V): the
-    rows the drafts were drawn from in the previous iteration (one place, so that a test can swap in the current
-    rows as a negative control)."""
-    return window.q[:, :P.shape[1] - 1]
+def draft_rows(window: Window, Lr: int) -> torch.Tensor:
+    """The q rows (B, Lr, V) the round's Lr drafts are verified with: the rows the drafts were drawn from in the
+    previous iteration (one place, so that a test can swap in other rows as a negative control)."""
+    return window.q[:, :Lr]
 
 
-def _init_slots(run: Run, spec: Jacobi, win: Window, first_free: torch.Tensor, last_tok: torch.Tensor,
+def _init_slots(run, spec: Jacobi, win: Window, first_free: torch.Tensor, last_tok: torch.Tensor,
                 last_row: torch.Tensor | None) -> None:
     """Fill window slots i >= first_free (B,) in place for images at committed lengths ``run.n``: ``random`` a
     uniform token; horizon schemes copy ``last_tok`` (B,) (``repeat``) or the mode of ``last_row`` (B, V)
@@ -132,72 +187,28 @@ def _init_slots(run: Run, spec: Jacobi, win: Window, first_free: torch.Tensor, l
     win.q = torch.where(free[..., None], hot, win.q)
 
 
-def _redraft(run: Run, spec: Jacobi, P: torch.Tensor, x: torch.Tensor, q: torch.Tensor):
+def _redraft(run, spec: Jacobi, P: torch.Tensor, x: torch.Tensor, q: torch.Tensor, n: np.ndarray):
     """Samples y (B, Lr+1) of the current rows P (B, Lr+1, V) and the rows q' (B, Lr+1, V) kept as their q:
     independent draws (none), coupled with the old drafts x (B, Lr) drawn from q (B, Lr, V) (scd-mc, scd-mc-p),
-    or Gumbel-coupled through the noise table of the absolute positions (scd-gs)."""
+    or Gumbel-coupled through the noise table of the absolute positions (scd-gs); uniforms keyed by the round's
+    committed lengths n (B,)."""
     B, K, V = P.shape
     Lr = K - 1
     if spec.coupling == "scd-gs":
         ys = []
         for k in range(K):   # a loop over the window's rows: row k's noise is keyed by its absolute position n + k
-            E = run.rng.uniform(run.n + k, _GUMBEL, (V,)).to(run.dev).log_().neg_()      # Exp(1), (B, V)
+            E = run.rng.uniform(n + k, _GUMBEL, (V,)).to(run.dev).log_().neg_()      # Exp(1), (B, V)
             ys.append((P[:, k].double() / E).argmax(-1))      # argmax p / E  ==  argmax log p + Gumbel
         return torch.stack(ys, 1), P
-    y = sample(P, run.rng.uniform(run.n, _DRAFT, (K,), P.dtype))
+    y = sample(P, run.rng.uniform(n, _DRAFT, (K,), P.dtype))
     if spec.coupling == "none" or Lr == 0:
         return y, P
     van = rules.vanilla()
     pk = P[:, :Lr]
     f = van.accept(pk, q, 1)                                                         # min(1, P_k / q_k)
-    keep = run.rng.uniform(run.n, _MC_ACC, (Lr,)).to(run.dev, P.dtype) < f.gather(-1, x[..., None])[..., 0]
-    res = sample(van.resample(pk, q, f), run.rng.uniform(run.n, _MC_RES, (Lr,), P.dtype))     # Norm([P_k - q_k]_+)
+    keep = run.rng.uniform(n, _MC_ACC, (Lr,)).to(run.dev, P.dtype) < f.gather(-1, x[..., None])[..., 0]
+    res = sample(van.resample(pk, q, f), run.rng.uniform(n, _MC_RES, (Lr,), P.dtype))     # Norm([P_k - q_k]_+)
     y = torch.cat([torch.where(keep, x, res), y[:, Lr:]], 1)
     if spec.coupling == "scd-mc":   # as released: the old row stays where the old draft was kept
         return y, torch.cat([torch.where(keep[..., None], q, pk), P[:, Lr:]], 1)
     return y, P
-
-
-def jacobi_step(run: Run, spec: Jacobi, verifier, record: bool) -> ChainStep:
-    """One Jacobi round for the batch (module docstring); the window lives in ``run.plans['jacobi']``."""
-    act = run.active
-    S = spec.slots
-    V = int(run.target.vocab_size)
-    win = run.plans.get("jacobi")
-    if win is None:                  # the first Jacobi round: every slot initialised after the committed tokens
-        last = run.out.gather(1, torch.as_tensor(run.n - 1, device=run.dev)[:, None])[:, 0]
-        win = Window(torch.zeros((run.B, S), dtype=torch.long, device=run.dev),
-                     torch.zeros((run.B, S, V), dtype=run.proc.dtype, device=run.dev))
-        _init_slots(run, spec, win, torch.zeros(run.B, dtype=torch.long, device=run.dev), last, None)
-        run.plans["jacobi"] = win
-    Lb = np.where(act, np.minimum(S, run.T - run.n - 1), 0)
-    Lr = int(Lb.max())
-    if Lr == 0:                      # every unfinished image is one token short: a plain AR round
-        return ar_step(run, record)
-    t1 = time.perf_counter()
-    x = win.tokens[:, :Lr]
-    last = run.out.gather(1, torch.as_tensor(run.n - 1, device=run.dev)[:, None])
-    pos = run.positions(run.target, np.arange(Lr + 1), run.P + run.T - 1)
-    o = run.target.forward(run.rows(torch.cat([last, x], 1)), position_ids=pos)
-    P = run.proc.rows(o.logits)                                                        # (B, Lr + 1, V)
-    q = draft_rows(win, P)
-    sync(run.dev)
-    t2 = time.perf_counter()
-    v, tau, cand = verify_chain_round(run, P, q, x, Lb, verifier)    # as a chain round: any verifier
-    t3 = time.perf_counter()
-    y, qn = _redraft(run, spec, P, x, q)          # keyed by the round's n: drawn before the commit moves it
-    commit(run, cand, tau)
-    # carry y_k, q'_k for k = tau+1..L'_b to the window's front; slots past L'_b - tau are initialised
-    tau_t = torch.as_tensor(tau, device=run.dev)
-    carried = torch.as_tensor(np.where(act, Lb - tau, 0), device=run.dev)
-    idx = (tau_t[:, None] + 1 + torch.arange(S, device=run.dev)).clamp_(max=Lr)       # (B, S)
-    win.tokens = y.gather(1, idx)
-    win.q = qn.gather(1, idx[..., None].expand(-1, -1, V)).to(win.q.dtype)
-    last_row = P.gather(1, torch.as_tensor(Lb, device=run.dev)[:, None, None].expand(-1, 1, V))[:, 0]
-    last_tok = torch.where(carried > 0, y.gather(1, torch.as_tensor(Lb, device=run.dev)[:, None])[:, 0],
-                           v.next_token.to(run.dev))
-    _init_slots(run, spec, win, carried, last_tok, last_row)
-    sync(run.dev)
-    t4 = time.perf_counter()
-    return ChainStep(Lb, np.where(act, tau, 0), t4 - t3, t2 - t1, t3 - t2, 0,
-                     p=P if record else None, drafts=x if record else None, q=q if record else None)

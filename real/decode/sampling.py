@@ -80,6 +80,12 @@ class Processing:
             raise ValueError(f"probabilities are computed in float32 or float64, got {self.dtype}")
 
     @property
+    def greedy(self) -> bool:
+        """Whether rows are one-hot at the argmax (temperature 0): the one place "greedy" is decided in the decoder
+        (greedy trees draft top-m candidates with the point law; couplings of sampled drafts do not apply)."""
+        return self.temperature == 0
+
+    @property
     def cfg(self) -> bool:
         """Whether classifier-free guidance is on (cfg_scale != 1)."""
         return self.cfg_scale != 1.0
@@ -119,7 +125,7 @@ def draw(probs: torch.Tensor, proc: "Processing", uniforms) -> torch.Tensor:
     one-hot at the argmax, so the token is ``probs.argmax(-1)`` (what the inverse-CDF draw returns for
     any u) and no uniforms are drawn; else ``sample(probs, uniforms())``, ``uniforms`` a zero-argument
     callable giving (...,) uniforms (the images' streams). (...,) int64."""
-    if proc.temperature == 0:
+    if proc.greedy:
         return probs.argmax(-1)
     return sample(probs, uniforms())
 

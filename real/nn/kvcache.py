@@ -60,6 +60,8 @@ class CachedRows:
     rollback may never remove (LlamaGen: its condition prefix); ``_cache_owner`` names the model in errors."""
     batched = True
     cache_floor = 0
+    row_masks = True          # KVCache.begin takes (rows, S, K) masks, one per row
+    extra_slots = None        # spare entries past the image (None: unbounded); models with a fixed size set theirs
 
     @property
     def cache_len(self) -> int:

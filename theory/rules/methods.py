@@ -16,7 +16,6 @@ grids may also spell ``lam``). No torch here: ``theory`` imports nothing of the 
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -24,7 +23,7 @@ from typing import Any, Callable, Mapping
 from .. import rules
 
 __all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "TYPICAL_RESAMPLERS", "register", "get", "names", "resolve", "build",
-           "flags", "default_lantern_k", "threshold_or_off"]
+           "flag_owners", "default_lantern_k", "threshold_or_off"]
 
 # LANTERN / LANTERN++ resamplers (docs/theory.md section 6): as released ("lantern", the default), our
 # earlier variant ("renormalised") or G* ("optimal", T5); typical acceptance: argmax (vLLM) or G*
@@ -173,17 +172,15 @@ def build(name: str, L: int, neighbors=None, params: Mapping[str, Any] | None = 
     return m.factory(resolve(name, {**(params or {}), **kw}), L, embeddings if m.needs_embeddings else neighbors)
 
 
-def flags() -> dict[str, Param]:
-    """The flat option names of every method's free parameters (the ``coolsd generate`` flags):
-    {flag: Param}; a flag shared by several methods (``lantern_k``) appears once."""
-    out: dict[str, Param] = {}
+def flag_owners() -> dict[str, list[tuple[Method, Param]]]:
+    """The flat option names of every method's free parameters (the ``coolsd generate`` flags) -> the (method,
+    parameter) pairs that read each: namespaced per method, so a flag two methods share (``--resampler``, ``--delta``)
+    is converted by the selected method's own parameter (its type, range, choices and default), never another's
+    (``coolsd.options.method_params``)."""
+    out: dict[str, list[tuple[Method, Param]]] = {}
     for m in METHODS.values():
         for p in m.free:
-            q = out.setdefault(p.option, p)
-            if q is not p and q.choices and p.choices and set(p.choices) - set(q.choices):   # e.g. --resampler
-                note = " (the method's own default)"
-                out[p.option] = dataclasses.replace(q, choices=tuple(dict.fromkeys(q.choices + p.choices)), default=None,
-                                                    help=q.help if q.help.endswith(note) else q.help + note)
+            out.setdefault(p.option, []).append((m, p))
     return out
 
 

@@ -20,9 +20,10 @@ from typing import NamedTuple
 import array_api_compat
 
 from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical
+from ..rules.chain import verify_chain
 from .shapes import RowTrees, Tree
 
-__all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "draft_without_replacement"]
+__all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "verify_round", "draft_without_replacement"]
 
 
 # How a node's candidates were drafted (section 10): "without_replacement" = a sequential draw without replacement
@@ -154,3 +155,42 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     return TreeVerdict(depth, path, sample_categorical(p_res, u_sample, xp), node)
 
 
+
+
+def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sample: Array, tree, verifier, *,
+                 law: str = "without_replacement", max_depth: Array | None = None) -> TreeVerdict:
+    """One round's verification, chains and trees alike: the engine's one entry (``real.decode.round``).
+
+    Shapes (N drafted nodes, node 0 the root, the last committed token; any leading batch dims ``...``):
+      p         (..., N+1, V)  target rows at every node (node 0: after the committed prefix)
+      q         (..., N+1, V)  draft rows each node's candidates were drawn from (chains: (..., N, V), draft k drawn
+                               from row k - 1); None only with ``law="point"`` (deterministic candidates)
+      tokens    (..., N+1)     node tokens (entry 0, the root, is not read)
+      u_accept  (..., N+1)     acceptance uniforms: a tree's node k reads column k; a chain's draft k reads column
+                               k - 1, as ``verify_chain`` (so both read the streams the engine always drew)
+      u_sample  (...,)         the final token's uniform
+      max_depth (...,)         each round's depth cap (a chain: its drafts L'; a tree: the truncation at the image end)
+    ``tree``: None for a chain (node k's only child is k + 1), a ``Tree`` or per-round ``RowTrees``. ``law``: how the
+    candidates were drawn (``real.protocol.LAWS``: "sampled" (one candidate per node, a chain), "without_replacement",
+    "point"). A chain is verified by ``verify_chain`` (vectorised, no walk); a tree by the verifier's own walk when it
+    supplies one that applies (``Verifier.walk``, e.g. vanilla's and greedy's host walks), else by ``verify_tree``
+    with early exit. Returns a ``TreeVerdict`` (accepted (...,), path (..., D) accepted nodes by depth, -1 past them,
+    next_token, last_node)."""
+    xp = namespace(p)
+    if tree is None:
+        N = tokens.shape[-1] - 1
+        if q is None:                 # deterministic drafts (the point law): q is the one-hot row of each draft
+            q = xp.astype(xp.arange(p.shape[-1], device=array_api_compat.device(p)) == tokens[..., 1:, None], p.dtype)
+        v = verify_chain(p, q[..., :N, :], tokens[..., 1:], u_accept[..., :N], u_sample, verifier,
+                         n_drafted=max_depth, check=False)
+        ar = xp.arange(1, N + 1, device=array_api_compat.device(p))
+        path = xp.where(ar < v.accepted[..., None] + 1, ar, xp.full_like(tokens[..., 1:], -1))
+        return TreeVerdict(v.accepted, path, v.next_token, v.accepted)
+    walk = getattr(verifier, "walk", None)
+    if walk is not None:
+        children = tree.children
+        out = walk(p, q, tokens, u_accept, u_sample, children, int(tree.depth), max_depth, law)
+        if out is not None:
+            return TreeVerdict(*out)
+    return verify_tree(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier, early_exit=True,
+                       max_depth=max_depth, draft_law=law)

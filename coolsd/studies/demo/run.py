@@ -166,9 +166,9 @@ def _batch_note(s: Settings, runs, rounds: dict, target, drafts: dict, proc) -> 
 
 
 def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, tree: Tree, L: int, B: int):
-    kw = dict(tree=tree) if sp.drafting == "tree" else dict(L=L)
     return engine.generate(target, draft, classes, num_tokens=T_IMAGE, verifier=sp.verifier, processing=proc,
-                           seed=seed, batch_size=min(B, len(classes)), record_rows=sp.record, **kw)
+                           drafting=tree if sp.drafting == "tree" else L, seed=seed, batch_size=min(B, len(classes)),
+                           record_rows=sp.record)
 
 
 def unit_costs(stats: dict, ar_stats: dict) -> dict:

@@ -115,7 +115,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     predictable = source is not None
     per_row = _per_row(ctx.bundle, T)
     nb, cb = host_tables(ctx)
-    drafting = cfg.drafting
+    drafting = cfg.drafting_kind
     first = np.r_[True, van["round_image"][1:] != van["round_image"][:-1]]
     first_single = bool((van["round_drafted"][first] == 0).all())
     costs = demo.unit_costs(_stats(van), ar_stats) if predictable else None

@@ -23,6 +23,7 @@ import torch
 from real.decode.engine import generate
 from real.decode.sampling import Processing
 
+from coolsd.options import DraftingSpec
 from .grid import Setting
 from .store import Store
 
@@ -41,10 +42,8 @@ class SweepConfig:
     model_options: tuple = ()  # ((BuildOptions field, value), ...): checkpoints, prompts, dtype
     unit_images: int = 8
     seed: int = 0
-    L: int = 4
-    tree: str | None = None    # static-tree drafting (coolsd generate's --tree syntax); None: chains of L
-    dynamic: tuple | None = None   # dynamic trees (total, depth, topk, sampling) of real.decode.dynamic_tree.DynamicTree
-    draft: str | None = None   # draft kind (None: the model's default)
+    drafting: DraftingSpec = DraftingSpec()   # coolsd.options: chains of 4 by default
+    draft: str | None = None   # draft kind (None: the model's default; a drafter-free mode's name: no draft model)
     batch_size: int | None = None
     record_images: int = 256   # vanilla images whose P/Q rows are kept for the predictions
     temperature: float = 1.0
@@ -58,17 +57,31 @@ class SweepConfig:
 
     def identity(self) -> dict:
         """What must match for stored units to be reused (not ``images``: more images add blocks)."""
-        return {"model": self.model, "model_options": [list(kv) for kv in self.model_options], "grid": [s.key for s in self.settings], "seed": self.seed,
-                "unit_images": self.unit_images, "L": self.L, "tree": self.tree, "draft": self.draft,
-                "batch_size": self.batch_size, "record_images": self.record_images,
-                "temperature": self.temperature, "cfg_scale": self.cfg_scale} \
-            | ({"dynamic": list(self.dynamic)} if self.dynamic is not None else {})   # old stores keep their identity
+        return {"model": self.model, "model_options": [list(kv) for kv in self.model_options],
+                "grid": [s.key for s in self.settings], "seed": self.seed, "unit_images": self.unit_images,
+                "drafting": self.drafting.identity(), "draft": self.draft, "batch_size": self.batch_size,
+                "record_images": self.record_images, "temperature": self.temperature, "cfg_scale": self.cfg_scale}
 
     @property
-    def drafting(self) -> str:
-        """chain, tree (static), dynamic-tree or jacobi."""
-        return ("dynamic-tree" if self.dynamic is not None else "tree" if self.tree is not None
-                else "jacobi" if self.draft == "jacobi" else "chain")
+    def drafting_kind(self) -> str:
+        """chain, tree (static), dynamic-tree, or a drafter-free mode's name (jacobi)."""
+        k = self.drafting.kind
+        return "dynamic-tree" if k == "dynamic" else k
+
+    @property
+    def L(self) -> int:
+        """The most drafted levels per round (the verifiers' L)."""
+        return self.drafting.max_depth
+
+    @property
+    def tree(self) -> str | None:
+        """The static tree (--tree text), or None."""
+        return self.drafting.tree if self.drafting.kind == "tree" else None
+
+    @property
+    def dynamic(self) -> tuple | None:
+        """The dynamic tree's (total, depth, topk, sampling), or None."""
+        return self.drafting.dynamic
 
     @property
     def n_blocks(self) -> int:
@@ -153,7 +166,7 @@ class Context:
     """The models and everything a unit needs, loaded once per rank."""
 
     def __init__(self, cfg: SweepConfig, dist: Dist):
-        from theory.tree import parse_tree
+        from real.decode.modes import DynamicTree, StaticTree
         from real.registry import NO_DRAFT, BuildOptions, build
 
         self.cfg = cfg
@@ -163,24 +176,15 @@ class Context:
             dev = f"cuda:{dist.local_rank}"
         self.device = dev
         n_cond = cfg.images
-        jacobi = cfg.draft == "jacobi"          # drafter-free: cfg.L = window - 1 Jacobi drafts
-        b = build(cfg.model, BuildOptions(device=dev, draft=NO_DRAFT if jacobi else cfg.draft, seed=cfg.seed,
+        free = cfg.drafting.kind not in ("chain", "tree", "dynamic")      # a drafter-free mode: no draft model
+        b = build(cfg.model, BuildOptions(device=dev, draft=NO_DRAFT if free else cfg.draft, seed=cfg.seed,
                                           num_images=n_cond), **dict(cfg.model_options))
         self.bundle = b
-        self.tree = parse_tree(cfg.tree, cfg.L) if cfg.tree is not None else None
-        self.L = self.tree.depth if self.tree is not None else cfg.L
-        self.dynamic = None
-        if cfg.dynamic is not None:
-            from real.decode.dynamic_tree import DynamicTree
-
-            self.dynamic = DynamicTree(*cfg.dynamic)
-            self.L = self.dynamic.max_depth
-        self.jacobi = None
-        if jacobi:
-            from real.decode.jacobi import Jacobi
-
-            grid = (b.info or {}).get("grid")
-            self.jacobi = Jacobi(cfg.L + 1, width=int(grid[1]) if grid else None)
+        self.mode = cfg.drafting.build(b)
+        self.L = self.mode.max_depth
+        self.tree = self.mode.tree if isinstance(self.mode, StaticTree) else None
+        self.dynamic = self.mode if isinstance(self.mode, DynamicTree) else None
+        self.jacobi = self.mode if free else None
         self.proc = Processing(temperature=cfg.temperature, top_k=b.top_k,
                                cfg_scale=b.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale)
         ncls = getattr(getattr(b.target, "config", None), "num_classes", None)
@@ -239,11 +243,9 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
         gens = generate(b.target, None, conds, num_tokens=b.num_tokens, processing=ctx.proc, seed=seed,
                         batch_size=cfg.batch_size)
     else:
-        gens = generate(b.target, None if ctx.jacobi else b.draft, conds, num_tokens=b.num_tokens,
-                        verifier=ctx.verifier(unit.setting),
-                        L=None if ctx.jacobi or ctx.dynamic is not None or ctx.tree is not None else ctx.L,   # a tree sets its depth
-                        tree=ctx.dynamic if ctx.dynamic is not None else ctx.tree,
-                        jacobi=ctx.jacobi, processing=method_processing(unit.setting.method, ctx.proc),
+        gens = generate(b.target, b.draft if ctx.mode.needs_draft else None, conds, num_tokens=b.num_tokens,
+                        verifier=ctx.verifier(unit.setting), drafting=ctx.mode,
+                        processing=method_processing(unit.setting.method, ctx.proc),
                         seed=seed, batch_size=cfg.batch_size, record_rows=record)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

@@ -1,6 +1,10 @@
-"""Lean host (numpy) tree walks for vanilla and greedy verification (docs/theory.md section 9, T5 applied
-recursively), batched over rounds: ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its generic
-array-API walk spends ~90 full-row operations per candidate tried, the price of serving every verifier).
+"""Lean host (numpy) tree walks that a verifier supplies for itself (``Verifier.walk``, the hook
+``theory.tree.verify_round`` calls): vanilla and greedy multi-candidate verification (docs/theory.md section 9, T5
+applied recursively), batched over rounds, with ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its
+generic array-API walk spends ~90 full-row operations per candidate tried, the price of serving every verifier). A walk
+returns None where it does not apply (arrays that are not numpy, a draft law it does not cover): the caller then
+takes the generic walk. Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), so this
+room needs nothing of ``theory.tree``.
 
 * vanilla (``theory.rules.vanilla``: f = min(1, p/q), G = Norm([p - q]_+)) with the point draft law
   (``draft_law="point"``: the candidates are the draft's deterministic top-k, q_j = one-hot(c_j); the LANTERN
@@ -26,33 +30,46 @@ from __future__ import annotations
 
 import numpy as np
 
-from theory.rules import Argmax, Greedy, Residual, Vanilla
-from theory.tree import RowTrees, Tree, TreeVerdict
-from theory.core.xp import sample_categorical
+from ..core.xp import sample_categorical
 
-__all__ = ["fast_kind", "verify_tree_fast"]
+__all__ = ["vanilla_walk", "greedy_walk", "DRAFT_LAWS"]
 
-
-def fast_kind(verifier, draft_law: str) -> str | None:
-    """"vanilla", "vanilla_wr" or "greedy" when ``verify_tree_fast`` gives this verifier's verdict under
-    ``draft_law``, else None."""
-    if isinstance(verifier.accept, Greedy) and isinstance(verifier.resample, Argmax):
-        return "greedy"
-    if isinstance(verifier.accept, Vanilla) and isinstance(verifier.resample, Residual):
-        return "vanilla" if draft_law == "point" else "vanilla_wr" if draft_law == "without_replacement" else None
-    return None
+DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
 
-def verify_tree_fast(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
-                     u_sample: np.ndarray, tree: "Tree | RowTrees", max_depth: np.ndarray | None = None,
-                     draft_law: str = "point") -> TreeVerdict:
-    """The verdict of ``theory.tree.verify_tree`` for ``kind`` (``fast_kind``), numpy arrays: p (B, N+1, V) target
-    rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates it gives mass 0 are
-    skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), max_depth (B,) or None; ``tree`` a ``Tree``
-    (shared) or ``RowTrees`` (B, N+1, K). Returns ``TreeVerdict`` arrays (B,), (B, D), (B,), (B,)."""
+def vanilla_walk(p, q, tokens, u_accept, u_sample, children, depth: int, max_depth=None, draft_law: str = "point"):
+    """``theory.rules.vanilla``'s walk (f = min(1, p/q), G = Norm([p - q]_+)) for either draft law, or None when the
+    arrays are not numpy. Arguments as ``_walk``; returns (accepted (B,), path (B, D), next_token (B,), last_node
+    (B,)) int64."""
+    if not _host(p, q, tokens, u_accept, u_sample):
+        return None
+    kind = "vanilla" if draft_law == "point" else "vanilla_wr" if draft_law == "without_replacement" else None
+    return None if kind is None else _walk(kind, p, q, tokens, u_accept, u_sample, children, depth, max_depth, draft_law)
+
+
+def greedy_walk(p, q, tokens, u_accept, u_sample, children, depth: int, max_depth=None, draft_law: str = "point"):
+    """``theory.rules.greedy``'s walk (f = 1[x = argmax p], G = one-hot(argmax p)) for either draft law, or None
+    when the arrays are not numpy (``_walk``)."""
+    if not _host(p, q, tokens, u_accept, u_sample) or draft_law not in DRAFT_LAWS:
+        return None
+    return _walk("greedy", p, q, tokens, u_accept, u_sample, children, depth, max_depth, draft_law)
+
+
+def _host(*arrays) -> bool:
+    return all(a is None or isinstance(a, np.ndarray) for a in arrays)
+
+
+def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
+          u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
+          draft_law: str = "point"):
+    """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla", "vanilla_wr", "greedy"), numpy arrays: p
+    (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates it gives
+    mass 0 are skipped; and by the without-replacement walk), tokens (B, N+1), u_accept (B, N+1), u_sample (B,),
+    children (N+1, K) shared or (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None.
+    Returns (accepted (B,), path (B, D), next_token (B,), last_node (B,))."""
     B, N1, V = p.shape
-    D = int(tree.depth)
-    children = np.asarray(tree.children)
+    D = int(D)
+    children = np.asarray(children)
     if children.ndim == 2:
         children = np.broadcast_to(children, (B, *children.shape))
     if kind == "vanilla_wr":
@@ -112,7 +129,7 @@ def verify_tree_fast(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.
         if empty.any():
             w[empty] = last[empty]
         nxt = _sample(w, u_sample)
-    return TreeVerdict(depth, path, nxt.astype(np.int64), node)
+    return depth, path, nxt.astype(np.int64), node
 
 
 def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth):
@@ -159,7 +176,7 @@ def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max
         depth = depth + acc
         rank = np.where(acc, 0, rank + (has & ~acc))
         active = active & has
-    return TreeVerdict(depth, path, _sample(p_res, u_sample).astype(np.int64), node)
+    return depth, path, _sample(p_res, u_sample).astype(np.int64), node
 
 
 def _merge(res, stop, r):

@@ -1,0 +1,76 @@
+"""Batch sizing of ``real.decode.engine.generate``: the memory a batch needs (both KV caches and the per-round rows) and
+the default batch size that fits half of the device's free memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from real.protocol import as_batched
+
+from .sampling import Processing
+
+__all__ = ["MAX_BATCH", "default_batch_size", "check_batch", "device_of"]
+
+MAX_BATCH = 64          # default images per batch (``generate(batch_size=None)``), lowered to fit memory
+
+
+def device_of(model) -> torch.device:
+    d = getattr(model, "device", None)
+    return torch.device(d) if d is not None else torch.device("cpu")
+
+
+def _available_bytes(device: torch.device) -> int:
+    """Free memory on the device (CUDA: free GPU memory; CPU: available RAM)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):   # not Linux: assume the cap alone applies
+        return 1 << 62
+
+
+def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int:
+    """Estimated memory of a batch: both KV caches (``cache_bytes``: a feature drafter's sized by the target's
+    ``prefix_len``) and the per-round probability rows (a few (rows, 64, V) float32 arrays). ``target`` and
+    ``draft`` follow the batched protocol (``real.protocol.as_batched``)."""
+    R = images * rows_per_image
+    caches = int(target.cache_bytes(R))
+    if draft is not None:
+        caches += int(draft.cache_bytes(R, target.prefix_len) if draft.needs_features else draft.cache_bytes(R))
+    return caches + 8 * R * 64 * V * 4
+
+
+
+def default_batch_size(target, draft, n_images: int, processing: Processing = Processing()) -> int:
+    """Images per batch when none is asked: all of them, at most ``MAX_BATCH``, and at most what half of
+    the device's free memory holds (``_batch_bytes``)."""
+    target, draft = as_batched(target), as_batched(draft)
+    dev, V = device_of(target), int(target.vocab_size)
+    per = max(1, _batch_bytes(target, draft, 1, processing.batch, V))
+    return int(max(1, min(n_images, MAX_BATCH, _available_bytes(dev) // 2 // per)))
+
+
+def check_batch(target, draft, n_images: int, batch_size, processing: Processing) -> int:
+    if batch_size is None:
+        bs = default_batch_size(target, draft, n_images, processing)
+    else:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        bs = int(batch_size)
+        if bs < 1:
+            raise ValueError(f"batch_size must be >= 1, got {bs}")
+        if bs > n_images:
+            raise ValueError(f"batch_size {bs} is larger than the {n_images} images asked")
+    for m in (target, draft):
+        if m is not None and bs > 1 and not m.batched:
+            raise ValueError(f"{type(m).__name__} generates one image at a time (its cache has no per-row lengths): "
+                             f"use batch size 1, got {bs}")
+    need = _batch_bytes(as_batched(target), as_batched(draft), bs, processing.batch, int(target.vocab_size))
+    free = _available_bytes(device_of(target))
+    if need > free:
+        raise ValueError(f"a batch of {bs} images needs about {need / 2**30:.2f} GiB (KV caches and rows), "
+                         f"{free / 2**30:.2f} GiB is free: lower the batch size")
+    return bs

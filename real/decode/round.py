@@ -1,0 +1,371 @@
+"""One round of decoding for a batch of B images, whatever the drafting mode (gpt-fast style: one function per round).
+
+``speculative_round`` is the round: the images' draft depths D'_b = min(D, T - n_b - 1) (the one place this
+preamble is written), the mode's ``propose`` (``real.protocol.Proposal``), ONE target forward over the proposal's
+nodes at their positions under its tree mask, ``theory.tree.verify_round`` (chains and trees alike, the verifier's
+own fast walk when it has one), the commit of the accepted path plus the next token (``settle``), and the mode's
+``advance``. ``prefill_round`` (round 0: the target's prefill alone, the draft model started on the same conditions)
+and ``ar_round`` (one plain AR step: every image one D'_b = 0 short of drafting) are the rounds without drafts.
+
+Shapes: b < B indexes images, r < R = k B model rows (k = 2 with classifier-free guidance: rows [cond; uncond],
+``Run.rows``). Positions are absolute: the target holds the condition prefix (P positions) then image token j at
+position P + j; the draft stream is indexed by "elements": an independent draft's element d_off + j is image token j
+(d_off = its prefix length), an EAGLE drafter's element i is the pair (token at target position i + 1, target hidden
+state at position i), so d_off = P - 1 (``Run.d_off``). The KV caches are addressed by per-row lengths
+(``real.nn.kvcache``): a block of S entries lands at each row's length, ``keep`` compacts a tree block to its
+accepted path, ``rollback`` drops a chain's rejected tail.
+
+Ragged batches (docs/theory.md sections 1, 9): the batch drafts max_b D'_b levels; ``verify_round(...,
+max_depth=D')`` ignores what an image drafted past its own D'_b, so every image follows the law of the batch-1
+round; images that finished (n_b = T) ride along and keep nothing; positions past an image's last token (drafts
+that can never be accepted) are clamped to it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from theory.tree import verify_round
+
+from . import rng as R
+from .rng import Streams
+from .sampling import Processing, draw
+
+__all__ = ["RoundRecord", "Run", "Step", "sync", "prefill_round", "ar_round", "speculative_round", "settle", "commit",
+           "check_finite", "store_hidden", "on_host", "host_verification", "holds_tensors"]
+
+
+def sync(device) -> None:
+    """Wait for the device's queued work (CUDA) before a clock is read; a no-op elsewhere."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class RoundRecord:
+    """One round: ``drafted`` = L', ``accepted`` = tau (tokens produced: tau + 1), wall times in seconds
+    (CUDA-synchronised), and with ``record_rows=True`` the processed rows along the drafted path:
+    ``p`` (L'+1, V) target rows P(.|h_{i-1}), i = 1..L'+1; ``q`` (L', V) draft rows; ``drafts`` (L',).
+
+    Tree rounds: ``drafted`` = N' nodes drafted, ``depth`` = D' (the truncated tree's depth), ``nodes`` the accepted
+    tree nodes (tau of them, by depth); rows: ``p`` (N'+1, V) target rows at every node, ``q`` (N'+1, V) the draft
+    rows the node's children were drawn from (uniform placeholders at leaves), ``drafts`` (N'+1,) node tokens, the
+    root's (the last committed token) at 0; dynamic trees also ``parent`` (N'+1,) (-1 at the root)."""
+    drafted: int
+    accepted: int
+    t_draft: float
+    t_target: float
+    t_verify: float
+    p: np.ndarray | None = None
+    q: np.ndarray | None = None
+    drafts: np.ndarray | None = None
+    depth: int | None = None
+    nodes: tuple | None = None
+    parent: np.ndarray | None = None
+
+
+@dataclass
+class Run:
+    """State of one batch's generation (module docstring for the index conventions); ``state`` is the drafting
+    mode's own (``Drafting.start``)."""
+    target: object
+    draft: object | None
+    proc: Processing
+    rng: Streams                         # the batch's per-image random streams (real.decode.rng)
+    dev: torch.device
+    T: int
+    n: np.ndarray                        # (B,) committed tokens per image
+    out: torch.Tensor                    # (B, T + slack) committed tokens (past n[b]: scratch)
+    conds: list = field(default_factory=list)
+    feat: bool = False                   # the draft is an EAGLE-style feature drafter
+    host: bool = False                   # verify on numpy views of the rows (``on_host``)
+    record: bool = False                 # keep the rows of every round (``record_rows``)
+    P: int = 0                           # target prefix positions (0: not prefilled yet)
+    d_off: int = 0                       # draft element of image token 0
+    hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
+    state: object = None
+
+    @property
+    def B(self) -> int:
+        """Images in the batch."""
+        return int(self.n.shape[0])
+
+    @property
+    def active(self) -> np.ndarray:
+        """(B,) bool: the images still short of T committed tokens."""
+        return self.n < self.T
+
+    def rows(self, x):
+        """Per-image (B, ...) -> per-model-row (R, ...): the CFG pair's rows share everything."""
+        k = self.proc.batch
+        if k == 1:
+            return x
+        return np.concatenate([x] * k) if isinstance(x, np.ndarray) else torch.cat([x] * k)   # (not repeat/tile: 5x slower)
+
+    def positions(self, model, offsets, cap: int):
+        """(R, S) absolute positions: each row's cache length + offsets ((S,) shared or (B, S) per image), clamped to
+        ``cap`` (the image's last position: what lies past it is never accepted). numpy, or torch for torch offsets."""
+        if isinstance(offsets, torch.Tensor):
+            off = offsets[None] if offsets.ndim == 1 else self.rows(offsets)
+            return (torch.as_tensor(model.cache_lens, device=off.device)[:, None] + off).clamp(max=cap)
+        off = offsets[None, :] if offsets.ndim == 1 else self.rows(offsets)
+        return np.minimum(model.cache_lens[:, None] + off, cap)
+
+    def last_tokens(self) -> torch.Tensor:
+        """(B, 1) each image's last committed token (the root of its next round; token 0 before any commit)."""
+        return self.out.gather(1, torch.as_tensor(np.maximum(self.n - 1, 0), device=self.dev)[:, None])
+
+    def depths(self, D: int) -> np.ndarray:
+        """(B,) int64 D'_b = min(D, T - n_b - 1) for unfinished images, 0 for finished ones."""
+        return np.where(self.active, np.minimum(D, self.T - self.n - 1), 0)
+
+
+@dataclass
+class Step:
+    """One round of the batch, per image (B,): ``drafted`` nodes (chains: L'_b), ``accepted`` tau_b, the batch's times,
+    draft forwards, and for the records ``kind`` ("single": round 0 or a plain AR step; "chain"; "tree"; "dynamic"),
+    ``depth`` (B,) D'_b, ``nodes`` (B, D) accepted nodes (-1 past tau); with record_rows ``p``, ``q``, ``drafts``
+    (chains: p (B, S+1, V), q (B, S, V), drafts (B, S); trees: p, q (B, N+1, V), drafts (B, N+1) with the root at 0;
+    single steps: p (B, 1, V), drafts (B, 1) the root or None) and ``parent`` (B, N+1) for dynamic trees."""
+    drafted: np.ndarray
+    accepted: np.ndarray
+    t_draft: float
+    t_target: float
+    t_verify: float
+    draft_forwards: int = 0
+    kind: str = "single"
+    p: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+    drafts: torch.Tensor | None = None
+    depth: np.ndarray | None = None
+    nodes: np.ndarray | None = None
+    parent: np.ndarray | None = None
+
+    def to_host(self) -> "Step":
+        """The recorded rows as numpy on the host (float32), so a recording run holds no rows on the device."""
+        for name in ("p", "q", "drafts"):
+            x = getattr(self, name)
+            if isinstance(x, torch.Tensor):
+                setattr(self, name, (x.float() if x.is_floating_point() else x).cpu().numpy())
+        return self
+
+    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
+        """Image b's record (times: ``share`` of the batch's), its rows cut to its own round; a tree run marks single
+        steps as depth 0 with the root token (-1 at round 0) as its only node token."""
+        tau, times = int(self.accepted[b]), (self.t_draft * share, self.t_target * share, self.t_verify * share)
+        if self.kind == "single":
+            rec = RoundRecord(0, tau, *times, depth=0 if tree_run else None, nodes=() if tree_run else None)
+            if rows:
+                rec.p, rec.q = self.p[b, :1], self.p[b, :0]
+                rec.drafts = (np.zeros(0, np.int64) if not tree_run else self.drafts[b, :1]
+                              if self.drafts is not None else np.full(1, -1, dtype=np.int64))
+            return rec
+        if self.kind == "chain":
+            ell = int(self.drafted[b])
+            rec = RoundRecord(ell, tau, *times)
+            if rows:
+                rec.p, rec.q, rec.drafts = self.p[b, :ell + 1], self.q[b, :ell], self.drafts[b, :ell]
+            return rec
+        dyn = self.kind == "dynamic"
+        m = self.p.shape[1] if dyn and rows else int(self.drafted[b]) + 1
+        rec = RoundRecord(int(self.drafted[b]), tau, *times, depth=int(self.depth[b]),
+                          nodes=tuple(int(x) for x in self.nodes[b, :tau]), parent=self.parent[b] if dyn else None)
+        if rows:
+            rec.p, rec.drafts = self.p[b, :m], self.drafts[b, :m]
+            rec.q = None if self.q is None else self.q[b, :m]
+        return rec
+
+
+# ----------------------------------------------------------------------------- host verification
+
+def holds_tensors(obj, depth: int = 4) -> bool:
+    """Whether ``obj`` (a verifier, its rules, their schedules...) keeps a torch tensor among its attributes,
+    containers included, up to ``depth`` levels (e.g. LANTERN's neighbour table placed on the model device)."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(obj, (str, bytes, int, float, np.ndarray)) or obj is None:
+        return False
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = obj
+    else:
+        items = getattr(obj, "__dict__", {}).values()
+    return any(holds_tensors(x, depth - 1) for x in items)
+
+
+def host_verification(dev, verifier) -> bool:
+    """Whether rounds on ``dev`` can be verified on numpy views of their rows: CPU rows and a verifier whose rules
+    hold no torch tensors (``theory`` is array-API code). On (B, V) rows numpy's per-operation cost is about a third
+    of torch's, and a tree walk is ~70 such operations per candidate."""
+    return torch.device(dev).type == "cpu" and verifier is not None and not holds_tensors(verifier)
+
+
+def on_host(run: Run, *arrays):
+    """The arrays as the round's verifier sees them: numpy views of the same memory with ``run.host`` (no copy),
+    else as they are (``host_verification``)."""
+    if not run.host:
+        return arrays
+    return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in arrays)
+
+
+def check_finite(*rows) -> None:
+    """ValueError unless every entry of the probability rows (None ignored) is finite: rows in [0, 1] sum to a finite
+    number iff every entry is, so one reduction and one sync decide the usual case; the entries are looked at only
+    then."""
+    rows = [r for r in rows if r is not None]
+    if bool(torch.isfinite(sum(r.sum() for r in rows))):
+        return
+    if not all(bool(torch.isfinite(r).all()) for r in rows):
+        raise ValueError("non-finite probabilities (NaN/inf logits from the model?)")
+
+
+# ----------------------------------------------------------------------------- caches and the commit
+
+def commit(run: Run, cand: torch.Tensor, tau: np.ndarray) -> None:
+    """Write cand[b, :tau_b + 1] (B, S) at out[b, n_b:]; n_b += tau_b + 1 for unfinished images."""
+    act = run.active
+    cols = torch.as_tensor(run.n, device=run.dev)[:, None] + torch.arange(cand.shape[1], device=run.dev)
+    run.out.scatter_(1, cols, cand)              # past tau_b + 1: scratch, overwritten later
+    run.n = run.n + np.where(act, tau + 1, 0)
+
+
+def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
+    """Feature drafters: keep the target's hidden states (R, S, D) at absolute positions pos (R, S)."""
+    idx = torch.as_tensor(pos, device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
+    run.hist.scatter_(1, idx, hidden.to(run.hist.dtype))
+
+
+def settle(run: Run, prop, hidden, v, Dr: int) -> tuple[np.ndarray, np.ndarray]:
+    """After the verdict ``v``: keep the accepted path in the target's cache (a chain: its rejected tail rolled back; a
+    tree: ``keep`` of [root; path]), for feature drafters its hidden states at their positions, and commit path + next
+    token. Returns tau (B,) and the accepted nodes (B, Dr) (-1 past tau) on the host: the round's one sync."""
+    act = run.active
+    head = torch.cat([torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]], 1).cpu().numpy()
+    tau, path = head[:, 0], head[:, 1:]
+    keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
+    N = prop.tokens.shape[1] - 1
+    if prop.tree is None:          # a chain keeps a prefix of its block (also right after a prefill of drafts)
+        run.target.rollback(run.rows(np.where(act, N - tau, N + 1)))
+    else:
+        run.target.keep(run.rows(keep), run.rows(np.where(act, tau + 1, 0)))
+    if run.feat:
+        kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
+        store_hidden(run, hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
+    cand = prop.tokens.gather(1, torch.as_tensor(keep[:, 1:], device=run.dev))
+    nxt = torch.as_tensor(v.next_token, device=run.dev)
+    cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, torch.as_tensor(tau, device=run.dev)[:, None], nxt[:, None])
+    commit(run, cand, tau)
+    return tau, path
+
+
+# ----------------------------------------------------------------------------- the rounds
+
+def _start_draft(run: Run, conds: list, hidden) -> None:
+    """Start the draft model on the conditions after the target's prefill: a feature drafter on the target's prefix
+    (its hidden states kept by position), an independent draft by its own prefill."""
+    if run.feat:
+        run.hist = hidden.new_zeros((hidden.shape[0], run.P + run.out.shape[1], hidden.shape[-1]))
+        run.hist[:, :run.P] = hidden
+        run.draft.start(run.P, hidden.shape[0])
+        run.d_off = run.P - 1
+    else:
+        run.draft.prefill(conds, cfg=run.proc.cfg)
+        run.d_off = int(run.draft.cache_lens[0])
+
+
+def prefill_round(run: Run, mode, record: bool) -> Step:
+    """Round 0: the target's prefill alone gives token 0; the draft model (if any) is started on the same conditions;
+    then the mode's state (``Drafting.start``)."""
+    t0 = time.perf_counter()
+    o = run.target.prefill(run.conds, cfg=run.proc.cfg, return_hidden=run.feat)
+    p = run.proc.rows(o.logits[:, -1:])                                   # (B, 1, V)
+    run.P = int(run.target.cache_lens[0])
+    if run.draft is not None:
+        _start_draft(run, run.conds, o.hidden)
+    sync(run.dev)
+    t1 = time.perf_counter()
+    check_finite(p)
+    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
+    commit(run, x[:, None], np.zeros(run.B, np.int64))
+    run.state = mode.start(run)
+    sync(run.dev)
+    zeros = np.zeros(run.B, np.int64)
+    return Step(zeros, zeros, 0.0, t1 - t0, time.perf_counter() - t1, int(run.draft is not None and not run.feat),
+                p=p if record else None)
+
+
+def ar_round(run: Run, record: bool) -> Step:
+    """One target forward over every image's last token, one token sampled per image (finished images ride along and
+    are rolled back)."""
+    t0 = time.perf_counter()
+    last = run.last_tokens()                                                          # (B, 1)
+    pos = run.positions(run.target, np.zeros(1, np.int64), run.P + run.T - 1)
+    o = run.target.forward(run.rows(last), position_ids=pos, return_hidden=run.feat)
+    p = run.proc.rows(o.logits)                                                        # (B, 1, V)
+    if run.feat:
+        store_hidden(run, o.hidden, pos)
+    sync(run.dev)
+    t1 = time.perf_counter()
+    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
+    act = run.active
+    if not act.all():
+        run.target.rollback(run.rows(np.where(act, 0, 1)))
+    commit(run, x[:, None], np.zeros(run.B, np.int64))
+    sync(run.dev)
+    zeros = np.zeros(run.B, np.int64)
+    return Step(zeros, zeros, 0.0, t1 - t0, time.perf_counter() - t1, p=p if record else None,
+                drafts=last if record else None)
+
+
+def _target_block(run: Run, prop):
+    """The target's one forward over the proposal's nodes at their positions under its mask; the prefill of the
+    drafts themselves when the target was not prefilled yet (a chain drafted from round 0: the prefix's last entry
+    plays the root)."""
+    if run.P == 0:
+        o = run.target.prefill(run.conds, run.rows(prop.tokens[:, 1:]), cfg=run.proc.cfg, return_hidden=run.feat)
+        run.P = int(run.target.cache_lens[0]) - (prop.tokens.shape[1] - 1)
+        return o
+    pos = run.positions(run.target, prop.depth, run.P + run.T - 1)
+    mask = prop.mask
+    if mask is not None and mask.ndim == 3:         # one image: the (S, K) mask every model takes; else one per row
+        mask = mask[0] if run.B == 1 else run.rows(mask)
+    return run.target.forward(run.rows(prop.tokens), position_ids=pos, attn_mask=mask, return_hidden=run.feat)
+
+
+def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
+    """One round of ``mode`` for the batch (module docstring): propose, one target forward, verify, commit, advance."""
+    Db = run.depths(mode.max_depth)
+    Dr = int(Db.max())
+    if Dr == 0:
+        return ar_round(run, record)
+    n0, act = run.n.copy(), run.active
+    t0 = time.perf_counter()
+    prop = mode.propose(run, Db)
+    sync(run.dev)
+    t1 = time.perf_counter()
+    o = _target_block(run, prop)
+    p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
+    sync(run.dev)
+    t2 = time.perf_counter()
+    N = prop.tokens.shape[1] - 1
+    check_finite(p, prop.q)
+    u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
+    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
+    P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, torch.as_tensor(Db, device=run.dev))
+    v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
+    tau, path = settle(run, prop, o.hidden, v, Dr)
+    v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
+    t3 = time.perf_counter()
+    mode.advance(run, prop, v, p, n0)
+    sync(run.dev)
+    t4 = time.perf_counter()
+    dep = prop.depth if isinstance(prop.depth, np.ndarray) else prop.depth.cpu().numpy()
+    drafted = np.where(act, ((dep[..., 1:] >= 1) & (dep[..., 1:] <= Db[:, None])).sum(-1), 0)
+    kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
+    rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if record else {}
+    return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,
+                depth=Db, nodes=path, parent=prop.parent, **rows)
