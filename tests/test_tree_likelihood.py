@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from bruteforce import (argmax_g, gsd_f, lantern_g_released, lantern_ptilde, optimal_g_rows, residual_g_rows, scaled_f,
                         typical_f)
 from bruteforce_tree import all_sequences, context_rows, process_law, static_tree_at, teacher_rows
 from theory import rules
 from theory.likelihood import log_likelihood, log_target, tree_log_likelihood
-from theory.tree import RowTrees, Tree, chain_tree, draft_without_replacement, verify_tree
+from theory.tree import RowTrees, Tree, chain_tree
+from treesim import chi2_pvalue, simulate
 
 TREES = {"three": ((0,), (1,), (2,), (0, 0)),                  # three children at the root
          "eagle": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)),   # an EAGLE-like small tree
@@ -116,6 +116,35 @@ def test_three_children_at_the_root_v4_t5(rule, candidates):
     verifier, tr, seqs, p, q, exact = _case(rule, "three", 4, 5, True, 0.25, 21, candidates, "eagle")
     lp = tree_log_likelihood(p, q, seqs, verifier, tr, candidates=candidates)
     np.testing.assert_allclose(np.exp(lp), exact, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", list(__import__("theory.rules.methods", fromlist=["names"]).names())
+                         + ["lantern:renormalised", "lantern++:renormalised"])
+def test_every_registered_method(name):
+    """Every method of the registry (and any added later) with its default parameters, and LANTERN's renormalised
+    resamplers, both constructions: the recursion against the enumeration driven by the verifier's own rules (G(.|c)
+    given the rejected candidate)."""
+    from theory.rules import methods
+
+    rng = np.random.default_rng(17)
+    V, T, tree = 3, 4, "three"
+    name, _, resampler = name.partition(":")
+    m = methods.get(name)
+    kw = {"k": 1} if m.needs_neighbors else {}
+    kw.update({"resampler": resampler} if resampler else {})
+    kw.update({p.name: "2.0,1.3" for p in m.params if p.default is None and not p.optional})   # scaled's weights
+    v = methods.build(name, 2, neighbors=rules.lantern_neighbors(rng.normal(size=(V, 2))),
+                      embeddings=rng.normal(size=(V, 2)) if m.needs_embeddings else None, **kw)
+    f_rule = lambda i, p, q: v.accept(np.array(p), np.array(q), i).tolist()                        # noqa: E731
+    g_rule = lambda p, q, f, x: v.resample(np.array(p), np.array(q), np.array(f), np.array(x)).tolist()  # noqa: E731
+    prow, qrow = context_rows(rng, V, T, 2, True, 0.2)
+    seqs = all_sequences(V, T)
+    p, q = teacher_rows(prow, qrow, seqs, 2, True)
+    for cand in ("topk", "sampled"):
+        law = process_law(prow, qrow, f_rule, g_rule, T, "eagle", cand, static_tree_at(TREES[tree]))
+        exact = np.array([law.get(tuple(s), 0.0) for s in seqs])
+        np.testing.assert_allclose(np.exp(tree_log_likelihood(p, q, seqs, v, Tree(TREES[tree]), candidates=cand)),
+                                   exact, rtol=1e-12, atol=1e-15)
 
 
 def test_wrong_candidate_law_tree_and_convention_are_detected():
@@ -285,52 +314,6 @@ def test_batch_dims_and_torch():
 
 # --------------------------------------------------------------------------- the simulator's frequencies
 
-def simulate(P, Q, tree, verifier, T, S, seed, candidates, convention="eagle"):
-    """S sequences of T tokens from whole tree rounds on an order-1 chain, as the engine runs them: P (V, V) target
-    rows by last token (start state 0), Q (D, V, V) draft rows by node depth and token; a round starting with n tokens
-    drafts the tree (top-m by stable argsort, or draft_without_replacement with Exp(1) noise) and is verified by
-    theory.tree.verify_tree with its depth cap D'(n) (max_depth); round 0 under "eagle" is a target step alone."""
-    rng = np.random.default_rng(seed)
-    N, D = tree.n_nodes, tree.depth
-    out = np.zeros((S, T), np.int64)
-    n = np.zeros(S, np.int64)
-    rows = np.arange(S)
-    law = "point" if candidates == "topk" else "without_replacement"
-    while np.any(n < T):   # a loop over rounds (each emits >= 1 token per unfinished sequence)
-        act = n < T
-        cap = np.where(act, np.minimum(D, T - n - 1), 0)
-        if convention == "eagle":
-            cap = np.where(n == 0, 0, cap)
-        tok = np.zeros((S, N + 1), np.int64)
-        tok[:, 0] = np.where(n > 0, out[rows, np.maximum(n - 1, 0)], 0)
-        for nd in range(N + 1):   # parents before children
-            kids = tree.children[nd][tree.children[nd] >= 0]
-            if len(kids):
-                qr = Q[tree.node_depth[nd]][tok[:, nd]]
-                tok[:, kids] = (np.argsort(-qr, axis=1, kind="stable")[:, : len(kids)] if candidates == "topk" else
-                                draft_without_replacement(qr, len(kids), exponential=rng.exponential(size=qr.shape)))
-        qrows = Q[np.minimum(tree.node_depth, D - 1)][np.arange(N + 1), tok]      # leaves' rows: unused
-        res = verify_tree(P[tok], qrows, tok, rng.random((S, N + 1)), rng.random(S), tree, verifier, max_depth=cap,
-                          draft_law=law)
-        for d in range(D):   # commit the accepted path, then the next token
-            m = act & (res.accepted > d)
-            out[rows[m], n[m] + d] = tok[rows[m], res.path[m, d]]
-        out[rows[act], np.minimum(n[act] + res.accepted[act], T - 1)] = res.next_token[act]
-        n = np.where(act, n + res.accepted + 1, n)
-    return out
-
-
-def _chi2_pvalue(counts, probs):
-    """Pearson chi-square p-value of counts against probs (cells with expected < 5 pooled)."""
-    e = counts.sum() * probs
-    small = e < 5
-    obs, exp = np.append(counts[~small], counts[small].sum()), np.append(e[~small], e[small].sum())
-    keep = exp > 0
-    if np.any(obs[~keep] > 0):
-        return 0.0
-    return stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
-
-
 @pytest.mark.parametrize("rule", ["cool-sd", "lantern++"])
 @pytest.mark.parametrize("candidates", ["topk", "sampled"])
 def test_matches_simulator_frequencies(rule, candidates):
@@ -352,12 +335,12 @@ def test_matches_simulator_frequencies(rule, candidates):
     score = lambda tr, qq, c: np.exp(tree_log_likelihood(p, qq, seqs, verifier, tr, candidates=c))  # noqa: E731
     probs = score(tree, q, candidates)
     assert probs.sum() == pytest.approx(1.0, abs=1e-12)
-    assert _chi2_pvalue(counts, probs) > 1e-3
+    assert chi2_pvalue(counts, probs) > 1e-3
     other = score(tree, q, "sampled" if candidates == "topk" else "topk")
     wrong_tree = score(Tree(((0,), (1,), (2,))), q[:, :, :1], candidates)      # the first child's child missing
     for bad in (other, wrong_tree):
         assert 0.5 * np.abs(bad - probs).sum() > 0.02
-        assert _chi2_pvalue(counts, bad) < 1e-6
+        assert chi2_pvalue(counts, bad) < 1e-6
 
 
 # --------------------------------------------------------------------------- bad input
