@@ -441,6 +441,9 @@ def test_no_exact_likelihood_is_refused():
     with pytest.raises(NotImplementedError, match=r"V\^4.*sampled_limit.*candidates='topk'"):
         tree_log_likelihood(pp, np.full((1, 8, 5, V), 1.0 / V), np.zeros((1, 8), np.int64), v, big,
                             candidates="sampled")
+    with pytest.raises(NotImplementedError, match="V\\^3"):                      # the limit is the caller's
+        tree_log_likelihood(p, q, x, v, tree, candidates="sampled", sampled_limit=63)
+    assert np.all(np.isfinite(tree_log_likelihood(p, q, x, v, tree, candidates="sampled", sampled_limit=None)))
     lp = tree_log_likelihood(pp, np.full((1, 8, 5, V), 1.0 / V), np.zeros((1, 8), np.int64), v, big)   # topk: fine
     assert lp[0] == pytest.approx(8 * np.log(1.0 / V))
 

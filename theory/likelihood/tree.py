@@ -23,10 +23,10 @@ API (array API: numpy, torch; everything computed in float64):
             Exact by summing over the rejected siblings' identities: V^(K-1) histories of V-rows per (round start,
             depth) for K children. Cost per row V^K x width (width: LANTERN's k + 1 neighbour columns, GSD's 2w
             window, else 1; x V more for LANTERN++'s "renormalised" law), refused (NotImplementedError) above
-            ``sampled_limit`` (``SAMPLED_LIMIT`` = 2^22: K = 2 children up to V = 2048 at width 1, V = 512 up to
-            LANTERN k = 15 or GSD; K = 3 up to V = 161; K = 4 up to V = 45). Measured at V = 512, K = 2 (one
-            shared CPU core): 7-25 ms per row for scaled rules and typical, 0.1-0.25 s for LANTERN k = 7 and GSD,
-            i.e. 10 s to 4 min for a 256-token image and a depth-4 tree. "topk" costs about K chain steps.
+            ``sampled_limit`` (None: no limit; ``SAMPLED_LIMIT`` = 2^22: K = 2 children up to V = 2048 at width 1,
+            V = 512 up to LANTERN k = 15 or GSD; K = 3 up to V = 161; K = 4 up to V = 45). Measured at V = 512,
+            K = 2 (one shared CPU core): 7-25 ms per row for scaled rules and typical, 0.1-0.25 s for LANTERN k = 7
+            and GSD, i.e. 10 s to 4 min for a 256-token image and a depth-4 tree. "topk" costs about K chain steps.
   ``convention``: "eagle" (default, the engine's trees: round 0 is the target's prefill, so token 0 comes from p[0],
   and the first tree round starts at n = 1) or "theory" (the first round drafts from n = 0, the simulator's). A round
   that starts with n tokens uses the tree cut at depth D'(n) = min(D, T - n - 1) (``truncate_tree``; 0 at n = 0 under
@@ -167,7 +167,7 @@ def _validate(p, q, tokens, verifier, tree, candidates, convention, row_trees, n
         for d in range(D):   # a loop over tree levels
             Kd = int(nk[tree.node_depth == d].max())
             cost = V ** Kd * _width(verifier) * (V if getattr(verifier.resample, "dense_effective_law", False) else 1)
-            if cost > limit:
+            if limit is not None and cost > limit:
                 raise NotImplementedError(
                     f"{_WHO}: candidates='sampled' with {Kd} children at depth {d} and V = {V} sums over the rejected "
                     f"siblings' identities: V^{Kd} x width = {cost:.3g} elements per (round start, depth) row, above "
