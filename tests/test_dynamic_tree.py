@@ -249,6 +249,23 @@ def test_grown_tree_depths_are_the_pointer_jumped_depths(llamagen, monkeypatch, 
     assert len(seen) > 3 and max(seen) == 3 and min(seen) < 3     # full-depth rounds and truncated ones
 
 
+@pytest.mark.parametrize("sampling", ["lossless", "release"])
+def test_an_image_grows_the_tree_it_grows_alone(llamagen, monkeypatch, sampling):
+    """Image k of a batched dynamic-tree run depends only on (seed, k): near its end an image's tree is selected among
+    its own levels only (deeper nodes the batch grew rank last), so a relaxed rule's tokens at B = 4 equal those at
+    B = 1, image by image (temperature 0.3: peaked draft rows, whose deep nodes outrank shallow ones when left in).
+    Negative control: selecting among every grown level (no per-image caps) changes some image's tokens."""
+    t, d = llamagen
+    spec, proc, conds, T = DynamicTree(total=5, depth=3, topk=3, sampling=sampling), Processing(0.3, cfg_scale=2.0), \
+        [1, 4, 6, 2, 7, 3], 24
+    run = lambda B, s: _generate(t, d, conds, T, rules.cool_sd(3.0), spec, proc, seed=s, batch_size=B)[0]  # noqa: E731
+    alone = [run(1, s) for s in range(3)]
+    assert all(torch.equal(run(6, s), alone[s]) for s in range(3))
+    orig = dt.grow_tree
+    monkeypatch.setattr(dt, "grow_tree", lambda *a, caps=None, **kw: orig(*a, **kw))
+    assert not all(torch.equal(run(6, s), alone[s]) for s in range(3))
+
+
 # --------------------------------------------------------------------------- engine: the law (chi-square)
 
 def _counts(t, d, verifier, spec, proc, T, N, B, seed):

@@ -101,7 +101,7 @@ class DynamicTree(ModelDrafting):
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """Grow every image's tree (depth max_b D'_b): node tokens, per-image trees, masks, positions and the rows."""
         Dr = int(depth.max())
-        tokens, parent, q, fwd, node_depth = grow_tree(run, self, Dr - 1, with_q=run.record)
+        tokens, parent, q, fwd, node_depth = grow_tree(run, self, Dr - 1, with_q=run.record, caps=np.maximum(depth, 1))
         trees = row_trees(parent, self.topk, depth=Dr, node_depth=node_depth)   # children (numpy on the host)
         mask = _ancestors(parent, Dr)
         if run.host:
@@ -143,10 +143,13 @@ def _children(run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp:
     return tok, kk, lp, q
 
 
-def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True):
+def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np.ndarray | None = None):
     """Feed the draft, then grow every image's tree: the root's children, then ``levels`` expansions of the k
     frontier nodes (one draft forward each, per-row masks over the level's own ancestors), then the best
-    ``n = min(N, pool)`` nodes (``theory.tree.dynamic.select_nodes``). Returns node tokens (B, n+1) (root at 0),
+    ``n = min(N, pool)`` nodes (``theory.tree.dynamic.select_nodes``). ``caps`` (B,): each image's own depth D'_b;
+    nodes deeper than it are ranked last (key -inf), so an image selects the tree it selects at batch size 1
+    (where only its own levels are grown) whatever the batch's deepest image, and any node chosen past them lies
+    below its depth cap, where the walk never goes. Returns node tokens (B, n+1) (root at 0),
     parents (B, n+1) int64 (-1 at the root; numpy with ``run.host``), draft rows q (B, n+1, V) (the row a node's
     children were drawn from; uniform where it has none; None when greedy, or for the point law when not
     ``with_q``: it never reads them), the draft forwards done and node depths (B, n+1) int64 (as ``parent``)."""
@@ -209,6 +212,9 @@ def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True):
                              + [f.repeat_interleave(k, dim=1) for f in fronts], 1)    # each child's parent
     pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]                # level i's nodes: i + 2
                            + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(len(fronts))])
+    if caps is not None and int(np.min(caps)) < levels + 1:     # an image with fewer levels than the batch grew
+        deep = pool_depth[None, :] > torch.as_tensor(caps, device=dev)[:, None]
+        pool_keys = pool_keys.masked_fill(deep, -float("inf"))
     if run.host:       # the tree's shape on the host: a few dozen entries, where numpy's calls cost least
         sel, parent = select_nodes(pool_keys.numpy(), pool_parents.numpy(), n)             # (B, n), (B, n+1)
         depth = np.concatenate([np.zeros((B, 1), np.int64), pool_depth.numpy()[sel]], 1)
