@@ -156,7 +156,7 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
                      Rule(when={"draft": ("small",)}, need=(("draft_ckpt", "draft_pretrained"),)),
                      Rule(when={"draft": ("eagle",)}, need=(("drafter_dir",),)))),
     ModelSpec("hf-llama-tiny", batched=False, codebook="none", tokens=64),
-    ModelSpec("llama-tiny-fast", batched=False, codebook="none", tokens=64),
+    ModelSpec("llama-tiny-fast", batched=True, codebook="none", tokens=64),
     ModelSpec("chameleon-tiny", frozenset({"draft"}), batched=False, cfg_scale=3.0, **_TINY),
     ModelSpec("janus-tiny", frozenset({"draft"}), batched=False, cfg_scale=5.0, **_TINY),
     ModelSpec("emu3-tiny", frozenset({"draft"}), batched=False, cfg_scale=3.0, **_TINY),

@@ -104,7 +104,7 @@ def main(argv=None) -> int:
         res["target_verify_ms"] = 1e3 * timeit(fwd(tgt, nxt), dev, a.iters)
         ids = tgt.code_ids[nxt[:, :1]]
         mask = torch.cat([tgt._full_mask(2), torch.ones(2, 1, dtype=torch.long, device=dev)], 1)
-        pos = tgt._next_pos[:, None]
+        pos = tgt.next_positions()[:, None]
 
         def raw():      # the same step through transformers alone (padded CFG pair: mask + positions)
             tgt.backbone(input_ids=ids, attention_mask=mask, position_ids=pos, cache=tgt.cache, use_cache=True)

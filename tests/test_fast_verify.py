@@ -12,7 +12,7 @@ from theory.tree import EAGLE_25, Tree, TreeVerdict, row_trees, verify_round, ve
 
 def verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law):
     """The verifier's own walk, as ``verify_round`` calls it."""
-    out = verifier.walk(p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
+    out = verifier.walk[law](p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
     return None if out is None else TreeVerdict(*out)
 
 
@@ -84,8 +84,8 @@ def test_walks_are_the_rules_own_and_apply_to_host_arrays_only():
     assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
     p, q, tokens, u, us, tree, cap = _case(1, True, 8)
     t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
-    assert rules.vanilla().walk(*t, tree.children, tree.depth, None, "point") is None
-    assert rules.vanilla().walk(p, q, tokens, u, us, tree.children, tree.depth, None, "other") is None
+    assert rules.vanilla().walk["point"](*t, tree.children, tree.depth, None, "point") is None
+    assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement"}
     ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, draft_law="point")
     got = verify_round(*t, tree, rules.vanilla(), law="point")
     assert _same(ref, [x.numpy() for x in got])

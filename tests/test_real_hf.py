@@ -145,3 +145,26 @@ def test_fast_llama_matches_transformers(models):
     ar = engine.ar_generate(h, cond, num_tokens=40, processing=proc)
     sd = engine.speculative_generate(t, d, cond, num_tokens=40, verifier=rules.greedy(), drafting=4, processing=proc)
     assert torch.equal(sd.tokens, ar.tokens)
+
+
+def test_fast_llama_batches_ragged_prompts(models):
+    """FastLlama keeps per-row cache lengths (real.nn.kvcache.KVCache): three images with prompts of different lengths
+    and their CFG rows in one batch. Greedy chain and tree SD at B = 3 give, image by image, the tokens of greedy AR
+    through the HF adapter at batch 1 (transformers' own padding and positions); sampled tokens at B = 3 equal B = 1."""
+    from real.models.llama import FastLlama
+    from theory.tree import EAGLE_25, Tree
+
+    tgt, drf = models
+    t, d, h = FastLlama.from_hf(tgt), FastLlama.from_hf(drf), HFCausalLM(tgt)
+    conds = [Prompt(torch.tensor([1, 2, 3, 4, 5]), torch.tensor([9, 8])), Prompt(torch.tensor([7, 3]), torch.tensor([9])),
+             Prompt(torch.tensor([4, 4, 4, 1]), torch.tensor([2, 9, 8, 7, 6, 5]))]
+    greedy = Processing(temperature=0.0, cfg_scale=2.0)
+    want = [engine.ar_generate(h, c, num_tokens=24, processing=greedy).tokens for c in conds]
+    for drafting in (4, Tree(EAGLE_25)):
+        got = engine.generate(t, d, conds, num_tokens=24, verifier=rules.greedy(), drafting=drafting, processing=greedy,
+                              batch_size=3)
+        assert all(torch.equal(g.tokens, w) for g, w in zip(got, want))
+    sampled = dict(num_tokens=24, verifier=rules.cool_sd(2.0), drafting=4, processing=Processing(cfg_scale=2.0), seed=3)
+    b3 = engine.generate(t, d, conds, batch_size=3, **sampled)
+    b1 = engine.generate(t, d, conds, batch_size=1, **sampled)
+    assert all(torch.equal(x.tokens, y.tokens) for x, y in zip(b3, b1))

@@ -1,8 +1,9 @@
 """Any transformers causal LM as a ``real.protocol.ARModel`` (target or draft).
 
-The adapter keeps a ``DynamicCache`` and a 2-D attention mask: a CFG pair (prompt, uncond prompt) is
-left-padded to one length, padded columns masked and position ids counted from each row's first real
-token, so both rows continue in lock step. Image tokens 0..V-1 of the engine are mapped to the model's
+The adapter keeps transformers' ``DynamicCache`` for the entries and the one cache bookkeeping of this project
+(``real.nn.kvcache.CacheIndex``: lengths, the last block's start, the hidden padded prefix) for everything else: a CFG
+pair (prompt, uncond prompt) is left-padded to one length, padded columns masked and position ids counted from each
+row's first real token, so both rows continue in lock step; ``keep`` moves the kept entries of every layer. Image tokens 0..V-1 of the engine are mapped to the model's
 ids by ``image_token_ids`` (V,) (a multimodal LM's image-token range) and logits are sliced to them;
 by default the whole LM vocabulary is the image vocabulary.
 
@@ -17,6 +18,9 @@ import inspect
 
 import torch
 
+import numpy as np
+
+from real.nn.kvcache import CacheIndex, common_len
 from real.protocol import ModelOutput, block_mask, prompt_rows
 
 __all__ = ["HFCausalLM"]
@@ -52,12 +56,8 @@ class HFCausalLM:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._crop_negative = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
-        self.cache = None
-        self._len = 0
-        self._mask: torch.Tensor | None = None     # (B, cache_len) long, 1 = real entry; None: no padding
-        self._next_pos: torch.Tensor | None = None  # (B,) position of the next entry per row
-        self._block_start = 0
-        self._block_pos: torch.Tensor | None = None
+        self.cache = None                        # transformers' DynamicCache: the entries
+        self.index: CacheIndex | None = None     # lengths, block start, hidden padding (real.nn.kvcache)
 
     @property
     def device(self):
@@ -72,12 +72,23 @@ class HFCausalLM:
     @property
     def cache_len(self) -> int:
         """Entries in the cache (every row), prefix included."""
-        return self._len
+        return self.stream_len
+
+    @property
+    def stream_len(self) -> int:
+        """Entries of the model's own stream in the cache (an adapter that hides tokens from the engine, such as
+        ``real.adapters.imagelm``, holds more than its ``cache_len`` shows)."""
+        return 0 if self.index is None else common_len(self.index.lens)
 
     def _full_mask(self, B: int) -> torch.Tensor:
-        if self._mask is not None:
-            return self._mask
-        return torch.ones(B, self._len, dtype=torch.long, device=self.device)
+        """(B, cache entries) long: 1 at real entries, 0 at the padded prefix (``CacheIndex.visible``)."""
+        n = self.stream_len
+        pad = torch.as_tensor(self.index.pad, device=self.device)
+        return (torch.arange(n, device=self.device)[None, :] >= pad[:, None]).long()
+
+    def next_positions(self) -> torch.Tensor:
+        """(B,) the position of the next entry of each row: its entries minus its padding."""
+        return torch.as_tensor(self.stream_len - self.index.pad, device=self.device)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits (..., V) from last hidden states (..., D) through the LM's output embeddings
@@ -119,11 +130,11 @@ class HFCausalLM:
             mask = torch.cat([mask, torch.ones_like(t)], 1)
             pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(S, device=self.device)], 1)
         self.cache = self._Cache(config=self.model.config)
-        padded = bool((mask == 0).any())
+        self.index = _DynamicIndex(self, ids.shape[0])
+        self.index.hide_prefix(real)
+        padded = self.index.visible is not None
         out = self._call(ids, mask if padded else None, pos if padded else None, return_hidden, keep=S + 1)
-        self._len = ids.shape[1]
-        self._mask, self._next_pos = (mask if padded else None), pos[:, -1] + 1
-        self._block_start, self._block_pos = 0, self._next_pos.clone()
+        self.index.advance(ids.shape[1])
         return out
 
     @torch.no_grad()
@@ -137,13 +148,10 @@ class HFCausalLM:
             raise ValueError("HFCausalLM.forward before prefill")
         t = self._map(tokens)
         B, S = t.shape
-        start = self._len
-        if self._mask is None and position_ids is None and attn_mask is None:
-            # no padding, plain chain: let the model derive positions and the causal mask itself
-            out = self._call(t, None, None, return_hidden)
-            self._block_start, self._block_pos = start, self._next_pos
-            self._next_pos = self._next_pos + S
-            self._len += S
+        start = self.stream_len
+        if self.index.visible is None and position_ids is None and attn_mask is None:
+            out = self._call(t, None, None, return_hidden)      # plain chain: the model derives positions and mask
+            self.index.advance(S)
             return out
         if position_ids is None:
             off = torch.arange(S, device=self.device)
@@ -151,7 +159,7 @@ class HFCausalLM:
             off = torch.as_tensor(position_ids, device=self.device, dtype=torch.long).reshape(-1) - start
             if off.numel() != S:
                 raise ValueError(f"position_ids must have {S} entries, got {off.numel()}")
-        pos = self._next_pos[:, None] + off[None]
+        pos = self.next_positions()[:, None] + off[None]
         new_mask = torch.cat([self._full_mask(B), torch.ones(B, S, dtype=torch.long, device=self.device)], 1)
         if attn_mask is None:
             m = new_mask
@@ -160,44 +168,51 @@ class HFCausalLM:
             m = torch.zeros(vis.shape, dtype=self.dtype, device=self.device)
             m = m.masked_fill(~vis, torch.finfo(self.dtype).min)[:, None]
         out = self._call(t, m, pos, return_hidden)
-        self._block_start, self._block_pos = start, self._next_pos.clone()
-        self._mask = new_mask if self._mask is not None else None
-        self._next_pos = self._next_pos + S
-        self._len += S
+        self.index.advance(S)
         return out
 
     def rollback(self, n: int) -> None:
         """Drop the last n (int) cache entries of every row."""
         n = int(n)
-        if n < 0 or n > self.cache_len:
-            raise ValueError(f"rollback({n}) with {self.cache_len} cached entries")
+        if n < 0 or n > self.stream_len:
+            raise ValueError(f"rollback({n}) with {self.stream_len} cached entries")
         if n == 0:
             return
         if self._crop_negative:
             self.cache.crop(-n)
         else:  # transformers 4.x: crop(max_length)
-            self.cache.crop(self._len - n)
-        if self._mask is not None:
-            self._mask = self._mask[:, :-n]
-        self._next_pos = self._next_pos - n
-        self._len -= n
-        self._block_start = min(self._block_start, self._len)
+            self.cache.crop(self.stream_len - n)
+        self.index.rollback(n)
 
     def keep(self, indices: torch.Tensor) -> None:
         """Keep the entries ``indices`` (k,) int64 (block-relative, in order) of the last block and drop the rest
         of it; the kept entries' positions become consecutive (a chain)."""
-        s = self._block_start
-        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
-        layers = getattr(self.cache, "layers", None)
-        if layers is None:
+        if getattr(self.cache, "layers", None) is None:
             raise NotImplementedError("keep() needs a transformers cache with per-layer key/value tensors (5.x)")
-        for layer in layers:
-            layer.keys = torch.cat([layer.keys[..., :s, :], layer.keys[..., s + idx, :]], dim=-2)
-            layer.values = torch.cat([layer.values[..., :s, :], layer.values[..., s + idx, :]], dim=-2)
-        if self._mask is not None:
-            self._mask = torch.cat([self._mask[:, :s], self._mask[:, s + idx]], 1)
-        self._len = s + idx.numel()
-        self._next_pos = self._block_pos + idx.numel()
+        self.index.keep(np.asarray(torch.as_tensor(indices).cpu(), np.int64).reshape(-1))
+
+
+class _DynamicIndex(CacheIndex):
+    """The adapter's ``CacheIndex``: ``keep`` moves the kept entries inside transformers' ``DynamicCache`` layers (every
+    row keeps the same ones: the adapter's rows share one length)."""
+
+    def __init__(self, owner: HFCausalLM, rows: int):
+        super().__init__(rows, owner.device)
+        self.owner = owner
+
+    def move(self, src: np.ndarray) -> None:
+        s, idx = int(self.block_start[0]), torch.as_tensor(src[0], device=self.device)
+        for layer in self.owner.cache.layers:
+            layer.keys = torch.cat([layer.keys[..., :s, :], layer.keys[..., idx, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :s, :], layer.values[..., idx, :]], dim=-2)
+
+    def keep(self, indices, counts=None) -> None:
+        """``CacheIndex.keep``, then the layers cut to the kept length (kept entries already in place move nothing,
+        but a dynamic cache's length is its tensors')."""
+        super().keep(indices, counts)
+        n = int(self.lens[0])
+        for layer in self.owner.cache.layers:
+            layer.keys, layer.values = layer.keys[..., :n, :], layer.values[..., :n, :]
 
 
 def hf_llama_pair(seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 256, draft_layers: int = 1):

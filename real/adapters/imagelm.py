@@ -166,7 +166,7 @@ class ImageTokenLM(HFCausalLM):
     @property
     def cache_len(self) -> int:
         """Visible entries per row: prefix + codes (forced row ends not counted)."""
-        return self._len - self._n_row_end
+        return self.stream_len - self._n_row_end
 
     def _expand(self, tokens: torch.Tensor, ci: torch.Tensor):
         """Codes (B, S) with code indices ``ci`` (S,) (CPU; position in the image, raster order) ->
@@ -282,7 +282,7 @@ class ImageTokenLM(HFCausalLM):
             return
         cut = visible_cut(self._kind, n)
         dropped = self._kind[cut:]
-        super().rollback(self._len - cut)
+        super().rollback(self.stream_len - cut)
         self._n_code -= int((dropped == KIND_CODE).sum())
         self._n_row_end -= int((dropped == KIND_ROW_END).sum())
         self._kind = self._kind[:cut]
@@ -302,7 +302,7 @@ class ImageTokenLM(HFCausalLM):
             raise ValueError("keep() needs a root path of the last block (nodes at depths 0, 1, ..., k-1 in order)")
         sel = kept_entries(a, ends, idx)
         n_blk = S + int(ends.sum())
-        s = self._len - n_blk
+        s = self.stream_len - n_blk
         super().keep(sel.to(self.device))
         self._kind = torch.cat([self._kind[:s], self._kind[s + sel]])
         self._ids = torch.cat([self._ids[:, :s], self._ids[:, s + sel.to(self.device)]], 1)

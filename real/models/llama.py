@@ -10,9 +10,15 @@ default RoPE type is supported (scaled variants raise NotImplementedError).
 The forward takes LlamaGen's CPU fast paths (``real.nn.layers``): q/k/v and gate/up each one fused weight
 (one ``linear``, oneDNN-packed inside ``inference_weights`` when large enough), q and k rotated by one complex
 product (``rope_qkv``; the q/k rows are reordered from half-split to interleaved pairs at load, which leaves
-the attention scores unchanged), ``attend`` over a static cache written in place, RoPE rotations looked up
-in a table; layers are called without the module-call machinery. Logits agree with transformers' up to
-float rounding (tests/test_real_hf.py: within 1e-4).
+the attention scores unchanged), ``attend`` over the one static per-row cache of the models that own theirs
+(``real.nn.kvcache.KVCache``: per-row lengths, rollback and keep), RoPE rotations looked up in a table; layers are
+called without the module-call machinery. Logits agree with transformers' up to float rounding
+(tests/test_real_hf.py: within 1e-4).
+
+Batched (``real.protocol.BatchedTarget``): ``prefill`` takes a list of ``Prompt``s, one image each; their rows (and
+with CFG the unconditional rows after them) are left-padded to the longest prompt, the padded entries hidden
+(``KVCache.hide_prefix``) and every RoPE position counted from the row's first real token (cache slot - padding),
+as transformers does with an attention mask.
 """
 from __future__ import annotations
 
@@ -20,8 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv, stale_inference
-from real.protocol import ModelOutput, Placed, block_mask, prompt_rows
+import numpy as np
+
+from real.nn.kvcache import CachedRows, KVCache
+from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
+from real.protocol import ModelOutput, Placed, Prompt, as_conds
 
 __all__ = ["FastLlama"]
 
@@ -53,28 +62,23 @@ class _Layer(nn.Module):
         self.ln1, self.ln2 = RMSNorm(hidden, eps), RMSNorm(hidden, eps)
         self.kc = self.vc = None
 
-    def forward(self, x, rot, start, mask):
-        """x (B, S, hidden), rot (B, S, hd/2) complex (``FastLlama._rope``), ``start`` the cache slot of the
-        block, mask (B or 1, 1, S, start + S) bool or None -> (B, S, hidden); writes the block's keys and values
-        into the static cache in place."""
+    def forward(self, x, rot, mask, cache: KVCache, i: int):
+        """x (R, S, hidden), rot (R, S, hd/2) complex (``FastLlama._rope``), mask (R or 1, 1, S, K) bool or None,
+        ``cache`` the model's ``KVCache`` (this is layer i) -> (R, S, hidden); the block's keys and values are written
+        into the cache at each row's slots."""
         q, k, v = rope_qkv(linear(rms_norm(x, self.ln1.weight, self.ln1.eps), self.qkv.weight, self.qkv.bias),
                            rot, self.nh, self.nkv)
-        S = x.shape[1]
-        kc, vc = self.kc, self.vc
-        kc[:, :, start:start + S] = k
-        vc[:, :, start:start + S] = v
-        x = x + linear(gqa_heads(q, kc[:, :, :start + S], vc[:, :, :start + S], mask), self.o.weight, self.o.bias)
+        k, v = cache.update(i, k, v)
+        x = x + linear(gqa_heads(q, k, v, mask), self.o.weight, self.o.bias)
         g, u = linear(rms_norm(x, self.ln2.weight, self.ln2.eps), self.gate_up.weight, self.gate_up.bias).chunk(2, -1)
         return x + linear(F.silu(g) * u, self.down.weight, self.down.bias)             # SwiGLU (optional biases)
 
 
-class FastLlama(Placed, nn.Module):
-    """``real.protocol.ARModel`` over a Llama checkpoint. Conditions are ``Prompt``s (a CFG pair is
-    left-padded: padded prefix columns are masked, positions count from each row's first real token);
-    ``image_token_ids`` as in ``real.adapters.hf.HFCausalLM``. The cache holds ``max_len`` entries."""
+class FastLlama(Placed, CachedRows, nn.Module):
+    """``real.protocol.BatchedTarget`` over a Llama checkpoint (module docstring). Conditions are ``Prompt``s;
+    ``image_token_ids`` as in ``real.adapters.hf.HFCausalLM``. The cache holds ``max_len`` entries per row."""
     _placed_by = "embed.weight"
     needs_features = False
-    batched = False          # one cache length for all rows (real.protocol.OneRow)
 
     def __init__(self, config, image_token_ids: torch.Tensor | None = None, max_len: int = 4096):
         """``config``: a transformers ``LlamaConfig``
@@ -103,11 +107,10 @@ class FastLlama(Placed, nn.Module):
         self.max_len = max_len
         self.image_token_ids = None if image_token_ids is None else torch.as_tensor(image_token_ids).long().reshape(-1)
         self.vocab_size = c.vocab_size if image_token_ids is None else int(self.image_token_ids.numel())
-        self._len = 0
-        self._block_start = 0
-        self._next_pos: torch.Tensor | None = None
-        self._block_pos: torch.Tensor | None = None
-        self._pad: torch.Tensor | None = None      # (B, P) bool, True at padded prefix entries
+        self.n_layers = c.num_hidden_layers
+        self.cache: KVCache | None = None
+        self._pad = np.zeros(1, np.int64)            # (R,) padded entries at the start of each row (RoPE offsets)
+        self._P = 0                                  # prompt entries per row (padding included)
         self._rope_tab: torch.Tensor | None = None   # (max_len, hd/2) complex rotations (``_rope``)
 
     @classmethod
@@ -149,9 +152,18 @@ class FastLlama(Placed, nn.Module):
         return m
 
     @property
-    def cache_len(self) -> int:
-        """Entries in the cache (every row), prefix included."""
-        return self._len
+    def cache_floor(self) -> int:
+        """Cache entries a rollback never removes: the prompt (``real.nn.kvcache.CachedRows``)."""
+        return self._P
+
+    @property
+    def prefix_len(self) -> int:
+        """Prompt entries per row (padding included; 1 before any prefill)."""
+        return max(self._P, 1)
+
+    def cache_bytes(self, rows: int) -> int:
+        """Memory of the KV cache ``prefill`` allocates for ``rows`` rows."""
+        return 2 * self.n_layers * rows * self.nkv * self.max_len * self.hd * self.embed.weight.element_size()
 
     def head(self, hidden):
         """float32 logits (..., V) from last hidden states (..., D)
@@ -176,113 +188,70 @@ class FastLlama(Placed, nn.Module):
             self._rope_tab = torch.polar(torch.ones_like(ang), ang)
         return self._rope_tab[pos]
 
-    def _run(self, ids, pos, mask, return_hidden, logits_from):
-        self._writable()
+    def _run(self, ids, slots, attn_mask, return_hidden, logits_from):
+        """ids (R, S) model ids at cache ``slots`` (R, S) (numpy or torch) under ``attn_mask`` (S, K) / (R, S, K) or
+        None (causal) -> ``ModelOutput``; RoPE positions are the slots minus each row's padding."""
         S = ids.shape[1]
-        start = self._len
-        if start + S > self.max_len:
-            raise ValueError(f"FastLlama cache full ({start} + {S} > {self.max_len}); raise max_len")
+        pos = (torch.as_tensor(slots, dtype=torch.long, device=ids.device)
+               - torch.as_tensor(self._pad, device=ids.device)[:, None]).clamp_(min=0)
+        if int(pos.max()) >= self.max_len:
+            raise ValueError(f"FastLlama cache full: position {int(pos.max())} >= max_len {self.max_len}; raise max_len")
         rot = self._rope(pos)
+        mask = self.cache.begin(S, attn_mask)
         h = F.embedding(ids, self.embed.weight)
-        for layer in self.layers:   # a loop over decoder layers
-            h = layer.forward(h, rot, start, mask)
+        for i, layer in enumerate(self.layers):   # a loop over decoder layers
+            h = layer.forward(h, rot, mask, self.cache, i)
+        self.cache.commit()
         h = rms_norm(h, self.norm.weight, self.norm.eps)
-        self._block_start, self._len = start, start + S
         logits = self.head(h[:, logits_from:])
         return ModelOutput(logits, h if return_hidden else None)
 
-    def _mask(self, S, attn_mask, B):
-        dev = self.embed.weight.device
-        m = block_mask(S, self._len, attn_mask, dev)
-        if self._pad is None:
-            return None if m is None else m[None, None]
-        if m is None:
-            m = torch.ones(S, self._len + S, dtype=torch.bool, device=dev)
-        P = self._pad.shape[1]
-        m = m[None].repeat(B, 1, 1)
-        m[:, :, :P] &= ~self._pad[:, None, :]
-        q = self._len + torch.arange(S, device=dev)
-        own = q < P                                                   # padded prefix queries see themselves
-        if bool(own.any()):
-            m[:, own, q[own]] = True
-        return m[:, None]
-
     @torch.no_grad()
     def prefill(self, cond, tokens=None, *, cfg=False, return_hidden=False) -> ModelOutput:
-        """Reset the cache and run the prompt: cond a ``Prompt`` -> prefix ids (B, P), B = 2 with ``cfg``
-        (left-padded pair) else 1, then the optional image ``tokens`` (B, S). Returns ``ModelOutput``: logits
-        (B, 1 + S, V) float32, and with ``return_hidden`` the post-norm hidden states (B, P + S, D)."""
-        ids, real, pos = prompt_rows(cond, cfg, self.device)
-        B, P = ids.shape
-        S = 0
+        """Reset the cache and run the prompts: ``cond`` a ``Prompt`` or a list of B (one image each) -> prompt rows
+        (R, P), R = B, or 2B with ``cfg`` ([conditional rows; unconditional rows], ``Prompt.uncond_ids``), left-padded
+        to the longest, then the optional image ``tokens`` (R, S). Returns ``ModelOutput``: logits (R, 1 + S, V)
+        float32, and with ``return_hidden`` the post-norm hidden states (R, P + S, D)."""
+        conds = [c if isinstance(c, Prompt) else Prompt(c) for c in as_conds(cond)]
+        rows = [c.ids for c in conds]
+        if cfg:
+            if any(c.uncond_ids is None for c in conds):
+                raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
+            rows += [c.uncond_ids for c in conds]
+        R, P = len(rows), max(r.numel() for r in rows)
+        ids = torch.zeros(R, P, dtype=torch.long, device=self.device)
+        for r, x in enumerate(rows):     # a loop over the prompt rows, once per prefill
+            ids[r, P - x.numel():] = x.to(self.device)
+        pad = np.array([P - x.numel() for x in rows], np.int64)
         if tokens is not None and tokens.numel():
             t = self._map(tokens)
-            if t.shape[0] != B:
-                raise ValueError(f"tokens must have batch {B}, got {t.shape[0]}")
-            S = t.shape[1]
+            if t.shape[0] != R:
+                raise ValueError(f"tokens must have batch {R}, got {t.shape[0]}")
             ids = torch.cat([ids, t], 1)
-            pos = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(S, device=self.device)], 1)
-        for layer in self.layers:
-            if (layer.kc is None or layer.kc.shape[0] != B or layer.kc.device != self.device
-                    or layer.kc.dtype != self.dtype or stale_inference(layer.kc)):
-                shape = (B, self.nkv, self.max_len, self.hd)
-                layer.kc = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                layer.vc = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self._len = 0
-        self._pad = None if bool(real.all()) else ~real
-        out = self._run(ids, pos, self._mask(P + S, None, B), return_hidden, P - 1)
-        self._next_pos = pos[:, -1] + 1
-        self._block_pos = self._next_pos.clone()
-        return out
+        if self.cache is None or not self.cache.fits(self.n_layers, R, self.max_len, self.dtype, self.device):
+            self.cache = KVCache(self.n_layers, R, self.nkv, self.max_len, self.hd, dtype=self.dtype, device=self.device)
+        self.cache.reset()
+        self._pad, self._P = pad, P
+        self.cache.hide_prefix(torch.as_tensor(np.arange(P)[None, :] >= pad[:, None], device=self.device))
+        return self._run(ids, np.tile(np.arange(ids.shape[1]), (R, 1)), None, return_hidden, P - 1)
 
     @torch.no_grad()
     def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden=False) -> ModelOutput:
-        """Append image tokens (B, S) -> ``ModelOutput`` logits (B, S, V) float32 (+ post-norm hidden states
-        (B, S, D) with ``return_hidden``). ``position_ids`` (S,) absolute positions (default cache_len +
-        arange(S); each row's left padding is subtracted); ``attn_mask`` (S, K) bool as in ``real.protocol``."""
-        if self._next_pos is None:
-            raise ValueError("FastLlama.forward before prefill")
+        """Append image tokens (R, S) -> ``ModelOutput`` logits (R, S, V) float32 (+ post-norm hidden states (R, S, D)
+        with ``return_hidden``). ``position_ids`` (S,) or (R, S) cache positions (default: each row's length +
+        arange(S)); ``attn_mask`` (S, K) or (R, S, K) bool as ``real.nn.kvcache.KVCache.begin``."""
+        cache = self._need_cache()
         t = self._map(tokens)
-        B, S = t.shape
-        dev = t.device
+        R, S = t.shape
+        if R != cache.rows:
+            raise ValueError(f"tokens must be ({cache.rows}, S), got shape {tuple(t.shape)}")
         if position_ids is None:
-            off = torch.arange(S, device=dev)
+            slots = cache.lens[:, None] + np.arange(S)
         else:
-            position_ids = torch.as_tensor(position_ids, device=dev, dtype=torch.long).reshape(-1)
-            if position_ids.shape[0] != S or not bool(((position_ids >= 0) & (position_ids < self._len + S)).all()):
-                raise ValueError(f"position_ids must be {S} positions in [0, cache_len + S = {self._len + S}), "
-                                 f"got {position_ids.tolist()}")
-            off = position_ids - self._len
-        pos = self._next_pos[:, None] + off[None]
-        self._block_pos = self._next_pos
-        out = self._run(t, pos, self._mask(S, attn_mask, B), return_hidden, 0)
-        self._next_pos = self._next_pos + S
-        return out
-
-    def rollback(self, n: int) -> None:
-        """Drop the last n (int) cache entries of every row."""
-        n = int(n)
-        if n < 0 or n > self._len:
-            raise ValueError(f"rollback({n}) with {self._len} cached entries")
-        self._len -= n
-        self._next_pos = self._next_pos - n
-        self._block_start = min(self._block_start, self._len)
-
-    def _writable(self) -> None:
-        """Caches made inside ``torch.inference_mode`` (``engine.generate``) and written outside it are copied once
-        into ordinary tensors (``real.nn.kvcache.KVCache.writable``)."""
-        for layer in self.layers:
-            if stale_inference(layer.kc):
-                layer.kc, layer.vc = layer.kc.clone(), layer.vc.clone()
-
-    def keep(self, indices) -> None:
-        """Keep the entries ``indices`` (k,) int64 (block-relative, in order) of the last block, dropping the rest
-        of it."""
-        self._writable()
-        s = self._block_start
-        idx = torch.as_tensor(indices, dtype=torch.long, device=self.device).reshape(-1)
-        for layer in self.layers:
-            for c in (layer.kc, layer.vc):
-                c[:, :, s:s + idx.numel()] = c[:, :, s + idx].clone()
-        self._len = s + idx.numel()
-        self._next_pos = self._block_pos + idx.numel()
+            slots = position_ids if isinstance(position_ids, np.ndarray) else \
+                torch.as_tensor(position_ids, dtype=torch.long).cpu().numpy()
+            slots = np.tile(slots, (R, 1)) if slots.ndim == 1 else slots
+            if slots.shape != (R, S) or slots.min() < 0 or (slots >= cache.lens[:, None] + S).any():
+                raise ValueError(f"position_ids must be ({S},) or ({R}, {S}) positions within each row's cache "
+                                 f"length + S, got {slots.tolist()}")
+        return self._run(t, slots, attn_mask, return_hidden, 0)

@@ -307,32 +307,13 @@ class LlamaGen(Placed, CachedRows, nn.Module):
         if self.rope.device != h.device or stale_inference(self.rope):
             self.rope = self.rope.to(h.device) if not self.rope.is_inference() else self.rope.clone().to(h.device)
         rot = self.rope[pos.to(h.device)]
-        mask = self._prefix_masked(cache.begin(S, attn_mask), S)
+        mask = cache.begin(S, attn_mask)
         for i, layer in enumerate(self.layers):
             h = layer.forward(h, rot, mask, cache, i)     # (no module hooks on the blocks: skip __call__'s cost)
         h = rms_norm(h, self.norm.weight, self.norm.eps)
         cache.commit()
         logits = self.head(h[:, logits_from:])
         return ModelOutput(logits, h if return_hidden else None)
-
-    def _prefix_masked(self, m: torch.Tensor | None, S: int) -> torch.Tensor | None:
-        """The cache's (R, 1, S, K) block mask plus t2i caption padding: padded prefix columns hidden
-        except from themselves (as upstream)."""
-        if self._prefix_mask is None:
-            return m
-        lens = self.cache.lens
-        K = int(lens.max()) + S
-        if m is None:
-            m = torch.ones(self.cache.rows, 1, S, K, dtype=torch.bool, device=self.device)
-        else:
-            m = m.expand(self.cache.rows, -1, -1, -1).clone()
-        P = self._prefix_mask.shape[1]
-        m[:, 0, :, :P] &= self._prefix_mask[:, None, :]
-        if int(lens.min()) < P:                    # prefill: the prefix queries (slots < P) see themselves
-            q = torch.as_tensor(lens, device=self.device)[:, None] + torch.arange(S, device=self.device)
-            r, s = torch.nonzero(q < P, as_tuple=True)
-            m[r, 0, s, q[r, s]] = True
-        return m
 
     def _prefix(self, conds: list, cfg: bool) -> torch.Tensor:
         """(R, P, dim) prefix embeddings of the batch's conditions: R = B, or 2B with CFG ([cond; uncond])."""
@@ -381,6 +362,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
         P = self.config.cls_token_num
         self.setup_cache(R, P + self.config.block_size + self.extra_slots)
         h = self._prefix(conds, cfg)
+        self.cache.hide_prefix(self._prefix_mask)        # t2i caption padding: hidden except from itself (upstream)
         if tokens is not None and tokens.numel():
             tokens = self._check_tokens(tokens, R)
             h = torch.cat([h, self.tok_embeddings(tokens)], dim=1)

@@ -1,4 +1,5 @@
-"""One static KV cache for the models that own theirs (LlamaGen and the EAGLE-1 drafter; FastLlama has its own).
+"""One static KV cache for every model that owns its cache (LlamaGen, the EAGLE-1 drafter, FastLlama): one source of
+truth for per-row lengths, addressed by positions.
 
 gpt-fast style: per layer, preallocated key and value tensors (rows, n_kv, max_len, head_dim), written
 in place. Each row (an image, or one half of its classifier-free-guidance pair) has its own length,
@@ -9,7 +10,12 @@ the row's own entries. Slots beyond a row's length hold stale values that no que
 Lengths live on the host (numpy int64): rollback and keep take host arrays, which the engine has after
 its one verdict sync per round, so no cache operation syncs with the device.
 
+Padded prefixes (LlamaGen's t2i captions, FastLlama's left-padded prompt pairs): ``hide_prefix(visible)`` with
+``visible`` (R, P) bool marks the prefix entries no query may see (False), except the padded entries themselves during
+the block that writes them (their own outputs are discarded, but a query must see something).
+
 Operations (all per row, ``rows`` = R):
+  ``hide_prefix(visible)``  (R, P) bool prefix visibility, or None (every entry visible); kept until ``reset``
   ``begin(S, attn_mask)``   (R or 1, 1, S, K) bool visibility of a block of S new entries (or None when
                              every row sees everything: equal lengths and S = 1), K = max(lens) + S;
                              ``attn_mask`` (S, Kb) shared or (R, S, Kb) per row (dynamic trees)
@@ -27,7 +33,7 @@ import torch
 from real.nn.layers import stale_inference
 from real.protocol import check_attn_mask
 
-__all__ = ["KVCache", "CachedRows", "row_counts", "common_len"]
+__all__ = ["CacheIndex", "KVCache", "CachedRows", "row_counts", "common_len"]
 
 
 def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
@@ -89,22 +95,22 @@ class CachedRows:
         return self.cache
 
 
-class KVCache:
-    """Static per-row KV cache of ``n_layers`` attention layers (module docstring)."""
+class CacheIndex:
+    """The per-row bookkeeping of a KV cache, whatever stores the entries (module docstring): lengths, the last block's
+    start, hidden prefix entries, the block masks. ``KVCache`` adds our static storage; the transformers adapter keeps
+    ``DynamicCache`` storage and this index (``real.adapters.hf``). ``max_len`` None: unbounded."""
 
-    def __init__(self, n_layers: int, rows: int, n_kv: int, max_len: int, head_dim: int, *, dtype, device):
-        """``n_layers`` layers of keys and values, each (rows, n_kv, max_len, head_dim) zeros of ``dtype`` on
-        ``device``; every row starts empty."""
-        # one tensor (2 n_layers, rows, n_kv, max_len, head_dim): ``keep`` moves every layer's entries at once
-        self.kv = torch.zeros((2 * n_layers, rows, n_kv, max_len, head_dim), dtype=dtype, device=device)
-        self.k = [self.kv[2 * i] for i in range(n_layers)]         # views
-        self.v = [self.kv[2 * i + 1] for i in range(n_layers)]
+    def __init__(self, rows: int, device, max_len: int | None = None):
+        """``rows`` empty rows on ``device`` (where the masks are built)."""
         self.lens = np.zeros(rows, dtype=np.int64)
         self.block_start = np.zeros(rows, dtype=np.int64)
+        self.device = torch.device(device)
+        self._max_len = max_len
         self._S = 0
         self._slots: torch.Tensor | None = None
         self._start: int | None = None      # common block start when every row has the same length
         self._K = 0
+        self.visible: torch.Tensor | None = None   # (R, P) bool prefix visibility (``hide_prefix``), None: all
 
     @property
     def rows(self) -> int:
@@ -112,33 +118,54 @@ class KVCache:
         return int(self.lens.shape[0])
 
     @property
-    def max_len(self) -> int:
-        """Entry slots per row."""
-        return int(self.k[0].shape[2])
+    def max_len(self) -> int | None:
+        """Entry slots per row (None: unbounded)."""
+        return self._max_len
 
-    def fits(self, n_layers: int, rows: int, max_len: int, dtype, device) -> bool:
-        """Whether this cache can be reused (reset) for a new generation of that shape."""
-        k = self.k[0]
-        return (len(self.k) == n_layers and k.shape[0] == rows and k.shape[2] >= max_len and k.dtype == dtype
-                and k.device == torch.device(device) and not stale_inference(self.kv))
+    @property
+    def pad(self) -> np.ndarray:
+        """(R,) hidden entries at the start of each row (left padding), 0 without ``hide_prefix``."""
+        if self.visible is None:
+            return np.zeros(self.rows, np.int64)
+        return (~self.visible).sum(1).cpu().numpy().astype(np.int64)
 
     def writable(self) -> None:
-        """Buffers made inside ``torch.inference_mode`` (``engine.generate``) and written outside it (a caller
-        continuing a generation's cache) are copied once into ordinary tensors: inference tensors take no in-place
-        writes outside that mode."""
-        if stale_inference(self.kv):
-            self.kv = self.kv.clone()
-            self.k = [self.kv[2 * i] for i in range(len(self.k))]
-            self.v = [self.kv[2 * i + 1] for i in range(len(self.v))]
+        """Storage hook before a write (``KVCache``: inference-mode buffers copied once)."""
 
     def reset(self) -> None:
-        """Empty every row (the buffers are kept for reuse)."""
+        """Empty every row (the buffers are kept for reuse); every entry visible again."""
         self.lens[:] = 0
         self.block_start[:] = 0
         self._S = 0
+        self.visible = None
 
-    # ------------------------------------------------------------------ a block
+    def hide_prefix(self, visible: torch.Tensor | None) -> None:
+        """Mark the first P entries of each row visible (True) or hidden (False, padding): ``visible`` (R, P) bool, or
+        None when every entry is visible (the common case: no extra mask is built)."""
+        if visible is not None and (visible.ndim != 2 or visible.shape[0] != self.rows):
+            raise ValueError(f"hide_prefix: visible must be ({self.rows}, P) bool, got {tuple(visible.shape)}")
+        self.visible = None if visible is None or bool(visible.all()) else visible.to(self.device, torch.bool)
+
     def begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Prepare a block of S entries per row (``_begin``), with hidden prefix entries masked (``hide_prefix``)."""
+        m = self._begin(S, attn_mask)
+        return m if self.visible is None else self._hidden_prefix(m, S)
+
+    def _hidden_prefix(self, m: torch.Tensor | None, S: int) -> torch.Tensor:
+        """The (R, 1, S, K) block mask with the hidden prefix columns masked, except a hidden entry from itself."""
+        dev = self.device
+        K = int(self.lens.max()) + S
+        m = torch.ones(self.rows, 1, S, K, dtype=torch.bool, device=dev) if m is None else \
+            m.expand(self.rows, -1, -1, -1).clone()
+        P = self.visible.shape[1]
+        m[:, 0, :, :P] &= self.visible[:, None, :]
+        if int(self.lens.min()) < P:                    # the block writes prefix entries: they see themselves
+            q = torch.as_tensor(self.lens, device=dev)[:, None] + torch.arange(S, device=dev)
+            r, s = torch.nonzero(q < P, as_tuple=True)
+            m[r, 0, s, q[r, s]] = True
+        return m
+
+    def _begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """Prepare a block of S entries per row; returns the (R, 1, S, K) bool attention mask ((1, 1, S, K) when
         every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool, or (R, S, Kb)
         one per row, S <= Kb <= min(lens) + S, replaces the causal mask over the block and the last Kb - S cached
@@ -146,9 +173,9 @@ class KVCache:
         self.writable()
         lo, hi = int(self.lens.min()), int(self.lens.max())
         K = hi + S
-        if K > self.max_len:
+        if self.max_len is not None and K > self.max_len:
             raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
-        dev = self.k[0].device
+        dev = self.device
         if attn_mask is not None:
             attn_mask = check_attn_mask(attn_mask, S, lo, dev, rows=self.rows)
         self._S, self._K = S, K
@@ -178,6 +205,79 @@ class KVCache:
             vis = torch.where(inb[:, None, :], g, (rel < S - Kb)[:, None, :])
         return vis[:, None]
 
+    def advance(self, S: int) -> None:
+        """A block of S entries per row appended by a storage that builds its own masks (transformers' caches):
+        ``begin`` without the mask, then ``commit``."""
+        self._S = int(S)
+        self.commit()
+
+    def commit(self) -> None:
+        """End the block ``begin`` prepared: each row's length grows by its S entries; the block starts are kept
+        for ``keep`` and ``rollback``."""
+        self.block_start = self.lens.copy()
+        self.lens = self.lens + self._S
+
+    def rollback(self, n, floor: int = 0) -> None:
+        """Drop the last n[r] entries of row r (n: int or (R,)); never below ``floor`` entries (the prefix)."""
+        n = row_counts(n, self.rows)
+        if (n > self.lens - floor).any():
+            raise ValueError(f"rollback({n.tolist()}): rows hold {(self.lens - floor).tolist()} removable entries")
+        self.lens = self.lens - n
+        self.block_start = np.minimum(self.block_start, self.lens)
+
+    def keep(self, indices, counts=None) -> None:
+        """Keep entries ``indices`` ((k,) shared or (R, k) per row; block-relative, in order) of the last
+        block, the first ``counts[r]`` (default k) in row r; the rest of the block is dropped. The storage moves
+        the kept entries (``move``: the slots (R, k) to copy to each row's block start, or nothing when they are in
+        place)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim == 1:
+            idx = np.broadcast_to(idx, (self.rows, idx.shape[0]))
+        if idx.ndim != 2 or idx.shape[0] != self.rows:
+            raise ValueError(f"keep: indices must be (k,) or ({self.rows}, k), got shape {idx.shape}")
+        k = idx.shape[1]
+        counts = row_counts(k if counts is None else counts, self.rows, "counts")
+        span = self.lens - self.block_start
+        used = np.arange(k)[None, :] < counts[:, None]
+        if (counts > k).any() or (used & ((idx < 0) | (idx >= span[:, None]))).any():
+            raise ValueError(f"keep: indices must lie in [0, block length {span.tolist()}) and counts <= {k}")
+        if k and not (np.where(used, idx, np.arange(k)) == np.arange(k)).all():   # else: already in place
+            self.move(self.block_start[:, None] + np.where(used, idx, 0))          # (R, k) slots to keep
+        self.lens = self.block_start + counts
+
+    def move(self, src: np.ndarray) -> None:
+        """Storage: copy the entries at slots ``src`` (R, k) to slots block_start[r] + [0, k) of each row (every
+        layer). The index alone stores nothing (a model with its own storage overrides this)."""
+
+
+class KVCache(CacheIndex):
+    """Static per-row KV cache of ``n_layers`` attention layers (module docstring): a ``CacheIndex`` over one
+    preallocated tensor."""
+
+    def __init__(self, n_layers: int, rows: int, n_kv: int, max_len: int, head_dim: int, *, dtype, device):
+        """``n_layers`` layers of keys and values, each (rows, n_kv, max_len, head_dim) zeros of ``dtype`` on
+        ``device``; every row starts empty."""
+        super().__init__(rows, device, max_len)
+        # one tensor (2 n_layers, rows, n_kv, max_len, head_dim): ``keep`` moves every layer's entries at once
+        self.kv = torch.zeros((2 * n_layers, rows, n_kv, max_len, head_dim), dtype=dtype, device=device)
+        self.k = [self.kv[2 * i] for i in range(n_layers)]         # views
+        self.v = [self.kv[2 * i + 1] for i in range(n_layers)]
+
+    def fits(self, n_layers: int, rows: int, max_len: int, dtype, device) -> bool:
+        """Whether this cache can be reused (reset) for a new generation of that shape."""
+        k = self.k[0]
+        return (len(self.k) == n_layers and k.shape[0] == rows and k.shape[2] >= max_len and k.dtype == dtype
+                and k.device == torch.device(device) and not stale_inference(self.kv))
+
+    def writable(self) -> None:
+        """Buffers made inside ``torch.inference_mode`` (``engine.generate``) and written outside it (a caller
+        continuing a generation's cache) are copied once into ordinary tensors: inference tensors take no in-place
+        writes outside that mode."""
+        if stale_inference(self.kv):
+            self.kv = self.kv.clone()
+            self.k = [self.kv[2 * i] for i in range(len(self.k))]
+            self.v = [self.kv[2 * i + 1] for i in range(len(self.v))]
+
     def update(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write layer i's block k, v (R, n_kv, S, hd); return the layer's keys and values (R, n_kv, K, hd)."""
         kc, vc = self.k[i], self.v[i]
@@ -191,45 +291,16 @@ class KVCache:
             vc.scatter_(2, idx, v.to(vc.dtype))
         return kc[:, :, :self._K], vc[:, :, :self._K]
 
-    def commit(self) -> None:
-        """End the block ``begin`` prepared: each row's length grows by its S entries; the block starts are kept
-        for ``keep`` and ``rollback``."""
-        self.block_start = self.lens.copy()
-        self.lens = self.lens + self._S
-
-    # ------------------------------------------------------------------ after verification
-    def rollback(self, n, floor: int = 0) -> None:
-        """Drop the last n[r] entries of row r (n: int or (R,)); never below ``floor`` entries (the prefix)."""
-        n = row_counts(n, self.rows)
-        if (n > self.lens - floor).any():
-            raise ValueError(f"rollback({n.tolist()}): rows hold {(self.lens - floor).tolist()} removable entries")
-        self.lens = self.lens - n
-        self.block_start = np.minimum(self.block_start, self.lens)
-
-    def keep(self, indices, counts=None) -> None:
-        """Keep entries ``indices`` ((k,) shared or (R, k) per row; block-relative, in order) of the last
-        block, the first ``counts[r]`` (default k) in row r; the rest of the block is dropped."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.ndim == 1:
-            idx = np.broadcast_to(idx, (self.rows, idx.shape[0]))
-        if idx.ndim != 2 or idx.shape[0] != self.rows:
-            raise ValueError(f"keep: indices must be (k,) or ({self.rows}, k), got shape {idx.shape}")
-        k = idx.shape[1]
-        counts = row_counts(k if counts is None else counts, self.rows, "counts")
-        span = self.lens - self.block_start
-        used = np.arange(k)[None, :] < counts[:, None]
-        if (counts > k).any() or (used & ((idx < 0) | (idx >= span[:, None]))).any():
-            raise ValueError(f"keep: indices must lie in [0, block length {span.tolist()}) and counts <= {k}")
-        if k and not (np.where(used, idx, np.arange(k)) == np.arange(k)).all():   # else: already in place
-            self.writable()
-            dev = self.kv.device
-            src = self.block_start[:, None] + np.where(used, idx, 0)                 # (R, k) slots to keep
-            s0 = int(self.block_start[0])
-            if (src == src[0]).all() and (self.block_start == s0).all():   # every row keeps the same slots (CFG)
-                self.kv[:, :, :, s0:s0 + k] = self.kv.index_select(3, torch.as_tensor(src[0], device=dev))
-            else:          # per row: (R, slots, 2 layers, heads, hd) view; the gather is a copy, so overlaps are safe
-                v = self.kv.permute(1, 3, 0, 2, 4)
-                r = torch.arange(self.rows, device=dev)[:, None]
-                dst = torch.as_tensor(self.block_start[:, None] + np.arange(k), device=dev)
-                v[r, dst] = v[r, torch.as_tensor(src, device=dev)]
-        self.lens = self.block_start + counts
+    def move(self, src: np.ndarray) -> None:
+        """Copy the entries at slots ``src`` (R, k) to slots block_start[r] + [0, k) of each row, in every layer."""
+        self.writable()
+        dev = self.kv.device
+        k = src.shape[1]
+        s0 = int(self.block_start[0])
+        if (src == src[0]).all() and (self.block_start == s0).all():   # every row keeps the same slots (CFG)
+            self.kv[:, :, :, s0:s0 + k] = self.kv.index_select(3, torch.as_tensor(src[0], device=dev))
+        else:          # per row: (R, slots, 2 layers, heads, hd) view; the gather is a copy, so overlaps are safe
+            v = self.kv.permute(1, 3, 0, 2, 4)
+            r = torch.arange(self.rows, device=dev)[:, None]
+            dst = torch.as_tensor(self.block_start[:, None] + np.arange(k), device=dev)
+            v[r, dst] = v[r, torch.as_tensor(src, device=dev)]

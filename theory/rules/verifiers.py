@@ -31,7 +31,7 @@ from .acceptance import Greedy, Level, Scaled, Typical, Vanilla
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import Lantern, LanternResample
 from .resampling import Argmax, Optimal, Residual, Target
-from .walks import greedy_walk, vanilla_walk
+from .walks import GREEDY_WALKS, VANILLA_WALKS
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
 __all__ = ["Verifier", "vanilla", "scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
@@ -43,10 +43,11 @@ __all__ = ["Verifier", "vanilla", "scaled", "cool_sd", "level", "uniform_rsd", "
 @dataclass(frozen=True, eq=False)
 class Verifier:
     """An acceptance rule f_i and a resampling rule G_i (section 1), with a name and parameters for reports, and
-    optionally ``walk``: the rule's own fast multi-candidate walk (``theory.rules.walks``; the hook
-    ``theory.tree.verify_round`` tries before the generic ``verify_tree``), a callable (p, q, tokens, u_accept,
-    u_sample, children, depth, max_depth, draft_law) -> (accepted, path, next_token, last_node) or None where it does
-    not apply. A walk must give ``verify_tree``'s verdict (tests/test_fast_verify.py checks the provided ones)."""
+    optionally ``walk``: the rule's own fast multi-candidate walks (``theory.rules.walks``; the hook
+    ``theory.tree.verify_round`` tries before the generic ``verify_tree``), a mapping draft law -> callable (p, q,
+    tokens, u_accept, u_sample, children, depth, max_depth, draft_law) -> (accepted, path, next_token, last_node), or
+    None where it does not apply (e.g. torch arrays). A walk must give ``verify_tree``'s verdict
+    (tests/test_fast_verify.py checks the provided ones)."""
     accept: Any
     resample: Any
     name: str = "custom"
@@ -66,7 +67,7 @@ class Verifier:
 
 def vanilla() -> Verifier:
     """Plain (lossless) speculative decoding (T1)."""
-    return Verifier(Vanilla(), Residual(), "vanilla", {}, walk=vanilla_walk)
+    return Verifier(Vanilla(), Residual(), "vanilla", {}, walk=VANILLA_WALKS)
 
 
 def scaled(schedule, name: str = "scaled", resample=None) -> Verifier:
@@ -193,7 +194,7 @@ def gsd(embeddings=None, *, window: int = GSD_WINDOW, p_threshold: float = GSD_P
 
 def greedy() -> Verifier:
     """Greedy verification (section 1): accept iff the draft is the target's argmax; correct with the argmax."""
-    return Verifier(Greedy(), Argmax(), "greedy", {}, walk=greedy_walk)
+    return Verifier(Greedy(), Argmax(), "greedy", {}, walk=GREEDY_WALKS)
 
 
 def _named_resampler(name: str, extra: Sequence[str] = ()):

@@ -28,31 +28,15 @@ against ``verify_tree``.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..core.xp import sample_categorical
 
-__all__ = ["vanilla_walk", "greedy_walk", "DRAFT_LAWS"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
-
-
-def vanilla_walk(p, q, tokens, u_accept, u_sample, children, depth: int, max_depth=None, draft_law: str = "point"):
-    """``theory.rules.vanilla``'s walk (f = min(1, p/q), G = Norm([p - q]_+)) for either draft law, or None when the
-    arrays are not numpy. Arguments as ``_walk``; returns (accepted (B,), path (B, D), next_token (B,), last_node
-    (B,)) int64."""
-    if not _host(p, q, tokens, u_accept, u_sample):
-        return None
-    kind = "vanilla" if draft_law == "point" else "vanilla_wr" if draft_law == "without_replacement" else None
-    return None if kind is None else _walk(kind, p, q, tokens, u_accept, u_sample, children, depth, max_depth, draft_law)
-
-
-def greedy_walk(p, q, tokens, u_accept, u_sample, children, depth: int, max_depth=None, draft_law: str = "point"):
-    """``theory.rules.greedy``'s walk (f = 1[x = argmax p], G = one-hot(argmax p)) for either draft law, or None
-    when the arrays are not numpy (``_walk``)."""
-    if not _host(p, q, tokens, u_accept, u_sample) or draft_law not in DRAFT_LAWS:
-        return None
-    return _walk("greedy", p, q, tokens, u_accept, u_sample, children, depth, max_depth, draft_law)
 
 
 def _host(*arrays) -> bool:
@@ -62,18 +46,18 @@ def _host(*arrays) -> bool:
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
           u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
           draft_law: str = "point"):
-    """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla", "vanilla_wr", "greedy"), numpy arrays: p
-    (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates it gives
-    mass 0 are skipped; and by the without-replacement walk), tokens (B, N+1), u_accept (B, N+1), u_sample (B,),
-    children (N+1, K) shared or (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None.
-    Returns (accepted (B,), path (B, D), next_token (B,), last_node (B,))."""
+    """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla": the point law; "greedy": any law), numpy
+    arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
+    it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
+    (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. Returns (accepted (B,), path (B, D),
+    next_token (B,), last_node (B,)), or None when the arrays are not numpy (the caller takes the generic walk)."""
+    if not _host(p, q, tokens, u_accept, u_sample):
+        return None
     B, N1, V = p.shape
     D = int(D)
     children = np.asarray(children)
     if children.ndim == 2:
         children = np.broadcast_to(children, (B, *children.shape))
-    if kind == "vanilla_wr":
-        return _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth)
     K = children.shape[-1]
     rows = np.arange(B)
     cap = np.full(B, D, np.int64) if max_depth is None else np.asarray(max_depth, np.int64)
@@ -132,11 +116,18 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     return depth, path, nxt.astype(np.int64), node
 
 
-def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth):
+def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth=None,
+                              draft_law: str = "without_replacement"):
     """Vanilla with candidates drawn without replacement: ``verify_tree``'s walk (one candidate per round per step,
     the same operations on the same (B, V) rows, hence the same bits), with the acceptance evaluated at the
-    candidate only and the residual Norm([p_res - q_j]_+) only when a round rejects."""
+    candidate only and the residual Norm([p_res - q_j]_+) only when a round rejects; arguments as ``_walk``. None when
+    the arrays are not numpy."""
+    if not _host(p, q, tokens, u_accept, u_sample):
+        return None
     B, N1, V = p.shape
+    children = np.asarray(children)
+    if children.ndim == 2:
+        children = np.broadcast_to(children, (B, *children.shape))
     K = children.shape[-1]
     rows = np.arange(B)
     n_kids = (children >= 0).sum(-1)                                             # (B, N+1)
@@ -191,3 +182,8 @@ def _merge(res, stop, r):
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
     """Inverse-CDF draws from the rows w (B, V) (unnormalised, as ``theory.core.xp.sample_categorical``)."""
     return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))
+
+
+# the walks each rule supplies for itself (``Verifier.walk``): draft law -> walk
+VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": _walk_without_replacement}
+GREEDY_WALKS = {law: partial(_walk, "greedy") for law in DRAFT_LAWS}
