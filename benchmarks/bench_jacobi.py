@@ -2,7 +2,7 @@
 (window W) and the same rules on the EAGLE drafter (chains of L), with plain AR as the baseline.
 
 Per setting: tokens per target call (SE over images), measured speed-up over AR at batch 1 and at the demo's batch
-(50), FD to the held-out digits (jackknife SE, coolsd.studies.sweep.metrics.fd_with_ci), target NLL per token (SE
+(50), FD to the held-out digits (jackknife SE, coolsd.quality.estimators.fd_with_ci), target NLL per token (SE
 over images); and the T10 predictions of every rule's accepted drafts per round from ONE vanilla run's recorded
 rows per drafter (theory.likelihood.recorded.predict_rounds), against the measured ones: per round and, weighted by the
 stretch of the image each recorded round covers (theory.likelihood.recorded.renewal_tokens_per_round, docs/theory.md
@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     from coolsd.studies.demo.quality import nll_with_se
-    from coolsd.studies.sweep.metrics import fd_with_ci, tokens_per_call
+    from coolsd.quality.estimators import fd_with_ci
+    from coolsd.studies.sweep.metrics import tokens_per_call
     from real.decode import engine
     from real.decode.jacobi import Jacobi
     from real.decode.sampling import Processing

@@ -61,7 +61,9 @@ import torch
 
 __all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt",
            "check_pair", "block_mask", "as_conds", "OneRow", "as_batched", "prompt_rows", "check_attn_mask", "LAWS",
-           "Proposal", "Drafting"]
+           "Proposal", "Drafting", "NO_DRAFT", "make_draft"]
+
+NO_DRAFT = "none"   # the draft kind of drafter-free decoding (--draft jacobi): builders make no draft model
 
 
 class ModelOutput(NamedTuple):
@@ -479,6 +481,17 @@ class OneRow:
         idx = self._one(idx, "kept entries") if idx.ndim == 2 else idx
         c = idx.shape[0] if counts is None else int(self._one(np.broadcast_to(np.asarray(counts), (self._rows,)), "counts"))
         self.model.keep(torch.as_tensor(idx[:c], dtype=torch.long))
+
+
+def make_draft(kind: str, table: dict):
+    """The draft model of ``kind`` from ``table`` (kind -> a builder taking no argument): the one place a model builder
+    (``real.registry``, the adapters' tiny pairs) picks its draft; None for drafter-free decoding (``NO_DRAFT``);
+    ValueError naming the kinds otherwise."""
+    if kind == NO_DRAFT:
+        return None
+    if kind not in table:
+        raise ValueError(f"unknown draft kind {kind!r}; choose {', '.join(table)}")
+    return table[kind]()
 
 
 def as_batched(model):

@@ -14,6 +14,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .protocol import NO_DRAFT, make_draft as _make_draft    # NO_DRAFT: BuildOptions.draft "none", no draft model
+
 __all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamagen_pair"]
 
 
@@ -78,7 +80,7 @@ class BuildOptions:
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})
 
 
-NO_DRAFT = "none"   # BuildOptions.draft for drafter-free decoding (--draft jacobi): the Bundle's draft is None
+
 
 
 def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
@@ -96,13 +98,11 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     opts = dataclasses.replace(opts or BuildOptions(), **kw)
     from .specs import prepare
     no_draft = opts.draft == NO_DRAFT
-    if no_draft:   # drafter-free decoding: the builders make their lightest draft, one target layer, dropped below
-        opts = dataclasses.replace(opts, draft="layerskip")
-    s, opts = prepare(name, opts)         # the one generic check of the model's options, its defaults filled in
+    s, opts = prepare(name, dataclasses.replace(opts, draft=None) if no_draft else opts)   # the one generic check
+    if no_draft:   # drafter-free decoding: the builders make no draft at all (``_make_draft``)
+        opts = dataclasses.replace(opts, draft=NO_DRAFT)
     bundle = MODELS[name][0](opts)
     bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
-    if no_draft:
-        bundle.draft, bundle.info = None, {**bundle.info, "draft": NO_DRAFT}
     return bundle
 
 
@@ -177,16 +177,11 @@ def tiny_llamagen_pair(seed: int = 0, draft: str = "layerskip", model_type: str 
 
     c = lg.config("tiny", model_type=model_type)
     t = lg.LlamaGen(c).random_init(seed, std=0.05, output_std=0.2, embed_std=1.0).to(device, dtype).eval()
-    if draft == "layerskip":
-        d = lg.truncated(t, 1).eval()
-    elif draft == "small":
-        d = lg.LlamaGen(lg.config("tiny-draft", model_type=model_type)).random_init(
-            seed + 1, std=0.05, output_std=0.2, embed_std=1.0).to(device, dtype).eval()
-    elif draft == "eagle":
-        d = EagleDrafter.from_target(t, seed=seed + 1).eval()
-    else:
-        raise ValueError(f"unknown draft kind {draft!r}; choose layerskip, small or eagle")
-    return t, d
+    return t, _make_draft(draft, {
+        "layerskip": lambda: lg.truncated(t, 1).eval(),
+        "small": lambda: lg.LlamaGen(lg.config("tiny-draft", model_type=model_type)).random_init(
+            seed + 1, std=0.05, output_std=0.2, embed_std=1.0).to(device, dtype).eval(),
+        "eagle": lambda: EagleDrafter.from_target(t, seed=seed + 1).eval()})
 
 
 def _tiny_vq(seed: int, V: int):
@@ -249,15 +244,13 @@ def _build_llamagen(opts) -> Bundle:
     t = lg.load_llamagen(ckpt("target_ckpt", "target_pretrained"), _o(opts, "target_size", "XL"),
                          image_size=size, model_type=mtype, device=dev, dtype=dt)
     kind = _o(opts, "draft", "small")
-    if kind == "eagle":
-        if opts.drafter_dir is None:
-            raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
-        d = load_lantern_drafter(opts.drafter_dir, t.output, device=dev, dtype=dt)
-    elif kind == "layerskip":
-        d = lg.truncated(t, int(_o(opts, "draft_layers", 1)))
-    else:
-        d = lg.load_llamagen(ckpt("draft_ckpt", "draft_pretrained"), _o(opts, "draft_size", "B"),
-                             image_size=size, model_type=mtype, device=dev, dtype=dt)
+    if kind == "eagle" and opts.drafter_dir is None:
+        raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
+    d = _make_draft(kind, {
+        "eagle": lambda: load_lantern_drafter(opts.drafter_dir, t.output, device=dev, dtype=dt),
+        "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1))),
+        "small": lambda: lg.load_llamagen(ckpt("draft_ckpt", "draft_pretrained"), _o(opts, "draft_size", "B"),
+                                          image_size=size, model_type=mtype, device=dev, dtype=dt)})
     vq, nb, cb = None, None, None
     vq_path = opts.vq_ckpt
     if vq_path:
@@ -303,8 +296,9 @@ def _build_hf_llama_tiny(opts, fast: bool = False) -> Bundle:
     V = tgt.config.vocab_size
     conds = [Prompt(torch.randint(0, V, (8,), generator=g), torch.randint(0, V, (2,), generator=g)) for _ in range(n)]
     wrap = FastLlama.from_hf if fast else HFCausalLM
-    return Bundle(wrap(tgt.to(dev, dt)), wrap(drf.to(dev, dt)), conds, int(_o(opts, "num_tokens", 64)),
-                  info={"target": "LlamaForCausalLM tiny (random)", "draft": "layerskip",
+    kind = _o(opts, "draft", "layerskip")
+    return Bundle(wrap(tgt.to(dev, dt)), _make_draft(kind, {"layerskip": lambda: wrap(drf.to(dev, dt))}), conds,
+                  int(_o(opts, "num_tokens", 64)), info={"target": "LlamaForCausalLM tiny (random)", "draft": kind,
                                        "backend": "real.models.llama.FastLlama" if fast else "real.adapters.hf.HFCausalLM"})
 
 
@@ -359,21 +353,23 @@ def _mm_draft(opts, family: str, target, load_small):
     from .adapters.imagelm_loading import truncated_hf
 
     kind = _o(opts, "draft", "eagle" if family != "janus" else "small")
-    if kind == "eagle":
-        if opts.drafter_dir:
-            return load_adapter_eagle(opts.drafter_dir, target), "eagle"
-        return eagle_for(target), "eagle (random, untrained: pass --drafter-dir for a trained one)"
-    if kind == "layerskip":
-        k = int(_o(opts, "draft_layers", 1))
+    k = int(_o(opts, "draft_layers", 1))
+
+    def layerskip():
         key, set_n = {"chameleon": ("model.layers", lambda c, n: setattr(c, "num_hidden_layers", n)),
                       "janus": ("language_model.layers", lambda c, n: setattr(c.text_config, "num_hidden_layers", n)),
                       "emu3": ("text_model.layers", lambda c, n: setattr(c.text_config, "num_hidden_layers", n))}[family]
-        return type(target)(truncated_hf(target.model, k, key, set_n), **target.rebuild_kwargs()), f"layerskip {k}"
-    if kind == "small":
+        return type(target)(truncated_hf(target.model, k, key, set_n), **target.rebuild_kwargs())
+
+    def small():
         if load_small is None:
             raise ValueError(f"{family} has no smaller sibling with the same tokenizer; use --draft eagle or layerskip")
-        return load_small(), "small sibling"
-    raise ValueError(f"unknown draft kind {kind!r}; choose eagle, layerskip or small")
+        return load_small()
+    names = {"eagle": "eagle" if opts.drafter_dir else "eagle (random, untrained: pass --drafter-dir for a trained one)",
+             "layerskip": f"layerskip {k}", "small": "small sibling", NO_DRAFT: NO_DRAFT}
+    d = _make_draft(kind, {"eagle": lambda: load_adapter_eagle(opts.drafter_dir, target) if opts.drafter_dir
+                           else eagle_for(target), "layerskip": layerskip, "small": small})
+    return d, names.get(kind, kind)
 
 
 def _build_mm_real(opts, family: str) -> Bundle:
@@ -457,14 +453,8 @@ def _build_mnist(opts) -> Bundle:
     dev, dt = _device(opts), _dtype(opts)
     t = gpt.load_target().to(dev, dt)
     kind = _o(opts, "draft", "small")
-    if kind == "small":
-        d = gpt.load_draft().to(dev, dt)
-    elif kind == "eagle":
-        d = gpt.load_eagle(t).to(dev, dt)
-    elif kind == "layerskip":
-        d = lg.truncated(t, int(_o(opts, "draft_layers", 1)))
-    else:
-        raise ValueError(f"unknown draft kind {kind!r} for mnist; choose small, eagle or layerskip")
+    d = _make_draft(kind, {"small": lambda: gpt.load_draft().to(dev, dt), "eagle": lambda: gpt.load_eagle(t).to(dev, dt),
+                           "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1)))})
     cb = zvq.raw_codebook()
     nb = _neighbor_table(cb, opts)
     return Bundle(t, d, _class_ids(opts, gpt.NUM_CLASSES), int(_o(opts, "num_tokens", gpt.TOKENS)), nb,

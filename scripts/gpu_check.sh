@@ -9,8 +9,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python}"     # the interpreter: $PYTHON (the tests pass theirs), else python from PATH
 if [[ "${1:-}" == "--lumina" ]]; then
   shift
-  exec python "$ROOT/scripts/gpu_check_lumina.py" "$@"
+  exec "$PY" "$ROOT/scripts/gpu_check_lumina.py" "$@"
 fi
-exec python "$ROOT/scripts/gpu_check.py" "$@"
+exec "$PY" "$ROOT/scripts/gpu_check.py" "$@"

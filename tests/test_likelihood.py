@@ -486,21 +486,7 @@ def test_tv_is_within_the_summed_round_bounds():
         assert abs(est["measured"] - tv) < 4 * est["se"], (rule, est, tv)
 
 
-def test_image_bounds_sum_rounds_per_image():
-    from theory.likelihood.recorded import Rows, predict_rounds
-
-    rng = np.random.default_rng(14)
-    R, L, V = 7, 3, 5
-    rows = Rows(rng.dirichlet(np.ones(V), size=(R, L + 1)), rng.dirichlet(np.ones(V), size=(R, L)),
-                rng.integers(V, size=(R, L)), np.array([3, 3, 1, 2, 3, 3, 1]), np.array([4, 0, 4, 4, 0, 9, 0]))
-    v = rules.cool_sd(3.0)
-    images, b = fidelity.image_bounds(rows, v)
-    per_round = predict_rounds(rows.p, rows.q, rows.drafts, v, rows.n_drafted).bound
-    assert list(images) == [0, 4, 9]
-    np.testing.assert_allclose(b, [per_round[[1, 4, 6]].sum(), per_round[[0, 2, 3]].sum(), per_round[5]], rtol=1e-14)
-    rows.image[0] = -1
-    with pytest.raises(ValueError, match="image"):
-        fidelity.image_bounds(rows, v)
+def test_bound_summary_flags_a_vacuous_bound():
     assert fidelity.bound_summary(np.array([1.5, 2.5]))["vacuous"]
 
 

@@ -329,7 +329,7 @@ def test_newcomer_warnings(tmp_path, monkeypatch, capsys):
     """A sweep below the minimum image count warns (before any work) that its intervals are unreliable."""
     from coolsd.cli import build_parser
     from coolsd.commands.sweep import config
-    from coolsd.studies.sweep.metrics import MIN_RELIABLE_IMAGES
+    from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
 
     config(build_parser().parse_args(["sweep", "--out", "x", "--model", "mnist", "--images", "16"]))
     assert "unreliable" in capsys.readouterr().err

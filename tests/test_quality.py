@@ -123,7 +123,7 @@ def _ref_of(mu, sigma, n):
 
 @pytest.mark.parametrize("n,d", [(50, 8), (300, 16), (40, 64)])
 def test_jackknife_fd_point_estimate_equals_the_library(n, d):
-    from coolsd.studies.sweep.metrics import fd_with_ci
+    from coolsd.quality.estimators import fd_with_ci
 
     g = np.random.default_rng(n + d)
     r = g.normal(size=(400, d)) @ g.normal(size=(d, d)) / np.sqrt(d)
@@ -144,7 +144,7 @@ def test_group_jackknife():
     """Delete-a-group with one image per group is delete-one, exactly; with 25 groups its SE matches the spread
     of FD over independent samples (300 replications: the SD's relative SE is 1 / sqrt(2 x 299) = 4%, the
     mean SE's ~1%); the naive SE of the group FDs (their SD / sqrt(g) = the jackknife SE / (g - 1)) is far off."""
-    from coolsd.studies.sweep.metrics import fd_with_ci
+    from coolsd.quality.estimators import fd_with_ci
 
     g = np.random.default_rng(3)
     d, n = 6, 400
@@ -168,7 +168,7 @@ def test_group_jackknife():
 
 def test_fid_with_ci_refuses_a_point_estimate_that_disagrees(monkeypatch):
     """The agreement check can fail: our FD shifted by 1e-3 of the traces is caught."""
-    import coolsd.studies.sweep.metrics as sm
+    import coolsd.quality.estimators as sm
 
     g = np.random.default_rng(0)
     f, r = g.normal(size=(60, 4)), g.normal(size=(80, 4))
@@ -182,7 +182,7 @@ def test_fid_with_ci_refuses_a_point_estimate_that_disagrees(monkeypatch):
 def test_mnist_frontier_fd_is_the_library_fd():
     """The sweep's MNIST FD (real.zoo.metrics on the shipped classifier's features, held-out digits as the
     reference) equals torchmetrics' FID through the quality interface, on corrupted held-out digits."""
-    from coolsd.studies.sweep.metrics import fd_with_ci
+    from coolsd.quality.estimators import fd_with_ci
     from real.zoo import data
     from real.zoo.metrics import image_features, reference_stats
 

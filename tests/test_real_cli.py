@@ -111,6 +111,6 @@ def test_llamagen_from_checkpoint_files(capsys, tmp_path):
 
 def test_gpu_check_cpu_smoke():
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke"], capture_output=True, text=True,
-                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), PYTHON=sys.executable), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "target forward" in r.stdout and "per-round overhead" in r.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import sys
 import json
 
 import pytest
@@ -619,7 +620,8 @@ def test_gpu_check_lumina_cpu_smoke():
 
     root = pathlib.Path(__file__).resolve().parents[1]
     r = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), "--lumina", "--cpu-smoke", "--json"],
-                       capture_output=True, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), timeout=600)
+                       capture_output=True, text=True, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=str(root), PYTHON=sys.executable), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "adapter 1 token" in r.stdout and "per-round overhead" in r.stdout
     d = json.loads(r.stdout.strip().splitlines()[-1])

@@ -244,6 +244,20 @@ def _layering_violations(root=ROOT, rules=REAL_RULES, top="real"):
     return bad
 
 
+# coolsd/'s layers: the library rooms below the studies, the studies below the commands (no arrow back up)
+COOLSD_RULES = {
+    "coolsd.io": ("theory", "sim", "real"), "coolsd.validate": ("theory", "sim", "real"),
+    "coolsd.options": ("theory", "sim", "real"), "coolsd.quality": ("theory", "sim", "real", "coolsd.quality"),
+    "coolsd.studies": ("theory", "sim", "real", "coolsd.io", "coolsd.options", "coolsd.quality", "coolsd.studies"),
+    "coolsd.commands": ("theory", "sim", "real", "coolsd"), "coolsd.cli": ("theory", "sim", "real", "coolsd"),
+    "coolsd.__main__": ("coolsd",),
+}
+
+
+def test_coolsd_layers_have_no_arrow_back_up():
+    assert _layering_violations(rules=COOLSD_RULES, top="coolsd") == []
+
+
 def test_theory_rooms():
     assert _layering_violations(rules=THEORY_RULES, top="theory") == []
     assert sorted(p.name for p in (ROOT / "theory").iterdir() if p.is_dir() and p.name != "__pycache__") == \

@@ -2,6 +2,9 @@
 and the README; checked here against what the builders actually build."""
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import pathlib
 
 import pytest
@@ -19,13 +22,37 @@ def test_every_registered_model_has_a_spec_and_no_spec_is_orphaned():
 
 @pytest.mark.parametrize("name", CHEAP)
 def test_spec_matches_the_built_bundle(name):
-    """batched, tokens, codebook and the CFG / top-k defaults the spec declares are what the builder builds."""
+    """What the spec declares is what the built model does: a batched model generates two images in one engine batch
+    (per-row caches), an unbatched one refuses it; the tokens per image; LANTERN's table exists iff the spec says
+    the model has its own codebook; and the CFG / top-k defaults are the published samplers' (``PUBLISHED``, facts from
+    the releases, not read from the spec) and reach the processing ``coolsd generate`` runs with."""
+    from coolsd.cli import main
+    from real.decode import engine
+    from real.decode.sampling import Processing
+
     s = SPECS[name]
-    b = registry.build(name)
-    assert bool(getattr(b.target, "batched", False)) == s.batched
+    b = registry.build(name, num_images=2)
+    T = min(b.num_tokens, 4)
+    run = lambda: engine.generate(b.target, None, b.conds[:2], num_tokens=T, batch_size=2,   # noqa: E731
+                                  processing=Processing(cfg_scale=b.cfg_scale))
+    if s.batched:
+        assert [g.tokens.shape for g in run()] == [(T,), (T,)]
+    else:
+        with pytest.raises(ValueError, match="one image at a time"):
+            run()
     assert s.tokens is None or b.num_tokens == s.tokens
     assert (b.neighbors is not None) == (s.codebook == "own")
-    assert (b.cfg_scale, b.top_k) == (s.cfg_default(), s.top_k)
+    assert (b.cfg_scale, b.top_k) == PUBLISHED[name]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["generate", "--model", name, "--num-tokens", "8", "--json"]) == 0
+    assert json.loads(out.getvalue())["processing"]["cfg_scale"] == PUBLISHED[name][0]
+
+
+# the samplers' defaults as their releases publish them (tiny random configs: the family's default; MNIST: ours)
+PUBLISHED = {"llamagen-tiny": (2.0, 0), "llamagen-tiny-t2i": (2.0, 0), "hf-llama-tiny": (1.0, 0),
+             "llama-tiny-fast": (1.0, 0), "chameleon-tiny": (3.0, 0), "janus-tiny": (5.0, 0), "emu3-tiny": (3.0, 0),
+             "mnist": (2.0, 0)}
 
 
 @pytest.mark.parametrize("name", ["mnist", "llamagen-tiny"])

@@ -14,6 +14,7 @@ import pytest
 
 from coolsd.cli import build_parser, main
 from coolsd.commands.sweep import config
+from coolsd.quality import estimators
 from coolsd.studies.sweep import grid, metrics, plan_units, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -270,11 +271,11 @@ def test_fd_interval_covers_the_closed_form_of_two_gaussians():
     rng = np.random.default_rng(1)
     cover = []
     for _ in range(40):
-        out = metrics.fd_with_ci(m1 + np.sqrt(s1) * rng.standard_normal((400, 2)), ref)
+        out = estimators.fd_with_ci(m1 + np.sqrt(s1) * rng.standard_normal((400, 2)), ref)
         cover.append(out["ci"][0] <= truth <= out["ci"][1])
         assert out["ci"][0] < out["fd"] < out["ci"][1] and out["se"] > 0
     assert np.mean(cover) >= 0.8
-    other = metrics.fd_with_ci(m1 + 1.0 + np.sqrt(s1) * rng.standard_normal((400, 2)), ref)
+    other = estimators.fd_with_ci(m1 + 1.0 + np.sqrt(s1) * rng.standard_normal((400, 2)), ref)
     assert other["ci"][0] > truth + 1.0
 
 
@@ -291,8 +292,8 @@ def test_fd_jackknife_se_is_the_refit_jackknife_and_is_calibrated():
     f = rng.standard_normal((30, 8)) @ A + 0.3
     jk = np.array([frechet_distance_stats(*(lambda g: (g.mean(0), np.cov(g, rowvar=False)))(np.delete(f, i, 0)), *ref)
                    for i in range(30)])
-    assert metrics.fd_with_ci(f, ref)["se"] == pytest.approx(np.sqrt(29 / 30 * ((jk - jk.mean()) ** 2).sum()), rel=1e-9)
-    runs = [metrics.fd_with_ci(rng.standard_normal((200, 8)) @ A + 0.3, ref) for _ in range(150)]
+    assert estimators.fd_with_ci(f, ref)["se"] == pytest.approx(np.sqrt(29 / 30 * ((jk - jk.mean()) ** 2).sum()), rel=1e-9)
+    runs = [estimators.fd_with_ci(rng.standard_normal((200, 8)) @ A + 0.3, ref) for _ in range(150)]
     sd = np.std([r["fd"] for r in runs], ddof=1)
     assert 0.8 < np.mean([r["se"] for r in runs]) / sd < 1.25
 
@@ -301,10 +302,10 @@ def test_precision_recall_on_a_hand_made_point_set():
     real = np.array([[0, 0], [1, 0], [0, 1], [1, 1]], float)          # k = 1: every radius is 1
     gen = np.array([[0.5, 0.5], [0.1, 0], [5, 5], [6, 5]], float)      # two inside, two far away
     # generated radii (k = 1): 0.640, 0.640, 1, 1; only (0, 0) lies within one of them (0.1 from (0.1, 0))
-    assert metrics.precision_recall(real, gen, k=1) == {"precision": 0.5, "recall": 0.25, "k": 1}
-    assert metrics.precision_recall(real, real, k=1)["precision"] == 1.0
+    assert estimators.precision_recall(real, gen, k=1) == {"precision": 0.5, "recall": 0.25, "k": 1}
+    assert estimators.precision_recall(real, real, k=1)["precision"] == 1.0
     with pytest.raises(ValueError, match="k must be"):
-        metrics.precision_recall(real, gen, k=4)
+        estimators.precision_recall(real, gen, k=4)
 
 
 def test_frontier_difference_by_interpolation():
@@ -345,8 +346,8 @@ def test_blocked_precision_recall_and_batched_fd_equal_the_unblocked_computation
 
     rng = np.random.default_rng(5)
     real, gen = rng.standard_normal((40, 3)), rng.standard_normal((53, 3)) * 0.7 + 0.6
-    monkeypatch.setattr(metrics, "_DISTANCE_ROWS", 7)
-    monkeypatch.setattr(metrics, "_JACKKNIFE_BLOCK", 7)
+    monkeypatch.setattr(estimators, "_DISTANCE_ROWS", 7)
+    monkeypatch.setattr(estimators, "_JACKKNIFE_BLOCK", 7)
 
     def brute(a, b, k):
         da = np.linalg.norm(a[:, None] - a[None], axis=-1)
@@ -354,7 +355,7 @@ def test_blocked_precision_recall_and_batched_fd_equal_the_unblocked_computation
         rad = np.sort(da, axis=1)[:, k - 1]
         return (np.linalg.norm(b[:, None] - a[None], axis=-1) <= rad[None]).any(1).mean()
 
-    out = metrics.precision_recall(real, gen, k=3)
+    out = estimators.precision_recall(real, gen, k=3)
     assert out["precision"] == pytest.approx(brute(real, gen, 3), abs=1e-12)
     assert out["recall"] == pytest.approx(brute(gen, real, 3), abs=1e-12)
     assert 0 < out["precision"] < 1 and 0 < out["recall"] < 1          # neither trivially 0 nor 1
@@ -366,7 +367,7 @@ def test_blocked_precision_recall_and_batched_fd_equal_the_unblocked_computation
     f = rng.standard_normal((30, 3))
     jk = np.array([frechet_distance_stats(np.delete(f, i, 0).mean(0), np.cov(np.delete(f, i, 0), rowvar=False), *ref)
                    for i in range(30)])
-    assert metrics.fd_with_ci(f, ref)["se"] == pytest.approx(np.sqrt(29 / 30 * ((jk - jk.mean()) ** 2).sum()), rel=1e-9)
+    assert estimators.fd_with_ci(f, ref)["se"] == pytest.approx(np.sqrt(29 / 30 * ((jk - jk.mean()) ** 2).sum()), rel=1e-9)
 
 
 def test_mnist_report_fd_is_the_library_fid_of_the_old_fd(one_process):
@@ -388,7 +389,7 @@ def test_mnist_report_fd_is_the_library_fid_of_the_old_fd(one_process):
                                                     if p.parent.name.startswith(m["name"]))
         toks = np.concatenate([np.load(p)["tokens"] for p in sorted((one_process / "units" / slug).glob("*.npz"))])
         f = image_features(vq.decode(torch.as_tensor(toks))).numpy()
-        old = metrics.fd_with_ci(f, reference_stats())
+        old = estimators.fd_with_ci(f, reference_stats())
         assert abs(m["frechet_distance"] - old["fd"]) <= fd_agreement(f, reference_stats()[1])
         assert m["frechet_distance"] == pytest.approx(old["fd"], rel=1e-6)
         assert m["frechet_distance_se"] == pytest.approx(old["se"], rel=1e-9)

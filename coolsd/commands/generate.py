@@ -137,7 +137,8 @@ def _build(args) -> dict:
 
     from real.decode.methods import make_verifier, method_processing
     from real.decode.sampling import Processing
-    from real.registry import NO_DRAFT, BuildOptions, build
+    from real.protocol import NO_DRAFT
+    from real.registry import BuildOptions, build
 
     if args.dtype is None:
         dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

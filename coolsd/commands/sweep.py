@@ -105,7 +105,7 @@ def config(args):
     validate.device("--device", args.device)
     if args.dtype is not None and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
-    from coolsd.studies.sweep.metrics import MIN_RELIABLE_IMAGES
+    from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
 
     if args.images < MIN_RELIABLE_IMAGES:
         import sys

@@ -7,7 +7,7 @@
 * IS: ``InceptionScore`` on the extractor's logits (10 splits, torchmetrics' default);
 * CLIP score: ``torchmetrics.multimodal.CLIPScore`` (``coolsd.quality.clip``).
 
-What the library lacks stays ours (``coolsd.studies.sweep.metrics``): the delete-one jackknife interval of FD
+What the library lacks stays ours (``coolsd.quality.estimators``): the delete-one jackknife interval of FD
 (our point estimate must equal the library's: ``fid_with_ci`` checks it on every call) and improved
 precision/recall (Kynkaanniemi et al. 2019, k = 3 as in ADM's evaluator; torchmetrics has none, torch-fidelity's
 needs torchvision). sFID (ADM's ``mixed_6/conv`` spatial features) is in neither library: not computed.
@@ -85,12 +85,12 @@ JACKKNIFE_GROUPS = 50
 
 def fid_with_ci(ref: Reference, features, level: float = 0.95) -> dict:
     """{"fd", "ci", "se", "se_method"}: torchmetrics' FID with our jackknife SE around it
-    (``coolsd.studies.sweep.metrics.fd_with_ci``: delete-one, or delete-a-group over ``JACKKNIFE_GROUPS`` groups
+    (``coolsd.quality.estimators.fd_with_ci``: delete-one, or delete-a-group over ``JACKKNIFE_GROUPS`` groups
     when n d^3 > ``DELETE_ONE_BUDGET``), whose own point estimate must agree with the library's within
     ``fd_agreement``, else RuntimeError."""
     from scipy.stats import norm
 
-    from coolsd.studies.sweep.metrics import fd_with_ci
+    from .estimators import fd_with_ci
 
     lib = fid(ref, features)
     f = np.asarray(features, np.float64)
@@ -147,9 +147,9 @@ def inception_score(logits, splits: int = 10, seed: int = 0) -> dict:
 
 
 def precision_recall(ref: Reference, features, k: int = 3) -> dict:
-    """Improved precision/recall (``coolsd.studies.sweep.metrics.precision_recall``; no maintained library
+    """Improved precision/recall (``coolsd.quality.estimators.precision_recall``; no maintained library
     here has it) with k = min(k, n - 1); None values when the reference has no features or n <= 1."""
-    from coolsd.studies.sweep.metrics import precision_recall as pr
+    from .estimators import precision_recall as pr
 
     f = np.asarray(features, np.float64)
     k = min(k, len(f) - 1, (len(ref.features) - 1) if ref.features is not None else 0)

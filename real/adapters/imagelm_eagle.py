@@ -13,6 +13,7 @@ import torch
 
 from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from real.models.eagle import EagleConfig, EagleDrafter
+from real.protocol import make_draft
 
 if TYPE_CHECKING:                       # annotations only: imagelm imports this module's users
     from .imagelm import ImageTokenLM
@@ -35,13 +36,7 @@ def tiny_draft(target: ImageTokenLM, kind: str, seed: int, *, layerskip, small):
     """The draft of a ``tiny_*_pair``: ``layerskip`` / ``small`` call the given builders (the target's
     first layer; an independent random 1-layer model), ``eagle`` a fresh EAGLE-1 head on the target
     (seed + 1)."""
-    if kind == "layerskip":
-        return layerskip()
-    if kind == "small":
-        return small()
-    if kind == "eagle":
-        return eagle_for(target, seed=seed + 1)
-    raise ValueError(f"unknown draft kind {kind!r}; choose layerskip, small or eagle")
+    return make_draft(kind, {"layerskip": layerskip, "small": small, "eagle": lambda: eagle_for(target, seed=seed + 1)})
 
 
 def tiny_pair(factory, wrap, seed: int, draft: str, device, dtype, kw: dict, *, layer_key: str,

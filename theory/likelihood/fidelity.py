@@ -17,9 +17,9 @@ and gets none). Zeros are not averaged away: an image with log P = -inf under "s
 the sampling law itself gives probability 0 (log P^ = -inf on an sd image, log P = -inf on an ar image)
 means the rows do not belong to the run: ``n_impossible`` and a reason, no number.
 
-The predicted bound: ``image_bounds`` sums the T11 term of every recorded round of an image
-(``theory.likelihood.recorded.predict_rounds``); by the hybrid argument over tokens, TV(P^, P) <= E[sum of an image's
-round terms], so ``bound_check`` says whether the measured TV is within the predicted one and whether that
+The predicted bound: per image, the sum of the discrepancies along the image's own rounds
+(``theory.likelihood.path_bound``, the one estimator); by the hybrid argument over tokens, TV(P^, P) <= E[sum of an
+image's round terms], so ``bound_check`` says whether the measured TV is within the predicted one and whether that
 bound is vacuous (> 1). ``report`` assembles the sweep's ``tv_to_target`` / ``kl_to_target`` /
 ``tv_bound_image`` entries.
 """
@@ -29,8 +29,7 @@ import math
 
 import numpy as np
 
-__all__ = ["Z95", "kl_sd", "tv_sd", "tv_ar", "kl_ar", "mean_ci", "image_bounds", "bound_summary", "bound_check",
-           "report"]
+__all__ = ["Z95", "kl_sd", "tv_sd", "tv_ar", "kl_ar", "mean_ci", "bound_summary", "bound_check", "report"]
 
 Z95 = 1.959963984540054   # the standard normal's 97.5% quantile
 # round-off allowed when a measured TV is compared with a bound: per-image log-likelihoods carry about
@@ -120,21 +119,6 @@ def tv_ar(log_p_hat, log_p) -> dict:
 
 
 # --------------------------------------------------------------------------- the predicted bound (T11)
-
-def image_bounds(rows, verifier) -> tuple[np.ndarray, np.ndarray]:
-    """(images (m,), bound (m,)): the sum of the T11 term over every recorded round of each image, from
-    ``theory.likelihood.recorded.Rows`` (``rows.image`` must name the images; rounds that drafted nothing, e.g. EAGLE's
-    prefill round, contribute 0 and need not be recorded). An unbiased estimate, per image, of the bound
-    E[sum over rounds] that caps TV(P^, P) (docs/theory.md section 11)."""
-    from .recorded import predict_rounds
-
-    img = np.asarray(rows.image)
-    if np.any(img < 0):
-        raise ValueError("image_bounds: rows.image must give each round's image (found -1: unknown)")
-    b = np.asarray(predict_rounds(rows.p, rows.q, rows.drafts, verifier, rows.n_drafted).bound, dtype=np.float64)
-    images, inv = np.unique(img, return_inverse=True)
-    return images, np.bincount(inv, weights=b, minlength=images.size)
-
 
 def bound_summary(per_image) -> dict:
     """{"measured", "ci", "se", "n", "vacuous"} of per-image bounds (n,): their mean estimates the bound on TV;

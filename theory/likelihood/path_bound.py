@@ -7,8 +7,7 @@ position (i < L' of its round) that law is q f_{i+1} + (1 - beta) G_{i+1} with t
 D(t) = D_{i+1} of T3 (``theory.rules.discrepancy``); the target's own token after L' accepted drafts adds 0.
 A generated image records its rounds (L', tau), hence every token's offset, and its teacher-forced rows
 (``real.decode.score``) give p_t and q_{t,i+1} on its path: ``image_path_bounds`` is, per image, an unbiased
-estimate of that expectation (the same one ``theory.likelihood.fidelity.image_bounds`` estimates from the rows recorded
-along the drafted paths, T11 summed over rounds), without recording any rows during generation.
+estimate of that expectation (T11 summed over the image's rounds), without recording any rows during generation.
 
 numpy, float64.
 """

@@ -11,8 +11,8 @@ import torch
 
 def fd_with_se(images: torch.Tensor) -> tuple[float, float]:
     """Frechet distance to the held-out digits and its delete-one jackknife standard error: the sweep's
-    interval (``coolsd.studies.sweep.metrics.fd_with_ci``; the bootstrap overstates the spread 1.6-1.8x)."""
-    from coolsd.studies.sweep.metrics import fd_with_ci
+    interval (``coolsd.quality.estimators.fd_with_ci``; the bootstrap overstates the spread 1.6-1.8x)."""
+    from coolsd.quality.estimators import fd_with_ci
     from real.zoo.metrics import image_features, reference_stats
 
     r = fd_with_ci(image_features(images).numpy(), reference_stats())

@@ -12,7 +12,7 @@ reported apart.
 Predictions use only the recorded vanilla rows (``coolsd.studies.demo.predict``).
 Measured: tokens per target call (SE over rounds), wall-clock speed-up over plain AR, Frechet distance of
 the decoded digits to the held-out digits in the shipped classifier's space (delete-one jackknife SE,
-the sweep's ``coolsd.studies.sweep.metrics.fd_with_ci``), class accuracy, the target's NLL per
+the sweep's ``coolsd.quality.estimators.fd_with_ci``), class accuracy, the target's NLL per
 token of the generated codes (``coolsd.studies.demo.quality``); for chain runs the exact TV and KL to the
 target with 95% intervals and the per-image TV bound (``coolsd.studies.demo.fidelity``).
 

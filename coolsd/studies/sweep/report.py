@@ -101,7 +101,7 @@ def claims_section(report: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    from .metrics import MIN_RELIABLE_IMAGES
+    from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
 
     c = report["config"]
     p = report["predictions"]
@@ -116,7 +116,7 @@ def markdown(report: dict) -> str:
         "image / the setting's, same batch size; predicted from the vanilla rows and measured unit costs "
         "(`coolsd.studies.demo`). FD: torchmetrics' FID in the feature space and against the reference of the quality "
         "stamp (Quality, below) (MNIST: the shipped classifier, the held-out digits), 95% "
-        "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.studies.sweep.metrics.fd_with_ci` for why not the bootstrap). NLL: -log P(x) / T of the generated codes under the law actually sampled (the processed target: CFG, temperature; "
+        "normal interval from the delete-one jackknife SE over the generated images (for the plug-in FD at this n; see `coolsd.quality.estimators.fd_with_ci` for why not the bootstrap). NLL: -log P(x) / T of the generated codes under the law actually sampled (the processed target: CFG, temperature; "
         "report.json keeps the unguided conditional NLL as nll_unguided_per_token). "
         "Precision / recall: k-NN manifolds (k = 3) in the same feature space against the reference images. "
         f"TV bound: mean per-round T11 bound. Predictions: {p['from']}. Quality: {report['quality']}.", "",

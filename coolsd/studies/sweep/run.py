@@ -167,7 +167,8 @@ class Context:
 
     def __init__(self, cfg: SweepConfig, dist: Dist):
         from real.decode.modes import DynamicTree, StaticTree
-        from real.registry import NO_DRAFT, BuildOptions, build
+        from real.protocol import NO_DRAFT
+        from real.registry import BuildOptions, build
 
         self.cfg = cfg
         self.rank = dist.rank
