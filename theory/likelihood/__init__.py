@@ -2,21 +2,26 @@
 
 Holds ``chain`` (the exact law P^(x) of chain-drafted output, T12, and log P(x); re-exported here), ``fidelity``
 (TV and KL to the target with 95% intervals), ``recorded`` (T10-T11 predictions from recorded rounds, the recorded
-row classes and their loader), ``path_bound`` (the per-image bound from an image's own path) and ``tune``
-(schedules tuned on rows; imports scipy, loaded on first use).
+row classes and their loader), ``path_bound`` (the per-image bound from an image's own path), ``tune`` (schedules
+tuned on the per-round bound, section 8b), ``speed`` (tokens per call predicted from recorded vanilla rounds, as
+``coolsd demo`` does), ``arrows`` (stamped AR rows and records) and, for section 11b, ``objective`` (KL(P||P^) and TV
+of a rule family on AR images, exactly, with gradients) and ``exact_tune`` (schedules tuned on them). ``tune``,
+``objective`` and ``exact_tune`` import scipy / JAX and are loaded on first use.
 
 May import: ``theory.core``, ``theory.rules``, ``theory.tree``.
 """
-from . import chain, fidelity, path_bound, recorded
+from . import arrows, chain, fidelity, path_bound, recorded, speed
 from .chain import CONVENTIONS, check_chain_rule, log_likelihood, log_target, round_masks
 
-__all__ = ["chain", "fidelity", "path_bound", "recorded", "tune", "CONVENTIONS", "check_chain_rule", "log_likelihood",
-           "log_target", "round_masks"]
+__all__ = ["arrows", "chain", "fidelity", "path_bound", "recorded", "speed", "tune", "objective", "exact_tune",
+           "CONVENTIONS", "check_chain_rule", "log_likelihood", "log_target", "round_masks"]
+
+_LAZY = ("tune", "objective", "exact_tune")      # scipy / JAX on first use
 
 
 def __getattr__(name):
-    if name == "tune":               # scipy on first use
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module(".tune", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
