@@ -230,13 +230,14 @@ def generate(args) -> dict:
         with atomic_file(args.record) as fh:
             np.savez_compressed(fh, **arrs)
         out["record"] = str(args.record)
-    elif args.record:
-        recs = [r for g in gens for r in g.rounds]
-        p, q, d, nd = engine.records_to_arrays(recs, args.L)
-        image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
+    elif args.record:        # chain rounds with their starts and the run's stamp (coolsd tune's speed model)
+        from coolsd.rowfiles import record_arrays, run_stamp
+
+        stamp = run_stamp(args.model, bundle, proc, args.L, method=method, images=len(gens), seed=args.seed)
+        if jac is not None:
+            stamp["draft"] = "jacobi"
         with atomic_file(args.record) as fh:
-            np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd, image=image,
-                                accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
+            np.savez_compressed(fh, **record_arrays(gens, args.L, stamp))
         out["record"] = str(args.record)
     fid = None
     if getattr(args, "fidelity", False):     # exact per-image likelihoods of the images just made
