@@ -45,9 +45,11 @@ def _record(P, Qs, T, n_images, seed, conv, s0=0, per_row=None):
     rng = np.random.default_rng(seed)
     V, L = P.shape[0], Qs.shape[0]
     out = {k: [] for k in ("p", "q", "d", "nd", "image", "start")}
+    calls = np.zeros(n_images)                       # target calls per image (every round, drafted or not)
     for img in range(n_images):
         n, prev = 0, s0
         while n < T:
+            calls[img] += 1
             Lp = 0 if (conv == "eagle" and n == 0) else min(L, T - n - 1)
             if Lp == 0:
                 prev, n = rng.choice(V, p=P[prev]), n + 1
@@ -71,7 +73,9 @@ def _record(P, Qs, T, n_images, seed, conv, s0=0, per_row=None):
                 out[k].append(v)
             n, prev = n + acc + 1, nxt
     rows = Rows(*(np.array(out[k]) for k in ("p", "q", "d", "nd", "image")))
-    return arrows.StampedRecord(rows, np.array(out["start"]), _stamp(L, T, V, conv, per_row=per_row or T))
+    rec = arrows.StampedRecord(rows, np.array(out["start"]), _stamp(L, T, V, conv, per_row=per_row or T))
+    rec.calls = calls
+    return rec
 
 
 def _scalar_f(family, theta, L):
@@ -264,8 +268,12 @@ def test_speed_model_is_chain_prediction():
         fd = [(sm.tokens_per_call(et.f_at_drafts(sm, fam, theta + 1e-6 * e, 3))
                - sm.tokens_per_call(et.f_at_drafts(sm, fam, theta - 1e-6 * e, 3))) / 2e-6 for e in np.eye(theta.size)]
         np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-8)
-    boot = sm.bootstrap(et.f_at_drafts(sm, "free", np.zeros(3), 3), n_boot=50)
+    boot = sm.bootstrap(et.f_at_drafts(sm, "free", np.zeros(3), 3), n_boot=200)
     assert boot["ci95"][0] < boot["tokens_per_call"] < boot["ci95"][1]
+    # vanilla's prediction against the run itself: T / mean target calls per image (prefill and end rounds included)
+    measured = 12 / rec.calls.mean()
+    se = 12 * rec.calls.std(ddof=1) / math.sqrt(rec.calls.size) / rec.calls.mean() ** 2
+    assert abs(boot["tokens_per_call"] - measured) < 3 * se and se < 0.03 * measured
 
 
 # --------------------------------------------------------------------------- the tuner: a planted optimum
