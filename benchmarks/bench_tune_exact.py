@@ -1,4 +1,4 @@
-"""One evaluation of the exact-law objective (``theory.likelihood.objective``, docs/theory.md section 11b) on one core.
+"""One evaluation of the exact-law objective (``theory.likelihood.objective``, docs/theory.md section 8c) on one core.
 
 (a) KL(P||P^) and TV of one candidate schedule (free weights 2.0, 1.5, 1.2, 1.0; and the row-conditioned entropy
     family) on N plain-AR MNIST images (default 2,000; T = 49, V = 512, L = 4, EAGLE rows q (N, T, L, V), CFG 2):

@@ -1,4 +1,4 @@
-"""Stamped row files for the exact-law tuner (docs/theory.md section 11b; ``theory.likelihood.arrows``).
+"""Stamped row files for the exact-law tuner (docs/theory.md section 8c; ``theory.likelihood.arrows``).
 
 * ``run_stamp(model, bundle, processing, L, **extra)``: the stamp of a run (model, draft kind, processing, L, the
   likelihood convention of its draft, T, V, tokens per image row), shared by ``coolsd generate --record`` and the AR

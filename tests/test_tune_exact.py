@@ -1,5 +1,5 @@
 """The exact-law objective, its speed model and tuner (theory.likelihood.objective / speed / exact_tune, the row-scaled
-rule, coolsd tune; docs/theory.md section 11b): against an independent enumeration of the SD process, the exact
+rule, coolsd tune; docs/theory.md section 8c): against an independent enumeration of the SD process, the exact
 likelihood, coolsd demo's speed prediction, a planted optimum with a negative control, and the CLI's refusals."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`coolsd tune`: an acceptance schedule tuned to a model (docs/theory.md sections 8b and 11b).
+"""`coolsd tune`: an acceptance schedule tuned to a model (docs/theory.md sections 8b and 8c).
 
 Objective "kl" (default) / "tv": the exact KL(P||P^) per token / TV of the rule on plain-AR images (their
 teacher-forced rows: ``--ar-rows FILE``, or ``--model M --ar-images N`` to make them), against the tokens per

@@ -4,7 +4,7 @@ Holds ``chain`` (the exact law P^(x) of chain-drafted output, T12, and log P(x);
 (TV and KL to the target with 95% intervals), ``recorded`` (T10-T11 predictions from recorded rounds, the recorded
 row classes and their loader), ``path_bound`` (the per-image bound from an image's own path), ``tune`` (schedules
 tuned on the per-round bound, section 8b), ``speed`` (tokens per call predicted from recorded vanilla rounds, as
-``coolsd demo`` does), ``arrows`` (stamped AR rows and records) and, for section 11b, ``objective`` (KL(P||P^) and TV
+``coolsd demo`` does), ``arrows`` (stamped AR rows and records) and, for section 8c, ``objective`` (KL(P||P^) and TV
 of a rule family on AR images, exactly, with gradients) and ``exact_tune`` (schedules tuned on them). ``tune``,
 ``objective`` and ``exact_tune`` import scipy / JAX and are loaded on first use.
 

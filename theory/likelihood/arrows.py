@@ -1,4 +1,4 @@
-"""Stamped inputs of the exact-law tuner (docs/theory.md section 11b): the teacher-forced rows of plain-AR images and
+"""Stamped inputs of the exact-law tuner (docs/theory.md section 8c): the teacher-forced rows of plain-AR images and
 the recorded vanilla rounds, each with the stamp of the model and processing that produced them.
 
 * ``ARRows``: rows of n images drawn from the target P (plain AR, or a lossless vanilla SD run: its images are

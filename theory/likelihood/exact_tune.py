@@ -1,4 +1,4 @@
-"""Schedules tuned on the exact law (docs/theory.md section 11b): the fidelity of a rule family measured exactly on
+"""Schedules tuned on the exact law (docs/theory.md section 8c): the fidelity of a rule family measured exactly on
 plain-AR images (``objective.ExactObjective``: KL(P||P^) per token or TV) traded against its speed predicted from
 recorded vanilla rounds (``speed.SpeedModel``: tokens per target call as ``coolsd demo`` / ``coolsd sweep`` predict
 it), or against the per-round T11 bound of section 8b (objective "bound"), on the same speed scale.

@@ -1,5 +1,5 @@
 """KL(P||P^) and TV(P^, P) of a rule family on plain-AR images, exactly and with exact gradients (docs/theory.md
-section 11b).
+section 8c).
 
 For n images x drawn from the target P (plain AR, or a vanilla SD run) with teacher-forced rows (``ARRows``),
 

@@ -1,4 +1,4 @@
-"""Predicted tokens per target call from recorded vanilla rounds (docs/theory.md sections 8 and 11b), as
+"""Predicted tokens per target call from recorded vanilla rounds (docs/theory.md sections 8 and 8c), as
 ``coolsd demo`` and ``coolsd sweep`` predict it (``coolsd.studies.demo.predict.chain_prediction`` calls the two
 functions below), in array-API code so that the exact-law tuner differentiates it (JAX).
 

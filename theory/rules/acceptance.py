@@ -86,7 +86,7 @@ def row_feature(p, feature: str, xp=None):
 
 @dataclass(frozen=True, eq=False)
 class RowScaled:
-    """Row-conditioned scaled acceptance (docs/theory.md section 11b): f_i(x) = min(1, w_i(p) p(x)/q(x)) with
+    """Row-conditioned scaled acceptance (docs/theory.md section 8c): f_i(x) = min(1, w_i(p) p(x)/q(x)) with
     w_i(p) = c_i exp(b phi(p)), c_i > 0 from a schedule, b the ``slope`` (a float, or a 0-d array: traceable) and
     phi = ``row_feature(p, feature)`` of the target row the draft is verified against (its entropy, or its largest
     probability). b = 0 is ``Scaled(schedule)``; b > 0 with the entropy relaxes more where many tokens are nearly

@@ -336,7 +336,7 @@ class RowSchedule:
 
 
 def row_schedule_value(spec) -> RowSchedule:
-    """The ``row-scaled`` method's schedule (docs/theory.md section 11b): the path of a schedule.json written by
+    """The ``row-scaled`` method's schedule (docs/theory.md section 8c): the path of a schedule.json written by
     ``coolsd tune --family entropy|maxp`` (keys "weights", "slope", "feature"), a dict with those keys, or inline
     "FEATURE:SLOPE:W1,W2,..." (e.g. "entropy:0.5:2,1.2,1,1")."""
     import json
