@@ -57,6 +57,7 @@ def _generate(bundle, processing, L: int | None, seed: int, batch_size: int, rec
     from real.decode.engine import generate
 
     draft = None if verifier is None else bundle.draft
+    batch_size = min(batch_size, len(bundle.conds))
     return generate(bundle.target, draft, bundle.conds, num_tokens=bundle.num_tokens, verifier=verifier,
                     L=None if verifier is None else L, processing=processing, seed=seed, batch_size=batch_size,
                     record_rows=record)

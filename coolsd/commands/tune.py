@@ -51,9 +51,9 @@ def register(sub):
                         "target row's entropy or max probability (method row-scaled)")
     t.add_argument("--fit-fraction", type=float, default=0.5, help="AR images the search uses (the rest: held out)")
     t.add_argument("--out", default=None, help="write the schedule JSON here (coolsd generate --weights / --schedule)")
-    t.add_argument("--validate", action="store_true", help="unstamped-record bound tuner: fit/held-out halves")
-    t.add_argument("--frontier", type=int, default=0, metavar="N", help="unstamped-record bound tuner: frontier points")
-    t.add_argument("--max-rounds", type=int, default=None, help="unstamped-record bound tuner: subsample of rounds")
+    t.add_argument("--validate", action="store_true", help="section 8b tuner (--objective bound): fit/held-out halves")
+    t.add_argument("--frontier", type=int, default=0, metavar="N", help="section 8b tuner: frontier points")
+    t.add_argument("--max-rounds", type=int, default=None, help="section 8b tuner: subsample of rounds")
     t.add_argument("--seed", type=int, default=0, help="fit/held-out split and bootstrap; AR images (record: seed + 1)")
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.set_defaults(func=run)
@@ -127,9 +127,12 @@ def run(args) -> int:
                                  f"exact-law objectives need one: record it again with coolsd generate --method vanilla "
                                  f"--record FILE (or use --objective bound, the section 8b tuner)")
             return _legacy(args, validate.record_file("--record", args.record))
-    for flag in ("validate", "max_rounds"):
-        if getattr(args, flag) not in (None, False):
-            raise ValueError(f"--{flag.replace('_', '-')} applies to the section 8b tuner of unstamped records only")
+    legacy_flags = [f for f in ("validate", "max_rounds", "frontier") if getattr(args, f) not in (None, False, 0)]
+    if legacy_flags and args.objective == "bound" and rec is not None and args.ar_rows is None and args.model is None:
+        return _legacy(args, rec.rows)          # section 8b's tuner with its --validate / --frontier / --max-rounds
+    if legacy_flags:
+        raise ValueError(f"--{legacy_flags[0].replace('_', '-')} belongs to the section 8b tuner (--objective bound "
+                         "with --record only)")
     ar = arrows.load_ar_rows(args.ar_rows, "--ar-rows") if args.ar_rows else None
     if ar is not None and rec is not None:
         arrows.check_stamps(ar.stamp, rec.stamp, "--ar-rows vs --record")
@@ -235,7 +238,8 @@ def _format(res, out: dict, args) -> str:
 
 
 def _legacy(args, rows) -> int:
-    """The section 8b tuner on an unstamped record (T11 at 1 + mean T10 per drafted round)."""
+    """The section 8b tuner (T11 at 1 + mean T10 per drafted round): an unstamped record, or --objective bound with
+    its --validate / --frontier / --max-rounds."""
     import numpy as np
 
     from theory.likelihood import tune
@@ -250,8 +254,7 @@ def _legacy(args, rows) -> int:
                     seed=args.seed)
     out = {**res.to_dict(), "L": rows.L, "rounds": rows.R, "record": args.record, "objective": "bound",
            "vanilla_tokens_per_call": tune.reachable(rows, "free")[0],
-           "tokens_per_call_definition": "1 + mean predicted accepted drafts per drafted round (section 8b; the record "
-                                         "has no stamp)"}
+           "tokens_per_call_definition": "1 + mean predicted accepted drafts per drafted round (section 8b)"}
     if args.validate:
         out["validation"] = tune.split_validation(rows, args.family, tokens_per_call=args.tokens_per_call,
                                                   bound_budget=args.bound_budget, seed=args.seed)
@@ -262,8 +265,8 @@ def _legacy(args, rows) -> int:
         print(json.dumps(_finite(out)))
         return 0
     key = "levels" if res.family == "level" else "weights"
-    print(f"{res.family} schedule ({key}): {', '.join(f'{v:.4g}' for v in res.values)}  [objective bound; unstamped "
-          "record: tokens per call = 1 + mean accepted drafts per drafted round]")
+    print(f"{res.family} schedule ({key}): {', '.join(f'{v:.4g}' for v in res.values)}  [objective bound, section 8b: "
+          "tokens per call = 1 + mean accepted drafts per drafted round]")
     print(f"  predicted tokens per call {res.tokens_per_call:.4f} +- {res.tokens_per_call_se:.4f}  "
           f"(vanilla {out['vanilla_tokens_per_call']:.4f})")
     print(f"  predicted TV bound / round {res.bound:.4f} +- {res.bound_se:.4f}")
