@@ -121,7 +121,7 @@ def _shift(family: str, theta: np.ndarray, s: float) -> np.ndarray:
     return tune._shift(family, t, s)
 
 
-def _polish(fn, family, theta, value, increasing_ok=True):
+def _polish(fn, family, theta, value):
     """theta shifted along the scale so that fn(theta)[0] = value (bracketed brentq); None when no shift in
     [-128, 128] brackets it."""
     g = lambda s: fn(_shift(family, theta, s))[0] - value  # noqa: E731
