@@ -260,3 +260,51 @@ def theory_by_enumeration(P, Q, rule, L, init):
         b += mu[s] * bound(P, Q, rule, L, s)
         t += mu[s] * tv(law, target_law(P, L, s))
     return e, b, t
+
+
+# ----------------------------------------------------------------------------- whole sequences (T tokens, many rounds)
+
+def sequence_law(prow, qrow, f_rule, g_rule, L, T, convention="theory"):
+    """Law of the T tokens chain SD emits (dict tuple -> prob), by enumerating whole rounds: every draft, accept /
+    reject outcome, replacement and target token (docs/theory.md sections 1 and 7). prow(prefix) -> the target row,
+    qrow(prefix, i) -> the draft row of the i-th draft, f_rule(i, p, q) -> f (list), g_rule(p, q, f, rejected) -> G
+    (list). A round starting with n tokens drafts min(L, T - n - 1) (none at n = 0 under "eagle")."""
+    law: dict[tuple, float] = {}
+    V = len(prow(()))
+
+    def rounds(prefix, prob):
+        n = len(prefix)
+        if n >= T:
+            law[prefix] = law.get(prefix, 0.0) + prob
+            return
+        Lp = 0 if (convention == "eagle" and n == 0) else min(L, T - n - 1)
+        drafts(prefix, prob, 0, Lp)
+
+    def drafts(cur, prob, i, Lp):
+        if prob == 0:
+            return
+        p = list(prow(cur))
+        if i == Lp:
+            for x in range(V):
+                if p[x] > 0:
+                    rounds(cur + (x,), prob * p[x])
+            return
+        q = list(qrow(cur, i + 1))
+        f = f_rule(i + 1, p, q)
+        for y in range(V):
+            if q[y] == 0:
+                continue
+            drafts(cur + (y,), prob * q[y] * f[y], i + 1, Lp)
+            if f[y] < 1:
+                g = g_rule(p, q, f, y)
+                for x in range(V):
+                    if g[x] > 0:
+                        rounds(cur + (x,), prob * q[y] * (1 - f[y]) * g[x])
+
+    rounds((), 1.0)
+    return law
+
+
+def entropy(p):
+    """-sum p log p over p > 0 (nats)."""
+    return -sum(v * math.log(v) for v in p if v > 0)

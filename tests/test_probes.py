@@ -71,7 +71,7 @@ def files(tmp_path_factory):
 G = ["generate", "--json"]
 GM = G + ["--model", "mnist"]
 SW = ["sweep", "--out", "sw_out", "--model", "mnist", "--images", "2", "--unit-images", "2"]
-TU = ["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2"]
+TU = ["tune", "--objective", "bound", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2"]
 TB = ["theory", "table"]
 AN = ["theory", "anneal", "--out", "an_out"]
 SV = ["sim", "validate"]
@@ -209,7 +209,7 @@ CLI_PROBES = [
     (TU + ["--max-rounds", "1"], "--max-rounds"),
     (TU + ["--frontier", "-1"], "--frontier"),
     (TU + ["--seed", "-1"], "--seed"),
-    (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "99"], "tokens_per_call"),
+    (["tune", "--objective", "bound", "--record", "{f}/rows.npz", "--tokens-per-call", "99"], "tokens_per_call"),
     # theory
     (TB + ["--V", "4", "--L", "1000000"], "--L"),                           # 26
     (TB + ["--V", "1"], "--V"),

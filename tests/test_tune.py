@@ -248,15 +248,18 @@ def test_tune_cli(setup, tmp_path, capsys):
     van, top = tune.reachable(sub, "uniform")
     out = tmp_path / "schedule.json"
     mid = 0.5 * (van + top)
-    assert main(["tune", "--record", str(path), "--tokens-per-call", str(mid), "--family", "uniform",
-                 "--out", str(out)]) == 0
+    assert main(["tune", "--objective", "bound", "--record", str(path), "--tokens-per-call", str(mid), "--family",
+                 "uniform", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     assert len(d["weights"]) == L and abs(d["predicted_tokens_per_call"] - mid) < 1e-7
     capsys.readouterr()
-    assert main(["tune", "--record", str(path), "--tokens-per-call", str(top + 0.5)]) == 2
+    assert main(["tune", "--objective", "bound", "--record", str(path), "--tokens-per-call", str(top + 0.5)]) == 2
     err = capsys.readouterr().err
     assert "reachable range" in err and f"{van:.6g}" in err and f"{top:.6g}" in err
     assert main(["tune", "--record", str(tmp_path / "missing.npz"), "--tokens-per-call", "2"]) == 2
+    capsys.readouterr()
+    assert main(["tune", "--record", str(path), "--tokens-per-call", str(mid)]) == 2     # kl (default) needs a stamp
+    assert "no stamp" in capsys.readouterr().err
 
 
 def test_generate_scaled_weights(tmp_path, capsys):

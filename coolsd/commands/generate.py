@@ -211,7 +211,6 @@ def _write_record(args, ctx: dict, gens: list) -> None:
 
     import numpy as np
 
-    from real.decode import engine
 
     spec, mode = ctx["spec"], ctx["mode"]
     if spec.kind == "dynamic":   # per-round trees (theory.likelihood.recorded.DynamicRows)
@@ -231,12 +230,14 @@ def _write_record(args, ctx: dict, gens: list) -> None:
         with atomic_file(args.record) as fh:
             np.savez_compressed(fh, **arrs)
         return
-    recs = [r for g in gens for r in g.rounds]
-    p, q, d, nd = engine.records_to_arrays(recs, spec.max_depth)
-    image = np.array([i for i, g in enumerate(gens) for r in g.rounds if r.drafted > 0], dtype=np.int64)
+    from coolsd.rowfiles import record_arrays, run_stamp   # chain rounds with their starts and the run's stamp
+
+    stamp = run_stamp(args.model, ctx["bundle"], ctx["proc"], spec.max_depth, method=ctx["method"], images=len(gens),
+                      seed=args.seed)
+    if spec.kind not in ("chain", "tree", "dynamic"):
+        stamp["draft"] = spec.kind
     with atomic_file(args.record) as fh:
-        np.savez_compressed(fh, p=p, q=q, drafts=d, n_drafted=nd, image=image,
-                            accepted=np.array([r.accepted for r in recs if r.drafted > 0]))
+        np.savez_compressed(fh, **record_arrays(gens, spec.max_depth, stamp))
 
 
 def _fidelity(args, ctx: dict, gens: list) -> dict:

@@ -1,84 +1,280 @@
-"""`coolsd tune`: an acceptance schedule tuned to a model's recorded rounds (theory.likelihood.tune).
+"""`coolsd tune`: an acceptance schedule tuned to a model (docs/theory.md sections 8b and 8c).
 
-  coolsd generate --model mnist --method vanilla --num-images 150 --record rows.npz
-  coolsd tune --record rows.npz --tokens-per-call 3.2 --out schedule.json
-  coolsd tune --record rows.npz --bound-budget 0.3 --family exponential --out schedule.json
-  coolsd generate --model mnist --method scaled --weights schedule.json
+Objective "kl" (default) / "tv": the exact KL(P||P^) per token / TV of the rule on plain-AR images (their
+teacher-forced rows: ``--ar-rows FILE``, or ``--model M --ar-images N`` to make them), against the tokens per
+target call predicted from a recorded vanilla run (``--record``, ``coolsd generate --record``; or made with
+``--record-images N``). Objective "bound": the per-round T11 bound (section 8b; an unstamped record runs the
+earlier tuner, whose tokens per call are 1 + the mean accepted drafts per drafted round).
+
+  coolsd generate --model mnist --draft eagle --method vanilla --num-images 200 --record rec.npz
+  coolsd tune --record rec.npz --model mnist --ar-images 2000 --save-ar-rows ar.npz --kl-budget 0.01 --out s.json
+  coolsd tune --record rec.npz --ar-rows ar.npz --tokens-per-call 3.3 --family entropy --out e.json
+  coolsd generate --model mnist --draft eagle --method scaled --weights s.json
+  coolsd generate --model mnist --draft eagle --method row-scaled --schedule e.json
 """
 from __future__ import annotations
 
 import json
+import math
+import os
+
+FAMILIES = ("free", "uniform", "exponential", "linear", "level", "entropy", "maxp")
 
 
 def register(sub):
-    t = sub.add_parser("tune", help="tune an acceptance schedule on recorded rounds (coolsd generate --record)")
-    t.add_argument("--record", required=True, help=".npz of recorded rows (coolsd generate --record)")
+    t = sub.add_parser("tune", help="tune an acceptance schedule on the exact law (AR images) or the bound (records)")
+    t.add_argument("--objective", choices=["kl", "tv", "bound"], default=None,
+                   help="kl (default; a budget implies its own): KL(P||P^) per token on AR images; tv: TV on AR images; "
+                        "bound: the per-round T11 bound (section 8b)")
     g = t.add_mutually_exclusive_group(required=True)
     g.add_argument("--tokens-per-call", type=float, default=None,
-                   help="target predicted tokens per target call (1 + mean accepted drafts per round)")
-    g.add_argument("--bound-budget", type=float, default=None, help="budget on the mean predicted TV bound per round (T11)")
-    t.add_argument("--family", default="free", choices=["free", "uniform", "exponential", "linear", "level"],
-                   help="schedule family (default free: any w_1..w_L)")
-    t.add_argument("--out", default=None, help="write the schedule JSON here (for coolsd generate --weights)")
-    t.add_argument("--validate", action="store_true",
-                   help="also fit on half of the recorded images and predict on the other half (with bootstrap CIs)")
-    t.add_argument("--frontier", type=int, default=0, metavar="N",
-                   help="also report each family's predicted frontier at N targets (slow: minutes on real rows)")
-    t.add_argument("--max-rounds", type=int, default=None,
-                   help="fit on a seeded subsample of this many rounds (default: all)")
-    t.add_argument("--seed", type=int, default=0)
+                   help="target predicted tokens per target call (the objective is minimised there)")
+    g.add_argument("--kl-budget", type=float, default=None, help="fastest schedule with KL(P||P^) <= X nats per token")
+    g.add_argument("--tv-budget", type=float, default=None, help="fastest schedule with TV(P^, P) <= X")
+    g.add_argument("--bound-budget", type=float, default=None, help="fastest schedule with mean T11 bound per round <= X")
+    t.add_argument("--record", default=None, help=".npz of recorded vanilla rounds (coolsd generate --record)")
+    t.add_argument("--ar-rows", default=None, help=".npz of AR images' teacher-forced rows (--save-ar-rows makes one)")
+    m = t.add_argument_group("making the inputs from a model (real.registry)")
+    m.add_argument("--model", default=None, help="make the AR rows (and, without --record, the record) with this model")
+    m.add_argument("--draft", default=None, help="draft kind (default: the record's, else the model's)")
+    m.add_argument("--L", type=int, default=None, help="draft length (default: the record's, else 4)")
+    m.add_argument("--ar-images", type=int, default=None, help="AR images to draw and score")
+    m.add_argument("--ar-source", choices=["ar", "vanilla"], default="ar",
+                   help="draw the AR images by plain AR (default) or a vanilla SD run (distributed as P too)")
+    m.add_argument("--record-images", type=int, default=None, help="without --record: images of the vanilla run")
+    m.add_argument("--save-ar-rows", default=None, help="write the AR rows made here (npz with stamp)")
+    m.add_argument("--save-record", default=None, help="write the record made here")
+    m.add_argument("--batch-size", type=int, default=64)
+    m.add_argument("--device", default="cpu")
+    t.add_argument("--family", default="free", choices=list(FAMILIES),
+                   help="schedule family (default free: any w_1..w_L); entropy / maxp: w_i = exp(a_i + b phi(p)), the "
+                        "target row's entropy or max probability (method row-scaled)")
+    t.add_argument("--fit-fraction", type=float, default=0.5, help="AR images the search uses (the rest: held out)")
+    t.add_argument("--out", default=None, help="write the schedule JSON here (coolsd generate --weights / --schedule)")
+    t.add_argument("--validate", action="store_true", help="section 8b tuner (--objective bound): fit/held-out halves")
+    t.add_argument("--frontier", type=int, default=0, metavar="N", help="section 8b tuner: frontier points")
+    t.add_argument("--max-rounds", type=int, default=None, help="section 8b tuner: subsample of rounds")
+    t.add_argument("--seed", type=int, default=0, help="fit/held-out split and bootstrap; AR images (record: seed + 1)")
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.set_defaults(func=run)
 
 
-def run(args) -> int:
-    import numpy as np
-
-    from coolsd import validate
+def _check_args(args, checks) -> None:
+    """Numbers and paths, before any file is read or model built."""
     from coolsd.io import check_output_file
-    from theory.core import checks
-    from theory.likelihood import tune
 
+    for flag in ("kl_budget", "tv_budget", "bound_budget"):
+        v = getattr(args, flag)
+        if v is not None:
+            name = "--" + flag.replace("_", "-")
+            checks.real(name, v)
+            if not (v > 0 or (flag == "bound_budget" and v == 0)):   # a bound budget of 0: the lossless rule (issue 26)
+                raise ValueError(f"{name} must be > 0 (0 is the lossless rule itself: vanilla), got {v:g}")
+            implied = flag.split("_")[0]
+            if args.objective not in (None, implied):
+                raise ValueError(f"{name} bounds the {implied.upper()}: use --objective {implied} (or none), not "
+                                 f"--objective {args.objective}")
+            args.objective = implied
+    args.objective = args.objective or "kl"
+    if args.tokens_per_call is not None:
+        checks.real("--tokens-per-call", args.tokens_per_call, 1)
     if args.max_rounds is not None:
         checks.integer("--max-rounds", args.max_rounds, lo=2)
     checks.integer("--frontier", args.frontier, lo=0)
     checks.seed(args.seed, "--seed")
-    if args.tokens_per_call is not None:
-        checks.real("--tokens-per-call", args.tokens_per_call, 1)
-    if args.bound_budget is not None:
-        checks.real("--bound-budget", args.bound_budget, 0)
-    if args.out is not None:          # checked now: a refused path costs nothing, not a minute of tuning
-        args.out = str(check_output_file("--out", args.out))
-    rows = validate.record_file("--record", args.record)     # read and checked whole, before any tuning
+    checks.real("--fit-fraction", args.fit_fraction, 0, 1, lo_open=True, hi_open=True)
+    for flag in ("ar_images", "record_images", "L", "batch_size"):
+        if getattr(args, flag) is not None:
+            checks.integer("--" + flag.replace("_", "-"), getattr(args, flag), lo=1)
+    if args.record is None and args.model is None:
+        raise ValueError("--record: give the recorded vanilla rounds (coolsd generate --record FILE), or --model to "
+                         "record them here")
+    if args.ar_rows is not None and args.ar_images is not None:
+        raise ValueError("give --ar-rows FILE or --ar-images N (with --model), not both")
+    if args.ar_images is not None and args.model is None:
+        raise ValueError("--ar-images makes AR rows from a model: give --model too")
+    if args.record is None and args.record_images is None:
+        raise ValueError("without --record, give --record-images N (the vanilla run to record) with --model")
+    ins = {os.path.abspath(p): f for f, p in (("--record", args.record), ("--ar-rows", args.ar_rows)) if p}
+    outs = {}
+    for flag, suffix in (("--out", None), ("--save-ar-rows", ".npz"), ("--save-record", ".npz")):
+        dest = flag[2:].replace("-", "_")
+        p = getattr(args, dest)
+        if p is None:
+            continue
+        p = str(check_output_file(flag, p, suffix))
+        a = os.path.abspath(p)
+        if a in ins:
+            raise ValueError(f"{flag} {p!r} is the input {ins[a]}: an output may not overwrite an input")
+        if a in outs:
+            raise ValueError(f"{flag} {p!r} is also {outs[a]}: give two different files")
+        outs[a] = flag
+        setattr(args, dest, p)
+
+
+def run(args) -> int:
+    from coolsd import validate
+    from theory.core import checks
+    from theory.likelihood import arrows
+
+    _check_args(args, checks)
+    rec = None
+    if args.record is not None:
+        rec = arrows.load_record(args.record, "--record", legacy=True)     # read and checked whole, now
+        if not isinstance(rec, arrows.StampedRecord):
+            if args.objective != "bound":
+                raise ValueError(f"--record: {args.record!r} has no stamp (recorded before stamps were written); the "
+                                 f"exact-law objectives need one: record it again with coolsd generate --method vanilla "
+                                 f"--record FILE (or use --objective bound, the section 8b tuner)")
+            return _legacy(args, validate.record_file("--record", args.record))
+    legacy_flags = [f for f in ("validate", "max_rounds", "frontier") if getattr(args, f) not in (None, False, 0)]
+    if legacy_flags and args.objective == "bound" and rec is not None and args.ar_rows is None and args.model is None:
+        return _legacy(args, rec.rows)          # section 8b's tuner with its --validate / --frontier / --max-rounds
+    if legacy_flags:
+        raise ValueError(f"--{legacy_flags[0].replace('_', '-')} belongs to the section 8b tuner (--objective bound "
+                         "with --record only)")
+    ar = arrows.load_ar_rows(args.ar_rows, "--ar-rows") if args.ar_rows else None
+    if ar is not None and rec is not None:
+        arrows.check_stamps(ar.stamp, rec.stamp, "--ar-rows vs --record")
+    if args.model is not None:
+        rec, ar = _make(args, rec, ar)
+    objective = args.objective
+    if objective in ("kl", "tv") and ar is None:
+        raise ValueError("the kl / tv objectives need AR rows: --ar-rows FILE, or --model M --ar-images N")
+    from theory.likelihood import exact_tune
+
+    res = exact_tune.tune_exact(ar, rec, args.family, objective, tokens_per_call=args.tokens_per_call,
+                                kl_budget=args.kl_budget, tv_budget=args.tv_budget, bound_budget=args.bound_budget,
+                                seed=args.seed, fit_fraction=args.fit_fraction)
+    out = {**res.to_dict(), "record": args.record or args.save_record, "ar_rows": args.ar_rows or args.save_ar_rows,
+           "tokens_per_call_definition": "T / expected target calls per image (coolsd demo's renewal over positions, "
+                                         "from the recorded vanilla rounds: theory.likelihood.speed)"}
+    _write(args, out)
+    if args.json:
+        print(json.dumps(_finite(out), allow_nan=False))
+    else:
+        print(_format(res, out, args))
+    return 0
+
+
+def _make(args, rec, ar):
+    """Make the missing inputs from ``--model`` (AR rows; the record without --record), with the record's draft, L
+    and processing when there is one; stamps compared before any model is built when they can be."""
+    from coolsd import rowfiles
+    from theory.likelihood import arrows
+
+    st = rec.stamp if rec is not None else None
+    if st is not None:
+        for flag, val, key in (("--model", args.model, "model"), ("--draft", args.draft, "draft"), ("--L", args.L, "L")):
+            if val is not None and val != st[key]:
+                raise ValueError(f"{flag} {val!r} does not match the record's stamp ({key} = {st[key]!r})")
+    draft = args.draft or (st["draft"] if st else None)
+    L = args.L or (st["L"] if st else 4)
+    proc = dict(st["processing"]) if st else {}
+    if rec is None:
+        arrays = rowfiles.make_record(args.model, args.record_images, draft=draft, L=L, seed=args.seed + 1,
+                                      batch_size=args.batch_size, device=args.device, **proc)
+        if args.save_record:
+            rowfiles.save_record(args.save_record, arrays)
+        rec = arrows.StampedRecord(arrows.Rows(arrays["p"], arrays["q"], arrays["drafts"], arrays["n_drafted"],
+                                               arrays["image"]), arrays["start"], json.loads(str(arrays["stamp"])))
+        draft, proc = rec.stamp["draft"], dict(rec.stamp["processing"])
+    if ar is None and args.ar_images is not None:
+        ar = rowfiles.make_ar_rows(args.model, args.ar_images, draft=draft, L=L, seed=args.seed, source=args.ar_source,
+                                   batch_size=args.batch_size, device=args.device, **proc)
+        arrows.check_stamps(ar.stamp, rec.stamp, "AR rows made here vs --record")
+        if args.save_ar_rows:
+            rowfiles.save_ar_rows(args.save_ar_rows, ar)
+    return rec, ar
+
+
+def _write(args, out: dict) -> None:
+    if args.out:
+        from coolsd.io import atomic_file
+
+        with atomic_file(args.out, "w") as f:
+            f.write(json.dumps(_finite(out), indent=2, allow_nan=False) + "\n")
+
+
+def _finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _ci(d) -> str:
+    if not d or d.get("measured") is None:
+        return (d or {}).get("reason", "-")
+    return f"{d['measured']:.5g} (95% CI {d['ci'][0]:.5g}-{d['ci'][1]:.5g}; {d['n']} images)"
+
+
+def _format(res, out: dict, args) -> str:
+    key = "levels" if res.family == "level" else "weights"
+    what = {"target": f"at {res.constraint:.4g} predicted tokens per call",
+            "budget": f"fastest with {res.objective.upper()} <= {res.constraint:.4g}"
+                      f"{' nats per token' if res.objective == 'kl' else ''}"}[res.mode]
+    lines = [f"{res.family} schedule ({key}): {', '.join(f'{v:.4g}' for v in out[key])}"
+             + (f"; slope {out['slope']:.4g} on the row's {out['feature']}" if "slope" in out else "")
+             + f"  [objective {res.objective}, {what}]",
+             f"  predicted tokens per call {res.speed['tokens_per_call']:.4f} (95% CI {res.speed['ci95'][0]:.4f}-"
+             f"{res.speed['ci95'][1]:.4f}; vanilla {res.vanilla_tokens_per_call:.4f}, all drafts accepted "
+             f"{res.max_tokens_per_call:.4f})"]
+    if res.fit is not None:
+        lines.append(f"  fit ({res.fit['images']} images): KL(P||P^) {res.fit['kl']:.5g} nats/token, TV {res.fit['tv']:.4g}")
+    if res.heldout is not None:
+        kl = res.heldout["kl"].get("per_token")
+        kl_txt = (f"{kl['measured']:.5g} nats/token (95% CI {kl['ci'][0]:.5g}-{kl['ci'][1]:.5g})" if kl
+                  else res.heldout["kl"].get("reason", "-"))
+        lines.append(f"  held out ({res.heldout['images']} images, log_likelihood): KL(P||P^) {kl_txt}, "
+                     f"TV {_ci(res.heldout['tv'])}")
+    lines.append(f"  predicted T11 bound per round {res.bound:.4f}")
+    if args.out:
+        lines.append(f"  wrote {args.out}")
+    return "\n".join(lines)
+
+
+def _legacy(args, rows) -> int:
+    """The section 8b tuner (T11 at 1 + mean T10 per drafted round): an unstamped record, or --objective bound with
+    its --validate / --frontier / --max-rounds."""
+    import numpy as np
+
+    from theory.likelihood import tune
+
+    if args.tokens_per_call is None and args.bound_budget is None:
+        raise ValueError("an unstamped record tunes the bound only: give --tokens-per-call or --bound-budget")
     if args.max_rounds is not None and rows.R > args.max_rounds:
         rows = rows.subset(np.sort(np.random.default_rng(args.seed).choice(rows.R, args.max_rounds, replace=False)))
+    if args.family in ("entropy", "maxp"):
+        raise ValueError(f"--family {args.family}: the unstamped-record bound tuner has the position families only")
     res = tune.tune(rows, args.family, tokens_per_call=args.tokens_per_call, bound_budget=args.bound_budget,
                     seed=args.seed)
-    out = {**res.to_dict(), "L": rows.L, "rounds": rows.R, "record": args.record,
-           "vanilla_tokens_per_call": tune.reachable(rows, "free")[0]}
+    out = {**res.to_dict(), "L": rows.L, "rounds": rows.R, "record": args.record, "objective": "bound",
+           "vanilla_tokens_per_call": tune.reachable(rows, "free")[0],
+           "tokens_per_call_definition": "1 + mean predicted accepted drafts per drafted round (section 8b)"}
     if args.validate:
         out["validation"] = tune.split_validation(rows, args.family, tokens_per_call=args.tokens_per_call,
                                                   bound_budget=args.bound_budget, seed=args.seed)
     if args.frontier:
         out["frontier"] = tune.frontier(rows, n_points=args.frontier, seed=args.seed)
-    if args.out:
-        from coolsd.io import atomic_file
-
-        with atomic_file(args.out, "w") as f:
-            f.write(json.dumps(out, indent=2) + "\n")
+    _write(args, out)
     if args.json:
-        print(json.dumps(out))
-    else:
-        key = "levels" if res.family == "level" else "weights"
-        print(f"{res.family} schedule ({key}): {', '.join(f'{v:.4g}' for v in res.values)}")
-        print(f"  predicted tokens per call {res.tokens_per_call:.4f} +- {res.tokens_per_call_se:.4f}  "
-              f"(vanilla {out['vanilla_tokens_per_call']:.4f})")
-        print(f"  predicted TV bound / round {res.bound:.4f} +- {res.bound_se:.4f}")
-        if args.validate:
-            v = out["validation"]
-            print(f"  held-out half: tokens per call {v['heldout']['tokens_per_call']:.4f} "
-                  f"(95% CI {v['heldout']['tokens_per_call_ci95'][0]:.4f}-{v['heldout']['tokens_per_call_ci95'][1]:.4f}),"
-                  f" bound {v['heldout']['bound']:.4f}; in-sample optimism {v['gap']['bound']:+.4f} (bound)")
-        if args.out:
-            print(f"  wrote {args.out}")
+        print(json.dumps(_finite(out)))
+        return 0
+    key = "levels" if res.family == "level" else "weights"
+    print(f"{res.family} schedule ({key}): {', '.join(f'{v:.4g}' for v in res.values)}  [objective bound, section 8b: "
+          "tokens per call = 1 + mean accepted drafts per drafted round]")
+    print(f"  predicted tokens per call {res.tokens_per_call:.4f} +- {res.tokens_per_call_se:.4f}  "
+          f"(vanilla {out['vanilla_tokens_per_call']:.4f})")
+    print(f"  predicted TV bound / round {res.bound:.4f} +- {res.bound_se:.4f}")
+    if args.validate:
+        v = out["validation"]
+        print(f"  held-out half: tokens per call {v['heldout']['tokens_per_call']:.4f} "
+              f"(95% CI {v['heldout']['tokens_per_call_ci95'][0]:.4f}-{v['heldout']['tokens_per_call_ci95'][1]:.4f}),"
+              f" bound {v['heldout']['bound']:.4f}; in-sample optimism {v['gap']['bound']:+.4f} (bound)")
+    if args.out:
+        print(f"  wrote {args.out}")
     return 0

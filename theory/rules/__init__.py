@@ -6,7 +6,8 @@ discrepancy of a rule (``discrepancy``, T3/T6). Every rule is array-API code (nu
 
 May import: ``theory.core``.
 """
-from .acceptance import Acceptance, Greedy, Level, RELEASE_ENTROPY_EPS, Resampling, Scaled, Typical, Vanilla
+from .acceptance import (ROW_FEATURES, Acceptance, Greedy, Level, RELEASE_ENTROPY_EPS, Resampling, RowScaled, Scaled,
+                         Typical, Vanilla, row_feature)
 from .chain import ChainVerdict, verify_chain
 from .discrepancy import discrepancy, optimal_discrepancy
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
@@ -15,11 +16,12 @@ from .resampling import Argmax, Optimal, Residual, Target
 from .schedules import (COOL_SD_NORM, COOL_SD_NORMS, Explicit, Exponential, Floored, Linear, Offset, Schedule, Uniform,
                         Vector, cool_sd_schedule)
 from .verifiers import (GSD_RESAMPLERS, LANTERN_RESAMPLERS, TYPICAL_RESAMPLERS, Verifier, cool_sd, greedy, gsd, lantern,
-                        lantern_pp, level, linear_rsd, scaled, typical, uniform_rsd, vanilla)
+                        lantern_pp, level, linear_rsd, row_scaled, scaled, typical, uniform_rsd, vanilla)
 
 __all__ = [
     "Acceptance", "Resampling", "Schedule", "Verifier",
-    "Vanilla", "Scaled", "Lantern", "Typical", "Greedy", "Level", "RELEASE_ENTROPY_EPS",
+    "Vanilla", "Scaled", "RowScaled", "ROW_FEATURES", "row_feature", "row_scaled", "Lantern", "Typical", "Greedy", "Level",
+    "RELEASE_ENTROPY_EPS",
     "Residual", "Optimal", "Target", "LanternResample", "Argmax",
     "Uniform", "Exponential", "Linear", "Explicit", "Offset", "Floored", "Vector",
     "COOL_SD_NORMS", "COOL_SD_NORM", "cool_sd_schedule", "level",

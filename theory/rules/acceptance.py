@@ -16,7 +16,8 @@ import array_api_compat
 
 from ..core.xp import Array, namespace, ratio_min1
 
-__all__ = ["Acceptance", "Resampling", "Vanilla", "Scaled", "Level", "Typical", "Greedy", "RELEASE_ENTROPY_EPS"]
+__all__ = ["Acceptance", "Resampling", "Vanilla", "Scaled", "RowScaled", "ROW_FEATURES", "row_feature", "Level", "Typical",
+           "Greedy", "RELEASE_ENTROPY_EPS"]
 
 
 class Acceptance(Protocol):
@@ -64,6 +65,50 @@ class Scaled:
     def __call__(self, p, q, i):
         xp = namespace(p, q)
         return ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
+
+
+ROW_FEATURES = ("entropy", "maxp")   # what a row-conditioned weight may depend on (``RowScaled``)
+
+
+def row_feature(p, feature: str, xp=None):
+    """A feature of target rows p (..., V) -> (..., 1): ``"entropy"`` H(p) = -sum_{p > 0} p log p (nats; the row as
+    given, 0 log 0 = 0) or ``"maxp"`` max_x p(x). The one place both ``RowScaled`` and the exact-law objective
+    (``theory.likelihood.objective``) compute it, so that they see the same number."""
+    xp = xp or namespace(p)
+    if feature == "entropy":
+        pos = p > 0
+        plogp = xp.where(pos, p * xp.log(xp.where(pos, p, xp.ones_like(p))), xp.zeros_like(p))
+        return -xp.sum(plogp, axis=-1, keepdims=True)
+    if feature == "maxp":
+        return xp.max(p, axis=-1, keepdims=True)
+    raise ValueError(f"row feature must be one of {ROW_FEATURES}, got {feature!r}")
+
+
+@dataclass(frozen=True, eq=False)
+class RowScaled:
+    """Row-conditioned scaled acceptance (docs/theory.md section 8c): f_i(x) = min(1, w_i(p) p(x)/q(x)) with
+    w_i(p) = c_i exp(b phi(p)), c_i > 0 from a schedule, b the ``slope`` (a float, or a 0-d array: traceable) and
+    phi = ``row_feature(p, feature)`` of the target row the draft is verified against (its entropy, or its largest
+    probability). b = 0 is ``Scaled(schedule)``; b > 0 with the entropy relaxes more where many tokens are nearly
+    equally likely (LANTERN's premise). Pair it with G* (T5): ``rules.row_scaled``."""
+    schedule: Any
+    slope: Any = 0.0
+    feature: str = "entropy"
+
+    def __post_init__(self):
+        if self.feature not in ROW_FEATURES:
+            raise ValueError(f"row-scaled acceptance: feature must be one of {ROW_FEATURES}, got {self.feature!r}")
+        if isinstance(self.slope, (int, float)) and (isinstance(self.slope, bool) or not math.isfinite(self.slope)):
+            raise ValueError(f"row-scaled acceptance: slope must be a finite number, got {self.slope!r}")
+
+    def weight(self, p, i, xp=None):
+        """w_i(p) (..., 1) (or broadcastable) for rows p (..., V) at position(s) i."""
+        xp = xp or namespace(p)
+        return _schedule_at(self.schedule, i, p, xp) * xp.exp(self.slope * row_feature(p, self.feature, xp))
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        return ratio_min1(self.weight(p, i, xp) * p, q, xp)
 
 
 # the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write

@@ -297,6 +297,9 @@ def weights_value(spec) -> tuple:
         if isinstance(d, dict) and "weights" not in d and "levels" in d:
             raise NotImplementedError(f"weights: {spec} holds a 'level' schedule; running level rules as a method is "
                                       "not implemented (tune with --family free/exponential/linear/uniform)")
+        if isinstance(d, dict) and d.get("rule") == "row-scaled":
+            raise ValueError(f"weights: {spec} holds a row-conditioned schedule (its weights depend on the target row): "
+                             f"run it with --method row-scaled --schedule {spec}")
         spec = d.get("weights") if isinstance(d, dict) else d
     if isinstance(spec, str):
         try:
@@ -321,5 +324,64 @@ def _scaled(p: dict, L: int, nb) -> rules.Verifier:
 register(Method("scaled", "scaled (explicit weights)", (
     Param("weights", weights_value, None, help="w_1..w_L: a schedule.json from coolsd tune, or 3,1.2,1,1"),),
     _scaled, help="explicit per-position weights min(1, w_i p/q), G* (T5): the schedules of coolsd tune"))
+@dataclasses.dataclass(frozen=True)
+class RowSchedule:
+    """The parameters of the ``row-scaled`` method: c_1..c_L (``weights``), the slope b and the row feature."""
+    weights: tuple
+    slope: float = 0.0
+    feature: str = "entropy"
+
+
+def row_schedule_value(spec) -> RowSchedule:
+    """The ``row-scaled`` method's schedule (docs/theory.md section 8c): the path of a schedule.json written by
+    ``coolsd tune --family entropy|maxp`` (keys "weights", "slope", "feature"), a dict with those keys, or inline
+    "FEATURE:SLOPE:W1,W2,..." (e.g. "entropy:0.5:2,1.2,1,1")."""
+    import json
+    import os
+
+    if isinstance(spec, RowSchedule):
+        return spec
+    if isinstance(spec, str) and os.path.exists(spec):
+        with open(spec) as f:
+            try:
+                spec = json.load(f)
+            except ValueError:
+                raise ValueError(f"schedule: {spec} is not JSON (write it with coolsd tune --family entropy)") from None
+        if not isinstance(spec, dict) or "slope" not in spec or "weights" not in spec:
+            raise ValueError("schedule: the file holds no row-conditioned schedule (keys 'weights', 'slope', 'feature'; "
+                             "coolsd tune --family entropy or maxp writes one); a scalar schedule runs with --method "
+                             "scaled --weights")
+    elif isinstance(spec, str):
+        parts = spec.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"schedule must be a schedule.json path or FEATURE:SLOPE:W1,W2,..., got {spec!r}")
+        spec = {"feature": parts[0], "slope": parts[1], "weights": parts[2]}
+    if not isinstance(spec, dict):
+        raise ValueError(f"schedule: need a schedule.json path, a dict or FEATURE:SLOPE:W1,W2,..., got {spec!r}")
+    feature = spec.get("feature", "entropy")
+    if feature not in rules.ROW_FEATURES:
+        raise ValueError(f"schedule: feature must be one of {list(rules.ROW_FEATURES)}, got {feature!r}")
+    try:
+        slope = float(spec["slope"])
+    except (TypeError, ValueError):
+        raise ValueError(f"schedule: slope must be a number, got {spec['slope']!r}") from None
+    if not math.isfinite(slope):
+        raise ValueError(f"schedule: slope must be finite, got {slope!r}")
+    return RowSchedule(weights_value(spec["weights"]), slope, feature)
+
+
+def _row_scaled(p: dict, L: int, nb) -> rules.Verifier:
+    s = p["schedule"] or RowSchedule((1.0,) * L)          # unset: c_i = 1, b = 0 (vanilla's law)
+    if len(s.weights) != L:
+        raise ValueError(f"row-scaled: {len(s.weights)} weights given for draft length L={L}")
+    return rules.row_scaled(rules.Explicit(s.weights), s.slope, s.feature)
+
+
+register(Method("row-scaled", "row-conditioned scaled", (
+    Param("schedule", row_schedule_value, None, flag="schedule", optional=True,
+          help="row-scaled: a schedule.json from coolsd tune --family entropy|maxp, or FEATURE:SLOPE:W1,... "
+               "(unset: c_i = 1, b = 0, vanilla's law)"),),
+    _row_scaled, help="min(1, c_i exp(b phi(p)) p/q), phi the target row's entropy or max probability, G* (T5): "
+                      "the row-conditioned schedules of coolsd tune"))
 register(Method("greedy", "greedy", (), lambda p, L, nb: rules.greedy(), greedy_rows=True,
                 help="accept iff the draft is the target's argmax (temperature 0)"))

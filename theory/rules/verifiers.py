@@ -27,14 +27,14 @@ import numpy as np
 
 from ..core import checks
 from ..core.xp import Array, namespace
-from .acceptance import Greedy, Level, Scaled, Typical, Vanilla
+from .acceptance import ROW_FEATURES, Greedy, Level, RowScaled, Scaled, Typical, Vanilla
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import Lantern, LanternResample
 from .resampling import Argmax, Optimal, Residual, Target
 from .walks import GREEDY_WALKS, VANILLA_WALKS
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
-__all__ = ["Verifier", "vanilla", "scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
+__all__ = ["Verifier", "vanilla", "scaled", "row_scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
            "typical", "gsd", "greedy", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "GSD_RESAMPLERS"]
 
 
@@ -73,6 +73,20 @@ def vanilla() -> Verifier:
 def scaled(schedule, name: str = "scaled", resample=None) -> Verifier:
     """Scaled acceptance min(1, w_i p/q) with G* (T5) unless another resampler is given."""
     return Verifier(Scaled(schedule), resample or Optimal(), name, {"schedule": schedule})
+
+
+def row_scaled(weights, slope=0.0, feature: str = "entropy", name: str = "row-scaled") -> Verifier:
+    """Row-conditioned scaled acceptance min(1, c_i exp(b phi(p)) p/q) (``RowScaled``; phi the target row's entropy
+    or largest probability) with G* (T5). ``weights`` c_1..c_L: a schedule (``Explicit``, ``Vector``) or a list of
+    numbers > 0; ``slope`` b: a finite number (or a 0-d array, traceable)."""
+    if isinstance(weights, (list, tuple, np.ndarray)):
+        weights = Explicit(tuple(float(x) for x in np.asarray(weights, dtype=np.float64).ravel()))
+    elif not callable(weights):
+        raise TypeError(f"row_scaled: weights must be a schedule or a list of weights, got {type(weights).__name__}")
+    if feature not in ROW_FEATURES:
+        raise ValueError(f"row_scaled: feature must be one of {ROW_FEATURES}, got {feature!r}")
+    params = {"weights": weights, "slope": slope, "feature": feature}
+    return Verifier(RowScaled(weights, slope, feature), Optimal(), name, params)
 
 
 def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | None = None,

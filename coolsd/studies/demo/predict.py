@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from theory import rules
-from theory.markov.image import draft_lengths
+from theory.likelihood import speed
 from theory.likelihood.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import Tree
 
@@ -34,18 +34,10 @@ def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_co
     Pr(all of drafts 1..i accepted | drafts) (T10's products, or a tree's summed reach per depth), live
     (R, L) where position i was drafted, start (R,) tokens generated before the round; images of T tokens
     in rows of ``per_row`` (MNIST: 7 x 7). Returns (rows, L), monotone in i; rows with fewer than
-    ``min_count`` live rounds at i use the pooled estimate."""
-    L = acc.shape[1]
-    pooled = (acc * live).sum(0) / np.maximum(live.sum(0), 1)
-    rows = -(-T // per_row)
-    S = np.tile(pooled, (rows, 1))
-    row = np.minimum(start // per_row, rows - 1)
-    for b in range(rows):  # image rows (seven for MNIST)
-        m = row == b
-        cnt = live[m].sum(0)
-        ok = cnt >= min_count
-        S[b, ok] = (acc[m] * live[m]).sum(0)[ok] / cnt[ok]
-    return np.minimum.accumulate(np.clip(S, 0.0, 1.0), axis=1)
+    ``min_count`` live rounds at i use the pooled estimate. ``theory.likelihood.speed.survival_by_row`` (the
+    exact-law tuner's speed model is the same function)."""
+    return speed.survival_by_row(np.asarray(acc, np.float64), np.asarray(live, np.float64), np.asarray(start),
+                                 min_count, T, per_row, np)
 
 
 def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
@@ -53,25 +45,10 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
     a round started at n drafts L' = min(depth, T - n - 1) (0 for the first round when ``first_single``:
     EAGLE drafters and tree rounds start with the prefill alone) and yields tau + 1 tokens with
     Pr(tau >= i) = S[row(n), i-1] for i <= L'. Returns expected rounds (= target calls), draft steps
-    (sum of L'), single target steps and tokens per target call T / rounds."""
-    lengths = draft_lengths(T, depth)    # L'(n) = min(depth, T - n - 1), as in the exact recursion (section 7)
-    pi = np.zeros(T + depth + 2)
-    pi[0] = 1.0
-    rounds = draft = single = 0.0
-    for n in range(T):  # sequential over positions (49)
-        m = pi[n]
-        if m == 0.0:
-            continue
-        ell = 0 if (n == 0 and first_single) else int(lengths[n])
-        rounds += m
-        if ell == 0:
-            single += m
-            pi[n + 1] += m
-            continue
-        draft += m * ell
-        surv = np.concatenate([[1.0], S[min(n // per_row, len(S) - 1), :ell], [0.0]])
-        pi[n + 1:n + ell + 2] += m * (surv[:-1] - surv[1:])     # tau = 0..ell
-    return {"rounds": rounds, "draft_steps": draft, "single_steps": single, "tokens_per_call": T / rounds}
+    (sum of L'), single target steps and tokens per target call T / rounds
+    (``theory.likelihood.speed.expected_rounds``, float results)."""
+    er = speed.expected_rounds(np.asarray(S, np.float64), depth, first_single, T, per_row, np)
+    return {k: float(v) for k, v in er.items()}
 
 
 def chain_arrays(gens, L: int):
