@@ -16,6 +16,7 @@ grids may also spell ``lam``). No torch here: ``theory`` imports nothing of the 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
