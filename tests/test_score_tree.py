@@ -278,3 +278,39 @@ def test_cli_fidelity_scores_tree_runs(capsys):
                      "--method", "vanilla", *extra]) == 0
         f = json.loads(capsys.readouterr().out)["fidelity"]
         assert f["images"] == 4 and abs(f["kl_to_target"]["measured"]) < 1e-4 and f["tv_to_target"]["measured"] < 1e-4
+
+
+def test_sweep_scores_tree_settings_both_ways(tmp_path):
+    """``coolsd sweep --tree eagle25 --tree-candidates topk``: every setting gets KL(P^||P), KL(P||P^) (per token
+    too) and TV with intervals, as chains do; vanilla ~ 0; greedy trees carry the reason instead; a lossless dynamic
+    tree's settings would too (``_reason``, checked on the mode alone)."""
+    import json
+    import types
+
+    from coolsd.cli import main
+    from coolsd.studies.sweep import fidelity as sf
+
+    out = tmp_path / "s"
+    assert main(["sweep", "--model", "mnist", "--draft", "eagle", "--tree", "eagle25", "--tree-candidates", "topk",
+                 "--grid", "vanilla", "cool-sd:delta=3", "greedy", "--images", "4", "--unit-images", "4",
+                 "--record-images", "0", "--no-progress", "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["config"]["tree_candidates"] == "topk" and rep["config"]["num_tokens"] == 49
+    m = {e["key"]: e for e in rep["methods"]}
+    for key in ("vanilla", "cool-sd:delta=3"):
+        e = m[key]
+        assert e["images"] == 4 and e["tv_to_target"]["from_ar"] is not None
+        kl = e["kl_to_target"]
+        assert kl["ci"][0] <= kl["measured"] <= kl["ci"][1] and "per_token" in kl
+        assert "kl_from_ar" in e and e.get("tv_bound_image") is None
+    van = m["vanilla"]
+    assert abs(van["kl_to_target"]["measured"]) < 1e-4 and abs(van["kl_from_ar"]["measured"]) < 1e-4
+    assert van["tv_to_target"]["measured"] < 1e-4 and van["tv_to_target"]["from_ar"] < 1e-4
+    assert m["cool-sd:delta=3"]["kl_to_target"]["measured"] > 1.0
+    assert m["greedy"]["tv_to_target"] is None and "greedy" in m["greedy"]["fidelity_reason"]
+    ctx = types.SimpleNamespace(tree=None, dynamic=DynamicTree(), mode=DynamicTree(), proc=PROC,
+                                bundle=types.SimpleNamespace(target=types.SimpleNamespace(vocab_size=512)))
+    s = types.SimpleNamespace(method="vanilla")
+    assert "tree-sampling release" in sf._reason(ctx, s, tm.build("vanilla", 5))
+    ctx.mode = ctx.dynamic = DynamicTree(sampling="release")
+    assert sf._reason(ctx, s, tm.build("vanilla", 5)) is None
