@@ -283,7 +283,8 @@ def test_cli_fidelity_scores_tree_runs(capsys):
 def test_sweep_scores_tree_settings_both_ways(tmp_path):
     """``coolsd sweep --tree eagle25 --tree-candidates topk``: every setting gets KL(P^||P), KL(P||P^) (per token
     too) and TV with intervals, as chains do; vanilla ~ 0; greedy trees carry the reason instead; a lossless dynamic
-    tree's settings would too (``_reason``, checked on the mode alone)."""
+    tree's settings would too (``_reason``, checked on the mode alone); the store refuses another drafting (here a
+    dynamic tree) before any work."""
     import json
     import types
 
@@ -308,6 +309,11 @@ def test_sweep_scores_tree_settings_both_ways(tmp_path):
     assert van["tv_to_target"]["measured"] < 1e-4 and van["tv_to_target"]["from_ar"] < 1e-4
     assert m["cool-sd:delta=3"]["kl_to_target"]["measured"] > 1.0
     assert m["greedy"]["tv_to_target"] is None and "greedy" in m["greedy"]["fidelity_reason"]
+    before = sorted(out.rglob("*"))              # another tree on the same store: refused in one line, nothing written
+    assert main(["sweep", "--model", "mnist", "--draft", "eagle", "--tree", "dynamic", "--tree-sampling", "release",
+                 "--grid", "vanilla", "cool-sd:delta=3", "greedy", "--images", "4", "--unit-images", "4",
+                 "--record-images", "0", "--no-progress", "--out", str(out)]) == 2
+    assert sorted(out.rglob("*")) == before
     ctx = types.SimpleNamespace(tree=None, dynamic=DynamicTree(), mode=DynamicTree(), proc=PROC,
                                 bundle=types.SimpleNamespace(target=types.SimpleNamespace(vocab_size=512)))
     s = types.SimpleNamespace(method="vanilla")
