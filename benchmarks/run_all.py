@@ -3,7 +3,8 @@
 Each benchmark runs as a subprocess (``--short --json FILE``) and reports ratios measured within its own
 run (interleaved against a baseline of the same run: theory vs the touch-once numpy limit, simulator vs a
 Python loop, the engine vs transformers assisted generation, SD vs plain AR at batch 1 and 64, batched vs
-batch-1 SD, 2 ranks vs 1, likelihood scoring vs generation, the exact-law objective vs log_likelihood). Each ratio is compared with
+batch-1 SD, 2 ranks vs 1, likelihood scoring vs generation for chains and trees, the exact-law objective vs
+log_likelihood). Each ratio is compared with
 ``benchmarks/results/baseline.json``: a regression is a ratio worse than the baseline value by more than
 its tolerance, which ``--update`` sets from the ratio's run-to-run spread over ``--runs`` runs. A ratio
 that flags is confirmed before it counts: its benchmark runs ``CONFIRM_RUNS`` more times and the ratio is
@@ -42,6 +43,7 @@ BENCHMARKS = {
     "batch": ("bench_batch.py", ["--short"]),
     "sweep_ranks": ("bench_sweep_ranks.py", ["--short"]),
     "likelihood": ("bench_likelihood.py", ["--short"]),
+    "tree_likelihood": ("bench_tree_likelihood.py", ["--short"]),
     "dynamic_tree": ("bench_dynamic_tree.py", ["--short"]),
     "tune_exact": ("bench_tune_exact.py", ["--short"]),
 }

@@ -145,8 +145,10 @@ def test_bad_input(mnist):
         score(b.target, b.draft, b.conds, tok, verifier=v, L=0)
     with pytest.raises(ValueError, match="L must be"):
         teacher_forced_rows(b.target, mnist["eagle"].draft, b.conds, tok, L=None)
-    with pytest.raises(NotImplementedError, match="without replacement"):
-        score(b.target, b.draft, b.conds, tok, verifier=v, tree=chain_tree(2))
+    with pytest.raises(ValueError, match="indexed by round start"):     # trees: real.decode.score_tree
+        teacher_forced_rows(b.target, b.draft, b.conds, tok, L=2, tree=chain_tree(2))
+    with pytest.raises(ValueError, match="drafting= or tree="):
+        score(b.target, b.draft, b.conds, tok, verifier=v, tree=chain_tree(2), drafting=chain_tree(2))
 
 
 def test_generate_fidelity_cli(tmp_path, capsys):
@@ -162,5 +164,5 @@ def test_generate_fidelity_cli(tmp_path, capsys):
     assert z["log_p_hat"].shape == z["log_p"].shape == (3,)
     assert np.abs(z["log_p_hat"] - z["log_p"]).max() < 1e-4                  # vanilla: P^ = P
     assert abs(r["fidelity"]["tv_to_target"]["measured"]) < 1e-4 and r["fidelity"]["nll_per_token"] > 0
-    assert main(["generate", "--model", "mnist", "--tree", "eagle25", "--fidelity"]) == 2
-    assert "static-tree" in capsys.readouterr().err
+    assert main(["generate", "--model", "mnist", "--tree", "eagle25", "--fidelity"]) == 2   # sampled: cost guard
+    assert "candidates='sampled' with 4 children" in capsys.readouterr().err

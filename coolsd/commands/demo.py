@@ -25,6 +25,9 @@ def register(sub):
                         "(default: lantern lantern++; give none for chains only)")
     d.add_argument("--tree", choices=["small", "eagle25"], default=None,
                    help="static tree: small (10 nodes, depth 4) or eagle25 (EAGLE-1's 25 nodes, depth 5)")
+    d.add_argument("--tree-candidates", choices=["sampled", "topk"], default=None,
+                   help="static-tree candidates: drawn without replacement (sampled, default) or a node's top-m tokens "
+                        "(topk, as the EAGLE-1 / LANTERN++ releases; the tree runs' fidelity is measured exactly)")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=run)
 
@@ -64,7 +67,7 @@ def run(args):
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     kw["device"] = dev
-    for name in ("L", "chain_draft", "tree_draft", "tree", "extra_draft"):
+    for name in ("L", "chain_draft", "tree_draft", "tree", "tree_candidates", "extra_draft"):
         v = getattr(args, name)
         if v is not None:
             kw[name] = v

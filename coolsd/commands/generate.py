@@ -63,7 +63,7 @@ def register(sub):
     r.add_argument("--fidelity", action="store_true",
                    help="score the generated images exactly (real.decode.score): per-image log_p_hat (the sampler's law) "
                         "and log_p (the processed target) into --save, TV / KL to the target summaries into --json "
-                        "(chain drafting only)")
+                        "(chains, static trees, and dynamic trees with --tree-sampling release)")
     add_checkpoint_args(g)
     g.set_defaults(func=run)
 
@@ -116,6 +116,8 @@ def generate(args) -> dict:
     records, score and save; returns the JSON-ready result."""
     validate_args(args)       # every input, option and output path, before any model is built
     ctx = _build(args)
+    if args.fidelity:
+        ctx["rule"] = _fidelity_rule(args, ctx)   # what has no exact likelihood is refused before generating
     gens = _run(args, ctx, ctx["verifier"], ctx["mode"])
     base = _run(args, ctx, None, None) if args.baseline else []
     out = _result(args, ctx, gens, base)
@@ -240,18 +242,36 @@ def _write_record(args, ctx: dict, gens: list) -> None:
         np.savez_compressed(fh, **record_arrays(gens, spec.max_depth, stamp))
 
 
-def _fidelity(args, ctx: dict, gens: list) -> dict:
-    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary``)."""
-    import torch
-
+def _fidelity_rule(args, ctx: dict):
+    """--fidelity: the run's rule on the host (the likelihood is float64 theory code) or None (plain AR); for tree
+    drafting, ``real.decode.score_tree.check`` first: a construction without an exact likelihood (e.g. sampled
+    candidates above the cost guard at this V) is refused before anything is generated."""
     from real.decode.methods import make_verifier
-    from real.decode.score import summary
 
     b, L = ctx["bundle"], ctx["spec"].max_depth
     rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, args._method_params, b.neighbors)
+    if rule is not None and ctx["spec"].kind in ("tree", "dynamic"):
+        from real.decode.score_tree import check
+
+        try:
+            check(ctx["mode"], rule, int(b.target.vocab_size), ctx["proc"])
+        except NotImplementedError as e:
+            raise ValueError(f"--fidelity with --tree {args.tree}: {e}") from None
+    return rule
+
+
+def _fidelity(args, ctx: dict, gens: list) -> dict:
+    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary``; tree modes
+    through ``real.decode.score_tree``)."""
+    import torch
+
+    from real.decode.score import summary
+
+    b, L, rule = ctx["bundle"], ctx["spec"].max_depth, ctx["rule"]
+    tree = ctx["spec"].kind in ("tree", "dynamic")
     return summary(b.target, None if rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
-                   verifier=rule, L=None if rule is None else L, processing=ctx["proc"],
-                   batch_size=args.batch_size or 64)
+                   verifier=rule, L=None if rule is None or tree else L, processing=ctx["proc"],
+                   batch_size=args.batch_size or 64, drafting=ctx["mode"] if rule is not None and tree else None)
 
 
 def _save(args, ctx: dict, gens: list, fid: dict | None) -> None:
@@ -346,9 +366,7 @@ def validate_args(args) -> None:
                              "(its cache has no per-row lengths); use --batch-size 1")
     kind = args._drafting.kind
     if getattr(args, "fidelity", False) and kind in ("tree", "dynamic"):
-        from real.decode.score import TREE_REASON
-
-        raise ValueError(f"--fidelity with --tree: {TREE_REASON}")
+        _validate_tree_fidelity(args)
     if getattr(args, "fidelity", False) and kind not in ("chain", "tree", "dynamic"):
         from real.decode.score import JACOBI_REASON
 
@@ -362,6 +380,22 @@ def validate_args(args) -> None:
         args.record = str(check_output_file("--record", args.record, ".npz"))
         if args.save is not None and os.path.abspath(args.record) == os.path.abspath(args.save):
             raise ValueError(f"--record and --save name the same file {args.save!r}")
+
+
+def _validate_tree_fidelity(args) -> None:
+    """--fidelity with --tree: the constructions without an exact likelihood that the options alone show (lossless
+    dynamic trees, greedy decoding); the cost guard of sampled static candidates needs V (checked once the models
+    are built, before generating)."""
+    from real.decode.score_tree import GREEDY_REASON, LOSSLESS_REASON
+    from theory.rules import methods as registry
+
+    spec = args._drafting
+    if spec.kind == "dynamic" and spec.dynamic[3] != "release":
+        raise ValueError(f"--fidelity with --tree dynamic --tree-sampling {spec.dynamic[3]}: {LOSSLESS_REASON}")
+    method = str(args.method).lower()
+    greedy = method != "ar" and method in {m.lower() for m in registry.names()} and registry.get(method).greedy_rows
+    if greedy or args.temperature == 0:
+        raise ValueError(f"--fidelity with --tree and greedy decoding: {GREEDY_REASON}")
 
 
 def _validate_numbers(args, checks) -> None:

@@ -25,7 +25,10 @@ logits (``proc.rows``); rows are float32 (``Processing.dtype``). End-of-image tr
 is the likelihood's (``theory.likelihood.round_masks``): entries of q no round can read stay uniform.
 
 ``score`` turns the rows into per-image log P^(x) (``theory.likelihood.log_likelihood``) and log P(x)
-(``log_target``), batch by batch. Static trees are not scored: ``NotImplementedError`` (reason below).
+(``log_target``), batch by batch. Tree modes (``drafting=``: a ``StaticTree``, ``DynamicTree`` or ``theory.tree.Tree``)
+go to ``real.decode.score_tree`` (their rows indexed by round start, T13); what has no exact likelihood (lossless
+dynamic trees, greedy trees, sampled static candidates above the cost guard) raises NotImplementedError before any
+model call.
 
 This module drives models only through ``real.protocol`` (like the engine) and imports none.
 """
@@ -44,10 +47,9 @@ from .sampling import Processing
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
 
-TREE_REASON = ("exact likelihood of static-tree drafting is not implemented: a node's m candidates are drawn "
-               "without replacement, so the law of the emitted token sums over every order of the earlier "
-               "siblings that were tried and rejected (m! orders per node, each with its own residual row), "
-               "and the path through the tree is hidden too; score chain runs (L) instead")
+TREE_REASON = ("exact likelihood of tree drafting covers static trees (top-k candidates; sampled candidates within "
+               "theory.likelihood.tree's cost guard) and the release construction of dynamic trees "
+               "(real.decode.score_tree); lossless dynamic trees (stochastic-beam keys) and greedy trees have none")
 JACOBI_REASON = ("exact likelihood of Jacobi drafting is not tractable: a draft's q is the target's row from the "
                  "previous iteration, conditioned on window tokens that are not in the output, so the hidden state "
                  "holds up to W - 1 stale tokens (docs/theory.md section 12); score a drafter's chain runs instead")
@@ -86,9 +88,11 @@ def teacher_forced_rows(target, draft, conds, tokens, *, L: int | None = None, p
                         tree=None) -> Rows:
     """The rows of B images ``tokens`` (B, T) with conditions ``conds`` (module docstring). ``draft`` None: the
     target's rows only (q None); an ``ARModel``: q (B, T, V); a ``FeatureDrafter``: q (B, T, L, V) (needs L).
-    All B images in one batch (``score`` splits larger sets); a model without per-row cache lengths needs B = 1."""
+    All B images in one batch (``score`` splits larger sets); a model without per-row cache lengths needs B = 1.
+    Tree modes: ``real.decode.score_tree.tree_rows`` (``tree`` is refused here: its rows are indexed by round start)."""
     if tree is not None:
-        raise NotImplementedError(TREE_REASON)
+        raise ValueError("teacher_forced_rows gives chain rows (indexed by token and offset); tree rows are indexed by "
+                         "round start: real.decode.score_tree.tree_rows")
     conds = as_conds(conds)
     if not isinstance(processing, Processing):
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
@@ -166,14 +170,34 @@ def _pass_mask(n: torch.Tensor, M: int, blocks: list[int], S: int, dev) -> torch
 
 
 def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, processing: Processing = Processing(),
-          batch_size: int = 64, tree=None) -> dict:
-    """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under chain
-    speculative decoding with ``draft``, ``verifier`` and L (the law a ``real.decode.engine.generate`` chain run
-    samples from with the same ``processing``). Returns {"log_p": (n,) float64 log P(x), "log_p_hat": (n,)
-    float64 log P^(x) (None without a draft)}; ``batch_size`` images per teacher-forced batch. Bad input
-    (tokens outside V, a verifier without a chain rule, a tree) is refused before any model call."""
-    if tree is not None:
-        raise NotImplementedError(TREE_REASON)
+          batch_size: int = 64, drafting=None, tree=None) -> dict:
+    """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under speculative
+    decoding with ``draft``, ``verifier`` and the drafting (the law a ``real.decode.engine.generate`` run samples
+    from with the same ``processing``): chains of L drafts, or ``drafting`` a tree mode (``StaticTree``,
+    ``DynamicTree``, a ``theory.tree.Tree``; ``tree`` is the same argument under its old name), scored by
+    ``real.decode.score_tree``. Returns {"log_p": (n,) float64 log P(x), "log_p_hat": (n,) float64 log P^(x) (None
+    without a draft)}; ``batch_size`` images per teacher-forced batch. Bad input (tokens outside V, a verifier without
+    a chain rule) is refused with ValueError, a construction without an exact likelihood with NotImplementedError,
+    before any model call."""
+    from .chain import Chain
+
+    if tree is not None and drafting is not None:
+        raise ValueError("give drafting= or tree=, not both")
+    drafting = tree if tree is not None else drafting
+    if isinstance(drafting, Chain):
+        drafting, L = None, drafting.L
+    elif isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
+        drafting, L = None, int(drafting)
+    if drafting is not None:
+        from .score_tree import score_trees, tree_mode
+
+        if tree_mode(drafting) is None:
+            raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
+                             f"theory.tree.Tree), got {type(drafting).__name__}")
+        if draft is None:
+            raise ValueError("tree scoring needs the draft model the trees were drafted with")
+        return score_trees(target, draft, conds, tokens, verifier=verifier, drafting=drafting, processing=processing,
+                           batch_size=batch_size)
     conds = as_conds(conds)
     tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -198,13 +222,15 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
 
 
 def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None,
-            processing: Processing = Processing(), batch_size: int = 64) -> dict:
+            processing: Processing = Processing(), batch_size: int = 64, drafting=None) -> dict:
     """``score`` plus the summaries ``coolsd generate --fidelity`` prints: {"log_p_hat", "log_p" (n,) arrays
     (plain AR, draft None: log_p_hat = log_p), "report": {"nll_per_token", "images", "tv_to_target",
-    "kl_to_target"} (``theory.likelihood.fidelity``; with fewer than 2 images a "reason" instead of the last two)}."""
+    "kl_to_target"} (``theory.likelihood.fidelity``; with fewer than 2 images a "reason" instead of the last two)}.
+    ``drafting``: as ``score`` (chains of L when None)."""
     from theory.likelihood import fidelity
 
-    s = score(target, draft, conds, tokens, verifier=verifier, L=L, processing=processing, batch_size=batch_size)
+    s = score(target, draft, conds, tokens, verifier=verifier, L=L, processing=processing, batch_size=batch_size,
+              drafting=drafting)
     if s["log_p_hat"] is None:             # plain AR samples the target itself
         s["log_p_hat"] = s["log_p"].copy()
     T = int(torch.as_tensor(tokens).shape[1])

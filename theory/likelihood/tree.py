@@ -69,7 +69,7 @@ from ..rules.resampling import Argmax, Optimal, Residual, Target
 from ..tree.shapes import RowTrees, Tree
 from .chain import CONVENTIONS, check_chain_rule
 
-__all__ = ["CANDIDATES", "SAMPLED_LIMIT", "depth_caps", "tree_log_likelihood"]
+__all__ = ["CANDIDATES", "SAMPLED_LIMIT", "depth_caps", "tree_log_likelihood", "check_sampled_cost"]
 
 CANDIDATES = ("topk", "sampled")
 CHUNK_ELEMENTS = 1 << 24   # elements (float64: 128 MiB) per chunk of walk rows
@@ -163,17 +163,24 @@ def _validate(p, q, tokens, verifier, tree, candidates, convention, row_trees, n
         raise ValueError(f"{_WHO}: q rows that are read must be distributions (finite, >= 0, summing to 1 within "
                          f"{tol:g}); found one that is not")
     if candidates == "sampled":
-        nk = (tree.children >= 0).sum(1)
-        for d in range(D):   # a loop over tree levels
-            Kd = int(nk[tree.node_depth == d].max())
-            cost = V ** Kd * _width(verifier) * (V if getattr(verifier.resample, "dense_effective_law", False) else 1)
-            if limit is not None and cost > limit:
-                raise NotImplementedError(
-                    f"{_WHO}: candidates='sampled' with {Kd} children at depth {d} and V = {V} sums over the rejected "
-                    f"siblings' identities: V^{Kd} x width = {cost:.3g} elements per (round start, depth) row, above "
-                    f"sampled_limit = {limit:.3g} (fits at width 1: 2 children up to V = 2048, 3 up to V = 161, 4 up "
-                    "to V = 45); candidates='topk' (prefix-fixed candidates) is exact at the chain's cost")
+        check_sampled_cost(tree, V, verifier, limit)
     return T, V, Dp, per_depth
+
+
+def check_sampled_cost(tree: Tree, V: int, verifier, limit: int | None = SAMPLED_LIMIT) -> None:
+    """NotImplementedError when ``candidates="sampled"`` on ``tree`` at vocabulary V with ``verifier`` exceeds the cost
+    guard ``limit`` (None: no limit; module docstring): what ``tree_log_likelihood`` refuses, checkable before any
+    rows are computed."""
+    nk = (tree.children >= 0).sum(1)
+    for d in range(tree.depth):   # a loop over tree levels
+        Kd = int(nk[tree.node_depth == d].max())
+        cost = V ** Kd * _width(verifier) * (V if getattr(verifier.resample, "dense_effective_law", False) else 1)
+        if limit is not None and cost > limit:
+            raise NotImplementedError(
+                f"{_WHO}: candidates='sampled' with {Kd} children at depth {d} and V = {V} sums over the rejected "
+                f"siblings' identities: V^{Kd} x width = {cost:.3g} elements per (round start, depth) row, above "
+                f"sampled_limit = {limit:.3g} (fits at width 1: 2 children up to V = 2048, 3 up to V = 161, 4 up "
+                "to V = 45); candidates='topk' (prefix-fixed candidates) is exact at the chain's cost")
 
 
 def _check_row_trees(rt, node_tokens, batch, T, V, Dp, xp, dev):

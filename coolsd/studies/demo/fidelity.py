@@ -5,7 +5,9 @@ images) and, from the image's own rounds, the predicted per-image TV bound; the 
 same rule give the second, independent TV estimate E_P[(1 - P^/P)_+]. The scoring is the sweep's
 (``coolsd.studies.sweep.fidelity.score_images``), the summaries ``theory.likelihood.fidelity.report``. All runs sample the
 same processed target (CFG, temperature: ``Settings``), so the AR images are a sample of every run's P.
-Static trees get a stated reason instead (``real.decode.score.TREE_REASON``).
+Static-tree runs are scored the same way from their tree rows (``real.decode.score_tree``; KL both ways and TV, no
+per-image bound); a tree run whose construction has no exact likelihood (``Settings.tree_candidates = "sampled"``
+above the cost guard: EAGLE-1's 4 root candidates at V = 512) gets the reason instead.
 """
 from __future__ import annotations
 
@@ -26,23 +28,35 @@ def round_arrays(gens, T: int) -> tuple[np.ndarray, np.ndarray]:
 
 def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) -> dict:
     """{run key: {"tv_to_target", "kl_to_target", "kl_from_ar", "tv_bound_image", "bound_check"}} for the chain
-    runs, {"fidelity_reason": ...} for tree runs. ``results[key].extra["rounds"]`` holds the run's
-    (offset, drafting); ``results["ar"].tokens`` the plain-AR images."""
-    from real.decode.score import TREE_REASON
+    runs, the same without the bound for tree runs (``s.tree_mode()``), {"fidelity_reason": ...} for tree runs without
+    an exact likelihood. ``results[key].extra["rounds"]`` holds a chain run's (offset, drafting); ``results["ar"].tokens``
+    the plain-AR images."""
+    from real.decode.score_tree import check
     from theory.likelihood import fidelity
 
     from ..sweep.fidelity import score_images
 
-    chain = [sp for sp in runs if sp.drafting == "chain"]
-    out = {sp.key: {"fidelity_reason": TREE_REASON} for sp in runs if sp.drafting != "chain"}
+    out = {}
     ar_tok = results["ar"].tokens.numpy()
-    for draft in sorted({sp.draft for sp in chain}):   # a loop over draft kinds (AR rows need each draft's q)
-        mine = [sp for sp in chain if sp.draft == draft]
-        ar = score_images(target, drafts[draft], classes, ar_tok, {sp.key: sp.rule for sp in mine}, s.L, proc)
-        for sp in mine:   # a loop over this draft's runs
-            res = results[sp.key]
-            sc = score_images(target, drafts[draft], classes, res.tokens.numpy(), {sp.key: sp.rule}, s.L, proc,
-                              rounds=res.extra["rounds"])
-            out[sp.key] = fidelity.report((sc["log_p_hat"][sp.key], sc["log_p"]), (ar["log_p_hat"][sp.key], ar["log_p"]),
-                                          T=T, bound_per_image=sc["bound"][sp.key])
+    mode = s.tree_mode()
+    tree = []
+    for sp in [sp for sp in runs if sp.drafting == "tree"]:   # a loop over tree runs: the constructions scored
+        try:
+            check(mode, sp.rule, int(target.vocab_size), proc)
+            tree.append(sp)
+        except NotImplementedError as e:
+            out[sp.key] = {"fidelity_reason": str(e)}
+    for drafting, group in (("chain", [sp for sp in runs if sp.drafting == "chain"]), ("tree", tree)):
+        m = mode if drafting == "tree" else None
+        for draft in sorted({sp.draft for sp in group}):   # a loop over draft kinds (AR rows need each draft's q)
+            mine = [sp for sp in group if sp.draft == draft]
+            ar = score_images(target, drafts[draft], classes, ar_tok, {sp.key: sp.rule for sp in mine}, s.L, proc,
+                              drafting=m)
+            for sp in mine:   # a loop over this draft's runs
+                res = results[sp.key]
+                sc = score_images(target, drafts[draft], classes, res.tokens.numpy(), {sp.key: sp.rule}, s.L, proc,
+                                  rounds=res.extra.get("rounds") if m is None else None, drafting=m)
+                out[sp.key] = fidelity.report((sc["log_p_hat"][sp.key], sc["log_p"]),
+                                              (ar["log_p_hat"][sp.key], ar["log_p"]), T=T,
+                                              bound_per_image=sc["bound"][sp.key] if m is None else None)
     return out

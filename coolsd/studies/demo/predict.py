@@ -135,12 +135,13 @@ def tree_records(gens):
 
 
 def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
-                    seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS) -> dict:
+                    seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS, draft_law: str = "without_replacement") -> dict:
     """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
     (``tree_records``), by ``theory.likelihood.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
     forms the resampler's effective law, (rounds, V) per node, or (rounds, V, V) for our renormalised LANTERN++
     resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
-    over the depth groups in proportion): unbiased for the same means, at a few times the SE."""
+    over the depth groups in proportion): unbiased for the same means, at a few times the SE. ``draft_law``: the
+    candidates' law, as ``verify_tree``'s ("point" for top-k candidates: ``StaticTree(..., "topk")``)."""
     from theory.tree import truncate_tree
 
     D = tree.depth
@@ -156,7 +157,7 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
             m = max(1, math.ceil(max_costly_rounds * len(toks) / total))
             idx = np.sort(rng.choice(len(toks), min(m, len(toks)), replace=False))
             p, q, toks, start = p[idx], q[idx], toks[idx], start[idx]
-        parts = [predict_tree_rounds(p[a:a + chunk], q[a:a + chunk], toks[a:a + chunk], t, verifier)
+        parts = [predict_tree_rounds(p[a:a + chunk], q[a:a + chunk], toks[a:a + chunk], t, verifier, draft_law=draft_law)
                  for a in range(0, len(toks), chunk)]
         r = type(parts[0])(*[np.concatenate([np.asarray(getattr(x, k)) for x in parts]) for k in parts[0]._fields])
         reach = np.asarray(r.reach)

@@ -66,23 +66,26 @@ def _ci(d: dict | None, nd: int = 4) -> str:
 
 def fidelity_table(report: dict) -> str:
     """The markdown table of the measured fidelity to the target: TV from the SD images and from the plain-AR
-    images, KL(P^||P) per image and per token (95% CIs), the predicted per-image TV bound and whether the
-    measured TV is within it; static trees with the reason they have no numbers."""
+    images, KL(P^||P) per image and per token, KL(P||P^) per token (95% CIs), the predicted per-image TV bound and
+    whether the measured TV is within it (chains; tree runs have no per-image bound); tree runs without an exact
+    likelihood with the reason."""
     head = ("| method | drafting | tokens/call | TV to target, SD images [95% CI] | TV, AR images [95% CI] "
-            "| KL(P^‖P) nats/image [95% CI] | KL nats/token | TV bound / image [95% CI] | within bound |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
+            "| KL(P^‖P) nats/image [95% CI] | KL(P^‖P) nats/token | KL(P‖P^) nats/token | TV bound / image [95% CI] "
+            "| within bound |\n|---|---|---|---|---|---|---|---|---|---|\n")
     rows, trees = [], []
     for m in report["methods"] + report.get("other_drafts", []):
         if "tv_to_target" not in m:
             trees.append(label(m))
             continue
-        tv, kl, b, chk = m["tv_to_target"], m["kl_to_target"], m["tv_bound_image"], m["bound_check"]
+        tv, kl, b, chk = m["tv_to_target"], m["kl_to_target"], m.get("tv_bound_image"), m.get("bound_check")
         ar = _ci({"measured": tv["from_ar"], "ci": tv["from_ar_ci"]}) if tv.get("from_ar") is not None else "n/a"
-        within = ("yes" if chk["within"] else "NO") + (" (vacuous: > 1)" if chk["vacuous"] else "")
+        within = "-" if not chk else ("yes" if chk["within"] else "NO") + (" (vacuous: > 1)" if chk["vacuous"] else "")
         kt = f"{kl['per_token']['measured']:.5f}" if kl.get("per_token") else "-"
+        ka = m.get("kl_from_ar") or {}
+        kat = f"{ka['per_token']['measured']:.5f}" if ka.get("per_token") else ("inf" if ka.get("n_infinite") else "-")
         rows.append(f"| {label(m)}{' (' + m['draft'] + ' draft)' if m in report.get('other_drafts', []) else ''} "
                     f"| {m['drafting']} | {_f(m['accepted_length']['measured'])} | {_ci(tv)} | {ar} | {_ci(kl, 3)} | {kt} "
-                    f"| {_ci(b, 3)} | {within} |")
+                    f"| {kat} | {'-' if b is None else _ci(b, 3)} | {within} |")
     out = head + "\n".join(rows) + "\n"
     if trees:
         reason = next(m["fidelity_reason"] for m in report["methods"] if "fidelity_reason" in m)
@@ -396,13 +399,14 @@ def fidelity_figure(path, report) -> None:
     ax = fig.subplots()
     cmap = matplotlib.colormaps["tab10"]
     for i, m in enumerate(ms):   # a dozen runs
-        x, tv, b = m["accepted_length"]["measured"], m["tv_to_target"], m["tv_bound_image"]
+        x, tv, b = m["accepted_length"]["measured"], m["tv_to_target"], m.get("tv_bound_image")
         col = cmap(i % 10)
         ax.errorbar([x], [tv["measured"]], yerr=[[tv["measured"] - tv["ci"][0]], [tv["ci"][1] - tv["measured"]]],
                     fmt="o", color=col, capsize=3, label=label(m))
         if tv.get("from_ar") is not None:
             ax.plot([x], [tv["from_ar"]], "x", color=col, ms=8)
-        ax.plot([x], [min(b["measured"], 1.0)], "o", mfc="none", color=col, ms=10)
+        if b is not None:                     # chains: the predicted per-image bound (trees have none)
+            ax.plot([x], [min(b["measured"], 1.0)], "o", mfc="none", color=col, ms=10)
     ax.axhline(1.0, color="0.6", lw=0.8, ls="--")
     ax.set_xlabel("measured tokens per target call")
     ax.set_ylabel("TV(P^, P) to the target")

@@ -30,6 +30,7 @@ class Settings:
     tree_draft: str = "eagle"
     extra_draft: str | None = None     # e.g. "small": one more vanilla chain run with this draft (reported apart)
     tree: str = "eagle25"              # "eagle25" (EAGLE-1's 25 nodes, depth 5) or "small" (SMALL_TREE)
+    tree_candidates: str = "sampled"   # "sampled" (without replacement, the engine's default) or "topk" (the releases')
     deltas: tuple = (3.0, 4.0, 8.0)    # Cool-SD relaxation budgets (w_1 = delta, nu = 0.7, rules.COOL_SD_NORM)
     nu: float = 0.7
     tree_deltas: tuple = (4.0, 8.0)    # Cool-SD runs with tree drafting (each also run with chains)
@@ -45,6 +46,12 @@ class Settings:
 
     def tree_obj(self) -> Tree:
         return Tree(EAGLE_25 if self.tree == "eagle25" else SMALL_TREE)
+
+    def tree_mode(self):
+        """The tree runs' drafting mode: ``StaticTree(tree_obj(), tree_candidates)``."""
+        from real.decode.modes import StaticTree
+
+        return StaticTree(self.tree_obj(), self.tree_candidates)
 
 
 @dataclass

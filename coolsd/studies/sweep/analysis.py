@@ -142,7 +142,8 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                 pred = demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row)
                 verify_s = demo.time_verifier("chain", source, ctx.verifier(s), None, device=ctx.device)
             else:
-                pred = demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row)
+                pred = demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row,
+                                            draft_law="point" if ctx.mode.candidates == "topk" else "without_replacement")
                 verify_s = demo.time_verifier("tree", source, ctx.verifier(s), ctx.tree, device=ctx.device)
         drafted = d["round_drafted"]
         depth = np.where(d["round_depth"] >= 0, d["round_depth"], drafted)
@@ -161,7 +162,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
         for k in ("frechet_distance", "frechet_distance_ci", "class_accuracy", "nll_per_token"):
             e.setdefault(k, None)
         if s.key in fid:
-            if e.get("nll_per_token") is not None:
+            if e.get("nll_per_token") is not None and "fidelity_reason" not in fid[s.key]:
                 e["nll_unguided_per_token"] = e.pop("nll_per_token")
                 e["nll_unguided_per_token_se"] = e.pop("nll_per_token_se", None)
             e |= fid[s.key]

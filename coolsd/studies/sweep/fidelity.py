@@ -12,7 +12,12 @@ at a time, the recursion run for every setting of that rank); each setting's per
 ``DIR/fidelity/<slug>.npz`` (written atomically, keyed by setting, image count and code version), so an
 interrupted merge resumes and the ranks share the work (setting i on rank i mod world). ``entries`` turns
 them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` (``theory.likelihood.fidelity.report``).
-Static and dynamic trees and Jacobi drafting: not scored (``real.decode.score.TREE_REASON`` / ``JACOBI_REASON``).
+Trees (docs/theory.md section 11b): static trees and the release construction of dynamic trees are scored the same
+way from their teacher-forced tree rows (``real.decode.score_tree``: rows indexed by round start, dynamic trees regrown
+at every round start), KL both ways and TV with intervals; there is no per-image TV bound (the T11 path bound is a
+chain's). A setting whose construction has no exact likelihood (lossless dynamic trees, greedy trees, sampled static
+candidates above the cost guard) gets its reason instead (``real.decode.score_tree.check``). Jacobi drafting: not
+scored (``real.decode.score.JACOBI_REASON``).
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from .store import Store
 
 __all__ = ["shard", "entries", "score_images", "FORMAT"]
 
-FORMAT = 1
+FORMAT = 2      # 2: tree settings (no bound; a reason where the construction has no exact likelihood)
 BATCH = 50     # images per teacher-forced batch
 
 
@@ -83,8 +88,30 @@ def _rule(ctx: Context, s):
 
 
 def scored(ctx: Context) -> bool:
-    """Whether the sweep's drafting has an exact likelihood (chain rounds of a drafter)."""
-    return ctx.tree is None and getattr(ctx, "dynamic", None) is None and getattr(ctx, "jacobi", None) is None
+    """Whether the sweep's drafting can have an exact likelihood (a drafter's chains or trees; per setting the tree
+    construction may still have none: ``_reason``)."""
+    return getattr(ctx, "jacobi", None) is None
+
+
+def _tree_mode(ctx: Context):
+    """The sweep's tree mode (``StaticTree`` / ``DynamicTree``), or None for chains."""
+    if ctx.tree is None and getattr(ctx, "dynamic", None) is None:
+        return None
+    return ctx.mode
+
+
+def _reason(ctx: Context, s, rule) -> str | None:
+    """Why setting ``s`` has no exact likelihood under the sweep's tree mode, or None (chains: always None)."""
+    mode = _tree_mode(ctx)
+    if mode is None:
+        return None
+    from real.decode.score_tree import check
+
+    try:
+        check(mode, rule, int(ctx.bundle.target.vocab_size), _proc(ctx, s))
+    except NotImplementedError as e:
+        return str(e)
+    return None
 
 
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
@@ -99,49 +126,76 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
     if not todo:
         return len(mine)
     b, L, T = ctx.bundle, ctx.L, ctx.bundle.num_tokens
+    mode = _tree_mode(ctx)
     rules = {s.key: _rule(ctx, s) for s in todo}
+    reasons = {s.key: _reason(ctx, s, rules[s.key]) for s in todo}
+    for s in [s for s in todo if reasons[s.key] is not None]:   # no exact likelihood: the reason is stored
+        _write(store, cfg, ctx, s, {"reason": np.array(reasons[s.key])})
+    todo = [s for s in todo if reasons[s.key] is None]
+    if not todo:
+        return len(mine)
     ar = load(store, cfg, Unit(None, 0))
     n_ar = len(ar["tokens"])
     ar_idx = np.arange(n_ar)
     same = [s for s in todo if _proc(ctx, s) == ctx.proc]      # AR images were sampled under ctx.proc
     sc = score_images(b.target, b.draft, _conds(ctx, ar_idx), ar["tokens"], {s.key: rules[s.key] for s in same}, L,
-                      ctx.proc)
+                      ctx.proc, drafting=mode)
     lp_ar = sc["log_p"]
     lph_ar = {s.key: sc["log_p_hat"].get(s.key, np.full(n_ar, np.nan)) for s in todo}
     for s in todo:       # a loop over this rank's settings
         d = load(store, cfg, Unit(s, 0))
         n = len(d["tokens"])
-        offset, drafting = round_offsets(d["round_image"], d["round_drafted"], d["round_accepted"], n, T)
+        rounds = None
+        if mode is None:   # chains: the per-image TV bound from the image's own rounds
+            rounds = round_offsets(d["round_image"], d["round_drafted"], d["round_accepted"], n, T)
         sc = score_images(b.target, b.draft, _conds(ctx, np.arange(n)), d["tokens"], {s.key: rules[s.key]}, L,
-                          _proc(ctx, s), rounds=(offset, drafting))
-        lp, lph, bound = sc["log_p"], sc["log_p_hat"][s.key], sc["bound"][s.key]
-        _write(store, cfg, ctx, s, {"log_p_hat": lph, "log_p": lp, "bound": bound, "ar_log_p_hat": lph_ar[s.key],
-                                    "ar_log_p": lp_ar, "ar_comparable": np.array(s in same)})
+                          _proc(ctx, s), rounds=rounds, drafting=mode)
+        arrays = {"log_p_hat": sc["log_p_hat"][s.key], "log_p": sc["log_p"], "ar_log_p_hat": lph_ar[s.key],
+                  "ar_log_p": lp_ar, "ar_comparable": np.array(s in same)}
+        if rounds is not None:
+            arrays["bound"] = sc["bound"][s.key]
+        _write(store, cfg, ctx, s, arrays)
     return len(mine)
 
 
-def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds=None, batch: int = BATCH) -> dict:
+def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds=None, batch: int = BATCH,
+                 drafting=None) -> dict:
     """Exact per-image fidelity arrays of n images ``tokens`` (n, T) with conditions ``conds`` (n,): teacher-forced
-    rows (``real.decode.score.teacher_forced_rows``) once per batch of ``batch`` images, then for every chain rule
-    of ``rules`` ({key: verifier}) the recursion (``theory.likelihood.log_likelihood``) and, with ``rounds`` =
-    (offset, drafting) (n, T) of the images' own rounds (``theory.likelihood.path_bound.round_offsets``), the per-image TV
-    bound (``theory.likelihood.path_bound.image_path_bounds``). Returns {"log_p": (n,), "log_p_hat": {key: (n,)},
-    "bound": {key: (n,)} (empty without ``rounds``)}, float64. Used by the sweep (``shard``) and the demo."""
+    rows once per batch of ``batch`` images, then for every rule of ``rules`` ({key: verifier}) the recursion, and,
+    for chains with ``rounds`` = (offset, drafting) (n, T) of the images' own rounds
+    (``theory.likelihood.path_bound.round_offsets``), the per-image TV bound
+    (``theory.likelihood.path_bound.image_path_bounds``). Chains (``drafting`` None, L drafts): rows
+    ``real.decode.score.teacher_forced_rows``, recursion ``theory.likelihood.log_likelihood``; a tree mode
+    (``drafting``: ``StaticTree``, release ``DynamicTree``): rows ``real.decode.score_tree.tree_rows``, recursion
+    ``theory.likelihood.tree_log_likelihood`` (``score_tree.tree_likelihood``; no bound). Returns {"log_p": (n,),
+    "log_p_hat": {key: (n,)}, "bound": {key: (n,)} (empty without ``rounds``)}, float64. Used by the sweep
+    (``shard``) and the demo."""
     from real.decode.score import teacher_forced_rows
+    from real.decode.score_tree import tree_likelihood, tree_rows
     from theory.likelihood import log_likelihood, log_target
     from theory.likelihood.path_bound import image_path_bounds
 
     tokens = np.asarray(tokens)
     n = len(tokens)
-    if not all(m.batched for m in (target, draft) if m is not None):
+    tree = drafting is not None
+    if tree and rounds is not None:
+        raise ValueError("score_images: the per-image TV bound (rounds) is a chain's; tree drafting has none")
+    if not all(m.batched and (not tree or m.row_masks) for m in (target, draft) if m is not None):
         batch = 1                  # single-length models (the transformers adapters) score one image at a time
     lp = np.empty(n)
     lph = {k: np.empty(n) for k in rules}
     bound = {k: np.empty(n) for k in rules} if rounds is not None else {}
     for a in range(0, n, batch):   # a loop over batches of images: rows once, the recursion per rule
         tok = torch.as_tensor(tokens[a:a + batch])
+        x = tok.numpy()
+        if tree:
+            rows = tree_rows(target, draft, list(conds[a:a + batch]), tok, drafting, processing=proc)
+            lp[a:a + batch] = log_target(rows.p.cpu().numpy(), x)
+            for k, rule in rules.items():   # a loop over the rules scored on these images
+                lph[k][a:a + batch] = tree_likelihood(rows, x, rule, drafting)
+            continue
         rows = teacher_forced_rows(target, draft, list(conds[a:a + batch]), tok, L=L, processing=proc)
-        p, q, x = rows.p.cpu().numpy(), rows.q.cpu().numpy(), tok.numpy()
+        p, q = rows.p.cpu().numpy(), rows.q.cpu().numpy()
         lp[a:a + batch] = log_target(p, x)
         for k, rule in rules.items():   # a loop over the rules scored on these images
             lph[k][a:a + batch] = log_likelihood(p, q, x, rule, L, convention=rows.convention)
@@ -164,8 +218,12 @@ def entries(store: Store, cfg: SweepConfig, ctx: Context) -> tuple[dict, dict | 
         z = _cached(store, cfg, ctx, s)
         if z is None:
             raise ValueError(f"fidelity arrays of {s.key} missing from {store.root / 'fidelity'}: rerun the merge")
+        if "reason" in z:      # a tree construction without an exact likelihood
+            out[s.key] = {"tv_to_target": None, "kl_to_target": None, "kl_from_ar": None, "tv_bound_image": None,
+                          "fidelity_reason": str(z["reason"])}
+            continue
         ar = (z["ar_log_p_hat"], z["ar_log_p"]) if bool(z["ar_comparable"]) else None
-        rep = fidelity.report((z["log_p_hat"], z["log_p"]), ar, T=T, bound_per_image=z["bound"])
+        rep = fidelity.report((z["log_p_hat"], z["log_p"]), ar, T=T, bound_per_image=z.get("bound"))
         if ar is None:
             rep["tv_to_target"]["from_ar_reason"] = ("the setting's processing differs from the AR images' "
                                                      "(greedy rows): no AR sample of its target law")

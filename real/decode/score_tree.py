@@ -1,0 +1,375 @@
+"""Teacher-forced rows of tree drafting and exact likelihoods of tree-drafted images (docs/theory.md sections 9, 9b,
+11b; T13 is ``theory.likelihood.tree_log_likelihood``).
+
+For images x (B, T) and a tree drafting mode, ``tree_rows`` gives what the engine's rounds would have read had they
+walked each image's own path, for every possible round start n (the round that starts with n tokens committed; the
+root is x_{n-1}; every tree mode starts with the target's prefill alone, so n >= 1: ``convention="eagle"``):
+
+* ``p`` (B, T, V): the target's rows P(. | x_<t) (``real.decode.score.teacher_forced_rows``);
+* static trees (``StaticTree``): ``q`` the drafter's row at the path node of depth d of round n, the row that
+  predicts token n + d: an independent / layer-skip draft's row ignores the round, q (B, T, V) = Q(. | x_<t); an
+  EAGLE-1 drafter's row depends on its own features since the round began, and the path node at depth d of round n
+  is the d-th draft of a chain round starting at n, so q (B, T, D, V) with q[:, n, d] = the chain rows' q[:, n + d, d]
+  (``real.decode.score._eagle_rows``: same positions root + d, same features, same ancestors). The candidates
+  (top-m, or a draw without replacement) are the likelihood's business (``StaticTree.candidates``);
+* release-mode dynamic trees (``DynamicTree(sampling="release")``): the tree itself, REGROWN at every round start n
+  with the engine's construction (``real.decode.dynamic_tree.grow_tree``: the root's top-k children by processed
+  draft probability, ``depth`` expansions of the k best frontier nodes by cumulative log-probability, float64 keys,
+  ties to the lower index by ``top_m`` and ``select_nodes``, the image's own depth cap D'(n) = min(depth + 1,
+  T - n - 1) ranking deeper nodes last): ``trees`` (``theory.tree.RowTrees``, children (B, T, N+1, k)),
+  ``node_tokens`` and ``parent`` (B, T, N+1). Every expansion level is ONE drafter forward over the frontiers of a
+  chunk of round starts of every image (the k frontier nodes of each start attend to the committed entries before
+  their start and to their own ancestors: per-row masks), so growing ~T trees per image costs ``depth`` forwards per
+  chunk; the drafter's cache is rolled back after each chunk. Nodes below an image's depth cap may be selected (the
+  pool's deeper levels rank last): the walk never reaches them, as in the engine at batch size > 1.
+
+The lossless dynamic mode (stochastic-beam keys) has no exact likelihood (its tree depends on the Gumbel keys of
+off-path nodes): ``check`` raises NotImplementedError naming the construction that is exact, as it does for greedy
+processing and for sampled static candidates above ``theory.likelihood.tree``'s cost guard.
+
+``score_trees`` turns the rows into per-image log P^(x) and log P(x), batch by batch. This module drives models only
+through ``real.protocol`` (like the engine).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from theory.tree import RowTrees, Tree, row_trees, select_nodes
+
+from real.nn.layers import inference_weights
+from real.protocol import as_batched, as_conds, check_pair
+from .dynamic_tree import DynamicTree
+from .sampling import Processing
+from .tree import StaticTree, top_m
+
+__all__ = ["TreeRows", "tree_mode", "check", "tree_rows", "tree_likelihood", "score_trees", "LOSSLESS_REASON",
+           "MASK_BUDGET"]
+
+LOSSLESS_REASON = ("exact likelihood of lossless dynamic trees (--tree-sampling lossless: stochastic-beam-search keys) "
+                   "is not available: the tree's shape depends on the Gumbel keys of every node, off-path nodes "
+                   "included, whose rows are not functions of the image; exact: the release construction "
+                   "(--tree-sampling release: top-k children by cumulative draft log-probability, verified with "
+                   "qx = 1) or static trees (--tree eagle25 --tree-candidates topk)")
+GREEDY_REASON = ("exact likelihood of greedy tree drafting is not available: greedy trees draft each node's top-m "
+                 "tokens by guided logits, which the one-hot rows of temperature 0 cannot rank (and greedy output is "
+                 "deterministic: there is no law to measure)")
+MASK_BUDGET = 1 << 21   # attention-mask elements per dynamic-tree growth forward (chunks of round starts; at
+#                         B = 50 with CFG, 2^19..2^21 ran 2.25 s, 2^23 2.7 s, 2^25 3.8 s: the masked keys cost)
+
+
+@dataclass
+class TreeRows:
+    """Teacher-forced rows of B images for a tree mode (module docstring): ``p`` (B, T, V); static trees: ``q``
+    (B, T, V) or (B, T, D, V) indexed by round start; dynamic trees: ``trees`` (RowTrees over (B, T)),
+    ``node_tokens`` and ``parent`` (B, T, N+1) int64; ``mode`` the drafting mode they were made for."""
+    p: torch.Tensor
+    q: torch.Tensor | None
+    mode: object
+    trees: RowTrees | None = None
+    node_tokens: torch.Tensor | None = None
+    parent: torch.Tensor | None = None
+    convention: str = "eagle"
+
+
+def tree_mode(drafting):
+    """A ``StaticTree`` / ``DynamicTree`` from ``drafting`` (a ``theory.tree.Tree`` is ``StaticTree(tree)``, as
+    ``engine.generate`` reads it), or None when it is not a tree mode."""
+    if isinstance(drafting, Tree):
+        return StaticTree(drafting)
+    return drafting if isinstance(drafting, (StaticTree, DynamicTree)) else None
+
+
+def check(mode, verifier, V: int, processing: Processing) -> None:
+    """Refuse, before any model call, what has no exact likelihood: NotImplementedError for lossless dynamic trees,
+    greedy processing, sampled static candidates above the likelihood's cost guard; ValueError for a verifier without
+    a chain rule or a mode that is not a tree."""
+    from theory.likelihood import check_chain_rule
+    from theory.likelihood.tree import check_sampled_cost
+
+    if not isinstance(mode, (StaticTree, DynamicTree)):
+        raise ValueError(f"tree scoring needs a StaticTree or DynamicTree mode, got {type(mode).__name__}")
+    check_chain_rule(verifier, "score")
+    if not isinstance(processing, Processing):
+        raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
+    if processing.greedy:
+        raise NotImplementedError(GREEDY_REASON)
+    if isinstance(mode, DynamicTree):
+        if mode.sampling != "release":
+            raise NotImplementedError(LOSSLESS_REASON)
+        if mode.topk > V:
+            raise ValueError(f"tree topk = {mode.topk} exceeds the vocabulary size V = {V}")
+    elif mode.candidates == "sampled":
+        check_sampled_cost(mode.tree, V, verifier)
+
+
+# ----------------------------------------------------------------------------- rows
+
+@torch.no_grad()
+def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing = Processing(),
+              mask_budget: int = MASK_BUDGET) -> TreeRows:
+    """The rows of B images ``tokens`` (B, T) with conditions ``conds`` for the tree mode ``drafting`` (module
+    docstring); all B images in one batch (``score_trees`` splits larger sets); ``mask_budget`` bounds the attention
+    mask of a dynamic tree's growth forward (elements; chunks of round starts)."""
+    from .score import _check_tokens, teacher_forced_rows
+
+    mode = tree_mode(drafting)
+    if mode is None:
+        raise ValueError(f"drafting must be a tree mode (StaticTree, DynamicTree or a theory.tree.Tree), got "
+                         f"{type(drafting).__name__}")
+    if draft is None:
+        raise ValueError("tree rows need the draft model the trees were drafted with")
+    if isinstance(mode, DynamicTree) and mode.sampling != "release":
+        raise NotImplementedError(LOSSLESS_REASON)
+    if not isinstance(processing, Processing):
+        raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
+    if processing.greedy:
+        raise NotImplementedError(GREEDY_REASON)
+    if isinstance(mode, StaticTree):
+        D = int(mode.tree.depth)
+        rows = teacher_forced_rows(target, draft, conds, tokens, L=D, processing=processing)
+        q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
+        return TreeRows(rows.p, q, mode)
+    conds = as_conds(conds)
+    check_pair(target, draft)
+    tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
+    B = tok.shape[0]
+    for m in (target, draft):
+        if B > 1 and not (m.batched and m.row_masks):
+            raise ValueError(f"{type(m).__name__} cannot take per-row tree masks: dynamic-tree rows one image at a "
+                             f"time (got {B})")
+    target, draft = as_batched(target), as_batched(draft)
+    dev = torch.device(getattr(target, "device", "cpu") or "cpu")
+    with inference_weights(), torch.inference_mode():
+        p, grown = _dynamic(target, draft, conds, tok.to(dev), mode, processing, dev, int(mask_budget))
+    with torch.inference_mode(False):
+        out = [x.clone() for x in (p, *grown)]
+    p, children, depth, node_tokens, parent = out
+    return TreeRows(p, None, mode, RowTrees(children, depth, mode.max_depth), node_tokens, parent)
+
+
+def _by_round_start(qc: torch.Tensor) -> torch.Tensor:
+    """An EAGLE drafter's chain rows qc (B, T, D, V) ([:, t, d]: token t as the (d+1)-th draft) -> tree rows
+    (B, T, D, V) by round start, q[:, n, d] = qc[:, n + d, d] (entries past the image: uniform, never read)."""
+    B, T, D, V = qc.shape
+    q = torch.full_like(qc, 1.0 / V)
+    for d in range(D):   # a loop over tree depths
+        q[:, :T - d, d] = qc[:, d:, d]
+    return q
+
+
+@contextlib.contextmanager
+def _room(model, need: int):
+    """A model with a fixed cache (``extra_slots`` spare entries past the image) sized for ``need`` spare entries
+    for the duration (a prefill allocates it); unbounded caches (None) are left alone."""
+    m = getattr(model, "model", model)           # through OneRow
+    old = getattr(m, "extra_slots", None)
+    if old is None or old >= need:
+        yield
+        return
+    m.extra_slots = int(need)
+    try:
+        yield
+    finally:
+        m.extra_slots = old
+
+
+def _dynamic(target, draft, conds, tok, spec: DynamicTree, proc: Processing, dev, budget: int):
+    """p (B, T, V) and the regrown trees of every round start: children (B, T, N+1, k), node depths, node tokens and
+    parents (B, T, N+1) int64 (module docstring). Round starts n = 1 .. T-2 draft (D'(n) >= 1); n = 0 (the prefill)
+    and n = T-1 get a placeholder star (never read)."""
+    from .score import _rows
+
+    B, T = tok.shape
+    kr = proc.batch
+    feat = bool(getattr(draft, "needs_features", False))
+    o = target.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg, return_hidden=feat)
+    p = proc.rows(o.logits)                                                        # (B, T, V)
+    N1, k, levels = spec.total, spec.topk, spec.depth
+    S = T - 2                                                                      # round starts n = 1 .. T - 2
+    parent = torch.zeros((B, T, N1), dtype=torch.long, device=dev)
+    parent[..., 0] = -1
+    depth = torch.ones((B, T, N1), dtype=torch.long, device=dev)
+    depth[..., 0] = 0
+    node_tokens = torch.zeros((B, T, N1), dtype=torch.long, device=dev)
+    if S >= 1:
+        M = T - 2                      # the drafter's committed entries a round start may hide (the last M)
+        R = kr * B
+        # starts per chunk: the last level's mask, R Sc k (M + levels Sc k) elements, within the budget
+        a2, b1 = R * k * k * levels, R * k * M
+        Sc = max(1, min(S, int((-b1 + np.sqrt(b1 * b1 + 4.0 * a2 * budget)) / (2 * a2))))
+        if feat:
+            hidden = o.hidden
+            P = hidden.shape[1] - (T - 1)
+            E = P + T - 2
+            draft.start(P, R, extra=levels * Sc * k)
+            ids = torch.cat([torch.zeros(B, P - 1, dtype=torch.long, device=dev), tok[:, :T - 1]], 1)
+            o1 = draft.forward(_rows(ids, kr), features=hidden[:, :E], position_ids=np.tile(np.arange(E), (R, 1)))
+            logits0, hid0, d_off = o1.logits[:, P - 1:E - 1], o1.hidden[:, P - 1:E - 1], P - 1
+        else:
+            with _room(draft, levels * Sc * k + 1):
+                o1 = draft.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg)
+            logits0, hid0 = o1.logits[:, 1:T - 1], None
+            d_off = int(draft.cache_lens[0]) - (T - 1)
+        for a in range(0, S, Sc):      # a loop over chunks of round starts (memory), each grown in `levels` forwards
+            ns = np.arange(a + 1, min(S, a + Sc) + 1)
+            idx = torch.as_tensor(ns, device=dev)
+            got = _grow(draft, spec, proc, tok, ns, logits0[:, idx - 1], None if hid0 is None else hid0[:, idx - 1],
+                        d_off, M, T, feat, dev)
+            for arr, g in zip((parent, depth, node_tokens), got):
+                arr[:, idx, :g.shape[-1]] = g
+    children = row_trees(parent, k, depth=spec.max_depth, node_depth=depth).children
+    return p, (children, depth, node_tokens, parent)
+
+
+def _depth_caps(spec: DynamicTree, ns: np.ndarray, T: int) -> np.ndarray:
+    """D'(n) = min(depth + 1, T - n - 1) (S,): the depth an image's round at start n walks, and the deepest level it
+    selects its tree among (``grow_tree``'s ``caps``)."""
+    return np.minimum(spec.max_depth, T - ns - 1)
+
+
+def _grow(draft, spec: DynamicTree, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_off: int, M: int, T: int,
+          feat: bool, dev):
+    """The release-mode trees of round starts ``ns`` (S,) of every image, as ``grow_tree`` grows one image's:
+    logits0 (R, S, V) the drafter's rows after each start's committed entries (hid0 (R, S, H) its features, EAGLE),
+    ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
+    image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
+    (B, S, n+1) int64 (n = min(N, pool))."""
+    from .score import _rows
+
+    B, S = tok.shape[0], len(ns)
+    kr, k, levels = proc.batch, spec.topk, spec.depth
+    R = kr * B
+    q0 = proc.rows(logits0)                                                        # (B, S, V)
+    tok_f = top_m(q0, k)                                                           # (B, S, k) the root's children
+    key = q0.gather(-1, tok_f).double().log()                                     # (B, S, k) = 0 + log q
+    toks, keys, fronts = [tok_f], [key], []
+    front = torch.arange(k, device=dev).expand(B, S, -1)
+    fhid = hid0[:, :, None].expand(-1, -1, k, -1) if feat else None               # (R, S, k, H)
+    anc = torch.zeros((B, S, k, 0), dtype=torch.bool, device=dev)                # ancestors among this start's entries
+    eye_k = torch.eye(k, dtype=torch.bool, device=dev)
+    eye_s = torch.eye(S, dtype=torch.bool, device=dev)
+    nt = torch.as_tensor(ns, device=dev)
+    seen = (torch.arange(M, device=dev)[None, :] < (nt[:, None] - 1))           # (S, M) committed entries visible
+    seen = seen[None, :, None, :].expand(B, -1, k, -1).reshape(B, S * k, M)
+    cap = d_off + T - 1
+    size = k
+    for i in range(levels):   # one drafter forward per expansion level (a loop over at most `depth` levels)
+        pos = np.repeat(np.minimum(d_off + ns + i, cap), k)                       # root d_off + n - 1, plus 1 + i
+        blocks = anc.reshape(B, S, k, i, k)                                       # [image, start, node, level, node']
+        blocks = eye_s[None, :, None, None, :, None] & blocks[:, :, :, :, None, :]   # (B, S, k, i, S, k)
+        mask = torch.cat([seen, blocks.reshape(B, S * k, i * S * k),
+                          torch.eye(S * k, dtype=torch.bool, device=dev).expand(B, -1, -1)], -1)
+        mask = mask[0] if B == 1 else _rows(mask, kr)
+        x = _rows(tok_f.reshape(B, S * k), kr)
+        pos = np.tile(pos, (R, 1))
+        if feat:
+            o = draft.forward(x, features=fhid.reshape(R, S * k, -1), position_ids=pos, attn_mask=mask)
+        else:
+            o = draft.forward(x, position_ids=pos, attn_mask=mask)
+        q = proc.rows(o.logits).reshape(B, S, k, -1)                             # (B, S, k, V)
+        ctok = top_m(q, k)                                                        # (B, S, k, k)
+        ckey = (key[..., None] + q.gather(-1, ctok).double().log()).reshape(B, S, k * k)
+        ctok = ctok.reshape(B, S, k * k)
+        base = size
+        fronts.append(front)
+        toks.append(ctok)
+        keys.append(ckey)
+        size += k * k
+        if i + 1 < levels:                     # the next frontier: the k best of the k^2
+            best = top_m(ckey, k)                                                 # (B, S, k)
+            out = best // k
+            tok_f, key = ctok.gather(-1, best), ckey.gather(-1, best)
+            front = base + best
+            if feat:
+                h = o.hidden.reshape(R, S, k, -1)
+                fhid = h.gather(2, _rows(out, kr)[..., None].expand(-1, -1, -1, h.shape[-1]))
+            prev = anc.gather(2, out[..., None].expand(-1, -1, -1, anc.shape[-1]))
+            anc = torch.cat([prev, eye_k[out]], -1)
+    draft.rollback(levels * S * k)
+    n = min(spec.n_nodes, size)
+    pool_keys = torch.cat(keys, -1)                                               # (B, S, pool)
+    pool_parents = torch.cat([torch.full((B, S, k), -1, dtype=torch.long, device=dev)]
+                             + [f.repeat_interleave(k, dim=-1) for f in fronts], -1)
+    pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]
+                           + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(levels)])
+    caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
+    pool_keys = pool_keys.masked_fill(pool_depth[None, None, :] > caps[None, :, None], -float("inf"))
+    sel, parent = select_nodes(pool_keys, pool_parents, n)                       # (B, S, n), (B, S, n+1)
+    zero = torch.zeros((B, S, 1), dtype=torch.long, device=dev)
+    node_depth = torch.cat([zero, pool_depth[sel]], -1)
+    node_tok = torch.cat([tok[:, nt - 1][..., None], torch.cat(toks, -1).gather(-1, sel)], -1)
+    return parent, node_depth, node_tok
+
+
+# ----------------------------------------------------------------------------- likelihood
+
+def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
+    """(B,) float64 log P^(x) of the images ``tokens`` (B, T) under ``mode`` and ``verifier`` from their rows
+    (``theory.likelihood.tree_log_likelihood``, on the host). ValueError, before the recursion, when the rows were made
+    for another mode: node count, depth or dynamic configuration."""
+    from theory.likelihood import tree_log_likelihood
+
+    mode = tree_mode(mode)
+    if not isinstance(rows, TreeRows):
+        raise ValueError(f"rows must be a TreeRows (real.decode.score_tree.tree_rows), got {type(rows).__name__}")
+    x = np.asarray(torch.as_tensor(tokens).cpu())
+    p = rows.p.cpu().numpy()
+    if isinstance(mode, DynamicTree):
+        if rows.trees is None:
+            raise ValueError("these rows hold no regrown trees (static-tree rows): score them with their StaticTree")
+        N1 = int(rows.trees.children.shape[-2])
+        if N1 != mode.total:
+            raise ValueError(f"the rows' trees have {N1} nodes (root included) but the dynamic tree scores "
+                             f"total = {mode.total}: rows made for another tree")
+        if not isinstance(rows.mode, DynamicTree) or rows.mode.params() != mode.params():
+            got = rows.mode.params() if isinstance(rows.mode, DynamicTree) else type(rows.mode).__name__
+            raise ValueError(f"the rows were regrown with dynamic configuration {got}, not {mode.params()}")
+        rt = RowTrees(rows.trees.children.cpu().numpy(), rows.trees.node_depth.cpu().numpy(), rows.trees.depth)
+        return tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
+                                   node_tokens=rows.node_tokens.cpu().numpy())
+    if rows.q is None:
+        raise ValueError("these rows hold no draft rows q (dynamic-tree rows): score them with their DynamicTree")
+    D = int(mode.tree.depth)
+    if rows.q.ndim == 4 and rows.q.shape[2] != D:
+        raise ValueError(f"the rows have draft rows for {rows.q.shape[2]} depths but the tree has depth {D}: rows "
+                         "made for another tree")
+    if isinstance(rows.mode, StaticTree) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
+        raise ValueError(f"the rows were made for a tree of {rows.mode.tree.n_nodes} nodes, not {mode.tree.n_nodes}")
+    return tree_log_likelihood(p, rows.q.cpu().numpy(), x, verifier, mode.tree, candidates=mode.candidates,
+                               convention=rows.convention)
+
+
+def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing: Processing = Processing(),
+                batch_size: int = 64) -> dict:
+    """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under tree
+    speculative decoding (``drafting``: a ``StaticTree``, release ``DynamicTree`` or ``theory.tree.Tree``) with
+    ``draft`` and ``verifier``: {"log_p": (n,), "log_p_hat": (n,)} float64. What has no exact likelihood is refused
+    before any model call (``check``)."""
+    from theory.likelihood import log_target
+
+    from .score import _check_tokens
+
+    mode = tree_mode(drafting)
+    if mode is None:
+        raise ValueError(f"drafting must be a tree mode, got {type(drafting).__name__}")
+    conds = as_conds(conds)
+    tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
+    check(mode, verifier, int(target.vocab_size), processing)
+    if draft is None:
+        raise ValueError("tree scoring needs the draft model the trees were drafted with")
+    check_pair(target, draft)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if not all(m.batched and (m.row_masks or isinstance(mode, StaticTree)) for m in (target, draft)):
+        batch_size = 1
+    lp, lph = [], []
+    for a in range(0, len(conds), batch_size):   # a loop over batches of images
+        x = tok[a:a + batch_size]
+        rows = tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing=processing)
+        lp.append(log_target(rows.p.cpu().numpy(), x.numpy()))
+        lph.append(tree_likelihood(rows, x, verifier, mode))
+    return {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph)}
