@@ -38,6 +38,13 @@ def register(sub):
                    help="stop after this many units per rank (run in chunks; rerun to continue)")
     s.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--predict", action="store_true",
+                   help="predict the whole frontier from plain-AR images and the recorded vanilla run only (no image "
+                        "generated under a relaxed rule): tokens per call, KL(P||P^) per token and TV from the AR images "
+                        "with CIs, the per-image bound; writes predicted.json / .md / PNGs (coolsd.studies.sweep.predict)")
+    s.add_argument("--measured", default=None, metavar="REPORT_JSON",
+                   help="with --predict: a measured sweep's report.json of the same grid, drawn and tabulated against "
+                        "the predictions")
     q = s.add_argument_group("image quality (coolsd.quality; MNIST always uses its shipped classifier; README "
                              "'Quality metrics')")
     q.add_argument("--quality", default=None, metavar="fid[,clip]",
@@ -116,6 +123,14 @@ def config(args):
     from coolsd.options import drafting_spec
     from real.specs import spec as model_spec
 
+    measured = None
+    if args.measured is not None:
+        if not args.predict:
+            raise ValueError("--measured compares a predicted sweep with a measured one: add --predict")
+        measured = _measured_report(args.measured)
+    if args.predict and args.record_images < 1:
+        raise ValueError("--predict needs recorded vanilla rows for the speed: --record-images >= 1")
+
     drafting = drafting_spec(args, model_spec(args.model).tokens)   # the same parser as coolsd generate
     from real.registry import BuildOptions
 
@@ -131,7 +146,25 @@ def config(args):
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,
                        grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added,
-                       quality=qspec)
+                       quality=qspec, predict=bool(args.predict), measured=measured)
+
+
+def _measured_report(path) -> str:
+    """--measured: a measured sweep's report.json (a readable JSON file with "methods"), checked before any work."""
+    import json
+    import os
+
+    p = os.path.join(path, "report.json") if os.path.isdir(path) else path
+    if not os.path.isfile(p):
+        raise ValueError(f"--measured: {path!r} is not a report.json (or a sweep directory holding one)")
+    try:
+        with open(p) as f:
+            rep = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--measured: {p!r} is not readable JSON ({e})") from None
+    if not isinstance(rep, dict) or not isinstance(rep.get("methods"), list):
+        raise ValueError(f"--measured: {p!r} is not a sweep report (no 'methods' list)")
+    return p
 
 
 def _quality_spec(args):
@@ -159,6 +192,9 @@ def run(args):
     cfg = config(args)
     res = sweep(cfg, args.out, max_units=args.max_units, progress=not args.no_progress)
     if res["rank"] != 0:
+        return 0
+    if cfg.predict and res["complete"]:
+        print(f"predicted frontier: {args.out}/predicted.md (also predicted.json and PNGs)")
         return 0
     if not res["complete"]:
         print(f"sweep incomplete: {res['units'] - res['missing']} of {res['units']} units stored in {args.out}; "

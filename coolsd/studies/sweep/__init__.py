@@ -43,6 +43,7 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
     from .run import Context
 
     threads = torch.get_num_threads()
+    t0 = time.perf_counter()
     dist = Dist.from_env(cfg.device)
     try:
         ctx = None
@@ -75,7 +76,13 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
         missing = [u for u in units if not store.done(u.slug, u.index)]
         result = {"complete": not missing, "units": len(units), "missing": len(missing), **status,
                   "rank": dist.rank, "world_size": dist.world}
-        if not missing:
+        if not missing and cfg.predict:
+            from . import analysis, predict
+
+            torch.set_num_threads(max(cfg.threads, 1))
+            result["report"] = predict.merge(cfg, store, dist, ctx if ctx is not None else Context(cfg, dist),
+                                             analysis.load, cfg.measured, t0)
+        elif not missing:
             result["report"] = merge(cfg, store, dist, ctx)
         dist.barrier()
         return result

@@ -159,7 +159,7 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
 
 
 def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds=None, batch: int = BATCH,
-                 drafting=None) -> dict:
+                 drafting=None, on_device: bool = False) -> dict:
     """Exact per-image fidelity arrays of n images ``tokens`` (n, T) with conditions ``conds`` (n,): teacher-forced
     rows once per batch of ``batch`` images, then for every rule of ``rules`` ({key: verifier}) the recursion, and,
     for chains with ``rounds`` = (offset, drafting) (n, T) of the images' own rounds
@@ -168,8 +168,10 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
     ``real.decode.score.teacher_forced_rows``, recursion ``theory.likelihood.log_likelihood``; a tree mode
     (``drafting``: ``StaticTree``, release ``DynamicTree``): rows ``real.decode.score_tree.tree_rows``, recursion
     ``theory.likelihood.tree_log_likelihood`` (``score_tree.tree_likelihood``; no bound). Returns {"log_p": (n,),
-    "log_p_hat": {key: (n,)}, "bound": {key: (n,)} (empty without ``rounds``)}, float64. Used by the sweep
-    (``shard``) and the demo."""
+    "log_p_hat": {key: (n,)}, "bound": {key: (n,)} (empty without ``rounds``)}, float64. ``on_device``: chains'
+    recursion runs on the rows' own torch tensors (array API: a CUDA model's rows stay on the GPU; ``rules`` must then
+    hold their tables as tensors there, e.g. ``Context.verifier``), else on numpy copies. Used by the sweep
+    (``shard``, ``predict.shard``) and the demo."""
     from real.decode.score import teacher_forced_rows
     from real.decode.score_tree import tree_likelihood, tree_rows
     from theory.likelihood import log_likelihood, log_target
@@ -195,6 +197,12 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
                 lph[k][a:a + batch] = tree_likelihood(rows, x, rule, drafting)
             continue
         rows = teacher_forced_rows(target, draft, list(conds[a:a + batch]), tok, L=L, processing=proc)
+        if on_device and rounds is None:
+            xd = tok.to(rows.p.device)
+            lp[a:a + batch] = log_target(rows.p, xd).cpu().numpy()
+            for k, rule in rules.items():   # a loop over the rules scored on these images
+                lph[k][a:a + batch] = log_likelihood(rows.p, rows.q, xd, rule, L, convention=rows.convention).cpu().numpy()
+            continue
         p, q = rows.p.cpu().numpy(), rows.q.cpu().numpy()
         lp[a:a + batch] = log_target(p, x)
         for k, rule in rules.items():   # a loop over the rules scored on these images

@@ -54,6 +54,9 @@ class SweepConfig:
     vanilla_added: bool = False
     quality: object = None     # coolsd.quality.QualitySpec (--quality ...) or None; not part of the identity:
                                # quality is computed at the merge from the stored codes
+    predict: bool = False      # --predict: only the AR and recorded vanilla units, the frontier predicted (predict.py);
+                               # not part of the identity: a predicted and a measured sweep share their units
+    measured: str | None = None   # --predict --measured: a measured sweep's report.json to compare with
 
     def identity(self) -> dict:
         """What must match for stored units to be reused (not ``images``: more images add blocks)."""
@@ -109,8 +112,14 @@ def unit_seed(base: int, key: str, index: int) -> int:
 
 
 def plan_units(cfg: SweepConfig) -> list[Unit]:
-    """Every unit, block by block (AR first in each block) so partial runs cover all settings evenly."""
-    return [Unit(s, j) for j in range(cfg.n_blocks) for s in (None, *cfg.settings)]
+    """Every unit, block by block (AR first in each block) so partial runs cover all settings evenly; a predicted
+    sweep only the AR and recorded vanilla units (``predict.plan``)."""
+    units = [Unit(s, j) for j in range(cfg.n_blocks) for s in (None, *cfg.settings)]
+    if cfg.predict:
+        from .predict import plan
+
+        units = plan(cfg, units)
+    return units
 
 
 @dataclass

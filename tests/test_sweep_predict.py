@@ -1,0 +1,95 @@
+"""coolsd sweep --predict (issue 37): the frontier predicted from plain-AR images and the recorded vanilla run alone.
+
+Checked against a measured sweep of the same grid in the same store: the predicted sweep generates only the AR and
+recorded vanilla units; its tokens per call are the measured sweep's predictions; its KL(P||P^) and TV from the AR
+images are exactly the measured sweep's (the same images, the same exact likelihood, an independent code path: cached
+chunks vs per-setting files); the recursion on torch tensors (the CUDA path) equals numpy's; a damaged chunk is
+recomputed alone; the comparison table counts what it says."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from coolsd.cli import main
+
+BASE = ["--model", "mnist", "--draft", "eagle", "--grid", "vanilla", "cool-sd:delta=3", "lantern++:lambda=2",
+        "--images", "20", "--unit-images", "10", "--record-images", "10", "--no-progress", "--batch-size", "10"]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("predict")
+    pred = root / "p"
+    assert main(["sweep", *BASE, "--predict", "--out", str(pred)]) == 0
+    units_after_predict = sorted(os.listdir(pred / "units"))
+    meas = root / "m"
+    assert main(["sweep", *BASE, "--out", str(meas)]) == 0
+    assert main(["sweep", *BASE, "--predict", "--measured", str(meas / "report.json"), "--out", str(meas)]) == 0
+    return pred, meas, units_after_predict
+
+
+def test_only_ar_and_recorded_vanilla_units_are_generated(stores):
+    pred, _, units = stores
+    slugs = {u.split(".")[0].rsplit("-b", 1)[0] for u in units}
+    assert any(u.startswith("ar") for u in units) and any(u.startswith("vanilla") for u in units)
+    assert not any("cool-sd" in u or "lantern" in u for u in units), units
+    assert not (pred / "report.json").exists() and (pred / "predicted.json").exists() and slugs
+
+
+def test_predictions_are_the_measured_sweeps_own(stores):
+    pred, meas, _ = stores
+    p = json.loads((pred / "predicted.json").read_text())
+    m = json.loads((meas / "report.json").read_text())
+    both = json.loads((meas / "predicted.json").read_text())
+    mm = {e["key"]: e for e in m["methods"]}
+    for e in p["methods"]:
+        me = mm[e["key"]]
+        assert e["tokens_per_call"]["predicted"] == pytest.approx(me["accepted_length"]["predicted"], rel=1e-12)
+        kl = me["kl_from_ar"]["per_token"]["measured"]
+        assert e["kl_ar_per_token"]["predicted"] == pytest.approx(kl, rel=1e-9, abs=1e-12)
+        assert e["tv"]["predicted"] == pytest.approx(me["tv_to_target"]["from_ar"], rel=1e-9, abs=1e-12)
+    van = next(e for e in p["methods"] if e["name"] == "vanilla")
+    assert abs(van["kl_ar_per_token"]["predicted"]) < 1e-6
+    relaxed = next(e for e in p["methods"] if e["name"] == "cool-sd")
+    assert relaxed["kl_ar_per_token"]["predicted"] > 1e-3 and relaxed["tokens_per_call"]["predicted"] > \
+        van["tokens_per_call"]["predicted"]
+    c = both["comparison"]
+    assert len(c["settings"]) == 3 and c["tv_compared"] == 3
+    assert c["tv_inside_measured_ci"] == sum(r["tv_inside"] for r in c["settings"])
+    assert (meas / "predicted_vs_measured.png").exists()
+
+
+def test_torch_recursion_equals_numpy_and_a_damaged_chunk_is_recomputed_alone(stores, tmp_path, monkeypatch):
+    import shutil
+
+    from coolsd.studies.sweep import predict
+
+    pred, _, _ = stores
+    work = tmp_path / "w"
+    shutil.copytree(pred, work)
+    ref = json.loads((work / "predicted.json").read_text())
+    chunk = work / "predict" / "ar_0.npz"
+    chunk.write_bytes(b"damaged")
+    monkeypatch.setattr(predict, "DEVICE_RECURSION", True)        # the CUDA path (torch tensors), on CPU
+    assert main(["sweep", *BASE, "--predict", "--out", str(work)]) == 0
+    got = json.loads((work / "predicted.json").read_text())
+    for a, b in zip(ref["methods"], got["methods"]):
+        assert b["kl_ar_per_token"]["predicted"] == pytest.approx(a["kl_ar_per_token"]["predicted"], rel=1e-9, abs=1e-12)
+        assert b["tv"]["predicted"] == pytest.approx(a["tv"]["predicted"], rel=1e-9, abs=1e-12)
+    with np.load(chunk) as z:
+        assert "log_p_hat" in z.files
+
+
+def test_refusals_before_any_work(tmp_path, capsys):
+    out = tmp_path / "x"
+    assert main(["sweep", *BASE, "--measured", str(tmp_path), "--out", str(out)]) == 2
+    assert "add --predict" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert main(["sweep", *BASE, "--predict", "--measured", str(bad), "--out", str(out)]) == 2
+    assert "not a sweep report" in capsys.readouterr().err
+    assert main(["sweep", *BASE[:-5], "--record-images", "0", "--no-progress", "--predict", "--out", str(out)]) == 2
+    assert not out.exists()
