@@ -124,7 +124,7 @@ def generate(args) -> dict:
     if args.record:
         _write_record(args, ctx, gens)
         out["record"] = str(args.record)
-    fid = _fidelity(args, ctx, gens) if args.fidelity else None
+    fid = _fidelity(args, ctx, gens, base) if args.fidelity else None
     if fid is not None:
         out["fidelity"] = fid["report"]
     if args.save:
@@ -203,7 +203,32 @@ def _result(args, ctx: dict, gens: list, base: list) -> dict:
         s = engine.summarize(base)
         out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
         out["speedup"] = s["seconds"] / stats["seconds"]
+    tuned = _tuned_prediction(args)
+    if tuned:
+        out["tuned_prediction"] = tuned
     return out
+
+
+def _tuned_prediction(args) -> dict | None:
+    """What ``coolsd tune`` predicted for the schedule file run here (--weights / --schedule S.json): its predicted
+    tokens per call and held-out KL(P||P^) per token, printed next to the measured figures."""
+    import json
+
+    for flag_ in ("weights", "schedule"):
+        path = getattr(args, flag_, None)
+        if isinstance(path, str) and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    d = json.load(f)
+            except (OSError, ValueError):
+                return None
+            if not isinstance(d, dict):
+                return None
+            held = (d.get("heldout") or {}).get("kl_per_token") or {}
+            return {"file": path, "objective": d.get("objective"), "tokens_per_call": d.get("predicted_tokens_per_call"),
+                    "tokens_per_call_ci95": d.get("predicted_tokens_per_call_ci95"),
+                    "kl_ar_per_token": held.get("measured"), "kl_ar_per_token_ci": held.get("ci")}
+    return None
 
 
 def _write_record(args, ctx: dict, gens: list) -> None:
@@ -260,9 +285,10 @@ def _fidelity_rule(args, ctx: dict):
     return rule
 
 
-def _fidelity(args, ctx: dict, gens: list) -> dict:
+def _fidelity(args, ctx: dict, gens: list, base: list) -> dict:
     """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary``; tree modes
-    through ``real.decode.score_tree``)."""
+    through ``real.decode.score_tree``); with --baseline the plain-AR images are scored too (KL(P||P^) per token, and
+    a second TV)."""
     import torch
 
     from real.decode.score import summary
@@ -271,7 +297,8 @@ def _fidelity(args, ctx: dict, gens: list) -> dict:
     tree = ctx["spec"].kind in ("tree", "dynamic")
     return summary(b.target, None if rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
                    verifier=rule, L=None if rule is None or tree else L, processing=ctx["proc"],
-                   batch_size=args.batch_size or 64, drafting=ctx["mode"] if rule is not None and tree else None)
+                   batch_size=args.batch_size or 64, drafting=ctx["mode"] if rule is not None and tree else None,
+                   ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
 
 
 def _save(args, ctx: dict, gens: list, fid: dict | None) -> None:
@@ -319,15 +346,25 @@ def format_result(r: dict) -> str:
              f"verify {r['time_verify_s']:.3f}s ({100 * r['verify_share']:.1f}%)"]
     if "speedup" in r:
         lines.append(f"  speed-up vs plain AR    {r['speedup']:.2f}x")
+    t = r.get("tuned_prediction")
+    if t and t.get("tokens_per_call") is not None:
+        kl = t.get("kl_ar_per_token")
+        lines.append(f"  predicted by coolsd tune {t['tokens_per_call']:.3f} tokens per call"
+                     + (f", KL(P||P^) per token {kl:.5f} (held-out AR images)" if kl is not None else ""))
     f = r.get("fidelity")
     if f:
         lines.append(f"  NLL/token (sampled law) {f['nll_per_token']:.4f}")
-        for k, name in (("tv_to_target", "TV to target"), ("kl_to_target", "KL to target")):
+        for k, name in (("kl_per_token", "KL(P^||P) per token"), ("kl_ar_per_token", "KL(P||P^) per token (AR)")):
             d = f.get(k)
             if d and d.get("measured") is not None:
-                lines.append(f"  {name:<23} {d['measured']:.4f} [{d['ci'][0]:.4f}, {d['ci'][1]:.4f}]")
-            elif d:
-                lines.append(f"  {name:<23} {d.get('reason', '-')}")
+                lines.append(f"  {name:<23} {d['measured']:.5f} [{d['ci'][0]:.5f}, {d['ci'][1]:.5f}]")
+        d = f.get("kl_to_target")
+        if d and d.get("measured") is None:
+            lines.append(f"  {'KL to target':<23} {d.get('reason', '-')}")
+        d = f.get("tv_to_target")
+        if d and d.get("measured") is not None:
+            lines.append(f"  {'TV to target':<23} {d['measured']:.4f} [{d['ci'][0]:.4f}, {d['ci'][1]:.4f}]  (whole-image "
+                         "TV saturates with length; KL per token does not)")
     return "\n".join(lines)
 
 

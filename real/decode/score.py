@@ -222,11 +222,14 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
 
 
 def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None,
-            processing: Processing = Processing(), batch_size: int = 64, drafting=None) -> dict:
+            processing: Processing = Processing(), batch_size: int = 64, drafting=None, ar_conds=None,
+            ar_tokens=None) -> dict:
     """``score`` plus the summaries ``coolsd generate --fidelity`` prints: {"log_p_hat", "log_p" (n,) arrays
-    (plain AR, draft None: log_p_hat = log_p), "report": {"nll_per_token", "images", "tv_to_target",
-    "kl_to_target"} (``theory.likelihood.fidelity``; with fewer than 2 images a "reason" instead of the last two)}.
-    ``drafting``: as ``score`` (chains of L when None)."""
+    (plain AR, draft None: log_p_hat = log_p), "report": {"nll_per_token", "images", "kl_per_token" (KL(P^||P) per
+    token from these images, with its interval: the fidelity axis that scales with length), "tv_to_target",
+    "kl_to_target"} (``theory.likelihood.fidelity``; with fewer than 2 images a "reason" instead)}. With plain-AR
+    images ``ar_tokens`` (m, T) (conditions ``ar_conds``) also "kl_ar_per_token" (KL(P||P^) per token) and the TV from
+    them (``tv_to_target.from_ar``). ``drafting``: as ``score`` (chains of L when None)."""
     from theory.likelihood import fidelity
 
     s = score(target, draft, conds, tokens, verifier=verifier, L=L, processing=processing, batch_size=batch_size,
@@ -236,9 +239,17 @@ def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None
     T = int(torch.as_tensor(tokens).shape[1])
     n = s["log_p"].size
     rep = {"nll_per_token": float(np.mean(-s["log_p"] / T)), "images": int(n)}
+    ar = None
+    if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
+        a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, L=L, processing=processing,
+                  batch_size=batch_size, drafting=drafting)
+        ar = (a["log_p_hat"], a["log_p"])
     if n >= 2:
-        full = fidelity.report((s["log_p_hat"], s["log_p"]), T=T)
+        full = fidelity.report((s["log_p_hat"], s["log_p"]), ar, T=T)
         rep |= {k: full[k] for k in ("tv_to_target", "kl_to_target")}
+        rep["kl_per_token"] = full["kl_to_target"].get("per_token")
+        if ar is not None:
+            rep["kl_ar_per_token"] = full["kl_from_ar"].get("per_token")
     else:
         rep["reason"] = "TV / KL need at least 2 images for an interval"
     return {**s, "report": rep}
