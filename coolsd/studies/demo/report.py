@@ -69,9 +69,9 @@ def fidelity_table(report: dict) -> str:
     images, KL(P^||P) per image and per token, KL(P||P^) per token (95% CIs), the predicted per-image TV bound and
     whether the measured TV is within it (chains; tree runs have no per-image bound); tree runs without an exact
     likelihood with the reason."""
-    head = ("| method | drafting | tokens/call | TV to target, SD images [95% CI] | TV, AR images [95% CI] "
-            "| KL(P^‖P) nats/image [95% CI] | KL(P^‖P) nats/token | KL(P‖P^) nats/token | TV bound / image [95% CI] "
-            "| within bound |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| method | drafting | tokens/call | KL(P^‖P) nats/token, SD images [95% CI] | KL(P‖P^) nats/token, AR "
+            "images [95% CI] | TV to target, SD images [95% CI] | TV, AR images [95% CI] | TV bound / image [95% CI] "
+            "| within bound |\n|---|---|---|---|---|---|---|---|---|\n")
     rows, trees = [], []
     for m in report["methods"] + report.get("other_drafts", []):
         if "tv_to_target" not in m:
@@ -80,12 +80,12 @@ def fidelity_table(report: dict) -> str:
         tv, kl, b, chk = m["tv_to_target"], m["kl_to_target"], m.get("tv_bound_image"), m.get("bound_check")
         ar = _ci({"measured": tv["from_ar"], "ci": tv["from_ar_ci"]}) if tv.get("from_ar") is not None else "n/a"
         within = "-" if not chk else ("yes" if chk["within"] else "NO") + (" (vacuous: > 1)" if chk["vacuous"] else "")
-        kt = f"{kl['per_token']['measured']:.5f}" if kl.get("per_token") else "-"
+        kt = _ci(kl["per_token"], 5) if kl.get("per_token") else ("inf" if kl.get("n_infinite") else "-")
         ka = m.get("kl_from_ar") or {}
-        kat = f"{ka['per_token']['measured']:.5f}" if ka.get("per_token") else ("inf" if ka.get("n_infinite") else "-")
+        kat = _ci(ka["per_token"], 5) if ka.get("per_token") else ("inf" if ka.get("n_infinite") else "-")
         rows.append(f"| {label(m)}{' (' + m['draft'] + ' draft)' if m in report.get('other_drafts', []) else ''} "
-                    f"| {m['drafting']} | {_f(m['accepted_length']['measured'])} | {_ci(tv)} | {ar} | {_ci(kl, 3)} | {kt} "
-                    f"| {kat} | {'-' if b is None else _ci(b, 3)} | {within} |")
+                    f"| {m['drafting']} | {_f(m['accepted_length']['measured'])} | {kt} | {kat} | {_ci(tv)} | {ar} "
+                    f"| {'-' if b is None else _ci(b, 3)} | {within} |")
     out = head + "\n".join(rows) + "\n"
     if trees:
         reason = next(m["fidelity_reason"] for m in report["methods"] if "fidelity_reason" in m)
@@ -389,15 +389,28 @@ def samples(path, report, results, settings, per_class: int = 6) -> None:
 
 
 def fidelity_figure(path, report) -> None:
-    """TV to the target vs tokens per target call, chain runs: measured (SD images, 95% CI), from AR images,
-    and the predicted per-image bound (clipped at 1: TV <= 1)."""
+    """Left (the fidelity axis): KL per token to the target vs tokens per target call, KL(P^||P) from the SD images
+    (filled, 95% CI) and KL(P||P^) from the AR images (x). Right: TV, measured (SD images, 95% CI), from AR images,
+    and the predicted per-image bound (clipped at 1: TV <= 1); TV saturates with image length, KL per token does not."""
     import matplotlib
     from matplotlib.figure import Figure
 
     ms = [m for m in report["methods"] + report.get("other_drafts", []) if "tv_to_target" in m]
-    fig = Figure(figsize=(9, 5.4))
-    ax = fig.subplots()
+    fig = Figure(figsize=(14, 5.4))
+    kx, ax = fig.subplots(1, 2)
     cmap = matplotlib.colormaps["tab10"]
+    for i, m in enumerate(ms):   # a dozen runs
+        x, kl, ka = m["accepted_length"]["measured"], m["kl_to_target"].get("per_token"), \
+            (m.get("kl_from_ar") or {}).get("per_token")
+        if kl:
+            kx.errorbar([x], [kl["measured"]], yerr=[[kl["measured"] - kl["ci"][0]], [kl["ci"][1] - kl["measured"]]],
+                        fmt="o", color=cmap(i % 10), capsize=3, label=label(m))
+        if ka:
+            kx.plot([x], [ka["measured"]], "x", color=cmap(i % 10), ms=8)
+    kx.set_xlabel("measured tokens per target call")
+    kx.set_ylabel("KL to the target, nats per token")
+    kx.set_title("KL(P^||P) per token (filled, 95% CI), KL(P||P^) from AR images (x)")
+    kx.legend(fontsize=7, loc="upper left")
     for i, m in enumerate(ms):   # a dozen runs
         x, tv, b = m["accepted_length"]["measured"], m["tv_to_target"], m.get("tv_bound_image")
         col = cmap(i % 10)
