@@ -117,6 +117,10 @@ def config(args):
     from real.specs import spec as model_spec
 
     drafting = drafting_spec(args, model_spec(args.model).tokens)   # the same parser as coolsd generate
+    if drafting.kind in ("sjd-pac", "sjd-pac-p"):
+        raise ValueError(f"coolsd sweep --draft {drafting.kind}: the sweep records and predicts chain-shaped Jacobi "
+                         "windows; SJD-PAC's windows are trees: run coolsd generate --draft "
+                         f"{drafting.kind} per rule, or benchmarks/bench_jacobi.py (predictions from one recorded run)")
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
