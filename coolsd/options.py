@@ -2,9 +2,10 @@
 
 Drafting: ``--L``, ``--tree`` (eagle25, eagle57, chain, JSON paths, or dynamic), ``--tree-candidates``, the dynamic
 tree's ``--tree-total/-depth/-topk/-sampling``, and a drafter-free mode by ``--draft NAME`` (``jacobi``: ``--window
---jacobi-init --coupling``). Every flag defaults to None, so "given" is one fact (``given``); the defaults come from
-the modes themselves (``real.decode.modes``: ``DEFAULT_L``, ``DynamicTree()``, ``Jacobi()``). A flag that does not
-apply to the drafting asked for is refused, in both commands, before any work.
+--jacobi-init --coupling``; ``sjd-pac`` / ``sjd-pac-p``: ``--window --pac-width --pac-depth``). Every flag defaults to
+None, so "given" is one fact (``given``); the defaults come from the modes themselves (``real.decode.modes``:
+``DEFAULT_L``, ``DynamicTree()``, ``Jacobi()``, ``SJDPAC()``). A flag that does not apply to the drafting asked for is
+refused, in both commands, before any work.
 
 ``drafting_spec(args)`` -> ``DraftingSpec`` (a plain, JSON-ready value: the sweep stores it in its identity);
 ``spec.build(bundle)`` -> the ``real.protocol.Drafting`` mode for the built model (the row width of a Jacobi window
@@ -23,8 +24,14 @@ __all__ = ["DraftingSpec", "add_drafting_args", "add_method_args", "drafting_spe
            "DYNAMIC_FLAGS", "FREE_FLAGS"]
 
 DYNAMIC_FLAGS = ("tree_total", "tree_depth", "tree_topk", "tree_sampling")
-FREE_FLAGS = ("window", "jacobi_init", "coupling")          # the options of the drafter-free modes (--draft jacobi)
-_FREE_KEYS = {"window": "window", "jacobi_init": "init", "coupling": "coupling"}
+FREE_FLAGS = ("window", "jacobi_init", "coupling", "pac_width", "pac_depth")   # the drafter-free modes' options
+_FREE_KEYS = {"window": "window", "jacobi_init": "init", "coupling": "coupling", "pac_width": "tree_width",
+              "pac_depth": "tree_depth"}
+PAC_FLAGS = ("pac_width", "pac_depth")                     # SJD-PAC's proactive tree
+_PAC_MODES = ("sjd-pac", "sjd-pac-p")
+# the flags each drafter-free mode reads (a mode registered by a user reads the Jacobi window's)
+MODE_FLAGS = {**{m: ("window", *PAC_FLAGS) for m in _PAC_MODES}}
+_JACOBI_FLAGS = ("window", "jacobi_init", "coupling")
 
 
 def flag(dest: str) -> str:
@@ -41,9 +48,10 @@ def given(args, dest: str) -> bool:
 
 def add_drafting_args(p) -> None:
     """The drafting flags (module docstring), all defaulting to None."""
-    from real.decode.modes import DEFAULT_L, DynamicTree, Jacobi
+    from real.decode.jacobi import SCD_WINDOW
+    from real.decode.modes import DEFAULT_L, SJDPAC, DynamicTree, Jacobi
 
-    d, j = DynamicTree(), Jacobi()
+    d, j, pac = DynamicTree(), Jacobi(), SJDPAC()
     g = p.add_argument_group("drafting (real.decode.modes; chains by default)")
     g.add_argument("--L", type=int, default=None, help=f"chain drafts per round (default {DEFAULT_L})")
     g.add_argument("--tree", default=None,
@@ -62,14 +70,21 @@ def add_drafting_args(p) -> None:
                    help="--tree dynamic: lossless (default: stochastic-beam-search keys, candidates verified with their "
                         "draft law) or release (top-k candidates verified with qx = 1, as the EAGLE-2 / LANTERN release)")
     g.add_argument("--window", type=int, default=None,
-                   help=f"--draft jacobi: target rows per call W (W - 1 Jacobi drafts; default {j.window}, the SJD "
-                        "release's)")
+                   help=f"--draft jacobi / sjd-pac / sjd-pac-p: target rows per call W (jacobi: W - 1 Jacobi drafts; "
+                        f"default {j.window}, the SJD release's, or {SCD_WINDOW} with a --coupling, the SCD release's; "
+                        f"sjd-pac: the proactive tree and its chain, default {pac.window} as released, may exceed the image)")
     g.add_argument("--jacobi-init", default=None, choices=["random", "repeat_horizon", "sample_horizon"],
                    help="--draft jacobi: initialisation of new window slots, as the SJD release's schemes (default random)")
     g.add_argument("--coupling", default=None, choices=["none", "scd-mc", "scd-mc-p", "scd-gs"],
                    help="--draft jacobi: couple consecutive iterations' drafts (SCD): scd-mc maximal coupling as "
                         "released (not lossless), scd-mc-p the same with the current rows as q (lossless), scd-gs Gumbel "
                         "coupling (default none: plain SJD)")
+    g.add_argument("--pac-width", type=int, default=None,
+                   help=f"--draft sjd-pac / sjd-pac-p: the proactive tree's branching K (the release's tree_width; "
+                        f"default {pac.tree_width})")
+    g.add_argument("--pac-depth", type=int, default=None,
+                   help=f"--draft sjd-pac / sjd-pac-p: the proactive tree's depth D, root included (the release's "
+                        f"tree_depth; default {pac.tree_depth}); the tree's (K^D - 1) / (K - 1) nodes must fit the window")
 
 
 def add_method_args(p) -> None:
@@ -138,9 +153,10 @@ class DraftingSpec:
         return {"kind": self.kind, "L": self.L, "tree": self.tree, "candidates": self.candidates,
                 "dynamic": None if self.dynamic is None else list(self.dynamic), "free": dict(sorted(self.free.items()))}
 
-    def build(self, bundle=None):
+    def build(self, bundle=None, model: str | None = None):
         """The drafting mode for a built model (``bundle``: a ``real.registry.Bundle``; its grid gives a Jacobi
-        window's row width and its image length bounds the window)."""
+        window's row width and its image length bounds the window; ``model``: its registry name, whose spec may set
+        the SJD release's plain tail, ``real.specs.ModelSpec.sjd_schedule``)."""
         from real.decode import modes
         from theory.tree import parse_tree
 
@@ -155,11 +171,18 @@ class DraftingSpec:
             grid = (bundle.info or {}).get("grid")
             T = int(bundle.num_tokens)
             opts["width"] = int(grid[1]) if grid else (math.isqrt(T) if math.isqrt(T) ** 2 == T else None)
-            if opts.get("window", 0) > T:
+            if opts.get("window", 0) > T and self.kind not in _PAC_MODES:
                 raise ValueError(f"--window {opts['window']} is larger than the image ({T} tokens)")
             if opts.get("init", "random") != "random" and opts["width"] is None:
                 raise ValueError(f"--jacobi-init {opts['init']} needs the image row width; --model's images have no "
                                  "known grid")
+            if self.kind == "jacobi" and model is not None:
+                from real.specs import spec as model_spec
+
+                if model_spec(model).sjd_schedule == "lumina":    # SJD / SCD on Lumina-mGPT: the last codes plainly
+                    from real.adapters.chameleon import sjd_plain_tail
+
+                    opts["plain_tail"] = sjd_plain_tail(bundle.target.layout)
         return modes.get(self.kind, opts)
 
 
@@ -172,15 +195,16 @@ def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
 
     draft = getattr(args, "draft", None)
     free = draft is not None and str(draft).lower() in modes.DRAFTER_FREE
+    pac = str(draft).lower() in _PAC_MODES          # SJD-PAC's window may exceed the image (its tree is cut there)
     if str(getattr(args, "method", "")).lower() == "ar":
         wrong = [flag(d) for d in ("L", "tree", "tree_candidates", *DYNAMIC_FLAGS) if given(args, d)]
         if wrong:
             raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} drafting; --method ar "
                              "drafts nothing: give a speculative --method (e.g. vanilla)")
-    for d in ("L", "tree_total", "tree_depth", "tree_topk", "window"):
+    for d in ("L", "tree_total", "tree_depth", "tree_topk", "window", *PAC_FLAGS):
         if given(args, d):
             v = checks.integer(flag(d), getattr(args, d), lo=1)
-            if d in ("L", "window") and num_tokens and v > num_tokens:
+            if d in ("L", "window") and num_tokens and v > num_tokens and not (d == "window" and pac):
                 raise ValueError(f"{flag(d)} {v} is larger than the image ({num_tokens} tokens; a round never drafts "
                                  f"past it): use {flag(d)} <= {num_tokens}")
     tree = getattr(args, "tree", None)
@@ -191,6 +215,10 @@ def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
     if given(args, "tree_candidates") and (tree is None or dynamic):
         raise ValueError("--tree-candidates configures static trees: add --tree eagle25 (or another static tree)")
     if not free:
+        wrong = [flag(d) for d in PAC_FLAGS if given(args, d)]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} SJD-PAC's proactive tree, a "
+                             "Jacobi-family draft: add --draft sjd-pac (or sjd-pac-p)")
         wrong = [flag(d) for d in FREE_FLAGS if given(args, d)]
         if wrong:
             raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} Jacobi drafting: add --draft "
@@ -201,6 +229,13 @@ def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
                 raise ValueError(f"--draft {draft} sets its draft length with --window, not {flag(d)}")
         if str(getattr(args, "method", "")).lower() == "ar":
             raise ValueError(f"--draft {draft} needs a speculative method (not ar)")
+        own = MODE_FLAGS.get(str(draft).lower(), _JACOBI_FLAGS)
+        wrong = [flag(d) for d in FREE_FLAGS if given(args, d) and d not in own]
+        if wrong:
+            hint = ("SJD-PAC's proactive tree: use --draft sjd-pac (or sjd-pac-p)" if set(wrong) <= {flag(d) for d in PAC_FLAGS}
+                    else "Jacobi windows (SJD / SCD): use --draft jacobi")
+            raise ValueError(f"{', '.join(wrong)} do(es) not apply to --draft {draft} (its options: "
+                             f"{', '.join(flag(d) for d in own)}); {', '.join(wrong)} configure(s) {hint}")
         opts = {_FREE_KEYS[d]: getattr(args, d) for d in FREE_FLAGS if given(args, d)}
         spec = DraftingSpec(str(draft).lower(), free=opts)
         mode = modes.get(spec.kind, opts)

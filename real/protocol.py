@@ -224,10 +224,10 @@ class Proposal:
     * ``law`` in ``LAWS``;
     * ``tree``: None (a chain), a ``theory.tree.Tree`` shared by the batch, or ``theory.tree.RowTrees`` per image;
     * ``depth`` (N+1,) or (B, N+1) int64 node depths (the target position of node k is the root's + depth[k]);
-    * ``mask`` (N+1, N+1) or (B, N+1, N+1) bool tree attention (node a sees b iff b is a or an ancestor), None for a
-      chain (causal);
+    * ``mask`` (N+1, N+1) or (B, N+1, N+1) bool tree attention (a sees b iff b is a or an ancestor), None: causal;
     * ``draft_forwards``: draft-model forwards the proposal took; ``parent`` (B, N+1) node parents (-1 at the root)
-      when the tree differs per image (recorded with the round)."""
+      when the tree differs per image; ``verify``: None (``theory.tree.verify_round``'s walk), or a mode's own verdict
+      ``verify(p, q, tokens, u_accept, u_sample, verifier, max_depth) -> TreeVerdict`` (``real.decode.sjd_pac``)."""
     tokens: object
     q: object
     law: str
@@ -236,6 +236,7 @@ class Proposal:
     mask: object = None
     draft_forwards: int = 0
     parent: object = None
+    verify: object = None
 
     def __post_init__(self):
         if self.law not in LAWS:
@@ -252,7 +253,8 @@ class Drafting(Protocol):
     ``theory.tree.verify_round``, the commit, ``advance``.
 
     * ``max_depth`` (int): the most drafted levels per round (chain L, tree depth, window - 1; 0: plain AR); the round
-      cuts image b's to D'_b = min(max_depth, T - n_b - 1) and proposes nothing when every D'_b is 0 (a plain AR step);
+      cuts image b's to D'_b = min(max_depth, T - plain_tail - n_b - 1) (``plain_tail``: optional, default 0) and
+      proposes nothing when every D'_b is 0 (a plain AR step);
     * ``needs_draft`` (bool): whether a draft model drives it (else ``generate``'s draft must be None);
     * ``trees`` (bool): whether its proposals are trees (records then mark plain steps as depth-0 tree rounds);
     * ``check(target, draft, num_tokens, verifier, processing, batch_size)``: ValueError before any work (models in
@@ -273,15 +275,10 @@ class Drafting(Protocol):
     trees: bool
 
     def check(self, target, draft, num_tokens: int, verifier, processing, batch_size: int) -> None: ...
-
     def start(self, run) -> object: ...
-
     def from_prefill(self, run) -> bool: ...
-
     def propose(self, run, depth: np.ndarray) -> Proposal: ...
-
     def advance(self, run, proposal: Proposal, verdict, p, n0: np.ndarray) -> None: ...
-
     def params(self) -> dict: ...
 
 

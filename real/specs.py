@@ -101,7 +101,9 @@ class ModelSpec:
     transformers adapters, batch size 1); ``cfg_scale`` (a number, or {model_type: number}) and ``top_k``:
     the published sampler's defaults; ``defaults``: option defaults the rules and builders read; ``choices``:
     per-model choices of an option (dest -> callable), over the option's own;
-    ``tokens``: tokens per image when fixed (None: set by the options); ``rules``: :class:`Rule` s."""
+    ``tokens``: tokens per image when fixed (None: set by the options); ``rules``: :class:`Rule` s;
+    ``sjd_schedule``: "lumina" where the SJD / SCD releases sample the image's last codes plainly
+    (``real.adapters.chameleon.sjd_plain_tail``; ``--draft jacobi`` follows it), None elsewhere."""
     name: str
     options: frozenset = frozenset()
     drafts: tuple = ("layerskip",)
@@ -114,6 +116,7 @@ class ModelSpec:
     tokens: int | None = None
     rules: tuple = ()
     choices: Mapping[str, Callable[[], tuple]] = field(default_factory=dict)   # per-model choices of an option
+    sjd_schedule: str | None = None
 
     def __post_init__(self):
         unknown = sorted(set(self.options) - set(OPTIONS))
@@ -162,7 +165,7 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("emu3-tiny", frozenset({"draft"}), batched=False, cfg_scale=3.0, **_TINY),
     ModelSpec("lumina-mgpt", frozenset({"target_pretrained", "prompts", "draft", "drafter_dir", "image_size",
                                         "vq_ckpt"}), ("eagle", "layerskip"), "eagle", codebook="vq", batched=False,
-              cfg_scale=3.0, top_k=2000, rules=_PROMPTED),
+              cfg_scale=3.0, top_k=2000, rules=_PROMPTED, sjd_schedule="lumina"),
     ModelSpec("janus-pro", frozenset({"target_pretrained", "draft_pretrained", "prompts", "draft", "drafter_dir"}),
               ("small", "eagle", "layerskip"), "small", batched=False, cfg_scale=5.0, top_k=0, rules=_PROMPTED),
     ModelSpec("emu3", frozenset({"target_pretrained", "prompts", "draft", "drafter_dir"}), ("eagle", "layerskip"),

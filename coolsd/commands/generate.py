@@ -153,7 +153,7 @@ def _build(args) -> dict:
     free = spec.kind not in ("chain", "tree", "dynamic")
     bundle = build(args.model, dataclasses.replace(opts, draft=NO_DRAFT) if free else opts)   # drafter-free: none
     check_bundle(args, bundle)
-    mode = spec.build(bundle)
+    mode = spec.build(bundle, args.model)
     if getattr(args, "compile", None):
         _compile(bundle, args.compile)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
@@ -245,8 +245,9 @@ def _write_record(args, ctx: dict, gens: list) -> None:
 
         write_dynamic_record(args.record, gens, mode)
         return
-    if spec.kind == "tree":      # static trees: the rounds that drafted the whole tree (TreeRows)
-        tree = mode.tree
+    pac = spec.kind in ("sjd-pac", "sjd-pac-p")          # SJD-PAC's window is a static tree too
+    if spec.kind == "tree" or pac:   # static trees: the rounds that drafted the whole tree (TreeRows)
+        tree = mode.tree() if pac else mode.tree
         full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
         if not full:
             raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")
@@ -254,6 +255,8 @@ def _write_record(args, ctx: dict, gens: list) -> None:
                 "tokens": np.stack([r.drafts for _, r in full]), "image": np.array([i for i, _ in full], dtype=np.int64),
                 "accepted": np.array([r.accepted for _, r in full]),
                 "tree_paths": np.array(json.dumps([list(p) for p in tree.paths]))}
+        if pac:   # the release decides its rounds by the longest accepted path, not the walk TreeRows predicts
+            arrs["verdict"] = np.array("longest" if mode.release else "walk")
         with atomic_file(args.record) as fh:
             np.savez_compressed(fh, **arrs)
         return
@@ -407,7 +410,8 @@ def validate_args(args) -> None:
     if getattr(args, "fidelity", False) and kind not in ("chain", "tree", "dynamic"):
         from real.decode.score import JACOBI_REASON
 
-        raise ValueError(f"--fidelity with --draft {kind}: {JACOBI_REASON}")
+        family = " (SJD-PAC's windows are Jacobi-family drafts)" if kind.startswith("sjd-pac") else ""
+        raise ValueError(f"--fidelity with --draft {kind}: {JACOBI_REASON}{family}")
     if args.save is not None:
         args.save = str(check_output_file("--save", args.save, ".npz"))
     if args.record is not None:

@@ -132,6 +132,10 @@ def config(args):
         raise ValueError("--predict needs recorded vanilla rows for the speed: --record-images >= 1")
 
     drafting = drafting_spec(args, model_spec(args.model).tokens)   # the same parser as coolsd generate
+    if drafting.kind in ("sjd-pac", "sjd-pac-p"):
+        raise ValueError(f"coolsd sweep --draft {drafting.kind}: the sweep records and predicts chain-shaped Jacobi "
+                         "windows; SJD-PAC's windows are trees: run coolsd generate --draft "
+                         f"{drafting.kind} per rule, or benchmarks/bench_jacobi.py (predictions from one recorded run)")
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)

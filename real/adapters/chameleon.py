@@ -26,7 +26,7 @@ from .imagelm import ImageTokenLM
 from .imagelm_eagle import tiny_pair
 from .imagelm_loading import embedding_dominated_init, hf_from_pretrained
 
-__all__ = ["ChameleonImageLM", "lumina_layout", "image_code_ids", "tiny_chameleon", "tiny_chameleon_pair",
+__all__ = ["ChameleonImageLM", "lumina_layout", "sjd_plain_tail", "SJD_LOOP_INTERVAL", "image_code_ids", "tiny_chameleon", "tiny_chameleon_pair",
            "load_lumina_mgpt", "lumina_prompt", "LUMINA_IDS", "tiny_vqgan", "vqgan_paths", "lumina_7b_config"]
 
 # Lumina-mGPT / Chameleon special ids (tokenizer of Alpha-VLLM/Lumina-mGPT-7B-*)
@@ -42,6 +42,28 @@ def lumina_layout(pixels: int = 768, *, boi: int = 8197, eoi: int = 8196, newlin
     n = pixels // patch
     side = pixels // downsample
     return ImageLayout(side, side, row_end=newline, header=(boi, size0 + n, size0 + n), trailer=(eoi,))
+
+
+# SJD's (tyshiwo1/Accelerating-T2I-AR-with-SJD at b389cfb2b6aa228efab32190f98bc13c3fd4b8e6, test_lumina_mgpt.py) and
+# SCD's (junhyukso/SCD at 7322379df906785094bd35aa2006791ba9acc8b0, lumina1/test_*.py) Lumina-mGPT schedule: Jacobi
+# windows while l <= g < r, g the tokens generated after the prompt (header and newlines included), with
+# l = 3 and r = (size // 16) ** 2 + size // 16 - 10; the window is min(max_num_new_tokens, r - g) there, 1 elsewhere.
+SJD_LOOP_INTERVAL = (3, -10)
+
+
+def sjd_plain_tail(layout: ImageLayout) -> int:
+    """Image codes at the end of a Lumina-mGPT image that the SJD / SCD releases sample plainly (their loop interval
+    ``SJD_LOOP_INTERVAL``): the codes generated at g >= r = H * W + H - 10 (square images: (size // 16) ** 2 + size //
+    16 - 10), g counting the header (3 tokens: boi, height, width) and one newline per row. 12 at every size of at least
+    13 codes per row (the last 13 generated tokens before eoi: 12 codes and the final newline). The first l = 3
+    generated tokens are the header: not image codes, so no plain head."""
+    l, back = SJD_LOOP_INTERVAL
+    r = layout.height * layout.width + layout.height + back
+    per_row = layout.width + (layout.row_end is not None)
+    head = len(layout.header)
+    if head != l:
+        raise ValueError(f"the SJD schedule assumes Lumina-mGPT's {l} header tokens, this layout has {head}")
+    return sum(1 for i in range(layout.height) for c in range(layout.width) if head + i * per_row + c >= r)
 
 
 def image_code_ids(model) -> torch.Tensor:

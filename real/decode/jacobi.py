@@ -14,7 +14,18 @@ q_0..q_{S-1} they were drawn from. One round (``jacobi_step``):
   4. the KV cache keeps [x_{n-1}; accepted drafts] only (rolled back by L' - tau), as a chain round.
 
 Window W is the release's ``max_num_new_tokens``: target rows per call, so at most W tokens per call (W = 1:
-plain AR). Initialisation of new slots (the release's ``multi_token_init_scheme``; q one-hot at the token):
+plain AR). Default 16 for SJD (tyshiwo1/Accelerating-T2I-AR-with-SJD at b389cfb2b6aa228efab32190f98bc13c3fd4b8e6,
+``test_lumina_mgpt.py`` and the sampler's own default) and 32 with an SCD coupling (junhyukso/SCD at
+7322379df906785094bd35aa2006791ba9acc8b0: ``lumina1/test_SCD_GS.py``, ``test_SCD_MC.py`` and its ``test_SJD.py`` baseline
+all set ``max_num_new_tokens = 32``; its ``janus_pro/test_scd.py`` defaults to 16).
+
+Plain tail (``plain_tail``): the last image tokens sampled plainly, windows never drafting into them. Both releases
+run Lumina-mGPT with ``jacobi_loop_interval_l = 3`` and ``jacobi_loop_interval_r = (size // 16)**2 + size // 16 - 10``
+(SJD ``test_lumina_mgpt.py``; SCD ``lumina1/test_*.py``); the loop drafts ``min(max_num_new_tokens, r - g)`` rows when
+``l <= g < r`` (g tokens generated after the prompt, structural ones included) and one plain token otherwise. The
+first 3 generated tokens are Lumina-mGPT's header (boi, height, width: inside the adapter here, not image codes); the
+plain tail is the last 13 generated tokens before eoi, i.e. 12 codes and the last newline at every size
+(``real.adapters.chameleon.sjd_plain_tail``; ``coolsd`` sets it for ``--model lumina-mgpt``). Initialisation of new slots (the release's ``multi_token_init_scheme``; q one-hot at the token):
 ``random`` (default): a uniform image token; ``repeat_horizon``: the last known token (last carried draft, else
 the last committed token) except at the first column of an image row, which stays random;
 ``sample_horizon``: the mode of the row that last known token was drawn from (P_{L'}), same columns.
@@ -43,9 +54,10 @@ from real.protocol import Proposal
 from . import rng as R
 from .sampling import sample
 
-__all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "draft_rows"]
+__all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "SCD_WINDOW", "draft_rows"]
 
-DEFAULT_WINDOW = 16                                   # the release's max_num_new_tokens (Lumina-mGPT, LlamaGen)
+DEFAULT_WINDOW = 16                                   # SJD's max_num_new_tokens (Lumina-mGPT, LlamaGen)
+SCD_WINDOW = 32                                       # SCD's (lumina1 scripts), the default with a coupling
 INITS = ("random", "repeat_horizon", "sample_horizon")
 COUPLINGS = ("none", "scd-mc", "scd-mc-p", "scd-gs")
 
@@ -59,15 +71,21 @@ _GUMBEL = R.JACOBI + 4     # Gumbel coupling: the fixed noise table, keyed by AB
 
 @dataclass(frozen=True)
 class Jacobi:
-    """The Jacobi drafting mode (``real.protocol.Drafting``): ``window`` W (target rows per call, W - 1 drafts),
-    ``init`` (``INITS``), ``coupling`` (``COUPLINGS``) and ``width`` (tokens per image row, for the horizon
-    initialisations). Drafter-free: ``generate``'s draft must be None; the window lives in ``run.state``."""
-    window: int = DEFAULT_WINDOW
+    """The Jacobi drafting mode (``real.protocol.Drafting``): ``window`` W (target rows per call, W - 1 drafts; None:
+    16, or 32 with a coupling, as released), ``init`` (``INITS``), ``coupling`` (``COUPLINGS``), ``width`` (tokens per
+    image row, for the horizon initialisations) and ``plain_tail`` (the last image tokens sampled plainly, as the
+    releases on Lumina-mGPT). Drafter-free: ``generate``'s draft must be None; the window lives in ``run.state``."""
+    window: int | None = None
     init: str = "random"
     coupling: str = "none"
     width: int | None = None
+    plain_tail: int = 0
     needs_draft = False
     trees = False
+
+    def __post_init__(self):
+        if self.window is None:
+            object.__setattr__(self, "window", DEFAULT_WINDOW if self.coupling == "none" else SCD_WINDOW)
 
     @property
     def slots(self) -> int:
@@ -111,7 +129,7 @@ class Jacobi:
         win, S, V = run.state, self.slots, p.shape[-1]
         Lr = prop.tokens.shape[1] - 1
         act = n0 < run.T
-        Lb = np.where(act, np.minimum(S, run.T - n0 - 1), 0)
+        Lb = np.where(act, np.clip(np.minimum(S, run.T - self.plain_tail - n0 - 1), 0, None), 0)
         tau = np.asarray(verdict.accepted)
         y, qn = _redraft(run, self, p, prop.tokens[:, 1:], prop.q, n0)
         tau_t = torch.as_tensor(tau, device=run.dev)
@@ -125,7 +143,8 @@ class Jacobi:
         _init_slots(run, self, win, carried, last_tok, last_row)
 
     def params(self) -> dict:
-        return {"draft": "jacobi", "window": self.window, "L": self.slots, "init": self.init, "coupling": self.coupling}
+        return {"draft": "jacobi", "window": self.window, "L": self.slots, "init": self.init, "coupling": self.coupling,
+                "plain_tail": self.plain_tail}
 
 
 @dataclass
@@ -153,6 +172,10 @@ def check_jacobi(spec, num_tokens: int, processing) -> Jacobi:
     if spec.init != "random" and (isinstance(spec.width, bool) or not isinstance(spec.width, (int, np.integer))
                                   or spec.width < 1):
         raise ValueError(f"jacobi init {spec.init!r} needs the image row width (an int >= 1), got {spec.width!r}")
+    pt = spec.plain_tail
+    if isinstance(pt, bool) or not isinstance(pt, (int, np.integer)) or not 0 <= pt < num_tokens:
+        raise ValueError(f"plain_tail must be an int in [0, {num_tokens}) (image tokens sampled plainly at the end), "
+                         f"got {pt!r}")
     if spec.coupling != "none" and processing.greedy:
         raise ValueError(f"coupling {spec.coupling!r} couples sampled drafts; greedy decoding has one-hot rows "
                          "(every coupling is the identity): use coupling 'none'")

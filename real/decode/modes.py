@@ -1,13 +1,15 @@
 """The drafting modes (``real.protocol.Drafting``) and their registry.
 
 A mode is a value: ``Plain()`` (no drafting), ``Chain(L)`` (a draft model's chain; an independent draft or an
-EAGLE-1 feature drafter), ``StaticTree(tree, candidates)``, ``DynamicTree(total, depth, topk, sampling)`` and
-``Jacobi(window, init, coupling)`` (drafter-free). ``real.decode.engine.generate(..., drafting=...)`` runs any of
-them, and any object that follows the contract (a new mode is one file: propose, advance).
+EAGLE-1 feature drafter), ``StaticTree(tree, candidates)``, ``DynamicTree(total, depth, topk, sampling)``, and the
+drafter-free ``Jacobi(window, init, coupling)`` and ``SJDPAC(window, tree_width, tree_depth, release)``.
+``real.decode.engine.generate(..., drafting=...)`` runs any of them, and any object that follows the contract (a new
+mode is one file: propose, advance).
 
-The registry names the modes a command line can ask for by ``--draft NAME`` without a draft model (``jacobi``, and
-whatever a user registers: ``register("ngram", lambda opts: NGram(...), drafter_free=True)``); model-drafted modes are
-chosen by the draft model's kind plus ``--L`` / ``--tree`` (``coolsd.options``).
+The registry names the modes a command line can ask for by ``--draft NAME`` without a draft model (``jacobi``,
+``sjd-pac``, ``sjd-pac-p``, and whatever a user registers: ``register("ngram", lambda opts: NGram(...),
+drafter_free=True)``); model-drafted modes are chosen by the draft model's kind plus ``--L`` / ``--tree``
+(``coolsd.options``).
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ from theory.tree import Tree
 from .chain import DEFAULT_L, Chain, Plain
 from .dynamic_tree import DynamicTree
 from .jacobi import Jacobi
+from .sjd_pac import SJDPAC
 from .tree import StaticTree
 
-__all__ = ["Plain", "Chain", "StaticTree", "DynamicTree", "Jacobi", "DEFAULT_L", "as_drafting", "register", "get",
+__all__ = ["Plain", "Chain", "StaticTree", "DynamicTree", "Jacobi", "SJDPAC", "DEFAULT_L", "as_drafting", "register", "get",
            "DRAFTER_FREE"]
 
 # name -> factory(options: dict) -> Drafting, for the drafter-free modes a command line selects with --draft NAME
@@ -65,3 +68,5 @@ def as_drafting(x):
 
 
 register("jacobi", lambda o: Jacobi(**o))
+register("sjd-pac", lambda o: SJDPAC(**o, release=True))        # SJD-PAC as released (not lossless)
+register("sjd-pac-p", lambda o: SJDPAC(**o, release=False))     # ours: the release's drafting, made lossless

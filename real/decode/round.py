@@ -118,9 +118,10 @@ class Run:
         """(B, 1) each image's last committed token (the root of its next round; token 0 before any commit)."""
         return self.out.gather(1, torch.as_tensor(np.maximum(self.n - 1, 0), device=self.dev)[:, None])
 
-    def depths(self, D: int) -> np.ndarray:
-        """(B,) int64 D'_b = min(D, T - n_b - 1) for unfinished images, 0 for finished ones."""
-        return np.where(self.active, np.minimum(D, self.T - self.n - 1), 0)
+    def depths(self, D: int, tail: int = 0) -> np.ndarray:
+        """(B,) int64 D'_b = min(D, T - tail - n_b - 1) for unfinished images (0 at least), 0 for finished ones;
+        ``tail``: the last image tokens a mode samples plainly (``Jacobi.plain_tail``)."""
+        return np.where(self.active, np.clip(np.minimum(D, self.T - tail - self.n - 1), 0, None), 0)
 
 
 @dataclass
@@ -338,7 +339,7 @@ def _target_block(run: Run, prop):
 
 def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     """One round of ``mode`` for the batch (module docstring): propose, one target forward, verify, commit, advance."""
-    Db = run.depths(mode.max_depth)
+    Db = run.depths(mode.max_depth, getattr(mode, "plain_tail", 0))
     Dr = int(Db.max())
     if Dr == 0:
         return ar_round(run, record)
@@ -356,7 +357,10 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
     u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
     P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, torch.as_tensor(Db, device=run.dev))
-    v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
+    if prop.verify is None:
+        v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
+    else:                     # a mode's own verdict (real.protocol.Proposal.verify)
+        v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
     tau, path = settle(run, prop, o.hidden, v, Dr)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()

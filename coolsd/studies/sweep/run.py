@@ -190,7 +190,7 @@ class Context:
         b = build(cfg.model, BuildOptions(device=dev, draft=NO_DRAFT if free else cfg.draft, seed=cfg.seed,
                                           num_images=n_cond), **dict(cfg.model_options))
         self.bundle = b
-        self.mode = cfg.drafting.build(b)
+        self.mode = cfg.drafting.build(b, cfg.model)
         self.L = self.mode.max_depth
         self.tree = self.mode.tree if isinstance(self.mode, StaticTree) else None
         self.dynamic = self.mode if isinstance(self.mode, DynamicTree) else None

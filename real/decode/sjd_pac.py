@@ -1,0 +1,452 @@
+"""SJD-PAC: Speculative Jacobi Decoding with Proactive Drafting and Adaptive Continuation (Kang et al., CVPR 2026,
+arXiv 2603.18599), as released and corrected, as one drafter-free drafting mode (``real.protocol.Drafting``).
+
+Facts read from the release (KangJialiang/SJD-PAC at commit 4fbc099f7f765b6b363a767da317c0fb8ad4a980: the sampler
+``SJDPACSpeculativeSampler``, the tree builders ``generate_tree_mask_and_retrieve`` / ``setup_speculative_tree_buffers``,
+the loop ``SJDPACSampler._sample`` and ``push_forward_model_kwargs_and_inputs``, all in
+``scheduler/sjd_pac_iteration_lumina_mgpt.py``; settings in ``test_lumina_mgpt.py``, ``eval_model.py``, README.md),
+re-implemented here:
+
+* the window (``max_num_new_tokens``, W) is the number of target rows per call, laid out as a tree: a K-ary tree of
+  depth D (``tree_width`` K, ``tree_depth`` D; (K^D - 1) / (K - 1) nodes, root included, D nodes when K = 1) whose
+  first branch continues as a chain up to W nodes in all, i.e. the first branch reaches depth M - 1 with
+  M = D + W - (K^D - 1) / (K - 1) (the release asserts the tree fits the window). Defaults in the code and in every
+  script: K = 3, D = 3 (README's prose names K = 4 in one place, 3 in its option list); W = 64 in the sampler's
+  defaults and the demo script, 16 in ``eval_model.py``'s options. The proactive tree is drafted in EVERY round (the
+  layout is fixed once per image); no other threshold or switch exists. ``jacobi_loop_interval_l/_r`` are accepted and
+  stored but never read: unlike SJD / SCD on Lumina-mGPT, every image token is Jacobi-drafted;
+* the K candidates of one tree level are shared by every node of the level above (token of the node at depth d and
+  branch b = the b-th of the level's K draws), drawn without replacement from the level's draft row
+  (``torch.multinomial(..., K)``, without replacement by default); the draft row q of a level is the same for all its
+  nodes; sibling b is verified against q with siblings 0..b-1 removed and renormalised, and against the target row
+  made residual by siblings 0..b-1: p_b = Norm([p_{b-1} - q_{b-1}]_+) (recursive rejection sampling's rows);
+* the verdict: every node is tested independently (p_b(x) > u q_b(x), one uniform per node, shared by the paths
+  through it); each root-to-leaf path accepts its longest all-accepted prefix, and the path with the LONGEST prefix
+  wins, the first leaf in (lexicographic) path order on ties (``torch.max`` over leaves). Not the first accepted
+  sibling: a later sibling whose subtree accepts deeper wins over an earlier accepted one;
+* the next token: below the winning node, a draw from the residual after all its children (the last sibling's
+  [p_{K-1} - q_{K-1}]_+; a chain node's [p - q]_+); at a leaf off the main branch, its own target row; when the whole
+  main branch (M - 1 drafts) is accepted the sampler has no row left (the last node's logits are not among p) and the
+  token is drawn from the UNIFORM padding row over the image tokens;
+* adaptive continuation: past the first rejection the tokens of the continuation path (the winning path, then first
+  children; past depth D - 1 the main branch) are tested against the rows just computed, which saw the rejected
+  token (stale rows), with the same test p(x) > u q(x) and the same uniforms; a token that passes stays as the next
+  window's first candidate of its level, the level's other K - 1 candidates drawn from [p - q]_+; a token that fails
+  is replaced by K draws (without replacement) from [p - q]_+, at a tree level from the residual after ALL the
+  level's siblings (the last sibling's [p_{K-1} - q_{K-1}]_+, as for the next token); below an off-main leaf there is
+  no token and the K candidates come from the leaf's own row. Every carried level's new draft row is the stale row p
+  itself (not residual);
+* new window slots (round one, and levels past the carried ones) hold random image tokens whose draft row is the
+  UNIFORM row over the image tokens (not one-hot: ``get_multi_token_for_preparation`` and the uniform padding rows);
+  round one draws every node independently (with replacement), later rounds K per level without replacement.
+
+Here (module ``SJDPAC``; ``release=True``, registered ``sjd-pac``): the release's tree, its longest-path verdict
+(``longest_path_verdict``, passed to the round as ``Proposal.verify``), its next token (uniform after a full main
+branch, except in greedy decoding, which the release does not have), its continuation and its uniform
+initialisation, with any registry verifier's f and residual where the release has vanilla's (the continuation's
+keep test stays vanilla's, as released: it is a coupling, not a verification). Departures, none of which changes the
+law: round one is the target's prefill alone (token 0 plain) and its window is drawn as every later one (K per level
+without replacement); uniforms come from the images' streams (``real.decode.rng``), the continuation's from its own
+stream instead of the verification's (the same law: those uniforms decide nothing else); the release's 1e-20 added to
+token id 0 of every residual row (a non-image id on Lumina-mGPT) is left out.
+
+As released SJD-PAC is not lossless (docs/theory.md section 12b; tests/test_sjd_pac.py measures it): (a) the longest
+path is chosen after looking at nodes deeper than the first rejection, so the committed tokens depend on draws they
+must be independent of; (b) after a full main branch the next token is uniform; (c) a continued token is kept by the
+test against its own row but replaced from the residual of ALL siblings, so it is not distributed as the stale row
+stored as its q; (d) a continued level's other candidates come from [p - q]_+, not from the stale row without the
+first candidate, which is what the next verification assumes.
+
+``release=False`` (registered ``sjd-pac-p``, ours) keeps the tree, the carried stale tail and the uniform
+initialisation and fixes the four: the standard recursive-rejection walk of the tree (``theory.tree.verify_round``,
+first accepted sibling), the next token from the target row after a full branch, the maximal coupling of the carried
+token with its stale row (keep x with min(1, p(x) / q(x)), else a draw from Norm([p - q]_+): then y ~ p), and the
+level's other K - 1 candidates drawn from p without y (a draw without replacement from p, as verified). By the argument
+of section 12 (every q is a function of the window before its position, every uniform used once) it is lossless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import torch
+
+from theory.core.xp import gather, gather_rows, namespace, normalize, sample_categorical
+from theory.tree import Tree, TreeVerdict, truncate_tree
+from real.protocol import Proposal
+
+from . import rng as R
+
+__all__ = ["SJDPAC", "PacWindow", "DEFAULT_WINDOW", "DEFAULT_TREE_WIDTH", "DEFAULT_TREE_DEPTH", "tree_nodes",
+           "pac_tree", "longest_path_verdict", "predict_longest"]
+
+DEFAULT_WINDOW = 64            # the sampler's max_num_new_tokens default and the demo's (eval_model.py's option: 16)
+DEFAULT_TREE_WIDTH = 3         # tree_width K (code and scripts)
+DEFAULT_TREE_DEPTH = 3         # tree_depth D
+
+# purposes of the mode's uniforms (disjoint from real.decode.jacobi's JACOBI + 0..4)
+_INIT = R.JACOBI + 8           # Exp(1) noise of the K draws of a fresh level (uniform row), per (slot, token)
+_KEEP = R.JACOBI + 9           # continuation: keep-the-stale-token uniforms, per slot
+_RES = R.JACOBI + 10           # continuation: Exp(1) noise of the residual draws, per (slot, token)
+_SIB = R.JACOBI + 11           # sjd-pac-p: Exp(1) noise of the other candidates of a carried level
+
+
+def tree_nodes(width: int, depth: int) -> int:
+    """Nodes (root included) of the release's K-ary tree of depth D: (K^D - 1) / (K - 1), D when K = 1."""
+    return depth if width == 1 else (width ** depth - 1) // (width - 1)
+
+
+def pac_tree(window: int, width: int, depth: int) -> Tree:
+    """The release's window as a ``theory.tree.Tree`` (root excluded from its paths): every path of ranks < K up to
+    depth D - 1, then the first branch (0, 0, ...) continued to depth M - 1 (W nodes in all); None-free for W >= 2."""
+    M = depth + window - tree_nodes(width, depth)
+    paths = [()]
+    level = [()]
+    for _ in range(depth - 1):      # a loop over the D - 1 branching levels (plan time only)
+        level = [p + (k,) for p in level for k in range(width)]
+        paths += level
+    paths += [(0,) * d for d in range(depth, M)]
+    return Tree(tuple(p for p in paths if p))
+
+
+@dataclass
+class PacWindow:
+    """Per-image window between rounds: ``cand`` (B, M-1, K) candidate tokens of depths 1..M-1 by rank (chain levels
+    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates; ``plans`` by truncation depth."""
+    cand: torch.Tensor
+    q: torch.Tensor
+    plans: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Plan:
+    """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks, the
+    attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1): for an
+    accepted node a and a depth e, the node whose row drafts depth e (``par``) and its first child (``xn``), -1 where
+    none."""
+    tree: Tree
+    depth: np.ndarray
+    rank: np.ndarray
+    mask: torch.Tensor
+    children: np.ndarray
+    anc: np.ndarray
+    par: torch.Tensor
+    xn: torch.Tensor
+    kids: torch.Tensor
+
+
+def _plan(tree: Tree, full: Tree, D: int, M: int, device) -> _Plan:
+    """The truncated tree's tables (``_Plan``); ``D`` the tree depth of the release's layout, ``M`` its main length."""
+    idx = {(): 0, **{p: i + 1 for i, p in enumerate(tree.paths)}}
+    N1 = tree.n_nodes + 1
+    depth = tree.node_depth.astype(np.int64)
+    rank = np.array([0] + [p[-1] for p in tree.paths], np.int64)
+    anc = np.full((N1, max(1, tree.depth)), -1, np.int64)
+    par = np.full((N1, M + 1), -1, np.int64)
+    xn = np.full((N1, M + 1), -1, np.int64)
+    paths = [()] + list(tree.paths)
+    for a, pa in enumerate(paths):   # a loop over the tree's nodes (plan time only, once per truncation depth)
+        for i in range(len(pa)):
+            anc[a, i] = idx[pa[:i + 1]]
+        for e in range(len(pa) + 2, M):   # depths past the rejected level: the continuation's parent row
+            pp = pa + (0,) * (e - 1 - len(pa)) if e - 1 < D else (0,) * (e - 1)
+            if pp in idx:
+                par[a, e] = idx[pp]
+                xn[a, e] = idx.get(pp + (0,), -1)
+    ch = tree.children
+    K = ch.shape[1]
+    kids = np.where(ch >= 0, ch, 0)
+    return _Plan(tree, depth, rank, torch.as_tensor(tree.attention_mask, device=device), ch, anc,
+                 torch.as_tensor(par, device=device), torch.as_tensor(xn, device=device),
+                 torch.as_tensor(np.concatenate([kids, (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K),
+                                 device=device))
+
+
+@dataclass(frozen=True)
+class SJDPAC:
+    """SJD-PAC drafting (module docstring): ``window`` W target rows per call, ``tree_width`` K, ``tree_depth`` D,
+    ``release`` (True: as released, ``sjd-pac``; False: ours, lossless, ``sjd-pac-p``). Drafter-free: ``generate``'s
+    draft must be None; the window lives in ``run.state``. ``width`` (the image row width the command line passes to
+    every drafter-free mode) is not used."""
+    window: int = DEFAULT_WINDOW
+    tree_width: int = DEFAULT_TREE_WIDTH
+    tree_depth: int = DEFAULT_TREE_DEPTH
+    release: bool = True
+    width: int | None = None
+    needs_draft = False
+    trees = True
+
+    @property
+    def main_length(self) -> int:
+        """M: nodes of the main branch, root included (the most tokens one call can give)."""
+        return self.tree_depth + self.window - tree_nodes(self.tree_width, self.tree_depth)
+
+    @property
+    def max_depth(self) -> int:
+        return self.main_length - 1
+
+    @property
+    def name(self) -> str:
+        return "sjd-pac" if self.release else "sjd-pac-p"
+
+    def check(self, target, draft, num_tokens, verifier, processing, batch_size) -> None:
+        """``check_sjd_pac`` and no draft model."""
+        if draft is not None:
+            raise ValueError(f"{self.name} drafts from the target itself (Jacobi drafts): give no draft model")
+        check_sjd_pac(self, num_tokens, None if target is None else int(target.vocab_size))
+
+    def from_prefill(self, run) -> bool:
+        return False
+
+    def tree(self) -> Tree:
+        """The release's layout for this window (``pac_tree``)."""
+        return pac_tree(self.window, self.tree_width, self.tree_depth)
+
+    def start(self, run) -> PacWindow:
+        """Every level freshly initialised after the first token (round 0 gave it)."""
+        S, K, V = self.max_depth, self.tree_width, int(run.target.vocab_size)
+        win = PacWindow(torch.zeros((run.B, S, K), dtype=torch.long, device=run.dev),
+                        torch.full((run.B, S, V), 1.0 / V, dtype=run.proc.dtype, device=run.dev))
+        _fresh(run, win, torch.zeros(run.B, dtype=torch.long, device=run.dev))
+        return win
+
+    def _plan(self, run, Dr: int) -> _Plan:
+        win = run.state
+        if Dr not in win.plans:
+            full = self.tree()
+            win.plans[Dr] = _plan(truncate_tree(full, Dr), full, self.tree_depth, self.main_length, run.dev)
+        return win.plans[Dr]
+
+    def propose(self, run, depth: np.ndarray) -> Proposal:
+        """The window's tree truncated to the batch's deepest D'_b: node tokens (a level's candidates by rank) and the
+        draft row of each node's children (its level's row); law "without_replacement"."""
+        Dr = int(depth.max())
+        plan = self._plan(run, Dr)
+        win = run.state
+        d = torch.as_tensor(plan.depth[1:], device=run.dev)
+        r = torch.as_tensor(plan.rank[1:], device=run.dev)
+        x = win.cand[:, d - 1, r]                                                       # (B, N)
+        S = win.q.shape[1]
+        rows = torch.as_tensor(np.minimum(plan.depth, S - 1), device=run.dev)
+        q = win.q[:, rows]                                                              # (B, N+1, V)
+        verify = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc, full_depth=self.max_depth,
+                         uniform_bonus=not run.proc.greedy) if self.release else None
+        return Proposal(torch.cat([run.last_tokens(), x], 1), q, "without_replacement", plan.tree, plan.depth,
+                        plan.mask, 0, verify=verify)
+
+    def advance(self, run, prop, verdict, p, n0) -> None:
+        """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
+        continuation path (module docstring; release or coupled), the rest freshly initialised (keyed by the new
+        committed lengths)."""
+        win = run.state
+        plan = win.plans[int(prop.tree.depth)]
+        S, K, V = self.max_depth, self.tree_width, p.shape[-1]
+        dev = run.dev
+        tau = torch.as_tensor(np.asarray(verdict.accepted), device=dev)
+        path = torch.as_tensor(np.asarray(verdict.path), device=dev)
+        a = torch.where(tau > 0, path.gather(1, (tau - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(tau))
+        e = tau[:, None] + 1 + torch.arange(1, S + 1, device=dev)                     # (B, S) old depth of new level
+        ec = e.clamp(max=plan.par.shape[1] - 1)
+        par = torch.where(e <= S, plan.par[a[:, None], ec], torch.full_like(e, -1))
+        xn = torch.where(par >= 0, plan.xn[a[:, None], ec], torch.full_like(e, -1))
+        carried = par >= 0
+        act = torch.as_tensor(run.active, device=dev)
+        carried &= act[:, None]
+        pc = par.clamp(min=0)
+        P = p.gather(1, pc[..., None].expand(-1, -1, V)).to(win.q.dtype)               # (B, S, V) stale rows
+        qo = prop.q.gather(1, pc[..., None].expand(-1, -1, V)).to(win.q.dtype)         # their levels' draft rows
+        has_x = xn >= 0
+        x = prop.tokens.gather(1, xn.clamp(min=0))                                      # (B, S)
+        n = run.n
+        u = run.rng.uniform(n, _KEEP, (S,)).to(dev, P.dtype)
+        ratio = _ratio(P.gather(-1, x[..., None])[..., 0], qo.gather(-1, x[..., None])[..., 0])
+        keep = has_x & (u < ratio)
+        res = (P - qo).clamp_(min=0)                                                    # [p - q]_+ (coupling residual)
+        noise_res = run.rng.uniform(n, _RES, (S, V)).log_().neg_().to(dev)
+        if self.release:
+            rej = _release_rejected_rows(plan, par, P, qo, prop.tokens, e, self.tree_depth, has_x)
+            draws_rej = _draw(_safe(rej, P), K, noise_res)
+            draws_keep = _draw(_safe(res, P), K, noise_res)
+            cand = torch.where(keep[..., None], torch.cat([x[..., None], draws_keep[..., :K - 1]], -1), draws_rej)
+        else:
+            y0 = _draw(_safe(res, P), 1, noise_res)[..., 0]
+            y = torch.where(keep, x, torch.where(has_x, y0, _draw(P, 1, noise_res)[..., 0]))
+            if K > 1:
+                rest = P.scatter(-1, y[..., None], 0.0)
+                others = _draw(rest, K - 1, run.rng.uniform(n, _SIB, (S, V)).log_().neg_().to(dev))
+                cand = torch.cat([y[..., None], others], -1)
+            else:
+                cand = y[..., None]
+        win.cand = torch.where(carried[..., None], cand, win.cand)
+        win.q = torch.where(carried[..., None], P, win.q)
+        first_free = carried.long().sum(1)
+        _fresh(run, win, first_free)
+
+    def params(self) -> dict:
+        return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
+                "tree_depth": self.tree_depth, "tree_nodes": self.window - 1}
+
+
+def _draw(w: torch.Tensor, k: int, e: torch.Tensor) -> torch.Tensor:
+    """k tokens (..., k) drawn without replacement from weights ``w`` (..., V) by the exponential race (the k largest
+    w / e, ``e`` Exp(1) noise); past the tokens of positive weight, distinct tokens of zero weight uniformly (where the
+    release's ``torch.multinomial`` refuses a row with fewer than k positive entries)."""
+    return torch.where(w > 0, w / e, -e).topk(k, dim=-1).indices
+
+
+def _ratio(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) with 1 where q(x) = 0 (the keep probability of the continuation: vanilla's test)."""
+    return torch.where(qx > 0, (px / qx.clamp(min=1e-300)).clamp(max=1.0), torch.ones_like(px))
+
+
+def _safe(w: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """Rows ``w`` (..., V), ``fallback`` where a row has no mass (p = q exactly: the release would draw its padding
+    id 0 there)."""
+    return torch.where(w.sum(-1, keepdim=True) > 0, w, fallback)
+
+
+def _release_rejected_rows(plan: _Plan, par, P, qo, tokens, e, D: int, has_x) -> torch.Tensor:
+    """The release's residual of a level whose stale token failed (B, S, V): at a tree level (the parent has K
+    children, depth e <= D - 1) the residual after ALL its children, Norm([p_{K-1} - q_{K-1}]_+) built by the
+    siblings' recursion; below an off-main leaf (no token) the leaf's own row; on the chain [p - q]_+."""
+    kids, live = plan.kids[par.clamp(min=0), 0], plan.kids[par.clamp(min=0), 1]        # (B, S, K)
+    p_j, q_left = P, qo
+    ar = torch.arange(P.shape[-1], device=P.device)
+    for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
+        c = tokens.gather(1, kids[..., j].flatten(1)).view_as(kids[..., j])
+        q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
+        nxt = (p_j - q_j).clamp(min=0)
+        nxt = _safe(nxt / nxt.sum(-1, keepdim=True).clamp(min=1e-300), p_j)
+        on = (live[..., j] > 0)[..., None]
+        p_j = torch.where(on, nxt, p_j)
+        q_left = torch.where(on & (ar == c[..., None]), torch.zeros_like(q_left), q_left)
+    tree_level = (e <= D - 1)[..., None]
+    chain = (P - qo).clamp(min=0)
+    return torch.where(~has_x[..., None], P, torch.where(tree_level, p_j, chain))
+
+
+def _fresh(run, win: PacWindow, first_free: torch.Tensor) -> None:
+    """Levels i >= first_free (B,) get K distinct uniform image tokens and the uniform draft row (as released), keyed
+    by the images' committed lengths."""
+    B, S, K = win.cand.shape
+    if S == 0:
+        return
+    V = win.q.shape[-1]
+    e = run.rng.uniform(run.n, _INIT, (S, V)).to(run.dev)
+    draws = e.topk(K, dim=-1).indices                     # K distinct tokens, uniformly without replacement
+    free = torch.arange(S, device=run.dev)[None, :] >= first_free[:, None]
+    win.cand = torch.where(free[..., None], draws, win.cand)
+    win.q = torch.where(free[..., None], torch.full_like(win.q, 1.0 / V), win.q)
+
+
+def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:
+    """ValueError naming the option unless ``spec`` is a valid ``SJDPAC`` for images of ``num_tokens`` tokens (and
+    ``vocab_size`` image tokens, when known): window, tree width and depth >= 1, the tree within the window (the
+    release's assertion), K <= V. The window may exceed the image (the release's default 64 on MNIST's 49 tokens): a
+    round's tree is cut at the image's end."""
+    if not isinstance(spec, SJDPAC):
+        raise ValueError(f"sjd-pac drafting must be a real.decode.sjd_pac.SJDPAC, got {type(spec).__name__}")
+    for name in ("window", "tree_width", "tree_depth"):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    nodes = tree_nodes(spec.tree_width, spec.tree_depth)
+    if nodes > spec.window:
+        raise ValueError(f"the proactive tree (tree width {spec.tree_width}, depth {spec.tree_depth}: {nodes} nodes) "
+                         f"does not fit the window of {spec.window} target rows (the release asserts it): raise the "
+                         "window or lower the tree width / depth")
+    if vocab_size is not None and spec.tree_width > vocab_size:
+        raise ValueError(f"tree width {spec.tree_width} is larger than the vocabulary (V = {vocab_size}): a level's "
+                         "candidates are distinct tokens")
+    return spec
+
+
+# ----------------------------------------------------------------------------- the release's verdict
+
+def _tree_arrays(tree: Tree):
+    return tree.children, tree.node_depth
+
+
+def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, *, tree: Tree, anc: np.ndarray,
+                         full_depth: int, uniform_bonus: bool) -> TreeVerdict:
+    """The release's verdict of one round (module docstring), batched, numpy or torch rows.
+
+    p (B, N+1, V) target rows at every node; q (B, N+1, V) each node's children's draft row; tokens (B, N+1); u_accept
+    (B, N+1) one uniform per node; u_sample (B,); max_depth (B,) the images' depth caps; ``tree`` the (truncated)
+    tree, ``anc`` (N+1, D) its ancestor table. Sibling b of a node is tested with f from the verifier on (p_b, q_b),
+    p_b the verifier's residual after siblings 0..b-1 as if they were rejected, q_b = q without them; a candidate with
+    q_b(x) = 0 passes iff p_b(x) > 0 (the release's p > u q). A node is accepted iff it and its ancestors pass; the
+    deepest accepted node wins, the first in path order on ties. Next token: from the residual after all the winner's
+    (live) children, its own row when it has none; uniform over the V tokens when ``uniform_bonus`` and the winner is
+    the end of the full main branch (depth ``full_depth``). Returns a ``TreeVerdict``."""
+    xp = namespace(p, q)
+    B, N1, V = p.shape
+    ch, dep = tree.children, tree.node_depth
+    torch_rows = isinstance(p, torch.Tensor)
+    dev = p.device if torch_rows else None
+    asarr = (lambda a: torch.as_tensor(a, device=dev)) if torch_rows else np.asarray
+    cap = asarr(np.asarray(max_depth) if not torch_rows else max_depth)
+    tokens = xp.astype(tokens, xp.int64)
+    arV = xp.arange(V, device=dev) if torch_rows else np.arange(V)
+    ok = [None] * N1
+    ok[0] = xp.ones((B,), dtype=xp.bool, device=dev) if torch_rows else np.ones(B, bool)
+    after = [None] * N1
+    for n in range(N1):   # nodes in (depth, path) order: parents before children; a loop over at most W nodes
+        p_j, q_left = p[:, n, :], q[:, n, :]
+        for k in (int(c) for c in ch[n] if c >= 0):       # siblings in rank order
+            live = cap >= int(dep[k])
+            q_j = normalize(q_left, q_left, xp)
+            c = tokens[:, k]
+            f = verifier.accept(p_j, q_j, int(dep[n]) + 1)
+            qc, pc = gather(q_j, c, xp), gather(p_j, c, xp)
+            passed = xp.where(qc > 0, u_accept[:, k] < gather(f, c, xp), pc > 0)
+            ok[k] = ok[n] & live & passed
+            G = verifier.resample(p_j, q_j, f, c)
+            p_j = xp.where(live[:, None], G, p_j)
+            q_left = xp.where(live[:, None] & (arV == c[:, None]), xp.zeros_like(q_left), q_left)
+        after[n] = p_j
+    score = xp.stack([xp.where(ok[n], xp.full_like(u_sample, float(int(dep[n]) * (N1 + 1) + N1 - n)),
+                               xp.full_like(u_sample, -1.0)) for n in range(N1)], axis=1)
+    win = xp.astype(xp.argmax(score, axis=1), xp.int64)                                  # (B,)
+    depth_t = asarr(dep.astype(np.int64))
+    tau = xp.take(depth_t, win, axis=0)
+    path = xp.take(asarr(anc), win, axis=0)                                              # (B, D)
+    rows = gather_rows(xp.stack(after, axis=1), win, xp)
+    nxt = sample_categorical(rows, u_sample, xp)
+    if uniform_bonus:
+        uni = xp.astype(xp.floor(u_sample * V), xp.int64)
+        uni = xp.where(uni < V, uni, xp.full_like(uni, V - 1))
+        nxt = xp.where(tau == full_depth, uni, nxt)
+    return TreeVerdict(tau, path, nxt, win)
+
+
+def predict_longest(p, q, tokens, tree: Tree, verifier, max_depth=None):
+    """Expected accepted drafts per round (R,) of the release's longest-path verdict given recorded rows (the analogue
+    of T10 for ``longest_path_verdict``): node tests are independent given the rows, so with g_n(d) the probability
+    that an accepted path from node n reaches depth d, g_n(d) = 1 - prod_children (1 - f_c g_c(d)) below depth d and
+    E[tau] = sum_{d >= 1} g_root(d). numpy rows (R, N+1, V), tokens (R, N+1), max_depth (R,) ints or None."""
+    R, N1, V = p.shape
+    ch, dep = tree.children, tree.node_depth
+    Dm = int(tree.depth)
+    cap = np.full(R, Dm) if max_depth is None else np.asarray(max_depth)
+    f_node = np.zeros((R, N1))
+    for n in range(N1):   # parents before children
+        p_j, q_left = p[:, n], q[:, n]
+        for k in (int(c) for c in ch[n] if c >= 0):
+            q_j = normalize(q_left, q_left, np)
+            c = tokens[:, k]
+            f = verifier.accept(p_j, q_j, int(dep[n]) + 1)
+            qc, pc = gather(q_j, c, np), gather(p_j, c, np)
+            f_node[:, k] = np.where(cap >= dep[k], np.where(qc > 0, gather(f, c, np), (pc > 0) * 1.0), 0.0)
+            p_j = verifier.resample(p_j, q_j, f, c)
+            q_left = np.where(np.arange(V) == c[:, None], 0.0, q_left)
+    g = np.zeros((R, N1, Dm + 1))
+    for n in range(N1 - 1, -1, -1):   # children before parents
+        d_n = int(dep[n])
+        g[:, n, :d_n + 1] = 1.0
+        miss = np.ones((R, Dm + 1))
+        for k in (int(c) for c in ch[n] if c >= 0):
+            miss *= 1.0 - f_node[:, k, None] * g[:, k]
+        g[:, n, d_n + 1:] = 1.0 - miss[:, d_n + 1:]
+    return g[:, 0, 1:].sum(1)
