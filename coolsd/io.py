@@ -11,13 +11,16 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pathlib
 import shutil
 import tempfile
 from typing import Iterator
 
-__all__ = ["check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
+import numpy as np
+
+__all__ = ["json_safe", "check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
 
 TMP_PREFIX = ".coolsd-tmp-"
 
@@ -125,3 +128,16 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[pathlib.Path]:
         raise
     if holder is not None:
         shutil.rmtree(holder, ignore_errors=True)
+
+
+def json_safe(x):
+    """NaN / inf -> None, numpy scalars -> Python, recursively (strict JSON)."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

@@ -14,7 +14,7 @@ import json
 import math
 import os
 
-from coolsd.io import atomic_file, check_output_file
+from coolsd.io import atomic_file, check_output_file, json_safe
 
 from coolsd.options import add_drafting_args, add_method_args, drafting_spec, flag, given, method_params
 
@@ -94,21 +94,10 @@ def run(args):
         return 0
     result = generate(args)
     if args.json:  # strict JSON: undefined statistics (e.g. acceptance rate of plain decoding) are null
-        print(json.dumps(_finite(result), allow_nan=False))
+        print(json.dumps(json_safe(result), allow_nan=False))
     else:
         print(format_result(result))
     return 0
-
-
-def _finite(x):
-    """NaN / inf floats -> None, recursively (JSON has no NaN)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
 
 
 def generate(args) -> dict:

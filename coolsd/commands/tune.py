@@ -15,8 +15,9 @@ earlier tuner, whose tokens per call are 1 + the mean accepted drafts per drafte
 from __future__ import annotations
 
 import json
-import math
 import os
+
+from coolsd.io import json_safe
 
 FAMILIES = ("free", "uniform", "exponential", "linear", "level", "entropy", "maxp")
 
@@ -151,7 +152,7 @@ def run(args) -> int:
                                          "from the recorded vanilla rounds: theory.likelihood.speed)"}
     _write(args, out)
     if args.json:
-        print(json.dumps(_finite(out), allow_nan=False))
+        print(json.dumps(json_safe(out), allow_nan=False))
     else:
         print(_format(res, out, args))
     return 0
@@ -193,17 +194,7 @@ def _write(args, out: dict) -> None:
         from coolsd.io import atomic_file
 
         with atomic_file(args.out, "w") as f:
-            f.write(json.dumps(_finite(out), indent=2, allow_nan=False) + "\n")
-
-
-def _finite(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
+            f.write(json.dumps(json_safe(out), indent=2, allow_nan=False) + "\n")
 
 
 def _ci(d) -> str:
@@ -262,7 +253,7 @@ def _legacy(args, rows) -> int:
         out["frontier"] = tune.frontier(rows, n_points=args.frontier, seed=args.seed)
     _write(args, out)
     if args.json:
-        print(json.dumps(_finite(out)))
+        print(json.dumps(json_safe(out)))
         return 0
     key = "levels" if res.family == "level" else "weights"
     print(f"{res.family} schedule ({key}): {', '.join(f'{v:.4g}' for v in res.values)}  [objective bound, section 8b: "

@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from theory import rules
-from theory.tree import Tree
 
 from . import report as demo_report
 from .predict import chain_arrays, chain_prediction, predicted_speedup, sweep_predictions, time_verifier, \

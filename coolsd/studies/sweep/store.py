@@ -16,7 +16,6 @@ model, seeds, ...) is refused, never mixed.
 from __future__ import annotations
 
 import datetime
-import math
 import io
 import json
 import os
@@ -25,7 +24,7 @@ import subprocess
 
 import numpy as np
 
-from coolsd.io import atomic_file
+from coolsd.io import atomic_file, json_safe
 
 __all__ = ["Store", "code_version", "atomic_write_bytes", "atomic_write_text", "IDENTITY_HELP", "json_safe"]
 
@@ -150,14 +149,3 @@ class Store:
         return path
 
 
-def json_safe(x):
-    """NaN / inf -> None, numpy scalars -> Python, recursively (strict JSON)."""
-    if isinstance(x, dict):
-        return {k: json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
