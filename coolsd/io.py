@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-__all__ = ["json_safe", "check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
+__all__ = ["json_safe", "check_outputs", "check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
 
 TMP_PREFIX = ".coolsd-tmp-"
 
@@ -52,8 +52,42 @@ def check_output_file(option: str, path: str | os.PathLike, suffix: str | None =
             raise ValueError(f"{option}: {str(q)!r} is an existing directory; give a file name")
         if q.exists() and not q.is_file():
             raise ValueError(f"{option}: {str(q)!r} exists and is not a regular file")
+        if q.is_file() and not _writable(q):
+            raise ValueError(f"{option}: {str(q)!r} exists and is read-only; it is not replaced (make it writable or "
+                             "give another name)")
     _check_parent_writable(option, p.parent if str(p.parent) else pathlib.Path("."))
     return p
+
+
+def _writable(path: pathlib.Path) -> bool:
+    """Whether the caller may replace the existing file ``path``, as ``cp`` without -f decides, except that root is
+    held to the file's write bits too (os.access says True for root whatever the mode): a read-only result is kept."""
+    if getattr(os, "geteuid", lambda: -1)() == 0:
+        return bool(path.stat().st_mode & 0o222)
+    return os.access(path, os.W_OK)
+
+
+def check_outputs(outputs: dict, inputs: dict) -> None:
+    """No output names an input or another output: ``outputs`` / ``inputs`` map a flag to a path (None: not given).
+    Paths are compared after resolving links, and existing files by device and inode, so a symbolic or hard link to
+    an input is caught too. One-line ValueError naming both flags."""
+    def ident(path):
+        q = pathlib.Path(os.fspath(path)).expanduser()
+        try:
+            st = q.stat()
+            return ("inode", st.st_dev, st.st_ino)
+        except OSError:
+            return ("path", str(q.resolve()))
+    seen = {ident(p): f for f, p in inputs.items() if p is not None}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        key = ident(path)
+        if key in seen:
+            what = "the input" if seen[key] in inputs else "also"
+            raise ValueError(f"{flag} {str(path)!r} is {what} {seen[key]}: an output may not overwrite an input or "
+                             "another output; give another name")
+        seen[key] = flag
 
 
 def check_output_dir(option: str, path: str | os.PathLike, produces: tuple[str, ...] = ()) -> pathlib.Path:

@@ -62,6 +62,12 @@ def files(tmp_path_factory):
     (d / "random.pt").write_bytes(os.urandom(256))
     (d / "manifest_dir").mkdir()
     (d / "adir").mkdir()
+    os.link(good, d / "hardlink.npz")                 # outputs that are an input under another name (issue 41)
+    os.symlink(good, d / "symlink.npz")
+    (d / "w.json").write_text('{"weights": [2.0, 1.5, 1.0, 1.0]}')
+    os.link(d / "w.json", d / "w_link.npz")
+    (d / "readonly.npz").write_bytes(raw)
+    os.chmod(d / "readonly.npz", 0o444)
     return d
 
 
@@ -157,6 +163,8 @@ CLI_PROBES = [
     (GM + ["--record", "/proc/x.npz"], "--record"),
     (GM + ["--record", "same.npz", "--save", "same.npz"], "--record"),
     (GM + ["--save", ""], "--save"),
+    (GM + ["--save", "{f}/readonly.npz"], "read-only"),                                        # 41
+    (GM + ["--method", "scaled", "--weights", "{f}/w.json", "--save", "{f}/w_link.npz"], "--weights"),   # 41
     # sweep: the same checks as generate, and its own
     (SW + ["--cfg-scale", "-5"], "--cfg-scale"),                            # 26
     (SW + ["--vq-ckpt", "/etc/passwd"], "--vq-ckpt"),                       # 26
@@ -203,6 +211,12 @@ CLI_PROBES = [
     (["tune", "--record", "{f}/missing.npz", "--tokens-per-call", "1.2"], "--record"),
     (["tune", "--record", "{f}/adir", "--tokens-per-call", "1.2"], "--record"),
     (["tune", "--record", "{f}/rows.npz", "--bound-budget", "-1"], "--bound-budget"),
+    (["tune", "--objective", "bound", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2", "--save-record",
+      "{f}/hardlink.npz"], "--save-record"),                                                    # 41: a hard link
+    (["tune", "--objective", "bound", "--record", "{f}/symlink.npz", "--tokens-per-call", "1.2", "--out",
+      "{f}/rows.npz"], "--out"),                                                                # 41: a symbolic link
+    (["tune", "--objective", "bound", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2", "--out", "o.npz",
+      "--save-record", "o.npz"], "also --out"),                                                # 41: two outputs
     (["tune", "--record", "{f}/rows.npz", "--bound-budget", "nan"], "--bound-budget"),
     (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "0.5"], "--tokens-per-call"),
     (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "inf"], "--tokens-per-call"),

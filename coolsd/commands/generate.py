@@ -14,7 +14,7 @@ import json
 import math
 import os
 
-from coolsd.io import atomic_file, check_output_file, json_safe
+from coolsd.io import atomic_file, check_output_file, check_outputs, json_safe
 
 from coolsd.options import add_drafting_args, add_method_args, drafting_spec, flag, given, method_params
 
@@ -408,8 +408,19 @@ def validate_args(args) -> None:
             raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
                              "speculative --method (e.g. vanilla) or drop --record")
         args.record = str(check_output_file("--record", args.record, ".npz"))
-        if args.save is not None and os.path.abspath(args.record) == os.path.abspath(args.save):
-            raise ValueError(f"--record and --save name the same file {args.save!r}")
+    check_outputs({"--save": args.save, "--record": args.record}, _input_files(args))
+
+
+def _input_files(args) -> dict:
+    """{flag: path} of every file ``coolsd generate`` reads (schedules, model options naming files)."""
+    from real.specs import OPTIONS, flag
+
+    ins = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None}
+    for d in ("weights", "schedule"):
+        v = getattr(args, d, None)
+        if isinstance(v, str) and os.path.exists(v):
+            ins[f"--{d}"] = v
+    return ins
 
 
 def _validate_tree_fidelity(args) -> None:

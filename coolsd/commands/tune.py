@@ -15,9 +15,8 @@ earlier tuner, whose tokens per call are 1 + the mean accepted drafts per drafte
 from __future__ import annotations
 
 import json
-import os
 
-from coolsd.io import json_safe
+from coolsd.io import check_outputs, json_safe
 
 FAMILIES = ("free", "uniform", "exponential", "linear", "level", "entropy", "maxp")
 
@@ -96,21 +95,13 @@ def _check_args(args, checks) -> None:
         raise ValueError("--ar-images makes AR rows from a model: give --model too")
     if args.record is None and args.record_images is None:
         raise ValueError("without --record, give --record-images N (the vanilla run to record) with --model")
-    ins = {os.path.abspath(p): f for f, p in (("--record", args.record), ("--ar-rows", args.ar_rows)) if p}
     outs = {}
     for flag, suffix in (("--out", None), ("--save-ar-rows", ".npz"), ("--save-record", ".npz")):
         dest = flag[2:].replace("-", "_")
-        p = getattr(args, dest)
-        if p is None:
-            continue
-        p = str(check_output_file(flag, p, suffix))
-        a = os.path.abspath(p)
-        if a in ins:
-            raise ValueError(f"{flag} {p!r} is the input {ins[a]}: an output may not overwrite an input")
-        if a in outs:
-            raise ValueError(f"{flag} {p!r} is also {outs[a]}: give two different files")
-        outs[a] = flag
-        setattr(args, dest, p)
+        if getattr(args, dest) is not None:
+            outs[flag] = str(check_output_file(flag, getattr(args, dest), suffix))
+            setattr(args, dest, outs[flag])
+    check_outputs(outs, {"--record": args.record, "--ar-rows": args.ar_rows})
 
 
 def run(args) -> int:
