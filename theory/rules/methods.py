@@ -283,18 +283,25 @@ register(Method("gsd+G*", "GSD+G*", _GSD_PARAMS, _gsd, needs_embeddings=True, fi
                 relaxation="p_threshold", help="GSD's grouped acceptance with the G* resampler (T5)"))
 
 
-def weights_value(spec) -> tuple:
-    """Weights w_1..w_L of the ``scaled`` method: a sequence, comma-separated numbers ("3,1.2,1,1") or the
-    path of a schedule.json written by ``coolsd tune`` (key "weights")."""
+def _schedule_file(spec, what: str, writer: str):
+    """The JSON held by the file ``spec`` names (a schedule written by ``writer``), or None when ``spec`` names no
+    existing file; a file that is not JSON is a one-line ValueError starting with ``what``."""
     import json
     import os
 
-    if isinstance(spec, str) and os.path.exists(spec):
-        with open(spec) as f:
-            try:
-                d = json.load(f)
-            except ValueError:
-                raise ValueError(f"weights: {spec} is not JSON (write it with coolsd tune)") from None
+    if not (isinstance(spec, str) and os.path.exists(spec)):
+        return None
+    with open(spec) as f:
+        try:
+            return json.load(f)
+        except ValueError:
+            raise ValueError(f"{what}: {spec} is not JSON (write it with {writer})") from None
+
+
+def weights_value(spec) -> tuple:
+    """Weights w_1..w_L of the ``scaled`` method: a sequence, comma-separated numbers ("3,1.2,1,1") or the
+    path of a schedule.json written by ``coolsd tune`` (key "weights")."""
+    if (d := _schedule_file(spec, "weights", "coolsd tune")) is not None:
         if isinstance(d, dict) and "weights" not in d and "levels" in d:
             raise NotImplementedError(f"weights: {spec} holds a 'level' schedule; running level rules as a method is "
                                       "not implemented (tune with --family free/exponential/linear/uniform)")
@@ -325,6 +332,8 @@ def _scaled(p: dict, L: int, nb) -> rules.Verifier:
 register(Method("scaled", "scaled (explicit weights)", (
     Param("weights", weights_value, None, help="w_1..w_L: a schedule.json from coolsd tune, or 3,1.2,1,1"),),
     _scaled, help="explicit per-position weights min(1, w_i p/q), G* (T5): the schedules of coolsd tune"))
+
+
 @dataclasses.dataclass(frozen=True)
 class RowSchedule:
     """The parameters of the ``row-scaled`` method: c_1..c_L (``weights``), the slope b and the row feature."""
@@ -337,17 +346,10 @@ def row_schedule_value(spec) -> RowSchedule:
     """The ``row-scaled`` method's schedule (docs/theory.md section 8c): the path of a schedule.json written by
     ``coolsd tune --family entropy|maxp`` (keys "weights", "slope", "feature"), a dict with those keys, or inline
     "FEATURE:SLOPE:W1,W2,..." (e.g. "entropy:0.5:2,1.2,1,1")."""
-    import json
-    import os
-
     if isinstance(spec, RowSchedule):
         return spec
-    if isinstance(spec, str) and os.path.exists(spec):
-        with open(spec) as f:
-            try:
-                spec = json.load(f)
-            except ValueError:
-                raise ValueError(f"schedule: {spec} is not JSON (write it with coolsd tune --family entropy)") from None
+    if (d := _schedule_file(spec, "schedule", "coolsd tune --family entropy")) is not None:
+        spec = d
         if not isinstance(spec, dict) or "slope" not in spec or "weights" not in spec:
             raise ValueError("schedule: the file holds no row-conditioned schedule (keys 'weights', 'slope', 'feature'; "
                              "coolsd tune --family entropy or maxp writes one); a scalar schedule runs with --method "
