@@ -239,12 +239,14 @@ def markdown(rep: dict) -> str:
                       f"(Spearman, n = {cmp['kl_compared']}).", "",
                   "| setting | tokens/call predicted / measured | TV predicted (measured [95% CI]) | KL(P\\|\\|P^) predicted "
                   "/ KL(P^\\|\\|P) measured |", "|---|---|---|---|"]
+        def num(x, fmt):
+            return "-" if x is None else format(x, fmt)
         for r in cmp["settings"]:
             tvc = r["tv_measured_ci"]
+            ci = f" [{tvc[0]:.3f}, {tvc[1]:.3f}]" if tvc else ""
             lines.append(f"| {r['key']} | {r['tokens_per_call_predicted']:.3f} / {r['tokens_per_call_measured']:.3f} | "
-                         f"{r['tv_predicted'] if r['tv_predicted'] is None else round(r['tv_predicted'], 3)} "
-                         f"({r['tv_measured'] if r['tv_measured'] is None else round(r['tv_measured'], 3)} "
-                         f"{[round(x, 3) for x in tvc] if tvc else ''}) | {r['kl_ar_predicted']} / {r['kl_sd_measured']} |")
+                         f"{num(r['tv_predicted'], '.3f')} ({num(r['tv_measured'], '.3f')}{ci}) | "
+                         f"{num(r['kl_ar_predicted'], '.4g')} / {num(r['kl_sd_measured'], '.4g')} |")
     lines += ["", f"Wall clock of the predicted sweep: {rep.get('seconds', float('nan')):.0f} s (generation of the AR and "
                   "recorded units included when this run made them)."]
     return "\n".join(lines) + "\n"
