@@ -139,27 +139,30 @@ def _conds(n: int, seed: int) -> list:
 
 
 def run_ar(out: Path, rules_by_name: dict, bundle, proc, n: int, seed: int, batch: int) -> dict:
-    """Fresh plain-AR images and, for every setting's rule, their exact log P^ (cached in ar.npz)."""
+    """Fresh plain-AR images and, for every setting's rule, their exact log P^ (cached in ar.npz; rules added later
+    are scored on the cached images and merged in)."""
     import torch
 
     from coolsd.studies.sweep.fidelity import score_images
     from real.decode import engine
 
     path = out / "ar.npz"
-    if path.exists():
-        with np.load(path) as z:
-            if set(rules_by_name) <= {k[4:] for k in z.files if k.startswith("lph_")}:
-                return {k: z[k] for k in z.files}
     t0 = time.perf_counter()
     conds = _conds(n, seed)
-    gens = engine.generate(bundle.target, None, conds, num_tokens=bundle.num_tokens, processing=proc, seed=seed,
-                           batch_size=batch)
-    tokens = torch.stack([g.tokens for g in gens]).numpy()
-    sc = score_images(bundle.target, bundle.draft, conds, tokens, rules_by_name, 4, proc)
-    arrays = {"tokens": tokens, "log_p": sc["log_p"], **{f"lph_{k}": v for k, v in sc["log_p_hat"].items()},
-              "seconds": np.array(time.perf_counter() - t0), "seed": np.array(seed)}
-    _save(path, **arrays)
-    print(f"AR: {n} images scored under {len(rules_by_name)} rules in {time.perf_counter() - t0:.0f} s", flush=True)
+    if path.exists():
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files}
+    else:
+        gens = engine.generate(bundle.target, None, conds, num_tokens=bundle.num_tokens, processing=proc, seed=seed,
+                               batch_size=batch)
+        arrays = {"tokens": torch.stack([g.tokens for g in gens]).numpy(), "seed": np.array(seed)}
+    missing = {k: r for k, r in rules_by_name.items() if f"lph_{k}" not in arrays}
+    if missing or "log_p" not in arrays:
+        sc = score_images(bundle.target, bundle.draft, conds, arrays["tokens"], missing or {}, 4, proc)
+        arrays.update({"log_p": sc["log_p"], **{f"lph_{k}": v for k, v in sc["log_p_hat"].items()},
+                       "seconds": np.array(float(arrays.get("seconds", 0.0)) + time.perf_counter() - t0)})
+        _save(path, **arrays)
+        print(f"AR: {n} images scored under {len(missing)} more rules in {time.perf_counter() - t0:.0f} s", flush=True)
     return arrays
 
 
@@ -216,6 +219,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1000, help="fresh images: settings use seed + i, the AR images seed - 1")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only-cached", action="store_true",
+                    help="report the settings whose images are already generated (unit_*.npz), list the others in "
+                         "config.not_run (a time-boxed run)")
     a = ap.parse_args(argv)
     import torch
 
@@ -233,6 +239,8 @@ def main(argv=None) -> int:
     proc = _processing(bundle)
     T = bundle.num_tokens
     names = sorted(saved, key=lambda k: (saved[k]["target"], FAMILIES.index(saved[k]["family"])))
+    not_run = [k for k in names if a.only_cached and not (out / f"unit_{k.replace('@', '_')}.npz").exists()]
+    names = [k for k in names if k not in not_run]
     rules_by = {k: rule_of(saved[k]) for k in names}
     units = {}
     for i, k in enumerate(names):     # a loop over the settings, each one engine call and its scoring
@@ -265,7 +273,7 @@ def main(argv=None) -> int:
     rep = {"settings": settings, "verdicts": verdicts(settings),
            "config": {"model": "mnist", "draft": "eagle", "L": 4, "cfg_scale": proc.cfg_scale, "images": a.images,
                       "targets": list(TARGETS), "cool_sd_extra": list(EXTRA), "ar_rows": str(a.ar_rows),
-                      "record": str(a.record), "ar_rows_stamp": ar_fit.stamp},
+                      "record": str(a.record), "ar_rows_stamp": ar_fit.stamp, "not_run": not_run},
            "wall_seconds": time.time() - t_start}
     (out / "report.json").write_text(json.dumps(rep, indent=1, default=float))
     (out / "report.md").write_text(markdown(rep))
