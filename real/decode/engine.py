@@ -73,10 +73,13 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it."""
     from tqdm import tqdm
 
+    from theory.rules.verifiers import guarded
+
     from .checks import generate_args
 
     mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, drafting=drafting, seed=seed,
                          batch_size=batch_size, processing=processing)   # before any model call (issue 26)
+    verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
     conds, T = as_conds(conds), int(num_tokens)
     bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing)
     target, draft = as_batched(target), as_batched(draft if mode.needs_draft else None)

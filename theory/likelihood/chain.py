@@ -51,6 +51,7 @@ import array_api_compat
 
 from ..core import checks
 from ..core.xp import Array, gather, namespace
+from ..rules.verifiers import guarded
 
 __all__ = ["CONVENTIONS", "log_likelihood", "log_target", "round_masks", "check_chain_rule"]
 
@@ -124,6 +125,7 @@ def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, conve
     T12). Zeros are exact: a sequence the sampler cannot emit gets -inf. Bad input: one-line ValueError."""
     xp = namespace(p, q, tokens)
     T, V, per_offset, draft, bonus = _validate(p, q, tokens, verifier, L, convention, xp)
+    verifier = guarded(verifier)              # a user's rule is checked on the rows it is used on
     dev = array_api_compat.device(p)
     batch = tuple(p.shape[:-2])
     B = math.prod(batch)

@@ -34,7 +34,7 @@ from .resampling import Argmax, Optimal, Residual, Target
 from .walks import GREEDY_WALKS, VANILLA_WALKS
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
-__all__ = ["Verifier", "vanilla", "scaled", "row_scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
+__all__ = ["Verifier", "guarded", "vanilla", "scaled", "row_scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
            "typical", "gsd", "greedy", "LANTERN_RESAMPLERS", "TYPICAL_RESAMPLERS", "GSD_RESAMPLERS"]
 
 
@@ -63,6 +63,64 @@ class Verifier:
             Fs.append(f)
             Gs.append(self.resample(p, q, f))
         return xp.stack(Fs), xp.stack(Gs)
+
+
+_BUILT_IN = (Vanilla, Scaled, RowScaled, Level, Typical, Greedy, Grouped, Lantern, LanternResample, Residual, Optimal,
+             Target, Argmax)
+# float32 rows (the real engine's processed rows) sum to 1 within ~V * 2^-24; 1e-3 leaves room for V up to ~16k
+# and still catches a row that is not a distribution (a missing renormalisation is off by far more).
+_ROW_SUM_TOL = {"float64": 1e-9, "float32": 1e-3}
+
+
+def _traced(a) -> bool:
+    """A JAX tracer (under jit / grad): its values are not known, the check runs on concrete calls only."""
+    return "Tracer" in type(a).__name__
+
+
+class _CheckedAccept:
+    def __init__(self, rule, name):
+        self.rule, self.name = rule, name
+
+    def __call__(self, p, q, i):
+        f = self.rule(p, q, i)
+        if _traced(f):
+            return f
+        xp = namespace(f)
+        bad = xp.logical_not((f >= 0) & (f <= 1))            # NaN fails both comparisons
+        if bool(xp.any(bad)):
+            raise ValueError(f"verifier {self.name!r}: its acceptance returned values outside [0, 1] (or NaN) on "
+                             f"the rows it was used on; an acceptance probability f(x) must lie in [0, 1]")
+        return f
+
+    def __getattr__(self, k):            # schedules, effective_at ...: the wrapped rule's
+        return getattr(self.rule, k)
+
+
+class _CheckedResample(_CheckedAccept):
+    def __call__(self, p, q, f, rejected=None):
+        G = self.rule(p, q, f) if rejected is None else self.rule(p, q, f, rejected)
+        if _traced(G):
+            return G
+        xp = namespace(G)
+        tol = _ROW_SUM_TOL.get(str(G.dtype).split(".")[-1], 1e-3)
+        s = xp.sum(G, axis=-1)
+        bad = xp.any(xp.logical_not(G >= 0)) | xp.any(xp.logical_not(xp.abs(s - 1) <= tol))
+        if bool(bad):
+            raise ValueError(f"verifier {self.name!r}: its resampling returned a row that is not a distribution "
+                             f"(negative or NaN entries, or a sum off 1 by more than {tol:g}) on the rows it was used on")
+        return G
+
+
+def guarded(v: "Verifier") -> "Verifier":
+    """``v`` itself when its acceptance and resampling are the toolkit's own rules; a user's verifier wrapped so that
+    every call checks its output on the rows it is used on (f in [0, 1]; G rows non-negative, summing to 1) and
+    raises a one-line ValueError naming the verifier. The built-in rules are tested, so they pay nothing; a user's
+    pays one read per call (a host sync on a GPU)."""
+    if isinstance(v.accept, _BUILT_IN) and isinstance(v.resample, _BUILT_IN):
+        return v
+    name = getattr(v, "name", "custom")
+    return Verifier(_CheckedAccept(v.accept, name), _CheckedResample(v.resample, name), name,
+                    dict(getattr(v, "params", {}) or {}), walk=None)
 
 
 def vanilla() -> Verifier:
