@@ -276,6 +276,29 @@ def test_adm_statistics_are_the_fid_reference_for_the_inception_extractor(tmp_pa
         reference.load_reference(str(tmp_path / "stats_only.npz"), ex)
 
 
+@pytest.mark.parametrize("bad,msg", [("nan", "NaN or infinite"), ("nonpsd", "not positive semi-definite"),
+                                     ("asym", "not symmetric")])
+def test_reference_statistics_that_no_fid_can_use_are_refused_with_the_file(tmp_path, bad, msg):   # issue 41
+    w = _save_tiny(tmp_path / "tiny.pt2")
+    ex = extractors.load_extractor(str(w))
+    ex.name, ex.num_features = "inception-v3-compat", 8                 # ADM statistics are read as they are
+    mu, sigma = np.full(8, 0.5), np.eye(8) * 0.1
+    good = reference.load_reference(str(_adm(tmp_path / "ok.npz", _images(10, 1), mu=mu, sigma=sigma)), ex)
+    assert np.array_equal(good.sigma, sigma)                            # control: a valid covariance passes
+    if bad == "nan":
+        mu = mu.copy()
+        mu[3] = np.nan
+    elif bad == "nonpsd":
+        sigma = sigma.copy()
+        sigma[2, 2] = -0.5                                              # an eigenvalue of -0.5
+    else:
+        sigma = sigma.copy()
+        sigma[0, 1] = 0.05                                              # sigma[1, 0] stays 0
+    p = _adm(tmp_path / "bad.npz", _images(10, 1), mu=mu, sigma=sigma)
+    with pytest.raises(ValueError, match=r"--quality-ref '.*bad.npz'.*" + msg):
+        reference.load_reference(str(p), ex)
+
+
 def test_reference_npz_without_the_expected_arrays(tmp_path):
     np.savez(tmp_path / "bad.npz", images=_images(4, 0))
     with pytest.raises(ValueError, match=r"--quality-ref: .*bad.npz.*has arrays \['images'\].*arr_0"):

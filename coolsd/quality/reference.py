@@ -31,7 +31,7 @@ import torch
 from .extractors import FeatureExtractor
 from .stamp import EXTRACTOR_FIELDS, Stamp, StampMismatch, file_sha256, files_sha256, require_same
 
-__all__ = ["Reference", "load_reference", "save_reference", "read_adm_npz", "AdmBatch", "IMAGE_SUFFIXES"]
+__all__ = ["Reference", "load_reference", "check_statistics", "save_reference", "read_adm_npz", "AdmBatch", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 STAMP_KEY = "coolsd_stamp"
@@ -144,6 +144,37 @@ def _gaussian(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_reference(ref, ex: FeatureExtractor) -> Reference:
+    """``_load_reference`` (below), then its numbers checked before any metric uses them (``check_statistics``)."""
+    r = _load_reference(ref, ex)
+    check_statistics(r.mu, r.sigma, r.features, f"--quality-ref {str(ref)!r}")
+    return r
+
+
+def check_statistics(mu, sigma, features, where: str) -> None:
+    """Reference statistics a Frechet distance can use: mu (d,) and sigma (d, d) finite, sigma symmetric and
+    positive semi-definite, features (m, d) finite; a one-line ValueError naming ``where`` otherwise (instead of a
+    NaN FID or a linear-algebra library's own error line)."""
+    mu, sigma = np.asarray(mu, np.float64), np.asarray(sigma, np.float64)
+    d = mu.shape[0] if mu.ndim == 1 else -1
+    if mu.ndim != 1 or sigma.shape != (d, d):
+        raise ValueError(f"{where}: mu must be (d,) and sigma (d, d), got {mu.shape} and {sigma.shape}")
+    if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise ValueError(f"{where}: the reference mean or covariance holds NaN or infinite values")
+    scale = max(1.0, float(np.abs(sigma).max()))
+    # covariances computed in float32 (ADM's files) are symmetric and PSD to ~1e-6 relative; 1e-4 leaves room and
+    # still catches a matrix that is not a covariance (a negative eigenvalue of the data's own scale)
+    if np.abs(sigma - sigma.T).max() > 1e-4 * scale:
+        raise ValueError(f"{where}: the reference covariance is not symmetric (largest asymmetry "
+                         f"{np.abs(sigma - sigma.T).max():.3g})")
+    lo = float(np.linalg.eigvalsh((sigma + sigma.T) / 2).min())
+    if lo < -1e-4 * scale:
+        raise ValueError(f"{where}: the reference covariance is not positive semi-definite (smallest eigenvalue "
+                         f"{lo:.3g})")
+    if features is not None and not np.isfinite(np.asarray(features)).all():
+        raise ValueError(f"{where}: the reference features hold NaN or infinite values")
+
+
+def _load_reference(ref, ex: FeatureExtractor) -> Reference:
     """The reference statistics ``ref`` (path of an ADM npz, a ``save_reference`` npz or an image folder, or
     "mnist") in the feature space of ``ex``; errors (one line, naming the file and ``--quality-ref``) for a
     missing path, unexpected arrays, images the extractor cannot take, or a stats file of another extractor."""
