@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from real.nn.devpath import force
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds
 from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
@@ -54,7 +55,7 @@ class Generation:
 def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=None,
              processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
              generator: torch.Generator | None = None, record_rows: bool = False,
-             progress: bool | None = False) -> list[Generation]:
+             progress: bool | None = False, device_path: bool | None = None) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -70,7 +71,20 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     rows along the round (``theory.likelihood.recorded`` predictions use them).
 
     Randomness: image k's draws depend only on (``seed``, k) (``real.decode.rng``); with ``generator`` (a
-    ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it."""
+    ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it.
+
+    ``device_path``: True runs the code CUDA tensors run (torch verification, device-side draws, the models' plain
+    kernels) whatever the device, False the decision by device whatever ``COOLSD_DEVICE_PATH``; None: as the
+    environment says (``real.nn.devpath``). Greedy tokens are the same either way."""
+    with force(device_path):
+        return _generate(target, draft, conds, num_tokens=num_tokens, verifier=verifier, drafting=drafting,
+                         processing=processing, seed=seed, batch_size=batch_size, generator=generator,
+                         record_rows=record_rows, progress=progress)
+
+
+def _generate(target, draft, conds, *, num_tokens, verifier, drafting, processing, seed, batch_size, generator,
+              record_rows, progress) -> list[Generation]:
+    """``generate`` under its device-path decision."""
     from tqdm import tqdm
 
     from .checks import generate_args

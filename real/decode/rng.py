@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from real.nn.devpath import host_path
+
 __all__ = ["Streams", "DRAFT", "ACCEPT", "SAMPLE", "TREE", "JACOBI"]
 
 # purposes (disjoint ranges; a chain draft position or a tree level is added to its base)
@@ -75,7 +77,7 @@ class Streams:
         with np.errstate(over="ignore"):
             base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
             self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
-        self._keys_t = None if self.device.type == "cpu" else torch.from_numpy(self.keys.view(np.int64)).to(self.device)
+        self._keys_t = None if host_path(self.device) else torch.from_numpy(self.keys.view(np.int64)).to(self.device)
 
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1) (module docstring); ``n`` (B,) the rows' committed lengths at the round's

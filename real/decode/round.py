@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from theory.tree import verify_round
+from real.nn.devpath import host_path
 
 from . import rng as R
 from .rng import Streams
@@ -202,7 +203,7 @@ def host_verification(dev, verifier) -> bool:
     """Whether rounds on ``dev`` can be verified on numpy views of their rows: CPU rows and a verifier whose rules
     hold no torch tensors (``theory`` is array-API code). On (B, V) rows numpy's per-operation cost is about a third
     of torch's, and a tree walk is ~70 such operations per candidate."""
-    return torch.device(dev).type == "cpu" and verifier is not None and not holds_tensors(verifier)
+    return host_path(dev) and verifier is not None and not holds_tensors(verifier)
 
 
 def on_host(run: Run, *arrays):
