@@ -27,6 +27,7 @@ import torch
 from real.nn.devpath import force
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds
+from .phases import phase
 from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
 from .rng import Streams
 from .round import RoundRecord, Run, Step, host_verification, prefill_round, speculative_round, sync
@@ -134,7 +135,8 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
     """Per-image ``Generation``s from a batch's rounds (``Step.record`` makes each round's records, tree-shaped for a
     tree mode; the batch's times are shared equally among the images that took part)."""
     B = run.B
-    tokens = run.out[:, :run.T].cpu()
+    with phase("output"):
+        tokens = run.out[:, :run.T].cpu()
     recs: list[list[RoundRecord]] = [[] for _ in range(B)]
     for s, act in zip(steps, actives):   # a loop over rounds and images, once per batch
         s = s.to_host() if record else s
@@ -153,12 +155,13 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, drafting=None,
                          processing: Processing = Processing(), seed: int = 0, generator: torch.Generator | None = None,
-                         record_rows: bool = False, progress: bool | None = False) -> Generation:
-    """One image with speculative decoding (``generate`` at batch size 1; ``drafting`` as there); the ``Generation``
-    holds tokens (num_tokens,) int64."""
+                         record_rows: bool = False, progress: bool | None = False,
+                         device_path: bool | None = None) -> Generation:
+    """One image with speculative decoding (``generate`` at batch size 1; ``drafting``, ``device_path`` as there);
+    the ``Generation`` holds tokens (num_tokens,) int64."""
     return generate(target, draft, [cond], num_tokens=num_tokens, verifier=verifier, drafting=drafting,
                     processing=processing, seed=seed, batch_size=1, generator=generator, record_rows=record_rows,
-                    progress=progress)[0]
+                    progress=progress, device_path=device_path)[0]
 
 
 def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Processing(), seed: int = 0,

@@ -32,6 +32,7 @@ from theory.tree import verify_round
 from real.nn.devpath import host_path
 
 from . import rng as R
+from .phases import event, phase
 from .rng import Streams
 from .sampling import Processing, draw
 
@@ -282,16 +283,20 @@ def _start_draft(run: Run, conds: list, hidden) -> None:
 def prefill_round(run: Run, mode, record: bool) -> Step:
     """Round 0: the target's prefill alone gives token 0; the draft model (if any) is started on the same conditions;
     then the mode's state (``Drafting.start``)."""
+    event("round")
     t0 = time.perf_counter()
-    o = run.target.prefill(run.conds, cfg=run.proc.cfg, return_hidden=run.feat)
-    p = run.proc.rows(o.logits[:, -1:])                                   # (B, 1, V)
-    run.P = int(run.target.cache_lens[0])
+    with phase("target"):
+        o = run.target.prefill(run.conds, cfg=run.proc.cfg, return_hidden=run.feat)
+        p = run.proc.rows(o.logits[:, -1:])                                   # (B, 1, V)
+        run.P = int(run.target.cache_lens[0])
     if run.draft is not None:
-        _start_draft(run, run.conds, o.hidden)
+        with phase("draft"):
+            _start_draft(run, run.conds, o.hidden)
     sync(run.dev)
     t1 = time.perf_counter()
-    check_finite(p)
-    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
+    with phase("verify"):
+        check_finite(p)
+        x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     run.state = mode.start(run)
     sync(run.dev)
@@ -303,16 +308,19 @@ def prefill_round(run: Run, mode, record: bool) -> Step:
 def ar_round(run: Run, record: bool) -> Step:
     """One target forward over every image's last token, one token sampled per image (finished images ride along and
     are rolled back)."""
+    event("round")
     t0 = time.perf_counter()
     last = run.last_tokens()                                                          # (B, 1)
     pos = run.positions(run.target, np.zeros(1, np.int64), run.P + run.T - 1)
-    o = run.target.forward(run.rows(last), position_ids=pos, return_hidden=run.feat)
-    p = run.proc.rows(o.logits)                                                        # (B, 1, V)
+    with phase("target"):
+        o = run.target.forward(run.rows(last), position_ids=pos, return_hidden=run.feat)
+        p = run.proc.rows(o.logits)                                                        # (B, 1, V)
     if run.feat:
         store_hidden(run, o.hidden, pos)
     sync(run.dev)
     t1 = time.perf_counter()
-    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
+    with phase("verify"):
+        x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
         run.target.rollback(run.rows(np.where(act, 0, 1)))
@@ -344,24 +352,28 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     Dr = int(Db.max())
     if Dr == 0:
         return ar_round(run, record)
+    event("round")
     n0, act = run.n.copy(), run.active
     t0 = time.perf_counter()
-    prop = mode.propose(run, Db)
+    with phase("draft"):
+        prop = mode.propose(run, Db)
     sync(run.dev)
     t1 = time.perf_counter()
-    o = _target_block(run, prop)
-    p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
+    with phase("target"):
+        o = _target_block(run, prop)
+        p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
     sync(run.dev)
     t2 = time.perf_counter()
     N = prop.tokens.shape[1] - 1
-    check_finite(p, prop.q)
-    u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
-    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, torch.as_tensor(Db, device=run.dev))
-    if prop.verify is None:
-        v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
-    else:                     # a mode's own verdict (real.protocol.Proposal.verify)
-        v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
+    with phase("verify"):
+        check_finite(p, prop.q)
+        u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
+        u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
+        P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, torch.as_tensor(Db, device=run.dev))
+        if prop.verify is None:
+            v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
+        else:                     # a mode's own verdict (real.protocol.Proposal.verify)
+            v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
     tau, path = settle(run, prop, o.hidden, v, Dr)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()
