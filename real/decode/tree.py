@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from theory.tree import Tree, draft_without_replacement, truncate_tree
+from real.nn.devpath import host_path
 from real.protocol import Proposal
 
 from . import rng as R
@@ -135,7 +136,7 @@ def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries (``topk``, then the m winners
     ordered by (value, index)); when a tie straddles the m-th place, the full stable sort decides."""
     V = x.shape[-1]
-    if m >= V:
+    if m >= V or not host_path(x.device):    # the device path: one stable sort, no read-back of the tie checks
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     val, idx = x.topk(m + 1, dim=-1, sorted=True)
     if not bool((val[..., 1:] == val[..., :-1]).any()):   # no tie among the m + 1 largest: topk's order is the one
