@@ -49,6 +49,8 @@ def summary(c: OpCounter, tokens: int, rounds: int) -> dict:
         out[ph] = {"ops": t[ph]["ops"], "syncs": t[ph]["syncs"], "d2h": t[ph]["d2h"], "shape": t[ph]["shape"],
                    "h2d": t[ph]["h2d"], "ops_per_token": t[ph]["ops"] / tokens, "syncs_per_round": t[ph]["syncs"] / rounds}
     out["sync_names"] = {f"{ph}/{k}": dict(v) for (ph, k), v in sorted(c.names.items()) if k != "ops"}
+    if c.where is not None:
+        out["sync_sources"] = {ph: dict(sorted(v.items())) for ph, v in sorted(c.where.items())}
     return out
 
 
@@ -57,7 +59,7 @@ def engine_case(t, d, mode, samp, images, batch, device_path, T=None):
     kw = dict(num_tokens=T or 64, verifier=rule(), drafting=MODES[mode](), processing=proc, batch_size=batch,
               device_path=device_path)
     engine.generate(t, d, list(range(batch)), **kw)              # warm-up (plans, caches, packed weights)
-    with OpCounter() as c:
+    with OpCounter(where=True) as c:
         gens = engine.generate(t, d, list(range(images)), **kw)
     return summary(c, sum(g.tokens.numel() for g in gens), c.rounds)
 
@@ -83,14 +85,14 @@ def hf_cases(images, device_path, N=64, L=4):
                                 assistant_confidence_threshold=0.0)[0, 8:]
     hf()
     calls[0] = 0
-    with OpCounter() as c:
+    with OpCounter(where=True) as c:
         ref = hf()
     out = {"hf_assisted": summary(c, N, calls[0])}
     ft, fd = FastLlama.from_hf(tgt), FastLlama.from_hf(drf)
     kw = dict(num_tokens=N, verifier=rules.greedy(), drafting=L, processing=Processing(temperature=0.0),
               device_path=device_path)
     engine.speculative_generate(ft, fd, Prompt(prompt[0]), **kw)
-    with OpCounter() as c:
+    with OpCounter(where=True) as c:
         g = engine.speculative_generate(ft, fd, Prompt(prompt[0]), **kw)
     assert torch.equal(g.tokens, ref), "FastLlama's tokens differ from assisted generation's"
     out["fastllama_chain_greedy"] = summary(c, N, c.rounds)

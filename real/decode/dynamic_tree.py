@@ -156,7 +156,7 @@ def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np
     logits, hid0 = feed_draft(run)
     dev, B, k = run.dev, run.B, spec.topk
     zeros = torch.zeros(B, dtype=torch.float64, device=dev)
-    root_tok = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])     # (B, 1)
+    root_tok = run.last_tokens()                                                      # (B, 1)
     tok, key, logp, q0 = _children(run, spec, logits, zeros, zeros, 0)               # (B, k)
     toks, keys, qrows = [tok], [key], [q0]
     want_q = not (run.proc.greedy or (spec.draft_law == "point" and not with_q))

@@ -26,6 +26,8 @@ synchronise the host with a CUDA device are counted by type:
 """
 from __future__ import annotations
 
+import os
+import sys
 import weakref
 from collections import Counter, defaultdict
 
@@ -125,10 +127,22 @@ class _Function(TorchFunctionMode):
         return out
 
 
+def _caller() -> str:
+    """file:line of the innermost frame of ours (real/, theory/) outside this module."""
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename.replace(os.sep, "/")
+        if ("/real/" in fn or "/theory/" in fn) and not fn.endswith("/opcount.py"):
+            return fn[fn.rindex("/real/" if "/real/" in fn else "/theory/") + 1:] + f":{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
 class OpCounter:
     """Counts by phase (module docstring); ``rounds`` counts ``phases.event("round")``."""
 
-    def __init__(self):
+    def __init__(self, where: bool = False):
+        self.where = defaultdict(Counter) if where else None   # phase -> Counter of "kind name file:line" (syncs)
         self.counts = defaultdict(Counter)      # phase -> Counter of kind ("ops", "d2h", "shape", "h2d")
         self.names = defaultdict(Counter)       # (phase, kind) -> Counter of op names
         self.stack: list[str] = []
@@ -148,6 +162,8 @@ class OpCounter:
         ph = self.stack[-1] if self.stack else "bookkeeping"
         self.counts[ph][kind] += 1
         self.names[ph, kind][name] += 1
+        if self.where is not None and kind != "ops":
+            self.where[ph][f"{kind} {name} {_caller()}"] += 1
 
     def __enter__(self):
         self._ctx = [phases.listen(self), _Function(self), _Dispatch(self)]

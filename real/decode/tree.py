@@ -160,7 +160,7 @@ def draft_tree(run, plan: TreePlan, with_q: bool = True, topk: bool = False):
     V = logits.shape[-1]
     greedy = run.proc.greedy
     tokens = torch.empty(B, N + 1, dtype=torch.long, device=dev)
-    tokens[:, 0] = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])[:, 0]
+    tokens[:, 0] = run.last_tokens()[:, 0]
     q = None if not with_q else torch.full((B, N + 1, V), 1.0 / V, dtype=run.proc.dtype, device=dev)
     hid = hid0.new_empty((hid0.shape[0], N + 1, hid0.shape[-1])) if run.feat else None
     cap = run.d_off + run.T - 1
