@@ -83,9 +83,9 @@ def _count(pair, mode, B=1, T=16):
 
 # sync-inducing operations of the device path, tiny LlamaGen, greedy, 16 tokens, B = 1 (exact: any change to the
 # round's syncs shows here; benchmarks/bench_ops.py prints the full table)
-SYNCS = {"chain": {"draft": 41, "target": 8, "verify": 0, "bookkeeping": 7},
-         "eagle25": {"draft": 102, "target": 12, "verify": 6, "bookkeeping": 8},
-         "dynamic": {"draft": 60, "target": 13, "verify": 1, "bookkeeping": 8}}
+SYNCS = {"chain": {"draft": 20, "target": 2, "verify": 0, "bookkeeping": 7},
+         "eagle25": {"draft": 85, "target": 7, "verify": 6, "bookkeeping": 8},
+         "dynamic": {"draft": 41, "target": 7, "verify": 1, "bookkeeping": 8}}
 # (before issue 42's reductions: chain 48 / 8 / 14 / 28, eagle25 131 / 12 / 43 / 24, dynamic 103 / 13 / 37 / 31)
 
 

@@ -123,6 +123,13 @@ class Run:
             return self.out.gather(1, (self.n_dev - 1).clamp(min=0)[:, None])
         return self.out.gather(1, torch.as_tensor(np.maximum(self.n - 1, 0), device=self.dev)[:, None])
 
+    def dev_positions(self, base: int, cap: int, width: int = 1) -> torch.Tensor | None:
+        """(R, width) positions base + n_b, clamped to ``cap``, computed on the device from ``n_dev`` (the device path:
+        no host -> device copy of host positions); None on the host path."""
+        if self.n_dev is None:
+            return None
+        return self.rows((self.n_dev + base).clamp(max=cap))[:, None].expand(-1, width)
+
     def depth_tensor(self, Db: np.ndarray, D: int, tail: int = 0) -> torch.Tensor:
         """``depths(D, tail)`` (= Db) as a device tensor: computed there from ``n_dev`` on the device path."""
         if self.n_dev is None:
@@ -331,7 +338,8 @@ def ar_round(run: Run, record: bool) -> Step:
     event("round")
     t0 = time.perf_counter()
     last = run.last_tokens()                                                          # (B, 1)
-    pos = run.positions(run.target, np.zeros(1, np.int64), run.P + run.T - 1)
+    pos = run.dev_positions(run.P - 1, run.P + run.T - 1)       # the root's position (its cache length)
+    pos = run.positions(run.target, np.zeros(1, np.int64), run.P + run.T - 1) if pos is None else pos
     with phase("target"):
         o = run.target.forward(run.rows(last), position_ids=pos, return_hidden=run.feat)
         p = run.proc.rows(o.logits)                                                        # (B, 1, V)
@@ -359,7 +367,12 @@ def _target_block(run: Run, prop):
         o = run.target.prefill(run.conds, run.rows(prop.tokens[:, 1:]), cfg=run.proc.cfg, return_hidden=run.feat)
         run.P = int(run.target.cache_lens[0]) - (prop.tokens.shape[1] - 1)
         return o
-    pos = run.positions(run.target, prop.depth, run.P + run.T - 1)
+    d, cap = prop.depth, run.P + run.T - 1
+    if run.n_dev is not None:     # the device path: root position P + n_b - 1 (the cache length) + node depths
+        d = torch.arange(d.shape[-1], device=run.dev) if prop.tree is None else torch.as_tensor(d, device=run.dev)
+        pos = (run.dev_positions(run.P - 1, cap, d.shape[-1]) + (d if d.ndim == 1 else run.rows(d))).clamp(max=cap)
+    else:
+        pos = run.positions(run.target, d, cap)
     mask = prop.mask
     if mask is not None and mask.ndim == 3:         # one image: the (S, K) mask every model takes; else one per row
         mask = mask[0] if run.B == 1 else run.rows(mask)

@@ -63,7 +63,8 @@ class StaticTree(ModelDrafting):
         plan = run.state[Dr]
         point = run.proc.greedy or self.candidates == "topk"
         tokens, q, fwd = draft_tree(run, plan, with_q=run.record or not point, topk=self.candidates == "topk")
-        return Proposal(tokens, q, "point" if point else "without_replacement", plan.tree, plan.depth, plan.mask, fwd)
+        depth = plan.depth if run.n_dev is None else plan.depth_t      # the device path: no host -> device copy
+        return Proposal(tokens, q, "point" if point else "without_replacement", plan.tree, depth, plan.mask, fwd)
 
     def advance(self, run, prop, verdict, p, n0) -> None:
         """Drop the tree levels the draft appended (every row the same count)."""
@@ -97,6 +98,7 @@ class TreePlan:
     depth: np.ndarray           # (N+1,) node depths (target positions = root position + depth)
     n_fed: int                  # draft cache entries written by levels 1..D-1 (rolled back after the round)
     child_mask: torch.Tensor    # (N+1, N+1) bool: [node, child] (greedy drafting's draft rows)
+    depth_t: torch.Tensor | None = None   # (N+1,) the node depths on the device (the device path's positions)
 
 
 def tree_plan(tree: Tree, device) -> TreePlan:
@@ -122,7 +124,7 @@ def tree_plan(tree: Tree, device) -> TreePlan:
     cm = np.zeros((tree.n_nodes + 1,) * 2, dtype=bool)
     cm[par_of[1:], np.arange(1, tree.n_nodes + 1)] = True
     return TreePlan(tree, levels, torch.as_tensor(tree.attention_mask, device=device), dep.astype(np.int64),
-                    len(fed), torch.as_tensor(cm, device=device))
+                    len(fed), torch.as_tensor(cm, device=device), torch.as_tensor(dep, dtype=torch.long, device=device))
 
 
 def _exponential(run, level: int, shape: tuple) -> torch.Tensor:
@@ -172,7 +174,8 @@ def draft_tree(run, plan: TreePlan, with_q: bool = True, topk: bool = False):
             if run.feat:
                 hid[:, 0] = hid0
         else:
-            pos = np.repeat(np.minimum(root + lv.offset, cap)[:, None], lv.parents.numel(), 1)
+            pos = run.dev_positions(run.d_off - 1 + lv.offset, cap, lv.parents.numel())
+            pos = np.repeat(np.minimum(root + lv.offset, cap)[:, None], lv.parents.numel(), 1) if pos is None else pos
             x = run.rows(tokens[:, lv.parents])
             if run.feat:
                 o = run.draft.forward(x, features=hid[:, lv.parent_of], position_ids=pos, attn_mask=lv.mask)
