@@ -45,15 +45,17 @@ def single_thread_clock():
 
 
 def write_ratios(path: str | None, ratios: dict, extra: dict | None = None) -> None:
-    """Write {"ratios": {name: {"value": float, "better": "higher" | "lower", "what": str}}} as JSON to ``path``
+    """Write {"ratios": {name: {"value": float, "better": "higher" | "lower", "what": str}}} (and "tolerance": a
+    fixed one, for exact counts) as JSON to ``path``
     (atomically; nothing when ``path`` is None): what ``--json`` of each ratio benchmark produces and
     ``benchmarks/run_all.py`` reads (a script with a JSON of its own puts the same "ratios" key in it, or passes
     its figures as ``extra``, written beside "ratios")."""
     if path is None:
         return
     for name, r in ratios.items():
-        if set(r) != {"value", "better", "what"} or r["better"] not in ("higher", "lower"):
-            raise ValueError(f"ratio {name!r} must have value, better (higher/lower) and what, got {r}")
+        if set(r) - {"tolerance"} != {"value", "better", "what"} or r["better"] not in ("higher", "lower"):
+            raise ValueError(f"ratio {name!r} must have value, better (higher/lower) and what (and optionally "
+                             f"tolerance: exact counts), got {r}")
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as fh:
         json.dump({**(extra or {}), "ratios": {k: {**v, "value": float(v["value"])} for k, v in ratios.items()}},

@@ -46,6 +46,7 @@ BENCHMARKS = {
     "tree_likelihood": ("bench_tree_likelihood.py", ["--short"]),
     "dynamic_tree": ("bench_dynamic_tree.py", ["--short"]),
     "tune_exact": ("bench_tune_exact.py", ["--short"]),
+    "ops": ("bench_ops.py", ["--short"]),       # exact counts (issue 42): each carries its own tolerance, 0
 }
 TIMEOUT_S = 600
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -166,7 +167,8 @@ def main(argv=None) -> int:
                     continue
                 for r, v in ratios.items():
                     into.setdefault(r, []).append(float(v["value"]))
-                    meta[r] = {"better": v["better"], "what": v["what"], "benchmark": name}
+                    meta[r] = {"better": v["better"], "what": v["what"], "benchmark": name,
+                               **({"fixed_tolerance": v["tolerance"]} if "tolerance" in v else {})}
 
     collect(names, runs, values)
     base_r = (base or {}).get("ratios", {})
@@ -208,7 +210,9 @@ def main(argv=None) -> int:
             return 2
         ratios = dict(base_r) if args.only else {}
         for r, vs in values.items():
-            ratios[r] = {**meta[r], "value": statistics.median(vs), "tolerance": tolerance(vs), "runs": vs,
+            fixed = meta[r].get("fixed_tolerance")     # exact counts: their own tolerance (0), not the spread's
+            ratios[r] = {**meta[r], "value": statistics.median(vs),
+                         "tolerance": tolerance(vs) if fixed is None else float(fixed), "runs": vs,
                          "spread": max(vs) - min(vs), "commit": commit(),
                          "measured": datetime.datetime.now().isoformat(timespec="seconds")}
         BASELINE.parent.mkdir(parents=True, exist_ok=True)

@@ -89,3 +89,21 @@ def test_walks_are_the_rules_own_and_apply_to_host_arrays_only():
     ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, draft_law="point")
     got = verify_round(*t, tree, rules.vanilla(), law="point")
     assert _same(ref, [x.numpy() for x in got])
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_greedy_device_walk_equals_verify_tree_on_torch_arrays(static):
+    """The greedy walk on torch arrays (the engine's device path: every level taken, nothing read back) gives
+    verify_tree's verdict, as the host walk does."""
+    n_acc = 0
+    for seed in range(150):
+        p, q, tokens, u, us, tree, cap = _case(seed, static, 50)
+        t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
+        tcap = None if cap is None else torch.as_tensor(cap)
+        for law in ("point", "without_replacement"):
+            ref = verify_tree(p, q, tokens, u, us, tree, rules.greedy(), early_exit=True, max_depth=cap, draft_law=law)
+            got = verify_tree_fast(rules.greedy(), *t, tree, tcap, law)
+            assert got is not None and all(isinstance(x, torch.Tensor) for x in got)
+            assert _same(ref, [x.numpy() for x in got]), (seed, law, ref, got)
+            n_acc += int(np.asarray(ref.accepted).sum())
+    assert n_acc > 100

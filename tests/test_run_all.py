@@ -64,3 +64,24 @@ def test_main_reruns_a_flagged_benchmark_and_exits_on_the_median(monkeypatch, tm
     assert _fake_main(monkeypatch, tmp_path, sequence) == (rc, n_runs)
     out = capsys.readouterr().out
     assert ("confirmed" in out) == (rc == 1) and ("transient" in out) == (n_runs == 3 and rc == 0)
+
+
+def test_update_keeps_an_exact_count_s_own_tolerance(monkeypatch, tmp_path, capsys):
+    """An exact count (bench_ops.py) carries its tolerance (0) and --update keeps it, where a timed ratio's comes from
+    the spread with the 10% floor (the control)."""
+    base = tmp_path / "baseline.json"
+    monkeypatch.setattr(run_all, "BASELINE", base)
+    monkeypatch.setattr(run_all, "ROOT", tmp_path)
+    monkeypatch.setattr(run_all, "BENCHMARKS", {"fake": ("fake.py", [])})
+    monkeypatch.setattr(run_all, "run_one", lambda name: ("ok", {
+        "count": {"value": 7.0, "better": "lower", "what": "syncs", "tolerance": 0.0},
+        "timed": {"value": 7.0, "better": "lower", "what": "a ratio"}}, 0.0, ""))
+    assert run_all.main(["--update", "--runs", "2"]) == 0
+    r = json.loads(base.read_text())["ratios"]
+    assert r["count"]["tolerance"] == 0.0 and r["timed"]["tolerance"] == pytest.approx(0.7)
+    monkeypatch.setattr(run_all, "run_one", lambda name: ("ok", {
+        "count": {"value": 8.0, "better": "lower", "what": "syncs", "tolerance": 0.0}}, 0.0, ""))
+    capsys.readouterr()
+    assert run_all.main(["--only", "fake"]) == 2          # "timed" now missing: exit 2
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("count")][0]
+    assert "REGRESSION, confirmed" in line                # one sync more than the baseline's 7, tolerance 0

@@ -155,8 +155,9 @@ def draft_chain(run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: int):
         x = draw(q, run.proc, lambda: run.rng.uniform(run.n, R.DRAFT + i))
         xs.append(x)
         qs.append(q)
-        if i < Lr - 1:
-            pos = run.positions(run.draft, np.zeros(1, np.int64), cap)
+        if i < Lr - 1:   # the draft's cache length d_off + n_b + i (on the device path from n on the device)
+            pos = run.dev_positions(run.d_off + i, cap)
+            pos = run.positions(run.draft, np.zeros(1, np.int64), cap) if pos is None else pos
             if run.feat:
                 o = run.draft.forward(run.rows(x)[:, None], features=hid[:, None], position_ids=pos)
                 hid = o.hidden[:, -1]

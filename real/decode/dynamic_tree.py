@@ -156,7 +156,7 @@ def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np
     logits, hid0 = feed_draft(run)
     dev, B, k = run.dev, run.B, spec.topk
     zeros = torch.zeros(B, dtype=torch.float64, device=dev)
-    root_tok = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])     # (B, 1)
+    root_tok = run.last_tokens()                                                      # (B, 1)
     tok, key, logp, q0 = _children(run, spec, logits, zeros, zeros, 0)               # (B, k)
     toks, keys, qrows = [tok], [key], [q0]
     want_q = not (run.proc.greedy or (spec.draft_law == "point" and not with_q))
@@ -172,7 +172,8 @@ def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np
     root_pos = run.rows(run.d_off + run.n - 1)
     fwd, size = 1, k
     for i in range(levels):  # one draft forward per level (a loop over at most `depth` levels)
-        pos = np.repeat(np.minimum(root_pos + 1 + i, cap)[:, None], k, 1)
+        pos = run.dev_positions(run.d_off + i, cap, k)        # the device path: from n on the device
+        pos = np.repeat(np.minimum(root_pos + 1 + i, cap)[:, None], k, 1) if pos is None else pos
         mask = torch.cat([anc, eyes], -1)                                         # (B, k, F + k)
         mask = mask[0] if B == 1 else run.rows(mask)           # one image: the (S, K) mask every model takes
         x = run.rows(tok)

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from real.nn.devpath import force, host_path
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds
+from .phases import phase
 from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
 from .rng import Streams
 from .round import RoundRecord, Run, Step, host_verification, prefill_round, speculative_round, sync
@@ -54,7 +56,7 @@ class Generation:
 def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=None,
              processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
              generator: torch.Generator | None = None, record_rows: bool = False,
-             progress: bool | None = False) -> list[Generation]:
+             progress: bool | None = False, device_path: bool | None = None) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -70,52 +72,59 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     rows along the round (``theory.likelihood.recorded`` predictions use them).
 
     Randomness: image k's draws depend only on (``seed``, k) (``real.decode.rng``); with ``generator`` (a
-    ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it."""
-    from tqdm import tqdm
+    ``torch.Generator``, for callers that loop over calls) this call's seed is one draw from it.
 
-    from theory.rules.verifiers import guarded
+    ``device_path``: True runs the code CUDA tensors run (torch verification, device-side draws, the models' plain
+    kernels) whatever the device, False the decision by device whatever ``COOLSD_DEVICE_PATH``; None: as the
+    environment says (``real.nn.devpath``). Greedy tokens are the same either way."""
+    with force(device_path):    # the device path's one decision (real.nn.devpath), for this call
+        from tqdm import tqdm
 
-    from .checks import generate_args
+        from theory.rules.verifiers import guarded
 
-    mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, drafting=drafting, seed=seed,
-                         batch_size=batch_size, processing=processing)   # before any model call (issue 26)
-    verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
-    conds, T = as_conds(conds), int(num_tokens)
-    bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing)
-    target, draft = as_batched(target), as_batched(draft if mode.needs_draft else None)
-    dev = device_of(target)
-    if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-    bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None, leave=False,
-               desc=f"{type(mode).__name__.lower()} decode")
-    gens: list[Generation] = []
-    # packed / fused weight copies for this call only (real.nn.layers.linear); inference mode: no autograd
-    # bookkeeping on any of a round's ~1,000 small operations (4-6% of a batch-1 tree round on CPU)
-    with inference_weights(), torch.inference_mode():
-        for a in range(0, len(conds), bs):   # a loop over batches
-            B = min(bs, len(conds) - a)
-            run = Run(target, draft, processing, Streams(seed, np.arange(a, a + B), dev), dev, T, np.zeros(B, np.int64),
-                      torch.zeros((B, T + 2 + mode.max_depth), dtype=torch.long, device=dev), conds[a:a + B],
-                      feat=draft is not None and draft.needs_features, host=host_verification(dev, verifier),
-                      record=record_rows)
-            sync(dev)
-            t0 = time.perf_counter()
-            drafts_first = mode.max_depth > 0 and T > 1 and mode.from_prefill(run)
-            steps = [speculative_round(run, mode, verifier, record_rows) if drafts_first
-                     else prefill_round(run, mode, record_rows)]
-            actives = [np.ones(B, bool)]
-            bar.update(int(run.n.sum()))
-            while run.active.any():
-                act, n0 = run.active, run.n.copy()
-                steps.append(speculative_round(run, mode, verifier, record_rows))
-                actives.append(act)
-                bar.update(int((run.n - n0).sum()))
-            sync(dev)
-            info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
-                    "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}
-            gens += _generations(run, steps, actives, info, record_rows, mode.trees)
-    bar.close()
-    return gens
+        from .checks import generate_args
+
+        mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, drafting=drafting, seed=seed,
+                             batch_size=batch_size, processing=processing)   # before any model call (issue 26)
+        verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
+        conds, T = as_conds(conds), int(num_tokens)
+        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing)
+        target, draft = as_batched(target), as_batched(draft if mode.needs_draft else None)
+        dev = device_of(target)
+        if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        bar = tqdm(total=len(conds) * T, disable=not progress if progress is not None else None, leave=False,
+                   desc=f"{type(mode).__name__.lower()} decode")
+        gens: list[Generation] = []
+        # packed / fused weight copies for this call only (real.nn.layers.linear); inference mode: no autograd
+        # bookkeeping on any of a round's ~1,000 small operations (4-6% of a batch-1 tree round on CPU)
+        with inference_weights(), torch.inference_mode():
+            for a in range(0, len(conds), bs):   # a loop over batches
+                B = min(bs, len(conds) - a)
+                run = Run(target, draft, processing, Streams(seed, np.arange(a, a + B), dev), dev, T, np.zeros(B, np.int64),
+                          torch.zeros((B, T + 2 + mode.max_depth), dtype=torch.long, device=dev), conds[a:a + B],
+                          feat=draft is not None and draft.needs_features, host=host_verification(dev, verifier),
+                          record=record_rows)
+                if not host_path(dev):       # the device path keeps its own copy of n on the device
+                    run.n_dev = torch.zeros(B, dtype=torch.long, device=dev)
+                sync(dev)
+                t0 = time.perf_counter()
+                drafts_first = mode.max_depth > 0 and T > 1 and mode.from_prefill(run)
+                steps = [speculative_round(run, mode, verifier, record_rows) if drafts_first
+                         else prefill_round(run, mode, record_rows)]
+                actives = [np.ones(B, bool)]
+                bar.update(int(run.n.sum()))
+                while run.active.any():
+                    act, n0 = run.active, run.n.copy()
+                    steps.append(speculative_round(run, mode, verifier, record_rows))
+                    actives.append(act)
+                    bar.update(int((run.n - n0).sum()))
+                sync(dev)
+                info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
+                        "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}
+                gens += _generations(run, steps, actives, info, record_rows, mode.trees)
+        bar.close()
+        return gens
 
 
 def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: dict, record: bool,
@@ -123,7 +132,8 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
     """Per-image ``Generation``s from a batch's rounds (``Step.record`` makes each round's records, tree-shaped for a
     tree mode; the batch's times are shared equally among the images that took part)."""
     B = run.B
-    tokens = run.out[:, :run.T].cpu()
+    with phase("output"):
+        tokens = run.out[:, :run.T].cpu()
     recs: list[list[RoundRecord]] = [[] for _ in range(B)]
     for s, act in zip(steps, actives):   # a loop over rounds and images, once per batch
         s = s.to_host() if record else s
@@ -142,12 +152,13 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, drafting=None,
                          processing: Processing = Processing(), seed: int = 0, generator: torch.Generator | None = None,
-                         record_rows: bool = False, progress: bool | None = False) -> Generation:
-    """One image with speculative decoding (``generate`` at batch size 1; ``drafting`` as there); the ``Generation``
-    holds tokens (num_tokens,) int64."""
+                         record_rows: bool = False, progress: bool | None = False,
+                         device_path: bool | None = None) -> Generation:
+    """One image with speculative decoding (``generate`` at batch size 1; ``drafting``, ``device_path`` as there);
+    the ``Generation`` holds tokens (num_tokens,) int64."""
     return generate(target, draft, [cond], num_tokens=num_tokens, verifier=verifier, drafting=drafting,
                     processing=processing, seed=seed, batch_size=1, generator=generator, record_rows=record_rows,
-                    progress=progress)[0]
+                    progress=progress, device_path=device_path)[0]
 
 
 def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Processing(), seed: int = 0,

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from real.nn.devpath import host_path
+
 __all__ = ["Streams", "DRAFT", "ACCEPT", "SAMPLE", "TREE", "JACOBI"]
 
 # purposes (disjoint ranges; a chain draft position or a tree level is added to its base)
@@ -75,7 +77,16 @@ class Streams:
         with np.errstate(over="ignore"):
             base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
             self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
-        self._keys_t = None if self.device.type == "cpu" else torch.from_numpy(self.keys.view(np.int64)).to(self.device)
+        self._n_host, self._n_dev = None, None
+        self._keys_t = None if host_path(self.device) else torch.from_numpy(self.keys.view(np.int64)).to(self.device)
+
+    def _device_n(self, n: np.ndarray) -> torch.Tensor:
+        """n (B,) on the device, copied once per distinct n (a round's draws share it: one host -> device copy per
+        round, not one per draw)."""
+        if self._n_host is None or self._n_host.shape != n.shape or not np.array_equal(self._n_host, n):
+            self._n_host = n.copy()
+            self._n_dev = torch.from_numpy(n.view(np.int64)).to(self.device)
+        return self._n_dev
 
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1) (module docstring); ``n`` (B,) the rows' committed lengths at the round's
@@ -90,7 +101,7 @@ class Streams:
                 h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, k) * np.uint64(_GOLDEN))
             u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
         else:
-            nt = torch.from_numpy(n.view(np.int64)).to(self.device)
+            nt = self._device_n(n)
             k = _mix(self._keys_t ^ _mix(nt * _SIGNED(_GOLDEN) + purpose))
             h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, k) * _SIGNED(_GOLDEN))
             u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))

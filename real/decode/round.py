@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 from theory.tree import verify_round
+from real.nn.devpath import host_path
 
 from . import rng as R
+from .phases import event, phase
 from .rng import Streams
 from .sampling import Processing, draw
 
@@ -87,6 +89,7 @@ class Run:
     d_off: int = 0                       # draft element of image token 0
     hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
     state: object = None
+    n_dev: torch.Tensor | None = None    # (B,) int64 n on the device: the device path's own copy (no host -> device)
 
     @property
     def B(self) -> int:
@@ -116,7 +119,23 @@ class Run:
 
     def last_tokens(self) -> torch.Tensor:
         """(B, 1) each image's last committed token (the root of its next round; token 0 before any commit)."""
+        if self.n_dev is not None:
+            return self.out.gather(1, (self.n_dev - 1).clamp(min=0)[:, None])
         return self.out.gather(1, torch.as_tensor(np.maximum(self.n - 1, 0), device=self.dev)[:, None])
+
+    def dev_positions(self, base: int, cap: int, width: int = 1) -> torch.Tensor | None:
+        """(R, width) positions base + n_b, clamped to ``cap``, computed on the device from ``n_dev`` (the device path:
+        no host -> device copy of host positions); None on the host path."""
+        if self.n_dev is None:
+            return None
+        return self.rows((self.n_dev + base).clamp(max=cap))[:, None].expand(-1, width)
+
+    def depth_tensor(self, Db: np.ndarray, D: int, tail: int = 0) -> torch.Tensor:
+        """``depths(D, tail)`` (= Db) as a device tensor: computed there from ``n_dev`` on the device path."""
+        if self.n_dev is None:
+            return torch.as_tensor(Db, device=self.dev)
+        n = self.n_dev
+        return torch.where(n < self.T, (self.T - tail - 1 - n).clamp(min=0, max=D), 0)
 
     def depths(self, D: int, tail: int = 0) -> np.ndarray:
         """(B,) int64 D'_b = min(D, T - tail - n_b - 1) for unfinished images (0 at least), 0 for finished ones;
@@ -202,7 +221,7 @@ def host_verification(dev, verifier) -> bool:
     """Whether rounds on ``dev`` can be verified on numpy views of their rows: CPU rows and a verifier whose rules
     hold no torch tensors (``theory`` is array-API code). On (B, V) rows numpy's per-operation cost is about a third
     of torch's, and a tree walk is ~70 such operations per candidate."""
-    return torch.device(dev).type == "cpu" and verifier is not None and not holds_tensors(verifier)
+    return host_path(dev) and verifier is not None and not holds_tensors(verifier)
 
 
 def on_host(run: Run, *arrays):
@@ -226,12 +245,15 @@ def check_finite(*rows) -> None:
 
 # ----------------------------------------------------------------------------- caches and the commit
 
-def commit(run: Run, cand: torch.Tensor, tau: np.ndarray) -> None:
-    """Write cand[b, :tau_b + 1] (B, S) at out[b, n_b:]; n_b += tau_b + 1 for unfinished images."""
+def commit(run: Run, cand: torch.Tensor, tau: np.ndarray, tau_dev: torch.Tensor | None = None) -> None:
+    """Write cand[b, :tau_b + 1] (B, S) at out[b, n_b:]; n_b += tau_b + 1 for unfinished images (and ``n_dev`` on
+    the device path, from ``tau_dev``, tau on the device; None: tau = 0)."""
     act = run.active
-    cols = torch.as_tensor(run.n, device=run.dev)[:, None] + torch.arange(cand.shape[1], device=run.dev)
-    run.out.scatter_(1, cols, cand)              # past tau_b + 1: scratch, overwritten later
+    n = run.n_dev if run.n_dev is not None else torch.as_tensor(run.n, device=run.dev)
+    run.out.scatter_(1, n[:, None] + torch.arange(cand.shape[1], device=run.dev), cand)   # past tau_b + 1: scratch
     run.n = run.n + np.where(act, tau + 1, 0)
+    if run.n_dev is not None:
+        run.n_dev = n + torch.where(n < run.T, 1 if tau_dev is None else tau_dev + 1, 0)
 
 
 def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
@@ -240,13 +262,15 @@ def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
     run.hist.scatter_(1, idx, hidden.to(run.hist.dtype))
 
 
-def settle(run: Run, prop, hidden, v, Dr: int) -> tuple[np.ndarray, np.ndarray]:
+def settle(run: Run, prop, hidden, v, Dr: int, extra: tuple = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """After the verdict ``v``: keep the accepted path in the target's cache (a chain: its rejected tail rolled back; a
     tree: ``keep`` of [root; path]), for feature drafters its hidden states at their positions, and commit path + next
-    token. Returns tau (B,) and the accepted nodes (B, Dr) (-1 past tau) on the host: the round's one sync."""
+    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and the ``extra`` (B,) int64 device columns
+    (E, B), all read back to the host together: the round's one sync."""
     act = run.active
-    head = torch.cat([torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]], 1).cpu().numpy()
-    tau, path = head[:, 0], head[:, 1:]
+    acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
+    head = torch.cat([acc_t, path_t, *(torch.as_tensor(e)[:, None] for e in extra)], 1).cpu().numpy()
+    tau, path, more = head[:, 0], head[:, 1:Dr + 1], head[:, Dr + 1:].T
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
     N = prop.tokens.shape[1] - 1
     if prop.tree is None:          # a chain keeps a prefix of its block (also right after a prefill of drafts)
@@ -256,11 +280,16 @@ def settle(run: Run, prop, hidden, v, Dr: int) -> tuple[np.ndarray, np.ndarray]:
     if run.feat:
         kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
         store_hidden(run, hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
-    cand = prop.tokens.gather(1, torch.as_tensor(keep[:, 1:], device=run.dev))
+    dev_verdict = run.n_dev is not None and isinstance(acc_t, torch.Tensor) and acc_t.device == run.out.device
+    if dev_verdict:                # the device path: the commit from the verdict's own device tensors
+        tau_t, kp = acc_t[:, 0].long(), path_t.long().clamp(min=0)
+    else:
+        tau_t, kp = torch.as_tensor(tau, device=run.dev), torch.as_tensor(keep[:, 1:], device=run.dev)
+    cand = prop.tokens.gather(1, kp)
     nxt = torch.as_tensor(v.next_token, device=run.dev)
-    cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, torch.as_tensor(tau, device=run.dev)[:, None], nxt[:, None])
-    commit(run, cand, tau)
-    return tau, path
+    cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, tau_t[:, None], nxt[:, None])
+    commit(run, cand, tau, tau_t if dev_verdict else None)
+    return tau, path, more
 
 
 # ----------------------------------------------------------------------------- the rounds
@@ -281,16 +310,20 @@ def _start_draft(run: Run, conds: list, hidden) -> None:
 def prefill_round(run: Run, mode, record: bool) -> Step:
     """Round 0: the target's prefill alone gives token 0; the draft model (if any) is started on the same conditions;
     then the mode's state (``Drafting.start``)."""
+    event("round")
     t0 = time.perf_counter()
-    o = run.target.prefill(run.conds, cfg=run.proc.cfg, return_hidden=run.feat)
-    p = run.proc.rows(o.logits[:, -1:])                                   # (B, 1, V)
-    run.P = int(run.target.cache_lens[0])
+    with phase("target"):
+        o = run.target.prefill(run.conds, cfg=run.proc.cfg, return_hidden=run.feat)
+        p = run.proc.rows(o.logits[:, -1:])                                   # (B, 1, V)
+        run.P = int(run.target.cache_lens[0])
     if run.draft is not None:
-        _start_draft(run, run.conds, o.hidden)
+        with phase("draft"):
+            _start_draft(run, run.conds, o.hidden)
     sync(run.dev)
     t1 = time.perf_counter()
-    check_finite(p)
-    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
+    with phase("verify"):
+        check_finite(p)
+        x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     run.state = mode.start(run)
     sync(run.dev)
@@ -302,16 +335,20 @@ def prefill_round(run: Run, mode, record: bool) -> Step:
 def ar_round(run: Run, record: bool) -> Step:
     """One target forward over every image's last token, one token sampled per image (finished images ride along and
     are rolled back)."""
+    event("round")
     t0 = time.perf_counter()
     last = run.last_tokens()                                                          # (B, 1)
-    pos = run.positions(run.target, np.zeros(1, np.int64), run.P + run.T - 1)
-    o = run.target.forward(run.rows(last), position_ids=pos, return_hidden=run.feat)
-    p = run.proc.rows(o.logits)                                                        # (B, 1, V)
+    pos = run.dev_positions(run.P - 1, run.P + run.T - 1)       # the root's position (its cache length)
+    pos = run.positions(run.target, np.zeros(1, np.int64), run.P + run.T - 1) if pos is None else pos
+    with phase("target"):
+        o = run.target.forward(run.rows(last), position_ids=pos, return_hidden=run.feat)
+        p = run.proc.rows(o.logits)                                                        # (B, 1, V)
     if run.feat:
         store_hidden(run, o.hidden, pos)
     sync(run.dev)
     t1 = time.perf_counter()
-    x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
+    with phase("verify"):
+        x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
         run.target.rollback(run.rows(np.where(act, 0, 1)))
@@ -330,7 +367,12 @@ def _target_block(run: Run, prop):
         o = run.target.prefill(run.conds, run.rows(prop.tokens[:, 1:]), cfg=run.proc.cfg, return_hidden=run.feat)
         run.P = int(run.target.cache_lens[0]) - (prop.tokens.shape[1] - 1)
         return o
-    pos = run.positions(run.target, prop.depth, run.P + run.T - 1)
+    d, cap = prop.depth, run.P + run.T - 1
+    if run.n_dev is not None:     # the device path: root position P + n_b - 1 (the cache length) + node depths
+        d = torch.arange(d.shape[-1], device=run.dev) if prop.tree is None else torch.as_tensor(d, device=run.dev)
+        pos = (run.dev_positions(run.P - 1, cap, d.shape[-1]) + (d if d.ndim == 1 else run.rows(d))).clamp(max=cap)
+    else:
+        pos = run.positions(run.target, d, cap)
     mask = prop.mask
     if mask is not None and mask.ndim == 3:         # one image: the (S, K) mask every model takes; else one per row
         mask = mask[0] if run.B == 1 else run.rows(mask)
@@ -343,32 +385,48 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     Dr = int(Db.max())
     if Dr == 0:
         return ar_round(run, record)
+    event("round")
     n0, act = run.n.copy(), run.active
     t0 = time.perf_counter()
-    prop = mode.propose(run, Db)
+    with phase("draft"):
+        prop = mode.propose(run, Db)
     sync(run.dev)
     t1 = time.perf_counter()
-    o = _target_block(run, prop)
-    p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
+    with phase("target"):
+        o = _target_block(run, prop)
+        p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
     sync(run.dev)
     t2 = time.perf_counter()
     N = prop.tokens.shape[1] - 1
-    check_finite(p, prop.q)
-    u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
-    u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-    P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, torch.as_tensor(Db, device=run.dev))
-    if prop.verify is None:
-        v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
-    else:                     # a mode's own verdict (real.protocol.Proposal.verify)
-        v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
-    tau, path = settle(run, prop, o.hidden, v, Dr)
+    dev = run.n_dev is not None          # the device path: the finiteness flag read back with the verdict
+    with phase("verify"):
+        finite = torch.isfinite(sum(r.sum() for r in (p, prop.q) if r is not None)) if dev else check_finite(p, prop.q)
+        u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
+        u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
+        Dt = run.depth_tensor(Db, mode.max_depth, getattr(mode, "plain_tail", 0))
+        P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, Dt)
+        if prop.verify is None:
+            v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
+        else:                     # a mode's own verdict (real.protocol.Proposal.verify)
+            v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
+    host_dep = isinstance(prop.depth, np.ndarray)
+    extra = () if not dev else (finite.long().expand(run.B),) + (() if host_dep else (
+        ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Dt[:, None])).sum(-1),))
+    tau, path, more = settle(run, prop, o.hidden, v, Dr, extra)
+    if dev and not more[0].all():
+        check_finite(p, prop.q)          # raises (the entries looked at, as on the host path)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()
     mode.advance(run, prop, v, p, n0)
     sync(run.dev)
     t4 = time.perf_counter()
-    dep = prop.depth if isinstance(prop.depth, np.ndarray) else prop.depth.cpu().numpy()
-    drafted = np.where(act, ((dep[..., 1:] >= 1) & (dep[..., 1:] <= Db[:, None])).sum(-1), 0)
+    if host_dep:
+        drafted = np.where(act, ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Db[:, None])).sum(-1), 0)
+    elif dev:
+        drafted = np.where(act, more[1], 0)
+    else:
+        dep = prop.depth.cpu().numpy()
+        drafted = np.where(act, ((dep[..., 1:] >= 1) & (dep[..., 1:] <= Db[:, None])).sum(-1), 0)
     kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
     rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if record else {}
     return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from theory.tree import Tree, draft_without_replacement, truncate_tree
+from real.nn.devpath import host_path
 from real.protocol import Proposal
 
 from . import rng as R
@@ -62,7 +63,8 @@ class StaticTree(ModelDrafting):
         plan = run.state[Dr]
         point = run.proc.greedy or self.candidates == "topk"
         tokens, q, fwd = draft_tree(run, plan, with_q=run.record or not point, topk=self.candidates == "topk")
-        return Proposal(tokens, q, "point" if point else "without_replacement", plan.tree, plan.depth, plan.mask, fwd)
+        depth = plan.depth if run.n_dev is None else plan.depth_t      # the device path: no host -> device copy
+        return Proposal(tokens, q, "point" if point else "without_replacement", plan.tree, depth, plan.mask, fwd)
 
     def advance(self, run, prop, verdict, p, n0) -> None:
         """Drop the tree levels the draft appended (every row the same count)."""
@@ -96,6 +98,7 @@ class TreePlan:
     depth: np.ndarray           # (N+1,) node depths (target positions = root position + depth)
     n_fed: int                  # draft cache entries written by levels 1..D-1 (rolled back after the round)
     child_mask: torch.Tensor    # (N+1, N+1) bool: [node, child] (greedy drafting's draft rows)
+    depth_t: torch.Tensor | None = None   # (N+1,) the node depths on the device (the device path's positions)
 
 
 def tree_plan(tree: Tree, device) -> TreePlan:
@@ -121,7 +124,7 @@ def tree_plan(tree: Tree, device) -> TreePlan:
     cm = np.zeros((tree.n_nodes + 1,) * 2, dtype=bool)
     cm[par_of[1:], np.arange(1, tree.n_nodes + 1)] = True
     return TreePlan(tree, levels, torch.as_tensor(tree.attention_mask, device=device), dep.astype(np.int64),
-                    len(fed), torch.as_tensor(cm, device=device))
+                    len(fed), torch.as_tensor(cm, device=device), torch.as_tensor(dep, dtype=torch.long, device=device))
 
 
 def _exponential(run, level: int, shape: tuple) -> torch.Tensor:
@@ -135,7 +138,7 @@ def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries (``topk``, then the m winners
     ordered by (value, index)); when a tie straddles the m-th place, the full stable sort decides."""
     V = x.shape[-1]
-    if m >= V:
+    if m >= V or not host_path(x.device):    # the device path: one stable sort, no read-back of the tie checks
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     val, idx = x.topk(m + 1, dim=-1, sorted=True)
     if not bool((val[..., 1:] == val[..., :-1]).any()):   # no tie among the m + 1 largest: topk's order is the one
@@ -159,7 +162,7 @@ def draft_tree(run, plan: TreePlan, with_q: bool = True, topk: bool = False):
     V = logits.shape[-1]
     greedy = run.proc.greedy
     tokens = torch.empty(B, N + 1, dtype=torch.long, device=dev)
-    tokens[:, 0] = run.out.gather(1, torch.as_tensor(run.n - 1, device=dev)[:, None])[:, 0]
+    tokens[:, 0] = run.last_tokens()[:, 0]
     q = None if not with_q else torch.full((B, N + 1, V), 1.0 / V, dtype=run.proc.dtype, device=dev)
     hid = hid0.new_empty((hid0.shape[0], N + 1, hid0.shape[-1])) if run.feat else None
     cap = run.d_off + run.T - 1
@@ -171,7 +174,8 @@ def draft_tree(run, plan: TreePlan, with_q: bool = True, topk: bool = False):
             if run.feat:
                 hid[:, 0] = hid0
         else:
-            pos = np.repeat(np.minimum(root + lv.offset, cap)[:, None], lv.parents.numel(), 1)
+            pos = run.dev_positions(run.d_off - 1 + lv.offset, cap, lv.parents.numel())
+            pos = np.repeat(np.minimum(root + lv.offset, cap)[:, None], lv.parents.numel(), 1) if pos is None else pos
             x = run.rows(tokens[:, lv.parents])
             if run.feat:
                 o = run.draft.forward(x, features=hid[:, lv.parent_of], position_ids=pos, attn_mask=lv.mask)

@@ -28,6 +28,7 @@ from torch import nn
 
 import numpy as np
 
+from real.nn.devpath import host_path
 from real.nn.kvcache import CachedRows, KVCache
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 from real.protocol import ModelOutput, Placed, Prompt, as_conds
@@ -110,6 +111,7 @@ class FastLlama(Placed, CachedRows, nn.Module):
         self.n_layers = c.num_hidden_layers
         self.cache: KVCache | None = None
         self._pad = np.zeros(1, np.int64)            # (R,) padded entries at the start of each row (RoPE offsets)
+        self._pad_t = None                           # (self._pad, its copy on the device): one copy per prefill
         self._P = 0                                  # prompt entries per row (padding included)
         self._rope_tab: torch.Tensor | None = None   # (max_len, hd/2) complex rotations (``_rope``)
 
@@ -192,10 +194,15 @@ class FastLlama(Placed, CachedRows, nn.Module):
         """ids (R, S) model ids at cache ``slots`` (R, S) (numpy or torch) under ``attn_mask`` (S, K) / (R, S, K) or
         None (causal) -> ``ModelOutput``; RoPE positions are the slots minus each row's padding."""
         S = ids.shape[1]
-        pos = (torch.as_tensor(slots, dtype=torch.long, device=ids.device)
-               - torch.as_tensor(self._pad, device=ids.device)[:, None]).clamp_(min=0)
-        if int(pos.max()) >= self.max_len:
-            raise ValueError(f"FastLlama cache full: position {int(pos.max())} >= max_len {self.max_len}; raise max_len")
+        host = isinstance(slots, np.ndarray)
+        hi = int((slots - self._pad[:, None]).max()) if host and slots.size else 0      # host slots: no sync
+        if hi >= self.max_len:
+            raise ValueError(f"FastLlama cache full: position {hi} >= max_len {self.max_len}; raise max_len")
+        if self._pad_t is None or self._pad_t[0] is not self._pad:
+            self._pad_t = (self._pad, torch.as_tensor(self._pad, device=ids.device))
+        pos = (torch.as_tensor(slots, dtype=torch.long, device=ids.device) - self._pad_t[1][:, None]).clamp_(min=0)
+        if not host:               # device slots (the engine's device path): checked without a read-back
+            torch._assert_async(pos.max() < self.max_len, f"FastLlama cache full: a position >= max_len {self.max_len}")
         rot = self._rope(pos)
         mask = self.cache.begin(S, attn_mask)
         h = F.embedding(ids, self.embed.weight)
@@ -247,6 +254,12 @@ class FastLlama(Placed, CachedRows, nn.Module):
             raise ValueError(f"tokens must be ({cache.rows}, S), got shape {tuple(t.shape)}")
         if position_ids is None:
             slots = cache.lens[:, None] + np.arange(S)
+        elif isinstance(position_ids, torch.Tensor) and not host_path(position_ids.device):   # the device path's
+            slots = position_ids.to(device=t.device, dtype=torch.long)
+            slots = slots.expand(R, S) if slots.ndim == 1 else slots
+            if tuple(slots.shape) != (R, S):
+                raise ValueError(f"position_ids must be ({S},) or ({R}, {S}), got shape {tuple(position_ids.shape)}")
+            torch._assert_async(slots.min() >= 0, "position_ids must be non-negative")
         else:
             slots = position_ids if isinstance(position_ids, np.ndarray) else \
                 torch.as_tensor(position_ids, dtype=torch.long).cpu().numpy()

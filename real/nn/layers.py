@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .devpath import host_path
+
 
 __all__ = ["linear", "inference_weights", "scoped", "stale_inference", "HeadGeometry", "RMSNorm", "rms_norm", "rope_table_2d",
            "complex_rope", "apply_rope", "rope_qkv", "attend", "gqa_heads", "SwiGLU", "swiglu"]
@@ -89,7 +91,7 @@ def _entry(ws: tuple) -> list:
     cat = ws[0].detach() if len(ws) == 1 else torch.cat([w.detach() for w in ws])
     e = _CACHE[key] = [tuple(weakref.ref(w, drop) for w in ws), tuple(map(_signature, ws)), cat, None,
                        all(isinstance(t, nn.Parameter) for t in ws),
-                       _ONEDNN and cat.dtype is torch.float32 and cat.device.type == "cpu"]
+                       _ONEDNN and cat.dtype is torch.float32 and host_path(cat.device)]
     return e
 
 
@@ -244,7 +246,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     B x H <= 8 or S > 1; benchmarks/results/kernels.txt). The fused kernel is used on CPU in float32 only inside
     ``inference_weights()`` without autograd: elsewhere (training, feature extraction for it) the written-out form
     keeps the arithmetic, hence the bits, of the shipped checkpoints' training runs."""
-    if q.device.type != "cpu" or q.dtype != torch.float32 or (
+    if q.dtype != torch.float32 or not host_path(q.device) or (
             _inference(q, k, v) and (q.shape[-2] > 1 or q.shape[0] * q.shape[1] <= 8)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     a = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5

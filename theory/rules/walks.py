@@ -1,4 +1,4 @@
-"""Lean host (numpy) tree walks that a verifier supplies for itself (``Verifier.walk``, the hook
+"""Lean tree walks (host numpy; greedy also on device arrays) that a verifier supplies for itself (``Verifier.walk``, the hook
 ``theory.tree.verify_round`` calls): vanilla and greedy multi-candidate verification (docs/theory.md section 9, T5
 applied recursively), batched over rounds, with ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its
 generic array-API walk spends ~90 full-row operations per candidate tried, the price of serving every verifier). A walk
@@ -15,7 +15,8 @@ room needs nothing of ``theory.tree``.
 * greedy (``theory.rules.greedy``: f = 1[x = argmax p], G = one-hot(argmax p)), any draft law: rejections leave
   the argmax in place, so the walk follows the first child (by rank) whose token is the node's argmax and whose
   draft row gives it positive mass (``verify_tree`` skips impossible candidates), and the next token is the argmax
-  of the last node's row after a rejection, else (a leaf, no possible candidate) a draw from it.
+  of the last node's row after a rejection, else (a leaf, no possible candidate) a draw from it. On arrays that are
+  not numpy (torch on a device) the same walk runs in the array API over all D levels, with no read-back.
 
 * vanilla with candidates drawn without replacement (``draft_law="without_replacement"``, static trees and the
   lossless dynamic trees): ``verify_tree``'s own walk (one candidate per round per step, the same operations on
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 from functools import partial
 
+import array_api_compat
 import numpy as np
 
-from ..core.xp import sample_categorical
+from ..core.xp import gather_rows, namespace, sample_categorical
 
 __all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS"]
 
@@ -184,6 +186,54 @@ def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))
 
 
+def _take(x, idx, xp):
+    """x[b, idx[b, k]]: x (B, M), idx (B, K) non-negative -> (B, K)."""
+    return x.gather(-1, idx) if array_api_compat.is_torch_array(x) else xp.take_along_axis(x, idx, axis=-1)
+
+
+def _greedy_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point"):
+    """The greedy walk of ``_walk`` for arrays that are not numpy (torch on a device, the engine's device path):
+    the same per-level steps on the same rows, every one of the D levels taken (no early exit: nothing is read back
+    to the host, so the walk costs no sync). Arguments and verdict as ``_walk``."""
+    xp = namespace(p, tokens)
+    dev = array_api_compat.device(p)
+    B, D = p.shape[0], int(D)
+    ch = xp.asarray(children, device=dev)
+    cap = xp.full((B,), D, dtype=xp.int64, device=dev) if max_depth is None else xp.astype(max_depth, xp.int64)
+    node = xp.zeros((B,), dtype=xp.int64, device=dev)
+    live = xp.ones((B,), dtype=xp.bool, device=dev)
+    rejected = xp.zeros((B,), dtype=xp.bool, device=dev)
+    tokens = xp.astype(tokens, xp.int64)
+    cols = []
+    for d in range(D):  # a loop over tree levels; every live round is at depth d
+        kids = xp.take(ch, node, axis=0) if ch.ndim == 2 else gather_rows(ch, node, xp)   # (B, K)
+        has = (kids >= 0) & (live & (cap > d))[:, None]
+        safe = xp.where(has, kids, xp.zeros_like(kids))
+        c = _take(tokens, safe, xp)                                              # (B, K) candidate tokens
+        pr = gather_rows(p, node, xp)                                            # (B, V) the node's row
+        valid = has if draft_law == "point" else has & (_take(gather_rows(q, node, xp), c, xp) > 0)
+        ok = valid & (c == xp.argmax(pr, axis=-1)[:, None])
+        rejected = rejected | (live & ~xp.any(ok, axis=-1) & xp.any(valid, axis=-1))
+        acc = xp.any(ok, axis=-1)
+        win = _take(kids, xp.argmax(xp.astype(ok, xp.int8), axis=-1)[:, None], xp)[:, 0]   # the first accepted
+        cols.append(xp.where(acc, win, xp.full_like(win, -1)))
+        node = xp.where(acc, win, node)
+        live = live & acc
+    path = xp.stack(cols, axis=-1) if cols else xp.zeros((B, 0), dtype=xp.int64, device=dev)
+    depth = xp.sum(xp.astype(path >= 0, xp.int64), axis=-1)
+    last = gather_rows(p, node, xp)
+    nxt = xp.where(rejected, xp.astype(xp.argmax(last, axis=-1), xp.int64), sample_categorical(last, u_sample, xp))
+    return depth, path, xp.astype(nxt, xp.int64), node
+
+
+def _greedy(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft_law="point"):
+    """Greedy: the host walk on numpy arrays, the sync-free device walk on others."""
+    out = _walk("greedy", p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
+    if out is None:
+        return _greedy_device(p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
+    return out
+
+
 # the walks each rule supplies for itself (``Verifier.walk``): draft law -> walk
 VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": _walk_without_replacement}
-GREEDY_WALKS = {law: partial(_walk, "greedy") for law in DRAFT_LAWS}
+GREEDY_WALKS = {law: _greedy for law in DRAFT_LAWS}
