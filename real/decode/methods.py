@@ -61,16 +61,23 @@ def method_processing(method: str, processing: Processing) -> Processing:
 def input_embedding_rows(target, V: int | None = None):
     """(V, d) rows of the target LM's INPUT embedding table for the engine's image tokens 0..V-1, or None where the
     model has none: ``code_embeddings()`` (multimodal adapters: the ids that feed each code), else the rows of
-    ``tok_embeddings`` (LlamaGen; codes are the ids), else ``get_input_embeddings()`` (ids 0..V-1)."""
+    ``tok_embeddings`` (LlamaGen; codes are the ids), else the wrapped HF model's ``get_input_embeddings()`` at
+    ``image_token_ids`` (ids 0..V-1 when None)."""
     if hasattr(target, "code_embeddings"):
         return target.code_embeddings().detach()
     emb = getattr(target, "tok_embeddings", None)
-    if emb is None and hasattr(target, "get_input_embeddings"):
-        emb = target.get_input_embeddings()
+    ids = None
+    if emb is None:
+        hf = getattr(target, "model", target)
+        emb = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
+        ids = getattr(target, "image_token_ids", None)
     w = getattr(emb, "weight", None)
     if w is None:
         return None
-    return w.detach()[:V] if V is not None else w.detach()
+    w = w.detach()
+    if ids is not None:
+        return w[ids.to(w.device)]
+    return w[:V] if V is not None else w
 
 
 def gsd_vectors(bundle, table: str | None = None):
