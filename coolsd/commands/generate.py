@@ -16,7 +16,8 @@ import os
 
 from coolsd.io import atomic_file, check_output_file
 
-from coolsd.options import add_drafting_args, add_method_args, drafting_spec, flag, given, method_params
+from coolsd.options import (add_drafting_args, add_gsd_table_arg, add_method_args, drafting_spec, flag, given,
+                            method_params)
 
 
 def register(sub):
@@ -31,10 +32,7 @@ def register(sub):
     g.add_argument("--lantern-neighbors", choices=["raw", "l2"], default=None,
                    help="LANTERN neighbour table: Euclidean distance between the raw codebook vectors (default, as "
                         "released) or between l2-normalised ones (our earlier table)")
-    g.add_argument("--gsd-table", choices=["embedding", "codebook"], default=None,
-                   help="GSD's distance table: rows of the target LM's input embedding table for the image tokens, "
-                        "distances in bf16 (default, as released), or the raw VQ codebook vectors in float64 (our "
-                        "earlier table); a model without an input embedding table uses its codebook")
+    add_gsd_table_arg(g)
     s = g.add_argument_group("sampling")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--top-k", type=int, default=None, help="0 = off (default: the model's, 0 for most)")
@@ -165,8 +163,8 @@ def _build(args) -> dict:
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
     proc = Processing(args.temperature, top_k, args.top_p, cfg_scale)
     proc = proc if method == "ar" else method_processing(method, proc)
-    gsd_emb, gsd_table = gsd_vectors(bundle, args.gsd_table) if method != "ar" and \
-        rule_registry.get(method).needs_embeddings else (None, None)
+    gsd = method != "ar" and rule_registry.get(method).needs_embeddings
+    gsd_emb, gsd_table = gsd_vectors(bundle, args.gsd_table) if gsd else (None, None)
     verifier = None if method == "ar" else make_verifier(method, mode.max_depth, args._method_params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None),
                                                          embeddings=gsd_emb)
