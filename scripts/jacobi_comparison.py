@@ -164,9 +164,13 @@ def write_report(out: Path, rows: list, a, wall: float) -> None:
     (out / "report.md.tmp").write_text("\n".join(lines) + "\n")
     os.replace(out / "report.md.tmp", out / "report.md")
     plot(out, rows)
-    cmd = " ".join(["PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/jacobi_comparison.py", *sys.argv[1:]])
-    (out / "COMMAND.md.tmp").write_text(f"# How report.json was made\n\n`{cmd}`\n\nWall clock of the units, summed: "
-                                        f"{wall:.0f} s (shared 2-core CPU, load 4-6).\n")
+    cmd = " ".join(["PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/jacobi_comparison.py",
+                    *[x for x in sys.argv[1:] if x != "--report-only"]])
+    per = ", ".join(f"{r['draft']} / {r['rule']} {r['wall_seconds']:.0f} s" for r in rows)
+    (out / "COMMAND.md.tmp").write_text(f"# How report.json was made\n\n`{cmd}`\n\n(resumable: each setting is a unit "
+                                        f"under units/; a rerun skips those present, `--report-only` rebuilds the "
+                                        f"report)\n\nWall clock of the units, summed: {wall:.0f} s on the shared "
+                                        f"2-core CPU. Per unit: {per}.\n")
     os.replace(out / "COMMAND.md.tmp", out / "COMMAND.md")
 
 
