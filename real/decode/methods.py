@@ -45,9 +45,9 @@ def make_verifier(method: str, L: int, params: dict | None = None, neighbors=Non
     nb = neighbors_on(neighbors, device) if m.needs_neighbors else None
     emb = None
     if m.needs_embeddings and embeddings is not None:
-        if isinstance(embeddings, torch.Tensor):   # bf16 (the release's input-embedding table) stays bf16: the
-            emb = embeddings.detach().cpu()         # distance is computed in it, as released; else float64 numpy
-            emb = emb if emb.dtype == torch.bfloat16 else emb.double().numpy()
+        if isinstance(embeddings, torch.Tensor):   # bf16 (the release's input-embedding table) stays bf16 on its
+            emb = embeddings.detach()               # device: the distance is computed in it, as released; else
+            emb = emb if emb.dtype == torch.bfloat16 else emb.cpu().double().numpy()   # float64 numpy
         else:
             emb = embeddings
     return registry.build(method, L, nb, {**(params or {}), **kw}, embeddings=emb)
@@ -95,5 +95,5 @@ def gsd_vectors(bundle, table: str | None = None):
         V = getattr(bundle.target, "vocab_size", None) or (None if cb is None else int(cb.shape[0]))
         rows = input_embedding_rows(bundle.target, V)
         if rows is not None:
-            return rows.to(device="cpu", dtype=torch.bfloat16), "embedding"
+            return rows.to(dtype=torch.bfloat16), "embedding"       # on the model's device
     return cb, (None if cb is None else "codebook")
