@@ -1,12 +1,16 @@
-"""Drafter-free vs drafted decoding on the shipped MNIST models (issue 27): SJD, GSD and Cool-SD on Jacobi drafts
-(window W) and the same rules on the EAGLE drafter (chains of L), with plain AR as the baseline.
+"""Drafter-free vs drafted decoding on the shipped MNIST models (issues 27, 40): SJD, GSD and Cool-SD on Jacobi drafts
+(window W), on SJD-PAC's drafts (the release, ``sjd-pac``, and ours, ``sjd-pac-p``: window W, tree K x D) and the same
+rules on the EAGLE drafter (chains of L), with plain AR as the baseline.
 
 Per setting: tokens per target call (SE over images), measured speed-up over AR at batch 1 and at the demo's batch
 (50), FD to the held-out digits (jackknife SE, coolsd.quality.estimators.fd_with_ci), target NLL per token (SE
 over images); and the T10 predictions of every rule's accepted drafts per round from ONE vanilla run's recorded
 rows per drafter (theory.likelihood.recorded.predict_rounds), against the measured ones: per round and, weighted by the
 stretch of the image each recorded round covers (theory.likelihood.recorded.renewal_tokens_per_round, docs/theory.md
-section 8), per drafted round and per target call.
+section 8), per drafted round and per target call. SJD-PAC rounds are tree rounds: for ``sjd-pac-p`` (the standard
+walk) the per-round prediction is the walk's T10 for trees (theory.likelihood.recorded.predict_tree_rounds); the
+release's longest-path verdict is not the walk, so for ``sjd-pac`` it is that verdict's own expectation
+(real.decode.sjd_pac.predict_longest); no T11 bound is given for either.
 
   PYTHONPATH=. OMP_NUM_THREADS=1 python benchmarks/bench_jacobi.py --images 100 --images-b1 10 \
       --out docs/results/jacobi/frontier.json
@@ -20,6 +24,9 @@ import time
 
 import numpy as np
 import torch
+
+
+DRAFTERS = ("jacobi", "sjd-pac", "sjd-pac-p", "eagle")
 
 
 def settings(codebook):
@@ -44,15 +51,47 @@ def predict(p, q, d, nd, verifier, chunk: int = 128):
     return np.concatenate(acc), np.concatenate(bnd)
 
 
-def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int) -> dict:
+def tree_records(gens, tree):
+    """Recorded SJD-PAC (tree) rounds padded to the full tree: p, q (R, N+1, V) float32, tokens (R, N+1), depth caps
+    (R,); the rounds without drafts are left out (nothing to predict)."""
+    recs = [r for g in gens for r in g.rounds if r.drafted > 0]
+    N1, V = tree.n_nodes + 1, recs[0].p.shape[-1]
+    p = np.full((len(recs), N1, V), 1.0 / V, np.float32)
+    q = np.full((len(recs), N1, V), 1.0 / V, np.float32)
+    tok = np.zeros((len(recs), N1), np.int64)
+    for i, r in enumerate(recs):   # copying recorded rounds into padded arrays, not a hot path
+        m = r.p.shape[0]
+        p[i, :m], q[i, :m], tok[i, :m] = r.p, r.q, r.drafts
+    return p, q, tok, np.array([r.depth for r in recs])
+
+
+def predict_tree(p, q, tok, cap, verifier, spec, chunk: int = 64):
+    """Expected accepted drafts per recorded SJD-PAC round (R,) under ``verifier``, in chunks of rounds (memory):
+    the walk's T10 for trees (``theory.likelihood.recorded.predict_tree_rounds``) for ``sjd-pac-p``, whose verdict is
+    the standard walk; for the release (``sjd-pac``) its own longest-path verdict
+    (``real.decode.sjd_pac.predict_longest``: node tests independent given the rows; the walk's T10 does not apply)."""
+    from real.decode.sjd_pac import predict_longest
+    from theory.likelihood.recorded import predict_tree_rounds
+
+    tree, out = spec.tree(), []
+    for a in range(0, len(cap), chunk):   # a loop over chunks of recorded rounds (memory), not over tokens
+        sl = slice(a, a + chunk)
+        args = (p[sl].astype(np.float64), q[sl].astype(np.float64), tok[sl])
+        if spec.release:
+            out.append(np.asarray(predict_longest(*args, tree, verifier, cap[sl])))
+        else:
+            out.append(np.asarray(predict_tree_rounds(*args, tree, verifier, check=False, max_depth=cap[sl]).accepted))
+    return np.concatenate(out), None
+
+
+def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int, spec=None) -> dict:
     """T10 predictions of ``verifier`` from the vanilla run ``recorded_gens`` (its recorded rows ``rec`` and
     vanilla's own T10 ``van_acc`` (R,)): accepted drafts per drafted round (plain mean), tokens per drafted
     round (renewal weighting) and tokens per target call (the vanilla run's tokens committed in drafted
     rounds over the predicted number of such rounds, plus its undrafted rounds, which no rule changes)."""
     from theory.likelihood.recorded import renewal_tokens_per_round
 
-    p, q, d, nd = rec
-    pred = predict(p, q, d, nd, verifier)
+    pred = predict(*rec, verifier) if spec is None else predict_tree(*rec, verifier, spec)
     per_round = renewal_tokens_per_round(pred[0], van_acc)
     rounds = [r for g in recorded_gens for r in g.rounds]
     drafted_tokens = sum(r.accepted + 1 for r in rounds if r.drafted > 0)
@@ -61,7 +100,7 @@ def prediction_fields(rec, van_acc, verifier, recorded_gens, T: int) -> dict:
     return {"predicted_accepted_per_drafted_round": float(np.mean(pred[0])),
             "predicted_tokens_per_drafted_round_renewal": per_round,
             "predicted_tokens_per_target_call": len(recorded_gens) * T / calls,
-            "predicted_bound_per_round": float(np.mean(pred[1]))}
+            "predicted_bound_per_round": None if pred[1] is None else float(np.mean(pred[1]))}
 
 
 def fidelity_fields(t, draft, classes, gens, ar_gens, verifier, L: int, proc, T: int) -> dict:
@@ -100,6 +139,13 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--L", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS,
+                    help="jacobi (SJD), sjd-pac (the release), sjd-pac-p (ours, lossless), eagle (chains of --L)")
+    ap.add_argument("--pac-width", type=int, default=3, help="SJD-PAC's tree width K (the release's 3)")
+    ap.add_argument("--pac-depth", type=int, default=3, help="SJD-PAC's tree depth D (the release's 3)")
+    ap.add_argument("--gsd-table", choices=("embedding", "codebook"), default="embedding",
+                    help="GSD's distance table: the target's input embeddings in bf16 (as released; default) or the raw "
+                         "VQ codebook (the table of frontier.json, made before issue 40)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--predict-only", action="store_true",
                     help="recompute only the predictions into --out's JSON: the vanilla recordings and every rule's run at "
@@ -108,24 +154,43 @@ def main(argv=None) -> int:
                     help="only time batch 1 again: R repeats of (AR, setting) on --images-b1 images, interleaved so that "
                          "both see the same machine load; writes the median speed-up per setting into --out's JSON")
     a = ap.parse_args(argv)
+    if min(a.images, a.images_b1, a.batch, a.window, a.L, a.pac_width, a.pac_depth) < 1:
+        raise SystemExit("--images, --images-b1, --batch, --window, --L, --pac-width and --pac-depth must be >= 1")
     torch.set_num_threads(1)
     from coolsd.studies.demo.quality import nll_with_se
     from coolsd.quality.estimators import fd_with_ci
     from coolsd.studies.sweep.metrics import tokens_per_call
     from real.decode import engine
     from real.decode.jacobi import Jacobi
+    from real.decode.methods import input_embedding_rows
     from real.decode.sampling import Processing
+    from real.decode.sjd_pac import SJDPAC
     from real.zoo import gpt, vq
     from real.zoo.metrics import image_features, reference_stats
 
     t = gpt.load_target()
     eagle = gpt.load_eagle(t)
-    rules_ = settings(vq.raw_codebook().double().numpy())
+    table = (vq.raw_codebook().double().numpy() if a.gsd_table == "codebook"
+             else input_embedding_rows(t, t.vocab_size).to(torch.bfloat16))
+    rules_ = settings(table)
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     classes = [i % 10 for i in range(a.images)]
     ref = reference_stats()          # the held-out digits' Gaussian in the classifier's feature space
     T = gpt.TOKENS
-    drafters = {"jacobi": dict(draft=None, drafting=Jacobi(a.window, width=7)), "eagle": dict(draft=eagle, drafting=a.L)}
+    pac = {n: SJDPAC(a.window, a.pac_width, a.pac_depth, release=(n == "sjd-pac")) for n in ("sjd-pac", "sjd-pac-p")}
+    every = {"jacobi": dict(draft=None, drafting=Jacobi(a.window, width=7), L=a.window - 1),
+             "sjd-pac": dict(draft=None, drafting=pac["sjd-pac"], L=pac["sjd-pac"].max_depth, pac=pac["sjd-pac"]),
+             "sjd-pac-p": dict(draft=None, drafting=pac["sjd-pac-p"], L=pac["sjd-pac-p"].max_depth, pac=pac["sjd-pac-p"]),
+             "eagle": dict(draft=eagle, drafting=a.L, L=a.L)}
+    drafters = {d: every[d] for d in a.drafters}
+
+    def recorded(kw, van_gens):
+        """The vanilla run's recorded rows and vanilla's own per-round prediction on them."""
+        if "pac" in kw:
+            rec = tree_records(van_gens, kw["pac"].tree())
+            return rec, predict_tree(*rec, rules_["vanilla"], kw["pac"])[0]
+        rec = engine.records_to_arrays([r for g in van_gens for r in g.rounds if r.drafted > 0], kw["L"])
+        return rec, predict(*rec, rules_["vanilla"])[0]
 
     def run(kw, verifier, n, B, record=False, seed=a.seed):
         gens = engine.generate(t, kw.get("draft"), classes[:n], num_tokens=T, verifier=verifier,
@@ -144,17 +209,16 @@ def main(argv=None) -> int:
         t0 = time.time()
         ar = run({}, None, a.images, a.batch)
         for dname, kw in drafters.items():   # a loop over the two drafters and four rules (settings, not tokens)
-            L = kw["jacobi"].slots if dname == "jacobi" else a.L
+            L = kw["L"]
             van_gens = run(kw, rules_["vanilla"], a.images, a.batch, record=True)
-            rec = engine.records_to_arrays([r for g in van_gens for r in g.rounds if r.drafted > 0], L)
-            van = predict(*rec, rules_["vanilla"])[0]
+            rec, van = recorded(kw, van_gens)
             for row in (r for r in out["settings"] if r["drafter"] == dname):
                 gens = van_gens if row["rule"] == "vanilla" else run(kw, rules_[row["rule"]], a.images, a.batch)
                 tpc, _ = tokens_per_call([len(g.rounds) for g in gens], T)
                 if abs(tpc - row["tokens_per_target_call"]) > 1e-9:
                     raise SystemExit(f"{dname} {row['rule']}: tokens per call {tpc} do not reproduce the stored "
                                      f"{row['tokens_per_target_call']} (other code or seeds): run the full benchmark")
-                row.update(prediction_fields(rec, van, rules_[row["rule"]], van_gens, T))
+                row.update(prediction_fields(rec, van, rules_[row["rule"]], van_gens, T, kw.get("pac")))
                 row.update(fidelity_fields(t, kw.get("draft"), classes, gens, ar, rules_[row["rule"]], L, proc, T))
                 row.update(errors(row))
                 print(dname, row["rule"], {k: round(v, 4) for k, v in row.items() if k.startswith("predict")},
@@ -188,7 +252,7 @@ def main(argv=None) -> int:
                                      "seconds_b1": engine.summarize(ar1)["seconds"], **quality(ar)}, "settings": []}
     print(f"AR: {out['ar']}", flush=True)
     for dname, kw in drafters.items():   # a loop over the two drafters and four rules (settings, not tokens)
-        L = kw["jacobi"].slots if dname == "jacobi" else a.L
+        L = kw["L"]
         rec = van = van_gens = None
         for name, ver in rules_.items():
             gens = run(kw, ver, a.images, a.batch, record=(name == "vanilla"))
@@ -197,14 +261,14 @@ def main(argv=None) -> int:
             tpc, tpc_se = tokens_per_call([len(g.rounds) for g in gens], T)
             drafted = [r for g in gens for r in g.rounds if r.drafted > 0]
             if name == "vanilla":
-                rec, van_gens = engine.records_to_arrays(drafted, L), gens
-                van = predict(*rec, ver)[0]
+                van_gens = gens
+                rec, van = recorded(kw, gens)
             row = {"drafter": dname, "rule": name, "L": L, "tokens_per_target_call": tpc, "tpc_se": tpc_se,
-                   "rounds": len(drafted), "recorded_rounds": len(rec[3]),
+                   "rounds": len(drafted), "recorded_rounds": len(rec[-1]),
                    "speedup_B": out["ar"]["seconds_B"] / s["seconds"], "speedup_b1": out["ar"]["seconds_b1"] / s1["seconds"],
                    "seconds_B": s["seconds"], "seconds_b1": s1["seconds"],
                    "measured_accepted_per_drafted_round": float(np.mean([r.accepted for r in drafted])),
-                   **prediction_fields(rec, van, ver, van_gens, T), **quality(gens),
+                   **prediction_fields(rec, van, ver, van_gens, T, kw.get("pac")), **quality(gens),
                    **fidelity_fields(t, kw.get("draft"), classes, gens, ar, ver, L, proc, T)}
             row.update(errors(row))
             out["settings"].append(row)

@@ -267,3 +267,11 @@ def _processing_of(args):
     greedy = method != "ar" and method in {m.lower() for m in registry.names()} and registry.get(method).greedy_rows
     t = getattr(args, "temperature", 1.0)
     return Processing(temperature=0.0 if greedy or t == 0 else 1.0)
+
+
+def add_gsd_table_arg(g) -> None:
+    """``--gsd-table``: GSD's distance table (``real.decode.methods.gsd_vectors``)."""
+    g.add_argument("--gsd-table", choices=["embedding", "codebook"], default=None,
+                   help="GSD's distance table: rows of the target LM's input embedding table for the image tokens, "
+                        "distances in bf16 (default, as released), or the raw VQ codebook vectors in float64 (our "
+                        "earlier table); a model without an input embedding table uses its codebook")

@@ -309,8 +309,8 @@ def test_cli_jacobi_bad_input(argv, msg):
 
 
 def test_cli_gsd_on_jacobi_and_gsd_without_a_codebook(capsys, tmp_path):
-    """--method gsd --draft jacobi runs with the model's VQ codebook (GSD's embedding-distance test); a model
-    without a codebook is refused before any work, naming the way out (--gsd-d-threshold off)."""
+    """--method gsd --draft jacobi runs (GSD's distance test on the target's input embeddings, as released); a model
+    without a codebook is refused under --gsd-table codebook before any work, naming the way out."""
     out = tmp_path / "g.npz"
     d = _cli(capsys, "--model", "mnist", "--draft", "jacobi", "--window", "8", "--method", "gsd", "--num-images", "2",
              "--batch-size", "2", "--seed", "1", "--save", str(out))
@@ -322,8 +322,8 @@ def test_cli_gsd_on_jacobi_and_gsd_without_a_codebook(capsys, tmp_path):
 
     sub = argparse.ArgumentParser().add_subparsers()
     g.register(sub)
-    args = sub.choices["generate"].parse_args(["--model", "hf-llama-tiny", "--method", "gsd"])
-    with pytest.raises(ValueError, match="needs the VQ codebook"):
+    args = sub.choices["generate"].parse_args(["--model", "hf-llama-tiny", "--method", "gsd", "--gsd-table", "codebook"])
+    with pytest.raises(ValueError, match="--gsd-table codebook needs the VQ codebook"):
         g.generate(args)
 
 

@@ -245,24 +245,27 @@ def _tree_records(gens, tree):
     return p, q, tok, np.array([r.depth for r in recs]), np.array([r.accepted for r in recs], float)
 
 
+@pytest.mark.parametrize("rule", ["vanilla", "cool-sd"])
 @pytest.mark.parametrize("release", [False, True])
-def test_recorded_rows_predict_vanilla_acceptance(mnist, release):
-    """The recorded tree rounds give, under the rule that ran (vanilla), unbiased estimates of the accepted drafts
-    per round: the walk's T10 for trees (theory.likelihood.recorded.predict_tree_rounds) for sjd-pac-p, the longest
-    path's (real.decode.sjd_pac.predict_longest) for the release; means within 3 standard errors."""
+def test_recorded_rows_predict_acceptance(mnist, release, rule):
+    """The recorded tree rounds give, under the rule that ran (vanilla, or Cool-SD delta = 2: the predictions
+    benchmarks/bench_jacobi.py makes for the other rules), unbiased estimates of the accepted drafts per round: the
+    walk's T10 for trees (theory.likelihood.recorded.predict_tree_rounds) for sjd-pac-p, the longest path's
+    (real.decode.sjd_pac.predict_longest) for the release; means within 3 standard errors."""
     from theory.likelihood.recorded import predict_tree_rounds
 
     proc = Processing(temperature=1.0, cfg_scale=2.0)
     spec = SJDPAC(10, 2, 3, release=release)
-    gens = engine.generate(mnist, None, list(range(10)) * 2, num_tokens=49, verifier=rules.vanilla(), drafting=spec,
+    ver = rules.vanilla() if rule == "vanilla" else rules.cool_sd(2.0)
+    gens = engine.generate(mnist, None, list(range(10)) * 2, num_tokens=49, verifier=ver, drafting=spec,
                            processing=proc, seed=5, record_rows=True)
     p, q, tok, cap, acc = _tree_records(gens, spec.tree())
     if release:
-        pred = SP.predict_longest(p, q, tok, spec.tree(), rules.vanilla(), cap)
+        pred = SP.predict_longest(p, q, tok, spec.tree(), ver, cap)
     else:
-        pred = np.asarray(predict_tree_rounds(p, q, tok, spec.tree(), rules.vanilla(), max_depth=cap).accepted)
+        pred = np.asarray(predict_tree_rounds(p, q, tok, spec.tree(), ver, max_depth=cap).accepted)
     diff = pred - acc
-    print(f"measured {acc.mean():.3f} predicted {pred.mean():.3f}")
+    print(f"{rule}: measured {acc.mean():.3f} predicted {pred.mean():.3f}")
     assert abs(diff.mean()) < 3 * diff.std(ddof=1) / np.sqrt(len(diff))
     assert acc.mean() > 0.3
 

@@ -16,7 +16,8 @@ import os
 
 from coolsd.io import atomic_file, check_output_file, check_outputs, json_safe
 
-from coolsd.options import add_drafting_args, add_method_args, drafting_spec, flag, given, method_params
+from coolsd.options import (add_drafting_args, add_gsd_table_arg, add_method_args, drafting_spec, flag, given,
+                            method_params)
 
 
 def register(sub):
@@ -31,6 +32,7 @@ def register(sub):
     g.add_argument("--lantern-neighbors", choices=["raw", "l2"], default=None,
                    help="LANTERN neighbour table: Euclidean distance between the raw codebook vectors (default, as "
                         "released) or between l2-normalised ones (our earlier table)")
+    add_gsd_table_arg(g)
     s = g.add_argument_group("sampling")
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--top-k", type=int, default=None, help="0 = off (default: the model's, 0 for most)")
@@ -126,7 +128,8 @@ def _build(args) -> dict:
     """The models, the drafting mode, the processing and the verifier of a validated ``args``."""
     import torch
 
-    from real.decode.methods import make_verifier, method_processing
+    from real.decode.methods import gsd_vectors, make_verifier, method_processing
+    from theory.rules import methods as rule_registry
     from real.decode.sampling import Processing
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
@@ -149,9 +152,13 @@ def _build(args) -> dict:
     top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
     proc = Processing(args.temperature, top_k, args.top_p, cfg_scale)
     proc = proc if method == "ar" else method_processing(method, proc)
+    gsd = method != "ar" and rule_registry.get(method).needs_embeddings
+    gsd_emb, gsd_table = gsd_vectors(bundle, args.gsd_table) if gsd else (None, None)
     verifier = None if method == "ar" else make_verifier(method, mode.max_depth, args._method_params, bundle.neighbors,
                                                          device=getattr(bundle.target, "device", None),
-                                                         embeddings=getattr(bundle, "codebook", None))
+                                                         embeddings=gsd_emb)
+    if gsd_table is not None:
+        bundle.info["gsd_table"] = gsd_table
     return {"bundle": bundle, "mode": None if method == "ar" else mode, "spec": spec, "proc": proc,
             "verifier": verifier, "method": method}
 
@@ -263,10 +270,11 @@ def _fidelity_rule(args, ctx: dict):
     """--fidelity: the run's rule on the host (the likelihood is float64 theory code) or None (plain AR); for tree
     drafting, ``real.decode.score_tree.check`` first: a construction without an exact likelihood (e.g. sampled
     candidates above the cost guard at this V) is refused before anything is generated."""
-    from real.decode.methods import make_verifier
+    from real.decode.methods import gsd_vectors, make_verifier
 
     b, L = ctx["bundle"], ctx["spec"].max_depth
-    rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, args._method_params, b.neighbors)
+    rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, args._method_params, b.neighbors,
+                                                              embeddings=gsd_vectors(b, args.gsd_table)[0])
     if rule is not None and ctx["spec"].kind in ("tree", "dynamic"):
         from real.decode.score_tree import check
 
@@ -485,9 +493,11 @@ def _validate_method(args) -> None:
     from real.specs import spec
 
     codebook = spec(args.model).codebook                  # "own", "vq" (only with --vq-ckpt) or "none"
-    if gsd_needs and (codebook == "none" or (codebook == "vq" and not given(args, "vq_ckpt"))):
-        raise ValueError(f"--method {method} needs the VQ codebook for its embedding-distance test; --model {args.model} "
-                         f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (or --gsd-d-threshold off)")
+    if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
+        raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
+    if gsd_needs and args.gsd_table == "codebook" and (codebook == "none" or (codebook == "vq" and not given(args, "vq_ckpt"))):
+        raise ValueError(f"--method {method} --gsd-table codebook needs the VQ codebook; --model {args.model} "
+                         f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (use --gsd-table embedding)")
     if method.startswith("lantern"):
         if codebook == "none":
             raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "

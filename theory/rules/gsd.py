@@ -18,13 +18,26 @@ Jacobi loop that calls it in the same file; ``test_GSD.py`` for the settings), r
   just above x, x itself and seven just below (fewer at the top of the ranking). The slice follows
   Python's rules: for r < 7 the start is negative and wraps to V + r - 7, which for V >= 14 leaves the
   slice empty; an empty window raises inside the release's try block and the release falls back to the
-  vanilla ratio min(1, p(x)/q(x)). The GPU sort leaves the order of equal logits unspecified (the release
-  has many: every top-k-removed token sits at -inf); here ties are broken by token index (a stable sort
-  of p, which orders as the logits do, softmax being increasing);
+  vanilla ratio min(1, p(x)/q(x)). The release sorts with ``advanced_logits.sort(dim=-1)`` (torch.sort,
+  stable=False), which leaves the order of equal logits unspecified, and it has many: every top-k-removed
+  token sits at -inf. Here ties are broken by token index (a stable sort of p, which orders as the logits
+  do, softmax being increasing). This is our reading of "as released": the release's order among ties is an
+  accident of the sort kernel (its GPU runs and a CPU replay order them differently, and neither is
+  documented), so no order is more faithful than another, and index order is deterministic and the same on
+  numpy, JAX and torch. It matters only for a drafted token tied with others, in practice one of zero target
+  mass. The smallest case (tests/test_gsd_release.py): V = 20, p = 0.05 / 0.15 / 0.80 on tokens 17-19, q =
+  0.1 / 0.9 on tokens 16 and 18, token 16 drafted. Index order puts 16 at r = 16, its group is tokens 9..17,
+  and f = 0.05 / 0.1 = 0.5. torch's CPU sort puts 16 at position 1 of the ascending order, its slice is empty,
+  and the release falls back to vanilla: f = 0. An independent replay found 97 of 363 drafted tokens on top-k
+  rows with another f, by up to 1.0;
 * the group G(x): the candidates y with |p(y) - p(x)| < 0.15 (strict) and squared Euclidean distance
   ||e_y - e_x||^2 < 0.5 (strict) between embedding vectors. The release's vectors are the rows of the
   target LM's *input embedding table* (the first 10000 token ids, which hold Lumina-mGPT's image tokens
-  4..8195), computed once per image as |a|^2 + |b|^2 - 2 a.b, not l2-normalised; the distance test is
+  4..8195), computed once per image as |a|^2 + |b|^2 - 2 a.b in the model's dtype (bf16), not l2-normalised.
+  ``real.decode.methods.gsd_vectors`` passes that table by default (``--gsd-table embedding``: the target's
+  input embedding rows of the image tokens, cast to bf16) and the raw VQ codebook in float64 under
+  ``--gsd-table codebook`` (our earlier table; on the MNIST target the embedding table gives 12.4 close
+  tokens per token, the codebook 36.0); the distance test is
   skipped for a window that holds a token id above 10000 (non-image ids, at -inf after the image top-k).
   Here every token is an image code and has a vector (the caller's ``embeddings``: the target's input
   embeddings as released, or the VQ codebook), so the test applies to the whole window;

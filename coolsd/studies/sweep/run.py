@@ -213,12 +213,12 @@ class Context:
         return [self.bundle.conds[i % len(self.bundle.conds)] for i in idx]
 
     def verifier(self, s: Setting):
-        from real.decode.methods import make_verifier
+        from real.decode.methods import gsd_vectors, make_verifier
 
         if s.key not in self._verifiers:
             self._verifiers[s.key] = make_verifier(s.method, self.L, neighbors=self.bundle.neighbors,
                                                    device=getattr(self.bundle.target, "device", None),
-                                                   embeddings=getattr(self.bundle, "codebook", None),
+                                                   embeddings=gsd_vectors(self.bundle)[0],   # as released
                                                    **s.params_dict)
         return self._verifiers[s.key]
 
