@@ -317,6 +317,6 @@ def test_sweep_scores_tree_settings_both_ways(tmp_path):
     ctx = types.SimpleNamespace(tree=None, dynamic=DynamicTree(), mode=DynamicTree(), proc=PROC,
                                 bundle=types.SimpleNamespace(target=types.SimpleNamespace(vocab_size=512)))
     s = types.SimpleNamespace(method="vanilla")
-    assert "tree-sampling release" in sf._reason(ctx, s, tm.build("vanilla", 5))
+    assert "tree-sampling release" in sf.reason(ctx, s, tm.build("vanilla", 5))
     ctx.mode = ctx.dynamic = DynamicTree(sampling="release")
-    assert sf._reason(ctx, s, tm.build("vanilla", 5)) is None
+    assert sf.reason(ctx, s, tm.build("vanilla", 5)) is None

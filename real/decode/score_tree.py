@@ -10,7 +10,7 @@ root is x_{n-1}; every tree mode starts with the target's prefill alone, so n >=
   predicts token n + d: an independent / layer-skip draft's row ignores the round, q (B, T, V) = Q(. | x_<t); an
   EAGLE-1 drafter's row depends on its own features since the round began, and the path node at depth d of round n
   is the d-th draft of a chain round starting at n, so q (B, T, D, V) with q[:, n, d] = the chain rows' q[:, n + d, d]
-  (``real.decode.score._eagle_rows``: same positions root + d, same features, same ancestors). The candidates
+  (``real.decode.forced_rows._eagle_rows``: same positions root + d, same features, same ancestors). The candidates
   (top-m, or a draw without replacement) are the likelihood's business (``StaticTree.candidates``);
 * release-mode dynamic trees (``DynamicTree(sampling="release")``): the tree itself, REGROWN at every round start n
   with the engine's construction (``real.decode.dynamic_tree.grow_tree``: the root's top-k children by processed
@@ -114,7 +114,7 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
     """The rows of B images ``tokens`` (B, T) with conditions ``conds`` for the tree mode ``drafting`` (module
     docstring); all B images in one batch (``score_trees`` splits larger sets); ``mask_budget`` bounds the attention
     mask of a dynamic tree's growth forward (elements; chunks of round starts)."""
-    from .score import _check_tokens, teacher_forced_rows
+    from .forced_rows import _check_tokens, teacher_forced_rows
 
     mode = tree_mode(drafting)
     if mode is None:
@@ -181,7 +181,7 @@ def _dynamic(target, draft, conds, tok, spec: DynamicTree, proc: Processing, dev
     """p (B, T, V) and the regrown trees of every round start: children (B, T, N+1, k), node depths, node tokens and
     parents (B, T, N+1) int64 (module docstring). Round starts n = 1 .. T-2 draft (D'(n) >= 1); n = 0 (the prefill)
     and n = T-1 get a placeholder star (never read)."""
-    from .score import _rows
+    from .forced_rows import _rows
 
     B, T = tok.shape
     kr = proc.batch
@@ -238,7 +238,7 @@ def _grow(draft, spec: DynamicTree, proc: Processing, tok, ns: np.ndarray, logit
     ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
     image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
     (B, S, n+1) int64 (n = min(N, pool))."""
-    from .score import _rows
+    from .forced_rows import _rows
 
     B, S = tok.shape[0], len(ns)
     kr, k, levels = proc.batch, spec.topk, spec.depth
@@ -351,7 +351,7 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
     before any model call (``check``)."""
     from theory.likelihood import log_target
 
-    from .score import _check_tokens
+    from .forced_rows import _check_tokens
 
     mode = tree_mode(drafting)
     if mode is None:

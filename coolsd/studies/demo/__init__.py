@@ -7,9 +7,9 @@ predicted speed-ups and sweeps; also used by ``coolsd sweep``), ``quality`` (FD,
 The names below are re-exported so that ``from coolsd.studies import demo`` gives the whole job."""
 from .predict import (SWEEPS, chain_arrays, chain_prediction, expected_rounds, predict_chain, predicted_speedup,
                       round_positions, survival_by_row, sweep_predictions, time_verifier, tree_prediction,
-                      tree_records)
+                      tree_records, unit_costs)
 from .quality import fd_with_se, manifest_floor, nll_with_se, per_image_nll, real_floor
-from .run import Result, load_models, run_demo, unit_costs
+from .run import Result, load_models, run_demo
 from .settings import ROWS, SMALL_TREE, T_IMAGE, Settings, Spec, specs
 
 __all__ = ["ROWS", "SMALL_TREE", "SWEEPS", "T_IMAGE", "Result", "Settings", "Spec", "chain_arrays",

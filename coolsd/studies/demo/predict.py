@@ -181,6 +181,18 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
             "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan")}
 
 
+def unit_costs(stats: dict, ar_stats: dict) -> dict:
+    """Measured unit costs (seconds) from summarized runs: AR step, draft step, target pass, verifier and
+    bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.decode.engine.summarize``)."""
+    R = stats["rounds"]
+    other = stats["seconds"] - stats["time_draft_s"] - stats["time_target_s"] - stats["time_verify_s"]
+    return {"ar_step_s": ar_stats["seconds"] / ar_stats["tokens"],
+            "draft_step_s": stats["time_draft_s"] / max(stats["draft_forwards"], 1),
+            "target_per_round_s": stats["time_target_s"] / R,
+            "verify_per_round_s": stats["time_verify_s"] / R,
+            "other_per_round_s": other / R}
+
+
 def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) -> float:
     """Speed-up over plain AR predicted from the expected work per image and measured unit costs (seconds):
     time = rounds (target pass + bookkeeping) + drafted rounds x verifier + draft steps x draft step, AR

@@ -38,7 +38,7 @@ from theory import rules
 
 from . import report as demo_report
 from .predict import chain_arrays, chain_prediction, predicted_speedup, sweep_predictions, time_verifier, \
-    tree_prediction, tree_records
+    tree_prediction, tree_records, unit_costs
 from .fidelity import fidelity_entries, round_arrays
 from .quality import fd_with_se, manifest_floor, nll_with_se, real_floor
 from .report import find_method
@@ -169,18 +169,6 @@ def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, t
     return engine.generate(target, draft, classes, num_tokens=T_IMAGE, verifier=sp.verifier, processing=proc,
                            drafting=tree if sp.drafting == "tree" else L, seed=seed, batch_size=min(B, len(classes)),
                            record_rows=sp.record)
-
-
-def unit_costs(stats: dict, ar_stats: dict) -> dict:
-    """Measured unit costs (seconds) from summarized runs: AR step, draft step, target pass, verifier and
-    bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.decode.engine.summarize``)."""
-    R = stats["rounds"]
-    other = stats["seconds"] - stats["time_draft_s"] - stats["time_target_s"] - stats["time_verify_s"]
-    return {"ar_step_s": ar_stats["seconds"] / ar_stats["tokens"],
-            "draft_step_s": stats["time_draft_s"] / max(stats["draft_forwards"], 1),
-            "target_per_round_s": stats["time_target_s"] / R,
-            "verify_per_round_s": stats["time_verify_s"] / R,
-            "other_per_round_s": other / R}
 
 
 def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool = False) -> dict:

@@ -102,7 +102,7 @@ def _vanilla_source(ctx: Context, van: dict):
 
 def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
     """The report dict: {"methods": [...], "baseline": {...}, "claims": [...], "config": ...}."""
-    from coolsd.studies import demo
+    from coolsd.studies.demo import predict as demo
 
     ar = load(store, cfg, Unit(None, 0))
     ar_stats = _stats(ar)

@@ -68,19 +68,19 @@ def _write(store: Store, cfg, ctx, s, arrays: dict) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _conds(ctx: Context, index: np.ndarray) -> list:
+def conds_of(ctx: Context, index: np.ndarray) -> list:
     """The conditions of images with global indices ``index`` (as ``Context.conds`` gives them per unit)."""
     u = ctx.cfg.unit_images
     return [ctx.conds(int(i) // u)[int(i) % u] for i in index]
 
 
-def _proc(ctx: Context, s):
+def proc_of(ctx: Context, s):
     from real.decode.methods import method_processing
 
     return method_processing(s.method, ctx.proc)
 
 
-def _rule(ctx: Context, s):
+def rule_of(ctx: Context, s):
     """The setting's verifier on the host (numpy tables: the likelihood is float64 theory code)."""
     from .run import host_tables
 
@@ -93,22 +93,22 @@ def scored(ctx: Context) -> bool:
     return getattr(ctx, "jacobi", None) is None
 
 
-def _tree_mode(ctx: Context):
+def tree_mode(ctx: Context):
     """The sweep's tree mode (``StaticTree`` / ``DynamicTree``), or None for chains."""
     if ctx.tree is None and getattr(ctx, "dynamic", None) is None:
         return None
     return ctx.mode
 
 
-def _reason(ctx: Context, s, rule) -> str | None:
+def reason(ctx: Context, s, rule) -> str | None:
     """Why setting ``s`` has no exact likelihood under the sweep's tree mode, or None (chains: always None)."""
-    mode = _tree_mode(ctx)
+    mode = tree_mode(ctx)
     if mode is None:
         return None
     from real.decode.score_tree import check
 
     try:
-        check(mode, rule, int(ctx.bundle.target.vocab_size), _proc(ctx, s))
+        check(mode, rule, int(ctx.bundle.target.vocab_size), proc_of(ctx, s))
     except NotImplementedError as e:
         return str(e)
     return None
@@ -126,9 +126,9 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
     if not todo:
         return len(mine)
     b, L, T = ctx.bundle, ctx.L, ctx.bundle.num_tokens
-    mode = _tree_mode(ctx)
-    rules = {s.key: _rule(ctx, s) for s in todo}
-    reasons = {s.key: _reason(ctx, s, rules[s.key]) for s in todo}
+    mode = tree_mode(ctx)
+    rules = {s.key: rule_of(ctx, s) for s in todo}
+    reasons = {s.key: reason(ctx, s, rules[s.key]) for s in todo}
     for s in [s for s in todo if reasons[s.key] is not None]:   # no exact likelihood: the reason is stored
         _write(store, cfg, ctx, s, {"reason": np.array(reasons[s.key])})
     todo = [s for s in todo if reasons[s.key] is None]
@@ -137,8 +137,8 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
     ar = load(store, cfg, Unit(None, 0))
     n_ar = len(ar["tokens"])
     ar_idx = np.arange(n_ar)
-    same = [s for s in todo if _proc(ctx, s) == ctx.proc]      # AR images were sampled under ctx.proc
-    sc = score_images(b.target, b.draft, _conds(ctx, ar_idx), ar["tokens"], {s.key: rules[s.key] for s in same}, L,
+    same = [s for s in todo if proc_of(ctx, s) == ctx.proc]      # AR images were sampled under ctx.proc
+    sc = score_images(b.target, b.draft, conds_of(ctx, ar_idx), ar["tokens"], {s.key: rules[s.key] for s in same}, L,
                       ctx.proc, drafting=mode)
     lp_ar = sc["log_p"]
     lph_ar = {s.key: sc["log_p_hat"].get(s.key, np.full(n_ar, np.nan)) for s in todo}
@@ -148,8 +148,8 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
         rounds = None
         if mode is None:   # chains: the per-image TV bound from the image's own rounds
             rounds = round_offsets(d["round_image"], d["round_drafted"], d["round_accepted"], n, T)
-        sc = score_images(b.target, b.draft, _conds(ctx, np.arange(n)), d["tokens"], {s.key: rules[s.key]}, L,
-                          _proc(ctx, s), rounds=rounds, drafting=mode)
+        sc = score_images(b.target, b.draft, conds_of(ctx, np.arange(n)), d["tokens"], {s.key: rules[s.key]}, L,
+                          proc_of(ctx, s), rounds=rounds, drafting=mode)
         arrays = {"log_p_hat": sc["log_p_hat"][s.key], "log_p": sc["log_p"], "ar_log_p_hat": lph_ar[s.key],
                   "ar_log_p": lp_ar, "ar_comparable": np.array(s in same)}
         if rounds is not None:

@@ -29,17 +29,11 @@ import numpy as np
 from .run import AR, Context, SweepConfig, Unit
 from .store import Store
 
-__all__ = ["plan", "shard", "analyse", "compare", "CHUNK", "FORMAT"]
+__all__ = ["shard", "analyse", "compare", "CHUNK", "FORMAT"]
 
 CHUNK = 200        # AR images scored per cached chunk
 FORMAT = 1
 DEVICE_RECURSION = False   # chains: the recursion on the rows' torch tensors even on CPU (as on CUDA; the tests set it)
-
-
-def plan(cfg: SweepConfig, units: list) -> list:
-    """The units a predicted sweep needs: every plain-AR block and the vanilla blocks that record rows."""
-    rec_blocks = -(-cfg.record_images // cfg.unit_images)
-    return [u for u in units if u.setting is None or (u.setting.method == "vanilla" and u.index < rec_blocks)]
 
 
 def _path(i: int) -> str:
@@ -80,17 +74,17 @@ def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, l
     ar = load(store, cfg, Unit(None, 0))
     import torch
 
-    mode = fidelity._tree_mode(ctx)
+    mode = fidelity.tree_mode(ctx)
     on_device = mode is None and (torch.device(ctx.device).type != "cpu" or DEVICE_RECURSION)
-    rules = {s.key: ctx.verifier(s) if on_device else fidelity._rule(ctx, s) for s in cfg.settings}
-    reasons = {s.key: fidelity._reason(ctx, s, rules[s.key]) for s in cfg.settings}
+    rules = {s.key: ctx.verifier(s) if on_device else fidelity.rule_of(ctx, s) for s in cfg.settings}
+    reasons = {s.key: fidelity.reason(ctx, s, rules[s.key]) for s in cfg.settings}
     for s in cfg.settings:          # the AR images were sampled under ctx.proc: other processing has no AR law here
-        if reasons[s.key] is None and fidelity._proc(ctx, s) != ctx.proc:
+        if reasons[s.key] is None and fidelity.proc_of(ctx, s) != ctx.proc:
             reasons[s.key] = ("the setting's processing differs from the AR images' (greedy rows): no AR sample of its "
                               "target law")
     scored = {k: r for k, r in rules.items() if reasons[k] is None}
     for i, a, b in todo:            # a loop over this rank's chunks of AR images
-        sc = fidelity.score_images(ctx.bundle.target, ctx.bundle.draft, fidelity._conds(ctx, np.arange(a, b)),
+        sc = fidelity.score_images(ctx.bundle.target, ctx.bundle.draft, fidelity.conds_of(ctx, np.arange(a, b)),
                                    ar["tokens"][a:b], scored, ctx.L, ctx.proc, drafting=mode, on_device=on_device)
         keys = sorted(scored)
         buf = io.BytesIO()
@@ -118,7 +112,7 @@ def _ar_arrays(store: Store, cfg, ctx) -> tuple[np.ndarray, dict, dict]:
 
 def analyse(store: Store, cfg: SweepConfig, ctx: Context, load) -> dict:
     """The predicted report: {"predicted": True, "methods": [...], "baseline": {...}} (module docstring)."""
-    from coolsd.studies import demo
+    from coolsd.studies.demo import predict as demo
     from theory.likelihood import fidelity
 
     from . import analysis

@@ -113,12 +113,11 @@ def unit_seed(base: int, key: str, index: int) -> int:
 
 def plan_units(cfg: SweepConfig) -> list[Unit]:
     """Every unit, block by block (AR first in each block) so partial runs cover all settings evenly; a predicted
-    sweep only the AR and recorded vanilla units (``predict.plan``)."""
+    sweep (``--predict``) only every plain-AR block and the vanilla blocks that record rows."""
     units = [Unit(s, j) for j in range(cfg.n_blocks) for s in (None, *cfg.settings)]
     if cfg.predict:
-        from .predict import plan
-
-        units = plan(cfg, units)
+        rec_blocks = -(-cfg.record_images // cfg.unit_images)
+        units = [u for u in units if u.setting is None or (u.setting.method == "vanilla" and u.index < rec_blocks)]
     return units
 
 
