@@ -56,7 +56,7 @@ def solve(sm, make_rule, lo: float, hi: float, target: float, L: int) -> float:
 def predicted_speed(sm, rule, L: int) -> float:
     """Tokens per call of a scaled rule (weights from its schedule) predicted from the recorded vanilla rounds, the
     tuner's speed scale (``theory.likelihood.speed.SpeedModel``)."""
-    w = np.array([rule.accept.schedule(i + 1.0, np) for i in range(L)])
+    w = np.array([rule.accept.schedule(np.float64(i + 1.0), np) for i in range(L)])
     return float(sm.tokens_per_call(sm.f_scaled(w[None, :])))
 
 
