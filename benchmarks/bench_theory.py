@@ -3,7 +3,7 @@ are noisy: compare ratios, not absolute numbers).
 
 E[tau] + B at V = 1024, L = 8 against the touch-once numpy limit (issue 30, target <= 1.2x): the public
 ``markov.round_terms`` (P, Q checked, then F and G checked row block by row block inside the one pass
-over them, ``markov._round_terms_checked``) and the pair ``expected_accepted`` + ``tv_bound``,
+over them, ``theory.markov.tables._round_terms_checked``) and the pair ``expected_accepted`` + ``tv_bound``,
 with the breakdown (validation at the public boundary, the unchecked core). CPU time of this thread,
 fastest of interleaved repeats. Then the naive matrix-product baseline and the exact TV on 10^6 sequences.
 
@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 from theory.markov import chains  # noqa: E402
 from theory import markov, rules
+from theory.markov import tables as markov_tables  # the private checked core lives in the tables module
 
 
 def naive_expected_and_bound(P, Q, F, G, s):
@@ -66,8 +67,8 @@ def limit_ratio(P, Q, F, G, repeat: int) -> dict:
         "touch-once numpy limit": lambda: touch_once_limit(P, Q, F, G, 0),
         "markov.round_terms (public)": lambda: markov.round_terms(P, Q, F, G, 0),
         "  P, Q and init checked (check_chain)": lambda: markov.check_chain(P, Q, copy=False),
-        "  F, G checked block by block, with the core": lambda: markov._round_terms_checked(P, Q, F, G, mu),
-        "  (full validation pass alone, _validated)": lambda: markov._validated(P, Q, F, G, 0),
+        "  F, G checked block by block, with the core": lambda: markov_tables._round_terms_checked(P, Q, F, G, mu),
+        "  (full validation pass alone, _validated)": lambda: markov_tables._validated(P, Q, F, G, 0),
         "  (the same core unchecked, round_terms_xp)": lambda: markov.round_terms_xp(P, Q, F, G, mu),
         "expected_accepted + tv_bound (two public calls)":
             lambda: (markov.expected_accepted(P, Q, F, 0), markov.tv_bound(P, Q, F, G, 0)),
