@@ -145,6 +145,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--static", required=True, help="the static-tree sweep's directory (report.json)")
     ap.add_argument("--dynamic", default=None, help="the dynamic-tree sweep's directory (report.json)")
+    ap.add_argument("--dynamic-extra", default=None,
+                    help="a second dynamic-tree sweep of the same tree (more Cool-SD deltas, say): its settings join "
+                         "the dynamic tree's (its vanilla and AR figures are left out)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     entries, ver, meta = [], [], {}
@@ -162,6 +165,13 @@ def main(argv=None) -> int:
         else:
             meta[tree] = f"static, {cand} candidates"
         e = settings_of(rep, tree, cand)
+        if tree == "dynamic" and args.dynamic_extra:
+            extra = json.loads((pathlib.Path(args.dynamic_extra) / "report.json").read_text())
+            if extra["config"].get("dynamic") != cfg.get("dynamic"):
+                raise SystemExit(f"--dynamic-extra: another tree ({extra['config'].get('dynamic')} vs {cfg.get('dynamic')})")
+            have = {x["name"] for x in e}
+            e += [x for x in settings_of(extra, tree, cand) if x["_method"] != "vanilla" and x["name"] not in have]
+            e.sort(key=lambda x: (x["_method"] != "vanilla", x["_method"], x["tokens_per_call"]["measured"]))
         entries += e
         ver += verdicts(e, tree)
     out = pathlib.Path(args.out)
