@@ -93,6 +93,8 @@ class _CheckedAccept:
         return f
 
     def __getattr__(self, k):            # schedules, effective_at ...: the wrapped rule's
+        if k == "rule":                  # not set yet (copy / pickle build the object without __init__)
+            raise AttributeError(k)
         return getattr(self.rule, k)
 
 
