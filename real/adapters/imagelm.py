@@ -113,6 +113,11 @@ class ImageTokenLM(HFCausalLM):
         return int(self.backbone.config.hidden_size)
 
     # ------------------------------------------------------------------ prompts and sequences
+    def prompt(self, cond, cfg: bool) -> Prompt:
+        """The model rows of one condition: ``Prompt`` (ids with the layout header; with ``cfg`` its unconditional row
+        as the class docstring says)."""
+        return self._prompt(cond, cfg)
+
     def _prompt(self, cond, cfg: bool) -> Prompt:
         p = cond if isinstance(cond, Prompt) else Prompt(cond)
         hdr = torch.tensor(self.layout.header, dtype=torch.long)

@@ -33,7 +33,7 @@ from real.nn.kvcache import CachedRows, KVCache
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 from real.protocol import ModelOutput, Placed, Prompt, as_conds
 
-__all__ = ["FastLlama"]
+__all__ = ["FastLlama", "LlamaStack", "layer_weights"]
 
 
 def _interleave_rows(w: torch.Tensor, heads: int, hd: int) -> torch.Tensor:
@@ -53,7 +53,7 @@ class _Layer(nn.Module):
     ``linear``. ``linear`` packs large weights for oneDNN inside ``inference_weights``. ``forward`` is called
     directly by ``FastLlama._run`` (no module-call machinery)."""
 
-    def __init__(self, hidden, inter, nh, nkv, hd, eps, attn_bias, mlp_bias):
+    def __init__(self, hidden, inter, nh, nkv, hd, eps, attn_bias, mlp_bias, qk_norm: bool = False):
         super().__init__()
         self.nh, self.nkv, self.hd = nh, nkv, hd
         self.qkv = nn.Linear(hidden, (nh + 2 * nkv) * hd, bias=attn_bias)
@@ -61,18 +61,65 @@ class _Layer(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * inter, bias=mlp_bias)
         self.down = nn.Linear(inter, hidden, bias=mlp_bias)
         self.ln1, self.ln2 = RMSNorm(hidden, eps), RMSNorm(hidden, eps)
+        # Chameleon's QK-norm: a LayerNorm over each head's hd entries (eps 1e-5) with a weight and bias per
+        # (head, entry), rows interleaved like q and k (``_interleave_rows``; the statistics do not see the order)
+        self.qn = nn.LayerNorm((nh, hd)) if qk_norm else None
+        self.kn = nn.LayerNorm((nkv, hd)) if qk_norm else None
         self.kc = self.vc = None
 
     def forward(self, x, rot, mask, cache: KVCache, i: int):
         """x (R, S, hidden), rot (R, S, hd/2) complex (``FastLlama._rope``), mask (R or 1, 1, S, K) bool or None,
         ``cache`` the model's ``KVCache`` (this is layer i) -> (R, S, hidden); the block's keys and values are written
         into the cache at each row's slots."""
-        q, k, v = rope_qkv(linear(rms_norm(x, self.ln1.weight, self.ln1.eps), self.qkv.weight, self.qkv.bias),
-                           rot, self.nh, self.nkv)
+        qkv = linear(rms_norm(x, self.ln1.weight, self.ln1.eps), self.qkv.weight, self.qkv.bias)
+        q, k, v = rope_qkv(qkv if self.qn is None else self._qk_norm(qkv), rot, self.nh, self.nkv)
         k, v = cache.update(i, k, v)
         x = x + linear(gqa_heads(q, k, v, mask), self.o.weight, self.o.bias)
         g, u = linear(rms_norm(x, self.ln2.weight, self.ln2.eps), self.gate_up.weight, self.gate_up.bias).chunk(2, -1)
         return x + linear(F.silu(g) * u, self.down.weight, self.down.bias)             # SwiGLU (optional biases)
+
+    def _qk_norm(self, qkv):
+        """qkv (R, S, (nh + 2 nkv) hd) with q and k normalised per head (Chameleon's ``q_norm`` / ``k_norm``)."""
+        R, S, _ = qkv.shape
+        q, k, v = qkv.split_with_sizes([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+
+        def norm(x, ln, heads):
+            y = F.layer_norm(x.view(R, S, heads, self.hd), (self.hd,), None, None, 1e-5)
+            return (y * ln.weight + ln.bias).reshape(R, S, heads * self.hd)
+        return torch.cat([norm(q, self.qn, self.nh), norm(k, self.kn, self.nkv), v], -1)
+
+
+_HF_LAYER = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
+             "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"], "ln1": ["input_layernorm"],
+             "ln2": ["post_attention_layernorm"], "qn": ["self_attn.q_norm"], "kn": ["self_attn.k_norm"]}
+
+
+def layer_weights(module: nn.Module, src: dict, prefix: str) -> dict:
+    """The ``layers.*`` entries of ``module``'s state dict (a stack of ``_Layer``s) from a transformers Llama-shaped
+    checkpoint ``src`` whose decoder layers sit under ``prefix`` (``"model.layers."``): q/k/v and gate/up stacked
+    into one weight each, q and k rows (and Chameleon's QK-norm entries) interleaved for the complex RoPE product.
+    ValueError naming the missing keys."""
+    out, missing = {}, []
+    for k in module.state_dict():
+        if not k.startswith("layers."):
+            continue
+        _, i, mod, par = k.split(".")
+        lay = module.layers[int(i)]
+        keys = [f"{prefix}{i}.{n}.{par}" for n in _HF_LAYER[mod]]
+        missing += [x for x in keys if x not in src]
+        if missing:
+            continue
+        ws = [src[x] for x in keys]
+        if mod == "qkv":
+            ws[0] = _interleave_rows(ws[0], lay.nh, lay.hd)
+            ws[1] = _interleave_rows(ws[1], lay.nkv, lay.hd)
+        elif mod in ("qn", "kn"):
+            h = lay.nh if mod == "qn" else lay.nkv
+            ws[0] = _interleave_rows(ws[0].reshape(-1), h, lay.hd).view(h, lay.hd)
+        out[k] = torch.cat(ws)
+    if missing:
+        raise ValueError(f"not a Llama-shaped checkpoint: missing {missing[:8]}")
+    return out
 
 
 class FastLlama(Placed, CachedRows, nn.Module):
@@ -121,29 +168,14 @@ class FastLlama(Placed, CachedRows, nn.Module):
         (V,) int64 and ``max_len`` as in the constructor."""
         m = cls(model.config, image_token_ids, max_len)
         src = model.state_dict()
-        names = {"embed.weight": ["model.embed_tokens.weight"], "norm.weight": ["model.norm.weight"],
-                 "lm_head.weight": ["lm_head.weight"]}
-        if "lm_head.weight" not in src:                       # tied embeddings
-            names["lm_head.weight"] = ["model.embed_tokens.weight"]
-        hf = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
-              "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"],
-              "ln1": ["input_layernorm"], "ln2": ["post_attention_layernorm"]}
-        for k in m.state_dict():
-            if k.startswith("layers."):
-                _, i, mod, p = k.split(".")
-                names[k] = [f"model.layers.{i}.{n}.{p}" for n in hf[mod]]
-        missing = [v for vs in names.values() for v in vs if v not in src]
+        names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+                 "lm_head.weight": "lm_head.weight" if "lm_head.weight" in src else "model.embed_tokens.weight"}
+        missing = [v for v in names.values() if v not in src]
         if missing:
             raise ValueError(f"not a Llama checkpoint: missing {missing[:8]}")
-        c, hd = model.config, m.hd
-
-        def fused(k, vs):      # q/k/v and gate/up: the checkpoint's weights stacked along the output dimension
-            ws = [src[v] for v in vs]
-            if k.endswith((".qkv.weight", ".qkv.bias")):      # q and k rows to interleaved RoPE pairs
-                ws[0] = _interleave_rows(ws[0], c.num_attention_heads, hd)
-                ws[1] = _interleave_rows(ws[1], m.nkv, hd)
-            return torch.cat(ws)
-        m.load_state_dict({k: fused(k, vs) for k, vs in names.items()}, strict=True)
+        sd = {k: src[v] for k, v in names.items()}
+        sd.update(layer_weights(m, src, "model.layers."))
+        m.load_state_dict(sd, strict=True)
         p = next(model.parameters())
         m = m.to(device=p.device, dtype=p.dtype).eval()
         rot = getattr(getattr(model.model, "rotary_emb", None), "inv_freq", None)
@@ -268,3 +300,81 @@ class FastLlama(Placed, CachedRows, nn.Module):
                 raise ValueError(f"position_ids must be ({S},) or ({R}, {S}) positions within each row's cache "
                                  f"length + S, got {slots.tolist()}")
         return self._run(t, slots, attn_mask, return_hidden, 0)
+
+
+class LlamaStack(Placed, nn.Module):
+    """The decoder layers and final norm of a Llama-shaped transformers LM on our ``KVCache`` (per-row lengths,
+    rollback and keep): Janus-Pro's language model, Emu3's text model, Chameleon / Lumina-mGPT's (QK-norm), for the
+    batched multimodal adapter (``real.adapters.batched_imagelm``), which owns the embeddings, the image head, the
+    cache bookkeeping and the masks. The layers are FastLlama's (``_Layer``: fused q/k/v and gate/up, complex RoPE).
+
+    Interface (shared with ``real.models.glm_image.GlmImageStack``): ``n_layers``, ``n_kv``, ``head_dim``,
+    ``rope_axes`` (1: one position per entry), ``run(h, pos, mask, cache)``."""
+    _placed_by = "norm.weight"
+    rope_axes = 1
+
+    def __init__(self, config, qk_norm: bool = False):
+        """``config``: the decoder's transformers config (default RoPE, SiLU; others raise NotImplementedError, as do
+        Chameleon's ``swin_norm`` layers); ``qk_norm``: Chameleon's per-head LayerNorm of q and k."""
+        super().__init__()
+        c = config
+        rp = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0),
+                                                     "rope_type": (getattr(c, "rope_scaling", None) or {}).get("rope_type", "default")}
+        if rp.get("rope_type", "default") != "default":
+            raise NotImplementedError(f"LlamaStack supports the default RoPE only, not {rp.get('rope_type')!r}")
+        if getattr(c, "hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"LlamaStack supports SiLU MLPs only, not {c.hidden_act!r}")
+        if getattr(c, "swin_norm", False):
+            raise NotImplementedError("Chameleon's swin_norm layers (norm after attention) are not ported")
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.n_kv = c.num_key_value_heads or c.num_attention_heads
+        self.n_layers = c.num_hidden_layers
+        self.layers = nn.ModuleList(
+            _Layer(c.hidden_size, c.intermediate_size, c.num_attention_heads, self.n_kv, self.head_dim, c.rms_norm_eps,
+                   getattr(c, "attention_bias", False), getattr(c, "mlp_bias", False), qk_norm)
+            for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.inv_freq = 1.0 / (rp["rope_theta"] ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+        self._rope_tab: torch.Tensor | None = None
+
+    @classmethod
+    def from_decoder(cls, decoder) -> "LlamaStack":
+        """Copy the layers and final norm of a transformers decoder (``LlamaModel``, ``Emu3TextModel``,
+        ``ChameleonModel``: ``layers``, ``norm``, ``rotary_emb``), same device and dtype; QK-norm when its attention
+        has ``q_norm``. The RoPE frequencies are the decoder's own (``rotary_emb.inv_freq``)."""
+        qk = hasattr(decoder.layers[0].self_attn, "q_norm")
+        m = cls(decoder.config, qk)
+        src = decoder.state_dict()
+        if "norm.weight" not in src:
+            raise ValueError("not a Llama-shaped decoder: no final norm.weight")
+        m.load_state_dict({"norm.weight": src["norm.weight"], **layer_weights(m, src, "layers.")}, strict=True)
+        p = decoder.norm.weight
+        m = m.to(device=p.device, dtype=p.dtype).eval().requires_grad_(False)
+        rot = getattr(decoder, "rotary_emb", None)
+        if rot is not None:
+            if float(getattr(rot, "attention_scaling", 1.0)) != 1.0:
+                raise NotImplementedError("RoPE with attention scaling is not ported")
+            m.inv_freq = rot.inv_freq.detach().float().to(p.device)
+        return m
+
+    def rope(self, pos: torch.Tensor) -> torch.Tensor:
+        """RoPE rotations (R, S, hd/2) complex at positions pos (R, S) int64 (or (R, S, 1)), from a table grown to the
+        largest position asked (transformers' arithmetic: angle = position x inv_freq in float32)."""
+        pos = pos[..., 0] if pos.ndim == 3 else pos
+        dev = self.norm.weight.device
+        need = int(pos.max()) + 1 if pos.numel() else 1
+        if self._rope_tab is None or self._rope_tab.device != dev or self._rope_tab.shape[0] < need:
+            n = max(need, 2 * (0 if self._rope_tab is None else self._rope_tab.shape[0]), 1024)
+            self.inv_freq = self.inv_freq.to(dev)
+            ang = torch.arange(n, device=dev).float()[:, None] * self.inv_freq
+            self._rope_tab = torch.polar(torch.ones_like(ang), ang)
+        return self._rope_tab[pos.to(dev)]
+
+    def run(self, h: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+        """Input embeddings h (R, S, D) at RoPE positions ``pos`` (R, S) or (R, S, 1) int64 under ``mask`` (R or 1, 1,
+        S, K) bool or None (all visible), written into ``cache`` (``cache.reserve`` / ``begin`` done by the caller,
+        ``commit`` after) -> post-norm hidden states (R, S, D)."""
+        rot = self.rope(pos)
+        for i, layer in enumerate(self.layers):   # a loop over decoder layers
+            h = layer.forward(h, rot, mask, cache, i)
+        return rms_norm(h, self.norm.weight, self.norm.eps)

@@ -170,18 +170,12 @@ class CacheIndex:
         every row holds the same number of entries; None: all visible). ``attn_mask`` (S, Kb) bool, or (R, S, Kb)
         one per row, S <= Kb <= min(lens) + S, replaces the causal mask over the block and the last Kb - S cached
         entries of every row (tree levels); older entries stay visible."""
-        self.writable()
-        lo, hi = int(self.lens.min()), int(self.lens.max())
-        K = hi + S
-        if self.max_len is not None and K > self.max_len:
-            raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
-        dev = self.device
+        lo, dev = int(self.lens.min()), self.device
         if attn_mask is not None:
             attn_mask = check_attn_mask(attn_mask, S, lo, dev, rows=self.rows)
-        self._S, self._K = S, K
-        self._start = lo if lo == hi else None
-        self._slots = None
-        if lo == hi:                   # every row at the same length: one (1, 1, S, K) mask for all rows
+        self.reserve(S)
+        K = self._K
+        if self._start is not None:                   # every row at the same length: one (1, 1, S, K) mask for all rows
             if attn_mask is None:
                 return None if S == 1 else torch.ones(S, K, dtype=torch.bool, device=dev).tril_(K - S)[None, None]
             if attn_mask.ndim == 3:                                           # one mask per row
@@ -189,9 +183,7 @@ class CacheIndex:
                                   attn_mask], -1)[:, None]
             return torch.cat([torch.ones(S, K - attn_mask.shape[1], dtype=torch.bool, device=dev), attn_mask],
                              1)[None, None]
-        lens = torch.as_tensor(self.lens, device=dev)
-        self._slots = lens[:, None] + torch.arange(S, device=dev)           # (R, S) each row's slots
-        rel = torch.arange(K, device=dev)[None, :] - lens[:, None]            # (R, K) column - block start
+        rel = torch.arange(K, device=dev)[None, :] - self._slots[:, :1]       # (R, K) column - block start
         if attn_mask is None:                                                 # causal over the block
             vis = rel[:, None, :] <= torch.arange(S, device=dev)[None, :, None]
         else:
@@ -204,6 +196,20 @@ class CacheIndex:
                 g = attn_mask[:, col].permute(1, 0, 2)                            # (R, S, K)
             vis = torch.where(inb[:, None, :], g, (rel < S - Kb)[:, None, :])
         return vis[:, None]
+
+    def reserve(self, S: int) -> None:
+        """The bookkeeping half of ``begin`` for a storage whose caller builds the block's mask itself
+        (``real.adapters.batched_imagelm``): the slots ``update`` writes (each row's lens[r] + [0, S)) and the key
+        count K = max(lens) + S; ValueError when a row would overflow ``max_len``."""
+        self.writable()
+        lo, hi = int(self.lens.min()), int(self.lens.max())
+        K = hi + S
+        if self.max_len is not None and K > self.max_len:
+            raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
+        self._S, self._K = S, K
+        self._start = lo if lo == hi else None
+        self._slots = None if lo == hi else \
+            torch.as_tensor(self.lens, device=self.device)[:, None] + torch.arange(S, device=self.device)   # (R, S)
 
     def advance(self, S: int) -> None:
         """A block of S entries per row appended by a storage that builds its own masks (transformers' caches):
