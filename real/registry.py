@@ -344,8 +344,18 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
     n = int(_o(opts, "num_images", 1))
     conds = [Prompt(torch.cat([torch.tensor([1]), torch.randint(a, b, (8,), generator=g)])) for _ in range(n)]
     nb = _neighbor_table(vq.codebook, opts)
+    t, d = _batched_mm(t), _batched_mm(d)
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", t.layout.num_tokens)), nb, vq,
                   info={"target": name, "draft": kind, "grid": [t.layout.height, t.layout.width]}, codebook=vq.codebook)
+
+
+def _batched_mm(model, release: bool = False):
+    """A family adapter (``real.adapters.imagelm``) as ``real.adapters.batched_imagelm.BatchedImageLM`` (B > 1, per-row
+    caches); EAGLE drafters (already batched) and None pass through. ``release``: drop the ported transformers layers."""
+    from .adapters.batched_imagelm import BatchedImageLM
+    from .adapters.imagelm import ImageTokenLM
+
+    return BatchedImageLM(model, release_source=release) if isinstance(model, ImageTokenLM) else model
 
 
 def _mm_draft(opts, family: str, target, load_small):
@@ -412,6 +422,8 @@ def _build_mm_real(opts, family: str) -> Bundle:
         conds = [emu3_prompt(proc, p) for p in prompts]
         vq = emu3_decoder(t.model, t.layout)
     d, dname = _mm_draft(opts, family, t, load_small)
+    d = _batched_mm(d, release=True)
+    t = _batched_mm(t, release=True)      # after the drafts: a layer-skip copy reads the transformers layers
     nb = None
     if vq is not None:
         nb = _neighbor_table(vq.codebook, opts, K=int(_o(opts, "neighbors_k", 1001)))

@@ -42,14 +42,21 @@ class BatchedImageLM(CachedRows):
     needs_features = False
     row_masks = True
 
-    def __init__(self, family, stack=None, *, extra_slots: int = 64):
+    # the family adapter's members callers use through this one (EAGLE drafters, decoders, layer-skip copies)
+    _FAMILY = ("model", "code_ids", "head", "embed", "code_embeddings", "backbone", "rebuild_kwargs", "prompt")
+
+    def __init__(self, family, stack=None, *, extra_slots: int = 64, release_source: bool = False):
         """``family``: an ``ImageTokenLM`` (its ``prompt``, ``embed``, ``head``, ``code_ids``, ``layout``); ``stack``: the
         decoder port (default ``LlamaStack.from_decoder(family.backbone)``); ``extra_slots``: cache entries per row
-        past the image for tree blocks (twice that is allocated: a block's row ends take slots too)."""
+        past the image for tree blocks (twice that is allocated: a block's row ends take slots too);
+        ``release_source``: drop the transformers decoder layers once ported (a 7B model is not held twice; the
+        family adapter alone can then no longer run)."""
         if stack is None:
             from real.models.llama import LlamaStack
 
             stack = LlamaStack.from_decoder(family.backbone)
+        if release_source:
+            family.backbone.layers = torch.nn.ModuleList()
         self.family, self.stack = family, stack
         self.layout = family.layout
         self.vocab_size = family.vocab_size
@@ -60,6 +67,11 @@ class BatchedImageLM(CachedRows):
         self._base = np.zeros(1, np.int64)      # (R,) real prompt length (the first code's stream position)
         self._owner = self._forced = None       # (R, max_len) per-slot bookkeeping (module docstring)
         self._blk = None                        # the last block: node slots, row-end slots, code indices, start
+
+    def __getattr__(self, name):
+        if name in BatchedImageLM._FAMILY:
+            return getattr(self.__dict__["family"], name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     # ------------------------------------------------------------------ protocol attributes
     device = property(lambda self: self.family.device, doc="The family model's device.")
