@@ -9,10 +9,20 @@ import torch
 
 pytest.importorskip("transformers")
 
-from real.adapters.glm_image_hf import glm_reference_greedy, stack_greedy, tiny_glm_image, tiny_glm_prompt
+from real.adapters.glm_image_hf import (
+    glm_reference_greedy,
+    stack_greedy,
+    tiny_glm_image,
+    tiny_glm_prompt,
+)
 from real.adapters.image_layout import ImageLayout
-from real.models.glm_image import (GLM_DIFFUSION_OPTIONS, GlmImageStack, glm_grids, glm_image_layout,
-                                   glm_positions)
+from real.models.glm_image import (
+    GLM_DIFFUSION_OPTIONS,
+    GlmImageStack,
+    glm_grids,
+    glm_image_layout,
+    glm_positions,
+)
 
 torch.set_num_threads(1)
 
@@ -80,9 +90,19 @@ def _ours(stack, ids, pos, P, steps, block):
     return torch.cat(outs, 1)
 
 
+def _model(tiny, branch_scale):
+    """The module's tiny model (draft-friendly, ``branch_scale`` 0.2) or one whose layers weigh as much as the
+    embeddings (1.0), where positions move the logits by far more than the tolerance (the negative controls)."""
+    if branch_scale == 0.2:
+        return tiny
+    model = tiny_glm_image(0, V=V, branch_scale=branch_scale)
+    return model, GlmImageStack.from_hf(model)
+
+
 @torch.no_grad()
-def test_stack_logits_equal_transformers(tiny):
-    model, stack = tiny
+@pytest.mark.parametrize("branch_scale", [0.2, 1.0])
+def test_stack_logits_equal_transformers(tiny, branch_scale):
+    model, stack = _model(tiny, branch_scale)
     p0, lay = tiny_glm_prompt(GRIDS)
     p1, _ = tiny_glm_prompt(GRIDS, seed=3)
     prompts = torch.stack([p0, p1])
@@ -100,6 +120,8 @@ def test_stack_logits_equal_transformers(tiny):
     assert ours.dtype == torch.float32 and ours.shape == ref.shape
     err = (ours - ref).abs().max().item()
     assert err < 1e-4, err
+    if branch_scale != 1.0:
+        return
     # negative control: one code's height position off by one changes the logits from there on
     bad = pos.clone()
     bad[:, P + 1, 1] += 1
@@ -112,19 +134,33 @@ def test_stack_logits_equal_transformers(tiny):
 
 
 @torch.no_grad()
-def test_greedy_codes_equal_transformers_generate(tiny):
-    model, stack = tiny
+@pytest.mark.parametrize("branch_scale", [0.2, 1.0])
+def test_greedy_codes_equal_transformers_generate(tiny, branch_scale):
+    model, stack = _model(tiny, branch_scale)
     for seed, grids in ((0, GRIDS), (1, ((6, 4), (3, 2)))):
         p, lay = tiny_glm_prompt(grids, seed=seed)
         ref = glm_reference_greedy(model, p, grids)
-        assert ref.shape == (lay.num_tokens,) and len(set(ref.tolist())) > 3
+        assert ref.shape == (lay.num_tokens,) and len(set(ref.tolist())) >= 3      # not one repeated code
         ours = stack_greedy(stack, p, lay)
         assert torch.equal(ours, ref), (ours.tolist(), ref.tolist())
-        if seed == 1:              # negative control: 1-D positions change the greedy codes
+        if branch_scale == 1.0:          # negative control: 1-D positions change the greedy codes
             flat = stack_greedy(stack, p, lay, position_fn=lambda b, ci: (b[:, None] + ci)[..., None].expand(-1, -1, 3))
             assert not torch.equal(flat, ref)
-    two = stack_greedy(stack, torch.stack([tiny_glm_prompt(GRIDS)[0], tiny_glm_prompt(GRIDS, seed=2)[0]]), lay)
-    assert torch.equal(two[0], stack_greedy(stack, tiny_glm_prompt(GRIDS)[0], lay))      # rows independent
+    p0, lay = tiny_glm_prompt(GRIDS)
+    two = stack_greedy(stack, torch.stack([p0, tiny_glm_prompt(GRIDS, seed=2)[0]]), lay)
+    assert torch.equal(two[0], stack_greedy(stack, p0, lay))                          # rows independent
+
+
+def test_layer_skip_shares_weights(tiny):
+    _, stack = tiny
+    d = stack.layer_skip(1)
+    assert d.n_layers == 1 and stack.n_layers == 3 and len(stack.layers) == 3
+    assert d.layers[0] is stack.layers[0] and d.embed_tokens is stack.embed_tokens and d.head_weight is stack.head_weight
+    p, lay = tiny_glm_prompt(GRIDS)
+    a, b = stack_greedy(stack, p, lay), stack_greedy(d, p, lay)
+    assert not torch.equal(a, b)          # a shallower stack is a different model...
+    with pytest.raises(ValueError):
+        stack.layer_skip(4)
 
 
 def test_grids_match_processor():

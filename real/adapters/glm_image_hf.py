@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import torch
 
-from real.models.glm_image import GlmImageStack, GlmLayout, glm_image_layout, glm_positions
+from real.models.glm_image import (
+    GlmImageStack,
+    GlmLayout,
+    glm_image_layout,
+    glm_positions,
+)
+
 from .imagelm_loading import embedding_dominated_init
 
-__all__ = ["tiny_glm_image", "tiny_glm_ids", "tiny_glm_prompt", "glm_reference_greedy", "stack_greedy"]
+__all__ = ["glm_reference_greedy", "stack_greedy", "tiny_glm_ids", "tiny_glm_image", "tiny_glm_prompt"]
 
 
 def tiny_glm_ids(V: int = 64, n_text: int = 40) -> dict:
@@ -31,9 +37,12 @@ def tiny_glm_ids(V: int = 64, n_text: int = 40) -> dict:
 
 
 def tiny_glm_image(seed: int = 0, *, V: int = 64, layers: int = 3, hidden: int = 64, heads: int = 2,
-                   kv_heads: int = 1, inter: int = 128, n_text: int = 40, dtype=torch.float32):
+                   kv_heads: int = 1, inter: int = 128, n_text: int = 40, branch_scale: float = 0.2,
+                   dtype=torch.float32):
     """A seeded random ``GlmImageForConditionalGeneration`` small enough for CPU tests (a few ms per token), with an
-    embedding-dominated init (``embedding_dominated_init``: a layer-skip draft agrees often). Head dim
+    embedding-dominated init (``embedding_dominated_init``: a layer-skip draft agrees often). GLM's sandwich norms
+    rescale every attention and MLP output to unit RMS, so the residual stream stays embedding-dominated only if
+    their weights (``post_self_attn_layernorm``, ``post_mlp_layernorm``) are small: ``branch_scale``. Head dim
     hidden / heads must be a multiple of 8 (partial rotary 0.5, mrope_section over a quarter of it)."""
     from transformers import GlmImageConfig, GlmImageForConditionalGeneration
 
@@ -57,6 +66,10 @@ def tiny_glm_image(seed: int = 0, *, V: int = 64, layers: int = 3, hidden: int =
     torch.manual_seed(seed)
     m = GlmImageForConditionalGeneration(cfg).eval()
     embedding_dominated_init(m, seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(("post_self_attn_layernorm.weight", "post_mlp_layernorm.weight")):
+                p.fill_(branch_scale)
     return m.to(dtype)
 
 

@@ -52,6 +52,7 @@ Options of the diffusion stage (``GlmImagePipeline.__call__`` arguments that nev
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ from torch import nn
 from real.nn.kvcache import KVCache
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 
-__all__ = ["GlmImageStack", "GlmLayout", "glm_grids", "glm_positions", "glm_image_layout", "GLM_DIFFUSION_OPTIONS"]
+__all__ = ["GLM_DIFFUSION_OPTIONS", "GlmImageStack", "GlmLayout", "glm_grids", "glm_image_layout", "glm_positions"]
 
 # GlmImagePipeline arguments that belong to the diffusion decoder (DiT, VAE, glyph encoder) alone
 GLM_DIFFUSION_OPTIONS = ("guidance_scale", "num_inference_steps", "timesteps", "sigmas", "latents",
@@ -233,7 +234,7 @@ class GlmImageStack(nn.Module):
         return self.embed_tokens.weight.device
 
     @classmethod
-    def from_hf(cls, model) -> "GlmImageStack":
+    def from_hf(cls, model) -> GlmImageStack:
         """Copy the AR-stage weights of a transformers ``GlmImageForConditionalGeneration`` (same device and dtype)."""
         lm = model.model.language_model
         V = int(model.config.vq_config.num_embeddings)
@@ -265,6 +266,17 @@ class GlmImageStack(nn.Module):
         m.inv_freq = lm.rotary_emb.inv_freq.detach().float().to(w.device)   # the model's own frequencies
         m.freq_axis, m.code_ids = m.freq_axis.to(w.device), m.code_ids.to(w.device)
         return m
+
+    def layer_skip(self, n: int) -> GlmImageStack:
+        """A layer-skip draft: a shallow copy running only the first ``n`` decoder layers; every weight (embeddings,
+        layers, final norm, head) is shared with this stack, not copied."""
+        if not 1 <= n <= self.n_layers:
+            raise ValueError(f"layer_skip needs 1 <= n <= {self.n_layers}, got {n}")
+        d = copy.copy(self)
+        d._modules = dict(self._modules)
+        d.layers = nn.ModuleList(list(self.layers)[:n])
+        d.n_layers = n
+        return d
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """LM ids (R, S) int64 -> input embeddings (R, S, D) (codes are LM ids 0..V-1)."""
