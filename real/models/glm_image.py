@@ -129,8 +129,9 @@ def glm_image_layout(grids, *, size_ids: tuple[int, ...] = (), image_start: int 
 
 
 def glm_positions(base, ci, forced=None, *, grids) -> torch.Tensor:
-    """RoPE positions (R, S, 3) (temporal, height, width) of image-stream entries: ``base`` (R,) int64 the real
-    prompt length of each row, ``ci`` (R, S) int64 the index of each entry's code in the flattened code stream (the
+    """RoPE positions (R, S, 3) (temporal, height, width) of image-stream entries: ``base`` (R,) int64 the first
+    position after each row's prompt (text-to-image: its real prompt length; image-to-image: where transformers'
+    ``get_rope_index`` ends, the source images there counting max(h, w) positions each), ``ci`` (R, S) int64 the index of each entry's code in the flattened code stream (the
     grids of ``grids`` in generation order, (h, w) tuples), ``forced`` (R, S) bool or None. GLM-Image has no forced
     structural token inside its code stream, so ``forced`` must be all False (ValueError otherwise); an index past the
     last code (the image end, or anything after it) gets the end marker's position, as transformers' padded table."""
