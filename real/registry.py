@@ -353,9 +353,11 @@ def _batched_mm(model, release: bool = False):
     """A family adapter (``real.adapters.imagelm``) as ``real.adapters.batched_imagelm.BatchedImageLM`` (B > 1, per-row
     caches); EAGLE drafters (already batched) and None pass through. ``release``: drop the ported transformers layers."""
     from .adapters.batched_imagelm import BatchedImageLM
+    from .adapters.glm_image import GlmImageLM
     from .adapters.imagelm import ImageTokenLM
 
-    return BatchedImageLM(model, release_source=release) if isinstance(model, ImageTokenLM) else model
+    ok = isinstance(model, (ImageTokenLM, GlmImageLM))
+    return BatchedImageLM(model, release_source=release) if ok else model
 
 
 def _mm_draft(opts, family: str, target, load_small):
@@ -432,6 +434,45 @@ def _build_mm_real(opts, family: str) -> Bundle:
                   codebook=None if vq is None else vq.codebook.detach())
 
 
+def _build_glm(opts, tiny: bool) -> Bundle:
+    """GLM-Image's AR stage (``real.adapters.glm_image``), batched: ``glm-image-tiny`` (random, 8 x 8 target grid after
+    a 4 x 4 prior grid, 80 codes) or ``glm-image`` (--target-pretrained, default zai-org/GLM-Image; --prompts;
+    --image-size the square side in px, default 1152 x 768). --draft layerskip (default) or eagle. ``--save`` writes
+    the codes (the diffusion decoder is out of scope)."""
+    from .adapters import glm_image as glm
+    from .protocol import Prompt
+
+    dev, dt, seed = _device(opts), _dtype(opts), int(_o(opts, "seed", 0))
+    kind = _o(opts, "draft", "layerskip")
+    if tiny:
+        t, d, (a, b) = glm.tiny_glm_image_pair(seed, kind, dev, dt)
+        g = torch.Generator().manual_seed(seed)
+        conds = [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(int(_o(opts, "num_images", 1)))]
+        name = "GlmImageForConditionalGeneration tiny (random), AR stage"
+    else:
+        if not opts.prompts:
+            raise ValueError("--model glm-image: pass --prompts TEXT ...")
+        size = _o(opts, "image_size", None)
+        hw = (int(size), int(size)) if size else (1152, 768)
+        t, proc = glm.load_glm_image(_o(opts, "target_pretrained", glm.GLM_IMAGE_ID), height=hw[0], width=hw[1],
+                                     device=dev, dtype=dt)
+        conds = [glm.glm_prompt(proc, p, *hw) for p in opts.prompts]
+        d = glm._drafts(t, kind, seed) if kind != NO_DRAFT else None
+        if kind == "eagle" and opts.drafter_dir:
+            from .adapters.imagelm_eagle import load_adapter_eagle
+
+            d = load_adapter_eagle(opts.drafter_dir, t)
+        name = "GLM-Image AR stage"
+    t, d = _batched_mm(t, release=not tiny), _batched_mm(d)
+    lay = t.family.glm_layout
+    return Bundle(t, d, conds, int(_o(opts, "num_tokens", lay.num_tokens)), None, None,
+                  info={"target": name, "draft": kind, "grids": [list(g) for g in lay.grids]})
+
+
+register("glm-image-tiny", lambda o: _build_glm(o, True),
+         "random tiny GLM-Image AR stage (a 4 x 4 prior grid, then an 8 x 8 target grid; 3-D RoPE) + layer-skip draft")
+register("glm-image", lambda o: _build_glm(o, False),
+         "GLM-Image's AR stage (zai-org/GLM-Image, transformers format); --prompts; codes only (no diffusion decoder)")
 register("chameleon-tiny", lambda o: _build_mm_tiny(o, "chameleon"),
          "random tiny Chameleon (Lumina-mGPT layout: boi, size tokens, rows + newline, eoi) + tiny draft")
 register("janus-tiny", lambda o: _build_mm_tiny(o, "janus"), "random tiny Janus (generation head) + tiny draft")

@@ -117,6 +117,7 @@ class ModelSpec:
     rules: tuple = ()
     choices: Mapping[str, Callable[[], tuple]] = field(default_factory=dict)   # per-model choices of an option
     sjd_schedule: str | None = None
+    no_cfg: str | None = None          # why --cfg-scale other than 1 is refused (GLM-Image's AR stage has no CFG)
 
     def __post_init__(self):
         unknown = sorted(set(self.options) - set(OPTIONS))
@@ -141,6 +142,8 @@ _LLAMAGEN_FILES = frozenset({"model_type", "image_size", "target_ckpt", "target_
                              "draft_ckpt", "draft_size", "draft_pretrained", "drafter_dir", "vq_ckpt", "vq_size",
                              "captions", "prompts", "class_id", "draft"})
 _PROMPTED = (Rule(need=(("prompts",),)),)
+_GLM_NO_CFG = ("GLM-Image's autoregressive stage has no classifier-free guidance (its guidance_scale belongs to the "
+               "diffusion decoder, which this toolkit does not run)")
 _TINY = dict(drafts=("layerskip", "small", "eagle"), default_draft="layerskip", tokens=64)
 
 SPECS: dict[str, ModelSpec] = {s.name: s for s in (
@@ -162,6 +165,10 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("llama-tiny-fast", batched=True, codebook="none", tokens=64),
     ModelSpec("chameleon-tiny", frozenset({"draft"}), cfg_scale=3.0, **_TINY),
     ModelSpec("janus-tiny", frozenset({"draft"}), cfg_scale=5.0, **_TINY),
+    ModelSpec("glm-image-tiny", frozenset({"draft"}), ("layerskip", "eagle"), "layerskip", codebook="none",
+              tokens=80, no_cfg=_GLM_NO_CFG),
+    ModelSpec("glm-image", frozenset({"target_pretrained", "prompts", "draft", "drafter_dir", "image_size"}),
+              ("layerskip", "eagle"), "layerskip", codebook="none", rules=_PROMPTED, no_cfg=_GLM_NO_CFG),
     ModelSpec("emu3-tiny", frozenset({"draft"}), cfg_scale=3.0, **_TINY),
     ModelSpec("lumina-mgpt", frozenset({"target_pretrained", "prompts", "draft", "drafter_dir", "image_size",
                                         "vq_ckpt"}), ("eagle", "layerskip"), "eagle", codebook="vq",

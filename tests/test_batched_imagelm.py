@@ -198,3 +198,107 @@ def test_model_table_shows_every_image_family_batched():
     rows = {r.split("|")[1].strip(" `"): r for r in markdown_table().splitlines()[2:]}
     for m in ("chameleon-tiny", "janus-tiny", "emu3-tiny", "lumina-mgpt", "janus-pro", "emu3"):
         assert rows[m].split("|")[4].strip() == "yes", rows[m]
+
+
+# --------------------------------------------------------------------------- GLM-Image (AR stage), batched from the start
+
+GLM_GRIDS = ((4, 4), (2, 2))     # as the processor lists them: target (H, W), then prior (h, w): 20 codes
+
+
+@pytest.fixture(scope="module")
+def glm():
+    from real.adapters.glm_image import tiny_glm_image_pair
+
+    t, d, text = tiny_glm_image_pair(0, "layerskip", grids=GLM_GRIDS)
+    return t, d, text
+
+
+def _glm_conds(text, n):
+    g = torch.Generator().manual_seed(4)
+    from real.protocol import Prompt
+
+    return [Prompt(torch.randint(text[0], text[1], (2 + i % 5,), generator=g)) for i in range(n)]
+
+
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_glm_greedy_sd_equals_transformers_generate(glm, B):
+    """8 GLM-Image prompts of 2-6 words: greedy speculative decoding (layer-skip chain L = 3, EAGLE-25 tree, dynamic
+    tree) in batches of B gives, image by image, the codes of transformers' own ``generate`` (do_sample=False, the
+    two grids, 3-D positions; real.adapters.glm_image_hf.glm_reference_greedy)."""
+    from real.adapters.glm_image_hf import glm_reference_greedy
+
+    t, d, text = glm
+    bt, bd = BatchedImageLM(t), BatchedImageLM(d)
+    conds = _glm_conds(text, 8)
+    ref = [glm_reference_greedy(t.model, t.prompt(c, False).ids, GLM_GRIDS).tolist() for c in conds]
+    T = t.layout.num_tokens
+    taus = set()
+    for drafting in (3, Tree(EAGLE_25), DynamicTree(total=20, depth=3, topk=4)):
+        gens = engine.generate(bt, bd, conds, num_tokens=T, verifier=rules.greedy(), drafting=drafting,
+                               processing=Processing(temperature=0.0), batch_size=B)
+        assert [g.tokens.tolist() for g in gens] == ref
+        taus |= {tuple(r.accepted for r in g.rounds) for g in gens}
+    assert len(taus) > 2
+
+
+def test_glm_sampled_tokens_do_not_depend_on_the_batch_size(glm):
+    t, d, text = glm
+    bt, bd = BatchedImageLM(t), BatchedImageLM(d)
+    conds = _glm_conds(text, 8)
+    kw = dict(num_tokens=t.layout.num_tokens, verifier=rules.cool_sd(2.0), drafting=3, processing=Processing())
+    runs = [[g.tokens.tolist() for g in engine.generate(bt, bd, conds, batch_size=B, seed=5, **kw)] for B in (1, 3, 8)]
+    assert runs[0] == runs[1] == runs[2]
+    assert [g.tokens.tolist() for g in engine.generate(bt, bd, conds, batch_size=8, seed=6, **kw)] != runs[0]
+
+
+def test_glm_vanilla_law_at_batch_50():
+    """V = 4 codes, a 1 x 1 prior grid then a 1 x 2 target grid (T = 3, the third code in the second grid at its own
+    3-D position); an independent random 1-layer model with negated, doubled code rows as the draft (many rejections:
+    the control has mass to bias; p = 5e-20 measured). 800 images in batches of 50: chi-square against
+    the exact law of plain sampling (enumerated: each prefix scored by a fresh prefill); the wrong-resampler control
+    is rejected. Sizes as test_vanilla_law_at_batch_50."""
+    from real.adapters.glm_image import GlmImageLM
+    from real.adapters.glm_image_hf import tiny_glm_image, tiny_glm_prompt
+    from real.protocol import Prompt
+
+    grids = ((1, 2), (1, 1))
+    kw = dict(V=4, layers=2, hidden=32, heads=2, kv_heads=1, inter=64, branch_scale=1.0)
+    m, md = tiny_glm_image(0, **kw), tiny_glm_image(1, **{**kw, "layers": 1})
+    with torch.no_grad():
+        m.lm_head.weight[:4] *= 3                       # peaked target rows
+        md.lm_head.weight[:4] *= -2                     # a draft that disagrees: many rejections for the control to bias
+    ids, lay = tiny_glm_prompt(grids, n_words=3, V=4)
+    t, dft = GlmImageLM(m, lay), GlmImageLM(md, lay)
+    bt, bd = BatchedImageLM(t), BatchedImageLM(dft)
+    cond = Prompt(ids)
+    proc = Processing(temperature=0.9, top_k=3)
+    N = 800
+    law = _exact_law(bt, cond, 3, proc)
+    assert abs(sum(law.values()) - 1) < 1e-5
+
+    def counts(verifier, seed):
+        gens = engine.generate(bt, bd, [cond] * N, num_tokens=3, verifier=verifier, drafting=2, processing=proc,
+                               batch_size=50, seed=seed)
+        it = iter(gens)
+        return _counts(lambda: next(it).tokens, N)
+
+    p_sd, _ = _chi2(counts(rules.vanilla(), 1), law, N)
+    p_ctl, _ = _chi2(counts(rules.Verifier(rules.Vanilla(), rules.Target(), "wrong-resampler"), 2), law, N)
+    print(f"glm batched: chi2 p vanilla {p_sd:.3g}, control {p_ctl:.3g}")
+    assert p_sd > 1e-3
+    assert p_ctl < 1e-3
+
+
+def test_glm_refuses_cfg_and_diffusion_options(glm, capsys):
+    from coolsd.cli import main
+    from real.adapters.glm_image import check_ar_options, load_glm_image
+
+    t, _, text = glm
+    with pytest.raises(ValueError, match="no classifier-free guidance"):
+        BatchedImageLM(t).prefill(_glm_conds(text, 2), cfg=True)
+    with pytest.raises(ValueError, match="guidance_scale.*diffusion stage"):
+        check_ar_options({"guidance_scale": 1.5, "height": 1024})
+    with pytest.raises(ValueError, match="num_inference_steps.*diffusion stage"):
+        load_glm_image("/nonexistent", num_inference_steps=50)      # refused before anything is read
+    assert main(["generate", "--model", "glm-image-tiny", "--cfg-scale", "3", "--json"]) == 2
+    assert "no classifier-free guidance" in capsys.readouterr().err

@@ -96,6 +96,11 @@ def _validate_numbers(args, checks) -> None:
         checks.integer("--top-k", args.top_k, lo=0)
     if args.cfg_scale is not None:
         checks.real("--cfg-scale", args.cfg_scale, 0)
+        from real.specs import spec
+
+        why = spec(args.model).no_cfg
+        if why and args.cfg_scale != 1:
+            raise ValueError(f"--cfg-scale {args.cfg_scale:g} with --model {args.model}: {why}; use --cfg-scale 1")
     if args.num_tokens is not None:
         checks.integer("--num-tokens", args.num_tokens, lo=1)
     if args.threads is not None:

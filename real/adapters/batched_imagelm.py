@@ -51,6 +51,7 @@ class BatchedImageLM(CachedRows):
         past the image for tree blocks (twice that is allocated: a block's row ends take slots too);
         ``release_source``: drop the transformers decoder layers once ported (a 7B model is not held twice; the
         family adapter alone can then no longer run)."""
+        stack = getattr(family, "stack", None) if stack is None else stack     # a family with its own port (GLM-Image)
         if stack is None:
             from real.models.llama import LlamaStack
 
@@ -109,7 +110,11 @@ class BatchedImageLM(CachedRows):
 
     def rope_positions(self, base: np.ndarray, ci: np.ndarray, forced: np.ndarray) -> np.ndarray:
         """Stream RoPE positions (R, S) of block entries: code index ``ci`` (R, S), ``forced`` (R, S) bool (the row end
-        behind that code), ``base`` (R,) the rows' real prompt lengths (module docstring)."""
+        behind that code), ``base`` (R,) the rows' real prompt lengths (module docstring); the family's own
+        ``rope_positions`` when it has one ((R, S, 3) for GLM-Image)."""
+        own = getattr(self.family, "rope_positions", None)         # a family with its own positions (GLM's 3 axes)
+        if own is not None:
+            return own(base, ci, forced)
         rows_done = ci // self.layout.width if self.layout.row_end is not None else 0
         return base[:, None] + ci + rows_done + forced
 

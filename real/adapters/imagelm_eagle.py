@@ -62,16 +62,18 @@ def tiny_pair(factory, wrap, seed: int, draft: str, device, dtype, kw: dict, *, 
 
 def eagle_for(target: ImageTokenLM, *, num_layers: int = 1, seed: int = 0, std: float = 0.02):
     """A fresh EAGLE-1 drafter (``real.models.eagle`` layout) for an ``ImageTokenLM`` target: hidden size,
-    heads and MLP width of the target's decoder, 2-D RoPE over the H x W grid (square images only),
+    heads and MLP width of the target's decoder, 2-D RoPE over the H x W grid (a non-square code stream, such as
+    GLM-Image's two grids, is laid on the smallest square grid that holds it: the drafter's own positions),
     embeddings = the target's code input embeddings, head = the target's image head (frozen). Train it
     with ``real.models.eagle.record_features`` + ``train_eagle``."""
+    import math
+
     lay = target.layout
-    if lay.height != lay.width:
-        raise ValueError(f"real.models.eagle's 2-D RoPE needs a square grid, the layout is {lay.height} x {lay.width}")
+    side = lay.height if lay.height == lay.width else math.isqrt(lay.num_tokens - 1) + 1
     bc = target.backbone.config
     c = EagleConfig(hidden_size=bc.hidden_size, intermediate_size=bc.intermediate_size,
                     num_attention_heads=bc.num_attention_heads, vocab_size=target.vocab_size,
-                    block_size=lay.num_tokens, num_key_value_heads=getattr(bc, "num_key_value_heads", None),
+                    block_size=side * side, num_key_value_heads=getattr(bc, "num_key_value_heads", None),
                     num_hidden_layers=num_layers, rope_base=float(_rope_theta(bc)))
     d = AdapterEagle(c, target.head).to(target.device)
     return d.init_weights(target.code_embeddings(), seed, std).to(target.dtype).eval()
