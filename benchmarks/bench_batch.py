@@ -8,6 +8,7 @@ model forwards (every model call timed).
 
   python benchmarks/bench_batch.py [--batches 1 8 32 64] [--images 128] [--threads 2] [--json out.json]
   python benchmarks/bench_batch.py --short --json out.json   # B = 1 (8 images) and 64 (64), 1 thread (run_all.py)
+  python benchmarks/bench_batch.py --families [--json out.json]  # the tiny transformers families: B = 16 / B = 1
 
 The JSON also holds "ratios" (SD / AR at B = 1 and 64, SD at B = 64 / SD at B = 1), which run_all.py reads.
 ``--short`` times the six cells (3 methods x B = 1, 64) interleaved, one run of each in turn, ``SHORT_REPEATS``
@@ -78,8 +79,47 @@ def run(method: str, target, eagle, conds, B: int, proc: Processing, seed: int):
     return len(conds) / wall, rounds, (t.seconds + d.seconds) / wall, engine.summarize(gens)
 
 
+FAMILIES = ("chameleon-tiny", "janus-tiny", "emu3-tiny", "glm-image-tiny")
+
+
+def families(args) -> dict:
+    """The tiny transformers image families (issue 39), batched through ``real.adapters.batched_imagelm``: images/s of
+    plain AR and of Cool-SD (delta 2; layer-skip draft, chain L = 4; each family's default CFG) at B = 16 over B = 1
+    (16 images at B = 16, 4 at B = 1), each cell the fastest of ``SHORT_REPEATS`` interleaved runs in thread CPU time.
+    On the shared 2-core CPU these models are compute-bound per row, so the ratio says what batching buys on CPU; it
+    is reported, not a goal. Returns the ratios for run_all.py."""
+    from real.registry import build
+
+    ratios, cells, info = {}, {}, {}
+    for name in FAMILIES:
+        b = build(name, num_images=16, seed=0)
+        proc = Processing(cfg_scale=b.cfg_scale)
+        info[name] = (b, proc)
+        for m in ("ar", "cool-sd"):
+            for B in (1, 16):
+                conds = b.conds[:4] if B == 1 else b.conds
+                kw = {} if m == "ar" else dict(verifier=rules.cool_sd(2.0), drafting=L)
+                cells[name, m, B] = (lambda b=b, proc=proc, conds=conds, B=B, m=m, kw=kw: engine.generate(
+                    b.target, None if m == "ar" else b.draft, conds, num_tokens=b.num_tokens, processing=proc,
+                    batch_size=B, seed=1, **kw))
+    for f in cells.values():       # warm-up
+        f()
+    best = interleaved_best(cells, SHORT_REPEATS, clock=time.thread_time)
+    print(f"tiny transformers families, layer-skip draft, L = {L}, Cool-SD delta 2, {torch.get_num_threads()} thread(s)")
+    print(f"{'model':>16} {'method':>8} {'img/s B=1':>10} {'img/s B=16':>11} {'B=16 / B=1':>10}")
+    for name in FAMILIES:
+        for m in ("ar", "cool-sd"):
+            one, six = 4 / best[name, m, 1], 16 / best[name, m, 16]
+            print(f"{name:>16} {m:>8} {one:10.1f} {six:11.1f} {six / one:10.2f}")
+            ratios[f"{name}_{m}_b16_over_b1"] = {"value": six / one, "better": "higher",
+                                                 "what": f"images/s of {m} on {name}, batch 16 / batch 1"}
+    return ratios
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--families", action="store_true",
+                    help="the tiny transformers families (chameleon, janus, emu3, glm-image): B = 16 / B = 1 images/s")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--images", type=int, default=128, help="images per method and batch size (>= max batch)")
     ap.add_argument("--threads", type=int, default=2)
@@ -88,6 +128,15 @@ def main(argv=None):
     ap.add_argument("--short", action="store_true",
                     help="--batches 1 64 --images 64 --threads 1 --repeats 10, 8 of the images at batch 1")
     args = ap.parse_args(argv)
+    if args.families:
+        torch.set_num_threads(1)
+        ratios = families(args)
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump({"command": " ".join(["python", "benchmarks/bench_batch.py"] + (argv or sys.argv[1:])),
+                           "ratios": ratios}, f, indent=2)
+            os.replace(args.json + ".tmp", args.json)
+        return
     if args.short:
         args.batches, args.images, args.threads, args.repeats = [1, 64], 64, 1, 10
     if args.images < max(args.batches):

@@ -41,6 +41,7 @@ BENCHMARKS = {
     "sim": ("bench_sim.py", ["--short"]),
     "engine_vs_hf": ("bench_engine_vs_hf.py", ["--short", "--tokens", "256", "--repeats", "10", "--threads", "1"]),
     "batch": ("bench_batch.py", ["--short"]),
+    "batch_families": ("bench_batch.py", ["--families"]),   # the transformers image families, B = 16 / B = 1 (issue 39)
     "sweep_ranks": ("bench_sweep_ranks.py", ["--short"]),
     "likelihood": ("bench_likelihood.py", ["--short"]),
     "tree_likelihood": ("bench_tree_likelihood.py", ["--short"]),

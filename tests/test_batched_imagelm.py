@@ -302,3 +302,21 @@ def test_glm_refuses_cfg_and_diffusion_options(glm, capsys):
         load_glm_image("/nonexistent", num_inference_steps=50)      # refused before anything is read
     assert main(["generate", "--model", "glm-image-tiny", "--cfg-scale", "3", "--json"]) == 2
     assert "no classifier-free guidance" in capsys.readouterr().err
+
+
+def test_sweep_janus_tiny_with_exact_fidelity(tmp_path):
+    """coolsd sweep on a batched transformers family (janus-tiny, two settings, units of 4 images): the exact
+    likelihood of chain SD applies, so each setting gets KL per token: vanilla's is 0 up to rounding (lossless),
+    Cool-SD's is positive with a CI excluding 0 (the control a lossless reading would miss)."""
+    import json
+
+    from coolsd.cli import main
+
+    out = tmp_path / "sw"
+    assert main(["sweep", "--model", "janus-tiny", "--grid", "cool-sd:delta=2", "vanilla", "--images", "8",
+                 "--unit-images", "4", "--no-progress", "--out", str(out)]) == 0
+    rep = {m["name"]: m for m in json.loads((out / "report.json").read_text())["methods"]}
+    van, cool = rep["vanilla"]["kl_to_target"]["per_token"], rep["cool-sd"]["kl_to_target"]["per_token"]
+    assert abs(van["measured"]) < 1e-6
+    assert cool["ci"][0] > 0.005
+    assert rep["cool-sd"]["accepted_length"]["measured"] > rep["vanilla"]["accepted_length"]["measured"] > 1.2
