@@ -435,38 +435,17 @@ def _build_mm_real(opts, family: str) -> Bundle:
 
 
 def _build_glm(opts, tiny: bool) -> Bundle:
-    """GLM-Image's AR stage (``real.adapters.glm_image``), batched: ``glm-image-tiny`` (random, 8 x 8 target grid after
-    a 4 x 4 prior grid, 80 codes) or ``glm-image`` (--target-pretrained, default zai-org/GLM-Image; --prompts;
-    --image-size the square side in px, default 1152 x 768). --draft layerskip (default) or eagle. ``--save`` writes
-    the codes (the diffusion decoder is out of scope)."""
-    from .adapters import glm_image as glm
-    from .protocol import Prompt
+    """GLM-Image's AR stage, batched (``real.adapters.glm_image.build_glm``): ``glm-image-tiny`` or ``glm-image``."""
+    from .adapters.glm_image import build_glm
 
-    dev, dt, seed = _device(opts), _dtype(opts), int(_o(opts, "seed", 0))
-    kind = _o(opts, "draft", "layerskip")
-    if tiny:
-        t, d, (a, b) = glm.tiny_glm_image_pair(seed, kind, dev, dt)
-        g = torch.Generator().manual_seed(seed)
-        conds = [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(int(_o(opts, "num_images", 1)))]
-        name = "GlmImageForConditionalGeneration tiny (random), AR stage"
-    else:
-        if not opts.prompts:
-            raise ValueError("--model glm-image: pass --prompts TEXT ...")
-        size = _o(opts, "image_size", None)
-        hw = (int(size), int(size)) if size else (1152, 768)
-        t, proc = glm.load_glm_image(_o(opts, "target_pretrained", glm.GLM_IMAGE_ID), height=hw[0], width=hw[1],
-                                     device=dev, dtype=dt)
-        conds = [glm.glm_prompt(proc, p, *hw) for p in opts.prompts]
-        d = glm._drafts(t, kind, seed) if kind != NO_DRAFT else None
-        if kind == "eagle" and opts.drafter_dir:
-            from .adapters.imagelm_eagle import load_adapter_eagle
-
-            d = load_adapter_eagle(opts.drafter_dir, t)
-        name = "GLM-Image AR stage"
+    t, d, conds, name = build_glm(tiny, seed=int(_o(opts, "seed", 0)), kind=_o(opts, "draft", "layerskip"),
+                                  device=_device(opts), dtype=_dtype(opts), num_images=int(_o(opts, "num_images", 1)),
+                                  prompts=opts.prompts, path=_o(opts, "target_pretrained", None),
+                                  image_size=_o(opts, "image_size", None), drafter_dir=opts.drafter_dir)
     t, d = _batched_mm(t, release=not tiny), _batched_mm(d)
     lay = t.family.glm_layout
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", lay.num_tokens)), None, None,
-                  info={"target": name, "draft": kind, "grids": [list(g) for g in lay.grids]})
+                  info={"target": name, "draft": _o(opts, "draft", "layerskip"), "grids": [list(g) for g in lay.grids]})
 
 
 register("glm-image-tiny", lambda o: _build_glm(o, True),

@@ -24,7 +24,7 @@ from real.protocol import Prompt, make_draft
 from .image_layout import ImageLayout
 
 __all__ = ["GlmImageLM", "NO_CFG", "tiny_glm_image_pair", "load_glm_image", "glm_prompt", "check_ar_options",
-           "GLM_IMAGE_ID"]
+           "GLM_IMAGE_ID", "build_glm"]
 
 GLM_IMAGE_ID = "zai-org/GLM-Image"
 NO_CFG = ("GLM-Image's autoregressive stage has no classifier-free guidance (its guidance_scale belongs to the "
@@ -154,3 +154,28 @@ def glm_prompt(processor, text: str, height: int = 1152, width: int = 768) -> Pr
     chat = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     ids = processor(text=[chat], target_h=height, target_w=width, return_tensors="pt")["input_ids"][0]
     return Prompt(ids)
+
+
+def build_glm(tiny: bool, *, seed: int = 0, kind: str = "layerskip", device="cpu", dtype=torch.float32,
+              num_images: int = 1, prompts=None, path: str | None = None, image_size: int | None = None,
+              drafter_dir: str | None = None):
+    """What ``real.registry`` builds for ``glm-image-tiny`` (random; ``num_images`` seeded 8-word prompts; an 8 x 8
+    target grid after a 4 x 4 prior grid) or ``glm-image`` (``path``, default ``GLM_IMAGE_ID``; ``prompts`` texts;
+    ``image_size`` the square side in px, default 1152 x 768; an EAGLE drafter from ``drafter_dir``). Returns
+    (target family, draft or None, conditions, description)."""
+    if tiny:
+        t, d, (a, b) = tiny_glm_image_pair(seed, kind, device, dtype)
+        g = torch.Generator().manual_seed(seed)
+        return t, d, [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(num_images)], \
+            "GlmImageForConditionalGeneration tiny (random), AR stage"
+    if not prompts:
+        raise ValueError("--model glm-image: pass --prompts TEXT ...")
+    hw = (int(image_size), int(image_size)) if image_size else (1152, 768)
+    t, proc = load_glm_image(path or GLM_IMAGE_ID, height=hw[0], width=hw[1], device=device, dtype=dtype)
+    if kind == "eagle" and drafter_dir:
+        from .imagelm_eagle import load_adapter_eagle
+
+        d = load_adapter_eagle(drafter_dir, t)
+    else:
+        d = _drafts(t, kind, seed)
+    return t, d, [glm_prompt(proc, p, *hw) for p in prompts], "GLM-Image AR stage"
