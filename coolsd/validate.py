@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["device", "model_options", "input_paths", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -43,17 +43,39 @@ def model_options(args, model: str | None = None):
 
 
 def input_paths(args) -> None:
-    """Each given model option naming an input file or directory (``real.specs.Option.kind``) exists."""
+    """Each given model option naming an input file or directory (``real.specs.Option.kind``) exists; a file is a
+    regular file under the size limit (``coolsd.io.check_input_file``: a FIFO or device is refused unopened)."""
+    from coolsd.io import check_input_file
     from real.specs import OPTIONS, flag
 
     for d, o in OPTIONS.items():
         p = getattr(args, d, None)
         if p is None or o.kind is None:
             continue
-        ok = {"file": os.path.isfile, "dir": os.path.isdir, "path": os.path.exists}[o.kind](p)
+        ok = {"file": os.path.lexists, "dir": os.path.isdir, "path": os.path.exists}[o.kind](p)
         if not ok:
             what = {"file": "an existing file", "dir": "an existing directory", "path": "an existing path"}[o.kind]
             raise ValueError(f"{flag(d)}: {p!r} is not {what}")
+        if o.kind == "file" or (o.kind == "path" and not os.path.isdir(p)):
+            check_input_file(flag(d), p, "checkpoint")
+
+
+SCHEDULE_FLAGS = ("weights", "schedule")      # method parameters that may name a schedule JSON (coolsd tune --out)
+
+
+def schedule_files(args) -> dict:
+    """{flag: path} of the method parameters naming a schedule file (``--weights s.json``, ``--schedule e.json``),
+    each checked now as a JSON input (``coolsd.io.check_input_file``: regular, small, parses), before the registry's
+    parser opens it; a value that names no file and does not end in .json is numbers, left to the parser."""
+    from coolsd.io import check_input_file
+
+    out = {}
+    for d in SCHEDULE_FLAGS:
+        v = getattr(args, d, None)
+        if isinstance(v, str) and (os.path.lexists(v) or v.lower().endswith(".json")):
+            check_input_file(f"--{d}", v, "json", hint="write one with coolsd tune --out")
+            out[f"--{d}"] = v
+    return out
 
 
 def record_file(option: str, path):

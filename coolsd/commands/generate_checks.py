@@ -3,7 +3,6 @@ built; ``validate_args`` is the entry point, ``check_bundle`` the checks that ne
 from __future__ import annotations
 
 import math
-import os
 
 from coolsd.io import check_output_file, check_outputs
 from coolsd.options import drafting_spec, flag, given, method_params
@@ -61,12 +60,10 @@ def _input_files(args) -> dict:
     """{flag: path} of every file ``coolsd generate`` reads (schedules, model options naming files)."""
     from real.specs import OPTIONS, flag
 
+    from coolsd import validate
+
     ins = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None}
-    for d in ("weights", "schedule"):
-        v = getattr(args, d, None)
-        if isinstance(v, str) and os.path.exists(v):
-            ins[f"--{d}"] = v
-    return ins
+    return ins | validate.schedule_files(args)
 
 
 def _validate_tree_fidelity(args) -> None:
@@ -115,6 +112,9 @@ def _validate_method(args) -> None:
     from real.decode.methods import METHODS
     from theory.rules import methods as registry
 
+    from coolsd import validate
+
+    validate.schedule_files(args)       # a schedule file is a regular, small JSON file before the registry opens it
     method = str(args.method).lower()
     if method not in tuple(m.lower() for m in METHODS) + ("ar",) + tuple(registry.ALIASES):
         raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")
@@ -169,6 +169,7 @@ def check_bundle(args, bundle) -> None:
     if L is not None and L > bundle.num_tokens:
         raise ValueError(f"--L {L} is more than the {bundle.num_tokens} tokens of one image of --model {args.model} "
                          "(a round never drafts past the image); use --L <= " + str(bundle.num_tokens))
+    _check_gsd_memory(args, bundle)
     cap = _token_capacity(bundle.target)
     if args.num_tokens is not None and cap is not None and args.num_tokens > cap:
         raise ValueError(f"--num-tokens {args.num_tokens} is more than the {cap} tokens of one image of "
@@ -183,3 +184,21 @@ def _token_capacity(target) -> int | None:
     if cfg is not None and hasattr(cfg, "block_size"):
         return int(cfg.block_size)
     return None
+
+
+def _check_gsd_memory(args, bundle) -> None:
+    """GSD's groups hold (rows, V, 2w) tokens per verified position (``theory.rules.gsd.Grouped``; w capped at 2V):
+    a window the memory budget cannot hold is refused (naming --gsd-window) before generating."""
+    from theory.core import checks
+    from theory.rules import methods as registry
+    from theory.rules.gsd import GSD_WINDOW
+
+    method = str(args.method).lower()
+    if method == "ar" or not registry.get(method).needs_embeddings:
+        return
+    V = int(bundle.target.vocab_size)
+    w = min(int(args._method_params.get("window", GSD_WINDOW)), 2 * V)
+    rows = (args.batch_size or args.num_images) * 2 * (args._drafting.max_depth + 1)    # CFG doubles the rows
+    checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
+                        f"--gsd-window {args._method_params.get('window', GSD_WINDOW)} on V = {V}: use a smaller "
+                        "window (the release uses 7) or fewer images per batch (--batch-size)")

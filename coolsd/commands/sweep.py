@@ -87,7 +87,9 @@ def config(args):
     validate.model_options(args)           # the model's spec: options that do not apply are refused
     items = list(args.grid or [])
     if args.grid_file:
-        items += grid_from_toml(args.grid_file)
+        from coolsd.io import check_input_file
+
+        items += grid_from_toml(check_input_file("--grid-file", args.grid_file, "toml"))
     if not items:
         items = list(_default())
     settings, _ = parse_grid(items)
@@ -155,17 +157,14 @@ def config(args):
 
 def _measured_report(path) -> str:
     """--measured: a measured sweep's report.json (a readable JSON file with "methods"), checked before any work."""
-    import json
     import os
 
+    from coolsd.io import check_input_file
+
     p = os.path.join(path, "report.json") if os.path.isdir(path) else path
-    if not os.path.isfile(p):
+    if not os.path.lexists(p):
         raise ValueError(f"--measured: {path!r} is not a report.json (or a sweep directory holding one)")
-    try:
-        with open(p) as f:
-            rep = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--measured: {p!r} is not readable JSON ({e})") from None
+    rep = check_input_file("--measured", p, "json", hint="give a sweep's report.json")
     if not isinstance(rep, dict) or not isinstance(rep.get("methods"), list):
         raise ValueError(f"--measured: {p!r} is not a sweep report (no 'methods' list)")
     return p
@@ -183,8 +182,19 @@ def _quality_spec(args):
     if args.model == "mnist":
         raise ValueError("--quality: the MNIST models are always scored with the shipped classifier (FD against the "
                          "held-out digits); drop --quality")
+    import os
+
+    from coolsd.io import check_input_file
     from coolsd.quality import QualitySpec
 
+    # the files named, checked now (a FIFO / device / .npy / oversized file refused unopened, before any model)
+    if args.quality_weights is not None and not os.path.isdir(args.quality_weights):
+        check_input_file("--quality-weights", args.quality_weights, "checkpoint")
+    if args.quality_ref is not None and args.quality_ref != "mnist" and not os.path.isdir(args.quality_ref):
+        check_input_file("--quality-ref", args.quality_ref, "npz",
+                         hint="expected an ADM reference batch, a coolsd.quality.save_reference npz or an image folder")
+    if args.quality_captions is not None:
+        check_input_file("--quality-captions", args.quality_captions, "text")
     return QualitySpec.parse(args.quality, weights=args.quality_weights, reference=args.quality_ref,
                              clip=args.quality_clip, captions=args.quality_captions,
                              image_size=args.quality_image_size, device=args.device)

@@ -101,6 +101,11 @@ def _check_args(args, checks) -> None:
         if getattr(args, dest) is not None:
             outs[flag] = str(check_output_file(flag, getattr(args, dest), suffix))
             setattr(args, dest, outs[flag])
+    from coolsd.io import check_input_file
+
+    for flag, path in (("--record", args.record), ("--ar-rows", args.ar_rows)):
+        if path is not None:       # a FIFO / device / directory / .npy refused unopened (read whole in run)
+            check_input_file(flag, path, "npz", hint="write one with coolsd generate --record / tune --save-ar-rows")
     check_outputs(outs, {"--record": args.record, "--ar-rows": args.ar_rows})
 
 

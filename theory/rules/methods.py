@@ -83,6 +83,11 @@ class Param:
         if self.type in (int, float):
             if not math.isfinite(v):
                 raise ValueError(f"{method}: parameter {self.name!r} must be finite, got {v!r}")
+            if self.type is float and abs(v) > FLOAT32_MAX:   # rules run in float32: inf there, NaN weights after
+                raise ValueError(f"{method}: parameter {self.name!r} = {v!r} overflows float32, the compute dtype "
+                                 f"(|value| must be <= {FLOAT32_MAX:.4g})")
+            if self.type is int and abs(v) > INT_MAX:
+                raise ValueError(f"{method}: parameter {self.name!r} = {v!r} is above {INT_MAX} (int64 indices)")
             if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
                 raise ValueError(f"{method}: parameter {self.name!r} must be {'>' if self.low_open else '>='} "
                                  f"{self.low:g}, got {v!r}")
@@ -90,6 +95,10 @@ class Param:
                 raise ValueError(f"{method}: parameter {self.name!r} must be {'<' if self.high_open else '<='} "
                                  f"{self.high:g}, got {v!r}")
         return v
+
+
+FLOAT32_MAX = 3.4028234663852886e38     # the largest float32: a float parameter above it is inf in the rules
+INT_MAX = 2**62
 
 
 @dataclass(frozen=True)
@@ -291,11 +300,19 @@ def _schedule_file(spec, what: str, writer: str):
 
     if not (isinstance(spec, str) and os.path.exists(spec)):
         return None
+    if not os.path.isfile(spec):            # a FIFO would block, a device read without end
+        raise ValueError(f"{what}: {spec} is not a regular file (write a schedule with {writer})")
+    if os.path.getsize(spec) > SCHEDULE_MAX_BYTES:
+        raise ValueError(f"{what}: {spec} is {os.path.getsize(spec)} bytes, above the {SCHEDULE_MAX_BYTES} bytes of a "
+                         f"schedule (write one with {writer})")
     with open(spec) as f:
         try:
             return json.load(f)
-        except ValueError:
+        except (ValueError, UnicodeDecodeError):
             raise ValueError(f"{what}: {spec} is not JSON (write it with {writer})") from None
+
+
+SCHEDULE_MAX_BYTES = 64 * 2**20
 
 
 def weights_value(spec) -> tuple:
@@ -303,8 +320,9 @@ def weights_value(spec) -> tuple:
     path of a schedule.json written by ``coolsd tune`` (key "weights")."""
     if (d := _schedule_file(spec, "weights", "coolsd tune")) is not None:
         if isinstance(d, dict) and "weights" not in d and "levels" in d:
-            raise NotImplementedError(f"weights: {spec} holds a 'level' schedule; running level rules as a method is "
-                                      "not implemented (tune with --family free/exponential/linear/uniform)")
+            raise ValueError(f"weights: {spec} holds a 'level' schedule (coolsd tune --family level); running level "
+                             "rules as a method is not implemented: tune with --family free, exponential, linear or "
+                             "uniform for --method scaled")
         if isinstance(d, dict) and d.get("rule") == "row-scaled":
             raise ValueError(f"weights: {spec} holds a row-conditioned schedule (its weights depend on the target row): "
                              f"run it with --method row-scaled --schedule {spec}")
@@ -318,8 +336,9 @@ def weights_value(spec) -> tuple:
         w = tuple(float(x) for x in spec)
     except (TypeError, ValueError):
         raise ValueError(f"weights: need a list of numbers, got {spec!r}") from None
-    if not w or not all(math.isfinite(x) and x > 0 for x in w):
-        raise ValueError(f"weights: need a non-empty list of finite weights > 0, got {spec!r}")
+    if not w or not all(math.isfinite(x) and 0 < x <= FLOAT32_MAX for x in w):
+        raise ValueError(f"weights: need a non-empty list of finite weights > 0 (<= {FLOAT32_MAX:.4g}, float32), "
+                         f"got {spec!r}")
     return w
 
 
