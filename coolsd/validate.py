@@ -12,9 +12,53 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["common", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
+
+
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+def common(args, *, available: bool = True) -> None:
+    """The options several commands share, checked in this one place whichever command parsed them (issue 41: generate,
+    sweep, tune, demo, theory and sim call it first): --seed, --temperature, --top-p, --top-k, --cfg-scale,
+    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype; an option the command
+    does not have is skipped. Range and overflow: a float option must be finite (and representable in float32, the
+    compute dtype), an integer one within int64. ValueError naming the flag."""
+    from theory.core import checks
+
+    def has(d):
+        return getattr(args, d, None) is not None
+
+    if has("seed"):
+        checks.seed(args.seed, "--seed")
+    if has("temperature"):
+        t = checks.real("--temperature", args.temperature, 0, FLOAT32_MAX)
+        if 0 < t < 1e-6:
+            raise ValueError(f"--temperature must be 0 (greedy) or >= 1e-6 (below, logits / temperature overflow), "
+                             f"got {args.temperature}")
+    if has("top_p"):
+        checks.real("--top-p", args.top_p, 0, 1, lo_open=True)
+    if has("cfg_scale"):
+        checks.real("--cfg-scale", args.cfg_scale, 0, FLOAT32_MAX)
+    for d, lo in (("top_k", 0), ("num_tokens", 1), ("threads", 1), ("batch_size", 1)):
+        if has(d):
+            checks.integer("--" + d.replace("_", "-"), getattr(args, d), lo=lo, hi=INT_MAX)
+    if has("image_size"):
+        checks.integer("--image-size", args.image_size, lo=16, hi=1 << 16)
+        if args.image_size % 16:
+            raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
+    if has("max_seconds"):
+        checks.real("--max-seconds", args.max_seconds, 0, lo_open=True)
+    if has("device") and isinstance(args.device, str):
+        device("--device", args.device, available=available)
+    if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+INT_MAX = 2**62
 
 
 def device(option: str, dev, *, available: bool = True) -> str:

@@ -83,27 +83,10 @@ def _validate_tree_fidelity(args) -> None:
 
 
 def _validate_numbers(args, checks) -> None:
-    checks.seed(args.seed, "--seed")
-    t = checks.real("--temperature", args.temperature, 0)
-    if 0 < t < 1e-6:
-        raise ValueError(f"--temperature must be 0 (greedy) or >= 1e-6 (below, logits / temperature overflow), "
-                         f"got {args.temperature}")
-    checks.real("--top-p", args.top_p, 0, 1, lo_open=True)
-    if args.top_k is not None:
-        checks.integer("--top-k", args.top_k, lo=0)
-    if args.cfg_scale is not None:
-        checks.real("--cfg-scale", args.cfg_scale, 0)
-    if args.num_tokens is not None:
-        checks.integer("--num-tokens", args.num_tokens, lo=1)
-    if args.threads is not None:
-        checks.integer("--threads", args.threads, lo=1)
-    if args.image_size is not None:
-        checks.integer("--image-size", args.image_size, lo=16)
-        if args.image_size % 16:
-            raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
+    """The shared options (``coolsd.validate.common``: the same checks as sweep, tune, demo, theory and sim)."""
     from coolsd import validate
 
-    validate.device("--device", args.device, available=False)    # availability: real.registry when building
+    validate.common(args, available=False)    # availability: real.registry when building
 
 
 def _validate_method(args) -> None:
