@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["common", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["common", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -50,7 +50,7 @@ def common(args, *, available: bool = True) -> None:
         if args.image_size % 16:
             raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
     if has("max_seconds"):
-        checks.real("--max-seconds", args.max_seconds, 0, lo_open=True)
+        checks.real("--max-seconds", args.max_seconds, 0)             # 0: no limit
     if has("device") and isinstance(args.device, str):
         device("--device", args.device, available=available)
     if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
@@ -129,6 +129,18 @@ def record_file(option: str, path):
     from theory.likelihood import recorded
 
     return recorded.load_rows(path, name=option)
+
+
+def check_seconds(what: str, seconds: float, max_seconds, hint: str) -> str:
+    """The run-time guard of the commands' --max-seconds (0 or None: no limit): CostError before any work when the
+    estimate ``seconds`` exceeds it; returns the estimate ("about 3 min") to print (``announce``)."""
+    from theory.core import checks
+
+    est = f"about {checks.fmt_seconds(seconds)}"
+    if max_seconds and seconds > max_seconds:
+        raise checks.CostError(f"{what} would take {est}, above --max-seconds {checks.fmt_seconds(max_seconds)}; "
+                               f"{hint}")
+    return est
 
 
 def announce(estimate: str, what: str, quiet: bool = False, threshold_s: float = 10.0, seconds: float = 0.0) -> None:

@@ -96,11 +96,10 @@ def check_sweep_cost(args, n_settings: int, T: int | None) -> tuple[str, float]:
     secs, nbytes = tokens / rate, tokens * UNIT_BYTES_PER_TOKEN
     limit = None if not args.max_seconds else float(args.max_seconds)
     what = f"--images {args.images} x {n_settings + 1} settings (AR included) x {T} tokens"
-    est = f"about {checks.fmt_seconds(secs)}"
-    if limit is not None and secs > limit:
-        raise checks.CostError(f"{what} would take {est} (a rough lower bound), above --max-seconds "
-                               f"{checks.fmt_seconds(limit)}; fewer --images or settings, or raise --max-seconds "
-                               "(0 = no limit)")
+    from coolsd import validate
+
+    est = validate.check_seconds(what, secs, limit, "the estimate is a rough lower bound: fewer --images or settings, or raise "
+                                 "--max-seconds (0 = no limit)")
     parent = os.path.abspath(os.path.join(os.path.expanduser(str(args.out)), os.pardir))
     if os.path.isdir(parent):
         free = shutil.disk_usage(parent).free
