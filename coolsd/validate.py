@@ -89,7 +89,7 @@ def model_options(args, model: str | None = None):
 def input_paths(args) -> None:
     """Each given model option naming an input file or directory (``real.specs.Option.kind``) exists; a file is a
     regular file under the size limit (``coolsd.io.check_input_file``: a FIFO or device is refused unopened)."""
-    from coolsd.io import check_input_file
+    from theory.core.files import input_file as check_input_file
     from real.specs import OPTIONS, flag
 
     for d, o in OPTIONS.items():
@@ -111,7 +111,7 @@ def schedule_files(args) -> dict:
     """{flag: path} of the method parameters naming a schedule file (``--weights s.json``, ``--schedule e.json``),
     each checked now as a JSON input (``coolsd.io.check_input_file``: regular, small, parses), before the registry's
     parser opens it; a value that names no file and does not end in .json is numbers, left to the parser."""
-    from coolsd.io import check_input_file
+    from theory.core.files import input_file as check_input_file
 
     out = {}
     for d in SCHEDULE_FLAGS:

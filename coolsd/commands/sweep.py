@@ -178,7 +178,7 @@ def config(args):
 
     qspec = _quality_spec(args)
     est, secs = check_sweep_cost(args, len(settings), T)
-    validate.announce(est, "sweep", seconds=secs)
+    validate.announce(est, "sweep", seconds=secs, threshold_s=3600.0)    # a sweep over an hour: say so first
     dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
     files = {k: v for k, v in vars(BuildOptions.from_namespace(args)).items()
              if v is not None and k not in ("device", "draft", "seed", "num_images")}

@@ -222,10 +222,10 @@ def _npz(flag: str, p) -> dict:
     """Every array of the npz ``p``, after ``coolsd.io.check_input_file`` (a FIFO, a device, a directory, a .npy or
     an oversized file refused unopened) and ``theory.core.checks.npz_arrays`` (a truncated or damaged archive: one
     line naming the file)."""
-    from coolsd.io import check_input_file
     from theory.core import checks
+    from theory.core.files import input_file
 
-    check_input_file(flag, p, "npz", hint="expected an ADM reference batch or a coolsd.quality.save_reference file")
+    input_file(flag, p, "npz", hint="expected an ADM reference batch or a coolsd.quality.save_reference file")
     return checks.npz_arrays(flag, p)
 
 

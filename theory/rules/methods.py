@@ -295,24 +295,14 @@ register(Method("gsd+G*", "GSD+G*", _GSD_PARAMS, _gsd, needs_embeddings=True, fi
 def _schedule_file(spec, what: str, writer: str):
     """The JSON held by the file ``spec`` names (a schedule written by ``writer``), or None when ``spec`` names no
     existing file; a file that is not JSON is a one-line ValueError starting with ``what``."""
-    import json
     import os
 
-    if not (isinstance(spec, str) and os.path.exists(spec)):
+    from theory.core.files import input_file
+
+    if not (isinstance(spec, str) and os.path.lexists(spec)):
         return None
-    if not os.path.isfile(spec):            # a FIFO would block, a device read without end
-        raise ValueError(f"{what}: {spec} is not a regular file (write a schedule with {writer})")
-    if os.path.getsize(spec) > SCHEDULE_MAX_BYTES:
-        raise ValueError(f"{what}: {spec} is {os.path.getsize(spec)} bytes, above the {SCHEDULE_MAX_BYTES} bytes of a "
-                         f"schedule (write one with {writer})")
-    with open(spec) as f:
-        try:
-            return json.load(f)
-        except (ValueError, UnicodeDecodeError):
-            raise ValueError(f"{what}: {spec} is not JSON (write it with {writer})") from None
-
-
-SCHEDULE_MAX_BYTES = 64 * 2**20
+    # a FIFO / device refused unopened, the size bounded, the JSON parsed: one line (theory.core.files)
+    return input_file(what, spec, "json", hint=f"write a schedule with {writer}")
 
 
 def weights_value(spec) -> tuple:
