@@ -226,9 +226,11 @@ def _quality_spec(args):
     from coolsd.quality import QualitySpec
 
     # the files named, checked now (a FIFO / device / .npy / oversized file refused unopened, before any model)
-    if args.quality_weights is not None and not os.path.isdir(args.quality_weights):
+    # (a missing file is named by coolsd.quality's own message, with where to get one)
+    present = lambda f: f is not None and os.path.lexists(f) and not os.path.isdir(f)   # noqa: E731
+    if present(args.quality_weights):
         check_input_file("--quality-weights", args.quality_weights, "checkpoint")
-    if args.quality_ref is not None and args.quality_ref != "mnist" and not os.path.isdir(args.quality_ref):
+    if present(args.quality_ref):
         check_input_file("--quality-ref", args.quality_ref, "npz",
                          hint="expected an ADM reference batch, a coolsd.quality.save_reference npz or an image folder")
     if args.quality_captions is not None:
