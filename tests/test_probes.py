@@ -613,6 +613,14 @@ def test_sweep_seed_copied_unit_refused_before_work_and_L49_works(tmp_path, monk
 
 # --------------------------------------------------------------------------- API probes
 
+def _ll(*a):
+    from theory.likelihood.chain import log_likelihood
+
+    return log_likelihood(*a)
+
+
+_LL = (np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), np.array([0, 1]))
+
 P4, Q4 = chains.random_pair(4, seed=0)
 F4, G4 = markov.rule_tables(P4, Q4, 2, rules.vanilla())
 _A = _rows_arrays()
@@ -784,6 +792,15 @@ API_PROBES = [
     ("checks.array dict", lambda: checks.array("x", {"a": 1}), TypeError, "x"),
     ("checks.unit_interval 2", lambda: checks.unit_interval("w", 2.0), E, "w"),
     ("checks.npz_arrays dir", lambda: checks.npz_arrays("--record", "/tmp"), E, "--record"),
+    # issue 41: wrong types at log_likelihood, files at the npz reader
+    ("log_likelihood p None", lambda: _ll(None, _LL[1], _LL[2], rules.vanilla(), 2), TypeError, "p"),
+    ("log_likelihood tokens str", lambda: _ll(_LL[0], _LL[1], "01", rules.vanilla(), 2), TypeError, "tokens"),
+    ("log_likelihood verifier None", lambda: _ll(*_LL, None, 2), TypeError, "verifier"),
+    ("log_likelihood verifier name", lambda: _ll(*_LL, "cool-sd", 2), TypeError, "verifier"),
+    ("log_likelihood L str", lambda: _ll(*_LL, rules.vanilla(), "2"), E, "L"),
+    ("checks.npz_arrays device", lambda: checks.npz_arrays("--record", "/dev/zero"), E, "device"),
+    ("methods.build nu overflow", lambda: __import__("theory.rules.methods", fromlist=["x"]).build("cool-sd", 4, nu=1e308),
+     E, "float32"),
 ]
 
 
