@@ -795,8 +795,8 @@ API_PROBES = [
     # issue 41: wrong types at log_likelihood, files at the npz reader
     ("log_likelihood p None", lambda: _ll(None, _LL[1], _LL[2], rules.vanilla(), 2), TypeError, "p"),
     ("log_likelihood tokens str", lambda: _ll(_LL[0], _LL[1], "01", rules.vanilla(), 2), TypeError, "tokens"),
-    ("log_likelihood verifier None", lambda: _ll(*_LL, None, 2), TypeError, "verifier"),
-    ("log_likelihood verifier name", lambda: _ll(*_LL, "cool-sd", 2), TypeError, "verifier"),
+    ("log_likelihood verifier None", lambda: _ll(*_LL, None, 2), E, "verifier"),
+    ("log_likelihood verifier name", lambda: _ll(*_LL, "cool-sd", 2), E, "verifier"),
     ("log_likelihood L str", lambda: _ll(*_LL, rules.vanilla(), "2"), E, "L"),
     ("checks.npz_arrays device", lambda: checks.npz_arrays("--record", "/dev/zero"), E, "device"),
     ("methods.build nu overflow", lambda: __import__("theory.rules.methods", fromlist=["x"]).build("cool-sd", 4, nu=1e308),

@@ -145,7 +145,6 @@ def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, conve
     T12). Zeros are exact: a sequence the sampler cannot emit gets -inf. Bad input: one-line ValueError."""
     p, q, tokens = (a if hasattr(a, "shape") and not isinstance(a, (str, bytes)) else
                     checks.array(f"log_likelihood: {n}", a) for n, a in (("p", p), ("q", q), ("tokens", tokens)))
-    checks.verifier(verifier, "log_likelihood: verifier")      # one line naming the argument (TypeError)
     xp = namespace(p, q, tokens)
     L, q = cap_L(p, q, L)                     # no round drafts more than T - 1 tokens: L above is the same law
     T, V, per_offset, draft, bonus = _validate(p, q, tokens, verifier, L, convention, xp)
