@@ -799,6 +799,10 @@ API_PROBES = [
     ("log_likelihood verifier name", lambda: _ll(*_LL, "cool-sd", 2), E, "verifier"),
     ("log_likelihood L str", lambda: _ll(*_LL, rules.vanilla(), "2"), E, "L"),
     ("checks.npz_arrays device", lambda: checks.npz_arrays("--record", "/dev/zero"), E, "device"),
+    ("quality.fid ref None", lambda: __import__("coolsd.quality.metrics", fromlist=["x"]).fid(None, np.zeros((3, 2))),
+     TypeError, "ref"),
+    ("quality.kid ref path", lambda: __import__("coolsd.quality.metrics", fromlist=["x"]).kid("ref.npz", np.zeros((3, 2))),
+     TypeError, "ref"),
     ("methods.build nu overflow", lambda: __import__("theory.rules.methods", fromlist=["x"]).build("cool-sd", 4, nu=1e308),
      E, "float32"),
 ]

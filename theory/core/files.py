@@ -62,6 +62,12 @@ def input_file(option: str, path, kind: str = "any", *, max_bytes: int | None = 
     if kind == "json":
         import json
 
+        with open(p, "rb") as fh:
+            head = fh.read(6)
+        if head.startswith(b"\x93NUMPY") or head.startswith(_MAGIC["npz"]):
+            what = "a NumPy .npy array" if head.startswith(b"\x93NUMPY") else "a zip / .npz archive"
+            raise ValueError(f"{option}: {p!r} is {what}, not a JSON file{tail}")
+
         try:
             with open(p, encoding="utf-8") as fh:
                 obj = json.load(fh)
