@@ -68,6 +68,9 @@ def files(tmp_path_factory):
     os.link(d / "w.json", d / "w_link.npz")
     (d / "readonly.npz").write_bytes(raw)
     os.chmod(d / "readonly.npz", 0o444)
+    dyn = dict(np.load(good))
+    dyn["dynamic"] = np.array('{"tree_topk": 2}')                   # marks a --tree dynamic record (keys only)
+    np.savez(d / "dyn.npz", **dyn)
     os.mkfifo(d / "fifo")                             # issue 41: a FIFO must be refused, never opened (it blocks)
     (d / "level.json").write_text('{"levels": [0.1, 0.2]}')          # a tune --family level schedule
     (d / "list.json").write_text("3")                                # JSON, but not a schedule
@@ -200,6 +203,7 @@ CLI_PROBES = [
     (["tune", "--record", "{f}/pickled.npy", "--tokens-per-call", "1.2"], ".npy"),       # 41
     (["tune", "--record", "{f}/rows.npz", "--ar-rows", "{f}/fifo", "--tokens-per-call", "1.2"], "--ar-rows"),
     (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2", "--out", "{f}/rows.npz"], "--out"),  # 41
+    (["tune", "--record", "{f}/dyn.npz", "--tokens-per-call", "1.2", "--objective", "bound"], "dynamic-tree"),  # 41
     (TU + ["--frontier", "100000"], "--frontier"),                                       # 41 (no guard before)
     (TU + ["--max-seconds", "-1"], "--max-seconds"),
     (TU + ["--device", "foo"], "--device"),

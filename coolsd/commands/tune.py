@@ -123,6 +123,9 @@ def run(args) -> int:
     _check_args(args, checks)
     rec = None
     if args.record is not None:
+        rows = _tree_record(args)
+        if rows is not None:             # static-tree rounds: the section 8b bound tuner takes them
+            return _legacy(args, rows)
         rec = arrows.load_record(args.record, "--record", legacy=True)     # read and checked whole, now
         if not isinstance(rec, arrows.StampedRecord):
             if args.objective != "bound":
@@ -158,6 +161,23 @@ def run(args) -> int:
     else:
         print(_format(res, out, args))
     return 0
+
+
+def _tree_record(args):
+    """A tree record (``coolsd generate --tree ... --record``): dynamic-tree rounds are refused with what tune takes;
+    static-tree rounds are returned (``TreeRows``) for ``--objective bound``, refused for the exact-law objectives
+    (``arrows.load_record`` says why). None for a chain record."""
+    from coolsd import validate
+    from theory.core import checks
+
+    keys = checks.npz_arrays("--record", args.record)
+    if "dynamic" in keys:
+        raise ValueError(f"--record: {args.record!r} holds dynamic-tree rounds (coolsd generate --tree dynamic "
+                         "--record); coolsd tune takes chain rounds (every objective) or static-tree rounds (--objective "
+                         "bound): record a chain or a static --tree run")
+    if "tree_paths" in keys and args.objective == "bound":
+        return validate.record_file("--record", args.record)
+    return None
 
 
 def _make(args, rec, ar):
