@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["common", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -59,6 +59,31 @@ def common(args, *, available: bool = True) -> None:
 
 FLOAT32_MAX = 3.4028234663852886e38
 INT_MAX = 2**62
+
+
+def method_model(method: str, params: dict, args, what: str) -> None:
+    """What a method needs of the model, checked from the model's spec before it is built (``generate --method`` and
+    every ``sweep --grid`` setting alike): LANTERN's neighbour table and GSD's codebook table need a VQ codebook
+    (``real.specs.ModelSpec.codebook``: "own", "vq" with --vq-ckpt, or "none"). ``params``: the method's resolved
+    parameters; ``what``: how the setting is named in the error."""
+    import math
+
+    from real.specs import spec
+    from theory.rules import methods as registry
+
+    m = str(method).lower()
+    if m == "ar":
+        return
+    codebook = spec(args.model).codebook
+    missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
+    d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
+    gsd_needs = registry.get(m).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
+    if gsd_needs and getattr(args, "gsd_table", None) == "codebook" and missing:
+        raise ValueError(f"{what} --gsd-table codebook needs the VQ codebook; --model {args.model} has none"
+                         f"{' without --vq-ckpt' if codebook == 'vq' else ''} (use --gsd-table embedding)")
+    if registry.get(m).needs_neighbors and missing:
+        raise ValueError(f"{what} needs a codebook neighbour table; --model {args.model} has no VQ codebook"
+                         + (": give --vq-ckpt" if codebook == "vq" else ""))
 
 
 def device(option: str, dev, *, available: bool = True) -> str:

@@ -196,6 +196,7 @@ CLI_PROBES = [
     (SW + ["--max-seconds", "-1"], "--max-seconds"),
     (SW + ["--L", "100000"], "--L"),                                                     # 41 (store made before)
     (SW + ["--grid-file", "{f}/fifo"], "--grid-file"),
+    (SW + ["--model", "hf-llama-tiny", "--grid", "lantern"], "--grid lantern"),          # 41 (store made before)
     (SW + ["--grid", "cool-sd:nu=1e308"], "float32"),
     (SW + ["--tree-total", "5"], "--tree-total"),
     (["tune", "--record", "{f}/fifo", "--tokens-per-call", "1.2"], "FIFO"),              # 41
@@ -410,7 +411,8 @@ def test_input_file_refuses_what_is_not_a_regular_file_of_its_format(files, tmp_
     bad = [(files / "fifo", "npz", "FIFO"), ("/dev/zero", "npz", "device"), (files / "adir", "json", "directory"),
            (files / "empty.npz", "npz", "empty"), (files / "pickled.npy", "npz", ".npy"),
            (files / "text.npz", "npz", "not an .npz"), (files / "list.json", "json", "int"),
-           (files / "rows.npz", "json", "not JSON"), (tmp_path / "missing.json", "json", "does not exist")]
+           (files / "rows.npz", "json", "not a JSON file"), (files / "pickled.npy", "json", ".npy"),
+           (files / "text.npz", "json", "not JSON"), (tmp_path / "missing.json", "json", "does not exist")]
     for path, kind, what in bad:
         t0 = time.perf_counter()
         with pytest.raises(ValueError) as e:

@@ -2,8 +2,6 @@
 built; ``validate_args`` is the entry point, ``check_bundle`` the checks that need the built models."""
 from __future__ import annotations
 
-import math
-
 from coolsd.io import check_output_file, check_outputs
 from coolsd.options import drafting_spec, flag, given, method_params
 
@@ -109,23 +107,11 @@ def _validate_method(args) -> None:
         return
     args._method_params = method_params(args, method)
     full = registry.resolve(method, args._method_params)      # the registry's combined checks
-    d_thr = full.get("d_threshold")                             # GSD: None or inf turns the distance test off
-    gsd_needs = registry.get(method).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
-    from real.specs import spec
-
-    codebook = spec(args.model).codebook                  # "own", "vq" (only with --vq-ckpt) or "none"
     if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
         raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
-    if gsd_needs and args.gsd_table == "codebook" and (codebook == "none" or (codebook == "vq" and not given(args, "vq_ckpt"))):
-        raise ValueError(f"--method {method} --gsd-table codebook needs the VQ codebook; --model {args.model} "
-                         f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (use --gsd-table embedding)")
-    if method.startswith("lantern"):
-        if codebook == "none":
-            raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
-                             "VQ codebook")
-        if codebook == "vq" and not given(args, "vq_ckpt"):
-            raise ValueError(f"--method {method} needs a codebook neighbour table: give --vq-ckpt "
-                             f"with --model {args.model}")
+    from coolsd import validate
+
+    validate.method_model(method, full, args, f"--method {method}")     # what it needs of the model (shared)
 
 
 def _validate_model_options(args) -> None:

@@ -131,6 +131,10 @@ def config(args):
         items = list(_default())
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
+    from theory.rules import methods as registry
+
+    for st in settings:           # what each method needs of the model: the same check as generate --method
+        validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}")
     validate.common(args)                 # the options generate shares: the same checks, in one place
     from real.decode.checks import MAX_IMAGES
 
