@@ -196,7 +196,8 @@ CLI_PROBES = [
     (SW + ["--max-seconds", "-1"], "--max-seconds"),
     (SW + ["--L", "100000"], "--L"),                                                     # 41 (store made before)
     (SW + ["--grid-file", "{f}/fifo"], "--grid-file"),
-    (SW + ["--model", "hf-llama-tiny", "--grid", "lantern"], "--grid lantern"),          # 41 (store made before)
+    (SW + ["--model", "hf-llama-tiny", "--grid", "lantern"], "--grid lantern"),
+    (SW + ["--model", "hf-llama-tiny", "--grid", "vanilla", "--batch-size", "2"], "--batch-size"),          # 41 (store made before)
     (SW + ["--grid", "cool-sd:nu=1e308"], "float32"),
     (SW + ["--tree-total", "5"], "--tree-total"),
     (["tune", "--record", "{f}/fifo", "--tokens-per-call", "1.2"], "FIFO"),              # 41
