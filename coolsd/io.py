@@ -20,10 +20,11 @@ from typing import Iterator
 
 import numpy as np
 
-__all__ = ["json_safe", "check_outputs", "check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
+from theory.core.files import INPUT_LIMITS, input_file as check_input_file   # the one input check (re-exported)
+
+__all__ = ["json_safe", "check_input_file", "INPUT_LIMITS", "check_outputs", "check_output_file", "check_output_dir", "atomic_file", "atomic_path", "atomic_dir", "TMP_PREFIX"]
 
 TMP_PREFIX = ".coolsd-tmp-"
-
 
 def _check_parent_writable(option: str, parent: pathlib.Path) -> None:
     if not parent.exists():

@@ -12,9 +12,84 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["device", "model_options", "input_paths", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
+
+
+DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+def common(args, *, available: bool = True) -> None:
+    """The options several commands share, checked in this one place whichever command parsed them (issue 41: generate,
+    sweep, tune, demo, theory and sim call it first): --seed, --temperature, --top-p, --top-k, --cfg-scale,
+    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype; an option the command
+    does not have is skipped. Range and overflow: a float option must be finite (and representable in float32, the
+    compute dtype), an integer one within int64. ValueError naming the flag."""
+    from theory.core import checks
+
+    def has(d):
+        return getattr(args, d, None) is not None
+
+    if has("seed"):
+        checks.seed(args.seed, "--seed")
+    if has("temperature"):
+        t = checks.real("--temperature", args.temperature, 0, FLOAT32_MAX)
+        if 0 < t < 1e-6:
+            raise ValueError(f"--temperature must be 0 (greedy) or >= 1e-6 (below, logits / temperature overflow), "
+                             f"got {args.temperature}")
+    if has("top_p"):
+        checks.real("--top-p", args.top_p, 0, 1, lo_open=True)
+    if has("cfg_scale"):
+        checks.real("--cfg-scale", args.cfg_scale, 0, FLOAT32_MAX)
+        if args.cfg_scale != 1 and isinstance(getattr(args, "model", None), str):
+            from real.specs import SPECS
+
+            why = getattr(SPECS.get(args.model), "no_cfg", None)    # GLM-Image's AR stage has no CFG
+            if why:
+                raise ValueError(f"--cfg-scale {args.cfg_scale:g} with --model {args.model}: {why}; use --cfg-scale 1")
+    for d, lo in (("top_k", 0), ("num_tokens", 1), ("threads", 1), ("batch_size", 1)):
+        if has(d):
+            checks.integer("--" + d.replace("_", "-"), getattr(args, d), lo=lo, hi=INT_MAX)
+    if has("image_size"):
+        checks.integer("--image-size", args.image_size, lo=16, hi=1 << 16)
+        if args.image_size % 16:
+            raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
+    if has("max_seconds"):
+        checks.real("--max-seconds", args.max_seconds, 0)             # 0: no limit
+    if has("device") and isinstance(args.device, str):
+        device("--device", args.device, available=available)
+    if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+INT_MAX = 2**62
+
+
+def method_model(method: str, params: dict, args, what: str) -> None:
+    """What a method needs of the model, checked from the model's spec before it is built (``generate --method`` and
+    every ``sweep --grid`` setting alike): LANTERN's neighbour table and GSD's codebook table need a VQ codebook
+    (``real.specs.ModelSpec.codebook``: "own", "vq" with --vq-ckpt, or "none"). ``params``: the method's resolved
+    parameters; ``what``: how the setting is named in the error."""
+    import math
+
+    from real.specs import spec
+    from theory.rules import methods as registry
+
+    m = str(method).lower()
+    if m == "ar":
+        return
+    codebook = spec(args.model).codebook
+    missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
+    d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
+    gsd_needs = registry.get(m).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
+    if gsd_needs and getattr(args, "gsd_table", None) == "codebook" and missing:
+        raise ValueError(f"{what} --gsd-table codebook needs the VQ codebook; --model {args.model} has none"
+                         f"{' without --vq-ckpt' if codebook == 'vq' else ''} (use --gsd-table embedding)")
+    if registry.get(m).needs_neighbors and missing:
+        raise ValueError(f"{what} needs a codebook neighbour table; --model {args.model} has no VQ codebook"
+                         + (": give --vq-ckpt" if codebook == "vq" else ""))
 
 
 def device(option: str, dev, *, available: bool = True) -> str:
@@ -43,17 +118,39 @@ def model_options(args, model: str | None = None):
 
 
 def input_paths(args) -> None:
-    """Each given model option naming an input file or directory (``real.specs.Option.kind``) exists."""
+    """Each given model option naming an input file or directory (``real.specs.Option.kind``) exists; a file is a
+    regular file under the size limit (``coolsd.io.check_input_file``: a FIFO or device is refused unopened)."""
+    from theory.core.files import input_file as check_input_file
     from real.specs import OPTIONS, flag
 
     for d, o in OPTIONS.items():
         p = getattr(args, d, None)
         if p is None or o.kind is None:
             continue
-        ok = {"file": os.path.isfile, "dir": os.path.isdir, "path": os.path.exists}[o.kind](p)
+        ok = {"file": os.path.lexists, "dir": os.path.isdir, "path": os.path.exists}[o.kind](p)
         if not ok:
             what = {"file": "an existing file", "dir": "an existing directory", "path": "an existing path"}[o.kind]
             raise ValueError(f"{flag(d)}: {p!r} is not {what}")
+        if o.kind == "file" or (o.kind == "path" and not os.path.isdir(p)):
+            check_input_file(flag(d), p, "checkpoint")
+
+
+SCHEDULE_FLAGS = ("weights", "schedule")      # method parameters that may name a schedule JSON (coolsd tune --out)
+
+
+def schedule_files(args) -> dict:
+    """{flag: path} of the method parameters naming a schedule file (``--weights s.json``, ``--schedule e.json``),
+    each checked now as a JSON input (``coolsd.io.check_input_file``: regular, small, parses), before the registry's
+    parser opens it; a value that names no file and does not end in .json is numbers, left to the parser."""
+    from theory.core.files import input_file as check_input_file
+
+    out = {}
+    for d in SCHEDULE_FLAGS:
+        v = getattr(args, d, None)
+        if isinstance(v, str) and (os.path.lexists(v) or v.lower().endswith(".json")):
+            check_input_file(f"--{d}", v, "json", hint="write one with coolsd tune --out")
+            out[f"--{d}"] = v
+    return out
 
 
 def record_file(option: str, path):
@@ -63,6 +160,18 @@ def record_file(option: str, path):
     from theory.likelihood import recorded
 
     return recorded.load_rows(path, name=option)
+
+
+def check_seconds(what: str, seconds: float, max_seconds, hint: str) -> str:
+    """The run-time guard of the commands' --max-seconds (0 or None: no limit): CostError before any work when the
+    estimate ``seconds`` exceeds it; returns the estimate ("about 3 min") to print (``announce``)."""
+    from theory.core import checks
+
+    est = f"about {checks.fmt_seconds(seconds)}"
+    if max_seconds and seconds > max_seconds:
+        raise checks.CostError(f"{what} would take {est}, above --max-seconds {checks.fmt_seconds(max_seconds)}; "
+                               f"{hint}")
+    return est
 
 
 def announce(estimate: str, what: str, quiet: bool = False, threshold_s: float = 10.0, seconds: float = 0.0) -> None:

@@ -68,6 +68,12 @@ def files(tmp_path_factory):
     os.link(d / "w.json", d / "w_link.npz")
     (d / "readonly.npz").write_bytes(raw)
     os.chmod(d / "readonly.npz", 0o444)
+    dyn = dict(np.load(good))
+    dyn["dynamic"] = np.array('{"tree_topk": 2}')                   # marks a --tree dynamic record (keys only)
+    np.savez(d / "dyn.npz", **dyn)
+    os.mkfifo(d / "fifo")                             # issue 41: a FIFO must be refused, never opened (it blocks)
+    (d / "level.json").write_text('{"levels": [0.1, 0.2]}')          # a tune --family level schedule
+    (d / "list.json").write_text("3")                                # JSON, but not a schedule
     return d
 
 
@@ -165,6 +171,46 @@ CLI_PROBES = [
     (GM + ["--save", ""], "--save"),
     (GM + ["--save", "{f}/readonly.npz"], "read-only"),                                        # 41
     (GM + ["--method", "scaled", "--weights", "{f}/w.json", "--save", "{f}/w_link.npz"], "--weights"),   # 41
+    # issue 41: overflow into float32, files that are not regular files, the wrong format, cost guards
+    (GM + ["--method", "cool-sd", "--nu", "1e308"], "--nu"),                             # 41 (NaN weights before)
+    (GM + ["--method", "cool-sd", "--delta", "1e39"], "float32"),
+    (GM + ["--method", "scaled", "--weights", "1e39,1,1,1"], "--weights"),
+    (GM + ["--method", "scaled", "--weights", "{f}/fifo"], "FIFO"),                      # 41 (blocked before)
+    (GM + ["--method", "scaled", "--weights", "/dev/zero"], "device"),                   # 41 (read to OOM before)
+    (GM + ["--method", "scaled", "--weights", "{f}/adir"], "directory"),
+    (GM + ["--method", "scaled", "--weights", "{f}/pickled.npy"], "--weights"),
+    (GM + ["--method", "scaled", "--weights", "{f}/list.json"], "--weights"),
+    (GM + ["--method", "scaled", "--weights", "{f}/level.json"], "level"),               # 41 (NotImplementedError)
+    (GM + ["--method", "scaled", "--weights", "{f}/missing.json"], "--weights"),
+    (G + ["--model", "llamagen", "--target-ckpt", "{f}/fifo", "--draft", "layerskip"], "FIFO"),
+    (G + ["--model", "llamagen", "--target-ckpt", "/dev/zero", "--draft", "layerskip"], "--target-ckpt"),
+    (GM + ["--tree-total", "5"], "--tree-total"),                                        # 41 (ignored before)
+    (GM + ["--tree-sampling", "release"], "--tree-sampling"),                            # 41
+    (GM + ["--tree-depth", "2"], "--tree-depth"),                                        # 41
+    (GM + ["--temperature", "1e39"], "--temperature"),
+    (GM + ["--threads", str(2**63)], "--threads"),
+    (SW + ["--images", "4", "--unit-images", "64"], "--unit-images"),                    # 41 (64 generated before)
+    (SW + ["--images", "10", "--unit-images", "4"], "--unit-images"),
+    (SW + ["--images", "1000000"], "--max-seconds"),                                     # 41 (no guard before)
+    (SW + ["--images", "64", "--max-seconds", "1"], "--max-seconds"),
+    (SW + ["--max-seconds", "-1"], "--max-seconds"),
+    (SW + ["--L", "100000"], "--L"),                                                     # 41 (store made before)
+    (SW + ["--grid-file", "{f}/fifo"], "--grid-file"),
+    (SW + ["--model", "hf-llama-tiny", "--grid", "lantern"], "--grid lantern"),
+    (SW + ["--model", "hf-llama-tiny", "--grid", "vanilla", "--batch-size", "2"], "--batch-size"),          # 41 (store made before)
+    (SW + ["--grid", "cool-sd:nu=1e308"], "float32"),
+    (SW + ["--tree-total", "5"], "--tree-total"),
+    (["tune", "--record", "{f}/fifo", "--tokens-per-call", "1.2"], "FIFO"),              # 41
+    (["tune", "--record", "/dev/zero", "--tokens-per-call", "1.2"], "device"),           # 41
+    (["tune", "--record", "{f}/pickled.npy", "--tokens-per-call", "1.2"], ".npy"),       # 41
+    (["tune", "--record", "{f}/rows.npz", "--ar-rows", "{f}/fifo", "--tokens-per-call", "1.2"], "--ar-rows"),
+    (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2", "--out", "{f}/rows.npz"], "--out"),  # 41
+    (["tune", "--record", "{f}/dyn.npz", "--tokens-per-call", "1.2", "--objective", "bound"], "dynamic-tree"),  # 41
+    (TU + ["--frontier", "100000"], "--frontier"),                                       # 41 (no guard before)
+    (TU + ["--max-seconds", "-1"], "--max-seconds"),
+    (TU + ["--device", "foo"], "--device"),
+    (["demo", "--L", "100", "--out", "d_out"], "--L"),
+    (SV + ["--seed", str(2**65)], "--seed"),
     # sweep: the same checks as generate, and its own
     (SW + ["--cfg-scale", "-5"], "--cfg-scale"),                            # 26
     (SW + ["--vq-ckpt", "/etc/passwd"], "--vq-ckpt"),                       # 26
@@ -352,7 +398,235 @@ def test_newcomer_warnings(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+# --------------------------------------------------------------------------- issue 41: the classes, each with a control
+
+def test_input_file_refuses_what_is_not_a_regular_file_of_its_format(files, tmp_path):
+    """theory.core.files.input_file (coolsd.io.check_input_file): a FIFO, a device, a directory, an empty, an
+    oversized or a wrong-format file is one line naming the option, before the file is opened (a FIFO would block:
+    the call must return at once); a good file of each format passes (the control)."""
+    from coolsd.io import check_input_file
+
+    (tmp_path / "s.json").write_text('{"weights": [1, 1]}')
+    assert check_input_file("--weights", tmp_path / "s.json", "json") == {"weights": [1, 1]}       # controls
+    assert check_input_file("--record", files / "rows.npz", "npz") == str(files / "rows.npz")
+    bad = [(files / "fifo", "npz", "FIFO"), ("/dev/zero", "npz", "device"), (files / "adir", "json", "directory"),
+           (files / "empty.npz", "npz", "empty"), (files / "pickled.npy", "npz", ".npy"),
+           (files / "text.npz", "npz", "not an .npz"), (files / "list.json", "json", "int"),
+           (files / "rows.npz", "json", "not a JSON file"), (files / "pickled.npy", "json", ".npy"),
+           (files / "text.npz", "json", "not JSON"), (tmp_path / "missing.json", "json", "does not exist")]
+    for path, kind, what in bad:
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError) as e:
+            check_input_file("--opt", path, kind)
+        assert "--opt" in str(e.value) and what in str(e.value) and "\n" not in str(e.value), (path, e.value)
+        assert time.perf_counter() - t0 < API_SECONDS
+    with pytest.raises(ValueError, match="above the 10 bytes"):
+        check_input_file("--opt", files / "rows.npz", "npz", max_bytes=10)
+
+
+def test_float_parameters_that_overflow_float32_are_refused():
+    """--nu 1e308 made the weights NaN (inf in float32) and 1.00 tokens per call; the largest float32 still passes."""
+    from theory.rules import methods as registry
+
+    nu = {p.name: p for p in registry.get("cool-sd").free}["nu"]
+    with pytest.raises(ValueError, match="float32"):
+        nu.check("cool-sd", 1e308)
+    assert nu.check("cool-sd", 3e38) == 3e38                                                      # control
+    import torch
+
+    v = registry.build("cool-sd", 4, nu=3e38)
+    p = torch.full((4, 5), 0.2)
+    f = v.accept(p, p, torch.arange(1, 5)[:, None])             # float32 rows, as the engine verifies them
+    assert bool(torch.isfinite(f).all()) and bool((f == 1).all())
+    with pytest.raises(ValueError, match="float32"):
+        registry.build("cool-sd", 4, nu=1e308)
+
+
+def test_log_likelihood_caps_L_at_T_minus_one():
+    """L = 10**7 on T = 6 returns the L = 5 value at once (it took a minute and 4 GB); L = 4 differs (the control:
+    the cap is not a change of L that the figures would not show)."""
+    from theory.likelihood.chain import log_likelihood
+
+    rng = np.random.default_rng(0)
+    T, V = 6, 5
+    p, q = rng.dirichlet(np.ones(V), size=(3, T)), rng.dirichlet(np.ones(V), size=(3, T))
+    x = rng.integers(0, V, (3, T))
+    v = rules.cool_sd(2.0)
+    t0 = time.perf_counter()
+    big = log_likelihood(p, q, x, v, 10**7)
+    assert time.perf_counter() - t0 < API_SECONDS
+    np.testing.assert_array_equal(big, log_likelihood(p, q, x, v, T - 1))
+    assert not np.allclose(log_likelihood(p, q, x, v, T - 2), big)
+    qo = rng.dirichlet(np.ones(V), size=(3, T, 8))             # per-offset q of L = 8: cut to T - 1 offsets
+    np.testing.assert_array_equal(log_likelihood(p, qo, x, v, 8), log_likelihood(p, qo[..., :T - 1, :], x, v, T - 1))
+
+
+def test_gsd_window_capped_at_2V_gives_the_same_groups():
+    """--gsd-window 100000 allocated until it failed; from 2V on every slice is the whole vocabulary, so the cap is
+    exact (checked against the uncapped groups); a window below 2V differs (the control)."""
+    from theory.rules.gsd import Grouped
+
+    rng = np.random.default_rng(1)
+    V = 7
+    p, q = rng.dirichlet(np.ones(V) * 0.5, size=4), rng.dirichlet(np.ones(V) * 0.5, size=4)
+    uncapped = type("Uncapped", (Grouped,), {"effective_window": lambda self, V: self.window})
+    for w in (2 * V, 2 * V + 3, 5 * V):
+        np.testing.assert_allclose(Grouped(window=w, p_threshold=0.3)(p, q, 1),
+                                   uncapped(window=w, p_threshold=0.3)(p, q, 1))
+    t0 = time.perf_counter()
+    huge = Grouped(window=10**9, p_threshold=0.3)(p, q, 1)
+    assert time.perf_counter() - t0 < API_SECONDS
+    np.testing.assert_allclose(huge, Grouped(window=2 * V, p_threshold=0.3)(p, q, 1))
+    assert not np.allclose(Grouped(window=1, p_threshold=0.3)(p, q, 1), huge)
+
+
+def test_nan_images_are_refused_naming_the_file():
+    import torch
+
+    from coolsd.quality.evaluate import check_finite_images
+
+    x = torch.zeros(4, 3, 8, 8)
+    check_finite_images(x, "units of vanilla in 'DIR/units/vanilla'")                           # control
+    x[2, 1, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"DIR/units/vanilla.*image 12 holds NaN"):
+        check_finite_images(x, "units of vanilla in 'DIR/units/vanilla'", offset=10)
+
+
+def test_quality_reference_that_is_not_an_npz_is_one_line(files, tmp_path):
+    """--quality-ref given a .npy, a truncated .npz or a FIFO: one line naming the flag (a raw TypeError /
+    BadZipFile / a block before); an ADM npz of images reads (the control)."""
+    from coolsd.quality import read_adm_npz
+
+    good = tmp_path / "ref.npz"
+    np.savez(good, arr_0=np.zeros((3, 8, 8, 3), np.uint8))
+    assert read_adm_npz(good).images.shape == (3, 8, 8, 3)
+    for bad in ("pickled.npy", "truncated.npz", "flipped.npz", "fifo", "text.npz"):
+        with pytest.raises(ValueError) as e:
+            read_adm_npz(files / bad)
+        assert str(e.value).startswith("--quality-ref") and "\n" not in str(e.value), (bad, e.value)
+
+
+def _store_with_units(tmp_path, seed=0, images=4):
+    """A sweep store of the config the CLI would build (mnist, vanilla, 2-image units) with every planned unit
+    written as the sweep writes it (synthetic tokens: no model runs)."""
+    from coolsd.cli import build_parser
+    from coolsd.commands.sweep import config
+    from coolsd.studies.sweep.run import plan_units, unit_expectation
+    from coolsd.studies.sweep.store import Store
+
+    argv = ["sweep", "--out", str(tmp_path / f"s{seed}"), "--model", "mnist", "--images", str(images),
+            "--unit-images", "2", "--grid", "vanilla", "--seed", str(seed), "--no-progress"]
+    cfg = config(build_parser().parse_args(argv))
+    store = Store(tmp_path / f"s{seed}", cfg.identity())
+    store.open(create=True)
+    for u in plan_units(cfg):
+        lo = u.index * cfg.unit_images
+        store.write_unit(u.slug, u.index, {"tokens": np.zeros((2, 49), np.int64), "image_index": np.arange(lo, lo + 2)},
+                         {**unit_expectation(cfg, u), "code_version": "test"})
+    return cfg, store, argv
+
+
+def _mutations():
+    """(name, f(path, store, other_store)) damaging, replacing or editing one stored unit; each must be refused."""
+    import json as _json
+
+    def edit_meta(key, value):
+        def f(path, store, other):
+            z = dict(np.load(path))
+            meta = _json.loads(str(z.pop("meta")))
+            meta[key] = value
+            np.savez(path, meta=np.array(_json.dumps(meta)), **z)
+        return f
+
+    def edit_array(key, value):
+        def f(path, store, other):
+            z = dict(np.load(path))
+            z[key] = value
+            np.savez(path, **z)
+        return f
+
+    def foreign(path, store, other):           # the same unit of a --seed 1 sweep, copied in
+        path.write_bytes(other.unit_path(*path.relative_to(store.root / "units").parts[:1], 1).read_bytes())
+
+    return [("truncated", lambda path, s, o: path.write_bytes(path.read_bytes()[:100])),
+            ("flipped", lambda path, s, o: path.write_bytes(bytes(b ^ 0xFF if i == 200 else b
+                                                                  for i, b in enumerate(path.read_bytes())))),
+            ("empty", lambda path, s, o: path.write_bytes(b"")),
+            ("foreign seed", foreign),
+            ("base seed", edit_meta("base_seed", 7)), ("unit seed", edit_meta("seed", 12345)),
+            ("setting", edit_meta("key", "cool-sd:delta=2")), ("block", edit_meta("index", 0)),
+            ("image range", edit_meta("images", [0, 2])), ("identity", edit_meta("identity", "0" * 16)),
+            ("no meta", lambda path, s, o: np.savez(path, tokens=np.zeros((2, 49)))),
+            ("image indices", edit_array("image_index", np.arange(2))),
+            ("image count", edit_array("tokens", np.zeros((5, 49), np.int64)))]
+
+
+def test_sweep_store_fuzz_refuses_damaged_foreign_and_mismatched_units(tmp_path):
+    """Store units carry setting, seed, base seed, image range and the sweep's identity; Store.check_units opens
+    and compares every one before the first new unit. The untouched store passes (control); every mutation of the
+    second block's units is refused naming the file; and a check without the expectations (how the store was
+    read before issue 41) misses the foreign unit: the negative control that the fuzz can fail."""
+    import shutil
+
+    from coolsd.studies.sweep.run import plan_units, unit_expectation
+
+    cfg, store, _ = _store_with_units(tmp_path, seed=0)
+    _, other, _ = _store_with_units(tmp_path, seed=1)
+    units = plan_units(cfg)
+    expect = lambda u: unit_expectation(cfg, u)      # noqa: E731
+    assert store.check_units(units, expect) == len(units)                                     # control: all good
+    clean = tmp_path / "clean"
+    shutil.copytree(store.root, clean)
+    rng = np.random.default_rng(0)
+    for name, mutate in _mutations():
+        shutil.rmtree(store.root)
+        shutil.copytree(clean, store.root)
+        u = [v for v in units if v.index == 1][int(rng.integers(2))]        # AR or vanilla, block 1
+        path = store.unit_path(u.slug, u.index)
+        mutate(path, store, other)
+        with pytest.raises(ValueError) as e:
+            store.check_units(units, expect)
+        msg = str(e.value)
+        assert "\n" not in msg and path.name in msg and "unit file" in msg, (name, msg)
+        if name == "foreign seed":
+            assert store.check_units(units) == len(units)      # the negative control: undetected without them
+
+
+def test_sweep_seed_copied_unit_refused_before_work_and_L49_works(tmp_path, monkeypatch, capsys):
+    """The issue's examples end to end: sweep --images 2 --L 49 (valid for generate) works and writes its report
+    (it failed in the merge, and --images 2 in the report); a unit from a --seed 1 sweep copied in is refused before
+    any new unit is generated, nothing written (it was merged without a word)."""
+    import json as _json
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["sweep", "--out", "s", "--model", "mnist", "--images", "2", "--unit-images", "2", "--grid", "vanilla",
+            "--L", "49", "--no-progress"]
+    assert main(argv) == 0
+    assert (tmp_path / "s" / "report.json").exists()
+    rep = _json.loads((tmp_path / "s" / "report.json").read_text())
+    assert rep["config"]["L"] == 49 and rep["config"]["images"] == 2
+    unit = next((tmp_path / "s" / "units").glob("vanilla*/u000000.npz"))
+    z = dict(np.load(unit))
+    meta = _json.loads(str(z.pop("meta")))
+    meta["base_seed"] = 1                        # as a --seed 1 sweep's unit carries
+    np.savez(unit, meta=np.array(_json.dumps(meta)), **z)
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    assert main([*argv[:6], "4", *argv[7:]]) == 2        # --images 4: one new block to make
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "warning" not in ln]
+    assert len(err) == 1 and "base_seed 1" in err[0] and unit.name in err[0], err
+    assert _snapshot(tmp_path) == before
+
+
 # --------------------------------------------------------------------------- API probes
+
+def _ll(*a):
+    from theory.likelihood.chain import log_likelihood
+
+    return log_likelihood(*a)
+
+
+_LL = (np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), np.array([0, 1]))
 
 P4, Q4 = chains.random_pair(4, seed=0)
 F4, G4 = markov.rule_tables(P4, Q4, 2, rules.vanilla())
@@ -525,6 +799,19 @@ API_PROBES = [
     ("checks.array dict", lambda: checks.array("x", {"a": 1}), TypeError, "x"),
     ("checks.unit_interval 2", lambda: checks.unit_interval("w", 2.0), E, "w"),
     ("checks.npz_arrays dir", lambda: checks.npz_arrays("--record", "/tmp"), E, "--record"),
+    # issue 41: wrong types at log_likelihood, files at the npz reader
+    ("log_likelihood p None", lambda: _ll(None, _LL[1], _LL[2], rules.vanilla(), 2), TypeError, "p"),
+    ("log_likelihood tokens str", lambda: _ll(_LL[0], _LL[1], "01", rules.vanilla(), 2), TypeError, "tokens"),
+    ("log_likelihood verifier None", lambda: _ll(*_LL, None, 2), E, "verifier"),
+    ("log_likelihood verifier name", lambda: _ll(*_LL, "cool-sd", 2), E, "verifier"),
+    ("log_likelihood L str", lambda: _ll(*_LL, rules.vanilla(), "2"), E, "L"),
+    ("checks.npz_arrays device", lambda: checks.npz_arrays("--record", "/dev/zero"), E, "device"),
+    ("quality.fid ref None", lambda: __import__("coolsd.quality.metrics", fromlist=["x"]).fid(None, np.zeros((3, 2))),
+     TypeError, "ref"),
+    ("quality.kid ref path", lambda: __import__("coolsd.quality.metrics", fromlist=["x"]).kid("ref.npz", np.zeros((3, 2))),
+     TypeError, "ref"),
+    ("methods.build nu overflow", lambda: __import__("theory.rules.methods", fromlist=["x"]).build("cool-sd", 4, nu=1e308),
+     E, "float32"),
 ]
 
 

@@ -41,15 +41,15 @@ def run(args):
     from coolsd.io import atomic_dir, check_output_dir
     from theory.core import checks
 
-    checks.seed(args.seed, "--seed")
+    from coolsd import validate
+
+    validate.common(args)     # the shared options (--seed, --threads, --device, --max-seconds ...): coolsd.validate
     if args.images is not None:
         checks.integer("--images", args.images, lo=1)
     if args.L is not None:
-        checks.integer("--L", args.L, lo=1)
-    checks.integer("--threads", args.threads, lo=1)
-    from coolsd import validate
+        from real.specs import spec
 
-    validate.device("--device", args.device)
+        checks.integer("--L", args.L, lo=1, hi=spec("mnist").tokens)    # a round never drafts past the image
     out = check_output_dir("--out", args.out, DEMO_FILES)    # before the 8-minute run
 
     import torch

@@ -2,9 +2,6 @@
 built; ``validate_args`` is the entry point, ``check_bundle`` the checks that need the built models."""
 from __future__ import annotations
 
-import math
-import os
-
 from coolsd.io import check_output_file, check_outputs
 from coolsd.options import drafting_spec, flag, given, method_params
 
@@ -61,12 +58,10 @@ def _input_files(args) -> dict:
     """{flag: path} of every file ``coolsd generate`` reads (schedules, model options naming files)."""
     from real.specs import OPTIONS, flag
 
+    from coolsd import validate
+
     ins = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None}
-    for d in ("weights", "schedule"):
-        v = getattr(args, d, None)
-        if isinstance(v, str) and os.path.exists(v):
-            ins[f"--{d}"] = v
-    return ins
+    return ins | validate.schedule_files(args)
 
 
 def _validate_tree_fidelity(args) -> None:
@@ -86,32 +81,10 @@ def _validate_tree_fidelity(args) -> None:
 
 
 def _validate_numbers(args, checks) -> None:
-    checks.seed(args.seed, "--seed")
-    t = checks.real("--temperature", args.temperature, 0)
-    if 0 < t < 1e-6:
-        raise ValueError(f"--temperature must be 0 (greedy) or >= 1e-6 (below, logits / temperature overflow), "
-                         f"got {args.temperature}")
-    checks.real("--top-p", args.top_p, 0, 1, lo_open=True)
-    if args.top_k is not None:
-        checks.integer("--top-k", args.top_k, lo=0)
-    if args.cfg_scale is not None:
-        checks.real("--cfg-scale", args.cfg_scale, 0)
-        from real.specs import spec
-
-        why = spec(args.model).no_cfg
-        if why and args.cfg_scale != 1:
-            raise ValueError(f"--cfg-scale {args.cfg_scale:g} with --model {args.model}: {why}; use --cfg-scale 1")
-    if args.num_tokens is not None:
-        checks.integer("--num-tokens", args.num_tokens, lo=1)
-    if args.threads is not None:
-        checks.integer("--threads", args.threads, lo=1)
-    if args.image_size is not None:
-        checks.integer("--image-size", args.image_size, lo=16)
-        if args.image_size % 16:
-            raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
+    """The shared options (``coolsd.validate.common``: the same checks as sweep, tune, demo, theory and sim)."""
     from coolsd import validate
 
-    validate.device("--device", args.device, available=False)    # availability: real.registry when building
+    validate.common(args, available=False)    # availability: real.registry when building
 
 
 def _validate_method(args) -> None:
@@ -120,6 +93,9 @@ def _validate_method(args) -> None:
     from real.decode.methods import METHODS
     from theory.rules import methods as registry
 
+    from coolsd import validate
+
+    validate.schedule_files(args)       # a schedule file is a regular, small JSON file before the registry opens it
     method = str(args.method).lower()
     if method not in tuple(m.lower() for m in METHODS) + ("ar",) + tuple(registry.ALIASES):
         raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")
@@ -131,23 +107,11 @@ def _validate_method(args) -> None:
         return
     args._method_params = method_params(args, method)
     full = registry.resolve(method, args._method_params)      # the registry's combined checks
-    d_thr = full.get("d_threshold")                             # GSD: None or inf turns the distance test off
-    gsd_needs = registry.get(method).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
-    from real.specs import spec
-
-    codebook = spec(args.model).codebook                  # "own", "vq" (only with --vq-ckpt) or "none"
     if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
         raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
-    if gsd_needs and args.gsd_table == "codebook" and (codebook == "none" or (codebook == "vq" and not given(args, "vq_ckpt"))):
-        raise ValueError(f"--method {method} --gsd-table codebook needs the VQ codebook; --model {args.model} "
-                         f"has none{' without --vq-ckpt' if codebook == 'vq' else ''} (use --gsd-table embedding)")
-    if method.startswith("lantern"):
-        if codebook == "none":
-            raise ValueError(f"--method {method} needs a codebook neighbour table; --model {args.model} has no "
-                             "VQ codebook")
-        if codebook == "vq" and not given(args, "vq_ckpt"):
-            raise ValueError(f"--method {method} needs a codebook neighbour table: give --vq-ckpt "
-                             f"with --model {args.model}")
+    from coolsd import validate
+
+    validate.method_model(method, full, args, f"--method {method}")     # what it needs of the model (shared)
 
 
 def _validate_model_options(args) -> None:
@@ -174,6 +138,7 @@ def check_bundle(args, bundle) -> None:
     if L is not None and L > bundle.num_tokens:
         raise ValueError(f"--L {L} is more than the {bundle.num_tokens} tokens of one image of --model {args.model} "
                          "(a round never drafts past the image); use --L <= " + str(bundle.num_tokens))
+    _check_gsd_memory(args, bundle)
     cap = _token_capacity(bundle.target)
     if args.num_tokens is not None and cap is not None and args.num_tokens > cap:
         raise ValueError(f"--num-tokens {args.num_tokens} is more than the {cap} tokens of one image of "
@@ -188,3 +153,21 @@ def _token_capacity(target) -> int | None:
     if cfg is not None and hasattr(cfg, "block_size"):
         return int(cfg.block_size)
     return None
+
+
+def _check_gsd_memory(args, bundle) -> None:
+    """GSD's groups hold (rows, V, 2w) tokens per verified position (``theory.rules.gsd.Grouped``; w capped at 2V):
+    a window the memory budget cannot hold is refused (naming --gsd-window) before generating."""
+    from theory.core import checks
+    from theory.rules import methods as registry
+    from theory.rules.gsd import GSD_WINDOW
+
+    method = str(args.method).lower()
+    if method == "ar" or not registry.get(method).needs_embeddings:
+        return
+    V = int(bundle.target.vocab_size)
+    w = min(int(args._method_params.get("window", GSD_WINDOW)), 2 * V)
+    rows = (args.batch_size or args.num_images) * 2 * (args._drafting.max_depth + 1)    # CFG doubles the rows
+    checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
+                        f"--gsd-window {args._method_params.get('window', GSD_WINDOW)} on V = {V}: use a smaller "
+                        "window (the release uses 7) or fewer images per batch (--batch-size)")

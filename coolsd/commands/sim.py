@@ -48,7 +48,9 @@ def run_validate(args):
     from sim import validation as va
     from theory.core import checks
 
-    checks.seed(args.seed, "--seed")
+    from coolsd import validate
+
+    validate.common(args)     # the shared options (--seed, --threads, --device, --max-seconds ...): coolsd.validate
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     bad = set(paths) - {"table", "rule"}
     if bad or not paths:
@@ -96,7 +98,9 @@ def run_sources(args):
         checks.integer("--V", args.V, lo=2)
     if args.ambiguity is not None:
         checks.real("--ambiguity", args.ambiguity, 0, lo_open=True)
-    checks.seed(args.seed, "--seed")
+    from coolsd import validate
+
+    validate.common(args)     # the shared options (--seed, --threads, --device, --max-seconds ...): coolsd.validate
     from coolsd.commands.theory import max_seconds
     from sim.rounds import check_rounds_cost
 

@@ -22,7 +22,8 @@ def register(sub):
     s.add_argument("--grid-file", default=None, help="TOML file with grid = [ITEM, ...] and/or [[setting]] tables")
     s.add_argument("--images", type=int, default=64, help="images per setting (default 64)")
     s.add_argument("--out", required=True, help="results directory (created; reused to resume)")
-    s.add_argument("--unit-images", type=int, default=8, help="images per work unit (default 8)")
+    s.add_argument("--unit-images", type=int, default=None,
+                   help="images per work unit, dividing --images (default 8, or --images when fewer)")
     s.add_argument("--batch-size", type=int, default=None, help="images per engine batch, <= --unit-images (default: the engine's)")
     s.add_argument("--seed", type=int, default=0)
     from coolsd.options import add_drafting_args
@@ -38,6 +39,9 @@ def register(sub):
                    help="stop after this many units per rank (run in chunks; rerun to continue)")
     s.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default float32 on CPU, bfloat16 on CUDA)")
     s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--max-seconds", type=float, default=SWEEP_MAX_SECONDS,
+                   help="refuse a sweep whose rough estimate (images x settings x tokens at an optimistic rate) exceeds "
+                        f"this (default {SWEEP_MAX_SECONDS:g} s = 1 day; 0 = no limit); the estimate is printed first")
     s.add_argument("--predict", action="store_true",
                    help="predict the whole frontier from plain-AR images and the recorded vanilla run only (no image "
                         "generated under a relaxed rule): tokens per call, KL(P||P^) per token and TV from the AR images "
@@ -69,7 +73,40 @@ def register(sub):
     s.set_defaults(func=run)
 
 
-DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+SWEEP_MAX_SECONDS = 86400.0
+# optimistic generation rates (tokens per second, all images of a unit together): the estimate is a lower bound
+SWEEP_TOKENS_PER_SECOND = {"cpu": 500.0, "cuda": 5000.0}
+UNIT_BYTES_PER_TOKEN = 80.0        # a stored unit: tokens and per-round records, per generated token (compressed less)
+
+
+def check_sweep_cost(args, n_settings: int, T: int | None) -> tuple[str, float]:
+    """The sweep's rough cost before the store is made: every image of every setting and of plain AR, T tokens each,
+    at an optimistic rate (``SWEEP_TOKENS_PER_SECOND``: a lower bound), against --max-seconds; the stored units'
+    size against the free space of --out's file system. Returns (estimate, seconds)."""
+    import os
+    import shutil
+
+    from theory.core import checks
+
+    T = int(T or 256)
+    tokens = float(args.images) * (n_settings + 1) * T
+    rate = SWEEP_TOKENS_PER_SECOND["cuda" if str(args.device).startswith("cuda") else "cpu"]
+    secs, nbytes = tokens / rate, tokens * UNIT_BYTES_PER_TOKEN
+    limit = None if not args.max_seconds else float(args.max_seconds)
+    what = f"--images {args.images} x {n_settings + 1} settings (AR included) x {T} tokens"
+    from coolsd import validate
+
+    est = validate.check_seconds(what, secs, limit, "the estimate is a rough lower bound: fewer --images or settings, or raise "
+                                 "--max-seconds (0 = no limit)")
+    parent = os.path.abspath(os.path.join(os.path.expanduser(str(args.out)), os.pardir))
+    if os.path.isdir(parent):
+        free = shutil.disk_usage(parent).free
+        if nbytes > free:
+            raise ValueError(f"{what}: the units would take about {checks.fmt_bytes(nbytes)}, more than the "
+                             f"{checks.fmt_bytes(free)} free under {parent!r}; fewer --images or another --out")
+    return f"{est} and {checks.fmt_bytes(nbytes)} of units (a rough lower bound)", secs
 
 
 def _default():
@@ -87,31 +124,40 @@ def config(args):
     validate.model_options(args)           # the model's spec: options that do not apply are refused
     items = list(args.grid or [])
     if args.grid_file:
-        items += grid_from_toml(args.grid_file)
+        from coolsd.io import check_input_file
+
+        items += grid_from_toml(check_input_file("--grid-file", args.grid_file, "toml"))
     if not items:
         items = list(_default())
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
-    for name, v, lo in (("--images", args.images, 2), ("--unit-images", args.unit_images, 1),
-                        ("--threads", args.threads, 1),
-                        ("--record-images", args.record_images, 0)):
-        checks.integer(name, v, lo=lo)
-    checks.seed(args.seed, "--seed")
-    if args.batch_size is not None:
-        checks.integer("--batch-size", args.batch_size, lo=1)
+    from theory.rules import methods as registry
+
+    for st in settings:           # what each method needs of the model: the same check as generate --method
+        validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}")
+    validate.common(args)                 # the options generate shares: the same checks, in one place
+    from real.decode.checks import MAX_IMAGES
+
+    checks.integer("--images", args.images, lo=2, hi=MAX_IMAGES)
+    if args.unit_images is None:          # default: blocks of 8 images, or one block of fewer
+        args.unit_images = min(8, args.images)
+    checks.integer("--unit-images", args.unit_images, lo=1, hi=MAX_IMAGES)
+    checks.integer("--record-images", args.record_images, lo=0, hi=MAX_IMAGES)
+    if args.images % args.unit_images:
+        raise ValueError(f"--images {args.images} is not a multiple of --unit-images {args.unit_images} (every unit "
+                         f"generates --unit-images images, so {-(-args.images // args.unit_images) * args.unit_images} "
+                         f"would be generated): give --images {-(-args.images // args.unit_images) * args.unit_images}"
+                         f" or a --unit-images dividing {args.images}")
     if args.batch_size is not None and args.batch_size > args.unit_images:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {args.unit_images} (each unit is one "
                          "engine call): raise --unit-images")
+    from real.specs import spec as _spec
+
+    if args.batch_size is not None and args.batch_size > 1 and not _spec(args.model).batched:
+        raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time (its "
+                         "cache has no per-row lengths); use --batch-size 1")      # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
-    checks.real("--temperature", args.temperature, 0)
-    if args.cfg_scale is not None:
-        checks.real("--cfg-scale", args.cfg_scale, 0)
-    if args.image_size is not None:
-        checks.integer("--image-size", args.image_size, lo=16)
-    validate.device("--device", args.device)
-    if args.dtype is not None and args.dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
 
     if args.images < MIN_RELIABLE_IMAGES:
@@ -131,7 +177,8 @@ def config(args):
     if args.predict and args.record_images < 1:
         raise ValueError("--predict needs recorded vanilla rows for the speed: --record-images >= 1")
 
-    drafting = drafting_spec(args, model_spec(args.model).tokens)   # the same parser as coolsd generate
+    T = getattr(args, "num_tokens", None) or model_spec(args.model).tokens
+    drafting = drafting_spec(args, T)   # the same parser as coolsd generate
     if drafting.kind in ("sjd-pac", "sjd-pac-p"):
         raise ValueError(f"coolsd sweep --draft {drafting.kind}: the sweep records and predicts chain-shaped Jacobi "
                          "windows; SJD-PAC's windows are trees: run coolsd generate --draft "
@@ -139,6 +186,8 @@ def config(args):
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
+    est, secs = check_sweep_cost(args, len(settings), T)
+    validate.announce(est, "sweep", seconds=secs, threshold_s=3600.0)    # a sweep over an hour: say so first
     dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
     files = {k: v for k, v in vars(BuildOptions.from_namespace(args)).items()
              if v is not None and k not in ("device", "draft", "seed", "num_images")}
@@ -155,17 +204,14 @@ def config(args):
 
 def _measured_report(path) -> str:
     """--measured: a measured sweep's report.json (a readable JSON file with "methods"), checked before any work."""
-    import json
     import os
 
+    from coolsd.io import check_input_file
+
     p = os.path.join(path, "report.json") if os.path.isdir(path) else path
-    if not os.path.isfile(p):
+    if not os.path.lexists(p):
         raise ValueError(f"--measured: {path!r} is not a report.json (or a sweep directory holding one)")
-    try:
-        with open(p) as f:
-            rep = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--measured: {p!r} is not readable JSON ({e})") from None
+    rep = check_input_file("--measured", p, "json", hint="give a sweep's report.json")
     if not isinstance(rep, dict) or not isinstance(rep.get("methods"), list):
         raise ValueError(f"--measured: {p!r} is not a sweep report (no 'methods' list)")
     return p
@@ -183,8 +229,21 @@ def _quality_spec(args):
     if args.model == "mnist":
         raise ValueError("--quality: the MNIST models are always scored with the shipped classifier (FD against the "
                          "held-out digits); drop --quality")
+    import os
+
+    from coolsd.io import check_input_file
     from coolsd.quality import QualitySpec
 
+    # the files named, checked now (a FIFO / device / .npy / oversized file refused unopened, before any model)
+    # (a missing file is named by coolsd.quality's own message, with where to get one)
+    present = lambda f: f is not None and os.path.lexists(f) and not os.path.isdir(f)   # noqa: E731
+    if present(args.quality_weights):
+        check_input_file("--quality-weights", args.quality_weights, "checkpoint")
+    if present(args.quality_ref):
+        check_input_file("--quality-ref", args.quality_ref, "npz",
+                         hint="expected an ADM reference batch, a coolsd.quality.save_reference npz or an image folder")
+    if args.quality_captions is not None:
+        check_input_file("--quality-captions", args.quality_captions, "text")
     return QualitySpec.parse(args.quality, weights=args.quality_weights, reference=args.quality_ref,
                              clip=args.quality_clip, captions=args.quality_captions,
                              image_size=args.quality_image_size, device=args.device)

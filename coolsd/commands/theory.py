@@ -131,7 +131,9 @@ def run_table(args):
     checks.integer("--V", args.V, lo=2)
     checks.integer("--L", args.L, lo=1)
     checks.real("--tv", args.tv, 0, 1, hi_open=True)
-    checks.seed(args.seed, "--seed")
+    from coolsd import validate
+
+    validate.common(args)     # the shared options (--seed, --threads, --device, --max-seconds ...): coolsd.validate
     # size check first, on stand-in verifiers of the same kinds (the estimate needs the rules' k, not the
     # V x V neighbour table, which alone takes seconds at V = 6000): refused before any V-sized work
     est, secs = check_table_size(args.V, args.L, default_verifiers(min(args.V, 8), min(args.L, 4), args.seed),

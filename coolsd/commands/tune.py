@@ -19,6 +19,7 @@ import json
 from coolsd.io import check_outputs, json_safe
 
 FAMILIES = ("free", "uniform", "exponential", "linear", "level", "entropy", "maxp")
+FRONTIER_MAX = 1000        # frontier points: more only repeat the curve (each is a tune per family)
 
 
 def register(sub):
@@ -54,6 +55,9 @@ def register(sub):
     t.add_argument("--validate", action="store_true", help="section 8b tuner (--objective bound): fit/held-out halves")
     t.add_argument("--frontier", type=int, default=0, metavar="N", help="section 8b tuner: frontier points")
     t.add_argument("--max-rounds", type=int, default=None, help="section 8b tuner: subsample of rounds")
+    t.add_argument("--max-seconds", type=float, default=600.0,
+                   help="refuse a --frontier whose estimate (the time of the first tune x points x families) exceeds "
+                        "this (default 600; 0 = no limit)")
     t.add_argument("--seed", type=int, default=0, help="fit/held-out split and bootstrap; AR images (record: seed + 1)")
     t.add_argument("--json", action="store_true", help="print one JSON object")
     t.set_defaults(func=run)
@@ -80,8 +84,10 @@ def _check_args(args, checks) -> None:
         checks.real("--tokens-per-call", args.tokens_per_call, 1)
     if args.max_rounds is not None:
         checks.integer("--max-rounds", args.max_rounds, lo=2)
-    checks.integer("--frontier", args.frontier, lo=0)
-    checks.seed(args.seed, "--seed")
+    checks.integer("--frontier", args.frontier, lo=0, hi=FRONTIER_MAX)
+    from coolsd import validate
+
+    validate.common(args, available=False)     # --seed, --batch-size, --device, --max-seconds: the shared checks
     checks.real("--fit-fraction", args.fit_fraction, 0, 1, lo_open=True, hi_open=True)
     for flag in ("ar_images", "record_images", "L", "batch_size"):
         if getattr(args, flag) is not None:
@@ -101,6 +107,11 @@ def _check_args(args, checks) -> None:
         if getattr(args, dest) is not None:
             outs[flag] = str(check_output_file(flag, getattr(args, dest), suffix))
             setattr(args, dest, outs[flag])
+    from coolsd.io import check_input_file
+
+    for flag, path in (("--record", args.record), ("--ar-rows", args.ar_rows)):
+        if path is not None:       # a FIFO / device / directory / .npy refused unopened (read whole in run)
+            check_input_file(flag, path, "npz", hint="write one with coolsd generate --record / tune --save-ar-rows")
     check_outputs(outs, {"--record": args.record, "--ar-rows": args.ar_rows})
 
 
@@ -112,6 +123,9 @@ def run(args) -> int:
     _check_args(args, checks)
     rec = None
     if args.record is not None:
+        rows = _tree_record(args)
+        if rows is not None:             # static-tree rounds: the section 8b bound tuner takes them
+            return _legacy(args, rows)
         rec = arrows.load_record(args.record, "--record", legacy=True)     # read and checked whole, now
         if not isinstance(rec, arrows.StampedRecord):
             if args.objective != "bound":
@@ -147,6 +161,23 @@ def run(args) -> int:
     else:
         print(_format(res, out, args))
     return 0
+
+
+def _tree_record(args):
+    """A tree record (``coolsd generate --tree ... --record``): dynamic-tree rounds are refused with what tune takes;
+    static-tree rounds are returned (``TreeRows``) for ``--objective bound``, refused for the exact-law objectives
+    (``arrows.load_record`` says why). None for a chain record."""
+    from coolsd import validate
+    from theory.core import checks
+
+    keys = checks.npz_arrays("--record", args.record)
+    if "dynamic" in keys:
+        raise ValueError(f"--record: {args.record!r} holds dynamic-tree rounds (coolsd generate --tree dynamic "
+                         "--record); coolsd tune takes chain rounds (every objective) or static-tree rounds (--objective "
+                         "bound): record a chain or a static --tree run")
+    if "tree_paths" in keys and args.objective == "bound":
+        return validate.record_file("--record", args.record)
+    return None
 
 
 def _make(args, rec, ar):
@@ -232,8 +263,19 @@ def _legacy(args, rows) -> int:
         rows = rows.subset(np.sort(np.random.default_rng(args.seed).choice(rows.R, args.max_rounds, replace=False)))
     if args.family in ("entropy", "maxp"):
         raise ValueError(f"--family {args.family}: the unstamped-record bound tuner has the position families only")
+    import time
+
+    t0 = time.perf_counter()
     res = tune.tune(rows, args.family, tokens_per_call=args.tokens_per_call, bound_budget=args.bound_budget,
                     seed=args.seed)
+    if args.frontier:             # the cost guard: the first tune's time x points x families, before the frontier
+        from coolsd import validate
+
+        secs = (time.perf_counter() - t0) * args.frontier * len(tune.FAMILIES)
+        est = validate.check_seconds(f"--frontier {args.frontier} ({len(tune.FAMILIES)} families)", secs,
+                                     args.max_seconds, "fewer --frontier points or --max-rounds, or raise "
+                                     "--max-seconds (0 = no limit)")
+        validate.announce(est, "tune --frontier", args.json, seconds=secs)
     out = {**res.to_dict(), "L": rows.L, "rounds": rows.R, "record": args.record, "objective": "bound",
            "vanilla_tokens_per_call": tune.reachable(rows, "free")[0],
            "tokens_per_call_definition": "1 + mean predicted accepted drafts per drafted round (section 8b)"}

@@ -55,6 +55,18 @@ class QualitySpec:
                 "clip": self.clip, "captions": self.captions, "image_size": self.image_size}
 
 
+def check_finite_images(images, where: str, offset: int = 0) -> None:
+    """Decoded images hold no NaN / inf (a NaN image would give a NaN FID, or a linear-algebra library's own error
+    line): one-line ValueError naming ``where`` (the file or unit directory) and the first bad image."""
+    import torch
+
+    t = torch.as_tensor(images)
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int(torch.nonzero(~torch.isfinite(t.reshape(len(t), -1)).all(dim=1))[0, 0]) + offset
+        raise ValueError(f"{where}: generated image {bad} holds NaN or inf values (a decoder or model in a bad state?); "
+                         "its quality cannot be measured: regenerate it (delete the units named) or check the model")
+
+
 def read_captions(path) -> list[str]:
     """Captions, one per non-empty line of a UTF-8 text file (``--quality-captions``)."""
     p = pathlib.Path(path).expanduser()
@@ -94,7 +106,7 @@ class Quality:
         return out
 
     @torch.no_grad()
-    def measure(self, batches) -> dict:
+    def measure(self, batches, where: str = "the generated images") -> dict:
         """Figures of decoded images given batch by batch: ``batches`` yields (images (b, C, H, W) float in
         [-1, 1], captions (b str) or None); features, logits and CLIP scores are kept, images are not. Returns
         "quality_stamp" {metric: stamp} and, for fid: fid, fid_ci, fid_se, kid, kid_std, kid_subset_size,
@@ -110,6 +122,7 @@ class Quality:
         for images, captions in batches:  # batches of decoded images: memory holds one at a time
             if tuple(images.shape[1:]) != self.image_shape:
                 raise ValueError(f"images {tuple(images.shape[1:])} are not the prepared shape {self.image_shape}")
+            check_finite_images(images, where, n)
             n += len(images)
             if self.extractor is not None:
                 f, lg = self.extractor.extract(self._prepared(images, self.extractor.preprocessing.dtype))

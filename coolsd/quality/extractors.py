@@ -124,6 +124,10 @@ def resolve_weights(path, flag: str = "--quality-weights", need: str = "an Incep
     if not p.exists():
         src = flag if path is not None else env
         raise ValueError(f"{src}: weights {str(p)!r} do not exist; quality needs {need}: download it and pass {flag} PATH")
+    if not p.is_dir():       # a FIFO / device / oversized file refused before it is opened (coolsd.io)
+        from theory.core.files import input_file
+
+        input_file(flag if path is not None else env, p, "checkpoint", hint=f"quality needs {need}")
     return p
 
 

@@ -52,7 +52,18 @@ class _Given(torch.nn.Module):
         return x
 
 
+def _ref(ref, who: str) -> Reference:
+    """The reference statistics argument of ``who``: a ``coolsd.quality.Reference`` (``load_reference``), else a
+    one-line TypeError (None, a path, a dict)."""
+    if not isinstance(ref, Reference):
+        raise TypeError(f"{who}: ref must be a coolsd.quality.Reference (coolsd.quality.load_reference(path, "
+                        f"extractor)), got {type(ref).__name__}")
+    return ref
+
+
 def _as(f, name: str, d: int | None = None) -> torch.Tensor:
+    if f is None or isinstance(f, (str, bytes, dict)):
+        raise TypeError(f"{name} must be an (n, d) array of features, got {type(f).__name__}")
     f = np.asarray(f, np.float64)
     if f.ndim != 2 or len(f) < 2 or (d is not None and f.shape[1] != d):
         raise ValueError(f"{name} must be (n, {d if d is not None else 'd'}) features with n >= 2, got {f.shape}")
@@ -63,6 +74,7 @@ def _as(f, name: str, d: int | None = None) -> torch.Tensor:
 
 def fid(ref: Reference, features) -> float:
     """torchmetrics' FID between generated features (n, d) and the reference Gaussian (float64)."""
+    _ref(ref, "fid")
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     d = ref.mu.shape[0]
@@ -88,6 +100,7 @@ def fid_with_ci(ref: Reference, features, level: float = 0.95) -> dict:
     (``coolsd.quality.estimators.fd_with_ci``: delete-one, or delete-a-group over ``JACKKNIFE_GROUPS`` groups
     when n d^3 > ``DELETE_ONE_BUDGET``), whose own point estimate must agree with the library's within
     ``fd_agreement``, else RuntimeError."""
+    _ref(ref, "fid_with_ci")
     from scipy.stats import norm
 
     from .estimators import fd_with_ci
@@ -108,6 +121,7 @@ def kid(ref: Reference, features, subsets: int = 100, subset_size: int = 1000, s
     """torchmetrics' KID (mean and std over ``subsets`` random subsets of min(subset_size, n, m) samples) of
     generated features (n, d) against the reference features (m, d); None when the reference has no features
     (statistics only)."""
+    _ref(ref, "kid")
     from torchmetrics.image.kid import KernelInceptionDistance
 
     if ref.features is None:
@@ -149,6 +163,7 @@ def inception_score(logits, splits: int = 10, seed: int = 0) -> dict:
 def precision_recall(ref: Reference, features, k: int = 3) -> dict:
     """Improved precision/recall (``coolsd.quality.estimators.precision_recall``; no maintained library
     here has it) with k = min(k, n - 1); None values when the reference has no features or n <= 1."""
+    _ref(ref, "precision_recall")
     from .estimators import precision_recall as pr
 
     f = np.asarray(features, np.float64)

@@ -70,19 +70,19 @@ class AdmBatch:
     stats: dict
 
 
-def read_adm_npz(path) -> AdmBatch:
-    """Read an ADM-format reference batch npz (layout in the module docstring); ValueError (one line, naming
-    the file and its arrays) when it has neither ``arr_0`` images nor ``mu``/``sigma``, or they are malformed."""
+def read_adm_npz(path, arrays: dict | None = None) -> AdmBatch:
+    """Read an ADM-format reference batch npz (layout in the module docstring; ``arrays``: its arrays when already
+    read); ValueError (one line, naming the file and its arrays) when it is not a readable npz, has neither ``arr_0``
+    images nor ``mu``/``sigma``, or they are malformed."""
     p = pathlib.Path(path)
+    z = _npz("--quality-ref", p) if arrays is None else arrays
+    keys = sorted(z)
+    images = z["arr_0"] if "arr_0" in keys else None
+    labels = z["arr_1"] if "arr_1" in keys else None
     try:
-        z = np.load(p, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--quality-ref: cannot read {str(p)!r} as an npz ({e})") from None
-    with z:
-        keys = sorted(z.files)
-        images = z["arr_0"] if "arr_0" in keys else None
-        labels = z["arr_1"] if "arr_1" in keys else None
         stats = {k: np.asarray(z[k], np.float64) for k in ("mu", "sigma", "mu_s", "sigma_s") if k in keys}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--quality-ref: {str(p)!r}: 'mu' / 'sigma' are not numbers ({e})") from None
     if images is None and not {"mu", "sigma"} <= set(stats):
         raise ValueError(f"--quality-ref: {str(p)!r} has arrays {keys}, expected the ADM reference-batch layout: "
                          "'arr_0' (N, H, W, 3) uint8 images and/or 'mu' (d,) + 'sigma' (d, d)")
@@ -194,12 +194,11 @@ def _load_reference(ref, ex: FeatureExtractor) -> Reference:
         stamp = ex.stamp(reference=str(p), reference_sha256=files_sha256(files, p))
         return Reference(mu, sigma, len(f), f, (imgs.shape[3], *imgs.shape[1:3]), stamp,
                          f"{len(f)} images of folder {p.name}")
+    arrays = _npz("--quality-ref", p)       # read and checked whole now: type, size, format, damage
     sha = file_sha256(p)
-    with np.load(p, allow_pickle=False) as z:
-        own = STAMP_KEY in z.files
-    if own:
-        return _read_own(p, ex, sha)
-    adm = read_adm_npz(p)
+    if STAMP_KEY in arrays:
+        return _read_own(p, ex, sha, arrays)
+    adm = read_adm_npz(p, arrays)
     stamp = ex.stamp(reference=str(p), reference_sha256=sha)
     feats = _features_of(adm.images, ex) if adm.images is not None else None
     size = None if adm.images is None else (adm.images.shape[3], *adm.images.shape[1:3])
@@ -219,16 +218,31 @@ def _load_reference(ref, ex: FeatureExtractor) -> Reference:
     return Reference(mu, sigma, len(feats), feats, size, stamp, f"{len(feats)} images (arr_0) of {p.name}")
 
 
-def _read_own(p: pathlib.Path, ex: FeatureExtractor, sha: str) -> Reference:
-    with np.load(p, allow_pickle=False) as z:
-        missing = {"mu", "sigma", "n", STAMP_KEY} - set(z.files)
-        if missing:
-            raise ValueError(f"--quality-ref: statistics file {str(p)!r} lacks arrays {sorted(missing)}")
+def _npz(flag: str, p) -> dict:
+    """Every array of the npz ``p``, after ``coolsd.io.check_input_file`` (a FIFO, a device, a directory, a .npy or
+    an oversized file refused unopened) and ``theory.core.checks.npz_arrays`` (a truncated or damaged archive: one
+    line naming the file)."""
+    from theory.core import checks
+    from theory.core.files import input_file
+
+    input_file(flag, p, "npz", hint="expected an ADM reference batch or a coolsd.quality.save_reference file")
+    return checks.npz_arrays(flag, p)
+
+
+def _read_own(p: pathlib.Path, ex: FeatureExtractor, sha: str, z: dict | None = None) -> Reference:
+    z = _npz("--quality-ref", p) if z is None else z
+    missing = {"mu", "sigma", "n", STAMP_KEY} - set(z)
+    if missing:
+        raise ValueError(f"--quality-ref: statistics file {str(p)!r} lacks arrays {sorted(missing)}")
+    try:
         stamp = Stamp.from_dict(json.loads(str(z[STAMP_KEY])))
         mu, sigma, n = np.asarray(z["mu"], np.float64), np.asarray(z["sigma"], np.float64), int(z["n"])
         n = None if n < 0 else n
-        feats = np.asarray(z["features"], np.float64) if "features" in z.files else None
-        size = tuple(int(s) for s in z["image_size"]) if "image_size" in z.files else None
+        feats = np.asarray(z["features"], np.float64) if "features" in z else None
+        size = tuple(int(s) for s in z["image_size"]) if "image_size" in z else None
+    except (TypeError, ValueError, KeyError) as e:
+        raise ValueError(f"--quality-ref: statistics file {str(p)!r} is malformed ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:100] if str(e) else '-'})") from None
     try:
         require_same([stamp, ex.stamp()], f"--quality-ref {str(p)!r} against --quality-weights", EXTRACTOR_FIELDS)
     except StampMismatch as e:

@@ -32,11 +32,21 @@ def median_time(fn, repeats: int, warmup: int = 1, reduce=statistics.median) -> 
     return reduce(ts)
 
 
-def unit_costs(target, draft, B: int, proc, L: int, repeats: int = 9, prefix: int = 20, reduce=min) -> dict:
+def unit_costs(target, draft, B: int, proc, L: int, repeats: int = 9, prefix: int = 20, reduce=min,
+               T: int | None = None) -> dict:
     """Fastest (``reduce``; the benchmark takes the median) seconds at batch B (CFG: ``proc.batch`` model rows per image): "ar_step" (1-token target forward
     + processing + sampling), "verify_pass" (the target over L + 1 tokens), "draft_step" (one draft token) and
-    "verifier" (``verify_chain`` of a B-row round, Cool-SD)."""
+    "verifier" (``verify_chain`` of a B-row round, Cool-SD). ``T``: the image's tokens (default the target's
+    ``num_tokens`` when it has one): the prefix and the verify pass are clipped so that they fit in one image, as a
+    real round never drafts past it (--L up to T)."""
     import torch
+
+    T = T if T is not None else getattr(getattr(target, "layout", None), "num_tokens", None) or getattr(
+        getattr(target, "config", None), "block_size", None)
+    n_verify = L + 1
+    if T is not None:
+        prefix = max(1, min(prefix, int(T) - L - 1))
+        n_verify = max(1, min(L + 1, int(T) - prefix))
 
     from real.nn.layers import inference_weights
     from theory import rules
@@ -62,9 +72,9 @@ def unit_costs(target, draft, B: int, proc, L: int, repeats: int = 9, prefix: in
             target.rollback(1)
 
         def verify_pass():
-            o = target.forward(zeros(L + 1), return_hidden=True)
+            o = target.forward(zeros(n_verify), return_hidden=True)
             proc.rows(o.logits)
-            target.rollback(L + 1)
+            target.rollback(n_verify)
 
         def draft_step():
             o = draft.forward(zeros(1), features=h[:, :1]) if feat else draft.forward(zeros(1))

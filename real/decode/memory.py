@@ -46,7 +46,10 @@ def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int
 
 def default_batch_size(target, draft, n_images: int, processing: Processing = Processing()) -> int:
     """Images per batch when none is asked: all of them, at most ``MAX_BATCH``, and at most what half of
-    the device's free memory holds (``_batch_bytes``)."""
+    the device's free memory holds (``_batch_bytes``); 1 for a model that generates one image at a time
+    (``batched`` false: the transformers adapters), as ``engine.generate`` documents."""
+    if any(m is not None and not getattr(m, "batched", True) for m in (target, draft)):
+        return 1
     target, draft = as_batched(target), as_batched(draft)
     dev, V = device_of(target), int(target.vocab_size)
     per = max(1, _batch_bytes(target, draft, 1, processing.batch, V))

@@ -393,16 +393,13 @@ def npz_arrays(name: str, path, required: tuple[str, ...] = (), hint: str = "") 
     import zipfile
     import zlib
 
+    from .files import input_file
+
     where = f"{name}: {os.fspath(path)!r}"
     tail = f"; {hint}" if hint else ""
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ValueError(f"{where} is not an existing file{tail}")
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-    if not head:
-        raise ValueError(f"{where} is empty (0 bytes){tail}")
-    if head != b"PK\x03\x04":
-        raise ValueError(f"{where} is not an .npz archive (it starts with {head!r}, not a zip header){tail}")
+    input_file(name, path, "npz", hint=hint)     # regular (a FIFO / device unopened), size, not empty, a zip header
     try:
         with np.load(path, allow_pickle=False) as z:
             out = {k: z[k] for k in z.files}

@@ -120,10 +120,33 @@ def _validate(p, q, tokens, verifier, L, convention, xp):
     return T, V, per_offset, draft, bonus
 
 
+def cap_L(p, q, L):
+    """(L', q'): the draft length capped at T - 1 (at least 1), the most drafts any round of a T-token sequence has
+    (``round_masks``: L'(n) = min(L, T - n - 1)), so a huge L costs what T - 1 costs and gives the same law (the
+    verifier is read at offsets 1..L' only); a per-offset q (..., T, L, V) is cut to its first L' offsets. L is
+    checked first (an int >= 1: one-line ValueError)."""
+    import numbers
+
+    if isinstance(L, bool) or not isinstance(L, numbers.Integral) or L < 1:
+        raise ValueError(f"log_likelihood: L must be an int >= 1, got {L!r}")
+    L = int(L)
+    shape = getattr(p, "shape", None)
+    if shape is None or len(shape) < 2:
+        return L, q                           # _validate names the bad shape
+    Lc = min(L, max(int(shape[-2]) - 1, 1))
+    qs = getattr(q, "shape", None)
+    if Lc < L and qs is not None and len(qs) == len(shape) + 1 and int(qs[-2]) == L:
+        q = q[..., :Lc, :]
+    return Lc, q
+
+
 def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, convention: str = "theory") -> Array:
     """log P^(tokens) (...,) float64 of chain relaxed SD with ``verifier`` and draft length L (module docstring,
     T12). Zeros are exact: a sequence the sampler cannot emit gets -inf. Bad input: one-line ValueError."""
+    p, q, tokens = (a if hasattr(a, "shape") and not isinstance(a, (str, bytes)) else
+                    checks.array(f"log_likelihood: {n}", a) for n, a in (("p", p), ("q", q), ("tokens", tokens)))
     xp = namespace(p, q, tokens)
+    L, q = cap_L(p, q, L)                     # no round drafts more than T - 1 tokens: L above is the same law
     T, V, per_offset, draft, bonus = _validate(p, q, tokens, verifier, L, convention, xp)
     verifier = guarded(verifier)              # a user's rule is checked on the rows it is used on
     dev = array_api_compat.device(p)

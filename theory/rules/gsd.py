@@ -141,10 +141,15 @@ class Grouped:
         if self.close is not None:
             _check_close(self.close)
 
+    def effective_window(self, V: int) -> int:
+        """The window on a vocabulary of V tokens: ``window`` capped at 2V, from where every slice is [0, V)."""
+        return min(self.window, 2 * int(V))
+
     def _slices(self, V: int, xp, dev):
         """Per sorted position r: the window's sorted positions (V, 2w) clipped into [0, V), whether each
-        is in the slice [a(r), b(r)) (V, 2w), and whether the slice is empty (V,)."""
-        w = self.window
+        is in the slice [a(r), b(r)) (V, 2w), and whether the slice is empty (V,). A window of 2V or more is the
+        whole vocabulary for every r (a = 0, b = V), so w is capped there: the same groups, bounded memory."""
+        w = self.effective_window(V)
         r = xp.arange(V, device=dev)
         a = r - w
         a = xp.where(a < 0, a + V, a)            # Python's negative slice start ...
@@ -166,7 +171,7 @@ class Grouped:
         s = xp.argsort(p, axis=-1, stable=True)
         ps = xp.take_along_axis(p, s, axis=-1)
         pos, valid, empty = self._slices(V, xp, dev)
-        shape = (*p.shape[:-1], V, 2 * self.window)
+        shape = (*p.shape[:-1], V, 2 * self.effective_window(V))
         members = xp.reshape(xp.take(s, xp.reshape(pos, (-1,)), axis=-1), shape)
         mask = valid & (xp.abs(_take_tokens(p, members, xp) - ps[..., None]) < self.p_threshold)
         if self.close is not None:

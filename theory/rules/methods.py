@@ -83,6 +83,11 @@ class Param:
         if self.type in (int, float):
             if not math.isfinite(v):
                 raise ValueError(f"{method}: parameter {self.name!r} must be finite, got {v!r}")
+            if self.type is float and abs(v) > FLOAT32_MAX:   # rules run in float32: inf there, NaN weights after
+                raise ValueError(f"{method}: parameter {self.name!r} = {v!r} overflows float32, the compute dtype "
+                                 f"(|value| must be <= {FLOAT32_MAX:.4g})")
+            if self.type is int and abs(v) > INT_MAX:
+                raise ValueError(f"{method}: parameter {self.name!r} = {v!r} is above {INT_MAX} (int64 indices)")
             if self.low is not None and (v < self.low or (self.low_open and v == self.low)):
                 raise ValueError(f"{method}: parameter {self.name!r} must be {'>' if self.low_open else '>='} "
                                  f"{self.low:g}, got {v!r}")
@@ -90,6 +95,10 @@ class Param:
                 raise ValueError(f"{method}: parameter {self.name!r} must be {'<' if self.high_open else '<='} "
                                  f"{self.high:g}, got {v!r}")
         return v
+
+
+FLOAT32_MAX = 3.4028234663852886e38     # the largest float32: a float parameter above it is inf in the rules
+INT_MAX = 2**62
 
 
 @dataclass(frozen=True)
@@ -286,16 +295,14 @@ register(Method("gsd+G*", "GSD+G*", _GSD_PARAMS, _gsd, needs_embeddings=True, fi
 def _schedule_file(spec, what: str, writer: str):
     """The JSON held by the file ``spec`` names (a schedule written by ``writer``), or None when ``spec`` names no
     existing file; a file that is not JSON is a one-line ValueError starting with ``what``."""
-    import json
     import os
 
-    if not (isinstance(spec, str) and os.path.exists(spec)):
+    from theory.core.files import input_file
+
+    if not (isinstance(spec, str) and os.path.lexists(spec)):
         return None
-    with open(spec) as f:
-        try:
-            return json.load(f)
-        except ValueError:
-            raise ValueError(f"{what}: {spec} is not JSON (write it with {writer})") from None
+    # a FIFO / device refused unopened, the size bounded, the JSON parsed: one line (theory.core.files)
+    return input_file(what, spec, "json", hint=f"write a schedule with {writer}")
 
 
 def weights_value(spec) -> tuple:
@@ -303,8 +310,9 @@ def weights_value(spec) -> tuple:
     path of a schedule.json written by ``coolsd tune`` (key "weights")."""
     if (d := _schedule_file(spec, "weights", "coolsd tune")) is not None:
         if isinstance(d, dict) and "weights" not in d and "levels" in d:
-            raise NotImplementedError(f"weights: {spec} holds a 'level' schedule; running level rules as a method is "
-                                      "not implemented (tune with --family free/exponential/linear/uniform)")
+            raise ValueError(f"weights: {spec} holds a 'level' schedule (coolsd tune --family level); running level "
+                             "rules as a method is not implemented: tune with --family free, exponential, linear or "
+                             "uniform for --method scaled")
         if isinstance(d, dict) and d.get("rule") == "row-scaled":
             raise ValueError(f"weights: {spec} holds a row-conditioned schedule (its weights depend on the target row): "
                              f"run it with --method row-scaled --schedule {spec}")
@@ -318,8 +326,9 @@ def weights_value(spec) -> tuple:
         w = tuple(float(x) for x in spec)
     except (TypeError, ValueError):
         raise ValueError(f"weights: need a list of numbers, got {spec!r}") from None
-    if not w or not all(math.isfinite(x) and x > 0 for x in w):
-        raise ValueError(f"weights: need a non-empty list of finite weights > 0, got {spec!r}")
+    if not w or not all(math.isfinite(x) and 0 < x <= FLOAT32_MAX for x in w):
+        raise ValueError(f"weights: need a non-empty list of finite weights > 0 (<= {FLOAT32_MAX:.4g}, float32), "
+                         f"got {spec!r}")
     return w
 
 

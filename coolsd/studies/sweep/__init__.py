@@ -37,7 +37,7 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
     {"complete", "units", "done_here", "report" (rank 0, complete only)}."""
     import torch
 
-    from .run import Dist, plan_units, run_units
+    from .run import Dist, plan_units, run_units, unit_expectation
 
     from . import quality
     from .run import Context
@@ -62,7 +62,7 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
         if err is None:
             if dist.rank == 0:
                 try:                   # stored units opened now: a damaged one is named before any work
-                    store.check_units(plan_units(cfg))
+                    store.check_units(plan_units(cfg), lambda u: unit_expectation(cfg, u))
                 except ValueError as e:
                     err = str(e)
             err = dist.broadcast(err)

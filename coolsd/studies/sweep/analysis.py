@@ -201,7 +201,7 @@ def _batch_note(cfg: SweepConfig, ctx: Context, loaded: dict, T: int) -> dict:
         return {"text": f"Speed-ups measured at batch size {B} on {ctx.device}; no batch-size curve for {why}."}
     Bs = batching.batches_up_to(B)
     try:
-        costs = {b: batching.unit_costs(t, d, b, ctx.proc, ctx.L) for b in Bs}
+        costs = {b: batching.unit_costs(t, d, b, ctx.proc, ctx.L, T=int(ctx.bundle.num_tokens)) for b in Bs}
     except (AttributeError, TypeError) as e:    # a model outside the LlamaGen-style calls the timer makes
         return {"text": f"Speed-ups measured at batch size {B} on {ctx.device}; no batch-size curve for this "
                         f"model ({type(e).__name__}: {e})."}

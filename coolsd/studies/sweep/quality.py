@@ -71,9 +71,11 @@ def _batches(ctx, q, d):
         yield x, caps
 
 
-def _measure(cfg, ctx, d) -> dict:
+def _measure(cfg, ctx, d, where: str = "the generated images") -> dict:
+    from coolsd.quality.evaluate import check_finite_images
+
     q = setup(cfg, ctx)
-    r = q.measure(_batches(ctx, q, d))
+    r = q.measure(_batches(ctx, q, d), where)
     out = dict(r)
     if "fid" in r:      # the report's FD (table, figures, claims) is the FID of this extractor
         out |= {"frechet_distance": r["fid"], "frechet_distance_ci": r["fid_ci"], "frechet_distance_se": r["fid_se"]}
@@ -83,6 +85,7 @@ def _measure(cfg, ctx, d) -> dict:
         from real.zoo.metrics import class_accuracy
 
         images = vq.decode(torch.as_tensor(d["tokens"]))
+        check_finite_images(images, where)
         labels = torch.as_tensor(d["classes"])
         acc = class_accuracy(images, labels)
         dev = getattr(ctx.bundle.target, "device", "cpu")
@@ -111,7 +114,8 @@ def quality(store, cfg, ctx, unit, load) -> dict:
         except (OSError, ValueError, KeyError):
             pass                                   # damaged: recompute and overwrite
     path.parent.mkdir(exist_ok=True)
-    r = json_safe(_measure(cfg, ctx, load(store, cfg, unit)))
+    where = f"the units of {unit.key} in {str(store.unit_path(unit.slug, 0).parent)!r}"
+    r = json_safe(_measure(cfg, ctx, load(store, cfg, unit), where))
     store.write_text(name, json.dumps({**want, "quality": r}, allow_nan=False) + "\n")
     return r
 

@@ -207,8 +207,12 @@ def figures(out: pathlib.Path, report: dict) -> dict:
         _save(fig, path)
 
     def ci(ms):
-        return [[max(0.0, m["frechet_distance"] - (m["frechet_distance_ci"][0] or m["frechet_distance"])) for m in ms],
-                [max(0.0, (m["frechet_distance_ci"][1] or m["frechet_distance"]) - m["frechet_distance"]) for m in ms]]
+        """Error bars of the FD; None when any setting has no interval (too few images for a jackknife)."""
+        if not all(m.get("frechet_distance") is not None and m.get("frechet_distance_ci") and
+                   None not in m["frechet_distance_ci"] for m in ms):
+            return None
+        return [[max(0.0, m["frechet_distance"] - m["frechet_distance_ci"][0]) for m in ms],
+                [max(0.0, m["frechet_distance_ci"][1] - m["frechet_distance"]) for m in ms]]
 
     tpc = lambda m: m["accepted_length"]["measured"]
     panel(out / FIGURES["fd_vs_tokens"], tpc, lambda m: m["frechet_distance"], ci, "measured tokens per target call",

@@ -105,6 +105,21 @@ class Unit:
         return AR if self.setting is None else self.setting.slug
 
 
+def identity_digest(cfg: "SweepConfig") -> str:
+    """A short SHA-256 of the store identity (``SweepConfig.identity``): every unit carries it."""
+    import json
+
+    return hashlib.sha256(json.dumps(cfg.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def unit_expectation(cfg: "SweepConfig", unit: "Unit") -> dict:
+    """What a stored unit of ``unit`` must carry (``Store.check_units`` compares it before any new unit is made): its
+    setting, block, seed, the base seed, the image range [lo, hi) and the identity digest of this sweep."""
+    lo = unit.index * cfg.unit_images
+    return {"key": unit.key, "index": unit.index, "seed": unit_seed(cfg.seed, unit.key, unit.index),
+            "base_seed": cfg.seed, "images": [lo, lo + cfg.unit_images], "identity": identity_digest(cfg)}
+
+
 def unit_seed(base: int, key: str, index: int) -> int:
     """Seed of a unit from (base seed, setting key, block index) only (63 bits of a SHA-256)."""
     h = hashlib.sha256(f"{base}|{key}|{index}".encode()).digest()
@@ -285,7 +300,7 @@ def run_unit(ctx: Context, unit: Unit) -> tuple[dict, dict]:
         for dep, (p, q, toks, start) in tree_records(gens).items():
             arrays |= {f"rect{dep}_p": p.astype(np.float32), f"rect{dep}_q": q.astype(np.float32),
                        f"rect{dep}_tokens": toks, f"rect{dep}_start": start}
-    meta = {"key": unit.key, "index": unit.index, "seed": seed, "wall_seconds": wall, "started": started,
+    meta = {**unit_expectation(cfg, unit), "wall_seconds": wall, "started": started,
             "finished": time.time(), "rank": ctx.rank,
             "batch_size": cfg.batch_size, "device": str(ctx.device), "code_version": ctx.code_version}
     return arrays, meta

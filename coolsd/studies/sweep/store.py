@@ -133,14 +133,29 @@ class Store:
             raise ValueError(f"unit file: {str(path)!r} has an unreadable meta record ({e}); {hint}") from None
         return arrays, meta
 
-    def check_units(self, units) -> int:
+    def check_units(self, units, expect=None) -> int:
         """Open every stored unit of ``units`` (objects with ``slug`` and ``index``) now, before any work, so
-        that a damaged one is reported up front, not after the other units ran. Returns how many exist."""
-        n = 0
+        that a damaged one is reported up front, not after the other units ran; with ``expect(unit)`` -> the meta
+        the unit must carry (``run.unit_expectation``: setting, block, seed, base seed, image range, identity
+        digest), a unit made by another sweep (another seed, setting, block or configuration, copied or moved in)
+        is refused naming the file and the field. A unit without the newer fields (stored before they were
+        written) is held to its seed, setting, block and image indices. Returns how many exist; the code versions
+        of the units are compared with this code's, and a difference is printed (the report lists them too)."""
+        n, versions = 0, set()
         for u in units:
             if self.done(u.slug, u.index):
-                self.read_unit(u.slug, u.index)
+                arrays, meta = self.read_unit(u.slug, u.index)
+                if expect is not None:
+                    _check_unit(self.unit_path(u.slug, u.index), arrays, meta, expect(u))
+                versions.add(str(meta.get("code_version")))
                 n += 1
+        now = code_version()
+        other = sorted(v for v in versions if v != now)
+        if other:
+            import sys
+
+            print(f"coolsd: warning: {self.root}: stored units were made by code version(s) {', '.join(other[:3])}, "
+                  f"this is {now} (listed in the report)", file=sys.stderr)
         return n
 
     def write_text(self, name: str, text: str) -> pathlib.Path:
@@ -149,3 +164,21 @@ class Store:
         return path
 
 
+
+
+def _check_unit(path, arrays: dict, meta: dict, want: dict) -> None:
+    """One stored unit against what this sweep expects of it (``Store.check_units``): one ValueError line."""
+    hint = (f"it was made by another sweep (copied or moved in?): delete it ({str(path)!r}) and rerun to recompute "
+            "it, or use that sweep's own directory")
+    for k in ("base_seed", "key", "index", "seed", "images", "identity"):
+        if k in meta or k in ("key", "index", "seed"):
+            if meta.get(k) != want[k]:
+                raise ValueError(f"unit file {str(path)!r}: {k} {meta.get(k)!r} does not match this sweep's "
+                                 f"{want[k]!r}; {hint}")
+    lo, hi = want["images"]
+    idx = arrays.get("image_index")
+    toks = arrays.get("tokens")
+    if idx is None or toks is None or np.asarray(idx).tolist() != list(range(lo, hi)) or len(toks) != hi - lo:
+        got = None if idx is None else (np.asarray(idx).tolist()[:3], len(np.asarray(idx)))
+        raise ValueError(f"unit file {str(path)!r}: its images {got} are not images {lo}..{hi - 1} of this block; "
+                         f"{hint}")
