@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .build_options import BuildOptions
 from .protocol import NO_DRAFT, make_draft as _make_draft    # NO_DRAFT: BuildOptions.draft "none", no draft model
 
 __all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamagen_pair"]
@@ -47,42 +48,6 @@ def register(name: str, builder: Callable[[Any], Bundle], help: str = "", spec=N
     MODELS[name] = (builder, help)
 
 
-@dataclass(frozen=True)
-class BuildOptions:
-    """Options of the model builders; None everywhere means "the model's default" (stated per builder)."""
-    device: str | None = None             # cpu, cuda, cuda:N, auto (default cpu)
-    dtype: str | None = None              # float32 (default), bfloat16, float16
-    seed: int | None = None               # weights of random models, caption draws, class ids (default 0)
-    num_images: int | None = None         # one condition per image (default 1)
-    class_id: int | None = None           # c2i: this class for every image (default: seeded random)
-    num_tokens: int | None = None         # tokens per image (default: the whole image)
-    draft: str | None = None              # draft kind: layerskip, small, eagle (model-dependent default); "none"
-    draft_layers: int | None = None       # layerskip drafts: target layers kept (default 1)
-    model_type: str | None = None         # llamagen: c2i (default) or t2i
-    image_size: int | None = None
-    target_ckpt: str | None = None
-    target_pretrained: str | None = None
-    target_size: str | None = None
-    draft_ckpt: str | None = None
-    draft_pretrained: str | None = None
-    draft_size: str | None = None
-    drafter_dir: str | None = None        # trained EAGLE drafter directory
-    vq_ckpt: str | None = None
-    vq_size: str | None = None
-    neighbors_k: int | None = None        # width of the LANTERN neighbour table (default 1001)
-    lantern_neighbors: str | None = None  # LANTERN table: raw codebook distances (default, as released) or l2
-    captions: str | None = None           # t2i: .pt list of {embedding, mask}
-    prompts: tuple | list | None = None   # t2i / multimodal prompts
-
-    @classmethod
-    def from_namespace(cls, ns) -> "BuildOptions":
-        """The build options present in an argparse Namespace (other attributes are the caller's)."""
-        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})
-
-
-
-
-
 def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     """The ``Bundle`` of model ``name`` built with ``opts`` and/or options ``kw`` (fields of ``BuildOptions``;
     an unknown one is a ValueError naming it)."""
@@ -95,7 +60,7 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     bad = sorted(set(kw) - known)
     if bad:
         raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
-    opts = dataclasses.replace(opts or BuildOptions(), **kw)
+    opts = dataclasses.replace(opts or BuildOptions(), **kw)       # BuildOptions checks the types
     from .specs import prepare
     no_draft = opts.draft == NO_DRAFT
     s, opts = prepare(name, dataclasses.replace(opts, draft=None) if no_draft else opts)   # the one generic check

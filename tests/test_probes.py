@@ -936,3 +936,25 @@ def test_batch_note_finds_where_sd_stops_paying():
     assert stops_paying(rounds, {1: cheap, 16: cheap}, T, L)["stops_paying_at"] is None
     assert stops_paying(rounds, {1: cheap, 4: dear, 16: cheap}, T, L)["stops_paying_at"] is None
     assert "from B = 8" in note({"vanilla": r}, 16, "cpu")
+
+
+def test_api_log_target_and_build_options_check_types():
+    """log_target and registry.build refuse None / wrongly typed arguments with one line naming them (an
+    AttributeError / a deep int() failure before); the controls (lists, numpy integers) are accepted."""
+    import numpy as np
+
+    from real.build_options import BuildOptions
+    from theory.likelihood.chain import log_target
+
+    p = np.full((4, 3), 1 / 3)
+    for bad, name in ((None, "p"), ("abc", "p")):
+        with pytest.raises(TypeError, match=f"log_target: {name} must be an array"):
+            log_target(bad, np.zeros(4, int))
+    with pytest.raises(TypeError, match="log_target: tokens must be an array"):
+        log_target(p, None)
+    assert log_target(p.tolist(), [0, 1, 2, 0]) == pytest.approx(4 * np.log(1 / 3))      # lists: converted
+    with pytest.raises(TypeError, match="build option num_images must be Integral"):
+        BuildOptions(num_images="2")
+    with pytest.raises(TypeError, match="build option seed"):
+        BuildOptions(seed=True)
+    assert BuildOptions(num_images=np.int64(2), prompts=["a"]).num_images == 2                # numpy ints: fine

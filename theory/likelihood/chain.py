@@ -238,6 +238,8 @@ def _forward(a, r, pt, draft, bonus, L, xp, dev):
 def log_target(p: Array, tokens: Array) -> Array:
     """log P(tokens) = sum_t log p_t(x_t) (...,) float64 for rows p (..., T, V) and tokens (..., T); -inf where
     some p_t(x_t) = 0 (exact zero, no epsilon). Rows and tokens are validated as in ``log_likelihood``."""
+    p, tokens = (a if hasattr(a, "shape") and not isinstance(a, (str, bytes)) else
+                 checks.array(f"log_target: {n}", a) for n, a in (("p", p), ("tokens", tokens)))
     xp = namespace(p, tokens)
     if p.ndim < 2 or tuple(tokens.shape) != tuple(p.shape[:-1]):
         raise ValueError(f"log_target: expected p (..., T, V) and tokens (..., T); got p {tuple(p.shape)}, "
