@@ -1,5 +1,5 @@
 """Issue 42: greedy tokens identical across the eager host path, the device path (forced on the CPU,
-``real.nn.devpath``) and the compiled decoder blocks (``real.nn.blocks.compile_blocks``, inductor on the CPU, on
+``real.nn.devpath``) and the compiled decoder blocks (``real.nn.blocks.compile_blocks``; backend below), on
 both paths), for every drafting mode (chain, static tree eagle25, dynamic tree, Jacobi) at B = 1 and B = 4, on
 the tiny LlamaGen pair; and all equal plain greedy decoding.
 

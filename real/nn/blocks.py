@@ -142,6 +142,8 @@ def compile_problem(device="cpu", backend: str = "inductor", mode: str | None = 
 
             return (f"no C++ compiler for torch.compile's inductor CPU backend (looked for "
                     f"{config.cpp.cxx!r}: install g++ or set CXX)")
+    elif dev.type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
     elif dev.type == "cuda" and not _has_triton():
         return "torch.compile's inductor CUDA backend needs triton, which is not installed (pip install triton)"
     return None
