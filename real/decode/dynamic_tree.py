@@ -107,7 +107,7 @@ class DynamicTree(ModelDrafting):
         if run.host:
             mask = torch.from_numpy(mask)
         law = "point" if q is None else self.draft_law
-        parent = parent if isinstance(parent, np.ndarray) else parent.cpu().numpy()
+        # the device path keeps the parents on the device: the round reads them back with its verdict (settle)
         return Proposal(tokens, q, law, trees, trees.node_depth, mask, fwd, parent)
 
     def params(self) -> dict:

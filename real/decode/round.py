@@ -265,11 +265,12 @@ def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
 def settle(run: Run, prop, hidden, v, Dr: int, extra: tuple = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """After the verdict ``v``: keep the accepted path in the target's cache (a chain: its rejected tail rolled back; a
     tree: ``keep`` of [root; path]), for feature drafters its hidden states at their positions, and commit path + next
-    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and the ``extra`` (B,) int64 device columns
-    (E, B), all read back to the host together: the round's one sync."""
+    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and the ``extra`` int64 device columns (B,)
+    or blocks (B, m), as rows (E, B) (a block: m rows), all read back to the host together: the round's one sync."""
     act = run.active
     acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
-    head = torch.cat([acc_t, path_t, *(torch.as_tensor(e)[:, None] for e in extra)], 1).cpu().numpy()
+    cols = (torch.as_tensor(e) for e in extra)                # (B,) columns or (B, m) blocks
+    head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in cols)], 1).cpu().numpy()
     tau, path, more = head[:, 0], head[:, 1:Dr + 1], head[:, Dr + 1:].T
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
     N = prop.tokens.shape[1] - 1
@@ -410,9 +411,14 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
         else:                     # a mode's own verdict (real.protocol.Proposal.verify)
             v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
     host_dep = isinstance(prop.depth, np.ndarray)
+    dev_par = dev and isinstance(prop.parent, torch.Tensor)  # a dynamic tree's parents, read back with the verdict
     extra = () if not dev else (finite.long().expand(run.B),) + (() if host_dep else (
-        ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Dt[:, None])).sum(-1),))
+        ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Dt[:, None])).sum(-1),)) + \
+        ((prop.parent.long(),) if dev_par else ())
     tau, path, more = settle(run, prop, o.hidden, v, Dr, extra)
+    parent = prop.parent.cpu().numpy() if isinstance(prop.parent, torch.Tensor) and not dev_par else prop.parent
+    if dev_par:
+        parent = more[1 + (not host_dep):].T.copy()
     if dev and not more[0].all():
         check_finite(p, prop.q)          # raises (the entries looked at, as on the host path)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
@@ -430,4 +436,4 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
     rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if record else {}
     return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,
-                depth=Db, nodes=path, parent=prop.parent, **rows)
+                depth=Db, nodes=path, parent=parent, **rows)
