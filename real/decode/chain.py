@@ -132,9 +132,9 @@ def feed_draft(run):
     idx = np.minimum(seen[:, None] + np.arange(F)[None, :], np.maximum(need - 1, 0)[:, None])   # (B, F)
     dev_path = run.n_dev is not None      # the device path: host indices sent without a sync, positions on device
     lastf = run.rows(np.maximum(f - 1, 0))
-    if dev_path:                          # one non-blocking copy: [idx | last] (B, F + k), k = CFG rows per image
-        both = to_device(np.concatenate([idx, lastf.reshape(-1, run.B).T], 1), run.dev)
-        idx_t, last = both[:, :F], both[:, F:].T.reshape(-1)
+    if dev_path:                          # one non-blocking copy of [idx (B F); last (R)], split by views
+        both = to_device(np.concatenate([idx.ravel(), lastf]), run.dev)
+        idx_t, last = both[:idx.size].view(idx.shape), both[idx.size:]
     else:
         idx_t = torch.as_tensor(idx, device=run.dev)
     tok = run.out.gather(1, (idx_t - run.d_off).clamp(min=0))               # elements before token 0: id 0
