@@ -148,23 +148,32 @@ def prediction(gens, mode, fw: dict) -> float | None:
     return predicted_speedup(er, costs, 0.0, T=s["tokens"])
 
 
+def _leg(res: dict, key: str, t_start: float, budget: float, fn) -> None:
+    """res[key] = fn(), or {"skipped": why} once the time budget is spent, or {"error": ...} when it raises (the
+    check goes on: one JSON file whatever fails on a first GPU)."""
+    if time.perf_counter() - t_start > budget:
+        res[key] = {"skipped": f"time budget of {budget:.0f} s spent"}
+        return
+    try:
+        res[key] = fn()
+    except Exception as e:  # noqa: BLE001 (reported in the JSON and the table, not fatal)
+        res[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"  {key}: {res[key]['error']}", file=sys.stderr, flush=True)
+
+
 def check_model(name, a, dev, dtype, t_start, compile_why) -> dict:
+    """One model: forward timings, the eager runs, the counts (device path, eager), then the compiled runs (last:
+    the slowest to start, the first to be cut by the time budget)."""
     t, d, label = build(name, dev, dtype, a.dry_run, a.draft_layers)
     tokens = min(a.tokens, t.config.block_size)
     res = {"label": label, "params_M": sum(p.numel() for p in t.parameters()) / 1e6, "draft_layers":
            d.config.n_layer, "layers": t.config.n_layer, "tokens": tokens, "images": a.images}
     res["forward_ms"] = {k: 1e3 * v for k, v in forwards(t, d, dev, a.iters).items()}
     fw = {k: v / 1e3 for k, v in res["forward_ms"].items()}
-    legs = [("eager", False)] + ([("compiled", True)] if compile_why is None else [])
-    res["runs"], eager_tokens = {}, {}
-    for leg, comp in legs:
-        compile_blocks(t, enabled=comp, mode=a.compile_mode, backend=a.compile_backend)
-        compile_blocks(d, enabled=comp, mode=a.compile_mode, backend=a.compile_backend)
-        for mode in MODES:
-            key = f"{mode} {leg}"
-            if time.perf_counter() - t_start > a.budget_s:
-                res["runs"][key] = {"skipped": f"time budget of {a.budget_s:.0f} s spent"}
-                continue
+    res["runs"], res["counts"], eager_tokens = {}, {}, {}
+
+    def timed(mode, comp):
+        def f():
             w0 = time.perf_counter()
             run_mode(t, d, mode, min(tokens, a.warm_tokens), 1, dev)        # warm-up (compilation when compiled)
             warm = time.perf_counter() - w0
@@ -174,13 +183,24 @@ def check_model(name, a, dev, dtype, t_start, compile_why) -> dict:
                    "tokens_per_call": s["tokens_per_target_call"], "rounds": s["rounds"],
                    "draft_forwards": s["draft_forwards"], "speedup_predicted": prediction(gens, mode, fw)}
             toks = [g.tokens for g in gens]
-            if comp and mode in eager_tokens:
-                row["tokens_equal_eager"] = all(torch.equal(x, y) for x, y in zip(toks, eager_tokens[mode]))
             if comp:
+                if mode in eager_tokens:
+                    row["tokens_equal_eager"] = all(torch.equal(x, y) for x, y in zip(toks, eager_tokens[mode]))
                 row["fell_back_to_eager"] = bool(t.layers[0].fns.post.failed or t.layers[0].fns.pre.failed)
             else:
                 eager_tokens[mode] = toks
-            res["runs"][key] = row
+            return row
+        return f
+
+    for leg, comp in [("eager", False)] + ([("compiled", True)] if compile_why is None else []):
+        if comp:
+            for mode in MODES:              # the counts of the eager device path, before the compiled legs
+                _leg(res["counts"], mode, t_start, a.budget_s,
+                     lambda mode=mode: counts(t, d, mode, min(tokens, a.count_tokens), dev))
+        compile_blocks(t, enabled=comp, mode=a.compile_mode, backend=a.compile_backend)
+        compile_blocks(d, enabled=comp, mode=a.compile_mode, backend=a.compile_backend)
+        for mode in MODES:
+            _leg(res["runs"], f"{mode} {leg}", t_start, a.budget_s, timed(mode, comp))
         ar = res["runs"].get(f"ar {leg}", {})
         for mode in MODES:
             row = res["runs"][f"{mode} {leg}"]
@@ -188,12 +208,10 @@ def check_model(name, a, dev, dtype, t_start, compile_why) -> dict:
                 row["speedup_measured"] = ar["seconds"] / row["seconds"]
     compile_blocks(t, enabled=False)
     compile_blocks(d, enabled=False)
-    res["counts"] = {}
-    for mode in MODES:
-        if time.perf_counter() - t_start > a.budget_s:
-            res["counts"][mode] = {"skipped": f"time budget of {a.budget_s:.0f} s spent"}
-            continue
-        res["counts"][mode] = counts(t, d, mode, min(tokens, a.count_tokens), dev)
+    if not res["counts"]:                   # no compiled legs: the counts come last
+        for mode in MODES:
+            _leg(res["counts"], mode, t_start, a.budget_s,
+                 lambda mode=mode: counts(t, d, mode, min(tokens, a.count_tokens), dev))
     del t, d
     if dev.type == "cuda":
         torch.cuda.empty_cache()
