@@ -84,10 +84,10 @@ def _count(pair, mode, B=1, T=16):
 # sync-inducing operations of the device path, tiny LlamaGen, greedy, 16 tokens, B = 1 (exact: any change to the
 # round's syncs shows here; benchmarks/bench_ops.py prints the full table)
 SYNCS = {"chain": {"draft": 0, "target": 0, "verify": 0, "bookkeeping": 7},
-         "eagle25": {"draft": 0, "target": 0, "verify": 1, "bookkeeping": 5},
-         "dynamic": {"draft": 0, "target": 0, "verify": 1, "bookkeeping": 5}}
-# bookkeeping: the verdict's one read-back per round (a dynamic tree's parents ride on it); verify 1: the prefill's
-# finiteness check (once per image).
+         "eagle25": {"draft": 0, "target": 0, "verify": 0, "bookkeeping": 5},
+         "dynamic": {"draft": 0, "target": 0, "verify": 0, "bookkeeping": 5}}
+# bookkeeping: the verdict's one read-back per round (a dynamic tree's parents and the prefill's finiteness ride
+# on it).
 # (before issue 42's reductions: chain 48 / 8 / 14 / 28, eagle25 131 / 12 / 43 / 24, dynamic 103 / 13 / 37 / 31;
 # then chain 20 / 2 / 0 / 7, eagle25 85 / 7 / 6 / 8, dynamic 41 / 7 / 1 / 8 before the non-blocking copies of
 # real.nn.devpath.to_device, the device-side mask check of real.nn.masks and the static tree's device children)
@@ -157,3 +157,22 @@ def test_dynamic_tree_records_on_the_device_path_equal_the_host_paths(pair):
                 if ra.parent is not None:
                     assert rb.parent.dtype == np.int64 and np.array_equal(ra.parent, rb.parent)
         assert any(r.parent is not None and r.accepted > 0 for g in dev for r in g.rounds)
+
+
+@pytest.mark.parametrize("T", [1, 2, 16])
+@pytest.mark.parametrize("device_path", [False, True])
+def test_a_non_finite_prefill_row_is_refused_on_both_paths(pair, monkeypatch, T, device_path):
+    """The prefill's rows are checked for finiteness on the host path at once and on the device path with the first
+    round's read-back (a speculative round, an AR round near the image's end, or the end of a 1-token image)."""
+    t, d = pair
+    prefill = t.prefill
+
+    def nan_prefill(*a, **k):                                            # the target's prefill only
+        o = prefill(*a, **k)
+        return o._replace(logits=o.logits.clone().fill_(float("nan")))
+
+    monkeypatch.setattr(t, "prefill", nan_prefill)
+    with pytest.raises(ValueError, match="non-finite"):
+        engine.generate(t, d if T > 1 else None, [0], num_tokens=T, verifier=rules.vanilla(),
+                        drafting=min(4, T) if T > 1 else None, processing=Processing(temperature=1.0, cfg_scale=2.0),
+                        device_path=device_path)              # (greedy rows are one-hot: finite whatever the logits)

@@ -90,6 +90,7 @@ class Run:
     hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
     state: object = None
     n_dev: torch.Tensor | None = None    # (B,) int64 n on the device: the device path's own copy (no host -> device)
+    unchecked: torch.Tensor | None = None  # the device path: prefill rows whose finiteness rides on the next read-back
 
     @property
     def B(self) -> int:
@@ -323,7 +324,10 @@ def prefill_round(run: Run, mode, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
-        check_finite(p)
+        if run.n_dev is None:
+            check_finite(p)
+        else:                      # the device path: checked with the first round's verdict (no read-back here)
+            run.unchecked = p
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     run.state = mode.start(run)
@@ -349,6 +353,9 @@ def ar_round(run: Run, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
+        if run.unchecked is not None:          # the prefill's rows (no speculative round came to check them)
+            check_finite(run.unchecked)
+            run.unchecked = None
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
@@ -401,7 +408,9 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     N = prop.tokens.shape[1] - 1
     dev = run.n_dev is not None          # the device path: the finiteness flag read back with the verdict
     with phase("verify"):
-        finite = torch.isfinite(sum(r.sum() for r in (p, prop.q) if r is not None)) if dev else check_finite(p, prop.q)
+        checked = (p, prop.q, run.unchecked)   # (the prefill's rows, on the device path, with the first round's)
+        finite = torch.isfinite(sum(r.sum() for r in checked if r is not None)) if dev else check_finite(p, prop.q)
+        run.unchecked = None
         u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
         u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
         Dt = run.depth_tensor(Db, mode.max_depth, getattr(mode, "plain_tail", 0))
@@ -420,7 +429,7 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     if dev_par:
         parent = more[1 + (not host_dep):].T.copy()
     if dev and not more[0].all():
-        check_finite(p, prop.q)          # raises (the entries looked at, as on the host path)
+        check_finite(*checked)           # raises (the entries looked at, as on the host path)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()
     mode.advance(run, prop, v, p, n0)
