@@ -122,8 +122,8 @@ class _Function(TorchFunctionMode):
         elif name in ("__getitem__", "__setitem__") and len(args) > 1 and _host_index(args[1]):
             o.add("h2d", name + "[host index]")
         out = func(*args, **kwargs)
-        if name == "from_numpy" or (name in _FACTORIES and kwargs.get("device") is None and not tensor
-                                    and isinstance(out, torch.Tensor)):
+        if name == "from_numpy" or (name == "pin_memory" and host) or (
+                name in _FACTORIES and kwargs.get("device") is None and not tensor and isinstance(out, torch.Tensor)):
             self.made[id(out)] = weakref.ref(out)
         return out
 
