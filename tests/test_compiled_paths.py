@@ -5,7 +5,7 @@ the tiny LlamaGen pair; and all equal plain greedy decoding.
 
 Backend: the suite compiles with torch.compile's "eager" backend (dynamo's graph capture, guards, dynamic shapes
 and graph breaks, without code generation) and runs the compiled blocks on the device path only (what a GPU runs;
-tests/test_compile.py keeps inductor chain and tree legs on the host path, B = 3): ~30-60 s on 2 shared cores. With
+tests/test_compile.py keeps inductor chain and tree legs on the host path, B = 3): ~25 s on 2 shared cores. With
 ``COOLSD_TEST_COMPILE_BACKEND=inductor pytest tests/test_compiled_paths.py`` (any backend given) the compiled host
 path joins, with inductor's C++ code generation (what ``--compile`` runs on the CPU): 45 s-2 min with inductor's
 on-disk cache warm, ~4 min cold (it passed when written). The compiled
