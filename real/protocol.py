@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 __all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt",
-           "check_pair", "block_mask", "as_conds", "OneRow", "as_batched", "prompt_rows", "check_attn_mask", "LAWS",
+           "check_pair", "as_conds", "OneRow", "as_batched", "prompt_rows", "LAWS",
            "Proposal", "Drafting", "NO_DRAFT", "make_draft"]
 
 NO_DRAFT = "none"   # the draft kind of drafter-free decoding (--draft jacobi): builders make no draft model
@@ -353,38 +353,6 @@ def check_pair(target, draft) -> None:
     if int(vt) != int(vd):
         raise ValueError(f"draft and target vocabularies differ: draft V={vd}, target V={vt}; speculative decoding "
                          "needs both over the same image tokens (same tokenizer)")
-
-
-def check_attn_mask(attn_mask: torch.Tensor, S: int, cache_len: int, device, rows: int | None = None) -> torch.Tensor:
-    """A block's ``attn_mask`` (S, K) -- or (rows, S, K), one per row, when ``rows`` is given (models with
-    ``row_masks``: dynamic trees differ per image) -- as bool on ``device``, checked: S <= K <= cache_len + S (the
-    last K - S cached entries and the block) and every new token attends to itself."""
-    per_row = rows is not None and attn_mask.ndim == 3
-    lead = (rows,) if per_row else ()
-    if attn_mask.ndim != 2 + per_row or tuple(attn_mask.shape[:-1]) != (*lead, S) \
-            or not S <= attn_mask.shape[-1] <= cache_len + S:
-        shape = "(rows, S, K) or (S, K)" if rows is not None else "(S, K)"
-        raise ValueError(f"attn_mask must be {shape} with rows = {rows}, S = {S} new tokens and {S} <= K <= "
-                         f"cache_len + S = {cache_len + S} (K = S: over the new block), got {tuple(attn_mask.shape)}")
-    blk = attn_mask.to(device=device, dtype=torch.bool)
-    diag = blk[..., -S:].diagonal(dim1=-2, dim2=-1)
-    if not (diag.numpy().all() if diag.device.type == "cpu" else bool(diag.all())):   # host: no torch reduction
-        raise ValueError("attn_mask must let every new token attend to itself (diagonal all True)")
-    return blk
-
-
-def block_mask(S: int, cache_len: int, attn_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-    """(S, cache_len + S) bool visibility of S new tokens over the cache and the block, or None when it is
-    plain causal with S = 1 (everything visible). ``attn_mask`` (S, S) bool overrides the causal block;
-    (S, K) with S < K <= cache_len + S overrides the last K - S cache columns too (a tree level)."""
-    if attn_mask is None:
-        if S == 1:
-            return None
-        blk = torch.ones(S, S, dtype=torch.bool, device=device).tril_()
-    else:
-        blk = check_attn_mask(attn_mask, S, cache_len, device)
-    past = torch.ones(S, cache_len + S - blk.shape[1], dtype=torch.bool, device=device)
-    return torch.cat([past, blk], dim=1)
 
 
 class Placed:

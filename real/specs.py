@@ -103,7 +103,9 @@ class ModelSpec:
     per-model choices of an option (dest -> callable), over the option's own;
     ``tokens``: tokens per image when fixed (None: set by the options); ``rules``: :class:`Rule` s;
     ``sjd_schedule``: "lumina" where the SJD / SCD releases sample the image's last codes plainly
-    (``real.adapters.chameleon.sjd_plain_tail``; ``--draft jacobi`` follows it), None elsewhere."""
+    (``real.adapters.chameleon.sjd_plain_tail``; ``--draft jacobi`` follows it), None elsewhere; ``compiles``: its
+    target and every draft kind are built of ``real.nn.blocks`` decoder layers (LlamaGen, EAGLE-1), which
+    ``--compile`` (``real.nn.blocks.compile_blocks``) can compile."""
     name: str
     options: frozenset = frozenset()
     drafts: tuple = ("layerskip",)
@@ -118,6 +120,7 @@ class ModelSpec:
     choices: Mapping[str, Callable[[], tuple]] = field(default_factory=dict)   # per-model choices of an option
     sjd_schedule: str | None = None
     no_cfg: str | None = None          # why --cfg-scale other than 1 is refused (GLM-Image's AR stage has no CFG)
+    compiles: bool = False
 
     def __post_init__(self):
         unknown = sorted(set(self.options) - set(OPTIONS))
@@ -145,11 +148,12 @@ _PROMPTED = (Rule(need=(("prompts",),)),)
 _GLM_NO_CFG = ("GLM-Image's autoregressive stage has no classifier-free guidance (its guidance_scale belongs to the "
                "diffusion decoder, which this toolkit does not run)")
 _TINY = dict(drafts=("layerskip", "small", "eagle"), default_draft="layerskip", tokens=64)
+_LG = dict(compiles=True)        # LlamaGen targets (their drafts: LlamaGen or EAGLE-1)
 
 SPECS: dict[str, ModelSpec] = {s.name: s for s in (
-    ModelSpec("llamagen-tiny", frozenset({"class_id", "draft"}), cfg_scale=2.0, **_TINY),
-    ModelSpec("llamagen-tiny-t2i", frozenset({"draft"}), cfg_scale=2.0, **_TINY),
-    ModelSpec("llamagen", _LLAMAGEN_FILES, ("small", "layerskip", "eagle"), "small", codebook="vq",
+    ModelSpec("llamagen-tiny", frozenset({"class_id", "draft"}), cfg_scale=2.0, **_TINY, **_LG),
+    ModelSpec("llamagen-tiny-t2i", frozenset({"draft"}), cfg_scale=2.0, **_TINY, **_LG),
+    ModelSpec("llamagen", _LLAMAGEN_FILES, ("small", "layerskip", "eagle"), "small", codebook="vq", **_LG,
               cfg_scale={"c2i": 4.0, "t2i": 7.5},
               defaults={"model_type": "c2i", "target_size": "XL", "draft_size": "B", "vq_size": "VQ-16"},
               choices={"target_pretrained": _names("real.models.llamagen_io", "PRETRAINED"),
@@ -178,7 +182,7 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
     ModelSpec("emu3", frozenset({"target_pretrained", "prompts", "draft", "drafter_dir"}), ("eagle", "layerskip"),
               "eagle", cfg_scale=3.0, top_k=2048, rules=_PROMPTED),
     ModelSpec("mnist", frozenset({"class_id", "draft"}), ("small", "eagle", "layerskip"), "small", cfg_scale=2.0,
-              tokens=49),
+              tokens=49, **_LG),
 )}
 
 

@@ -102,3 +102,65 @@ def test_compile_blocks_refuses_bad_input():
     with pytest.raises(ValueError, match="no decoder layers"):
         compile_blocks(torch.nn.Linear(2, 2))
     assert np.all([layer.fns is EAGER for layer in t.layers])
+
+
+def test_compile_problem_names_what_is_missing(monkeypatch):
+    """``compile_problem``: None where inductor can work; one line naming the missing piece otherwise (a C++
+    compiler on the CPU and triton on CUDA simulated missing; CUDA graphs asked for on the CPU)."""
+    from real.nn import blocks
+
+    assert blocks.compile_problem("cpu") is None                     # this machine has g++
+    assert blocks.compile_problem("cpu", backend="eager") is None
+    assert "CUDA graphs" in blocks.compile_problem("cpu", mode="reduce-overhead")
+
+    def no_cxx():
+        raise RuntimeError("InvalidCxxCompiler")
+
+    monkeypatch.setattr(blocks, "_cpp_compiler", no_cxx)
+    why = blocks.compile_problem("cpu")
+    assert "no C++ compiler" in why and "\n" not in why
+    assert blocks.compile_problem("cpu", backend="eager") is None    # no code generation: no compiler needed
+    monkeypatch.setattr(blocks, "_has_triton", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "triton" in blocks.compile_problem("cuda")
+
+
+class _Built(Exception):
+    pass
+
+
+def _generate(capsys, *args):
+    from coolsd.cli import main
+
+    rc = main(["generate", "--model", "llamagen-tiny", "--num-tokens", "4", "--json", *args])
+    return rc, capsys.readouterr().err.strip()
+
+
+def test_generate_compile_refuses_before_any_work(monkeypatch, capsys):
+    """``coolsd generate --compile``: a missing compiler, a mode the device cannot honour and a model without
+    compilable blocks are refused in one line before any model is built; with a working compiler the checks
+    pass and the models are built (the control)."""
+    import real.registry
+    from real.nn import blocks
+
+    def build(*a, **k):
+        raise _Built()
+
+    monkeypatch.setattr(real.registry, "build", build)
+    with pytest.raises(_Built):                                          # control: the checks pass, building starts
+        _generate(capsys, "--compile")
+    monkeypatch.setattr(blocks, "_cpp_compiler", lambda: (_ for _ in ()).throw(RuntimeError("none")))
+    rc, err = _generate(capsys, "--compile")
+    assert rc == 2 and "--compile default: no C++ compiler" in err and len(err.splitlines()) == 1
+    with pytest.raises(_Built):                                          # without --compile: nothing checked
+        _generate(capsys)
+    monkeypatch.undo()
+    monkeypatch.setattr(real.registry, "build", build)
+    rc, err = _generate(capsys, "--compile", "reduce-overhead")
+    assert rc == 2 and "CUDA graphs" in err and len(err.splitlines()) == 1
+    from coolsd.cli import main
+
+    assert main(["generate", "--model", "hf-llama-tiny", "--compile", "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--model hf-llama-tiny is not built of them" in err and "llamagen-tiny" in err
+    assert len(err.splitlines()) == 1

@@ -19,6 +19,7 @@ def validate_args(args) -> None:
     T = args.num_tokens or spec(args.model).tokens      # tokens per image when the spec knows them
     args._drafting = drafting_spec(args, T)               # the shared parser of drafting options (coolsd.options)
     _validate_method(args)
+    _validate_compile(args)
     n_conds = _count_conditions(args)
     if args.num_images is None:
         args.num_images = n_conds or 1
@@ -85,6 +86,29 @@ def _validate_numbers(args, checks) -> None:
     from coolsd import validate
 
     validate.common(args, available=False)    # availability: real.registry when building
+
+
+def _validate_compile(args) -> None:
+    """--compile, before any model is built: a model whose decoder blocks it can compile (``ModelSpec.compiles``),
+    a mode the device can honour and a working compiler (``real.nn.blocks.compile_problem``: dynamo, inductor,
+    a C++ compiler on the CPU, triton on CUDA; cheap, nothing is compiled)."""
+    mode = getattr(args, "compile", None)
+    if not mode:
+        return
+    from real.specs import SPECS, spec
+
+    if not spec(args.model).compiles:
+        ok = ", ".join(sorted(n for n, s in SPECS.items() if s.compiles))
+        raise ValueError(f"--compile compiles the decoder blocks of LlamaGen targets and drafts and of EAGLE-1 drafters "
+                         f"(real.nn.blocks); --model {args.model} is not built of them (it can compile: {ok})")
+    import torch
+
+    from real.nn.blocks import compile_problem
+
+    dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    why = compile_problem(dev, "inductor", None if mode == "default" else mode)
+    if why is not None:
+        raise ValueError(f"--compile {mode}: {why}")
 
 
 def _validate_method(args) -> None:

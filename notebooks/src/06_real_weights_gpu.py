@@ -152,11 +152,11 @@ for extra in ([], ["--tree", "eagle25"]):
 
 # %% [markdown]
 # ## Timing check on the GPU
-# `bash scripts/gpu_check.sh` times XL-sized target and B-sized draft forwards (random weights, bf16) and
-# the engine's per-round overhead in under 5 minutes; `--lumina` does the same for a Lumina-mGPT-7B-shaped
-# model; `--cpu-smoke` runs the scripts on tiny models.
+# `bash scripts/gpu_check.sh` times eager vs compiled, AR vs chain vs trees on tiny and XL-shaped random
+# models (bf16) with ops and syncs per token in under 8 minutes; `--forward` times XL-sized forwards and the
+# engine's per-round overhead; `--lumina` a Lumina-mGPT-7B-shaped model; `--cpu-smoke` runs them on tiny models.
 
 # %%
-args = [] if GPU else ["--cpu-smoke"]
+args = ([] if GPU else ["--cpu-smoke"]) + ["--out", str(pathlib.Path(tempfile.mkdtemp()) / "gpu_check.json")]
 out = subprocess.run(["bash", "../scripts/gpu_check.sh", *args], capture_output=True, text=True)
 print(out.stdout[-3000:] or out.stderr[-3000:])

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from real.nn.kvcache import CachedRows, KVCache, row_counts
-from real.protocol import ModelOutput, as_conds, check_attn_mask
+from real.nn.masks import check_attn_mask
+from real.protocol import ModelOutput, as_conds
 
 __all__ = ["BatchedImageLM"]
 

@@ -21,7 +21,8 @@ import torch
 import numpy as np
 
 from real.nn.kvcache import CacheIndex, common_len
-from real.protocol import ModelOutput, block_mask, prompt_rows
+from real.nn.masks import block_mask
+from real.protocol import ModelOutput, prompt_rows
 
 __all__ = ["HFCausalLM"]
 

@@ -16,6 +16,7 @@ import torch
 
 from theory.core import checks
 from real.protocol import Proposal
+from real.nn.devpath import to_device
 
 from . import rng as R
 from .sampling import draw
@@ -129,10 +130,16 @@ def feed_draft(run):
     f = need - seen
     F = int(f.max())
     idx = np.minimum(seen[:, None] + np.arange(F)[None, :], np.maximum(need - 1, 0)[:, None])   # (B, F)
-    idx_t = torch.as_tensor(idx, device=run.dev)
+    dev_path = run.n_dev is not None      # the device path: host indices sent without a sync, positions on device
+    lastf = run.rows(np.maximum(f - 1, 0))
+    if dev_path:                          # one non-blocking copy of [idx (B F); last (R)], split by views
+        both = to_device(np.concatenate([idx.ravel(), lastf]), run.dev)
+        idx_t, last = both[:idx.size].view(idx.shape), both[idx.size:]
+    else:
+        idx_t = torch.as_tensor(idx, device=run.dev)
     tok = run.out.gather(1, (idx_t - run.d_off).clamp(min=0))               # elements before token 0: id 0
     tok = torch.where(idx_t < run.d_off, torch.zeros_like(tok), tok)
-    pos = run.rows(idx)
+    pos = run.rows(idx_t if dev_path else idx)
     if run.feat:
         fidx = torch.as_tensor(pos, device=run.dev)[..., None].expand(-1, -1, run.hist.shape[-1])
         o = draft.forward(run.rows(tok), features=run.hist.gather(1, fidx), position_ids=pos)
@@ -140,7 +147,8 @@ def feed_draft(run):
         o = draft.forward(run.rows(tok), position_ids=pos)
     if (f < F).any():
         draft.rollback(run.rows(F - f))
-    last = torch.as_tensor(run.rows(np.maximum(f - 1, 0)), device=run.dev)
+    if not dev_path:
+        last = torch.as_tensor(lastf, device=run.dev)
     r = torch.arange(last.shape[0], device=run.dev)
     return o.logits[r, last], (o.hidden[r, last] if run.feat else None)
 

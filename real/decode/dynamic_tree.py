@@ -29,6 +29,7 @@ import torch
 from theory.core import checks
 from theory.core.xp import namespace
 from theory.tree import KEYS, child_keys, row_trees, select_nodes
+from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
@@ -107,7 +108,7 @@ class DynamicTree(ModelDrafting):
         if run.host:
             mask = torch.from_numpy(mask)
         law = "point" if q is None else self.draft_law
-        parent = parent if isinstance(parent, np.ndarray) else parent.cpu().numpy()
+        # the device path keeps the parents on the device: the round reads them back with its verdict (settle)
         return Proposal(tokens, q, law, trees, trees.node_depth, mask, fwd, parent)
 
     def params(self) -> dict:
@@ -214,7 +215,7 @@ def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np
     pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]                # level i's nodes: i + 2
                            + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(len(fronts))])
     if caps is not None and int(np.min(caps)) < levels + 1:     # an image with fewer levels than the batch grew
-        deep = pool_depth[None, :] > torch.as_tensor(caps, device=dev)[:, None]
+        deep = pool_depth[None, :] > to_device(caps, dev)[:, None]              # (the device path: no sync)
         pool_keys = pool_keys.masked_fill(deep, -float("inf"))
     if run.host:       # the tree's shape on the host: a few dozen entries, where numpy's calls cost least
         sel, parent = select_nodes(pool_keys.numpy(), pool_parents.numpy(), n)             # (B, n), (B, n+1)

@@ -30,7 +30,8 @@ from real.protocol import as_batched, as_conds
 from .phases import phase
 from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
 from .rng import Streams
-from .round import RoundRecord, Run, Step, host_verification, prefill_round, speculative_round, sync
+from .round import (RoundRecord, Run, Step, check_finite, host_verification, prefill_round, speculative_round,
+                    sync)
 from .sampling import Processing
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "ar_generate", "summarize",
@@ -119,6 +120,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                     steps.append(speculative_round(run, mode, verifier, record_rows))
                     actives.append(act)
                     bar.update(int((run.n - n0).sum()))
+                if run.unchecked is not None:    # the device path: prefill rows no round came to check (T = 1)
+                    check_finite(run.unchecked)
                 sync(dev)
                 info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
                         "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}

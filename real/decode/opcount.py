@@ -18,7 +18,8 @@ synchronise the host with a CUDA device are counted by type:
   array or a list (torch copies the index to the device). A pageable host -> device copy is a blocking
   ``cudaMemcpy`` that waits for the stream's queued kernels: on CUDA it costs the round a sync as a read does.
 
-``syncs`` = d2h + shape + h2d. Usage::
+``syncs`` = d2h + shape + h2d. Not syncs, counted apart (``h2d_async``): ``.to(device, non_blocking=True)`` of host
+data, as ``real.nn.devpath.to_device`` sends it (from pinned memory on CUDA: the copy waits for nothing). Usage::
 
     with OpCounter() as c:
         engine.generate(..., device_path=True)
@@ -115,14 +116,14 @@ class _Function(TorchFunctionMode):
         elif name == "to" and tensor:
             dev = kwargs.get("device", args[1] if len(args) > 1 else None)
             if host and isinstance(dev, (str, torch.device)):
-                o.add("h2d", "to(device)")
+                o.add("h2d_async" if kwargs.get("non_blocking") else "h2d", "to(device)")
             elif dev == "cpu":                  # the literal "cpu": a read-back (.to(run.dev) is not one)
                 o.add("d2h", "to(cpu)")
         elif name in ("__getitem__", "__setitem__") and len(args) > 1 and _host_index(args[1]):
             o.add("h2d", name + "[host index]")
         out = func(*args, **kwargs)
-        if name == "from_numpy" or (name in _FACTORIES and kwargs.get("device") is None and not tensor
-                                    and isinstance(out, torch.Tensor)):
+        if name == "from_numpy" or (name == "pin_memory" and host) or (
+                name in _FACTORIES and kwargs.get("device") is None and not tensor and isinstance(out, torch.Tensor)):
             self.made[id(out)] = weakref.ref(out)
         return out
 
@@ -177,13 +178,14 @@ class OpCounter:
         return False
 
     def table(self) -> dict:
-        """{phase: {"ops", "syncs", "d2h", "shape", "h2d"}} over every phase seen, plus "total"."""
+        """{phase: {"ops", "syncs", "d2h", "shape", "h2d", "h2d_async"}} over every phase seen, plus "total"."""
         out = {}
         for ph in list(phases.PHASES) + sorted(set(self.counts) - set(phases.PHASES)):
             c = self.counts.get(ph, Counter())
             out[ph] = {"ops": c["ops"], "syncs": c["d2h"] + c["shape"] + c["h2d"], "d2h": c["d2h"],
-                       "shape": c["shape"], "h2d": c["h2d"]}
-        out["total"] = {k: sum(v[k] for v in out.values()) for k in ("ops", "syncs", "d2h", "shape", "h2d")}
+                       "shape": c["shape"], "h2d": c["h2d"], "h2d_async": c["h2d_async"]}
+        out["total"] = {k: sum(v[k] for v in out.values())
+                        for k in ("ops", "syncs", "d2h", "shape", "h2d", "h2d_async")}
         return out
 
     def syncs(self, phase: str | None = None) -> int:

@@ -90,6 +90,7 @@ class Run:
     hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
     state: object = None
     n_dev: torch.Tensor | None = None    # (B,) int64 n on the device: the device path's own copy (no host -> device)
+    unchecked: torch.Tensor | None = None  # the device path: prefill rows whose finiteness rides on the next read-back
 
     @property
     def B(self) -> int:
@@ -265,11 +266,12 @@ def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
 def settle(run: Run, prop, hidden, v, Dr: int, extra: tuple = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """After the verdict ``v``: keep the accepted path in the target's cache (a chain: its rejected tail rolled back; a
     tree: ``keep`` of [root; path]), for feature drafters its hidden states at their positions, and commit path + next
-    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and the ``extra`` (B,) int64 device columns
-    (E, B), all read back to the host together: the round's one sync."""
+    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and the ``extra`` int64 device columns (B,)
+    or blocks (B, m), as rows (E, B) (a block: m rows), all read back to the host together: the round's one sync."""
     act = run.active
     acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
-    head = torch.cat([acc_t, path_t, *(torch.as_tensor(e)[:, None] for e in extra)], 1).cpu().numpy()
+    cols = (torch.as_tensor(e) for e in extra)                # (B,) columns or (B, m) blocks
+    head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in cols)], 1).cpu().numpy()
     tau, path, more = head[:, 0], head[:, 1:Dr + 1], head[:, Dr + 1:].T
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
     N = prop.tokens.shape[1] - 1
@@ -322,7 +324,10 @@ def prefill_round(run: Run, mode, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
-        check_finite(p)
+        if run.n_dev is None:
+            check_finite(p)
+        else:                      # the device path: checked with the first round's verdict (no read-back here)
+            run.unchecked = p
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     run.state = mode.start(run)
@@ -348,6 +353,9 @@ def ar_round(run: Run, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
+        if run.unchecked is not None:          # the prefill's rows (no speculative round came to check them)
+            check_finite(run.unchecked)
+            run.unchecked = None
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
@@ -400,7 +408,9 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     N = prop.tokens.shape[1] - 1
     dev = run.n_dev is not None          # the device path: the finiteness flag read back with the verdict
     with phase("verify"):
-        finite = torch.isfinite(sum(r.sum() for r in (p, prop.q) if r is not None)) if dev else check_finite(p, prop.q)
+        checked = (p, prop.q, run.unchecked)   # (the prefill's rows, on the device path, with the first round's)
+        finite = torch.isfinite(sum(r.sum() for r in checked if r is not None)) if dev else check_finite(p, prop.q)
+        run.unchecked = None
         u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
         u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
         Dt = run.depth_tensor(Db, mode.max_depth, getattr(mode, "plain_tail", 0))
@@ -410,11 +420,16 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
         else:                     # a mode's own verdict (real.protocol.Proposal.verify)
             v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
     host_dep = isinstance(prop.depth, np.ndarray)
+    dev_par = dev and isinstance(prop.parent, torch.Tensor)  # a dynamic tree's parents, read back with the verdict
     extra = () if not dev else (finite.long().expand(run.B),) + (() if host_dep else (
-        ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Dt[:, None])).sum(-1),))
+        ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Dt[:, None])).sum(-1),)) + \
+        ((prop.parent.long(),) if dev_par else ())
     tau, path, more = settle(run, prop, o.hidden, v, Dr, extra)
+    parent = prop.parent.cpu().numpy() if isinstance(prop.parent, torch.Tensor) and not dev_par else prop.parent
+    if dev_par:
+        parent = more[1 + (not host_dep):].T.copy()
     if dev and not more[0].all():
-        check_finite(p, prop.q)          # raises (the entries looked at, as on the host path)
+        check_finite(*checked)           # raises (the entries looked at, as on the host path)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()
     mode.advance(run, prop, v, p, n0)
@@ -430,4 +445,4 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
     rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if record else {}
     return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,
-                depth=Db, nodes=path, parent=prop.parent, **rows)
+                depth=Db, nodes=path, parent=parent, **rows)

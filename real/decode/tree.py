@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from theory.tree import Tree, draft_without_replacement, truncate_tree
-from real.nn.devpath import host_path
+from real.nn.devpath import host_path, to_device
 from real.protocol import Proposal
 
 from . import rng as R
@@ -63,8 +63,9 @@ class StaticTree(ModelDrafting):
         plan = run.state[Dr]
         point = run.proc.greedy or self.candidates == "topk"
         tokens, q, fwd = draft_tree(run, plan, with_q=run.record or not point, topk=self.candidates == "topk")
-        depth = plan.depth if run.n_dev is None else plan.depth_t      # the device path: no host -> device copy
-        return Proposal(tokens, q, "point" if point else "without_replacement", plan.tree, depth, plan.mask, fwd)
+        dev = run.n_dev is not None                 # the device path: node depths and children already there
+        return Proposal(tokens, q, "point" if point else "without_replacement", plan.on_device if dev else plan.tree,
+                        plan.depth_t if dev else plan.depth, plan.mask, fwd)
 
     def advance(self, run, prop, verdict, p, n0) -> None:
         """Drop the tree levels the draft appended (every row the same count)."""
@@ -99,6 +100,18 @@ class TreePlan:
     n_fed: int                  # draft cache entries written by levels 1..D-1 (rolled back after the round)
     child_mask: torch.Tensor    # (N+1, N+1) bool: [node, child] (greedy drafting's draft rows)
     depth_t: torch.Tensor | None = None   # (N+1,) the node depths on the device (the device path's positions)
+    on_device: object = None    # the tree with its children (N+1, K) on the device (the device path's walk)
+
+
+class _DeviceTree:
+    """A static ``Tree`` whose ``children`` are a device tensor, for the verifier's walk on the device path (its
+    ``xp.asarray(children)`` then copies nothing); every other attribute is the tree's."""
+
+    def __init__(self, tree: Tree, children: torch.Tensor):
+        self.tree, self.children = tree, children
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["tree"], name)
 
 
 def tree_plan(tree: Tree, device) -> TreePlan:
@@ -114,17 +127,18 @@ def tree_plan(tree: Tree, device) -> TreePlan:
         valid = ch[par] >= 0
         K = int(valid.sum(1).max())
         valid = valid[:, :K]
-        mask = None if d == 0 else torch.as_tensor(tree.attention_mask[np.ix_(par, fed + list(par))], device=device)
-        levels.append(_Level(torch.as_tensor(par, device=device),
-                             torch.as_tensor(np.maximum(par_of[par], 0), device=device),
-                             torch.as_tensor(ch[par, :K][valid], device=device),
-                             torch.as_tensor(np.flatnonzero(valid), device=device), K, mask, d))
+        mask = None if d == 0 else to_device(tree.attention_mask[np.ix_(par, fed + list(par))], device)
+        levels.append(_Level(to_device(par, device),
+                             to_device(np.maximum(par_of[par], 0), device),
+                             to_device(ch[par, :K][valid], device),
+                             to_device(np.flatnonzero(valid), device), K, mask, d))
         if d > 0:
             fed += list(par)
     cm = np.zeros((tree.n_nodes + 1,) * 2, dtype=bool)
     cm[par_of[1:], np.arange(1, tree.n_nodes + 1)] = True
-    return TreePlan(tree, levels, torch.as_tensor(tree.attention_mask, device=device), dep.astype(np.int64),
-                    len(fed), torch.as_tensor(cm, device=device), torch.as_tensor(dep, dtype=torch.long, device=device))
+    return TreePlan(tree, levels, to_device(tree.attention_mask, device), dep.astype(np.int64),
+                    len(fed), to_device(cm, device), to_device(dep, device, torch.long),
+                    _DeviceTree(tree, to_device(ch, device)))
 
 
 def _exponential(run, level: int, shape: tuple) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from real.nn.blocks import EAGER
+from real.nn.devpath import to_device
 from real.nn.checkpoint import extract_state_dict, load_checked, read_checkpoint
 from real.nn.kvcache import CachedRows, KVCache
 from real.nn.layers import (HeadGeometry, RMSNorm, SwiGLU, gqa_heads, complex_rope, linear, rms_norm, rope_qkv, scoped,
@@ -306,7 +307,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
             raise ValueError(f"position_ids must be ({S},) or ({h.shape[0]}, {S}), got {tuple(pos.shape)}")
         if self.rope.device != h.device or stale_inference(self.rope):
             self.rope = self.rope.to(h.device) if not self.rope.is_inference() else self.rope.clone().to(h.device)
-        rot = self.rope[pos.to(h.device)]
+        rot = self.rope[to_device(pos, h.device) if isinstance(position_ids, np.ndarray) else pos.to(h.device)]
         mask = cache.begin(S, attn_mask)
         for i, layer in enumerate(self.layers):
             h = layer.forward(h, rot, mask, cache, i)     # (no module hooks on the blocks: skip __call__'s cost)
@@ -333,7 +334,7 @@ class LlamaGen(Placed, CachedRows, nn.Module):
                     raise ValueError("this LlamaGen has no null class (class_dropout_prob = 0): CFG unavailable")
                 labels += [c.num_classes] * B
             self._prefix_mask = None
-            return self.cls_embedding.embedding_table(torch.tensor(labels, device=self.device))[:, None]
+            return self.cls_embedding.embedding_table(to_device(labels, self.device, torch.long))[:, None]
         if not all(isinstance(cond, Caption) for cond in conds):
             bad = next(type(x).__name__ for x in conds if not isinstance(x, Caption))
             raise ValueError(f"t2i LlamaGen needs Caption conditions, got {bad}")

@@ -12,6 +12,7 @@ once and falls back to the eager functions for the rest of the process; results 
 from __future__ import annotations
 
 import functools
+import importlib
 import warnings
 from types import SimpleNamespace
 
@@ -19,7 +20,9 @@ import torch
 
 from .layers import gqa_heads, linear, rms_norm, rope_qkv, swiglu
 
-__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks"]
+__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks", "compile_problem", "MODES"]
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def block_pre(x: torch.Tensor, rot: torch.Tensor, norm_w: torch.Tensor | None, eps: float, wqkv,
@@ -80,7 +83,7 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
     layers) through the compiled ``block_pre`` / ``block_post`` (``enabled``), or back to eager. ``mode``:
     torch.compile's (None = default; "reduce-overhead" adds CUDA graphs on GPU; "max-autotune-no-cudagraphs").
     Returns the model. Compilation happens at the first forward of each shape class (minutes on CPU)."""
-    if mode not in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+    if mode not in MODES:
         raise ValueError(f"mode must be None, 'default', 'reduce-overhead', 'max-autotune' or "
                          f"'max-autotune-no-cudagraphs', got {mode!r}")
     fns = compiled_functions(None if mode == "default" else mode, backend) if enabled else EAGER
@@ -92,3 +95,55 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
     if n == 0:
         raise ValueError(f"{type(model).__name__} has no decoder layers that can be compiled")
     return model
+
+
+def _cpp_compiler() -> str:
+    """The C++ compiler inductor's CPU backend would use (raises when there is none)."""
+    from torch._inductor import cpp_builder
+
+    return cpp_builder.get_cpp_compiler()
+
+
+def _has_triton() -> bool:
+    from torch.utils._triton import has_triton
+
+    return has_triton()
+
+
+def compile_problem(device="cpu", backend: str = "inductor", mode: str | None = None) -> str | None:
+    """Why ``compile_blocks(..., mode=mode, backend=backend)`` cannot work on ``device`` here, in one line
+    naming what is missing, or None. Cheap (no compilation): torch.compile supported on this Python
+    (dynamo), ``torch._inductor`` importable, and for inductor a C++ compiler on the CPU (looked up as
+    inductor does, ``torch._inductor.cpp_builder.get_cpp_compiler``) or triton on CUDA; CUDA graphs
+    ("reduce-overhead") need a CUDA device. Backends other than inductor (e.g. "eager", "aot_eager")
+    need neither compiler."""
+    dev = torch.device(device)
+    if mode not in MODES:
+        return f"unknown torch.compile mode {mode!r} (choose from {', '.join(str(m) for m in MODES[1:])})"
+    if mode == "reduce-overhead" and dev.type != "cuda":
+        return f"mode reduce-overhead captures CUDA graphs; device {dev} has none (use mode default)"
+    try:
+        dynamo = importlib.import_module("torch._dynamo")
+    except Exception as e:  # noqa: BLE001 (a broken install: any import error)
+        return f"torch.compile is unavailable: torch._dynamo does not import ({type(e).__name__}: {e})"
+    if not dynamo.is_dynamo_supported():
+        return f"torch.compile is not supported on this Python / platform (torch {torch.__version__})"
+    if backend != "inductor":
+        return None
+    try:
+        importlib.import_module("torch._inductor")
+    except Exception as e:  # noqa: BLE001
+        return f"torch.compile's inductor backend does not import ({type(e).__name__}: {e})"
+    if dev.type == "cpu":
+        try:
+            _cpp_compiler()
+        except Exception:  # noqa: BLE001 (InvalidCxxCompiler, a missing or failing executable)
+            from torch._inductor import config
+
+            return (f"no C++ compiler for torch.compile's inductor CPU backend (looked for "
+                    f"{config.cpp.cxx!r}: install g++ or set CXX)")
+    elif dev.type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    elif dev.type == "cuda" and not _has_triton():
+        return "torch.compile's inductor CUDA backend needs triton, which is not installed (pip install triton)"
+    return None

@@ -8,6 +8,9 @@ are on CUDA: torch verification on device tensors, the uniforms hashed on the de
 is tested and counted (``benchmarks/bench_ops.py``): ``COOLSD_DEVICE_PATH=1`` in the environment, or
 ``real.decode.engine.generate(..., device_path=True)`` (which wins over the environment for its call; ``False``
 keeps the decision by device whatever the environment).
+
+``to_device`` is the device path's one way to send small host data (indices, lengths, positions the host knows
+after its one read-back per round) to the device without a host sync: pinned memory and a non-blocking copy.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import os
 
 import torch
 
-__all__ = ["ENV", "forced", "host_path", "force"]
+__all__ = ["ENV", "forced", "host_path", "force", "to_device"]
 
 ENV = "COOLSD_DEVICE_PATH"
 _FORCED: list[bool] = []        # generate(device_path=...) overrides, innermost last
@@ -46,3 +49,20 @@ def force(on: bool | None):
         yield
     finally:
         _FORCED.pop()
+
+
+def to_device(x, device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host data ``x`` (numpy, a list, a CPU tensor) as a tensor on ``device`` without a host sync. On CUDA the data
+    are copied into pinned memory (so ``x`` may change at once) and sent by a non-blocking copy, which waits for
+    nothing (torch's caching host allocator keeps the pinned buffer until the copy has run); a pageable copy
+    (``torch.as_tensor(x, device=cuda)``) is a blocking ``cudaMemcpy`` that waits for the stream's queued work. On
+    the CPU (the device path forced there): a copy through the same non-blocking ``.to``, so that
+    ``real.decode.opcount`` counts it as the asynchronous copy it is on CUDA (``h2d_async``: not a sync). On the
+    host path (``host_path(device)``): ``torch.as_tensor(x, dtype, device)``, as ever."""
+    dev = torch.device(device)
+    if host_path(dev):
+        return torch.as_tensor(x, dtype=dtype, device=dev)
+    t = torch.as_tensor(x, dtype=dtype)
+    if dev.type == "cuda":
+        return t.pin_memory().to(dev, non_blocking=True)
+    return t.to(dev, non_blocking=True, copy=True)      # the forced device path on the CPU: a copy, as on CUDA

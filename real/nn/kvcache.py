@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from real.nn.layers import stale_inference
-from real.protocol import check_attn_mask
+from .devpath import to_device
+from .masks import check_attn_mask
 
 __all__ = ["CacheIndex", "KVCache", "CachedRows", "row_counts", "common_len"]
 
@@ -160,7 +161,7 @@ class CacheIndex:
         P = self.visible.shape[1]
         m[:, 0, :, :P] &= self.visible[:, None, :]
         if int(self.lens.min()) < P:                    # the block writes prefix entries: they see themselves
-            q = torch.as_tensor(self.lens, device=dev)[:, None] + torch.arange(S, device=dev)
+            q = self._on_device(self.lens)[:, None] + torch.arange(S, device=dev)
             r, s = torch.nonzero(q < P, as_tuple=True)
             m[r, 0, s, q[r, s]] = True
         return m
@@ -209,7 +210,12 @@ class CacheIndex:
         self._S, self._K = S, K
         self._start = lo if lo == hi else None
         self._slots = None if lo == hi else \
-            torch.as_tensor(self.lens, device=self.device)[:, None] + torch.arange(S, device=self.device)   # (R, S)
+            self._on_device(self.lens)[:, None] + torch.arange(S, device=self.device)          # (R, S)
+
+    def _on_device(self, a: np.ndarray) -> torch.Tensor:
+        """Host bookkeeping (lengths, slots) on the cache's device: a non-blocking copy on the device path
+        (``real.nn.devpath.to_device``)."""
+        return to_device(a, self.device)
 
     def advance(self, S: int) -> None:
         """A block of S entries per row appended by a storage that builds its own masks (transformers' caches):
@@ -304,9 +310,9 @@ class KVCache(CacheIndex):
         k = src.shape[1]
         s0 = int(self.block_start[0])
         if (src == src[0]).all() and (self.block_start == s0).all():   # every row keeps the same slots (CFG)
-            self.kv[:, :, :, s0:s0 + k] = self.kv.index_select(3, torch.as_tensor(src[0], device=dev))
+            self.kv[:, :, :, s0:s0 + k] = self.kv.index_select(3, self._on_device(src[0]))
         else:          # per row: (R, slots, 2 layers, heads, hd) view; the gather is a copy, so overlaps are safe
             v = self.kv.permute(1, 3, 0, 2, 4)
             r = torch.arange(self.rows, device=dev)[:, None]
-            dst = torch.as_tensor(self.block_start[:, None] + np.arange(k), device=dev)
-            v[r, dst] = v[r, torch.as_tensor(src, device=dev)]
+            both = self._on_device(np.concatenate([self.block_start[:, None] + np.arange(k), src], 1))   # one copy
+            v[r, both[:, :k]] = v[r, both[:, k:]]
