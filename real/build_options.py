@@ -42,7 +42,7 @@ class BuildOptions:
             want = (numbers.Integral,) if f.type.startswith("int") else (tuple, list) if f.type.startswith("tuple") \
                 else (str,)
             if v is not None and (not isinstance(v, want) or (f.type.startswith("int") and isinstance(v, bool))):
-                raise TypeError(f"build option {f.name} must be {' or '.join(t.__name__ for t in want)} or None, "
+                raise TypeError(f"build option {f.name} (--{f.name.replace('_', '-')}) must be {' or '.join(t.__name__ for t in want)} or None, "
                                 f"got {type(v).__name__} {v!r}")
 
     @classmethod
