@@ -953,7 +953,7 @@ def test_api_log_target_and_build_options_check_types():
     with pytest.raises(TypeError, match="log_target: tokens must be an array"):
         log_target(p, None)
     assert log_target(p.tolist(), [0, 1, 2, 0]) == pytest.approx(4 * np.log(1 / 3))      # lists: converted
-    with pytest.raises(TypeError, match="build option num_images must be Integral"):
+    with pytest.raises(TypeError, match="build option num_images .--num-images. must be Integral"):
         BuildOptions(num_images="2")
     with pytest.raises(TypeError, match="build option seed"):
         BuildOptions(seed=True)
