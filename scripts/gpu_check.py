@@ -50,7 +50,8 @@ BLOCK = {"ar": 1, "chain": L + 1, "eagle25": 26, "dynamic": 26}     # tokens per
 WIDTH = {"ar": 1, "chain": 1, "eagle25": 8, "dynamic": 4}            # tokens per row in a draft forward (widest)
 
 
-def _sync(dev):
+def device_sync(dev):
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
@@ -58,12 +59,12 @@ def _sync(dev):
 def timeit(fn, dev, iters: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
-    _sync(dev)
+    device_sync(dev)
     ts = []
     for _ in range(iters):
         t0 = time.perf_counter()
         fn()
-        _sync(dev)
+        device_sync(dev)
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
 
@@ -116,10 +117,10 @@ def run_mode(t, d, mode, tokens, images, dev, device_path=None):
     if mode != "ar":
         kw.update(verifier=rules.greedy(), drafting=MODES[mode]())
     conds = [i % t.config.num_classes for i in range(images)]
-    _sync(dev)
+    device_sync(dev)
     t0 = time.perf_counter()
     gens = engine.generate(t, d if mode != "ar" else None, conds, **kw)
-    _sync(dev)
+    device_sync(dev)
     return gens, time.perf_counter() - t0
 
 

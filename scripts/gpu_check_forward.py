@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -28,23 +27,10 @@ from real.decode.methods import make_verifier
 from real.decode.sampling import Processing
 from theory.rules.chain import verify_chain
 
-
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from gpu_check import device_sync, timeit  # noqa: E402  (scripts/gpu_check.py: one timer for both scripts)
 
 
-def timeit(fn, dev, iters: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def build(name: str, image_size: int, dev, dtype, seed: int):
@@ -184,13 +170,13 @@ def batched(tgt, drf, sizes, proc, L: int, T: int, dev, iters: int) -> list:
             ver_ms = 1e3 * timeit(fwd(tgt, L + 1), dev, iters)
             dr_ms = 1e3 * timeit(fwd(drf, 1), dev, iters)
         kw = dict(num_tokens=T, processing=proc, batch_size=B, seed=B)
-        _sync(dev)
+        device_sync(dev)
         t0 = time.perf_counter()
         sd = engine.generate(tgt, drf, conds, verifier=rules.vanilla(), drafting=L, **kw)
-        _sync(dev)
+        device_sync(dev)
         t1 = time.perf_counter()
         engine.generate(tgt, None, conds, **kw)
-        _sync(dev)
+        device_sync(dev)
         t2 = time.perf_counter()
         rounds = [len(g.rounds) for g in sd]
         pred = batch_speedup(rounds, B, T, ar_ms, L * dr_ms + ver_ms)

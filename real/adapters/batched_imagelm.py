@@ -30,14 +30,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from real.nn.kvcache import CachedRows, KVCache, row_counts
+from real.nn.kvcache import KVCache, PromptRows, row_counts
 from real.nn.masks import check_attn_mask
 from real.protocol import ModelOutput, as_conds
 
 __all__ = ["BatchedImageLM"]
 
 
-class BatchedImageLM(CachedRows):
+class BatchedImageLM(PromptRows):
     """``real.protocol.BatchedTarget`` over a family adapter (module docstring). Conditions are lists of ``Prompt``s,
     one per image; R = B rows, or 2B with CFG ([conditional rows; unconditional rows])."""
     needs_features = False
@@ -79,16 +79,6 @@ class BatchedImageLM(CachedRows):
     device = property(lambda self: self.family.device, doc="The family model's device.")
     dtype = property(lambda self: self.family.dtype, doc="The family model's dtype.")
     hidden_size = property(lambda self: self.family.hidden_size, doc="D, the decoder's hidden size.")
-
-    @property
-    def cache_floor(self) -> int:
-        """Entries a rollback never removes: the (padded) prompt."""
-        return self._P
-
-    @property
-    def prefix_len(self) -> int:
-        """Prompt entries per row, padding included (1 before any prefill)."""
-        return max(self._P, 1)
 
     @property
     def cache_lens(self) -> np.ndarray:

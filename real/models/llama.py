@@ -29,7 +29,7 @@ from torch import nn
 import numpy as np
 
 from real.nn.devpath import host_path
-from real.nn.kvcache import CachedRows, KVCache
+from real.nn.kvcache import KVCache, PromptRows
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 from real.protocol import ModelOutput, Placed, Prompt, as_conds
 
@@ -122,7 +122,7 @@ def layer_weights(module: nn.Module, src: dict, prefix: str) -> dict:
     return out
 
 
-class FastLlama(Placed, CachedRows, nn.Module):
+class FastLlama(Placed, PromptRows, nn.Module):
     """``real.protocol.BatchedTarget`` over a Llama checkpoint (module docstring). Conditions are ``Prompt``s;
     ``image_token_ids`` as in ``real.adapters.hf.HFCausalLM``. The cache holds ``max_len`` entries per row."""
     _placed_by = "embed.weight"
@@ -184,16 +184,6 @@ class FastLlama(Placed, CachedRows, nn.Module):
         if m.image_token_ids is not None:
             m.image_token_ids = m.image_token_ids.to(p.device)
         return m
-
-    @property
-    def cache_floor(self) -> int:
-        """Cache entries a rollback never removes: the prompt (``real.nn.kvcache.CachedRows``)."""
-        return self._P
-
-    @property
-    def prefix_len(self) -> int:
-        """Prompt entries per row (padding included; 1 before any prefill)."""
-        return max(self._P, 1)
 
     def cache_bytes(self, rows: int) -> int:
         """Memory of the KV cache ``prefill`` allocates for ``rows`` rows."""

@@ -34,7 +34,7 @@ from real.nn.layers import stale_inference
 from .devpath import to_device
 from .masks import check_attn_mask
 
-__all__ = ["CacheIndex", "KVCache", "CachedRows", "row_counts", "common_len"]
+__all__ = ["CacheIndex", "KVCache", "CachedRows", "PromptRows", "row_counts", "common_len"]
 
 
 def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
@@ -94,6 +94,22 @@ class CachedRows:
             raise ValueError(f"{type(self).__name__} has no cache yet: call prefill(cond) (a drafter: "
                              "start(prefix_len, batch)) first")
         return self.cache
+
+
+class PromptRows(CachedRows):
+    """``CachedRows`` of a model whose rows start with its left-padded prompt, ``_P`` entries per row (FastLlama, the
+    batched image families): the prompt is what a rollback never removes."""
+    _P = 0
+
+    @property
+    def cache_floor(self) -> int:
+        """Cache entries a rollback never removes: the prompt, padding included."""
+        return self._P
+
+    @property
+    def prefix_len(self) -> int:
+        """Prompt entries per row (padding included; 1 before any prefill)."""
+        return max(self._P, 1)
 
 
 class CacheIndex:
