@@ -89,6 +89,20 @@ class _Layer(nn.Module):
         return torch.cat([norm(q, self.qn, self.nh), norm(k, self.kn, self.nkv), v], -1)
 
 
+def rope_parameters(config, who: str) -> dict:
+    """The RoPE parameters of a Llama-shaped transformers config (``rope_parameters``, or the 4.x ``rope_theta`` /
+    ``rope_scaling``), refusing what the ports do not implement (a scaled RoPE type, an MLP other than SiLU) with
+    NotImplementedError naming ``who``."""
+    c = config
+    rp = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0),
+                                                 "rope_type": (getattr(c, "rope_scaling", None) or {}).get("rope_type", "default")}
+    if rp.get("rope_type", "default") != "default":
+        raise NotImplementedError(f"{who} supports the default RoPE only, not {rp.get('rope_type')!r}")
+    if getattr(c, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"{who} supports SiLU MLPs only, not {c.hidden_act!r}")
+    return rp
+
+
 _HF_LAYER = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
              "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"], "ln1": ["input_layernorm"],
              "ln2": ["post_attention_layernorm"], "qn": ["self_attn.q_norm"], "kn": ["self_attn.k_norm"]}
@@ -136,12 +150,7 @@ class FastLlama(Placed, PromptRows, nn.Module):
         ``from_hf`` copies a checkpoint's."""
         super().__init__()
         c = config
-        rp = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0),
-                                                     "rope_type": (getattr(c, "rope_scaling", None) or {}).get("rope_type", "default")}
-        if rp.get("rope_type", "default") != "default":
-            raise NotImplementedError(f"FastLlama supports the default RoPE only, not {rp.get('rope_type')!r}")
-        if getattr(c, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"FastLlama supports SiLU MLPs only, not {c.hidden_act!r}")
+        rp = rope_parameters(c, "FastLlama")
         self.hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.nkv = c.num_key_value_heads or c.num_attention_heads
         self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
@@ -308,12 +317,7 @@ class LlamaStack(Placed, nn.Module):
         Chameleon's ``swin_norm`` layers); ``qk_norm``: Chameleon's per-head LayerNorm of q and k."""
         super().__init__()
         c = config
-        rp = getattr(c, "rope_parameters", None) or {"rope_theta": getattr(c, "rope_theta", 10000.0),
-                                                     "rope_type": (getattr(c, "rope_scaling", None) or {}).get("rope_type", "default")}
-        if rp.get("rope_type", "default") != "default":
-            raise NotImplementedError(f"LlamaStack supports the default RoPE only, not {rp.get('rope_type')!r}")
-        if getattr(c, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"LlamaStack supports SiLU MLPs only, not {c.hidden_act!r}")
+        rp = rope_parameters(c, "LlamaStack")
         if getattr(c, "swin_norm", False):
             raise NotImplementedError("Chameleon's swin_norm layers (norm after attention) are not ported")
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
