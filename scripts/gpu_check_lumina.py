@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from gpu_check import _sync, timeit
+from gpu_check import device_sync, timeit
 from real.decode import engine
 from real.adapters.chameleon import ChameleonImageLM, lumina_7b_config, lumina_layout, tiny_chameleon
 from real.adapters.imagelm_eagle import eagle_for
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     print(f"total {time.perf_counter() - t0:.1f}s")
     if a.json:
         print(json.dumps(res))
-    _sync(dev)
+    device_sync(dev)
     return 0
 
 
