@@ -77,3 +77,32 @@ def test_greedy_tokens_equal_across_eager_device_path_and_compiled(models, mode,
     fns = tc.layers[0].fns
     assert fns is not EAGER and dc.layers[0].fns is fns                  # really compiled, one shared pair
     assert not fns.pre.failed and not fns.post.failed                   # and never fell back to eager
+
+
+def test_generate_compile_flag_equals_eager_restores_and_refuses(monkeypatch):
+    """engine.generate(compile=...): the API's --compile. Greedy tokens equal the eager run's (chain and eagle25, B = 2);
+    afterwards every decoder layer has its own functions back; refused before any model call when the compiler is
+    missing (simulated) or a model has no compilable layers (FastLlama, named)."""
+    import real.nn.blocks as blocks
+    from real.adapters.hf import hf_llama_pair
+    from real.models.llama import FastLlama
+
+    t, d = tiny_llamagen_pair(seed=0, draft="layerskip")
+    before = [m.fns for m in t.modules() if hasattr(m, "fns")]
+    kw = dict(num_tokens=T, verifier=rules.greedy(), processing=GREEDY, batch_size=2)
+    for drafting in (4, Tree(EAGLE_25)):
+        eager = engine.generate(t, d, [1, 2], drafting=drafting, **kw)
+        comp = engine.generate(t, d, [1, 2], drafting=drafting, compile="default", compile_backend=BACKEND, **kw)
+        assert [g.tokens.tolist() for g in comp] == [g.tokens.tolist() for g in eager]
+    assert [m.fns for m in t.modules() if hasattr(m, "fns")] == before and before[0] is EAGER
+    calls = []
+    monkeypatch.setattr(t, "prefill", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(blocks, "compile_problem", lambda *a, **k: "no C++ compiler (simulated)")
+    with pytest.raises(ValueError, match="no C.. compiler"):
+        engine.generate(t, d, [1, 2], drafting=4, compile="default", **kw)
+    monkeypatch.undo()
+    ft, fd = (FastLlama.from_hf(m) for m in hf_llama_pair())
+    with pytest.raises(ValueError, match="FastLlama has no decoder layers"):
+        engine.generate(ft, fd, [torch.tensor([1, 2])], drafting=4, compile="default", compile_backend=BACKEND,
+                        **{**kw, "batch_size": 1})
+    assert not calls

@@ -57,7 +57,8 @@ class Generation:
 def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=None,
              processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
              generator: torch.Generator | None = None, record_rows: bool = False,
-             progress: bool | None = False, device_path: bool | None = None) -> list[Generation]:
+             progress: bool | None = False, device_path: bool | None = None, compile: str | None = None,
+             compile_backend: str = "inductor") -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -77,8 +78,15 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
 
     ``device_path``: True runs the code CUDA tensors run (torch verification, device-side draws, the models' plain
     kernels) whatever the device, False the decision by device whatever ``COOLSD_DEVICE_PATH``; None: as the
-    environment says (``real.nn.devpath``). Greedy tokens are the same either way."""
-    with force(device_path):    # the device path's one decision (real.nn.devpath), for this call
+    environment says (``real.nn.devpath``). Greedy tokens are the same either way.
+
+    ``compile``: a ``torch.compile`` mode ("default", "reduce-overhead" for CUDA graphs, ...) to run the target's and
+    the draft's decoder layers compiled for this call (``real.nn.blocks.compiled``; ``compile_backend`` "inductor", or
+    e.g. "eager" for dynamo alone), refused before any work when the compiler is missing or a model has no compilable
+    layers; None: eager. Greedy tokens are the same either way (tests/test_compiled_paths.py)."""
+    from real.nn.blocks import compiled
+
+    with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target)):
         from tqdm import tqdm
 
         from theory.rules.verifiers import guarded

@@ -11,6 +11,7 @@ once and falls back to the eager functions for the rest of the process; results 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import warnings
@@ -20,7 +21,7 @@ import torch
 
 from .layers import gqa_heads, linear, rms_norm, rope_qkv, swiglu
 
-__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks", "compile_problem", "MODES"]
+__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks", "compiled", "compile_problem", "MODES"]
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -95,6 +96,33 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
     if n == 0:
         raise ValueError(f"{type(model).__name__} has no decoder layers that can be compiled")
     return model
+
+
+@contextlib.contextmanager
+def compiled(models, mode: str | None, *, backend: str = "inductor", device="cpu"):
+    """For the duration of the block, the decoder layers of ``models`` (None entries skipped) run through the compiled
+    ``block_pre`` / ``block_post`` (``compile_blocks``); on exit every layer gets back the functions it had. ``mode``
+    None: nothing changes. ValueError before anything changes when the compiler cannot work on ``device``
+    (``compile_problem``) or a model has no compilable decoder layers (naming it)."""
+    if mode is None:
+        yield
+        return
+    problem = compile_problem(device, backend, None if mode == "default" else mode)
+    if problem:
+        raise ValueError(f"compile={mode!r}: {problem}")
+    ms = [m for m in models if m is not None]
+    for m in ms:
+        if not any(hasattr(x, "fns") for x in (m.modules() if isinstance(m, torch.nn.Module) else ())):
+            raise ValueError(f"compile={mode!r}: {type(m).__name__} has no decoder layers real.nn.blocks can compile "
+                             "(LlamaGen targets and drafts, EAGLE-1 drafters)")
+    saved = [(x, x.fns) for m in ms for x in m.modules() if hasattr(x, "fns")]
+    try:
+        for m in ms:
+            compile_blocks(m, mode=mode, backend=backend)
+        yield
+    finally:
+        for x, f in saved:
+            x.fns = f
 
 
 def _cpp_compiler() -> str:
