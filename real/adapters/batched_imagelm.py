@@ -114,7 +114,7 @@ class BatchedImageLM(PromptRows):
         """Model ids (R, S') at positions (R, S'[, A]) under mask (R, S', K) -> post-norm hidden (R, S', D); commits."""
         cache = self.cache
         cache.reserve(ids.shape[1])
-        h = self.stack.run(self.family.embed(ids), torch.as_tensor(pos, device=self.device), mask[:, None], cache)
+        h = self.stack.run(self.family.embed(ids), pos, mask[:, None], cache)    # host positions: no read-back
         cache.commit()
         return h
 

@@ -296,13 +296,13 @@ class GlmImageStack(nn.Module):
             rot = torch.cat([rot, torch.ones(*ang.shape[:-1], extra, dtype=rot.dtype, device=dev)], -1)
         return rot
 
-    def run(self, h: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+    def run(self, h: torch.Tensor, pos, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
         """A block h (R, S, D) at positions pos (R, S, 3) under ``mask`` ((R or 1, 1, S, K) bool over the keys
         ``cache.update`` returns, or None: all visible) -> post-final-norm hidden states (R, S, D). The caller has
         called ``cache.begin(S, ...)`` and calls ``cache.commit()`` after."""
-        if pos.shape != (*h.shape[:2], 3):
+        if tuple(pos.shape) != (*h.shape[:2], 3):
             raise ValueError(f"pos must be {(*h.shape[:2], 3)}, got {tuple(pos.shape)}")
-        rot = self.rotations(pos)
+        rot = self.rotations(torch.as_tensor(pos, device=self.device))     # host positions (numpy) or a tensor
         for i, layer in enumerate(self.layers):   # a loop over decoder layers
             h = layer.forward(h, rot, mask, cache, i)
         return rms_norm(h, self.norm.weight, self.norm.eps)

@@ -103,6 +103,13 @@ def rope_parameters(config, who: str) -> dict:
     return rp
 
 
+def rope_table(inv_freq: torch.Tensor, n: int) -> torch.Tensor:
+    """(n, hd/2) complex RoPE rotations of positions 0..n-1 on ``inv_freq``'s device, with transformers' arithmetic
+    (angle = position x inv_freq in float32, then cos + i sin): FastLlama's and LlamaStack's one table."""
+    ang = torch.arange(n, device=inv_freq.device).float()[:, None] * inv_freq
+    return torch.polar(torch.ones_like(ang), ang)
+
+
 _HF_LAYER = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
              "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"], "ln1": ["input_layernorm"],
              "ln2": ["post_attention_layernorm"], "qn": ["self_attn.q_norm"], "kn": ["self_attn.k_norm"]}
@@ -217,8 +224,7 @@ class FastLlama(Placed, PromptRows, nn.Module):
         dev = self.embed.weight.device
         if self._rope_tab is None or self._rope_tab.device != dev:
             self.inv_freq = self.inv_freq.to(dev)
-            ang = torch.arange(self.max_len, device=dev).float()[:, None] * self.inv_freq   # (max_len, hd/2)
-            self._rope_tab = torch.polar(torch.ones_like(ang), ang)
+            self._rope_tab = rope_table(self.inv_freq, self.max_len)
         return self._rope_tab[pos]
 
     def _run(self, ids, slots, attn_mask, return_hidden, logits_from):
@@ -351,18 +357,19 @@ class LlamaStack(Placed, nn.Module):
             m.inv_freq = rot.inv_freq.detach().float().to(p.device)
         return m
 
-    def rope(self, pos: torch.Tensor) -> torch.Tensor:
-        """RoPE rotations (R, S, hd/2) complex at positions pos (R, S) int64 (or (R, S, 1)), from a table grown to the
-        largest position asked (transformers' arithmetic: angle = position x inv_freq in float32)."""
+    def rope(self, pos) -> torch.Tensor:
+        """RoPE rotations (R, S, hd/2) complex at positions pos (R, S) int64 (or (R, S, 1); numpy or torch), from a
+        table grown to the largest position asked (``rope_table``). Host positions size the table without a device
+        read-back (the batched adapter's positions are host arrays)."""
         pos = pos[..., 0] if pos.ndim == 3 else pos
         dev = self.norm.weight.device
-        need = int(pos.max()) + 1 if pos.numel() else 1
+        n_pos = pos.size if isinstance(pos, np.ndarray) else pos.numel()
+        need = int(pos.max()) + 1 if n_pos else 1
         if self._rope_tab is None or self._rope_tab.device != dev or self._rope_tab.shape[0] < need:
-            n = max(need, 2 * (0 if self._rope_tab is None else self._rope_tab.shape[0]), 1024)
             self.inv_freq = self.inv_freq.to(dev)
-            ang = torch.arange(n, device=dev).float()[:, None] * self.inv_freq
-            self._rope_tab = torch.polar(torch.ones_like(ang), ang)
-        return self._rope_tab[pos.to(dev)]
+            self._rope_tab = rope_table(self.inv_freq, max(need, 2 * (0 if self._rope_tab is None else
+                                                                       self._rope_tab.shape[0]), 1024))
+        return self._rope_tab[torch.as_tensor(pos, device=dev)]
 
     def run(self, h: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
         """Input embeddings h (R, S, D) at RoPE positions ``pos`` (R, S) or (R, S, 1) int64 under ``mask`` (R or 1, 1,
