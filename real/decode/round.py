@@ -394,6 +394,7 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     if Dr == 0:
         return ar_round(run, record)
     event("round")
+    run.rng.begin_round(run.n)           # the device path: the round's uniforms hashed in one pass (real.decode.rng)
     n0, act = run.n.copy(), run.active
     t0 = time.perf_counter()
     with phase("draft"):

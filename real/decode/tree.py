@@ -104,11 +104,11 @@ class TreePlan:
 
 
 class _DeviceTree:
-    """A static ``Tree`` whose ``children`` are a device tensor, for the verifier's walk on the device path (its
-    ``xp.asarray(children)`` then copies nothing); every other attribute is the tree's."""
+    """A static ``Tree`` whose ``children`` (N+1, K) and ``node_depth`` (N+1,) are device tensors, for the verifier's
+    walk on the device path (its ``xp.asarray`` of them then copies nothing); every other attribute is the tree's."""
 
-    def __init__(self, tree: Tree, children: torch.Tensor):
-        self.tree, self.children = tree, children
+    def __init__(self, tree: Tree, children: torch.Tensor, node_depth: torch.Tensor):
+        self.tree, self.children, self.node_depth = tree, children, node_depth
 
     def __getattr__(self, name):
         return getattr(self.__dict__["tree"], name)
@@ -136,9 +136,9 @@ def tree_plan(tree: Tree, device) -> TreePlan:
             fed += list(par)
     cm = np.zeros((tree.n_nodes + 1,) * 2, dtype=bool)
     cm[par_of[1:], np.arange(1, tree.n_nodes + 1)] = True
+    depth_t = to_device(dep, device, torch.long)
     return TreePlan(tree, levels, to_device(tree.attention_mask, device), dep.astype(np.int64),
-                    len(fed), to_device(cm, device), to_device(dep, device, torch.long),
-                    _DeviceTree(tree, to_device(ch, device)))
+                    len(fed), to_device(cm, device), depth_t, _DeviceTree(tree, to_device(ch, device), depth_t))
 
 
 def _exponential(run, level: int, shape: tuple) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Array-API helpers (numpy, JAX and torch arrays alike): ``namespace`` (the arrays' namespace), ``gather``
-(x[..., idx] along the last axis), ``gather_rows``, ``normalize``, ``positive_part``, ``ratio_min1`` and
+(x[..., idx] along the last axis), ``take_last``, ``gather_rows``, ``normalize``, ``positive_part``, ``ratio_min1`` and
 ``sample_categorical`` (inverse-CDF draws from rows). Everything takes arrays and returns arrays of the same
 namespace; no backend is imported. Shapes are in each function's docstring."""
 from __future__ import annotations
@@ -24,6 +24,14 @@ def gather(x: Array, idx: Array, xp=None) -> Array:
         return x.gather(-1, idx[..., None])[..., 0]
     xp = xp or namespace(x)
     return xp.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+
+
+def take_last(x: Array, idx: Array, xp=None) -> Array:
+    """x[..., idx[..., j]] along the last axis for every j. x: (..., M), idx: (..., J) non-negative ints -> (..., J)."""
+    if array_api_compat.is_torch_array(x):  # as in ``gather``: no wrapping of negative indices
+        return x.gather(-1, idx)
+    xp = xp or namespace(x)
+    return xp.take_along_axis(x, idx, axis=-1)
 
 
 def gather_rows(x: Array, idx: Array, xp=None) -> Array:

@@ -18,12 +18,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import array_api_compat
+import numpy as np
 
-from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical
+from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last
 from ..rules.chain import verify_chain
 from .shapes import RowTrees, Tree
 
-__all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "verify_round", "draft_without_replacement"]
+__all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "verify_tree_nodes", "verify_round", "draft_without_replacement"]
 
 
 # How a node's candidates were drafted (section 10): "without_replacement" = a sequential draw without replacement
@@ -156,6 +157,71 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
 
 
 
+def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: "Tree | RowTrees",
+                      verifier, *, max_depth: Array | None = None,
+                      draft_law: str = "without_replacement") -> TreeVerdict:
+    """``verify_tree``'s verdict in a fixed number of array operations, with no read-back (the engine's device path).
+
+    Arguments and shapes as ``verify_tree``. The walk's state at a node depends only on the node: arriving there
+    (by accepting it) sets the residual to p[n] and forgets the rejected siblings, so the k-th candidate of node n
+    meets the same residual p_k and draft row q_k whatever path led to n. Hence every node's candidates are tried
+    at once, rank by rank (K steps over (..., N+1, V) rows, K the most children a node has): node n's chosen child
+    is its first candidate accepted under p_k, q_k (T5 applied recursively), and the residual it keeps when none is.
+    The walk then only follows chosen children from the root (D gathers). Same uniforms, same operations per row
+    as ``verify_tree``: the same verdict (tests/test_tree_nodes.py checks it against ``verify_tree`` on random
+    trees, rules and caps). Costs K (N+1) rows where the walk touches one per candidate tried: for devices, where
+    launches and read-backs cost more than rows."""
+    if draft_law not in DRAFT_LAWS:
+        raise ValueError(f"draft_law must be one of {DRAFT_LAWS}, got {draft_law!r}")
+    point = draft_law == "point"
+    xp = namespace(p, q)
+    dev = array_api_compat.device(p)
+    V, N1, D = p.shape[-1], tokens.shape[-1], int(tree.depth)
+    batch = tuple(tokens.shape[:-1])
+    children = xp.asarray(tree.children, device=dev)
+    K = children.shape[-1]
+    children = xp.broadcast_to(children, (*batch, N1, K))                       # (..., N+1, K)
+    node_depth = xp.broadcast_to(xp.asarray(tree.node_depth, device=dev), (*batch, N1))
+    tokens = xp.astype(tokens, xp.int64)
+    cap = (xp.full(batch, D, dtype=xp.int64, device=dev) if max_depth is None
+           else xp.astype(xp.asarray(max_depth, device=dev), xp.int64))
+    open_ = node_depth < cap[..., None]                                          # (..., N+1) tries its candidates
+    pos = xp.minimum(node_depth + 1, xp.full_like(node_depth, D))                # its candidates' 1-based position
+    flat = (*batch, N1)
+    p_res = p
+    removed = None if point else xp.zeros((*batch, N1, V), dtype=xp.bool, device=dev)
+    chosen = xp.full(flat, -1, dtype=xp.int64, device=dev)                      # (..., N+1) accepted child, or -1
+    ar_V = xp.arange(V, device=dev)
+    for j in range(K):   # a loop over candidate ranks (K <= a handful), every node of every round at once
+        kid = children[..., j]
+        has = (kid >= 0) & open_ & (chosen < 0)
+        kid_safe = xp.where(has, kid, xp.zeros_like(kid))
+        c = take_last(tokens, kid_safe, xp)                                         # (..., N+1) candidate tokens
+        hit = ar_V == c[..., None]                                                  # (..., N+1, V) one-hot of c
+        if point:
+            q_j = xp.astype(hit, p.dtype)
+        else:
+            q_left = xp.where(removed, xp.zeros_like(q), q)
+            q_j = normalize(q_left, q_left, xp)                                     # all zero once exhausted
+        f_row = verifier.accept(p_res, q_j, pos)
+        valid = has & (gather(q_j, c, xp) > 0)                                      # impossible candidates skipped
+        acc = valid & (take_last(u_accept, kid_safe, xp) < gather(f_row, c, xp))
+        rej = valid & ~acc
+        p_res = xp.where(rej[..., None], verifier.resample(p_res, q_j, f_row, c), p_res)
+        if not point:
+            removed = removed | (rej[..., None] & hit)
+        chosen = xp.where(acc, kid, chosen)
+    node = xp.zeros(batch, dtype=xp.int64, device=dev)
+    cols = []
+    for _ in range(D):   # a loop over tree levels: follow the chosen children from the root
+        nxt = gather(chosen, node, xp)
+        cols.append(nxt)                                                            # -1 from the first miss on
+        node = xp.where(nxt >= 0, nxt, node)
+    path = xp.stack(cols, axis=-1)
+    depth = xp.sum(xp.astype(path >= 0, xp.int64), axis=-1)
+    return TreeVerdict(depth, path, sample_categorical(gather_rows(p_res, node, xp), u_sample, xp), node)
+
+
 
 def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sample: Array, tree, verifier, *,
                  law: str = "without_replacement", max_depth: Array | None = None) -> TreeVerdict:
@@ -191,5 +257,9 @@ def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sa
         out = walk(p, q, tokens, u_accept, u_sample, tree.children, int(tree.depth), max_depth, law)
         if out is not None:
             return TreeVerdict(*out)
-    return verify_tree(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier, early_exit=True,
-                       max_depth=max_depth, draft_law=law)
+    if isinstance(p, np.ndarray):          # the host path: the walk, stopping when every round has finished
+        return verify_tree(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier, early_exit=True,
+                           max_depth=max_depth, draft_law=law)
+    # elsewhere (device arrays): a fixed count of operations and no read-back
+    return verify_tree_nodes(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier,
+                             max_depth=max_depth, draft_law=law)
