@@ -75,34 +75,36 @@ def test_control_is_told_apart():
     assert diff >= 10
 
 
-def test_walks_are_the_rules_own_and_apply_to_host_arrays_only():
+def test_walks_are_the_rules_own_and_take_both_kinds_of_arrays():
     """Only vanilla and greedy supply a walk (a verifier built from the same rules by hand takes the generic walk,
-    which is correct, only slower); a walk declines torch rows and laws it does not cover, and ``verify_round`` then
-    takes ``verify_tree``: the same verdict."""
+    which is correct, only slower); on torch rows a walk takes its device form (every node at once, no read-back),
+    and ``verify_round`` gives the same verdict as ``verify_tree`` on numpy rows."""
     assert rules.vanilla().walk is not None and rules.greedy().walk is not None
     assert rules.scaled(rules.Uniform(2.0)).walk is None and rules.cool_sd(2.0).walk is None
     assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
+    assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement"}
     p, q, tokens, u, us, tree, cap = _case(1, True, 8)
     t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
-    assert rules.vanilla().walk["point"](*t, tree.children, tree.depth, None, "point") is None
-    assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement"}
     ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, draft_law="point")
     got = verify_round(*t, tree, rules.vanilla(), law="point")
-    assert _same(ref, [x.numpy() for x in got])
+    assert all(isinstance(x, torch.Tensor) for x in got) and _same(ref, [x.numpy() for x in got])
 
 
 @pytest.mark.parametrize("static", [True, False])
-def test_greedy_device_walk_equals_verify_tree_on_torch_arrays(static):
-    """The greedy walk on torch arrays (the engine's device path: every level taken, nothing read back) gives
-    verify_tree's verdict, as the host walk does."""
+@pytest.mark.parametrize("name", ["greedy", "vanilla"])
+def test_device_walks_equal_verify_tree_on_torch_arrays(static, name):
+    """Greedy's and vanilla's walks on torch arrays (the engine's device path: every node at once, then the chosen
+    children followed, nothing read back) give verify_tree's verdict, as the host walks do, for both draft laws and
+    depth caps."""
     n_acc = 0
+    verifier = getattr(rules, name)()
     for seed in range(150):
         p, q, tokens, u, us, tree, cap = _case(seed, static, 50)
         t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
         tcap = None if cap is None else torch.as_tensor(cap)
         for law in ("point", "without_replacement"):
-            ref = verify_tree(p, q, tokens, u, us, tree, rules.greedy(), early_exit=True, max_depth=cap, draft_law=law)
-            got = verify_tree_fast(rules.greedy(), *t, tree, tcap, law)
+            ref = verify_tree(p, q, tokens, u, us, tree, verifier, early_exit=True, max_depth=cap, draft_law=law)
+            got = verify_tree_fast(verifier, *t, tree, tcap, law)
             assert got is not None and all(isinstance(x, torch.Tensor) for x in got)
             assert _same(ref, [x.numpy() for x in got]), (seed, law, ref, got)
             n_acc += int(np.asarray(ref.accepted).sum())

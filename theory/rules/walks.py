@@ -34,7 +34,7 @@ from functools import partial
 import array_api_compat
 import numpy as np
 
-from ..core.xp import gather_rows, namespace, sample_categorical
+from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
 
 __all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS"]
 
@@ -193,37 +193,120 @@ def _take(x, idx, xp):
 
 def _greedy_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point"):
     """The greedy walk of ``_walk`` for arrays that are not numpy (torch on a device, the engine's device path):
-    the same per-level steps on the same rows, every one of the D levels taken (no early exit: nothing is read back
-    to the host, so the walk costs no sync). Arguments and verdict as ``_walk``."""
+    every node's chosen child at once (its first candidate, by rank, that is the node's argmax and, unless the law
+    is "point", has positive draft mass), then the chosen children followed from the root (``_follow``); nothing is
+    read back. The next token: the argmax of the last node's row after a rejection there, else (a leaf, no possible
+    candidate, or the depth cap) a draw from it. Arguments and verdict as ``_walk``."""
     xp = namespace(p, tokens)
     dev = array_api_compat.device(p)
-    B, D = p.shape[0], int(D)
-    ch = xp.asarray(children, device=dev)
-    cap = xp.full((B,), D, dtype=xp.int64, device=dev) if max_depth is None else xp.astype(max_depth, xp.int64)
-    node = xp.zeros((B,), dtype=xp.int64, device=dev)
-    live = xp.ones((B,), dtype=xp.bool, device=dev)
-    rejected = xp.zeros((B,), dtype=xp.bool, device=dev)
-    tokens = xp.astype(tokens, xp.int64)
-    cols = []
-    for d in range(D):  # a loop over tree levels; every live round is at depth d
-        kids = xp.take(ch, node, axis=0) if ch.ndim == 2 else gather_rows(ch, node, xp)   # (B, K)
-        has = (kids >= 0) & (live & (cap > d))[:, None]
-        safe = xp.where(has, kids, xp.zeros_like(kids))
-        c = _take(tokens, safe, xp)                                              # (B, K) candidate tokens
-        pr = gather_rows(p, node, xp)                                            # (B, V) the node's row
-        valid = has if draft_law == "point" else has & (_take(gather_rows(q, node, xp), c, xp) > 0)
-        ok = valid & (c == xp.argmax(pr, axis=-1)[:, None])
-        rejected = rejected | (live & ~xp.any(ok, axis=-1) & xp.any(valid, axis=-1))
-        acc = xp.any(ok, axis=-1)
-        win = _take(kids, xp.argmax(xp.astype(ok, xp.int8), axis=-1)[:, None], xp)[:, 0]   # the first accepted
-        cols.append(xp.where(acc, win, xp.full_like(win, -1)))
-        node = xp.where(acc, win, node)
-        live = live & acc
-    path = xp.stack(cols, axis=-1) if cols else xp.zeros((B, 0), dtype=xp.int64, device=dev)
-    depth = xp.sum(xp.astype(path >= 0, xp.int64), axis=-1)
+    B, N1, V = p.shape
+    ch = xp.broadcast_to(xp.asarray(children, device=dev), (B, N1, children.shape[-1]))
+    K = ch.shape[-1]
+    safe = xp.clip(ch, 0, None)
+    c = xp.reshape(take_last(xp.astype(tokens, xp.int64), xp.reshape(safe, (B, N1 * K)), xp), (B, N1, K))
+    valid = ch >= 0
+    if draft_law != "point":
+        valid = valid & (take_last(q, c, xp) > 0)
+    ok = valid & (c == xp.argmax(p, axis=-1)[..., None])                        # (B, N+1, K)
+    first = take_last(safe, xp.argmax(xp.astype(ok, xp.int8), axis=-1)[..., None], xp)[..., 0]
+    chosen = xp.where(xp.any(ok, axis=-1), first, xp.full_like(first, -1))       # (B, N+1)
+    cap = None if max_depth is None else xp.astype(xp.asarray(max_depth, device=dev), xp.int64)
+    path, depth, node = _follow(chosen, int(D), cap, xp)
+    rejected = gather(xp.astype(xp.any(valid, axis=-1), xp.int64), node, xp) > 0   # the walk ended on candidates
+    if cap is not None:
+        rejected = rejected & (depth < cap)
     last = gather_rows(p, node, xp)
     nxt = xp.where(rejected, xp.astype(xp.argmax(last, axis=-1), xp.int64), sample_categorical(last, u_sample, xp))
     return depth, path, xp.astype(nxt, xp.int64), node
+
+
+def _follow(chosen, D: int, cap, xp):
+    """Follow each round's chosen children (B, N+1) (-1: none) from the root for at most D levels, then cut each
+    round's path at its depth cap (B,) (None: no cap). Returns (path (B, D) accepted nodes by depth, -1 past them;
+    depth (B,) accepted; last node (B,))."""
+    B = chosen.shape[0]
+    dev = array_api_compat.device(chosen)
+    node = xp.zeros((B,), dtype=xp.int64, device=dev)
+    cols = []
+    for _ in range(D):   # a loop over tree levels (gathers of (B,) entries)
+        nxt = gather(chosen, node, xp)
+        cols.append(nxt)                                       # -1 from the first miss on: the node stays
+        node = xp.where(nxt >= 0, nxt, node)
+    if not cols:
+        return xp.zeros((B, 0), dtype=xp.int64, device=dev), xp.zeros((B,), dtype=xp.int64, device=dev), node
+    path = xp.stack(cols, axis=-1)
+    if cap is not None:
+        path = xp.where(xp.arange(D, device=dev) < cap[:, None], path, xp.full_like(path, -1))
+    depth = xp.sum(xp.astype(path >= 0, xp.int64), axis=-1)
+    if cap is not None:                                        # the last node within the cap ([root; path] at depth)
+        node = gather(xp.concat([xp.zeros((B, 1), dtype=xp.int64, device=dev), path], axis=-1), depth, xp)
+    return path, depth, node
+
+
+def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point"):
+    """Vanilla's walk for arrays that are not numpy (the engine's device path), both draft laws: every node's
+    candidates tried at once, rank by rank (``theory.tree.verify_tree_nodes``: the walk's state at a node depends
+    only on the node), then the chosen children followed from the root; no read-back. Vanilla's acceptance is read
+    at the candidate only (u < p_res(c) / q_j(c): the same bits as min(1, p/q) at c, u < 1) and its residual
+    Norm([p_res - q_j]_+) built as ``theory.rules.Residual`` builds it, so the verdict is ``verify_tree``'s. A round
+    stopped by its depth cap draws from its last node's own row (no candidate was tried there). Arguments and
+    verdict as ``_walk``."""
+    xp = namespace(p, tokens)
+    dev = array_api_compat.device(p)
+    B, N1, V = p.shape
+    D, point = int(D), draft_law == "point"
+    ch = xp.asarray(children, device=dev)
+    K = ch.shape[-1]
+    ch = xp.broadcast_to(ch, (B, N1, K))
+    tokens = xp.astype(tokens, xp.int64)
+    p_res = p
+    chosen = xp.full((B, N1), -1, dtype=xp.int64, device=dev)
+    ar_V = xp.arange(V, device=dev)
+    q_left = q                                                 # the node's q without its rejected siblings
+    for j in range(K):   # a loop over candidate ranks, every node of every round at once
+        kid = ch[..., j]
+        has = (kid >= 0) & (chosen < 0)
+        kid_safe = xp.clip(kid, 0, None)                       # (where has is False the candidate is not read)
+        c = take_last(tokens, kid_safe, xp)
+        hit = ar_V == c[..., None]                             # (B, N+1, V) one-hot of each node's candidate
+        u = take_last(u_accept, kid_safe, xp)
+        pc = gather(p_res, c, xp)
+        if point:                                              # q_j = one-hot(c): f = p_res(c)
+            q_j, valid, thr = xp.astype(hit, p.dtype), has, pc
+        else:                                                  # q_j = Norm(q_left) (all zero once exhausted)
+            q_j = _norm(q_left, q_left, xp)
+            qc = gather(q_j, c, xp)
+            valid = has & (qc > 0)
+            thr = pc / qc                                      # (read only where qc > 0)
+        acc = valid & (u < thr)
+        rej = valid & ~acc
+        p_res = xp.where(rej[..., None], _norm(xp.clip(p_res - q_j, 0, None), p_res, xp), p_res)
+        if not point:
+            q_left = xp.where(rej[..., None] & hit, xp.zeros_like(q_left), q_left)
+        chosen = xp.where(acc, kid, chosen)
+    cap = None if max_depth is None else xp.astype(xp.asarray(max_depth, device=dev), xp.int64)
+    path, depth, node = _follow(chosen, D, cap, xp)
+    last = gather_rows(p_res, node, xp)
+    if cap is not None:                                        # stopped by the cap: no candidate tried there
+        last = xp.where((depth >= cap)[:, None], gather_rows(p, node, xp), last)
+    return depth, path, xp.astype(sample_categorical(last, u_sample, xp), xp.int64), node
+
+
+def _norm(w, fallback, xp):
+    """``theory.core.xp.normalize`` (the same bits: w / sum(w), ``fallback`` where the sum is 0) in fewer device
+    operations, for arrays that are not numpy (a zero row's 0 / 0 is computed, then not taken)."""
+    s = xp.sum(w, axis=-1, keepdims=True)
+    return xp.where(s > 0, w / s, fallback)
+
+
+def _vanilla(host_walk):
+    """Vanilla with a draft law: the host walk ``host_walk`` on numpy arrays, the device walk on others."""
+    def walk(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft_law="point"):
+        out = host_walk(p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
+        if out is None:
+            return _vanilla_device(p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
+        return out
+    return walk
 
 
 def _greedy(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft_law="point"):
@@ -235,5 +318,5 @@ def _greedy(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft
 
 
 # the walks each rule supplies for itself (``Verifier.walk``): draft law -> walk
-VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": _walk_without_replacement}
+VANILLA_WALKS = {"point": _vanilla(partial(_walk, "vanilla")), "without_replacement": _vanilla(_walk_without_replacement)}
 GREEDY_WALKS = {law: _greedy for law in DRAFT_LAWS}
