@@ -58,6 +58,23 @@ def test_the_device_path_is_decided_in_one_place(monkeypatch):
     assert devpath.host_path("cpu")
 
 
+def test_counter_counts_in_place_kernels_and_not_views():
+    """Every kernel counts, in-place ones too (``add_``, ``copy_``, an indexed write): each is a launch on CUDA; views
+    and ``.to`` to the tensor's own dtype are not kernels."""
+    x, y = torch.zeros(4), torch.ones(4)
+    with OpCounter() as c:
+        with phase("target"):
+            x.add_(1.0)                       # 1
+            x.copy_(y)                        # 1
+            x[torch.tensor([1, 2])] = 3.0     # index_put_ (and the index tensor's own lift: not a kernel): 1
+            x.mul_(2.0).clamp_(max=5.0)       # 2
+            x.view(2, 2).t()                  # views: 0
+            x.to(torch.float32)               # the same dtype: no op at all
+            x + y                             # 1
+    assert dict(c.names["target", "ops"]) == {"add_": 1, "copy_": 1, "index_put_": 1, "mul_": 1, "clamp_": 1,
+                                                "add": 1}
+
+
 def test_counter_classifies_sync_inducing_operations():
     x = torch.arange(6.0)
     with OpCounter() as c:
@@ -205,3 +222,21 @@ def test_round_uniforms_hashed_in_one_pass_are_the_same_bits():
         assert ops[1] < ops[0] / 3 and ops[2] == ops[1]      # round 0 hashes draw by draw; later rounds only cast
     control = Streams(5, np.arange(3), "cpu")                # the host path: numpy, the same values again
     assert torch.equal(control.uniform(ns[2], ACCEPT, (9,), torch.float32), want[2])
+
+
+def test_a_mask_is_asserted_once_until_it_changes():
+    """On the device path a mask tensor already checked (a tree plan's level masks, the same every round) is not
+    asserted again; changing it in place makes it checked again, and a bad diagonal is still refused."""
+    from real.nn.masks import check_attn_mask
+
+    m = torch.ones(3, 3, dtype=torch.bool).tril()
+    with devpath.force(True):
+        with OpCounter() as first:
+            check_attn_mask(m, 3, 0, "cpu")
+        with OpCounter() as again:
+            check_attn_mask(m, 3, 0, "cpu")
+        assert first.names["bookkeeping", "ops"]["_assert_async"] == 1
+        assert again.names["bookkeeping", "ops"]["_assert_async"] == 0
+        m[1, 1] = False                                            # in place: the version moves
+        with pytest.raises(RuntimeError, match="attend to itself"):
+            check_attn_mask(m, 3, 0, "cpu")

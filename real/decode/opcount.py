@@ -1,7 +1,7 @@
 """Exact counts of aten operations and of sync-inducing operations, by phase of the round (issue 42).
 
 ``OpCounter`` is a context manager: a ``TorchDispatchMode`` sees every aten call (each one a kernel launch on CUDA,
-except views and the no-ops listed in ``NOT_KERNELS``), a ``TorchFunctionMode`` the Python calls that move data
+in-place ones included, except views and the no-ops listed in ``NOT_KERNELS``), a ``TorchFunctionMode`` the Python calls that move data
 between host and device, and ``real.decode.phases`` tells it which phase of the round is running. Counts are
 exact and independent of the machine's load. On the CPU nothing actually waits, so the operations that WOULD
 synchronise the host with a CUDA device are counted by type:
@@ -80,8 +80,8 @@ class _Dispatch(TorchDispatchMode):
             o.add("shape", name)
         elif name in ("index", "index_put", "index_put_", "_index_put_impl_") and _bool_index(args[1]):
             o.add("shape", name + "[bool]")
-        elif func.is_view or name in NOT_KERNELS or (args and out is args[0]):
-            return out
+        elif func.is_view or name in NOT_KERNELS or (args and out is args[0] and not func._schema.is_mutable):
+            return out      # (an in-place op, ``add_``, ``copy_``, ``index_put_``..., returns its input: a kernel)
         else:
             o.add("ops", name)
         return out

@@ -3,6 +3,8 @@ block's mask (on the device path without a read-back, ``real.nn.devpath``) and `
 of S new tokens over a cache."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from .devpath import host_path
@@ -10,6 +12,26 @@ from .devpath import host_path
 __all__ = ["check_attn_mask", "block_mask", "SELF_MSG"]
 
 SELF_MSG = "attn_mask must let every new token attend to itself (diagonal all True)"
+
+# masks whose diagonal was checked, by identity, with torch's version counter at the check: a tree plan's level masks
+# are the same tensors every round, so the device path asserts each once, not once per round (an in-place change
+# bumps the version: checked again)
+_CHECKED: dict = {}      # id(mask) -> (weak reference, version): an entry leaves with its tensor
+
+
+def _version(t: torch.Tensor):
+    """torch's version counter of ``t`` (None for inference tensors, which keep none: identity alone then)."""
+    return None if t.is_inference() else t._version
+
+
+def _checked(blk: torch.Tensor) -> bool:
+    r = _CHECKED.get(id(blk))
+    return r is not None and r[0]() is blk and r[1] == _version(blk)
+
+
+def _mark_checked(blk: torch.Tensor) -> None:
+    key = id(blk)
+    _CHECKED[key] = (weakref.ref(blk, lambda _, k=key: _CHECKED.pop(k, None)), _version(blk))
 
 
 def check_attn_mask(attn_mask: torch.Tensor, S: int, cache_len: int, device, rows: int | None = None) -> torch.Tensor:
@@ -29,8 +51,9 @@ def check_attn_mask(attn_mask: torch.Tensor, S: int, cache_len: int, device, row
     if host_path(diag.device):                   # the host: numpy's all, no torch reduction
         if not diag.numpy().all():
             raise ValueError(SELF_MSG)
-    else:                                        # the device path: checked on the device, nothing read back
+    elif not _checked(blk):                      # the device path: checked on the device, nothing read back
         torch._assert_async(diag.all(), SELF_MSG)
+        _mark_checked(blk)
     return blk
 
 
