@@ -55,10 +55,11 @@ def _mix(x):
     return x ^ shr(x, 31)
 
 
-def _counters(shape: tuple, like):
-    """The coordinates of every entry of ``shape`` folded into one integer with fixed strides (broadcastable)."""
-    xp_arange = (lambda k: np.arange(k, dtype=np.uint64)) if isinstance(like, np.ndarray) else \
-        (lambda k: torch.arange(k, dtype=torch.int64, device=like.device))
+def _counters(shape: tuple, device=None):
+    """The coordinates of every entry of ``shape`` folded into one integer with fixed strides (broadcastable):
+    numpy uint64 (``device`` None) or torch int64 on ``device``."""
+    xp_arange = (lambda k: np.arange(k, dtype=np.uint64)) if device is None else \
+        (lambda k: torch.arange(k, dtype=torch.int64, device=device))
     ctr = 0
     for d, k in enumerate(shape):      # a loop over at most 3 coordinate axes, each a broadcast arange
         ctr = ctr + xp_arange(k).reshape((k,) + (1,) * (len(shape) - d - 1)) * (_STRIDE ** (len(shape) - 1 - d))
@@ -76,7 +77,9 @@ class Streams:
     round made at its own n (the same purposes and shapes, now at ``n``); a ``uniform`` call of the round that
     asks for one of them gets it from there, any other is hashed on its own. Each uniform is a function of its key
     alone, so the values are the same bits either way; what changes is the count of device operations (one hash
-    pass of ~40 element-wise kernels per round instead of ~30 per draw: issue 42's ``bench_ops``)."""
+    pass of ~17 element-wise kernels per round instead of ~30 per draw: issue 42's ``bench_ops``). The keys of
+    (image, n, purpose) are mixed on the host, which knows n, and sent without a sync (``to_device``); the device
+    mixes in the coordinates."""
 
     _PLAN_MAX = 1 << 24       # entries per row hashed ahead at most (float64: 128 MiB per row); beyond, draw by draw
 
@@ -85,27 +88,26 @@ class Streams:
         with np.errstate(over="ignore"):
             base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
             self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
-        self._n_host, self._n_dev = None, None
-        self._keys_t = None if host_path(self.device) else torch.from_numpy(self.keys.view(np.int64)).to(self.device)
+        self._on_device = not host_path(self.device)  # the device path: keys on the host, coordinates on the device
         self._round_n: np.ndarray | None = None    # the n of the round begun last (device path)
         self._asked: list[tuple[int, tuple]] = []  # the (purpose, shape) draws made at that n, in order
         self._ahead: dict = {}                     # (purpose, shape) -> (B, *shape) float64, hashed at begin_round
         self._plan_arrays = None                   # (plan, counters * golden, entry -> purpose slot, purposes)
 
-    def _device_n(self, n: np.ndarray) -> torch.Tensor:
-        """n (B,) on the device, copied once per distinct n (a round's draws share it: one host -> device copy per
-        round, not one per draw)."""
-        if self._n_host is None or self._n_host.shape != n.shape or not np.array_equal(self._n_host, n):
-            self._n_host = n.copy()
-            self._n_dev = torch.from_numpy(n.view(np.int64)).to(self.device)
-        return self._n_dev
+    def _round_keys(self, n: np.ndarray, purposes) -> np.ndarray:
+        """(B, P) uint64 keys of (image, n, purpose) on the host, where n is known (the device then mixes in the
+        coordinates only: the same bits, a third of the device operations, no read-back)."""
+        n = np.asarray(n, np.int64).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            return _mix(self.keys[:, None] ^ _mix(n[:, None] * np.uint64(_GOLDEN)
+                                                   + np.asarray(purposes, np.int64).astype(np.uint64)[None, :]))
 
     def begin_round(self, n: np.ndarray) -> None:
         """A round starts at committed lengths ``n`` (B,): on the device path, hash the previous round's draws at
         ``n`` in one pass (class docstring); on the host path nothing (numpy hashes a draw in microseconds)."""
         plan = list(dict.fromkeys(self._asked))
         self._round_n, self._asked, self._ahead = np.asarray(n, np.int64).copy(), [], {}
-        if self._keys_t is None or not plan:
+        if not self._on_device or not plan:
             return
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in plan]
         if sum(sizes) > self._PLAN_MAX:
@@ -114,14 +116,12 @@ class Streams:
         if self._plan_arrays is None or self._plan_arrays[0] != key:     # the same plan round after round: built once
             purposes = sorted({pu for pu, _ in plan})
             slot = {pu: i for i, pu in enumerate(purposes)}
-            ctr = torch.cat([_counters(s, self._keys_t).reshape(-1) if s else
+            ctr = torch.cat([_counters(s, self.device).reshape(-1) if s else
                              torch.zeros(1, dtype=torch.int64, device=self.device) for _, s in plan])
             which = np.repeat([slot[pu] for pu, _ in plan], sizes)                        # (M,) each entry's purpose
-            self._plan_arrays = (key, ctr * _SIGNED(_GOLDEN), to_device(which, self.device, torch.int64),
-                                 to_device(np.asarray(purposes, np.int64), self.device))
-        _, ctr_g, which, pur = self._plan_arrays
-        nt = self._device_n(self._round_n.astype(np.uint64))
-        k = _mix(self._keys_t[:, None] ^ _mix(nt[:, None] * _SIGNED(_GOLDEN) + pur))           # (B, purposes)
+            self._plan_arrays = (key, ctr * _SIGNED(_GOLDEN), to_device(which, self.device, torch.int64), purposes)
+        _, ctr_g, which, purposes = self._plan_arrays
+        k = to_device(self._round_keys(self._round_n, purposes).view(np.int64), self.device)    # (B, purposes)
         h = _mix(k.index_select(1, which) + ctr_g)                                               # (B, M)
         u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
         for (key, m, start) in zip(plan, sizes, np.cumsum([0] + sizes[:-1])):
@@ -134,21 +134,19 @@ class Streams:
         if len(shape) > 3 or any(s > _STRIDE for s in shape):
             raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
         ahead = None
-        if self._keys_t is not None and self._round_n is not None and np.array_equal(n, self._round_n):
+        if self._on_device and self._round_n is not None and np.array_equal(n, self._round_n):
             self._asked.append((int(purpose), shape))
             ahead = self._ahead.pop((int(purpose), shape), None)   # handed out once (the caller may work in place)
-        n = np.asarray(n, np.int64).astype(np.uint64)
         if ahead is not None:
             u = ahead
-        elif self._keys_t is None:
+        elif not self._on_device:
+            k = self._round_keys(n, [purpose])[:, 0]
             with np.errstate(over="ignore"):
-                k = _mix(self.keys ^ _mix(n * np.uint64(_GOLDEN) + np.uint64(purpose)))
-                h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, k) * np.uint64(_GOLDEN))
+                h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape) * np.uint64(_GOLDEN))
             u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
         else:
-            nt = self._device_n(n)
-            k = _mix(self._keys_t ^ _mix(nt * _SIGNED(_GOLDEN) + purpose))
-            h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, k) * _SIGNED(_GOLDEN))
+            k = to_device(self._round_keys(n, [purpose]).view(np.int64)[:, 0], self.device)
+            h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN))
             u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
         if dtype == torch.float64:
             return u

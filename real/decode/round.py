@@ -91,6 +91,7 @@ class Run:
     state: object = None
     n_dev: torch.Tensor | None = None    # (B,) int64 n on the device: the device path's own copy (no host -> device)
     unchecked: torch.Tensor | None = None  # the device path: prefill rows whose finiteness rides on the next read-back
+    n_rows: tuple | None = None          # the device path: (n_dev, its per-model-row copy (R,)), made once per round
 
     @property
     def B(self) -> int:
@@ -129,14 +130,15 @@ class Run:
         no host -> device copy of host positions); None on the host path."""
         if self.n_dev is None:
             return None
-        return self.rows((self.n_dev + base).clamp(max=cap))[:, None].expand(-1, width)
+        if self.n_rows is None or self.n_rows[0] is not self.n_dev:     # per-row n: once per round (one cat)
+            self.n_rows = (self.n_dev, self.rows(self.n_dev))
+        return (self.n_rows[1] + base).clamp(max=cap)[:, None].expand(-1, width)
 
     def depth_tensor(self, Db: np.ndarray, D: int, tail: int = 0) -> torch.Tensor:
         """``depths(D, tail)`` (= Db) as a device tensor: computed there from ``n_dev`` on the device path."""
         if self.n_dev is None:
             return torch.as_tensor(Db, device=self.dev)
-        n = self.n_dev
-        return torch.where(n < self.T, (self.T - tail - 1 - n).clamp(min=0, max=D), 0)
+        return (self.T - tail - 1 - self.n_dev).clamp(min=0, max=D)     # (a finished image, n = T: below 0, so 0)
 
     def depths(self, D: int, tail: int = 0) -> np.ndarray:
         """(B,) int64 D'_b = min(D, T - tail - n_b - 1) for unfinished images (0 at least), 0 for finished ones;
@@ -253,8 +255,8 @@ def commit(run: Run, cand: torch.Tensor, tau: np.ndarray, tau_dev: torch.Tensor 
     n = run.n_dev if run.n_dev is not None else torch.as_tensor(run.n, device=run.dev)
     run.out.scatter_(1, n[:, None] + torch.arange(cand.shape[1], device=run.dev), cand)   # past tau_b + 1: scratch
     run.n = run.n + np.where(act, tau + 1, 0)
-    if run.n_dev is not None:
-        run.n_dev = n + torch.where(n < run.T, 1 if tau_dev is None else tau_dev + 1, 0)
+    if run.n_dev is not None:      # n + tau + 1 <= T for an unfinished image (tau <= D'_b), so the clamp keeps T
+        run.n_dev = (n + 1 if tau_dev is None else n + tau_dev + 1).clamp(max=run.T)
 
 
 def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:

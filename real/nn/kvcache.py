@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from real.nn.layers import stale_inference
 from .devpath import to_device
@@ -195,11 +196,9 @@ class CacheIndex:
         if self._start is not None:                   # every row at the same length: one (1, 1, S, K) mask for all rows
             if attn_mask is None:
                 return None if S == 1 else torch.ones(S, K, dtype=torch.bool, device=dev).tril_(K - S)[None, None]
-            if attn_mask.ndim == 3:                                           # one mask per row
-                return torch.cat([torch.ones(self.rows, S, K - attn_mask.shape[-1], dtype=torch.bool, device=dev),
-                                  attn_mask], -1)[:, None]
-            return torch.cat([torch.ones(S, K - attn_mask.shape[1], dtype=torch.bool, device=dev), attn_mask],
-                             1)[None, None]
+            # older entries visible: the mask padded on the left with True (one kernel; (R, S, Kb): one per row)
+            full = F.pad(attn_mask, (K - attn_mask.shape[-1], 0), value=True)
+            return full[:, None] if attn_mask.ndim == 3 else full[None, None]
         rel = torch.arange(K, device=dev)[None, :] - self._slots[:, :1]       # (R, K) column - block start
         if attn_mask is None:                                                 # causal over the block
             vis = rel[:, None, :] <= torch.arange(S, device=dev)[None, :, None]

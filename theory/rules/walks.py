@@ -36,7 +36,7 @@ import numpy as np
 
 from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
 
-__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
@@ -194,7 +194,7 @@ def _take(x, idx, xp):
 def _greedy_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point"):
     """The greedy walk of ``_walk`` for arrays that are not numpy (torch on a device, the engine's device path):
     every node's chosen child at once (its first candidate, by rank, that is the node's argmax and, unless the law
-    is "point", has positive draft mass), then the chosen children followed from the root (``_follow``); nothing is
+    is "point", has positive draft mass), then the chosen children followed from the root (``follow_chosen``); nothing is
     read back. The next token: the argmax of the last node's row after a rejection there, else (a leaf, no possible
     candidate, or the depth cap) a draw from it. Arguments and verdict as ``_walk``."""
     xp = namespace(p, tokens)
@@ -211,7 +211,7 @@ def _greedy_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth
     first = take_last(safe, xp.argmax(xp.astype(ok, xp.int8), axis=-1)[..., None], xp)[..., 0]
     chosen = xp.where(xp.any(ok, axis=-1), first, xp.full_like(first, -1))       # (B, N+1)
     cap = None if max_depth is None else xp.astype(xp.asarray(max_depth, device=dev), xp.int64)
-    path, depth, node = _follow(chosen, int(D), cap, xp)
+    path, depth, node = follow_chosen(chosen, int(D), cap, xp)
     rejected = gather(xp.astype(xp.any(valid, axis=-1), xp.int64), node, xp) > 0   # the walk ended on candidates
     if cap is not None:
         rejected = rejected & (depth < cap)
@@ -220,27 +220,24 @@ def _greedy_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth
     return depth, path, xp.astype(nxt, xp.int64), node
 
 
-def _follow(chosen, D: int, cap, xp):
-    """Follow each round's chosen children (B, N+1) (-1: none) from the root for at most D levels, then cut each
-    round's path at its depth cap (B,) (None: no cap). Returns (path (B, D) accepted nodes by depth, -1 past them;
+def follow_chosen(chosen, D: int, cap, xp):
+    """Follow each round's chosen children (B, N+1) (-1: none) from the root for at most D levels, stopping at each
+    round's depth cap (B,) (None: no cap). A node without a chosen child points to itself, so a level is one gather
+    and the path is read off where the node changed. Returns (path (B, D) accepted nodes by depth, -1 past them;
     depth (B,) accepted; last node (B,))."""
-    B = chosen.shape[0]
+    B, N1 = chosen.shape
     dev = array_api_compat.device(chosen)
-    node = xp.zeros((B,), dtype=xp.int64, device=dev)
-    cols = []
+    nxt = xp.where(chosen >= 0, chosen, xp.arange(N1, device=dev))               # (B, N+1) next node, or itself
+    nodes = [xp.zeros((B,), dtype=xp.int64, device=dev)]
     for _ in range(D):   # a loop over tree levels (gathers of (B,) entries)
-        nxt = gather(chosen, node, xp)
-        cols.append(nxt)                                       # -1 from the first miss on: the node stays
-        node = xp.where(nxt >= 0, nxt, node)
-    if not cols:
-        return xp.zeros((B, 0), dtype=xp.int64, device=dev), xp.zeros((B,), dtype=xp.int64, device=dev), node
-    path = xp.stack(cols, axis=-1)
+        nodes.append(gather(nxt, nodes[-1], xp))
+    nodes = xp.stack(nodes, axis=-1)                                             # (B, D + 1) node at each level
+    moved = nodes[:, 1:] != nodes[:, :-1]
     if cap is not None:
-        path = xp.where(xp.arange(D, device=dev) < cap[:, None], path, xp.full_like(path, -1))
-    depth = xp.sum(xp.astype(path >= 0, xp.int64), axis=-1)
-    if cap is not None:                                        # the last node within the cap ([root; path] at depth)
-        node = gather(xp.concat([xp.zeros((B, 1), dtype=xp.int64, device=dev), path], axis=-1), depth, xp)
-    return path, depth, node
+        moved = moved & (xp.arange(D, device=dev) < cap[:, None])
+    path = xp.where(moved, nodes[:, 1:], xp.full_like(nodes[:, 1:], -1))
+    depth = xp.sum(xp.astype(moved, xp.int64), axis=-1)
+    return path, depth, gather(nodes, depth, xp)
 
 
 def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point"):
@@ -285,7 +282,7 @@ def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_dept
             q_left = xp.where(rej[..., None] & hit, xp.zeros_like(q_left), q_left)
         chosen = xp.where(acc, kid, chosen)
     cap = None if max_depth is None else xp.astype(xp.asarray(max_depth, device=dev), xp.int64)
-    path, depth, node = _follow(chosen, D, cap, xp)
+    path, depth, node = follow_chosen(chosen, D, cap, xp)
     last = gather_rows(p_res, node, xp)
     if cap is not None:                                        # stopped by the cap: no candidate tried there
         last = xp.where((depth >= cap)[:, None], gather_rows(p, node, xp), last)

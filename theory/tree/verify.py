@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last
 from ..rules.chain import verify_chain
+from ..rules.walks import follow_chosen
 from .shapes import RowTrees, Tree
 
 __all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "verify_tree_nodes", "verify_round", "draft_without_replacement"]
@@ -211,14 +212,9 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
         if not point:
             removed = removed | (rej[..., None] & hit)
         chosen = xp.where(acc, kid, chosen)
-    node = xp.zeros(batch, dtype=xp.int64, device=dev)
-    cols = []
-    for _ in range(D):   # a loop over tree levels: follow the chosen children from the root
-        nxt = gather(chosen, node, xp)
-        cols.append(nxt)                                                            # -1 from the first miss on
-        node = xp.where(nxt >= 0, nxt, node)
-    path = xp.stack(cols, axis=-1)
-    depth = xp.sum(xp.astype(path >= 0, xp.int64), axis=-1)
+    lead = int(np.prod(batch, dtype=np.int64))                                  # the chosen children followed
+    path, depth, node = follow_chosen(xp.reshape(chosen, (lead, N1)), D, None, xp)   # (caps: in ``open_``)
+    path, depth, node = xp.reshape(path, (*batch, D)), xp.reshape(depth, batch), xp.reshape(node, batch)
     return TreeVerdict(depth, path, sample_categorical(gather_rows(p_res, node, xp), u_sample, xp), node)
 
 
