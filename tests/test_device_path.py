@@ -240,3 +240,29 @@ def test_a_mask_is_asserted_once_until_it_changes():
         m[1, 1] = False                                            # in place: the version moves
         with pytest.raises(RuntimeError, match="attend to itself"):
             check_attn_mask(m, 3, 0, "cpu")
+
+
+SAMPLED = Processing(temperature=1.0, cfg_scale=2.0)
+
+
+@pytest.mark.parametrize("verifier", ["vanilla", "cool_sd"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_sampled_rounds_on_the_device_path_read_back_once_and_draw_the_host_paths_tokens(pair, mode, verifier):
+    """T = 1 (trees drawn without replacement, verified node-parallel on the device path): no sync in the draft,
+    target or verify phases, at most one per round in all, and the same tokens as the host path's walk at B = 1
+    and 3 (same uniforms, same operations per row)."""
+    t, d = pair
+    v = (lambda: rules.cool_sd(2.0)) if verifier == "cool_sd" else rules.vanilla
+
+    def gen(B, dp):
+        return engine.generate(t, d, list(range(B)), num_tokens=16, verifier=v(), drafting=MODES[mode](),
+                               processing=SAMPLED, batch_size=B, device_path=dp)
+    with OpCounter() as c:
+        dev1 = gen(1, True)
+    tab = c.table()
+    assert all(tab[ph]["syncs"] == 0 for ph in ("draft", "target", "verify")), tab
+    assert tab["total"]["syncs"] <= c.rounds + 1                      # + the output's one read
+    for B, dev in ((1, dev1), (3, gen(3, True))):
+        host = gen(B, False)
+        assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(host, dev))
+    assert sum(r.accepted for g in dev1 for r in g.rounds) > 0
