@@ -109,3 +109,37 @@ def test_device_walks_equal_verify_tree_on_torch_arrays(static, name):
             assert _same(ref, [x.numpy() for x in got]), (seed, law, ref, got)
             n_acc += int(np.asarray(ref.accepted).sum())
     assert n_acc > 100
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", "torch"])
+def test_greedy_chain_equals_verify_chain(xp_name):
+    """Greedy's own chain verdict (``Verifier.chain``, argmaxes only) is ``verify_chain``'s for the greedy rule:
+    accepted count, next token and f at the drafts, with ragged draft counts, drafts the target likes, peaked and
+    flat rows (a bonus draw that is not the argmax); the vanilla verdict on the same rows differs (the control)."""
+    from theory.rules import verify_chain
+    from theory.rules.walks import greedy_chain
+
+    rng = np.random.default_rng(3)
+    n_acc, n_bonus, differs = 0, 0, 0
+    for seed in range(200):
+        B, L, V = 4, int(rng.integers(1, 6)), 9
+        p = _rows(rng, B, L + 1, V, peaked=bool(seed % 2))
+        q = _rows(rng, B, L, V, peaked=False)
+        tokens = rng.integers(0, V, size=(B, L))
+        if seed % 3:
+            tokens = np.where(rng.random((B, L)) < 0.8, p[:, :L].argmax(-1), tokens)
+        u, us = rng.random((B, L)), rng.random(B)
+        cap = rng.integers(0, L + 1, size=B) if seed % 4 == 0 else None
+        arrays = (p, q, tokens, u, us, cap)
+        if xp_name == "torch":
+            arrays = tuple(None if a is None else torch.as_tensor(a) for a in arrays)
+        ref = verify_chain(*arrays[:5], rules.greedy(), n_drafted=arrays[5], check=False)
+        got = greedy_chain(*arrays)
+        assert _same(ref, got), (seed, ref, got)
+        van = verify_chain(*arrays[:5], rules.vanilla(), n_drafted=arrays[5], check=False)
+        differs += not _same(ref[:2], van[:2])
+        n_acc += int(np.asarray(ref.accepted).sum())
+        full = np.asarray(ref.accepted) == (L if cap is None else np.asarray(cap))
+        n_bonus += int((full & (np.asarray(ref.next_token) != p[np.arange(B), np.asarray(ref.accepted)].argmax(-1))).sum())
+    assert n_acc > 200 and n_bonus > 10 and differs > 50
+    assert rules.greedy().chain is greedy_chain and rules.vanilla().chain is None

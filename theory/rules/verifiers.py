@@ -31,7 +31,7 @@ from .acceptance import ROW_FEATURES, Greedy, Level, RowScaled, Scaled, Typical,
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import Lantern, LanternResample
 from .resampling import Argmax, Optimal, Residual, Target
-from .walks import GREEDY_WALKS, VANILLA_WALKS
+from .walks import GREEDY_WALKS, VANILLA_WALKS, greedy_chain
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
 __all__ = ["Verifier", "guarded", "vanilla", "scaled", "row_scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
@@ -47,12 +47,15 @@ class Verifier:
     ``theory.tree.verify_round`` tries before the generic ``verify_tree``), a mapping draft law -> callable (p, q,
     tokens, u_accept, u_sample, children, depth, max_depth, draft_law) -> (accepted, path, next_token, last_node), or
     None where it does not apply (e.g. torch arrays). A walk must give ``verify_tree``'s verdict
-    (tests/test_fast_verify.py checks the provided ones)."""
+    (tests/test_fast_verify.py checks the provided ones). Optionally ``chain``: the rule's own chain verdict, a
+    callable with ``verify_chain``'s arguments and verdict (``theory.rules.walks.greedy_chain``), which
+    ``theory.tree.verify_round`` takes for chains."""
     accept: Any
     resample: Any
     name: str = "custom"
     params: dict = field(default_factory=dict)
     walk: Any = None
+    chain: Any = None
 
     def tables(self, p: Array, q: Array, L: int) -> tuple[Array, Array]:
         """Per-position tables F, G (L, ..., V) on rows p, q (..., V); G is the effective law."""
@@ -268,7 +271,7 @@ def gsd(embeddings=None, *, window: int = GSD_WINDOW, p_threshold: float = GSD_P
 
 def greedy() -> Verifier:
     """Greedy verification (section 1): accept iff the draft is the target's argmax; correct with the argmax."""
-    return Verifier(Greedy(), Argmax(), "greedy", {}, walk=GREEDY_WALKS)
+    return Verifier(Greedy(), Argmax(), "greedy", {}, walk=GREEDY_WALKS, chain=greedy_chain)
 
 
 def _named_resampler(name: str, extra: Sequence[str] = ()):

@@ -35,8 +35,9 @@ import array_api_compat
 import numpy as np
 
 from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
+from .chain import ChainVerdict
 
-__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
@@ -317,3 +318,28 @@ def _greedy(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft
 # the walks each rule supplies for itself (``Verifier.walk``): draft law -> walk
 VANILLA_WALKS = {"point": _vanilla(partial(_walk, "vanilla")), "without_replacement": _vanilla(_walk_without_replacement)}
 GREEDY_WALKS = {law: _greedy for law in DRAFT_LAWS}
+
+
+def greedy_chain(p, q, tokens, u_accept, u_sample, n_drafted=None) -> ChainVerdict:
+    """Greedy's own chain verdict (``Verifier.chain``): ``theory.rules.verify_chain``'s for f = 1[x = argmax p],
+    G = one-hot(argmax p), from the rows' argmaxes alone, on any array namespace. Draft i is accepted iff it is
+    the argmax of p_i (u < 1 always passes f = 1, never f = 0); after a rejection at tau + 1 the next token is
+    argmax p_{tau+1} (the inverse-CDF draw from a one-hot row); after all n_drafted drafts, a draw from
+    p_{n_drafted+1} with u_sample. Arguments and shapes as ``verify_chain`` (q is not read)."""
+    xp = namespace(p, tokens)
+    dev = array_api_compat.device(p)
+    L = tokens.shape[-1]
+    top = xp.argmax(p, axis=-1)                                                 # (..., L+1) argmax of each row
+    ok = xp.astype(tokens, xp.int64) == top[..., :L]
+    rejected = ~ok
+    if n_drafted is None:
+        cap = xp.full(tokens.shape[:-1], L, dtype=xp.int64, device=dev)
+    else:
+        cap = xp.astype(xp.asarray(n_drafted, device=dev), xp.int64)
+        rejected = rejected & (xp.arange(L, device=dev) < cap[..., None])
+    first = xp.astype(xp.argmax(xp.astype(rejected, xp.int8), axis=-1), xp.int64)
+    tau = xp.where(xp.any(rejected, axis=-1), first, cap)
+    bonus = sample_categorical(gather_rows(p, tau, xp), u_sample, xp)
+    nxt = xp.where(tau == cap, bonus, xp.astype(gather(top, tau, xp), xp.int64))
+    return ChainVerdict(tau, nxt, xp.astype(ok, p.dtype))
+

@@ -234,17 +234,23 @@ def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sa
       max_depth (...,)         each round's depth cap (a chain: its drafts L'; a tree: the truncation at the image end)
     ``tree``: None for a chain (node k's only child is k + 1), a ``Tree`` or per-round ``RowTrees``. ``law``: how the
     candidates were drawn (``real.protocol.LAWS``: "sampled" (one candidate per node, a chain), "without_replacement",
-    "point"). A chain is verified by ``verify_chain`` (vectorised, no walk); a tree by the verifier's own walk when it
-    supplies one that applies (``Verifier.walk``, e.g. vanilla's and greedy's host walks), else by ``verify_tree``
-    with early exit. Returns a ``TreeVerdict`` (accepted (...,), path (..., D) accepted nodes by depth, -1 past them,
+    "point"). A chain is verified by the verifier's own chain verdict when it has one (``Verifier.chain``: greedy's),
+    else by ``verify_chain`` (vectorised, no walk); a tree by the verifier's own walk when it supplies one that
+    applies (``Verifier.walk``: vanilla's and greedy's), else by ``verify_tree`` with early exit on numpy rows and by
+    ``verify_tree_nodes`` (no read-back) on others. Returns a ``TreeVerdict`` (accepted (...,), path (..., D) accepted nodes by depth, -1 past them,
     next_token, last_node)."""
     xp = namespace(p)
     if tree is None:
         N = tokens.shape[-1] - 1
-        if q is None:                 # deterministic drafts (the point law): q is the one-hot row of each draft
-            q = xp.astype(xp.arange(p.shape[-1], device=array_api_compat.device(p)) == tokens[..., 1:, None], p.dtype)
-        v = verify_chain(p, q[..., :N, :], tokens[..., 1:], u_accept[..., :N], u_sample, verifier,
-                         n_drafted=max_depth, check=False)
+        own = getattr(verifier, "chain", None)       # the rule's own chain verdict (greedy's: argmaxes only)
+        if own is not None:
+            v = own(p, None if q is None else q[..., :N, :], tokens[..., 1:], u_accept[..., :N], u_sample, max_depth)
+        else:
+            if q is None:             # deterministic drafts (the point law): q is the one-hot row of each draft
+                q = xp.astype(xp.arange(p.shape[-1], device=array_api_compat.device(p)) == tokens[..., 1:, None],
+                              p.dtype)
+            v = verify_chain(p, q[..., :N, :], tokens[..., 1:], u_accept[..., :N], u_sample, verifier,
+                             n_drafted=max_depth, check=False)
         ar = xp.arange(1, N + 1, device=array_api_compat.device(p))
         path = xp.where(ar < v.accepted[..., None] + 1, ar, xp.full_like(tokens[..., 1:], -1))
         return TreeVerdict(v.accepted, path, v.next_token, v.accepted)
