@@ -195,17 +195,19 @@ def test_a_non_finite_prefill_row_is_refused_on_both_paths(pair, monkeypatch, T,
                         device_path=device_path)              # (greedy rows are one-hot: finite whatever the logits)
 
 
-def test_round_uniforms_hashed_in_one_pass_are_the_same_bits():
-    """``Streams.begin_round`` (the device path) hashes the previous round's draws at the new n in one pass: every
-    uniform is the value drawn one by one (bit for bit, float64 and float32, a draw the caller then changes in place
-    included), a draw the plan did not foresee is hashed on its own, and a planned round costs fewer operations."""
+@pytest.mark.parametrize("device_path", [True, False])
+def test_round_uniforms_hashed_in_one_pass_are_the_same_bits(device_path):
+    """``Streams.begin_round`` hashes the previous round's draws at the new n in one pass (torch on the device path,
+    numpy on the host): every uniform is the value drawn one by one (bit for bit, float64 and float32, a draw the
+    caller then changes in place included), a draw the plan did not foresee is hashed on its own, a planned round
+    costs fewer device operations, and both paths give the same values."""
     from real.decode.rng import ACCEPT, SAMPLE, TREE, Streams
 
     asks = [(TREE, (3, 7), torch.float64), (TREE + 1, (2, 7), torch.float64), (ACCEPT, (9,), torch.float32),
             (SAMPLE, (), torch.float32)]
-    with devpath.force(True):
+    ns = [np.array([0, 4, 9]), np.array([2, 5, 11]), np.array([3, 9, 12])]
+    with devpath.force(device_path):
         planned, single = Streams(5, np.arange(3), "cpu"), Streams(5, np.arange(3), "cpu")
-        ns = [np.array([0, 4, 9]), np.array([2, 5, 11]), np.array([3, 9, 12])]
         ops = []
         for r, n in enumerate(ns):
             planned.begin_round(n)
@@ -213,15 +215,18 @@ def test_round_uniforms_hashed_in_one_pass_are_the_same_bits():
                 got = [planned.uniform(n, pu, s, dt) for pu, s, dt in asks]
                 extra = planned.uniform(n, TREE + 2 + r, (4,))                  # not in the plan
             ops.append(c.table()["total"]["ops"])
-            want = [single.uniform(n, pu, s, dt) for pu, s, dt in asks]
+            want = [single.uniform(n, pu, s, dt) for pu, s, dt in asks]      # (never begun: draw by draw)
             for g, w in zip(got, want):
                 assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
             assert torch.equal(extra, single.uniform(n, TREE + 2 + r, (4,)))
             got[0].log_()                                                        # the caller works in place
             assert torch.equal(planned.uniform(n, TREE, (3, 7)), single.uniform(n, TREE, (3, 7)))
-        assert ops[1] < ops[0] / 3 and ops[2] == ops[1]      # round 0 hashes draw by draw; later rounds only cast
-    control = Streams(5, np.arange(3), "cpu")                # the host path: numpy, the same values again
-    assert torch.equal(control.uniform(ns[2], ACCEPT, (9,), torch.float32), want[2])
+        if device_path:
+            assert ops[1] < ops[0] / 3 and ops[2] == ops[1]  # round 0 hashes draw by draw; later rounds only cast
+    with devpath.force(not device_path):                    # the other path: the same values
+        other = Streams(5, np.arange(3), "cpu")
+        assert torch.equal(other.uniform(ns[2], ACCEPT, (9,), torch.float32), want[2])
+        assert torch.equal(other.uniform(ns[2], TREE + 1, (2, 7)), want[1])
 
 
 def test_a_mask_is_asserted_once_until_it_changes():

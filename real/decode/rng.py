@@ -73,13 +73,13 @@ class Streams:
     (seed, images[b], n[b], purpose), entry c by its coordinates (each < 2^21, at most 3 of them). On a CPU
     device the hashing runs in numpy (uint64; a few microseconds per call), elsewhere in torch on the device.
 
-    A round's draws in one pass (the device path): ``begin_round(n)`` hashes, at once, every draw the previous
+    A round's draws in one pass: ``begin_round(n)`` hashes, at once, every draw the previous
     round made at its own n (the same purposes and shapes, now at ``n``); a ``uniform`` call of the round that
     asks for one of them gets it from there, any other is hashed on its own. Each uniform is a function of its key
-    alone, so the values are the same bits either way; what changes is the count of device operations (one hash
-    pass of ~17 element-wise kernels per round instead of ~30 per draw: issue 42's ``bench_ops``). The keys of
-    (image, n, purpose) are mixed on the host, which knows n, and sent without a sync (``to_device``); the device
-    mixes in the coordinates."""
+    alone, so the values are the same bits either way; what changes is the count of operations (on a device one hash
+    pass of ~17 element-wise kernels per round instead of ~30 per draw: issue 42's ``bench_ops``; on the host one
+    numpy pass instead of one per draw). The keys of (image, n, purpose) are mixed on the host, which knows n, and
+    sent without a sync (``to_device``); the device mixes in the coordinates."""
 
     _PLAN_MAX = 1 << 24       # entries per row hashed ahead at most (float64: 128 MiB per row); beyond, draw by draw
 
@@ -89,7 +89,7 @@ class Streams:
             base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
             self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
         self._on_device = not host_path(self.device)  # the device path: keys on the host, coordinates on the device
-        self._round_n: np.ndarray | None = None    # the n of the round begun last (device path)
+        self._round_n: np.ndarray | None = None    # the n of the round begun last
         self._asked: list[tuple[int, tuple]] = []  # the (purpose, shape) draws made at that n, in order
         self._ahead: dict = {}                     # (purpose, shape) -> (B, *shape) float64, hashed at begin_round
         self._plan_arrays = None                   # (plan, counters * golden, entry -> purpose slot, purposes)
@@ -103,11 +103,11 @@ class Streams:
                                                    + np.asarray(purposes, np.int64).astype(np.uint64)[None, :]))
 
     def begin_round(self, n: np.ndarray) -> None:
-        """A round starts at committed lengths ``n`` (B,): on the device path, hash the previous round's draws at
-        ``n`` in one pass (class docstring); on the host path nothing (numpy hashes a draw in microseconds)."""
+        """A round starts at committed lengths ``n`` (B,): hash the previous round's draws at ``n`` in one pass (class
+        docstring), on the host in numpy or on the device."""
         plan = list(dict.fromkeys(self._asked))
         self._round_n, self._asked, self._ahead = np.asarray(n, np.int64).copy(), [], {}
-        if not self._on_device or not plan:
+        if not plan:
             return
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in plan]
         if sum(sizes) > self._PLAN_MAX:
@@ -116,14 +116,22 @@ class Streams:
         if self._plan_arrays is None or self._plan_arrays[0] != key:     # the same plan round after round: built once
             purposes = sorted({pu for pu, _ in plan})
             slot = {pu: i for i, pu in enumerate(purposes)}
-            ctr = torch.cat([_counters(s, self.device).reshape(-1) if s else
-                             torch.zeros(1, dtype=torch.int64, device=self.device) for _, s in plan])
             which = np.repeat([slot[pu] for pu, _ in plan], sizes)                        # (M,) each entry's purpose
-            self._plan_arrays = (key, ctr * _SIGNED(_GOLDEN), to_device(which, self.device, torch.int64), purposes)
+            ctr = np.concatenate([_counters(s).reshape(-1) if s else np.zeros(1, np.uint64) for _, s in plan])
+            with np.errstate(over="ignore"):
+                ctr_g = ctr * np.uint64(_GOLDEN)                                          # (M,) uint64
+            if self._on_device:
+                ctr_g, which = to_device(ctr_g.view(np.int64), self.device), to_device(which, self.device, torch.int64)
+            self._plan_arrays = (key, ctr_g, which, purposes)
         _, ctr_g, which, purposes = self._plan_arrays
-        k = to_device(self._round_keys(self._round_n, purposes).view(np.int64), self.device)    # (B, purposes)
-        h = _mix(k.index_select(1, which) + ctr_g)                                               # (B, M)
-        u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+        k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
+        if self._on_device:
+            h = _mix(to_device(k.view(np.int64), self.device).index_select(1, which) + ctr_g)    # (B, M)
+            u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+        else:
+            with np.errstate(over="ignore"):
+                h = _mix(k[:, which] + ctr_g)
+            u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
         for (key, m, start) in zip(plan, sizes, np.cumsum([0] + sizes[:-1])):
             self._ahead[key] = u[:, start:start + m].reshape((-1, *key[1]))
 
@@ -134,7 +142,7 @@ class Streams:
         if len(shape) > 3 or any(s > _STRIDE for s in shape):
             raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
         ahead = None
-        if self._on_device and self._round_n is not None and np.array_equal(n, self._round_n):
+        if self._round_n is not None and np.array_equal(n, self._round_n):
             self._asked.append((int(purpose), shape))
             ahead = self._ahead.pop((int(purpose), shape), None)   # handed out once (the caller may work in place)
         if ahead is not None:

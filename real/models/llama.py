@@ -28,7 +28,7 @@ from torch import nn
 
 import numpy as np
 
-from real.nn.devpath import host_path
+from real.nn.devpath import host_path, to_device
 from real.nn.kvcache import KVCache, PromptRows
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 from real.protocol import ModelOutput, Placed, Prompt, as_conds
@@ -231,14 +231,16 @@ class FastLlama(Placed, PromptRows, nn.Module):
         """ids (R, S) model ids at cache ``slots`` (R, S) (numpy or torch) under ``attn_mask`` (S, K) / (R, S, K) or
         None (causal) -> ``ModelOutput``; RoPE positions are the slots minus each row's padding."""
         S = ids.shape[1]
-        host = isinstance(slots, np.ndarray)
-        hi = int((slots - self._pad[:, None]).max()) if host and slots.size else 0      # host slots: no sync
-        if hi >= self.max_len:
-            raise ValueError(f"FastLlama cache full: position {hi} >= max_len {self.max_len}; raise max_len")
-        if self._pad_t is None or self._pad_t[0] is not self._pad:
-            self._pad_t = (self._pad, torch.as_tensor(self._pad, device=ids.device))
-        pos = (torch.as_tensor(slots, dtype=torch.long, device=ids.device) - self._pad_t[1][:, None]).clamp_(min=0)
-        if not host:               # device slots (the engine's device path): checked without a read-back
+        if isinstance(slots, np.ndarray):    # host slots: positions and their check on the host, no sync
+            pos = np.maximum(slots - self._pad[:, None], 0)
+            hi = int(pos.max()) if pos.size else 0
+            if hi >= self.max_len:
+                raise ValueError(f"FastLlama cache full: position {hi} >= max_len {self.max_len}; raise max_len")
+            pos = to_device(pos, ids.device, torch.long)
+        else:                                # device slots (the engine's device path): checked without a read-back
+            if self._pad_t is None or self._pad_t[0] is not self._pad:
+                self._pad_t = (self._pad, to_device(self._pad, ids.device))
+            pos = (slots.long() - self._pad_t[1][:, None]).clamp_(min=0)
             torch._assert_async(pos.max() < self.max_len, f"FastLlama cache full: a position >= max_len {self.max_len}")
         rot = self._rope(pos)
         mask = self.cache.begin(S, attn_mask)
