@@ -271,3 +271,26 @@ def test_sampled_rounds_on_the_device_path_read_back_once_and_draw_the_host_path
         host = gen(B, False)
         assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(host, dev))
     assert sum(r.accepted for g in dev1 for r in g.rounds) > 0
+
+
+@pytest.mark.parametrize("mode", ["chain", "eagle25"])
+def test_device_path_blocks_keep_one_shape_every_round(pair, mode, monkeypatch):
+    """On the device path a chain drafts L and a static tree its whole tree every round, the last rounds of an image
+    included (``real.decode.round.static_depth``): every verification block the target runs has one shape, and the
+    tokens are the host path's. The host path's blocks shrink at the image's end (the control: this is what the
+    padding changes)."""
+    t, d = pair
+    shapes = []
+    fwd = t.forward
+
+    def recording(tokens, *a, **k):
+        if tokens.shape[1] > 1:
+            shapes.append(tuple(tokens.shape))
+        return fwd(tokens, *a, **k)
+
+    monkeypatch.setattr(t, "forward", recording)
+    dev = _gen(pair, mode, 2, T=24, device_path=True)
+    on_device, shapes[:] = sorted(set(shapes)), []
+    host = _gen(pair, mode, 2, T=24, device_path=False)
+    assert len(on_device) == 1 and len(set(shapes)) > 1, (on_device, sorted(set(shapes)))
+    assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(host, dev))

@@ -19,6 +19,7 @@ from real.protocol import Proposal
 from real.nn.devpath import to_device
 
 from . import rng as R
+from .round import static_depth
 from .sampling import draw
 
 __all__ = ["Chain", "Plain", "feed_draft", "draft_chain", "DEFAULT_L"]
@@ -97,8 +98,9 @@ class Chain(ModelDrafting):
 
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """Draft max_b L'_b tokens per image (rows past an image's own L'_b are cut by the verification's depth cap);
-        round 0 of an independent draft (the target not yet prefilled) starts from the draft's own prefill."""
-        Lr = int(depth.max())
+        round 0 of an independent draft (the target not yet prefilled) starts from the draft's own prefill. On the device
+        path every round drafts L (``real.decode.round.static_depth``)."""
+        Lr = static_depth(run, int(depth.max()), int(self.L), int(self.L) + 1)
         if run.P == 0:
             logits, hid = run.draft.prefill(run.conds, cfg=run.proc.cfg).logits[:, -1], None
             run.d_off = int(run.draft.cache_lens[0])

@@ -20,6 +20,7 @@ from real.protocol import Proposal
 
 from . import rng as R
 from .chain import ModelDrafting, feed_draft
+from .round import static_depth
 
 __all__ = ["StaticTree", "TreePlan", "tree_plan", "draft_tree", "top_m", "CANDIDATES"]
 
@@ -56,8 +57,9 @@ class StaticTree(ModelDrafting):
         return {}
 
     def propose(self, run, depth: np.ndarray) -> Proposal:
-        """Feed the draft, draft the tree truncated to the batch's deepest D'_b level by level."""
-        Dr = int(depth.max())
+        """Feed the draft, draft the tree truncated to the batch's deepest D'_b level by level (on the device path the
+        whole tree every round: ``real.decode.round.static_depth``)."""
+        Dr = static_depth(run, int(depth.max()), self.max_depth, self.tree.n_nodes + 1)
         if Dr not in run.state:
             run.state[Dr] = tree_plan(truncate_tree(self.tree, Dr), run.dev)
         plan = run.state[Dr]
