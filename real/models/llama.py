@@ -278,7 +278,7 @@ class FastLlama(Placed, PromptRows, nn.Module):
             self.cache = KVCache(self.n_layers, R, self.nkv, self.max_len, self.hd, dtype=self.dtype, device=self.device)
         self.cache.reset()
         self._pad, self._P = pad, P
-        self.cache.hide_prefix(torch.as_tensor(np.arange(P)[None, :] >= pad[:, None], device=self.device))
+        self.cache.hide_prefix(np.arange(P)[None, :] >= pad[:, None])
         return self._run(ids, np.tile(np.arange(ids.shape[1]), (R, 1)), None, return_hidden, P - 1)
 
     @torch.no_grad()

@@ -158,10 +158,13 @@ class CacheIndex:
         self.visible = None
 
     def hide_prefix(self, visible: torch.Tensor | None) -> None:
-        """Mark the first P entries of each row visible (True) or hidden (False, padding): ``visible`` (R, P) bool, or
-        None when every entry is visible (the common case: no extra mask is built)."""
+        """Mark the first P entries of each row visible (True) or hidden (False, padding): ``visible`` (R, P) bool (a
+        tensor, or numpy: then no read-back), or None when every entry is visible (the common case: no extra mask)."""
         if visible is not None and (visible.ndim != 2 or visible.shape[0] != self.rows):
             raise ValueError(f"hide_prefix: visible must be ({self.rows}, P) bool, got {tuple(visible.shape)}")
+        if isinstance(visible, np.ndarray):          # host data: decided on the host, sent without a sync
+            self.visible = None if visible.all() else to_device(visible, self.device, torch.bool)
+            return
         self.visible = None if visible is None or bool(visible.all()) else visible.to(self.device, torch.bool)
 
     def begin(self, S: int, attn_mask: torch.Tensor | None = None) -> torch.Tensor | None:
