@@ -160,11 +160,15 @@ def draft_chain(run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: int):
     drafters: their hidden (R, D)): tokens (B, Lr), rows q (B, Lr, V)."""
     xs, qs = [], []
     cap = run.d_off + run.T - 1
+    greedy = run.proc.greedy
     for i in range(Lr):   # a loop over the L draft positions (each one batched over images)
-        q = run.proc.rows(logits)
-        x = draw(q, run.proc, lambda: run.rng.uniform(run.n, R.DRAFT + i))
+        if greedy:        # temperature 0: the guided logits' first argmax; the one-hot rows are made once, below
+            x = run.proc.rows(logits, combined=True).argmax(-1)
+        else:
+            q = run.proc.rows(logits)
+            x = draw(q, run.proc, lambda: run.rng.uniform(run.n, R.DRAFT + i))
+            qs.append(q)
         xs.append(x)
-        qs.append(q)
         if i < Lr - 1:   # the draft's cache length d_off + n_b + i (on the device path from n on the device)
             pos = run.dev_positions(run.d_off + i, cap)
             pos = run.positions(run.draft, np.zeros(1, np.int64), cap) if pos is None else pos
@@ -174,4 +178,8 @@ def draft_chain(run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: int):
             else:
                 o = run.draft.forward(run.rows(x)[:, None], position_ids=pos)
             logits = o.logits[:, -1]
-    return torch.stack(xs, 1), torch.stack(qs, 1)
+    x = torch.stack(xs, 1)
+    if greedy:            # process_logits' rows at temperature 0: one-hot at the drawn (first-argmax) tokens
+        V = logits.shape[-1]
+        return x, torch.zeros((*x.shape, V), dtype=run.proc.dtype, device=x.device).scatter_(-1, x[..., None], 1.0)
+    return x, torch.stack(qs, 1)
