@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from theory import rules
-from theory.tree import EAGLE_25, Tree, TreeVerdict, row_trees, verify_round, verify_tree
+from theory.tree import TreeVerdict, verify_round, verify_tree
+from tree_cases import rows, same, tree_case
 
 
 def verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law):
@@ -16,37 +17,8 @@ def verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law):
     return None if out is None else TreeVerdict(*out)
 
 
-def _rows(rng, B, N1, V, peaked):
-    logits = rng.normal(size=(B, N1, V)) * (6.0 if peaked else 1.0)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p[rng.random(p.shape) < 0.2] = 0.0                      # exact zeros
-    p[..., 0] += 1e-3                                       # no all-zero row
-    return p / p.sum(-1, keepdims=True)
-
-
 def _case(seed, static, V):
-    rng = np.random.default_rng(seed)
-    B = 5
-    if static:
-        tree = Tree(EAGLE_25)
-        N1 = tree.n_nodes + 1
-    else:
-        N1 = int(rng.integers(2, 30))
-        parent = np.stack([np.concatenate([[-1], [rng.integers(0, a) for a in range(1, N1)]]) for _ in range(B)])
-        tree = row_trees(parent, K=N1, depth=None)
-    p = _rows(rng, B, N1, V, peaked=bool(seed % 2))
-    q = _rows(rng, B, N1, V, peaked=False)
-    tokens = rng.integers(0, V, size=(B, N1))
-    if seed % 3 == 0:                                       # candidates the target likes (long accepted paths)
-        tokens = p.argmax(-1)[np.arange(B)[:, None], np.maximum(np.arange(N1) - 1, 0)[None, :]]
-    u = rng.random((B, N1))
-    us = rng.random(B)
-    cap = rng.integers(0, tree.depth + 1, size=B) if seed % 4 == 0 else None
-    return p, q, tokens, u, us, tree, cap
-
-
-def _same(a, b):
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+    return tree_case(seed, static, V)
 
 
 @pytest.mark.parametrize("static", [True, False])
@@ -59,8 +31,8 @@ def test_fast_walks_equal_verify_tree(static, V):
                               (rules.greedy(), "without_replacement"), (rules.vanilla(), "without_replacement")):
             ref = verify_tree(p, q, tokens, u, us, tree, verifier, early_exit=True, max_depth=cap, draft_law=law)
             got = verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law)
-            assert _same(ref, got), (seed, verifier.name, law, ref, got)
-            assert _same(ref, verify_round(p, q, tokens, u, us, tree, verifier, law=law, max_depth=cap))
+            assert same(ref, got), (seed, verifier.name, law, ref, got)
+            assert same(ref, verify_round(p, q, tokens, u, us, tree, verifier, law=law, max_depth=cap))
             n_acc += int(np.asarray(ref.accepted).sum())
     assert n_acc > 100          # the cases do accept candidates, at several depths
 
@@ -71,7 +43,7 @@ def test_control_is_told_apart():
     for seed in range(40):
         p, q, tokens, u, us, tree, cap = _case(seed, False, 50)
         ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, max_depth=cap, draft_law="point")
-        diff += not _same(ref, verify_tree_fast(rules.greedy(), p, q, tokens, u, us, tree, cap, "point"))
+        diff += not same(ref, verify_tree_fast(rules.greedy(), p, q, tokens, u, us, tree, cap, "point"))
     assert diff >= 10
 
 
@@ -87,7 +59,7 @@ def test_walks_are_the_rules_own_and_take_both_kinds_of_arrays():
     t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
     ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, draft_law="point")
     got = verify_round(*t, tree, rules.vanilla(), law="point")
-    assert all(isinstance(x, torch.Tensor) for x in got) and _same(ref, [x.numpy() for x in got])
+    assert all(isinstance(x, torch.Tensor) for x in got) and same(ref, [x.numpy() for x in got])
 
 
 @pytest.mark.parametrize("static", [True, False])
@@ -106,7 +78,7 @@ def test_device_walks_equal_verify_tree_on_torch_arrays(static, name):
             ref = verify_tree(p, q, tokens, u, us, tree, verifier, early_exit=True, max_depth=cap, draft_law=law)
             got = verify_tree_fast(verifier, *t, tree, tcap, law)
             assert got is not None and all(isinstance(x, torch.Tensor) for x in got)
-            assert _same(ref, [x.numpy() for x in got]), (seed, law, ref, got)
+            assert same(ref, [x.numpy() for x in got]), (seed, law, ref, got)
             n_acc += int(np.asarray(ref.accepted).sum())
     assert n_acc > 100
 
@@ -123,8 +95,8 @@ def test_greedy_chain_equals_verify_chain(xp_name):
     n_acc, n_bonus, differs = 0, 0, 0
     for seed in range(200):
         B, L, V = 4, int(rng.integers(1, 6)), 9
-        p = _rows(rng, B, L + 1, V, peaked=bool(seed % 2))
-        q = _rows(rng, B, L, V, peaked=False)
+        p = rows(rng, B, L + 1, V, peaked=bool(seed % 2))
+        q = rows(rng, B, L, V, peaked=False)
         tokens = rng.integers(0, V, size=(B, L))
         if seed % 3:
             tokens = np.where(rng.random((B, L)) < 0.8, p[:, :L].argmax(-1), tokens)
@@ -135,9 +107,9 @@ def test_greedy_chain_equals_verify_chain(xp_name):
             arrays = tuple(None if a is None else torch.as_tensor(a) for a in arrays)
         ref = verify_chain(*arrays[:5], rules.greedy(), n_drafted=arrays[5], check=False)
         got = greedy_chain(*arrays)
-        assert _same(ref, got), (seed, ref, got)
+        assert same(ref, got), (seed, ref, got)
         van = verify_chain(*arrays[:5], rules.vanilla(), n_drafted=arrays[5], check=False)
-        differs += not _same(ref[:2], van[:2])
+        differs += not same(ref[:2], van[:2])
         n_acc += int(np.asarray(ref.accepted).sum())
         full = np.asarray(ref.accepted) == (L if cap is None else np.asarray(cap))
         n_bonus += int((full & (np.asarray(ref.next_token) != p[np.arange(B), np.asarray(ref.accepted)].argmax(-1))).sum())

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from theory import rules
-from theory.tree import EAGLE_25, Tree, row_trees, verify_round, verify_tree
+from theory.tree import Tree, verify_round, verify_tree
 from theory.tree.verify import verify_tree_nodes
+from tree_cases import same, tree_case
 
 V = 12
 NEIGH = np.stack([np.roll(np.arange(V), -k) for k in range(1, 4)], 1)        # (V, 3) LANTERN's neighbour table
@@ -25,37 +26,8 @@ VERIFIERS = {
 }
 
 
-def _rows(rng, shape, peaked):
-    logits = rng.normal(size=shape) * (5.0 if peaked else 1.0)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p[rng.random(p.shape) < 0.25] = 0.0                     # exact zeros
-    p[..., 0] += 1e-3                                       # no all-zero row
-    return p / p.sum(-1, keepdims=True)
-
-
 def _case(seed, static):
-    rng = np.random.default_rng(seed)
-    B = 4
-    if static:
-        tree = Tree(EAGLE_25)
-        N1 = tree.n_nodes + 1
-    else:
-        N1 = int(rng.integers(2, 20))
-        parent = np.stack([np.concatenate([[-1], [rng.integers(0, a) for a in range(1, N1)]]) for _ in range(B)])
-        tree = row_trees(parent, K=N1, depth=None)
-    p = _rows(rng, (B, N1, V), peaked=bool(seed % 2))
-    q = _rows(rng, (B, N1, V), peaked=False)
-    tokens = rng.integers(0, V, size=(B, N1))               # repeated sibling tokens happen at V = 12
-    if seed % 3 == 0:                                       # candidates the target likes: long accepted paths
-        tokens = p.argmax(-1)[np.arange(B)[:, None], np.maximum(np.arange(N1) - 1, 0)[None, :]]
-    u = rng.random((B, N1))
-    us = rng.random(B)
-    cap = rng.integers(0, tree.depth + 1, size=B) if seed % 4 == 0 else None
-    return p, q, tokens, u, us, tree, cap
-
-
-def _same(a, b):
-    return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+    return tree_case(seed, static, V, B=4, max_nodes=20)
 
 
 def _torch(tree, *arrays):
@@ -73,10 +45,10 @@ def test_nodes_verdict_equals_the_walk(seed, static, law, name):
     v = VERIFIERS[name]()
     ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law=law)
     got = verify_tree_nodes(p, q, tokens, u, us, tree, v, max_depth=cap, draft_law=law)
-    assert _same(ref, got), (name, law, ref, got)
+    assert same(ref, got), (name, law, ref, got)
     ttree, t = _torch(tree, p, q, tokens, u, us, cap)
     got_t = verify_tree_nodes(*t[:5], ttree, v, max_depth=t[5], draft_law=law)
-    assert _same(ref, [x.numpy() for x in got_t]), (name, law, ref, got_t)
+    assert same(ref, [x.numpy() for x in got_t]), (name, law, ref, got_t)
 
 
 def test_the_cases_accept_deep_and_the_control_is_told_apart():
@@ -88,7 +60,7 @@ def test_the_cases_accept_deep_and_the_control_is_told_apart():
         p, q, tokens, u, us, tree, cap = _case(seed, seed % 2 == 0)
         ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, max_depth=cap)
         depths += list(np.asarray(ref.accepted))
-        diff += not _same(ref, verify_tree_nodes(p, q, tokens, u, us, tree, wrong, max_depth=cap))
+        diff += not same(ref, verify_tree_nodes(p, q, tokens, u, us, tree, wrong, max_depth=cap))
     assert max(depths) >= 3 and np.mean(np.asarray(depths) > 0) > 0.3
     assert diff >= 10
 
@@ -100,4 +72,4 @@ def test_verify_round_takes_the_nodes_verdict_on_torch_arrays(static):
     ttree, t = _torch(tree, p, q, tokens, u, us, cap)
     ref = verify_tree(p, q, tokens, u, us, tree, rules.cool_sd(2.0), early_exit=True, max_depth=cap)
     got = verify_round(*t[:5], ttree, rules.cool_sd(2.0), max_depth=t[5])
-    assert all(isinstance(x, torch.Tensor) for x in got) and _same(ref, [x.numpy() for x in got])
+    assert all(isinstance(x, torch.Tensor) for x in got) and same(ref, [x.numpy() for x in got])
