@@ -106,3 +106,31 @@ def test_generate_compile_flag_equals_eager_restores_and_refuses(monkeypatch):
         engine.generate(ft, fd, [torch.tensor([1, 2])], drafting=4, compile="default", compile_backend=BACKEND,
                         **{**kw, "batch_size": 1})
     assert not calls
+
+
+@pytest.mark.parametrize("mode,B", [("chain", 4), ("eagle25", 1), ("dynamic", 4)])
+def test_static_shapes_compiled_equal_plain_greedy_and_read_whole_caches(mode, B, monkeypatch):
+    """``generate(compile=..., compile_static=True)`` (what "reduce-overhead" does on CUDA): graphs compiled per shape
+    and every KV-cache block attending over all its slots (``real.nn.kvcache.static_keys``), so the keys' length
+    is the cache's ``max_len`` in every forward of the run; tokens equal plain greedy decoding. The control: the
+    same run without static shapes attends over a growing prefix of the cache."""
+    from real.nn.kvcache import KVCache
+
+    t, d = tiny_llamagen_pair(seed=0)
+    seen = []
+    reserve = KVCache.reserve
+
+    def recording(self, S):
+        reserve(self, S)
+        seen.append((self._K, self.max_len))
+
+    monkeypatch.setattr(KVCache, "reserve", recording)
+    plain = engine.generate(t, None, list(range(B)), num_tokens=T, processing=GREEDY, batch_size=B)
+    seen.clear()
+    gens = _gen((t, d), mode, B, device_path=True, compile="default", compile_backend=BACKEND, compile_static=True)
+    assert all(torch.equal(g.tokens, p.tokens) for g, p in zip(gens, plain))
+    assert len(seen) > 10 and all(K == m for K, m in seen), sorted(set(seen))[:5]
+    seen.clear()
+    _gen((t, d), mode, B, device_path=True, compile="default", compile_backend=BACKEND)
+    assert len({K for K, _ in seen}) > 3 and all(K < m for K, m in seen)
+    assert all(layer.fns is EAGER for layer in t.layers)             # restored after the call

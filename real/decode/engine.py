@@ -58,7 +58,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
              processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
              generator: torch.Generator | None = None, record_rows: bool = False,
              progress: bool | None = False, device_path: bool | None = None, compile: str | None = None,
-             compile_backend: str = "inductor") -> list[Generation]:
+             compile_backend: str = "inductor", compile_static: bool | None = None) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -83,10 +83,13 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     ``compile``: a ``torch.compile`` mode ("default", "reduce-overhead" for CUDA graphs, ...) to run the target's and
     the draft's decoder layers compiled for this call (``real.nn.blocks.compiled``; ``compile_backend`` "inductor", or
     e.g. "eager" for dynamo alone), refused before any work when the compiler is missing or a model has no compilable
-    layers; None: eager. Greedy tokens are the same either way (tests/test_compiled_paths.py)."""
+    layers; None: eager. ``compile_static`` (default: on for "reduce-overhead"): static shapes, the KV caches read
+    whole and graphs compiled per shape (``real.nn.blocks.compiled(static=...)``). Greedy tokens are the same either
+    way (tests/test_compiled_paths.py)."""
     from real.nn.blocks import compiled
 
-    with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target)):
+    with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target),
+                                      static=compile_static):
         from tqdm import tqdm
 
         from theory.rules.verifiers import guarded

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
+from .kvcache import static_keys
 from .layers import gqa_heads, linear, rms_norm, rope_qkv, swiglu
 
 __all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks", "compiled", "compile_problem", "MODES"]
@@ -67,10 +68,11 @@ class _WithFallback:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_functions(mode: str | None = None, backend: str = "inductor") -> SimpleNamespace:
-    """``block_pre`` and ``block_post`` through ``torch.compile(dynamic=True, mode=mode, backend=backend)``
-    with the eager fallback; one object per (mode, backend), shared by every layer and model."""
-    kw = dict(dynamic=True, mode=mode, backend=backend)
+def compiled_functions(mode: str | None = None, backend: str = "inductor", dynamic: bool = True) -> SimpleNamespace:
+    """``block_pre`` and ``block_post`` through ``torch.compile(dynamic=dynamic, mode=mode, backend=backend)``
+    with the eager fallback; one object per (mode, backend, dynamic), shared by every layer and model. ``dynamic``
+    False: one graph per input shape (the static shapes of ``compiled(static=True)``)."""
+    kw = dict(dynamic=dynamic, mode=mode, backend=backend)
     # one graph per (model's eps and widths, mask or none, S = 1 or more): a target and a drafter need ~8,
     # torch's default limit; beyond the limit dynamo silently runs eager, so leave room
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -79,7 +81,7 @@ def compiled_functions(mode: str | None = None, backend: str = "inductor") -> Si
 
 
 def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | None = None,
-                   backend: str = "inductor") -> torch.nn.Module:
+                   backend: str = "inductor", dynamic: bool = True) -> torch.nn.Module:
     """Route every decoder layer of ``model`` (modules with a ``fns`` attribute: LlamaGen blocks, EAGLE
     layers) through the compiled ``block_pre`` / ``block_post`` (``enabled``), or back to eager. ``mode``:
     torch.compile's (None = default; "reduce-overhead" adds CUDA graphs on GPU; "max-autotune-no-cudagraphs").
@@ -87,7 +89,7 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
     if mode not in MODES:
         raise ValueError(f"mode must be None, 'default', 'reduce-overhead', 'max-autotune' or "
                          f"'max-autotune-no-cudagraphs', got {mode!r}")
-    fns = compiled_functions(None if mode == "default" else mode, backend) if enabled else EAGER
+    fns = compiled_functions(None if mode == "default" else mode, backend, dynamic) if enabled else EAGER
     n = 0
     for m in (model.modules() if isinstance(model, torch.nn.Module) else ()):
         if hasattr(m, "fns"):
@@ -99,14 +101,19 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
 
 
 @contextlib.contextmanager
-def compiled(models, mode: str | None, *, backend: str = "inductor", device="cpu"):
+def compiled(models, mode: str | None, *, backend: str = "inductor", device="cpu", static: bool | None = None):
     """For the duration of the block, the decoder layers of ``models`` (None entries skipped) run through the compiled
     ``block_pre`` / ``block_post`` (``compile_blocks``); on exit every layer gets back the functions it had. ``mode``
-    None: nothing changes. ValueError before anything changes when the compiler cannot work on ``device``
-    (``compile_problem``) or a model has no compilable decoder layers (naming it)."""
+    None: nothing changes. ``static`` (default: mode "reduce-overhead", whose CUDA graphs replay one shape): static
+    shapes, i.e. graphs compiled per input shape (``dynamic=False``) and the KV caches attending over all their slots
+    (``real.nn.kvcache.static_keys``), so a layer sees one shape per block length for the whole generation (the
+    device path keeps one block length per run: ``real.decode.round.static_depth``). ValueError before anything
+    changes when the compiler cannot work on ``device`` (``compile_problem``) or a model has no compilable decoder
+    layers (naming it)."""
     if mode is None:
         yield
         return
+    static = mode == "reduce-overhead" if static is None else bool(static)
     problem = compile_problem(device, backend, None if mode == "default" else mode)
     if problem:
         raise ValueError(f"compile={mode!r}: {problem}")
@@ -118,8 +125,9 @@ def compiled(models, mode: str | None, *, backend: str = "inductor", device="cpu
     saved = [(x, x.fns) for m in ms for x in m.modules() if hasattr(x, "fns")]
     try:
         for m in ms:
-            compile_blocks(m, mode=mode, backend=backend)
-        yield
+            compile_blocks(m, mode=mode, backend=backend, dynamic=not static)
+        with static_keys(static):
+            yield
     finally:
         for x, f in saved:
             x.fns = f

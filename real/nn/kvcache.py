@@ -27,6 +27,8 @@ Operations (all per row, ``rows`` = R):
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,7 +37,23 @@ from real.nn.layers import stale_inference
 from .devpath import to_device
 from .masks import check_attn_mask
 
-__all__ = ["CacheIndex", "KVCache", "CachedRows", "PromptRows", "row_counts", "common_len"]
+__all__ = ["CacheIndex", "KVCache", "CachedRows", "PromptRows", "row_counts", "common_len", "static_keys"]
+
+_STATIC: list[bool] = []        # ``static_keys`` scopes, innermost last
+
+
+@contextlib.contextmanager
+def static_keys(on: bool = True):
+    """Within the scope, a ``KVCache`` block attends over all ``max_len`` slots of every row (its mask hiding what a
+    row does not hold) instead of the first max(lens) + S: the keys, values and mask of a forward keep one shape for
+    the whole generation, whatever the cache holds, as a captured CUDA graph needs (``real.nn.blocks.compiled`` with
+    static shapes). Same visibility, so the same attention up to the rounding of a longer masked reduction; more
+    work per forward (every slot is read)."""
+    _STATIC.append(bool(on))
+    try:
+        yield
+    finally:
+        _STATIC.pop()
 
 
 def row_counts(n, rows: int, name: str = "n") -> np.ndarray:
@@ -130,6 +148,8 @@ class CacheIndex:
         self._K = 0
         self.visible: torch.Tensor | None = None   # (R, P) bool prefix visibility (``hide_prefix``), None: all
 
+    storage_static = False      # whether ``static_keys`` applies: storages that return every slot (``KVCache``)
+
     @property
     def rows(self) -> int:
         """Rows (R) of the cache."""
@@ -175,7 +195,7 @@ class CacheIndex:
     def _hidden_prefix(self, m: torch.Tensor | None, S: int) -> torch.Tensor:
         """The (R, 1, S, K) block mask with the hidden prefix columns masked, except a hidden entry from itself."""
         dev = self.device
-        K = int(self.lens.max()) + S
+        K = self._K
         m = torch.ones(self.rows, 1, S, K, dtype=torch.bool, device=dev) if m is None else \
             m.expand(self.rows, -1, -1, -1).clone()
         P = self.visible.shape[1]
@@ -225,6 +245,9 @@ class CacheIndex:
         K = hi + S
         if self.max_len is not None and K > self.max_len:
             raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
+        static = bool(_STATIC and _STATIC[-1]) and self.max_len is not None and self.storage_static
+        if static:                  # every slot, each row's block written at its own length (``static_keys``)
+            K, lo = self.max_len, -1
         self._S, self._K = S, K
         self._start = lo if lo == hi else None
         self._slots = None if lo == hi else \
@@ -283,6 +306,7 @@ class CacheIndex:
 class KVCache(CacheIndex):
     """Static per-row KV cache of ``n_layers`` attention layers (module docstring): a ``CacheIndex`` over one
     preallocated tensor."""
+    storage_static = True
 
     def __init__(self, n_layers: int, rows: int, n_kv: int, max_len: int, head_dim: int, *, dtype, device):
         """``n_layers`` layers of keys and values, each (rows, n_kv, max_len, head_dim) zeros of ``dtype`` on
