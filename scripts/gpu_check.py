@@ -17,7 +17,7 @@ that ``bash scripts/gpu_check.sh --device cpu --dry-run`` checks the script in t
 its alias. ``bash scripts/gpu_check.sh --forward`` runs the forward / batch-curve timings (gpu_check_forward.py).
 
   bash scripts/gpu_check.sh [--device cuda] [--out gpu_check.json] [--tokens 256] [--images 1]
-                            [--compile-mode default|reduce-overhead] [--no-compile] [--budget-s 420]
+                            [--compile-mode default|reduce-overhead] [--static] [--no-compile] [--budget-s 420]
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from real.decode.opcount import OpCounter  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from real.models import llamagen as lg  # noqa: E402
 from real.nn.blocks import compile_blocks, compile_problem  # noqa: E402
+from real.nn.kvcache import static_keys  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import EAGLE_25, Tree  # noqa: E402
 
@@ -198,10 +199,12 @@ def check_model(name, a, dev, dtype, t_start, compile_why) -> dict:
             for mode in MODES:              # the counts of the eager device path, before the compiled legs
                 _leg(res["counts"], mode, t_start, a.budget_s,
                      lambda mode=mode: counts(t, d, mode, min(tokens, a.count_tokens), dev))
-        compile_blocks(t, enabled=comp, mode=a.compile_mode, backend=a.compile_backend)
-        compile_blocks(d, enabled=comp, mode=a.compile_mode, backend=a.compile_backend)
-        for mode in MODES:
-            _leg(res["runs"], f"{mode} {leg}", t_start, a.budget_s, timed(mode, comp))
+        static = comp and (a.static or a.compile_mode == "reduce-overhead")   # CUDA graphs replay one shape
+        compile_blocks(t, enabled=comp, mode=a.compile_mode, backend=a.compile_backend, dynamic=not static)
+        compile_blocks(d, enabled=comp, mode=a.compile_mode, backend=a.compile_backend, dynamic=not static)
+        with static_keys(static):       # caches read whole: keys of one length (real.nn.kvcache.static_keys)
+            for mode in MODES:
+                _leg(res["runs"], f"{mode} {leg}", t_start, a.budget_s, timed(mode, comp))
         ar = res["runs"].get(f"ar {leg}", {})
         for mode in MODES:
             row = res["runs"][f"{mode} {leg}"]
@@ -255,6 +258,8 @@ def parse(argv=None):
     ap.add_argument("--draft-layers", type=int, default=4, help="layers of the XL-shaped layer-skip draft")
     ap.add_argument("--iters", type=int, default=20, help="repeats of each forward timing (median)")
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled legs")
+    ap.add_argument("--static", action="store_true", help="static shapes in the compiled legs (graphs per shape, whole "
+                    "KV caches read; always with --compile-mode reduce-overhead)")
     ap.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead",
                                                                   "max-autotune-no-cudagraphs"])
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; dry-run eager)")
