@@ -12,8 +12,10 @@ from real.registry import tiny_llamagen_pair
 from theory import rules
 from theory.tree import EAGLE_25, Tree
 
-# the functions whose bodies hold the comparison u < f (chains; the generic tree walk; the fast host walks)
-DECIDERS = {"verify_chain", "verify_tree", "_walk", "_walk_without_replacement"}
+# the functions whose bodies hold the comparison u < f (chains; the generic tree walk; the fast host walks; the device
+# path's node-parallel walks and greedy's chain verdict)
+DECIDERS = {"verify_chain", "verify_tree", "_walk", "_walk_without_replacement", "verify_tree_nodes", "_vanilla_device",
+            "_greedy_device", "greedy_chain"}
 
 
 def _stacks(fn) -> list[list[str]]:
@@ -37,14 +39,17 @@ def _stacks(fn) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("mode, verifier, draft", [
-    (4, rules.cool_sd(2.0), "small"), (4, rules.vanilla(), "eagle"), (StaticTree(Tree(EAGLE_25)), rules.cool_sd(2.0), "small"),
+    (4, rules.cool_sd(2.0), "small"), (4, rules.vanilla(), "eagle"), (4, rules.greedy(), "small"),
+    (StaticTree(Tree(EAGLE_25)), rules.greedy(), "eagle"), (StaticTree(Tree(EAGLE_25)), rules.cool_sd(2.0), "small"),
     (StaticTree(Tree(EAGLE_25)), rules.vanilla(), "eagle"), (DynamicTree(total=12, depth=3, topk=3), rules.vanilla(), "eagle"),
     (Jacobi(5), rules.lantern_pp(rules.lantern_neighbors(__import__("numpy").random.default_rng(0).normal(size=(256, 2)),
                                                          8), 4, 2.0), None)])
-def test_the_decision_is_four_frames_from_generate(mode, verifier, draft):
+@pytest.mark.parametrize("device_path", [False, True])
+def test_the_decision_is_four_frames_from_generate(mode, verifier, draft, device_path):
     t, d = tiny_llamagen_pair(seed=0, draft=draft or "layerskip")
     stacks = _stacks(lambda: engine.generate(t, d if draft else None, [1, 2], num_tokens=12, verifier=verifier,
-                                             drafting=mode, processing=Processing(cfg_scale=2.0), batch_size=2))
+                                             drafting=mode, processing=Processing(cfg_scale=2.0), batch_size=2,
+                                             device_path=device_path))
     assert stacks, "no verification ran"
     assert max(len(s) for s in stacks) <= 4, stacks[0]
     assert {tuple(s[:3]) for s in stacks} == {("generate", "speculative_round", "verify_round")}

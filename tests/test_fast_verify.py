@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from theory import rules
-from theory.tree import TreeVerdict, verify_round, verify_tree
+from theory.tree import EAGLE_25, Tree, TreeVerdict, verify_round, verify_tree
 from tree_cases import rows, same, tree_case
 
 
 def verify_tree_fast(verifier, p, q, tokens, u, us, tree, cap, law):
-    """The verifier's own walk, as ``verify_round`` calls it."""
-    out = verifier.walk[law](p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
+    """The verifier's own walk, as ``verify_round`` calls it (its "device" walk for torch rows)."""
+    key = law if isinstance(p, np.ndarray) else "device"
+    out = verifier.walk[key](p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
     return None if out is None else TreeVerdict(*out)
 
 
@@ -54,7 +55,9 @@ def test_walks_are_the_rules_own_and_take_both_kinds_of_arrays():
     assert rules.vanilla().walk is not None and rules.greedy().walk is not None
     assert rules.scaled(rules.Uniform(2.0)).walk is None and rules.cool_sd(2.0).walk is None
     assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
-    assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement"}
+    assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement", "device"}
+    t0 = [torch.as_tensor(a) for a in _case(1, True, 8)[:5]]
+    assert rules.vanilla().walk["point"](*t0, Tree(EAGLE_25).children, 5, None, "point") is None   # host walks: numpy
     p, q, tokens, u, us, tree, cap = _case(1, True, 8)
     t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
     ref = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, draft_law="point")

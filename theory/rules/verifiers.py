@@ -46,7 +46,7 @@ class Verifier:
     optionally ``walk``: the rule's own fast multi-candidate walks (``theory.rules.walks``; the hook
     ``theory.tree.verify_round`` tries before the generic ``verify_tree``), a mapping draft law -> callable (p, q,
     tokens, u_accept, u_sample, children, depth, max_depth, draft_law) -> (accepted, path, next_token, last_node), or
-    None where it does not apply (e.g. torch arrays). A walk must give ``verify_tree``'s verdict
+    None where it does not apply, for numpy rows, and "device" -> the same for other arrays (every law). A walk must give ``verify_tree``'s verdict
     (tests/test_fast_verify.py checks the provided ones). Optionally ``chain``: the rule's own chain verdict, a
     callable with ``verify_chain``'s arguments and verdict (``theory.rules.walks.greedy_chain``), which
     ``theory.tree.verify_round`` takes for chains."""

@@ -1,10 +1,12 @@
-"""Lean tree walks (host numpy; greedy also on device arrays) that a verifier supplies for itself (``Verifier.walk``, the hook
-``theory.tree.verify_round`` calls): vanilla and greedy multi-candidate verification (docs/theory.md section 9, T5
-applied recursively), batched over rounds, with ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its
-generic array-API walk spends ~90 full-row operations per candidate tried, the price of serving every verifier). A walk
-returns None where it does not apply (arrays that are not numpy, a draft law it does not cover): the caller then
-takes the generic walk. Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), so this
-room needs nothing of ``theory.tree``.
+"""Lean tree walks that a verifier supplies for itself (``Verifier.walk``, the hook ``theory.tree.verify_round``
+calls): vanilla and greedy multi-candidate verification (docs/theory.md section 9, T5 applied recursively), batched
+over rounds, with ``theory.tree.verify_tree``'s verdict at a fraction of its cost (its generic array-API walk spends
+~90 full-row operations per candidate tried, the price of serving every verifier). On numpy rows (the host path) the
+walks below; on other arrays (the engine's device path) the device walks (``_vanilla_device``, ``_greedy_device``):
+every node's candidates tried at once, then the chosen children followed from the root (``follow_chosen``), a fixed
+count of operations and no read-back. Greedy's chain verdict (``greedy_chain``, ``Verifier.chain``) is here too.
+Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), so this room needs nothing of
+``theory.tree``.
 
 * vanilla (``theory.rules.vanilla``: f = min(1, p/q), G = Norm([p - q]_+)) with the point draft law
   (``draft_law="point"``: the candidates are the draft's deterministic top-k, q_j = one-hot(c_j); the LANTERN
@@ -15,8 +17,7 @@ room needs nothing of ``theory.tree``.
 * greedy (``theory.rules.greedy``: f = 1[x = argmax p], G = one-hot(argmax p)), any draft law: rejections leave
   the argmax in place, so the walk follows the first child (by rank) whose token is the node's argmax and whose
   draft row gives it positive mass (``verify_tree`` skips impossible candidates), and the next token is the argmax
-  of the last node's row after a rejection, else (a leaf, no possible candidate) a draw from it. On arrays that are
-  not numpy (torch on a device) the same walk runs in the array API over all D levels, with no read-back.
+  of the last node's row after a rejection, else (a leaf, no possible candidate) a draw from it.
 
 * vanilla with candidates drawn without replacement (``draft_law="without_replacement"``, static trees and the
   lossless dynamic trees): ``verify_tree``'s own walk (one candidate per round per step, the same operations on
@@ -24,8 +25,8 @@ room needs nothing of ``theory.tree``.
 
 Same verdict as ``verify_tree(..., early_exit=True)`` (greedy and without replacement: the same operations;
 vanilla with the point law: up to the rounding of the residual's normalisation, ~1 ulp of p per rejection, so a
-decision differs only when a uniform falls within that of its threshold), tested in tests/test_fast_verify.py
-against ``verify_tree``.
+decision differs only when a uniform falls within that of its threshold; the device walks: the same operations per
+row, hence the same verdict), tested in tests/test_fast_verify.py against ``verify_tree``.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
     it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
     (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. Returns (accepted (B,), path (B, D),
-    next_token (B,), last_node (B,)), or None when the arrays are not numpy (the caller takes the generic walk)."""
+    next_token (B,), last_node (B,)), or None when the arrays are not numpy (the rule's "device" walk serves them)."""
     if not _host(p, q, tokens, u_accept, u_sample):
         return None
     B, N1, V = p.shape
@@ -123,8 +124,8 @@ def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max
                               draft_law: str = "without_replacement"):
     """Vanilla with candidates drawn without replacement: ``verify_tree``'s walk (one candidate per round per step,
     the same operations on the same (B, V) rows, hence the same bits), with the acceptance evaluated at the
-    candidate only and the residual Norm([p_res - q_j]_+) only when a round rejects; arguments as ``_walk``. None when
-    the arrays are not numpy."""
+    candidate only and the residual Norm([p_res - q_j]_+) only when a round rejects; arguments as ``_walk``. None
+    when the arrays are not numpy."""
     if not _host(p, q, tokens, u_accept, u_sample):
         return None
     B, N1, V = p.shape
@@ -297,27 +298,11 @@ def _norm(w, fallback, xp):
     return xp.where(s > 0, w / s, fallback)
 
 
-def _vanilla(host_walk):
-    """Vanilla with a draft law: the host walk ``host_walk`` on numpy arrays, the device walk on others."""
-    def walk(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft_law="point"):
-        out = host_walk(p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
-        if out is None:
-            return _vanilla_device(p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
-        return out
-    return walk
-
-
-def _greedy(p, q, tokens, u_accept, u_sample, children, D, max_depth=None, draft_law="point"):
-    """Greedy: the host walk on numpy arrays, the sync-free device walk on others."""
-    out = _walk("greedy", p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
-    if out is None:
-        return _greedy_device(p, q, tokens, u_accept, u_sample, children, D, max_depth, draft_law)
-    return out
-
-
-# the walks each rule supplies for itself (``Verifier.walk``): draft law -> walk
-VANILLA_WALKS = {"point": _vanilla(partial(_walk, "vanilla")), "without_replacement": _vanilla(_walk_without_replacement)}
-GREEDY_WALKS = {law: _greedy for law in DRAFT_LAWS}
+# the walks each rule supplies for itself (``Verifier.walk``): draft law -> its walk on numpy rows, and "device" -> the
+# walk on other arrays (both laws; ``theory.tree.verify_round`` picks by the rows' namespace)
+VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": _walk_without_replacement,
+                 "device": _vanilla_device}
+GREEDY_WALKS = {**{law: partial(_walk, "greedy") for law in DRAFT_LAWS}, "device": _greedy_device}
 
 
 def greedy_chain(p, q, tokens, u_accept, u_sample, n_drafted=None) -> ChainVerdict:

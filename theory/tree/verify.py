@@ -254,12 +254,13 @@ def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sa
         ar = xp.arange(1, N + 1, device=array_api_compat.device(p))
         path = xp.where(ar < v.accepted[..., None] + 1, ar, xp.full_like(tokens[..., 1:], -1))
         return TreeVerdict(v.accepted, path, v.next_token, v.accepted)
-    walk = (getattr(verifier, "walk", None) or {}).get(law)
+    host = isinstance(p, np.ndarray)
+    walk = (getattr(verifier, "walk", None) or {}).get(law if host else "device")
     if walk is not None:
         out = walk(p, q, tokens, u_accept, u_sample, tree.children, int(tree.depth), max_depth, law)
         if out is not None:
             return TreeVerdict(*out)
-    if isinstance(p, np.ndarray):          # the host path: the walk, stopping when every round has finished
+    if host:                               # the host path: the walk, stopping when every round has finished
         return verify_tree(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier, early_exit=True,
                            max_depth=max_depth, draft_law=law)
     # elsewhere (device arrays): a fixed count of operations and no read-back
