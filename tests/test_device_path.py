@@ -294,3 +294,20 @@ def test_device_path_blocks_keep_one_shape_every_round(pair, mode, monkeypatch):
     host = _gen(pair, mode, 2, T=24, device_path=False)
     assert len(on_device) == 1 and len(set(shapes)) > 1, (on_device, sorted(set(shapes)))
     assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(host, dev))
+
+
+@pytest.mark.parametrize("device_path", [True, False])
+def test_a_plan_over_the_memory_cap_is_drawn_draw_by_draw(device_path, monkeypatch):
+    """A round whose draws exceed ``Streams._PLAN_MAX`` entries (all rows together) is not hashed ahead: every draw is
+    hashed on its own, with the same values."""
+    from real.decode.rng import ACCEPT, TREE, Streams
+
+    monkeypatch.setattr(Streams, "_PLAN_MAX", 40)              # 3 rows x (2 x 7 + 9) = 69 entries: over the cap
+    with devpath.force(device_path):
+        capped, single = Streams(1, np.arange(3), "cpu"), Streams(1, np.arange(3), "cpu")
+        for n in (np.array([0, 1, 2]), np.array([3, 4, 5])):
+            capped.begin_round(n)
+            got = [capped.uniform(n, TREE, (2, 7)), capped.uniform(n, ACCEPT, (9,))]
+            assert not capped._ahead                                    # nothing was hashed ahead
+            want = [single.uniform(n, TREE, (2, 7)), single.uniform(n, ACCEPT, (9,))]
+            assert all(torch.equal(g, w) for g, w in zip(got, want))

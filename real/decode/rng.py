@@ -81,7 +81,9 @@ class Streams:
     numpy pass instead of one per draw). The keys of (image, n, purpose) are mixed on the host, which knows n, and
     sent without a sync (``to_device``); the device mixes in the coordinates."""
 
-    _PLAN_MAX = 1 << 24       # entries per row hashed ahead at most (float64: 128 MiB per row); beyond, draw by draw
+    # entries (all rows together) hashed ahead at most: 4M float64 = 32 MiB, ~5x that in the hash's temporaries;
+    # beyond (e.g. 64 images drafting 25-node trees over V = 16384), draw by draw as before, bounding the peak memory
+    _PLAN_MAX = 1 << 22
 
     def __init__(self, seed: int, images: np.ndarray, device):
         self.device = torch.device(device)
@@ -110,7 +112,7 @@ class Streams:
         if not plan:
             return
         sizes = [int(np.prod(s, dtype=np.int64)) for _, s in plan]
-        if sum(sizes) > self._PLAN_MAX:
+        if sum(sizes) * len(self.keys) > self._PLAN_MAX:
             return
         key = tuple(plan)
         if self._plan_arrays is None or self._plan_arrays[0] != key:     # the same plan round after round: built once
