@@ -248,8 +248,8 @@ def check_finite(*rows) -> None:
 
 def static_depth(run: Run, Dr: int, D: int, block: int) -> int:
     """How deep a mode drafts this round: on the device path its full depth D every round, so the target's block and
-    the draft's levels keep one shape from round to round (a compiled step then sees one block length; the keys it
-    attends over still grow with the cache: a static-length KV view for CUDA graphs is not built) while the images'
+    the draft's levels keep one shape from round to round (a compiled step then sees one block length; with
+    ``real.nn.kvcache.static_keys`` the keys it attends over keep one length too) while the images'
     own caps D'_b bound what verification accepts (``verify_round(max_depth=...)``) and positions past an image's
     last token are clamped, provided both models have room for a ``block`` of entries past the image
     (``extra_slots``); else, and on the host path (no work past the image), Dr, the batch's deepest D'_b."""

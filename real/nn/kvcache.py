@@ -239,18 +239,19 @@ class CacheIndex:
     def reserve(self, S: int) -> None:
         """The bookkeeping half of ``begin`` for a storage whose caller builds the block's mask itself
         (``real.adapters.batched_imagelm``): the slots ``update`` writes (each row's lens[r] + [0, S)) and the key
-        count K = max(lens) + S; ValueError when a row would overflow ``max_len``."""
+        count K = max(lens) + S (``max_len`` within ``static_keys``); ValueError when a row would overflow
+        ``max_len``."""
         self.writable()
         lo, hi = int(self.lens.min()), int(self.lens.max())
-        K = hi + S
-        if self.max_len is not None and K > self.max_len:
+        if self.max_len is not None and hi + S > self.max_len:
             raise ValueError(f"KV cache full: a row holds {hi} entries, {S} more exceed the {self.max_len} slots")
         static = bool(_STATIC and _STATIC[-1]) and self.max_len is not None and self.storage_static
-        if static:                  # every slot, each row's block written at its own length (``static_keys``)
-            K, lo = self.max_len, -1
-        self._S, self._K = S, K
-        self._start = lo if lo == hi else None
-        self._slots = None if lo == hi else \
+        # every row at one length: one block start and one mask for all rows; not with static keys, where each row's
+        # mask must hide the slots it does not hold (the per-row form)
+        shared = lo == hi and not static
+        self._S, self._K = S, self.max_len if static else hi + S
+        self._start = lo if shared else None
+        self._slots = None if shared else \
             self._on_device(self.lens)[:, None] + torch.arange(S, device=self.device)          # (R, S)
 
     def _on_device(self, a: np.ndarray) -> torch.Tensor:

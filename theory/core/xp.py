@@ -18,17 +18,14 @@ def namespace(*arrays: Array):
 
 def gather(x: Array, idx: Array, xp=None) -> Array:
     """x[..., idx[...]] along the last axis. x: (..., V), idx: (...,) non-negative ints -> (...,)."""
-    if array_api_compat.is_torch_array(x):
-        # the compat layer's take_along_axis wraps negative indices (remainder + where per call); ours are
-        # never negative, and on the engine's per-round path that wrapping was a third of the verifier's time
-        return x.gather(-1, idx[..., None])[..., 0]
-    xp = xp or namespace(x)
-    return xp.take_along_axis(x, idx[..., None], axis=-1)[..., 0]
+    return take_last(x, idx[..., None], xp)[..., 0]
 
 
 def take_last(x: Array, idx: Array, xp=None) -> Array:
     """x[..., idx[..., j]] along the last axis for every j. x: (..., M), idx: (..., J) non-negative ints -> (..., J)."""
-    if array_api_compat.is_torch_array(x):  # as in ``gather``: no wrapping of negative indices
+    if array_api_compat.is_torch_array(x):
+        # the compat layer's take_along_axis wraps negative indices (remainder + where per call); ours are
+        # never negative, and on the engine's per-round path that wrapping was a third of the verifier's time
         return x.gather(-1, idx)
     xp = xp or namespace(x)
     return xp.take_along_axis(x, idx, axis=-1)
