@@ -1,7 +1,7 @@
 """The first-GPU check (issue 42): for the tiny and an XL-shaped random LlamaGen (bf16 on CUDA; layer-skip drafts,
 the tiny pair's embedding-dominated init so that drafts are accepted), greedy, CFG 2, B = 1:
 
-  * tokens/s, eager vs compiled (``real.nn.blocks.compile_blocks``), plain AR vs chain (L = 4) vs static tree
+  * tokens/s, eager vs compiled (``real.nn.blocks.compiled``), plain AR vs chain (L = 4) vs static tree
     (eagle25) vs dynamic tree (26 nodes, depth 4, topk 4), and whether the compiled greedy tokens equal eager's;
   * aten operations and sync-inducing operations per token and per round on the device path, eager
     (``real.decode.opcount.OpCounter``; on CUDA the device path is the natural one, on CPU it is forced);
@@ -40,8 +40,7 @@ from real.decode.dynamic_tree import DynamicTree  # noqa: E402
 from real.decode.opcount import OpCounter  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
 from real.models import llamagen as lg  # noqa: E402
-from real.nn.blocks import compile_blocks, compile_problem  # noqa: E402
-from real.nn.kvcache import static_keys  # noqa: E402
+from real.nn.blocks import compile_problem, compiled  # noqa: E402
 from theory import rules  # noqa: E402
 from theory.tree import EAGLE_25, Tree  # noqa: E402
 
@@ -199,10 +198,10 @@ def check_model(name, a, dev, dtype, t_start, compile_why) -> dict:
             for mode in MODES:              # the counts of the eager device path, before the compiled legs
                 _leg(res["counts"], mode, t_start, a.budget_s,
                      lambda mode=mode: counts(t, d, mode, min(tokens, a.count_tokens), dev))
-        static = comp and (a.static or a.compile_mode == "reduce-overhead")   # CUDA graphs replay one shape
-        compile_blocks(t, enabled=comp, mode=a.compile_mode, backend=a.compile_backend, dynamic=not static)
-        compile_blocks(d, enabled=comp, mode=a.compile_mode, backend=a.compile_backend, dynamic=not static)
-        with static_keys(static):       # caches read whole: keys of one length (real.nn.kvcache.static_keys)
+        # the compiled leg in real.nn.blocks.compiled (static shapes with --static or reduce-overhead; the layers'
+        # eager functions restored after it)
+        with compiled((t, d), a.compile_mode if comp else None, backend=a.compile_backend, device=dev,
+                      static=a.static or None):
             for mode in MODES:
                 _leg(res["runs"], f"{mode} {leg}", t_start, a.budget_s, timed(mode, comp))
         ar = res["runs"].get(f"ar {leg}", {})
@@ -210,8 +209,6 @@ def check_model(name, a, dev, dtype, t_start, compile_why) -> dict:
             row = res["runs"][f"{mode} {leg}"]
             if "seconds" in row and "seconds" in ar:
                 row["speedup_measured"] = ar["seconds"] / row["seconds"]
-    compile_blocks(t, enabled=False)
-    compile_blocks(d, enabled=False)
     if not res["counts"]:                   # no compiled legs: the counts come last
         for mode in MODES:
             _leg(res["counts"], mode, t_start, a.budget_s,

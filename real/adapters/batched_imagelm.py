@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from real.nn.devpath import to_device
 from real.nn.kvcache import KVCache, PromptRows, row_counts
 from real.nn.masks import check_attn_mask
 from real.protocol import ModelOutput, as_conds
@@ -146,7 +147,7 @@ class BatchedImageLM(PromptRows):
         if st.rope_axes > 1:
             pos = np.repeat(pos[..., None], st.rope_axes, -1)
         causal = np.tril(np.ones((P, P), bool))[None] & (real[:, None, :] | np.eye(P, dtype=bool)[None])
-        h = self._run(ids.to(self.device), pos, torch.as_tensor(causal, device=self.device))
+        h = self._run(ids.to(self.device), pos, to_device(causal, self.device))
         out = ModelOutput(self.family.head(h[:, -1:]), h if return_hidden else None)
         if tokens is None or not torch.as_tensor(tokens).numel():
             return out
@@ -205,7 +206,7 @@ class BatchedImageLM(PromptRows):
         np.put_along_axis(self._forced, slots, forced, 1)
         h = self._run(ids, pos, mask)
         fslot = np.where(ends, S + rank, -1)                      # block entry of each node's row end
-        li = torch.as_tensor(np.where(ends, fslot, np.arange(S)), device=self.device)
+        li = to_device(np.where(ends, fslot, np.arange(S)), self.device)
         hid = h.gather(1, li[..., None].expand(-1, -1, h.shape[-1]))
         # every row sorted by (owner, forced), padding dropped: one keep of the block (no copy when in order)
         key = np.where(pad, np.iinfo(np.int64).max, 2 * nodec + forced)
@@ -228,16 +229,16 @@ class BatchedImageLM(PromptRows):
         VK = int(vl.max()) + S
         v = np.arange(VK)
         if attn_mask is None:                                     # causal over the block: node j sees up to vl + j
-            vis = torch.as_tensor(v[None, None, :] <= (vl[:, None] + np.arange(S))[:, :, None], device=dev)
+            vis = to_device(v[None, None, :] <= (vl[:, None] + np.arange(S))[:, :, None], dev)
         else:
             Kb = attn_mask.shape[-1]
             w = vl + S - Kb                                       # (R,) the window's first visible index
             col = v[None, :] - w[:, None]                         # (R, VK)
-            inw = torch.as_tensor((col >= 0) & (col < Kb), device=dev)
-            colt = torch.as_tensor(np.clip(col, 0, Kb - 1), device=dev)
+            inw = to_device((col >= 0) & (col < Kb), dev)
+            colt = to_device(np.clip(col, 0, Kb - 1), dev)
             m3 = attn_mask if attn_mask.ndim == 3 else attn_mask[None].expand(R, -1, -1)
             g = m3.gather(2, colt[:, None, :].expand(-1, S, -1))                       # (R, S, VK)
-            vis = torch.where(inw[:, None, :], g, torch.as_tensor(col < 0, device=dev)[:, None, :])
+            vis = torch.where(inw[:, None, :], g, to_device(col < 0, dev)[:, None, :])
         lens = cache.lens
         oy = self._owner[:, :K].copy()
         fy = self._forced[:, :K].copy()
@@ -246,12 +247,12 @@ class BatchedImageLM(PromptRows):
         by = np.clip(cols - lens[:, None], 0, S2 - 1)
         oy = np.where(blk, np.take_along_axis(own, by, 1), np.where(cols < lens[:, None], oy, -2))
         fy = np.where(blk, np.take_along_axis(forced, by, 1), fy & (cols < lens[:, None]))
-        rows = vis.gather(1, torch.as_tensor(np.maximum(node, 0), device=dev)[..., None].expand(-1, -1, VK))
-        m = rows.gather(2, torch.as_tensor(np.clip(oy, 0, VK - 1), device=dev)[:, None, :].expand(-1, S2, -1))
+        rows = vis.gather(1, to_device(np.maximum(node, 0), dev)[..., None].expand(-1, -1, VK))
+        m = rows.gather(2, to_device(np.clip(oy, 0, VK - 1), dev)[:, None, :].expand(-1, S2, -1))
         ok = (oy >= 0)[:, None, :] & ~(fy[:, None, :] & (oy[:, None, :] == own[:, :, None]) & ~forced[:, :, None])
         self_col = cols[:, None, :] == (lens[:, None] + np.arange(S2))[:, :, None]       # (R, S', K)
         ok = np.where(pad[:, :, None], self_col, ok)
-        return m & torch.as_tensor(ok, device=dev) | torch.as_tensor(pad[:, :, None] & self_col, device=dev)
+        return m & to_device(ok, dev) | to_device(pad[:, :, None] & self_col, dev)
 
     # ------------------------------------------------------------------ cache edits
     def _keep_block(self, idx: np.ndarray, counts: np.ndarray) -> None:

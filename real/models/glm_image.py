@@ -56,10 +56,12 @@ import copy
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from real.nn.devpath import to_device
 from real.nn.kvcache import KVCache
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
 
@@ -302,7 +304,7 @@ class GlmImageStack(nn.Module):
         called ``cache.begin(S, ...)`` and calls ``cache.commit()`` after."""
         if tuple(pos.shape) != (*h.shape[:2], 3):
             raise ValueError(f"pos must be {(*h.shape[:2], 3)}, got {tuple(pos.shape)}")
-        rot = self.rotations(torch.as_tensor(pos, device=self.device))     # host positions (numpy) or a tensor
+        rot = self.rotations(to_device(pos, self.device) if isinstance(pos, np.ndarray) else pos.to(self.device))
         for i, layer in enumerate(self.layers):   # a loop over decoder layers
             h = layer.forward(h, rot, mask, cache, i)
         return rms_norm(h, self.norm.weight, self.norm.eps)

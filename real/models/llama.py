@@ -371,7 +371,7 @@ class LlamaStack(Placed, nn.Module):
             self.inv_freq = self.inv_freq.to(dev)
             self._rope_tab = rope_table(self.inv_freq, max(need, 2 * (0 if self._rope_tab is None else
                                                                        self._rope_tab.shape[0]), 1024))
-        return self._rope_tab[torch.as_tensor(pos, device=dev)]
+        return self._rope_tab[to_device(pos, dev) if isinstance(pos, np.ndarray) else pos.to(dev)]   # (no sync)
 
     def run(self, h: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
         """Input embeddings h (R, S, D) at RoPE positions ``pos`` (R, S) or (R, S, 1) int64 under ``mask`` (R or 1, 1,
