@@ -20,7 +20,6 @@ take on a shared machine do not count); the runs have fixed seeds, so every roun
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from _timing import interleaved_best  # noqa: E402  (benchmarks/_timing.py)
+from _timing import interleaved_best, write_ratios  # noqa: E402  (benchmarks/_timing.py)
 
 from real.decode import engine  # noqa: E402
 from real.decode.sampling import Processing  # noqa: E402
@@ -82,7 +81,7 @@ def run(method: str, target, eagle, conds, B: int, proc: Processing, seed: int):
 FAMILIES = ("chameleon-tiny", "janus-tiny", "emu3-tiny", "glm-image-tiny")
 
 
-def families(args) -> dict:
+def families() -> dict:
     """The tiny transformers image families (issue 39), batched through ``real.adapters.batched_imagelm``: images/s of
     plain AR and of Cool-SD (delta 2; layer-skip draft, chain L = 4; each family's default CFG) at B = 16 over B = 1
     (16 images at B = 16, 4 at B = 1), each cell the fastest of ``SHORT_REPEATS`` interleaved runs in thread CPU time.
@@ -90,11 +89,10 @@ def families(args) -> dict:
     is reported, not a goal. Returns the ratios for run_all.py."""
     from real.registry import build
 
-    ratios, cells, info = {}, {}, {}
+    ratios, cells = {}, {}
     for name in FAMILIES:
         b = build(name, num_images=16, seed=0)
         proc = Processing(cfg_scale=b.cfg_scale)
-        info[name] = (b, proc)
         for m in ("ar", "cool-sd"):
             for B in (1, 16):
                 conds = b.conds[:4] if B == 1 else b.conds
@@ -128,14 +126,10 @@ def main(argv=None):
     ap.add_argument("--short", action="store_true",
                     help="--batches 1 64 --images 64 --threads 1 --repeats 10, 8 of the images at batch 1")
     args = ap.parse_args(argv)
+    command = " ".join(["python", "benchmarks/bench_batch.py"] + (argv or sys.argv[1:]))
     if args.families:
         torch.set_num_threads(1)
-        ratios = families(args)
-        if args.json:
-            with open(args.json + ".tmp", "w") as f:
-                json.dump({"command": " ".join(["python", "benchmarks/bench_batch.py"] + (argv or sys.argv[1:])),
-                           "ratios": ratios}, f, indent=2)
-            os.replace(args.json + ".tmp", args.json)
+        write_ratios(args.json, families(), {"command": command})
         return
     if args.short:
         args.batches, args.images, args.threads, args.repeats = [1, 64], 64, 1, 10
@@ -190,10 +184,7 @@ def main(argv=None):
             if (1, m) in at and (64, m) in at:
                 ratios[f"sd_{m}_b64_over_b1"] = {"value": at[64, m]["vs_batch1"], "better": "higher",
                                                  "what": f"images/s, {m} SD at batch 64 / at batch 1"}
-        with open(args.json + ".tmp", "w") as f:
-            json.dump({"command": " ".join(["python", "benchmarks/bench_batch.py"] + (argv or sys.argv[1:])),
-                       "rows": rows, "ratios": ratios}, f, indent=2)
-        os.replace(args.json + ".tmp", args.json)
+        write_ratios(args.json, ratios, {"command": command, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def common(args, *, available: bool = True) -> None:
     does not have is skipped. Range and overflow: a float option must be finite (and representable in float32, the
     compute dtype), an integer one within int64. ValueError naming the flag."""
     from theory.core import checks
+    from theory.rules.methods import FLOAT32_MAX, INT_MAX     # the method registry's bounds, the same for flags
 
     def has(d):
         return getattr(args, d, None) is not None
@@ -61,10 +62,6 @@ def common(args, *, available: bool = True) -> None:
         device("--device", args.device, available=available)
     if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
-
-
-FLOAT32_MAX = 3.4028234663852886e38
-INT_MAX = 2**62
 
 
 def method_model(method: str, params: dict, args, what: str) -> None:
@@ -136,6 +133,16 @@ def input_paths(args) -> None:
 
 
 SCHEDULE_FLAGS = ("weights", "schedule")      # method parameters that may name a schedule JSON (coolsd tune --out)
+
+
+def batched_model(args) -> None:
+    """--batch-size above 1 needs a model that generates images side by side (``real.specs`` ``batched``): ValueError
+    naming both flags otherwise (generate and sweep)."""
+    from real.specs import spec
+
+    if args.batch_size is not None and args.batch_size > 1 and not spec(args.model).batched:
+        raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time (its "
+                         "cache has no per-row lengths); use --batch-size 1")
 
 
 def schedule_files(args) -> dict:

@@ -12,6 +12,7 @@ def validate_args(args) -> None:
     ``--record`` to the file that will be written and ``--num-images`` to the number of images."""
     from theory.core import checks
 
+    from coolsd import validate
     from real.specs import spec
 
     _validate_numbers(args, checks)
@@ -34,9 +35,7 @@ def validate_args(args) -> None:
     checks.integer("--num-images", args.num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=args.num_images)
-        if args.batch_size > 1 and not spec(args.model).batched:
-            raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time "
-                             "(its cache has no per-row lengths); use --batch-size 1")
+        validate.batched_model(args)
     kind = args._drafting.kind
     if getattr(args, "fidelity", False) and kind in ("tree", "dynamic"):
         _validate_tree_fidelity(args)
@@ -59,10 +58,8 @@ def _input_files(args) -> dict:
     """{flag: path} of every file ``coolsd generate`` reads (schedules, model options naming files)."""
     from real.specs import OPTIONS, flag
 
-    from coolsd import validate
-
     ins = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None}
-    return ins | validate.schedule_files(args)
+    return ins | args._schedule_files     # (checked by _validate_method)
 
 
 def _validate_tree_fidelity(args) -> None:
@@ -119,7 +116,7 @@ def _validate_method(args) -> None:
 
     from coolsd import validate
 
-    validate.schedule_files(args)       # a schedule file is a regular, small JSON file before the registry opens it
+    args._schedule_files = validate.schedule_files(args)   # regular, small JSON files before the registry opens them
     method = str(args.method).lower()
     if method not in tuple(m.lower() for m in METHODS) + ("ar",) + tuple(registry.ALIASES):
         raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(METHODS + ('ar',))}")

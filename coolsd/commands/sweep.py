@@ -151,11 +151,7 @@ def config(args):
     if args.batch_size is not None and args.batch_size > args.unit_images:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {args.unit_images} (each unit is one "
                          "engine call): raise --unit-images")
-    from real.specs import spec as _spec
-
-    if args.batch_size is not None and args.batch_size > 1 and not _spec(args.model).batched:
-        raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time (its "
-                         "cache has no per-row lengths); use --batch-size 1")      # as generate refuses it
+    validate.batched_model(args)                     # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
     from coolsd.quality.estimators import MIN_RELIABLE_IMAGES

@@ -89,7 +89,7 @@ def _check_args(args, checks) -> None:
 
     validate.common(args, available=False)     # --seed, --batch-size, --device, --max-seconds: the shared checks
     checks.real("--fit-fraction", args.fit_fraction, 0, 1, lo_open=True, hi_open=True)
-    for flag in ("ar_images", "record_images", "L", "batch_size"):
+    for flag in ("ar_images", "record_images", "L"):
         if getattr(args, flag) is not None:
             checks.integer("--" + flag.replace("_", "-"), getattr(args, flag), lo=1)
     if args.record is None and args.model is None:

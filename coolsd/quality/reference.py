@@ -229,8 +229,8 @@ def _npz(flag: str, p) -> dict:
     return checks.npz_arrays(flag, p)
 
 
-def _read_own(p: pathlib.Path, ex: FeatureExtractor, sha: str, z: dict | None = None) -> Reference:
-    z = _npz("--quality-ref", p) if z is None else z
+def _read_own(p: pathlib.Path, ex: FeatureExtractor, sha: str, z: dict) -> Reference:
+    """A ``save_reference`` file ``p`` (its arrays ``z``, read by ``_npz``) as a ``Reference`` for extractor ``ex``."""
     missing = {"mu", "sigma", "n", STAMP_KEY} - set(z)
     if missing:
         raise ValueError(f"--quality-ref: statistics file {str(p)!r} lacks arrays {sorted(missing)}")

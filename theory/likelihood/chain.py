@@ -85,10 +85,8 @@ def check_chain_rule(verifier, who: str = "log_likelihood") -> None:
 
 def _validate(p, q, tokens, verifier, L, convention, xp):
     """Every check of ``log_likelihood`` (one-line ValueErrors, before any work). Returns (T, V, per_offset,
-    draft mask, bonus mask)."""
+    draft mask, bonus mask). L is an int >= 1 (``cap_L`` checked it)."""
     check_chain_rule(verifier)
-    if isinstance(L, bool) or not isinstance(L, int) or L < 1:
-        raise ValueError(f"log_likelihood: L must be an int >= 1, got {L!r}")
     if convention not in CONVENTIONS:
         raise ValueError(f"log_likelihood: convention must be one of {CONVENTIONS}, got {convention!r}")
     for name, a in (("p", p), ("q", q)):
