@@ -64,6 +64,8 @@ from torch import nn
 from real.nn.devpath import to_device
 from real.nn.kvcache import KVCache
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
+from real.models.llama import rope_parameters
+from real.protocol import Placed
 
 __all__ = ["GLM_DIFFUSION_OPTIONS", "GlmImageStack", "GlmLayout", "glm_grids", "glm_image_layout", "glm_positions"]
 
@@ -190,21 +192,18 @@ class _GlmLayer(nn.Module):
         return x + rms_norm(linear(F.silu(g) * u, self.down.weight), self.ln_mlp_out.weight, self.ln_mlp_out.eps)
 
 
-class GlmImageStack(nn.Module):
+class GlmImageStack(Placed, nn.Module):
     """GLM-Image's text decoder over our ``KVCache`` (module docstring): ``embed`` LM ids, ``run`` a block at 3-axis
     positions, ``head`` to the V code logits. ``code_ids`` (V,) = 0..V-1 (code k is LM id k)."""
     rope_axes = 3
+    _placed_by = "embed_tokens.weight"
 
     def __init__(self, text_config, n_codes: int):
         """``text_config``: a transformers ``GlmImageTextConfig`` (default RoPE type and SiLU only, others raise
         NotImplementedError); ``n_codes``: V, the VQ codebook size. Weights are default-initialised (``from_hf``)."""
         super().__init__()
         c = text_config
-        rp = dict(getattr(c, "rope_parameters", None) or {})
-        if rp.get("rope_type", "default") != "default":
-            raise NotImplementedError(f"GlmImageStack supports the default RoPE only, not {rp.get('rope_type')!r}")
-        if getattr(c, "hidden_act", "silu") != "silu":
-            raise NotImplementedError(f"GlmImageStack supports SiLU MLPs only, not {c.hidden_act!r}")
+        rp = dict(rope_parameters(c, "GlmImageStack"))     # the ports' one config check (default RoPE, SiLU)
         self.hidden_size = c.hidden_size
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.n_kv = c.num_key_value_heads or c.num_attention_heads
@@ -225,16 +224,6 @@ class GlmImageStack(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.head_weight = nn.Parameter(torch.zeros(n_codes, c.hidden_size))    # the code rows of the LM head
         self.code_ids = torch.arange(n_codes)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The weights' dtype."""
-        return self.embed_tokens.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        """The weights' device."""
-        return self.embed_tokens.weight.device
 
     @classmethod
     def from_hf(cls, model) -> GlmImageStack:
