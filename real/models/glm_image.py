@@ -118,10 +118,6 @@ class GlmLayout:
         H, W = self.grids[-1]
         return codes[..., self.num_tokens - H * W:].reshape(*codes.shape[:-1], H, W)
 
-    def positions(self, base, ci, forced=None) -> torch.Tensor:
-        """``glm_positions`` with these grids."""
-        return glm_positions(base, ci, forced, grids=self.grids)
-
 
 def glm_image_layout(grids, *, size_ids: tuple[int, ...] = (), image_start: int = 16384,
                      image_end: int = 16385) -> GlmLayout:
