@@ -29,17 +29,17 @@ def rows(rng, shape, V, conc, zeros=0.0):
     return r / r.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("regime", ["levels", "dense", "mixed"])
+@pytest.mark.parametrize("regime", ["levels", "dense", "sliced"])
 def test_prefix_mass_equals_the_dense_cumulative_sum(regime, monkeypatch):
     """Bit for bit on numpy (the same sequential sums), for both thresholds, rows with zeros, and each of the
-    strategies forced: the level loop to the end, the dense gather at once, the switch after a few levels."""
+    strategies forced: one column per block (a level loop), one block of all k columns, the gathers sliced into
+    pieces of a few entries."""
     if regime == "levels":
-        monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 0)
-        monkeypatch.setattr(lantern_mod, "SLOW_SHRINK", 2.0)
+        monkeypatch.setattr(lantern_mod, "FIRST_BLOCK", 1)
     elif regime == "dense":
-        monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 1 << 40)
+        monkeypatch.setattr(lantern_mod, "FIRST_BLOCK", 1 << 20)
     else:
-        monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 200)   # a few levels, then the rest at once
+        monkeypatch.setattr(lantern_mod, "GATHER_LIMIT", 7)
     rng = np.random.default_rng(3)
     V, k = 60, 9
     nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
@@ -119,9 +119,9 @@ def reference_log_likelihood(p, q, x, v, L, convention):
 @pytest.mark.parametrize("convention", ["theory", "eagle"])
 def test_fast_log_likelihood_equals_the_per_offset_path(family, resample, per_offset, convention, monkeypatch):
     """log_likelihood (offsets jointly, p's neighbour masses once, effective_at) == the per-offset dense path to
-    1e-12, on flat and peaked random rows, with prefix_mass's level loop forced (these rows are small enough
-    for its dense gather otherwise)."""
-    monkeypatch.setattr(lantern_mod, "SMALL_REMAINDER", 0)
+    1e-12, on flat and peaked random rows, with prefix_mass's blocks of one column forced (a level loop; these rows
+    are small enough for one block otherwise)."""
+    monkeypatch.setattr(lantern_mod, "FIRST_BLOCK", 1)
     rng = np.random.default_rng(11)
     B, T, L, V, k = 3, 7, 3, 24, 4
     nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))

@@ -73,6 +73,7 @@ import numpy as np
 import torch
 
 from theory.core.xp import gather, gather_rows, namespace, normalize, sample_categorical
+from theory.rules.acceptance import accept_at, reads_f
 from theory.tree import Tree, TreeVerdict, truncate_tree
 from real.protocol import Proposal
 
@@ -398,11 +399,11 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
             live = cap >= int(dep[k])
             q_j = normalize(q_left, q_left, xp)
             c = tokens[:, k]
-            f = verifier.accept(p_j, q_j, int(dep[n]) + 1)
+            i = int(dep[n]) + 1
             qc, pc = gather(q_j, c, xp), gather(p_j, c, xp)
-            passed = xp.where(qc > 0, u_accept[:, k] < gather(f, c, xp), pc > 0)
+            passed = xp.where(qc > 0, u_accept[:, k] < accept_at(verifier.accept, p_j, q_j, i, c), pc > 0)
             ok[k] = ok[n] & live & passed
-            G = verifier.resample(p_j, q_j, f, c)
+            G = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
             p_j = xp.where(live[:, None], G, p_j)
             q_left = xp.where(live[:, None] & (arV == c[:, None]), xp.zeros_like(q_left), q_left)
         after[n] = p_j
@@ -436,10 +437,11 @@ def predict_longest(p, q, tokens, tree: Tree, verifier, max_depth=None):
         for k in (int(c) for c in ch[n] if c >= 0):
             q_j = normalize(q_left, q_left, np)
             c = tokens[:, k]
-            f = verifier.accept(p_j, q_j, int(dep[n]) + 1)
+            i = int(dep[n]) + 1
             qc, pc = gather(q_j, c, np), gather(p_j, c, np)
-            f_node[:, k] = np.where(cap >= dep[k], np.where(qc > 0, gather(f, c, np), (pc > 0) * 1.0), 0.0)
-            p_j = verifier.resample(p_j, q_j, f, c)
+            f_c = accept_at(verifier.accept, p_j, q_j, i, c)
+            f_node[:, k] = np.where(cap >= dep[k], np.where(qc > 0, f_c, (pc > 0) * 1.0), 0.0)
+            p_j = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
             q_left = np.where(np.arange(V) == c[:, None], 0.0, q_left)
     g = np.zeros((R, N1, Dm + 1))
     for n in range(N1 - 1, -1, -1):   # children before parents

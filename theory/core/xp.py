@@ -36,6 +36,10 @@ def gather_rows(x: Array, idx: Array, xp=None) -> Array:
     V = x.shape[-1]
     if array_api_compat.is_torch_array(x):  # as in ``gather``
         return x.gather(-2, idx[..., None, None].expand(*idx.shape, 1, V))[..., 0, :]
+    if array_api_compat.is_numpy_array(x):  # numpy's own broadcasting gather: no (..., 1, V) index array built
+        import numpy as np
+
+        return np.take_along_axis(x, np.asarray(idx)[..., None, None], axis=-2)[..., 0, :]
     xp = xp or namespace(x)
     index = xp.broadcast_to(idx[..., None, None], (*idx.shape, 1, V))
     return xp.take_along_axis(x, index, axis=-2)[..., 0, :]
@@ -89,8 +93,35 @@ def _sample_numpy(w, u):
 
 
 def ratio_min1(num: Array, q: Array, xp=None) -> Array:
-    """min(1, num / q) elementwise, with the convention 1 where q = 0 (a token that is never drafted)."""
+    """min(1, num / q) elementwise, with the convention 1 where q = 0 (a token that is never drafted); num and q
+    broadcast. The division runs only where num < q (no overflow on denormal q; NaN in num propagates)."""
     xp = xp or namespace(num, q)
     pos = q > 0
-    safe_q = xp.where(pos, q, xp.ones_like(q))
-    return xp.where(pos, xp.minimum(xp.ones_like(q), num / safe_q), xp.ones_like(q))
+    big = num >= q                                   # ratio >= 1: no division (a tiny q would overflow it)
+    safe_q = xp.where(pos & ~big, q, xp.ones_like(q))
+    one = xp.ones_like(safe_q)
+    return xp.where(pos, xp.where(big, one, num / safe_q), one)
+
+
+def mark(idx: Array, V: int, xp=None) -> Array:
+    """(..., V) bool, True at the codes listed in ``idx`` (..., m) (non-negative ints < V, repeats allowed): the mask
+    of a set of codes in O(V + m) per row (a scatter: numpy ``put_along_axis``, torch ``scatter``, JAX ``.at``),
+    instead of the O(V m) comparison with every code (kept as the fallback for other namespaces)."""
+    import numpy as np
+
+    shape = (*idx.shape[:-1], V)
+    if isinstance(idx, np.ndarray):
+        out = np.zeros(shape, dtype=bool)
+        np.put_along_axis(out, idx.astype(np.int64, copy=False), True, axis=-1)
+        return out
+    if array_api_compat.is_torch_array(idx):
+        import torch
+
+        return torch.zeros(shape, dtype=torch.bool, device=idx.device).scatter_(-1, idx.long(), True)
+    xp = xp or namespace(idx)
+    if array_api_compat.is_jax_array(idx):
+        lead = tuple(xp.meshgrid(*[xp.arange(s) for s in idx.shape[:-1]], indexing="ij")) if idx.ndim > 1 else ()
+        lead = tuple(a[..., None] for a in lead)
+        return xp.zeros(shape, dtype=xp.bool).at[(*lead, idx)].set(True)
+    ar = xp.arange(V, device=array_api_compat.device(idx))
+    return xp.any(idx[..., :, None] == ar, axis=-2)

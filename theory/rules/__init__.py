@@ -7,7 +7,7 @@ discrepancy of a rule (``discrepancy``, T3/T6). Every rule is array-API code (nu
 May import: ``theory.core``.
 """
 from .acceptance import (ROW_FEATURES, Acceptance, Greedy, Level, RELEASE_ENTROPY_EPS, Resampling, RowScaled, Scaled,
-                         Typical, Vanilla, row_feature)
+                         Typical, Vanilla, accept_at, reads_f, row_feature)
 from .chain import ChainVerdict, verify_chain
 from .discrepancy import discrepancy, optimal_discrepancy
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
@@ -19,7 +19,7 @@ from .verifiers import (GSD_RESAMPLERS, LANTERN_RESAMPLERS, TYPICAL_RESAMPLERS, 
                         lantern_pp, level, linear_rsd, row_scaled, scaled, typical, uniform_rsd, vanilla)
 
 __all__ = [
-    "Acceptance", "Resampling", "Schedule", "Verifier",
+    "Acceptance", "Resampling", "Schedule", "Verifier", "accept_at", "reads_f",
     "Vanilla", "Scaled", "RowScaled", "ROW_FEATURES", "row_feature", "row_scaled", "Lantern", "Typical", "Greedy", "Level",
     "RELEASE_ENTROPY_EPS",
     "Residual", "Optimal", "Target", "LanternResample", "Argmax",

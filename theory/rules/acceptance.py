@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import array_api_compat
 
-from ..core.xp import Array, namespace, ratio_min1
+from ..core.xp import Array, gather, namespace, ratio_min1
 
-__all__ = ["Acceptance", "Resampling", "Vanilla", "Scaled", "RowScaled", "ROW_FEATURES", "row_feature", "Level", "Typical",
+__all__ = ["Acceptance", "Resampling", "accept_at", "reads_f", "Vanilla", "Scaled", "RowScaled", "ROW_FEATURES", "row_feature", "Level", "Typical",
            "Greedy", "RELEASE_ENTROPY_EPS"]
 
 
@@ -26,6 +26,33 @@ class Acceptance(Protocol):
 
 class Resampling(Protocol):
     def __call__(self, p: Array, q: Array, f: Array, rejected: Array | None = None) -> Array: ...
+
+
+def accept_at(rule, p: Array, q: Array, i, x: Array) -> Array:
+    """f_i at the given tokens: (...,) from rows p, q (..., V), position(s) i (an int, or an integer array
+    broadcastable to x's shape) and tokens x (...,) ints. The verifiers' sparse entry (the engine decides a drafted
+    token from that token alone): a rule's own point formula ``rule.at(p, q, i, x)`` where it has one (every
+    built-in rule: O(1) per token for the ratio rules, O(k) for LANTERN's, O(V) for a rule of the whole row such
+    as typical's entropy), else the dense row gathered, ``gather(rule(p, q, i), x)`` (a user's rule). Equal to
+    ``gather(rule(p, q, i), x)`` bit for bit (tests/test_sparse_accept.py): the dense rows are the same formula
+    applied at every code."""
+    at = getattr(rule, "at", None)
+    if at is not None:
+        return at(p, q, i, x)
+    return gather(rule(p, q, i), x)
+
+
+def reads_f(rule) -> bool:
+    """Whether a resampling rule reads the acceptance row f when given the rejected token (G* does: Norm([p - q f]_+);
+    the vanilla residual, LANTERN's released laws, the target and the argmax do not). A rule without the attribute
+    ``reads_f`` is assumed to read it: a caller may then pass f=None to the others and skip the dense row."""
+    return bool(getattr(rule, "reads_f", True))
+
+
+def _weight_at(schedule, i, p, xp):
+    """The schedule's value(s) at position(s) i for point formulas: a scalar, or an array broadcastable to the
+    tokens' shape (no trailing V axis; the same values as ``_schedule_at``)."""
+    return schedule(_as_position(i, p, xp), xp)
 
 
 def _as_position(i, p, xp):
@@ -56,6 +83,10 @@ class Vanilla:
         xp = namespace(p, q)
         return ratio_min1(p, q, xp)
 
+    def at(self, p, q, i, x):
+        xp = namespace(p, q)
+        return ratio_min1(gather(p, x, xp), gather(q, x, xp), xp)
+
 
 @dataclass(frozen=True)
 class Scaled:
@@ -65,6 +96,10 @@ class Scaled:
     def __call__(self, p, q, i):
         xp = namespace(p, q)
         return ratio_min1(_schedule_at(self.schedule, i, p, xp) * p, q, xp)
+
+    def at(self, p, q, i, x):
+        xp = namespace(p, q)
+        return ratio_min1(_weight_at(self.schedule, i, p, xp) * gather(p, x, xp), gather(q, x, xp), xp)
 
 
 ROW_FEATURES = ("entropy", "maxp")   # what a row-conditioned weight may depend on (``RowScaled``)
@@ -110,6 +145,10 @@ class RowScaled:
         xp = namespace(p, q)
         return ratio_min1(self.weight(p, i, xp) * p, q, xp)
 
+    def at(self, p, q, i, x):
+        xp = namespace(p, q)
+        return ratio_min1(self.weight(p, i, xp)[..., 0] * gather(p, x, xp), gather(q, x, xp), xp)
+
 
 # the constant inside the log of the released entropy (vLLM's typical acceptance sampler and Medusa write
 # -sum p log(p + 1e-5)); it makes H smaller than the exact entropy, hence exp(-H) and the threshold larger
@@ -127,6 +166,12 @@ class Level:
         xp = namespace(p, q)
         a = _schedule_at(self.levels, i, p, xp)
         v = ratio_min1(p, q, xp)
+        return v + a * (1 - v)
+
+    def at(self, p, q, i, x):
+        xp = namespace(p, q)
+        a = _weight_at(self.levels, i, p, xp)
+        v = ratio_min1(gather(p, x, xp), gather(q, x, xp), xp)
         return v + a * (1 - v)
 
 
@@ -151,16 +196,24 @@ class Typical:
         if self.entropy not in ("release", "exact"):
             raise ValueError(f"typical acceptance: entropy must be 'release' or 'exact', got {self.entropy!r}")
 
-    def __call__(self, p, q, i):
-        xp = namespace(p, q)
+    def threshold(self, p, xp=None):
+        """min(eps, alpha exp(-H(p))) (..., 1) for rows p (..., V): a token x is accepted iff p(x) exceeds it."""
+        xp = xp or namespace(p)
         if self.entropy == "release":
             H = -xp.sum(p * xp.log(p + RELEASE_ENTROPY_EPS), axis=-1, keepdims=True)
         else:
             pos = p > 0
             plogp = xp.where(pos, p * xp.log(xp.where(pos, p, xp.ones_like(p))), xp.zeros_like(p))
             H = -xp.sum(plogp, axis=-1, keepdims=True)
-        thr = xp.minimum(xp.full_like(H, self.eps), self.alpha * xp.exp(-H))
-        return xp.astype(p > thr, p.dtype)
+        return xp.minimum(xp.full_like(H, self.eps), self.alpha * xp.exp(-H))
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        return xp.astype(p > self.threshold(p, xp), p.dtype)
+
+    def at(self, p, q, i, x):
+        xp = namespace(p, q)
+        return xp.astype(gather(p, x, xp) > self.threshold(p, xp)[..., 0], p.dtype)
 
 
 @dataclass(frozen=True)
@@ -173,4 +226,8 @@ class Greedy:
         top = xp.argmax(p, axis=-1)[..., None]
         ar = xp.arange(V, device=array_api_compat.device(p))
         return xp.astype(ar == top, p.dtype)
+
+    def at(self, p, q, i, x):
+        xp = namespace(p, q)
+        return xp.astype(xp.argmax(p, axis=-1) == x, p.dtype)
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from ..core import checks
 from ..core.xp import Array, gather, gather_rows, namespace, sample_categorical
+from .acceptance import accept_at, reads_f
 
 __all__ = ["ChainVerdict", "verify_chain"]
 
@@ -39,6 +40,10 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     Returns tau (first rejected position - 1, or L), the token drawn from G_{tau+1}(.|x~_{tau+1})
     on rejection or from p_{L+1} when all drafts are accepted, and f at the drafted tokens.
 
+    Cost: f only at the drafted tokens (``theory.rules.acceptance.accept_at``: O(k) per draft for LANTERN, not
+    O(V k)), and the resampling law on one row per round (the rejection's; the full acceptance row there only for a
+    resampler that reads it, ``reads_f``).
+
     ``check=True`` (default, an API boundary) validates the inputs: p, q rows finite, >= 0, summing to 1
     (tolerance of their dtype), tokens integers in [0, V), uniforms in [0, 1); one host sync when they
     are valid. Callers that built the rows themselves from validated tables (the simulator, the
@@ -53,8 +58,7 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
         _check_inputs(p, q, tokens, u_accept, u_sample, xp)
     tokens = xp.astype(tokens, xp.int64)
     pos = xp.arange(1, L + 1, device=_device(p))
-    f = verifier.accept(p[..., :L, :], q, pos)                 # (..., L, V)
-    f_tok = gather(f, tokens, xp)                              # (..., L)
+    f_tok = accept_at(verifier.accept, p[..., :L, :], q, pos, tokens)   # (..., L): the drafted tokens only
     rejected = ~(u_accept < f_tok)
     if n_drafted is None:
         cap = xp.full(tokens.shape[:-1], L, dtype=xp.int64, device=_device(p))
@@ -67,7 +71,10 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
 
     k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
     p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
-    G = verifier.resample(p_row, gather_rows(q, k, xp), gather_rows(f, k, xp), gather(tokens, k, xp))
+    q_row = gather_rows(q, k, xp)
+    # the acceptance row at the rejection, only for a resampler that reads it (G*: O(V) per row for the ratio rules)
+    f_row = verifier.accept(gather_rows(p, k, xp), q_row, k + 1) if reads_f(verifier.resample) else None
+    G = verifier.resample(p_row, q_row, f_row, gather(tokens, k, xp))
     row = xp.where((tau == cap)[..., None], p_row, G)
     return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
 

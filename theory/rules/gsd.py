@@ -58,7 +58,7 @@ from typing import Any
 
 import array_api_compat
 
-from ..core.xp import Array, namespace, ratio_min1
+from ..core.xp import Array, gather, namespace, ratio_min1
 
 __all__ = ["Grouped", "gsd_close", "GSD_WINDOW", "GSD_P_THRESHOLD", "GSD_D_THRESHOLD"]
 
@@ -145,60 +145,88 @@ class Grouped:
         """The window on a vocabulary of V tokens: ``window`` capped at 2V, from where every slice is [0, V)."""
         return min(self.window, 2 * int(V))
 
-    def _slices(self, V: int, xp, dev):
-        """Per sorted position r: the window's sorted positions (V, 2w) clipped into [0, V), whether each
-        is in the slice [a(r), b(r)) (V, 2w), and whether the slice is empty (V,). A window of 2V or more is the
-        whole vocabulary for every r (a = 0, b = V), so w is capped there: the same groups, bounded memory."""
+    def _window(self, r: Array, V: int, xp, dev):
+        """For sorted positions r (..., m): the window's sorted positions (..., m, 2w) clipped into [0, V), whether
+        each is in the slice [a(r), b(r)) (..., m, 2w), and whether the slice is empty (..., m). A window of 2V or
+        more is the whole vocabulary for every r (a = 0, b = V), so w is capped there: the same groups, bounded
+        memory."""
         w = self.effective_window(V)
-        r = xp.arange(V, device=dev)
         a = r - w
         a = xp.where(a < 0, a + V, a)            # Python's negative slice start ...
         a = xp.where(a < 0, xp.zeros_like(a), a)  # ... clamped at 0
         b = xp.where(r + w > V, xp.full_like(r, V), r + w)
-        pos = a[:, None] + xp.arange(2 * w, device=dev)[None, :]
-        valid = pos < b[:, None]
+        pos = a[..., None] + xp.arange(2 * w, device=dev)
+        valid = pos < b[..., None]
         return xp.where(valid, pos, xp.zeros_like(pos)), valid, b <= a
 
-    def group_mask(self, p: Array) -> tuple[Array, Array, Array, Array]:
-        """The groups in sorted order: (s, members, mask, empty) with s (..., V) the ascending order of p,
-        members (..., V, 2w) the window's tokens of the token at each sorted position, mask (..., V, 2w)
-        bool the group G, empty (V,) the empty windows."""
+    def _group(self, p: Array, s: Array, r: Array, x: Array):
+        """The groups of tokens x (..., m) at sorted positions r (..., m) of rows p (..., V) sorted by s (..., V):
+        (members (..., m, 2w) token ids, mask (..., m, 2w) bool G(x), empty (..., m) the empty windows)."""
         xp = namespace(p)
         V = p.shape[-1]
         dev = array_api_compat.device(p)
         if self.close is not None and self.close.shape[0] != V:
             raise ValueError(f"GSD: the closeness table has {self.close.shape[0]} codes, rows p have V={V}")
-        s = xp.argsort(p, axis=-1, stable=True)
-        ps = xp.take_along_axis(p, s, axis=-1)
-        pos, valid, empty = self._slices(V, xp, dev)
-        shape = (*p.shape[:-1], V, 2 * self.effective_window(V))
-        members = xp.reshape(xp.take(s, xp.reshape(pos, (-1,)), axis=-1), shape)
-        mask = valid & (xp.abs(_take_tokens(p, members, xp) - ps[..., None]) < self.p_threshold)
+        pos, valid, empty = self._window(r, V, xp, dev)
+        shape = (*s.shape[:-1], *pos.shape[-2:])
+        pos = xp.broadcast_to(pos, shape)
+        members = xp.reshape(xp.take_along_axis(s, xp.reshape(pos, (*shape[:-2], shape[-2] * shape[-1])), axis=-1), shape)
+        px = xp.take_along_axis(p, x, axis=-1)
+        mask = valid & (xp.abs(_take_tokens(p, members, xp) - px[..., None]) < self.p_threshold)
         if self.close is not None:
             C = xp.reshape(xp.asarray(self.close, device=dev), (-1,))
-            idx = s[..., None] * V + members
+            idx = x[..., None] * V + members
             mask = mask & xp.reshape(xp.take(C, xp.reshape(idx, (-1,)), axis=0), shape)
-        return s, members, mask, empty
+        return members, mask, empty
 
-    def __call__(self, p, q, i):
+    def group_mask(self, p: Array) -> tuple[Array, Array, Array, Array]:
+        """The groups in sorted order: (s, members, mask, empty) with s (..., V) the ascending order of p,
+        members (..., V, 2w) the window's tokens of the token at each sorted position, mask (..., V, 2w)
+        bool the group G, empty (..., V) the empty windows."""
+        xp = namespace(p)
+        s = xp.argsort(p, axis=-1, stable=True)
+        return (s, *self._group(p, s, xp.arange(p.shape[-1], device=array_api_compat.device(p)), s))
+
+    def _f(self, p, q, s, r, x):
+        """f at tokens x (..., m) sitting at sorted positions r (..., m): the one formula of the dense rows and the
+        drafted tokens."""
         xp = namespace(p, q)
-        if self.window == 0:      # every window is empty: the release's fallback, vanilla
-            return ratio_min1(p, q, xp)
-        s, members, mask, empty = self.group_mask(p)
-        ps = xp.take_along_axis(p, s, axis=-1)
-        qs = xp.take_along_axis(q, s, axis=-1)
+        members, mask, empty = self._group(p, s, r, x)
         zero = xp.zeros(mask.shape, dtype=p.dtype, device=array_api_compat.device(p))
         pm = _take_tokens(p, members, xp)         # the group members' target and draft masses
         qm = _take_tokens(q, members, xp)
         num = xp.sum(xp.where(mask, pm, zero), axis=-1)
         den = xp.sum(xp.where(mask, qm, zero), axis=-1)
         ones = xp.ones_like(num)
-        ratio = xp.minimum(ones, num / xp.where(den > 0, den, ones))
+        ratio = ratio_min1(num, den, xp)          # min(1, num / den) where den > 0 (no overflow on a tiny den)
         fs = xp.where(den > 0, ratio, xp.where(num > 0, ones, xp.zeros_like(num)))
-        fs = xp.where(empty, ratio_min1(ps, qs, xp), fs)
-        fs = xp.where(qs > 0, fs, ones)
+        px, qx = xp.take_along_axis(p, x, axis=-1), xp.take_along_axis(q, x, axis=-1)
+        fs = xp.where(empty, ratio_min1(px, qx, xp), fs)
+        return xp.where(qx > 0, fs, ones)
+
+    def __call__(self, p, q, i):
+        xp = namespace(p, q)
+        if self.window == 0:      # every window is empty: the release's fallback, vanilla
+            return ratio_min1(p, q, xp)
+        s = xp.argsort(p, axis=-1, stable=True)
+        r = xp.arange(p.shape[-1], device=array_api_compat.device(p))
+        fs = self._f(p, q, s, r, s)
         rank = xp.argsort(s, axis=-1)             # inverse permutation: token x -> its sorted position
         return xp.take_along_axis(fs, rank, axis=-1)
+
+    def at(self, p, q, i, x):
+        """f(x) (...,) at tokens x (...,): the sort of p, x's rank in it (a count: O(V)) and x's window only."""
+        xp = namespace(p, q)
+        x = xp.astype(x, xp.int64)
+        if self.window == 0:
+            return ratio_min1(gather(p, x, xp), gather(q, x, xp), xp)
+        p, q = xp.broadcast_arrays(p, q)
+        s = xp.argsort(p, axis=-1, stable=True)
+        px = gather(p, x, xp)[..., None]
+        ar = xp.arange(p.shape[-1], device=array_api_compat.device(p))
+        below = (p < px) | ((p == px) & (ar < x[..., None]))    # the tokens a stable ascending sort puts before x
+        r = xp.sum(xp.astype(below, xp.int64), axis=-1)
+        return self._f(p, q, s, r[..., None], x[..., None])[..., 0]
 
 
 def _take_tokens(row: Array, members: Array, xp) -> Array:

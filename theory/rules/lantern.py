@@ -27,7 +27,7 @@ from typing import Any
 
 import array_api_compat
 
-from ..core.xp import Array, gather, namespace, normalize, positive_part, ratio_min1
+from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
 
@@ -69,14 +69,26 @@ def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None
 
 
 def _table(neighbors, cols: int, device, xp) -> Array:
-    """The first ``cols`` columns of the table as int64 on ``device``."""
-    return xp.astype(xp.asarray(neighbors[:, :cols], device=device), xp.int64, copy=False)
+    """The table as int64 on ``device`` (no copy when it is already), of which the caller reads the first ``cols``
+    columns: the whole table, not a column slice (a strided view would be copied by the gathers that read it)."""
+    return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
 
 
-# below this many (active entries x remaining columns) ``prefix_mass`` gathers the rest at once (the level loop's
-# per-level overhead would dominate), and from a level where more than SLOW_SHRINK of the entries stay active
-SMALL_REMAINDER = 1 << 16
-SLOW_SHRINK = 0.8
+# A code's neighbour masses are summed in blocks of columns with fixed bounds [0, 8), [8, 24), [24, 56), ... (each
+# twice the last): an entry's arithmetic is then the same whichever other entries are computed with it, so the mass
+# at the drafted tokens equals the dense row's bit for bit on every backend, and an entry whose prefix stopped leaves
+# after its block (LANTERN++'s short prefixes cost about one block, not k columns). At most GATHER_LIMIT
+# (entries x columns) are gathered at once.
+FIRST_BLOCK = 8
+GATHER_LIMIT = 1 << 22
+
+
+def _blocks(k: int):
+    """The column blocks (start, stop) covering the first k neighbour ranks."""
+    a, w = 0, FIRST_BLOCK
+    while a < k:
+        yield a, min(a + w, k)
+        a, w = a + w, 2 * w
 
 
 def _expand(vals: Array, mask: Array, fill: Array, xp) -> Array:
@@ -93,14 +105,6 @@ def _any_to(m: Array, shape, xp) -> Array:
     lead = m.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + a for a, s in enumerate(shape) if s == 1 and m.shape[lead + a] != 1)
     return xp.reshape(xp.any(m, axis=axes, keepdims=True), shape) if axes else m
-
-
-def _at_neighbors(af: Array, e: Array, nb: Array, V: int, xp) -> Array:
-    """a at the table's neighbours of flat entries e (m,) of a flat (rows x V) array ``af``: (m, K) with
-    [j, c] = a[row of e_j, nb[e_j mod V, c]], K = nb's columns."""
-    y = e % V
-    idx = (e - y)[:, None] + xp.take(nb, y, axis=0)
-    return xp.reshape(xp.take(af, xp.reshape(idx, (-1,))), (e.shape[0], nb.shape[1]))
 
 
 def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
@@ -122,45 +126,77 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
     return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
 
 
-def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
-    """LANTERN's admitted neighbour mass (section 6) (..., V): for each code y the cumulative target mass of
-    the longest prefix of its k nearest neighbours (``nb`` (V, >= k) int64 on p's device, nearest first)
-    whose cumulative sum stays <= thr(y) (a scalar, or (..., V)); 0 when the nearest already exceeds it.
+def _block_sums(pf: Array, e: Array, c: Array, nb: Array, a: int, b: int, V: int, xp) -> Array:
+    """Cumulative masses (m, 1 + b - a) of entries e (m,) (flat row * V + code) through neighbour ranks a..b-1,
+    starting from c (m,): [c, c + p(nb_a), ...]; sliced over the entries to bound the gather (GATHER_LIMIT)."""
+    step = max(1, GATHER_LIMIT // (b - a))
+    K = nb.shape[1]
+    nbf = xp.reshape(nb, (-1,))                 # the table flat (a gather of the block's columns only, O(m (b - a)))
+    cols = xp.arange(a, b, device=array_api_compat.device(nb))
+    parts = []
+    for s in range(0, e.shape[0], step):   # a loop over slices of the entries (memory), each vectorised
+        es = e[s:s + step]
+        y = es % V
+        nbs = xp.reshape(xp.take(nbf, xp.reshape(y[:, None] * K + cols, (-1,))), (es.shape[0], b - a))
+        idx = (es - y)[:, None] + nbs
+        g = xp.reshape(xp.take(pf, xp.reshape(idx, (-1,))), (es.shape[0], b - a))
+        parts.append(xp.cumulative_sum(xp.concat([c[s:s + step, None], g], axis=1), axis=1))
+    return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
 
-    The same sums, in the same order, as the dense cumulative sum over the (..., V, k) gather, so equal to it
-    bit for bit on numpy: max over {c_j <= thr} is the last c_j of the prefix (sums of non-negative masses
-    never decrease). Computed level by level (a loop over neighbour ranks, at most k): entries whose prefix
-    stopped leave the active set, so the work is O(V (1 + mean prefix length)) per row where prefixes are
-    short (LANTERN++'s relative threshold: about 2 columns on the shipped MNIST rows instead of k); when the
-    active set shrinks slowly (LANTERN's absolute delta) or is small, the remaining columns are gathered at
-    once. No item assignment (``_expand``): numpy, torch and JAX alike."""
-    xp = namespace(p)
-    V = p.shape[-1]
-    dev = array_api_compat.device(p)
-    pf = xp.reshape(p, (-1,))
-    scalar = getattr(thr, "ndim", 0) == 0                            # delta (LANTERN) or (lam - 1) p
-    ta = thr if scalar else xp.reshape(xp.broadcast_to(thr, p.shape), (-1,))
-    idx = xp.arange(pf.shape[0], device=dev)                          # the active flat entries
-    c = xp.zeros(pf.shape, dtype=p.dtype, device=dev)                 # their prefix mass so far (all pass 0 <= thr)
-    levels, j, prev = [], 0, None
-    while j < k and idx.shape[0] > 0:   # a loop over neighbour ranks (at most k), the active set shrinking
-        n = idx.shape[0]
-        if n * (k - j) <= SMALL_REMAINDER or (prev is not None and n > SLOW_SHRINK * prev):
-            cs = xp.cumulative_sum(xp.concat([c[:, None], _at_neighbors(pf, idx, nb[:, j:k], V, xp)], axis=1), axis=1)
-            t = ta if scalar else ta[:, None]
-            c = xp.max(xp.where(cs <= t, cs, xp.zeros_like(cs)), axis=1)   # column 0 (c itself) always passes
+
+def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int) -> Array:
+    """LANTERN's admitted neighbour mass (section 6) at flat entries: (m,) for e (m,) ints = row * V + code into the
+    flat rows ``pf`` (R V,), ``nb`` (V, >= k) int64 on pf's device (nearest first), ``thr`` a scalar (delta, LANTERN)
+    or (m,) (the entries' (lam - 1) p(x), LANTERN++). The mass of the longest prefix of the code's k nearest
+    neighbours whose cumulative target mass stays <= thr; 0 when the nearest already exceeds it.
+
+    The one implementation: the drafted tokens' p~ (``Lantern.at``, O(k) per token at most) and the dense rows
+    (``prefix_mass``, every code) both call it. Sums run in column order (``cumulative_sum`` over fixed blocks of
+    columns, ``_blocks``); the max over the passing sums is the last one of the prefix (sums of non-negative masses
+    never decrease). Entries whose prefix stopped leave the active set after their block; no item assignment
+    (``_expand``): numpy, torch and JAX alike."""
+    xp = namespace(pf)
+    scalar = getattr(thr, "ndim", 0) == 0
+    idx, ta = e, thr
+    c = xp.zeros(e.shape, dtype=pf.dtype, device=array_api_compat.device(pf))   # every entry passes 0 <= thr
+    levels = []
+    for a, b in _blocks(k):   # a loop over column blocks (at most ~log2(k / 8) + 1), the active set shrinking
+        if idx.shape[0] == 0:
             break
-        y = idx % V
-        cn = c + xp.take(pf, idx - y + xp.take(nb[:, j], y))
-        ok = cn <= ta
-        levels.append((ok, c))                                        # an entry stopping here keeps c
-        keep = xp.nonzero(ok)[0]
-        idx, c, prev, j = xp.take(idx, keep), xp.take(cn, keep), n, j + 1
+        cs = _block_sums(pf, idx, c, nb, a, b, V, xp)
+        ok = cs <= (ta if scalar else ta[:, None])
+        cn = xp.max(xp.where(ok, cs, xp.zeros_like(cs)), axis=1)            # column 0 (c itself) always passes
+        on = ok[:, -1]                                                       # the whole block passed: go on
+        levels.append((on, cn))
+        keep = xp.nonzero(on)[0]
+        idx, c = xp.take(idx, keep), xp.take(cn, keep)
         if not scalar:
             ta = xp.take(ta, keep)
-    for ok, before in reversed(levels):   # back up the levels: survivors' masses into each level's entries
-        c = _expand(c, ok, before, xp)
-    return xp.reshape(c, p.shape)
+    for on, here in reversed(levels):   # back up the blocks: the entries that went on take their later mass
+        c = _expand(c, on, here, xp)
+    return c
+
+
+def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
+    """``prefix_mass_at`` at every code of rows p (..., V): (..., V). ``thr`` a scalar or (..., V)."""
+    xp = namespace(p)
+    V = p.shape[-1]
+    pf = xp.reshape(p, (-1,))
+    e = xp.arange(pf.shape[0], device=array_api_compat.device(p))
+    ta = thr if getattr(thr, "ndim", 0) == 0 else xp.reshape(xp.broadcast_to(thr, p.shape), (-1,))
+    return xp.reshape(prefix_mass_at(pf, e, nb, ta, k, V), p.shape)
+
+
+def _entries(p: Array, x: Array, xp):
+    """Rows p (..., V) broadcast to tokens x (...,) and flattened, and the flat entries row * V + x: ((R V,), (R,))."""
+    V = p.shape[-1]
+    shape = tuple(x.shape)
+    if tuple(p.shape[:-1]) != shape:
+        p = xp.broadcast_to(p, (*shape, V))
+    pf = xp.reshape(p, (-1,))
+    R = pf.shape[0] // V
+    e = xp.arange(R, device=array_api_compat.device(p)) * V + xp.reshape(xp.astype(x, xp.int64), (-1,))
+    return pf, e
 
 
 @dataclass(frozen=True, eq=False)
@@ -193,13 +229,27 @@ class Lantern:
         if self.neighbors.shape[0] != p.shape[-1]:
             raise ValueError(f"Lantern: neighbour table has {self.neighbors.shape[0]} rows, rows p have V={p.shape[-1]}")
 
+    def _threshold(self, p):
+        """delta (a scalar), or (lam - 1) p (p's shape)."""
+        return self.delta if self.delta is not None else (self.lam - 1.0) * p
+
     def aggregated(self, p: Array) -> Array:
-        """p~ (..., V): each token's target mass plus its admitted neighbours' mass."""
+        """p~ (..., V): each token's target mass plus its admitted neighbours' mass (``prefix_mass``, every code)."""
         xp = namespace(p)
         self._check_rows(p)
         nb = _table(self.neighbors, self.k, array_api_compat.device(p), xp)
-        thr = self.delta if self.delta is not None else (self.lam - 1.0) * p
-        return p + prefix_mass(p, nb, thr, self.k)
+        return p + prefix_mass(p, nb, self._threshold(p), self.k)
+
+    def aggregated_at(self, p: Array, x: Array) -> Array:
+        """p~(x) (...,) at tokens x (...,) of rows p (..., V): the k neighbours of x only (``prefix_mass_at``)."""
+        xp = namespace(p)
+        self._check_rows(p)
+        V = p.shape[-1]
+        nb = _table(self.neighbors, self.k, array_api_compat.device(p), xp)
+        pf, e = _entries(p, x, xp)
+        px = xp.take(pf, e)
+        m = prefix_mass_at(pf, e, nb, self._threshold(px), self.k, V)
+        return xp.reshape(px + m, tuple(x.shape))
 
     def admits(self, p: Array) -> Array:
         """(..., V) bool: at least one neighbour of x is admitted, i.e. the nearest one passes the threshold
@@ -207,13 +257,24 @@ class Lantern:
         xp = namespace(p)
         self._check_rows(p)
         first = _table(self.neighbors, 1, array_api_compat.device(p), xp)[:, 0]
-        p1 = xp.take(p, first, axis=-1)
-        thr = self.delta if self.delta is not None else (self.lam - 1.0) * p
-        return p1 <= thr
+        return xp.take(p, first, axis=-1) <= self._threshold(p)
+
+    def admits_at(self, p: Array, x: Array) -> Array:
+        """``admits`` at tokens x (...,) of rows p (..., V): (...,) bool, from x's nearest neighbour alone."""
+        xp = namespace(p)
+        self._check_rows(p)
+        first = _table(self.neighbors, 1, array_api_compat.device(p), xp)[:, 0]
+        x = xp.astype(x, xp.int64)
+        return gather(p, xp.reshape(xp.take(first, xp.reshape(x, (-1,))), x.shape), xp) <= self._threshold(gather(p, x, xp))
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
         return ratio_min1(self.aggregated(p), q, xp)
+
+    def at(self, p, q, i, x):
+        """f(x) (...,) at tokens x (...,): min(1, p~(x) / q(x)) from x's k neighbours (``theory.rules.accept_at``)."""
+        xp = namespace(p, q)
+        return ratio_min1(self.aggregated_at(p, x), gather(q, x, xp), xp)
 
 
 @dataclass(frozen=True, eq=False)
@@ -260,13 +321,14 @@ class LanternResample:
         """True when the effective law (``rejected=None``) forms a (..., V, V) array (renormalised "q")."""
         return self.law == "renormalised" and self.variant == "q"
 
+    reads_f = False     # given the rejected token, f is not read (``theory.rules.acceptance.reads_f``)
+
     def _nb_mask(self, x: Array, V: int, xp, device) -> Array:
-        """(..., V) bool mask of N(x) (x itself not included) for tokens x (...)."""
+        """(..., V) bool mask of N(x) (x itself not included) for tokens x (...): O(V + k) per token (``mark``)."""
         nb = _table(self.neighbors, self.k + 1, device, xp)
         # take on flat indices: a 0-d index would give torch's take a (1, K) result
-        rows = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0), (*x.shape, self.k + 1))
-        ar = xp.arange(V, device=device)
-        return xp.any(rows[..., :, None] == ar, axis=-2)
+        rows = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, : self.k + 1], (*x.shape, self.k + 1))
+        return mark(rows, V, xp)
 
     def _given(self, p, q, x, xp):
         """G(.|x) (..., V) for rejected tokens x (...,)."""
@@ -274,10 +336,10 @@ class LanternResample:
         dev = array_api_compat.device(p)
         zero = xp.zeros_like(p)
         uniform = xp.ones_like(p) / V
-        ex = xp.arange(V, device=dev) == x[..., None]
+        ex = mark(x[..., None], V, xp)
         nbm = self._nb_mask(x, V, xp, dev)
         if self.law == "released":
-            adm = gather(self.accept.admits(p), x, xp)
+            adm = self.accept.admits_at(p, x)
             nbm = nbm & adm[..., None]
             if self.variant == "p":
                 return normalize(xp.where(ex | nbm, zero, p), uniform, xp)
@@ -353,7 +415,7 @@ class LanternResample:
         dev = array_api_compat.device(p)
         V = p.shape[-1]
         x = xp.astype(x, xp.int64)
-        nb = _table(self.neighbors, self.k + 1, dev, xp)                              # (V, k+1)
+        nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]             # (V, k+1)
         adm = self.accept.admits(p)                                                   # (..., V_y), p's shape
         hit = xp.any(nb == x[..., None, None], axis=-1) & adm                         # x in N(y), removed
         _, q, f = xp.broadcast_arrays(p, q, f)

@@ -19,6 +19,7 @@ __all__ = ["Residual", "Optimal", "Target", "Argmax"]
 @dataclass(frozen=True)
 class Residual:
     """Vanilla residual G^van = Norm([p - q]_+)  (T1); p itself where p = q."""
+    reads_f = False     # f is not read (``theory.rules.acceptance.reads_f``)
 
     def __call__(self, p, q, f, rejected=None):
         xp = namespace(p, q)
@@ -37,6 +38,7 @@ class Optimal:
 @dataclass(frozen=True)
 class Target:
     """Resample from the target row itself: G = p (a G_i of section 1; not optimal, T5)."""
+    reads_f = False
 
     def __call__(self, p, q, f, rejected=None):
         return p
@@ -45,6 +47,7 @@ class Target:
 @dataclass(frozen=True)
 class Argmax:
     """Greedy correction (a G_i of section 1): G = one-hot at argmax p."""
+    reads_f = False
 
     def __call__(self, p, q, f, rejected=None):
         return Greedy()(p, q, 1)

@@ -36,9 +36,11 @@ import array_api_compat
 import numpy as np
 
 from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
+from .acceptance import Vanilla, accept_at, reads_f
 from .chain import ChainVerdict
+from .resampling import Residual
 
-__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
@@ -120,15 +122,20 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     return depth, path, nxt.astype(np.int64), node
 
 
-def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max_depth=None,
-                              draft_law: str = "without_replacement"):
-    """Vanilla with candidates drawn without replacement: ``verify_tree``'s walk (one candidate per round per step,
-    the same operations on the same (B, V) rows, hence the same bits), with the acceptance evaluated at the
-    candidate only and the residual Norm([p_res - q_j]_+) only when a round rejects; arguments as ``_walk``. None
-    when the arrays are not numpy."""
+def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, max_depth=None,
+              draft_law: str = "without_replacement"):
+    """``theory.tree.verify_tree``'s walk for any rule (acceptance ``accept``, resampling ``resample``) on numpy rows,
+    both draft laws, at the cost of the rule's point formula: one candidate per unfinished round per step, the same
+    operations on the same rows as ``verify_tree`` (hence the same bits), with the acceptance evaluated at the
+    candidate only (``theory.rules.acceptance.accept_at``: O(k) for LANTERN's rules, not O(V k)) and the resampling
+    law built only for the rounds that reject (the full acceptance row there only for a resampler that reads it,
+    ``reads_f``). Arguments as ``_walk``; None when the arrays are not numpy. The engine's host path for every rule
+    without a walk of its own, and vanilla's walk for candidates drawn without replacement."""
     if not _host(p, q, tokens, u_accept, u_sample):
         return None
+    point = draft_law == "point"
     B, N1, V = p.shape
+    D = int(D)
     children = np.asarray(children)
     if children.ndim == 2:
         children = np.broadcast_to(children, (B, *children.shape))
@@ -142,30 +149,34 @@ def _walk_without_replacement(p, q, tokens, u_accept, u_sample, children, D, max
     path = np.full((B, D), -1, np.int64)
     active = np.ones(B, bool)
     p_res = p[:, 0].copy()
-    removed = np.zeros((B, V), bool)
+    removed = None if point else np.zeros((B, V), bool)
+    tokens = np.asarray(tokens, np.int64)
+    needs_f = reads_f(resample)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
         if not has.any():
             break
         kid = np.where(has, children[rows, node, np.minimum(rank, K - 1)], 0)
         c = tokens[rows, kid]
-        q_left = np.where(removed, 0.0, q[rows, node]).astype(p.dtype, copy=False)
-        s = q_left.sum(-1, keepdims=True)
-        q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, 1.0, s))        # Norm(q_left), 0 once exhausted
-        qc = q_j[rows, c]
-        valid = has & (qc > 0)
-        f = np.where(qc > 0, np.minimum(1.0, p_res[rows, c] / np.where(qc > 0, qc, 1.0)), 1.0)
-        acc = valid & (u_accept[rows, kid] < f)
+        if point:        # deterministic candidates: the draft's conditional law is the point mass at c
+            q_j = (np.arange(V) == c[:, None]).astype(p.dtype)
+        else:
+            q_left = np.where(removed, np.zeros((), q.dtype), q[rows, node])
+            s = q_left.sum(-1, keepdims=True)
+            q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, np.ones((), s.dtype), s))   # Norm, 0 if exhausted
+        pos = np.minimum(depth + 1, D)
+        valid = has & (q_j[rows, c] > 0)                                          # impossible candidates are skipped
+        acc = valid & (u_accept[rows, kid] < accept_at(accept, p_res, q_j, pos, c))
         rej = valid & ~acc
         if rej.any():
-            w = p_res[rej] - q_j[rej]
-            w = np.where(w > 0, w, 0.0)
-            sw = w.sum(-1, keepdims=True)
-            p_res[rej] = np.where(sw <= 0, p_res[rej], w / np.where(sw <= 0, 1.0, sw))
-            removed[rows[rej], c[rej]] = True
+            pr, qr, cr = p_res[rej], q_j[rej], c[rej]
+            p_res[rej] = resample(pr, qr, accept(pr, qr, pos[rej]) if needs_f else None, cr)
+            if not point:
+                removed[rows[rej], cr] = True
         if acc.any():
             p_res[acc] = p[rows[acc], kid[acc]]
-            removed[acc] = False
+            if not point:
+                removed[acc] = False
             path[rows[acc], depth[acc]] = kid[acc]
         node = np.where(acc, kid, node)
         depth = depth + acc
@@ -300,7 +311,7 @@ def _norm(w, fallback, xp):
 
 # the walks each rule supplies for itself (``Verifier.walk``): draft law -> its walk on numpy rows, and "device" -> the
 # walk on other arrays (both laws; ``theory.tree.verify_round`` picks by the rows' namespace)
-VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": _walk_without_replacement,
+VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": partial(host_walk, Vanilla(), Residual()),
                  "device": _vanilla_device}
 GREEDY_WALKS = {**{law: partial(_walk, "greedy") for law in DRAFT_LAWS}, "device": _greedy_device}
 

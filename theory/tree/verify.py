@@ -21,8 +21,9 @@ import array_api_compat
 import numpy as np
 
 from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last
+from ..rules.acceptance import accept_at, reads_f
 from ..rules.chain import verify_chain
-from ..rules.walks import follow_chosen
+from ..rules.walks import follow_chosen, host_walk
 from .shapes import RowTrees, Tree
 
 __all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "verify_tree_nodes", "verify_round", "draft_without_replacement"]
@@ -64,6 +65,25 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
     if topk is not None:    # torch: the m largest keys, sorted (distinct with probability 1), without a full sort
         return topk(m, dim=-1, largest=True, sorted=True).indices
     return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
+
+
+def _residual(verifier, p: Array, q: Array, pos, c: Array, rej: Array, xp) -> Array:
+    """The residual target rows after a step of the walk (..., V): ``verifier.resample(p, q, f, rejected=c)`` where
+    ``rej`` (...,), p elsewhere. The full acceptance row f only for a resampler that reads it (``reads_f``: G*). On
+    numpy rows (the host path) the law is built for the rejecting rows only; on others (the device path) for every
+    row, with no data-dependent shape, at O(V + k) per row for LANTERN's laws."""
+    if isinstance(p, np.ndarray):
+        if not rej.any():
+            return p
+        r = np.nonzero(rej)
+        pr, qr, cr = p[r], q[r], c[r]
+        pr_pos = pos[r] if getattr(pos, "ndim", 0) else pos
+        f = verifier.accept(pr, qr, pr_pos) if reads_f(verifier.resample) else None
+        out = p.copy()
+        out[r] = verifier.resample(pr, qr, f, cr)
+        return out
+    f = verifier.accept(p, q, pos) if reads_f(verifier.resample) else None
+    return xp.where(rej[..., None], verifier.resample(p, q, f, c), p)
 
 
 def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: "Tree | RowTrees", verifier, *,
@@ -139,13 +159,12 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
             q_j = normalize(q_left, q_left, xp)                                   # all zero once exhausted
         # rounds at a leaf (depth = D) have no candidate (has = False): their f is unused, so the position is
         # clamped to D (schedules defined on positions 1..D only, e.g. Explicit weights, accept it)
-        f_row = verifier.accept(p_res, q_j, xp.minimum(depth + 1, xp.full_like(depth, tree.depth)))
+        pos = xp.minimum(depth + 1, xp.full_like(depth, tree.depth))
         valid = has & (gather(q_j, c, xp) > 0)                                    # impossible candidates are skipped
-        acc = valid & (gather(u_accept, kid_safe, xp) < gather(f_row, c, xp))
+        acc = valid & (gather(u_accept, kid_safe, xp) < accept_at(verifier.accept, p_res, q_j, pos, c))
         rej = valid & ~acc
-        G = verifier.resample(p_res, q_j, f_row, c)
-        # advance the state of every round at once
-        p_res = xp.where(acc[..., None], gather_rows(p, kid_safe, xp), xp.where(rej[..., None], G, p_res))
+        # advance the state of every round at once (the residual built for the rounds that rejected only)
+        p_res = xp.where(acc[..., None], gather_rows(p, kid_safe, xp), _residual(verifier, p_res, q_j, pos, c, rej, xp))
         removed = xp.where(acc[..., None], xp.zeros_like(removed), removed | (rej[..., None] & (ar_V == c[..., None])))
         path = xp.where(acc[..., None] & (ar_depth == depth[..., None]), kid_safe[..., None], path)
         node = xp.where(acc, kid_safe, node)
@@ -204,11 +223,10 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
         else:
             q_left = xp.where(removed, xp.zeros_like(q), q)
             q_j = normalize(q_left, q_left, xp)                                     # all zero once exhausted
-        f_row = verifier.accept(p_res, q_j, pos)
         valid = has & (gather(q_j, c, xp) > 0)                                      # impossible candidates skipped
-        acc = valid & (take_last(u_accept, kid_safe, xp) < gather(f_row, c, xp))
+        acc = valid & (take_last(u_accept, kid_safe, xp) < accept_at(verifier.accept, p_res, q_j, pos, c))
         rej = valid & ~acc
-        p_res = xp.where(rej[..., None], verifier.resample(p_res, q_j, f_row, c), p_res)
+        p_res = _residual(verifier, p_res, q_j, pos, c, rej, xp)
         if not point:
             removed = removed | (rej[..., None] & hit)
         chosen = xp.where(acc, kid, chosen)
@@ -260,9 +278,10 @@ def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sa
         out = walk(p, q, tokens, u_accept, u_sample, tree.children, int(tree.depth), max_depth, law)
         if out is not None:
             return TreeVerdict(*out)
-    if host:                               # the host path: the walk, stopping when every round has finished
-        return verify_tree(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier, early_exit=True,
-                           max_depth=max_depth, draft_law=law)
+    if host:                               # the host path: the walk at the rule's point cost, until every round stops
+        out = host_walk(verifier.accept, verifier.resample, p, p if q is None else q, tokens, u_accept, u_sample,
+                        tree.children, int(tree.depth), max_depth, law)
+        return TreeVerdict(*out)
     # elsewhere (device arrays): a fixed count of operations and no read-back
     return verify_tree_nodes(p, p if q is None else q, tokens, u_accept, u_sample, tree, verifier,
                              max_depth=max_depth, draft_law=law)
