@@ -29,7 +29,7 @@ class Bundle:
     draft: Any
     conds: list
     num_tokens: int
-    neighbors: np.ndarray | None = None
+    neighbors: Any = None
     vq: Any = None
     cfg_scale: float = 1.0            # default CFG scale for this model (build: from its real.specs.ModelSpec)
     top_k: int = 0                    # default top-k for this model (0 = off; build: from its spec)
@@ -81,22 +81,13 @@ NEIGHBOR_SPACES = ("raw", "l2")
 
 
 def _neighbor_table(vectors, opts, K: int | None = None):
-    """LANTERN neighbour table (V, K) int64 numpy from codebook vectors (V, d): Euclidean distance between the
-    raw vectors as LANTERN's release ranks them (default), or between l2-normalised ones (``--lantern-neighbors
-    l2``, our earlier table). K = V - 1 by default (capped at V - 1); chunked torch code above V = 4096."""
-    from theory.rules import lantern_neighbors
+    """LANTERN neighbour table of codebook vectors (V, d), lazily (``real.neighbors.NeighborTable``: built when a rule
+    first reads it, as wide as that rule reads, cached on disk): Euclidean distance between the raw vectors as
+    LANTERN's release ranks them (default), or between l2-normalised ones (``--lantern-neighbors l2``, our earlier
+    table). At most K columns (default V - 1)."""
+    from .neighbors import NeighborTable
 
-    from .models.vq import codebook_neighbors
-
-    space = _o(opts, "lantern_neighbors", "raw")
-    if space not in NEIGHBOR_SPACES:
-        raise ValueError(f"--lantern-neighbors must be one of {NEIGHBOR_SPACES}, got {space!r}")
-    cb = torch.as_tensor(vectors).detach()
-    V = cb.shape[0]
-    K = V - 1 if K is None else min(int(K), V - 1)
-    if V > 4096:
-        return codebook_neighbors(cb, K, normalize=space == "l2").numpy()
-    return lantern_neighbors(cb.double().cpu().numpy(), K, normalize=space == "l2")
+    return NeighborTable(vectors, _o(opts, "lantern_neighbors", "raw"), K)
 
 
 def _dtype(opts) -> torch.dtype:

@@ -16,7 +16,7 @@ from theory.rules.methods import default_lantern_k
 from .sampling import Processing
 
 __all__ = ["METHODS", "make_verifier", "method_processing", "default_lantern_k", "neighbors_on", "gsd_vectors",
-           "input_embedding_rows", "GSD_TABLES"]
+           "input_embedding_rows", "GSD_TABLES", "needed_width"]
 
 GSD_TABLES = ("embedding", "codebook")   # GSD's distance table: the target's input embeddings (as released) / VQ codes
 
@@ -42,6 +42,9 @@ def make_verifier(method: str, L: int, params: dict | None = None, neighbors=Non
     take the codebook vectors ``embeddings`` (V, d) (``real.registry.Bundle.codebook``; their (V, V) closeness table is
     built once, as numpy)."""
     m = registry.get(method)
+    if m.needs_neighbors and hasattr(neighbors, "table"):   # a lazy table (real.neighbors): as wide as the rule reads
+        neighbors = neighbors.table(needed_width(method, {**(params or {}), **kw}, neighbors.shape[0],
+                                                 neighbors.shape[1]))
     nb = neighbors_on(neighbors, device) if m.needs_neighbors else None
     emb = None
     if m.needs_embeddings and embeddings is not None:
@@ -51,6 +54,15 @@ def make_verifier(method: str, L: int, params: dict | None = None, neighbors=Non
         else:
             emb = embeddings
     return registry.build(method, L, nb, {**(params or {}), **kw}, embeddings=emb)
+
+
+def needed_width(method: str, params: dict, V: int, K: int) -> int:
+    """Columns of the neighbour table a LANTERN method reads with ``params``: k (its acceptance), k + 1 with the
+    release's resamplers (they zero k + 1 neighbours); at most the table's width K (a wider need is refused, with the
+    reason, by the method itself)."""
+    p = registry.resolve(method, params)
+    k = p["k"] if p.get("k") is not None else default_lantern_k(V)
+    return int(min(K, k if p.get("resampler") == "optimal" else k + 1))
 
 
 def method_processing(method: str, processing: Processing) -> Processing:

@@ -70,9 +70,6 @@ class Verifier:
 
 _BUILT_IN = (Vanilla, Scaled, RowScaled, Level, Typical, Greedy, Grouped, Lantern, LanternResample, Residual, Optimal,
              Target, Argmax)
-# float32 rows (the real engine's processed rows) sum to 1 within ~V * 2^-24; 1e-3 leaves room for V up to ~16k
-# and still catches a row that is not a distribution (a missing renormalisation is off by far more).
-_ROW_SUM_TOL = {"float64": 1e-9, "float32": 1e-3}
 
 
 def _traced(a) -> bool:
@@ -107,7 +104,7 @@ class _CheckedResample(_CheckedAccept):
         if _traced(G):
             return G
         xp = namespace(G)
-        tol = _ROW_SUM_TOL.get(str(G.dtype).split(".")[-1], 1e-3)
+        tol = checks.row_sum_tol(G.dtype, G.shape[-1])   # the dtype's and V's (theory.core.checks)
         s = xp.sum(G, axis=-1)
         bad = xp.any(xp.logical_not(G >= 0)) | xp.any(xp.logical_not(xp.abs(s - 1) <= tol))
         if bool(bad):

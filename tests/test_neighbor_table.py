@@ -1,0 +1,77 @@
+"""LANTERN's neighbour table built only when read, only as wide as read, cached on disk (real.neighbors, issue 55)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from real import neighbors as nbmod  # noqa: E402
+from real.decode.methods import make_verifier  # noqa: E402
+from real.neighbors import NeighborTable  # noqa: E402
+from theory import rules  # noqa: E402
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COOLSD_CACHE", str(tmp_path))
+    monkeypatch.setattr(nbmod, "CACHE_MIN_V", 0)       # cache the small test codebooks too
+    return tmp_path / "neighbors"
+
+
+def _codebook(V=64, d=4, seed=0):
+    return torch.as_tensor(np.random.default_rng(seed).normal(size=(V, d)))
+
+
+def test_nothing_is_built_until_a_rule_reads_it(cache, monkeypatch):
+    calls = []
+    real = NeighborTable._compute
+    monkeypatch.setattr(NeighborTable, "_compute", lambda self, K: calls.append(K) or real(self, K))
+    t = NeighborTable(_codebook(), "raw", 40)
+    assert t.shape == (64, 40) and calls == []
+    make_verifier("cool-sd", 4, {}, t)                     # a rule that reads no table
+    make_verifier("vanilla", 4, {}, t)
+    assert calls == []
+    v = make_verifier("lantern++", 4, {"k": 10}, t)       # the release's resampler reads k + 1 columns
+    assert calls == [11] and v.accept.neighbors.shape == (64, 11)
+    assert not list(cache.glob("*.tmp"))
+
+
+def test_the_table_is_the_reference_and_a_prefix_serves_narrower_rules(cache):
+    cb = _codebook()
+    ref = rules.lantern_neighbors(cb.numpy(), 63)
+    t = NeighborTable(cb, "raw")
+    assert np.array_equal(t.table(20), ref[:, :20])
+    assert np.array_equal(t.table(63), ref)
+    assert np.array_equal(np.asarray(t), ref)
+    l2 = NeighborTable(cb, "l2").table(20)
+    assert np.array_equal(l2, rules.lantern_neighbors(cb.numpy(), 20, normalize=True))
+    assert not np.array_equal(l2, ref[:, :20])           # control: the two spaces differ on this codebook
+
+
+def test_a_second_build_reads_the_cache_and_a_stale_file_is_refused(cache, monkeypatch):
+    cb = _codebook()
+    NeighborTable(cb, "raw").table(30)
+    files = list(cache.glob("*.npz"))
+    assert len(files) == 1
+    monkeypatch.setattr(NeighborTable, "_compute", lambda self, K: pytest.fail("recomputed despite the cache"))
+    assert np.array_equal(NeighborTable(cb, "raw").table(25), rules.lantern_neighbors(cb.numpy(), 25))
+    # a file of another codebook under this key's name: refused with the reason, not used
+    other = NeighborTable(_codebook(seed=1), "raw")
+    bad = files[0]
+    with np.load(bad) as z:
+        np.savez(bad, table=z["table"], key=np.asarray(other.key), space=np.asarray("raw"))
+    with pytest.raises(ValueError, match="another codebook"):
+        NeighborTable(cb, "raw").table(25)
+    bad.write_bytes(b"not an npz")
+    with pytest.raises(ValueError, match="unreadable"):
+        NeighborTable(cb, "raw").table(25)
+
+
+def test_bad_codebooks_and_widths_are_refused():
+    with pytest.raises(ValueError, match="NaN"):
+        NeighborTable(torch.tensor([[0.0, float("nan")], [1.0, 1.0]]))
+    with pytest.raises(ValueError, match="lantern-neighbors"):
+        NeighborTable(_codebook(), "cosine")
+    with pytest.raises(ValueError, match="columns"):
+        NeighborTable(_codebook(), "raw").table(64)
