@@ -22,6 +22,7 @@ from .. import rules as _rules
 from ..core import checks
 from ..core.xp import namespace
 from ..rules.discrepancy import discrepancy_of, optimal_discrepancy_of
+from ..rules.lantern import _blocks as _lantern_blocks
 
 ROW_SUM_TOL = checks.ROW_SUM_TOL   # |sum of a float64 row - 1| allowed for P, Q and G rows
 DEFAULT_MAX_SEQUENCES = 10**8
@@ -233,16 +234,17 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     """Estimated peak memory (bytes) of ``verifier.tables`` on (V, V) float64 chain rows.
 
     Elementwise rules keep about 4L + 2 (V, V) float64 arrays alive (per-position temporaries and the
-    stacked (L, V, V) F and G); LANTERN's acceptance (section 6) gathers its k neighbours' masses into
-    (V, V, k) arrays (about 3k + 2L + 3 (V, V) arrays in all), and the effective law of our renormalised
+    stacked (L, V, V) F and G); LANTERN's acceptance (section 6) gathers its neighbours' masses block by
+    block (about 5 w + 2L + 8 (V, V) arrays at its widest block of w columns), and the effective law of our renormalised
     LANTERN++ resampler (``dense_effective_law``; not the released one) forms dense (V_x, V_x, V_y)
     stacks: about 5 float64 arrays of V^3 at its peak; GSD's group acceptance (section 6b) gathers its 2w
     window members into (V, V, 2w) arrays (about 10 w + 2L + 10 (V, V) arrays in all). Measured with
     tracemalloc (tests/test_bad_input.py, tests/test_gsd.py): within 20%."""
     acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
     n = 4 * L + 2
-    if isinstance(acc, _rules.Lantern):
-        n = 3 * int(acc.k) + 2 * L + 3
+    if isinstance(acc, _rules.Lantern):   # its widest block of neighbour columns (theory.rules.lantern._blocks)
+        blocks = [b - a for a, b in _lantern_blocks(int(acc.k))]
+        n = 5 * max(blocks) + 2 * L + 8 + 2 * (len(blocks) - 1)
     if isinstance(acc, _rules.Grouped) and acc.window > 0:
         n = 10 * int(acc.window) + 2 * L + 10
     cube = 5 * V ** 3 if getattr(res, "dense_effective_law", False) else 0
