@@ -61,9 +61,11 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     if bad:
         raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
     opts = dataclasses.replace(opts or BuildOptions(), **kw)       # BuildOptions checks the types
-    from .specs import prepare
+    from .specs import prepare, universal_drafts
     no_draft = opts.draft == NO_DRAFT
-    s, opts = prepare(name, dataclasses.replace(opts, draft=None) if no_draft else opts)   # the one generic check
+    # the one generic check; drafter-free decoding is checked as a drafter-free mode (no draft model's rules apply:
+    # --model llamagen then needs no --draft-ckpt)
+    s, opts = prepare(name, dataclasses.replace(opts, draft=universal_drafts()[0]) if no_draft else opts)
     if no_draft:   # drafter-free decoding: the builders make no draft at all (``_make_draft``)
         opts = dataclasses.replace(opts, draft=NO_DRAFT)
     bundle = MODELS[name][0](opts)

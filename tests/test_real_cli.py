@@ -180,3 +180,21 @@ def test_gpu_check_reports_a_failing_leg_and_still_writes_its_json(tmp_path, mon
     assert all(v == {"error": "RuntimeError: counter exploded"} for v in d["counts"].values())
     assert all(v["tokens_per_s"] > 0 for v in d["runs"].values())
     assert "counter exploded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["jacobi", "sjd-pac", "sjd-pac-p"])
+def test_drafter_free_modes_on_a_llamagen_checkpoint(capsys, tmp_path, mode):
+    """A drafter-free mode needs no draft model on --model llamagen (SJD's release targets these checkpoints): a
+    checkpoint written here, no --draft-ckpt, runs; the small draft's own requirement still holds for --draft small
+    (the control)."""
+    from real.models import llamagen as lg
+
+    t = lg.LlamaGen(lg.config("tiny")).random_init(0, std=0.05, output_std=0.2, embed_std=1.0)
+    torch.save({"model": t.state_dict()}, tmp_path / "t.pt")
+    base = ["--model", "llamagen", "--target-ckpt", str(tmp_path / "t.pt"), "--target-size", "tiny", "--image-size",
+            "128", "--method", "vanilla", "--num-tokens", "32"]
+    extra = ["--window", "16"] if mode != "jacobi" else []
+    d = _run(capsys, *base, "--draft", mode, *extra)
+    assert d["tokens"] == 32
+    assert main(["generate", *base, "--draft", "small", "--json"]) == 2
+    assert "--draft-ckpt" in capsys.readouterr().err
