@@ -74,12 +74,12 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
 
 
-# A code's neighbour masses are summed in blocks of columns with fixed bounds [0, 8), [8, 24), [24, 56), ... (each
+# A code's neighbour masses are summed in blocks of columns with fixed bounds [0, 2), [2, 6), [6, 14), ... (each
 # twice the last): an entry's arithmetic is then the same whichever other entries are computed with it, so the mass
 # at the drafted tokens equals the dense row's bit for bit on every backend, and an entry whose prefix stopped leaves
 # after its block (LANTERN++'s short prefixes cost about one block, not k columns). At most GATHER_LIMIT
 # (entries x columns) are gathered at once.
-FIRST_BLOCK = 8
+FIRST_BLOCK = 2
 GATHER_LIMIT = 1 << 22
 
 
@@ -126,9 +126,17 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
     return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
 
 
-def _block_sums(pf: Array, e: Array, c: Array, nb: Array, a: int, b: int, V: int, xp) -> Array:
-    """Cumulative masses (m, 1 + b - a) of entries e (m,) (flat row * V + code) through neighbour ranks a..b-1,
-    starting from c (m,): [c, c + p(nb_a), ...]; sliced over the entries to bound the gather (GATHER_LIMIT)."""
+def _block_sums(pf: Array, e: Array, c: Array, nb: Array, a: int, b: int, V: int, xp, dense: Array | None = None) -> Array:
+    """Cumulative masses (1 + b - a, m) of entries e (m,) (flat row * V + code) through neighbour ranks a..b-1, starting
+    from c (m,): rows [c, c + p(nb_a), ...] (entries along the fast axis: the running sums are vector additions). With
+    ``dense`` the rows (R, V) whose every entry is asked for (e = 0..R V - 1): one gather with the table's columns as a
+    shared index. Otherwise sliced over the entries to bound the gather (GATHER_LIMIT)."""
+    if dense is not None:
+        R = dense.shape[0]
+        cols = xp.reshape(xp.matrix_transpose(nb[:, a:b]), (-1,))                 # (b - a) V: column-major
+        g = xp.reshape(xp.take(dense, cols, axis=1), (R, b - a, V))
+        g = xp.reshape(xp.permute_dims(g, (1, 0, 2)), (b - a, R * V))
+        return xp.cumulative_sum(xp.concat([c[None, :], g], axis=0), axis=0)
     step = max(1, GATHER_LIMIT // (b - a))
     K = nb.shape[1]
     nbf = xp.reshape(nb, (-1,))                 # the table flat (a gather of the block's columns only, O(m (b - a)))
@@ -137,18 +145,18 @@ def _block_sums(pf: Array, e: Array, c: Array, nb: Array, a: int, b: int, V: int
     for s in range(0, e.shape[0], step):   # a loop over slices of the entries (memory), each vectorised
         es = e[s:s + step]
         y = es % V
-        nbs = xp.reshape(xp.take(nbf, xp.reshape(y[:, None] * K + cols, (-1,))), (es.shape[0], b - a))
-        idx = (es - y)[:, None] + nbs
-        g = xp.reshape(xp.take(pf, xp.reshape(idx, (-1,))), (es.shape[0], b - a))
-        parts.append(xp.cumulative_sum(xp.concat([c[s:s + step, None], g], axis=1), axis=1))
-    return parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
+        nbs = xp.reshape(xp.take(nbf, xp.reshape(cols[:, None] + (y * K)[None, :], (-1,))), (b - a, es.shape[0]))
+        g = xp.reshape(xp.take(pf, xp.reshape(nbs + (es - y)[None, :], (-1,))), (b - a, es.shape[0]))
+        parts.append(xp.cumulative_sum(xp.concat([c[None, s:s + step], g], axis=0), axis=0))
+    return parts[0] if len(parts) == 1 else xp.concat(parts, axis=1)
 
 
-def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int) -> Array:
+def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: Array | None = None) -> Array:
     """LANTERN's admitted neighbour mass (section 6) at flat entries: (m,) for e (m,) ints = row * V + code into the
     flat rows ``pf`` (R V,), ``nb`` (V, >= k) int64 on pf's device (nearest first), ``thr`` a scalar (delta, LANTERN)
     or (m,) (the entries' (lam - 1) p(x), LANTERN++). The mass of the longest prefix of the code's k nearest
-    neighbours whose cumulative target mass stays <= thr; 0 when the nearest already exceeds it.
+    neighbours whose cumulative target mass stays <= thr; 0 when the nearest already exceeds it. ``dense``: the rows
+    (R, V) when e is every entry of them (``prefix_mass``; the first block's gather then shares the table's index).
 
     The one implementation: the drafted tokens' p~ (``Lantern.at``, O(k) per token at most) and the dense rows
     (``prefix_mass``, every code) both call it. Sums run in column order (``cumulative_sum`` over fixed blocks of
@@ -163,10 +171,10 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int) -> Array
     for a, b in _blocks(k):   # a loop over column blocks (at most ~log2(k / 8) + 1), the active set shrinking
         if idx.shape[0] == 0:
             break
-        cs = _block_sums(pf, idx, c, nb, a, b, V, xp)
-        ok = cs <= (ta if scalar else ta[:, None])
-        cn = xp.max(xp.where(ok, cs, xp.zeros_like(cs)), axis=1)            # column 0 (c itself) always passes
-        on = ok[:, -1]                                                       # the whole block passed: go on
+        cs = _block_sums(pf, idx, c, nb, a, b, V, xp, dense if a == 0 else None)   # (1 + b - a, m)
+        ok = cs <= (ta if scalar else ta[None, :])
+        cn = xp.max(xp.where(ok, cs, xp.zeros_like(cs)), axis=0)            # row 0 (c itself) always passes
+        on = ok[-1, :]                                                       # the whole block passed: go on
         levels.append((on, cn))
         keep = xp.nonzero(on)[0]
         idx, c = xp.take(idx, keep), xp.take(cn, keep)
@@ -184,7 +192,7 @@ def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
     pf = xp.reshape(p, (-1,))
     e = xp.arange(pf.shape[0], device=array_api_compat.device(p))
     ta = thr if getattr(thr, "ndim", 0) == 0 else xp.reshape(xp.broadcast_to(thr, p.shape), (-1,))
-    return xp.reshape(prefix_mass_at(pf, e, nb, ta, k, V), p.shape)
+    return xp.reshape(prefix_mass_at(pf, e, nb, ta, k, V, xp.reshape(p, (-1, V))), p.shape)
 
 
 def _entries(p: Array, x: Array, xp):
