@@ -66,8 +66,8 @@ of section 12 (every q is a function of the window before its position, every un
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
+from functools import lru_cache, partial
 
 import numpy as np
 import torch
@@ -114,10 +114,9 @@ def pac_tree(window: int, width: int, depth: int) -> Tree:
 @dataclass
 class PacWindow:
     """Per-image window between rounds: ``cand`` (B, M-1, K) candidate tokens of depths 1..M-1 by rank (chain levels
-    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates; ``plans`` by truncation depth."""
+    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates."""
     cand: torch.Tensor
     q: torch.Tensor
-    plans: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -162,6 +161,15 @@ def _plan(tree: Tree, full: Tree, D: int, M: int, device) -> _Plan:
                  torch.as_tensor(par, device=device), torch.as_tensor(xn, device=device),
                  torch.as_tensor(np.concatenate([kids, (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K),
                                  device=device))
+
+
+@lru_cache(maxsize=256)
+def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _Plan:
+    """``_plan`` of the release's layout (``pac_tree``) truncated at depth Dr, on ``device``: a plan depends only on
+    these, so it is built once per process (a window larger than the image truncates at a new depth every round of an
+    image's end, and every image meets the same depths). Plans hold no per-image state."""
+    full = pac_tree(window, width, depth)
+    return _plan(truncate_tree(full, Dr), full, depth, depth + window - tree_nodes(width, depth), torch.device(device))
 
 
 @dataclass(frozen=True)
@@ -213,11 +221,8 @@ class SJDPAC:
         return win
 
     def _plan(self, run, Dr: int) -> _Plan:
-        win = run.state
-        if Dr not in win.plans:
-            full = self.tree()
-            win.plans[Dr] = _plan(truncate_tree(full, Dr), full, self.tree_depth, self.main_length, run.dev)
-        return win.plans[Dr]
+        """The plan of the tree truncated at depth Dr: built once per process (``_cached_plan``), not per image."""
+        return _cached_plan(self.window, self.tree_width, self.tree_depth, int(Dr), str(run.dev))
 
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """The window's tree truncated to the batch's deepest D'_b: node tokens (a level's candidates by rank) and the
@@ -241,7 +246,7 @@ class SJDPAC:
         continuation path (module docstring; release or coupled), the rest freshly initialised (keyed by the new
         committed lengths)."""
         win = run.state
-        plan = win.plans[int(prop.tree.depth)]
+        plan = self._plan(run, int(prop.tree.depth))
         S, K, V = self.max_depth, self.tree_width, p.shape[-1]
         dev = run.dev
         tau = torch.as_tensor(np.asarray(verdict.accepted), device=dev)
@@ -267,9 +272,10 @@ class SJDPAC:
         noise_res = run.rng.uniform(n, _RES, (S, V)).log_().neg_().to(dev)
         if self.release:
             rej = _release_rejected_rows(plan, par, P, qo, prop.tokens, e, self.tree_depth, has_x)
-            draws_rej = _draw(_safe(rej, P), K, noise_res)
-            draws_keep = _draw(_safe(res, P), K, noise_res)
-            cand = torch.where(keep[..., None], torch.cat([x[..., None], draws_keep[..., :K - 1]], -1), draws_rej)
+            # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are the
+            # first K - 1 of the K it would draw)
+            d = _draw(torch.where(keep[..., None], _safe(res, P), _safe(rej, P)), K, noise_res)
+            cand = torch.where(keep[..., None], torch.cat([x[..., None], d[..., :K - 1]], -1), d)
         else:
             y0 = _draw(_safe(res, P), 1, noise_res)[..., 0]
             y = torch.where(keep, x, torch.where(has_x, y0, _draw(P, 1, noise_res)[..., 0]))
@@ -311,8 +317,15 @@ def _release_rejected_rows(plan: _Plan, par, P, qo, tokens, e, D: int, has_x) ->
     """The release's residual of a level whose stale token failed (B, S, V): at a tree level (the parent has K
     children, depth e <= D - 1) the residual after ALL its children, Norm([p_{K-1} - q_{K-1}]_+) built by the
     siblings' recursion; below an off-main leaf (no token) the leaf's own row; on the chain [p - q]_+."""
-    kids, live = plan.kids[par.clamp(min=0), 0], plan.kids[par.clamp(min=0), 1]        # (B, S, K)
-    p_j, q_left = P, qo
+    chain = (P - qo).clamp(min=0)
+    # a tree level has depth e <= D - 1, and e >= level index + 2: only the first D - 2 levels can be one, so the
+    # siblings' recursion runs on those rows alone
+    T = min(P.shape[1], max(D - 2, 0))
+    if T == 0:
+        return torch.where(~has_x[..., None], P, chain)
+    pt = par[:, :T].clamp(min=0)
+    kids, live = plan.kids[pt, 0], plan.kids[pt, 1]                                    # (B, T, K)
+    p_j, q_left = P[:, :T], qo[:, :T]
     ar = torch.arange(P.shape[-1], device=P.device)
     for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
         c = tokens.gather(1, kids[..., j].flatten(1)).view_as(kids[..., j])
@@ -322,9 +335,9 @@ def _release_rejected_rows(plan: _Plan, par, P, qo, tokens, e, D: int, has_x) ->
         on = (live[..., j] > 0)[..., None]
         p_j = torch.where(on, nxt, p_j)
         q_left = torch.where(on & (ar == c[..., None]), torch.zeros_like(q_left), q_left)
-    tree_level = (e <= D - 1)[..., None]
-    chain = (P - qo).clamp(min=0)
-    return torch.where(~has_x[..., None], P, torch.where(tree_level, p_j, chain))
+    tree_level = (e[:, :T] <= D - 1)[..., None]
+    top = torch.where(tree_level, p_j, chain[:, :T])
+    return torch.where(~has_x[..., None], P, torch.cat([top, chain[:, T:]], 1))
 
 
 def _fresh(run, win: PacWindow, first_free: torch.Tensor) -> None:
@@ -392,34 +405,59 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     arV = xp.arange(V, device=dev) if torch_rows else np.arange(V)
     ok = [None] * N1
     ok[0] = xp.ones((B,), dtype=xp.bool, device=dev) if torch_rows else np.ones(B, bool)
-    after = [None] * N1
-    for n in range(N1):   # nodes in (depth, path) order: parents before children; a loop over at most W nodes
-        p_j, q_left = p[:, n, :], q[:, n, :]
-        for k in (int(c) for c in ch[n] if c >= 0):       # siblings in rank order
-            live = cap >= int(dep[k])
+
+    def siblings(n, p_j, q_left, kids, rows=None, last=True):
+        """Node n's children ``kids`` in rank order against its rows: each one's test (u < f at its token) and the
+        residual after it as if rejected; the residual after the last one only when ``last`` (the winner's next
+        token reads it; the tests do not)."""
+        i = int(dep[n]) + 1
+        for b, k in enumerate(kids):                      # siblings in rank order
+            live = cap >= int(dep[k]) if rows is None else cap[rows] >= int(dep[k])
             q_j = normalize(q_left, q_left, xp)
-            c = tokens[:, k]
-            i = int(dep[n]) + 1
-            qc, pc = gather(q_j, c, xp), gather(p_j, c, xp)
-            passed = xp.where(qc > 0, u_accept[:, k] < accept_at(verifier.accept, p_j, q_j, i, c), pc > 0)
-            ok[k] = ok[n] & live & passed
-            G = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
-            p_j = xp.where(live[:, None], G, p_j)
-            q_left = xp.where(live[:, None] & (arV == c[:, None]), xp.zeros_like(q_left), q_left)
-        after[n] = p_j
+            c = tokens[:, k] if rows is None else tokens[rows, k]
+            if rows is None:
+                qc, pc = gather(q_j, c, xp), gather(p_j, c, xp)
+                passed = xp.where(qc > 0, u_accept[:, k] < accept_at(verifier.accept, p_j, q_j, i, c), pc > 0)
+                ok[k] = ok[n] & live & passed
+            if b + 1 < len(kids) or last:
+                G = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
+                p_j = xp.where(live[:, None], G, p_j)
+                q_left = xp.where(live[:, None] & (arV == c[:, None]), xp.zeros_like(q_left), q_left)
+        return p_j
+
+    kids_of = [[int(c) for c in ch[n] if c >= 0] for n in range(N1)]
+    for n in range(N1):   # nodes in (depth, path) order: parents before children; a loop over at most W nodes
+        siblings(n, p[:, n, :], q[:, n, :], kids_of[n], last=False)
     score = xp.stack([xp.where(ok[n], xp.full_like(u_sample, float(int(dep[n]) * (N1 + 1) + N1 - n)),
                                xp.full_like(u_sample, -1.0)) for n in range(N1)], axis=1)
     win = xp.astype(xp.argmax(score, axis=1), xp.int64)                                  # (B,)
     depth_t = asarr(dep.astype(np.int64))
     tau = xp.take(depth_t, win, axis=0)
     path = xp.take(asarr(anc), win, axis=0)                                              # (B, D)
-    rows = gather_rows(xp.stack(after, axis=1), win, xp)
+    # the next token's row: the residual after all the winner's (live) children, built for the winners only (the
+    # same operations on the same rows as for every node: the same bits)
+    rows = gather_rows(p, win, xp)
+    wins = win.cpu().numpy() if torch_rows else np.asarray(win)
+    for n in np.unique(wins):   # a loop over the distinct winners of the batch (one per image at most)
+        if not kids_of[int(n)]:
+            continue
+        sel = np.flatnonzero(wins == n)
+        r = asarr(sel)
+        res = siblings(int(n), p[r, int(n), :], q[r, int(n), :], kids_of[int(n)], rows=r)
+        rows = xp.where(asarr(wins == n)[:, None], _scatter_rows(res, sel, B, xp, asarr), rows)
     nxt = sample_categorical(rows, u_sample, xp)
     if uniform_bonus:
         uni = xp.astype(xp.floor(u_sample * V), xp.int64)
         uni = xp.where(uni < V, uni, xp.full_like(uni, V - 1))
         nxt = xp.where(tau == full_depth, uni, nxt)
     return TreeVerdict(tau, path, nxt, win)
+
+
+def _scatter_rows(res, sel: np.ndarray, B: int, xp, asarr):
+    """(B, V) with rows ``res`` (m, V) at batch rows ``sel`` (m,) (the others: any value, masked by the caller)."""
+    pos = np.zeros(B, np.int64)
+    pos[sel] = np.arange(len(sel))
+    return xp.take(res, asarr(pos), axis=0)
 
 
 def predict_longest(p, q, tokens, tree: Tree, verifier, max_depth=None):

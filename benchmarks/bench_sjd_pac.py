@@ -1,0 +1,102 @@
+"""SJD-PAC's bookkeeping per round against its release's (issue 55): the target replaced by random logits (a stub whose
+forward costs one randn), batch 1, K = 3, D = 3, one torch thread; per round, the drafting (the window's update) plus
+the verification, in ms, at V = 512 and 16,384 and windows W = 16 and 64, for sjd-pac (the release's verdict) and
+sjd-pac-p. The release's figures on the same CPU (KangJialiang/SJD-PAC @ 4fbc099: its sampler and
+push_forward_model_kwargs_and_inputs, everything between two target forwards; measured by the issue's author) are the
+goals: 1.42 / 0.56 / 24.4 / 3.9 ms at (512, 64) / (512, 16) / (16,384, 64) / (16,384, 16).
+
+  python benchmarks/bench_sjd_pac.py [--short] [--tokens 256] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from _timing import write_ratios  # noqa: E402
+
+import torch  # noqa: E402
+
+from real.decode import engine  # noqa: E402
+from real.decode.sjd_pac import SJDPAC  # noqa: E402
+from real.protocol import ModelOutput  # noqa: E402
+from theory import rules  # noqa: E402
+
+RELEASE_MS = {(512, 64): 1.42, (512, 16): 0.56, (16384, 64): 24.4, (16384, 16): 3.9}
+
+
+class RandomTarget:
+    """Random logits (N(0, 2^2)) for every position: a batched target whose forward is one randn."""
+    batched, needs_features, row_masks, extra_slots, prefix_len = True, False, False, None, 1
+
+    def __init__(self, V: int, seed: int = 0):
+        self.vocab_size = V
+        self.g = torch.Generator().manual_seed(seed)
+        self._lens = np.zeros(1, np.int64)
+        self._last = 0
+
+    @property
+    def cache_lens(self):
+        return self._lens
+
+    def cache_bytes(self, rows):
+        return 0
+
+    def _logits(self, B, S):
+        return torch.randn(B, S, self.vocab_size, generator=self.g) * 2.0
+
+    def prefill(self, conds, tokens=None, *, cfg=False, return_hidden=False):
+        B, S = len(conds), 0 if tokens is None else tokens.shape[1]
+        self._lens = np.full(B, 1 + S, np.int64)
+        self._last = S
+        return ModelOutput(self._logits(B, 1 + S))
+
+    def forward(self, tokens, *, position_ids=None, attn_mask=None, return_hidden=False):
+        self._lens = self._lens + tokens.shape[1]
+        self._last = tokens.shape[1]
+        return ModelOutput(self._logits(*tokens.shape[:2]))
+
+    def rollback(self, counts):
+        self._lens = self._lens - np.broadcast_to(np.asarray(counts), self._lens.shape)
+
+    def keep(self, indices, counts=None):
+        k = np.asarray(indices).shape[-1] if counts is None else np.asarray(counts)
+        self._lens = self._lens - self._last + k
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--short", action="store_true", help="128 tokens, one image")
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--images", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    T = a.tokens or (128 if a.short else 256)
+    n = a.images or (1 if a.short else 3)
+    ratios = {}
+    for (V, W), rel in RELEASE_MS.items():
+        for release in (True, False):
+            spec = SJDPAC(window=W, release=release)
+            t = RandomTarget(V)
+            engine.generate(t, None, [0], num_tokens=16, verifier=rules.vanilla(), drafting=spec, seed=99)  # warm-up
+            gens = engine.generate(t, None, [0] * n, num_tokens=T, verifier=rules.vanilla(), drafting=spec, seed=0,
+                                   batch_size=1)
+            s = engine.summarize(gens)
+            ms = 1e3 * (s["time_draft_s"] + s["time_verify_s"]) / s["rounds"]
+            name = spec.name
+            print(f"{name:9s} V={V:5d} W={W:2d}  draft+verify {ms:6.2f} ms/round  (release {rel:5.2f}: "
+                  f"{ms / rel:4.2f}x)  {s['tokens_per_target_call']:.2f} tokens/call", flush=True)
+            ratios[f"{name}_over_release_V{V}_W{W}"] = {
+                "value": ms / rel, "better": "lower",
+                "what": f"{name} draft + verify ms per round / the release's {rel} ms, V = {V}, W = {W}, batch 1"}
+    write_ratios(a.json, ratios)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
