@@ -80,7 +80,8 @@ def ship(model: torch.nn.Module, name: str, module: str, args, argv: list[str] |
     digest = save_state(model, name, out)
     update_manifest(name, {
         "sha256": digest,
-        "command": " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join([f"python -m {module}", *(a for a in (sys.argv[1:] if argv is None else argv)
+                                                      if a != "--resume")]),   # the command of a fresh run
         "seed": args.seed,
         "config": config,
         "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()

@@ -132,8 +132,11 @@ def train(args) -> tuple[lg.LlamaGen, dict]:
             idx = perm[pos:pos + args.batch_size]
             pos += args.batch_size
             B = len(idx)
-            shifted = torch.rand(B, generator=gen) < args.shift_prob
-            which = torch.where(shifted, torch.randint(1, S, (B,), generator=gen), torch.zeros(B, dtype=torch.long))
+            if S > 1:
+                shifted = torch.rand(B, generator=gen) < args.shift_prob
+                which = torch.where(shifted, torch.randint(1, S, (B,), generator=gen), torch.zeros(B, dtype=torch.long))
+            else:   # no shifted copies (--max-shift 0)
+                which = torch.zeros(B, dtype=torch.long)
             x = codes[which, idx]
             y = torch.where(torch.rand(B, generator=gen) < args.class_dropout, null, labels[idx])
             model.train()
