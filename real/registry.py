@@ -421,35 +421,59 @@ register("janus-pro", lambda o: _build_mm_real(o, "janus"),
 register("emu3", lambda o: _build_mm_real(o, "emu3"), "Emu3-Gen (BAAI/Emu3-Gen-hf) with EAGLE/layer-skip drafts; --prompts")
 
 
-# --------------------------------------------------------------------------- the shipped MNIST zoo
+# --------------------------------------------------------------------------- the shipped zoos (MNIST, natural256)
 
-class _MnistDecoder:
-    """The zoo's VQ decoder behind the ``decode_code`` name the CLI uses: codes (N, 49) -> (N, 1, 28, 28)."""
+class _ZooDecoder:
+    """A zoo's VQ decoder behind the ``decode_code`` name the CLI uses: codes (N, T) -> images (N, C, S, S)
+    (mnist: (N, 49) -> (N, 1, 28, 28); natural256: (N, 256) -> (N, 3, 64, 64))."""
+
+    def __init__(self, zoo: str = "mnist"):
+        """The decoder of zoo ``zoo`` (``real.zoo.zoos``)."""
+        self.zoo = zoo
 
     def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
         from .zoo import vq
 
-        return vq.decode(torch.as_tensor(codes).cpu())
+        return vq.decode(torch.as_tensor(codes).cpu(), zoo=self.zoo)
+
+
+_MnistDecoder = _ZooDecoder      # the earlier name
+
+
+def _build_zoo(opts, zoo: str, title: str) -> Bundle:
+    """A shipped zoo's models (``real.zoo``): our LlamaGen c2i target over the zoo's VQ; --draft small (default:
+    the independent small LlamaGen), eagle (MNIST: the EAGLE-1 drafter trained on the target's features) or
+    layerskip (--draft-layers of the target)."""
+    from .models import llamagen as lg
+    from .zoo import gpt, zoos
+    from .zoo import vq as zvq
+
+    z = zoos.get(zoo)
+    dev, dt = _device(opts), _dtype(opts)
+    t = gpt.load_target(zoo).to(dev, dt)
+    kind = _o(opts, "draft", "small")
+    d = _make_draft(kind, {"small": lambda: gpt.load_draft(zoo).to(dev, dt),
+                           "eagle": lambda: gpt.load_eagle(t, zoo).to(dev, dt),
+                           "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1)))})
+    cb = zvq.raw_codebook(zoo)
+    nb = _neighbor_table(cb, opts)
+    return Bundle(t, d, _class_ids(opts, z.num_classes), int(_o(opts, "num_tokens", z.tokens)), nb, _ZooDecoder(zoo),
+                  info={"target": f"{title} LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [z.side, z.side]},
+                  codebook=cb)
 
 
 def _build_mnist(opts) -> Bundle:
-    """The shipped MNIST models (``real.zoo``): our LlamaGen c2i target (12 layers) over the zoo's VQ
-    (7x7 = 49 tokens, 512 codes); --draft small (default: the independent 2-layer LlamaGen), eagle (the
-    EAGLE-1 drafter trained on the target's features) or layerskip (--draft-layers of the target)."""
-    from .models import llamagen as lg
-    from .zoo import gpt
-    from .zoo import vq as zvq
+    """The shipped MNIST models: 12-layer target over the zoo's VQ (7x7 = 49 tokens, 512 codes) (``_build_zoo``)."""
+    return _build_zoo(opts, "mnist", "MNIST")
 
-    dev, dt = _device(opts), _dtype(opts)
-    t = gpt.load_target().to(dev, dt)
-    kind = _o(opts, "draft", "small")
-    d = _make_draft(kind, {"small": lambda: gpt.load_draft().to(dev, dt), "eagle": lambda: gpt.load_eagle(t).to(dev, dt),
-                           "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1)))})
-    cb = zvq.raw_codebook()
-    nb = _neighbor_table(cb, opts)
-    return Bundle(t, d, _class_ids(opts, gpt.NUM_CLASSES), int(_o(opts, "num_tokens", gpt.TOKENS)), nb,
-                  _MnistDecoder(),
-                  info={"target": "MNIST LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [7, 7]}, codebook=cb)
+
+def _build_natural256(opts) -> Bundle:
+    """The shipped natural256 models: target over 64x64 natural-image crops tokenized to 16x16 = 256 tokens of
+    1,024 codes, 16 classes (source photographs); --draft small or layerskip (``_build_zoo``)."""
+    return _build_zoo(opts, "natural256", "natural256")
 
 
 register("mnist", _build_mnist, "the shipped MNIST LlamaGen c2i target (real.zoo) + small / eagle / layerskip draft")
+register("natural256", _build_natural256,
+         "the shipped natural-image LlamaGen c2i target (real.zoo: 64x64 crops, 16x16 tokens, V = 1024) + small / "
+         "layerskip draft")

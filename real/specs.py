@@ -183,6 +183,8 @@ SPECS: dict[str, ModelSpec] = {s.name: s for s in (
               "eagle", cfg_scale=3.0, top_k=2048, rules=_PROMPTED),
     ModelSpec("mnist", frozenset({"class_id", "draft"}), ("small", "eagle", "layerskip"), "small", cfg_scale=2.0,
               tokens=49, **_LG),
+    ModelSpec("natural256", frozenset({"class_id", "draft"}), ("small", "layerskip"), "small", cfg_scale=2.0,
+              tokens=256, **_LG),
 )}
 
 

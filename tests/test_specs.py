@@ -12,7 +12,7 @@ import pytest
 from real import registry, specs
 from real.specs import OPTIONS, SPECS, ModelSpec, check_options, flag
 
-CHEAP = ["llamagen-tiny", "llamagen-tiny-t2i", "chameleon-tiny", "janus-tiny", "emu3-tiny", "mnist",
+CHEAP = ["llamagen-tiny", "llamagen-tiny-t2i", "chameleon-tiny", "janus-tiny", "emu3-tiny", "mnist", "natural256",
          "hf-llama-tiny", "llama-tiny-fast"]
 
 
@@ -52,10 +52,10 @@ def test_spec_matches_the_built_bundle(name):
 # the samplers' defaults as their releases publish them (tiny random configs: the family's default; MNIST: ours)
 PUBLISHED = {"llamagen-tiny": (2.0, 0), "llamagen-tiny-t2i": (2.0, 0), "hf-llama-tiny": (1.0, 0),
              "llama-tiny-fast": (1.0, 0), "chameleon-tiny": (3.0, 0), "janus-tiny": (5.0, 0), "emu3-tiny": (3.0, 0),
-             "mnist": (2.0, 0)}
+             "mnist": (2.0, 0), "natural256": (2.0, 0)}
 
 
-@pytest.mark.parametrize("name", ["mnist", "llamagen-tiny"])
+@pytest.mark.parametrize("name", ["mnist", "natural256", "llamagen-tiny"])
 def test_every_declared_draft_kind_builds_and_the_default_is_the_specs(name):
     s = SPECS[name]
     for kind in s.drafts:

@@ -73,22 +73,23 @@ def ship(model: torch.nn.Module, name: str, module: str, args, argv: list[str] |
     import platform
     import sys
 
-    from . import data
+    from . import zoos
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     digest = save_state(model, name, out)
     update_manifest(name, {
         "sha256": digest,
-        "command": " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join([f"python -m {module}", *(a for a in (sys.argv[1:] if argv is None else argv)
+                                                      if a != "--resume")]),   # the command of a fresh run
         "seed": args.seed,
         "config": config,
         "training": {k: (str(v) if isinstance(v, pathlib.Path) else v) for k, v in vars(args).items()
-                     if k not in ("out", "dry_run")} | (stats or {}),
+                     if k not in ("out", "dry_run", "state", "resume")} | (stats or {}),
         "quality": quality,
         "wall_clock_s": round(wall, 1),
         "environment": {"torch": torch.__version__, "python": platform.python_version(), "threads": args.threads},
-        "data_sha256": data.fingerprint(),
+        "data_sha256": zoos.get(getattr(args, "zoo", "mnist")).data.fingerprint(),
     } | (extra or {}), out)
     print(f"trained in {wall:.1f} s; wrote {out / name} sha256 {digest}")
     return digest

@@ -1,13 +1,14 @@
 """The zoo's class-conditional LlamaGen target, its small independent draft and its EAGLE-1 drafter.
 
-All three are *our* implementations (``real.models.llamagen.LlamaGen``, ``real.models.eagle.EagleDrafter``) over the
-shipped VQ tokenizer's 7x7 grid of 512 codes: class prefix (10 digits + the CFG null class, index 10),
-49 image tokens in raster order. Public API (shipped weights ``checkpoints/{target,draft,eagle}.safetensors``)::
+All three are *our* implementations (``real.models.llamagen.LlamaGen``, ``real.models.eagle.EagleDrafter``) over a
+zoo's shipped VQ tokenizer (``real.zoo.zoos``; ``zoo`` defaults to "mnist": a 7x7 grid of 512 codes, class prefix
+of 10 digits + the CFG null class, index 10; "natural256": 16x16 = 256 tokens of 1,024 codes, 16 classes + null),
+image tokens in raster order. Public API (shipped weights ``{target,draft,eagle}.safetensors`` of each zoo)::
 
-    load_target() -> LlamaGen          load_draft() -> LlamaGen          load_eagle(target) -> EagleDrafter
-    train_logits(model, labels (B,), codes (B, 49)) -> logits (B, 49, V)   whole sequences, no cache
+    load_target(zoo=) -> LlamaGen      load_draft(zoo=) -> LlamaGen      load_eagle(target, zoo=) -> EagleDrafter
+    train_logits(model, labels (B,), codes (B, T)) -> logits (B, T, V)     whole sequences, no cache
     nll_per_token(model, labels, codes) -> float                          mean NLL in nats per image token
-    fixed_batch() -> (labels (64,), codes (64, 49))                         held-out batch the tests score
+    fixed_batch(zoo=) -> (labels (64,), codes (64, T))                      held-out batch the tests score
 
 ``train_logits`` runs the model's own modules (``LlamaGen.layers``, norms, head) on whole sequences with a
 causal mask, the computation ``prefill`` does with its KV cache (a test checks they agree), so the
@@ -20,21 +21,29 @@ import torch.nn.functional as F
 
 from real.models import llamagen as lg
 
+from . import zoos
+
 TARGET = "target.safetensors"
 DRAFT = "draft.safetensors"
 EAGLE = "eagle.safetensors"
-NUM_CLASSES = 10
+NUM_CLASSES = 10               # the MNIST zoo's (other zoos: real.zoo.zoos)
 NULL_CLASS = NUM_CLASSES       # the CFG null class (LlamaGen's extra class-embedding row)
 TOKENS = 49
 VOCAB = 512
 
 
+def null_class(zoo: str = "mnist") -> int:
+    """The CFG null class of ``zoo`` (its number of classes)."""
+    return zoos.get(zoo).num_classes
+
+
 def llamagen_config(dim: int, n_layer: int, n_head: int, multiple_of: int = 32,
-                    class_dropout_prob: float = 0.1) -> lg.LlamaGenConfig:
-    """A c2i LlamaGen config over the zoo's tokenizer (V = 512, 7x7 tokens, 10 classes + null)."""
+                    class_dropout_prob: float = 0.1, zoo: str = "mnist") -> lg.LlamaGenConfig:
+    """A c2i LlamaGen config over the zoo's tokenizer (mnist: V = 512, 7x7 tokens, 10 classes + null)."""
+    z = zoos.get(zoo)
     return lg.LlamaGenConfig(dim=dim, n_layer=n_layer, n_head=n_head, multiple_of=multiple_of,
-                             num_classes=NUM_CLASSES, class_dropout_prob=class_dropout_prob, model_type="c2i",
-                             vocab_size=VOCAB, cls_token_num=1, block_size=TOKENS)
+                             num_classes=z.num_classes, class_dropout_prob=class_dropout_prob, model_type="c2i",
+                             vocab_size=z.vocab, cls_token_num=1, block_size=z.tokens)
 
 
 def _check_batch(labels: torch.Tensor, codes: torch.Tensor, model) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,14 +56,14 @@ def _check_batch(labels: torch.Tensor, codes: torch.Tensor, model) -> tuple[torc
         raise ValueError(f"codes must lie in [0, {model.vocab_size})")
     n_cls = model.cls_embedding.embedding_table.num_embeddings
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= n_cls):
-        raise ValueError(f"labels must lie in [0, {n_cls}) ({NULL_CLASS} = null class)")
+        raise ValueError(f"labels must lie in [0, {n_cls}) ({n_cls - 1} = null class)")
     return labels, codes
 
 
 def train_logits(model: lg.LlamaGen, labels: torch.Tensor, codes: torch.Tensor, *, dropout: float = 0.0,
                  return_hidden: bool = False):
     """Teacher-forced logits (B, T, V) of codes (B, T) given class labels (B,) (10 = null class):
-    input [class; x_0 .. x_{T-2}], row j predicts x_j. ``dropout`` > 0 drops the attention and feed-forward
+    input [class; x_0 .. x_{T-2}], row j predicts x_j (the null class is the last class index). ``dropout`` > 0 drops the attention and feed-forward
     outputs before each residual add (training only; 0 reproduces ``LlamaGen.prefill`` exactly).
     With ``return_hidden`` also the last hidden states (B, T, D) after the final norm."""
     labels, codes = _check_batch(labels, codes, model)
@@ -74,7 +83,7 @@ def train_logits(model: lg.LlamaGen, labels: torch.Tensor, codes: torch.Tensor, 
 
 @torch.no_grad()
 def nll_per_token(model: lg.LlamaGen, labels: torch.Tensor, codes: torch.Tensor, batch_size: int = 250) -> float:
-    """Mean negative log-likelihood (nats per image token) of codes (N, 49) given labels (N,)."""
+    """Mean negative log-likelihood (nats per image token) of codes (N, T) given labels (N,)."""
     labels, codes = _check_batch(labels, codes, model)
     total = 0.0
     for lb, cb in zip(labels.split(batch_size), codes.split(batch_size)):
@@ -102,48 +111,51 @@ def draft_agreement(target: lg.LlamaGen, draft_logits, labels: torch.Tensor, cod
             "heldout_acceptance_rate": float(torch.minimum(p, q).sum(-1).double().mean())}
 
 
-def heldout_tokens() -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes (1000, 49), labels (1000,)) of the held-out digits under the shipped VQ (never trained on)."""
-    from . import data, vq
+def heldout_tokens(zoo: str = "mnist") -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (N, T), labels (N,)) of the zoo's held-out images under its shipped VQ (never trained on;
+    mnist: 1,000 x 49)."""
+    from . import vq
 
-    x, y = data.heldout_split()
-    return vq.encode(x).reshape(len(x), -1), y
+    x, y = zoos.get(zoo).data.heldout_split()
+    return vq.encode(x, zoo=zoo).reshape(len(x), -1), y
 
 
-def fixed_batch() -> tuple[torch.Tensor, torch.Tensor]:
-    """(labels (64,), codes (64, 49)): the first 64 held-out digits, the batch whose NLL the manifest records."""
-    codes, labels = heldout_tokens()
+def fixed_batch(zoo: str = "mnist") -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels (64,), codes (64, T)): the first 64 held-out images, the batch whose NLL the manifest records."""
+    codes, labels = heldout_tokens(zoo)
     return labels[:64], codes[:64]
 
 
-def _build(name: str) -> lg.LlamaGen:
+def _build(name: str, zoo: str = "mnist") -> lg.LlamaGen:
     from .checkpoint import load_shipped
 
-    return load_shipped(lambda **c: lg.LlamaGen(lg.LlamaGenConfig(**c)), name)
+    return load_shipped(lambda **c: lg.LlamaGen(lg.LlamaGenConfig(**c)), name, zoos.get(zoo).directory)
 
 
-def load_target() -> lg.LlamaGen:
-    """The shipped target (hash-verified, eval mode, float32, CPU). A fresh object per call (it owns a KV cache)."""
-    return _build(TARGET)
+def load_target(zoo: str = "mnist") -> lg.LlamaGen:
+    """The shipped target of ``zoo`` (hash-verified, eval mode, float32, CPU). A fresh object per call (it owns a
+    KV cache)."""
+    return _build(TARGET, zoo)
 
 
-def load_draft() -> lg.LlamaGen:
-    """The shipped independent small draft (same tokenizer), fresh object per call."""
-    return _build(DRAFT)
+def load_draft(zoo: str = "mnist") -> lg.LlamaGen:
+    """The shipped independent small draft of ``zoo`` (same tokenizer), fresh object per call."""
+    return _build(DRAFT, zoo)
 
 
-def load_eagle(target: lg.LlamaGen | None = None):
-    """The shipped EAGLE-1 drafter on ``target`` (default: a fresh ``load_target()``); it drafts through the
-    target's own LM head, so pass the target the engine will verify with."""
+def load_eagle(target: lg.LlamaGen | None = None, zoo: str = "mnist"):
+    """The shipped EAGLE-1 drafter of ``zoo`` on ``target`` (default: a fresh ``load_target(zoo)``); it drafts
+    through the target's own LM head, so pass the target the engine will verify with."""
     from real.models.eagle import EagleConfig, EagleDrafter
 
     from .checkpoint import load_into, manifest_entry
 
-    target = target if target is not None else load_target()
-    c = EagleConfig(**manifest_entry(EAGLE)["config"])
+    directory = zoos.get(zoo).directory
+    target = target if target is not None else load_target(zoo)
+    c = EagleConfig(**manifest_entry(EAGLE, directory)["config"])
     if c.hidden_size != target.config.dim or c.vocab_size != target.vocab_size:
         raise ValueError(f"the EAGLE drafter (hidden {c.hidden_size}, V {c.vocab_size}) does not fit this target "
                          f"(dim {target.config.dim}, V {target.vocab_size})")
     d = EagleDrafter(c, target.output)
-    load_into(d, EAGLE)
+    load_into(d, EAGLE, directory)
     return d.requires_grad_(False)

@@ -31,7 +31,10 @@ def parse(argv=None):
     p.add_argument("--shifted", type=int, default=8000, help="shifted training copies to add (of 8 x 4000)")
     p.add_argument("--null-frac", type=float, default=0.2, help="share of sequences featurised with the null class")
     p.add_argument("--max-shift", type=int, default=1)
-    return parse_training_args(p, argv, dry_run=True)
+    args = parse_training_args(p, argv, dry_run=True)
+    if args.zoo != "mnist":
+        p.error(f"--zoo {args.zoo}: this script trains the MNIST zoo's EAGLE head only")
+    return args
 
 
 def eagle_logits(target, drafter):

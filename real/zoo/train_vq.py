@@ -1,9 +1,10 @@
-"""Train the VQ tokenizer on the train split and ship it: ``python -m real.zoo.train_vq``.
+"""Train the VQ tokenizer on the train split and ship it: ``python -m real.zoo.train_vq [--zoo natural256]``.
 
 Adam on reconstruction MSE + codebook + commitment losses (straight-through estimator); dead codes
 (unused over the last ``--restart-every`` steps) are restarted on random encoder outputs of the
-current batch during the first ``--restart-until`` fraction of training. Writes
-``checkpoints/vq.safetensors`` and its manifest entry (hash, command, seed, held-out quality).
+current batch during the first ``--restart-until`` fraction of training. Writes the zoo's
+``vq.safetensors`` and its manifest entry (hash, command, seed, held-out quality). Resumable
+(``--state FILE --save-every N``, then ``--resume``; ``real.zoo.training.Resumable``).
 """
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import math
 import torch
 from tqdm import tqdm
 
-from . import data
+from . import zoos
 from .seeding import reproducible
-from .training import finish, parse_training_args, timed_training, training_parser
+from .training import Resumable, finish, parse_training_args, timed_training, training_parser
 from .vq import CHECKPOINT, VQModel, codebook_usage, vq_losses
 
 
@@ -27,7 +28,7 @@ def parse(argv=None):
     p.add_argument("--beta", type=float, default=0.25, help="commitment weight")
     p.add_argument("--restart-every", type=int, default=50)
     p.add_argument("--restart-until", type=float, default=0.8, help="fraction of steps with restarts")
-    return parse_training_args(p, argv, dry_run=False)
+    return parse_training_args(p, argv, dry_run=False, resumable=True)
 
 
 def restart_dead_codes(model: VQModel, opt: torch.optim.Optimizer, counts: torch.Tensor,
@@ -50,18 +51,33 @@ def restart_dead_codes(model: VQModel, opt: torch.optim.Optimizer, counts: torch
 
 
 @torch.no_grad()
-def evaluate(model: VQModel) -> dict[str, float]:
-    """Quality figures of the trained model on held-out (and train) digits, as a dict of numbers."""
+def reconstruct(model: VQModel, images: torch.Tensor, check, batch_size: int = 1000):
+    """(reconstructions clamped to [-1, 1], the images as floats, codes) of ``images`` (any dtype ``check`` takes)."""
+    recon, xs, codes = [], [], []
+    for b in images.split(batch_size):
+        x = check(b)
+        r, _, _, c = model(x)
+        recon.append(r.clamp(-1, 1))
+        xs.append(x)
+        codes.append(c)
+    return torch.cat(recon), torch.cat(xs), torch.cat(codes)
+
+
+@torch.no_grad()
+def evaluate(model: VQModel, zoo: str = "mnist") -> dict[str, float]:
+    """Quality figures of the trained model on held-out (and train) images, as a dict of numbers
+    (natural256: the train figures on the first 4,000 train crops)."""
     model.eval()
-    x_tr, _ = data.train_split()
-    x_ho, _ = data.heldout_split()
-    recon, _, _, codes_ho = model(x_ho)
-    codes_tr = model.nearest(model.encode_continuous(x_tr))
+    d = zoos.get(zoo).data
+    x_tr, _ = d.train_split()
+    x_ho, _ = d.heldout_split()
+    rec_ho, x_ho, codes_ho = reconstruct(model, x_ho, d.check_images)
+    rec_tr, x_tr, codes_tr = reconstruct(model, x_tr[:4000], d.check_images)
     V = model.config["codebook_size"]
     u_tr, u_ho = codebook_usage(codes_tr, V), codebook_usage(codes_ho, V)
     return {
-        "heldout_mse": float(((recon.clamp(-1, 1) - x_ho) ** 2).mean()),
-        "train_mse": float(((model(x_tr)[0].clamp(-1, 1) - x_tr) ** 2).mean()),
+        "heldout_mse": float(((rec_ho - x_ho) ** 2).mean()),
+        "train_mse": float(((rec_tr - x_tr) ** 2).mean()),
         "codes_used_train": u_tr["used"], "codebook_usage_train": u_tr["usage"],
         "perplexity_train": u_tr["perplexity"],
         "codes_used_heldout": u_ho["used"], "codebook_usage_heldout": u_ho["usage"],
@@ -70,27 +86,34 @@ def evaluate(model: VQModel) -> dict[str, float]:
 
 
 def train(args) -> tuple[VQModel, dict]:
-    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads ->
-    (the tokenizer; the count of restarted codes)."""
+    """Train as ``args`` say, bitwise reproducibly on ``args.threads`` threads (and across --resume) ->
+    (the tokenizer; the count of restarted codes, wall clock and CPU time)."""
+    z = zoos.get(args.zoo)
     with reproducible(args.seed, args.threads):
         gen = torch.Generator().manual_seed(args.seed)
-        x, _ = data.train_split()
-        model = VQModel(args.codebook_size, args.code_dim, args.ch)
+        x, _ = z.data.train_split()
+        model = VQModel(args.codebook_size, args.code_dim, args.ch, z.channels)
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * s / args.steps)))
         counts = torch.zeros(args.codebook_size, dtype=torch.int64)
         restarts = 0
         perm, pos = torch.randperm(len(x), generator=gen), 0
-        bar = tqdm(range(args.steps), desc="train_vq", mininterval=2)
+        run = Resumable(args, "real.zoo.train_vq")
+        saved = run.restore(model=model, opt=opt, sched=sched, gen=gen)
+        start = saved.get("step", 0)
+        if saved:
+            counts, restarts, perm, pos = saved["counts"], saved["restarts"], saved["perm"], saved["pos"]
+        bar = tqdm(range(start, args.steps), desc=f"train_vq {args.zoo}", mininterval=10, initial=start,
+                   total=args.steps)
         for step in bar:
             if pos + args.batch_size > len(x):
                 perm, pos = torch.randperm(len(x), generator=gen), 0
-            xb = x[perm[pos:pos + args.batch_size]]
+            xb = z.data.check_images(x[perm[pos:pos + args.batch_size]])
             pos += args.batch_size
             model.train()
-            recon, z, zq, codes = model(xb)
-            losses = vq_losses(xb, recon, z, zq, args.beta)
+            recon, zc, zq, codes = model(xb)
+            losses = vq_losses(xb, recon, zc, zq, args.beta)
             loss = sum(losses.values())
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -99,12 +122,16 @@ def train(args) -> tuple[VQModel, dict]:
             counts += torch.bincount(codes.reshape(-1), minlength=args.codebook_size)
             if (step + 1) % args.restart_every == 0:
                 if step + 1 <= args.restart_until * args.steps:
-                    restarts += restart_dead_codes(model, opt, counts, z, gen)
+                    restarts += restart_dead_codes(model, opt, counts, zc, gen)
                 counts.zero_()
             if step % 50 == 0:
                 bar.set_postfix(recon=f"{losses['recon'].item():.4f}", commit=f"{losses['commit'].item():.4f}",
                                 used=int((counts > 0).sum()))
-        return model, {"restarted_codes": restarts}
+            run.maybe_save(step + 1, {"counts": counts, "restarts": restarts, "perm": perm, "pos": pos},
+                           model=model, opt=opt, sched=sched, gen=gen)
+        wall, cpu = run.elapsed()
+        return model, {"restarted_codes": restarts} | (
+            {"wall_clock_s": round(wall, 1), "cpu_s": round(cpu, 1)} if args.zoo != "mnist" else {})
 
 
 def main(argv=None):
@@ -112,7 +139,8 @@ def main(argv=None):
     (``real.zoo.training.finish``)."""
     args = parse(argv)
     (model, stats), wall = timed_training(train, args)
-    finish(model, CHECKPOINT, "real.zoo.train_vq", args, argv, model.config, evaluate(model), wall, stats)
+    wall = stats.pop("wall_clock_s", wall)   # resumable runs: all sessions
+    finish(model, CHECKPOINT, "real.zoo.train_vq", args, argv, model.config, evaluate(model, args.zoo), wall, stats)
 
 
 if __name__ == "__main__":
