@@ -31,6 +31,7 @@ class ModelDrafting:
     """What the model-drafted modes share: they need a draft model over the target's vocabulary."""
     needs_draft = True
     trees = False
+    scored_as = None       # how real.decode.score reads the mode: "chain", "static-tree", "grown-tree" or None
 
     def check(self, target, draft, num_tokens, verifier, processing, batch_size) -> None:
         """ValueError unless a draft model is given (the engine checks the pair's vocabularies)."""
@@ -78,6 +79,7 @@ class Plain:
 @dataclass(frozen=True)
 class Chain(ModelDrafting):
     """Chain drafting of ``L`` tokens per round from the draft model (module docstring)."""
+    scored_as = "chain"
     L: int = DEFAULT_L
 
     def __post_init__(self):

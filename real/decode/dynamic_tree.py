@@ -49,6 +49,7 @@ class DynamicTree(ModelDrafting):
     topk: int = 10
     sampling: str = "lossless"
     trees = True
+    scored_as = "grown-tree"
 
     def __post_init__(self):
         checks.integer("total", self.total, lo=1)

@@ -33,6 +33,7 @@ class StaticTree(ModelDrafting):
     docstring)."""
     tree: Tree
     candidates: str = "sampled"
+    scored_as = "static-tree"
     trees = True
 
     def __post_init__(self):
