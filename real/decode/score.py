@@ -42,7 +42,7 @@ from theory.likelihood import check_chain_rule, log_likelihood, log_target
 
 from real.protocol import as_conds, check_pair
 from .forced_rows import Rows, _check_tokens, teacher_forced_rows
-from .modes.jacobi import JACOBI_REASON
+from .jacobi import JACOBI_REASON
 from .sampling import Processing
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]

@@ -44,7 +44,8 @@ from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds, check_pair
 from .dynamic_tree import DynamicTree
 from .sampling import Processing
-from .tree import StaticTree, top_m
+from .drafting import top_m
+from .tree import StaticTree
 
 __all__ = ["TreeRows", "tree_mode", "check", "tree_rows", "tree_likelihood", "score_trees", "LOSSLESS_REASON",
            "MASK_BUDGET"]

@@ -4,15 +4,10 @@ jacobi`` with ``--window``, ``--jacobi-init``, ``--coupling``; no draft model.
 Record: the chain format, stamped ``draft: jacobi``. Likelihood: none (``JACOBI_REASON``)."""
 from __future__ import annotations
 
-from ..jacobi import DEFAULT_WINDOW, SCD_WINDOW, Jacobi
+from ..jacobi import DEFAULT_WINDOW, JACOBI_REASON, SCD_WINDOW, Jacobi
 from .base import ModeDef, Option
 
 __all__ = ["JACOBI", "JACOBI_REASON", "window_facts"]
-
-JACOBI_REASON = ("exact likelihood of Jacobi drafting is not tractable: a draft's q is the target's row from the "
-                 "previous iteration, conditioned on window tokens that are not in the output, so the hidden state "
-                 "holds up to W - 1 stale tokens (docs/theory.md section 12); score a drafter's chain runs instead")
-
 
 def window_facts(opts: dict, facts: dict, *, bounded: bool = True) -> dict:
     """A window mode's constructor arguments from the model's facts: ``width`` (the image row width, None unknown);
