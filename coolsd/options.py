@@ -1,15 +1,16 @@
 """The one parser of drafting and method options, shared by ``coolsd generate`` and ``coolsd sweep``.
 
-Drafting: ``--L``, ``--tree`` (eagle25, eagle57, chain, JSON paths, or dynamic), ``--tree-candidates``, the dynamic
-tree's ``--tree-total/-depth/-topk/-sampling``, and a drafter-free mode by ``--draft NAME`` (``jacobi``: ``--window
---jacobi-init --coupling``; ``sjd-pac`` / ``sjd-pac-p``: ``--window --pac-width --pac-depth``). Every flag defaults to
-None, so "given" is one fact (``given``); the defaults come from the modes themselves (``real.decode.modes``:
-``DEFAULT_L``, ``DynamicTree()``, ``Jacobi()``, ``SJDPAC()``). A flag that does not apply to the drafting asked for is
-refused, in both commands, before any work.
+Drafting: ``--mode NAME`` names the mode, one vocabulary for every command (``real.decode.modes.REGISTRY``: chain,
+the default; tree; dynamic; jacobi; sjd-pac; sjd-pac-p; and whatever a user registers). The flags are the modes'
+own (each mode's file declares them: ``real.decode.modes.base.Option``), all defaulting to None so "given" is one
+fact (``given``); a flag the mode asked for does not read is refused, naming the mode that reads it, before any
+work. ``--draft`` names a draft *model*. Older spellings keep working with a one-line deprecation on stderr:
+``--draft jacobi`` (use ``--mode jacobi``), ``--tree dynamic`` (use ``--mode dynamic``); ``--tree NAME`` alone selects
+the static tree it names.
 
-``drafting_spec(args)`` -> ``DraftingSpec`` (a plain, JSON-ready value: the sweep stores it in its identity);
-``spec.build(bundle)`` -> the ``real.protocol.Drafting`` mode for the built model (the row width of a Jacobi window
-from the model's grid).
+``drafting_spec(args)`` -> ``DraftingSpec`` (the mode's name and its checked options: a plain, JSON-ready value the
+sweep stores in its identity); ``spec.build(facts)`` -> the ``real.protocol.Drafting`` mode for the built model
+(``model_facts``: the image row width, SJD's plain tail).
 
 Methods: the registry's flags (``theory.rules.methods.flags``) are namespaced per method: every flag is parsed as
 text, and ``method_params(args, method)`` converts the ones given by THAT method's own parameter (its type, range and
@@ -18,20 +19,11 @@ default); a flag another method owns is refused, naming the method's own flags.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 
 __all__ = ["DraftingSpec", "add_drafting_args", "add_method_args", "drafting_spec", "method_params", "given", "flag",
-           "DYNAMIC_FLAGS", "FREE_FLAGS"]
-
-DYNAMIC_FLAGS = ("tree_total", "tree_depth", "tree_topk", "tree_sampling")
-FREE_FLAGS = ("window", "jacobi_init", "coupling", "pac_width", "pac_depth")   # the drafter-free modes' options
-_FREE_KEYS = {"window": "window", "jacobi_init": "init", "coupling": "coupling", "pac_width": "tree_width",
-              "pac_depth": "tree_depth"}
-PAC_FLAGS = ("pac_width", "pac_depth")                     # SJD-PAC's proactive tree
-_PAC_MODES = ("sjd-pac", "sjd-pac-p")
-# the flags each drafter-free mode reads (a mode registered by a user reads the Jacobi window's)
-MODE_FLAGS = {**{m: ("window", *PAC_FLAGS) for m in _PAC_MODES}}
-_JACOBI_FLAGS = ("window", "jacobi_init", "coupling")
+           "model_facts", "run_processing", "drafting_dests", "add_mode_flags"]
 
 
 def flag(dest: str) -> str:
@@ -46,45 +38,60 @@ def given(args, dest: str) -> bool:
     return v is not None and v is not False
 
 
-def add_drafting_args(p) -> None:
-    """The drafting flags (module docstring), all defaulting to None."""
-    from real.decode.jacobi import SCD_WINDOW
-    from real.decode.modes import DEFAULT_L, SJDPAC, DynamicTree, Jacobi
+def _registry():
+    from real.decode import modes
 
-    d, j, pac = DynamicTree(), Jacobi(), SJDPAC()
-    g = p.add_argument_group("drafting (real.decode.modes; chains by default)")
-    g.add_argument("--L", type=int, default=None, help=f"chain drafts per round (default {DEFAULT_L})")
-    g.add_argument("--tree", default=None,
-                   help="static draft tree (EAGLE-1 / LANTERN++ setting): eagle25, eagle57, chain (the chain of --L "
-                        "drafts run by the tree engine) or a JSON list of paths of child ranks, e.g. '[[0],[1],[0,0]]'; "
-                        "or dynamic (EAGLE-2 dynamic trees, the LANTERN release's default: --tree-total/-depth/-topk)")
-    g.add_argument("--tree-candidates", default=None, choices=["sampled", "topk"],
-                   help="static trees: a node's children drawn without replacement (sampled, default) or its top-m "
-                        "tokens (topk, as the EAGLE-1 / LANTERN++ releases, verified with qx = 1)")
-    g.add_argument("--tree-total", type=int, default=None,
-                   help=f"--tree dynamic: nodes per target call, root included (default {d.total}, the release's)")
-    g.add_argument("--tree-depth", type=int, default=None,
-                   help=f"--tree dynamic: expansion levels; nodes reach depth + 1 (default {d.depth})")
-    g.add_argument("--tree-topk", type=int, default=None, help=f"--tree dynamic: children per node (default {d.topk})")
-    g.add_argument("--tree-sampling", choices=["lossless", "release"], default=None,
-                   help="--tree dynamic: lossless (default: stochastic-beam-search keys, candidates verified with their "
-                        "draft law) or release (top-k candidates verified with qx = 1, as the EAGLE-2 / LANTERN release)")
-    g.add_argument("--window", type=int, default=None,
-                   help=f"--draft jacobi / sjd-pac / sjd-pac-p: target rows per call W (jacobi: W - 1 Jacobi drafts; "
-                        f"default {j.window}, the SJD release's, or {SCD_WINDOW} with a --coupling, the SCD release's; "
-                        f"sjd-pac: the proactive tree and its chain, default {pac.window} as released, may exceed the image)")
-    g.add_argument("--jacobi-init", default=None, choices=["random", "repeat_horizon", "sample_horizon"],
-                   help="--draft jacobi: initialisation of new window slots, as the SJD release's schemes (default random)")
-    g.add_argument("--coupling", default=None, choices=["none", "scd-mc", "scd-mc-p", "scd-gs"],
-                   help="--draft jacobi: couple consecutive iterations' drafts (SCD): scd-mc maximal coupling as "
-                        "released (not lossless), scd-mc-p the same with the current rows as q (lossless), scd-gs Gumbel "
-                        "coupling (default none: plain SJD)")
-    g.add_argument("--pac-width", type=int, default=None,
-                   help=f"--draft sjd-pac / sjd-pac-p: the proactive tree's branching K (the release's tree_width; "
-                        f"default {pac.tree_width})")
-    g.add_argument("--pac-depth", type=int, default=None,
-                   help=f"--draft sjd-pac / sjd-pac-p: the proactive tree's depth D, root included (the release's "
-                        f"tree_depth; default {pac.tree_depth}); the tree's (K^D - 1) / (K - 1) nodes must fit the window")
+    return modes
+
+
+def drafting_dests() -> dict:
+    """{dest: [(ModeDef, Option), ...]}: every mode option of the registry, by argparse dest."""
+    out: dict = {}
+    for d in _registry().REGISTRY.values():
+        for o in d.options:
+            out.setdefault(o.dest, []).append((d, o))
+    return out
+
+
+def add_drafting_args(p) -> None:
+    """``--mode`` and the flags every registered mode declares (module docstring), all defaulting to None."""
+    modes = _registry()
+    names = [n for n, d in modes.REGISTRY.items() if d.cli]
+    g = p.add_argument_group("drafting (real.decode.modes: one file per mode)")
+    g.add_argument("--mode", default=None, metavar="MODE",
+                   help=f"the drafting mode: {', '.join(names)} (default {modes.DEFAULT_MODE}; --tree NAME alone "
+                        "selects a static tree)")
+    for dest, owners in drafting_dests().items():
+        o = owners[0][1]
+        kw = {"type": int} if o.type is int else {"choices": list(o.choices)} if o.choices else {}
+        g.add_argument(o.flag, dest=dest, default=None, **kw,
+                       help=f"--mode {'/'.join(d.name for d, _ in owners)}: {o.help}")
+
+
+def add_mode_flags(g, mode: str, dests: tuple, **help) -> None:
+    """The flags ``dests`` of mode ``mode`` as its declaration has them (type, choices; ``help``: {dest: text} for a
+    command's own reading): commands that run one mode (``coolsd tune``'s chains, ``coolsd demo``'s chain and tree
+    runs) take the same flags, with the same meaning, as ``generate``."""
+    d = _registry().lookup(mode)
+    for dest in dests:
+        o = d.option(dest)
+        if o is None:
+            raise ValueError(f"mode {d.name} has no option {dest!r}")
+        kw = {"type": int} if o.type is int else {"choices": list(o.choices)} if o.choices else {}
+        g.add_argument(o.flag, dest=dest, default=None, help=help.get(dest, o.help), **kw)
+
+
+def run_processing(args):
+    """The processing the command will run with, as far as the drafting checks need it: the one greedy predicate is
+    ``Processing.greedy`` of this (greedy methods run at temperature 0: ``real.decode.methods.method_processing``)."""
+    from real.decode.methods import method_processing
+    from real.decode.sampling import Processing
+    from theory.rules import methods as registry
+
+    method = str(getattr(args, "method", "vanilla") or "vanilla").lower()
+    t = getattr(args, "temperature", 1.0)
+    proc = Processing(temperature=0.0 if t == 0 else 1.0)
+    return method_processing(method, proc) if method in {m.lower() for m in registry.names()} else proc
 
 
 def add_method_args(p) -> None:
@@ -122,151 +129,111 @@ def method_params(args, method: str) -> dict:
 
 @dataclass(frozen=True)
 class DraftingSpec:
-    """Drafting options parsed and checked before any model is built: ``kind`` "chain", "tree", "dynamic" or a
-    registered drafter-free mode's name (``real.decode.modes.DRAFTER_FREE``); ``L`` (chains); ``tree`` (the --tree
-    text) and ``candidates`` (static trees); ``dynamic`` (total, depth, topk, sampling); ``free`` (the drafter-free
-    mode's options)."""
+    """Drafting options parsed and checked before any model is built: ``kind`` the mode's registry name
+    (``real.decode.modes.REGISTRY``), ``options`` its given options as sorted (key, value) pairs (the mode's own keys);
+    ``named`` how the command line named it (for messages)."""
     kind: str = "chain"
-    L: int | None = None
-    tree: str | None = None
-    candidates: str = "sampled"
-    dynamic: tuple | None = None
-    free: dict = field(default_factory=dict)
+    options: tuple = ()
+    named: str = ""
+
+    @property
+    def mode(self):
+        """The mode's declaration (``real.decode.modes.base.ModeDef``)."""
+        return _registry().lookup(self.kind)
+
+    @property
+    def opts(self) -> dict:
+        return dict(self.options)
 
     @property
     def max_depth(self) -> int:
         """The most drafted levels per round (the verifiers' L)."""
-        from real.decode import modes
-
-        if self.kind == "chain":
-            return int(self.L)
-        if self.kind == "dynamic":
-            return modes.DynamicTree(*self.dynamic).max_depth
-        if self.kind == "tree":
-            from theory.tree import parse_tree
-
-            return parse_tree(self.tree, self.L or modes.DEFAULT_L).depth
-        return modes.get(self.kind, self.free).max_depth
+        return self.mode.max_depth(self.opts)
 
     def identity(self) -> dict:
         """What a stored sweep unit must match (plain JSON)."""
-        return {"kind": self.kind, "L": self.L, "tree": self.tree, "candidates": self.candidates,
-                "dynamic": None if self.dynamic is None else list(self.dynamic), "free": dict(sorted(self.free.items()))}
+        return self.mode.identity(self.opts)
 
-    def build(self, bundle=None, model: str | None = None):
-        """The drafting mode for a built model (``bundle``: a ``real.registry.Bundle``; its grid gives a Jacobi
-        window's row width and its image length bounds the window; ``model``: its registry name, whose spec may set
-        the SJD release's plain tail, ``real.specs.ModelSpec.sjd_schedule``)."""
-        from real.decode import modes
-        from theory.tree import parse_tree
+    def build(self, facts: dict | None = None):
+        """The drafting mode for a built model (``facts``: ``model_facts``)."""
+        return self.mode.build(self.opts, facts or {})
 
-        if self.kind == "chain":
-            return modes.Chain(int(self.L))
-        if self.kind == "tree":
-            return modes.StaticTree(parse_tree(self.tree, self.L or modes.DEFAULT_L), self.candidates)
-        if self.kind == "dynamic":
-            return modes.DynamicTree(*self.dynamic)
-        opts = dict(self.free)
-        if bundle is not None:
-            grid = (bundle.info or {}).get("grid")
-            T = int(bundle.num_tokens)
-            opts["width"] = int(grid[1]) if grid else (math.isqrt(T) if math.isqrt(T) ** 2 == T else None)
-            if opts.get("window", 0) > T and self.kind not in _PAC_MODES:
-                raise ValueError(f"--window {opts['window']} is larger than the image ({T} tokens)")
-            if opts.get("init", "random") != "random" and opts["width"] is None:
-                raise ValueError(f"--jacobi-init {opts['init']} needs the image row width; --model's images have no "
-                                 "known grid")
-            if self.kind == "jacobi" and model is not None:
-                from real.specs import spec as model_spec
 
-                if model_spec(model).sjd_schedule == "lumina":    # SJD / SCD on Lumina-mGPT: the last codes plainly
-                    from real.adapters.chameleon import sjd_plain_tail
+def model_facts(bundle, model: str | None = None) -> dict:
+    """What a built model tells the modes (``real.decode.modes.base``): ``num_tokens`` T, ``width`` the image row
+    width (its grid, else the side of a square image, else None) and, where the model's spec runs SJD with the
+    release's plain tail (``real.specs.ModelSpec.sjd_schedule``), ``plain_tail``."""
+    grid = (bundle.info or {}).get("grid")
+    T = int(bundle.num_tokens)
+    out = {"num_tokens": T, "width": int(grid[1]) if grid else (math.isqrt(T) if math.isqrt(T) ** 2 == T else None)}
+    if model is not None:
+        from real.specs import spec as model_spec
 
-                    opts["plain_tail"] = sjd_plain_tail(bundle.target.layout)
-        return modes.get(self.kind, opts)
+        if model_spec(model).sjd_schedule == "lumina":     # SJD / SCD on Lumina-mGPT: the last codes plainly
+            from real.adapters.chameleon import sjd_plain_tail
+
+            out["plain_tail"] = sjd_plain_tail(bundle.target.layout)
+    return out
+
+
+def _deprecated(old: str, new: str) -> None:
+    print(f"coolsd: {old} is deprecated: use {new}", file=sys.stderr)
+
+
+def _resolve(args) -> tuple:
+    """(ModeDef, how it was named, dests consumed by the naming) of ``args``: ``--mode``; the older ``--draft NAME`` /
+    ``--tree dynamic`` (a one-line deprecation each); a mode's ``implied_by`` option; else the default."""
+    modes = _registry()
+    old = next(((d.name, f"{flag(d.deprecated_by)} {getattr(args, d.deprecated_by)}", d.deprecated_by)
+                for d in modes.REGISTRY.values() if d.cli and d.deprecated_by
+                and str(getattr(args, d.deprecated_by, None)).strip().lower() == d.name), None)
+    if given(args, "mode"):
+        d = modes.lookup(args.mode)
+        if not d.cli:
+            raise ValueError(f"--mode {args.mode}: not a --mode choice (plain AR is --method ar)")
+        if old is not None and old[0] != d.name:
+            raise ValueError(f"{old[1]} names mode {old[0]}; --mode {args.mode} names another: give one --mode")
+        return d, f"--mode {args.mode}", {old[2]} if old else set()
+    if old is not None:
+        _deprecated(old[1], f"--mode {old[0]}")
+        return modes.lookup(old[0]), old[1], {old[2]}
+    implied = next((d for d in modes.REGISTRY.values() if d.cli and d.implied_by and given(args, d.implied_by)), None)
+    if implied is not None:
+        return implied, f"{flag(implied.implied_by)} {getattr(args, implied.implied_by)}", set()
+    return modes.lookup(modes.DEFAULT_MODE), f"--mode {modes.DEFAULT_MODE}", set()
 
 
 def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
-    """The drafting options of ``args`` checked (ranges, flags that do not apply, combinations) into a
-    ``DraftingSpec``; ``num_tokens`` (when known before building) bounds --L and --window. ValueError naming the flag."""
-    from theory.core import checks
-    from real.decode import modes
-    from theory.tree import parse_tree
-
-    draft = getattr(args, "draft", None)
-    free = draft is not None and str(draft).lower() in modes.DRAFTER_FREE
-    pac = str(draft).lower() in _PAC_MODES          # SJD-PAC's window may exceed the image (its tree is cut there)
-    if str(getattr(args, "method", "")).lower() == "ar":
-        wrong = [flag(d) for d in ("L", "tree", "tree_candidates", *DYNAMIC_FLAGS) if given(args, d)]
-        if wrong:
-            raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} drafting; --method ar "
-                             "drafts nothing: give a speculative --method (e.g. vanilla)")
-    for d in ("L", "tree_total", "tree_depth", "tree_topk", "window", *PAC_FLAGS):
-        if given(args, d):
-            v = checks.integer(flag(d), getattr(args, d), lo=1)
-            if d in ("L", "window") and num_tokens and v > num_tokens and not (d == "window" and pac):
-                raise ValueError(f"{flag(d)} {v} is larger than the image ({num_tokens} tokens; a round never drafts "
-                                 f"past it): use {flag(d)} <= {num_tokens}")
-    tree = getattr(args, "tree", None)
-    dynamic = tree is not None and tree.strip().lower() == "dynamic"
-    wrong = [flag(d) for d in DYNAMIC_FLAGS if given(args, d)] if not dynamic else []
+    """The drafting options of ``args`` checked (ranges, flags that do not apply, combinations, the mode's own
+    checks) into a ``DraftingSpec``; ``num_tokens`` (when known before building) bounds the image-bound options
+    (--L, Jacobi's --window). ValueError naming the flag."""
+    mdef, named, consumed = _resolve(args)
+    dests = drafting_dests()
+    gave = [d for d in dests if d not in consumed and given(args, d)]
+    ar = str(getattr(args, "method", "")).lower() == "ar"
+    if ar and (given(args, "mode") or consumed):
+        raise ValueError(f"{named} needs a speculative method (not ar)")
+    if ar and gave:
+        raise ValueError(f"{', '.join(flag(d) for d in gave)} configure{'s' if len(gave) == 1 else ''} drafting; "
+                         "--method ar drafts nothing: give a speculative --method (e.g. vanilla)")
+    own = {o.dest: o for o in mdef.options}
+    for d in gave:                                         # ranges first, by the option that reads the flag
+        (own.get(d) or dests[d][0][1]).check(getattr(args, d), num_tokens if d in own else None)
+    wrong = [d for d in gave if d not in own]
     if wrong:
-        raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} dynamic trees: add --tree dynamic")
-    if given(args, "tree_candidates") and (tree is None or dynamic):
-        raise ValueError("--tree-candidates configures static trees: add --tree eagle25 (or another static tree)")
-    if not free:
-        wrong = [flag(d) for d in PAC_FLAGS if given(args, d)]
-        if wrong:
-            raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} SJD-PAC's proactive tree, a "
-                             "Jacobi-family draft: add --draft sjd-pac (or sjd-pac-p)")
-        wrong = [flag(d) for d in FREE_FLAGS if given(args, d)]
-        if wrong:
-            raise ValueError(f"{', '.join(wrong)} configure{'s' if len(wrong) == 1 else ''} Jacobi drafting: add --draft "
-                             "jacobi")
-    if free:
-        for d in ("L", "tree"):
-            if given(args, d):
-                raise ValueError(f"--draft {draft} sets its draft length with --window, not {flag(d)}")
-        if str(getattr(args, "method", "")).lower() == "ar":
-            raise ValueError(f"--draft {draft} needs a speculative method (not ar)")
-        own = MODE_FLAGS.get(str(draft).lower(), _JACOBI_FLAGS)
-        wrong = [flag(d) for d in FREE_FLAGS if given(args, d) and d not in own]
-        if wrong:
-            hint = ("SJD-PAC's proactive tree: use --draft sjd-pac (or sjd-pac-p)" if set(wrong) <= {flag(d) for d in PAC_FLAGS}
-                    else "Jacobi windows (SJD / SCD): use --draft jacobi")
-            raise ValueError(f"{', '.join(wrong)} do(es) not apply to --draft {draft} (its options: "
-                             f"{', '.join(flag(d) for d in own)}); {', '.join(wrong)} configure(s) {hint}")
-        opts = {_FREE_KEYS[d]: getattr(args, d) for d in FREE_FLAGS if given(args, d)}
-        spec = DraftingSpec(str(draft).lower(), free=opts)
-        mode = modes.get(spec.kind, opts)
-        mode.check(None, None, num_tokens or 1 << 30, None, _processing_of(args), 1)   # the mode's own checks
-        return spec
-    if dynamic:
-        if given(args, "L"):
-            raise ValueError("--tree dynamic sets its depth with --tree-depth, not --L")
-        base = modes.DynamicTree()
-        vals = tuple(getattr(args, d) if given(args, d) else getattr(base, d.replace("tree_", ""))
-                     for d in DYNAMIC_FLAGS)
-        modes.DynamicTree(*vals)            # its own checks (total within the pool, ...)
-        return DraftingSpec("dynamic", dynamic=vals)
-    if tree is not None:
-        parse_tree(tree, args.L or modes.DEFAULT_L)
-        if tree.strip().lower() != "chain" and given(args, "L"):
-            raise ValueError("--L sets chain drafts; --tree sets the depth (give one of them, or --tree chain --L N)")
-        return DraftingSpec("tree", L=args.L, tree=tree, candidates=getattr(args, "tree_candidates", None) or "sampled")
-    return DraftingSpec("chain", L=args.L if given(args, "L") else modes.DEFAULT_L)
-
-
-def _processing_of(args):
-    """The processing the command will run with, as far as the drafting checks need it (greedy or not): greedy
-    methods run at temperature 0 (``real.decode.methods.method_processing``)."""
-    from real.decode.sampling import Processing
-    from theory.rules import methods as registry
-
-    method = str(getattr(args, "method", "vanilla") or "vanilla").lower()
-    greedy = method != "ar" and method in {m.lower() for m in registry.names()} and registry.get(method).greedy_rows
-    t = getattr(args, "temperature", 1.0)
-    return Processing(temperature=0.0 if greedy or t == 0 else 1.0)
+        owner = next(m for m, _ in dests[wrong[0]] if m.cli)
+        n = len(wrong)
+        what = f"{', '.join(flag(d) for d in wrong)} configure{'s' if n == 1 else ''} {owner.describes}"
+        if given(args, "mode") or consumed:
+            raise ValueError(f"{', '.join(flag(d) for d in wrong)} do(es) not apply to {named} (its options: "
+                             f"{', '.join(o.flag for o in mdef.options) or 'none'}); {what}: use --mode {owner.name}")
+        raise ValueError(f"{what}: add --mode {owner.name}")
+    draft = getattr(args, "draft", None)
+    if not mdef.needs_draft and draft is not None and "draft" not in consumed:
+        raise ValueError(f"--draft {draft} names a draft model; {named} drafts without one: drop --draft")
+    opts = {o.name: o.check(getattr(args, o.dest), num_tokens) for o in mdef.options if o.dest in gave}
+    mdef.check(opts, num_tokens, run_processing(args))
+    return DraftingSpec(mdef.name, tuple(sorted(opts.items())), named)
 
 
 def add_gsd_table_arg(g) -> None:

@@ -11,13 +11,62 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
-__all__ = ["common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["RunConfig", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
 
 DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A command's options after validation, frozen: every later step reads this, nothing writes onto the argparse
+    Namespace. ``options`` (read-only mapping) holds every parsed option with the validated values in place of the
+    given ones (resolved paths, the number of images, the dtype); an option reads as an attribute (``cfg.model``).
+    ``drafting``: the checked ``coolsd.options.DraftingSpec``; ``method_params``: the method's converted parameters;
+    ``inputs``: {flag: path} of every file the run reads."""
+    options: MappingProxyType
+    drafting: object = None
+    method_params: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    inputs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, args, resolved: dict | None = None, **parts) -> "RunConfig":
+        """The config of a parsed Namespace ``args`` with the ``resolved`` option values (the Namespace is read, not
+        changed); ``parts``: drafting, method_params, inputs."""
+        opts = dict(vars(args)) | dict(resolved or {})
+        opts.pop("func", None)
+        parts = {k: MappingProxyType(dict(v)) if isinstance(v, dict) else v for k, v in parts.items()}
+        return cls(MappingProxyType(opts), **parts)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "options":
+            raise AttributeError(name)
+        try:
+            return self.options[name]
+        except KeyError:
+            raise AttributeError(f"RunConfig has no option {name!r}") from None
+
+    def namespace(self):
+        """A fresh Namespace copy of the options (for readers of a Namespace: ``BuildOptions.from_namespace``)."""
+        import argparse
+
+        return argparse.Namespace(**self.options)
+
+
+def default_dtype(device, dtype) -> str:
+    """``--dtype`` or its default: bfloat16 on CUDA (``auto``: when CUDA is available), float32 elsewhere."""
+    if dtype is not None:
+        return dtype
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 
 def common(args, *, available: bool = True) -> None:

@@ -290,8 +290,8 @@ def test_build_without_a_draft(model, monkeypatch):
     (["--draft", "jacobi", "--L", "3"], "--L"),
     (["--draft", "jacobi", "--method", "ar"], "not ar"),
     (["--draft", "jacobi", "--method", "greedy", "--coupling", "scd-gs"], "coupling 'scd-gs' couples sampled drafts"),
-    (["--window", "4"], "add --draft jacobi"),
-    (["--coupling", "scd-mc"], "add --draft jacobi"),
+    (["--window", "4"], "add --mode jacobi"),
+    (["--coupling", "scd-mc"], "add --mode jacobi"),
     (["--draft", "jacobi", "--method", "cool-sd", "--fidelity"], "--fidelity with --draft jacobi: exact likelihood"),
 ])
 def test_cli_jacobi_bad_input(argv, msg):
@@ -344,4 +344,4 @@ def test_sweep_draft_jacobi(tmp_path):
         assert 1.0 < m["accepted_length"]["measured"] <= 6 and m["accepted_length"]["predicted"] > 1.0
     assert rep["methods"][0]["tv_bound"] < 1e-6
     for m in rep["methods"]:          # no exact likelihood for Jacobi drafts: no TV / KL, a stated reason
-        assert m["tv_to_target"] is None and "JACOBI_REASON" in m["fidelity_reason"]
+        assert m["tv_to_target"] is None and "exact likelihood of Jacobi drafting is not tractable" in m["fidelity_reason"]

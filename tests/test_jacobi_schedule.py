@@ -38,13 +38,13 @@ def test_lumina_plain_tail_follows_the_release(size):
 
 def test_lumina_model_gets_the_plain_tail_and_others_do_not():
     """coolsd's --draft jacobi sets the tail for --model lumina-mgpt only (real.specs sjd_schedule)."""
-    from coolsd.options import DraftingSpec
+    from coolsd.options import DraftingSpec, model_facts
 
-    spec = DraftingSpec(kind="jacobi", free={"window": 16})
+    spec = DraftingSpec(kind="jacobi", options=(("window", 16),))
     lay = lumina_layout(512)
     bundle = SimpleNamespace(info={"grid": [32, 32]}, num_tokens=1024, target=SimpleNamespace(layout=lay))
-    assert spec.build(bundle, "lumina-mgpt").plain_tail == 12
-    assert spec.build(bundle, "mnist").plain_tail == 0
+    assert spec.build(model_facts(bundle, "lumina-mgpt")).plain_tail == 12
+    assert spec.build(model_facts(bundle, "mnist")).plain_tail == 0
 
 
 @pytest.fixture(scope="module")

@@ -255,9 +255,10 @@ def test_cli_fidelity_refusals_are_one_line_before_generating(capsys, monkeypatc
     called = []
     monkeypatch.setattr(engine, "generate", lambda *a, **k: called.append(1))
     base = ["generate", "--model", "mnist", "--draft", "eagle", "--num-images", "2", "--fidelity"]
-    for extra, match in [(["--tree", "dynamic"], "--tree-sampling lossless: exact likelihood of lossless dynamic"),
+    for extra, match in [(["--mode", "dynamic"], "--mode dynamic: exact likelihood of lossless dynamic trees"),
                          (["--tree", "eagle25"], "--tree eagle25: tree_log_likelihood: candidates='sampled' with 4"),
-                         (["--tree", "eagle25", "--tree-candidates", "topk", "--method", "greedy"], "greedy decoding")]:
+                         (["--tree", "eagle25", "--tree-candidates", "topk", "--method", "greedy"],
+                          "exact likelihood of greedy tree drafting")]:
         assert main([*base, *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("coolsd: error:") and match in err and "\n" not in err
@@ -314,7 +315,10 @@ def test_sweep_scores_tree_settings_both_ways(tmp_path):
                  "--grid", "vanilla", "cool-sd:delta=3", "greedy", "--images", "4", "--unit-images", "4",
                  "--record-images", "0", "--no-progress", "--out", str(out)]) == 2
     assert sorted(out.rglob("*")) == before
+    from coolsd.options import DraftingSpec
+
     ctx = types.SimpleNamespace(tree=None, dynamic=DynamicTree(), mode=DynamicTree(), proc=PROC,
+                                cfg=types.SimpleNamespace(drafting=DraftingSpec("dynamic")),
                                 bundle=types.SimpleNamespace(target=types.SimpleNamespace(vocab_size=512)))
     s = types.SimpleNamespace(method="vanilla")
     assert "tree-sampling release" in sf.reason(ctx, s, tm.build("vanilla", 5))

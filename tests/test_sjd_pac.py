@@ -299,8 +299,8 @@ def test_cli_contract(capsys, tmp_path):
 @pytest.mark.parametrize("argv,msg", [
     (["--draft", "sjd-pac", "--pac-width", "0"], "--pac-width must be an integer >= 1"),
     (["--draft", "sjd-pac", "--window", "16", "--pac-width", "4"], "does not fit the window of 16"),
-    (["--pac-width", "2"], "SJD-PAC's proactive tree, a Jacobi-family draft: add --draft sjd-pac"),
-    (["--draft", "eagle", "--pac-depth", "2"], "add --draft sjd-pac"),
+    (["--pac-width", "2"], "SJD-PAC's proactive tree, a Jacobi-family draft: add --mode sjd-pac"),
+    (["--draft", "eagle", "--pac-depth", "2"], "add --mode sjd-pac"),
     (["--draft", "jacobi", "--pac-depth", "2"], "do(es) not apply to --draft jacobi"),
     (["--draft", "sjd-pac", "--coupling", "scd-gs"], "--coupling do(es) not apply to --draft sjd-pac"),
     (["--draft", "sjd-pac-p", "--L", "3"], "--L"),

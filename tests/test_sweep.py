@@ -150,7 +150,7 @@ def test_sweep_runs_dynamic_trees_and_greedy_equals_chain_greedy(tmp_path):
 
 
 def test_sweep_dynamic_tree_flags_are_checked_before_any_work(tmp_path):
-    for extra, match in [(["--tree-total", "8"], "--tree-total configures dynamic trees: add --tree dynamic"),
+    for extra, match in [(["--tree-total", "8"], "--tree-total configures dynamic trees: add --mode dynamic"),
                          (["--tree", "eagle25", "--tree-topk", "3"], "--tree-topk configures dynamic trees"),
                          (["--tree", "dynamic", "--tree-depth", "0"], "--tree-depth must be an integer >= 1, got 0"),
                          (["--tree", "dynamic", "--tree-total", "500", "--tree-depth", "1", "--tree-topk", "2"],

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 
 def register(sub):
+    from coolsd.options import add_mode_flags
+
     d = sub.add_parser("demo", help="the main job: predicted vs measured trade-offs on the shipped MNIST models",
                        description=__doc__)
     d.add_argument("--out", default="coolsd-demo", help="output directory (default ./coolsd-demo)")
@@ -15,7 +17,7 @@ def register(sub):
     d.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads while generating (default 1: the models are too small to share a step)")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--L", type=int, default=None, help="chain draft length (default 4)")
+    add_mode_flags(d, "chain", ("L",), L="chain draft length (default 4)")
     d.add_argument("--chain-draft", choices=["small", "eagle"], default=None)
     d.add_argument("--tree-draft", choices=["small", "eagle"], default=None)
     d.add_argument("--extra-draft", choices=["small", "eagle"], default=None,
@@ -25,9 +27,7 @@ def register(sub):
                         "(default: lantern lantern++; give none for chains only)")
     d.add_argument("--tree", choices=["small", "eagle25"], default=None,
                    help="static tree: small (10 nodes, depth 4) or eagle25 (EAGLE-1's 25 nodes, depth 5)")
-    d.add_argument("--tree-candidates", choices=["sampled", "topk"], default=None,
-                   help="static-tree candidates: drawn without replacement (sampled, default) or a node's top-m tokens "
-                        "(topk, as the EAGLE-1 / LANTERN++ releases; the tree runs' fidelity is measured exactly)")
+    add_mode_flags(d, "tree", ("tree_candidates",))
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=run)
 

@@ -102,59 +102,57 @@ def run(args):
 
 
 def generate(args) -> dict:
-    """``coolsd generate``: validate every input, build the models, run the engine (and the AR baseline), write the
-    records, score and save; returns the JSON-ready result."""
-    validate_args(args)       # every input, option and output path, before any model is built
-    ctx = _build(args)
-    if args.fidelity:
-        ctx["rule"] = _fidelity_rule(args, ctx)   # what has no exact likelihood is refused before generating
-    gens = _run(args, ctx, ctx["verifier"], ctx["mode"])
-    base = _run(args, ctx, None, None) if args.baseline else []
-    out = _result(args, ctx, gens, base)
-    if args.record:
-        _write_record(args, ctx, gens)
-        out["record"] = str(args.record)
-    fid = _fidelity(args, ctx, gens, base) if args.fidelity else None
+    """``coolsd generate``: validate every input into a frozen ``coolsd.validate.RunConfig``, build the models, run
+    the engine (and the AR baseline), write the records, score and save; returns the JSON-ready result."""
+    cfg = validate_args(args)      # every input, option and output path, before any model is built
+    ctx = _build(cfg)
+    if cfg.fidelity:
+        ctx["rule"] = _fidelity_rule(cfg, ctx)    # what has no exact likelihood is refused before generating
+    gens = _run(cfg, ctx, ctx["verifier"], ctx["mode"])
+    base = _run(cfg, ctx, None, None) if cfg.baseline else []
+    out = _result(cfg, ctx, gens, base)
+    if cfg.record:
+        _write_record(cfg, ctx, gens)
+        out["record"] = str(cfg.record)
+    fid = _fidelity(cfg, ctx, gens, base) if cfg.fidelity else None
     if fid is not None:
         out["fidelity"] = fid["report"]
-    if args.save:
-        _save(args, ctx, gens, fid)
-        out["saved"] = str(args.save)
+    if cfg.save:
+        _save(cfg, ctx, gens, fid)
+        out["saved"] = str(cfg.save)
     return out
 
 
-def _build(args) -> dict:
-    """The models, the drafting mode, the processing and the verifier of a validated ``args``."""
+def _build(cfg) -> dict:
+    """The models, the drafting mode, the processing and the verifier of a validated run (``cfg``)."""
     import torch
 
+    from coolsd.options import model_facts
     from real.decode.methods import gsd_vectors, make_verifier, method_processing
     from theory.rules import methods as rule_registry
     from real.decode.sampling import Processing
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
 
-    if args.dtype is None:
-        dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        args.dtype = "bfloat16" if str(dev).startswith("cuda") else "float32"
-    threads = args.threads if args.threads is not None else (1 if "tiny" in args.model else None)
+    threads = cfg.threads if cfg.threads is not None else (1 if "tiny" in cfg.model else None)
     if threads is not None:
         torch.set_num_threads(threads)
-    spec, method = args._drafting, args.method.lower()
-    opts = BuildOptions.from_namespace(args)
-    free = spec.kind not in ("chain", "tree", "dynamic")
-    bundle = build(args.model, dataclasses.replace(opts, draft=NO_DRAFT) if free else opts)   # drafter-free: none
-    check_bundle(args, bundle)
-    mode = spec.build(bundle, args.model)
-    if getattr(args, "compile", None):
-        _compile(bundle, args.compile)
-    cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
-    top_k = getattr(bundle, "top_k", 0) if args.top_k is None else args.top_k
-    proc = Processing(args.temperature, top_k, args.top_p, cfg_scale)
+    spec, method = cfg.drafting, cfg.method.lower()
+    opts = BuildOptions.from_namespace(cfg.namespace())
+    needs_draft = spec.mode.needs_draft
+    bundle = build(cfg.model, opts if needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))   # drafter-free: none
+    check_bundle(cfg, bundle)
+    mode = spec.build(model_facts(bundle, cfg.model))
+    if cfg.compile:
+        _compile(bundle, cfg.compile)
+    cfg_scale = bundle.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale
+    top_k = getattr(bundle, "top_k", 0) if cfg.top_k is None else cfg.top_k
+    proc = Processing(cfg.temperature, top_k, cfg.top_p, cfg_scale)
     proc = proc if method == "ar" else method_processing(method, proc)
     gsd = method != "ar" and rule_registry.get(method).needs_embeddings
-    gsd_emb, gsd_table = gsd_vectors(bundle, args.gsd_table) if gsd else (None, None)
-    verifier = None if method == "ar" else make_verifier(method, mode.max_depth, args._method_params, bundle.neighbors,
-                                                         device=getattr(bundle.target, "device", None),
+    gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
+    verifier = None if method == "ar" else make_verifier(method, mode.max_depth, dict(cfg.method_params),
+                                                         bundle.neighbors, device=getattr(bundle.target, "device", None),
                                                          embeddings=gsd_emb)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
@@ -162,55 +160,48 @@ def _build(args) -> dict:
             "verifier": verifier, "method": method}
 
 
-def _run(args, ctx: dict, verifier, mode) -> list:
+def _run(cfg, ctx: dict, verifier, mode) -> list:
     """One engine call over every image (``mode`` None: the plain AR baseline)."""
     from real.decode import engine
 
     b = ctx["bundle"]
     return engine.generate(b.target, b.draft if mode is not None and mode.needs_draft else None, b.conds,
                            num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=ctx["proc"],
-                           seed=args.seed, batch_size=args.batch_size, progress=None if not args.json else False,
-                           record_rows=mode is not None and args.record is not None)
+                           seed=cfg.seed, batch_size=cfg.batch_size, progress=None if not cfg.json else False,
+                           record_rows=mode is not None and cfg.record is not None)
 
 
-def _result(args, ctx: dict, gens: list, base: list) -> dict:
-    """The JSON-ready summary of a run (and of the baseline)."""
+def _result(cfg, ctx: dict, gens: list, base: list) -> dict:
+    """The JSON-ready summary of a run (and of the baseline); the mode describes itself (``ModeDef.report``)."""
     from real.decode import engine
 
     verifier, mode, spec, b = ctx["verifier"], ctx["mode"], ctx["spec"], ctx["bundle"]
     stats = engine.summarize(gens)
-    out = {"model": args.model, "method": ctx["method"], "L": spec.max_depth,
+    out = {"model": cfg.model, "method": ctx["method"], "L": spec.max_depth,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
            "verifier": verifier.name if verifier else "ar", "processing": ctx["proc"].params(),
-           "image_tokens": b.num_tokens, "num_images": len(gens), "seed": args.seed,
-           "batch_size": gens[0].info["batch_size"], "device": str(args.device), "dtype": args.dtype, "info": b.info,
+           "image_tokens": b.num_tokens, "num_images": len(gens), "seed": cfg.seed,
+           "batch_size": gens[0].info["batch_size"], "device": str(cfg.device), "dtype": cfg.dtype, "info": b.info,
            **stats}
-    if spec.kind == "dynamic":
-        out["tree"] = {"name": "dynamic", "nodes": mode.n_nodes, "depth": mode.max_depth, **mode.params()}
-    elif spec.kind == "tree" and mode is not None:
-        out["tree"] = {"name": args.tree, "nodes": mode.tree.n_nodes, "depth": mode.tree.depth,
-                       "candidates": mode.candidates}
-    elif spec.kind != "chain" and mode is not None:
-        out["draft"] = spec.kind
-        out[spec.kind] = {k: v for k, v in mode.params().items() if k not in ("draft", "L")} | \
-            {"width": getattr(mode, "width", None)}
+    if mode is not None:
+        out |= spec.mode.report(mode, spec.opts)
     if base:
         s = engine.summarize(base)
         out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
         out["speedup"] = s["seconds"] / stats["seconds"]
-    tuned = _tuned_prediction(args)
+    tuned = _tuned_prediction(cfg)
     if tuned:
         out["tuned_prediction"] = tuned
     return out
 
 
-def _tuned_prediction(args) -> dict | None:
+def _tuned_prediction(cfg) -> dict | None:
     """What ``coolsd tune`` predicted for the schedule file run here (--weights / --schedule S.json): its predicted
     tokens per call and held-out KL(P||P^) per token, printed next to the measured figures."""
     import json
 
     for flag_ in ("weights", "schedule"):
-        path = getattr(args, flag_, None)
+        path = getattr(cfg, flag_, None)
         if isinstance(path, str) and os.path.isfile(path):
             try:
                 with open(path) as f:
@@ -226,81 +217,58 @@ def _tuned_prediction(args) -> dict | None:
     return None
 
 
-def _write_record(args, ctx: dict, gens: list) -> None:
-    """--record: the rounds' rows as ``theory.likelihood.recorded.load_rows`` reads them (chains, static trees, dynamic
-    trees: one format each)."""
-    import json
-
+def _write_record(cfg, ctx: dict, gens: list) -> None:
+    """--record: the arrays the mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads
+    them back), written atomically."""
     import numpy as np
 
+    from coolsd.rowfiles import record_arrays, run_stamp   # the chain format with its starts and the run's stamp
 
-    spec, mode = ctx["spec"], ctx["mode"]
-    if spec.kind == "dynamic":   # per-round trees (theory.likelihood.recorded.DynamicRows)
-        from coolsd.commands.dynamic_record import write_dynamic_record
-
-        write_dynamic_record(args.record, gens, mode)
-        return
-    pac = spec.kind in ("sjd-pac", "sjd-pac-p")          # SJD-PAC's window is a static tree too
-    if spec.kind == "tree" or pac:   # static trees: the rounds that drafted the whole tree (TreeRows)
-        tree = mode.tree() if pac else mode.tree
-        full = [(i, r) for i, g in enumerate(gens) for r in g.rounds if r.depth == tree.depth]
-        if not full:
-            raise ValueError("--record with --tree: no round drafted the whole tree (images too short?)")
-        arrs = {"p": np.stack([r.p for _, r in full]), "q": np.stack([r.q for _, r in full]),
-                "tokens": np.stack([r.drafts for _, r in full]), "image": np.array([i for i, _ in full], dtype=np.int64),
-                "accepted": np.array([r.accepted for _, r in full]),
-                "tree_paths": np.array(json.dumps([list(p) for p in tree.paths]))}
-        if pac:   # the release decides its rounds by the longest accepted path, not the walk TreeRows predicts
-            arrs["verdict"] = np.array("longest" if mode.release else "walk")
-        with atomic_file(args.record) as fh:
-            np.savez_compressed(fh, **arrs)
-        return
-    from coolsd.rowfiles import record_arrays, run_stamp   # chain rounds with their starts and the run's stamp
-
-    stamp = run_stamp(args.model, ctx["bundle"], ctx["proc"], spec.max_depth, method=ctx["method"], images=len(gens),
-                      seed=args.seed)
-    if spec.kind not in ("chain", "tree", "dynamic"):
-        stamp["draft"] = spec.kind
-    with atomic_file(args.record) as fh:
-        np.savez_compressed(fh, **record_arrays(gens, spec.max_depth, stamp))
+    spec = ctx["spec"]
+    stamp = run_stamp(cfg.model, ctx["bundle"], ctx["proc"], spec.max_depth, method=ctx["method"], images=len(gens),
+                      seed=cfg.seed)
+    try:
+        arrs = spec.mode.record(gens, ctx["mode"], stamp, record_arrays)
+    except ValueError as e:
+        raise ValueError(f"--record with {spec.named}: {e}") from None
+    with atomic_file(cfg.record) as fh:
+        np.savez_compressed(fh, **arrs)
 
 
-def _fidelity_rule(args, ctx: dict):
-    """--fidelity: the run's rule on the host (the likelihood is float64 theory code) or None (plain AR); for tree
-    drafting, ``real.decode.score_tree.check`` first: a construction without an exact likelihood (e.g. sampled
-    candidates above the cost guard at this V) is refused before anything is generated."""
+def _fidelity_rule(cfg, ctx: dict):
+    """--fidelity: the run's rule on the host (the likelihood is float64 theory code) or None (plain AR); the mode's
+    likelihood hook (``ModeDef.likelihood``) first: a construction without an exact likelihood (e.g. sampled tree
+    candidates above the cost guard at this V) is refused before anything is generated. Sets ctx["scored"], the
+    drafting ``real.decode.score`` scores."""
     from real.decode.methods import gsd_vectors, make_verifier
 
     b, L = ctx["bundle"], ctx["spec"].max_depth
-    rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, args._method_params, b.neighbors,
-                                                              embeddings=gsd_vectors(b, args.gsd_table)[0])
-    if rule is not None and ctx["spec"].kind in ("tree", "dynamic"):
-        from real.decode.score_tree import check
-
+    rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, dict(cfg.method_params), b.neighbors,
+                                                              embeddings=gsd_vectors(b, cfg.gsd_table)[0])
+    ctx["scored"] = None
+    if rule is not None:
         try:
-            check(ctx["mode"], rule, int(b.target.vocab_size), ctx["proc"])
+            ctx["scored"] = ctx["spec"].mode.likelihood(ctx["mode"], rule, int(b.target.vocab_size), ctx["proc"])
         except NotImplementedError as e:
-            raise ValueError(f"--fidelity with --tree {args.tree}: {e}") from None
+            raise ValueError(f"--fidelity with {ctx['spec'].named}: {e}") from None
     return rule
 
 
-def _fidelity(args, ctx: dict, gens: list, base: list) -> dict:
-    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary``; tree modes
-    through ``real.decode.score_tree``); with --baseline the plain-AR images are scored too (KL(P||P^) per token, and
-    a second TV)."""
+def _fidelity(cfg, ctx: dict, gens: list, base: list) -> dict:
+    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary`` with the
+    drafting the mode's likelihood hook gave); with --baseline the plain-AR images are scored too (KL(P||P^) per
+    token, and a second TV)."""
     import torch
 
     from real.decode.score import summary
 
-    b, L, rule = ctx["bundle"], ctx["spec"].max_depth, ctx["rule"]
-    tree = ctx["spec"].kind in ("tree", "dynamic")
+    b, rule = ctx["bundle"], ctx["rule"]
     return summary(b.target, None if rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
-                   verifier=rule, L=None if rule is None or tree else L, processing=ctx["proc"],
-                   batch_size=args.batch_size or 64, drafting=ctx["mode"] if rule is not None and tree else None,
+                   verifier=rule, processing=ctx["proc"], batch_size=cfg.batch_size or 64, drafting=ctx["scored"],
                    ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
 
 
-def _save(args, ctx: dict, gens: list, fid: dict | None) -> None:
+def _save(cfg, ctx: dict, gens: list, fid: dict | None) -> None:
     """--save: tokens (and decoded images when a VQ is loaded, and the per-image likelihoods with --fidelity)."""
     import numpy as np
     import torch
@@ -311,7 +279,7 @@ def _save(args, ctx: dict, gens: list, fid: dict | None) -> None:
     side = int(round(b.num_tokens ** 0.5))
     if b.vq is not None and side * side == b.num_tokens:
         extra["images"] = b.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
-    with atomic_file(args.save) as fh:
+    with atomic_file(cfg.save) as fh:
         np.savez_compressed(fh, tokens=toks, **extra)
 
 
@@ -334,7 +302,7 @@ def _plain(x):
 
 
 def format_result(r: dict) -> str:
-    shape = (f"tree {r['tree']['name']}: {r['tree']['nodes']} nodes, depth {r['tree']['depth']}" if "tree" in r
+    shape = (f"tree {r['tree']['name']}: {r['tree']['nodes']} nodes, depth {r['tree']['depth']}" if r.get("tree")
              else f"L={r['L']}")
     lines = [f"{r['model']} / {r['verifier']} ({shape}, {r['num_images']} image(s) x {r['image_tokens']} tokens)",
              f"  tokens per target call  {r['tokens_per_target_call']:.3f} +- {r['tokens_per_target_call_se']:.3f}",

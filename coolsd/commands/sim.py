@@ -111,9 +111,10 @@ def run_sources(args):
     if "grid" in which:           # whole images: about H W / 2 rounds of L drafts each, per image and method
         check_rounds_cost("--n-images / --grid-size", max(1, args.n_images * args.grid_size ** 2 // 2), args.L,
                           args.V or 32, "rule", n_methods, max_seconds=max_seconds(args))
-    if args.figure:  # checked now, written atomically at the end
-        suffix = None if pathlib.Path(args.figure).suffix else ".png"    # matplotlib's default format
-        args.figure = str(check_output_file("--figure", args.figure, suffix))
+    figure = args.figure
+    if figure:  # checked now, written atomically at the end
+        suffix = None if pathlib.Path(figure).suffix else ".png"    # matplotlib's default format
+        figure = str(check_output_file("--figure", figure, suffix))
     cb = gr = None
     if "codebook" in which:
         kw = {"seed": args.seed}
@@ -141,9 +142,9 @@ def run_sources(args):
               f"grid: {args.n_images} images of {args.grid_size}x{args.grid_size} per method, per-round bound "
               "estimated along drafted paths (T11), full-length rounds")
         print(so.format_rows(rows))
-    if args.figure:
-        with atomic_path(args.figure) as tmp:
+    if figure:
+        with atomic_path(figure) as tmp:
             so.plot(rows, str(tmp))
         if not args.json:
-            print(f"figure written to {args.figure}")
+            print(f"figure written to {figure}")
     return 0

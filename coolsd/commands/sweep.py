@@ -139,17 +139,18 @@ def config(args):
     from real.decode.checks import MAX_IMAGES
 
     checks.integer("--images", args.images, lo=2, hi=MAX_IMAGES)
-    if args.unit_images is None:          # default: blocks of 8 images, or one block of fewer
-        args.unit_images = min(8, args.images)
-    checks.integer("--unit-images", args.unit_images, lo=1, hi=MAX_IMAGES)
+    unit = args.unit_images
+    if unit is None:                      # default: blocks of 8 images, or one block of fewer
+        unit = min(8, args.images)
+    checks.integer("--unit-images", unit, lo=1, hi=MAX_IMAGES)
     checks.integer("--record-images", args.record_images, lo=0, hi=MAX_IMAGES)
-    if args.images % args.unit_images:
-        raise ValueError(f"--images {args.images} is not a multiple of --unit-images {args.unit_images} (every unit "
-                         f"generates --unit-images images, so {-(-args.images // args.unit_images) * args.unit_images} "
-                         f"would be generated): give --images {-(-args.images // args.unit_images) * args.unit_images}"
+    if args.images % unit:
+        raise ValueError(f"--images {args.images} is not a multiple of --unit-images {unit} (every unit "
+                         f"generates --unit-images images, so {-(-args.images // unit) * unit} "
+                         f"would be generated): give --images {-(-args.images // unit) * unit}"
                          f" or a --unit-images dividing {args.images}")
-    if args.batch_size is not None and args.batch_size > args.unit_images:
-        raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {args.unit_images} (each unit is one "
+    if args.batch_size is not None and args.batch_size > unit:
+        raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {unit} (each unit is one "
                          "engine call): raise --unit-images")
     validate.batched_model(args)                     # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
@@ -175,10 +176,8 @@ def config(args):
 
     T = getattr(args, "num_tokens", None) or model_spec(args.model).tokens
     drafting = drafting_spec(args, T)   # the same parser as coolsd generate
-    if drafting.kind in ("sjd-pac", "sjd-pac-p"):
-        raise ValueError(f"coolsd sweep --draft {drafting.kind}: the sweep records and predicts chain-shaped Jacobi "
-                         "windows; SJD-PAC's windows are trees: run coolsd generate --draft "
-                         f"{drafting.kind} per rule, or benchmarks/bench_jacobi.py (predictions from one recorded run)")
+    if drafting.mode.sweep_reason:
+        raise ValueError(f"coolsd sweep {drafting.named}: {drafting.mode.sweep_reason}")
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
@@ -190,7 +189,7 @@ def config(args):
     files["dtype"] = dtype
     model_options = tuple(sorted((k, list(v) if isinstance(v, (list, tuple)) else v) for k, v in files.items()))
     return SweepConfig(model=args.model, model_options=model_options, settings=tuple(settings), images=args.images,
-                       unit_images=args.unit_images, seed=args.seed, drafting=drafting, draft=args.draft,
+                       unit_images=unit, seed=args.seed, drafting=drafting, draft=args.draft,
                        batch_size=args.batch_size,
                        record_images=args.record_images, temperature=args.temperature, cfg_scale=args.cfg_scale,
                        device=args.device, threads=args.threads,

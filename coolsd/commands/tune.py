@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from coolsd.io import check_outputs, json_safe
+from coolsd.options import add_mode_flags
 
 FAMILIES = ("free", "uniform", "exponential", "linear", "level", "entropy", "maxp")
 FRONTIER_MAX = 1000        # frontier points: more only repeat the curve (each is a tune per family)
@@ -38,7 +39,7 @@ def register(sub):
     m = t.add_argument_group("making the inputs from a model (real.registry)")
     m.add_argument("--model", default=None, help="make the AR rows (and, without --record, the record) with this model")
     m.add_argument("--draft", default=None, help="draft kind (default: the record's, else the model's)")
-    m.add_argument("--L", type=int, default=None, help="draft length (default: the record's, else 4)")
+    add_mode_flags(m, "chain", ("L",), L="chain drafts per round (default: the record's, else 4)")
     m.add_argument("--ar-images", type=int, default=None, help="AR images to draw and score")
     m.add_argument("--ar-source", choices=["ar", "vanilla"], default="ar",
                    help="draw the AR images by plain AR (default) or a vanilla SD run (distributed as P too)")
@@ -63,10 +64,12 @@ def register(sub):
     t.set_defaults(func=run)
 
 
-def _check_args(args, checks) -> None:
-    """Numbers and paths, before any file is read or model built."""
+def _check_args(args, checks):
+    """Numbers and paths, before any file is read or model built. Returns the frozen ``coolsd.validate.RunConfig``
+    (the objective resolved, the output paths resolved; the Namespace is not changed)."""
     from coolsd.io import check_output_file
 
+    objective = args.objective
     for flag in ("kl_budget", "tv_budget", "bound_budget"):
         v = getattr(args, flag)
         if v is not None:
@@ -75,11 +78,11 @@ def _check_args(args, checks) -> None:
             if not (v > 0 or (flag == "bound_budget" and v == 0)):   # a bound budget of 0: the lossless rule (issue 26)
                 raise ValueError(f"{name} must be > 0 (0 is the lossless rule itself: vanilla), got {v:g}")
             implied = flag.split("_")[0]
-            if args.objective not in (None, implied):
+            if objective not in (None, implied):
                 raise ValueError(f"{name} bounds the {implied.upper()}: use --objective {implied} (or none), not "
-                                 f"--objective {args.objective}")
-            args.objective = implied
-    args.objective = args.objective or "kl"
+                                 f"--objective {objective}")
+            objective = implied
+    objective = objective or "kl"
     if args.tokens_per_call is not None:
         checks.real("--tokens-per-call", args.tokens_per_call, 1)
     if args.max_rounds is not None:
@@ -106,13 +109,13 @@ def _check_args(args, checks) -> None:
         dest = flag[2:].replace("-", "_")
         if getattr(args, dest) is not None:
             outs[flag] = str(check_output_file(flag, getattr(args, dest), suffix))
-            setattr(args, dest, outs[flag])
     from coolsd.io import check_input_file
 
     for flag, path in (("--record", args.record), ("--ar-rows", args.ar_rows)):
         if path is not None:       # a FIFO / device / directory / .npy refused unopened (read whole in run)
             check_input_file(flag, path, "npz", hint="write one with coolsd generate --record / tune --save-ar-rows")
     check_outputs(outs, {"--record": args.record, "--ar-rows": args.ar_rows})
+    return validate.RunConfig.of(args, {"objective": objective, **{f[2:].replace("-", "_"): p for f, p in outs.items()}})
 
 
 def run(args) -> int:
@@ -120,7 +123,7 @@ def run(args) -> int:
     from theory.core import checks
     from theory.likelihood import arrows
 
-    _check_args(args, checks)
+    args = _check_args(args, checks)          # the frozen run config from here on (read like the Namespace)
     rec = None
     if args.record is not None:
         rows = _tree_record(args)
@@ -170,8 +173,10 @@ def _tree_record(args):
     from coolsd import validate
     from theory.core import checks
 
+    from real.decode.modes import REGISTRY
+
     keys = checks.npz_arrays("--record", args.record)
-    if "dynamic" in keys:
+    if any(d.grown_tree and d.record_marker in keys for d in REGISTRY.values()):     # per-round trees
         raise ValueError(f"--record: {args.record!r} holds dynamic-tree rounds (coolsd generate --tree dynamic "
                          "--record); coolsd tune takes chain rounds (every objective) or static-tree rounds (--objective "
                          "bound): record a chain or a static --tree run")

@@ -33,7 +33,7 @@ import torch
 from real.nn.devpath import to_device
 from real.nn.kvcache import KVCache, PromptRows, row_counts
 from real.nn.masks import check_attn_mask
-from real.protocol import ModelOutput, as_conds
+from real.protocol import ModelOutput, as_conds, left_pad
 
 __all__ = ["BatchedImageLM"]
 
@@ -126,12 +126,10 @@ class BatchedImageLM(PromptRows):
         (R, S) as one chain block. Returns logits (R, 1 + S, V) float32 (+ hidden (R, P + S, D))."""
         prompts = [self.family.prompt(c, cfg) for c in as_conds(cond)]
         rows = [p.ids for p in prompts] + ([p.uncond_ids for p in prompts] if cfg else [])
-        R, P = len(rows), max(r.numel() for r in rows)
-        lens = np.array([r.numel() for r in rows], np.int64)
-        ids = torch.zeros(R, P, dtype=torch.long)
-        for r, x in enumerate(rows):     # a loop over the prompt rows, once per prefill
-            ids[r, P - x.numel():] = x
-        real = np.arange(P)[None, :] >= (P - lens)[:, None]                        # (R, P) False at padding
+        ids, real_t, _ = left_pad(rows, torch.device("cpu"))
+        R, P = ids.shape
+        real = real_t.numpy()                                                     # (R, P) False at padding
+        lens = real.sum(1).astype(np.int64)
         max_len = P + self._stream_len(self.layout.num_tokens) + 2 * self.extra_slots
         st = self.stack
         if self.cache is None or not self.cache.fits(st.n_layers, R, max_len, self.dtype, self.device):

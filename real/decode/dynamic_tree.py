@@ -33,8 +33,7 @@ from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
-from .chain import ModelDrafting, feed_draft
-from .tree import top_m
+from .drafting import ModelDrafting, feed_draft, top_m
 
 __all__ = ["DynamicTree", "grow_tree"]
 
@@ -49,6 +48,7 @@ class DynamicTree(ModelDrafting):
     topk: int = 10
     sampling: str = "lossless"
     trees = True
+    scored_as = "grown-tree"
 
     def __post_init__(self):
         checks.integer("total", self.total, lo=1)

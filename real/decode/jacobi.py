@@ -54,8 +54,11 @@ from real.protocol import Proposal
 from . import rng as R
 from .sampling import sample
 
-__all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "SCD_WINDOW", "draft_rows"]
+__all__ = ["Jacobi", "Window", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "SCD_WINDOW", "draft_rows", "JACOBI_REASON"]
 
+JACOBI_REASON = ("exact likelihood of Jacobi drafting is not tractable: a draft's q is the target's row from the "
+                 "previous iteration, conditioned on window tokens that are not in the output, so the hidden state "
+                 "holds up to W - 1 stale tokens (docs/theory.md section 12); score a drafter's chain runs instead")
 DEFAULT_WINDOW = 16                                   # SJD's max_num_new_tokens (Lumina-mGPT, LlamaGen)
 SCD_WINDOW = 32                                       # SCD's (lumina1 scripts), the default with a coupling
 INITS = ("random", "repeat_horizon", "sample_horizon")

@@ -281,16 +281,19 @@ def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
     run.hist.scatter_(1, idx, hidden.to(run.hist.dtype))
 
 
-def settle(run: Run, prop, hidden, v, Dr: int, extra: tuple = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def settle(run: Run, prop, hidden, v, Dr: int, reads: dict | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """After the verdict ``v``: keep the accepted path in the target's cache (a chain: its rejected tail rolled back; a
     tree: ``keep`` of [root; path]), for feature drafters its hidden states at their positions, and commit path + next
-    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and the ``extra`` int64 device columns (B,)
-    or blocks (B, m), as rows (E, B) (a block: m rows), all read back to the host together: the round's one sync."""
+    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and ``reads`` ({name: int64 device tensor
+    (B,) or (B, m)}) as numpy arrays of the same shapes, all read back to the host together: the round's one sync."""
     act = run.active
     acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
-    cols = (torch.as_tensor(e) for e in extra)                # (B,) columns or (B, m) blocks
-    head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in cols)], 1).cpu().numpy()
-    tau, path, more = head[:, 0], head[:, 1:Dr + 1], head[:, Dr + 1:].T
+    blocks = {k: torch.as_tensor(e) for k, e in (reads or {}).items()}
+    head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in blocks.values())], 1).cpu().numpy()
+    tau, path, got, c = head[:, 0], head[:, 1:Dr + 1], {}, Dr + 1
+    for k, e in blocks.items():          # the read-backs by name, in the order they were packed
+        w = e.shape[1] if e.ndim == 2 else 1
+        got[k], c = (head[:, c:c + w].copy() if e.ndim == 2 else head[:, c]), c + w
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
     N = prop.tokens.shape[1] - 1
     if prop.tree is None:          # a chain keeps a prefix of its block (also right after a prefill of drafts)
@@ -309,7 +312,7 @@ def settle(run: Run, prop, hidden, v, Dr: int, extra: tuple = ()) -> tuple[np.nd
     nxt = torch.as_tensor(v.next_token, device=run.dev)
     cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, tau_t[:, None], nxt[:, None])
     commit(run, cand, tau, tau_t if dev_verdict else None)
-    return tau, path, more
+    return tau, path, got
 
 
 # ----------------------------------------------------------------------------- the rounds
@@ -405,6 +408,17 @@ def _target_block(run: Run, prop):
     return run.target.forward(run.rows(prop.tokens), position_ids=pos, attn_mask=mask, return_hidden=run.feat)
 
 
+def drafted_nodes(depth, D):
+    """(B,) nodes each image drafted within its cap: ``depth`` the proposal's node depths (N+1,) or (B, N+1), root at
+    0 (numpy or torch), ``D`` (B,) the images' caps D'_b (the same library)."""
+    return ((depth[..., 1:] >= 1) & (depth[..., 1:] <= D[:, None])).sum(-1)
+
+
+def _host(x):
+    """A device tensor as numpy on the host; anything else as it is."""
+    return x.cpu().numpy() if isinstance(x, torch.Tensor) else x
+
+
 def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     """One round of ``mode`` for the batch (module docstring): propose, one target forward, verify, commit, advance."""
     Db = run.depths(mode.max_depth, getattr(mode, "plain_tail", 0))
@@ -438,29 +452,23 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
             v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
         else:                     # a mode's own verdict (real.protocol.Proposal.verify)
             v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
-    host_dep = isinstance(prop.depth, np.ndarray)
-    dev_par = dev and isinstance(prop.parent, torch.Tensor)  # a dynamic tree's parents, read back with the verdict
-    extra = () if not dev else (finite.long().expand(run.B),) + (() if host_dep else (
-        ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Dt[:, None])).sum(-1),)) + \
-        ((prop.parent.long(),) if dev_par else ())
-    tau, path, more = settle(run, prop, o.hidden, v, Dr, extra)
-    parent = prop.parent.cpu().numpy() if isinstance(prop.parent, torch.Tensor) and not dev_par else prop.parent
-    if dev_par:
-        parent = more[1 + (not host_dep):].T.copy()
-    if dev and not more[0].all():
+    reads = {}                           # the device path: device values read back with the verdict, by name
+    if dev:
+        reads["finite"] = finite.long().expand(run.B)
+        if isinstance(prop.depth, torch.Tensor):
+            reads["drafted"] = drafted_nodes(prop.depth, Dt)
+        if isinstance(prop.parent, torch.Tensor):            # a dynamic tree's parents
+            reads["parent"] = prop.parent.long()
+    tau, path, got = settle(run, prop, o.hidden, v, Dr, reads)
+    if dev and not got["finite"].all():
         check_finite(*checked)           # raises (the entries looked at, as on the host path)
+    parent = got["parent"] if "parent" in got else _host(prop.parent)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()
     mode.advance(run, prop, v, p, n0)
     sync(run.dev)
     t4 = time.perf_counter()
-    if host_dep:
-        drafted = np.where(act, ((prop.depth[..., 1:] >= 1) & (prop.depth[..., 1:] <= Db[:, None])).sum(-1), 0)
-    elif dev:
-        drafted = np.where(act, more[1], 0)
-    else:
-        dep = prop.depth.cpu().numpy()
-        drafted = np.where(act, ((dep[..., 1:] >= 1) & (dep[..., 1:] <= Db[:, None])).sum(-1), 0)
+    drafted = np.where(act, got["drafted"] if "drafted" in got else drafted_nodes(_host(prop.depth), Db), 0)
     kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
     rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if record else {}
     return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,

@@ -42,6 +42,7 @@ from theory.likelihood import check_chain_rule, log_likelihood, log_target
 
 from real.protocol import as_conds, check_pair
 from .forced_rows import Rows, _check_tokens, teacher_forced_rows
+from .jacobi import JACOBI_REASON
 from .sampling import Processing
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
@@ -49,11 +50,6 @@ __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JA
 TREE_REASON = ("exact likelihood of tree drafting covers static trees (top-k candidates; sampled candidates within "
                "theory.likelihood.tree's cost guard) and the release construction of dynamic trees "
                "(real.decode.score_tree); lossless dynamic trees (stochastic-beam keys) and greedy trees have none")
-JACOBI_REASON = ("exact likelihood of Jacobi drafting is not tractable: a draft's q is the target's row from the "
-                 "previous iteration, conditioned on window tokens that are not in the output, so the hidden state "
-                 "holds up to W - 1 stale tokens (docs/theory.md section 12); score a drafter's chain runs instead")
-
-
 def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, processing: Processing = Processing(),
           batch_size: int = 64, drafting=None, tree=None) -> dict:
     """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under speculative
@@ -64,13 +60,11 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
     without a draft)}; ``batch_size`` images per teacher-forced batch. Bad input (tokens outside V, a verifier without
     a chain rule) is refused with ValueError, a construction without an exact likelihood with NotImplementedError,
     before any model call."""
-    from .chain import Chain
-
     if tree is not None and drafting is not None:
         raise ValueError("give drafting= or tree=, not both")
     drafting = tree if tree is not None else drafting
-    if isinstance(drafting, Chain):
-        drafting, L = None, drafting.L
+    if getattr(drafting, "scored_as", None) == "chain":
+        drafting, L = None, int(drafting.max_depth)
     elif isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
         drafting, L = None, int(drafting)
     if drafting is not None:

@@ -44,7 +44,8 @@ from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds, check_pair
 from .dynamic_tree import DynamicTree
 from .sampling import Processing
-from .tree import StaticTree, top_m
+from .drafting import top_m
+from .tree import StaticTree
 
 __all__ = ["TreeRows", "tree_mode", "check", "tree_rows", "tree_likelihood", "score_trees", "LOSSLESS_REASON",
            "MASK_BUDGET"]
@@ -80,7 +81,17 @@ def tree_mode(drafting):
     ``engine.generate`` reads it), or None when it is not a tree mode."""
     if isinstance(drafting, Tree):
         return StaticTree(drafting)
-    return drafting if isinstance(drafting, (StaticTree, DynamicTree)) else None
+    return drafting if _static(drafting) or _grown(drafting) else None
+
+
+def _static(mode) -> bool:
+    """A mode whose rounds draft one static tree (``mode.tree``, ``mode.candidates``)."""
+    return getattr(mode, "scored_as", None) == "static-tree"
+
+
+def _grown(mode) -> bool:
+    """A mode whose rounds grow their tree (``total``, ``depth``, ``topk``, ``sampling``, ``params()``)."""
+    return getattr(mode, "scored_as", None) == "grown-tree"
 
 
 def check(mode, verifier, V: int, processing: Processing) -> None:
@@ -90,14 +101,14 @@ def check(mode, verifier, V: int, processing: Processing) -> None:
     from theory.likelihood import check_chain_rule
     from theory.likelihood.tree import check_sampled_cost
 
-    if not isinstance(mode, (StaticTree, DynamicTree)):
+    if tree_mode(mode) is None or isinstance(mode, Tree):
         raise ValueError(f"tree scoring needs a StaticTree or DynamicTree mode, got {type(mode).__name__}")
     check_chain_rule(verifier, "score")
     if not isinstance(processing, Processing):
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if processing.greedy:
         raise NotImplementedError(GREEDY_REASON)
-    if isinstance(mode, DynamicTree):
+    if _grown(mode):
         if mode.sampling != "release":
             raise NotImplementedError(LOSSLESS_REASON)
         if mode.topk > V:
@@ -122,13 +133,13 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
                          f"{type(drafting).__name__}")
     if draft is None:
         raise ValueError("tree rows need the draft model the trees were drafted with")
-    if isinstance(mode, DynamicTree) and mode.sampling != "release":
+    if _grown(mode) and mode.sampling != "release":
         raise NotImplementedError(LOSSLESS_REASON)
     if not isinstance(processing, Processing):
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if processing.greedy:
         raise NotImplementedError(GREEDY_REASON)
-    if isinstance(mode, StaticTree):
+    if _static(mode):
         D = int(mode.tree.depth)
         rows = teacher_forced_rows(target, draft, conds, tokens, L=D, processing=processing)
         q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
@@ -318,15 +329,15 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
         raise ValueError(f"rows must be a TreeRows (real.decode.score_tree.tree_rows), got {type(rows).__name__}")
     x = np.asarray(torch.as_tensor(tokens).cpu())
     p = rows.p.cpu().numpy()
-    if isinstance(mode, DynamicTree):
+    if _grown(mode):
         if rows.trees is None:
             raise ValueError("these rows hold no regrown trees (static-tree rows): score them with their StaticTree")
         N1 = int(rows.trees.children.shape[-2])
         if N1 != mode.total:
             raise ValueError(f"the rows' trees have {N1} nodes (root included) but the dynamic tree scores "
                              f"total = {mode.total}: rows made for another tree")
-        if not isinstance(rows.mode, DynamicTree) or rows.mode.params() != mode.params():
-            got = rows.mode.params() if isinstance(rows.mode, DynamicTree) else type(rows.mode).__name__
+        if not _grown(rows.mode) or rows.mode.params() != mode.params():
+            got = rows.mode.params() if _grown(rows.mode) else type(rows.mode).__name__
             raise ValueError(f"the rows were regrown with dynamic configuration {got}, not {mode.params()}")
         rt = RowTrees(rows.trees.children.cpu().numpy(), rows.trees.node_depth.cpu().numpy(), rows.trees.depth)
         return tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
@@ -337,7 +348,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
     if rows.q.ndim == 4 and rows.q.shape[2] != D:
         raise ValueError(f"the rows have draft rows for {rows.q.shape[2]} depths but the tree has depth {D}: rows "
                          "made for another tree")
-    if isinstance(rows.mode, StaticTree) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
+    if _static(rows.mode) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
         raise ValueError(f"the rows were made for a tree of {rows.mode.tree.n_nodes} nodes, not {mode.tree.n_nodes}")
     return tree_log_likelihood(p, rows.q.cpu().numpy(), x, verifier, mode.tree, candidates=mode.candidates,
                                convention=rows.convention)
@@ -364,7 +375,7 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
     check_pair(target, draft)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if not all(m.batched and (m.row_masks or isinstance(mode, StaticTree)) for m in (target, draft)):
+    if not all(m.batched and (m.row_masks or _static(mode)) for m in (target, draft)):
         batch_size = 1
     lp, lph = [], []
     for a in range(0, len(conds), batch_size):   # a loop over batches of images

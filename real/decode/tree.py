@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from theory.tree import Tree, draft_without_replacement, truncate_tree
-from real.nn.devpath import host_path, to_device
+from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
-from .chain import ModelDrafting, feed_draft
+from .drafting import ModelDrafting, feed_draft, top_m
 from .round import static_depth
 
 __all__ = ["StaticTree", "TreePlan", "tree_plan", "draft_tree", "top_m", "CANDIDATES"]
@@ -33,6 +33,7 @@ class StaticTree(ModelDrafting):
     docstring)."""
     tree: Tree
     candidates: str = "sampled"
+    scored_as = "static-tree"
     trees = True
 
     def __post_init__(self):
@@ -147,23 +148,6 @@ def _exponential(run, level: int, shape: tuple) -> torch.Tensor:
     """Exp(1) noise (B, *shape) -log U from the images' float64 uniforms in [0, 1) for tree level ``level``: always
     > 0 (U = 0, probability 2^-53, gives inf: that token is simply drawn last, no NaN)."""
     return run.rng.uniform(run.n, R.TREE + level, shape).log_().neg_()
-
-
-def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
-    """Indices (..., m) of the m largest entries of x (..., V) in decreasing order, ties to the lower index:
-    ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries (``topk``, then the m winners
-    ordered by (value, index)); when a tie straddles the m-th place, the full stable sort decides."""
-    V = x.shape[-1]
-    if m >= V or not host_path(x.device):    # the device path: one stable sort, no read-back of the tie checks
-        return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
-    val, idx = x.topk(m + 1, dim=-1, sorted=True)
-    if not bool((val[..., 1:] == val[..., :-1]).any()):   # no tie among the m + 1 largest: topk's order is the one
-        return idx[..., :m]
-    if bool((val[..., m - 1] == val[..., m]).any()):      # which of the tied entries is in is decided by index
-        return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
-    idx, val = idx[..., :m], val[..., :m]
-    idx, o = idx.sort(dim=-1)                              # by index, then stably by value: ties to the lower id
-    return idx.gather(-1, torch.argsort(val.gather(-1, o), dim=-1, descending=True, stable=True))
 
 
 def draft_tree(run, plan: TreePlan, with_q: bool = True, topk: bool = False):

@@ -395,7 +395,7 @@ def load_rows(path, name: str = "record"):
     hint = "write it again with coolsd generate --record FILE (a speculative --method, not ar)"
     z = checks.npz_arrays(name, path, ("p", "q"), hint)
     try:
-        if "dynamic" in z:   # q empty: the release's point-mass candidates (coolsd.commands.dynamic_record)
+        if "dynamic" in z:   # q empty: the release's point-mass candidates (real.decode.modes.dynamic)
             return DynamicRows(z["p"], z["q"] if z["q"].size else None, z["tokens"], z["parent"], z["max_depth"],
                                int(json.loads(str(z["dynamic"]))["tree_topk"]), z["image"])
         if "tree_paths" in z:

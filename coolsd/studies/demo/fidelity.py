@@ -40,14 +40,13 @@ def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) ->
     ar_tok = results["ar"].tokens.numpy()
     mode = s.tree_mode()
     tree = []
-    for sp in [sp for sp in runs if sp.drafting == "tree"]:   # a loop over tree runs: the constructions scored
+    for sp in [sp for sp in runs if sp.tree_drafted]:   # a loop over tree runs: the constructions scored
         try:
             check(mode, sp.rule, int(target.vocab_size), proc)
             tree.append(sp)
         except NotImplementedError as e:
             out[sp.key] = {"fidelity_reason": str(e)}
-    for drafting, group in (("chain", [sp for sp in runs if sp.drafting == "chain"]), ("tree", tree)):
-        m = mode if drafting == "tree" else None
+    for m, group in ((None, [sp for sp in runs if not sp.tree_drafted]), (mode, tree)):   # chains, then trees
         for draft in sorted({sp.draft for sp in group}):   # a loop over draft kinds (AR rows need each draft's q)
             mine = [sp for sp in group if sp.draft == draft]
             ar = score_images(target, drafts[draft], classes, ar_tok, {sp.key: sp.rule for sp in mine}, s.L, proc,

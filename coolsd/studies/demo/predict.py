@@ -204,16 +204,16 @@ def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) 
     return T * costs["ar_step_s"] / t
 
 
-def time_verifier(kind: str, arrays_or_groups, verifier, tree: Tree | None, n: int = 100, device="cpu") -> float:
+def time_verifier(arrays_or_groups, verifier, tree: Tree | None, n: int = 100, device="cpu") -> float:
     """Seconds per round of the verifier alone, timed on recorded rows as the engine calls it
-    (one round at a time, torch tensors)."""
+    (one round at a time, torch tensors): chain rows when ``tree`` is None, else tree groups."""
     from theory.tree import verify_tree
     from theory.rules.chain import verify_chain
 
     from theory.tree import truncate_tree
 
     g = torch.Generator(device=device).manual_seed(0)
-    if kind == "chain":
+    if tree is None:
         p, q, d, nd, _ = arrays_or_groups
         idx = np.flatnonzero(nd == nd.max())[:n]
         P = torch.as_tensor(p[idx], dtype=torch.float32, device=device)
@@ -266,7 +266,7 @@ def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int 
     seeded subsample of) the vanilla chain records alone: the predicted trade-off curves."""
     from real.zoo import vq
 
-    van = next(r for r in results.values() if r.spec is not None and r.spec.record and r.spec.drafting == "chain")
+    van = next(r for r in results.values() if r.spec is not None and r.spec.record and not r.spec.tree_drafted)
     p, q, d, nd, start = chain_arrays(van.gens, s.L)
     if len(d) > max_rounds:
         idx = np.sort(np.random.default_rng(s.seed).choice(len(d), max_rounds, replace=False))

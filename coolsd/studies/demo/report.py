@@ -6,6 +6,8 @@ import pathlib
 
 import numpy as np
 
+from .settings import chain_drafted, tree_drafted
+
 FIGURES = {
     "pareto": "pareto.png",
     "predicted_vs_measured": "predicted_vs_measured.png",
@@ -26,7 +28,7 @@ def label(m: dict) -> str:
         s = f"{m['name']} k={p['k']} d={p['delta']:g}"
     else:
         s = m["name"]
-    return s + (" [tree]" if m["drafting"] == "tree" else "")
+    return s + (" [tree]" if tree_drafted(m["drafting"]) else "")
 
 
 def _f(x, nd=3):
@@ -104,7 +106,7 @@ def find_method(methods, name, drafting, **params):
 def chain_vs_tree_table(report: dict) -> str:
     rows = []
     for m in report["methods"]:
-        if m["drafting"] != "tree":
+        if not tree_drafted(m["drafting"]):
             continue
         c = find_method(report["methods"], m["name"], "chain", **m["params"])
         if c is None:
@@ -141,7 +143,7 @@ def separation_table(report: dict) -> str:
 
 def _small_delta_note(report: dict) -> str:
     sw = report.get("predicted_sweeps", {}).get("cool-sd")
-    van = next((m for m in report["methods"] if m["name"] == "vanilla" and m["drafting"] == "chain"), None)
+    van = next((m for m in report["methods"] if m["name"] == "vanilla" and chain_drafted(m["drafting"])), None)
     if not sw or van is None:
         return ""
     pts = ", ".join(f"delta={p['value']:g}: {p['tokens_per_call']:.2f}" for p in sw if p["value"] <= 3)
@@ -265,7 +267,7 @@ def figures(out: pathlib.Path, report: dict, results: dict, settings) -> dict:
 
 
 def _family(m):
-    return m["name"] + (" [tree]" if m["drafting"] == "tree" else "")
+    return m["name"] + (" [tree]" if tree_drafted(m["drafting"]) else "")
 
 
 def pareto(path, report) -> None:
@@ -283,7 +285,7 @@ def pareto(path, report) -> None:
         x = [m["accepted_length"]["measured"] for m in ms]
         y = [m["frechet_distance"] for m in ms]
         ax.errorbar(x, y, xerr=[m["accepted_length"]["measured_se"] for m in ms],
-                    yerr=[m["frechet_distance_se"] for m in ms], fmt=("s" if "tree" in f else "o") + ("-" if len(ms) > 1 else ""),
+                    yerr=[m["frechet_distance_se"] for m in ms], fmt=("s" if tree_drafted(ms[0]["drafting"]) else "o") + ("-" if len(ms) > 1 else ""),
                     color=cmap[f], label=f, capsize=3)
         for m in ms:
             if m["name"] == "cool-sd":
@@ -302,7 +304,7 @@ def pareto(path, report) -> None:
         ms = sorted(ms, key=lambda m: m["accepted_length"]["measured"])
         nx.errorbar([m["accepted_length"]["measured"] for m in ms], [m["nll_per_token"] for m in ms],
                     xerr=[m["accepted_length"]["measured_se"] for m in ms], yerr=[m["nll_per_token_se"] for m in ms],
-                    fmt=("s" if "tree" in f else "o") + ("-" if len(ms) > 1 else ""), color=cmap[f], label=f, capsize=3)
+                    fmt=("s" if tree_drafted(ms[0]["drafting"]) else "o") + ("-" if len(ms) > 1 else ""), color=cmap[f], label=f, capsize=3)
     nx.axhline(b["nll_per_token"], color="gray", ls="--", lw=1, label="plain AR (target)")
     nx.set_xlabel("measured tokens per target call")
     nx.set_ylabel("target NLL per token of the generated codes (nats)")
@@ -313,7 +315,7 @@ def pareto(path, report) -> None:
         bx.plot(xs, ys, "-", color=cmap.get(name, "k"), label=f"{name} (sweep: {pts[0]['param']} "
                 f"{pts[0]['value']:g}..{pts[-1]['value']:g})")
     for m in report["methods"]:
-        if m["drafting"] == "chain":
+        if chain_drafted(m["drafting"]):
             bx.plot(m["accepted_length"]["predicted"], m["tv_bound"], "o", color=cmap[_family(m)], ms=7, mec="k")
     bx.set_xlabel("predicted tokens per target call (from vanilla records)")
     bx.set_ylabel("predicted per-round TV bound (T11)")
@@ -335,7 +337,7 @@ def predicted_vs_measured(path, report) -> None:
     cm = matplotlib.colormaps["tab20"]
     for i, m in enumerate(report["methods"]):
         a = m["accepted_length"]
-        ax.errorbar(a["predicted"], a["measured"], yerr=2 * a["measured_se"], fmt="s" if m["drafting"] == "tree" else "o",
+        ax.errorbar(a["predicted"], a["measured"], yerr=2 * a["measured_se"], fmt="s" if tree_drafted(m["drafting"]) else "o",
                     capsize=3, label=label(m), color=cm(i % 20))
         lo, hi = min(lo, a["predicted"], a["measured"]), max(hi, a["predicted"], a["measured"])
     pad = 0.05 * (hi - lo + 1e-9)

@@ -42,7 +42,7 @@ from .predict import chain_arrays, chain_prediction, predicted_speedup, sweep_pr
 from .fidelity import fidelity_entries, round_arrays
 from .quality import fd_with_se, manifest_floor, nll_with_se, real_floor
 from .report import find_method
-from .settings import T_IMAGE, Settings, Spec, specs
+from .settings import T_IMAGE, Settings, Spec, chain_drafted, specs, tree_drafted
 
 @dataclass
 class Result:
@@ -123,7 +123,7 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
         rounds = {sp.key: np.array([len(x.rounds) for x in gens[sp.key]]) for sp in runs}
         for sp in runs:
             g = gens.pop(sp.key)
-            extra = {"rounds": round_arrays(g, T_IMAGE)} if sp.drafting == "chain" else {}
+            extra = {"rounds": round_arrays(g, T_IMAGE)} if not sp.tree_drafted else {}
             results[sp.key] = Result(sp, g if sp.record else [], torch.stack([x.tokens for x in g]), engine.summarize(g),
                                      extra)
         bar.close()
@@ -157,7 +157,7 @@ def _batch_note(s: Settings, runs, rounds: dict, target, drafts: dict, proc) -> 
     costs = {B: batching.unit_costs(target, drafts[s.chain_draft], B, proc, s.L) for B in Bs}
     per = {" ".join([sp.name, *(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sp.params.items())]):
            batching.stops_paying(rounds[sp.key], costs, T_IMAGE, s.L)
-           for sp in runs if sp.drafting == "chain" and sp.draft == s.chain_draft and not sp.extra}
+           for sp in runs if not sp.tree_drafted and sp.draft == s.chain_draft and not sp.extra}
     return {"batches": list(Bs), "unit_costs": {str(B): c for B, c in costs.items()},
             "methods": {k: {"stops_paying_at": v["stops_paying_at"],
                             "predicted": {str(B): x for B, x in v["predicted"].items()}} for k, v in per.items()},
@@ -167,7 +167,7 @@ def _batch_note(s: Settings, runs, rounds: dict, target, drafts: dict, proc) -> 
 def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, tree, L: int, B: int):
     """One batch of run ``sp`` (``tree``: the tree runs' ``StaticTree`` mode)."""
     return engine.generate(target, draft, classes, num_tokens=T_IMAGE, verifier=sp.verifier, processing=proc,
-                           drafting=tree if sp.drafting == "tree" else L, seed=seed, batch_size=min(B, len(classes)),
+                           drafting=tree if sp.tree_drafted else L, seed=seed, batch_size=min(B, len(classes)),
                            record_rows=sp.record)
 
 
@@ -182,7 +182,7 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
     for sp in runs:
         if sp.record:
             res = results[sp.key]
-            data = chain_arrays(res.gens, s.L) if sp.drafting == "chain" else tree_records(res.gens)
+            data = tree_records(res.gens) if sp.tree_drafted else chain_arrays(res.gens, s.L)
             c = unit_costs(res.stats, ar.stats)
             c["cost_ratio_draft_over_ar_step"] = c["draft_step_s"] / c["ar_step_s"]
             c["cost_ratio_target_pass_over_ar_step"] = c["target_per_round_s"] / c["ar_step_s"]
@@ -202,18 +202,18 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
         res = results[sp.key]
         st = res.stats
         data, c = sources[(sp.drafting, sp.draft)]
-        if sp.drafting == "chain":
+        if not sp.tree_drafted:
             pred = chain_prediction(data, sp.rule, s.L, sp.draft == "eagle")
-            verify_s = time_verifier("chain", data, sp.verifier, None, device=s.device)
+            verify_s = time_verifier(data, sp.verifier, None, device=s.device)
         else:
             pred = tree_prediction(data, sp.rule, tree,
                                    draft_law="point" if s.tree_candidates == "topk" else "without_replacement")
-            verify_s = time_verifier("tree", data, sp.verifier, tree, device=s.device)
+            verify_s = time_verifier(data, sp.verifier, tree, device=s.device)
         measured = st["tokens_per_target_call"]
         entry = {
             "name": sp.name, "params": sp.params, "drafting": sp.drafting, "draft": sp.draft,
-            "L": s.L if sp.drafting == "chain" else tree.depth,
-            **({"tree": {"nodes": tree.n_nodes, "depth": tree.depth, "name": s.tree}} if sp.drafting == "tree" else {}),
+            "L": tree.depth if sp.tree_drafted else s.L,
+            **({"tree": {"nodes": tree.n_nodes, "depth": tree.depth, "name": s.tree}} if sp.tree_drafted else {}),
             "accepted_length": {"predicted": pred["tokens_per_call"], "measured": measured,
                                 "measured_se": st["tokens_per_target_call_se"],
                                 "relative_error": (pred["tokens_per_call"] - measured) / measured,
@@ -228,7 +228,7 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
             "acceptance_rate": st["acceptance_rate"], "seconds": st["seconds"], "rounds": st["rounds"],
             "images": st["images"], "time_split_s": {k: st[k] for k in ("time_draft_s", "time_target_s", "time_verify_s")},
             "predicted_from": f"vanilla {sp.drafting} run with the {sp.draft} draft: recorded P/Q rows "
-                              + ("(T10/T11, theory.likelihood.recorded.predict_rounds)" if sp.drafting == "chain"
+                              + ("(T10/T11, theory.likelihood.recorded.predict_rounds)" if not sp.tree_drafted
                                  else "(theory.likelihood.recorded.predict_tree_rounds)"),
         }
         (others if sp.extra else methods).append(entry)
@@ -263,7 +263,7 @@ def _checks(methods) -> dict:
                                                     "pass": bool(abs(a["relative_error"]) < 0.05)}
     cs = []
     for m in methods:
-        if m["name"] == "cool-sd" and m["drafting"] == "chain" and m["params"]["delta"] > 1:
+        if m["name"] == "cool-sd" and chain_drafted(m["drafting"]) and m["params"]["delta"] > 1:
             b = m["accepted_length"]
             se = math.hypot(b["measured_se"], a["measured_se"])
             cs.append({"delta": m["params"]["delta"], "measured": b["measured"], "vanilla": a["measured"],
@@ -271,7 +271,7 @@ def _checks(methods) -> dict:
     out["cool_sd_delta_gt_1_accepts_more_than_vanilla"] = {"runs": cs, "pass": bool(cs) and all(c["pass"] for c in cs)}
     tv = []
     for m in methods:
-        if m["drafting"] == "tree":
+        if tree_drafted(m["drafting"]):
             ch = find_method(methods, m["name"], "chain", **m["params"])
             if ch is not None:
                 tv.append({"name": m["name"], "params": m["params"], "chain": ch["accepted_length"]["measured"],

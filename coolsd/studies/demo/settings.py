@@ -58,12 +58,17 @@ class Settings:
 class Spec:
     name: str                 # contract name
     params: dict
-    drafting: str             # "chain" | "tree"
+    drafting: str             # a mode's name (real.decode.modes): chain or tree
     verifier: object          # for the engine (LANTERN tables as torch tensors on the device)
     draft: str
     record: bool = False
     theory_verifier: object = None   # the same rule on numpy rows (predictions); None: ``verifier``
     extra: bool = False              # reported under "other_drafts", not in "methods"
+
+    @property
+    def tree_drafted(self) -> bool:
+        """Whether the run drafts a static tree (its mode's declaration, ``ModeDef.static_tree``)."""
+        return tree_drafted(self.drafting)
 
     @property
     def rule(self):
@@ -114,3 +119,16 @@ def specs(s: Settings, neighbors) -> list[Spec]:
         out.append(spec("vanilla", {}, "chain", s.extra_draft, record=True, extra=True))
     return out
 
+
+def tree_drafted(drafting: str) -> bool:
+    """Whether ``drafting`` (a mode's name or report label) drafts a static tree (``ModeDef.static_tree``)."""
+    from real.decode.modes import lookup
+
+    return lookup(drafting).static_tree
+
+
+def chain_drafted(drafting: str) -> bool:
+    """Whether ``drafting`` (a mode's name or report label) drafts chains from a draft model (``ModeDef.chain``)."""
+    from real.decode.modes import lookup
+
+    return lookup(drafting).chain

@@ -113,7 +113,7 @@ def merge(cfg, store: Store, dist, ctx=None) -> dict | None:
     rep["config"] = {"model": cfg.model, "grid_items": list(cfg.grid_items), "grid": [s.key for s in cfg.settings],
                      "vanilla_added": cfg.vanilla_added, "images": cfg.images, "unit_images": cfg.unit_images,
                      "seed": cfg.seed, "L": ctx.L, "tree": cfg.tree, "dynamic": cfg.dynamic,
-                     "tree_candidates": cfg.drafting.candidates if cfg.tree is not None else None,
+                     "tree_candidates": cfg.drafting.identity()["candidates"] if cfg.tree is not None else None,
                      "num_tokens": int(ctx.bundle.num_tokens),
                      "drafting": cfg.drafting_kind,
                      "draft": ctx.bundle.info.get("draft"), "batch_size": cfg.batch_size, "device": cfg.device,

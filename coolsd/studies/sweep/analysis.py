@@ -140,11 +140,11 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             rule = s.verifier(ctx.L, nb, cb)
             if ctx.tree is None:
                 pred = demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row)
-                verify_s = demo.time_verifier("chain", source, ctx.verifier(s), None, device=ctx.device)
+                verify_s = demo.time_verifier(source, ctx.verifier(s), None, device=ctx.device)
             else:
                 pred = demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row,
                                             draft_law="point" if ctx.mode.candidates == "topk" else "without_replacement")
-                verify_s = demo.time_verifier("tree", source, ctx.verifier(s), ctx.tree, device=ctx.device)
+                verify_s = demo.time_verifier(source, ctx.verifier(s), ctx.tree, device=ctx.device)
         drafted = d["round_drafted"]
         depth = np.where(d["round_depth"] >= 0, d["round_depth"], drafted)
         e = {"name": s.method, "params": s.params_dict, "drafting": drafting,
@@ -168,8 +168,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             e |= fid[s.key]
         else:
             e |= {"tv_to_target": None, "kl_to_target": None, "tv_bound_image": None,
-                  "fidelity_reason": f"{drafting} drafting: no exact likelihood (real.decode.score."
-                                     f"{'JACOBI_REASON' if drafting == 'jacobi' else 'TREE_REASON'})"}
+                  "fidelity_reason": f"{drafting} drafting: no exact likelihood: {_no_likelihood(cfg)}"}
         entries.append(e)
     versions = sorted({v for d in (ar, *loaded.values()) for v in d["code_versions"]})
     batch_note = _batch_note(cfg, ctx, loaded, T)
@@ -181,7 +180,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
                                     f"{len(np.unique(van['round_image'][van['round_image'] < cfg.record_images]))} "
                                     "images (coolsd.studies.demo predictions)" if predictable else
                                     ("not available (dynamic trees: the sweep records no per-round trees; "
-                                     "coolsd generate --record does)" if drafting == "dynamic-tree" else
+                                     "coolsd generate --record does)" if cfg.drafting.mode.grown_tree else
                                      "not available (no recorded vanilla rows: --record-images 0?)"),
                             "tokens_per_row": per_row,
                             "costs": costs},
@@ -269,3 +268,9 @@ def _families(entries: list[dict]) -> dict:
         fam.setdefault(e["family"], []).append(e)
     return fam
 
+
+def _no_likelihood(cfg) -> str:
+    """Why the sweep's mode has no exact likelihood (its declaration's reason; tree modes: per construction)."""
+    from real.decode.score import TREE_REASON
+
+    return cfg.drafting.mode.no_likelihood or TREE_REASON

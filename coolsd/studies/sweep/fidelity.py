@@ -89,8 +89,8 @@ def rule_of(ctx: Context, s):
 
 def scored(ctx: Context) -> bool:
     """Whether the sweep's drafting can have an exact likelihood (a drafter's chains or trees; per setting the tree
-    construction may still have none: ``_reason``)."""
-    return getattr(ctx, "jacobi", None) is None
+    construction may still have none: ``_reason``): the mode declares it (``ModeDef.no_likelihood``)."""
+    return ctx.cfg.drafting.mode.no_likelihood is None
 
 
 def tree_mode(ctx: Context):
@@ -102,13 +102,10 @@ def tree_mode(ctx: Context):
 
 def reason(ctx: Context, s, rule) -> str | None:
     """Why setting ``s`` has no exact likelihood under the sweep's tree mode, or None (chains: always None)."""
-    mode = tree_mode(ctx)
-    if mode is None:
+    if tree_mode(ctx) is None:
         return None
-    from real.decode.score_tree import check
-
-    try:
-        check(mode, rule, int(ctx.bundle.target.vocab_size), proc_of(ctx, s))
+    try:                                       # the mode's likelihood hook (real.decode.modes)
+        ctx.cfg.drafting.mode.likelihood(ctx.mode, rule, int(ctx.bundle.target.vocab_size), proc_of(ctx, s))
     except NotImplementedError as e:
         return str(e)
     return None

@@ -67,9 +67,8 @@ class SweepConfig:
 
     @property
     def drafting_kind(self) -> str:
-        """chain, tree (static), dynamic-tree, or a drafter-free mode's name (jacobi)."""
-        k = self.drafting.kind
-        return "dynamic-tree" if k == "dynamic" else k
+        """The mode's report label (``ModeDef.label``: chain, tree, dynamic-tree, jacobi, ...)."""
+        return self.drafting.mode.label
 
     @property
     def L(self) -> int:
@@ -79,12 +78,13 @@ class SweepConfig:
     @property
     def tree(self) -> str | None:
         """The static tree (--tree text), or None."""
-        return self.drafting.tree if self.drafting.kind == "tree" else None
+        return self.drafting.opts.get("tree") if self.drafting.mode.static_tree else None
 
     @property
     def dynamic(self) -> tuple | None:
         """The dynamic tree's (total, depth, topk, sampling), or None."""
-        return self.drafting.dynamic
+        d = self.drafting.identity().get("dynamic")
+        return None if d is None else tuple(d)
 
     @property
     def n_blocks(self) -> int:
@@ -189,7 +189,7 @@ class Context:
     """The models and everything a unit needs, loaded once per rank."""
 
     def __init__(self, cfg: SweepConfig, dist: Dist):
-        from real.decode.modes import DynamicTree, StaticTree
+        from coolsd.options import model_facts
         from real.protocol import NO_DRAFT
         from real.registry import BuildOptions, build
 
@@ -200,15 +200,16 @@ class Context:
             dev = f"cuda:{dist.local_rank}"
         self.device = dev
         n_cond = cfg.images
-        free = cfg.drafting.kind not in ("chain", "tree", "dynamic")      # a drafter-free mode: no draft model
-        b = build(cfg.model, BuildOptions(device=dev, draft=NO_DRAFT if free else cfg.draft, seed=cfg.seed,
-                                          num_images=n_cond), **dict(cfg.model_options))
+        mdef = cfg.drafting.mode                  # the mode's declaration: its capabilities
+        draft = cfg.draft if mdef.needs_draft else NO_DRAFT         # a drafter-free mode: no draft model
+        b = build(cfg.model, BuildOptions(device=dev, draft=draft, seed=cfg.seed, num_images=n_cond),
+                  **dict(cfg.model_options))
         self.bundle = b
-        self.mode = cfg.drafting.build(b, cfg.model)
+        self.mode = cfg.drafting.build(model_facts(b, cfg.model))
         self.L = self.mode.max_depth
-        self.tree = self.mode.tree if isinstance(self.mode, StaticTree) else None
-        self.dynamic = self.mode if isinstance(self.mode, DynamicTree) else None
-        self.jacobi = self.mode if free else None
+        self.tree = self.mode.tree if mdef.static_tree else None
+        self.dynamic = self.mode if mdef.grown_tree else None
+        self.jacobi = None if mdef.needs_draft else self.mode
         self.proc = Processing(temperature=cfg.temperature, top_k=b.top_k,
                                cfg_scale=b.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale)
         ncls = getattr(getattr(b.target, "config", None), "num_classes", None)

@@ -1,0 +1,50 @@
+"""Drafter-free Jacobi windows (``real.decode.jacobi.Jacobi``: Speculative Jacobi Decoding and SCD): ``--mode
+jacobi`` with ``--window``, ``--jacobi-init``, ``--coupling``; no draft model.
+
+Record: the chain format, stamped ``draft: jacobi``. Likelihood: none (``JACOBI_REASON``)."""
+from __future__ import annotations
+
+from ..jacobi import DEFAULT_WINDOW, JACOBI_REASON, SCD_WINDOW, Jacobi
+from .base import ModeDef, Option
+
+__all__ = ["JACOBI", "JACOBI_REASON", "window_facts"]
+
+def window_facts(opts: dict, facts: dict, *, bounded: bool = True) -> dict:
+    """A window mode's constructor arguments from the model's facts: ``width`` (the image row width, None unknown);
+    ValueError when the window exceeds the image (``bounded``) or an initialisation needs a width it lacks."""
+    if not facts:
+        return {}
+    T = facts.get("num_tokens")
+    if bounded and T is not None and opts.get("window", 0) > T:
+        raise ValueError(f"--window {opts['window']} is larger than the image ({T} tokens)")
+    if opts.get("init", "random") != "random" and facts.get("width") is None:
+        raise ValueError(f"--jacobi-init {opts['init']} needs the image row width; --model's images have no known grid")
+    return {"width": facts.get("width")}
+
+
+class JacobiDef(ModeDef):
+    deprecated_by = "draft"                # the older --draft NAME
+    name, label, describes = "jacobi", "jacobi", "Jacobi drafting"
+    options = (
+        Option("window", int, f"target rows per call W (jacobi: W - 1 Jacobi drafts; default {DEFAULT_WINDOW}, the SJD "
+                              f"release's, or {SCD_WINDOW} with a --coupling, the SCD release's)", lo=1,
+               image_bound=True),
+        Option("jacobi_init", str, "initialisation of new window slots, as the SJD release's schemes (default random)",
+               choices=("random", "repeat_horizon", "sample_horizon"), key="init"),
+        Option("coupling", str, "couple consecutive iterations' drafts (SCD): scd-mc maximal coupling as released (not "
+                                "lossless), scd-mc-p the same with the current rows as q (lossless), scd-gs Gumbel "
+                                "coupling (default none: plain SJD)", choices=("none", "scd-mc", "scd-mc-p", "scd-gs")),
+    )
+    no_likelihood = JACOBI_REASON
+
+    def build(self, opts, facts=None):
+        return Jacobi(**opts, **self.from_facts(opts, facts or {}))
+
+    def from_facts(self, opts, facts):
+        out = window_facts(opts, facts)
+        if facts.get("plain_tail"):          # SJD / SCD on Lumina-mGPT: the last codes plainly (the model's schedule)
+            out["plain_tail"] = int(facts["plain_tail"])
+        return out
+
+
+JACOBI = JacobiDef()
