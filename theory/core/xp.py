@@ -94,13 +94,18 @@ def _sample_numpy(w, u):
 
 def ratio_min1(num: Array, q: Array, xp=None) -> Array:
     """min(1, num / q) elementwise, with the convention 1 where q = 0 (a token that is never drafted); num and q
-    broadcast. The division runs only where num < q (no overflow on denormal q; NaN in num propagates)."""
+    broadcast (num >= 0: masses). The division runs only where num < q (no overflow on a denormal q); a NaN or
+    negative num is passed through where it is not below q (never read as an acceptance of 1)."""
+    if array_api_compat.is_numpy_array(num) and array_api_compat.is_numpy_array(q):   # numpy's own functions (the
+        import numpy as np                                                             # compat layer's cost 5x here)
+
+        lt = num < q
+        return np.where(lt, num / np.where(lt, q, 1), np.where(num >= 0, 1, num)).astype(np.result_type(num, q),
+                                                                                          copy=False)
     xp = xp or namespace(num, q)
-    pos = q > 0
-    big = num >= q                                   # ratio >= 1: no division (a tiny q would overflow it)
-    safe_q = xp.where(pos & ~big, q, xp.ones_like(q))
-    one = xp.ones_like(safe_q)
-    return xp.where(pos, xp.where(big, one, num / safe_q), one)
+    lt = num < q                                     # ratio below 1 (so q > 0): the only place it divides
+    one = xp.ones_like(xp.where(lt, num, q))         # (the broadcast shape and dtype)
+    return xp.where(lt, num / xp.where(lt, q, one), xp.where(num >= 0, one, num))
 
 
 def mark(idx: Array, V: int, xp=None) -> Array:

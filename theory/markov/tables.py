@@ -22,7 +22,6 @@ from .. import rules as _rules
 from ..core import checks
 from ..core.xp import namespace
 from ..rules.discrepancy import discrepancy_of, optimal_discrepancy_of
-from ..rules.lantern import _blocks as _lantern_blocks
 
 ROW_SUM_TOL = checks.ROW_SUM_TOL   # |sum of a float64 row - 1| allowed for P, Q and G rows
 DEFAULT_MAX_SEQUENCES = 10**8
@@ -234,20 +233,16 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     """Estimated peak memory (bytes) of ``verifier.tables`` on (V, V) float64 chain rows.
 
     Elementwise rules keep about 4L + 2 (V, V) float64 arrays alive (per-position temporaries and the
-    stacked (L, V, V) F and G); LANTERN's acceptance (section 6) gathers its neighbours' masses block by
-    block (about 2L + 8 + 3 w (V, V) arrays, w its first block's columns for LANTERN++, the widest block's plus all
-    the blocks' columns for LANTERN), and the effective law of our renormalised
+    stacked (L, V, V) F and G); LANTERN's acceptance (section 6) adds its neighbours' masses one column
+    at a time (about 2L + 11 (V, V) arrays, whatever k), and the effective law of our renormalised
     LANTERN++ resampler (``dense_effective_law``; not the released one) forms dense (V_x, V_x, V_y)
     stacks: about 5 float64 arrays of V^3 at its peak; GSD's group acceptance (section 6b) gathers its 2w
     window members into (V, V, 2w) arrays (about 10 w + 2L + 10 (V, V) arrays in all). Measured with
     tracemalloc (tests/test_bad_input.py, tests/test_gsd.py): within 20%."""
     acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
     n = 4 * L + 2
-    if isinstance(acc, _rules.Lantern):   # its blocks of neighbour columns (theory.rules.lantern._blocks)
-        blocks = [b - a for a, b in _lantern_blocks(int(acc.k))]
-        # LANTERN++'s relative threshold stops nearly every prefix in the first block; LANTERN's absolute delta may
-        # keep every entry to the widest one (an upper side: fewer stay active when delta is small)
-        n = 2 * L + 8 + (3 * blocks[0] if acc.lam is not None else 3 * max(blocks) + sum(blocks))
+    if isinstance(acc, _rules.Lantern):   # its neighbour masses are added one column at a time
+        n = 2 * L + 11
     if isinstance(acc, _rules.Grouped) and acc.window > 0:
         n = 10 * int(acc.window) + 2 * L + 10
     cube = 5 * V ** 3 if getattr(res, "dense_effective_law", False) else 0

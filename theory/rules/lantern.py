@@ -74,12 +74,13 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
 
 
-# A code's neighbour masses are summed in blocks of columns with fixed bounds [0, 2), [2, 6), [6, 14), ... (each
-# twice the last): an entry's arithmetic is then the same whichever other entries are computed with it, so the mass
-# at the drafted tokens equals the dense row's bit for bit on every backend, and an entry whose prefix stopped leaves
-# after its block (LANTERN++'s short prefixes cost about one block, not k columns). At most GATHER_LIMIT
-# (entries x columns) are gathered at once.
+# A code's neighbour masses are added one column at a time, in the rows' dtype (sequential sums: an entry's value does
+# not depend on which other entries are computed with it, so the mass at the drafted tokens equals the dense row's bit
+# for bit on every backend), over blocks of columns [0, 2), [2, 6), [6, 14), ... (each twice the last): after a block
+# the entries whose prefix stopped leave the active set when it has shrunk by COMPACT below, and the loop ends when
+# none is left (one read-back per block). At most GATHER_LIMIT entries are gathered at once.
 FIRST_BLOCK = 2
+COMPACT = 0.8
 GATHER_LIMIT = 1 << 22
 
 
@@ -126,29 +127,16 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
     return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
 
 
-def _block_sums(pf: Array, e: Array, c: Array, nb: Array, a: int, b: int, V: int, xp, dense: Array | None = None) -> Array:
-    """Cumulative masses (1 + b - a, m) of entries e (m,) (flat row * V + code) through neighbour ranks a..b-1, starting
-    from c (m,): rows [c, c + p(nb_a), ...] (entries along the fast axis: the running sums are vector additions). With
-    ``dense`` the rows (R, V) whose every entry is asked for (e = 0..R V - 1): one gather with the table's columns as a
-    shared index. Otherwise sliced over the entries to bound the gather (GATHER_LIMIT)."""
+def _column(pf: Array, base: Array, yK: Array, nbf: Array, j: int, dense: Array | None, xp) -> Array:
+    """p at the j-th neighbour of each active entry (m,): flat entries base + code, yK = code * K; ``dense`` the rows
+    (R, V) when every entry of them is active (then one gather with the table's column as a shared index)."""
     if dense is not None:
-        R = dense.shape[0]
-        cols = xp.reshape(xp.matrix_transpose(nb[:, a:b]), (-1,))                 # (b - a) V: column-major
-        g = xp.reshape(xp.take(dense, cols, axis=1), (R, b - a, V))
-        g = xp.reshape(xp.permute_dims(g, (1, 0, 2)), (b - a, R * V))
-        return xp.cumulative_sum(xp.concat([c[None, :], g], axis=0), axis=0)
-    step = max(1, GATHER_LIMIT // (b - a))
-    K = nb.shape[1]
-    nbf = xp.reshape(nb, (-1,))                 # the table flat (a gather of the block's columns only, O(m (b - a)))
-    cols = xp.arange(a, b, device=array_api_compat.device(nb))
-    parts = []
-    for s in range(0, e.shape[0], step):   # a loop over slices of the entries (memory), each vectorised
-        es = e[s:s + step]
-        y = es % V
-        nbs = xp.reshape(xp.take(nbf, xp.reshape(cols[:, None] + (y * K)[None, :], (-1,))), (b - a, es.shape[0]))
-        g = xp.reshape(xp.take(pf, xp.reshape(nbs + (es - y)[None, :], (-1,))), (b - a, es.shape[0]))
-        parts.append(xp.cumulative_sum(xp.concat([c[None, s:s + step], g], axis=0), axis=0))
-    return parts[0] if len(parts) == 1 else xp.concat(parts, axis=1)
+        return xp.reshape(xp.take(dense, xp.take(nbf, yK[: dense.shape[1]] + j), axis=1), (-1,))
+    step = GATHER_LIMIT
+    if base.shape[0] <= step:
+        return xp.take(pf, base + xp.take(nbf, yK + j))
+    return xp.concat([xp.take(pf, base[s:s + step] + xp.take(nbf, yK[s:s + step] + j))      # a loop over slices of
+                      for s in range(0, base.shape[0], step)])                               # the entries (memory)
 
 
 def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: Array | None = None) -> Array:
@@ -156,30 +144,42 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     flat rows ``pf`` (R V,), ``nb`` (V, >= k) int64 on pf's device (nearest first), ``thr`` a scalar (delta, LANTERN)
     or (m,) (the entries' (lam - 1) p(x), LANTERN++). The mass of the longest prefix of the code's k nearest
     neighbours whose cumulative target mass stays <= thr; 0 when the nearest already exceeds it. ``dense``: the rows
-    (R, V) when e is every entry of them (``prefix_mass``; the first block's gather then shares the table's index).
+    (R, V) when e is every entry of them (``prefix_mass``: the first columns' gathers share the table's index).
 
     The one implementation: the drafted tokens' p~ (``Lantern.at``, O(k) per token at most) and the dense rows
-    (``prefix_mass``, every code) both call it. Sums run in column order (``cumulative_sum`` over fixed blocks of
-    columns, ``_blocks``); the max over the passing sums is the last one of the prefix (sums of non-negative masses
-    never decrease). Entries whose prefix stopped leave the active set after their block; no item assignment
-    (``_expand``): numpy, torch and JAX alike."""
+    (``prefix_mass``, every code) both call it. The masses are added column by column in the rows' dtype (the same
+    sums, in the same order, as numpy's cumulative sum over the (..., k) gather); an entry whose next sum exceeds
+    its threshold keeps its last one (sums of non-negative masses never decrease, so the prefix is the longest).
+    Entries whose prefix stopped leave after their block (``_blocks``) once the active set has shrunk enough; no item
+    assignment (``_expand``): numpy, torch and JAX alike."""
     xp = namespace(pf)
     scalar = getattr(thr, "ndim", 0) == 0
-    idx, ta = e, thr
+    K = nb.shape[1]
+    nbf = xp.reshape(nb, (-1,))
+    y = e % V
+    idx, base, yK, ta = e, e - y, y * K, thr
     c = xp.zeros(e.shape, dtype=pf.dtype, device=array_api_compat.device(pf))   # every entry passes 0 <= thr
+    alive = None                                                                # None: every active entry alive
     levels = []
-    for a, b in _blocks(k):   # a loop over column blocks (at most ~log2(k / 8) + 1), the active set shrinking
-        if idx.shape[0] == 0:
+    for a, b in _blocks(k):   # a loop over column blocks (about log2(k)), the active set shrinking
+        for j in range(a, b):   # a loop over the block's neighbour ranks, each vectorised over the active entries
+            cn = c + _column(pf, base, yK, nbf, j, None if levels else dense, xp)   # (no compaction yet: all)
+            ok = cn <= ta
+            if alive is not None:
+                ok = ok & alive
+            c = xp.where(ok, cn, c)
+            alive = ok
+        n = idx.shape[0]
+        left = int(xp.sum(xp.astype(alive, xp.int64)))
+        if left == 0:
             break
-        cs = _block_sums(pf, idx, c, nb, a, b, V, xp, dense if a == 0 else None)   # (1 + b - a, m)
-        ok = cs <= (ta if scalar else ta[None, :])
-        cn = xp.max(xp.where(ok, cs, xp.zeros_like(cs)), axis=0)            # row 0 (c itself) always passes
-        on = ok[-1, :]                                                       # the whole block passed: go on
-        levels.append((on, cn))
-        keep = xp.nonzero(on)[0]
-        idx, c = xp.take(idx, keep), xp.take(cn, keep)
-        if not scalar:
-            ta = xp.take(ta, keep)
+        if left < COMPACT * n:                      # compact: the stopped entries leave (their mass kept for later)
+            levels.append((alive, c))
+            keep = xp.nonzero(alive)[0]
+            idx, c, base, yK = xp.take(idx, keep), xp.take(c, keep), xp.take(base, keep), xp.take(yK, keep)
+            if not scalar:
+                ta = xp.take(ta, keep)
+            alive = None
     for on, here in reversed(levels):   # back up the blocks: the entries that went on take their later mass
         c = _expand(c, on, here, xp)
     return c
