@@ -14,7 +14,7 @@ from theory.tree import EAGLE_25, Tree
 
 # the functions whose bodies hold the comparison u < f (chains; the generic tree walk; the fast host walks; the device
 # path's node-parallel walks and greedy's chain verdict)
-DECIDERS = {"verify_chain", "verify_tree", "_walk", "_walk_without_replacement", "verify_tree_nodes", "_vanilla_device",
+DECIDERS = {"verify_chain", "verify_tree", "_walk", "host_walk", "verify_tree_nodes", "_vanilla_device",
             "_greedy_device", "greedy_chain"}
 
 

@@ -28,44 +28,11 @@ from typing import Any
 import array_api_compat
 
 from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
+from .neighbors import check_neighbors, lantern_neighbors
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
 
 LANTERN_LAWS = ("released", "renormalised")
-
-
-def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None) -> None:
-    """Validate a neighbour table at an API boundary (ValueError naming ``name``): a 2-D integer array
-    (numpy, torch, JAX; not a Python list) with at least ``width`` columns, entries in [0, V) for V rows,
-    and no row listing its own code or one code twice in the first ``width`` columns."""
-    if isinstance(neighbors, (list, tuple)) or not hasattr(neighbors, "shape"):
-        raise ValueError(f"{name} must be a (V, K) integer array (numpy or torch), got {type(neighbors).__name__}")
-    try:
-        xp = namespace(neighbors)
-    except TypeError:
-        raise ValueError(f"{name} must be a (V, K) integer array (numpy or torch), got {type(neighbors).__name__}") from None
-    if len(neighbors.shape) != 2:
-        raise ValueError(f"{name} must be a 2-D (V, K) table, got shape {tuple(neighbors.shape)}")
-    V, K = int(neighbors.shape[0]), int(neighbors.shape[1])
-    if not xp.isdtype(neighbors.dtype, "integral"):
-        raise ValueError(f"{name} must hold integer code ids, got dtype {neighbors.dtype}")
-    if width is not None and width > K:
-        raise ValueError(f"{name}: {width} neighbours per code are needed, the table has {K} columns")
-    if V == 0 or K == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(neighbors.shape)})")
-    nb = xp.astype(neighbors[:, : (K if width is None else width)], xp.int64)
-    lo, hi = int(xp.min(nb)), int(xp.max(nb))
-    if lo < 0 or hi >= V:
-        raise ValueError(f"{name} entries must be code ids in [0, {V}) (V = its number of rows); found values in "
-                         f"[{lo}, {hi}] (-1 padding is not allowed)")
-    rows = xp.arange(V, device=array_api_compat.device(nb))
-    if bool(xp.any(nb == rows[:, None])):
-        bad = int(xp.argmax(xp.astype(xp.any(nb == rows[:, None], axis=1), xp.int8)))
-        raise ValueError(f"{name}: row {bad} lists its own code; rows list the OTHER codes (as LANTERN's table)")
-    srt = xp.sort(nb, axis=1)
-    dup = xp.any(srt[:, 1:] == srt[:, :-1], axis=1)
-    if bool(xp.any(dup)):
-        raise ValueError(f"{name}: row {int(xp.argmax(xp.astype(dup, xp.int8)))} lists a code twice")
 
 
 def _table(neighbors, cols: int, device, xp) -> Array:
@@ -128,15 +95,14 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
 
 
 def _column(pf: Array, base: Array, yK: Array, nbf: Array, j: int, dense: Array | None, xp) -> Array:
-    """p at the j-th neighbour of each active entry (m,): flat entries base + code, yK = code * K; ``dense`` the rows
-    (R, V) when every entry of them is active (then one gather with the table's column as a shared index)."""
+    """p at the j-th neighbour of each active entry (m,) (flat entry base + code, yK = code * K); ``dense`` the rows
+    (R, V) when every entry of them is active (one gather, the table's column as a shared index)."""
     if dense is not None:
         return xp.reshape(xp.take(dense, xp.take(nbf, yK[: dense.shape[1]] + j), axis=1), (-1,))
-    step = GATHER_LIMIT
-    if base.shape[0] <= step:
+    S = GATHER_LIMIT   # slices of the entries bound the gathers' memory
+    if base.shape[0] <= S:
         return xp.take(pf, base + xp.take(nbf, yK + j))
-    return xp.concat([xp.take(pf, base[s:s + step] + xp.take(nbf, yK[s:s + step] + j))      # a loop over slices of
-                      for s in range(0, base.shape[0], step)])                               # the entries (memory)
+    return xp.concat([xp.take(pf, base[s:s + S] + xp.take(nbf, yK[s:s + S] + j)) for s in range(0, base.shape[0], S)])
 
 
 def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: Array | None = None) -> Array:
@@ -157,7 +123,7 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     K = nb.shape[1]
     nbf = xp.reshape(nb, (-1,))
     y = e % V
-    idx, base, yK, ta = e, e - y, y * K, thr
+    base, yK, ta = e - y, y * K, thr
     c = xp.zeros(e.shape, dtype=pf.dtype, device=array_api_compat.device(pf))   # every entry passes 0 <= thr
     alive = None                                                                # None: every active entry alive
     levels = []
@@ -169,14 +135,14 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
                 ok = ok & alive
             c = xp.where(ok, cn, c)
             alive = ok
-        n = idx.shape[0]
+        n = c.shape[0]
         left = int(xp.sum(xp.astype(alive, xp.int64)))
         if left == 0:
             break
         if left < COMPACT * n:                      # compact: the stopped entries leave (their mass kept for later)
             levels.append((alive, c))
             keep = xp.nonzero(alive)[0]
-            idx, c, base, yK = xp.take(idx, keep), xp.take(c, keep), xp.take(base, keep), xp.take(yK, keep)
+            c, base, yK = xp.take(c, keep), xp.take(base, keep), xp.take(yK, keep)
             if not scalar:
                 ta = xp.take(ta, keep)
             alive = None
@@ -478,34 +444,3 @@ class LanternResample:
         zero = xp.zeros((*p.shape[:-1], V, V), dtype=p.dtype, device=array_api_compat.device(p))
         qn = normalize(xp.where(S, zero, q[..., None, :] + zero), zero, xp)
         return normalize(positive_part(p[..., None, :] - qn, xp), p[..., None, :] + zero, xp)
-
-
-def lantern_neighbors(embeddings, K: int | None = None, *, normalize: bool = False):
-    """Neighbour table (V, K) int64 from codebook vectors (V, d): the other codes by increasing Euclidean
-    distance, the code itself excluded, ties by lower index (section 6). numpy in, numpy out.
-
-    ``normalize=False`` (default, as released: LANTERN ranks the raw VQ embedding weights) or True (rows
-    l2-normalised first: our earlier table; equal to the default on a codebook of unit vectors)."""
-    import numpy as np
-
-    if isinstance(embeddings, (list, tuple)) and not embeddings:
-        raise ValueError("embeddings is empty")
-    E = np.asarray(embeddings, dtype=np.float64)
-    if E.ndim != 2:
-        raise ValueError(f"embeddings must be (V, d), got shape {E.shape}")
-    if not np.all(np.isfinite(E)):
-        raise ValueError("embeddings contain NaN or infinite entries")
-    if normalize:
-        n = np.linalg.norm(E, axis=1, keepdims=True)
-        if np.any(n == 0):
-            raise ValueError("embeddings: a zero vector cannot be l2-normalised (normalize=True)")
-        E = E / n
-    V = E.shape[0]
-    K = V - 1 if K is None else K
-    if not 1 <= K <= V - 1:
-        raise ValueError(f"K must be in [1, {V - 1}], got {K}")
-    sq = (E * E).sum(1)
-    d2 = sq[:, None] + sq[None, :] - 2 * E @ E.T
-    np.fill_diagonal(d2, np.inf)
-    order = np.argsort(d2, axis=1, kind="stable")[:, :K]
-    return order.astype(np.int64)

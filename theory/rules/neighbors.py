@@ -1,0 +1,75 @@
+"""LANTERN's codebook neighbour table (docs/theory.md section 6): building it from codebook vectors
+(``lantern_neighbors``, the release's ranking) and validating one at an API boundary (``check_neighbors``).
+numpy in, numpy out for the builder; the check takes numpy, torch or JAX tables."""
+from __future__ import annotations
+
+import array_api_compat
+
+from ..core.xp import namespace
+
+__all__ = ["check_neighbors", "lantern_neighbors"]
+
+
+def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None) -> None:
+    """Validate a neighbour table at an API boundary (ValueError naming ``name``): a 2-D integer array
+    (numpy, torch, JAX; not a Python list) with at least ``width`` columns, entries in [0, V) for V rows,
+    and no row listing its own code or one code twice in the first ``width`` columns."""
+    if isinstance(neighbors, (list, tuple)) or not hasattr(neighbors, "shape"):
+        raise ValueError(f"{name} must be a (V, K) integer array (numpy or torch), got {type(neighbors).__name__}")
+    try:
+        xp = namespace(neighbors)
+    except TypeError:
+        raise ValueError(f"{name} must be a (V, K) integer array (numpy or torch), got {type(neighbors).__name__}") from None
+    if len(neighbors.shape) != 2:
+        raise ValueError(f"{name} must be a 2-D (V, K) table, got shape {tuple(neighbors.shape)}")
+    V, K = int(neighbors.shape[0]), int(neighbors.shape[1])
+    if not xp.isdtype(neighbors.dtype, "integral"):
+        raise ValueError(f"{name} must hold integer code ids, got dtype {neighbors.dtype}")
+    if width is not None and width > K:
+        raise ValueError(f"{name}: {width} neighbours per code are needed, the table has {K} columns")
+    if V == 0 or K == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(neighbors.shape)})")
+    nb = xp.astype(neighbors[:, : (K if width is None else width)], xp.int64)
+    lo, hi = int(xp.min(nb)), int(xp.max(nb))
+    if lo < 0 or hi >= V:
+        raise ValueError(f"{name} entries must be code ids in [0, {V}) (V = its number of rows); found values in "
+                         f"[{lo}, {hi}] (-1 padding is not allowed)")
+    rows = xp.arange(V, device=array_api_compat.device(nb))
+    if bool(xp.any(nb == rows[:, None])):
+        bad = int(xp.argmax(xp.astype(xp.any(nb == rows[:, None], axis=1), xp.int8)))
+        raise ValueError(f"{name}: row {bad} lists its own code; rows list the OTHER codes (as LANTERN's table)")
+    srt = xp.sort(nb, axis=1)
+    dup = xp.any(srt[:, 1:] == srt[:, :-1], axis=1)
+    if bool(xp.any(dup)):
+        raise ValueError(f"{name}: row {int(xp.argmax(xp.astype(dup, xp.int8)))} lists a code twice")
+
+
+def lantern_neighbors(embeddings, K: int | None = None, *, normalize: bool = False):
+    """Neighbour table (V, K) int64 from codebook vectors (V, d): the other codes by increasing Euclidean
+    distance, the code itself excluded, ties by lower index (section 6). numpy in, numpy out.
+
+    ``normalize=False`` (default, as released: LANTERN ranks the raw VQ embedding weights) or True (rows
+    l2-normalised first: our earlier table; equal to the default on a codebook of unit vectors)."""
+    import numpy as np
+
+    if isinstance(embeddings, (list, tuple)) and not embeddings:
+        raise ValueError("embeddings is empty")
+    E = np.asarray(embeddings, dtype=np.float64)
+    if E.ndim != 2:
+        raise ValueError(f"embeddings must be (V, d), got shape {E.shape}")
+    if not np.all(np.isfinite(E)):
+        raise ValueError("embeddings contain NaN or infinite entries")
+    if normalize:
+        n = np.linalg.norm(E, axis=1, keepdims=True)
+        if np.any(n == 0):
+            raise ValueError("embeddings: a zero vector cannot be l2-normalised (normalize=True)")
+        E = E / n
+    V = E.shape[0]
+    K = V - 1 if K is None else K
+    if not 1 <= K <= V - 1:
+        raise ValueError(f"K must be in [1, {V - 1}], got {K}")
+    sq = (E * E).sum(1)
+    d2 = sq[:, None] + sq[None, :] - 2 * E @ E.T
+    np.fill_diagonal(d2, np.inf)
+    order = np.argsort(d2, axis=1, kind="stable")[:, :K]
+    return order.astype(np.int64)
