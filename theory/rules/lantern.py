@@ -48,6 +48,7 @@ def _table(neighbors, cols: int, device, xp) -> Array:
 # none is left (one read-back per block). At most GATHER_LIMIT entries are gathered at once.
 FIRST_BLOCK = 2
 COMPACT = 0.8
+COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
 GATHER_LIMIT = 1 << 22
 
 
@@ -128,13 +129,27 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     alive = None                                                                # None: every active entry alive
     levels = []
     for a, b in _blocks(k):   # a loop over column blocks (about log2(k)), the active set shrinking
-        for j in range(a, b):   # a loop over the block's neighbour ranks, each vectorised over the active entries
-            cn = c + _column(pf, base, yK, nbf, j, None if levels else dense, xp)   # (no compaction yet: all)
-            ok = cn <= ta
-            if alive is not None:
-                ok = ok & alive
-            c = xp.where(ok, cn, c)
-            alive = ok
+        if (c.shape[0] * (b - a) > COLUMNS_ABOVE) and array_api_compat.is_numpy_array(pf):
+            for j in range(a, b):   # a loop over the block's neighbour ranks, each vectorised over the active entries
+                cn = c + _column(pf, base, yK, nbf, j, None if levels else dense, xp)   # (no compaction yet: all)
+                ok = cn <= ta
+                if alive is not None:
+                    ok = ok & alive
+                c = xp.where(ok, cn, c)
+                alive = ok
+        else:                       # the block at once: one cumulative sum down its columns (the same sums)
+            cols = xp.arange(a, b, device=array_api_compat.device(nbf))
+            nbs = xp.reshape(xp.take(nbf, xp.reshape(cols[:, None] + yK[None, :], (-1,))), (b - a, -1))   # (w, m)
+            g = xp.reshape(xp.take(pf, xp.reshape(nbs + base[None, :], (-1,))), (b - a, -1))
+            cs = xp.cumulative_sum(xp.concat([c[None, :], g], axis=0), axis=0)[1:]            # (b - a, m)
+            ok = cs <= (ta if scalar else ta[None, :])
+            ok = ok if alive is None else ok & alive[None, :]
+            run = xp.cumulative_prod(xp.astype(ok, xp.int8), axis=0) > 0 if hasattr(xp, "cumulative_prod") else \
+                xp.cumulative_sum(xp.astype(~ok, xp.int32), axis=0) == 0            # passed every column so far
+            last = xp.sum(xp.astype(run, xp.int64), axis=0)                          # columns passed (a prefix)
+            got = xp.take_along_axis(cs, xp.maximum(last - 1, xp.zeros_like(last))[None, :], axis=0)[0]
+            c = xp.where(last > 0, got, c)
+            alive = last == (b - a)
         n = c.shape[0]
         left = int(xp.sum(xp.astype(alive, xp.int64)))
         if left == 0:
