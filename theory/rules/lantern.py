@@ -41,11 +41,12 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
 
 
-# A code's neighbour masses are added one column at a time, in the rows' dtype (sequential sums: an entry's value does
-# not depend on which other entries are computed with it, so the mass at the drafted tokens equals the dense row's bit
-# for bit on every backend), over blocks of columns [0, 2), [2, 6), [6, 14), ... (each twice the last): after a block
-# the entries whose prefix stopped leave the active set when it has shrunk by COMPACT below, and the loop ends when
-# none is left (one read-back per block). At most GATHER_LIMIT entries are gathered at once.
+# A code's neighbour masses are summed over blocks of columns with fixed bounds [0, 2), [2, 6), [6, 14), ... (each
+# twice the last): a block by one cumulative sum down its columns, or on a large numpy set column by column (the same
+# bits: numpy's cumulative sum is sequential; torch's accumulates float32 in float64, so its blocks must be fixed). An
+# entry's value does not depend on which other entries are computed with it: the mass at the drafted tokens equals the
+# dense row's bit for bit on every backend. After a block the entries whose prefix stopped leave the active set when
+# it has shrunk by COMPACT, and the loop ends when none is left (one read-back per block).
 FIRST_BLOCK = 2
 COMPACT = 0.8
 COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
