@@ -79,9 +79,6 @@ def _o(opts: BuildOptions, name: str, default):
     return default if v is None else v
 
 
-NEIGHBOR_SPACES = ("raw", "l2")
-
-
 def _neighbor_table(vectors, opts, K: int | None = None):
     """LANTERN neighbour table of codebook vectors (V, d), lazily (``real.neighbors.NeighborTable``: built when a rule
     first reads it, as wide as that rule reads, cached on disk): Euclidean distance between the raw vectors as
