@@ -146,8 +146,15 @@ def _validate(args) -> dict:
     identity = {"model": args.model, "model_options": model_opts, "data": data_id, "train": dataclasses.asdict(tc),
                 "layers": args.layers, "null_frac": args.null_frac, "heldout": heldout, "shard_size": args.shard_size,
                 "cache_dtype": args.cache_dtype, "dtype": args.dtype or "float32"}
+    identity = json.loads(json.dumps(identity))
+    if args.resume:
+        saved = json.loads((work / "run.json").read_text())
+        if saved != identity:
+            diff = sorted(k for k in set(saved) | set(identity) if saved.get(k) != identity.get(k))
+            raise ValueError(f"--resume: {work} holds a run with other {', '.join(diff)}; resume with the same "
+                             "options, or start afresh in another --out")
     return {"spec": s, "tokens": tokens, "n": n, "heldout": heldout, "train": tc, "device": dev, "out": out,
-            "work": work, "identity": json.loads(json.dumps(identity))}
+            "work": work, "identity": identity}
 
 
 def _local_device(device: str) -> str:
@@ -257,17 +264,6 @@ def _run(args, checked, rank, world, np, torch) -> int:
         torch.set_num_threads(args.threads)
     elif "tiny" in args.model:
         torch.set_num_threads(1)
-    if rank == 0:
-        work.mkdir(parents=True, exist_ok=True)
-        if args.resume:
-            saved = json.loads((work / "run.json").read_text())
-            if saved != ident:
-                diff = sorted(k for k in set(saved) | set(ident) if saved.get(k) != ident.get(k))
-                raise ValueError(f"--resume: {work} holds a run with other {', '.join(diff)}; resume with the same "
-                                 "options, or start afresh in another --out")
-        else:
-            (work / "run.json").write_text(json.dumps(ident, indent=2, sort_keys=True))
-    _barrier(world)
     tokens = checked["tokens"]
     opts = BuildOptions.from_namespace(argparse.Namespace(**{**vars(args), "draft": NO_DRAFT, "device": checked["device"],
                                                             "num_images": n if tokens is None else 1}))
@@ -291,6 +287,11 @@ def _run(args, checked, rank, world, np, torch) -> int:
         conds = tokens.conditions if tokens.class_ids is not None else list(bundle.conds)
     else:
         conds = list(bundle.conds)
+    if rank == 0:
+        work.mkdir(parents=True, exist_ok=True)
+        if not args.resume:
+            (work / "run.json").write_text(json.dumps(ident, indent=2, sort_keys=True))
+    _barrier(world)
     cfg_scale = bundle.cfg_scale if args.cfg_scale is None else args.cfg_scale
     top_k = bundle.top_k if args.top_k is None else args.top_k
     proc = Processing(args.temperature, top_k, args.top_p, cfg_scale)

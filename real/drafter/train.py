@@ -136,13 +136,15 @@ def _world():
     return 0, 1
 
 
-def _average_grads(params: list, world: int) -> None:
-    """Average the gradients over ranks: one all-reduce of the flattened gradients."""
+def _average_grads(params: list, world: int, loss: float) -> float:
+    """Average the gradients and the step's loss over ranks: one all-reduce of [flattened gradients; loss]. Returns
+    the global batch's loss."""
     if world == 1:
-        return
+        return loss
     import torch.distributed as dist
 
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = torch.cat([p.grad.reshape(-1) for p in params] +
+                     [torch.tensor([loss], dtype=params[0].grad.dtype, device=params[0].grad.device)])
     dist.all_reduce(flat)
     flat /= world
     o = 0
@@ -150,6 +152,7 @@ def _average_grads(params: list, world: int) -> None:
         n = p.numel()
         p.grad.copy_(flat[o:o + n].view_as(p))
         o += n
+    return float(flat[-1])
 
 
 def _save_state(path: pathlib.Path, blob: dict) -> None:
@@ -222,7 +225,7 @@ def train(drafter, data: Data, cfg: TrainConfig, *, state_path=None, meta: dict 
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            _average_grads(params, world)
+            total = _average_grads(params, world, total)
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             step += 1
