@@ -286,7 +286,7 @@ def _run(args, checked, rank, world, np, torch) -> int:
                                  f"{k} classes of --model {args.model}")
         conds = tokens.conditions if tokens.class_ids is not None else list(bundle.conds)
     else:
-        conds = list(bundle.conds)
+        conds = [bundle.conds[i % len(bundle.conds)] for i in range(n)]     # --prompts / --captions: cycled
     if rank == 0:
         work.mkdir(parents=True, exist_ok=True)
         if not args.resume:

@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-__all__ = ["TrainConfig", "eagle_loss", "train", "evaluate", "predicted_tokens_per_call", "Data"]
+from real.models.eagle import eagle_loss, eagle_pairs
+
+__all__ = ["TrainConfig", "train", "evaluate", "predicted_tokens_per_call", "Data"]
 
 
 @dataclass(frozen=True)
@@ -71,22 +72,6 @@ class TrainConfig:
             raise ValueError("--lr and --grad-clip must be > 0")
         if self.p_w == 0 and self.v_w == 0:
             raise ValueError("--p-w and --v-w are both 0: nothing to train")
-
-
-def eagle_loss(drafter, ids, x, y, mask, p_w: float, v_w: float, prefix_len: int):
-    """EAGLE-1's loss (module docstring) on one batch: ids (B, M), noisy inputs x (B, M, D), targets y (B, M, D),
-    mask (B, M) bool -> (loss, {"vloss", "ploss", "top1"} detached)."""
-    m = mask.to(torch.float32)[..., None]
-    n = m.sum()
-    f = drafter.train_forward(ids, x, prefix_len)
-    vloss = (F.smooth_l1_loss(f.float(), y.float(), reduction="none").mean(-1, keepdim=True) * m).sum() / n
-    with torch.no_grad():
-        tp = torch.softmax(drafter.head(y), -1)
-    logq = torch.log_softmax(drafter.head(f), -1)
-    ploss = -((tp * logq).sum(-1, keepdim=True) * m).sum() / n
-    with torch.no_grad():
-        top1 = ((logq.argmax(-1) == tp.argmax(-1)).float() * m[..., 0]).sum() / n
-    return v_w * vloss + p_w * ploss, {"vloss": vloss.detach(), "ploss": ploss.detach(), "top1": top1}
 
 
 class Data:
@@ -213,8 +198,6 @@ def train(drafter, data: Data, cfg: TrainConfig, *, state_path=None, meta: dict 
             opt.zero_grad(set_to_none=False)
             total = 0.0
             for part in np.array_split(mine, cfg.accum):   # a loop over the micro-batches
-                from real.models.eagle import eagle_pairs
-
                 tok, feat = data.batch(idx[part])
                 ids, inp, tgt, mask = eagle_pairs(tok.to(dev), feat.to(dev), P)
                 x = (inp + noise[part].to(dev)).to(drafter.dtype)
@@ -285,8 +268,6 @@ def predicted_tokens_per_call(alpha: np.ndarray, L: int = 4, per_row: int | None
 def evaluate(drafter, data: Data, max_sequences: int = 256, batch: int = 16) -> dict:
     """Teacher-forced validation on the held-out sequences (module docstring): {"top1", "acceptance",
     "acceptance_se", "tokens_per_call_L4", "sequences"}."""
-    from real.models.eagle import eagle_pairs
-
     drafter.eval()
     idx = data.heldout[:max_sequences]
     P_of = np.array([s["P"] for s in data.shards])[data.shard_of]
