@@ -209,11 +209,31 @@ def test_generate_cli_runs_with_the_shipped_weights(capsys):
     assert out["processing"]["cfg_scale"] == 2.0
 
 
-def test_train_eagle_refuses_other_zoos():
-    from real.zoo import train_eagle
+@needs_weights
+def test_shipped_eagle_head_loads_and_an_altered_copy_is_refused(tmp_path):
+    """The EAGLE-1 head made by ``coolsd train-drafter`` loads on the shipped target (and drafts better than chance:
+    held-out acceptance recorded in its manifest); a copy with one altered byte is refused naming the file and the
+    command that trained it (control: the unaltered copy loads)."""
+    import json
+    import shutil
 
-    with pytest.raises(SystemExit):
-        train_eagle.parse(["--zoo", "natural256"])
+    from real.drafter.files import load_drafter
+    from real.zoo import gpt, zoos
+
+    src = zoos.get("natural256").directory / "eagle"
+    man = json.loads((src / "coolsd_drafter.json").read_text())
+    assert man["model"] == "natural256" and man["validation"]["acceptance"] > 0.5
+    target = gpt.load_target("natural256")
+    assert gpt.load_eagle(target, "natural256").config.vocab_size == 1024
+    cp = tmp_path / "eagle"
+    shutil.copytree(src, cp)
+    load_drafter(cp, target, "natural256")                       # control
+    w = cp / "model.safetensors"
+    b = bytearray(w.read_bytes())
+    b[-1] ^= 1
+    w.write_bytes(bytes(b))
+    with pytest.raises(ValueError, match="altered.*coolsd train-drafter --model natural256"):
+        load_drafter(cp, target, "natural256")
 
 
 def test_resume_refuses_another_config(tmp_path):
