@@ -43,7 +43,8 @@ def row_stats(target, labels: torch.Tensor, codes: torch.Tensor, cfg: float = CF
             "share_top1_above_0.5": float((top > 0.5).mean())}
 
 
-def measure(zoo: str, n_samples: int, n_heldout: int, n_spec: int, seed: int = 0) -> tuple[dict, torch.Tensor]:
+def measure(zoo: str, n_samples: int, n_heldout: int, n_spec: int, seed: int = 0,
+            n_eagle: int = 0) -> tuple[dict, torch.Tensor]:
     """The figures of one zoo (see the module docstring) and its samples' codes (n_samples, T)."""
     from real.decode import engine
     from real.decode.sampling import Processing
@@ -64,6 +65,18 @@ def measure(zoo: str, n_samples: int, n_heldout: int, n_spec: int, seed: int = 0
     spec = engine.summarize(engine.generate(target, draft, labels[:n_spec].tolist(), num_tokens=z.tokens,
                                             verifier=rules.vanilla(), drafting=4, processing=proc, seed=seed + 1,
                                             batch_size=min(n_spec, 100)))
+    eagle = {}
+    if n_eagle:
+        from real.decode.modes import StaticTree
+        from theory.tree.shapes import parse_tree
+
+        d = gpt.load_eagle(target, zoo)
+        for name, drafting in (("chain_L4", 4), ("eagle25_topk", StaticTree(parse_tree("eagle25", 4), "topk"))):
+            s = engine.summarize(engine.generate(target, d, labels[:n_eagle].tolist(), num_tokens=z.tokens,
+                                                 verifier=rules.vanilla(), drafting=drafting, processing=proc,
+                                                 seed=seed + 2, batch_size=min(n_eagle, 100)))
+            eagle[name] = {k: s[k] for k in ("images", "tokens_per_target_call", "tokens_per_target_call_se",
+                                             "acceptance_rate") if k in s}
     x_ho = z.data.check_images(z.data.heldout_split()[0])
     f_ho = classifier.features(x_ho, zoo=zoo)
     f_s = classifier.features(vq.decode(samples, zoo=zoo), zoo=zoo)
@@ -76,6 +89,7 @@ def measure(zoo: str, n_samples: int, n_heldout: int, n_spec: int, seed: int = 0
         "vanilla_chain_L4_small_draft": {k: spec[k] for k in ("images", "tokens_per_target_call",
                                                                  "tokens_per_target_call_se", "acceptance_rate")
                                          if k in spec},
+        "vanilla_eagle": eagle,
         "fd_samples_vs_heldout": frechet_distance(f_s, f_ho),
         "fd_heldout_half_vs_half": frechet_distance(f_ho[:half], f_ho[half:]),
         "samples_fd_n": n_samples,
@@ -120,6 +134,14 @@ def markdown(reports: list[dict], command: str) -> str:
                   f"{r['vanilla_chain_L4_small_draft']['tokens_per_target_call_se']:.3f}")
     row("vanilla chain L = 4: acceptance rate",
         lambda r: f"{r['vanilla_chain_L4_small_draft'].get('acceptance_rate', float('nan')):.3f}")
+    for key, title in (("chain_L4", "EAGLE-1 chain L = 4"), ("eagle25_topk", "EAGLE-1 25-node static tree (top-k)")):
+        row(f"vanilla, {title}: tokens per call",
+            lambda r: (f"{r['vanilla_eagle'][key]['tokens_per_target_call']:.3f} +- "
+                       f"{r['vanilla_eagle'][key]['tokens_per_target_call_se']:.3f}") if key in r.get("vanilla_eagle", {})
+            else "not run")
+        row(f"vanilla, {title}: acceptance rate",
+            lambda r: f"{r['vanilla_eagle'][key].get('acceptance_rate', float('nan')):.3f}"
+            if key in r.get("vanilla_eagle", {}) else "not run")
     row("FD samples vs held-out (classifier space)", lambda r: f"{r['fd_samples_vs_heldout']:.2f} (n = {r['samples_fd_n']})")
     row("FD held-out half vs half (floor)", lambda r: f"{r['fd_heldout_half_vs_half']:.2f}")
     row("plain AR: images, wall s, CPU s", lambda r: f"{r['plain_ar']['images']}, {r['plain_ar']['wall_s']:.0f}, "
@@ -134,6 +156,7 @@ def main(argv=None):
     p.add_argument("--samples", type=int, default=200)
     p.add_argument("--heldout", type=int, default=500)
     p.add_argument("--spec-images", type=int, default=50)
+    p.add_argument("--eagle-images", type=int, default=0, help="images per EAGLE-1 run (chain L = 4, eagle25 tree)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("docs/results/natural256"))
     args = p.parse_args(argv)
@@ -142,7 +165,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     reports = []
     for zoo in args.zoos:
-        r, samples = measure(zoo, args.samples, args.heldout, args.spec_images)
+        r, samples = measure(zoo, args.samples, args.heldout, args.spec_images, n_eagle=args.eagle_images)
         save_samples(args.out / f"samples_{zoo}.png", zoo, samples)
         reports.append(r)
         print(json.dumps(r, indent=1), flush=True)
