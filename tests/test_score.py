@@ -110,10 +110,10 @@ def test_vanilla_likelihood_is_the_target_likelihood(mnist, kind):
     b = mnist[kind]
     proc = Processing(cfg_scale=2.0)
     _, tok, v = run(b.target, b.draft, b.conds, b.num_tokens, 4, proc)
-    s = score(b.target, b.draft, b.conds, tok, verifier=tm.build("vanilla", 4), L=4, processing=proc, batch_size=4)
+    s = score(b.target, b.draft, b.conds, tok, verifier=tm.build("vanilla", 4), drafting=4, processing=proc, batch_size=4)
     assert s["log_p"].shape == (6,) and np.all(np.isfinite(s["log_p"]))
     assert np.abs(s["log_p_hat"] - s["log_p"]).max() < 1e-4
-    r = score(b.target, b.draft, b.conds, tok, verifier=v, L=4, processing=proc)
+    r = score(b.target, b.draft, b.conds, tok, verifier=v, drafting=4, processing=proc)
     assert np.abs(r["log_p"] - s["log_p"]).max() < 1e-6
     assert np.abs(r["log_p_hat"] - r["log_p"]).max() > 1.0
 
@@ -134,21 +134,23 @@ def test_bad_input(mnist):
     v = tm.build("vanilla", 4)
     tok = torch.zeros(6, 49, dtype=torch.long)
     with pytest.raises(ValueError, match="tokens must lie in"):
-        score(b.target, b.draft, b.conds, tok + 512, verifier=v, L=4)
+        score(b.target, b.draft, b.conds, tok + 512, verifier=v, drafting=4)
     with pytest.raises(ValueError, match="tokens has 5 images"):
-        score(b.target, b.draft, b.conds, tok[:5], verifier=v, L=4)
+        score(b.target, b.draft, b.conds, tok[:5], verifier=v, drafting=4)
     with pytest.raises(ValueError, match="tokens must be an int"):
-        score(b.target, b.draft, b.conds, tok.float(), verifier=v, L=4)
+        score(b.target, b.draft, b.conds, tok.float(), verifier=v, drafting=4)
     with pytest.raises(ValueError, match="chain rule"):
-        score(b.target, b.draft, b.conds, tok, verifier=object(), L=4)
-    with pytest.raises(ValueError, match="L must be"):
-        score(b.target, b.draft, b.conds, tok, verifier=v, L=0)
+        score(b.target, b.draft, b.conds, tok, verifier=object(), drafting=4)
+    with pytest.raises(ValueError, match="drafting must be an int L >= 1"):
+        score(b.target, b.draft, b.conds, tok, verifier=v, drafting=0)
+    with pytest.raises(ValueError, match="drafting must be an int L >= 1"):       # a draft needs its drafting
+        score(b.target, b.draft, b.conds, tok, verifier=v)
     with pytest.raises(ValueError, match="L must be"):
         teacher_forced_rows(b.target, mnist["eagle"].draft, b.conds, tok, L=None)
     with pytest.raises(ValueError, match="indexed by round start"):     # trees: real.decode.score_tree
         teacher_forced_rows(b.target, b.draft, b.conds, tok, L=2, tree=chain_tree(2))
-    with pytest.raises(ValueError, match="drafting= or tree="):
-        score(b.target, b.draft, b.conds, tok, verifier=v, tree=chain_tree(2), drafting=chain_tree(2))
+    with pytest.raises(ValueError, match="drafting must be an int L, a Chain or a tree mode"):
+        score(b.target, b.draft, b.conds, tok, verifier=v, drafting="chain")
 
 
 def test_generate_fidelity_cli(tmp_path, capsys):

@@ -50,19 +50,17 @@ __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JA
 TREE_REASON = ("exact likelihood of tree drafting covers static trees (top-k candidates; sampled candidates within "
                "theory.likelihood.tree's cost guard) and the release construction of dynamic trees "
                "(real.decode.score_tree); lossless dynamic trees (stochastic-beam keys) and greedy trees have none")
-def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, processing: Processing = Processing(),
-          batch_size: int = 64, drafting=None, tree=None) -> dict:
+def score(target, draft, conds, tokens, *, verifier=None, drafting=None, processing: Processing = Processing(),
+          batch_size: int = 64) -> dict:
     """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under speculative
-    decoding with ``draft``, ``verifier`` and the drafting (the law a ``real.decode.engine.generate`` run samples
-    from with the same ``processing``): chains of L drafts, or ``drafting`` a tree mode (``StaticTree``,
-    ``DynamicTree``, a ``theory.tree.Tree``; ``tree`` is the same argument under its old name), scored by
-    ``real.decode.score_tree``. Returns {"log_p": (n,) float64 log P(x), "log_p_hat": (n,) float64 log P^(x) (None
-    without a draft)}; ``batch_size`` images per teacher-forced batch. Bad input (tokens outside V, a verifier without
-    a chain rule) is refused with ValueError, a construction without an exact likelihood with NotImplementedError,
-    before any model call."""
-    if tree is not None and drafting is not None:
-        raise ValueError("give drafting= or tree=, not both")
-    drafting = tree if tree is not None else drafting
+    decoding with ``draft``, ``verifier`` and ``drafting`` (the law a ``real.decode.engine.generate`` run samples
+    from with the same ``processing``): the drafting is one value, as ``generate`` takes it: an int L or a
+    ``Chain`` (chains of L drafts, T8), or a tree mode (``StaticTree``, ``DynamicTree``, a ``theory.tree.Tree``),
+    scored by ``real.decode.score_tree``; None only without a draft (plain AR). Returns {"log_p": (n,) float64
+    log P(x), "log_p_hat": (n,) float64 log P^(x) (None without a draft)}; ``batch_size`` images per teacher-forced
+    batch. Bad input (tokens outside V, a verifier without a chain rule, a drafting that is none of these) is refused
+    with ValueError, a construction without an exact likelihood with NotImplementedError, before any model call."""
+    L = None
     if getattr(drafting, "scored_as", None) == "chain":
         drafting, L = None, int(drafting.max_depth)
     elif isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
@@ -83,8 +81,9 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if draft is not None:
         check_chain_rule(verifier, "score")
-        if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1:
-            raise ValueError(f"L must be an int >= 1 (drafts per round), got {L!r}")
+        if L is None or L < 1:
+            raise ValueError(f"drafting must be an int L >= 1 (drafts per round), a Chain or a tree mode to score "
+                             f"speculative decoding, got {L!r}")
         check_pair(target, draft)
     if not all(m.batched for m in (target, draft) if m is not None):
         batch_size = 1
@@ -100,19 +99,18 @@ def score(target, draft, conds, tokens, *, verifier=None, L: int | None = None, 
     return {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph) if draft is not None else None}
 
 
-def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None,
-            processing: Processing = Processing(), batch_size: int = 64, drafting=None, ar_conds=None,
-            ar_tokens=None) -> dict:
+def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, processing: Processing = Processing(),
+            batch_size: int = 64, ar_conds=None, ar_tokens=None) -> dict:
     """``score`` plus the summaries ``coolsd generate --fidelity`` prints: {"log_p_hat", "log_p" (n,) arrays
     (plain AR, draft None: log_p_hat = log_p), "report": {"nll_per_token", "images", "kl_per_token" (KL(P^||P) per
     token from these images, with its interval: the fidelity axis that scales with length), "tv_to_target",
     "kl_to_target"} (``theory.likelihood.fidelity``; with fewer than 2 images a "reason" instead)}. With plain-AR
     images ``ar_tokens`` (m, T) (conditions ``ar_conds``) also "kl_ar_per_token" (KL(P||P^) per token) and the TV from
-    them (``tv_to_target.from_ar``). ``drafting``: as ``score`` (chains of L when None)."""
+    them (``tv_to_target.from_ar``). ``drafting``: as ``score``."""
     from theory.likelihood import fidelity
 
-    s = score(target, draft, conds, tokens, verifier=verifier, L=L, processing=processing, batch_size=batch_size,
-              drafting=drafting)
+    s = score(target, draft, conds, tokens, verifier=verifier, drafting=drafting, processing=processing,
+              batch_size=batch_size)
     if s["log_p_hat"] is None:             # plain AR samples the target itself
         s["log_p_hat"] = s["log_p"].copy()
     T = int(torch.as_tensor(tokens).shape[1])
@@ -120,8 +118,8 @@ def summary(target, draft, conds, tokens, *, verifier=None, L: int | None = None
     rep = {"nll_per_token": float(np.mean(-s["log_p"] / T)), "images": int(n)}
     ar = None
     if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
-        a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, L=L, processing=processing,
-                  batch_size=batch_size, drafting=drafting)
+        a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, drafting=drafting, processing=processing,
+                  batch_size=batch_size)
         ar = (a["log_p_hat"], a["log_p"])
     if n >= 2:
         full = fidelity.report((s["log_p_hat"], s["log_p"]), ar, T=T)
