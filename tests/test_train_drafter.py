@@ -177,3 +177,29 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path):
     ctl = tmp_path / "ctl"
     subprocess.run(_cmd(ctl, 20, "--seed", "1"), check=True, env=ENV, capture_output=True, timeout=600)
     assert np.max(np.abs(_losses(str(ctl) + ".work") - a) / np.abs(a)) > 1e-2
+
+
+@pytest.mark.parametrize("model", ["llamagen-tiny", "chameleon-tiny"])
+def test_features_kept_by_generation_equal_the_prefill(model):
+    """``--data generate`` keeps the hidden states of the sampling forwards (engine.generate(features=True)); they must
+    be the features the prefill of the same sequences gives (``--data tokens``), [cond; null] rows included, to float32
+    rounding; control: the same comparison one position off is far."""
+    from real.decode.sampling import Processing
+    from real.drafter import features as fx
+    from real.protocol import NO_DRAFT
+    from real.registry import build
+
+    b = build(model, num_images=4, draft=NO_DRAFT)
+    proc = Processing(cfg_scale=b.cfg_scale)
+    g = fx.generate_shard(b.target, b.conds, b.num_tokens, proc, 3, null_frac=0.5, seed=1, shard=0, dtype=np.float32)
+    e = fx.extract_shard(b.target, b.conds, g["tokens"], cfg=True, null_frac=0.5, seed=1, shard=0, dtype=np.float32)
+    assert g["P"] == e["P"] and g["null"].any() and not g["null"].all() and (g["null"] == e["null"]).all()
+    scale = np.abs(e["features"]).max()
+    assert np.abs(g["features"] - e["features"]).max() < 1e-4 * scale
+    assert np.abs(g["features"][:, 1:] - e["features"][:, :-1]).max() > 0.1 * scale          # control
+    from real.decode import engine
+    from theory import rules
+
+    d = build(model, num_images=1)
+    with pytest.raises(ValueError, match="features must be a bool, and True only for plain AR"):
+        engine.generate(d.target, d.draft, d.conds, num_tokens=4, verifier=rules.vanilla(), drafting=2, features=True)

@@ -306,12 +306,12 @@ def _run(args, checked, rank, world, np, torch) -> int:
 
     for k in tqdm(todo, disable=args.quiet or rank != 0, desc="features", unit="shard"):   # shards, resumable
         lo, hi = k * args.shard_size, min(n, (k + 1) * args.shard_size)
-        if tokens is None:
-            toks = fx.generate_shard(target, conds[lo:hi], T, proc, seed=args.seed * 100003 + k)
+        kw = dict(null_frac=args.null_frac, seed=args.seed, shard=k, dtype=fx.CACHE_DTYPES[args.cache_dtype])
+        if tokens is None:       # samples and their features from the same target forwards
+            shard = fx.generate_shard(target, conds[lo:hi], T, proc, args.seed * 100003 + k, **kw)
         else:
-            toks = tokens.tokens[lo:hi]
-        cache.write(k, fx.extract_shard(target, conds[lo:hi], toks, cfg=use_cfg, null_frac=args.null_frac,
-                                        seed=args.seed, shard=k, dtype=fx.CACHE_DTYPES[args.cache_dtype]))
+            shard = fx.extract_shard(target, conds[lo:hi], tokens.tokens[lo:hi], cfg=use_cfg, **kw)
+        cache.write(k, shard)
     extract_s = time.perf_counter() - t0
     _barrier(world)
     data = Data(cache.open(shards), checked["heldout"])

@@ -48,6 +48,7 @@ class Generation:
     target_forwards: int
     draft_forwards: int
     info: dict = field(default_factory=dict)
+    features: torch.Tensor | None = None  # generate(features=True): (rows, P + T - 1, D) the target's hidden states
 
     def stats(self) -> dict:
         """``summarize([self])``: this generation's acceptance and speed figures."""
@@ -58,7 +59,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
              processing: Processing = Processing(), seed: int = 0, batch_size: int | None = None,
              generator: torch.Generator | None = None, record_rows: bool = False,
              progress: bool | None = False, device_path: bool | None = None, compile: str | None = None,
-             compile_backend: str = "inductor", compile_static: bool | None = None) -> list[Generation]:
+             compile_backend: str = "inductor", compile_static: bool | None = None,
+             features: bool = False) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -85,7 +87,12 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     e.g. "eager" for dynamo alone), refused before any work when the compiler is missing or a model has no compilable
     layers; None: eager. ``compile_static`` (default: on for "reduce-overhead"): static shapes, the KV caches read
     whole and graphs compiled per shape (``real.nn.blocks.compiled(static=...)``). Greedy tokens are the same either
-    way (tests/test_compiled_paths.py)."""
+    way (tests/test_compiled_paths.py).
+
+    ``features`` (plain AR only): keep the target's last hidden states along each image, the ones its forwards compute
+    anyway: ``Generation.features`` (rows, P + T - 1, D) float32 on the CPU at the positions [prefix; x_0 .. x_{T-2}]
+    (rows: the image's row, or with CFG its [cond; null] pair): what an EAGLE drafter trains on
+    (``real.drafter.features``), at no extra target forward."""
     from real.nn.blocks import compiled
 
     with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target),
@@ -98,6 +105,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
 
         mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, drafting=drafting, seed=seed,
                              batch_size=batch_size, processing=processing)   # before any model call (issue 26)
+        if not isinstance(features, bool) or (features and mode.max_depth):
+            raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
         verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
         conds, T = as_conds(conds), int(num_tokens)
         bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing)
@@ -115,7 +124,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                 B = min(bs, len(conds) - a)
                 run = Run(target, draft, processing, Streams(seed, np.arange(a, a + B), dev), dev, T, np.zeros(B, np.int64),
                           torch.zeros((B, T + 2 + mode.max_depth), dtype=torch.long, device=dev), conds[a:a + B],
-                          feat=draft is not None and draft.needs_features, host=host_verification(dev, verifier),
+                          feat=features or (draft is not None and draft.needs_features),
+                          host=host_verification(dev, verifier),
                           record=record_rows)
                 if not host_path(dev):       # the device path keeps its own copy of n on the device
                     run.n_dev = torch.zeros(B, dtype=torch.long, device=dev)
@@ -155,12 +165,18 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
         for b in np.flatnonzero(act):
             recs[b].append(s.record(int(b), share, record, tree_run))
     secs = info["batch_seconds"] / B
+    feats = None
+    if run.feat and run.draft is None:     # generate(features=True): [prefix; x_0 .. x_{T-2}] per image row
+        h = run.hist[:, :run.P + run.T - 1].float().cpu()
+        R = h.shape[0]
+        feats = [h[[b, b + B]] if R == 2 * B else h[b:b + 1] for b in range(B)]
     out = []
     for b in range(B):
         fwd = sum(s.draft_forwards for s, a in zip(steps, actives) if a[b])
         with torch.inference_mode(False):
             tok = tokens[b].clone()            # an ordinary tensor the caller may write to
-        out.append(Generation(tok, recs[b], secs, len(recs[b]), fwd, dict(info)))
+            f = None if feats is None else feats[b].clone()
+        out.append(Generation(tok, recs[b], secs, len(recs[b]), fwd, dict(info), f))
     return out
 
 

@@ -82,7 +82,7 @@ class Run:
     n: np.ndarray                        # (B,) committed tokens per image
     out: torch.Tensor                    # (B, T + slack) committed tokens (past n[b]: scratch)
     conds: list = field(default_factory=list)
-    feat: bool = False                   # the draft is an EAGLE-style feature drafter
+    feat: bool = False                   # the target's hidden states are kept (an EAGLE-style drafter; features=True)
     host: bool = False                   # verify on numpy views of the rows (``on_host``)
     record: bool = False                 # keep the rows of every round (``record_rows``)
     P: int = 0                           # target prefix positions (0: not prefilled yet)
@@ -323,7 +323,8 @@ def _start_draft(run: Run, conds: list, hidden) -> None:
     if run.feat:
         run.hist = hidden.new_zeros((hidden.shape[0], run.P + run.out.shape[1], hidden.shape[-1]))
         run.hist[:, :run.P] = hidden
-        run.draft.start(run.P, hidden.shape[0])
+        if run.draft is not None:
+            run.draft.start(run.P, hidden.shape[0])
         run.d_off = run.P - 1
     else:
         run.draft.prefill(conds, cfg=run.proc.cfg)
@@ -339,7 +340,7 @@ def prefill_round(run: Run, mode, record: bool) -> Step:
         o = run.target.prefill(run.conds, cfg=run.proc.cfg, return_hidden=run.feat)
         p = run.proc.rows(o.logits[:, -1:])                                   # (B, 1, V)
         run.P = int(run.target.cache_lens[0])
-    if run.draft is not None:
+    if run.draft is not None or run.feat:     # (no draft with feat: plain AR keeping the features, engine.generate)
         with phase("draft"):
             _start_draft(run, run.conds, o.hidden)
     sync(run.dev)

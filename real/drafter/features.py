@@ -87,31 +87,43 @@ def _null_rows(n: int, null_frac: float, seed: int, shard: int) -> np.ndarray:
     return np.random.default_rng([seed, shard, 7]).random(n) < null_frac
 
 
-@torch.no_grad()
-def extract_shard(target, conds: list, tokens: np.ndarray, *, cfg: bool, null_frac: float, seed: int, shard: int,
-                  dtype=np.float16) -> dict:
-    """The features of one shard (module docstring): {"tokens" (n, T), "features" (n, P + T - 1, D), "null" (n,),
-    "P"}. ``cfg``: run the [cond; null] rows (null rows kept with probability ``null_frac``)."""
-    x = torch.as_tensor(tokens, dtype=torch.long, device=target.device)
-    rows = x[:, :-1].repeat(2, 1) if cfg else x[:, :-1]          # the models take one token row per model row
-    out = target.prefill(list(conds), rows, cfg=cfg, return_hidden=True)
-    h = out.hidden
-    n = x.shape[0]
+def _shard(tokens, h: torch.Tensor, n: int, cfg: bool, null_frac: float, seed: int, shard: int, dtype) -> dict:
+    """A shard from the hidden states h (R, P + T - 1, D), R = n or 2n ([cond; null] with ``cfg``)."""
     null = _null_rows(n, null_frac, seed, shard) if cfg else np.zeros(n, bool)
     if cfg:
         h = torch.where(torch.as_tensor(null, device=h.device)[:, None, None], h[n:], h[:n])
-    P = h.shape[1] - (x.shape[1] - 1)
+    T = np.asarray(tokens).shape[1]
     return {"tokens": np.asarray(tokens, np.int64), "features": h.float().cpu().numpy().astype(dtype), "null": null,
-            "P": int(P)}
+            "P": int(h.shape[1] - (T - 1))}
 
 
-def generate_shard(target, conds: list, num_tokens: int, processing, seed: int, batch_size: int | None = None) -> np.ndarray:
-    """The target's own samples (plain AR, ``processing``) for ``conds``: tokens (n, num_tokens) int64."""
+@torch.no_grad()
+def extract_shard(target, conds: list, tokens: np.ndarray, *, cfg: bool, null_frac: float, seed: int, shard: int,
+                  dtype=np.float16) -> dict:
+    """The features of one shard of given sequences (module docstring): {"tokens" (n, T), "features" (n, P + T - 1,
+    D), "null" (n,), "P"}, by one prefill. ``cfg``: run the [cond; null] rows (null rows kept with probability
+    ``null_frac``)."""
+    x = torch.as_tensor(tokens, dtype=torch.long, device=target.device)
+    rows = x[:, :-1].repeat(2, 1) if cfg else x[:, :-1]          # the models take one token row per model row
+    h = target.prefill(list(conds), rows, cfg=cfg, return_hidden=True).hidden
+    return _shard(tokens, h, x.shape[0], cfg, null_frac, seed, shard, dtype)
+
+
+def generate_shard(target, conds: list, num_tokens: int, processing, sample_seed: int, *, null_frac: float = 0.0,
+                   seed: int = 0, shard: int = 0, batch_size: int | None = None, dtype=np.float16) -> dict:
+    """The target's own samples (plain AR under ``processing``) for ``conds`` and their features as a shard: the
+    engine keeps the hidden states its forwards compute (``engine.generate(features=True)``), so the features cost no
+    extra target pass. ``sample_seed``: the engine's seed; ``seed``, ``shard``: the null rows' draw, as
+    ``extract_shard``."""
     from real.decode import engine
 
-    gens = engine.generate(target, None, list(conds), num_tokens=num_tokens, processing=processing, seed=seed,
-                           batch_size=batch_size, progress=False)
-    return torch.stack([g.tokens for g in gens]).cpu().numpy().astype(np.int64)
+    gens = engine.generate(target, None, list(conds), num_tokens=num_tokens, processing=processing, seed=sample_seed,
+                           batch_size=batch_size, progress=False, features=True)
+    tokens = torch.stack([g.tokens for g in gens]).numpy().astype(np.int64)
+    cfg = processing.cfg
+    f = torch.stack([g.features for g in gens])                   # (n, rows, M, D)
+    h = torch.cat([f[:, 0], f[:, 1]]) if cfg else f[:, 0]
+    return _shard(tokens, h, len(gens), cfg, null_frac, seed, shard, dtype)
 
 
 class FeatureCache:
