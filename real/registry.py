@@ -410,6 +410,8 @@ def _build_glm(opts, tiny: bool) -> Bundle:
                                   device=_device(opts), dtype=_dtype(opts), num_images=int(_o(opts, "num_images", 1)),
                                   prompts=opts.prompts, path=_o(opts, "target_pretrained", None),
                                   image_size=_o(opts, "image_size", None), drafter_dir=opts.drafter_dir)
+    if _o(opts, "draft", "layerskip") == "eagle" and opts.drafter_dir:
+        d = _trained_eagle(opts, t, "glm-image-tiny" if tiny else "glm-image")
     t, d = _batched_mm(t, release=not tiny), _batched_mm(d)
     lay = t.family.glm_layout
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", lay.num_tokens)), None, None,

@@ -161,14 +161,11 @@ def build_glm(tiny: bool, *, seed: int = 0, kind: str = "layerskip", device="cpu
               drafter_dir: str | None = None):
     """What ``real.registry`` builds for ``glm-image-tiny`` (random; ``num_images`` seeded 8-word prompts; an 8 x 8
     target grid after a 4 x 4 prior grid) or ``glm-image`` (``path``, default ``GLM_IMAGE_ID``; ``prompts`` texts;
-    ``image_size`` the square side in px, default 1152 x 768; an EAGLE drafter from ``drafter_dir``). Returns
+    ``image_size`` the square side in px, default 1152 x 768; with ``kind`` eagle and a ``drafter_dir`` the draft returned
+is a placeholder that ``real.registry`` replaces by the trained drafter, ``real.drafter.files.load_drafter``). Returns
     (target family, draft or None, conditions, description)."""
     if tiny:
         t, d, (a, b) = tiny_glm_image_pair(seed, "layerskip" if kind == "eagle" and drafter_dir else kind, device, dtype)
-        if kind == "eagle" and drafter_dir:
-            from real.drafter.files import load_drafter
-
-            d = load_drafter(drafter_dir, t, "glm-image-tiny")
         g = torch.Generator().manual_seed(seed)
         return t, d, [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(num_images)], \
             "GlmImageForConditionalGeneration tiny (random), AR stage"
@@ -176,10 +173,5 @@ def build_glm(tiny: bool, *, seed: int = 0, kind: str = "layerskip", device="cpu
         raise ValueError("--model glm-image: pass --prompts TEXT ...")
     hw = (int(image_size), int(image_size)) if image_size else (1152, 768)
     t, proc = load_glm_image(path or GLM_IMAGE_ID, height=hw[0], width=hw[1], device=device, dtype=dtype)
-    if kind == "eagle" and drafter_dir:
-        from real.drafter.files import load_drafter
-
-        d = load_drafter(drafter_dir, t, "glm-image")
-    else:
-        d = _drafts(t, kind, seed)
+    d = _drafts(t, "layerskip" if kind == "eagle" and drafter_dir else kind, seed)
     return t, d, [glm_prompt(proc, p, *hw) for p in prompts], "GLM-Image AR stage"
