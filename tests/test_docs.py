@@ -1,0 +1,183 @@
+"""The documentation is tested: the site builds with ``mkdocs build --strict`` (no broken link or anchor, no
+missing reference, no warning) and holds the generated reference and one page per committed study; every block
+marked runnable in the README and the pages under docs/ runs and succeeds; the CLI reference is the parsers' help
+(regenerate with ``python scripts/docs_reference.py``); the README stays under 15,000 bytes.
+
+A runnable block is a fenced ``bash`` or ``python`` block directly after the line ``<!-- runnable -->`` (run in
+this file's fast tests) or ``<!-- runnable: slow -->`` (run under the ``slow`` marker). A ``bash`` block holds
+``coolsd`` commands only, one per line (``# ...`` lines and trailing comments are ignored); each runs as
+``python -m coolsd ...``. The commands of one block share a fresh working directory, in order."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MARK = re.compile(r"^<!-- runnable(?P<slow>: slow)? -->\n```(?P<lang>[a-z]*)\n(?P<body>.*?)\n```", re.M | re.S)
+ANY_MARK = re.compile(r"^<!-- runnable", re.M)
+
+
+def _docs_reference():
+    spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "scripts" / "docs_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def runnable_blocks(files):
+    """(id, slow, lang, body) of every marked block; a marker not followed by a bash / python fence is an error."""
+    out = []
+    for f in files:
+        text = f.read_text()
+        found = list(MARK.finditer(text))
+        if len(found) != len(ANY_MARK.findall(text)):
+            raise ValueError(f"{f}: a '<!-- runnable -->' marker is not directly followed by a fenced block")
+        for m in found:
+            if m.group("lang") not in ("bash", "python"):
+                raise ValueError(f"{f}: runnable blocks are bash or python, got {m.group('lang')!r}")
+            line = text[:m.start()].count("\n") + 1
+            name = f"{f.relative_to(ROOT) if f.is_relative_to(ROOT) else f.name}:{line}"
+            out.append((name, bool(m.group("slow")), m.group("lang"), m.group("body")))
+    return out
+
+
+def doc_files():
+    return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+
+
+def run_block(lang, body, cwd, timeout=600):
+    """Run one block in ``cwd``; returns (returncode, output of the failing or last step)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if lang == "python":
+        r = subprocess.run([sys.executable, "-c", body], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        return r.returncode, r.stdout[-3000:] + r.stderr[-3000:]
+    r = None
+    for raw in body.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("coolsd "):
+            return 1, f"a runnable bash block holds coolsd commands only: {line!r}"
+        r = subprocess.run([sys.executable, "-m", "coolsd", *shlex.split(line)[1:]], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=timeout)
+        if r.returncode != 0:
+            return r.returncode, f"$ {line}\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+    return (0, "") if r is None else (0, r.stdout[-500:])
+
+
+BLOCKS = runnable_blocks(doc_files())
+
+
+@pytest.mark.parametrize("name,lang,body", [pytest.param(n, lang, b, id=n, marks=[pytest.mark.slow] if slow else [])
+                                            for n, slow, lang, b in BLOCKS])
+def test_runnable_block(name, lang, body, tmp_path):
+    rc, out = run_block(lang, body, tmp_path)
+    assert rc == 0, f"runnable block {name} failed:\n{out}"
+
+
+def test_the_readme_and_guides_have_runnable_blocks():
+    names = [n for n, *_ in BLOCKS]
+    readme = [n for n in names if n.startswith("README.md")]
+    # generate, sweep, tune and demo examples of the README; guides: getting started, fidelity, train-drafter, tuning
+    assert len(readme) == 4
+    for page in ("getting-started.md", "guide/fidelity.md", "guide/train-drafter.md", "guide/tuning.md"):
+        assert any(n.startswith(f"docs/{page}") for n in names), page
+
+
+def test_a_failing_runnable_block_fails(tmp_path):
+    # control: a marked block that cannot succeed is found and reported as a failure
+    page = tmp_path / "page.md"
+    page.write_text("text\n\n<!-- runnable -->\n```bash\ncoolsd generate --model no-such-model --json\n```\n\n"
+                    "<!-- runnable -->\n```python\nraise SystemExit(3)\n```\n")
+    blocks = runnable_blocks([page])
+    assert [(slow, lang) for _, slow, lang, _ in blocks] == [(False, "bash"), (False, "python")]
+    for _, _, lang, body in blocks:
+        assert run_block(lang, body, tmp_path)[0] != 0
+    assert run_block("bash", "ls -l", tmp_path)[0] != 0        # only coolsd commands
+    page.write_text("<!-- runnable -->\n\n```bash\ncoolsd --help\n```\n")
+    with pytest.raises(ValueError, match="not directly followed"):
+        runnable_blocks([page])
+
+
+def test_readme_is_at_most_15_kb():
+    assert len((ROOT / "README.md").read_bytes()) <= 15_000
+
+
+# ---------------------------------------------------------------- the CLI and API reference
+
+
+def test_cli_reference_matches_the_parsers():
+    ref = _docs_reference()
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    how = "regenerate with: python scripts/docs_reference.py"
+    assert ref.missing_from_page(page) == [], f"docs/reference/cli.md is stale; {how}"
+    recorded = re.search(r"\(Python (\d+\.\d+),", page).group(1)
+    if recorded == f"{sys.version_info.major}.{sys.version_info.minor}":   # argparse's layout is per Python version
+        assert page == ref.cli_page() + "\n", f"docs/reference/cli.md is stale; {how}"
+
+
+def test_cli_reference_check_detects_a_new_flag(monkeypatch):
+    # control: a flag added to `coolsd generate` without regenerating is caught by both checks
+    ref = _docs_reference()
+    from coolsd import cli
+
+    real = cli.build_parser
+
+    def planted():
+        ap = real()
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices["generate"].add_argument("--planted-flag", help="not in the committed page")
+        return ap
+
+    monkeypatch.setattr(cli, "build_parser", planted)
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert ref.missing_from_page(page) == ["coolsd generate --planted-flag"]
+    assert ref.cli_page() + "\n" != page
+    assert ref.main(["--check"]) == 1
+
+
+def test_api_reference_covers_every_module():
+    ref = _docs_reference()
+    listed = {m for _, _, pkgs in ref.API_PAGES for pkg in pkgs for m in ref._modules(pkg)}
+    found = set()
+    for pkg in ("theory", "sim", "real", "coolsd"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            if any(p.startswith("_") for p in parts[:-1]) or (parts[-1].startswith("_") and parts[-1] != "__init__"):
+                continue
+            found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    assert found - listed == set(), "add the package to API_PAGES in scripts/docs_reference.py"
+    for page, text in ref.pages().items():
+        assert page.exists() and page.read_text() == text, \
+            f"{page.relative_to(ROOT)} is stale; regenerate with: python scripts/docs_reference.py"
+
+
+# ---------------------------------------------------------------- the site
+
+
+def test_mkdocs_build_strict(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    pytest.importorskip("mkdocstrings_handlers.python")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    assert (site / "reference" / "cli.html").exists()
+    for page in (ROOT / "docs" / "reference" / "api").glob("*.md"):
+        assert (site / "reference" / "api" / f"{page.stem}.html").exists()
+    # the API pages are rendered from the docstrings, not left as ':::' lines
+    theory = (site / "reference" / "api" / "theory.html").read_text()
+    assert "theory.markov.tables" in theory and ":::" not in theory and "expected_accepted" in theory
+    studies = sorted(d.name for d in (ROOT / "docs" / "results").iterdir() if d.is_dir())
+    assert studies and [s for s in studies if not (site / "results" / f"{s}.html").exists()] == []
