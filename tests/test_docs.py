@@ -6,7 +6,9 @@ marked runnable in the README and the pages under docs/ runs and succeeds; the C
 A runnable block is a fenced ``bash`` or ``python`` block directly after the line ``<!-- runnable -->`` (run in
 this file's fast tests) or ``<!-- runnable: slow -->`` (run under the ``slow`` marker). A ``bash`` block holds
 ``coolsd`` commands only, one per line (``# ...`` lines and trailing comments are ignored); each runs as
-``python -m coolsd ...``. The commands of one block share a fresh working directory, in order."""
+``python -m coolsd ...``. The commands of one block share a fresh working directory, in order. The runnable
+``python`` blocks of one page run as one script, in page order (a reader runs a page top to bottom: a later block
+may use an earlier one's names); the test names the block that failed."""
 from __future__ import annotations
 
 import argparse
@@ -53,13 +55,14 @@ def doc_files():
     return [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 
 
+def _env():
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
 def run_block(lang, body, cwd, timeout=600):
     """Run one block in ``cwd``; returns (returncode, output of the failing or last step)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if lang == "python":
-        r = subprocess.run([sys.executable, "-c", body], cwd=cwd, env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        return r.returncode, r.stdout[-3000:] + r.stderr[-3000:]
+        return run_python([("block", body)], cwd, timeout)
     r = None
     for raw in body.splitlines():
         line = raw.split(" #", 1)[0].strip()
@@ -67,20 +70,49 @@ def run_block(lang, body, cwd, timeout=600):
             continue
         if not line.startswith("coolsd "):
             return 1, f"a runnable bash block holds coolsd commands only: {line!r}"
-        r = subprocess.run([sys.executable, "-m", "coolsd", *shlex.split(line)[1:]], cwd=cwd, env=env,
+        r = subprocess.run([sys.executable, "-m", "coolsd", *shlex.split(line)[1:]], cwd=cwd, env=_env(),
                            capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             return r.returncode, f"$ {line}\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
     return (0, "") if r is None else (0, r.stdout[-500:])
 
 
+def run_python(blocks, cwd, timeout=600):
+    """Run (name, code) blocks in order in one interpreter and one namespace; (returncode, output)."""
+    script = "import sys\n_ns = {}\n" + "".join(
+        f"print('>>> block', {name!r}, flush=True)\nexec(compile({code!r}, {name!r}, 'exec'), _ns)\n"
+        for name, code in blocks)
+    r = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=_env(), capture_output=True, text=True,
+                       timeout=timeout)
+    return r.returncode, r.stdout[-3000:] + r.stderr[-3000:]
+
+
 BLOCKS = runnable_blocks(doc_files())
 
 
-@pytest.mark.parametrize("name,lang,body", [pytest.param(n, lang, b, id=n, marks=[pytest.mark.slow] if slow else [])
-                                            for n, slow, lang, b in BLOCKS])
-def test_runnable_block(name, lang, body, tmp_path):
-    rc, out = run_block(lang, body, tmp_path)
+def _cases():
+    """One case per bash block, one per page for its python blocks (slow if any of them is)."""
+    cases, pages = [], {}
+    for name, slow, lang, body in BLOCKS:
+        if lang == "bash":
+            cases.append(pytest.param("bash", [(name, body)], id=name, marks=[pytest.mark.slow] if slow else []))
+        else:
+            pages.setdefault(name.rsplit(":", 1)[0], []).append((name, slow, body))
+    for page, blocks in pages.items():
+        slow = any(s for _, s, _ in blocks)
+        cases.append(pytest.param("python", [(n, b) for n, _, b in blocks], id=f"{page}:python",
+                                  marks=[pytest.mark.slow] if slow else []))
+    return cases
+
+
+@pytest.mark.parametrize("lang,blocks", _cases())
+def test_runnable_blocks(lang, blocks, tmp_path):
+    if lang == "bash":
+        (name, body), = blocks
+        rc, out = run_block("bash", body, tmp_path)
+    else:
+        name = blocks[0][0].rsplit(":", 1)[0] + " (python blocks in order)"
+        rc, out = run_python(blocks, tmp_path)
     assert rc == 0, f"runnable block {name} failed:\n{out}"
 
 
@@ -102,6 +134,10 @@ def test_a_failing_runnable_block_fails(tmp_path):
     assert [(slow, lang) for _, slow, lang, _ in blocks] == [(False, "bash"), (False, "python")]
     for _, _, lang, body in blocks:
         assert run_block(lang, body, tmp_path)[0] != 0
+    # python blocks of a page share one namespace in order: a name defined later is not there earlier
+    assert run_python([("a", "x = 1"), ("b", "assert x == 1")], tmp_path)[0] == 0
+    rc, out = run_python([("a", "assert y == 2"), ("b", "y = 2")], tmp_path)
+    assert rc != 0 and ">>> block a\n" in out and "NameError" in out
     assert run_block("bash", "ls -l", tmp_path)[0] != 0        # only coolsd commands
     page.write_text("<!-- runnable -->\n\n```bash\ncoolsd --help\n```\n")
     with pytest.raises(ValueError, match="not directly followed"):
