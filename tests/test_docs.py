@@ -200,15 +200,27 @@ def test_api_reference_covers_every_module():
 # ---------------------------------------------------------------- the site
 
 
-def test_mkdocs_build_strict(tmp_path):
+def mkdocs_build(config_dir, site):
+    """``mkdocs build --strict`` as the suite runs it; (returncode, output). Not ``-q``: quiet mode hides the
+    warnings from the strict-mode count, so a broken link would pass."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=config_dir,
+                       env=env, capture_output=True, text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _need_mkdocs():
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     pytest.importorskip("mkdocstrings_handlers.python")
+
+
+def test_mkdocs_build_strict(tmp_path):
+    _need_mkdocs()
     site = tmp_path / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    rc, out = mkdocs_build(ROOT, site)
+    warnings = [line for line in out.splitlines() if line.startswith("WARNING")]
+    assert rc == 0 and warnings == [], out[-5000:]
     assert (site / "reference" / "cli.html").exists()
     for page in (ROOT / "docs" / "reference" / "api").glob("*.md"):
         assert (site / "reference" / "api" / f"{page.stem}.html").exists()
@@ -217,3 +229,19 @@ def test_mkdocs_build_strict(tmp_path):
     assert "theory.markov.tables" in theory and ":::" not in theory and "expected_accepted" in theory
     studies = sorted(d.name for d in (ROOT / "docs" / "results").iterdir() if d.is_dir())
     assert studies and [s for s in studies if not (site / "results" / f"{s}.html").exists()] == []
+
+
+def test_mkdocs_build_strict_fails_on_a_broken_link(tmp_path):
+    # control: the same invocation on a two-page site with a link to a missing page and one to a missing anchor
+    _need_mkdocs()
+    cfg = (ROOT / "mkdocs.yml").read_text()
+    keep = cfg[cfg.index("validation:"):]                      # the repository's link checks
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "mkdocs.yml").write_text("site_name: t\nstrict: true\n" + keep)
+    (tmp_path / "docs" / "index.md").write_text("# t\n\n[fine](other.md)\n")
+    (tmp_path / "docs" / "other.md").write_text("# o\n")
+    assert mkdocs_build(tmp_path, tmp_path / "site")[0] == 0
+    for bad in ("[broken](no-such-page.md)", "[broken](other.md#no-such-anchor)"):
+        (tmp_path / "docs" / "index.md").write_text(f"# t\n\n{bad}\n")
+        rc, out = mkdocs_build(tmp_path, tmp_path / "site")
+        assert rc != 0 and "WARNING" in out, bad
