@@ -59,8 +59,9 @@ def _env():
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-def run_block(lang, body, cwd, timeout=600):
-    """Run one block in ``cwd``; returns (returncode, output of the failing or last step)."""
+def run_block(lang, body, cwd, timeout=1800):
+    """Run one block in ``cwd``; returns (returncode, output of the failing or last step). The timeout only stops a
+    hung command: the quick demo took 584 s on the 2 shared cores under load 7 (about a minute on a quiet machine)."""
     if lang == "python":
         return run_python([("block", body)], cwd, timeout)
     r = None
@@ -77,7 +78,7 @@ def run_block(lang, body, cwd, timeout=600):
     return (0, "") if r is None else (0, r.stdout[-500:])
 
 
-def run_python(blocks, cwd, timeout=600):
+def run_python(blocks, cwd, timeout=1800):
     """Run (name, code) blocks in order in one interpreter and one namespace; (returncode, output)."""
     script = "import sys\n_ns = {}\n" + "".join(
         f"print('>>> block', {name!r}, flush=True)\nexec(compile({code!r}, {name!r}, 'exec'), _ns)\n"
