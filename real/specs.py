@@ -1,7 +1,7 @@
 """What each registered model accepts, in one place: its options, draft kinds, codebook, batching and
 sampling defaults (issue 24, "one model spec"). ``real.registry`` refuses a model without a spec; the CLI
 (``coolsd generate`` / ``coolsd sweep``: their model arguments are made from ``OPTIONS``), the sweep and
-the README's model table (``markdown_table``; tests/test_specs.py checks the README against it) read it.
+the model table of docs/guide/models.md (``markdown_table``; tests/test_specs.py checks the page against it) read it.
 
 * ``OPTIONS``: every model-specific option (dest name -> :class:`Option`: type, help, choices, which
   draft kind it belongs to, which option it configures). Options not listed here (device, dtype, seed,
@@ -288,7 +288,7 @@ def check_options(model: str, values: Mapping[str, Any]) -> ModelSpec:
 
 
 def markdown_table() -> str:
-    """The README's model table, made from ``SPECS`` (tests/test_specs.py checks the README holds it)."""
+    """The model table of docs/guide/models.md, made from ``SPECS`` (tests/test_specs.py checks the page holds it)."""
     rows = ["| model | draft kinds (default first) | codebook | batched | CFG | top-k | options |",
             "|---|---|---|---|---|---|---|"]
     for name in sorted(SPECS):

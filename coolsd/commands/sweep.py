@@ -49,8 +49,8 @@ def register(sub):
     s.add_argument("--measured", default=None, metavar="REPORT_JSON",
                    help="with --predict: a measured sweep's report.json of the same grid, drawn and tabulated against "
                         "the predictions")
-    q = s.add_argument_group("image quality (coolsd.quality; MNIST always uses its shipped classifier; README "
-                             "'Quality metrics')")
+    q = s.add_argument_group("image quality (coolsd.quality; MNIST always uses its shipped classifier; "
+                             "docs/guide/quality.md)")
     q.add_argument("--quality", default=None, metavar="fid[,clip]",
                    help="fid: FID (jackknife CI), KID, IS, precision/recall against --quality-ref; clip: CLIP score "
                         "against --quality-captions (text-conditioned models)")

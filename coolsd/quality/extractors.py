@@ -214,7 +214,7 @@ def _load_inception(p: pathlib.Path, device, flag) -> FeatureExtractor:
         from torch_fidelity import FeatureExtractorInceptionV3
     except ImportError:
         raise ValueError(f"{flag}: the Inception network comes from torch-fidelity: pip install torch-fidelity (with "
-                         "the torchvision build matching your torch; see README 'Quality metrics')") from None
+                         "the torchvision build matching your torch; see docs/guide/quality.md)") from None
     net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
                                       feature_extractor_weights_path=str(p)).to(device).eval()
     pre = Preprocessing((3, None, None), "bilinear to 299x299 (TensorFlow 1.x compatible, torch-fidelity)", (0, 255),

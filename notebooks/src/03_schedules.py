@@ -80,7 +80,7 @@ plt.show()
 # `coolsd.studies.anneal.anneal_study` (the engine behind `coolsd theory anneal`) sweeps chains (peaked vs
 # near-uniform rows, TV(P, Q) from small to large, V, L) and counts how often each schedule wins at
 # equal E[tau], separately for B and the exact TV and inside / outside the paper's assumption
-# TV(P, Q) <= 2/5. This cell runs a reduced sweep; the full one is in the README.
+# TV(P, Q) <= 2/5. This cell runs a reduced sweep; the full one is in docs/results/anneal.md.
 
 # %%
 study = anneal.anneal_study(tvs=(0.25, 0.55) if SMALL else (0.1, 0.25, 0.4, 0.55, 0.7),
@@ -94,7 +94,7 @@ for obj in ("bound", "exact_tv"):
               f"{r['exponential_floor_beats_uniform']:9.2f} {r['increasing_best_of_three']:9.2f}")
 
 # %% [markdown]
-# Reading the table (and the full sweep in the README): for the **bound**, decaying schedules win
+# Reading the table (and the full sweep in docs/results/anneal.md): for the **bound**, decaying schedules win
 # almost always once the weights are kept >= 1 (the floored exponential `expF`); Cool-SD's plain
 # exponential loses at small relaxation budgets because nu = 0.7 makes late positions *stricter* than
 # vanilla. For the **exact TV**, decaying schedules win much less often, and increasing schedules are

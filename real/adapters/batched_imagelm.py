@@ -11,7 +11,7 @@ the codes' LM ids and the ``ImageLayout``.
 The visible stream and the model's stream. The engine sees prefix + codes (``cache_lens``); the model's cache also
 holds the forced row-end token behind every code that ends a row (``ImageLayout.row_end``). Row ends fall at
 different block positions in different rows once the rows accepted different numbers of drafts, so a block of S
-codes is written per row as [S code entries][e_r row-end entries][E - e_r padding] (E = max e_r), with explicit
+codes is written per row as `[S code entries][e_r row-end entries][E - e_r padding]` (E = max e_r), with explicit
 RoPE positions and an explicit (R, 1, S + E, K) mask; the padding sees only itself and is dropped right after. The
 order of the entries in the cache does not matter to attention (positions and masks are explicit), so bookkeeping
 is per slot, on the host: ``_owner[r, slot]`` = the visible index of the code an entry belongs to (the entry

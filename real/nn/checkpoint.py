@@ -20,7 +20,7 @@ STATE_KEYS = ("model", "module", "state_dict")
 # sha256 of the published checkpoints the registry names, keyed "hub repo/file name" (as torchvision pins
 # its weights). Only values taken from the publisher (the Hugging Face LFS pointer "oid sha256:" of the
 # file) belong here; no published value could be found for the LlamaGen, VQ-16 and LANTERN releases
-# when this table was written (README "Errors and safety"), so it is empty and downloads of those are
+# when this table was written (docs/errors.md, "Checkpoints"), so it is empty and downloads of those are
 # not verified. Add "repo/file": "hex" lines as they become known; the check runs after each download
 # (``verify_pinned``, to be called by ``real.models.llamagen_io.download``).
 PINNED_SHA256: dict[str, str] = {}

@@ -150,7 +150,7 @@ def check_stamps(rows) -> dict | None:
 def describe(stamp: dict | None) -> str:
     """The report's one-line statement of what the quality figures are."""
     if not stamp:
-        return "not measured (--quality fid / clip with local weights: README 'Quality metrics')"
+        return "not measured (--quality fid / clip with local weights: docs/guide/quality.md)"
     parts = []
     for metric, s in stamp.items():
         ref = f" against {s['reference']} (sha256 {s['reference_sha256'][:12]}...)" if s.get("reference") else ""
