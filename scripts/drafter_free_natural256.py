@@ -50,13 +50,15 @@ SETTINGS = {
     "sjd-pac-p": ("sjd-pac-p", "vanilla", {}),
     "sjd-pac-p+gsd": ("sjd-pac-p", "gsd", {}),
     "sjd+cool-sd:delta=2": ("jacobi", "cool-sd", {"delta": 2.0}),
+    "sjd+cool-sd:delta=3": ("jacobi", "cool-sd", {"delta": 3.0}),
     "sjd+cool-sd:delta=4": ("jacobi", "cool-sd", {"delta": 4.0}),
 }
 DEFAULT = ("ar", "sjd", "gsd", "sjd-pac-p")
 LOSSLESS = {"ar", "sjd", "sjd-pac-p"}
 LABEL = {"ar": "plain AR", "sjd": "SJD (Jacobi W=16, vanilla)", "gsd": "GSD (SJD windows W=16, GSD as released)",
          "sjd-pac-p": "SJD-PAC-P (W=16, K=3, D=3, vanilla)", "sjd-pac-p+gsd": "SJD-PAC-P windows, GSD",
-         "sjd+cool-sd:delta=2": "SJD windows, Cool-SD delta=2", "sjd+cool-sd:delta=4": "SJD windows, Cool-SD delta=4"}
+         "sjd+cool-sd:delta=2": "SJD windows, Cool-SD delta=2", "sjd+cool-sd:delta=3": "SJD windows, Cool-SD delta=3",
+         "sjd+cool-sd:delta=4": "SJD windows, Cool-SD delta=4"}
 
 
 def atomic_bytes(path: Path, data: bytes) -> None:
