@@ -281,7 +281,6 @@ def report(out: Path, a, datas: dict, wall: float) -> None:
     if "ar" not in datas:
         print("report: the plain-AR images are not complete yet; nothing to report", flush=True)
         return
-    from real.registry import build  # noqa: F401  (registers the model)
     from real.zoo import zoos
 
     T = zoos.get(ZOO).tokens

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
-import json
 import os
 import subprocess
 import sys
