@@ -1,4 +1,5 @@
-"""Scoring an image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo).
+"""Scoring an image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo; ``--model
+natural256``: the natural-image zoo, 256 tokens, V = 1024, with its small draft until its EAGLE head ships).
 
 Scoring = teacher-forced rows (``real.decode.score.teacher_forced_rows``: one target prefill, one draft
 prefill or the EAGLE drafter's L passes) plus the forward recursion (``theory.likelihood.log_likelihood``) for
@@ -10,6 +11,7 @@ target: <= 1). Generation, the rows and each rule's recursion are timed interlea
 core, and time slices lost to other processes on a shared machine do not count; wall time at more threads).
 
   python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json [FILE]] [--short]
+                                        [--model mnist|natural256] [--drafts eagle small]
 
 ``--short``: 7 repeats of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
 on stdout, ``--json FILE``: the same object written to FILE with the "ratios" benchmarks/run_all.py reads.
@@ -49,6 +51,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                     help="JSON on stdout, or (with FILE) to FILE with run_all.py's ratios")
     ap.add_argument("--short", action="store_true")
+    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256"))
+    ap.add_argument("--drafts", nargs="+", default=["eagle", "small"], choices=("eagle", "small", "layerskip"))
     a = ap.parse_args(argv)
     if a.short:
         a.images, a.repeats = 20, 7
@@ -56,11 +60,11 @@ def main(argv=None) -> dict:
         raise SystemExit("bench_likelihood: --images, --repeats, --threads and --L must be >= 1")
     torch.set_num_threads(a.threads)
     proc = Processing(cfg_scale=2.0)
-    out = {"images": a.images, "batch_size": a.images, "L": a.L, "threads": a.threads, "results": []}
+    out = {"model": a.model, "images": a.images, "batch_size": a.images, "L": a.L, "threads": a.threads, "results": []}
     rules = {"cool-sd": RULES["cool-sd"]} if a.short else RULES
     clock = single_thread_clock()
-    for draft in ("eagle", "small"):
-        b = build("mnist", draft=draft, num_images=a.images, seed=0)
+    for draft in a.drafts:
+        b = build(a.model, draft=draft, num_images=a.images, seed=0)
         gen = lambda: generate(b.target, None, b.conds, num_tokens=b.num_tokens, processing=proc, seed=1,  # noqa: E731
                                batch_size=a.images)
         tok = torch.stack([g.tokens for g in gen()])                  # also the warm-up
@@ -79,14 +83,16 @@ def main(argv=None) -> dict:
                                    "rows_s_per_image": t_rows / a.images, "recursion_s_per_image": t_rec / a.images,
                                    "ratio": (t_rows + t_rec) / t_gen})
     if a.json not in (None, "-"):
-        write_ratios(a.json, {f"likelihood_{r['rule']}_{r['draft']}_score_over_generate": {
+        tag = "" if a.model == "mnist" else f"{a.model}_"
+        write_ratios(a.json, {f"likelihood_{tag}{r['rule']}_{r['draft']}_score_over_generate": {
             "value": r["ratio"], "better": "lower",
-            "what": f"s per image, scoring ({r['draft']} draft rows + {r['rule']} recursion) / plain AR generation"}
+            "what": f"s per image, scoring ({r['draft']} draft rows + {r['rule']} recursion) / plain AR generation"
+                    + ("" if a.model == "mnist" else f" ({a.model})")}
             for r in out["results"]}, extra=out)
     if a.json == "-":
         print(json.dumps(out))
     else:
-        print(f"{a.images} images per batch, CFG 2, L = {a.L}, {a.threads} thread(s); per image:")
+        print(f"{a.model}: {a.images} images per batch, CFG 2, L = {a.L}, {a.threads} thread(s); per image:")
         print(f"{'draft':<7} {'rule':<11} {'AR generate':>12} {'rows':>9} {'recursion':>10} {'score/AR':>9}")
         for r in out["results"]:
             print(f"{r['draft']:<7} {r['rule']:<11} {r['generate_ar_s_per_image'] * 1e3:9.2f} ms "

@@ -1,4 +1,5 @@
-"""Scoring a tree-drafted image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo).
+"""Scoring a tree-drafted image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo; ``--model
+natural256 --draft small``: the natural-image zoo, whose EAGLE head is not shipped yet: its small draft's trees).
 
 Scoring = teacher-forced tree rows (``real.decode.score_tree.tree_rows``: one target prefill and the EAGLE drafter's
 D chain passes re-indexed by round start for the static EAGLE-1 25-node tree with top-k candidates; for the release
@@ -49,6 +50,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                     help="JSON on stdout, or (with FILE) to FILE with run_all.py's ratios")
     ap.add_argument("--short", action="store_true")
+    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256"))
+    ap.add_argument("--draft", default="eagle", choices=("eagle", "small", "layerskip"))
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     a = ap.parse_args(argv)
     if a.short:
         a.images, a.repeats = 20, 5
@@ -56,16 +60,18 @@ def main(argv=None) -> dict:
         raise SystemExit("bench_tree_likelihood: --images, --repeats and --threads must be >= 1")
     torch.set_num_threads(a.threads)
     proc = Processing(cfg_scale=2.0)
-    out = {"images": a.images, "batch_size": a.images, "threads": a.threads, "results": []}
+    out = {"model": a.model, "draft": a.draft, "images": a.images, "batch_size": a.images, "threads": a.threads,
+           "results": []}
+    modes = {k: MODES[k] for k in a.modes}
     rules = {"cool-sd": RULES["cool-sd"]} if a.short else RULES
     clock = single_thread_clock()
-    b = build("mnist", draft="eagle", num_images=a.images, seed=0)
+    b = build(a.model, draft=a.draft, num_images=a.images, seed=0)
     nb = np.asarray(b.neighbors)
     gen = lambda: generate(b.target, None, b.conds, num_tokens=b.num_tokens, processing=proc, seed=1,  # noqa: E731
                            batch_size=a.images)
     fns = {"gen": gen}
     toks = {}
-    for name, mode in MODES.items():   # tree images of each mode (cool-sd), the rows and each rule's recursion
+    for name, mode in modes.items():   # tree images of each mode (cool-sd), the rows and each rule's recursion
         v0 = tm.build("cool-sd", mode.max_depth, nb, {"delta": 3})
         gens = generate(b.target, b.draft, b.conds, num_tokens=b.num_tokens, verifier=v0, drafting=mode,
                         processing=proc, seed=2, batch_size=a.images)
@@ -78,21 +84,23 @@ def main(argv=None) -> dict:
     gen()
     best = interleaved_best(fns, a.repeats, clock=clock)
     t_gen = best["gen"]
-    for name in MODES:
+    for name in modes:
         for rule in rules:
             t_rows, t_rec = best["rows", name], best["rec", name, rule]
             out["results"].append({"tree": name, "rule": rule, "generate_ar_s_per_image": t_gen / a.images,
                                    "rows_s_per_image": t_rows / a.images, "recursion_s_per_image": t_rec / a.images,
                                    "ratio": (t_rows + t_rec) / t_gen})
     if a.json not in (None, "-"):
-        write_ratios(a.json, {f"tree_likelihood_{r['tree']}_{r['rule']}_score_over_generate": {
+        tag = "" if (a.model, a.draft) == ("mnist", "eagle") else f"{a.model}_{a.draft}_"
+        write_ratios(a.json, {f"tree_likelihood_{tag}{r['tree']}_{r['rule']}_score_over_generate": {
             "value": r["ratio"], "better": "lower",
-            "what": f"s per image, scoring ({r['tree']} tree rows + {r['rule']} recursion) / plain AR generation"}
+            "what": f"s per image, scoring ({r['tree']} tree rows + {r['rule']} recursion) / plain AR generation"
+                    + ("" if not tag else f" ({a.model}, {a.draft} draft)")}
             for r in out["results"]}, extra=out)
     if a.json == "-":
         print(json.dumps(out))
     else:
-        print(f"{a.images} images per batch, CFG 2, EAGLE drafter, {a.threads} thread(s); per image:")
+        print(f"{a.model}: {a.images} images per batch, CFG 2, {a.draft} drafter, {a.threads} thread(s); per image:")
         print(f"{'tree':<16} {'rule':<10} {'AR generate':>12} {'rows':>10} {'recursion':>10} {'score/AR':>9}")
         for r in out["results"]:
             print(f"{r['tree']:<16} {r['rule']:<10} {r['generate_ar_s_per_image'] * 1e3:9.2f} ms "

@@ -13,6 +13,12 @@
     resident memory (VmHWM) is reported; the target is <= 4 GB.
 
   python benchmarks/bench_tune_exact.py [--images 2000] [--repeats 5] [--no-xl] [--json [FILE]] [--short]
+                                        [--model natural256 --draft small [--scale-to 2000]]
+
+``--model natural256`` (issue 49): the natural-image zoo's AR rows (T = 256, V = 1024; its small independent draft,
+whose rows are one per position, q (N, T, V), until its EAGLE head ships); ``--scale-to N``: the times are also
+reported scaled linearly to N images (one evaluation is one pass over the rows) and, for natural256, the ratio
+of the scaled value + gradient CPU time to issue 49's budget (2 s for 2,000 images on one core).
 
 ``--short`` (benchmarks/run_all.py): 500 images, 5 repeats, no XL part; ratios objective / log_likelihood.
 """
@@ -48,12 +54,12 @@ def _pin() -> None:
         pass
 
 
-def ar_rows(n: int, out_dir: pathlib.Path):
-    """n MNIST AR images' rows (EAGLE, L = 4, CFG 2), from the cache when it holds at least n images."""
+def ar_rows(n: int, out_dir: pathlib.Path, model: str = "mnist", draft: str = "eagle"):
+    """n AR images' rows of ``model`` (``draft``, L = 4, CFG 2), from the cache when it holds at least n images."""
     from theory.likelihood import arrows
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    have = sorted(out_dir.glob("mnist_eagle_L4_ar_*.npz"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    have = sorted(out_dir.glob(f"{model}_{draft}_L4_ar_*.npz"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
     for path in have:
         if int(path.stem.rsplit("_", 1)[1]) >= n:
             rows = arrows.load_ar_rows(path, "cache")
@@ -64,18 +70,18 @@ def ar_rows(n: int, out_dir: pathlib.Path):
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    rows = make_ar_rows("mnist", n, draft="eagle", L=4, seed=0, batch_size=100)
+    rows = make_ar_rows(model, n, draft=draft, L=4, seed=0, batch_size=100)
     made = time.perf_counter() - t0
-    path = out_dir / f"mnist_eagle_L4_ar_{n}.npz"
+    path = out_dir / f"{model}_{draft}_L4_ar_{n}.npz"
     save_ar_rows(path, rows)
     return rows, str(path), made
 
 
-def part_a(n: int, repeats: int, out_dir: pathlib.Path) -> dict:
+def part_a(n: int, repeats: int, out_dir: pathlib.Path, model: str = "mnist", draft: str = "eagle") -> dict:
     from theory.likelihood import log_likelihood, objective as ob
 
-    rows, path, made = ar_rows(n, out_dir)
-    res = {"images": n, "T": rows.T, "V": rows.V, "L": rows.L, "q_shape": list(rows.q.shape), "cache": path,
+    rows, path, made = ar_rows(n, out_dir, model, draft)
+    res = {"model": model, "draft": draft, "images": n, "T": rows.T, "V": rows.V, "L": rows.L, "q_shape": list(rows.q.shape), "cache": path,
            "rows_made_s": made, "families": {}}
     for fam, theta in THETA.items():
         obj = ob.ExactObjective(rows, fam)
@@ -160,29 +166,48 @@ def main(argv=None) -> dict:
     ap.add_argument("--xl-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE")
     ap.add_argument("--short", action="store_true")
+    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256"))
+    ap.add_argument("--draft", default=None, help="draft kind (default: eagle on mnist, small on natural256)")
+    ap.add_argument("--scale-to", type=int, default=None, help="also report the times scaled to this many images")
     a = ap.parse_args(argv)
+    a.draft = a.draft or ("eagle" if a.model == "mnist" else "small")
+    if a.model != "mnist" and a.scale_to is None:
+        a.scale_to = 2000
     _pin()
     if a.xl_child:
         print(json.dumps(xl_child()))
         return {}
     if a.short:
-        a.images, a.repeats, a.no_xl = 500, 5, True
+        a.images, a.repeats, a.no_xl = (500, 5, True) if a.model == "mnist" else (250, 3, True)
     if a.images < 2 or a.repeats < 1:
         raise SystemExit("bench_tune_exact: --images must be >= 2 and --repeats >= 1")
-    out = {"a": part_a(a.images, a.repeats, pathlib.Path(a.out_dir))}
+    out = {"a": part_a(a.images, a.repeats, pathlib.Path(a.out_dir), a.model, a.draft)}
+    if a.scale_to:
+        f = a.scale_to / a.images
+        out["a"]["scaled"] = {"images": a.scale_to, "factor": f, **{
+            fam: {k: r["best"][k]["cpu"] * f for k in ("value", "value_and_grad", "log_likelihood")}
+            for fam, r in out["a"]["families"].items()}}
     if not a.no_xl:
         out["b"] = part_b()
     if a.json not in (None, "-"):
         fr = out["a"]["families"]
-        write_ratios(a.json, {f"tune_exact_{fam}_{k}_over_log_likelihood": {
+        tag = "" if a.model == "mnist" else f"{a.model}_"
+        ratios = {f"tune_exact_{tag}{fam}_{k}_over_log_likelihood": {
             "value": fr[fam]["best"][k]["cpu"] / fr[fam]["best"]["log_likelihood"]["cpu"], "better": "lower",
-            "what": f"CPU s, one exact-law objective {WHAT[k]} ({fam}) / log_likelihood of the same {a.images} MNIST "
-                    "AR images"} for fam in fr for k in WHAT}, extra=out)
+            "what": f"CPU s, one exact-law objective {WHAT[k]} ({fam}) / log_likelihood of the same {a.images} "
+                    f"{a.model} AR images"} for fam in fr for k in WHAT}
+        if a.model != "mnist":
+            sc = out["a"]["scaled"]
+            ratios |= {f"tune_exact_{tag}{fam}_value_and_grad_{sc['images']}_over_2s": {
+                "value": sc[fam]["value_and_grad"] / 2.0, "better": "lower",
+                "what": f"CPU s of one value + gradient ({fam}) on {a.images} {a.model} AR images scaled to "
+                        f"{sc['images']}, over issue 49's 2 s budget"} for fam in fr}
+        write_ratios(a.json, ratios, extra=out)
     if a.json == "-":
         print(json.dumps(out))
         return out
     A = out["a"]
-    print(f"(a) {A['images']} MNIST AR images, T = {A['T']}, V = {A['V']}, L = {A['L']}, q {tuple(A['q_shape'])}; "
+    print(f"(a) {A['images']} {A['model']} AR images ({A['draft']} draft), T = {A['T']}, V = {A['V']}, L = {A['L']}, q {tuple(A['q_shape'])}; "
           f"one core; best of {a.repeats} (CPU s / wall s)")
     for fam, r in A["families"].items():
         b = r["best"]
@@ -191,6 +216,10 @@ def main(argv=None) -> dict:
               f"{b['log_likelihood']['cpu']:.3f} / {b['log_likelihood']['wall']:.3f}   (warm-up {r['warmup_s']:.1f} s; "
               f"KL {r['values']['kl']:.5f}, TV {r['values']['tv']:.4f}; max rel. err. vs log_likelihood "
               f"{r['max_rel_err_vs_ll']:.1e})")
+    if "scaled" in A:
+        sc = A["scaled"]
+        print(f"  scaled to {sc['images']} images (x {sc['factor']:.2f}, linear): " + "; ".join(
+            f"{fam} value + gradient {sc[fam]['value_and_grad']:.2f} CPU s" for fam in A["families"]))
     if "b" in out:
         B = out["b"]
         print(f"(b) XL-shaped rows streamed (T = {B['T']}, V = {B['V']}, L = {B['L']}, {B['images']} images, chunks of "

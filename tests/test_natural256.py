@@ -98,6 +98,33 @@ def test_loader_refuses_altered_and_missing_files_with_a_control(tmp_path):
 
 
 @needs_weights
+@pytest.mark.parametrize("name", ["target.safetensors", "draft.safetensors"])
+def test_model_pair_refuses_an_altered_weight_file_with_a_control(tmp_path, monkeypatch, capsys, name):
+    """`coolsd generate --model natural256` on a copy of the shipped folder: the intact copy generates (control);
+    with one bit of ``name`` flipped, the run stops before any work with one line naming the file, the sha256 check
+    and the file's training command; nothing is written (no --save file appears)."""
+    import dataclasses
+
+    from coolsd.cli import main
+
+    d = _copy(tmp_path)
+    monkeypatch.setitem(zoos.ZOOS, "natural256", dataclasses.replace(Z, folder=str(d)))
+    save = tmp_path / "out.npz"
+    args = ["generate", "--model", "natural256", "--method", "vanilla", "--num-images", "1", "--num-tokens", "8",
+            "--json"]
+    assert main(args) == 0                                                 # control: the intact copy runs
+    capsys.readouterr()
+    blob = bytearray((d / name).read_bytes())
+    blob[len(blob) // 2] ^= 1
+    (d / name).write_bytes(bytes(blob))
+    assert main(args + ["--save", str(save)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and name in err[0] and "sha256" in err[0]
+    assert FILES[name]["command"] in err[0]
+    assert not save.exists()
+
+
+@needs_weights
 def test_shipped_models_and_manifest():
     from real.zoo import gpt
 
