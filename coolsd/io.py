@@ -109,6 +109,21 @@ def check_output_dir(option: str, path: str | os.PathLike, produces: tuple[str, 
     return p
 
 
+def check_store_dir(option: str, path: str | os.PathLike) -> pathlib.Path:
+    """A store directory ``option`` creates or resumes (``coolsd sweep --out``): an existing directory is taken as it
+    is (the store checks its own manifest); anything else that exists (a file, a FIFO, a device) is refused unopened;
+    the parent of a new one must exist and be writable."""
+    if str(path).strip() == "":
+        raise ValueError(f"{option}: empty path")
+    p = pathlib.Path(os.fspath(path)).expanduser()
+    if os.path.lexists(p) and not p.is_dir():
+        what = "a FIFO" if p.is_fifo() else "a device" if (p.is_char_device() or p.is_block_device()) else "a file"
+        raise ValueError(f"{option}: {str(p)!r} is {what}, not a directory; give a new or a sweep's directory")
+    if not p.is_dir():
+        _check_parent_writable(option, p.resolve().parent)
+    return p
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator:
     """Open a temporary file next to ``path`` for writing; on success flush, fsync and

@@ -107,6 +107,10 @@ def common(args, *, available: bool = True) -> None:
             raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
     if has("max_seconds"):
         checks.real("--max-seconds", args.max_seconds, 0)             # 0: no limit
+    from real.nn.devpath import ENV as DEVICE_PATH_ENV
+
+    if os.environ.get(DEVICE_PATH_ENV) is not None:          # the environment's boolean: its documented spellings
+        checks.boolean(DEVICE_PATH_ENV, os.environ[DEVICE_PATH_ENV])
     if has("device") and isinstance(args.device, str):
         device("--device", args.device, available=available)
     if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
@@ -123,9 +127,12 @@ def method_model(method: str, params: dict, args, what: str) -> None:
     from real.specs import spec
     from theory.rules import methods as registry
 
+    from theory.core import checks
+
     m = str(method).lower()
     if m == "ar":
         return
+    checks.instance("params", params, dict, "a dict of the method's parameters")
     codebook = spec(args.model).codebook
     missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
     d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
@@ -223,6 +230,9 @@ def check_seconds(what: str, seconds: float, max_seconds, hint: str) -> str:
     estimate ``seconds`` exceeds it; returns the estimate ("about 3 min") to print (``announce``)."""
     from theory.core import checks
 
+    checks.real(f"{what}: the estimated seconds", seconds, 0)
+    if max_seconds is not None:
+        checks.real("--max-seconds", max_seconds, 0)            # NaN would switch the guard off
     est = f"about {checks.fmt_seconds(seconds)}"
     if max_seconds and seconds > max_seconds:
         raise checks.CostError(f"{what} would take {est}, above --max-seconds {checks.fmt_seconds(max_seconds)}; "

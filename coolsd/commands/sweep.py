@@ -122,6 +122,9 @@ def config(args):
     from theory.core import checks
 
     validate.model_options(args)           # the model's spec: options that do not apply are refused
+    from coolsd.io import check_store_dir
+
+    check_store_dir("--out", args.out)     # a new directory or a sweep's own; a file / FIFO / device refused unopened
     items = list(args.grid or [])
     if args.grid_file:
         from coolsd.io import check_input_file

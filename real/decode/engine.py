@@ -87,7 +87,9 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     whole and graphs compiled per shape (``real.nn.blocks.compiled(static=...)``). Greedy tokens are the same either
     way (tests/test_compiled_paths.py)."""
     from real.nn.blocks import compiled
+    from real.nn.devpath import forced
 
+    forced()          # COOLSD_DEVICE_PATH's spelling checked now, before any work (a misspelling is refused)
     with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target),
                                       static=compile_static):
         from tqdm import tqdm

@@ -29,7 +29,9 @@ def forced() -> bool:
     """Whether the device path is forced on the CPU (the innermost ``force`` scope, else ``COOLSD_DEVICE_PATH``)."""
     if _FORCED:
         return _FORCED[-1]
-    return os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    from theory.core.checks import boolean
+
+    return boolean(ENV, os.environ.get(ENV, "0"))       # its documented spellings only: "banana" is refused
 
 
 def host_path(device) -> bool:
@@ -44,7 +46,9 @@ def force(on: bool | None):
     if on is None:
         yield
         return
-    _FORCED.append(bool(on))
+    from theory.core.checks import boolean
+
+    _FORCED.append(boolean("device_path", on))
     try:
         yield
     finally:

@@ -29,7 +29,7 @@ __all__ = [
     "finite_nonneg", "stochastic", "row_sum_tol", "acceptance_tables", "resampling_tables",
     "check_rows_xp", "check_tokens_xp", "check_uniforms_xp", "rows_ok_xp", "rows_tol_xp", "tokens_ok_xp",
     "uniforms_ok_xp",
-    "check_memory", "fmt_bytes",
+    "check_memory", "fmt_bytes", "instance", "boolean", "brief", "TRUE_WORDS", "FALSE_WORDS",
 ]
 
 ROW_SUM_TOL = 1e-8          # |sum of a row - 1| allowed for float64 P, Q, G rows and start laws
@@ -45,6 +45,41 @@ class SizeError(ValueError):
 
 def _is_bool(x) -> bool:
     return isinstance(x, (bool, np.bool_))
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+
+def boolean(name: str, x) -> bool:
+    """A documented boolean: True / False, 0 / 1, or (environment text, any case) one of ``TRUE_WORDS`` /
+    ``FALSE_WORDS``; anything else ("banana", "no " + typo, 2) is a one-line ValueError naming ``name``."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, (int, np.integer)) and int(x) in (0, 1):
+        return bool(x)
+    if isinstance(x, str) and x.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+        return x.strip().lower() in TRUE_WORDS
+    raise ValueError(f"{name} must be a boolean (True / False, or one of {', '.join(w for w in TRUE_WORDS)} / "
+                     f"{', '.join(w or repr(w) for w in FALSE_WORDS)}), got {brief(x)}")
+
+
+def instance(name: str, x, types, what: str | None = None):
+    """``x`` if it is an instance of ``types``, else a one-line TypeError naming ``name``, what it must be and what
+    it got (the public API's first check on an object argument: never an AttributeError further in)."""
+    if not isinstance(x, types):
+        want = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"{name} must be {want}, got {type(x).__name__}")
+    return x
+
+
+def brief(x, limit: int = 80) -> str:
+    """A one-line description of a value for a message: an array by its shape and dtype, else its repr cut to
+    ``limit`` characters (a message never spans lines)."""
+    if hasattr(x, "shape") and hasattr(x, "dtype") and getattr(x, "ndim", 0) > 0:
+        return f"an array of shape {tuple(x.shape)} ({x.dtype})"
+    r = " ".join(repr(x).split())
+    return r if len(r) <= limit else r[:limit - 3] + "..."
 
 
 def integer(name: str, x, lo: int | None = None, hi: int | None = None) -> int:

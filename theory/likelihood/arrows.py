@@ -52,6 +52,8 @@ def _check_stamp(name: str, stamp) -> dict:
 def check_stamps(a: dict, b: dict, what: str, L: int | None = None) -> None:
     """ValueError (one line naming the first field that differs and both values) unless stamps ``a`` and ``b`` agree
     on ``STAMP_FIELDS``, and, when given, the rule's draft length ``L`` is the stamps' L."""
+    checks.instance(f"{what}: the first stamp", a, dict, "a stamp (dict)")
+    checks.instance(f"{what}: the second stamp", b, dict, "a stamp (dict)")
     for k in STAMP_FIELDS:
         if a.get(k) != b.get(k):
             raise ValueError(f"{what}: the stamps differ in {k!r} ({a.get(k)!r} vs {b.get(k)!r}); rows and rounds must "
@@ -74,6 +76,13 @@ class ARRows:
     def __post_init__(self):
         nm = self.name
         self.stamp = _check_stamp(nm, self.stamp)
+        for k in ("p", "q", "tokens"):          # lists (and other array-likes) converted, as documented
+            v = getattr(self, k)
+            if v is None or isinstance(v, (str, bytes, dict)):
+                raise TypeError(f"{nm}: {k} must be an array, got {type(v).__name__}")
+            if not isinstance(v, np.ndarray):
+                a = np.asarray(v)
+                setattr(self, k, a.astype(np.float64) if k != "tokens" and a.dtype.kind in "iub" else a)
         self.tokens = np.asarray(self.tokens)
         if self.p.ndim != 3 or self.tokens.shape != self.p.shape[:2]:
             raise ValueError(f"{nm}: expected p (n, T, V) and tokens (n, T); got p {self.p.shape}, tokens "

@@ -270,6 +270,7 @@ def tune_exact(ar_rows: ARRows | None, record: StampedRecord, family: str = "fre
                                                 {"tokens_per_call": tokens_per_call, "kl_budget": kl_budget,
                                                  "tv_budget": tv_budget, "bound_budget": bound_budget})
     seed = checks.seed(seed)
+    checks.integer("n_boot", n_boot, lo=2)        # the bootstrap's interval needs resamples (0: an IndexError once)
     checks.real("fit_fraction", fit_fraction, 0, 1, lo_open=True, hi_open=True)
     L = record.L
     sm = speed.SpeedModel(record)

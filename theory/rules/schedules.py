@@ -28,7 +28,7 @@ def _check_positive(name: str, *values: float) -> None:
         try:
             checks.real(name, v, 0, lo_open=True)
         except ValueError:
-            raise ValueError(f"{name}: weights must be real numbers, finite and > 0, got {v!r}") from None
+            raise ValueError(f"{name}: weights must be real numbers, finite and > 0, got {checks.brief(v)}") from None
 
 
 MAX_POSITION = 64       # schedules must give finite weights w_1 .. w_MAX_POSITION (draft positions in use)
