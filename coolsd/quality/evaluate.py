@@ -162,9 +162,14 @@ def prepare(spec: QualitySpec, *, image_shape, conds, prompts=None) -> Quality:
     One-line ValueError for: CLIP score of a class-conditional model, missing / wrong weights, a reference
     without the expected arrays or computed with another extractor (StampMismatch), images the extractor or the
     reference cannot take, a caption count that is not one per condition."""
+    from theory.core import checks
+
     from .extractors import load_extractor, mnist_extractor
     from .reference import load_reference
 
+    checks.instance("prepare: spec", spec, QualitySpec, "a QualitySpec (QualitySpec.parse)")
+    if isinstance(conds, (str, bytes)) or not hasattr(conds, "__iter__"):
+        raise TypeError(f"prepare: conds must be a list of conditions, got {type(conds).__name__}")
     class_conditional = all(isinstance(c, (int, np.integer)) for c in conds)
     extractor = reference = clip = captions = None
     shape = tuple(int(s) for s in image_shape)

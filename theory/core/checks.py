@@ -85,7 +85,7 @@ def brief(x, limit: int = 80) -> str:
 def integer(name: str, x, lo: int | None = None, hi: int | None = None) -> int:
     """``x`` as an int: Python or numpy integers (not bools, not floats such as 3.0), in [lo, hi]."""
     if _is_bool(x) or not isinstance(x, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {x!r} ({type(x).__name__})")
+        raise ValueError(f"{name} must be an integer, got {brief(x)} ({type(x).__name__})")
     v = int(x)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         rng = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
@@ -103,7 +103,7 @@ def seed(x, name: str = "seed") -> int | None:
     if x is None:
         return None
     if _is_bool(x) or not isinstance(x, numbers.Integral) or not 0 <= int(x) <= SEED_MAX:
-        raise ValueError(f"{name} must be a non-negative integer <= 2**64 - 1 (or None), got {x!r}")
+        raise ValueError(f"{name} must be a non-negative integer <= 2**64 - 1 (or None), got {brief(x)}")
     return int(x)
 
 
@@ -112,7 +112,7 @@ def real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_o
     """``x`` as a float: Python or numpy reals (not bools, not complex, not NaN), in the given interval.
     ``finite=False`` allows +-inf (still subject to the bounds)."""
     if _is_bool(x) or not isinstance(x, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
+        raise ValueError(f"{name} must be a real number, got {brief(x)} ({type(x).__name__})")
     v = float(x)
     if math.isnan(v) or (finite and math.isinf(v)):
         raise ValueError(f"{name} must be a finite number, got {v}")
@@ -363,7 +363,7 @@ def verifier(v, name: str = "verifier", members: tuple[str, ...] = ("accept", "r
         return v
     hint = (f"; build it first, e.g. theory.rules.methods.build({v!r}, L) or theory.rules.cool_sd(delta=2)"
             if isinstance(v, str) else "; e.g. theory.rules.vanilla() or theory.rules.cool_sd(delta=2)")
-    raise TypeError(f"{name} must be a verifier object (theory.rules.Verifier), got {type(v).__name__} {v!r}"[:200]
+    raise TypeError(f"{name} must be a verifier object (theory.rules.Verifier), got {type(v).__name__} {brief(v)}"[:200]
                     + hint)
 
 
@@ -396,7 +396,7 @@ def unit_interval(name: str, a) -> np.ndarray:
         raise ValueError(f"{name} is empty")
     if not np.all((arr >= 0) & (arr <= 1)):
         bad = arr[~((arr >= 0) & (arr <= 1))].ravel()[0]
-        raise ValueError(f"{name} must lie in [0, 1], got {bad!r}")
+        raise ValueError(f"{name} must lie in [0, 1], got {brief(bad)}")
     return arr
 
 

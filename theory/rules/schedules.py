@@ -166,6 +166,9 @@ class Floored:
     floor: float = 1.0
 
     def __post_init__(self):
+        if not callable(self.inner) or isinstance(self.inner, type):
+            raise TypeError(f"Floored schedule: inner must be a schedule object (a callable (i, xp) -> w_i), got "
+                            f"{type(self.inner).__name__}")
         _check_positive("Floored schedule (floor)", self.floor)
 
     def __call__(self, i, xp):

@@ -129,6 +129,9 @@ def unit_seed(base: int, key: str, index: int) -> int:
 def plan_units(cfg: SweepConfig) -> list[Unit]:
     """Every unit, block by block (AR first in each block) so partial runs cover all settings evenly; a predicted
     sweep (``--predict``) only every plain-AR block and the vanilla blocks that record rows."""
+    from theory.core import checks
+
+    checks.instance("plan_units: cfg", cfg, SweepConfig, "a SweepConfig")
     units = [Unit(s, j) for j in range(cfg.n_blocks) for s in (None, *cfg.settings)]
     if cfg.predict:
         rec_blocks = -(-cfg.record_images // cfg.unit_images)
