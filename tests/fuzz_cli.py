@@ -42,7 +42,7 @@ PATH_MAYBE = ("missing", "directory", "truncated", "bomb", "input_as_output")
 BASE = {
     "generate": ["--model", "mnist", "--json", "--num-images", "2"],
     "sweep": ["--model", "mnist", "--images", "4", "--unit-images", "4", "--record-images", "4", "--out", "sw"],
-    "tune": ["--record", "{f}/rec.npz", "--ar-rows", "{f}/ar.npz", "--tokens-per-call", "1.2"],
+    "tune": ["--record", "{f}/rec.npz", "--ar-rows", "{f}/ar.npz", "--tokens-per-call", "1.8"],
     "demo": ["--quick", "--out", "demo_out"],
     "theory table": [],
     "theory anneal": ["--out", "an_out"],

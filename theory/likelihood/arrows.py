@@ -58,6 +58,9 @@ def check_stamps(a: dict, b: dict, what: str, L: int | None = None) -> None:
         if a.get(k) != b.get(k):
             raise ValueError(f"{what}: the stamps differ in {k!r} ({a.get(k)!r} vs {b.get(k)!r}); rows and rounds must "
                              "come from the same model, draft, processing, L and image size")
+    if "conditions" in a and "conditions" in b and a["conditions"] != b["conditions"]:   # stamped since issue 50
+        raise ValueError(f"{what}: the stamps differ in 'conditions' ({a['conditions']!r} vs {b['conditions']!r}); the "
+                         "rows and rounds must be made under the same conditions (class ids, prompts)")
     if L is not None and a.get("L") != L:
         raise ValueError(f"{what}: the rule has L = {L} draft positions but the rows were made with L = {a.get('L')}")
 
@@ -104,6 +107,10 @@ class ARRows:
         self.image = np.arange(n) if self.image is None else np.asarray(self.image, np.int64)
         if self.image.shape != (n,):
             raise ValueError(f"{nm}: image ids must be (n,) = ({n},), got {self.image.shape}")
+        ids, counts = np.unique(self.image, return_counts=True)
+        if np.any(counts > 1):        # copies: a "held-out" image would repeat a fitted one (issue 50)
+            raise ValueError(f"{nm}: image ids must be distinct (one row set per image); id {int(ids[counts > 1][0])} "
+                             f"occurs {int(counts.max())} times ({int((counts > 1).sum())} ids repeated)")
         if not self.checked:
             self.check_rows()
 
