@@ -47,6 +47,12 @@ class QualitySpec:
         if not items or bad:
             raise ValueError(f"--quality: unknown metric(s) {bad or [text]}; choose from {', '.join(METRICS)} "
                              "(comma-separated)")
+        for key, flag, metric in (("captions", "--quality-captions", "clip"), ("clip", "--quality-clip", "clip"),
+                                  ("reference", "--quality-ref", "fid")):
+            if kw.get(key) is not None and metric not in items:     # given but never read: refused, not ignored
+                raise ValueError(f"{flag} configures {'CLIP score' if metric == 'clip' else 'FID'}; --quality {text} "
+                                 f"does not measure it: add {metric} (--quality {','.join(items + (metric,))}) or "
+                                 f"drop {flag}")
         return cls(items, **kw)
 
     def identity(self) -> dict:

@@ -115,9 +115,13 @@ def identity_digest(cfg: "SweepConfig") -> str:
 def unit_expectation(cfg: "SweepConfig", unit: "Unit") -> dict:
     """What a stored unit of ``unit`` must carry (``Store.check_units`` compares it before any new unit is made): its
     setting, block, seed, the base seed, the image range [lo, hi) and the identity digest of this sweep."""
+    from real.specs import spec
+
     lo = unit.index * cfg.unit_images
+    T = dict(cfg.model_options).get("num_tokens") or spec(cfg.model).tokens      # the model's image tokens, if known
     return {"key": unit.key, "index": unit.index, "seed": unit_seed(cfg.seed, unit.key, unit.index),
-            "base_seed": cfg.seed, "images": [lo, lo + cfg.unit_images], "identity": identity_digest(cfg)}
+            "base_seed": cfg.seed, "images": [lo, lo + cfg.unit_images], "identity": identity_digest(cfg),
+            "tokens": None if T is None else int(T)}
 
 
 def unit_seed(base: int, key: str, index: int) -> int:
