@@ -71,7 +71,8 @@ def _check_record_depth(drafting, T) -> None:
         return
     raise ValueError(f"--record with {drafting.named}: its rounds draft {drafting.max_depth} levels, but in a {T}-token "
                      f"image no round can draft the whole tree (at most {T - 2} levels), so nothing would be recorded; "
-                     "draft a shallower tree (a smaller --window / --tree-depth / --tree) or drop --record")
+                     f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
+                     "--record")
 
 
 def _input_files(args) -> dict:
