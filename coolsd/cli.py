@@ -100,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:            # --help (0) or a parse error (2, one line printed): returned, as every error is
         return e.code if isinstance(e.code, int) else 2
-    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    from theory.core.checks import boolean
+
+    try:                               # the documented spellings only (issue 50): COOLSD_DEBUG=banana is refused
+        debug = args.debug or boolean(DEBUG_ENV, os.environ.get(DEBUG_ENV, ""))
+    except ValueError as e:
+        print(f"coolsd: error: {e}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

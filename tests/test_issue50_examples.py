@@ -205,3 +205,41 @@ def test_engine_booleans_and_compile_backend():
         engine.generate(t, d, [0], compile="default", compile_backend="bogus", **kw)
     off = engine.generate(t, d, [0], device_path="no", seed=3, **kw)[0].tokens
     assert torch.equal(off, engine.generate(t, d, [0], device_path=False, seed=3, **kw)[0].tokens)
+
+
+def test_a_records_stamp_carries_its_conditions(tmp_path, monkeypatch, capsys):
+    """A record made with --class-id 3 says so (and one of seeded random classes says "uniform"), so tune refuses AR
+    rows of other conditions (check_stamps) and makes its own AR rows with the record's class."""
+    monkeypatch.chdir(tmp_path)
+    for extra, want in ((["--class-id", "3"], {"class_id": 3}), ([], {"class_id": "uniform"})):
+        assert main(G + extra + ["--record", "r.npz"]) == 0
+        capsys.readouterr()
+        assert json.loads(str(np.load(tmp_path / "r.npz")["stamp"]))["conditions"] == want
+
+
+def test_quality_flags_that_their_metric_does_not_read_are_refused():
+    from coolsd.quality import QualitySpec
+
+    with pytest.raises(ValueError, match="--quality-captions configures CLIP score; --quality fid does not measure"):
+        QualitySpec.parse("fid", captions="c.txt")
+    with pytest.raises(ValueError, match="--quality-ref configures FID"):
+        QualitySpec.parse("clip", reference="r.npz")
+    assert QualitySpec.parse("fid,clip", captions="c.txt").captions == "c.txt"        # control: read there
+
+
+def test_a_reference_of_another_feature_dimension_is_refused_when_loaded(monkeypatch):
+    from coolsd.quality import reference
+
+    ref = type("R", (), {"mu": np.zeros(3), "sigma": np.eye(3), "features": None})()
+    monkeypatch.setattr(reference, "_load_reference", lambda r, ex: ref)
+    ex = type("E", (), {"name": "eight", "num_features": 8})()
+    with pytest.raises(ValueError, match="3-dimensional but extractor eight gives 8 features"):
+        reference.load_reference("ref.npz", ex)
+    ex.num_features = 3
+    assert reference.load_reference("ref.npz", ex) is ref                 # control: the same dimension passes
+
+
+def test_coolsd_debug_takes_its_documented_spellings(monkeypatch, capsys):
+    monkeypatch.setenv("COOLSD_DEBUG", "banana")
+    assert main(["theory", "table", "--V", "1"]) == 2
+    assert "COOLSD_DEBUG must be a boolean" in capsys.readouterr().err

@@ -90,3 +90,21 @@ def test_predict_with_lossless_dynamic_trees_is_refused_before_generating(tmp_pa
     out = tmp_path / "p"
     assert main(["sweep", *BASE, "--predict", "--mode", "dynamic", "--out", str(out)]) == 2
     assert "--predict with --mode dynamic" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_unit_cut_short_is_named_before_any_work(measured, tmp_path, capsys):
+    """A damaged stored unit (tokens cut short) is refused when the sweep opens its store, naming the file (it failed
+    in the merge with numpy's error before)."""
+    import shutil
+
+    import numpy as np
+
+    out = tmp_path / "m"
+    shutil.copytree(measured.parent, out)
+    unit = sorted((out / "units").glob("cool-sd*/u*.npz"))[0]
+    z = dict(np.load(unit))
+    z["tokens"] = z["tokens"][:, :30]
+    np.savez(unit, **z)
+    assert main(["sweep", *BASE, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(unit.name) in err and "tokens have shape (2, 30), not (2, 49)" in err
