@@ -51,6 +51,7 @@ def files(tmp_path_factory):
     (G + ["--mode", "jacobi", "--window", "1"], "--window"),
     (G + ["--draft", "sjd-pac-p", "--record", "r.npz"], "--record with --draft sjd-pac-p"),
     (G + ["--mode", "sjd-pac", "--record", "r.npz"], "no round can draft the whole tree"),
+    (G + ["--draft", "eagle", "--num-tokens", "2", "--L", "1", "--record", "r.npz"], "no drafted round to record"),
     (["sweep", "--model", "mnist", "--images", "4", "--unit-images", "4", "--record-images", "4", "--grid", "vanilla",
       "cool-sd:delta=2", "--predict", "--out", "o", "--tree", "dynamic"], "--predict with --tree dynamic"),
     (["tune", "--model", "mnist", "--ar-images", "3", "--record-images", "4", "--tokens-per-call", "1.5"],
