@@ -294,7 +294,8 @@ def figures(root, rep: dict) -> list[str]:
     ax.set_xlabel("predicted tokens per target call")
     ax.set_ylabel("KL(P||P^) per token from AR images (95% CI)")
     ax.set_title("predicted frontier (no relaxed image generated)")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:              # nothing predicted (e.g. no tokens per call): no legend
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(root / "predicted_kl_vs_tokens_per_call.png", dpi=110)
     out.append("predicted_kl_vs_tokens_per_call.png")
