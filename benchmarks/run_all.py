@@ -51,6 +51,7 @@ BENCHMARKS = {
     "relaxed_verify": ("bench_relaxed_verify.py", ["--short"]),   # LANTERN(++) / vanilla verify time, V = 16,384 (issue 55)
     "lantern_engine": ("bench_lantern_engine.py", ["--short"]),   # LANTERN(++)'s verify share in the engine (issue 55)
     "sjd_pac": ("bench_sjd_pac.py", ["--short"]),   # SJD-PAC's draft + verify per round / its release's (issue 55)
+    "train_drafter": ("bench_train_drafter.py", ["--short"]),   # feature extraction / AR; 2 ranks / 1 (issue 48)
 }
 TIMEOUT_S = 600
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

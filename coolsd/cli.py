@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-GROUPS = ["theory", "sim", "generate", "demo", "sweep", "tune"]
+GROUPS = ["theory", "sim", "generate", "demo", "sweep", "tune", "train_drafter"]
 DEBUG_ENV = "COOLSD_DEBUG"
 INT64_MAX = 2**63 - 1
 

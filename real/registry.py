@@ -158,6 +158,14 @@ def tiny_llamagen_pair(seed: int = 0, draft: str = "layerskip", model_type: str 
         "eagle": lambda: EagleDrafter.from_target(t, seed=seed + 1).eval()})
 
 
+def _trained_eagle(opts, target, model: str):
+    """The trained EAGLE drafter in --drafter-dir for ``target`` built as ``model`` (``real.drafter.files.load_drafter``:
+    the one loader, which refuses a drafter made for another model, in one line)."""
+    from .drafter.files import load_drafter
+
+    return load_drafter(opts.drafter_dir, target, model)
+
+
 def _tiny_vq(seed: int, V: int):
     from .models.vq import VQModel, vq_config
 
@@ -169,7 +177,10 @@ def _build_llamagen_tiny(opts, model_type="c2i") -> Bundle:
 
     seed = int(_o(opts, "seed", 0))
     dev, dt = _device(opts), _dtype(opts)
-    t, d = tiny_llamagen_pair(seed, _o(opts, "draft", "layerskip"), model_type, dev, dt)
+    kind = _o(opts, "draft", "layerskip")
+    t, d = tiny_llamagen_pair(seed, "layerskip" if kind == "eagle" and opts.drafter_dir else kind, model_type, dev, dt)
+    if kind == "eagle" and opts.drafter_dir:
+        d = _trained_eagle(opts, t, "llamagen-tiny" if model_type == "c2i" else "llamagen-tiny-t2i")
     vq = _tiny_vq(seed, t.config.vocab_size).to(dev)
     nb, cb = _neighbor_table(vq.quantize.embedding.weight, opts), vq.quantize.embedding.weight.detach()
     if model_type == "c2i":
@@ -200,7 +211,6 @@ def _build_llamagen(opts) -> Bundle:
     with --drafter-dir, a LANTERN release directory), --vq-ckpt, --image-size; t2i needs --captions
     (a .pt file with a list of {embedding, mask}) or --prompts with flan-t5-xl available."""
     from .models import llamagen as lg, llamagen_io
-    from .models.eagle import load_lantern_drafter
     from .models.vq import load_vq
 
     dev, dt = _device(opts), _dtype(opts)
@@ -221,7 +231,7 @@ def _build_llamagen(opts) -> Bundle:
     if kind == "eagle" and opts.drafter_dir is None:
         raise ValueError("--draft eagle needs --drafter-dir (LANTERN drafter directory with config.json)")
     d = _make_draft(kind, {
-        "eagle": lambda: load_lantern_drafter(opts.drafter_dir, t.output, device=dev, dtype=dt),
+        "eagle": lambda: _trained_eagle(opts, t, "llamagen"),
         "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1))),
         "small": lambda: lg.load_llamagen(ckpt("draft_ckpt", "draft_pretrained"), _o(opts, "draft_size", "B"),
                                           image_size=size, model_type=mtype, device=dev, dtype=dt)})
@@ -314,6 +324,8 @@ def _build_mm_tiny(opts, family: str) -> Bundle:
         name = "Emu3ForConditionalGeneration tiny (random)"
     else:
         raise ValueError(f"unknown family {family!r}")
+    if kind == "eagle" and opts.drafter_dir:
+        d = _trained_eagle(opts, t, f"{family}-tiny")
     g = torch.Generator().manual_seed(seed)
     n = int(_o(opts, "num_images", 1))
     conds = [Prompt(torch.cat([torch.tensor([1]), torch.randint(a, b, (8,), generator=g)])) for _ in range(n)]
@@ -335,7 +347,7 @@ def _batched_mm(model, release: bool = False):
 
 
 def _mm_draft(opts, family: str, target, load_small):
-    from .adapters.imagelm_eagle import eagle_for, load_adapter_eagle
+    from .adapters.imagelm_eagle import eagle_for
     from .adapters.imagelm_loading import truncated_hf
 
     kind = _o(opts, "draft", "eagle" if family != "janus" else "small")
@@ -353,7 +365,8 @@ def _mm_draft(opts, family: str, target, load_small):
         return load_small()
     names = {"eagle": "eagle" if opts.drafter_dir else "eagle (random, untrained: pass --drafter-dir for a trained one)",
              "layerskip": f"layerskip {k}", "small": "small sibling", NO_DRAFT: NO_DRAFT}
-    d = _make_draft(kind, {"eagle": lambda: load_adapter_eagle(opts.drafter_dir, target) if opts.drafter_dir
+    model = {"chameleon": "lumina-mgpt", "janus": "janus-pro", "emu3": "emu3"}[family]
+    d = _make_draft(kind, {"eagle": lambda: _trained_eagle(opts, target, model) if opts.drafter_dir
                            else eagle_for(target), "layerskip": layerskip, "small": small})
     return d, names.get(kind, kind)
 
@@ -469,7 +482,8 @@ def _build_zoo(opts, zoo: str, title: str) -> Bundle:
     t = gpt.load_target(zoo).to(dev, dt)
     kind = _o(opts, "draft", "small")
     d = _make_draft(kind, {"small": lambda: gpt.load_draft(zoo).to(dev, dt),
-                           "eagle": lambda: gpt.load_eagle(t, zoo).to(dev, dt),
+                           "eagle": lambda: _trained_eagle(opts, t, zoo) if opts.drafter_dir
+                           else gpt.load_eagle(t, zoo).to(dev, dt),
                            "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1)))})
     cb = zvq.raw_codebook(zoo)
     nb = _neighbor_table(cb, opts)

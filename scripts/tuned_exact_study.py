@@ -60,7 +60,7 @@ def predicted_speed(sm, rule, L: int) -> float:
     return float(sm.tokens_per_call(sm.f_scaled(w[None, :])))
 
 
-def schedules(out: Path, ar, rec, targets) -> dict:
+def schedules(out: Path, ar, rec, targets, extra=EXTRA, bound: bool = True) -> dict:
     """{setting name: {"rule": verifier, "target", "family", "params"}} for every target (cached in schedules.json)."""
     from theory import rules
     from theory.likelihood import exact_tune, speed
@@ -74,11 +74,11 @@ def schedules(out: Path, ar, rec, targets) -> dict:
         L = rec.L
         for t in targets:
             for fam, family, objective in (("kl-free", "free", "kl"), ("kl-entropy", "entropy", "kl"),
-                                           ("bound-free", "free", "bound")):
+                                           ("bound-free", "free", "bound"))[:3 if bound else 2]:
                 r = exact_tune.tune_exact(ar if objective != "bound" else ar, rec, family, objective, tokens_per_call=t)
                 saved[f"{fam}@{t}"] = {"family": fam, "target": t, "schedule": r.to_dict()}
                 print(f"tuned {fam} at {t}: {r.to_dict().get('weights')}", flush=True)
-        for t in (*targets, *EXTRA):
+        for t in (*targets, *extra):
             delta = solve(sm, lambda d: rules.cool_sd(d), 1.0 + 1e-9, 1e4, t, L)
             saved[f"cool-sd@{t}"] = {"family": "cool-sd", "target": t, "schedule": {"delta": delta, "nu": 0.7}}
         for t in targets:
@@ -219,6 +219,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1000, help="fresh images: settings use seed + i, the AR images seed - 1")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", default="mnist", help="a registered model with an EAGLE head (mnist, natural256)")
+    ap.add_argument("--targets", type=float, nargs="+", default=list(TARGETS), help="target tokens per call")
+    ap.add_argument("--extra", type=float, nargs="*", default=list(EXTRA), help="further Cool-SD points")
+    ap.add_argument("--no-bound", action="store_true", help="skip the per-round-bound tuner (bound-free)")
     ap.add_argument("--only-cached", action="store_true",
                     help="report the settings whose images are already generated (unit_*.npz), list the others in "
                          "config.not_run (a time-boxed run)")
@@ -234,8 +238,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     ar_fit, rec = load_ar_rows(a.ar_rows), load_record(a.record)
-    saved = schedules(out, ar_fit, rec, TARGETS)
-    bundle = build("mnist", draft="eagle")
+    saved = schedules(out, ar_fit, rec, tuple(a.targets), tuple(a.extra), bound=not a.no_bound)
+    bundle = build(a.model, draft="eagle")
     proc = _processing(bundle)
     T = bundle.num_tokens
     names = sorted(saved, key=lambda k: (saved[k]["target"], FAMILIES.index(saved[k]["family"])))
@@ -271,8 +275,8 @@ def main(argv=None) -> int:
                          "weights": params_of(e), **m, "n_images": int(len(units[k]["tokens"])),
                          "seeds": {"images": int(units[k]["seed"]), "ar_images": int(ar["seed"])}})
     rep = {"settings": settings, "verdicts": verdicts(settings),
-           "config": {"model": "mnist", "draft": "eagle", "L": 4, "cfg_scale": proc.cfg_scale, "images": a.images,
-                      "targets": list(TARGETS), "cool_sd_extra": list(EXTRA), "ar_rows": str(a.ar_rows),
+           "config": {"model": a.model, "draft": "eagle", "L": 4, "cfg_scale": proc.cfg_scale, "images": a.images,
+                      "targets": list(a.targets), "cool_sd_extra": list(a.extra), "ar_rows": str(a.ar_rows),
                       "record": str(a.record), "ar_rows_stamp": ar_fit.stamp, "not_run": not_run},
            "wall_seconds": time.time() - t_start}
     (out / "report.json").write_text(json.dumps(rep, indent=1, default=float))
@@ -283,7 +287,8 @@ def main(argv=None) -> int:
 
 
 def markdown(rep: dict) -> str:
-    lines = ["# Schedules tuned on the exact law vs Cool-SD (MNIST, EAGLE, L = 4, CFG 2)", "",
+    c = rep["config"]
+    lines = [f"# Schedules tuned on the exact law vs Cool-SD ({c['model']}, EAGLE, L = 4, CFG {c['cfg_scale']:g})", "",
              "| setting | target | tokens/call measured (predicted) | KL(P^\\|\\|P)/token [95% CI] (predicted KL(P\\|\\|P^)) "
              "| KL(P\\|\\|P^)/token [95% CI] | TV [95% CI] |", "|---|---|---|---|---|---|"]
     for s in rep["settings"]:

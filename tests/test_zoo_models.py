@@ -280,9 +280,10 @@ def test_vanilla_prediction_within_three_se(quick_report):
     assert abs(c8["accepted_length"]["predicted"] - a["measured"]) > 3 * a["measured_se"]
 
 
-def test_llamagen_and_eagle_training_are_bitwise_reproducible():
-    """The shipped hashes can only be regenerated if training is deterministic (2 threads, seeded)."""
-    from real.zoo import train_eagle, train_llamagen
+def test_llamagen_training_is_bitwise_reproducible():
+    """The shipped hashes can only be regenerated if training is deterministic (2 threads, seeded). (The EAGLE
+    heads' training, ``coolsd train-drafter``: tests/test_train_drafter.py, SIGKILL + --resume bitwise.)"""
+    from real.zoo import train_llamagen
 
     argv = ["--role", "draft", "--steps", "3", "--dim", "32", "--layers", "1", "--heads", "2", "--batch-size", "16"]
 
@@ -295,9 +296,4 @@ def test_llamagen_and_eagle_training_are_bitwise_reproducible():
     assert all(torch.equal(a[k], b[k]) for k in a)
     c = states(argv + ["--seed", "7"])
     assert not torch.equal(a["output.weight"], c["output.weight"])          # control: another seed differs
-    target = gpt.load_target()
-    ea = ["--steps", "3", "--shifted", "50", "--batch-size", "8"]
-    x = train_eagle.train(train_eagle.parse(ea), target)[0].state_dict()
-    y = train_eagle.train(train_eagle.parse(ea), target)[0].state_dict()
-    assert all(torch.equal(x[k], y[k]) for k in x)
     assert (torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()) == (det, threads)

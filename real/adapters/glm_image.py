@@ -164,7 +164,11 @@ def build_glm(tiny: bool, *, seed: int = 0, kind: str = "layerskip", device="cpu
     ``image_size`` the square side in px, default 1152 x 768; an EAGLE drafter from ``drafter_dir``). Returns
     (target family, draft or None, conditions, description)."""
     if tiny:
-        t, d, (a, b) = tiny_glm_image_pair(seed, kind, device, dtype)
+        t, d, (a, b) = tiny_glm_image_pair(seed, "layerskip" if kind == "eagle" and drafter_dir else kind, device, dtype)
+        if kind == "eagle" and drafter_dir:
+            from real.drafter.files import load_drafter
+
+            d = load_drafter(drafter_dir, t, "glm-image-tiny")
         g = torch.Generator().manual_seed(seed)
         return t, d, [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(num_images)], \
             "GlmImageForConditionalGeneration tiny (random), AR stage"
@@ -173,9 +177,9 @@ def build_glm(tiny: bool, *, seed: int = 0, kind: str = "layerskip", device="cpu
     hw = (int(image_size), int(image_size)) if image_size else (1152, 768)
     t, proc = load_glm_image(path or GLM_IMAGE_ID, height=hw[0], width=hw[1], device=device, dtype=dtype)
     if kind == "eagle" and drafter_dir:
-        from .imagelm_eagle import load_adapter_eagle
+        from real.drafter.files import load_drafter
 
-        d = load_adapter_eagle(drafter_dir, t)
+        d = load_drafter(drafter_dir, t, "glm-image")
     else:
         d = _drafts(t, kind, seed)
     return t, d, [glm_prompt(proc, p, *hw) for p in prompts], "GLM-Image AR stage"

@@ -36,7 +36,7 @@ from real.nn.kvcache import CachedRows, KVCache
 from real.protocol import ModelOutput, Placed
 
 __all__ = ["EagleConfig", "EagleDrafter", "load_lantern_drafter", "save_lantern_drafter", "eagle_pairs",
-           "record_features", "train_eagle"]
+           "record_features", "eagle_loss", "train_eagle"]
 
 _INPUT_TYPES = {"c2i": 576, "t2i": 256, "t2i2": 1024}   # LANTERN's block sizes per drafter input_type
 
@@ -348,12 +348,30 @@ def record_features(target, cond, tokens: torch.Tensor, *, cfg: bool = False) ->
     return target.prefill(cond, t[:, :-1], cfg=cfg, return_hidden=True).hidden
 
 
+def eagle_loss(drafter, ids, x, y, mask, p_w: float, v_w: float, prefix_len: int):
+    """EAGLE-1's loss (``real.drafter.train``'s module docstring; ``train_eagle``) on one batch: ids (B, M), noisy inputs x (B, M, D), targets y (B, M, D),
+    mask (B, M) bool -> (loss, {"vloss", "ploss", "top1"} detached)."""
+    m = mask.to(torch.float32)[..., None]
+    n = m.sum()
+    f = drafter.train_forward(ids, x, prefix_len)
+    vloss = (F.smooth_l1_loss(f.float(), y.float(), reduction="none").mean(-1, keepdim=True) * m).sum() / n
+    with torch.no_grad():
+        tp = torch.softmax(drafter.head(y), -1)
+    logq = torch.log_softmax(drafter.head(f), -1)
+    ploss = -((tp * logq).sum(-1, keepdim=True) * m).sum() / n
+    with torch.no_grad():
+        top1 = ((logq.argmax(-1) == tp.argmax(-1)).float() * m[..., 0]).sum() / n
+    return v_w * vloss + p_w * ploss, {"vloss": vloss.detach(), "ploss": ploss.detach(), "top1": top1}
+
+
 def train_eagle(drafter: EagleDrafter, tokens: torch.Tensor, features: torch.Tensor, prefix_len: int, *,
                 steps: int = 200, batch_size: int = 16, lr: float = 1e-3, p_w: float = 0.1, noise: float = 0.2,
                 grad_clip: float = 0.5, seed: int = 0, progress: bool = False) -> list[dict]:
-    """Fit the drafter to recorded target features (EAGLE-1 objective, as in LANTERN's trainer):
+    """Fit the drafter to recorded target features in memory (EAGLE-1 objective, as in LANTERN's trainer):
     SmoothL1(f_p, h_{p+1}) + p_w * CE(softmax(head(h_{p+1})), head(f_p)) on the scored pairs, inputs
-    perturbed by uniform noise of width ``noise``; AdamW (0.9, 0.95), gradient clipping.
+    perturbed by uniform noise of width ``noise``; AdamW (0.9, 0.95), gradient clipping. The loss is
+    ``eagle_loss``, the one ``coolsd train-drafter`` trains with (its loop adds the on-disk
+    cache, ranks and resumable state).
 
     tokens (N, T), features (N, P + T - 1, D) as in ``eagle_pairs``. Returns per-step
     {"loss", "vloss", "ploss", "top1"} (top1: drafter argmax == target argmax on scored pairs)."""
@@ -371,22 +389,12 @@ def train_eagle(drafter: EagleDrafter, tokens: torch.Tensor, features: torch.Ten
         x = inp[b].to(drafter.dtype)
         if noise > 0:
             x = x + (torch.rand(x.shape, generator=g).to(x) - 0.5) * noise
-        m = mask[b].to(x.dtype)[..., None]
-        f = drafter.train_forward(ids[b], x, prefix_len)
-        y = tgt[b].to(f.dtype)
-        vloss = (F.smooth_l1_loss(f.float(), y.float(), reduction="none").mean(-1, keepdim=True) * m).sum() / m.sum()
-        with torch.no_grad():
-            tp = torch.softmax(drafter.head(y), -1)
-        logq = torch.log_softmax(drafter.head(f), -1)
-        ploss = -((tp * logq).sum(-1, keepdim=True) * m).sum() / m.sum()
-        loss = vloss + p_w * ploss
+        loss, st = eagle_loss(drafter, ids[b], x, tgt[b], mask[b], p_w, 1.0, prefix_len)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, grad_clip)
         opt.step()
-        with torch.no_grad():
-            top1 = ((logq.argmax(-1) == tp.argmax(-1)).float() * m[..., 0]).sum() / m.sum()
-        log.append({"loss": float(loss.detach()), "vloss": float(vloss.detach()), "ploss": float(ploss.detach()),
-                    "top1": float(top1)})
+        log.append({"loss": float(loss.detach()), "vloss": float(st["vloss"]), "ploss": float(st["ploss"]),
+                    "top1": float(st["top1"])})
     drafter.eval()
     return log

@@ -6,7 +6,8 @@ CNN whose penultimate features define the Frechet distance), ``metrics`` (Freche
 class accuracy), ``checkpoint`` (hash-verified safetensors loading), ``gpt`` (the class-conditional
 LlamaGen target, its small independent draft and its EAGLE-1 drafter). The main job that runs them,
 ``coolsd demo``, is ``coolsd.studies.demo``. Trained weights live in ``real/zoo/checkpoints/`` with ``manifest.json``;
-``python -m real.zoo.train_vq``, ``train_classifier``, ``train_llamagen --role target|draft`` and
-``train_eagle`` regenerate them (bitwise, on 2 CPU threads); ``training`` holds what those scripts share
-(common options, the timed run, print-then-ship).
+``python -m real.zoo.train_vq``, ``train_classifier`` and ``train_llamagen --role target|draft`` regenerate them
+(bitwise, on 2 CPU threads); ``training`` holds what those scripts share (common options, the timed run,
+print-then-ship). The EAGLE-1 heads are made by ``coolsd train-drafter`` (``real.drafter``; the recipes, with
+``export_tokens`` for mnist's data: docs/recipes/zoo.md).
 """

@@ -145,13 +145,22 @@ def load_draft(zoo: str = "mnist") -> lg.LlamaGen:
 
 def load_eagle(target: lg.LlamaGen | None = None, zoo: str = "mnist"):
     """The shipped EAGLE-1 drafter of ``zoo`` on ``target`` (default: a fresh ``load_target(zoo)``); it drafts
-    through the target's own LM head, so pass the target the engine will verify with."""
+    through the target's own LM head, so pass the target the engine will verify with. A zoo whose head was made by
+    ``coolsd train-drafter`` ships it as the drafter directory ``eagle/`` (``real.drafter.files.load_drafter`` checks
+    it); mnist's older head is ``eagle.safetensors`` with its manifest entry."""
     from real.models.eagle import EagleConfig, EagleDrafter
 
-    from .checkpoint import load_into, manifest_entry
+    from .checkpoint import load_into, manifest_entry, read_manifest
 
     directory = zoos.get(zoo).directory
     target = target if target is not None else load_target(zoo)
+    if (directory / "eagle").is_dir():
+        from real.drafter.files import load_drafter
+
+        return load_drafter(directory / "eagle", target, zoo)
+    if EAGLE not in read_manifest(directory).get("files", {}):
+        raise ValueError(f"--model {zoo} ships no EAGLE head: train one with coolsd train-drafter --model {zoo} "
+                         "(docs/recipes/zoo.md) and pass it with --drafter-dir")
     c = EagleConfig(**manifest_entry(EAGLE, directory)["config"])
     if c.hidden_size != target.config.dim or c.vocab_size != target.vocab_size:
         raise ValueError(f"the EAGLE drafter (hidden {c.hidden_size}, V {c.vocab_size}) does not fit this target "
