@@ -48,6 +48,7 @@ BASE = {
     "theory anneal": ["--out", "an_out"],
     "sim validate": [],
     "sim sources": [],
+    "train-drafter": ["--model", "mnist", "--data", "generate", "--num-sequences", "4", "--out", "dr"],
 }
 # the first call into each command's work ("module:attribute"); a model build anywhere counts for every command
 WORK = {
@@ -61,6 +62,7 @@ WORK = {
     "theory anneal": ["coolsd.studies.anneal:anneal_study"],
     "sim validate": ["sim.validation:validate"],
     "sim sources": ["sim.sources:codebook_source", "sim.sources:grid_source", "sim.sources:compare"],
+    "train-drafter": ["coolsd.commands.train_drafter:_run"],
 }
 # documented exceptions: (command, flag, bad value) -> why the value is valid there
 ALLOWED = {
