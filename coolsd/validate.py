@@ -3,9 +3,11 @@ model options from a parsed Namespace, input files named by flags, cost estimate
 run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
 check of ``real.specs``; output paths by ``coolsd.io``.
 
-Adding a command option: give it ``type=`` in argparse, then check its range here or with
-``theory.core.checks`` in the command's validation function *before* any model, file or table is built, with a
-ValueError whose message starts with the flag (tests/test_probes.py: add a row for the bad value).
+Adding a command option: give it ``type=`` in argparse (``coolsd.cli.Parser`` then refuses a non-finite float, an int
+beyond int64 and an empty value for it), then check its range here or with ``theory.core.checks`` in the command's
+validation function *before* any model, file or table is built, with a ValueError whose message starts with the flag.
+tests/test_fuzz_cli.py finds the option by itself and tries its bad values (a new subcommand needs a base invocation
+and its work entry in tests/fuzz_cli.py); tests/test_probes.py holds rows for the combinations.
 """
 from __future__ import annotations
 

@@ -71,8 +71,6 @@ ALLOWED = {
     ("*", "--tv-bias", "huge"): "an upper bias bound used to size n: a huge one sizes n at its floor",
     ("*", "--se", "huge"): "a target standard error: a huge one asks for the minimum rounds",
     ("*", "--ambiguity", "huge"): "a row flatness: a huge one is a flat (uniform) row, still a valid source",
-    ("*", "--tokens-per-call", "huge"): "refused by the record's reachable range only once the record is read "
-                                        "(it is an input check: the record is read before any work)",
 }
 
 
