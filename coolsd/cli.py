@@ -14,10 +14,48 @@ import sys
 
 GROUPS = ["theory", "sim", "generate", "demo", "sweep", "tune", "train_drafter"]
 DEBUG_ENV = "COOLSD_DEBUG"
+INT64_MAX = 2**63 - 1
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of every command and subcommand (argparse makes the subparsers of this class): what the option's
+    declaration alone says is checked for every option, so a flag added tomorrow is covered without being named
+    (issue 50): a ``type=float`` value must be finite, a ``type=int`` one within int64, a text value not empty. An error
+    is one line (``coolsd: error: ...``, exit 2), the usage left to ``--help``."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for a in self._actions:
+            if not a.option_strings or a.nargs == 0 or not hasattr(ns, a.dest):
+                continue
+            v = getattr(ns, a.dest)
+            if v is a.default:
+                continue
+            for x in v if isinstance(v, list) else [v]:
+                why = _bad_value(a, x)
+                if why:
+                    self.error(f"argument {'/'.join(a.option_strings)}: {why}")
+        return ns, rest
+
+    def error(self, message):
+        self.exit(2, f"{self.prog.split()[0]}: error: {' '.join(str(message).split())} (see {self.prog} --help)\n")
+
+
+def _bad_value(action, x) -> str | None:
+    """Why a parsed option value cannot be right whatever the option means, or None."""
+    import math
+
+    if action.type is float and isinstance(x, float) and not math.isfinite(x):
+        return f"must be a finite number, got {x!r}"
+    if action.type is int and isinstance(x, int) and abs(x) > INT64_MAX:
+        return f"must be an integer within int64, got {x}"
+    if isinstance(x, str) and action.choices is None and not x.strip():
+        return "empty value"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="coolsd", description="Relaxed speculative decoding toolkit (Cool-SD, LANTERN, UniformRSD).")
+    ap = Parser(prog="coolsd", description="Relaxed speculative decoding toolkit (Cool-SD, LANTERN, UniformRSD).")
     ap.add_argument("--debug", action="store_true",
                     help=f"show the full traceback on errors (also: {DEBUG_ENV}=1)")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -58,8 +96,17 @@ def describe_error(e: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:            # --help (0) or a parse error (2, one line printed): returned, as every error is
+        return e.code if isinstance(e.code, int) else 2
+    from theory.core.checks import boolean
+
+    try:                               # the documented spellings only (issue 50): COOLSD_DEBUG=banana is refused
+        debug = args.debug or boolean(DEBUG_ENV, os.environ.get(DEBUG_ENV, ""))
+    except ValueError as e:
+        print(f"coolsd: error: {e}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import errno
 import os
 import pathlib
 import shutil
@@ -49,6 +50,13 @@ def check_output_file(option: str, path: str | os.PathLike, suffix: str | None =
     if suffix and p.suffix != suffix:
         p = p.with_name(p.name + suffix)
     for q in {pathlib.Path(os.fspath(path)).expanduser(), p}:
+        if q.is_symlink():
+            try:
+                q.stat()
+            except OSError as e:                 # a loop (ELOOP) or a dangling link: never followed to write
+                why = "loops (it points back to itself)" if e.errno == errno.ELOOP else "points to nothing"
+                raise ValueError(f"{option}: {str(q)!r} is a symbolic link that {why}; remove it or give another "
+                                 "name") from None
         if q.is_dir():
             raise ValueError(f"{option}: {str(q)!r} is an existing directory; give a file name")
         if q.exists() and not q.is_file():
@@ -77,8 +85,8 @@ def check_outputs(outputs: dict, inputs: dict) -> None:
         try:
             st = q.stat()
             return ("inode", st.st_dev, st.st_ino)
-        except OSError:
-            return ("path", str(q.resolve()))
+        except OSError:                      # not there yet, or a link loop: its name, links resolved as far as
+            return ("path", os.path.realpath(q))    # they go (realpath never raises on a loop)
     seen = {ident(p): f for f, p in inputs.items() if p is not None}
     for flag, path in outputs.items():
         if path is None:
@@ -106,6 +114,21 @@ def check_output_dir(option: str, path: str | os.PathLike, produces: tuple[str, 
             raise ValueError(f"{option}: {str(p)!r} already holds other files ({', '.join(other[:5])}"
                              f"{' ...' if len(other) > 5 else ''}); give a new or empty directory")
     _check_parent_writable(option, p.resolve().parent)
+    return p
+
+
+def check_store_dir(option: str, path: str | os.PathLike) -> pathlib.Path:
+    """A store directory ``option`` creates or resumes (``coolsd sweep --out``): an existing directory is taken as it
+    is (the store checks its own manifest); anything else that exists (a file, a FIFO, a device) is refused unopened;
+    the parent of a new one must exist and be writable."""
+    if str(path).strip() == "":
+        raise ValueError(f"{option}: empty path")
+    p = pathlib.Path(os.fspath(path)).expanduser()
+    if os.path.lexists(p) and not p.is_dir():
+        what = "a FIFO" if p.is_fifo() else "a device" if (p.is_char_device() or p.is_block_device()) else "a file"
+        raise ValueError(f"{option}: {str(p)!r} is {what}, not a directory; give a new or a sweep's directory")
+    if not p.is_dir():
+        _check_parent_writable(option, p.resolve().parent)
     return p
 
 

@@ -233,7 +233,13 @@ def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
         raise ValueError(f"--draft {draft} names a draft model; {named} drafts without one: drop --draft")
     opts = {o.name: o.check(getattr(args, o.dest), num_tokens) for o in mdef.options if o.dest in gave}
     mdef.check(opts, num_tokens, run_processing(args))
-    return DraftingSpec(mdef.name, tuple(sorted(opts.items())), named)
+    spec = DraftingSpec(mdef.name, tuple(sorted(opts.items())), named)
+    if mdef.chain and num_tokens is not None and spec.max_depth > num_tokens:   # defaults included (--L 4)
+        n = getattr(args, "num_tokens", None)
+        raise ValueError(f"{'--num-tokens ' + str(n) if n is not None else 'the image'} is shorter than the "
+                         f"{spec.max_depth} drafts per round of {named} (--L, default {spec.max_depth}): a round never "
+                         f"drafts past the image; give --L <= {num_tokens}")
+    return spec
 
 
 def add_gsd_table_arg(g) -> None:

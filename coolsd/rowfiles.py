@@ -49,7 +49,7 @@ def run_stamp(model: str, bundle, processing, L: int, **extra) -> dict:
     T = int(bundle.num_tokens)
     return {"model": model, "draft": bundle.info.get("draft"), "processing": processing.params(), "L": int(L),
             "convention": convention_of(bundle.draft), "T": T, "V": int(bundle.target.vocab_size),
-            "per_row": per_row(bundle, T), **extra}
+            "per_row": per_row(bundle, T), "conditions": bundle.info.get("conditions"), **extra}
 
 
 def _generate(bundle, processing, L: int | None, seed: int, batch_size: int, record: bool, verifier=None):
@@ -71,10 +71,10 @@ def _score(bundle, conds, tokens, L: int, processing):
     return r.p.cpu().numpy(), r.q.cpu().numpy(), r.convention
 
 
-def _bundle(model: str, n_images: int, draft: str | None, seed: int, device: str = "cpu"):
+def _bundle(model: str, n_images: int, draft: str | None, seed: int, device: str = "cpu", class_id: int | None = None):
     from real.registry import BuildOptions, build
 
-    return build(model, BuildOptions(draft=draft, num_images=n_images, seed=seed, device=device))
+    return build(model, BuildOptions(draft=draft, num_images=n_images, seed=seed, device=device, class_id=class_id))
 
 
 def _processing(bundle, temperature=None, top_k=None, top_p=None, cfg_scale=None):
@@ -85,7 +85,8 @@ def _processing(bundle, temperature=None, top_k=None, top_p=None, cfg_scale=None
 
 
 def make_ar_rows(model: str, n_images: int, *, draft: str | None = None, L: int = 4, seed: int = 0,
-                 source: str = "ar", batch_size: int = 64, device: str = "cpu", **processing):
+                 source: str = "ar", batch_size: int = 64, device: str = "cpu", class_id: int | None = None,
+                 **processing):
     """``theory.likelihood.arrows.ARRows`` of ``n_images`` images of ``model`` drawn from the target (``source`` "ar":
     plain AR; "vanilla": a lossless SD run with the draft), with their teacher-forced rows for ``draft`` and L.
     ``processing``: temperature, top_k, top_p, cfg_scale (None: the model's defaults)."""
@@ -96,7 +97,7 @@ def make_ar_rows(model: str, n_images: int, *, draft: str | None = None, L: int 
 
     if source not in AR_SOURCES:
         raise ValueError(f"AR rows: source must be one of {AR_SOURCES}, got {source!r}")
-    bundle = _bundle(model, n_images, draft, seed, device)
+    bundle = _bundle(model, n_images, draft, seed, device, class_id)
     if bundle.draft is None:
         raise ValueError(f"AR rows: --model {model} with draft {draft!r} has no draft model to score")
     proc = _processing(bundle, **processing)

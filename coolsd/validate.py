@@ -3,9 +3,11 @@ model options from a parsed Namespace, input files named by flags, cost estimate
 run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
 check of ``real.specs``; output paths by ``coolsd.io``.
 
-Adding a command option: give it ``type=`` in argparse, then check its range here or with
-``theory.core.checks`` in the command's validation function *before* any model, file or table is built, with a
-ValueError whose message starts with the flag (tests/test_probes.py: add a row for the bad value).
+Adding a command option: give it ``type=`` in argparse (``coolsd.cli.Parser`` then refuses a non-finite float, an int
+beyond int64 and an empty value for it), then check its range here or with ``theory.core.checks`` in the command's
+validation function *before* any model, file or table is built, with a ValueError whose message starts with the flag.
+tests/test_fuzz_cli.py finds the option by itself and tries its bad values (a new subcommand needs a base invocation
+and its work entry in tests/fuzz_cli.py); tests/test_probes.py holds rows for the combinations.
 """
 from __future__ import annotations
 
@@ -107,6 +109,10 @@ def common(args, *, available: bool = True) -> None:
             raise ValueError(f"--image-size must be a multiple of 16 (the VQ downsampling), got {args.image_size}")
     if has("max_seconds"):
         checks.real("--max-seconds", args.max_seconds, 0)             # 0: no limit
+    from real.nn.devpath import ENV as DEVICE_PATH_ENV
+
+    if os.environ.get(DEVICE_PATH_ENV) is not None:          # the environment's boolean: its documented spellings
+        checks.boolean(DEVICE_PATH_ENV, os.environ[DEVICE_PATH_ENV])
     if has("device") and isinstance(args.device, str):
         device("--device", args.device, available=available)
     if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
@@ -123,9 +129,12 @@ def method_model(method: str, params: dict, args, what: str) -> None:
     from real.specs import spec
     from theory.rules import methods as registry
 
+    from theory.core import checks
+
     m = str(method).lower()
     if m == "ar":
         return
+    checks.instance("params", params, dict, "a dict of the method's parameters")
     codebook = spec(args.model).codebook
     missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
     d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
@@ -223,6 +232,9 @@ def check_seconds(what: str, seconds: float, max_seconds, hint: str) -> str:
     estimate ``seconds`` exceeds it; returns the estimate ("about 3 min") to print (``announce``)."""
     from theory.core import checks
 
+    checks.real(f"{what}: the estimated seconds", seconds, 0)
+    if max_seconds is not None:
+        checks.real("--max-seconds", max_seconds, 0)            # NaN would switch the guard off
     est = f"about {checks.fmt_seconds(seconds)}"
     if max_seconds and seconds > max_seconds:
         raise checks.CostError(f"{what} would take {est}, above --max-seconds {checks.fmt_seconds(max_seconds)}; "

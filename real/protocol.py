@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 __all__ = ["ModelOutput", "ARModel", "FeatureDrafter", "BatchedTarget", "BatchedFeatureDrafter", "Caption", "Prompt",
-           "check_pair", "as_conds", "OneRow", "as_batched", "prompt_rows", "left_pad", "LAWS",
+           "check_pair", "as_conds", "OneRow", "as_batched", "prompt_rows", "left_pad", "left_pad_ids", "LAWS",
            "Proposal", "Drafting", "NO_DRAFT", "make_draft"]
 
 NO_DRAFT = "none"   # the draft kind of drafter-free decoding (--draft jacobi): builders make no draft model
@@ -326,18 +326,26 @@ def prompt_rows(cond, cfg: bool, device) -> tuple[torch.Tensor, torch.Tensor, to
     return left_pad(rows, device)
 
 
-def left_pad(rows, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prompt rows of token ids (a list of R (n_r,) int64 tensors, n_r >= 1) left-padded with 0 to the longest P: the
-    one left-pad of the toolkit (``prompt_rows``, the Llama and batched image-LM prefills). Returns ids (R, P) int64,
-    real (R, P) bool (False at padding) and positions (R, P) int64 (0 on the padding, then 0, 1, ... over each row's
-    real ids), on ``device`` (None: the rows' own)."""
+def left_pad_ids(rows, device=None) -> tuple[torch.Tensor, np.ndarray]:
+    """Prompt rows of token ids (a list of R (n_r,) int64 tensors, n_r >= 1) left-padded with 0 to the longest P:
+    ids (R, P) int64 on ``device`` (None: the rows' own) and each row's padding width (R,) int64 on the host, known
+    from the rows' lengths (no read-back of a device tensor: FastLlama's prefill on the device path)."""
     R, P = len(rows), max(r.numel() for r in rows)
     device = rows[0].device if device is None else device
     ids = torch.zeros(R, P, dtype=torch.long, device=device)
-    real = torch.zeros(R, P, dtype=torch.bool, device=device)
     for b, r in enumerate(rows):  # a loop over the prompt rows, once per prefill
         ids[b, P - r.numel():] = r.to(device)
-        real[b, P - r.numel():] = True
+    return ids, np.array([P - r.numel() for r in rows], np.int64)
+
+
+def left_pad(rows, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``left_pad_ids``'s rows with their masks: the one left-pad of the toolkit (``prompt_rows``, the Llama and
+    batched image-LM prefills). Returns ids (R, P) int64, real (R, P) bool (False at padding) and positions (R, P)
+    int64 (0 on the padding, then 0, 1, ... over each row's real ids), on ``device`` (None: the rows' own)."""
+    ids, pad = left_pad_ids(rows, device)
+    real = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    for b, w in enumerate(pad.tolist()):  # a loop over the prompt rows, once per prefill
+        real[b, w:] = True
     return ids, real, (real.long().cumsum(-1) - 1).clamp(min=0)
 
 

@@ -70,7 +70,26 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
         opts = dataclasses.replace(opts, draft=NO_DRAFT)
     bundle = MODELS[name][0](opts)
     bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
+    bundle.info.setdefault("conditions", conditions_of(opts, bundle.conds))
     return bundle
+
+
+def conditions_of(opts: BuildOptions, conds) -> dict:
+    """How the images' conditions were chosen, for the stamps of records and AR rows (issue 50: rows of one condition
+    are not fitted against rounds of another): {"class_id": c} (every image of class c), {"class_id": "uniform"}
+    (seeded uniform classes), {"prompts": sha256} / {"captions": sha256} of the texts or caption file, else {}."""
+    import hashlib
+
+    if opts.class_id is not None:
+        return {"class_id": int(opts.class_id)}
+    if opts.prompts:
+        return {"prompts": hashlib.sha256("\n".join(map(str, opts.prompts)).encode()).hexdigest()[:16]}
+    if opts.captions:
+        with open(opts.captions, "rb") as fh:
+            return {"captions": hashlib.sha256(fh.read()).hexdigest()[:16]}
+    if conds and all(isinstance(c, (int, np.integer)) for c in conds):
+        return {"class_id": "uniform"}
+    return {}
 
 
 def _o(opts: BuildOptions, name: str, default):

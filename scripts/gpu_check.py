@@ -273,6 +273,12 @@ def parse(argv=None):
     for k in ("tokens", "images", "warm_tokens", "count_tokens", "draft_layers", "iters"):
         if getattr(a, k) < 1:
             ap.error(f"--{k.replace('_', '-')} must be at least 1")
+    from coolsd.io import check_output_file
+
+    try:                          # the output checked before the check runs (issue 50: written after minutes of work)
+        a.out = str(check_output_file("--out", a.out))
+    except ValueError as e:
+        ap.error(str(e))
     return a
 
 

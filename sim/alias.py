@@ -23,6 +23,8 @@ def alias_table(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     heaviest untouched one ("large"); a large that drops below 1 is finished next as a small.
     """
     rows = np.asarray(rows, dtype=np.float64)
+    if rows.ndim < 1 or rows.shape[-1] < 1:
+        raise ValueError(f"alias_table: rows must be (..., V) with V >= 1, got shape {rows.shape}")
     shape = rows.shape
     V = shape[-1]
     w = rows.reshape(-1, V)
@@ -70,6 +72,9 @@ def alias_draw(prob_flat: np.ndarray, alias_flat: np.ndarray, row: np.ndarray, u
     """Draw one column per entry. prob_flat, alias_flat: flattened (rows * V,) tables; row (...,)
     row indices; u (...,) uniforms in [0, 1). One uniform serves both the column (floor(u V)) and
     the keep test (the fractional part u V - floor(u V), again uniform in [0, 1))."""
+    if not (isinstance(u, np.ndarray) and isinstance(row, np.ndarray) and row.dtype.kind in "iu"):
+        raise TypeError(f"alias_draw: u must be a float array and row an integer array, got {type(u).__name__} and "
+                        f"{getattr(row, 'dtype', type(row).__name__)}")
     uv = u * V
     col = uv.astype(np.int64)
     flat = row * V + col

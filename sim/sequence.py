@@ -111,6 +111,8 @@ Context = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 def order1_context(buf: np.ndarray, rows: np.ndarray, pos: np.ndarray, start: np.ndarray) -> np.ndarray:
     """State for predicting position ``pos`` (0-based) of sequences ``rows``: the previous token, or the
     start state at position 0 (order-1 chains)."""
+    if not all(isinstance(a, np.ndarray) and a.dtype.kind in "iu" for a in (buf, rows, pos, start)):
+        raise TypeError("order1_context: buf, rows, pos and start must be integer arrays")
     prev = buf[rows, np.maximum(pos - 1, 0)]
     return np.where(pos == 0, start[rows], prev)
 

@@ -234,6 +234,9 @@ def _sequence_check(case: ChainCase, T: int, seed: int, alpha: float, n: int = 1
 
 
 def format_report(rep: Report) -> str:
+    if not isinstance(rep, Report):
+        raise TypeError(f"format_report: rep must be a sim.validation.Report (sim.validate's result), got "
+                        f"{type(rep).__name__}")
     head = (f"{'chain':26s} {'verifier':12s} {'path':12s} {'check':17s} {'value':>9s} {'reference':>9s} "
             f"{'statistic':>10s} {'expect':>6s} {'got':>5s} {'':2s} detail")
     lines = [head, "-" * len(head)]

@@ -261,8 +261,10 @@ CLI_PROBES = [
       "{f}/hardlink.npz"], "--save-record"),                                                    # 41: a hard link
     (["tune", "--objective", "bound", "--record", "{f}/symlink.npz", "--tokens-per-call", "1.2", "--out",
       "{f}/rows.npz"], "--out"),                                                                # 41: a symbolic link
-    (["tune", "--objective", "bound", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2", "--out", "o.npz",
+    (["tune", "--model", "mnist", "--record-images", "4", "--ar-images", "4", "--kl-budget", "0.1", "--out", "o.npz",
       "--save-record", "o.npz"], "also --out"),                                                # 41: two outputs
+    (["tune", "--objective", "bound", "--record", "{f}/rows.npz", "--tokens-per-call", "1.2", "--save-record",
+      "o.npz"], "--save-record"),                                       # 50: --save-record with --record writes nothing
     (["tune", "--record", "{f}/rows.npz", "--bound-budget", "nan"], "--bound-budget"),
     (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "0.5"], "--tokens-per-call"),
     (["tune", "--record", "{f}/rows.npz", "--tokens-per-call", "inf"], "--tokens-per-call"),

@@ -285,8 +285,14 @@ def _save(cfg, ctx: dict, gens: list, fid: dict | None) -> None:
 
 def _compile(bundle, mode: str) -> None:
     """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
+    import sys
+
     from real.nn.blocks import compile_blocks
 
+    on_cuda = str(getattr(bundle.target, "device", "cpu")).startswith("cuda")
+    print(f"coolsd: --compile {mode}: compiling the decoder blocks with torch.compile; the first images wait for it "
+          f"(expect {'under a minute on CUDA' if on_cuda else 'about 2-5 minutes on a CPU'}; torch caches the "
+          "compiled code for later runs)", file=sys.stderr, flush=True)
     for name, m in (("target", bundle.target), ("draft", bundle.draft)):
         if m is None:
             continue

@@ -52,12 +52,43 @@ def validate_args(args) -> RunConfig:
             raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
                              "speculative --method (e.g. vanilla) or drop --record")
         record = str(check_output_file("--record", args.record, ".npz"))
+        _check_record_depth(drafting, T)
+        _check_record_rounds(args, drafting, T)
     inputs = _input_files(args) | schedules
     check_outputs({"--save": save, "--record": record}, inputs)
     resolved = {"num_images": num_images, "save": save, "record": record,
                 "dtype": validate.default_dtype(args.device, args.dtype),
                 "draft": args.draft if drafting.mode.needs_draft else None}
     return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs)
+
+
+def _check_record_depth(drafting, T) -> None:
+    """--record of a tree mode keeps the rounds that drafted the whole tree (static, grown or SJD-PAC's window):
+    when its depth leaves no such round in a T-token image (the first drafted round starts after one token, so
+    depth <= T - 2), nothing could be recorded: refused now, not after the generation (issue 50)."""
+    mode = drafting.mode
+    trees = mode.static_tree or mode.grown_tree or getattr(mode.build(drafting.opts), "trees", False)
+    if T is None or mode.chain or not trees or drafting.max_depth <= T - 2:
+        return
+    raise ValueError(f"--record with {drafting.named}: its rounds draft {drafting.max_depth} levels, but in a {T}-token "
+                     f"image no round can draft the whole tree (at most {T - 2} levels), so nothing would be recorded; "
+                     f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
+                     "--record")
+
+
+def _check_record_rounds(args, drafting, T) -> None:
+    """--record of a chain keeps its drafted rounds: a T-token image has one only when T >= 2 (3 with an EAGLE
+    drafter, whose first round is the target's prefill alone); refused now, not after generating (issue 50)."""
+    if T is None or not drafting.mode.chain:
+        return
+    from real.specs import spec
+
+    draft = args.draft or spec(args.model).default_draft
+    need = 3 if draft == "eagle" else 2
+    if T < need:
+        raise ValueError(f"--record with {drafting.named}: a {T}-token image has no drafted round to record (a chain "
+                         f"drafts from the {'second' if need == 3 else 'first'} round, which needs --num-tokens >= "
+                         f"{need}{' with the EAGLE drafter' if need == 3 else ''}); give more tokens or drop --record")
 
 
 def _input_files(args) -> dict:

@@ -122,6 +122,9 @@ def config(args):
     from theory.core import checks
 
     validate.model_options(args)           # the model's spec: options that do not apply are refused
+    from coolsd.io import check_store_dir
+
+    check_store_dir("--out", args.out)     # a new directory or a sweep's own; a file / FIFO / device refused unopened
     items = list(args.grid or [])
     if args.grid_file:
         from coolsd.io import check_input_file
@@ -166,11 +169,8 @@ def config(args):
     from coolsd.options import drafting_spec
     from real.specs import spec as model_spec
 
-    measured = None
-    if args.measured is not None:
-        if not args.predict:
-            raise ValueError("--measured compares a predicted sweep with a measured one: add --predict")
-        measured = _measured_report(args.measured)
+    if args.measured is not None and not args.predict:
+        raise ValueError("--measured compares a predicted sweep with a measured one: add --predict")
     if args.predict and args.record_images < 1:
         raise ValueError("--predict needs recorded vanilla rows for the speed: --record-images >= 1")
 
@@ -178,6 +178,19 @@ def config(args):
     drafting = drafting_spec(args, T)   # the same parser as coolsd generate
     if drafting.mode.sweep_reason:
         raise ValueError(f"coolsd sweep {drafting.named}: {drafting.mode.sweep_reason}")
+    if args.predict:                      # predictions score AR images exactly: the mode needs a likelihood
+        from coolsd.options import run_processing
+
+        try:
+            drafting.mode.likelihood(drafting.build(), None, None, run_processing(args))
+        except NotImplementedError as e:  # as generate --fidelity refuses it, before any image is drawn
+            raise ValueError(f"--predict with {drafting.named}: {e}") from None
+    measured = None
+    if args.measured is not None:         # the same model, grid and drafting, before any work
+        from coolsd.studies.sweep.measured import measured_report
+
+        measured = measured_report(args.measured, model=args.model, settings=settings, drafting=drafting,
+                                   draft=args.draft, temperature=args.temperature, cfg_scale=args.cfg_scale)
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
@@ -195,21 +208,6 @@ def config(args):
                        device=args.device, threads=args.threads,
                        grid_items=tuple(i if isinstance(i, str) else str(i) for i in items), vanilla_added=added,
                        quality=qspec, predict=bool(args.predict), measured=measured)
-
-
-def _measured_report(path) -> str:
-    """--measured: a measured sweep's report.json (a readable JSON file with "methods"), checked before any work."""
-    import os
-
-    from coolsd.io import check_input_file
-
-    p = os.path.join(path, "report.json") if os.path.isdir(path) else path
-    if not os.path.lexists(p):
-        raise ValueError(f"--measured: {path!r} is not a report.json (or a sweep directory holding one)")
-    rep = check_input_file("--measured", p, "json", hint="give a sweep's report.json")
-    if not isinstance(rep, dict) or not isinstance(rep.get("methods"), list):
-        raise ValueError(f"--measured: {p!r} is not a sweep report (no 'methods' list)")
-    return p
 
 
 def _quality_spec(args):

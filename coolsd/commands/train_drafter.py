@@ -89,6 +89,12 @@ def _validate(args) -> dict:
     s = spec(args.model)
     args.draft, args.drafter_dir, args.class_id = None, None, None
     validate.model_options(args)
+    validate.common(args, available=False)     # the options commands share (issue 50): the same checks as generate
+    from theory.core import checks
+    from theory.rules.methods import FLOAT32_MAX
+
+    for k in ("lr", "p_w", "v_w", "noise", "grad_clip"):    # training floats: finite, >= 0, within float32
+        checks.real("--" + k.replace("_", "-"), getattr(args, k), 0, FLOAT32_MAX, lo_open=k == "lr")
     src = args.data[0]
     if src not in ("generate", "tokens") or (src == "generate" and len(args.data) != 1) or \
             (src == "tokens" and len(args.data) != 2):

@@ -21,6 +21,13 @@ from coolsd.options import add_mode_flags
 
 FAMILIES = ("free", "uniform", "exponential", "linear", "level", "entropy", "maxp")
 FRONTIER_MAX = 1000        # frontier points: more only repeat the curve (each is a tune per family)
+MIN_AR_IMAGES = 4          # the exact tuner fits on a part of the AR images and holds the rest out (2 + 2 at least)
+# families whose schedule coolsd generate cannot run (no --method takes it): tuned for the figures, not written
+NOT_RUNNABLE = {"level": "coolsd generate runs no level schedule (--method scaled takes weights, row-scaled a "
+                         "row-conditioned schedule); tune --family free, uniform, exponential, linear, entropy or maxp "
+                         "for a schedule file, or drop --out to see the level family's figures"}
+# optimistic generation rate (tokens per second, CPU; the sweep's lower-bound rate): the AR / record cost estimate
+MAKE_TOKENS_PER_SECOND = {"cpu": 500.0, "cuda": 5000.0}
 
 
 def register(sub):
@@ -92,9 +99,17 @@ def _check_args(args, checks):
 
     validate.common(args, available=False)     # --seed, --batch-size, --device, --max-seconds: the shared checks
     checks.real("--fit-fraction", args.fit_fraction, 0, 1, lo_open=True, hi_open=True)
-    for flag in ("ar_images", "record_images", "L"):
+    for flag, lo in (("ar_images", MIN_AR_IMAGES), ("record_images", 1), ("L", 1)):
         if getattr(args, flag) is not None:
-            checks.integer("--" + flag.replace("_", "-"), getattr(args, flag), lo=1)
+            checks.integer("--" + flag.replace("_", "-"), getattr(args, flag), lo=lo)
+    if args.ar_rows is not None and args.save_ar_rows is not None:
+        raise ValueError("--save-ar-rows writes the AR rows made here (--model M --ar-images N); with --ar-rows "
+                         "nothing is made: drop one")
+    if args.record is not None and args.save_record is not None:
+        raise ValueError("--save-record writes the record made here (--model M --record-images N); with --record "
+                         "nothing is made: drop one")
+    if args.family in NOT_RUNNABLE and args.out is not None:
+        raise ValueError(f"--family {args.family} with --out: {NOT_RUNNABLE[args.family]}")
     if args.record is None and args.model is None:
         raise ValueError("--record: give the recorded vanilla rounds (coolsd generate --record FILE), or --model to "
                          "record them here")
@@ -115,7 +130,26 @@ def _check_args(args, checks):
         if path is not None:       # a FIFO / device / directory / .npy refused unopened (read whole in run)
             check_input_file(flag, path, "npz", hint="write one with coolsd generate --record / tune --save-ar-rows")
     check_outputs(outs, {"--record": args.record, "--ar-rows": args.ar_rows})
+    _check_making_cost(args)
     return validate.RunConfig.of(args, {"objective": objective, **{f[2:].replace("-", "_"): p for f, p in outs.items()}})
+
+
+def _check_making_cost(args) -> None:
+    """--ar-images / --record-images made from --model: their rough cost (images x tokens at an optimistic rate, the
+    teacher-forced scoring doubling it) against --max-seconds, printed when long; before any model is built."""
+    if args.model is None or not (args.ar_images or (args.record is None and args.record_images)):
+        return
+    from coolsd import validate
+    from real.specs import spec
+
+    T = spec(args.model).tokens or 256
+    n = (args.ar_images or 0) + (0 if args.record is not None else (args.record_images or 0))
+    rate = MAKE_TOKENS_PER_SECOND["cuda" if str(args.device).startswith("cuda") else "cpu"]
+    secs = 2.0 * n * T / rate
+    what = f"making {n} images of --model {args.model} ({T} tokens each, AR rows scored)"
+    est = validate.check_seconds(what, secs, args.max_seconds, "fewer --ar-images / --record-images, or raise "
+                                 "--max-seconds (0 = no limit); the estimate is a rough lower bound")
+    validate.announce(est, "tune: making the inputs", args.json, seconds=secs)
 
 
 def run(args) -> int:
@@ -145,6 +179,11 @@ def run(args) -> int:
     ar = arrows.load_ar_rows(args.ar_rows, "--ar-rows") if args.ar_rows else None
     if ar is not None and rec is not None:
         arrows.check_stamps(ar.stamp, rec.stamp, "--ar-rows vs --record")
+    if ar is not None and ar.n < MIN_AR_IMAGES and args.objective in ("kl", "tv"):
+        raise ValueError(f"--ar-rows: {args.ar_rows!r} holds {ar.n} images; the exact tuner fits on a part and holds "
+                         f"the rest out: it needs at least {MIN_AR_IMAGES}")
+    if rec is not None:
+        _check_target(args, rec)         # the reachable range depends on the record alone: before any AR row is made
     if args.model is not None:
         rec, ar = _make(args, rec, ar)
     objective = args.objective
@@ -199,6 +238,11 @@ def _make(args, rec, ar):
     draft = args.draft or (st["draft"] if st else None)
     L = args.L or (st["L"] if st else 4)
     proc = dict(st["processing"]) if st else {}
+    conditions = (st or {}).get("conditions") or {}
+    if ar is None and args.ar_images is not None and set(conditions) - {"class_id"}:
+        raise ValueError(f"--record was made under {sorted(conditions)[0]} conditions; AR rows made here draw classes: "
+                         "give AR rows of the same prompts with --ar-rows")
+    class_id = conditions.get("class_id") if isinstance(conditions.get("class_id"), int) else None
     if rec is None:
         arrays = rowfiles.make_record(args.model, args.record_images, draft=draft, L=L, seed=args.seed + 1,
                                       batch_size=args.batch_size, device=args.device, **proc)
@@ -207,13 +251,26 @@ def _make(args, rec, ar):
         rec = arrows.StampedRecord(arrows.Rows(arrays["p"], arrays["q"], arrays["drafts"], arrays["n_drafted"],
                                                arrays["image"]), arrays["start"], json.loads(str(arrays["stamp"])))
         draft, proc = rec.stamp["draft"], dict(rec.stamp["processing"])
+        _check_target(args, rec)         # before the AR rows are made
     if ar is None and args.ar_images is not None:
         ar = rowfiles.make_ar_rows(args.model, args.ar_images, draft=draft, L=L, seed=args.seed, source=args.ar_source,
-                                   batch_size=args.batch_size, device=args.device, **proc)
+                                   batch_size=args.batch_size, device=args.device, class_id=class_id, **proc)
         arrows.check_stamps(ar.stamp, rec.stamp, "AR rows made here vs --record")
         if args.save_ar_rows:
             rowfiles.save_ar_rows(args.save_ar_rows, ar)
     return rec, ar
+
+
+def _check_target(args, rec) -> None:
+    """--tokens-per-call within the family's reachable range on the record (``exact_tune.check_target``)."""
+    if args.tokens_per_call is None or args.family not in FAMILIES:
+        return
+    from theory.likelihood import exact_tune
+
+    try:
+        exact_tune.check_target(rec, args.family, args.tokens_per_call)
+    except ValueError as e:
+        raise ValueError(f"--tokens-per-call {args.tokens_per_call:g}: {e}") from None
 
 
 def _write(args, out: dict) -> None:
@@ -264,6 +321,10 @@ def _legacy(args, rows) -> int:
 
     if args.tokens_per_call is None and args.bound_budget is None:
         raise ValueError("an unstamped record tunes the bound only: give --tokens-per-call or --bound-budget")
+    imgs = np.unique(rows.image)
+    if args.validate and (imgs.size < 4 or np.any(imgs < 0)):      # before the fit, not after it
+        raise ValueError(f"--validate fits on half of the recorded images and predicts the other half: it needs a "
+                         f"record of at least 4 images with an image index; {args.record!r} has {imgs.size}")
     if args.max_rounds is not None and rows.R > args.max_rounds:
         rows = rows.subset(np.sort(np.random.default_rng(args.seed).choice(rows.R, args.max_rounds, replace=False)))
     if args.family in ("entropy", "maxp"):

@@ -47,6 +47,12 @@ class QualitySpec:
         if not items or bad:
             raise ValueError(f"--quality: unknown metric(s) {bad or [text]}; choose from {', '.join(METRICS)} "
                              "(comma-separated)")
+        for key, flag, metric in (("captions", "--quality-captions", "clip"), ("clip", "--quality-clip", "clip"),
+                                  ("reference", "--quality-ref", "fid")):
+            if kw.get(key) is not None and metric not in items:     # given but never read: refused, not ignored
+                raise ValueError(f"{flag} configures {'CLIP score' if metric == 'clip' else 'FID'}; --quality {text} "
+                                 f"does not measure it: add {metric} (--quality {','.join(items + (metric,))}) or "
+                                 f"drop {flag}")
         return cls(items, **kw)
 
     def identity(self) -> dict:
@@ -162,9 +168,14 @@ def prepare(spec: QualitySpec, *, image_shape, conds, prompts=None) -> Quality:
     One-line ValueError for: CLIP score of a class-conditional model, missing / wrong weights, a reference
     without the expected arrays or computed with another extractor (StampMismatch), images the extractor or the
     reference cannot take, a caption count that is not one per condition."""
+    from theory.core import checks
+
     from .extractors import load_extractor, mnist_extractor
     from .reference import load_reference
 
+    checks.instance("prepare: spec", spec, QualitySpec, "a QualitySpec (QualitySpec.parse)")
+    if isinstance(conds, (str, bytes)) or not hasattr(conds, "__iter__"):
+        raise TypeError(f"prepare: conds must be a list of conditions, got {type(conds).__name__}")
     class_conditional = all(isinstance(c, (int, np.integer)) for c in conds)
     extractor = reference = clip = captions = None
     shape = tuple(int(s) for s in image_shape)

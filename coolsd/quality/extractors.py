@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from theory.core.checks import brief
+
 from .stamp import Stamp, file_sha256, library_versions
 
 __all__ = ["ENV_WEIGHTS", "INCEPTION_FILE", "INCEPTION_SOURCE", "Preprocessing", "FeatureExtractor",
@@ -190,7 +192,7 @@ def save_extractor(module: torch.nn.Module, path, *, name: str, version: str, si
     (N, num_features), or (features, logits (N, k)) when ``has_logits``, for IS; the batch dimension dynamic)
     and save it to ``path`` with its description, for ``load_extractor``."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name must be a non-empty str, got {name!r}")
+        raise ValueError(f"name must be a non-empty str, got {brief(name)}")
     if len(tuple(size)) != 3 or any(s is None for s in size):
         raise ValueError(f"size must be (C, H, W) ints, got {size!r}")
     example = torch.zeros((2, *size), dtype=getattr(torch, dtype))

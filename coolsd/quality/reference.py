@@ -147,6 +147,10 @@ def load_reference(ref, ex: FeatureExtractor) -> Reference:
     """``_load_reference`` (below), then its numbers checked before any metric uses them (``check_statistics``)."""
     r = _load_reference(ref, ex)
     check_statistics(r.mu, r.sigma, r.features, f"--quality-ref {str(ref)!r}")
+    d, want = int(np.asarray(r.mu).shape[0]), getattr(ex, "num_features", None)
+    if want is not None and d != int(want):        # before any image is generated, not at the merge (issue 50)
+        raise ValueError(f"--quality-ref {str(ref)!r}: its statistics are {d}-dimensional but extractor {ex.name} "
+                         f"gives {int(want)} features: compute the reference with the same extractor")
     return r
 
 

@@ -51,7 +51,7 @@ class DynamicTree(ModelDrafting):
     scored_as = "grown-tree"
 
     def __post_init__(self):
-        checks.integer("total", self.total, lo=1)
+        checks.integer("total", self.total, lo=2)       # the root and at least one drafted node
         checks.integer("depth", self.depth, lo=1)
         checks.integer("topk", self.topk, lo=1)
         if self.sampling not in KEYS:

@@ -94,7 +94,9 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     (rows: the image's row, or with CFG its [cond; null] pair): what an EAGLE drafter trains on
     (``real.drafter.features``), at no extra target forward."""
     from real.nn.blocks import compiled
+    from real.nn.devpath import forced
 
+    forced()          # COOLSD_DEVICE_PATH's spelling checked now, before any work (a misspelling is refused)
     with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target),
                                       static=compile_static):
         from tqdm import tqdm

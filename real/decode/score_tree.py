@@ -176,7 +176,9 @@ def _by_round_start(qc: torch.Tensor) -> torch.Tensor:
 def _room(model, need: int):
     """A model with a fixed cache (``extra_slots`` spare entries past the image) sized for ``need`` spare entries
     for the duration (a prefill allocates it); unbounded caches (None) are left alone."""
-    m = getattr(model, "model", model)           # through OneRow
+    # through OneRow (its ``model``); a model with its own ``extra_slots`` is sized itself (BatchedImageLM also has a
+    # ``model`` attribute, the wrapped transformers model: sizing that one left the cache short, issue 50)
+    m = model if hasattr(model, "extra_slots") else getattr(model, "model", model)
     old = getattr(m, "extra_slots", None)
     if old is None or old >= need:
         yield

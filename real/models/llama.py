@@ -31,7 +31,7 @@ import numpy as np
 from real.nn.devpath import host_path, to_device
 from real.nn.kvcache import KVCache, PromptRows
 from real.nn.layers import RMSNorm, gqa_heads, linear, rms_norm, rope_qkv
-from real.protocol import ModelOutput, Placed, Prompt, as_conds, left_pad
+from real.protocol import ModelOutput, Placed, Prompt, as_conds, left_pad_ids
 
 __all__ = ["FastLlama", "LlamaStack", "layer_weights"]
 
@@ -264,9 +264,8 @@ class FastLlama(Placed, PromptRows, nn.Module):
             if any(c.uncond_ids is None for c in conds):
                 raise ValueError("CFG needs Prompt(ids, uncond_ids=...) for the unconditional row")
             rows += [c.uncond_ids for c in conds]
-        ids, real, _ = left_pad(rows, self.device)
+        ids, pad = left_pad_ids(rows, self.device)     # the padding widths from the rows' lengths, on the host
         R, P = ids.shape
-        pad = (~real).sum(1).cpu().numpy().astype(np.int64)
         if tokens is not None and tokens.numel():
             t = self._map(tokens)
             if t.shape[0] != R:

@@ -164,6 +164,9 @@ def compile_problem(device="cpu", backend: str = "inductor", mode: str | None = 
         return f"torch.compile is unavailable: torch._dynamo does not import ({type(e).__name__}: {e})"
     if not dynamo.is_dynamo_supported():
         return f"torch.compile is not supported on this Python / platform (torch {torch.__version__})"
+    if not isinstance(backend, str) or backend not in dynamo.list_backends(exclude_tags=()):
+        return (f"unknown torch.compile backend {backend!r} (registered: "
+                f"{', '.join(sorted(dynamo.list_backends(exclude_tags=())))})")
     if backend != "inductor":
         return None
     try:

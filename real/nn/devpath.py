@@ -25,11 +25,29 @@ ENV = "COOLSD_DEVICE_PATH"
 _FORCED: list[bool] = []        # generate(device_path=...) overrides, innermost last
 
 
+# the spellings of a boolean, as ``theory.core.checks.TRUE_WORDS`` / ``FALSE_WORDS`` (real.nn imports only
+# real.protocol; tests/test_fuzz_api.py checks the lists agree)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+
+def _boolean(name: str, x) -> bool:
+    """True / False, 0 / 1 or one of the words (any case); anything else is a one-line ValueError naming ``name``."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, int) and x in (0, 1):
+        return bool(x)
+    if isinstance(x, str) and x.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+        return x.strip().lower() in TRUE_WORDS
+    raise ValueError(f"{name} must be a boolean (True / False, or one of {', '.join(TRUE_WORDS)} / "
+                     f"{', '.join(w or repr(w) for w in FALSE_WORDS)}), got {str(x)[:40]!r}")
+
+
 def forced() -> bool:
     """Whether the device path is forced on the CPU (the innermost ``force`` scope, else ``COOLSD_DEVICE_PATH``)."""
     if _FORCED:
         return _FORCED[-1]
-    return os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    return _boolean(ENV, os.environ.get(ENV, "0"))      # its documented spellings only: "banana" is refused
 
 
 def host_path(device) -> bool:
@@ -44,7 +62,7 @@ def force(on: bool | None):
     if on is None:
         yield
         return
-    _FORCED.append(bool(on))
+    _FORCED.append(_boolean("device_path", on))
     try:
         yield
     finally:

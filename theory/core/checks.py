@@ -29,7 +29,7 @@ __all__ = [
     "finite_nonneg", "stochastic", "row_sum_tol", "acceptance_tables", "resampling_tables",
     "check_rows_xp", "check_tokens_xp", "check_uniforms_xp", "rows_ok_xp", "rows_tol_xp", "tokens_ok_xp",
     "uniforms_ok_xp",
-    "check_memory", "fmt_bytes",
+    "check_memory", "fmt_bytes", "instance", "boolean", "brief", "TRUE_WORDS", "FALSE_WORDS",
 ]
 
 ROW_SUM_TOL = 1e-8          # |sum of a row - 1| allowed for float64 P, Q, G rows and start laws
@@ -47,10 +47,45 @@ def _is_bool(x) -> bool:
     return isinstance(x, (bool, np.bool_))
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+
+def boolean(name: str, x) -> bool:
+    """A documented boolean: True / False, 0 / 1, or (environment text, any case) one of ``TRUE_WORDS`` /
+    ``FALSE_WORDS``; anything else ("banana", "no " + typo, 2) is a one-line ValueError naming ``name``."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, (int, np.integer)) and int(x) in (0, 1):
+        return bool(x)
+    if isinstance(x, str) and x.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+        return x.strip().lower() in TRUE_WORDS
+    raise ValueError(f"{name} must be a boolean (True / False, or one of {', '.join(w for w in TRUE_WORDS)} / "
+                     f"{', '.join(w or repr(w) for w in FALSE_WORDS)}), got {brief(x)}")
+
+
+def instance(name: str, x, types, what: str | None = None):
+    """``x`` if it is an instance of ``types``, else a one-line TypeError naming ``name``, what it must be and what
+    it got (the public API's first check on an object argument: never an AttributeError further in)."""
+    if not isinstance(x, types):
+        want = what or " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"{name} must be {want}, got {type(x).__name__}")
+    return x
+
+
+def brief(x, limit: int = 80) -> str:
+    """A one-line description of a value for a message: an array by its shape and dtype, else its repr cut to
+    ``limit`` characters (a message never spans lines)."""
+    if hasattr(x, "shape") and hasattr(x, "dtype") and getattr(x, "ndim", 0) > 0:
+        return f"an array of shape {tuple(x.shape)} ({x.dtype})"
+    r = " ".join(repr(x).split())
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def integer(name: str, x, lo: int | None = None, hi: int | None = None) -> int:
     """``x`` as an int: Python or numpy integers (not bools, not floats such as 3.0), in [lo, hi]."""
     if _is_bool(x) or not isinstance(x, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {x!r} ({type(x).__name__})")
+        raise ValueError(f"{name} must be an integer, got {brief(x)} ({type(x).__name__})")
     v = int(x)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         rng = f">= {lo}" if hi is None else (f"<= {hi}" if lo is None else f"in [{lo}, {hi}]")
@@ -68,7 +103,7 @@ def seed(x, name: str = "seed") -> int | None:
     if x is None:
         return None
     if _is_bool(x) or not isinstance(x, numbers.Integral) or not 0 <= int(x) <= SEED_MAX:
-        raise ValueError(f"{name} must be a non-negative integer <= 2**64 - 1 (or None), got {x!r}")
+        raise ValueError(f"{name} must be a non-negative integer <= 2**64 - 1 (or None), got {brief(x)}")
     return int(x)
 
 
@@ -77,7 +112,7 @@ def real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_o
     """``x`` as a float: Python or numpy reals (not bools, not complex, not NaN), in the given interval.
     ``finite=False`` allows +-inf (still subject to the bounds)."""
     if _is_bool(x) or not isinstance(x, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {x!r} ({type(x).__name__})")
+        raise ValueError(f"{name} must be a real number, got {brief(x)} ({type(x).__name__})")
     v = float(x)
     if math.isnan(v) or (finite and math.isinf(v)):
         raise ValueError(f"{name} must be a finite number, got {v}")
@@ -328,7 +363,7 @@ def verifier(v, name: str = "verifier", members: tuple[str, ...] = ("accept", "r
         return v
     hint = (f"; build it first, e.g. theory.rules.methods.build({v!r}, L) or theory.rules.cool_sd(delta=2)"
             if isinstance(v, str) else "; e.g. theory.rules.vanilla() or theory.rules.cool_sd(delta=2)")
-    raise TypeError(f"{name} must be a verifier object (theory.rules.Verifier), got {type(v).__name__} {v!r}"[:200]
+    raise TypeError(f"{name} must be a verifier object (theory.rules.Verifier), got {type(v).__name__} {brief(v)}"[:200]
                     + hint)
 
 
@@ -361,7 +396,7 @@ def unit_interval(name: str, a) -> np.ndarray:
         raise ValueError(f"{name} is empty")
     if not np.all((arr >= 0) & (arr <= 1)):
         bad = arr[~((arr >= 0) & (arr <= 1))].ravel()[0]
-        raise ValueError(f"{name} must lie in [0, 1], got {bad!r}")
+        raise ValueError(f"{name} must lie in [0, 1], got {brief(bad)}")
     return arr
 
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["input_file", "INPUT_LIMITS"]
+__all__ = ["input_file", "INPUT_LIMITS", "NPZ_UNPACKED_LIMIT"]
 
 # the largest file each kind of input may be (bytes): a schedule or a report is small JSON; arrays and checkpoints
 # are large but finite; a device such as /dev/zero is refused before these apply (not a regular file)
 INPUT_LIMITS = {"json": 64 * 2**20, "text": 64 * 2**20, "toml": 16 * 2**20, "npz": 64 * 2**30,
                 "checkpoint": 1 << 40, "any": 1 << 40}
+# the most an .npz archive may inflate to (bytes, the sum of its members' uncompressed sizes, read from the zip's
+# directory without inflating anything): every reader loads an archive whole, so this is a memory bound (issue 50: a
+# 4.8 MB archive that inflates to 4.2 GB passed the file-size limit)
+NPZ_UNPACKED_LIMIT = 2 * 2**30
 _MAGIC = {"npz": b"PK\x03\x04"}
 _FORMAT_NAMES = {"json": "a JSON file", "text": "a text file", "toml": "a TOML file", "npz": "an .npz archive",
                  "checkpoint": "a checkpoint", "any": "a file"}
@@ -59,6 +63,16 @@ def input_file(option: str, path, kind: str = "any", *, max_bytes: int | None = 
         if not head.startswith(_MAGIC["npz"]):
             what = "a NumPy .npy array" if head.startswith(b"\x93NUMPY") else f"a file starting with {head[:4]!r}"
             raise ValueError(f"{option}: {p!r} is {what}, not an .npz archive (np.savez){tail}")
+        _npz_unpacked(option, p, tail)
+    if kind in ("toml", "text"):
+        with open(p, "rb") as fh:
+            head = fh.read(1 << 16)
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if e.start < len(head) - 4:                # not a character cut at the block's end: binary data
+                what = "a zip / .npz archive" if head.startswith(_MAGIC["npz"]) else "binary data"
+                raise ValueError(f"{option}: {p!r} is {what}, not {want} (UTF-8 text){tail}") from None
     if kind == "json":
         import json
 
@@ -77,3 +91,19 @@ def input_file(option: str, path, kind: str = "any", *, max_bytes: int | None = 
             raise ValueError(f"{option}: {p!r} holds a JSON {type(obj).__name__}, not an object or a list{tail}")
         return obj
     return p
+
+
+def _npz_unpacked(option: str, p: str, tail: str) -> None:
+    """An .npz's zip directory read (nothing inflated): a truncated archive (no directory) and one whose members
+    inflate past ``NPZ_UNPACKED_LIMIT`` (a decompression bomb) are refused, one line naming the option and file."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(p) as z:
+            total = sum(i.file_size for i in z.infolist())
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{option}: {p!r} is damaged or truncated (not a readable .npz archive: "
+                         f"{str(e).splitlines()[0][:80] if str(e) else type(e).__name__}){tail}") from None
+    if total > NPZ_UNPACKED_LIMIT:
+        raise ValueError(f"{option}: {p!r} inflates to {total} bytes, above the {NPZ_UNPACKED_LIMIT} bytes an .npz "
+                         f"may unpack to (it is read whole){tail}")

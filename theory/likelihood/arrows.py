@@ -52,10 +52,15 @@ def _check_stamp(name: str, stamp) -> dict:
 def check_stamps(a: dict, b: dict, what: str, L: int | None = None) -> None:
     """ValueError (one line naming the first field that differs and both values) unless stamps ``a`` and ``b`` agree
     on ``STAMP_FIELDS``, and, when given, the rule's draft length ``L`` is the stamps' L."""
+    checks.instance(f"{what}: the first stamp", a, dict, "a stamp (dict)")
+    checks.instance(f"{what}: the second stamp", b, dict, "a stamp (dict)")
     for k in STAMP_FIELDS:
         if a.get(k) != b.get(k):
             raise ValueError(f"{what}: the stamps differ in {k!r} ({a.get(k)!r} vs {b.get(k)!r}); rows and rounds must "
                              "come from the same model, draft, processing, L and image size")
+    if "conditions" in a and "conditions" in b and a["conditions"] != b["conditions"]:   # stamped since issue 50
+        raise ValueError(f"{what}: the stamps differ in 'conditions' ({a['conditions']!r} vs {b['conditions']!r}); the "
+                         "rows and rounds must be made under the same conditions (class ids, prompts)")
     if L is not None and a.get("L") != L:
         raise ValueError(f"{what}: the rule has L = {L} draft positions but the rows were made with L = {a.get('L')}")
 
@@ -74,6 +79,13 @@ class ARRows:
     def __post_init__(self):
         nm = self.name
         self.stamp = _check_stamp(nm, self.stamp)
+        for k in ("p", "q", "tokens"):          # lists (and other array-likes) converted, as documented
+            v = getattr(self, k)
+            if v is None or isinstance(v, (str, bytes, dict)):
+                raise TypeError(f"{nm}: {k} must be an array, got {type(v).__name__}")
+            if not isinstance(v, np.ndarray):
+                a = np.asarray(v)
+                setattr(self, k, a.astype(np.float64) if k != "tokens" and a.dtype.kind in "iub" else a)
         self.tokens = np.asarray(self.tokens)
         if self.p.ndim != 3 or self.tokens.shape != self.p.shape[:2]:
             raise ValueError(f"{nm}: expected p (n, T, V) and tokens (n, T); got p {self.p.shape}, tokens "
@@ -95,6 +107,10 @@ class ARRows:
         self.image = np.arange(n) if self.image is None else np.asarray(self.image, np.int64)
         if self.image.shape != (n,):
             raise ValueError(f"{nm}: image ids must be (n,) = ({n},), got {self.image.shape}")
+        ids, counts = np.unique(self.image, return_counts=True)
+        if np.any(counts > 1):        # copies: a "held-out" image would repeat a fitted one (issue 50)
+            raise ValueError(f"{nm}: image ids must be distinct (one row set per image); id {int(ids[counts > 1][0])} "
+                             f"occurs {int(counts.max())} times ({int((counts > 1).sum())} ids repeated)")
         if not self.checked:
             self.check_rows()
 

@@ -126,7 +126,7 @@ def cap_L(p, q, L):
     import numbers
 
     if isinstance(L, bool) or not isinstance(L, numbers.Integral) or L < 1:
-        raise ValueError(f"log_likelihood: L must be an int >= 1, got {L!r}")
+        raise ValueError(f"log_likelihood: L must be an int >= 1, got {checks.brief(L)}")
     L = int(L)
     shape = getattr(p, "shape", None)
     if shape is None or len(shape) < 2:

@@ -34,7 +34,7 @@ from . import fidelity, objective as ob, speed, tune
 from .arrows import ARRows, StampedRecord, check_stamps
 from .chain import log_likelihood, log_target
 
-__all__ = ["OBJECTIVES", "ExactTuneResult", "tune_exact", "search", "f_at_drafts"]
+__all__ = ["OBJECTIVES", "ExactTuneResult", "tune_exact", "search", "f_at_drafts", "reachable", "check_target"]
 
 OBJECTIVES = ("kl", "tv", "bound")
 REL_TOL = 1e-9
@@ -259,6 +259,24 @@ def _check_inputs(ar_rows, record, family, objective, constraints):
     return objective, mode, key, value
 
 
+def reachable(record: StampedRecord, family: str, sm: "speed.SpeedModel | None" = None) -> tuple[float, float]:
+    """(vanilla's, the family's supremum) predicted tokens per call on ``record``: the reachable range of a
+    tokens-per-call target, which depends on the record alone (``coolsd tune`` checks it before making AR rows)."""
+    sm = sm or speed.SpeedModel(record)
+    L = record.L
+    van = float(sm.tokens_per_call(f_at_drafts(sm, "free", np.zeros(L), L)))
+    top = float(sm.tokens_per_call(np.ones_like(sm.ptok) if family == "level" else sm.f_max()))
+    return van, top
+
+
+def check_target(record: StampedRecord, family: str, value: float, sm: "speed.SpeedModel | None" = None) -> None:
+    """ValueError unless ``value`` tokens per call lies in the family's reachable range on ``record``."""
+    van, top = reachable(record, family, sm)
+    if not (van * (1 - 1e-12) <= value < top * (1 - 1e-9)):
+        raise ValueError(f"tokens_per_call={value:g} is outside the reachable range of family {family!r} on this "
+                         f"record: [{van:.6g} (vanilla), {top:.6g}) predicted tokens per call")
+
+
 def tune_exact(ar_rows: ARRows | None, record: StampedRecord, family: str = "free", objective: str | None = None, *,
                tokens_per_call: float | None = None, kl_budget: float | None = None, tv_budget: float | None = None,
                bound_budget: float | None = None, seed: int = 0, fit_fraction: float = 0.5, maxiter: int = 50,
@@ -270,14 +288,13 @@ def tune_exact(ar_rows: ARRows | None, record: StampedRecord, family: str = "fre
                                                 {"tokens_per_call": tokens_per_call, "kl_budget": kl_budget,
                                                  "tv_budget": tv_budget, "bound_budget": bound_budget})
     seed = checks.seed(seed)
+    checks.integer("n_boot", n_boot, lo=2)        # the bootstrap's interval needs resamples (0: an IndexError once)
     checks.real("fit_fraction", fit_fraction, 0, 1, lo_open=True, hi_open=True)
     L = record.L
     sm = speed.SpeedModel(record)
-    van = float(sm.tokens_per_call(f_at_drafts(sm, "free", np.zeros(L), L)))
-    top = float(sm.tokens_per_call(np.ones_like(sm.ptok) if family == "level" else sm.f_max()))
-    if mode == "target" and not (van * (1 - 1e-12) <= value < top * (1 - 1e-9)):
-        raise ValueError(f"tokens_per_call={value:g} is outside the reachable range of family {family!r} on this "
-                         f"record: [{van:.6g} (vanilla), {top:.6g}) predicted tokens per call")
+    van, top = reachable(record, family, sm)
+    if mode == "target":
+        check_target(record, family, value, sm)
     fit_idx = held_idx = None
     if ar_rows is not None:
         perm = np.random.default_rng(seed).permutation(ar_rows.n)

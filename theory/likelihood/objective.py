@@ -59,6 +59,12 @@ def check_family(family: str) -> str:
     return family
 
 
+def checks_L(L) -> int:
+    from ..core import checks
+
+    return checks.integer("L", L, lo=1)
+
+
 def n_params(family: str, L: int) -> int:
     return L + 1 if check_family(family) in ROW_FAMILIES else tune.n_params(family, L)
 
@@ -70,15 +76,32 @@ def box(family: str, L: int) -> list[tuple[float, float]]:
     return tune._box(family, L)
 
 
+def check_theta(family: str, theta, L: int, who: str = "theta") -> np.ndarray:
+    """A numpy theta of family ``family`` at draft length ``L``: (n_params(family, L),) finite float64, else a
+    one-line ValueError (TypeError for what is not numbers)."""
+    try:
+        t = np.asarray(theta, np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{who} must be {n_params(family, L)} numbers, got {type(theta).__name__}") from None
+    k = n_params(family, L)
+    if t.shape != (k,):
+        raise ValueError(f"{who} of family {family!r} at L = {L} must hold {k} numbers, got shape {t.shape}")
+    if not np.all(np.isfinite(t)):
+        raise ValueError(f"{who} must be finite, got {t.tolist()}")
+    return t
+
+
 def rule_of(family: str, theta, L: int) -> rules.Verifier:
     """The verifier of parameters theta (draft length L): the engine's rule objects (numpy theta: ``Explicit``
     weights; a JAX array: ``Vector``, traceable). Scaled families: ``rules.scaled``; level: ``rules.level``; row
     families: ``rules.row_scaled`` with c_i = exp(theta_i), slope theta_L and the family's row feature."""
     check_family(family)
     numeric = isinstance(theta, (np.ndarray, list, tuple))
+    if numeric:
+        theta = check_theta(family, theta, checks_L(L))
     if family in ROW_FAMILIES:
         if numeric:
-            t = np.asarray(theta, np.float64)
+            t = theta
             return rules.row_scaled(rules.Explicit(tuple(np.exp(t[:L]).tolist())), float(t[L]), family)
         import jax.numpy as jnp
 
@@ -237,7 +260,12 @@ class ExactObjective:
 
     def __init__(self, rows, family: str, images=None, weights=None, chunk_images: int | None = None,
                  keep: bool = True):
+        from .arrows import ARRows
+
         self.family = check_family(family)
+        if not isinstance(rows, ARRows) and not (hasattr(rows, "chunk") and hasattr(rows, "stamp")):
+            raise TypeError(f"ExactObjective: rows must be ARRows (or a streaming source with chunk and stamp), "
+                            f"got {type(rows).__name__}")
         self.rows, self.stamp = rows, rows.stamp
         self.L, self.T, self.V = int(rows.stamp["L"]), int(rows.stamp["T"]), int(rows.stamp["V"])
         self.convention = rows.stamp["convention"]
@@ -283,11 +311,16 @@ class ExactObjective:
         if self.keep:
             self._prepared = made
 
+    def _theta(self, theta) -> np.ndarray:
+        """theta as the family's (n_params,) finite float64 vector: one-line ValueError otherwise (NaN never reaches
+        the law, where it would read as KL = inf)."""
+        return check_theta(self.family, theta, self.L)
+
     def log_p_hat(self, theta) -> np.ndarray:
         """(n,) log P^(x) of every image under the family's rule at theta (numpy float64)."""
         out = []
         with jax64() as (jax, jnp):
-            th = jnp.asarray(np.asarray(theta, np.float64))
+            th = jnp.asarray(self._theta(theta))
             for P, Q, st, w, fn in self._chunks():
                 out.append(np.asarray(fn["log_p_hat"](th, P, Q, st))[np.asarray(w) > 0])
         return np.concatenate(out)
@@ -300,7 +333,7 @@ class ExactObjective:
         """{"kl": KL(P||P^) per token, "tv": TV} (weighted means over the images) at theta."""
         tot = np.zeros(2)
         with jax64() as (jax, jnp):
-            th = jnp.asarray(np.asarray(theta, np.float64))
+            th = jnp.asarray(self._theta(theta))
             for P, Q, st, w, fn in self._chunks():
                 tot += np.asarray(fn["terms"](th, P, Q, st, w))
         self.evaluations += 1
@@ -310,7 +343,7 @@ class ExactObjective:
         """({"kl", "tv"}, {"kl": d KL / d theta, "tv": d TV / d theta}) at theta (exact, JAX)."""
         tot, J = np.zeros(2), np.zeros((2, n_params(self.family, self.L)))
         with jax64() as (jax, jnp):
-            th = jnp.asarray(np.asarray(theta, np.float64))
+            th = jnp.asarray(self._theta(theta))
             for P, Q, st, w, fn in self._chunks():
                 v, g = fn["grads"](th, P, Q, st, w)
                 tot += np.asarray(v)

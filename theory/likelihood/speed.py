@@ -93,6 +93,9 @@ class SpeedModel:
     ``f`` arrays are the rule's acceptance probabilities of the recorded drafts (R, L) (``f_scaled``, ``f_level``)."""
 
     def __init__(self, record, min_count: int = MIN_COUNT):
+        if not (hasattr(record, "rows") and hasattr(record, "start") and hasattr(record, "per_row")):
+            raise TypeError(f"SpeedModel: record must be a StampedRecord (theory.likelihood.arrows.load_record), got "
+                            f"{type(record).__name__}")
         r = record.rows
         L = r.L
         d = r.drafts

@@ -231,6 +231,9 @@ def tree_log_likelihood(p: Array, q: Array | None, tokens: Array, verifier, tree
     """log P^(tokens) (...,) float64 of tree relaxed SD with ``verifier`` (module docstring, T13): static ``tree`` with
     rows q, or dynamic trees (``row_trees``, ``node_tokens``, q = None). Zeros are exact: a sequence the sampler cannot
     emit gets -inf. Bad input: one-line ValueError; no exact likelihood for the construction: NotImplementedError."""
+    for nm, a in (("p", p), ("tokens", tokens)) + ((("q", q),) if q is not None else ()):
+        if not array_api_compat.is_array_api_obj(a):
+            raise TypeError(f"{_WHO}: {nm} must be an array (numpy, torch or JAX), got {type(a).__name__}")
     xp = namespace(p, tokens) if q is None else namespace(p, q, tokens)
     T, V, Dp, per_depth = _validate(p, q, tokens, verifier, tree, candidates, convention, row_trees, node_tokens,
                                     sampled_limit, xp)

@@ -240,6 +240,7 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     stacks: about 5 float64 arrays of V^3 at its peak; GSD's group acceptance (section 6b) gathers its 2w
     window members into (V, V, 2w) arrays (about 10 w + 2L + 10 (V, V) arrays in all). Measured with
     tracemalloc (tests/test_bad_input.py, tests/test_gsd.py): within 20%."""
+    V, L = checks.integer("tables_bytes: V", V, lo=1), checks.integer("tables_bytes: L", L, lo=1)
     acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
     n = 4 * L + 2
     if isinstance(acc, _rules.Lantern):   # its neighbour masses: a column at a time, or small blocks at once
@@ -255,6 +256,7 @@ def tables_seconds(verifier, V: int, L: int) -> float:
     """Estimated run time (s) of ``verifier.tables``: a Python step per position (about 0.1 ms) plus about
     150 ns per (V, V) entry and position (measured on one core, V = 4..256: 60-80 us and 90-125 ns; LANTERN's
     k neighbour gathers count k times). An upper-side estimate for the cost guard, not a benchmark."""
+    V, L = checks.integer("tables_seconds: V", V, lo=1), checks.integer("tables_seconds: L", L, lo=1)
     acc = getattr(verifier, "accept", None)
     per = 1.5e-7 * V * V * (max(1, int(acc.k)) if isinstance(acc, _rules.Lantern) else 1)
     return L * (1e-4 + per)
@@ -288,6 +290,7 @@ def exact_tv_bytes(S: int, V: int, L: int) -> int:
     step holds d, the two products summed into the new d and then a (S V^L float64 each), and the
     final |a + d| adds two more: about 4 arrays of S V^L float64 (measured within 20%, see
     tests/test_bad_input.py), plus the (L, V, V) tables."""
+    S, V, L = (checks.integer(f"exact_tv_bytes: {k}", x, lo=1) for k, x in (("S", S), ("V", V), ("L", L)))
     return 8 * (4 * S * V ** L + 6 * L * V * V)
 
 
@@ -381,7 +384,12 @@ def sequence_laws(P, Q, F, G, init, max_sequences: int | None = 10**7) -> tuple[
 def context_free_vanilla(p, q, L: int) -> float:
     """Closed form for i.i.d. (context-free) P, Q under vanilla SD (section 4):
     E[tau] = alpha (1 - alpha^L) / (1 - alpha), alpha = 1 - TV(p, q)."""
-    alpha = float(np.minimum(np.asarray(p, float), np.asarray(q, float)).sum())
+    L = checks.integer("context_free_vanilla: L", L, lo=1)
+    p = checks.float_array("context_free_vanilla: p", p, ndim=1)[0]
+    q = checks.float_array("context_free_vanilla: q", q, ndim=1)[0]
+    checks.stochastic("context_free_vanilla: p", p)
+    checks.stochastic("context_free_vanilla: q", q)
+    alpha = float(np.minimum(p, q).sum())
     if math.isclose(alpha, 1.0):
         return float(L)
     return alpha * (1 - alpha**L) / (1 - alpha)

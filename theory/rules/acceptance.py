@@ -64,6 +64,14 @@ def _as_position(i, p, xp):
     return xp.astype(xp.asarray(i, device=array_api_compat.device(p)), p.dtype)
 
 
+def check_schedule(who: str, schedule) -> None:
+    """A per-position schedule is a callable (i, xp) -> w_i (``theory.rules.schedules``): anything else (None, a
+    number, an array) is a one-line TypeError naming ``who`` (before any row is verified)."""
+    if not callable(schedule) or isinstance(schedule, type):
+        raise TypeError(f"{who}: schedule must be a schedule object (theory.rules: Uniform, Explicit, Offset, ...; a "
+                        f"callable (i, xp) -> w_i), got {type(schedule).__name__}")
+
+
 def _schedule_at(schedule, i, p, xp):
     """A per-position schedule's value(s) at draft position(s) i (``_as_position``): a scalar, or an array
     with a trailing axis added so that it broadcasts against rows p (..., V)."""
@@ -92,6 +100,9 @@ class Vanilla:
 class Scaled:
     """f_i(x) = min(1, w_i p(x)/q(x)) with w_i from a schedule (section 5; w = 1 is vanilla)."""
     schedule: Any
+
+    def __post_init__(self):
+        check_schedule("scaled acceptance", self.schedule)
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
@@ -131,6 +142,7 @@ class RowScaled:
     feature: str = "entropy"
 
     def __post_init__(self):
+        check_schedule("row-scaled acceptance", self.schedule)
         if self.feature not in ROW_FEATURES:
             raise ValueError(f"row-scaled acceptance: feature must be one of {ROW_FEATURES}, got {self.feature!r}")
         if isinstance(self.slope, (int, float)) and (isinstance(self.slope, bool) or not math.isfinite(self.slope)):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .. import rules
+from ..core.checks import brief as _brief
 
 __all__ = ["Param", "Method", "METHODS", "RESAMPLERS", "TYPICAL_RESAMPLERS", "register", "get", "names", "resolve", "build",
            "flag_owners", "default_lantern_k", "threshold_or_off"]
@@ -178,7 +179,7 @@ def build(name: str, L: int, neighbors=None, params: Mapping[str, Any] | None = 
     if m.needs_neighbors and neighbors is None:
         raise ValueError(f"method {name!r} needs a codebook neighbour table (the model has no VQ codebook here)")
     if not (isinstance(L, int) and L >= 1):
-        raise ValueError(f"L must be an int >= 1, got {L!r}")
+        raise ValueError(f"L must be an int >= 1, got {_brief(L)}")
     return m.factory(resolve(name, {**(params or {}), **kw}), L, embeddings if m.needs_embeddings else neighbors)
 
 

@@ -28,7 +28,7 @@ def _check_positive(name: str, *values: float) -> None:
         try:
             checks.real(name, v, 0, lo_open=True)
         except ValueError:
-            raise ValueError(f"{name}: weights must be real numbers, finite and > 0, got {v!r}") from None
+            raise ValueError(f"{name}: weights must be real numbers, finite and > 0, got {checks.brief(v)}") from None
 
 
 MAX_POSITION = 64       # schedules must give finite weights w_1 .. w_MAX_POSITION (draft positions in use)
@@ -166,6 +166,9 @@ class Floored:
     floor: float = 1.0
 
     def __post_init__(self):
+        if not callable(self.inner) or isinstance(self.inner, type):
+            raise TypeError(f"Floored schedule: inner must be a schedule object (a callable (i, xp) -> w_i), got "
+                            f"{type(self.inner).__name__}")
         _check_positive("Floored schedule (floor)", self.floor)
 
     def __call__(self, i, xp):

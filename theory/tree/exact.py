@@ -23,8 +23,13 @@ def tree_round(P, Q, tree: Tree, verifier, s: int, max_states: int = 10**6) -> T
     """Exact E[accepted] (T2 for trees) and output law (T7 for trees) of one tree round on Markov chains P, Q from start state s,
     by enumerating every ordered candidate tuple at every node (memoised on (node, last token)).
     Cost grows like N V^(K+D+1); meant for small V (it refuses above ``max_states`` array entries)."""
-    P = np.asarray(P, dtype=np.float64)
-    Q = np.asarray(Q, dtype=np.float64)
+    from ..core import checks
+    from .shapes import Tree as _Tree
+
+    checks.instance("tree_round: tree", tree, _Tree, "a theory.tree.Tree")
+    checks.verifier(verifier, "tree_round: verifier")
+    P = checks.float_array("tree_round: P", P, ndim=2)[0]
+    Q = checks.float_array("tree_round: Q", Q, ndim=2)[0]
     V, D = P.shape[0], tree.depth
     if V ** (D + 1) * tree.children.shape[1] > max_states:
         raise ValueError(f"tree_round: V^(D+1) x K = {V}^{D + 1} x {tree.children.shape[1]} exceeds max_states={max_states}")

@@ -184,6 +184,9 @@ def parse_tree(spec: str, L: int) -> "Tree":
     paths such as '[[0],[1],[0,0]]'."""
     import json
 
+    if not isinstance(spec, str):
+        raise TypeError(f"tree spec must be a str (eagle25, eagle57, chain or a JSON list of paths), got "
+                        f"{type(spec).__name__}")
     named = {"eagle25": EAGLE_25, "eagle57": EAGLE_57}
     key = spec.strip().lower()
     if key in named:
@@ -203,6 +206,10 @@ def parse_tree(spec: str, L: int) -> "Tree":
 def truncate_tree(tree: "Tree", depth: int) -> "Tree | None":
     """The tree without its nodes deeper than ``depth`` (None when depth < 1): still a valid tree,
     since a node's parent and lower-ranked siblings are never deeper than the node."""
+    from ..core import checks
+
+    checks.instance("truncate_tree: tree", tree, Tree, "a theory.tree.Tree")
+    depth = checks.integer("truncate_tree: depth", depth)
     if depth < 1:
         return None
     if depth >= tree.depth:

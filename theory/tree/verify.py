@@ -20,6 +20,7 @@ from typing import NamedTuple
 import array_api_compat
 import numpy as np
 
+from ..core import checks
 from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last
 from ..rules.acceptance import accept_at, reads_f
 from ..rules.chain import verify_chain
@@ -86,6 +87,14 @@ def _residual(verifier, p: Array, q: Array, pos, c: Array, rej: Array, xp) -> Ar
     return xp.where(rej[..., None], verifier.resample(p, q, f, c), p)
 
 
+def _check_round_args(tree, verifier, who: str, tree_needed: bool = False) -> None:
+    """The verifier and the tree of a round (cheap: type checks only): one-line TypeError naming ``who``."""
+    checks.verifier(verifier, f"{who}: verifier")
+    if (tree is not None or tree_needed) and not hasattr(tree, "children"):
+        raise TypeError(f"{who}: tree must be a theory.tree.Tree or RowTrees{'' if tree_needed else ' (None: a chain)'}, "
+                        f"got {type(tree).__name__}")
+
+
 def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, tree: "Tree | RowTrees", verifier, *,
                 early_exit: bool = False, max_depth: Array | None = None,
                 draft_law: str = "without_replacement") -> TreeVerdict:
@@ -110,6 +119,7 @@ def verify_tree(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Ar
     """
     if draft_law not in DRAFT_LAWS:
         raise ValueError(f"draft_law must be one of {DRAFT_LAWS}, got {draft_law!r}")
+    _check_round_args(tree, verifier, "verify_tree", tree_needed=True)
     point = draft_law == "point"
     xp = namespace(p, q)
     dev = array_api_compat.device(p)
@@ -257,6 +267,7 @@ def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sa
     applies (``Verifier.walk``: vanilla's and greedy's), else by ``verify_tree`` with early exit on numpy rows and by
     ``verify_tree_nodes`` (no read-back) on others. Returns a ``TreeVerdict`` (accepted (...,), path (..., D) accepted nodes by depth, -1 past them,
     next_token, last_node)."""
+    _check_round_args(tree, verifier, "verify_round")
     xp = namespace(p)
     if tree is None:
         N = tokens.shape[-1] - 1

@@ -16,15 +16,31 @@ import numpy as np
 import torch
 
 from theory import rules
+from theory.core import checks
 from theory.likelihood import speed
 from theory.likelihood.recorded import predict_rounds, predict_tree_rounds
 from theory.tree import Tree
 
 from .settings import ROWS, T_IMAGE, Settings
 
+
+def _gens(who: str, gens, many: bool = True):
+    """Generations (``real.decode.engine.Generation``: with ``rounds``), one or a list: TypeError naming ``who``."""
+    items = gens if many else [gens]
+    if (many and not isinstance(gens, (list, tuple))) or not all(hasattr(g, "rounds") for g in items):
+        raise TypeError(f"{who}: expected {'a list of generations' if many else 'a generation'} "
+                        f"(real.decode.engine.Generation), got {checks.brief(gens)}")
+    return gens
+
+
+def _array2(who: str, a) -> np.ndarray:
+    a = checks.float_array(who, a, ndim=2)[0]
+    checks.finite_nonneg(who, a)
+    return a
+
 def round_positions(gen) -> np.ndarray:
     """(rounds,) tokens generated before each round of one generation."""
-    made = np.array([r.accepted + 1 for r in gen.rounds])
+    made = np.array([r.accepted + 1 for r in _gens("round_positions", gen, many=False).rounds])
     return np.concatenate([[0], np.cumsum(made)[:-1]])
 
 
@@ -36,7 +52,8 @@ def survival_by_row(acc: np.ndarray, live: np.ndarray, start: np.ndarray, min_co
     in rows of ``per_row`` (MNIST: 7 x 7). Returns (rows, L), monotone in i; rows with fewer than
     ``min_count`` live rounds at i use the pooled estimate. ``theory.likelihood.speed.survival_by_row`` (the
     exact-law tuner's speed model is the same function)."""
-    return speed.survival_by_row(np.asarray(acc, np.float64), np.asarray(live, np.float64), np.asarray(start),
+    acc, live = _array2("survival_by_row: acc", acc), _array2("survival_by_row: live", live)
+    return speed.survival_by_row(acc, live, checks.array("survival_by_row: start", start, ndim=1),
                                  min_count, T, per_row, np)
 
 
@@ -47,13 +64,16 @@ def expected_rounds(S: np.ndarray, depth: int, first_single: bool, T: int = T_IM
     Pr(tau >= i) = S[row(n), i-1] for i <= L'. Returns expected rounds (= target calls), draft steps
     (sum of L'), single target steps and tokens per target call T / rounds
     (``theory.likelihood.speed.expected_rounds``, float results)."""
-    er = speed.expected_rounds(np.asarray(S, np.float64), depth, first_single, T, per_row, np)
+    S, depth = _array2("expected_rounds: S", S), checks.integer("expected_rounds: depth", depth, lo=1)
+    er = speed.expected_rounds(S, depth, first_single, T, per_row, np)
     return {k: float(v) for k, v in er.items()}
 
 
 def chain_arrays(gens, L: int):
     """Stack the recorded chain rounds of several generations: p (R, L+1, V), q (R, L, V), drafts (R, L),
     n_drafted (R,), start (R,) (float64 for the theory)."""
+    _gens("chain_arrays", gens)
+    L = checks.integer("chain_arrays: L", L, lo=1)
     from real.decode.engine import records_to_arrays
 
     recs, starts = [], []
@@ -121,6 +141,7 @@ def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rou
 def tree_records(gens):
     """Group the drafted rounds of tree generations by their (possibly truncated) tree depth:
     {depth: (p (R, N+1, V), q, tokens (R, N+1), start (R,))}."""
+    _gens("tree_records", gens)
     groups: dict = {}
     for g in gens:
         pos = round_positions(g)
@@ -142,6 +163,9 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
     resampler). With a costly resampler the rounds are a seeded subsample of ``max_costly_rounds`` (spread
     over the depth groups in proportion): unbiased for the same means, at a few times the SE. ``draft_law``: the
     candidates' law, as ``verify_tree``'s ("point" for top-k candidates: ``StaticTree(..., "topk")``)."""
+    checks.instance("tree_prediction: groups", groups, dict, "a dict (tree_records)")
+    checks.verifier(verifier, "tree_prediction: verifier")
+    checks.instance("tree_prediction: tree", tree, Tree, "a theory.tree.Tree")
     from theory.tree import truncate_tree
 
     D = tree.depth
@@ -184,6 +208,8 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
 def unit_costs(stats: dict, ar_stats: dict) -> dict:
     """Measured unit costs (seconds) from summarized runs: AR step, draft step, target pass, verifier and
     bookkeeping per round (``stats`` of a speculative run, ``ar_stats`` of plain AR; ``real.decode.engine.summarize``)."""
+    checks.instance("unit_costs: stats", stats, dict, "a dict (engine.summarize)")
+    checks.instance("unit_costs: ar_stats", ar_stats, dict, "a dict (engine.summarize)")
     R = stats["rounds"]
     other = stats["seconds"] - stats["time_draft_s"] - stats["time_target_s"] - stats["time_verify_s"]
     return {"ar_step_s": ar_stats["seconds"] / ar_stats["tokens"],
@@ -198,6 +224,9 @@ def predicted_speedup(er: dict, costs: dict, verify_s: float, T: int = T_IMAGE) 
     time = rounds (target pass + bookkeeping) + drafted rounds x verifier + draft steps x draft step, AR
     time = T x AR step. In units of the AR step this is ``theory.markov.image.ImagePrediction.speedup`` with
     cost_ratio = draft step / AR step and verify_cost = (target pass + verifier + bookkeeping) / AR step."""
+    checks.instance("predicted_speedup: er", er, dict, "a dict (expected_rounds)")
+    checks.instance("predicted_speedup: costs", costs, dict, "a dict (unit_costs)")
+    checks.real("predicted_speedup: verify_s", verify_s, 0)
     drafted_rounds = er["rounds"] - er["single_steps"]
     t = er["rounds"] * (costs["target_per_round_s"] + costs["other_per_round_s"]) \
         + drafted_rounds * verify_s + er["draft_steps"] * costs["draft_step_s"]
@@ -264,6 +293,9 @@ def _sweep_verifier(name: str, value: float, s: Settings, nb):
 def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int = 600) -> dict:
     """Predicted (tokens per call, per-round TV bound) of each rule family over a parameter sweep, from (a
     seeded subsample of) the vanilla chain records alone: the predicted trade-off curves."""
+    checks.instance("sweep_predictions: report", report, dict, "a dict")
+    checks.instance("sweep_predictions: results", results, dict, "a dict of Result")
+    checks.instance("sweep_predictions: s", s, Settings, "coolsd.studies.demo.Settings")
     from real.zoo import vq
 
     van = next(r for r in results.values() if r.spec is not None and r.spec.record and not r.spec.tree_drafted)

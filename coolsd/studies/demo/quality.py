@@ -12,6 +12,8 @@ import torch
 def fd_with_se(images: torch.Tensor) -> tuple[float, float]:
     """Frechet distance to the held-out digits and its delete-one jackknife standard error: the sweep's
     interval (``coolsd.quality.estimators.fd_with_ci``; the bootstrap overstates the spread 1.6-1.8x)."""
+    if not (isinstance(images, torch.Tensor) and images.ndim == 4 and images.shape[0] >= 2):
+        raise TypeError(f"fd_with_se: images must be a (N >= 2, C, H, W) tensor, got {getattr(images, 'shape', type(images).__name__)}")
     from coolsd.quality.estimators import fd_with_ci
     from real.zoo.metrics import image_features, reference_stats
 
@@ -23,8 +25,19 @@ _NLL_BLOCK = 1000   # images per teacher-forced forward of the NLL
 
 
 @torch.no_grad()
+def _model_labels_tokens(who: str, target, labels, tokens) -> None:
+    """The shipped target (a torch module) and (N,) class / (N, T) token tensors: TypeError naming ``who``."""
+    if not isinstance(target, torch.nn.Module):
+        raise TypeError(f"{who}: target must be the shipped target model (a torch module), got {type(target).__name__}")
+    if not (isinstance(labels, torch.Tensor) and isinstance(tokens, torch.Tensor) and tokens.ndim == 2
+            and labels.shape == tokens.shape[:1]):
+        raise TypeError(f"{who}: labels (N,) and tokens (N, T) must be tensors, got {type(labels).__name__} and "
+                        f"{type(tokens).__name__}")
+
+
 def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
     """Target NLL per token of each generated image's codes (N, 49) given its class: (N,) float64."""
+    _model_labels_tokens("per_image_nll", target, labels, tokens)
     import torch.nn.functional as F
 
     from real.zoo.gpt import train_logits

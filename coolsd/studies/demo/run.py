@@ -55,6 +55,8 @@ class Result:
 
 def load_models(s: Settings):
     """The shipped target and the drafts ``s`` needs, on ``s.device``: (target, {draft kind: model})."""
+    if not isinstance(s, Settings):
+        raise TypeError(f"load_models: s must be coolsd.studies.demo.Settings, got {type(s).__name__}")
     from real.zoo import gpt
 
     dev = torch.device(s.device)

@@ -83,6 +83,8 @@ class Spec:
 def specs(s: Settings, neighbors) -> list[Spec]:
     """The runs of the demo (besides plain AR), in order; the first chain and tree runs are vanilla and
     record rows for the predictions. ``neighbors`` (V, >= k+1) the codebook neighbour table."""
+    if not isinstance(s, Settings):
+        raise TypeError(f"specs: s must be coolsd.studies.demo.Settings, got {type(s).__name__}")
     from real.decode.methods import make_verifier
 
     nb = np.asarray(neighbors)

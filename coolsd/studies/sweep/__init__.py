@@ -37,6 +37,12 @@ def sweep(cfg, out, *, max_units: int | None = None, progress: bool = False,
     {"complete", "units", "done_here", "report" (rank 0, complete only)}."""
     import torch
 
+    from theory.core import checks
+
+    from .run import SweepConfig
+
+    checks.instance("sweep: cfg", cfg, SweepConfig, "a SweepConfig (coolsd sweep's config())")
+
     from .run import Dist, plan_units, run_units, unit_expectation
 
     from . import quality

@@ -18,6 +18,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from theory.core.checks import brief
 from theory.rules import methods
 
 __all__ = ["Setting", "parse_item", "parse_grid", "grid_from_toml", "DEFAULT_GRID", "ensure_vanilla"]
@@ -122,7 +123,7 @@ def parse_grid(items) -> tuple[list[Setting], bool]:
 
 def _table(t: dict) -> list[Setting]:
     if not isinstance(t, dict) or "method" not in t:
-        raise ValueError(f"a [[setting]] table needs method = \"NAME\", got {t!r}")
+        raise ValueError(f"a [[setting]] table needs method = \"NAME\", got {brief(t)}")
     m = methods.get(t["method"])
     axes, seen = [], set()
     for k, v in t.items():
@@ -160,6 +161,8 @@ def grid_from_toml(path) -> list:
 def ensure_vanilla(settings: list[Setting]) -> tuple[list[Setting], bool]:
     """The predictions (T10/T11) come from the vanilla run's recorded rows: vanilla is added first when
     the grid lacks it. Returns (settings, added)."""
+    if not isinstance(settings, (list, tuple)) or not all(isinstance(s, Setting) for s in settings):
+        raise TypeError(f"ensure_vanilla: settings must be a list of Setting (parse_grid's), got {brief(settings)}")
     if any(s.method == "vanilla" for s in settings):
         return settings, False
     return [Setting("vanilla", ())] + list(settings), True

@@ -174,20 +174,25 @@ def compare(pred: dict, measured: dict) -> dict:
     KL(P^||P) per token."""
     from scipy.stats import spearmanr
 
-    meas = {m["key"]: m for m in measured.get("methods", [])}
+    meas = {m["key"]: m for m in measured.get("methods", []) if isinstance(m, dict) and "key" in m}
     rows, inside, n_tv = [], 0, 0
     kp, km = [], []
     for e in pred["methods"]:
         m = meas.get(e["key"])
         if m is None:
             continue
-        t_p, t_m = e["tokens_per_call"]["predicted"], m["accepted_length"]["measured"]
+        t_p, t_m = e["tokens_per_call"]["predicted"], (m.get("accepted_length") or {}).get("measured")
         tv_m = m.get("tv_to_target") or {}
         kl_m = (m.get("kl_to_target") or {}).get("per_token") or {}
+        ci = tv_m.get("ci")
         r = {"key": e["key"], "tokens_per_call_predicted": t_p, "tokens_per_call_measured": t_m,
-             "tokens_per_call_rel": None if t_p is None else t_p / t_m - 1,
-             "tv_predicted": e["tv"].get("predicted"), "tv_measured": tv_m.get("measured"), "tv_measured_ci": tv_m.get("ci"),
+             "tokens_per_call_rel": None if t_p is None or not t_m else t_p / t_m - 1,
+             "tv_predicted": e["tv"].get("predicted"), "tv_measured": tv_m.get("measured"),
+             "tv_measured_ci": ci if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci else None,
              "kl_ar_predicted": e["kl_ar_per_token"].get("predicted"), "kl_sd_measured": kl_m.get("measured")}
+        r["missing"] = [f for f, v in (("measured tokens per call", t_m), ("measured TV", r["tv_measured"]),
+                                       ("measured TV's 95% CI", r["tv_measured_ci"]),
+                                       ("measured KL per token", r["kl_sd_measured"])) if v is None]
         if r["tv_predicted"] is not None and r["tv_measured_ci"]:
             n_tv += 1
             r["tv_inside"] = bool(r["tv_measured_ci"][0] <= r["tv_predicted"] <= r["tv_measured_ci"][1])
@@ -198,10 +203,40 @@ def compare(pred: dict, measured: dict) -> dict:
         rows.append(r)
     rel = [abs(r["tokens_per_call_rel"]) for r in rows if r["tokens_per_call_rel"] is not None]
     rho = spearmanr(kp, km) if len(kp) >= 3 else None
-    return {"settings": rows, "tokens_per_call_max_rel": max(rel) if rel else None,
+    rho_ok = rho is not None and rho.statistic == rho.statistic            # NaN: constant values, no ranking
+    return {"settings": rows, "measured_settings": len(meas), "tokens_per_call_max_rel": max(rel) if rel else None,
             "tokens_per_call_within_2pct": sum(x <= 0.02 for x in rel), "tv_inside_measured_ci": inside,
-            "tv_compared": n_tv, "kl_rank_correlation": None if rho is None else float(rho.statistic),
-            "kl_rank_correlation_p": None if rho is None else float(rho.pvalue), "kl_compared": len(kp)}
+            "tv_compared": n_tv, "kl_rank_correlation": float(rho.statistic) if rho_ok else None,
+            "kl_rank_correlation_p": float(rho.pvalue) if rho_ok else None, "kl_compared": len(kp)}
+
+
+def _ci(ci, fmt: str) -> str:
+    """[lo, hi], or a note where the interval is missing (too few images for one)."""
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and None not in ci:
+        return f"[{format(ci[0], fmt)}, {format(ci[1], fmt)}]"
+    return "[no CI: too few images]"
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _comparison_summary(cmp: dict) -> str:
+    """One paragraph of the comparison, each figure or why it is not there (a small or partial measured report)."""
+    n = len(cmp["settings"])
+    parts = [f"{n} of the predicted settings are in the measured report"]
+    rel = cmp["tokens_per_call_max_rel"]
+    parts.append(f"tokens per call within 2% for {cmp['tokens_per_call_within_2pct']} of {n} settings (largest "
+                 f"difference {100 * rel:.2f}%)" if rel is not None else "tokens per call: not compared (the measured "
+                 "report has no measured tokens per call for these settings)")
+    parts.append(f"predicted TV inside the measured TV's 95% interval for {cmp['tv_inside_measured_ci']} of "
+                 f"{cmp['tv_compared']}" if cmp["tv_compared"] else "TV: not compared (no measured TV with a 95% "
+                 "interval in the measured report)")
+    rho = cmp["kl_rank_correlation"]
+    parts.append(f"rank correlation of the predicted KL(P||P^) with the measured KL(P^||P) {rho:.3f} (Spearman, n = "
+                 f"{cmp['kl_compared']})" if rho is not None else f"KL rank correlation: not computed (it needs at "
+                 f"least 3 settings with both KLs and distinct values; {cmp['kl_compared']} have both)")
+    return "; ".join(parts) + "."
 
 
 def markdown(rep: dict) -> str:
@@ -217,31 +252,27 @@ def markdown(rep: dict) -> str:
     for e in rep["methods"]:
         t = e["tokens_per_call"]["predicted"]
         k, tv = e["kl_ar_per_token"], e["tv"]
-        kt = f"{k['predicted']:.4f} [{k['ci'][0]:.4f}, {k['ci'][1]:.4f}]" if k.get("predicted") is not None else \
+        kt = f"{k['predicted']:.4f} {_ci(k.get('ci'), '.4f')}" if k.get("predicted") is not None else \
             (k.get("reason") or "-")
-        tt = f"{tv['predicted']:.3f} [{tv['ci'][0]:.3f}, {tv['ci'][1]:.3f}]" if tv.get("predicted") is not None else "-"
+        tt = f"{tv['predicted']:.3f} {_ci(tv.get('ci'), '.3f')}" if tv.get("predicted") is not None else "-"
         b = e["tv_bound_image"]
         lines.append(f"| {e['key']} | {'-' if t is None else f'{t:.3f}'} | {kt} | {tt} | "
                      f"{'-' if b is None else f'{b:.2f}'} |")
     cmp = rep.get("comparison")
     if cmp:
-        lines += ["", f"Against the measured sweep ({rep['measured_report']}): tokens per call within 2% for "
-                      f"{cmp['tokens_per_call_within_2pct']} of {len(cmp['settings'])} settings (largest difference "
-                      f"{100 * (cmp['tokens_per_call_max_rel'] or 0):.2f}%); predicted TV inside the measured TV's 95% "
-                      f"interval for {cmp['tv_inside_measured_ci']} of {cmp['tv_compared']}; rank correlation of the "
-                      f"predicted KL(P||P^) with the measured KL(P^||P) {cmp['kl_rank_correlation']:.3f} "
-                      f"(Spearman, n = {cmp['kl_compared']}).", "",
+        lines += ["", f"Against the measured sweep ({rep['measured_report']}): " + _comparison_summary(cmp), "",
                   "| setting | tokens/call predicted / measured | TV predicted (measured [95% CI]) | KL(P\\|\\|P^) predicted "
-                  "/ KL(P^\\|\\|P) measured |", "|---|---|---|---|"]
-        def num(x, fmt):
-            return "-" if x is None else format(x, fmt)
+                  "/ KL(P^\\|\\|P) measured | not in the measured report |", "|---|---|---|---|---|"]
         for r in cmp["settings"]:
             tvc = r["tv_measured_ci"]
             ci = f" [{tvc[0]:.3f}, {tvc[1]:.3f}]" if tvc else ""
-            lines.append(f"| {r['key']} | {r['tokens_per_call_predicted']:.3f} / {r['tokens_per_call_measured']:.3f} | "
-                         f"{num(r['tv_predicted'], '.3f')} ({num(r['tv_measured'], '.3f')}{ci}) | "
-                         f"{num(r['kl_ar_predicted'], '.4g')} / {num(r['kl_sd_measured'], '.4g')} |")
-    lines += ["", f"Wall clock of the predicted sweep: {rep.get('seconds', float('nan')):.0f} s (generation of the AR and "
+            lines.append(f"| {r['key']} | {_num(r['tokens_per_call_predicted'], '.3f')} / "
+                         f"{_num(r['tokens_per_call_measured'], '.3f')} | "
+                         f"{_num(r['tv_predicted'], '.3f')} ({_num(r['tv_measured'], '.3f')}{ci}) | "
+                         f"{_num(r['kl_ar_predicted'], '.4g')} / {_num(r['kl_sd_measured'], '.4g')} | "
+                         f"{', '.join(r.get('missing') or []) or '-'} |")
+    secs = rep.get("seconds")
+    lines += ["", f"Wall clock of the predicted sweep: {_num(secs, '.0f')} s (generation of the AR and "
                   "recorded units included when this run made them)."]
     return "\n".join(lines) + "\n"
 
@@ -263,7 +294,8 @@ def figures(root, rep: dict) -> list[str]:
     ax.set_xlabel("predicted tokens per target call")
     ax.set_ylabel("KL(P||P^) per token from AR images (95% CI)")
     ax.set_title("predicted frontier (no relaxed image generated)")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:              # nothing predicted (e.g. no tokens per call): no legend
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(root / "predicted_kl_vs_tokens_per_call.png", dpi=110)
     out.append("predicted_kl_vs_tokens_per_call.png")
@@ -271,14 +303,18 @@ def figures(root, rep: dict) -> list[str]:
     if cmp:
         fig = Figure(figsize=(10, 4))
         a1, a2 = fig.subplots(1, 2)
-        rs = [r for r in cmp["settings"] if r["tokens_per_call_predicted"] is not None]
+        rs = [r for r in cmp["settings"] if r["tokens_per_call_predicted"] is not None
+              and r["tokens_per_call_measured"] is not None]
         x = [r["tokens_per_call_measured"] for r in rs]
         a1.plot(x, [r["tokens_per_call_predicted"] for r in rs], "o")
-        lo, hi = min(x), max(x)
-        a1.plot([lo, hi], [lo, hi], "k--", lw=1)
+        if x:
+            a1.plot([min(x), max(x)], [min(x), max(x)], "k--", lw=1)
+        else:
+            a1.text(0.5, 0.5, "no measured tokens per call", ha="center", transform=a1.transAxes)
         a1.set_xlabel("measured tokens per call")
         a1.set_ylabel("predicted")
-        rs = [r for r in cmp["settings"] if r["tv_predicted"] is not None and r["tv_measured"] is not None]
+        rs = [r for r in cmp["settings"] if r["tv_predicted"] is not None and r["tv_measured"] is not None
+              and r["tv_measured_ci"] is not None]
         a2.errorbar([r["tv_measured"] for r in rs], [r["tv_predicted"] for r in rs],
                     xerr=[[r["tv_measured"] - r["tv_measured_ci"][0] for r in rs],
                           [r["tv_measured_ci"][1] - r["tv_measured"] for r in rs]], fmt="o", capsize=2)

@@ -115,9 +115,13 @@ def identity_digest(cfg: "SweepConfig") -> str:
 def unit_expectation(cfg: "SweepConfig", unit: "Unit") -> dict:
     """What a stored unit of ``unit`` must carry (``Store.check_units`` compares it before any new unit is made): its
     setting, block, seed, the base seed, the image range [lo, hi) and the identity digest of this sweep."""
+    from real.specs import spec
+
     lo = unit.index * cfg.unit_images
+    T = dict(cfg.model_options).get("num_tokens") or spec(cfg.model).tokens      # the model's image tokens, if known
     return {"key": unit.key, "index": unit.index, "seed": unit_seed(cfg.seed, unit.key, unit.index),
-            "base_seed": cfg.seed, "images": [lo, lo + cfg.unit_images], "identity": identity_digest(cfg)}
+            "base_seed": cfg.seed, "images": [lo, lo + cfg.unit_images], "identity": identity_digest(cfg),
+            "tokens": None if T is None else int(T)}
 
 
 def unit_seed(base: int, key: str, index: int) -> int:
@@ -129,6 +133,9 @@ def unit_seed(base: int, key: str, index: int) -> int:
 def plan_units(cfg: SweepConfig) -> list[Unit]:
     """Every unit, block by block (AR first in each block) so partial runs cover all settings evenly; a predicted
     sweep (``--predict``) only every plain-AR block and the vanilla blocks that record rows."""
+    from theory.core import checks
+
+    checks.instance("plan_units: cfg", cfg, SweepConfig, "a SweepConfig")
     units = [Unit(s, j) for j in range(cfg.n_blocks) for s in (None, *cfg.settings)]
     if cfg.predict:
         rec_blocks = -(-cfg.record_images // cfg.unit_images)

@@ -182,3 +182,21 @@ def _check_unit(path, arrays: dict, meta: dict, want: dict) -> None:
         got = None if idx is None else (np.asarray(idx).tolist()[:3], len(np.asarray(idx)))
         raise ValueError(f"unit file {str(path)!r}: its images {got} are not images {lo}..{hi - 1} of this block; "
                          f"{hint}")
+    _check_unit_shapes(path, arrays, hi - lo, want.get("tokens"))
+
+
+def _check_unit_shapes(path, arrays: dict, n: int, T: int | None) -> None:
+    """A unit's arrays agree with each other (issue 50: tokens cut short failed in the merge with numpy's error, naming
+    no file): tokens (n, T) (T the model's image tokens when known), every per-image array (n,) and every per-round
+    array of one length. One ValueError line naming the file."""
+    where = f"unit file {str(path)!r}"
+    toks = np.asarray(arrays["tokens"])
+    if toks.ndim != 2 or (T is not None and toks.shape[1] != T):
+        raise ValueError(f"{where}: tokens have shape {toks.shape}, not ({n}, {T if T is not None else 'T'}) (damaged "
+                         "or cut short?): delete it and rerun to recompute it")
+    for k, a in arrays.items():
+        if k.startswith("image_") and np.asarray(a).shape[:1] != (n,):
+            raise ValueError(f"{where}: {k} has shape {np.asarray(a).shape}, not ({n},): delete it and rerun")
+    lens = {k: len(np.asarray(a)) for k, a in arrays.items() if k.startswith("round_")}
+    if len(set(lens.values())) > 1:
+        raise ValueError(f"{where}: its per-round arrays have different lengths ({lens}): delete it and rerun")

@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from theory.core.checks import brief
 from theory.tree import Tree
 
 from ..chain import DEFAULT_L, Chain, Plain
@@ -71,7 +72,7 @@ def lookup(name: str) -> ModeDef:
     key = str(name).lower()
     d = REGISTRY.get(key) or next((m for m in REGISTRY.values() if m.label == key), None)
     if d is None:
-        raise ValueError(f"unknown drafting mode {name!r}; registered: {sorted(REGISTRY)}")
+        raise ValueError(f"unknown drafting mode {brief(name)}; registered: {sorted(REGISTRY)}")
     return d
 
 

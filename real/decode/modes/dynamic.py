@@ -24,8 +24,8 @@ class DynamicTreeDef(ModeDef):
     deprecated_by = "tree"                   # the older --tree dynamic
     record_marker = "dynamic"                # the array only its record holds
     options = (
-        Option("tree_total", int, f"nodes per target call, root included (default {_D.total}, the release's)",
-               key="total", lo=1),
+        Option("tree_total", int, f"nodes per target call, root included (default {_D.total}, the release's; >= 2: "
+                                  "the root alone drafts nothing)", key="total", lo=2),
         Option("tree_depth", int, f"expansion levels; nodes reach depth + 1 (default {_D.depth})", key="depth",
                lo=1),
         Option("tree_topk", int, f"children per node (default {_D.topk})", key="topk", lo=1),

@@ -27,7 +27,7 @@ class JacobiDef(ModeDef):
     name, label, describes = "jacobi", "jacobi", "Jacobi drafting"
     options = (
         Option("window", int, f"target rows per call W (jacobi: W - 1 Jacobi drafts; default {DEFAULT_WINDOW}, the SJD "
-                              f"release's, or {SCD_WINDOW} with a --coupling, the SCD release's)", lo=1,
+                              f"release's, or {SCD_WINDOW} with a --coupling, the SCD release's; W >= 2: W = 1 drafts nothing)", lo=2,
                image_bound=True),
         Option("jacobi_init", str, "initialisation of new window slots, as the SJD release's schemes (default random)",
                choices=("random", "repeat_horizon", "sample_horizon"), key="init"),
@@ -39,6 +39,14 @@ class JacobiDef(ModeDef):
 
     def build(self, opts, facts=None):
         return Jacobi(**opts, **self.from_facts(opts, facts or {}))
+
+    def check(self, opts, num_tokens, processing) -> None:
+        """Before the model is built its row width is not known (the model supplies it: ``model_facts``): the
+        options are checked with a stand-in width, the real one at the build (issue 50: --jacobi-init repeat_horizon
+        was refused on every model, naming a width of None)."""
+        stand_in = {"width": 1} if opts.get("init", "random") != "random" else {}
+        mode = self.build(opts, {}) if not stand_in else Jacobi(**opts, **stand_in)
+        mode.check(None, None, num_tokens or 1 << 30, None, processing, 1)
 
     def from_facts(self, opts, facts):
         out = window_facts(opts, facts)

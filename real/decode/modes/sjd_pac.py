@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sjd_pac import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, DEFAULT_WINDOW, SJDPAC
+from ..sjd_pac import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, DEFAULT_WINDOW, SJDPAC, tree_nodes
 from .base import ModeDef, Option, tree_arrays
 from .jacobi import JACOBI_REASON, window_facts
 
@@ -33,7 +33,19 @@ class SJDPACDef(ModeDef):
     release = True
 
     def build(self, opts, facts=None):
-        return SJDPAC(**opts, release=self.release, **window_facts(opts, facts or {}, bounded=False))
+        return SJDPAC(**self.capped(opts, facts or {}), release=self.release,
+                      **window_facts(opts, facts or {}, bounded=False))
+
+    @staticmethod
+    def capped(opts: dict, facts: dict) -> dict:
+        """``opts`` with the window capped at the image (issue 50): past W = T + tree nodes - D the main branch
+        already spans the T-token image, so a larger window drafts, verifies and reports exactly the same (the tree
+        is cut at the image end every round) but would build W-sized plans (--window 100000: out of memory)."""
+        T, W = facts.get("num_tokens"), opts.get("window")
+        if T is None or W is None:
+            return dict(opts)
+        K, D = opts.get("tree_width", DEFAULT_TREE_WIDTH), opts.get("tree_depth", DEFAULT_TREE_DEPTH)
+        return dict(opts) | {"window": min(int(W), int(T) + tree_nodes(K, D) - D)}
 
     def record(self, gens, mode, stamp, chain_arrays):
         # the release decides its rounds by the longest accepted path, not the walk TreeRows predicts
