@@ -159,10 +159,8 @@ def tiny_llamagen_pair(seed: int = 0, draft: str = "layerskip", model_type: str 
 
 
 def _trained_eagle(opts, target, model: str):
-    """The trained EAGLE drafter in --drafter-dir for ``target`` built as ``model`` (``real.drafter.files.load_drafter``:
-    the one loader, which refuses a drafter made for another model, in one line)."""
+    """--drafter-dir's drafter for ``target`` built as ``model``: ``real.drafter.files.load_drafter``, the one loader."""
     from .drafter.files import load_drafter
-
     return load_drafter(opts.drafter_dir, target, model)
 
 
@@ -454,23 +452,6 @@ register("emu3", lambda o: _build_mm_real(o, "emu3"), "Emu3-Gen (BAAI/Emu3-Gen-h
 
 # --------------------------------------------------------------------------- the shipped zoos (MNIST, natural256)
 
-class _ZooDecoder:
-    """A zoo's VQ decoder behind the ``decode_code`` name the CLI uses: codes (N, T) -> images (N, C, S, S)
-    (mnist: (N, 49) -> (N, 1, 28, 28); natural256: (N, 256) -> (N, 3, 64, 64))."""
-
-    def __init__(self, zoo: str = "mnist"):
-        """The decoder of zoo ``zoo`` (``real.zoo.zoos``)."""
-        self.zoo = zoo
-
-    def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
-        from .zoo import vq
-
-        return vq.decode(torch.as_tensor(codes).cpu(), zoo=self.zoo)
-
-
-_MnistDecoder = _ZooDecoder      # the earlier name
-
-
 def _build_zoo(opts, zoo: str, title: str) -> Bundle:
     """A shipped zoo's models (``real.zoo``): our LlamaGen c2i target over the zoo's VQ; --draft small (default:
     the independent small LlamaGen), eagle (MNIST: the EAGLE-1 drafter trained on the target's features) or
@@ -489,7 +470,7 @@ def _build_zoo(opts, zoo: str, title: str) -> Bundle:
                            "layerskip": lambda: lg.truncated(t, int(_o(opts, "draft_layers", 1)))})
     cb = zvq.raw_codebook(zoo)
     nb = _neighbor_table(cb, opts)
-    return Bundle(t, d, _class_ids(opts, z.num_classes), int(_o(opts, "num_tokens", z.tokens)), nb, _ZooDecoder(zoo),
+    return Bundle(t, d, _class_ids(opts, z.num_classes), int(_o(opts, "num_tokens", z.tokens)), nb, zvq.ZooDecoder(zoo),
                   info={"target": f"{title} LlamaGen c2i (real.zoo, shipped)", "draft": kind, "grid": [z.side, z.side]},
                   codebook=cb)
 

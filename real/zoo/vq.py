@@ -233,3 +233,15 @@ def codebook_usage(codes: torch.Tensor, codebook_size: int) -> dict[str, float]:
     nz = p[p > 0]  # 0 log 0 = 0
     return {"used": int((counts > 0).sum()), "usage": float((counts > 0).double().mean()),
             "perplexity": float(torch.exp(-(nz * nz.log()).sum()))}
+
+
+class ZooDecoder:
+    """A zoo's VQ decoder behind the ``decode_code`` name the CLI uses (``real.registry``'s zoo bundles): codes (N, T)
+    -> images (N, C, S, S) (mnist: (N, 49) -> (N, 1, 28, 28); natural256: (N, 256) -> (N, 3, 64, 64))."""
+
+    def __init__(self, zoo: str = "mnist"):
+        """The decoder of zoo ``zoo`` (``real.zoo.zoos``)."""
+        self.zoo = zoo
+
+    def decode_code(self, codes: torch.Tensor) -> torch.Tensor:
+        return decode(torch.as_tensor(codes).cpu(), zoo=self.zoo)
