@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -84,6 +83,7 @@ def _validate(args) -> dict:
     from coolsd import validate
     from real.drafter.features import read_tokens_file
     from real.drafter.train import TrainConfig
+    from real.nn.checkpoint import sha256_file
     from real.specs import spec
 
     s = spec(args.model)
@@ -144,7 +144,7 @@ def _validate(args) -> dict:
     out, work = _paths(args)
     data_id = ({"source": "generate", "num_sequences": n, "cfg_scale": args.cfg_scale, "temperature": args.temperature,
                 "top_k": args.top_k, "top_p": args.top_p} if tokens is None else
-               {"source": "tokens", "file_sha256": _sha256(args.data[1]), "num_sequences": n})
+               {"source": "tokens", "file_sha256": sha256_file(args.data[1]), "num_sequences": n})
     from real.registry import BuildOptions
 
     model_opts = {k: v for k, v in dataclasses.asdict(BuildOptions.from_namespace(args)).items()
@@ -170,14 +170,6 @@ def _local_device(device: str) -> str:
         if torch.cuda.is_available():
             return f"cuda:{int(os.environ['LOCAL_RANK'])}"
     return device
-
-
-def _sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 22), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def _paths(args) -> tuple[pathlib.Path, pathlib.Path]:
@@ -257,6 +249,7 @@ def _say(rank: int, quiet: bool, msg: str) -> None:
 
 
 def _run(args, checked, rank, world, np, torch) -> int:
+    from coolsd.studies.sweep.store import code_version
     from real.decode.sampling import Processing
     from real.drafter import features as fx
     from real.drafter.files import fresh_drafter, save_drafter, target_fingerprint
@@ -335,7 +328,7 @@ def _run(args, checked, rank, world, np, torch) -> int:
     if rank == 0:
         manifest = {"model": args.model, "target_fingerprint": target_fingerprint(target), "format": "lantern-eagle1",
                     "command": "coolsd " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(("coolsd", "__main__.py"))
-                    else " ".join(sys.argv), "git_commit": _git_commit(), "identity": ident,
+                    else " ".join(sys.argv), "git_commit": code_version(), "identity": ident,
                     "validation": final, "validation_untrained": untrained, "history": result["history"],
                     "final_loss": result["final_loss"], "steps": result["steps"], "ranks": world,
                     "seconds": {"features": round(extract_s, 2), "training": round(result["seconds"], 2),
@@ -347,13 +340,3 @@ def _run(args, checked, rank, world, np, torch) -> int:
                           "validation_untrained": untrained, "seconds": manifest["seconds"]}))
     _barrier(world)
     return 0
-
-
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=pathlib.Path(__file__).resolve().parents[2]).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None

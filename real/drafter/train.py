@@ -29,7 +29,7 @@ import math
 import os
 import pathlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -183,7 +183,6 @@ def train(drafter, data: Data, cfg: TrainConfig, *, state_path=None, meta: dict 
                                      "seconds": seconds})
 
     dev = drafter.device
-    B_rank = cfg.batch_size // world
     t0 = time.perf_counter() - seconds
     bar = tqdm(total=cfg.steps, initial=step, disable=not progress or rank != 0, desc="train drafter", unit="step")
     drafter.train()
@@ -289,7 +288,3 @@ def evaluate(drafter, data: Data, max_sequences: int = 256, batch: int = 16) -> 
     return {"top1": float(np.concatenate(top1).mean()), "acceptance": float(a.mean()),
             "acceptance_se": float(per_seq.std(ddof=1) / math.sqrt(len(per_seq))) if len(per_seq) > 1 else float("nan"),
             "tokens_per_call_L4": predicted_tokens_per_call(a), "sequences": int(len(per_seq))}
-
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)
