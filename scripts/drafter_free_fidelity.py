@@ -273,7 +273,8 @@ def setting_entry(name: str, data: dict, s: dict, s_ar: dict, ref, T: int) -> di
     return e
 
 
-def report(out: Path, a, datas: dict, wall: float) -> None:
+def report(out: Path, a, datas: dict, wall: float, labels: dict) -> None:
+    """``labels``: setting name -> its label (the generating script's table)."""
     from real.zoo.metrics import gaussian_stats
 
     missing = [n for n, d in datas.items() if d is None]
@@ -298,7 +299,7 @@ def report(out: Path, a, datas: dict, wall: float) -> None:
             e["fd_shift_vs_ar"] = {"value": d, "se": se, "z": d / se}
     rep = {"config": {k: v for k, v in vars(a).items() if k != "out"}, "model": ZOO, "tokens_per_image": T,
            "cfg_scale": cfg_scale, "log_p_check_max_abs_diff_vs_engine_score": dev,
-           "settings": {n: {"label": __import__("drafter_free_natural256").LABEL[n], **e} for n, e in entries.items()},
+           "settings": {n: {"label": labels[n], **e} for n, e in entries.items()},
            "verdicts": verdicts(entries), "missing_settings": missing,
            "exact_likelihood": "not tractable for Jacobi-family drafting (real.decode.jacobi.JACOBI_REASON, "
                                "docs/theory.md section 12); vanilla on SJD / SJD-PAC-P is lossless (KL = TV = 0 by "

@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         generate_all(out, a)
     from drafter_free_fidelity import report
 
-    report(out, a, {n: load_setting(out, a, n) for n in a.settings}, time.time() - t0)
+    report(out, a, {n: load_setting(out, a, n) for n in a.settings}, time.time() - t0, LABEL)
     return 0
 
 
