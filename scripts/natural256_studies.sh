@@ -11,9 +11,9 @@ STATIC="vanilla cool-sd:delta=1.25,3,16 lantern++:lambda=2,3,5:k=10:resampler=la
 $TR sweep --model natural256 --draft eagle --tree eagle25 --tree-candidates topk --grid $STATIC \
     --images $IMAGES --unit-images 100 --batch-size 50 --no-progress --out $RUN/static
 python scripts/trees_fidelity.py --static $RUN/static --out $RUN/trees_fidelity
-# (a) the chain frontier (EAGLE, L = 4), measured, then predicted from plain-AR images and set side by side
-CHAIN="vanilla cool-sd:delta=1.5,2,3,4,6,8 uniform-rsd:c=1.2,1.5,2,3 lantern++:lambda=1.5,2,3,5"
-$TR sweep --model natural256 --draft eagle --grid $CHAIN --images $IMAGES --unit-images 100 --batch-size 50 \
-    --no-progress --out $RUN/frontier
-$TR sweep --model natural256 --draft eagle --grid $CHAIN --images $IMAGES --unit-images 100 --batch-size 50 \
-    --no-progress --out $RUN/frontier_predict --predict --measured $RUN/frontier/report.json
+# (a) the chain frontier (EAGLE, L = 4) on the MNIST grid (the sweep's default grid: 24 settings + plain AR),
+# measured, then predicted from plain-AR images and set side by side
+$TR sweep --model natural256 --draft eagle --images $IMAGES --unit-images 100 --batch-size 50 --threads 1 \
+    --no-progress --out $RUN/frontier24
+$TR sweep --model natural256 --draft eagle --images $IMAGES --unit-images 100 --batch-size 50 --threads 1 \
+    --no-progress --out $RUN/frontier24_predict --predict --measured $RUN/frontier24/report.json
