@@ -56,7 +56,10 @@ from ..rules.verifiers import guarded
 __all__ = ["CONVENTIONS", "log_likelihood", "log_target", "round_masks", "check_chain_rule"]
 
 CONVENTIONS = ("theory", "eagle")
-CHUNK_ELEMENTS = 1 << 24   # rows x V elements (float64: 128 MiB) per chunk of images in the emission pass
+CHUNK_ELEMENTS = 1 << 18   # rows x L x V elements (float64: 2 MiB per temporary) per chunk of token rows in the
+# emission pass: temporaries that stay in cache (at 1 << 24, 128 MiB each, the pass ran 2-5x slower, measured on
+# natural256 rows, V = 1024, L = 4: benchmarks/bench_likelihood.py); LANTERN's neighbour masses are summed block by
+# block (theory.rules.lantern), so its temporaries do not grow with k either
 
 
 def round_masks(T: int, L: int, convention: str = "theory"):
@@ -157,10 +160,7 @@ def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, conve
     pf = xp.reshape(p, (N, V))
     qf = xp.reshape(q, (N, L, V) if per_offset else (N, V))
     tok = xp.astype(xp.reshape(tokens, (N,)), xp.int64)
-    # the L offsets are processed jointly (rows, L, V); rules that gather (rows, V, k) neighbour masses (LANTERN)
-    # need k times smaller chunks
-    width = 1 + int(getattr(verifier.accept, "k", 0) or 0)
-    step = max(1, CHUNK_ELEMENTS // (V * L * width))
+    step = max(1, CHUNK_ELEMENTS // (V * L))   # the L offsets are processed jointly (rows, L, V)
     parts = [_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], verifier, L, per_offset, xp)
              for s in range(0, N, step)]   # a loop over chunks of rows (memory), each vectorised
     a = xp.reshape(xp.concat([e[0] for e in parts], axis=0), (B, T, L))
