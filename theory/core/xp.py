@@ -1,6 +1,6 @@
 """Array-API helpers (numpy, JAX and torch arrays alike): ``namespace`` (the arrays' namespace), ``gather``
-(x[..., idx] along the last axis), ``take_last``, ``gather_rows``, ``normalize``, ``positive_part``, ``ratio_min1`` and
-``sample_categorical`` (inverse-CDF draws from rows). Everything takes arrays and returns arrays of the same
+(x[..., idx] along the last axis), ``take_last``, ``gather_rows``, ``normalize``, ``positive_part``, ``ratio_min1``,
+``sample_categorical`` (inverse-CDF draws from rows), ``mark`` and ``top_m``. Everything takes arrays and returns arrays of the same
 namespace; no backend is imported. Shapes are in each function's docstring."""
 from __future__ import annotations
 
@@ -130,3 +130,36 @@ def mark(idx: Array, V: int, xp=None) -> Array:
         return xp.zeros(shape, dtype=xp.bool).at[(*lead, idx)].set(True)
     ar = xp.arange(V, device=array_api_compat.device(idx))
     return xp.any(idx[..., :, None] == ar, axis=-2)
+
+
+def top_m(x: Array, m: int, xp=None) -> Array:
+    """Indices (..., m) int64 of the m largest entries of x (..., V) in decreasing order, ties to the lower index:
+    ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries. numpy: ``argpartition`` (O(V)), then
+    the m winners ordered by (value desc, index); a row where a tie straddles the m-th place (more than m entries
+    >= the m-th value) takes the full stable sort, the only way to know which tied entries are in. torch: ``topk``
+    with the same tie rule. Other namespaces: the stable sort. ``real.decode.drafting.top_m`` is the engine's
+    torch twin of this rule (its device path avoids the tie checks' read-backs)."""
+    V = x.shape[-1]
+    if array_api_compat.is_numpy_array(x) and 0 < m < V:
+        import numpy as np
+
+        flat = np.reshape(x, (-1, V))
+        idx = np.argpartition(flat, V - m, axis=-1)[:, V - m:]           # the m largest, in no order
+        val = np.take_along_axis(flat, idx, -1)
+        amb = np.count_nonzero(flat >= val.min(-1)[:, None], axis=-1) > m
+        if amb.any():
+            idx[amb] = np.argsort(-flat[amb], axis=-1, kind="stable")[:, :m]
+            val[amb] = np.take_along_axis(flat[amb], idx[amb], -1)
+        order = np.lexsort((idx, -val), axis=-1)
+        return np.reshape(np.take_along_axis(idx, order, -1).astype(np.int64, copy=False), (*x.shape[:-1], m))
+    if array_api_compat.is_torch_array(x) and 0 < m < V:
+        import torch
+
+        val, idx = x.topk(m + 1, dim=-1, sorted=True)
+        if bool((val[..., m - 1] == val[..., m]).any()):                  # a tie straddles the m-th place
+            return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
+        idx, val = idx[..., :m], val[..., :m]
+        idx, o = idx.sort(dim=-1)                                         # by index, then stably by value
+        return idx.gather(-1, torch.argsort(val.gather(-1, o), dim=-1, descending=True, stable=True))
+    xp = xp or namespace(x)
+    return xp.astype(xp.argsort(x, axis=-1, descending=True, stable=True)[..., :m], xp.int64)

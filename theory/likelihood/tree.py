@@ -64,7 +64,7 @@ import array_api_compat
 import numpy as np
 
 from ..core import checks
-from ..core.xp import Array, gather, namespace, normalize
+from ..core.xp import Array, gather, namespace, normalize, top_m
 from ..rules.resampling import Argmax, Optimal, Residual, Target
 from ..tree.shapes import RowTrees, Tree
 from .chain import CONVENTIONS, check_chain_rule
@@ -303,7 +303,7 @@ def _walk_point(p, cand, x, pos, verifier, xp):
 
 def _walk_topk(p, q, x, pos, K, verifier, xp):
     """``_walk_point`` with the top-K tokens of the rows q (r, V) as candidates (ties to the lower token id)."""
-    cand = xp.astype(xp.argsort(q, axis=-1, descending=True, stable=True)[:, :K], xp.int64)
+    cand = top_m(q, K, xp)
     return _walk_point(p, cand, x, pos, verifier, xp)
 
 

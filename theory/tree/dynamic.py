@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import array_api_compat
 
-from ..core.xp import Array, namespace
+from ..core.xp import Array, namespace, top_m
 
 __all__ = ["KEYS", "child_keys", "select_nodes"]
 
@@ -49,7 +49,7 @@ def child_keys(parent_key: Array, parent_logp: Array, q: Array, gumbel: Array, k
     if top is not None:
         val, idx = phi.topk(k, dim=-1, largest=True, sorted=True)
     else:
-        idx = xp.astype(xp.argsort(phi, axis=-1, descending=True, stable=True)[..., :k], xp.int64)
+        idx = top_m(phi, k, xp)
         val = xp.take_along_axis(phi, idx, axis=-1)
     Z = val[..., :1]
     G = parent_key[..., None]

@@ -21,7 +21,7 @@ import array_api_compat
 import numpy as np
 
 from ..core import checks
-from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last
+from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last, top_m
 from ..rules.acceptance import accept_at, reads_f
 from ..rules.chain import verify_chain
 from ..rules.walks import follow_chosen, host_walk
@@ -65,7 +65,7 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
     topk = getattr(keys, "topk", None)
     if topk is not None:    # torch: the m largest keys, sorted (distinct with probability 1), without a full sort
         return topk(m, dim=-1, largest=True, sorted=True).indices
-    return xp.astype(xp.argsort(keys, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
+    return top_m(keys, m, xp)
 
 
 def _residual(verifier, p: Array, q: Array, pos, c: Array, rej: Array, xp) -> Array:
