@@ -72,7 +72,10 @@ from .chain import CONVENTIONS, check_chain_rule
 __all__ = ["CANDIDATES", "SAMPLED_LIMIT", "depth_caps", "tree_log_likelihood", "check_sampled_cost"]
 
 CANDIDATES = ("topk", "sampled")
-CHUNK_ELEMENTS = 1 << 24   # elements (float64: 128 MiB) per chunk of walk rows
+CHUNK_ELEMENTS = 1 << 18   # rows x V per chunk of the point walks (topk, dynamic): 2 MiB float64 temporaries that
+# stay in cache (128 MiB ones made the walks 2-3x slower at V = 1024); the walks' memory is O(V) per row for every
+# rule (LANTERN's neighbour masses are summed block by block), so the rule's width does not shrink it
+SAMPLED_CHUNK_ELEMENTS = 1 << 24   # elements per chunk of the sampled walks' histories (V^K x width per row)
 SAMPLED_LIMIT = 1 << 22    # "sampled": elements per (round start, depth) row, V^K x rule width (module docstring)
 _WHO = "tree_log_likelihood"
 _REJECTED_FREE = (Residual, Optimal, Target, Argmax)   # resamplers that ignore ``rejected``
@@ -378,10 +381,9 @@ def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp):
         rp, rx = _rows_at(p, lo + d, hi + d, xp), _rows_at(x, lo + d, hi + d, xp)
         rq = _rows_at(q[:, :, d] if per_depth else q, lo if per_depth else lo + d, hi if per_depth else hi + d, xp)
         pos = xp.full((rp.shape[0],), d + 1, dtype=xp.int64, device=dev)
-        per_row = V ** Kd[d] * width if sampled else V * width
+        step = SAMPLED_CHUNK_ELEMENTS // (V ** Kd[d] * width) if sampled else CHUNK_ELEMENTS // V
         walk = _walk_sampled if sampled else _walk_topk
-        a, r = _chunked(lambda *arr: walk(*arr, Kd[d], verifier, xp), (rp, rq, rx, pos),
-                        max(1, CHUNK_ELEMENTS // per_row), xp)
+        a, r = _chunked(lambda *arr: walk(*arr, Kd[d], verifier, xp), (rp, rq, rx, pos), max(1, step), xp)
         pad = xp.zeros((a.shape[0], Km - Kd[d]), dtype=xp.float64, device=dev)
         accs.append(_place(xp.concat([a, pad], axis=1), B, T, lo, xp))
         ress.append(_place(xp.concat([r, pad], axis=1), B, T, lo, xp))
@@ -409,7 +411,6 @@ def _dynamic(p, x, pt, verifier, ch, nt, D, Dp, xp):
     dev = array_api_compat.device(p)
     K = ch.shape[-1]
     Dpx = xp.asarray(Dp, device=dev)
-    width = _width(verifier)
     v = xp.zeros((B, T), dtype=xp.int64, device=dev)
     zero = xp.zeros((B, T), dtype=xp.float64, device=dev)
 
@@ -433,7 +434,7 @@ def _dynamic(p, x, pt, verifier, ch, nt, D, Dp, xp):
             cand = _rows_at(xp.where(live, tok, xp.zeros_like(tok)), lo, hi, xp)          # padding: token 0
             a, r = _chunked(lambda *arr: _walk_point(*arr, verifier, xp),
                             (_rows_at(p, lo + d, hi + d, xp), cand, _rows_at(x, lo + d, hi + d, xp), pos),
-                            max(1, CHUNK_ELEMENTS // (V * width * K)), xp)
+                            max(1, CHUNK_ELEMENTS // V), xp)
             a, r = _place(a, B, T, lo, xp), _place(r, B, T, lo, xp)
             a_sel = xp.sum(xp.where(live, a, xp.zeros_like(a)), axis=-1)         # the matching child (1{c_j = x})
             r_sel = gather(r, xp.where(m > 0, m - 1, xp.zeros_like(m)), xp)
