@@ -1,5 +1,5 @@
 """Scoring an image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo; ``--model
-natural256``: the natural-image zoo, 256 tokens, V = 1024, with its small draft until its EAGLE head ships).
+natural256``: the natural-image zoo, 256 tokens, V = 1024, with its shipped EAGLE head or its small draft).
 
 Scoring = teacher-forced rows (``real.decode.score.teacher_forced_rows``: one target prefill, one draft
 prefill or the EAGLE drafter's L passes) plus the forward recursion (``theory.likelihood.log_likelihood``) for

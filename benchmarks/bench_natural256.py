@@ -11,8 +11,8 @@
      thread), and the ratio of their CPU times (children's user + system: machine load does not count) and of
      their wall times. The measured sweep includes its merge (exact fidelity scoring of every setting's images and
      the AR images); the predicted one generates the plain-AR images and the recorded vanilla run only and scores
-     the AR images under every rule. natural256 runs the chain with its small draft (L = 4) until its EAGLE head
-     ships. Goal: <= 0.10.
+     the AR images under every rule. The chain (L = 4) with natural256's shipped EAGLE head (``--draft``). Goal:
+     <= 0.10.
 
   python benchmarks/bench_natural256.py [--part ar predict] [--images 200] [--batch 100] [--repeats 2]
          [--sweep-images 64] [--grid default|ITEM ...] [--json [FILE]] [--short]
@@ -70,11 +70,11 @@ def part_ar(images: int, batch: int, repeats: int) -> dict:
             "ratio_to_300_s": per * 500 / 300.0}
 
 
-def _sweep(args: list, out: pathlib.Path) -> dict:
+def _sweep(args: list, out: pathlib.Path, draft: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "coolsd", "sweep", "--model", "natural256", "--draft", "small",
+    r = subprocess.run([sys.executable, "-m", "coolsd", "sweep", "--model", "natural256", "--draft", draft,
                         "--threads", "1", "--no-progress", "--out", str(out), *args], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     wall = time.perf_counter() - w0
@@ -85,14 +85,14 @@ def _sweep(args: list, out: pathlib.Path) -> dict:
     return {"wall_s": wall, "cpu_s": cpu}
 
 
-def part_predict(images: int, grid: list | None, record: int) -> dict:
+def part_predict(images: int, grid: list | None, record: int, draft: str) -> dict:
     common = ["--images", str(images), "--unit-images", str(images), "--batch-size", str(min(images, 50)),
               "--record-images", str(record)] + (["--grid", *grid] if grid else [])
     with tempfile.TemporaryDirectory() as tmp:
-        meas = _sweep(common, pathlib.Path(tmp) / "measured")
-        pred = _sweep(common + ["--predict"], pathlib.Path(tmp) / "predicted")
+        meas = _sweep(common, pathlib.Path(tmp) / "measured", draft)
+        pred = _sweep(common + ["--predict"], pathlib.Path(tmp) / "predicted", draft)
         n_settings = len(json.loads((pathlib.Path(tmp) / "measured" / "report.json").read_text())["methods"])
-    return {"images": images, "grid": grid or "default", "settings": n_settings, "record_images": record,
+    return {"images": images, "grid": grid or "default", "draft": draft, "settings": n_settings, "record_images": record,
             "measured": meas, "predicted": pred, "cpu_ratio": pred["cpu_s"] / meas["cpu_s"],
             "wall_ratio": pred["wall_s"] / meas["wall_s"]}
 
@@ -107,6 +107,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--record-images", type=int, default=None, help="vanilla images recorded (default --sweep-images)")
     ap.add_argument("--grid", nargs="+", default=None, help="grid items (default: the sweep's default grid)")
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE")
+    ap.add_argument("--draft", default="eagle", choices=("eagle", "small"), help="the sweeps' draft (chain, L = 4)")
     ap.add_argument("--short", action="store_true")
     a = ap.parse_args(argv)
     if a.short:
@@ -117,7 +118,7 @@ def main(argv=None) -> dict:
     if "ar" in a.part:
         out["ar"] = part_ar(a.images, a.batch, a.repeats)
     if "predict" in a.part:
-        out["predict"] = part_predict(a.sweep_images, a.grid, a.record_images or a.sweep_images)
+        out["predict"] = part_predict(a.sweep_images, a.grid, a.record_images or a.sweep_images, a.draft)
     out["load_average_end"] = os.getloadavg()[0]
     if a.json not in (None, "-"):
         ratios = {}
@@ -129,7 +130,7 @@ def main(argv=None) -> dict:
         if "predict" in out:
             ratios["natural256_predict_over_measured_sweep_cpu"] = {
                 "value": out["predict"]["cpu_ratio"], "better": "lower",
-                "what": f"CPU s, coolsd sweep --predict / the measured sweep (natural256, small draft, "
+                "what": f"CPU s, coolsd sweep --predict / the measured sweep (natural256, {a.draft} draft, "
                         f"{out['predict']['settings']} settings x {a.sweep_images} images)"}
         write_ratios(a.json, ratios, extra=out)
     if a.json == "-":

@@ -52,10 +52,10 @@ BENCHMARKS = {
     "lantern_engine": ("bench_lantern_engine.py", ["--short"]),   # LANTERN(++)'s verify share in the engine (issue 55)
     "sjd_pac": ("bench_sjd_pac.py", ["--short"]),   # SJD-PAC's draft + verify per round / its release's (issue 55)
     "train_drafter": ("bench_train_drafter.py", ["--short"]),   # feature extraction / AR; 2 ranks / 1 (issue 48)
-    # issue 49: the natural256 zoo (256 tokens, V = 1024; its small draft until its EAGLE head ships)
+    # issue 49: the natural256 zoo (256 tokens, V = 1024) with its shipped EAGLE head
     "natural256_ar": ("bench_natural256.py", ["--short", "--part", "ar"]),   # 1,000 AR images on 2 cores / 5 min
-    "natural256_likelihood": ("bench_likelihood.py", ["--short", "--model", "natural256", "--drafts", "small"]),
-    "natural256_tree_likelihood": ("bench_tree_likelihood.py", ["--short", "--model", "natural256", "--draft", "small",
+    "natural256_likelihood": ("bench_likelihood.py", ["--short", "--model", "natural256", "--drafts", "eagle"]),
+    "natural256_tree_likelihood": ("bench_tree_likelihood.py", ["--short", "--model", "natural256", "--draft", "eagle",
                                                                 "--modes", "static_topk"]),
     "natural256_tune_exact": ("bench_tune_exact.py", ["--short", "--model", "natural256"]),   # scaled to 2,000 / 2 s
     "natural256_predict": ("bench_natural256.py", ["--short", "--part", "predict"]),   # --predict / measured sweep
