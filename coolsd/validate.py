@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -38,9 +38,9 @@ class RunConfig:
 
     @classmethod
     def of(cls, args, resolved: dict | None = None, **parts) -> "RunConfig":
-        """The config of a parsed Namespace ``args`` with the ``resolved`` option values (the Namespace is read, not
-        changed); ``parts``: drafting, method_params, inputs."""
-        opts = dict(vars(args)) | dict(resolved or {})
+        """The config of a parsed Namespace ``args`` (or of a ``RunConfig``: its options) with the ``resolved`` option
+        values (the Namespace is read, not changed); ``parts``: drafting, method_params, inputs."""
+        opts = dict(option_values(args)) | dict(resolved or {})
         opts.pop("func", None)
         parts = {k: MappingProxyType(dict(v)) if isinstance(v, dict) else v for k, v in parts.items()}
         return cls(MappingProxyType(opts), **parts)
@@ -58,6 +58,11 @@ class RunConfig:
         import argparse
 
         return argparse.Namespace(**self.options)
+
+
+def option_values(args):
+    """{dest: value} of a parsed Namespace or of a ``RunConfig`` (its options), read-only use."""
+    return args.options if isinstance(args, RunConfig) else vars(args)
 
 
 def default_dtype(device, dtype) -> str:
@@ -167,7 +172,7 @@ def model_options(args, model: str | None = None):
     options calls this), then their input paths (``input_paths``). Returns the model's spec."""
     from real import specs
 
-    s = specs.check_options(model or args.model, vars(args))
+    s = specs.check_options(model or args.model, option_values(args))
     input_paths(args)
     return s
 

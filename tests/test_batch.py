@@ -252,7 +252,7 @@ def test_greedy_tree_children_are_the_drafts_top_m_tokens():
     seq = torch.tensor([[5, 9, 17], [2, 40, 33]])
     out = torch.zeros(2, 80, dtype=torch.long)
     out[:, :3] = seq
-    run = Run(t, d, proc, Streams(0, np.arange(2), "cpu"), torch.device("cpu"), 64, np.array([3, 3]), out)
+    run = Run(t, d, proc, Streams(0, np.arange(2), "cpu"), 64, np.array([3, 3]), out)
     d.prefill([1, 4], cfg=True)
     run.d_off = d.cache_len
     tokens, q, _ = tree_steps.draft_tree(run, plan)

@@ -47,11 +47,11 @@ def test_device_path_tokens_equal_host_path(pair, mode, B):
 def test_the_device_path_is_decided_in_one_place(monkeypatch):
     monkeypatch.delenv(devpath.ENV, raising=False)
     v = rules.greedy()
-    assert rnd.host_verification("cpu", v) and devpath.host_path("cpu")
+    assert devpath.host_verification("cpu", v) and devpath.host_path("cpu")
     monkeypatch.setenv(devpath.ENV, "1")
-    assert not rnd.host_verification("cpu", v) and not devpath.host_path("cpu")
+    assert not devpath.host_verification("cpu", v) and not devpath.host_path("cpu")
     with devpath.force(False):                       # the API flag wins over the environment
-        assert rnd.host_verification("cpu", v)
+        assert devpath.host_verification("cpu", v)
     monkeypatch.setenv(devpath.ENV, "0")
     with devpath.force(True):
         assert not devpath.host_path("cpu")

@@ -221,7 +221,8 @@ def test_host_verification_gives_the_torch_verdict():
     the device) is kept on torch, one without is verified on the host."""
     from types import SimpleNamespace
 
-    from real.decode.round import holds_tensors, host_verification, on_host
+    from real.decode.round import on_host
+    from real.nn.devpath import holds_tensors, host_verification
     from theory import rules
     from theory.rules.lantern import lantern_neighbors
     from theory.tree import EAGLE_25, Tree, verify_round, verify_tree

@@ -14,7 +14,6 @@ import pkgutil
 import signal
 
 import numpy as np
-import pytest
 
 PACKAGES = ("theory", "sim", "real", "coolsd")
 SECONDS = 5.0
@@ -30,8 +29,6 @@ ALLOWED = {
                                       "models (minutes) before reading its arguments; called by run_demo only",
     "theory.rules.reads_f": "a duck-typed predicate on a resampling rule: an object without the reads_f attribute "
                             "is documented to read f (True), so any object has an answer",
-    "real.decode.modes.as_drafting": "None is documented: plain AR (drafting=None); every other junk value is a "
-                                     "TypeError",
 }
 
 

@@ -776,7 +776,8 @@ API_PROBES = [
      E, "max_sequences"),
     ("engine conds 10**7", lambda: _gen(num_tokens=4, drafting=2, target=_tiny()[0]) if False else
      __import__("real.decode.checks", fromlist=["x"]).generate_args(_tiny()[0], _tiny()[1], list(range(10**7)),
-     num_tokens=4, verifier=rules.vanilla(), drafting=2, seed=0, batch_size=None,
+     num_tokens=4, verifier=rules.vanilla(), mode=__import__("real.decode.chain", fromlist=["x"]).Chain(2), seed=0,
+     batch_size=None,
      processing=__import__("real.decode.sampling", fromlist=["x"]).Processing()), E, "conds"),
     # the model spec at the API (registry.build runs the same generic check as the CLI)
     ("build vq_ckpt mnist", lambda: _build(vq_ckpt="/etc/passwd"), E, "--vq-ckpt"),

@@ -146,7 +146,7 @@ def test_level_by_level_drafting_equals_chain_drafting(kind, llamagen, hf_models
     dm = d if getattr(d, "batched", False) else OneRow(d)
     out = torch.zeros(1, 80, dtype=torch.long)
     out[0, :len(seq)] = seq
-    run = Run(t, dm, proc, Streams(0, np.arange(1), "cpu"), torch.device("cpu"), 64, np.array([len(seq)]), out,
+    run = Run(t, dm, proc, Streams(0, np.arange(1), "cpu"), 64, np.array([len(seq)]), out,
                     feat=feat)
     if feat:
         h = t.prefill(cond, _expand(seq[:-1], B), cfg=True, return_hidden=True).hidden

@@ -15,6 +15,7 @@ import os
 
 from coolsd.io import atomic_file, json_safe
 from coolsd.options import add_drafting_args, add_gsd_table_arg, add_method_args
+from coolsd.validate import RunConfig
 
 from .generate_checks import check_bundle, validate_args
 
@@ -104,7 +105,8 @@ def run(args):
 def generate(args) -> dict:
     """``coolsd generate``: validate every input into a frozen ``coolsd.validate.RunConfig``, build the models, run
     the engine (and the AR baseline), write the records, score and save; returns the JSON-ready result."""
-    cfg = validate_args(args)      # every input, option and output path, before any model is built
+    cfg = validate_args(RunConfig.of(args))   # the Namespace frozen once; every input, option and output path
+    #                                            checked into the run's config before any model is built
     ctx = _build(cfg)
     if cfg.fidelity:
         ctx["rule"] = _fidelity_rule(cfg, ctx)    # what has no exact likelihood is refused before generating

@@ -7,10 +7,11 @@ from coolsd.options import drafting_spec, flag, given, method_params, run_proces
 from coolsd.validate import RunConfig
 
 
-def validate_args(args) -> RunConfig:
+def validate_args(args: RunConfig) -> RunConfig:
     """Check every ``coolsd generate`` input before any work: numbers, option/model compatibility,
-    input files and output paths. Raises ValueError naming the option. Returns the frozen ``RunConfig`` (the
-    Namespace is read, never written): ``--save`` / ``--record`` resolved to the file that will be written,
+    input files and output paths. Raises ValueError naming the option. ``args``: the parsed options, frozen
+    (``RunConfig.of`` of the Namespace, nothing resolved yet). Returns the validated ``RunConfig``:
+    ``--save`` / ``--record`` resolved to the file that will be written,
     ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
     parameters."""
     from theory.core import checks

@@ -18,14 +18,14 @@ __all__ = ["generate_args", "MAX_IMAGES"]
 MAX_IMAGES = 10**6       # conditions per call: above, the per-image records alone outgrow memory
 
 
-def generate_args(target, draft, conds, *, num_tokens, verifier, drafting, seed, batch_size, processing):
-    """Types and ranges of ``engine.generate``'s arguments; returns the drafting mode (``real.decode.modes.as_drafting``).
+def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, batch_size, processing):
+    """Types and ranges of ``engine.generate``'s arguments; returns ``mode``, the drafting mode
+    (``real.decode.engine.as_drafting`` of its ``drafting``).
     num_tokens an integer >= 1 (not 2.7, not "16"), seed an integer in [0, 2^64), batch_size an integer >= 1 or None,
     at most ``MAX_IMAGES`` conditions, a ``Processing``; when drafting: a verifier object, the mode's own checks
     (``Drafting.check``: its draft model, L within the image, tree sizes, cache room...), a draft that is not the target
     object itself and shares its vocabulary."""
     from ..protocol import as_batched, check_pair
-    from .modes import as_drafting
     from .sampling import Processing
 
     T = checks.integer("num_tokens", num_tokens, lo=1)
@@ -41,7 +41,6 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, drafting, seed,
     if n > MAX_IMAGES:
         raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
     _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
-    mode = as_drafting(drafting)
     if mode.max_depth == 0:           # plain AR: a draft model would be unused, which is a mistake
         if draft is not None:
             raise ValueError("a draft model was given but no drafting: pass drafting= (an int L for chains of L "

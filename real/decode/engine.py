@@ -24,18 +24,35 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from real.nn.devpath import force, host_path
+from real.nn.devpath import force, host_path, host_verification
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds
+from theory.tree import Tree
+from .chain import Chain, Plain
 from .phases import phase
 from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
 from .rng import Streams
-from .round import (RoundRecord, Run, Step, check_finite, host_verification, prefill_round, speculative_round,
-                    sync)
+from .round import OnDevice, RoundRecord, Run, Step, prefill_round, speculative_round, sync
 from .sampling import Processing
+from .tree import StaticTree
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "ar_generate", "summarize",
-           "records_to_arrays", "default_batch_size", "MAX_BATCH"]
+           "records_to_arrays", "default_batch_size", "MAX_BATCH", "as_drafting"]
+
+
+def as_drafting(x):
+    """``generate``'s ``drafting`` argument as a mode: None -> ``Plain()``, an int L -> ``Chain(L)``, a
+    ``theory.tree.Tree`` -> ``StaticTree(tree)``, a mode (anything with ``propose``) -> itself; else TypeError."""
+    if x is None:
+        return Plain()
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return Chain(int(x))
+    if isinstance(x, Tree):
+        return StaticTree(x)
+    if all(callable(getattr(x, m, None)) for m in ("propose", "advance", "start", "check")) and hasattr(x, "max_depth"):
+        return x
+    raise TypeError(f"drafting must be None (plain AR), an int L (chain), a theory.tree.Tree (static tree) or a "
+                    f"real.protocol.Drafting mode, got {type(x).__name__}")
 
 
 @dataclass
@@ -105,8 +122,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
 
         from .checks import generate_args
 
-        mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, drafting=drafting, seed=seed,
-                             batch_size=batch_size, processing=processing)   # before any model call (issue 26)
+        mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, mode=as_drafting(drafting),
+                             seed=seed, batch_size=batch_size, processing=processing)   # before any model call (issue 26)
         if not isinstance(features, bool) or (features and mode.max_depth):
             raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
         verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
@@ -124,27 +141,26 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
         with inference_weights(), torch.inference_mode():
             for a in range(0, len(conds), bs):   # a loop over batches
                 B = min(bs, len(conds) - a)
-                run = Run(target, draft, processing, Streams(seed, np.arange(a, a + B), dev), dev, T, np.zeros(B, np.int64),
+                run = Run(target, draft, processing, Streams(seed, np.arange(a, a + B), dev), T, np.zeros(B, np.int64),
                           torch.zeros((B, T + 2 + mode.max_depth), dtype=torch.long, device=dev), conds[a:a + B],
                           feat=features or (draft is not None and draft.needs_features),
                           host=host_verification(dev, verifier),
                           record=record_rows)
                 if not host_path(dev):       # the device path keeps its own copy of n on the device
-                    run.n_dev = torch.zeros(B, dtype=torch.long, device=dev)
+                    run.on_device = OnDevice(torch.zeros(B, dtype=torch.long, device=dev))
                 sync(dev)
                 t0 = time.perf_counter()
                 drafts_first = mode.max_depth > 0 and T > 1 and mode.from_prefill(run)
-                steps = [speculative_round(run, mode, verifier, record_rows) if drafts_first
-                         else prefill_round(run, mode, record_rows)]
+                steps = [speculative_round(run, mode, verifier) if drafts_first else prefill_round(run, mode)]
                 actives = [np.ones(B, bool)]
                 bar.update(int(run.n.sum()))
                 while run.active.any():
                     act, n0 = run.active, run.n.copy()
-                    steps.append(speculative_round(run, mode, verifier, record_rows))
+                    steps.append(speculative_round(run, mode, verifier))
                     actives.append(act)
                     bar.update(int((run.n - n0).sum()))
-                if run.unchecked is not None:    # the device path: prefill rows no round came to check (T = 1)
-                    check_finite(run.unchecked)
+                if run.on_device is not None:    # the device path: prefill rows no round came to check (T = 1)
+                    run.on_device.check_unchecked()
                 sync(dev)
                 info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
                         "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}

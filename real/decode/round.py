@@ -29,15 +29,14 @@ import numpy as np
 import torch
 
 from theory.tree import verify_round
-from real.nn.devpath import host_path
 
 from . import rng as R
 from .phases import event, phase
 from .rng import Streams
 from .sampling import Processing, draw
 
-__all__ = ["RoundRecord", "Run", "Step", "sync", "prefill_round", "ar_round", "speculative_round", "settle", "commit",
-           "check_finite", "store_hidden", "on_host", "host_verification", "holds_tensors", "static_depth"]
+__all__ = ["RoundRecord", "Run", "OnDevice", "Step", "sync", "prefill_round", "ar_round", "speculative_round", "settle", "commit",
+           "check_finite", "store_hidden", "on_host", "static_depth"]
 
 
 def sync(device) -> None:
@@ -70,6 +69,35 @@ class RoundRecord:
 
 
 @dataclass
+class OnDevice:
+    """The device path's side of a batch (CUDA: no host -> device copy of what the host already knows): ``n`` (B,)
+    int64 the committed counts on the device, their per-model-row copy (R,) (made once per round), and ``unchecked``,
+    the prefill's rows whose finiteness is read back with the first round's verdict."""
+    n: torch.Tensor
+    unchecked: torch.Tensor | None = None
+    _rows: tuple | None = None           # (n, its per-row copy): the copy of this round's n
+
+    def row_counts(self, run: "Run") -> torch.Tensor:
+        """(R,) the per-model-row copy of ``n`` (one cat per round)."""
+        if self._rows is None or self._rows[0] is not self.n:
+            self._rows = (self.n, run.rows(self.n))
+        return self._rows[1]
+
+    def finite_flag(self, *rows) -> tuple[torch.Tensor, tuple]:
+        """One device flag, whether the rows (None ignored) and the prefill's waiting ones are all finite (read back
+        with the verdict: no sync of its own), and those rows (for ``check_finite`` to name the fault)."""
+        rows = tuple(r for r in (*rows, self.unchecked) if r is not None)
+        self.unchecked = None
+        return torch.isfinite(sum(r.sum() for r in rows)), rows
+
+    def check_unchecked(self) -> None:
+        """Check the prefill's rows still waiting for a read-back (no speculative round came to check them)."""
+        if self.unchecked is not None:
+            check_finite(self.unchecked)
+            self.unchecked = None
+
+
+@dataclass
 class Run:
     """State of one batch's generation (module docstring for the index conventions); ``state`` is the drafting
     mode's own (``Drafting.start``)."""
@@ -77,7 +105,6 @@ class Run:
     draft: object | None
     proc: Processing
     rng: Streams                         # the batch's per-image random streams (real.decode.rng)
-    dev: torch.device
     T: int
     n: np.ndarray                        # (B,) committed tokens per image
     out: torch.Tensor                    # (B, T + slack) committed tokens (past n[b]: scratch)
@@ -89,9 +116,17 @@ class Run:
     d_off: int = 0                       # draft element of image token 0
     hist: torch.Tensor | None = None     # (R, P + T + slack, D) target hidden states by position (feature drafters)
     state: object = None
-    n_dev: torch.Tensor | None = None    # (B,) int64 n on the device: the device path's own copy (no host -> device)
-    unchecked: torch.Tensor | None = None  # the device path: prefill rows whose finiteness rides on the next read-back
-    n_rows: tuple | None = None          # the device path: (n_dev, its per-model-row copy (R,)), made once per round
+    on_device: OnDevice | None = None    # the device path's own counts (None: the host path, n on the host alone)
+
+    @property
+    def dev(self) -> torch.device:
+        """The device of the committed tokens (the target's)."""
+        return self.out.device
+
+    @property
+    def n_dev(self) -> torch.Tensor | None:
+        """(B,) int64 n on the device (the device path), None on the host path."""
+        return None if self.on_device is None else self.on_device.n
 
     @property
     def B(self) -> int:
@@ -128,11 +163,9 @@ class Run:
     def dev_positions(self, base: int, cap: int, width: int = 1) -> torch.Tensor | None:
         """(R, width) positions base + n_b, clamped to ``cap``, computed on the device from ``n_dev`` (the device path:
         no host -> device copy of host positions); None on the host path."""
-        if self.n_dev is None:
+        if self.on_device is None:
             return None
-        if self.n_rows is None or self.n_rows[0] is not self.n_dev:     # per-row n: once per round (one cat)
-            self.n_rows = (self.n_dev, self.rows(self.n_dev))
-        return (self.n_rows[1] + base).clamp(max=cap)[:, None].expand(-1, width)
+        return (self.on_device.row_counts(self) + base).clamp(max=cap)[:, None].expand(-1, width)
 
     def depth_tensor(self, Db: np.ndarray, D: int, tail: int = 0) -> torch.Tensor:
         """``depths(D, tail)`` (= Db) as a device tensor: computed there from ``n_dev`` on the device path."""
@@ -202,34 +235,11 @@ class Step:
         return rec
 
 
-# ----------------------------------------------------------------------------- host verification
-
-def holds_tensors(obj, depth: int = 4) -> bool:
-    """Whether ``obj`` (a verifier, its rules, their schedules...) keeps a torch tensor among its attributes,
-    containers included, up to ``depth`` levels (e.g. LANTERN's neighbour table placed on the model device)."""
-    if isinstance(obj, torch.Tensor):
-        return True
-    if depth == 0 or isinstance(obj, (str, bytes, int, float, np.ndarray)) or obj is None:
-        return False
-    if isinstance(obj, dict):
-        items = obj.values()
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        items = obj
-    else:
-        items = getattr(obj, "__dict__", {}).values()
-    return any(holds_tensors(x, depth - 1) for x in items)
-
-
-def host_verification(dev, verifier) -> bool:
-    """Whether rounds on ``dev`` can be verified on numpy views of their rows: CPU rows and a verifier whose rules
-    hold no torch tensors (``theory`` is array-API code). On (B, V) rows numpy's per-operation cost is about a third
-    of torch's, and a tree walk is ~70 such operations per candidate."""
-    return host_path(dev) and verifier is not None and not holds_tensors(verifier)
-
+# ----------------------------------------------------------------------------- the verifier's view and checks
 
 def on_host(run: Run, *arrays):
     """The arrays as the round's verifier sees them: numpy views of the same memory with ``run.host`` (no copy),
-    else as they are (``host_verification``)."""
+    else as they are (``real.nn.devpath.host_verification``)."""
     if not run.host:
         return arrays
     return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in arrays)
@@ -271,8 +281,8 @@ def commit(run: Run, cand: torch.Tensor, tau: np.ndarray, tau_dev: torch.Tensor 
     n = run.n_dev if run.n_dev is not None else torch.as_tensor(run.n, device=run.dev)
     run.out.scatter_(1, n[:, None] + torch.arange(cand.shape[1], device=run.dev), cand)   # past tau_b + 1: scratch
     run.n = run.n + np.where(act, tau + 1, 0)
-    if run.n_dev is not None:      # n + tau + 1 <= T for an unfinished image (tau <= D'_b), so the clamp keeps T
-        run.n_dev = (n + 1 if tau_dev is None else n + tau_dev + 1).clamp(max=run.T)
+    if run.on_device is not None:  # n + tau + 1 <= T for an unfinished image (tau <= D'_b), so the clamp keeps T
+        run.on_device.n = (n + 1 if tau_dev is None else n + tau_dev + 1).clamp(max=run.T)
 
 
 def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
@@ -331,7 +341,7 @@ def _start_draft(run: Run, conds: list, hidden) -> None:
         run.d_off = int(run.draft.cache_lens[0])
 
 
-def prefill_round(run: Run, mode, record: bool) -> Step:
+def prefill_round(run: Run, mode) -> Step:
     """Round 0: the target's prefill alone gives token 0; the draft model (if any) is started on the same conditions;
     then the mode's state (``Drafting.start``)."""
     event("round")
@@ -346,20 +356,20 @@ def prefill_round(run: Run, mode, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
-        if run.n_dev is None:
+        if run.on_device is None:
             check_finite(p)
         else:                      # the device path: checked with the first round's verdict (no read-back here)
-            run.unchecked = p
+            run.on_device.unchecked = p
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     run.state = mode.start(run)
     sync(run.dev)
     zeros = np.zeros(run.B, np.int64)
     return Step(zeros, zeros, 0.0, t1 - t0, time.perf_counter() - t1, int(run.draft is not None and not run.feat),
-                p=p if record else None)
+                p=p if run.record else None)
 
 
-def ar_round(run: Run, record: bool) -> Step:
+def ar_round(run: Run) -> Step:
     """One target forward over every image's last token, one token sampled per image (finished images ride along and
     are rolled back)."""
     event("round")
@@ -375,9 +385,8 @@ def ar_round(run: Run, record: bool) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
-        if run.unchecked is not None:          # the prefill's rows (no speculative round came to check them)
-            check_finite(run.unchecked)
-            run.unchecked = None
+        if run.on_device is not None:          # the prefill's rows (no speculative round came to check them)
+            run.on_device.check_unchecked()
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
@@ -385,8 +394,8 @@ def ar_round(run: Run, record: bool) -> Step:
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     sync(run.dev)
     zeros = np.zeros(run.B, np.int64)
-    return Step(zeros, zeros, 0.0, t1 - t0, time.perf_counter() - t1, p=p if record else None,
-                drafts=last if record else None)
+    return Step(zeros, zeros, 0.0, t1 - t0, time.perf_counter() - t1, p=p if run.record else None,
+                drafts=last if run.record else None)
 
 
 def _target_block(run: Run, prop):
@@ -420,12 +429,12 @@ def _host(x):
     return x.cpu().numpy() if isinstance(x, torch.Tensor) else x
 
 
-def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
+def speculative_round(run: Run, mode, verifier) -> Step:
     """One round of ``mode`` for the batch (module docstring): propose, one target forward, verify, commit, advance."""
     Db = run.depths(mode.max_depth, getattr(mode, "plain_tail", 0))
     Dr = int(Db.max())
     if Dr == 0:
-        return ar_round(run, record)
+        return ar_round(run)
     event("round")
     run.rng.begin_round(run.n)           # the device path: the round's uniforms hashed in one pass (real.decode.rng)
     n0, act = run.n.copy(), run.active
@@ -440,11 +449,12 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     sync(run.dev)
     t2 = time.perf_counter()
     N = prop.tokens.shape[1] - 1
-    dev = run.n_dev is not None          # the device path: the finiteness flag read back with the verdict
+    dev = run.on_device                  # the device path: the finiteness flag read back with the verdict
     with phase("verify"):
-        checked = (p, prop.q, run.unchecked)   # (the prefill's rows, on the device path, with the first round's)
-        finite = torch.isfinite(sum(r.sum() for r in checked if r is not None)) if dev else check_finite(p, prop.q)
-        run.unchecked = None
+        if dev is None:
+            check_finite(p, prop.q)
+        else:                            # (the prefill's rows, on the device path, with the first round's)
+            finite, checked = dev.finite_flag(p, prop.q)
         u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
         u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
         Dt = run.depth_tensor(Db, mode.max_depth, getattr(mode, "plain_tail", 0))
@@ -454,14 +464,14 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
         else:                     # a mode's own verdict (real.protocol.Proposal.verify)
             v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
     reads = {}                           # the device path: device values read back with the verdict, by name
-    if dev:
+    if dev is not None:
         reads["finite"] = finite.long().expand(run.B)
         if isinstance(prop.depth, torch.Tensor):
             reads["drafted"] = drafted_nodes(prop.depth, Dt)
         if isinstance(prop.parent, torch.Tensor):            # a dynamic tree's parents
             reads["parent"] = prop.parent.long()
     tau, path, got = settle(run, prop, o.hidden, v, Dr, reads)
-    if dev and not got["finite"].all():
+    if dev is not None and not got["finite"].all():
         check_finite(*checked)           # raises (the entries looked at, as on the host path)
     parent = got["parent"] if "parent" in got else _host(prop.parent)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
@@ -471,6 +481,6 @@ def speculative_round(run: Run, mode, verifier, record: bool) -> Step:
     t4 = time.perf_counter()
     drafted = np.where(act, got["drafted"] if "drafted" in got else drafted_nodes(_host(prop.depth), Db), 0)
     kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
-    rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if record else {}
+    rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if run.record else {}
     return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,
                 depth=Db, nodes=path, parent=parent, **rows)

@@ -39,11 +39,14 @@ import numpy as np
 import torch
 
 from theory.likelihood import check_chain_rule, log_likelihood, log_target
+from theory.tree import Tree
 
 from real.protocol import as_conds, check_pair
 from .forced_rows import Rows, _check_tokens, teacher_forced_rows
 from .jacobi import JACOBI_REASON
 from .sampling import Processing
+from .score_tree import score_trees, tree_mode
+from .tree import StaticTree
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
 
@@ -65,9 +68,9 @@ def score(target, draft, conds, tokens, *, verifier=None, drafting=None, process
         drafting, L = None, int(drafting.max_depth)
     elif isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
         drafting, L = None, int(drafting)
+    elif isinstance(drafting, Tree):     # as engine.generate reads it
+        drafting = StaticTree(drafting)
     if drafting is not None:
-        from .score_tree import score_trees, tree_mode
-
         if tree_mode(drafting) is None:
             raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
                              f"theory.tree.Tree), got {type(drafting).__name__}")

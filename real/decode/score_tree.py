@@ -42,10 +42,8 @@ from theory.tree import RowTrees, Tree, row_trees, select_nodes
 
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds, check_pair
-from .dynamic_tree import DynamicTree
 from .sampling import Processing
 from .drafting import top_m
-from .tree import StaticTree
 
 __all__ = ["TreeRows", "tree_mode", "check", "tree_rows", "tree_likelihood", "score_trees", "LOSSLESS_REASON",
            "MASK_BUDGET"]
@@ -77,10 +75,9 @@ class TreeRows:
 
 
 def tree_mode(drafting):
-    """A ``StaticTree`` / ``DynamicTree`` from ``drafting`` (a ``theory.tree.Tree`` is ``StaticTree(tree)``, as
-    ``engine.generate`` reads it), or None when it is not a tree mode."""
-    if isinstance(drafting, Tree):
-        return StaticTree(drafting)
+    """``drafting`` when it is a tree mode (a ``StaticTree`` / ``DynamicTree``: ``scored_as`` says), else None (a bare
+    ``theory.tree.Tree`` included: ``real.decode.score.score`` reads it as ``StaticTree(tree)``, as ``engine.generate``
+    does)."""
     return drafting if _static(drafting) or _grown(drafting) else None
 
 
@@ -129,7 +126,7 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
 
     mode = tree_mode(drafting)
     if mode is None:
-        raise ValueError(f"drafting must be a tree mode (StaticTree, DynamicTree or a theory.tree.Tree), got "
+        raise ValueError(f"drafting must be a tree mode (StaticTree, DynamicTree; a theory.tree.Tree as StaticTree(tree)), got "
                          f"{type(drafting).__name__}")
     if draft is None:
         raise ValueError("tree rows need the draft model the trees were drafted with")
@@ -190,8 +187,8 @@ def _room(model, need: int):
         m.extra_slots = old
 
 
-def _dynamic(target, draft, conds, tok, spec: DynamicTree, proc: Processing, dev, budget: int):
-    """p (B, T, V) and the regrown trees of every round start: children (B, T, N+1, k), node depths, node tokens and
+def _dynamic(target, draft, conds, tok, spec, proc: Processing, dev, budget: int):
+    """p (B, T, V) and the regrown trees of ``spec`` (a release ``DynamicTree``) at every round start: children (B, T, N+1, k), node depths, node tokens and
     parents (B, T, N+1) int64 (module docstring). Round starts n = 1 .. T-2 draft (D'(n) >= 1); n = 0 (the prefill)
     and n = T-1 get a placeholder star (never read)."""
     from .forced_rows import _rows
@@ -238,15 +235,15 @@ def _dynamic(target, draft, conds, tok, spec: DynamicTree, proc: Processing, dev
     return p, (children, depth, node_tokens, parent)
 
 
-def _depth_caps(spec: DynamicTree, ns: np.ndarray, T: int) -> np.ndarray:
-    """D'(n) = min(depth + 1, T - n - 1) (S,): the depth an image's round at start n walks, and the deepest level it
+def _depth_caps(spec, ns: np.ndarray, T: int) -> np.ndarray:
+    """D'(n) = min(depth + 1, T - n - 1) (S,) for ``spec`` (a ``DynamicTree``): the depth an image's round at start n walks, and the deepest level it
     selects its tree among (``grow_tree``'s ``caps``)."""
     return np.minimum(spec.max_depth, T - ns - 1)
 
 
-def _grow(draft, spec: DynamicTree, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_off: int, M: int, T: int,
+def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_off: int, M: int, T: int,
           feat: bool, dev):
-    """The release-mode trees of round starts ``ns`` (S,) of every image, as ``grow_tree`` grows one image's:
+    """The release-mode trees (``spec``, a ``DynamicTree``) of round starts ``ns`` (S,) of every image, as ``grow_tree`` grows one image's:
     logits0 (R, S, V) the drafter's rows after each start's committed entries (hid0 (R, S, H) its features, EAGLE),
     ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
     image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
@@ -359,7 +356,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
 def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing: Processing = Processing(),
                 batch_size: int = 64) -> dict:
     """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under tree
-    speculative decoding (``drafting``: a ``StaticTree``, release ``DynamicTree`` or ``theory.tree.Tree``) with
+    speculative decoding (``drafting``: a ``StaticTree`` or a release ``DynamicTree``) with
     ``draft`` and ``verifier``: {"log_p": (n,), "log_p_hat": (n,)} float64. What has no exact likelihood is refused
     before any model call (``check``)."""
     from theory.likelihood import log_target

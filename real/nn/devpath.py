@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+import numpy as np
 import torch
 
-__all__ = ["ENV", "forced", "host_path", "force", "to_device"]
+__all__ = ["ENV", "forced", "host_path", "force", "to_device", "host_verification", "holds_tensors"]
 
 ENV = "COOLSD_DEVICE_PATH"
 _FORCED: list[bool] = []        # generate(device_path=...) overrides, innermost last
@@ -84,3 +85,26 @@ def to_device(x, device, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dev.type == "cuda":
         return t.pin_memory().to(dev, non_blocking=True)
     return t.to(dev, non_blocking=True, copy=True)      # the forced device path on the CPU: a copy, as on CUDA
+
+
+def holds_tensors(obj, depth: int = 4) -> bool:
+    """Whether ``obj`` (a verifier, its rules, their schedules...) keeps a torch tensor among its attributes,
+    containers included, up to ``depth`` levels (e.g. LANTERN's neighbour table placed on the model device)."""
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(obj, (str, bytes, int, float, np.ndarray)) or obj is None:
+        return False
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = obj
+    else:
+        items = getattr(obj, "__dict__", {}).values()
+    return any(holds_tensors(x, depth - 1) for x in items)
+
+
+def host_verification(dev, verifier) -> bool:
+    """Whether rounds on ``dev`` can be verified on numpy views of their rows: CPU rows and a verifier whose rules
+    hold no torch tensors (``theory`` is array-API code). On (B, V) rows numpy's per-operation cost is about a third
+    of torch's, and a tree walk is ~70 such operations per candidate."""
+    return host_path(dev) and verifier is not None and not holds_tensors(verifier)

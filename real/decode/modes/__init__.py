@@ -19,10 +19,8 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Callable
 
-import numpy as np
 
 from theory.core.checks import brief
-from theory.tree import Tree
 
 from ..chain import DEFAULT_L, Chain, Plain
 from ..dynamic_tree import DynamicTree
@@ -36,7 +34,7 @@ from .jacobi import JACOBI
 from .sjd_pac import SJD_PAC, SJD_PAC_P
 from .static_tree import STATIC_TREE
 
-__all__ = ["Plain", "Chain", "StaticTree", "DynamicTree", "Jacobi", "SJDPAC", "DEFAULT_L", "as_drafting", "register",
+__all__ = ["Plain", "Chain", "StaticTree", "DynamicTree", "Jacobi", "SJDPAC", "DEFAULT_L", "register",
            "get", "lookup", "REGISTRY", "DRAFTER_FREE", "ModeDef", "Option", "NoLikelihood", "DEFAULT_MODE"]
 
 REGISTRY: dict[str, ModeDef] = {}
@@ -109,21 +107,6 @@ class _DrafterFree(MutableMapping):
 
 
 DRAFTER_FREE = _DrafterFree()
-
-
-def as_drafting(x):
-    """``generate``'s ``drafting`` argument as a mode: None -> ``Plain()``, an int L -> ``Chain(L)``, a
-    ``theory.tree.Tree`` -> ``StaticTree(tree)``, a mode (anything with ``propose``) -> itself; else TypeError."""
-    if x is None:
-        return Plain()
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-        return Chain(int(x))
-    if isinstance(x, Tree):
-        return StaticTree(x)
-    if all(callable(getattr(x, m, None)) for m in ("propose", "advance", "start", "check")) and hasattr(x, "max_depth"):
-        return x
-    raise TypeError(f"drafting must be None (plain AR), an int L (chain), a theory.tree.Tree (static tree) or a "
-                    f"real.protocol.Drafting mode, got {type(x).__name__}")
 
 
 for _d in (PLAIN, CHAIN, STATIC_TREE, DYNAMIC, JACOBI, SJD_PAC, SJD_PAC_P):
