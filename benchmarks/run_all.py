@@ -50,6 +50,7 @@ BENCHMARKS = {
     "ops": ("bench_ops.py", ["--short"]),       # exact counts (issue 42): each carries its own tolerance, 0
     "relaxed_verify": ("bench_relaxed_verify.py", ["--short"]),   # LANTERN(++) / vanilla verify time, V = 16,384 (issue 55)
     "lantern_engine": ("bench_lantern_engine.py", ["--short"]),   # LANTERN(++)'s verify share in the engine (issue 55)
+    "relaxed_mnist": ("bench_relaxed_mnist.py", ["--short"]),   # GSD / LANTERN++ verify share, MNIST batch 50 (issue 55)
     "sjd_pac": ("bench_sjd_pac.py", ["--short"]),   # SJD-PAC's draft + verify per round / its release's (issue 55)
     "train_drafter": ("bench_train_drafter.py", ["--short"]),   # feature extraction / AR; 2 ranks / 1 (issue 48)
     # issue 49: the natural256 zoo (256 tokens, V = 1024) with its shipped EAGLE head

@@ -29,13 +29,16 @@ def rows(rng, shape, V, conc, zeros=0.0):
     return r / r.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("regime", ["levels", "dense", "sliced"])
+@pytest.mark.parametrize("regime", ["levels", "dense", "sliced", "widened"])
 def test_prefix_mass_equals_the_dense_cumulative_sum(regime, monkeypatch):
     """Bit for bit on numpy (the same sequential sums), for both thresholds, rows with zeros, and each of the
     strategies forced: one column per block (a level loop), one block of all k columns, the gathers sliced into
-    pieces of a few entries."""
+    pieces of a few entries, blocks widened to the active set's size (SMALL_BLOCK) after the first compactions."""
     if regime == "levels":
         monkeypatch.setattr(lantern_mod, "FIRST_BLOCK", 1)
+        monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", 0)
+    elif regime == "widened":
+        monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", 40)
     elif regime == "dense":
         monkeypatch.setattr(lantern_mod, "FIRST_BLOCK", 1 << 20)
     else:
@@ -52,6 +55,47 @@ def test_prefix_mass_equals_the_dense_cumulative_sum(regime, monkeypatch):
             assert np.array_equal(got, want), (regime, conc, np.max(np.abs(got - want)))
     # a wrong mass (the first neighbour always admitted) must be told apart
     assert not np.array_equal(lantern_mod.prefix_mass(p, nb, 1.5 * p, k), p[..., nb[:, 0]])
+
+
+def _tiny_masses(V=40):
+    """float32 rows where summing in float32 with a rounding at every block's end loses a mass: code 0's nearest
+    neighbour holds 0.5, the next ones 2^-26 each (a quarter of float32's spacing at 0.5)."""
+    nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(V, 3)))
+    p = np.zeros(V, np.float32)
+    p[nb[0, 0]], p[nb[0, 1:12]], p[0] = 0.5, 2.0 ** -26, 0.25
+    return nb, np.broadcast_to(p, (3, V)).copy()
+
+
+@pytest.mark.parametrize("small_block", [0, 64, None])
+def test_torch_masses_do_not_depend_on_the_block_layout(small_block, monkeypatch):
+    """On torch float32 rows the drafted tokens' p~ (a few entries: one block of every column when SMALL_BLOCK allows)
+    equals the dense row's (every code: doubling blocks, compactions) bit for bit: the sums are carried in float64
+    from block to block. Random rows and the constructed rounding case alike."""
+    torch = pytest.importorskip("torch")
+    if small_block is not None:
+        monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", small_block)
+    rng = np.random.default_rng(11)
+    nb, tiny = _tiny_masses()
+    cases = [(tiny, np.zeros(3, np.int64), 4)]
+    for _ in range(4):
+        cases.append((rows(rng, (3,), 40, 0.3, 0.2).astype(np.float32), rng.integers(0, 40, 3), int(rng.integers(1, 39))))
+    for p, x, k in cases:
+        for acc in (rules.Lantern(torch.as_tensor(nb), k, delta=0.6), rules.Lantern(torch.as_tensor(nb), k, lam=3.0)):
+            P, X = torch.as_tensor(p), torch.as_tensor(x)
+            assert torch.equal(acc.aggregated_at(P, X), acc.aggregated(P)[torch.arange(3), X]), (small_block, k)
+
+
+def test_control_float32_sums_rounded_per_block_are_caught(monkeypatch):
+    """The control: summed in float32 and rounded at each block's end (torch's cumulative sum accumulates in float64
+    within a block only), the one-block masses at the drafted tokens and the dense row's doubling blocks differ on
+    the constructed case (0.5 + 2^-24 against 0.5), and the comparison above must see it."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", 64)
+    monkeypatch.setattr(lantern_mod, "_sum_dtype", lambda pf, xp: (pf.dtype, True))
+    nb, p = _tiny_masses()
+    acc = rules.Lantern(torch.as_tensor(nb), 4, delta=1.0)
+    P, X = torch.as_tensor(p), torch.zeros(3, dtype=torch.int64)
+    assert not torch.equal(acc.aggregated_at(P, X), acc.aggregated(P)[torch.arange(3), X])
 
 
 def test_prefix_mass_and_neighbor_sum_on_torch_and_jax():

@@ -75,3 +75,21 @@ def test_bad_codebooks_and_widths_are_refused():
         NeighborTable(_codebook(), "cosine")
     with pytest.raises(ValueError, match="columns"):
         NeighborTable(_codebook(), "raw").table(64)
+
+
+def test_tables_are_numpy_where_rounds_are_verified_on_the_host():
+    """On a CPU (the host path) LANTERN's neighbour table and GSD's closeness table reach the verifier as numpy, so
+    its rounds are verified on numpy views (real.decode.round.host_verification); with the device path forced (the
+    control) they stay torch tensors and the rounds take the device walks."""
+    from real.decode.round import host_verification
+    from real.nn import devpath
+
+    nb = torch.as_tensor(rules.lantern_neighbors(_codebook().numpy(), 8))
+    emb = _codebook(d=4, seed=1).to(torch.bfloat16)
+    for forced in (False, True):
+        with devpath.force(forced):
+            lp = make_verifier("lantern++", 4, {"k": 4}, nb, device="cpu")
+            gsd = make_verifier("gsd", 4, device="cpu", embeddings=emb)
+            for v, table in ((lp, lp.accept.neighbors), (gsd, gsd.accept.close)):
+                assert isinstance(table, torch.Tensor) is forced, (forced, v.name)
+                assert host_verification("cpu", v) is not forced, (forced, v.name)

@@ -13,6 +13,7 @@ import torch
 from theory.rules import methods as registry
 from theory.rules.methods import default_lantern_k
 
+from ..nn.devpath import host_path
 from .sampling import Processing
 
 __all__ = ["METHODS", "make_verifier", "method_processing", "default_lantern_k", "neighbors_on", "gsd_vectors",
@@ -24,10 +25,14 @@ METHODS = registry.names()
 
 
 def neighbors_on(neighbors, device=None):
-    """The neighbour table (V, K) as numpy (device None) or as a torch tensor kept on ``device`` (no
+    """The neighbour table (V, K) as numpy (device None, or a device whose rounds are verified on the host: a CPU
+    unless the device path is forced, ``real.nn.devpath.host_path``; a verifier holding no torch tensor verifies on
+    numpy views there, ``real.decode.round.host_verification``) or as a torch tensor kept on ``device`` (no
     host-to-device copy per round)."""
     if neighbors is None:
         return None
+    if device is not None and host_path(device):
+        return neighbors.cpu().numpy() if isinstance(neighbors, torch.Tensor) else np.asarray(neighbors)
     if isinstance(neighbors, torch.Tensor):
         return neighbors if device is None else neighbors.to(device)
     nb = np.asarray(neighbors)
@@ -53,7 +58,11 @@ def make_verifier(method: str, L: int, params: dict | None = None, neighbors=Non
             emb = emb if emb.dtype == torch.bfloat16 else emb.cpu().double().numpy()   # float64 numpy
         else:
             emb = embeddings
-    return registry.build(method, L, nb, {**(params or {}), **kw}, embeddings=emb)
+    v = registry.build(method, L, nb, {**(params or {}), **kw}, embeddings=emb)
+    close = getattr(v.accept, "close", None)
+    if isinstance(close, torch.Tensor) and device is not None and host_path(device):   # GSD's table, built from the
+        v = replace(v, accept=replace(v.accept, close=close.cpu().numpy()))           # bf16 rows: numpy, as LANTERN's
+    return v
 
 
 def needed_width(method: str, params: dict, V: int, K: int) -> int:

@@ -41,24 +41,40 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
 
 
-# A code's neighbour masses are summed over blocks of columns with fixed bounds [0, 2), [2, 6), [6, 14), ... (each
-# twice the last): a block by one cumulative sum down its columns, or on a large numpy set column by column (the same
-# bits: numpy's cumulative sum is sequential; torch's accumulates float32 in float64, so its blocks must be fixed). An
-# entry's value does not depend on which other entries are computed with it: the mass at the drafted tokens equals the
-# dense row's bit for bit on every backend. After a block the entries whose prefix stopped leave the active set when
-# it has shrunk by COMPACT, and the loop ends when none is left (one read-back per block).
+# A code's neighbour masses are summed over blocks of columns [0, w_0), [w_0, w_0 + w_1), ... (each at least twice the
+# last, FIRST_BLOCK first): a block by one cumulative sum down its columns, or on a large numpy set column by column. The
+# sums are sequential per entry and carried unrounded from block to block (numpy: in the rows' dtype, its cumulative sum
+# is sequential; torch: in float64, as its CPU cumulative sum accumulates float32 anyway, and its outer-axis scan is
+# sequential per entry on CUDA too), so any block layout gives the same bits: a block may then span every column left
+# when it holds at most SMALL_BLOCK (entries x columns); the drafted tokens' masses come out of one gather and one
+# cumulative sum, with no read-back. JAX and MPS (no float64) keep the doubling layout. An entry's value does not depend
+# on which other entries are computed with it: the mass at the drafted tokens equals the dense row's bit for bit. After
+# a block the entries whose prefix stopped leave the active set when it has shrunk by COMPACT, and the loop ends when
+# none is left (one read-back per block but the last).
 FIRST_BLOCK = 2
+SMALL_BLOCK = 1 << 16     # (numpy's column-by-column threshold below: a widened block stays one cumulative sum)
 COMPACT = 0.8
 COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
 GATHER_LIMIT = 1 << 22
 
 
-def _blocks(k: int):
-    """The column blocks (start, stop) covering the first k neighbour ranks."""
+def _sum_dtype(pf, xp):
+    """The dtype masses are summed in, and whether block widths may follow the active set (module note above)."""
+    if array_api_compat.is_numpy_array(pf):
+        return pf.dtype, True
+    if array_api_compat.is_torch_array(pf) and pf.device.type != "mps":
+        return xp.float64, True
+    return pf.dtype, False
+
+
+def _blocks(k: int, widths=None):
+    """The column blocks (start, stop) covering the first k neighbour ranks; ``widths(a, w)`` (optional) may widen
+    the block starting at column a beyond its doubling width w."""
     a, w = 0, FIRST_BLOCK
     while a < k:
-        yield a, min(a + w, k)
-        a, w = a + w, 2 * w
+        b = min(a + (w if widths is None else max(w, widths(a, w))), k)
+        yield a, b
+        a, w = b, 2 * w
 
 
 def _expand(vals: Array, mask: Array, fill: Array, xp) -> Array:
@@ -126,10 +142,12 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     nbf = xp.reshape(nb, (-1,))
     y = e % V
     base, yK, ta = e - y, y * K, thr
-    c = xp.zeros(e.shape, dtype=pf.dtype, device=array_api_compat.device(pf))   # every entry passes 0 <= thr
+    acc, adaptive = _sum_dtype(pf, xp)
+    c = xp.zeros(e.shape, dtype=acc, device=array_api_compat.device(pf))      # every entry passes 0 <= thr
     alive = None                                                                # None: every active entry alive
     levels = []
-    for a, b in _blocks(k):   # a loop over column blocks (about log2(k)), the active set shrinking
+    widths = (lambda a, w: SMALL_BLOCK // max(c.shape[0], 1)) if adaptive else None
+    for a, b in _blocks(k, widths):   # a loop over column blocks (about log2(k), one for few entries)
         if (c.shape[0] * (b - a) > COLUMNS_ABOVE) and array_api_compat.is_numpy_array(pf):
             for j in range(a, b):   # a loop over the block's neighbour ranks, each vectorised over the active entries
                 cn = c + _column(pf, base, yK, nbf, j, None if levels else dense, xp)   # (no compaction yet: all)
@@ -142,15 +160,15 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
             cols = xp.arange(a, b, device=array_api_compat.device(nbf))
             nbs = xp.reshape(xp.take(nbf, xp.reshape(cols[:, None] + yK[None, :], (-1,))), (b - a, -1))   # (w, m)
             g = xp.reshape(xp.take(pf, xp.reshape(nbs + base[None, :], (-1,))), (b - a, -1))
-            cs = xp.cumulative_sum(xp.concat([c[None, :], g], axis=0), axis=0)[1:]            # (b - a, m)
-            ok = cs <= (ta if scalar else ta[None, :])
+            cs = xp.cumulative_sum(xp.concat([c[None, :], xp.astype(g, acc)], axis=0), axis=0)[1:]   # (b - a, m)
+            ok = cs <= (ta if scalar else ta[None, :])   # sums of masses >= 0 never decrease: ok is a prefix
             ok = ok if alive is None else ok & alive[None, :]
-            run = xp.cumulative_prod(xp.astype(ok, xp.int8), axis=0) > 0 if hasattr(xp, "cumulative_prod") else \
-                xp.cumulative_sum(xp.astype(~ok, xp.int32), axis=0) == 0            # passed every column so far
-            last = xp.sum(xp.astype(run, xp.int64), axis=0)                          # columns passed (a prefix)
+            last = xp.sum(xp.astype(ok, xp.int64), axis=0)                           # columns passed (a prefix)
             got = xp.take_along_axis(cs, xp.maximum(last - 1, xp.zeros_like(last))[None, :], axis=0)[0]
             c = xp.where(last > 0, got, c)
             alive = last == (b - a)
+        if b >= k:                                  # the last block: no read-back
+            break
         n = c.shape[0]
         left = int(xp.sum(xp.astype(alive, xp.int64)))
         if left == 0:
@@ -164,7 +182,7 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
             alive = None
     for on, here in reversed(levels):   # back up the blocks: the entries that went on take their later mass
         c = _expand(c, on, here, xp)
-    return c
+    return xp.astype(c, pf.dtype, copy=False)
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
@@ -253,9 +271,11 @@ class Lantern:
         """``admits`` at tokens x (...,) of rows p (..., V): (...,) bool, from x's nearest neighbour alone."""
         xp = namespace(p)
         self._check_rows(p)
-        first = _table(self.neighbors, 1, array_api_compat.device(p), xp)[:, 0]
+        nb = _table(self.neighbors, 1, array_api_compat.device(p), xp)
         x = xp.astype(x, xp.int64)
-        return gather(p, xp.reshape(xp.take(first, xp.reshape(x, (-1,))), x.shape), xp) <= self._threshold(gather(p, x, xp))
+        # the tokens' rows of the table, then their first column (a column view of the table would be copied whole)
+        first = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, 0], x.shape)
+        return gather(p, first, xp) <= self._threshold(gather(p, x, xp))
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
@@ -321,23 +341,22 @@ class LanternResample:
         return mark(rows, V, xp)
 
     def _given(self, p, q, x, xp):
-        """G(.|x) (..., V) for rejected tokens x (...,)."""
+        """G(.|x) (..., V) for rejected tokens x (...,): O(V + k) per row (one scatter of x's neighbours, ``mark``);
+        the uniform fallback broadcast from (..., 1), not built as a row."""
         V = p.shape[-1]
         dev = array_api_compat.device(p)
-        zero = xp.zeros_like(p)
-        uniform = xp.ones_like(p) / V
-        ex = mark(x[..., None], V, xp)
+        zero = xp.zeros((), dtype=p.dtype, device=dev)
+        uniform = xp.ones((*p.shape[:-1], 1), dtype=p.dtype, device=dev) / V
         nbm = self._nb_mask(x, V, xp, dev)
         if self.law == "released":
-            adm = self.accept.admits_at(p, x)
-            nbm = nbm & adm[..., None]
+            nbm = nbm & self.accept.admits_at(p, x)[..., None]
             if self.variant == "p":
-                return normalize(xp.where(ex | nbm, zero, p), uniform, xp)
+                return normalize(xp.where(nbm | mark(x[..., None], V, xp), zero, p), uniform, xp)
             return normalize(positive_part(p - xp.where(nbm, zero, q), xp), uniform, xp)
-        S = ex | nbm
+        S = nbm | mark(x[..., None], V, xp)
         if self.variant == "p":
             return normalize(xp.where(S, zero, p), uniform, xp)
-        qn = normalize(xp.where(S, zero, q), zero, xp)
+        qn = normalize(xp.where(S, zero, q), xp.zeros_like(q), xp)
         return normalize(positive_part(p - qn, xp), p, xp)
 
     def __call__(self, p, q, f, rejected=None):
