@@ -35,7 +35,7 @@ from .round import (RoundRecord, Run, Step, check_finite, host_verification, pre
 from .sampling import Processing
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "ar_generate", "summarize",
-           "records_to_arrays", "default_batch_size", "MAX_BATCH"]
+           "records_to_arrays", "drop_rows", "default_batch_size", "MAX_BATCH"]
 
 
 @dataclass
@@ -60,7 +60,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
              generator: torch.Generator | None = None, record_rows: bool = False,
              progress: bool | None = False, device_path: bool | None = None, compile: str | None = None,
              compile_backend: str = "inductor", compile_static: bool | None = None,
-             features: bool = False) -> list[Generation]:
+             features: bool = False, on_batch=None) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -92,7 +92,11 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     ``features`` (plain AR only): keep the target's last hidden states along each image, the ones its forwards compute
     anyway: ``Generation.features`` (rows, P + T - 1, D) float32 on the CPU at the positions [prefix; x_0 .. x_{T-2}]
     (rows: the image's row, or with CFG its [cond; null] pair): what an EAGLE drafter trains on
-    (``real.drafter.features``), at no extra target forward."""
+    (``real.drafter.features``), at no extra target forward.
+
+    ``on_batch(first, gens)``: called after each batch with the index of its first image and its ``Generation`` s,
+    before the next batch starts; a recording caller streams the batch's rows to disk there and drops them
+    (``drop_rows``), so the rows of one batch at most are held (``coolsd.npzstream``)."""
     from real.nn.blocks import compiled
     from real.nn.devpath import forced
 
@@ -148,7 +152,11 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                 sync(dev)
                 info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
                         "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}
-                gens += _generations(run, steps, actives, info, record_rows, mode.trees)
+                batch = _generations(run, steps, actives, info, record_rows, mode.trees)
+                del run, steps                   # the batch's rows live in its records alone from here
+                if on_batch is not None:
+                    on_batch(a, batch)
+                gens += batch
         bar.close()
         return gens
 
@@ -180,6 +188,14 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
             f = None if feats is None else feats[b].clone()
         out.append(Generation(tok, recs[b], secs, len(recs[b]), fwd, dict(info), f))
     return out
+
+
+def drop_rows(gens: list[Generation]) -> None:
+    """Release the recorded rows (p, q, drafts) of ``gens``' rounds, once written (``generate(on_batch=...)``); the
+    rounds keep their counts, times and tree structure."""
+    for g in gens:
+        for r in g.rounds:
+            r.p = r.q = r.drafts = None
 
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, drafting=None,
@@ -232,7 +248,7 @@ def summarize(gens: list[Generation]) -> dict:
 
 def records_to_arrays(records: list[RoundRecord], L: int):
     """Stack recorded rounds for ``theory.likelihood.recorded.predict_rounds``: p (R, L+1, V), q (R, L, V),
-    drafts (R, L), n_drafted (R,). Rounds with L' < L are padded with uniform rows (f = 1, D = 0 there,
+    drafts (R, L), n_drafted (R,) (rows in their recorded dtype). Rounds with L' < L are padded with uniform rows (f = 1, D = 0 there,
     and ``n_drafted`` masks them anyway) and token 0; L' = 0 rounds are dropped (nothing to predict)."""
     if any(r.depth is not None for r in records):
         raise ValueError("records_to_arrays stacks chain rounds; these are static-tree rounds (tree_generate)")
@@ -241,10 +257,10 @@ def records_to_arrays(records: list[RoundRecord], L: int):
         raise ValueError("no drafted rounds recorded")
     if any(r.p is None for r in recs):
         raise ValueError("rounds were recorded without rows: run with record_rows=True")
-    V = recs[0].p.shape[-1]
+    V, dt = recs[0].p.shape[-1], np.result_type(recs[0].p, np.float32)     # the rows' own dtype (float32 at least)
     R = len(recs)
-    p = np.full((R, L + 1, V), 1.0 / V, dtype=np.float32)
-    q = np.full((R, L, V), 1.0 / V, dtype=np.float32)
+    p = np.full((R, L + 1, V), 1.0 / V, dtype=dt)
+    q = np.full((R, L, V), 1.0 / V, dtype=dt)
     d = np.zeros((R, L), dtype=np.int64)
     nd = np.array([r.drafted for r in recs], dtype=np.int64)
     for j, r in enumerate(recs):  # copying R recorded rounds into padded arrays, not a hot path
