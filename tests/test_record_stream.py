@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from coolsd.cli import main
 from coolsd.npzstream import NpzStream
 
 
