@@ -28,7 +28,7 @@ from real.nn.devpath import force, host_path
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds
 from .phases import phase
-from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
+from .memory import MAX_BATCH, check_batch, default_batch_size, device_of, record_bytes
 from .rng import Streams
 from .round import (RoundRecord, Run, Step, check_finite, host_verification, prefill_round, speculative_round,
                     sync)
@@ -115,7 +115,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
             raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
         verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
         conds, T = as_conds(conds), int(num_tokens)
-        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing)
+        rec = record_bytes(mode, T, int(target.vocab_size)) if record_rows and mode.max_depth else 0
+        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing, rec)
         target, draft = as_batched(target), as_batched(draft if mode.needs_draft else None)
         dev = device_of(target)
         if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
