@@ -120,3 +120,27 @@ def test_rows_of_written_batches_are_freed():
     assert alive(True) == [0, 0, 0, 0]
     kept = alive(False)
     assert kept[0] == 0 and all(k > 0 for k in kept[1:]) and kept == sorted(kept)
+
+
+def test_batch_sizing_counts_the_recorded_rows(monkeypatch):
+    """``real.decode.memory.record_bytes`` (T x 2 (nodes + 1) x V x 4 per image) lowers the default batch size of a
+    recording run and refuses an explicit batch whose rows do not fit; without records the same batch is taken
+    (negative control: the refusal comes from the records alone)."""
+    from real.decode import memory
+    from real.decode.dynamic_tree import DynamicTree
+    from real.decode.sampling import Processing
+    from real.registry import tiny_llamagen_pair
+
+    t, d = tiny_llamagen_pair(0)
+    dyn = DynamicTree(total=60, depth=5, topk=10)
+    assert memory.record_bytes(dyn, 256, 16384) == 256 * 2 * 60 * 16384 * 4      # 60 rows per round, root included
+    rec = memory.record_bytes(dyn, 64, 256)
+    free = 40 * rec
+    monkeypatch.setattr(memory, "_available_bytes", lambda dev: free)
+    proc = Processing()
+    plain = memory.default_batch_size(t, d, 64, proc)
+    recording = memory.default_batch_size(t, d, 64, proc, rec)
+    assert recording < plain and recording <= 20
+    assert memory.check_batch(t, d, 64, 64, proc) == 64
+    with pytest.raises(ValueError, match="recorded rows included"):
+        memory.check_batch(t, d, 64, 64, proc, rec)
