@@ -22,11 +22,12 @@ from coolsd.io import atomic_file
 __all__ = ["NpzStream", "CHUNK"]
 
 CHUNK = 1 << 24          # bytes copied from a spool into the zip at a time
+COMPRESSLEVEL = 1        # deflate's fastest: probability rows hardly compress, their zeros and uniform rows do
 
 
 class NpzStream:
     """Write an ``.npz`` at ``path`` batch by batch (module docstring); ``compress``: deflate the members (as
-    ``np.savez_compressed``)."""
+    ``np.savez_compressed``, at level ``COMPRESSLEVEL``)."""
 
     def __init__(self, path, compress: bool = True):
         self.path, self.compress = os.fspath(path), bool(compress)
@@ -74,7 +75,8 @@ class NpzStream:
 
     def _write(self) -> None:
         comp = zipfile.ZIP_DEFLATED if self.compress else zipfile.ZIP_STORED
-        with atomic_file(self.path) as fh, zipfile.ZipFile(fh, "w", compression=comp, allowZip64=True) as zf:
+        with atomic_file(self.path) as fh, zipfile.ZipFile(fh, "w", compression=comp, allowZip64=True,
+                                                           compresslevel=COMPRESSLEVEL) as zf:
             for name, (dtype, tail, rows) in self._meta.items():
                 with zf.open(name + ".npy", "w", force_zip64=True) as out:
                     _header(out, dtype, (rows, *tail))
