@@ -4,10 +4,11 @@ number of images (goal: at most 10% from 10 to 100). Each run is a fresh subproc
 (``ru_maxrss``) is read at its end; both use the same batch size, so the rows held are one batch's.
 
 Model: ``real.realsize.llamagen_files`` (the published vocabulary and classes, 2 layers of width 64, VQ-16's
-codebook), images cut to ``--tokens`` tokens (small images: a run of about a minute), the release's dynamic tree
-(60 nodes, depth 5, top-10: ``real.decode.dynamic_tree``). Also printed: the record's size on disk per image.
+codebook), images cut to ``--tokens`` tokens (small images), a small release-construction dynamic tree (10 nodes,
+depth 3, top-3: ``real.decode.dynamic_tree``; the release's 60-node tree records about 8 MB per round at this V, so
+100 images would write several GB). Also printed: the record's size on disk per image.
 
-  python benchmarks/bench_record_memory.py [--short] [--tokens 16] [--images 10 100] [--json FILE]
+  python benchmarks/bench_record_memory.py [--short] [--tokens 8] [--images 10 100] [--json FILE]
 """
 from __future__ import annotations
 
@@ -40,13 +41,14 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--short", action="store_true", help="the run_all mode (the defaults)")
-    ap.add_argument("--tokens", type=int, default=16, help="tokens per image (default 16)")
+    ap.add_argument("--tokens", type=int, default=8, help="tokens per image (default 8)")
     ap.add_argument("--images", type=int, nargs=2, default=(10, 100), help="the two image counts (default 10 100)")
     ap.add_argument("--batch-size", type=int, default=10, help="images per batch, both runs (default 10)")
     ap.add_argument("--json", default=None, help="write the ratios here")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        base = llamagen_files(tmp, 256) + ["--mode", "dynamic", "--tree-sampling", "release", "--method", "vanilla",
+        base = llamagen_files(tmp, 256) + ["--mode", "dynamic", "--tree-sampling", "release", "--tree-total", "10",
+                                           "--tree-depth", "3", "--tree-topk", "3", "--method", "vanilla",
                                            "--num-tokens", str(a.tokens), "--batch-size", str(a.batch_size),
                                            "--threads", "1", "--seed", "0", "--json"]
         out = {}
@@ -55,7 +57,7 @@ def main() -> None:
             out[n] = (peak_of(["generate", *base, "--num-images", str(n), "--record", rec]), os.path.getsize(rec))
     (n0, (p0, s0)), (n1, (p1, s1)) = out.items()
     ratio = p1 / p0
-    print(f"generate --record, dynamic tree (release), V = 16,384, {a.tokens} tokens, batch {a.batch_size}: "
+    print(f"generate --record, dynamic tree (release, 10 nodes), V = 16,384, {a.tokens} tokens, batch {a.batch_size}: "
           f"peak {p0 / 2**20:.0f} MiB at {n0} images, {p1 / 2**20:.0f} MiB at {n1}: x{ratio:.3f} (goal <= 1.10); "
           f"record {s0 / n0 / 2**20:.2f} / {s1 / n1 / 2**20:.2f} MiB per image")
     write_ratios(a.json, {"record_peak_100_vs_10": {

@@ -144,3 +144,28 @@ def test_batch_sizing_counts_the_recorded_rows(monkeypatch):
     assert memory.check_batch(t, d, 64, 64, proc) == 64
     with pytest.raises(ValueError, match="recorded rows included"):
         memory.check_batch(t, d, 64, 64, proc, rec)
+
+
+def test_release_dynamic_record_keeps_no_draft_rows():
+    """A release-construction dynamic tree (top-k candidates, the point law) records p but no q: ``load_rows`` reads
+    its rounds under the point law, and the record is half the size. Negative control: the lossless construction
+    keeps its q (the without-replacement law reads it)."""
+    from real.decode.dynamic_tree import DynamicTree
+    from real.decode.engine import generate
+    from real.decode.modes.dynamic import dynamic_arrays
+    from real.registry import BuildOptions, build
+    from theory import rules
+    from theory.likelihood.recorded import DynamicRows
+
+    b = build("llamagen-tiny", BuildOptions(draft="eagle", num_images=2, seed=0))
+    laws = {}
+    for sampling in ("release", "lossless"):
+        mode = DynamicTree(total=6, depth=2, topk=2, sampling=sampling)
+        gens = generate(b.target, b.draft, b.conds, num_tokens=24, verifier=rules.vanilla(), drafting=mode, seed=1,
+                        batch_size=2, record_rows=True)
+        a = dynamic_arrays(gens, mode)
+        rows = DynamicRows(a["p"], a["q"] if a["q"].size else None, a["tokens"], a["parent"], a["max_depth"], 2,
+                           a["image"])
+        laws[sampling] = (rows.draft_law, a["q"].size)
+    assert laws["release"] == ("point", 0)
+    assert laws["lossless"][0] == "without_replacement" and laws["lossless"][1] > 0

@@ -82,8 +82,10 @@ def dynamic_arrays(gens, mode) -> dict:
             "image": np.array([i for i, _ in full], np.int64),
             "accepted": np.array([r.accepted for _, r in full], np.int64),
             "dynamic": np.array(json.dumps(mode.params()))}
-    # release mode: no draft rows (point-mass candidates), stored as an empty q (load_rows reads it as None)
-    arrs["q"] = np.stack([r.q for _, r in full]) if full[0][1].q is not None else np.zeros(0, arrs["p"].dtype)
+    # release mode: no draft rows (point-mass candidates: the point law never reads q, and a stored q would make
+    # load_rows read the rounds under the without-replacement law), stored as an empty q (load_rows reads None)
+    point = mode.draft_law == "point" or full[0][1].q is None
+    arrs["q"] = np.zeros(0, arrs["p"].dtype) if point else np.stack([r.q for _, r in full])
     return arrs
 
 
