@@ -104,11 +104,15 @@ def test_generate_with_record_where_no_exact_likelihood_applies(lg, mode):
     record written); --record runs and holds V-wide rows."""
     d, args = lg
     rec = d / f"{mode}.npz"
-    _, err = coolsd(d, f"generate {mode} --fidelity (refused)", *GEN, *args[256], *NO_LIKELIHOOD[mode],
+    model = args[256]
+    if mode in ("jacobi", "sjd-pac"):             # drafter-free: no --draft
+        i = model.index("--draft")
+        model = model[:i] + model[i + 2:]
+    _, err = coolsd(d, f"generate {mode} --fidelity (refused)", *GEN, *model, *NO_LIKELIHOOD[mode],
                     "--fidelity", "--record", str(rec), expect=2)
     assert "--fidelity" in err and not rec.exists()
     n = 64 if TREE_TOKENS[1] in NO_LIKELIHOOD[mode] else 256
-    coolsd(d, f"generate {mode} --record ({n} tokens)", *GEN, *args[256], *NO_LIKELIHOOD[mode], "--record", str(rec))
+    coolsd(d, f"generate {mode} --record ({n} tokens)", *GEN, *model, *NO_LIKELIHOOD[mode], "--record", str(rec))
     assert npz_shape(rec, "p")[0][-1] == V
 
 
