@@ -60,6 +60,8 @@ BENCHMARKS = {
                                                                 "--modes", "static_topk"]),
     "natural256_tune_exact": ("bench_tune_exact.py", ["--short", "--model", "natural256"]),   # scaled to 2,000 / 2 s
     "natural256_predict": ("bench_natural256.py", ["--short", "--part", "predict"]),   # --predict / measured sweep
+    # issue 54: generate --record's peak memory at V = 16,384 (dynamic tree), 100 images / 10 (goal <= 1.10)
+    "record_memory": ("bench_record_memory.py", ["--short"]),
 }
 TIMEOUT_S = 600
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -22,7 +22,7 @@ import numpy as np
 from coolsd.io import atomic_file
 
 __all__ = ["run_stamp", "convention_of", "make_ar_rows", "make_record", "save_ar_rows", "save_record",
-           "record_arrays", "AR_SOURCES"]
+           "record_arrays", "record_batches", "AR_SOURCES"]
 
 AR_SOURCES = ("ar", "vanilla")      # plain AR images, or a vanilla SD run's (distributed as P too)
 
@@ -132,6 +132,37 @@ def record_arrays(gens, L: int, stamp: dict) -> dict:
     return {"p": p, "q": q, "drafts": d, "n_drafted": nd, "image": np.array(image, np.int64),
             "accepted": np.array([r.accepted for r in recs if r.drafted > 0]), "start": np.array(start, np.int64),
             "stamp": np.array(json.dumps({**stamp, "format": "coolsd-record/1"}))}
+
+
+def record_batches(stream, make_arrays):
+    """An ``on_batch(first, gens)`` for ``real.decode.engine.generate`` that streams each batch's record to
+    ``stream`` (``coolsd.npzstream.NpzStream``) and drops its rows (``engine.drop_rows``), so a recording run holds
+    one batch's rows at most. ``make_arrays(gens)``: the arrays of a list of generations (a mode's declared record,
+    ``ModeDef.record``); their ``image`` indices are shifted by the batch's first image. A batch with no round to
+    record (its ValueError) adds nothing; ``finish()`` on the returned callable raises the last such error when no
+    batch added anything."""
+    from real.decode.engine import drop_rows
+
+    state = {"added": 0, "error": None}
+
+    def on_batch(first: int, gens: list) -> None:
+        try:
+            arrs = make_arrays(gens)
+        except ValueError as e:
+            state["error"] = e
+        else:
+            if "image" in arrs:
+                arrs["image"] = np.asarray(arrs["image"], np.int64) + int(first)
+            stream.append(arrs)
+            state["added"] += 1
+        drop_rows(gens)
+
+    def finish() -> None:
+        if not state["added"]:
+            raise state["error"] or ValueError("no batch was recorded")
+
+    on_batch.finish = finish
+    return on_batch
 
 
 def make_record(model: str, n_images: int, *, draft: str | None = None, L: int = 4, seed: int = 1,

@@ -110,11 +110,10 @@ def generate(args) -> dict:
     ctx = _build(cfg)
     if cfg.fidelity:
         ctx["rule"] = _fidelity_rule(cfg, ctx)    # what has no exact likelihood is refused before generating
-    gens = _run(cfg, ctx, ctx["verifier"], ctx["mode"])
+    gens = _recorded_run(cfg, ctx)
     base = _run(cfg, ctx, None, None) if cfg.baseline else []
     out = _result(cfg, ctx, gens, base)
     if cfg.record:
-        _write_record(cfg, ctx, gens)
         out["record"] = str(cfg.record)
     fid = _fidelity(cfg, ctx, gens, base) if cfg.fidelity else None
     if fid is not None:
@@ -162,15 +161,38 @@ def _build(cfg) -> dict:
             "verifier": verifier, "method": method}
 
 
-def _run(cfg, ctx: dict, verifier, mode) -> list:
-    """One engine call over every image (``mode`` None: the plain AR baseline)."""
+def _run(cfg, ctx: dict, verifier, mode, on_batch=None) -> list:
+    """One engine call over every image (``mode`` None: the plain AR baseline); ``on_batch``: the record's sink
+    (``_recorded_run``)."""
     from real.decode import engine
 
     b = ctx["bundle"]
     return engine.generate(b.target, b.draft if mode is not None and mode.needs_draft else None, b.conds,
                            num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=ctx["proc"],
                            seed=cfg.seed, batch_size=cfg.batch_size, progress=None if not cfg.json else False,
-                           record_rows=mode is not None and cfg.record is not None)
+                           record_rows=on_batch is not None, on_batch=on_batch)
+
+
+def _recorded_run(cfg, ctx: dict) -> list:
+    """The run, with --record streamed to disk batch by batch (``coolsd.npzstream``; docs/records.md): the arrays the
+    mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads them back), written atomically
+    once every batch is in; the rows of one batch at most are held."""
+    from coolsd.npzstream import NpzStream
+    from coolsd.rowfiles import record_arrays, record_batches, run_stamp
+
+    spec, mode = ctx["spec"], ctx["mode"]
+    if not cfg.record or mode is None:
+        return _run(cfg, ctx, ctx["verifier"], mode)
+    stamp = run_stamp(cfg.model, ctx["bundle"], ctx["proc"], spec.max_depth, method=ctx["method"],
+                      images=len(ctx["bundle"].conds), seed=cfg.seed)
+    with NpzStream(cfg.record, compress=True) as stream:
+        sink = record_batches(stream, lambda gens: spec.mode.record(gens, mode, stamp, record_arrays))
+        gens = _run(cfg, ctx, ctx["verifier"], mode, sink)
+        try:
+            sink.finish()
+        except ValueError as e:
+            raise ValueError(f"--record with {spec.named}: {e}") from None
+    return gens
 
 
 def _result(cfg, ctx: dict, gens: list, base: list) -> dict:
@@ -217,24 +239,6 @@ def _tuned_prediction(cfg) -> dict | None:
                     "tokens_per_call_ci95": d.get("predicted_tokens_per_call_ci95"),
                     "kl_ar_per_token": held.get("measured"), "kl_ar_per_token_ci": held.get("ci")}
     return None
-
-
-def _write_record(cfg, ctx: dict, gens: list) -> None:
-    """--record: the arrays the mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads
-    them back), written atomically."""
-    import numpy as np
-
-    from coolsd.rowfiles import record_arrays, run_stamp   # the chain format with its starts and the run's stamp
-
-    spec = ctx["spec"]
-    stamp = run_stamp(cfg.model, ctx["bundle"], ctx["proc"], spec.max_depth, method=ctx["method"], images=len(gens),
-                      seed=cfg.seed)
-    try:
-        arrs = spec.mode.record(gens, ctx["mode"], stamp, record_arrays)
-    except ValueError as e:
-        raise ValueError(f"--record with {spec.named}: {e}") from None
-    with atomic_file(cfg.record) as fh:
-        np.savez_compressed(fh, **arrs)
 
 
 def _fidelity_rule(cfg, ctx: dict):

@@ -30,14 +30,14 @@ from real.protocol import as_batched, as_conds
 from theory.tree import Tree
 from .chain import Chain, Plain
 from .phases import phase
-from .memory import MAX_BATCH, check_batch, default_batch_size, device_of
+from .memory import MAX_BATCH, check_batch, default_batch_size, device_of, record_bytes
 from .rng import Streams
 from .round import OnDevice, RoundRecord, Run, Step, prefill_round, speculative_round, sync
 from .sampling import Processing
 from .tree import StaticTree
 
 __all__ = ["RoundRecord", "Generation", "generate", "speculative_generate", "ar_generate", "summarize",
-           "records_to_arrays", "default_batch_size", "MAX_BATCH", "as_drafting"]
+           "records_to_arrays", "drop_rows", "default_batch_size", "MAX_BATCH", "as_drafting"]
 
 
 def as_drafting(x):
@@ -77,7 +77,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
              generator: torch.Generator | None = None, record_rows: bool = False,
              progress: bool | None = False, device_path: bool | None = None, compile: str | None = None,
              compile_backend: str = "inductor", compile_static: bool | None = None,
-             features: bool = False) -> list[Generation]:
+             features: bool = False, on_batch=None) -> list[Generation]:
     """Generate ``num_tokens`` image tokens for each condition in ``conds`` (a list: one image each; or one
     condition), in batches of ``batch_size`` images (None: ``default_batch_size``). Returns one ``Generation`` per
     image, in order, its ``tokens`` (num_tokens,) int64.
@@ -109,7 +109,11 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     ``features`` (plain AR only): keep the target's last hidden states along each image, the ones its forwards compute
     anyway: ``Generation.features`` (rows, P + T - 1, D) float32 on the CPU at the positions [prefix; x_0 .. x_{T-2}]
     (rows: the image's row, or with CFG its [cond; null] pair): what an EAGLE drafter trains on
-    (``real.drafter.features``), at no extra target forward."""
+    (``real.drafter.features``), at no extra target forward.
+
+    ``on_batch(first, gens)``: called after each batch with the index of its first image and its ``Generation`` s,
+    before the next batch starts; a recording caller streams the batch's rows to disk there and drops them
+    (``drop_rows``), so the rows of one batch at most are held (``coolsd.npzstream``)."""
     from real.nn.blocks import compiled
     from real.nn.devpath import forced
 
@@ -128,7 +132,8 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
             raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
         verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
         conds, T = as_conds(conds), int(num_tokens)
-        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing)
+        rec = record_bytes(mode, T, int(target.vocab_size)) if record_rows and mode.max_depth else 0
+        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing, rec)
         target, draft = as_batched(target), as_batched(draft if mode.needs_draft else None)
         dev = device_of(target)
         if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
@@ -164,7 +169,11 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                 sync(dev)
                 info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
                         "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}
-                gens += _generations(run, steps, actives, info, record_rows, mode.trees)
+                batch = _generations(run, steps, actives, info, record_rows, mode.trees)
+                del run, steps                   # the batch's rows live in its records alone from here
+                if on_batch is not None:
+                    on_batch(a, batch)
+                gens += batch
         bar.close()
         return gens
 
@@ -196,6 +205,44 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
             f = None if feats is None else feats[b].clone()
         out.append(Generation(tok, recs[b], secs, len(recs[b]), fwd, dict(info), f))
     return out
+
+
+def drop_rows(gens: list[Generation]) -> None:
+    """Release the recorded rows (p, q, drafts) of ``gens``' rounds, once written (``generate(on_batch=...)``); the
+    rounds keep their counts, times and tree structure. The freed pages go back to the system (glibc: the mmap
+    threshold fixed at ``MMAP_THRESHOLD`` from the first call on, and ``malloc_trim``): with glibc's adaptive threshold
+    the next batch's rows came from a fragmented heap and the peak grew 15% from 10 to 100 batches, 13% with the trim
+    alone, 0.3% with a fixed threshold (benchmarks/bench_record_memory.py; docs/guide/records.md)."""
+    for g in gens:
+        for r in g.rounds:
+            r.p = r.q = r.drafts = None
+    libc = _libc()
+    if libc:
+        global _FIXED
+        if not _FIXED and hasattr(libc, "mallopt"):
+            libc.mallopt(-3, MMAP_THRESHOLD)     # M_MMAP_THRESHOLD: blocks above it are mapped, and unmapped when freed
+            _FIXED = True
+        if hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+
+
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    return _LIBC
+
+
+MMAP_THRESHOLD = 1 << 20   # bytes: a recording run's row blocks (MBs) are mapped, the small temporaries are not
+_FIXED = False
+_LIBC = None        # the C library, once looked up (False: none with malloc_trim)
 
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, drafting=None,
@@ -248,7 +295,7 @@ def summarize(gens: list[Generation]) -> dict:
 
 def records_to_arrays(records: list[RoundRecord], L: int):
     """Stack recorded rounds for ``theory.likelihood.recorded.predict_rounds``: p (R, L+1, V), q (R, L, V),
-    drafts (R, L), n_drafted (R,). Rounds with L' < L are padded with uniform rows (f = 1, D = 0 there,
+    drafts (R, L), n_drafted (R,) (rows in their recorded dtype). Rounds with L' < L are padded with uniform rows (f = 1, D = 0 there,
     and ``n_drafted`` masks them anyway) and token 0; L' = 0 rounds are dropped (nothing to predict)."""
     if any(r.depth is not None for r in records):
         raise ValueError("records_to_arrays stacks chain rounds; these are static-tree rounds (tree_generate)")
@@ -257,10 +304,10 @@ def records_to_arrays(records: list[RoundRecord], L: int):
         raise ValueError("no drafted rounds recorded")
     if any(r.p is None for r in recs):
         raise ValueError("rounds were recorded without rows: run with record_rows=True")
-    V = recs[0].p.shape[-1]
+    V, dt = recs[0].p.shape[-1], np.result_type(recs[0].p, np.float32)     # the rows' own dtype (float32 at least)
     R = len(recs)
-    p = np.full((R, L + 1, V), 1.0 / V, dtype=np.float32)
-    q = np.full((R, L, V), 1.0 / V, dtype=np.float32)
+    p = np.full((R, L + 1, V), 1.0 / V, dtype=dt)
+    q = np.full((R, L, V), 1.0 / V, dtype=dt)
     d = np.zeros((R, L), dtype=np.int64)
     nd = np.array([r.drafted for r in recs], dtype=np.int64)
     for j, r in enumerate(recs):  # copying R recorded rounds into padded arrays, not a hot path

@@ -10,7 +10,7 @@ from real.protocol import as_batched
 
 from .sampling import Processing
 
-__all__ = ["MAX_BATCH", "default_batch_size", "check_batch", "device_of"]
+__all__ = ["MAX_BATCH", "default_batch_size", "check_batch", "device_of", "record_bytes"]
 
 MAX_BATCH = 64          # default images per batch (``generate(batch_size=None)``), lowered to fit memory
 
@@ -44,21 +44,32 @@ def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int
 
 
 
-def default_batch_size(target, draft, n_images: int, processing: Processing = Processing()) -> int:
+def record_bytes(mode, num_tokens: int, V: int) -> int:
+    """An upper estimate of one image's recorded rows (``generate(record_rows=True)``, held until its batch is
+    streamed: ``generate(on_batch=...)``): at most ``num_tokens`` rounds, each with a target and a draft row per node
+    and the root, float32: T * 2 * (nodes + 1) * V * 4 bytes, nodes the mode's tree nodes or its depth."""
+    nodes = getattr(mode, "n_nodes", None) or getattr(getattr(mode, "tree", None), "n_nodes", None) or mode.max_depth
+    return int(num_tokens) * 2 * (int(nodes) + 1) * int(V) * 4
+
+
+def default_batch_size(target, draft, n_images: int, processing: Processing = Processing(), extra: int = 0) -> int:
     """Images per batch when none is asked: all of them, at most ``MAX_BATCH``, and at most what half of
-    the device's free memory holds (``_batch_bytes``); 1 for a model that generates one image at a time
-    (``batched`` false: the transformers adapters), as ``engine.generate`` documents."""
+    the device's free memory holds (``_batch_bytes``, plus ``extra`` bytes per image: a recording run's rows,
+    ``record_bytes``); 1 for a model that generates one image at a time (``batched`` false: the transformers
+    adapters), as ``engine.generate`` documents."""
     if any(m is not None and not getattr(m, "batched", True) for m in (target, draft)):
         return 1
     target, draft = as_batched(target), as_batched(draft)
     dev, V = device_of(target), int(target.vocab_size)
-    per = max(1, _batch_bytes(target, draft, 1, processing.batch, V))
+    per = max(1, _batch_bytes(target, draft, 1, processing.batch, V) + int(extra))
     return int(max(1, min(n_images, MAX_BATCH, _available_bytes(dev) // 2 // per)))
 
 
-def check_batch(target, draft, n_images: int, batch_size, processing: Processing) -> int:
+def check_batch(target, draft, n_images: int, batch_size, processing: Processing, extra: int = 0) -> int:
+    """The batch size (``batch_size`` checked, or the default) whose memory, ``extra`` bytes per image included
+    (``record_bytes``), fits the device; ValueError otherwise."""
     if batch_size is None:
-        bs = default_batch_size(target, draft, n_images, processing)
+        bs = default_batch_size(target, draft, n_images, processing, extra)
     else:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
@@ -72,8 +83,10 @@ def check_batch(target, draft, n_images: int, batch_size, processing: Processing
             raise ValueError(f"{type(m).__name__} generates one image at a time (its cache has no per-row lengths): "
                              f"use batch size 1, got {bs}")
     need = _batch_bytes(as_batched(target), as_batched(draft), bs, processing.batch, int(target.vocab_size))
+    need += bs * int(extra)
     free = _available_bytes(device_of(target))
     if need > free:
         raise ValueError(f"a batch of {bs} images needs about {need / 2**30:.2f} GiB (KV caches and rows), "
-                         f"{free / 2**30:.2f} GiB is free: lower the batch size")
+                         f"{free / 2**30:.2f} GiB is free: lower the batch size"
+                         + (" (recorded rows included: --record streams each batch to disk)" if extra else ""))
     return bs

@@ -201,11 +201,13 @@ class Step:
     parent: np.ndarray | None = None
 
     def to_host(self) -> "Step":
-        """The recorded rows as numpy on the host (float32), so a recording run holds no rows on the device."""
+        """The recorded rows as numpy on the host, in the dtype they were computed in (float32 or float64; a half
+        dtype, which numpy lacks, as float32), so a recording run holds no rows on the device."""
         for name in ("p", "q", "drafts"):
             x = getattr(self, name)
             if isinstance(x, torch.Tensor):
-                setattr(self, name, (x.float() if x.is_floating_point() else x).cpu().numpy())
+                half = x.is_floating_point() and x.element_size() < 4
+                setattr(self, name, (x.float() if half else x).cpu().numpy())
         return self
 
     def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:

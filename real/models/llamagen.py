@@ -90,6 +90,8 @@ _SIZES = {
     "XXL": dict(n_layer=48, n_head=24, dim=1536),
     "tiny": dict(n_layer=4, n_head=4, dim=128, vocab_size=256, num_classes=10, block_size=64, multiple_of=64),
     "tiny-draft": dict(n_layer=1, n_head=2, dim=64, vocab_size=256, num_classes=10, block_size=64, multiple_of=64),
+    # the published vocabulary (16,384 codes) and classes (1,000), 2 narrow layers: the real-size tier (real.realsize)
+    "shallow": dict(n_layer=2, n_head=2, dim=64, multiple_of=64),
 }
 CONFIGS = tuple(_SIZES)
 

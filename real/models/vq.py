@@ -45,6 +45,8 @@ VQ_CONFIGS = {
     "VQ-16": VQConfig(),
     "VQ-8": VQConfig(ch_mult=(1, 2, 2, 4)),
     "tiny": VQConfig(codebook_size=256, ch=32, ch_mult=(1, 2), z_channels=32, num_res_blocks=1, codebook_show_usage=False),
+    # VQ-16's codebook (16,384 x 8) behind a narrow two-level coder: the real-size tier (real.realsize)
+    "shallow": VQConfig(ch=32, ch_mult=(1, 2), z_channels=32, num_res_blocks=1, codebook_show_usage=False),
 }
 
 

@@ -68,23 +68,24 @@ class DynamicTreeDef(ModeDef):
 def dynamic_arrays(gens, mode) -> dict:
     """The rounds of ``gens`` (``real.decode.engine.Generation`` with ``record_rows``) that scored the whole block of
     ``mode.total`` nodes (rounds at an image's end score fewer: left out, as static-tree records keep only full trees):
-    p, q (R, N+1, V) float32 (q empty in release mode: point-mass candidates), tokens, parent (R, N+1) int64,
+    p, q (R, N+1, V) in the dtype they were computed in (q empty in release mode: point-mass candidates), tokens, parent (R, N+1) int64,
     max_depth (R,) the walk's depth bound, image, accepted (R,), dynamic (JSON of ``mode.params()``). ValueError when
     no round is complete."""
     full = [(i, r) for i, g in enumerate(gens) for r in g.rounds
             if r.drafted > 0 and r.parent is not None and len(r.parent) == mode.total]
     if not full:
         raise ValueError("no round scored the whole tree (images too short?)")
-    arrs = {"p": np.stack([r.p for _, r in full]).astype(np.float32),
+    arrs = {"p": np.stack([r.p for _, r in full]),
             "tokens": np.stack([r.drafts for _, r in full]).astype(np.int64),
             "parent": np.stack([r.parent for _, r in full]).astype(np.int64),
             "max_depth": np.array([r.depth for _, r in full], np.int64),
             "image": np.array([i for i, _ in full], np.int64),
             "accepted": np.array([r.accepted for _, r in full], np.int64),
             "dynamic": np.array(json.dumps(mode.params()))}
-    # release mode: no draft rows (point-mass candidates), stored as an empty q (load_rows reads it as None)
-    arrs["q"] = np.stack([r.q for _, r in full]).astype(np.float32) if full[0][1].q is not None \
-        else np.zeros(0, np.float32)
+    # release mode: no draft rows (point-mass candidates: the point law never reads q, and a stored q would make
+    # load_rows read the rounds under the without-replacement law), stored as an empty q (load_rows reads None)
+    point = mode.draft_law == "point" or full[0][1].q is None
+    arrs["q"] = np.zeros(0, arrs["p"].dtype) if point else np.stack([r.q for _, r in full])
     return arrs
 
 

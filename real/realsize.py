@@ -1,0 +1,56 @@
+"""The published checkpoints' shapes, written once, and random-weight models built at them (the real-size tier:
+tests/test_realsize.py, ``benchmarks/bench_record_memory.py``, docs/records.md; issue 54).
+
+``PUBLISHED``: per family, the vocabulary the drafting and the verification run over (``V``: image codes), the
+vocabulary of the whole model where it is larger (``full_vocab``: text and image ids), the image grids (rows,
+columns) of its published checkpoints, and its VQ codebook (codes, dimension) where the toolkit decodes it. Sources:
+LlamaGen's ``GPT_models`` / ``VQ_models`` (vocab_size 16384, codebook_embed_dim 8; 256 px c2i = 16 x 16, 384 px =
+24 x 24); Lumina-mGPT's Chameleon tokenizer (65,536 ids, 8,192 image codes at ids 4..8195:
+``real.adapters.chameleon``); Janus-Pro's gen head (16,384 codes, 384 px = 24 x 24: ``real.adapters.janus``); Emu3's
+vision tokenizer (32,768 codes: ``real.adapters.emu3``); GLM-Image's AR stage (16,384 vision codes:
+``real.adapters.glm_image_hf``).
+
+``llamagen_files(folder, tokens, seed)``: a shallow, narrow LlamaGen c2i target at the published vocabulary and
+classes (``real.models.llamagen`` config "shallow": 2 layers, dim 64) and a VQ checkpoint with VQ-16's codebook
+(config "shallow"), saved in the upstream layouts; returns the ``coolsd generate`` / ``sweep`` arguments that load
+them (``--model llamagen``, layer-skip draft).
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["PUBLISHED", "LLAMAGEN_IMAGE_SIZE", "llamagen_files"]
+
+PUBLISHED: dict[str, dict] = {
+    "llamagen": {"V": 16384, "grids": ((16, 16), (24, 24)), "codebook": (16384, 8), "classes": 1000},
+    "lumina-mgpt": {"V": 8192, "full_vocab": 65536, "grids": ((48, 48),), "codebook": (8192, 256)},
+    "janus-pro": {"V": 16384, "grids": ((24, 24),), "codebook": (16384, 8)},
+    "emu3": {"V": 32768, "full_vocab": 184622, "grids": ((90, 90),), "codebook": (32768, 4)},
+    "glm-image": {"V": 16384, "grids": ((32, 32),), "codebook": None},
+}
+LLAMAGEN_IMAGE_SIZE = {256: 256, 576: 384}      # tokens -> --image-size (downsample 16)
+
+
+def llamagen_files(folder, tokens: int = 256, seed: int = 0) -> list[str]:
+    """Write ``target.pt`` and ``vq.pt`` (module docstring) under ``folder`` once (kept when present) and return
+    the arguments that load them at ``tokens`` image tokens (256 or 576). ValueError for another token count."""
+    import torch
+
+    from real.models import llamagen as lg
+    from real.models.vq import VQModel, vq_config
+
+    if tokens not in LLAMAGEN_IMAGE_SIZE:
+        raise ValueError(f"LlamaGen's published grids hold {sorted(LLAMAGEN_IMAGE_SIZE)} tokens, got {tokens}")
+    V, classes = PUBLISHED["llamagen"]["V"], PUBLISHED["llamagen"]["classes"]
+    t_path, vq_path = os.path.join(folder, f"target{seed}.pt"), os.path.join(folder, f"vq{seed}.pt")
+    if not os.path.exists(t_path):
+        c = lg.config("shallow")
+        assert c.vocab_size == V and c.num_classes == classes
+        t = lg.LlamaGen(c).random_init(seed, std=0.05, output_std=0.2, embed_std=1.0)
+        torch.save({"model": t.state_dict()}, t_path)
+    if not os.path.exists(vq_path):
+        vq = VQModel(vq_config("shallow")).random_init(seed)
+        assert tuple(vq.quantize.embedding.weight.shape) == PUBLISHED["llamagen"]["codebook"]
+        torch.save({"model": vq.state_dict()}, vq_path)
+    return ["--model", "llamagen", "--target-ckpt", t_path, "--target-size", "shallow", "--draft", "layerskip",
+            "--image-size", str(LLAMAGEN_IMAGE_SIZE[tokens]), "--vq-ckpt", vq_path, "--vq-size", "shallow"]
