@@ -131,8 +131,6 @@ def run_table(args):
     checks.integer("--V", args.V, lo=2)
     checks.integer("--L", args.L, lo=1)
     checks.real("--tv", args.tv, 0, 1, hi_open=True)
-    from coolsd import validate
-
     validate.common(args)     # the shared options (--seed, --threads, --device, --max-seconds ...): coolsd.validate
     # size check first, on stand-in verifiers of the same kinds (the estimate needs the rules' k, not the
     # V x V neighbour table, which alone takes seconds at V = 6000): refused before any V-sized work
