@@ -11,6 +11,7 @@ import argparse
 import json
 import pathlib
 
+import numpy as np
 import torch
 
 from theory.rules import lantern_neighbors
@@ -52,7 +53,7 @@ def measure(zoo: str = "mnist") -> dict:
     }
 
 
-def image_rows(rows: list[torch.Tensor]) -> "numpy.ndarray":
+def image_rows(rows: list[torch.Tensor]) -> "np.ndarray":
     """Rows of images (n, C, S, S) in [-1, 1] -> one (rows * S, n * S, 3) float array in [0, 1] to show."""
     out = []
     for r in rows:
