@@ -172,7 +172,10 @@ def model_options(args, model: str | None = None):
     options calls this), then their input paths (``input_paths``). Returns the model's spec."""
     from real import specs
 
-    s = specs.check_options(model or args.model, option_values(args))
+    values = option_values(args)
+    if values.get("draft") is None and values.get("mode") in specs.universal_drafts():
+        values = {**values, "draft": values["mode"]}     # --mode jacobi: no draft model, so no draft kind's rules
+    s = specs.check_options(model or args.model, values)
     input_paths(args)
     return s
 

@@ -194,7 +194,10 @@ def test_drafter_free_modes_on_a_llamagen_checkpoint(capsys, tmp_path, mode):
     base = ["--model", "llamagen", "--target-ckpt", str(tmp_path / "t.pt"), "--target-size", "tiny", "--image-size",
             "128", "--method", "vanilla", "--num-tokens", "32"]
     extra = ["--window", "16"] if mode != "jacobi" else []
-    d = _run(capsys, *base, "--draft", mode, *extra)
-    assert d["tokens"] == 32
+    for spelling in (["--mode", mode], ["--draft", mode]):      # the mode's name, and the deprecated --draft NAME
+        d = _run(capsys, *base, *spelling, *extra)
+        assert d["tokens"] == 32
     assert main(["generate", *base, "--draft", "small", "--json"]) == 2
+    assert "--draft-ckpt" in capsys.readouterr().err
+    assert main(["generate", *base, "--mode", "chain", "--json"]) == 2     # a drafted mode still needs its draft
     assert "--draft-ckpt" in capsys.readouterr().err
