@@ -40,8 +40,7 @@ from .acceptance import Vanilla, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
 
-__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk", "last_rows",
-           "place", "rank_sets", "subset_rows"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
@@ -200,51 +199,6 @@ def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))
 
 
-def rank_sets(children, N1: int, K: int):
-    """The nodes a device walk tries at each candidate rank (``theory.tree.verify_tree_nodes``, ``_vanilla_device``):
-    for a static tree's ``children`` (N+1, K) (host ints) the nodes with a j-th child, as nested sorted host index
-    arrays (n_j,), and each node's last rank (N+1,) (-1: a leaf); for ``children=None`` (per-round trees, maybe on a
-    device) or children not packed in rank order, every node at every rank (last rank K - 1)."""
-    if children is not None:
-        has = np.asarray(children) >= 0
-        if not np.any(has[:, 1:] & ~has[:, :-1]):
-            return [np.nonzero(has[:, j])[0] for j in range(K) if has[:, j].any()], has.sum(-1).astype(np.int64) - 1
-    return [np.arange(N1)] * K, np.full(N1, K - 1, np.int64)
-
-
-def subset_rows(S, prev, arrays, xp):
-    """The rows (..., n_j, V) of the nodes ``S`` (n_j,) taken from each of ``arrays`` (..., n_prev, V), which hold the
-    rows of the nodes ``prev`` (a superset; sorted host ints); None stays None."""
-    if S.size == prev.size:
-        return arrays
-    ix = np.searchsorted(prev, S)
-    return tuple(None if a is None else xp.take(a, xp.asarray(ix, device=array_api_compat.device(a)), axis=-2)
-                 for a in arrays)
-
-
-def place(S, N1: int, dev, xp):
-    """(N+1,) int64 node -> its place in ``S`` (0 elsewhere) and (N+1,) bool node in ``S``, on ``dev``."""
-    inv = np.zeros(N1, np.int64)
-    inv[S] = np.arange(S.size)
-    inS = np.zeros(N1, bool)
-    inS[S] = True
-    return xp.asarray(inv, device=dev), xp.asarray(inS, device=dev)
-
-
-def last_rows(p, outs, last_rank, node, xp):
-    """Each round's row after its last node's last rank (..., V): ``outs`` [(inv (N+1,) node -> place in that rank's
-    rows, rows (..., n_j, V))] by rank, ``last_rank`` (N+1,) host ints (-1: the node's own row of p), ``node`` (...,)."""
-    dev = array_api_compat.device(p)
-    batch = tuple(node.shape)
-    N1 = p.shape[-2]
-    row = gather_rows(p, node, xp)
-    lr = gather(xp.broadcast_to(xp.asarray(last_rank, device=dev), (*batch, N1)), node, xp)
-    for j, (inv, rows_j) in enumerate(outs):   # a loop over ranks: one (..., V) gather each
-        here = gather_rows(rows_j, gather(xp.broadcast_to(inv, (*batch, N1)), node, xp), xp)
-        row = xp.where((lr == j)[..., None], here, row)
-    return row
-
-
 def _take(x, idx, xp):
     """x[b, idx[b, k]]: x (B, M), idx (B, K) non-negative -> (B, K)."""
     return x.gather(-1, idx) if array_api_compat.is_torch_array(x) else xp.take_along_axis(x, idx, axis=-1)
@@ -311,23 +265,20 @@ def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_dept
     dev = array_api_compat.device(p)
     B, N1, V = p.shape
     D, point = int(D), draft_law == "point"
-    static = isinstance(children, np.ndarray) and children.ndim == 2
     ch = xp.asarray(children, device=dev)
     K = ch.shape[-1]
     ch = xp.broadcast_to(ch, (B, N1, K))
     tokens = xp.astype(tokens, xp.int64)
+    p_res = p
     chosen = xp.full((B, N1), -1, dtype=xp.int64, device=dev)
     ar_V = xp.arange(V, device=dev)
-    sets, last_rank = rank_sets(children if static else None, N1, K)
-    p_res, q_left, prev, outs = p, q, np.arange(N1), []   # q_left: the node's q without its rejected siblings
-    for j, S in enumerate(sets):   # a loop over candidate ranks: the nodes with a j-th child, of every round, at once
-        p_res, q_left = subset_rows(S, prev, (p_res, None if point else q_left), xp)
-        Sx = xp.asarray(S, device=dev)
-        kid = xp.take(ch[..., j], Sx, axis=-1)                 # (B, n_j)
-        has = (kid >= 0) & (xp.take(chosen, Sx, axis=-1) < 0)
+    q_left = q                                                 # the node's q without its rejected siblings
+    for j in range(K):   # a loop over candidate ranks, every node of every round at once
+        kid = ch[..., j]
+        has = (kid >= 0) & (chosen < 0)
         kid_safe = xp.clip(kid, 0, None)                       # (where has is False the candidate is not read)
         c = take_last(tokens, kid_safe, xp)
-        hit = ar_V == c[..., None]                             # (B, n_j, V) one-hot of each node's candidate
+        hit = ar_V == c[..., None]                             # (B, N+1, V) one-hot of each node's candidate
         u = take_last(u_accept, kid_safe, xp)
         pc = gather(p_res, c, xp)
         if point:                                              # q_j = one-hot(c): f = p_res(c)
@@ -342,13 +293,10 @@ def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_dept
         p_res = xp.where(rej[..., None], _norm(xp.clip(p_res - q_j, 0, None), p_res, xp), p_res)
         if not point:
             q_left = xp.where(rej[..., None] & hit, xp.zeros_like(q_left), q_left)
-        inv, inS = place(S, N1, dev, xp)
-        chosen = xp.where(xp.take(acc, inv, axis=-1) & inS, ch[..., j], chosen)
-        outs.append((inv, p_res))
-        prev = S
+        chosen = xp.where(acc, kid, chosen)
     cap = None if max_depth is None else xp.astype(xp.asarray(max_depth, device=dev), xp.int64)
     path, depth, node = follow_chosen(chosen, D, cap, xp)
-    last = last_rows(p, outs, last_rank, node, xp)
+    last = gather_rows(p_res, node, xp)
     if cap is not None:                                        # stopped by the cap: no candidate tried there
         last = xp.where((depth >= cap)[:, None], gather_rows(p, node, xp), last)
     return depth, path, xp.astype(sample_categorical(last, u_sample, xp), xp.int64), node

@@ -24,7 +24,7 @@ from ..core import checks
 from ..core.xp import Array, gather, gather_rows, namespace, normalize, sample_categorical, take_last, top_m
 from ..rules.acceptance import accept_at, reads_f
 from ..rules.chain import verify_chain
-from ..rules.walks import follow_chosen, host_walk, last_rows, place, rank_sets, subset_rows
+from ..rules.walks import follow_chosen, host_walk
 from .shapes import RowTrees, Tree
 
 __all__ = ["DRAFT_LAWS", "TreeVerdict", "verify_tree", "verify_tree_nodes", "verify_round", "draft_without_replacement"]
@@ -199,15 +199,14 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
     is its first candidate accepted under p_k, q_k (T5 applied recursively), and the residual it keeps when none is.
     The walk then only follows chosen children from the root (D gathers). Same uniforms, same operations per row
     as ``verify_tree``: the same verdict (tests/test_tree_nodes.py checks it against ``verify_tree`` on random
-    trees, rules and caps). On a static ``Tree`` rank j works on the rows of the nodes that have a j-th child only
-    (sum_j n_j rows: 25 of EAGLE-1's 4 x 26); on ``RowTrees`` on every node's. Costs those rows where the walk touches
-    one per candidate tried: for devices, where launches and read-backs cost more than rows."""
+    trees, rules and caps). Costs K (N+1) rows where the walk touches one per candidate tried: for devices, where
+    launches and read-backs cost more than rows."""
     if draft_law not in DRAFT_LAWS:
         raise ValueError(f"draft_law must be one of {DRAFT_LAWS}, got {draft_law!r}")
     point = draft_law == "point"
     xp = namespace(p, q)
     dev = array_api_compat.device(p)
-    N1, D = tokens.shape[-1], int(tree.depth)
+    V, N1, D = p.shape[-1], tokens.shape[-1], int(tree.depth)
     batch = tuple(tokens.shape[:-1])
     children = xp.asarray(tree.children, device=dev)
     K = children.shape[-1]
@@ -218,34 +217,34 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
            else xp.astype(xp.asarray(max_depth, device=dev), xp.int64))
     open_ = node_depth < cap[..., None]                                          # (..., N+1) tries its candidates
     pos = xp.minimum(node_depth + 1, xp.full_like(node_depth, D))                # its candidates' 1-based position
-    chosen = xp.full((*batch, N1), -1, dtype=xp.int64, device=dev)              # (..., N+1) accepted child, or -1
-    sets, last_rank = rank_sets(None if isinstance(tree, RowTrees) else tree.children, N1, K)
-    p_res, q_left, prev, outs = p, q, np.arange(N1), []
-    for j, S in enumerate(sets):   # a loop over candidate ranks (K <= a handful): the nodes with a j-th child at once
-        p_res, q_left = subset_rows(S, prev, (p_res, None if point else q_left), xp)   # the nodes with a j-th child
-        Sx = xp.asarray(S, device=dev)
-        kid = xp.take(children[..., j], Sx, axis=-1)                                # (..., n_j)
-        has = (kid >= 0) & xp.take(open_, Sx, axis=-1) & (xp.take(chosen, Sx, axis=-1) < 0)
+    flat = (*batch, N1)
+    p_res = p
+    removed = None if point else xp.zeros((*batch, N1, V), dtype=xp.bool, device=dev)
+    chosen = xp.full(flat, -1, dtype=xp.int64, device=dev)                      # (..., N+1) accepted child, or -1
+    ar_V = xp.arange(V, device=dev)
+    for j in range(K):   # a loop over candidate ranks (K <= a handful), every node of every round at once
+        kid = children[..., j]
+        has = (kid >= 0) & open_ & (chosen < 0)
         kid_safe = xp.where(has, kid, xp.zeros_like(kid))
-        c = take_last(tokens, kid_safe, xp)                                         # (..., n_j) candidate tokens
-        hit = xp.arange(p.shape[-1], device=dev) == c[..., None]                    # (..., n_j, V) one-hot of c
-        q_j = xp.astype(hit, p.dtype) if point else normalize(q_left, q_left, xp)  # (all zero once exhausted)
+        c = take_last(tokens, kid_safe, xp)                                         # (..., N+1) candidate tokens
+        hit = ar_V == c[..., None]                                                  # (..., N+1, V) one-hot of c
+        if point:
+            q_j = xp.astype(hit, p.dtype)
+        else:
+            q_left = xp.where(removed, xp.zeros_like(q), q)
+            q_j = normalize(q_left, q_left, xp)                                     # all zero once exhausted
         valid = has & (gather(q_j, c, xp) > 0)                                      # impossible candidates skipped
-        pj = xp.take(pos, Sx, axis=-1)
-        acc = valid & (take_last(u_accept, kid_safe, xp) < accept_at(verifier.accept, p_res, q_j, pj, c))
+        acc = valid & (take_last(u_accept, kid_safe, xp) < accept_at(verifier.accept, p_res, q_j, pos, c))
         rej = valid & ~acc
-        p_res = _residual(verifier, p_res, q_j, pj, c, rej, xp)
+        p_res = _residual(verifier, p_res, q_j, pos, c, rej, xp)
         if not point:
-            q_left = xp.where(rej[..., None] & hit, xp.zeros_like(q_left), q_left)
-        inv, inS = place(S, N1, dev, xp)
-        chosen = xp.where(xp.take(acc, inv, axis=-1) & inS, children[..., j], chosen)
-        outs.append((inv, p_res))
-        prev = S
+            removed = removed | (rej[..., None] & hit)
+        chosen = xp.where(acc, kid, chosen)
     lead = int(np.prod(batch, dtype=np.int64))                                  # the chosen children followed
     path, depth, node = follow_chosen(xp.reshape(chosen, (lead, N1)), D, None, xp)   # (caps: in ``open_``)
     path, depth, node = xp.reshape(path, (*batch, D)), xp.reshape(depth, batch), xp.reshape(node, batch)
-    row = last_rows(p, outs, last_rank, node, xp)      # the last node's residual
-    return TreeVerdict(depth, path, sample_categorical(row, u_sample, xp), node)
+    return TreeVerdict(depth, path, sample_categorical(gather_rows(p_res, node, xp), u_sample, xp), node)
+
 
 
 def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sample: Array, tree, verifier, *,
