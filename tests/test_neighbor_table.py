@@ -79,9 +79,9 @@ def test_bad_codebooks_and_widths_are_refused():
 
 def test_tables_are_numpy_where_rounds_are_verified_on_the_host():
     """On a CPU (the host path) LANTERN's neighbour table and GSD's closeness table reach the verifier as numpy, so
-    its rounds are verified on numpy views (real.decode.round.host_verification); with the device path forced (the
+    its rounds are verified on numpy views (real.nn.devpath.host_verification); with the device path forced (the
     control) they stay torch tensors and the rounds take the device walks."""
-    from real.decode.round import host_verification
+    from real.nn.devpath import host_verification
     from real.nn import devpath
 
     nb = torch.as_tensor(rules.lantern_neighbors(_codebook().numpy(), 8))
