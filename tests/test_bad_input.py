@@ -481,12 +481,24 @@ def test_interrupted_save_keeps_previous_file(capsys, tmp_path, monkeypatch):
     assert _leftovers(tmp_path) == []
 
 
-def test_interrupted_record_leaves_nothing(capsys, tmp_path, monkeypatch):
-    def interrupted(fh, **arrays):
-        fh.write(b"partial")
-        raise KeyboardInterrupt
+@pytest.mark.parametrize("where", ["after a batch", "while assembling"])
+def test_interrupted_record_leaves_nothing(capsys, tmp_path, monkeypatch, where):
+    """--record streams batches (coolsd.npzstream.NpzStream): an interrupt after a batch was spooled, or while the
+    final file is being assembled (half written), leaves no file and no spool behind."""
+    from coolsd import npzstream
 
-    monkeypatch.setattr(np, "savez_compressed", interrupted)
+    if where == "after a batch":
+        real = npzstream.NpzStream.append
+
+        def interrupted(self, *a, **kw):
+            real(self, *a, **kw)
+            raise KeyboardInterrupt
+        monkeypatch.setattr(npzstream.NpzStream, "append", interrupted)
+    else:
+        def interrupted(src, dst, *a, **kw):
+            dst.write(b"partial")
+            raise KeyboardInterrupt
+        monkeypatch.setattr(npzstream.shutil, "copyfileobj", interrupted)
     assert _gen("--record", str(tmp_path / "rec"), "--num-tokens", "8") == 130
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
