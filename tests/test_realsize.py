@@ -96,8 +96,8 @@ def out_tokens(mode: str) -> int:
 
 NO_LIKELIHOOD = {"dynamic-lossless": ["--mode", "dynamic", *TREE_TOKENS], "static-sampled": ["--tree", "eagle25",
                                                                                              *TREE_TOKENS],
-                 # drafter-free: --draft MODE (on --model llamagen, --mode jacobi alone is refused: its default
-                 # --draft small asks for --draft-ckpt; open)
+                 # drafter-free, the deprecated --draft MODE spelling (--mode MODE works too on --model llamagen:
+                 # tests/test_real_cli.py::test_drafter_free_modes_on_a_llamagen_checkpoint)
                  "jacobi": ["--draft", "jacobi"], "sjd-pac": ["--draft", "sjd-pac"]}
 
 
