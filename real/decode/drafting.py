@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from real.nn.devpath import host_path, to_device
+from theory.core.xp import top_m as xp_top_m
 
 from . import rng as R
 from .sampling import draw
@@ -103,16 +104,8 @@ def draft_chain(run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: int):
 
 def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     """Indices (..., m) of the m largest entries of x (..., V) in decreasing order, ties to the lower index:
-    ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries (``topk``, then the m winners
-    ordered by (value, index)); when a tie straddles the m-th place, the full stable sort decides."""
-    V = x.shape[-1]
-    if m >= V or not host_path(x.device):    # the device path: one stable sort, no read-back of the tie checks
+    ``argsort(x, descending, stable)[..., :m]``. The host path: ``theory.core.xp.top_m`` (``topk``, the stable sort
+    only for a tie straddling the m-th place); the device path: one stable sort, no read-back of the tie checks."""
+    if m >= x.shape[-1] or not host_path(x.device):
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
-    val, idx = x.topk(m + 1, dim=-1, sorted=True)
-    if not bool((val[..., 1:] == val[..., :-1]).any()):   # no tie among the m + 1 largest: topk's order is the one
-        return idx[..., :m]
-    if bool((val[..., m - 1] == val[..., m]).any()):      # which of the tied entries is in is decided by index
-        return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
-    idx, val = idx[..., :m], val[..., :m]
-    idx, o = idx.sort(dim=-1)                              # by index, then stably by value: ties to the lower id
-    return idx.gather(-1, torch.argsort(val.gather(-1, o), dim=-1, descending=True, stable=True))
+    return xp_top_m(x, m)

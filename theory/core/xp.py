@@ -137,8 +137,8 @@ def top_m(x: Array, m: int, xp=None) -> Array:
     ``argsort(x, descending, stable)[..., :m]`` without sorting all V entries. numpy: ``argpartition`` (O(V)), then
     the m winners ordered by (value desc, index); a row where a tie straddles the m-th place (more than m entries
     >= the m-th value) takes the full stable sort, the only way to know which tied entries are in. torch: ``topk``
-    with the same tie rule. Other namespaces: the stable sort. ``real.decode.drafting.top_m`` is the engine's
-    torch twin of this rule (its device path avoids the tie checks' read-backs)."""
+    with the same tie rule (two read-backs of tie checks: ``real.decode.drafting.top_m`` calls this on the host
+    path and takes the stable sort on devices). Other namespaces: the stable sort."""
     V = x.shape[-1]
     if array_api_compat.is_numpy_array(x) and 0 < m < V:
         import numpy as np
@@ -156,6 +156,8 @@ def top_m(x: Array, m: int, xp=None) -> Array:
         import torch
 
         val, idx = x.topk(m + 1, dim=-1, sorted=True)
+        if not bool((val[..., 1:] == val[..., :-1]).any()):               # no tie among the m + 1 largest: topk's
+            return idx[..., :m]                                           # order is the one
         if bool((val[..., m - 1] == val[..., m]).any()):                  # a tie straddles the m-th place
             return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
         idx, val = idx[..., :m], val[..., :m]
