@@ -30,7 +30,7 @@ from real.protocol import as_batched, as_conds
 from theory.tree import Tree
 from .chain import Chain, Plain
 from .phases import phase
-from .memory import MAX_BATCH, check_batch, default_batch_size, device_of, record_bytes
+from .memory import MAX_BATCH, check_batch, default_batch_size, device_of, record_bytes, return_freed
 from .rng import Streams
 from .round import OnDevice, RoundRecord, Run, Step, prefill_round, speculative_round, sync
 from .sampling import Processing
@@ -209,40 +209,12 @@ def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: d
 
 def drop_rows(gens: list[Generation]) -> None:
     """Release the recorded rows (p, q, drafts) of ``gens``' rounds, once written (``generate(on_batch=...)``); the
-    rounds keep their counts, times and tree structure. The freed pages go back to the system (glibc: the mmap
-    threshold fixed at ``MMAP_THRESHOLD`` from the first call on, and ``malloc_trim``): with glibc's adaptive threshold
-    the next batch's rows came from a fragmented heap and the peak grew 15% from 10 to 100 batches, 13% with the trim
-    alone, 0.3% with a fixed threshold (benchmarks/bench_record_memory.py; docs/guide/records.md)."""
+    rounds keep their counts, times and tree structure. The freed pages go back to the system
+    (``real.decode.memory.return_freed``)."""
     for g in gens:
         for r in g.rounds:
             r.p = r.q = r.drafts = None
-    libc = _libc()
-    if libc:
-        global _FIXED
-        if not _FIXED and hasattr(libc, "mallopt"):
-            libc.mallopt(-3, MMAP_THRESHOLD)     # M_MMAP_THRESHOLD: blocks above it are mapped, and unmapped when freed
-            _FIXED = True
-        if hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-
-
-def _libc():
-    import ctypes
-    import ctypes.util
-
-    global _LIBC
-    if _LIBC is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _LIBC = ctypes.CDLL(name) if name else False
-        except OSError:
-            _LIBC = False
-    return _LIBC
-
-
-MMAP_THRESHOLD = 1 << 20   # bytes: a recording run's row blocks (MBs) are mapped, the small temporaries are not
-_FIXED = False
-_LIBC = None        # the C library, once looked up (False: none with malloc_trim)
+    return_freed()
 
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, drafting=None,
