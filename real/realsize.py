@@ -10,6 +10,12 @@ LlamaGen's ``GPT_models`` / ``VQ_models`` (vocab_size 16384, codebook_embed_dim 
 vision tokenizer (32,768 codes: ``real.adapters.emu3``); GLM-Image's AR stage (16,384 vision codes:
 ``real.adapters.glm_image_hf``).
 
+``SHALLOW``: per family other than LlamaGen, the arguments of its tiny builder (``real.adapters.chameleon.
+tiny_chameleon``, ``janus.tiny_janus``, ``emu3.tiny_emu3``, ``glm_image_hf.tiny_glm_image``) that give a shallow,
+narrow random model (2 layers, width 64) at the published vocabulary, full vocabulary and grid; the registry builds
+them as ``--model chameleon-realsize``, ``janus-realsize``, ``emu3-realsize`` and ``glm-image-realsize`` (random
+weights, built at run time; ``--num-tokens`` bounds a run on the larger grids).
+
 ``llamagen_files(folder, tokens, seed)``: a shallow, narrow LlamaGen c2i target at the published vocabulary and
 classes (``real.models.llamagen`` config "shallow": 2 layers, dim 64) and a VQ checkpoint with VQ-16's codebook
 (config "shallow"), saved in the upstream layouts; returns the ``coolsd generate`` / ``sweep`` arguments that load
@@ -19,16 +25,41 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["PUBLISHED", "LLAMAGEN_IMAGE_SIZE", "llamagen_files"]
+__all__ = ["PUBLISHED", "SHALLOW", "LLAMAGEN_IMAGE_SIZE", "llamagen_files", "shallow_kwargs"]
 
 PUBLISHED: dict[str, dict] = {
     "llamagen": {"V": 16384, "grids": ((16, 16), (24, 24)), "codebook": (16384, 8), "classes": 1000},
     "lumina-mgpt": {"V": 8192, "full_vocab": 65536, "grids": ((48, 48),), "codebook": (8192, 256)},
-    "janus-pro": {"V": 16384, "grids": ((24, 24),), "codebook": (16384, 8)},
+    "janus-pro": {"V": 16384, "full_vocab": 102400, "grids": ((24, 24),), "codebook": (16384, 8)},
     "emu3": {"V": 32768, "full_vocab": 184622, "grids": ((90, 90),), "codebook": (32768, 4)},
     "glm-image": {"V": 16384, "grids": ((32, 32),), "codebook": None},
 }
 LLAMAGEN_IMAGE_SIZE = {256: 256, 576: 384}      # tokens -> --image-size (downsample 16)
+_NARROW = {"hidden": 64, "layers": 2}
+# the tiny vocabularies' fixed entries besides the codes and the text ids (real.adapters.chameleon._tiny_vocab: 4
+# specials, 5 layout tokens, 8 size tokens; real.adapters.emu3._tiny_vocab: 3 specials, 6 image markers, 11 size
+# characters): the text ids fill the rest of the published full vocabulary
+_FIXED = {"lumina-mgpt": 4 + 5 + 8, "emu3": 3 + 6 + 11}
+SHALLOW: dict[str, tuple[str, dict]] = {
+    "chameleon": ("lumina-mgpt", {**_NARROW, "V": PUBLISHED["lumina-mgpt"]["V"], "side": 48,
+                                  "n_text": PUBLISHED["lumina-mgpt"]["full_vocab"] - PUBLISHED["lumina-mgpt"]["V"]
+                                  - _FIXED["lumina-mgpt"]}),
+    "janus": ("janus-pro", {**_NARROW, "V": PUBLISHED["janus-pro"]["V"], "side": 24,
+                            "text_vocab": PUBLISHED["janus-pro"]["full_vocab"]}),
+    "emu3": ("emu3", {**_NARROW, "V": PUBLISHED["emu3"]["V"], "side": 90,
+                      "n_text": PUBLISHED["emu3"]["full_vocab"] - PUBLISHED["emu3"]["V"] - _FIXED["emu3"]}),
+    # GLM-Image's processor lists the target grid, then the prior one (real.models.glm_image.glm_grids: 1024 px)
+    "glm-image": ("glm-image", {"hidden": 64, "layers": 2, "V": PUBLISHED["glm-image"]["V"],
+                                "grids": ((32, 32), (16, 16))}),
+}
+
+
+def shallow_kwargs(family: str) -> dict:
+    """The tiny builder's arguments of ``family`` (``SHALLOW``'s keys) at its published shapes; ValueError for
+    another family."""
+    if family not in SHALLOW:
+        raise ValueError(f"no real-size build of family {family!r}; choose from {sorted(SHALLOW)}")
+    return dict(SHALLOW[family][1])
 
 
 def llamagen_files(folder, tokens: int = 256, seed: int = 0) -> list[str]:

@@ -292,38 +292,41 @@ register("llama-tiny-fast", lambda o: _build_hf_llama_tiny(o, fast=True),
 # --------------------------------------------------------------------------- multimodal transformers LMs
 # Chameleon / Lumina-mGPT, Janus(-Pro), Emu3 through real.adapters.imagelm adapters (engine tokens = VQ codes).
 
-def _build_mm_tiny(opts, family: str) -> Bundle:
+def _build_mm_tiny(opts, family: str, realsize: bool = False) -> Bundle:
     """Random tiny target + draft of one family (8 x 8 codes, V = 64, CPU demo/tests); --draft
     layerskip (default: the target's first decoder layer), small (independent 1-layer random model of the
-    family, same vocabulary) or eagle (random EAGLE-1 head)."""
+    family, same vocabulary) or eagle (random EAGLE-1 head). ``realsize``: shallow and narrow at the published
+    vocabulary and grid instead (``real.realsize.SHALLOW``)."""
     from .protocol import Prompt
+    from .realsize import shallow_kwargs
 
     seed = int(_o(opts, "seed", 0))
     dev, dt = _device(opts), _dtype(opts)
     kind = _o(opts, "draft", "layerskip")
-    side = 8
+    kw = shallow_kwargs(family) if realsize else {"side": 8}
+    size = "shallow (random) at the published vocabulary and grid" if realsize else "tiny (random)"
     if family == "chameleon":
         from .adapters.chameleon import tiny_chameleon_pair, tiny_vqgan
 
-        t, d, (a, b) = tiny_chameleon_pair(seed, kind, dev, dt, side=side)
+        t, d, (a, b) = tiny_chameleon_pair(seed, kind, dev, dt, **kw)
         vq = tiny_vqgan(seed, t.vocab_size).to(dev)
-        name = "ChameleonForConditionalGeneration tiny (random), Lumina-mGPT layout"
+        name = f"ChameleonForConditionalGeneration {size}, Lumina-mGPT layout"
     elif family == "janus":
         from .adapters.janus import janus_decoder, tiny_janus_pair
 
-        t, d, (a, b) = tiny_janus_pair(seed, kind, dev, dt, side=side)
+        t, d, (a, b) = tiny_janus_pair(seed, kind, dev, dt, **kw)
         vq = janus_decoder(t.model)
-        name = "JanusForConditionalGeneration tiny (random)"
+        name = f"JanusForConditionalGeneration {size}"
     elif family == "emu3":
         from .adapters.emu3 import emu3_decoder, tiny_emu3_pair
 
-        t, d, (a, b) = tiny_emu3_pair(seed, kind, dev, dt, side=side)
+        t, d, (a, b) = tiny_emu3_pair(seed, kind, dev, dt, **kw)
         vq = emu3_decoder(t.model, t.layout)
-        name = "Emu3ForConditionalGeneration tiny (random)"
+        name = f"Emu3ForConditionalGeneration {size}"
     else:
         raise ValueError(f"unknown family {family!r}")
     if kind == "eagle" and opts.drafter_dir:
-        d = _trained_eagle(opts, t, f"{family}-tiny")
+        d = _trained_eagle(opts, t, f"{family}-realsize" if realsize else f"{family}-tiny")
     g = torch.Generator().manual_seed(seed)
     n = int(_o(opts, "num_images", 1))
     conds = [Prompt(torch.cat([torch.tensor([1]), torch.randint(a, b, (8,), generator=g)])) for _ in range(n)]
@@ -419,16 +422,21 @@ def _build_mm_real(opts, family: str) -> Bundle:
                   codebook=None if vq is None else vq.codebook.detach())
 
 
-def _build_glm(opts, tiny: bool) -> Bundle:
-    """GLM-Image's AR stage, batched (``real.adapters.glm_image.build_glm``): ``glm-image-tiny`` or ``glm-image``."""
+def _build_glm(opts, tiny: bool, realsize: bool = False) -> Bundle:
+    """GLM-Image's AR stage, batched (``real.adapters.glm_image.build_glm``): ``glm-image-tiny``, ``glm-image-realsize``
+    (random, shallow, at the published vocabulary and grids: ``real.realsize.SHALLOW``) or ``glm-image``."""
     from .adapters.glm_image import build_glm
+    from .realsize import shallow_kwargs
 
     t, d, conds, name = build_glm(tiny, seed=int(_o(opts, "seed", 0)), kind=_o(opts, "draft", "layerskip"),
                                   device=_device(opts), dtype=_dtype(opts), num_images=int(_o(opts, "num_images", 1)),
                                   prompts=opts.prompts, path=_o(opts, "target_pretrained", None),
-                                  image_size=_o(opts, "image_size", None), drafter_dir=opts.drafter_dir)
+                                  image_size=_o(opts, "image_size", None), drafter_dir=opts.drafter_dir,
+                                  tiny_kw=shallow_kwargs("glm-image") if realsize else None)
+    if realsize:
+        name = name.replace("tiny", "shallow at the published vocabulary and grids")
     if _o(opts, "draft", "layerskip") == "eagle" and opts.drafter_dir:
-        d = _trained_eagle(opts, t, "glm-image-tiny" if tiny else "glm-image")
+        d = _trained_eagle(opts, t, "glm-image-realsize" if realsize else "glm-image-tiny" if tiny else "glm-image")
     t, d = _batched_mm(t, release=not tiny), _batched_mm(d)
     lay = t.family.glm_layout
     return Bundle(t, d, conds, int(_o(opts, "num_tokens", lay.num_tokens)), None, None,
@@ -443,6 +451,14 @@ register("chameleon-tiny", lambda o: _build_mm_tiny(o, "chameleon"),
          "random tiny Chameleon (Lumina-mGPT layout: boi, size tokens, rows + newline, eoi) + tiny draft")
 register("janus-tiny", lambda o: _build_mm_tiny(o, "janus"), "random tiny Janus (generation head) + tiny draft")
 register("emu3-tiny", lambda o: _build_mm_tiny(o, "emu3"), "random tiny Emu3 (visual tokens, EOL rows) + tiny draft")
+register("glm-image-realsize", lambda o: _build_glm(o, True, realsize=True),
+         "random shallow GLM-Image AR stage at the published vocabulary (16,384) and 1024 px grids (16 x 16, 32 x 32)")
+register("chameleon-realsize", lambda o: _build_mm_tiny(o, "chameleon", realsize=True),
+         "random shallow Chameleon at Lumina-mGPT's vocabulary (8,192 codes in 65,536 ids) and 768 px grid (48 x 48)")
+register("janus-realsize", lambda o: _build_mm_tiny(o, "janus", realsize=True),
+         "random shallow Janus at Janus-Pro's vocabulary (16,384 codes, 102,400 text ids) and grid (24 x 24)")
+register("emu3-realsize", lambda o: _build_mm_tiny(o, "emu3", realsize=True),
+         "random shallow Emu3 at Emu3-Gen's vocabulary (32,768 visual tokens in 184,622 ids) and grid (90 x 90)")
 register("lumina-mgpt", lambda o: _build_mm_real(o, "chameleon"),
          "Lumina-mGPT-7B (Chameleon) from transformers-format weights; --prompts, --vq-ckpt for pixels")
 register("janus-pro", lambda o: _build_mm_real(o, "janus"),

@@ -7,8 +7,10 @@ Covered: ``generate`` in every drafting mode with ``--record`` (and ``--fidelity
 likelihood; where it has none the refusal comes before any work, checked too); ``sweep --predict`` (its report and
 figures) and ``sweep --predict --measured``. Not covered: ``tune`` on the record (``tune --objective bound`` on one
 576-token record passed 18 GB and was stopped; the exact-law objectives need ``tune --model`` with checkpoint files).
-Not yet covered (issue 54, open): the Lumina-mGPT, Janus-Pro, Emu3 and GLM-Image shapes (``real.realsize.PUBLISHED``
-lists them; their tiny builders take no vocabulary yet).
+The other families (``--model chameleon-realsize``, ``janus-realsize``, ``emu3-realsize``, ``glm-image-realsize``:
+``real.realsize.SHALLOW``, built at run time at Lumina-mGPT's 8,192 codes in 65,536 ids, Janus-Pro's 16,384,
+Emu3's 32,768 visual tokens in 184,622 ids and GLM-Image's 16,384): AR, a chain with --fidelity and --record, and
+one tree mode with both (``test_family_at_its_published_vocabulary``).
 """
 from __future__ import annotations
 
@@ -144,3 +146,32 @@ def test_sweep_predict_and_measured_at_v16384(lg):
     coolsd(d, "sweep --predict --measured", *base, "--predict", "--measured", str(meas / "report.json"),
            "--out", str(meas))
     assert (meas / "report.json").exists()
+
+
+# per family: the tokens of the chain (Janus-Pro: its whole 24 x 24 grid; the others the first 256 codes of theirs,
+# past at least one row end where the layout has one) and the tree mode run with --fidelity and --record on the first
+# 32 codes (every round at the published vocabulary); plain AR runs the first 64
+FAMILIES = {"chameleon": (256, LIKELY["static-topk"][:-2]), "janus": (576, LIKELY["dynamic-release"][:-2]),
+            "emu3": (256, LIKELY["static-topk"][:-2]), "glm-image": (256, LIKELY["dynamic-release"][:-2])}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_at_its_published_vocabulary(tmp_path, family):
+    """``--model FAMILY-realsize``: plain AR, a chain (vanilla, L = 4) with --fidelity and --record, and a tree with both, at
+    the family's published image vocabulary (``real.realsize.PUBLISHED``): every command completes, the likelihood is
+    finite, the records hold rows as wide as the image vocabulary in float32."""
+    from real.realsize import PUBLISHED, SHALLOW
+
+    n, tree = FAMILIES[family]
+    Vf = PUBLISHED[SHALLOW[family][0]]["V"]
+    model = ["--model", f"{family}-realsize"]
+    out, _ = coolsd(tmp_path, f"{family} ar (64 tokens)", *GEN[:2], "ar", *GEN[3:], *model, "--num-tokens", "64")
+    assert out["tokens"] == 64 and out["tokens_per_target_call"] == 1.0
+    for label, extra, T in (("chain", ["--L", "4"], n), ("tree", tree, 32)):
+        rec = tmp_path / f"{label}.npz"
+        out, _ = coolsd(tmp_path, f"{family} {label} --fidelity --record ({T} tokens)", *GEN, *model, *extra,
+                        "--num-tokens", str(T), "--fidelity", "--record", str(rec))
+        assert out["tokens"] == T and np.isfinite(out["fidelity"]["nll_per_token"]), out
+        shape, dtype = npz_shape(rec, "p")
+        assert shape[-1] == Vf and dtype == np.float32
+    print(f"[realsize] {family}: peaks {(tmp_path / 'peaks.json').read_text()}")

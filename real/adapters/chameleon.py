@@ -125,16 +125,17 @@ def _tiny_vocab(V: int, n_text: int = 48):
 
 
 def tiny_chameleon(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, layers: int = 3, heads: int = 4,
-                   init: bool = True):
+                   init: bool = True, n_text: int = 48):
     """A tiny random ``ChameleonForConditionalGeneration`` (V image codes, qk-norm, tiny VQ encoder) and
-    its ``ImageLayout`` (side x side codes, Lumina-style header/newline/eoi from the tiny vocabulary).
-    Returns (model, layout, text_ids (first text id, end))."""
+    its ``ImageLayout`` (side x side codes, Lumina-style header/newline/eoi from the tiny vocabulary; ``n_text``
+    text ids after them: ``real.realsize`` fills Lumina-mGPT's 65,536). Positions: at least 1,024, and room for
+    the side x (side + 1) image tokens after a prompt. Returns (model, layout, text_ids (first text id, end))."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-    vm, sp, text0, n = _tiny_vocab(V)
+    vm, sp, text0, n = _tiny_vocab(V, n_text)
     cfg = ChameleonConfig(vocab_size=n, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=1024,
-                          vocabulary_map=vm, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                          num_attention_heads=heads, num_key_value_heads=heads,
+                          max_position_embeddings=max(1024, side * (side + 1) + 128), vocabulary_map=vm, bos_token_id=1, eos_token_id=2, pad_token_id=3,
                           vq_config=dict(embed_dim=32, num_embeddings=V, latent_channels=32, base_channels=32,
                                          channel_multiplier=[1, 2], resolution=8, num_res_blocks=1))
     torch.manual_seed(seed)
@@ -153,7 +154,7 @@ def tiny_chameleon_pair(seed: int = 0, draft: str = "layerskip", device="cpu", d
     vocabulary) or ``eagle`` (a random EAGLE-1 head on the target)."""
 
     return tiny_pair(tiny_chameleon, ChameleonImageLM, seed, draft, device, dtype, kw, layer_key="model.layers",
-                     set_layers=lambda c, n: setattr(c, "num_hidden_layers", n))
+                     set_layers=lambda c, n: setattr(c, "num_hidden_layers", n), small_keys=("V", "side", "n_text"))
 
 
 def lumina_7b_config(max_position_embeddings: int = 4096):

@@ -119,15 +119,18 @@ def _tiny_vocab(V: int, n_text: int = 48):
 
 
 def tiny_emu3(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, layers: int = 3, heads: int = 4,
-              init: bool = True):
+              init: bool = True, n_text: int = 48):
     """A tiny random ``Emu3ForConditionalGeneration`` (GQA Llama-like LM, V-code VQ with spatial factor
-    2) and its layout (side x side). Returns (model, layout, text id range)."""
+    2) and its layout (side x side); ``n_text`` text ids after the visual tokens (``real.realsize`` fills Emu3's
+    184,622). Positions: at least 1,024, and room for the side x (side + 1) image tokens after a prompt. Returns
+    (model, layout, text id range)."""
     from transformers import Emu3Config, Emu3ForConditionalGeneration
 
-    vm, text0, n = _tiny_vocab(V)
+    vm, text0, n = _tiny_vocab(V, n_text)
     cfg = Emu3Config(
         text_config=dict(vocab_size=n, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024,
+                         num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                         max_position_embeddings=max(1024, side * (side + 1) + 128),
                          pad_token_id=0, bos_token_id=1, eos_token_id=2, attention_dropout=0.0),
         vq_config=dict(codebook_size=V, embed_dim=4, latent_channels=4, base_channels=32, channel_multiplier=[1, 2],
                        num_res_blocks=1, attn_resolutions=[], hidden_size=64, num_attention_heads=1,
@@ -146,7 +149,8 @@ def tiny_emu3_pair(seed: int = 0, draft: str = "layerskip", device="cpu", dtype=
     1-layer, 32-wide LM over the same vocabulary) or ``eagle``."""
 
     return tiny_pair(tiny_emu3, Emu3ImageLM, seed, draft, device, dtype, kw, layer_key="text_model.layers",
-                     set_layers=lambda c, n: setattr(c.text_config, "num_hidden_layers", n))
+                     set_layers=lambda c, n: setattr(c.text_config, "num_hidden_layers", n),
+                     small_keys=("V", "side", "n_text"))
 
 
 # --------------------------------------------------------------------------- real checkpoints

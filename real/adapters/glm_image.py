@@ -158,14 +158,16 @@ def glm_prompt(processor, text: str, height: int = 1152, width: int = 768) -> Pr
 
 def build_glm(tiny: bool, *, seed: int = 0, kind: str = "layerskip", device="cpu", dtype=torch.float32,
               num_images: int = 1, prompts=None, path: str | None = None, image_size: int | None = None,
-              drafter_dir: str | None = None):
+              drafter_dir: str | None = None, tiny_kw: dict | None = None):
     """What ``real.registry`` builds for ``glm-image-tiny`` (random; ``num_images`` seeded 8-word prompts; an 8 x 8
     target grid after a 4 x 4 prior grid) or ``glm-image`` (``path``, default ``GLM_IMAGE_ID``; ``prompts`` texts;
     ``image_size`` the square side in px, default 1152 x 768; with ``kind`` eagle and a ``drafter_dir`` the draft returned
 is a placeholder that ``real.registry`` replaces by the trained drafter, ``real.drafter.files.load_drafter``). Returns
-    (target family, draft or None, conditions, description)."""
+    (target family, draft or None, conditions, description). ``tiny_kw``: other arguments of the tiny pair
+    (``tiny_glm_image_pair``: ``real.realsize.SHALLOW``'s published vocabulary and grids)."""
     if tiny:
-        t, d, (a, b) = tiny_glm_image_pair(seed, "layerskip" if kind == "eagle" and drafter_dir else kind, device, dtype)
+        t, d, (a, b) = tiny_glm_image_pair(seed, "layerskip" if kind == "eagle" and drafter_dir else kind, device, dtype,
+                                           **(tiny_kw or {}))
         g = torch.Generator().manual_seed(seed)
         return t, d, [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(num_images)], \
             "GlmImageForConditionalGeneration tiny (random), AR stage"

@@ -108,13 +108,14 @@ def janus_decoder(model) -> CodeDecoder:
 def tiny_janus(seed: int = 0, *, V: int = 64, side: int = 4, hidden: int = 64, layers: int = 3, heads: int = 4,
                text_vocab: int = 96, init: bool = True):
     """A tiny random ``JanusForConditionalGeneration``: Llama LM (``text_vocab`` ids: 0 pad, 1 bos,
-    2 eos, 3 boi, text from 4), V-code VQ (ds 2), side x side image tokens."""
+    2 eos, 3 boi, text from 4), V-code VQ (ds 2), side x side image tokens. Positions: at least 512, and room for
+    the side x side image tokens after a prompt."""
     from transformers import JanusConfig, JanusForConditionalGeneration
 
     cfg = JanusConfig(
         text_config=dict(model_type="llama", vocab_size=text_vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+                         max_position_embeddings=max(512, side * side + 128), pad_token_id=0, bos_token_id=1, eos_token_id=2),
         vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=8 * side,
                            patch_size=8, projection_dim=hidden, num_image_tokens=side * side, depth=1, mlp_ratio=2),
         vq_config=dict(embed_dim=8, num_embeddings=V, latent_channels=32, base_channels=32, channel_multiplier=[1, 2],
