@@ -15,6 +15,7 @@ functions below), in array-API code so that the exact-law tuner differentiates i
 """
 from __future__ import annotations
 
+import array_api_compat
 import numpy as np
 
 from ..core.xp import gather, namespace, ratio_min1
@@ -60,32 +61,62 @@ def survival_by_row(acc, live, start, min_count: int = MIN_COUNT, T: int = 49, p
     return _survival(sums, cnts, min_count, xp)
 
 
+def _transitions(S, depth: int, first_single: bool, T: int, per_row: int, xp):
+    """The renewal's transition masses G (..., T, depth + 1) on survival curves S (..., rows, L >= depth): a round
+    started at position n moves its mass to n + j (j = 1..depth + 1) with G[n, j - 1] = Pr(tau = j - 1) =
+    S(j - 1) - S(j) (S(0) = 1, S(i) = S[b(n), i - 1], b(n) the image row of n) for j <= L'(n), and the survival
+    S(L'(n)) at j = L'(n) + 1 (every draft accepted), 0 beyond; L'(n) = min(depth, T - n - 1), 0 for n = 0 when
+    ``first_single``. Also returns L'(n) (T,) (numpy ints)."""
+    n = np.arange(T)
+    ell = np.minimum(depth, T - n - 1)
+    if first_single and T:
+        ell[0] = 0
+    b = np.minimum(n // per_row, S.shape[-2] - 1)
+    one = xp.ones_like(S[..., :1])
+    ext = xp.concat([one, S[..., :depth], 0.0 * one], axis=-1)               # (..., rows, depth + 2)
+    eb = xp.take(ext, xp.asarray(b), axis=-2)                                # (..., T, depth + 2)
+    j = np.arange(1, depth + 2)
+    keep = xp.asarray((j[None, :] <= ell[:, None] + 1).astype(np.float64), dtype=S.dtype)
+    drafted = xp.asarray((j[None, :] <= ell[:, None]).astype(np.float64), dtype=S.dtype)
+    return keep * (eb[..., :-1] - drafted * eb[..., 1:]), ell
+
+
+def _masses(G, xp):
+    """pi[n] (T, ...): the probability that a round starts at position n (pi[0] = 1), forward over the positions on
+    a window of the depth + 2 positions n..n + depth + 1 (a round moves mass at most depth + 1 ahead): each step
+    takes m = pi[n] and adds m G[n] to the next ones. Under JAX one ``lax.scan`` (a graph of one step whatever T:
+    the unrolled loop compiled T copies, 7 GB at T = 256); elsewhere the same step in a loop."""
+    lead = G.shape[:-2]
+
+    def step(w, g):
+        m = w[..., :1]
+        return xp.concat([w[..., 1:] + m * g, xp.zeros_like(m)], axis=-1), m[..., 0]
+    w = xp.concat([xp.ones_like(G[..., 0, :1]), xp.zeros_like(G[..., 0, :])], axis=-1)     # pi[0..depth + 1]
+    if array_api_compat.is_jax_namespace(xp):
+        from jax import lax
+
+        return lax.scan(step, w, xp.moveaxis(G, -2, 0))[1]
+    out = []
+    for t in range(G.shape[-2]):      # the positions, in order: mass only moves forward
+        w, m = step(w, G[..., t, :])
+        out.append(m)
+    return xp.stack(out) if out else xp.zeros((0, *lead), dtype=G.dtype)
+
+
 def expected_rounds(S, depth: int, first_single: bool, T: int = 49, per_row: int = 7, xp=None) -> dict:
-    """The renewal recursion over positions (module docstring) on survival curves S (..., rows, L): {"rounds",
-    "draft_steps", "single_steps", "tokens_per_call"} (arrays of S's leading shape, or floats)."""
+    """The renewal recursion over positions (module docstring) on survival curves S (..., rows, L), L >= depth:
+    {"rounds", "draft_steps", "single_steps", "tokens_per_call"} (arrays of S's leading shape, or floats).
+    rounds = sum_n pi[n], draft steps = sum_n pi[n] L'(n), single steps = sum over L'(n) = 0 (``_transitions``,
+    ``_masses``)."""
     xp = xp or namespace(S)
-    zero = 0.0 * S[..., 0, 0]
-    pi = [zero] * (T + depth + 2)
-    pi[0] = zero + 1.0
-    rounds = draft = single = zero
-    nrows = S.shape[-2]
-    for n in range(T):  # sequential over the positions: mass only moves forward
-        m = pi[n]
-        ell = 0 if (n == 0 and first_single) else min(depth, T - n - 1)   # L'(n), docs/theory.md section 7
-        rounds = rounds + m
-        if ell == 0:
-            single = single + m
-            pi[n + 1] = pi[n + 1] + m
-            continue
-        draft = draft + m * ell
-        b = min(n // per_row, nrows - 1)
-        prev = 1.0
-        for k in range(ell):    # tau = k: the round yields k + 1 tokens
-            nxt = S[..., b, k]
-            pi[n + 1 + k] = pi[n + 1 + k] + m * (prev - nxt)
-            prev = nxt
-        pi[n + 1 + ell] = pi[n + 1 + ell] + m * prev
-    return {"rounds": rounds, "draft_steps": draft, "single_steps": single, "tokens_per_call": T / rounds}
+    G, ell = _transitions(S, depth, first_single, T, per_row, xp)
+    m = _masses(G, xp)                                                      # (T, ...)
+    shape = (T,) + (1,) * (m.ndim - 1)
+    lv = xp.asarray(np.reshape(ell.astype(np.float64), shape), dtype=m.dtype)
+    sv = xp.asarray(np.reshape((ell == 0).astype(np.float64), shape), dtype=m.dtype)
+    rounds = xp.sum(m, axis=0)
+    return {"rounds": rounds, "draft_steps": xp.sum(m * lv, axis=0), "single_steps": xp.sum(m * sv, axis=0),
+            "tokens_per_call": T / rounds}
 
 
 class SpeedModel:
