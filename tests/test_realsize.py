@@ -5,8 +5,10 @@ weights at a published checkpoint's vocabulary and grid (``real.realsize``), Lla
 
 Covered: ``generate`` in every drafting mode with ``--record`` (and ``--fidelity`` where the mode has an exact
 likelihood; where it has none the refusal comes before any work, checked too); ``sweep --predict`` (its report and
-figures) and ``sweep --predict --measured``. Not covered: ``tune`` on the record (``tune --objective bound`` on one
-576-token record passed 18 GB and was stopped; the exact-law objectives need ``tune --model`` with checkpoint files).
+figures) and ``sweep --predict --measured``; ``tune --objective bound`` on a 256-token chain record, under 2 GB (the
+speed model's renewal recursion was unrolled over the T positions: 18 GB on a 576-token record while JAX compiled;
+``theory.likelihood.speed`` now scans). Not covered: the exact-law objectives (``tune --model`` takes no checkpoint
+files).
 The other families (``--model chameleon-realsize``, ``janus-realsize``, ``emu3-realsize``, ``glm-image-realsize``:
 ``real.realsize.SHALLOW``, built at run time at Lumina-mGPT's 8,192 codes in 65,536 ids, Janus-Pro's 16,384,
 Emu3's 32,768 visual tokens in 184,622 ids and GLM-Image's 16,384): AR, a chain with --fidelity and --record, and
@@ -122,14 +124,32 @@ def test_generate_with_record_where_no_exact_likelihood_applies(lg, mode):
 
 
 def test_576_tokens(lg):
-    """The 24 x 24 grid: a chain with --fidelity and --record. (``coolsd tune --objective bound`` on this record is
-    not run here: at V = 16,384 it passed 18 GB of resident memory and was stopped, issue 54, open; the exact-law
-    objectives need AR rows from ``tune --model``, which takes no checkpoint files yet.)"""
+    """The 24 x 24 grid: a chain with --fidelity and --record. (``coolsd tune --objective bound`` on such a record
+    passed 18 GB while JAX compiled the unrolled speed model; since it scans, the free family's tune peaks at 1.2 GB
+    in 266 s under load 10 (docs/guide/records.md), too slow for the tier: ``test_tune_on_the_record_at_v16384`` runs
+    the uniform family at 256 tokens.)"""
     d, args = lg
     rec = d / "chain576.npz"
     out, _ = coolsd(d, "generate chain --fidelity --record (576 tokens)", *GEN, *args[576], "--L", "4",
                     "--fidelity", "--record", str(rec))
     assert out["tokens"] == 576 and npz_shape(rec, "p")[0][-1] == V
+
+
+def test_tune_on_the_record_at_v16384(lg):
+    """``coolsd tune --objective bound`` on a 256-token chain record at V = 16,384 (the chain test's, or a fresh one)
+    completes with a schedule inside the record's reachable speeds, its peak memory under 2 GB. The uniform family
+    (no SLSQP: the tier's minutes; every family shares the bound and speed functions that held the memory)."""
+    d, args = lg
+    rec = d / "chain.npz"
+    if not rec.exists():
+        coolsd(d, "generate chain --record (256 tokens)", *GEN, *args[256], "--L", "4", "--record", str(rec))
+    label = "tune --objective bound --family uniform (256 tokens)"
+    out, _ = coolsd(d, label, "tune", "--record", str(rec), "--objective", "bound", "--family", "uniform",
+                    "--bound-budget", "0.05", "--json")
+    assert out["objective"] == "bound" and out["L"] == 4
+    assert out["vanilla_tokens_per_call"] <= out["predicted_tokens_per_call"] <= out["max_tokens_per_call"]
+    assert out["predicted_bound_per_round"] <= 0.05 + 1e-9
+    assert json.loads((d / "peaks.json").read_text())[label] < 2 * 2**30
 
 
 def test_sweep_predict_and_measured_at_v16384(lg):

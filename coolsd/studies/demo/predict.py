@@ -102,13 +102,14 @@ def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400
     rounds (an unbiased estimate of the same mean; its SE is reported). Returns accepted (R,), f (R, L),
     bound terms (R',), R'."""
     p, q, d, nd, _ = arrays
-    P, Q = torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64)
+    P, Q = torch.as_tensor(p), torch.as_tensor(q)      # float64 a chunk at a time (the rows may be float32)
     D, ND = torch.as_tensor(d), torch.as_tensor(nd)
+    f64 = lambda x: x.to(torch.float64)  # noqa: E731
     costly = _costly_resampler(verifier)
     first = rules.Verifier(verifier.accept, rules.Optimal(), verifier.name) if costly else verifier
     acc, bound, f = [], [], []
     for a in range(0, len(d), chunk):
-        r = predict_rounds(P[a:a + chunk], Q[a:a + chunk], D[a:a + chunk], first, n_drafted=ND[a:a + chunk])
+        r = predict_rounds(f64(P[a:a + chunk]), f64(Q[a:a + chunk]), D[a:a + chunk], first, n_drafted=ND[a:a + chunk])
         acc.append(r.accepted.numpy())
         f.append(r.f.numpy())
         if not costly:
@@ -119,7 +120,7 @@ def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400
             idx = np.sort(np.random.default_rng(seed).choice(len(idx), max_bound_rounds, replace=False))
         for a in range(0, len(idx), chunk // 4):
             j = torch.as_tensor(idx[a:a + chunk // 4])
-            bound.append(predict_rounds(P[j], Q[j], D[j], verifier, n_drafted=ND[j]).bound.numpy())
+            bound.append(predict_rounds(f64(P[j]), f64(Q[j]), D[j], verifier, n_drafted=ND[j]).bound.numpy())
     bound = np.concatenate(bound)
     return np.concatenate(acc), np.concatenate(f), bound
 
@@ -181,8 +182,9 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
             m = max(1, math.ceil(max_costly_rounds * len(toks) / total))
             idx = np.sort(rng.choice(len(toks), min(m, len(toks)), replace=False))
             p, q, toks, start = p[idx], q[idx], toks[idx], start[idx]
-        parts = [predict_tree_rounds(p[a:a + chunk], q[a:a + chunk], toks[a:a + chunk], t, verifier, draft_law=draft_law)
-                 for a in range(0, len(toks), chunk)]
+        parts = [predict_tree_rounds(np.asarray(p[a:a + chunk], np.float64), np.asarray(q[a:a + chunk], np.float64),
+                                     toks[a:a + chunk], t, verifier, draft_law=draft_law)
+                 for a in range(0, len(toks), chunk)]     # float64 a chunk at a time (the rows may be float32)
         r = type(parts[0])(*[np.concatenate([np.asarray(getattr(x, k)) for x in parts]) for k in parts[0]._fields])
         reach = np.asarray(r.reach)
         by_depth = np.zeros((len(toks), D))

@@ -86,18 +86,19 @@ def _stats(d: dict) -> dict:
 
 
 def _vanilla_source(ctx: Context, van: dict):
-    """The prediction input from the vanilla rows: chain arrays (p, q, drafts, n_drafted, start) in
-    float64, or tree groups {depth: (p, q, tokens, start)}; None when nothing was recorded."""
+    """The prediction input from the vanilla rows: chain arrays (p, q, drafts, n_drafted, start), or tree groups
+    {depth: (p, q, tokens, start)}, rows in the dtype they were recorded in (the predictions convert them to float64
+    a chunk of rounds at a time: ``demo.predict.predict_chain``, ``tree_prediction``; a float64 copy of every row
+    at once was (rounds x (2L + 1) x V x 8) bytes); None when nothing was recorded."""
     if getattr(ctx, "dynamic", None) is not None:
         return None         # dynamic trees: no rows recorded by the sweep (run.run_unit)
     if ctx.tree is None:
         if "rec_p" not in van:
             return None
-        return (van["rec_p"].astype(np.float64), van["rec_q"].astype(np.float64), van["rec_drafts"],
-                van["rec_n_drafted"], van["rec_start"])
+        return van["rec_p"], van["rec_q"], van["rec_drafts"], van["rec_n_drafted"], van["rec_start"]
     deps = sorted({int(k[4:].split("_")[0]) for k in van if k.startswith("rect")})
-    return {d: (van[f"rect{d}_p"].astype(np.float64), van[f"rect{d}_q"].astype(np.float64), van[f"rect{d}_tokens"],
-                van[f"rect{d}_start"]) for d in deps} or None
+    return {d: (van[f"rect{d}_p"], van[f"rect{d}_q"], van[f"rect{d}_tokens"], van[f"rect{d}_start"])
+            for d in deps} or None
 
 
 def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
