@@ -40,17 +40,22 @@ _NARROW = {"hidden": 64, "layers": 2}
 # specials, 5 layout tokens, 8 size tokens; real.adapters.emu3._tiny_vocab: 3 specials, 6 image markers, 11 size
 # characters): the text ids fill the rest of the published full vocabulary
 _FIXED = {"lumina-mgpt": 4 + 5 + 8, "emu3": 3 + 6 + 11}
-SHALLOW: dict[str, tuple[str, dict]] = {
+SHALLOW: dict[str, tuple[str, dict, str]] = {       # family: (PUBLISHED key, builder arguments, --list-models line)
     "chameleon": ("lumina-mgpt", {**_NARROW, "V": PUBLISHED["lumina-mgpt"]["V"], "side": 48,
                                   "n_text": PUBLISHED["lumina-mgpt"]["full_vocab"] - PUBLISHED["lumina-mgpt"]["V"]
-                                  - _FIXED["lumina-mgpt"]}),
+                                  - _FIXED["lumina-mgpt"]},
+                  "random shallow Chameleon at Lumina-mGPT's vocabulary (8,192 codes in 65,536 ids) and 768 px grid "
+                  "(48 x 48)"),
     "janus": ("janus-pro", {**_NARROW, "V": PUBLISHED["janus-pro"]["V"], "side": 24,
-                            "text_vocab": PUBLISHED["janus-pro"]["full_vocab"]}),
+                            "text_vocab": PUBLISHED["janus-pro"]["full_vocab"]},
+              "random shallow Janus at Janus-Pro's vocabulary (16,384 codes, 102,400 text ids) and grid (24 x 24)"),
     "emu3": ("emu3", {**_NARROW, "V": PUBLISHED["emu3"]["V"], "side": 90,
-                      "n_text": PUBLISHED["emu3"]["full_vocab"] - PUBLISHED["emu3"]["V"] - _FIXED["emu3"]}),
+                      "n_text": PUBLISHED["emu3"]["full_vocab"] - PUBLISHED["emu3"]["V"] - _FIXED["emu3"]},
+             "random shallow Emu3 at Emu3-Gen's vocabulary (32,768 visual tokens in 184,622 ids) and grid (90 x 90)"),
     # GLM-Image's processor lists the target grid, then the prior one (real.models.glm_image.glm_grids: 1024 px)
-    "glm-image": ("glm-image", {"hidden": 64, "layers": 2, "V": PUBLISHED["glm-image"]["V"],
-                                "grids": ((32, 32), (16, 16))}),
+    "glm-image": ("glm-image", {**_NARROW, "V": PUBLISHED["glm-image"]["V"], "grids": ((32, 32), (16, 16))},
+                  "random shallow GLM-Image AR stage at the published vocabulary (16,384) and 1024 px grids "
+                  "(16 x 16, 32 x 32)"),
 }
 
 

@@ -16,6 +16,7 @@ import torch
 
 from .build_options import BuildOptions
 from .protocol import NO_DRAFT, make_draft as _make_draft    # NO_DRAFT: BuildOptions.draft "none", no draft model
+from .realsize import SHALLOW, shallow_kwargs
 
 __all__ = ["Bundle", "BuildOptions", "register", "build", "MODELS", "tiny_llamagen_pair"]
 
@@ -298,7 +299,6 @@ def _build_mm_tiny(opts, family: str, realsize: bool = False) -> Bundle:
     family, same vocabulary) or eagle (random EAGLE-1 head). ``realsize``: shallow and narrow at the published
     vocabulary and grid instead (``real.realsize.SHALLOW``)."""
     from .protocol import Prompt
-    from .realsize import shallow_kwargs
 
     seed = int(_o(opts, "seed", 0))
     dev, dt = _device(opts), _dtype(opts)
@@ -426,15 +426,12 @@ def _build_glm(opts, tiny: bool, realsize: bool = False) -> Bundle:
     """GLM-Image's AR stage, batched (``real.adapters.glm_image.build_glm``): ``glm-image-tiny``, ``glm-image-realsize``
     (random, shallow, at the published vocabulary and grids: ``real.realsize.SHALLOW``) or ``glm-image``."""
     from .adapters.glm_image import build_glm
-    from .realsize import shallow_kwargs
 
     t, d, conds, name = build_glm(tiny, seed=int(_o(opts, "seed", 0)), kind=_o(opts, "draft", "layerskip"),
                                   device=_device(opts), dtype=_dtype(opts), num_images=int(_o(opts, "num_images", 1)),
                                   prompts=opts.prompts, path=_o(opts, "target_pretrained", None),
                                   image_size=_o(opts, "image_size", None), drafter_dir=opts.drafter_dir,
                                   tiny_kw=shallow_kwargs("glm-image") if realsize else None)
-    if realsize:
-        name = name.replace("tiny", "shallow at the published vocabulary and grids")
     if _o(opts, "draft", "layerskip") == "eagle" and opts.drafter_dir:
         d = _trained_eagle(opts, t, "glm-image-realsize" if realsize else "glm-image-tiny" if tiny else "glm-image")
     t, d = _batched_mm(t, release=not tiny), _batched_mm(d)
@@ -451,14 +448,9 @@ register("chameleon-tiny", lambda o: _build_mm_tiny(o, "chameleon"),
          "random tiny Chameleon (Lumina-mGPT layout: boi, size tokens, rows + newline, eoi) + tiny draft")
 register("janus-tiny", lambda o: _build_mm_tiny(o, "janus"), "random tiny Janus (generation head) + tiny draft")
 register("emu3-tiny", lambda o: _build_mm_tiny(o, "emu3"), "random tiny Emu3 (visual tokens, EOL rows) + tiny draft")
-register("glm-image-realsize", lambda o: _build_glm(o, True, realsize=True),
-         "random shallow GLM-Image AR stage at the published vocabulary (16,384) and 1024 px grids (16 x 16, 32 x 32)")
-register("chameleon-realsize", lambda o: _build_mm_tiny(o, "chameleon", realsize=True),
-         "random shallow Chameleon at Lumina-mGPT's vocabulary (8,192 codes in 65,536 ids) and 768 px grid (48 x 48)")
-register("janus-realsize", lambda o: _build_mm_tiny(o, "janus", realsize=True),
-         "random shallow Janus at Janus-Pro's vocabulary (16,384 codes, 102,400 text ids) and grid (24 x 24)")
-register("emu3-realsize", lambda o: _build_mm_tiny(o, "emu3", realsize=True),
-         "random shallow Emu3 at Emu3-Gen's vocabulary (32,768 visual tokens in 184,622 ids) and grid (90 x 90)")
+for _f in SHALLOW:      # the real-size tier: random, shallow, at the published vocabularies and grids
+    register(f"{_f}-realsize", (lambda f: lambda o: _build_glm(o, True, True) if f == "glm-image"
+                                else _build_mm_tiny(o, f, True))(_f), SHALLOW[_f][2])
 register("lumina-mgpt", lambda o: _build_mm_real(o, "chameleon"),
          "Lumina-mGPT-7B (Chameleon) from transformers-format weights; --prompts, --vq-ckpt for pixels")
 register("janus-pro", lambda o: _build_mm_real(o, "janus"),

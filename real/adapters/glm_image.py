@@ -169,8 +169,9 @@ is a placeholder that ``real.registry`` replaces by the trained drafter, ``real.
         t, d, (a, b) = tiny_glm_image_pair(seed, "layerskip" if kind == "eagle" and drafter_dir else kind, device, dtype,
                                            **(tiny_kw or {}))
         g = torch.Generator().manual_seed(seed)
+        size = "shallow at the published vocabulary and grids" if tiny_kw else "tiny"
         return t, d, [Prompt(torch.randint(a, b, (8,), generator=g)) for _ in range(num_images)], \
-            "GlmImageForConditionalGeneration tiny (random), AR stage"
+            f"GlmImageForConditionalGeneration {size} (random), AR stage"
     if not prompts:
         raise ValueError("--model glm-image: pass --prompts TEXT ...")
     hw = (int(image_size), int(image_size)) if image_size else (1152, 768)
