@@ -195,3 +195,18 @@ def test_family_at_its_published_vocabulary(tmp_path, family):
         shape, dtype = npz_shape(rec, "p")
         assert shape[-1] == Vf and dtype == np.float32
     print(f"[realsize] {family}: peaks {(tmp_path / 'peaks.json').read_text()}")
+
+
+def test_shallow_builds_name_the_published_shapes():
+    """``real.realsize.SHALLOW`` reads its vocabularies and grids from ``PUBLISHED`` (one place), every family is
+    registered as ``FAMILY-realsize``, and an unknown family is refused in one line."""
+    from real import registry
+    from real.realsize import PUBLISHED, SHALLOW, shallow_kwargs
+
+    for family, (key, kw, _) in SHALLOW.items():
+        assert kw["V"] == PUBLISHED[key]["V"] and f"{family}-realsize" in registry.MODELS
+        grid = kw.get("grids", ((kw.get("side"),) * 2,))[0]
+        assert tuple(grid) in PUBLISHED[key]["grids"], (family, grid)
+    assert shallow_kwargs("janus") is not SHALLOW["janus"][1]          # a copy: the table is not edited by a caller
+    with pytest.raises(ValueError, match="no real-size build of family 'llamagen'"):
+        shallow_kwargs("llamagen")
