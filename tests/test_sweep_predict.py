@@ -93,3 +93,31 @@ def test_refusals_before_any_work(tmp_path, capsys):
     assert "not a sweep report" in capsys.readouterr().err
     assert main(["sweep", *BASE[:-5], "--record-images", "0", "--no-progress", "--predict", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_predictions_on_recorded_float32_rows_equal_those_on_float64_rows():
+    """The sweep hands the predictions its rows as recorded (float32) and they convert a chunk of rounds at a time
+    (``analysis._vanilla_source``): the chain and tree predictions equal those on rows converted whole, exactly, over
+    several chunks. Control: a changed row changes the bound."""
+    from coolsd.studies.demo import predict as P
+    from theory import rules
+    from theory.tree import Tree
+
+    rng = np.random.default_rng(3)
+    R, L, V = 150, 3, 32
+    p = rng.dirichlet(np.ones(V), (R, L + 1)).astype(np.float32)
+    q = rng.dirichlet(np.ones(V), (R, L)).astype(np.float32)
+    d, nd, start = rng.integers(0, V, (R, L)), rng.integers(1, L + 1, R), rng.integers(0, 40, R)
+    v = rules.cool_sd(3.0)
+    a = P.chain_prediction((p, q, d, nd, start), v, L, True, T=40, per_row=8)
+    assert a == P.chain_prediction((p.astype(np.float64), q.astype(np.float64), d, nd, start), v, L, True, T=40,
+                                   per_row=8)
+    p2 = p.copy()
+    p2[0, 0] = np.roll(p2[0, 0], 1)
+    assert P.chain_prediction((p2, q, d, nd, start), v, L, True, T=40, per_row=8)["tv_bound"] != a["tv_bound"]
+    tree = Tree(((0,), (1,), (0, 0)))
+    toks = rng.integers(0, V, (R, 4))
+    g32 = {2: (rng.dirichlet(np.ones(V), (R, 4)).astype(np.float32), rng.dirichlet(np.ones(V), (R, 4)).astype(np.float32),
+               toks, start)}
+    g64 = {2: (g32[2][0].astype(np.float64), g32[2][1].astype(np.float64), toks, start)}
+    assert P.tree_prediction(g32, v, tree, T=40, per_row=8) == P.tree_prediction(g64, v, tree, T=40, per_row=8)
