@@ -471,3 +471,26 @@ def test_expected_rounds_under_jax_is_one_scan_whatever_T(first_single):
         S2[0, 0] *= 0.5
         assert abs(speed.expected_rounds(S2, 4, first_single, T=T, per_row=24)["rounds"] - ref["rounds"]) > 1e-6
     assert eqns[49] == eqns[576] < 60, eqns
+
+
+def test_bound_objective_in_chunks_of_rounds_equals_the_whole_record(monkeypatch):
+    """``exact_tune._bound_fn`` sums its value and gradient over chunks of rounds of one compiled shape, the last one
+    padded with weight-0 copies: a record cut into 7-round chunks (with a padded tail) gives the one-chunk values and
+    gradients, and the mean of ``predict_rounds``' bound on numpy. Control: counting the padding changes the value."""
+    from theory.likelihood.recorded import predict_rounds
+
+    P, Qs = _chain(5, 2, 11)
+    rec = _record(P, Qs, 6, 12, 2, "theory")
+    L, R = rec.L, rec.rows.R
+    assert R > 7 and R % 7, R                             # several chunks, the last one padded
+    theta = np.array([0.3, -0.2])
+    whole = et._bound_fn(rec, "free", L)(theta)
+    monkeypatch.setattr(et, "BOUND_CHUNK_ENTRIES", 7 * (L + 1) * 5)
+    cut = et._bound_fn(rec, "free", L)(theta)
+    r = rec.rows
+    ref = predict_rounds(r.p, r.q, r.drafts, ob.rule_of("free", theta, L), n_drafted=r.n_drafted).bound
+    assert abs(cut[0] - whole[0]) <= 1e-13 and np.allclose(cut[1], whole[1], rtol=0, atol=1e-13)
+    assert abs(whole[0] - float(np.mean(ref))) <= 1e-13
+    padded = -(-R // 7) * 7                               # the control: the mean over the padded rounds
+    last = float(ref[-1])
+    assert abs((whole[0] * R + (padded - R) * last) / padded - whole[0]) > 1e-9

@@ -38,6 +38,7 @@ __all__ = ["OBJECTIVES", "ExactTuneResult", "tune_exact", "search", "f_at_drafts
 
 OBJECTIVES = ("kl", "tv", "bound")
 REL_TOL = 1e-9
+BOUND_CHUNK_ENTRIES = 1 << 21   # rounds x (L + 1) x V entries per jitted chunk of the bound objective (``_bound_fn``)
 SATURATE = 40.0          # log-weight shift at which every draft with p > 0 is accepted (w = e^40)
 
 
@@ -87,21 +88,30 @@ def _speed_fn(sm: speed.SpeedModel, family: str, L: int):
 
 
 def _bound_fn(record: StampedRecord, family: str, L: int):
-    """theta -> (mean T11 bound per recorded round, gradient) on the rule objects (``predict_rounds``, JAX)."""
+    """theta -> (mean T11 bound per recorded round, gradient) on the rule objects (``predict_rounds``, JAX): one jitted
+    shape of ``BOUND_CHUNK_ENTRIES`` // ((L + 1) V) rounds, summed over the chunks (the last one padded with weight-0
+    copies of the last round), so its temporaries do not grow with the record (the whole record at once held a few
+    (R, L, V) float64 arrays: 1.2 GB for one 576-token image at V = 16,384)."""
     from .recorded import predict_rounds
 
     r = record.rows
+    R = r.R
+    c = max(1, min(R, BOUND_CHUNK_ENTRIES // ((L + 1) * r.p.shape[-1])))
     with jax64() as (jax, jnp):
-        args = tuple(jnp.asarray(a) for a in (r.p, r.q, r.drafts, r.n_drafted))
-
-        def mean_bound(theta, p, q, d, nd):
-            return jnp.mean(predict_rounds(p, q, d, ob.rule_of(family, theta, L), n_drafted=nd, check=False).bound)
-        vg = jax.jit(jax.value_and_grad(mean_bound))
+        def chunk_sum(theta, p, q, d, nd, w):
+            return jnp.sum(w * predict_rounds(p, q, d, ob.rule_of(family, theta, L), n_drafted=nd, check=False).bound)
+        vg = jax.jit(jax.value_and_grad(chunk_sum))
 
     def call(theta):
+        v, g = 0.0, np.zeros(np.shape(theta))
         with jax64() as (jax, jnp):
-            v, g = vg(jnp.asarray(theta), *args)
-            return float(v), np.asarray(g, np.float64)
+            th = jnp.asarray(theta)
+            for a in range(0, R, c):    # chunks of rounds, one compiled shape
+                i = np.arange(a, a + c)
+                w, i = (i < R).astype(np.float64), np.minimum(i, R - 1)
+                cv, cg = vg(th, r.p[i], r.q[i], r.drafts[i], r.n_drafted[i], w)
+                v, g = v + float(cv), g + np.asarray(cg, np.float64)
+        return (v / R, g / R) if R else (float("nan"), g * np.nan)
     return _Memo(call)
 
 
