@@ -62,6 +62,8 @@ BENCHMARKS = {
     "natural256_predict": ("bench_natural256.py", ["--short", "--part", "predict"]),   # --predict / measured sweep
     # issue 54: generate --record's peak memory at V = 16,384 (dynamic tree), 100 images / 10 (goal <= 1.10)
     "record_memory": ("bench_record_memory.py", ["--short"]),
+    # issue 54: exact chain scoring / plain AR at V = 16,384 (random-weight 2-layer LlamaGen, layer-skip draft)
+    "realsize_likelihood": ("bench_likelihood.py", ["--short", "--model", "llamagen-16k"]),
 }
 TIMEOUT_S = 600
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
