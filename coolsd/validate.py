@@ -124,11 +124,12 @@ def common(args, *, available: bool = True) -> None:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
 
 
-def method_model(method: str, params: dict, args, what: str) -> None:
+def method_model(method: str, params: dict, args, what: str, model_spec=None) -> None:
     """What a method needs of the model, checked from the model's spec before it is built (``generate --method`` and
     every ``sweep --grid`` setting alike): LANTERN's neighbour table and GSD's codebook table need a VQ codebook
     (``real.specs.ModelSpec.codebook``: "own", "vq" with --vq-ckpt, or "none"). ``params``: the method's resolved
-    parameters; ``what``: how the setting is named in the error."""
+    parameters; ``what``: how the setting is named in the error; ``model_spec``: the model's ``real.specs.ModelSpec``
+    when the caller holds it (else looked up)."""
     import math
 
     from real.specs import spec
@@ -140,7 +141,7 @@ def method_model(method: str, params: dict, args, what: str) -> None:
     if m == "ar":
         return
     checks.instance("params", params, dict, "a dict of the method's parameters")
-    codebook = spec(args.model).codebook
+    codebook = (model_spec or spec(args.model)).codebook
     missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
     d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
     gsd_needs = registry.get(m).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
@@ -201,12 +202,13 @@ def input_paths(args) -> None:
 SCHEDULE_FLAGS = ("weights", "schedule")      # method parameters that may name a schedule JSON (coolsd tune --out)
 
 
-def batched_model(args) -> None:
+def batched_model(args, model_spec=None) -> None:
     """--batch-size above 1 needs a model that generates images side by side (``real.specs`` ``batched``): ValueError
-    naming both flags otherwise (generate and sweep)."""
+    naming both flags otherwise (generate and sweep). ``model_spec``: the model's ``real.specs.ModelSpec`` when the
+    caller holds it (else looked up)."""
     from real.specs import spec
 
-    if args.batch_size is not None and args.batch_size > 1 and not spec(args.model).batched:
+    if args.batch_size is not None and args.batch_size > 1 and not (model_spec or spec(args.model)).batched:
         raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time (its "
                          "cache has no per-row lengths); use --batch-size 1")
 

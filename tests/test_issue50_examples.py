@@ -121,12 +121,12 @@ def test_emu3_dynamic_release_fidelity_works(capsys):
 
 
 def test_compile_says_it_is_compiling(monkeypatch, capsys):
-    from coolsd.commands import generate
+    from coolsd.commands import generate_checks
     from real.nn import blocks
 
     monkeypatch.setattr(blocks, "compile_blocks", lambda m, mode: None)     # the message, not the compilation
     bundle = type("B", (), {"target": type("T", (), {"device": "cpu"})(), "draft": None})()
-    generate._compile(bundle, "default")
+    generate_checks.compile_models(bundle, "default")
     assert "compiling the decoder blocks" in capsys.readouterr().err
 
 
