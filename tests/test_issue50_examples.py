@@ -151,7 +151,7 @@ def test_api_examples():
         (lambda: objective.ExactObjective(None, "free"), TypeError, "ExactObjective: rows must be ARRows"),
         (lambda: speed.SpeedModel(None), TypeError, "SpeedModel: record must be a StampedRecord"),
         (lambda: arrows.check_stamps(None, {}, "x"), TypeError, "x: the first stamp must be a stamp"),
-        (lambda: validate.method_model("cool-sd", None, None, "x"), TypeError, "params must be a dict"),
+        (lambda: validate.method_model("cool-sd", None, None, "x", None), TypeError, "params must be a dict"),
         (lambda: tree.tree_log_likelihood(None, None, np.zeros((2, 3), np.int64), None), TypeError, "p must be an"),
         (lambda: objective.rule_of("free", [1, 2], L=4), ValueError, "must hold 4 numbers"),
         (lambda: validate.check_seconds("x", float("nan"), 10, ""), ValueError, "estimated seconds"),

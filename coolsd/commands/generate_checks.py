@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from coolsd.io import check_output_file, check_outputs
-from coolsd.options import drafting_spec, flag, given, method_params, run_processing
+from coolsd.options import drafting_spec, flag, given, method_spec, run_processing
 from coolsd.validate import RunConfig
 from real.specs import OPTIONS
 
@@ -68,7 +68,8 @@ def build_plan(cfg: RunConfig) -> Plan:
     if method == "ar":
         return Plan(cfg, bundle, spec, method, None, proc, None)
     proc = method_processing(method, proc)
-    gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if rule_registry.get(method).needs_embeddings else (None, None)
+    gsd = rule_registry.get(method).needs_embeddings
+    gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
     verifier = make_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
@@ -100,8 +101,8 @@ def validate_args(args: RunConfig) -> RunConfig:
     validate.common(args, available=False)               # the options every command shares (availability: at build)
     s = validate.model_options(args)                     # the model's spec: its one generic check, its input files
     schedules = validate.schedule_files(args)            # regular, small JSON files before the registry opens them
-    validate.batched_model(args, s)
     dtype = validate.default_dtype(args.device, args.dtype)
+    validate.batched_model(args, s)
     n_conds = len(args.prompts) if given(args, "prompts") else None
     if args.captions is not None:                        # the file loads (and is counted) whether or not it is used
         from real.nn.checkpoint import load_captions
@@ -110,8 +111,9 @@ def validate_args(args: RunConfig) -> RunConfig:
         n_conds = n_captions if n_conds is None else n_conds
     T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
     drafting = drafting_spec(args, T)                    # the modes' own options (coolsd.options)
-    params = _validate_method(args, s)
-    _validate_compile(args, s)
+    method, params, full = method_spec(args)             # the method's own options (coolsd.options)
+    validate.method_model(method, full, args, f"--method {method}", s)     # what it needs of the model (shared)
+    validate.compile_option(args, s)
     num_images = args.num_images
     if num_images is None:
         num_images = n_conds or 1
@@ -124,7 +126,7 @@ def validate_args(args: RunConfig) -> RunConfig:
     checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
-    if getattr(args, "fidelity", False) and str(args.method).lower() != "ar":
+    if getattr(args, "fidelity", False) and method != "ar":
         try:                                               # what the options alone show has no exact likelihood
             drafting.mode.likelihood(drafting.build(), None, None, run_processing(args))
         except NotImplementedError as e:
@@ -132,7 +134,7 @@ def validate_args(args: RunConfig) -> RunConfig:
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
     record = None
     if args.record is not None:
-        if str(args.method).lower() == "ar":
+        if method == "ar":
             raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
                              "speculative --method (e.g. vanilla) or drop --record")
         record = str(check_output_file("--record", args.record, ".npz"))
@@ -169,54 +171,6 @@ def _check_record(args, s, drafting, T) -> None:
                      f"image no round can draft the whole tree (at most {T - 2} levels), so nothing would be recorded; "
                      f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
                      "--record")
-
-
-def _validate_compile(args, s) -> None:
-    """--compile, before any model is built: a model whose decoder blocks it can compile (``ModelSpec.compiles``),
-    a mode the device can honour and a working compiler (``real.nn.blocks.compile_problem``: dynamo, inductor,
-    a C++ compiler on the CPU, triton on CUDA; cheap, nothing is compiled)."""
-    mode = getattr(args, "compile", None)
-    if not mode:
-        return
-    from real.specs import SPECS
-
-    if not s.compiles:
-        ok = ", ".join(sorted(n for n, sp in SPECS.items() if sp.compiles))
-        raise ValueError(f"--compile compiles the decoder blocks of LlamaGen targets and drafts and of EAGLE-1 drafters "
-                         f"(real.nn.blocks); --model {args.model} is not built of them (it can compile: {ok})")
-    import torch
-
-    from real.nn.blocks import compile_problem
-
-    dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    why = compile_problem(dev, "inductor", None if mode == "default" else mode)
-    if why is not None:
-        raise ValueError(f"--compile {mode}: {why}")
-
-
-def _validate_method(args, s) -> dict:
-    """The method name, its own parameters (``coolsd.options.method_params``: namespaced per method, the registry's
-    types and ranges) and what it needs from the model ``s`` (its ``real.specs.ModelSpec``: a codebook), before any
-    model is built. Returns the method's parameters."""
-    from theory.rules import methods as registry
-
-    method = str(args.method).lower()
-    names = registry.names()                     # read now: a rule registered after import counts
-    if method not in tuple(m.lower() for m in names) + ("ar",) + tuple(registry.ALIASES):
-        raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(names + ('ar',))}")
-    if method == "ar":
-        other = sorted(f for f in registry.flag_owners() if given(args, f))
-        if other:
-            raise ValueError(f"{', '.join(flag(f) for f in other)} configure(s) a verifier; --method ar has none")
-        return {}
-    params = method_params(args, method)
-    full = registry.resolve(method, params)      # the registry's combined checks
-    if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
-        raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
-    from coolsd import validate
-
-    validate.method_model(method, full, args, f"--method {method}", s)     # what it needs of the model (shared)
-    return params
 
 
 def check_bundle(cfg, bundle) -> None:
