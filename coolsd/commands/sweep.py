@@ -144,10 +144,13 @@ def config(args):
         items = list(_default())
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
+    from real.specs import spec
     from theory.rules import methods as registry
 
+    model_spec = spec(args.model)     # looked up once; every setting and the batch check read it
     for st in settings:           # what each method needs of the model: the same check as generate --method
-        validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}")
+        validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}",
+                              model_spec)
     validate.common(args)                 # the options generate shares: the same checks, in one place
     from real.decode.checks import MAX_IMAGES
 
@@ -165,7 +168,7 @@ def config(args):
     if args.batch_size is not None and args.batch_size > unit:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {unit} (each unit is one "
                          "engine call): raise --unit-images")
-    validate.batched_model(args)                     # as generate refuses it
+    validate.batched_model(args, model_spec)         # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
     from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
