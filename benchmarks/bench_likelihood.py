@@ -1,5 +1,8 @@
 """Scoring an image exactly vs generating it with plain AR, on the shipped MNIST models (real.zoo; ``--model
-natural256``: the natural-image zoo, 256 tokens, V = 1024, with its shipped EAGLE head or its small draft).
+natural256``: the natural-image zoo, 256 tokens, V = 1024, with its shipped EAGLE head or its small draft;
+``--model llamagen-16k``: issue 54's real-size check, a random-weight LlamaGen c2i target at the published
+vocabulary V = 16,384 and 1,000 classes, 256 tokens (``real.realsize.llamagen_files``: 2 layers, width 64, so
+plain AR is as cheap as a target at this vocabulary gets and the ratio is the hardest case), layer-skip draft).
 
 Scoring = teacher-forced rows (``real.decode.score.teacher_forced_rows``: one target prefill, one draft
 prefill or the EAGLE drafter's L passes) plus the forward recursion (``theory.likelihood.log_likelihood``) for
@@ -11,9 +14,9 @@ target: <= 1). Generation, the rows and each rule's recursion are timed interlea
 core, and time slices lost to other processes on a shared machine do not count; wall time at more threads).
 
   python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json [FILE]] [--short]
-                                        [--model mnist|natural256] [--drafts eagle small]
+                                        [--model mnist|natural256|llamagen-16k] [--drafts eagle small]
 
-``--short``: 7 repeats of 20 images, cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
+``--short``: 7 repeats of 20 images (llamagen-16k: 3 of 4), cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
 on stdout, ``--json FILE``: the same object written to FILE with the "ratios" benchmarks/run_all.py reads.
 """
 from __future__ import annotations
@@ -42,6 +45,27 @@ RULES = {"cool-sd": ("cool-sd", {"delta": 4}), "lantern++": ("lantern++", {"lamb
          "lantern++G*": ("lantern++", {"lambda": 2, "resampler": "optimal"})}
 
 
+REALSIZE = "llamagen-16k"
+
+
+def _build(model: str, draft: str, images: int):
+    """The bundle: a registered model, or (``REALSIZE``) the random-weight LlamaGen at V = 16,384 and its VQ-16-shaped
+    codebook (LANTERN's neighbour table) written once to a cache folder (``real.realsize.llamagen_files``)."""
+    if model != REALSIZE:
+        return build(model, draft=draft, num_images=images, seed=0)
+    import tempfile
+
+    from real.realsize import llamagen_files
+
+    folder = os.path.join(tempfile.gettempdir(), "coolsd_bench_realsize")
+    os.makedirs(folder, exist_ok=True)
+    args = llamagen_files(folder, 256)
+    opt = dict(zip(args[::2], args[1::2]))
+    return build("llamagen", draft=draft, num_images=images, seed=0, target_ckpt=opt["--target-ckpt"],
+                 target_size=opt["--target-size"], image_size=int(opt["--image-size"]), vq_ckpt=opt["--vq-ckpt"],
+                 vq_size=opt["--vq-size"])
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=50)
@@ -51,11 +75,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                     help="JSON on stdout, or (with FILE) to FILE with run_all.py's ratios")
     ap.add_argument("--short", action="store_true")
-    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256"))
-    ap.add_argument("--drafts", nargs="+", default=["eagle", "small"], choices=("eagle", "small", "layerskip"))
+    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256", REALSIZE))
+    ap.add_argument("--drafts", nargs="+", default=None, choices=("eagle", "small", "layerskip"),
+                    help="default: eagle small (layerskip for llamagen-16k)")
     a = ap.parse_args(argv)
-    if a.short:
-        a.images, a.repeats = 20, 7
+    a.drafts = a.drafts or (["layerskip"] if a.model == REALSIZE else ["eagle", "small"])
+    if a.model == REALSIZE and a.drafts != ["layerskip"]:
+        raise SystemExit(f"bench_likelihood: --model {REALSIZE} has the layer-skip draft only")
+    if a.short:      # llamagen-16k: 4 images x 3 repeats (about 0.5 s of work per image and repeat)
+        a.images, a.repeats = (4, 3) if a.model == REALSIZE else (20, 7)
     if a.images < 1 or a.repeats < 1 or a.threads < 1 or a.L < 1:
         raise SystemExit("bench_likelihood: --images, --repeats, --threads and --L must be >= 1")
     torch.set_num_threads(a.threads)
@@ -64,7 +92,7 @@ def main(argv=None) -> dict:
     rules = {"cool-sd": RULES["cool-sd"]} if a.short else RULES
     clock = single_thread_clock()
     for draft in a.drafts:
-        b = build(a.model, draft=draft, num_images=a.images, seed=0)
+        b = _build(a.model, draft, a.images)
         gen = lambda: generate(b.target, None, b.conds, num_tokens=b.num_tokens, processing=proc, seed=1,  # noqa: E731
                                batch_size=a.images)
         tok = torch.stack([g.tokens for g in gen()])                  # also the warm-up

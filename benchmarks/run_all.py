@@ -62,6 +62,8 @@ BENCHMARKS = {
     "natural256_predict": ("bench_natural256.py", ["--short", "--part", "predict"]),   # --predict / measured sweep
     # issue 54: generate --record's peak memory at V = 16,384 (dynamic tree), 100 images / 10 (goal <= 1.10)
     "record_memory": ("bench_record_memory.py", ["--short"]),
+    # issue 54: exact chain scoring / plain AR at V = 16,384 (random-weight 2-layer LlamaGen, layer-skip draft)
+    "realsize_likelihood": ("bench_likelihood.py", ["--short", "--model", "llamagen-16k"]),
     # issue 54: tune --objective bound's peak memory at V = 16,384, 576 tokens / 256 (goal <= 1.5; <= 2 GiB at 256)
     "tune_memory": ("bench_tune_memory.py", ["--short"]),
 }

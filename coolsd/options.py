@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 
 __all__ = ["DraftingSpec", "add_drafting_args", "add_method_args", "drafting_spec", "method_params", "given", "flag",
-           "model_facts", "run_processing", "drafting_dests", "add_mode_flags"]
+           "model_facts", "run_processing", "drafting_dests", "add_mode_flags", "method_spec"]
 
 
 def flag(dest: str) -> str:
@@ -125,6 +125,29 @@ def method_params(args, method: str) -> dict:
             except ValueError as e:
                 raise ValueError(f"{flag(f)}: {e}") from None
     return out
+
+
+def method_spec(args) -> tuple:
+    """The method ``args`` names, checked before any model is built: (its name in lower case, "ar" for plain decoding;
+    its own given parameters, ``method_params``; the registry's resolved parameters, ``theory.rules.methods.resolve``
+    with its combined checks). An unknown method, a verifier flag with --method ar, a flag another method owns and
+    --gsd-table with a method that has no distance test are refused, naming the flag."""
+    from theory.rules import methods as registry
+
+    method = str(args.method).lower()
+    names = registry.names()                     # read now: a rule registered after import counts
+    if method not in tuple(m.lower() for m in names) + ("ar",) + tuple(registry.ALIASES):
+        raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(names + ('ar',))}")
+    if method == "ar":
+        other = sorted(f for f in registry.flag_owners() if given(args, f))
+        if other:
+            raise ValueError(f"{', '.join(flag(f) for f in other)} configure(s) a verifier; --method ar has none")
+        return method, {}, {}
+    params = method_params(args, method)
+    full = registry.resolve(method, params)      # the registry's combined checks
+    if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
+        raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
+    return method, params, full
 
 
 @dataclass(frozen=True)

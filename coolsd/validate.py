@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -124,14 +124,14 @@ def common(args, *, available: bool = True) -> None:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
 
 
-def method_model(method: str, params: dict, args, what: str) -> None:
+def method_model(method: str, params: dict, args, what: str, model_spec) -> None:
     """What a method needs of the model, checked from the model's spec before it is built (``generate --method`` and
     every ``sweep --grid`` setting alike): LANTERN's neighbour table and GSD's codebook table need a VQ codebook
     (``real.specs.ModelSpec.codebook``: "own", "vq" with --vq-ckpt, or "none"). ``params``: the method's resolved
-    parameters; ``what``: how the setting is named in the error."""
+    parameters; ``what``: how the setting is named in the error; ``model_spec``: the model's ``real.specs.ModelSpec``
+    (``real.specs.spec``, looked up once by the caller)."""
     import math
 
-    from real.specs import spec
     from theory.rules import methods as registry
 
     from theory.core import checks
@@ -140,7 +140,7 @@ def method_model(method: str, params: dict, args, what: str) -> None:
     if m == "ar":
         return
     checks.instance("params", params, dict, "a dict of the method's parameters")
-    codebook = spec(args.model).codebook
+    codebook = model_spec.codebook
     missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
     d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
     gsd_needs = registry.get(m).needs_embeddings and not (d_thr is None or math.isinf(d_thr))
@@ -150,6 +150,29 @@ def method_model(method: str, params: dict, args, what: str) -> None:
     if registry.get(m).needs_neighbors and missing:
         raise ValueError(f"{what} needs a codebook neighbour table; --model {args.model} has no VQ codebook"
                          + (": give --vq-ckpt" if codebook == "vq" else ""))
+
+
+def compile_option(args, model_spec) -> None:
+    """--compile, before any model is built: a model whose decoder blocks it can compile (``ModelSpec.compiles`` of
+    ``model_spec``), a mode the device can honour and a working compiler (``real.nn.blocks.compile_problem``: dynamo,
+    inductor, a C++ compiler on the CPU, triton on CUDA; cheap, nothing is compiled). ValueError naming --compile."""
+    mode = getattr(args, "compile", None)
+    if not mode:
+        return
+    from real.specs import SPECS
+
+    if not model_spec.compiles:
+        ok = ", ".join(sorted(n for n, sp in SPECS.items() if sp.compiles))
+        raise ValueError(f"--compile compiles the decoder blocks of LlamaGen targets and drafts and of EAGLE-1 drafters "
+                         f"(real.nn.blocks); --model {args.model} is not built of them (it can compile: {ok})")
+    import torch
+
+    from real.nn.blocks import compile_problem
+
+    dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    why = compile_problem(dev, "inductor", None if mode == "default" else mode)
+    if why is not None:
+        raise ValueError(f"--compile {mode}: {why}")
 
 
 def device(option: str, dev, *, available: bool = True) -> str:
@@ -201,12 +224,11 @@ def input_paths(args) -> None:
 SCHEDULE_FLAGS = ("weights", "schedule")      # method parameters that may name a schedule JSON (coolsd tune --out)
 
 
-def batched_model(args) -> None:
+def batched_model(args, model_spec) -> None:
     """--batch-size above 1 needs a model that generates images side by side (``real.specs`` ``batched``): ValueError
-    naming both flags otherwise (generate and sweep)."""
-    from real.specs import spec
-
-    if args.batch_size is not None and args.batch_size > 1 and not spec(args.model).batched:
+    naming both flags otherwise (generate and sweep). ``model_spec``: the model's ``real.specs.ModelSpec``
+    (``real.specs.spec``, looked up once by the caller)."""
+    if args.batch_size is not None and args.batch_size > 1 and not model_spec.batched:
         raise ValueError(f"--batch-size {args.batch_size}: --model {args.model} generates one image at a time (its "
                          "cache has no per-row lengths); use --batch-size 1")
 

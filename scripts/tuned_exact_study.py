@@ -120,7 +120,7 @@ def run_setting(out: Path, name: str, rule, bundle, proc, n: int, seed: int, bat
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
     t0 = time.perf_counter()
-    conds = _conds(n, seed)
+    conds = _conds(n, seed, n_classes(bundle))
     gens = engine.generate(bundle.target, bundle.draft, conds, num_tokens=bundle.num_tokens, verifier=rule,
                            drafting=4, processing=proc, seed=seed, batch_size=batch)
     tokens = torch.stack([g.tokens for g in gens]).numpy()
@@ -133,9 +133,15 @@ def run_setting(out: Path, name: str, rule, bundle, proc, n: int, seed: int, bat
     return arrays
 
 
-def _conds(n: int, seed: int) -> list:
-    """Balanced class conditions, shuffled by ``seed`` (each digit n / 10 times)."""
-    return [int(c) for c in np.random.default_rng(seed).permutation(np.arange(n) % 10)]
+def _conds(n: int, seed: int, classes: int = 10) -> list:
+    """Balanced class conditions, shuffled by ``seed`` (each of the model's ``classes`` classes about n / classes
+    times: 10 MNIST digits, 16 natural256 sources)."""
+    return [int(c) for c in np.random.default_rng(seed).permutation(np.arange(n) % classes)]
+
+
+def n_classes(bundle) -> int:
+    """The class-conditional target's class count (the CFG null class excluded), as the sweep reads it."""
+    return int(bundle.target.config.num_classes)
 
 
 def run_ar(out: Path, rules_by_name: dict, bundle, proc, n: int, seed: int, batch: int) -> dict:
@@ -148,7 +154,7 @@ def run_ar(out: Path, rules_by_name: dict, bundle, proc, n: int, seed: int, batc
 
     path = out / "ar.npz"
     t0 = time.perf_counter()
-    conds = _conds(n, seed)
+    conds = _conds(n, seed, n_classes(bundle))
     if path.exists():
         with np.load(path) as z:
             arrays = {k: z[k] for k in z.files}

@@ -53,7 +53,7 @@ BASE = {
 # the first call into each command's work ("module:attribute"); a model build anywhere counts for every command
 WORK = {
     "*": ["real.registry:build"],
-    "generate": ["coolsd.commands.generate:_build"],
+    "generate": ["coolsd.commands.generate_checks:build_plan"],
     "sweep": ["coolsd.studies.sweep:sweep"],
     "tune": ["coolsd.rowfiles:make_record", "coolsd.rowfiles:make_ar_rows", "theory.likelihood.exact_tune:tune_exact",
              "coolsd.commands.tune:_legacy"],

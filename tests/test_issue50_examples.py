@@ -121,12 +121,12 @@ def test_emu3_dynamic_release_fidelity_works(capsys):
 
 
 def test_compile_says_it_is_compiling(monkeypatch, capsys):
-    from coolsd.commands import generate
+    from coolsd.commands import generate_checks
     from real.nn import blocks
 
     monkeypatch.setattr(blocks, "compile_blocks", lambda m, mode: None)     # the message, not the compilation
     bundle = type("B", (), {"target": type("T", (), {"device": "cpu"})(), "draft": None})()
-    generate._compile(bundle, "default")
+    generate_checks.compile_models(bundle, "default")
     assert "compiling the decoder blocks" in capsys.readouterr().err
 
 
@@ -151,7 +151,7 @@ def test_api_examples():
         (lambda: objective.ExactObjective(None, "free"), TypeError, "ExactObjective: rows must be ARRows"),
         (lambda: speed.SpeedModel(None), TypeError, "SpeedModel: record must be a StampedRecord"),
         (lambda: arrows.check_stamps(None, {}, "x"), TypeError, "x: the first stamp must be a stamp"),
-        (lambda: validate.method_model("cool-sd", None, None, "x"), TypeError, "params must be a dict"),
+        (lambda: validate.method_model("cool-sd", None, None, "x", None), TypeError, "params must be a dict"),
         (lambda: tree.tree_log_likelihood(None, None, np.zeros((2, 3), np.int64), None), TypeError, "p must be an"),
         (lambda: objective.rule_of("free", [1, 2], L=4), ValueError, "must hold 4 numbers"),
         (lambda: validate.check_seconds("x", float("nan"), 10, ""), ValueError, "estimated seconds"),

@@ -95,6 +95,21 @@ def test_refusals_before_any_work(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cost_estimate_counts_only_the_images_a_predicted_sweep_draws(tmp_path, capsys):
+    """--predict draws the plain-AR images and the recorded vanilla units only: its estimate (refused here by
+    --max-seconds 1, before any work) counts those, not every setting of the grid; the measured sweep's (control)
+    counts every setting."""
+    grid = ["--grid", "vanilla", "cool-sd:delta=2,4,8", "uniform-rsd:c=2"]
+    common = ["--model", "mnist", "--images", "400", "--unit-images", "100", "--max-seconds", "1", *grid]
+    out = tmp_path / "x"
+    assert main(["sweep", *common, "--predict", "--record-images", "150", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "400 plain-AR + 200 vanilla images x 49 tokens" in err, err      # 2 units of 100 cover 150
+    assert main(["sweep", *common, "--out", str(out)]) == 2
+    assert "--images 400 x 6 settings (AR included) x 49 tokens" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_predictions_on_recorded_float32_rows_equal_those_on_float64_rows():
     """The sweep hands the predictions its rows as recorded (float32) and they convert a chunk of rounds at a time
     (``analysis._vanilla_source``): the chain and tree predictions equal those on rows converted whole, exactly, over

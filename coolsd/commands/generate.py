@@ -9,15 +9,13 @@ options are parsed by ``coolsd.options`` (shared with ``coolsd sweep``).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
 from coolsd.io import atomic_file, json_safe
 from coolsd.options import add_drafting_args, add_gsd_table_arg, add_method_args
-from coolsd.validate import RunConfig
 
-from .generate_checks import check_bundle, validate_args
+from .generate_checks import plan
 
 
 def register(sub):
@@ -103,91 +101,51 @@ def run(args):
 
 
 def generate(args) -> dict:
-    """``coolsd generate``: validate every input into a frozen ``coolsd.validate.RunConfig``, build the models, run
-    the engine (and the AR baseline), write the records, score and save; returns the JSON-ready result."""
-    cfg = validate_args(RunConfig.of(args))   # the Namespace frozen once; every input, option and output path
-    #                                            checked into the run's config before any model is built
-    ctx = _build(cfg)
-    if cfg.fidelity:
-        ctx["rule"] = _fidelity_rule(cfg, ctx)    # what has no exact likelihood is refused before generating
-    gens = _recorded_run(cfg, ctx)
-    base = _run(cfg, ctx, None, None) if cfg.baseline else []
-    out = _result(cfg, ctx, gens, base)
-    if cfg.record:
-        out["record"] = str(cfg.record)
-    fid = _fidelity(cfg, ctx, gens, base) if cfg.fidelity else None
+    """``coolsd generate``: the Namespace read once into a validated, built ``generate_checks.Plan`` (every input
+    checked before any model is built), then in one direction: run the engine (and the AR baseline) writing the
+    records, summarize, score, save; returns the JSON-ready result."""
+    p = plan(args)
+    gens = _recorded_run(p)
+    base = _run(p, None, None) if p.cfg.baseline else []
+    out = _result(p, gens, base)
+    if p.cfg.record:
+        out["record"] = str(p.cfg.record)
+    fid = _fidelity(p, gens, base) if p.cfg.fidelity else None
     if fid is not None:
         out["fidelity"] = fid["report"]
-    if cfg.save:
-        _save(cfg, ctx, gens, fid)
-        out["saved"] = str(cfg.save)
+    if p.cfg.save:
+        _save(p, gens, fid)
+        out["saved"] = str(p.cfg.save)
     return out
 
 
-def _build(cfg) -> dict:
-    """The models, the drafting mode, the processing and the verifier of a validated run (``cfg``)."""
-    import torch
-
-    from coolsd.options import model_facts
-    from real.decode.methods import gsd_vectors, make_verifier, method_processing
-    from theory.rules import methods as rule_registry
-    from real.decode.sampling import Processing
-    from real.protocol import NO_DRAFT
-    from real.registry import BuildOptions, build
-
-    threads = cfg.threads if cfg.threads is not None else (1 if "tiny" in cfg.model else None)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    spec, method = cfg.drafting, cfg.method.lower()
-    opts = BuildOptions.from_namespace(cfg.namespace())
-    needs_draft = spec.mode.needs_draft
-    bundle = build(cfg.model, opts if needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))   # drafter-free: none
-    check_bundle(cfg, bundle)
-    mode = spec.build(model_facts(bundle, cfg.model))
-    if cfg.compile:
-        _compile(bundle, cfg.compile)
-    cfg_scale = bundle.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale
-    top_k = getattr(bundle, "top_k", 0) if cfg.top_k is None else cfg.top_k
-    proc = Processing(cfg.temperature, top_k, cfg.top_p, cfg_scale)
-    proc = proc if method == "ar" else method_processing(method, proc)
-    gsd = method != "ar" and rule_registry.get(method).needs_embeddings
-    gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
-    verifier = None if method == "ar" else make_verifier(method, mode.max_depth, dict(cfg.method_params),
-                                                         bundle.neighbors, device=getattr(bundle.target, "device", None),
-                                                         embeddings=gsd_emb)
-    if gsd_table is not None:
-        bundle.info["gsd_table"] = gsd_table
-    return {"bundle": bundle, "mode": None if method == "ar" else mode, "spec": spec, "proc": proc,
-            "verifier": verifier, "method": method}
-
-
-def _run(cfg, ctx: dict, verifier, mode, on_batch=None) -> list:
-    """One engine call over every image (``mode`` None: the plain AR baseline); ``on_batch``: the record's sink
-    (``_recorded_run``)."""
+def _run(p, verifier, mode, on_batch=None) -> list:
+    """One engine call over every image of plan ``p`` (``mode`` None: the plain AR baseline); ``on_batch``: the
+    record's sink (``_recorded_run``)."""
     from real.decode import engine
 
-    b = ctx["bundle"]
+    b, cfg = p.bundle, p.cfg
     return engine.generate(b.target, b.draft if mode is not None and mode.needs_draft else None, b.conds,
-                           num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=ctx["proc"],
+                           num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=p.proc,
                            seed=cfg.seed, batch_size=cfg.batch_size, progress=None if not cfg.json else False,
                            record_rows=on_batch is not None, on_batch=on_batch)
 
 
-def _recorded_run(cfg, ctx: dict) -> list:
-    """The run, with --record streamed to disk batch by batch (``coolsd.npzstream``; docs/records.md): the arrays the
-    mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads them back), written atomically
-    once every batch is in; the rows of one batch at most are held."""
+def _recorded_run(p) -> list:
+    """The run of plan ``p``, with --record streamed to disk batch by batch (``coolsd.npzstream``; docs/records.md):
+    the arrays the mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads them back),
+    written atomically once every batch is in; the rows of one batch at most are held."""
     from coolsd.npzstream import NpzStream
     from coolsd.rowfiles import record_arrays, record_batches, run_stamp
 
-    spec, mode = ctx["spec"], ctx["mode"]
+    spec, mode, cfg = p.spec, p.mode, p.cfg
     if not cfg.record or mode is None:
-        return _run(cfg, ctx, ctx["verifier"], mode)
-    stamp = run_stamp(cfg.model, ctx["bundle"], ctx["proc"], spec.max_depth, method=ctx["method"],
-                      images=len(ctx["bundle"].conds), seed=cfg.seed)
+        return _run(p, p.verifier, mode)
+    stamp = run_stamp(cfg.model, p.bundle, p.proc, spec.max_depth, method=p.method, images=len(p.bundle.conds),
+                      seed=cfg.seed)
     with NpzStream(cfg.record, compress=True) as stream:
         sink = record_batches(stream, lambda gens: spec.mode.record(gens, mode, stamp, record_arrays))
-        gens = _run(cfg, ctx, ctx["verifier"], mode, sink)
+        gens = _run(p, p.verifier, mode, sink)
         try:
             sink.finish()
         except ValueError as e:
@@ -195,15 +153,16 @@ def _recorded_run(cfg, ctx: dict) -> list:
     return gens
 
 
-def _result(cfg, ctx: dict, gens: list, base: list) -> dict:
-    """The JSON-ready summary of a run (and of the baseline); the mode describes itself (``ModeDef.report``)."""
+def _result(p, gens: list, base: list) -> dict:
+    """The JSON-ready summary of plan ``p``'s run (and of the baseline); the mode describes itself
+    (``ModeDef.report``)."""
     from real.decode import engine
 
-    verifier, mode, spec, b = ctx["verifier"], ctx["mode"], ctx["spec"], ctx["bundle"]
+    verifier, mode, spec, b, cfg = p.verifier, p.mode, p.spec, p.bundle, p.cfg
     stats = engine.summarize(gens)
-    out = {"model": cfg.model, "method": ctx["method"], "L": spec.max_depth,
+    out = {"model": cfg.model, "method": p.method, "L": spec.max_depth,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
-           "verifier": verifier.name if verifier else "ar", "processing": ctx["proc"].params(),
+           "verifier": verifier.name if verifier else "ar", "processing": p.proc.params(),
            "image_tokens": b.num_tokens, "num_images": len(gens), "seed": cfg.seed,
            "batch_size": gens[0].info["batch_size"], "device": str(cfg.device), "dtype": cfg.dtype, "info": b.info,
            **stats}
@@ -213,19 +172,19 @@ def _result(cfg, ctx: dict, gens: list, base: list) -> dict:
         s = engine.summarize(base)
         out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
         out["speedup"] = s["seconds"] / stats["seconds"]
-    tuned = _tuned_prediction(cfg)
+    tuned = _tuned_prediction(getattr(cfg, "weights", None), getattr(cfg, "schedule", None))
     if tuned:
         out["tuned_prediction"] = tuned
     return out
 
 
-def _tuned_prediction(cfg) -> dict | None:
-    """What ``coolsd tune`` predicted for the schedule file run here (--weights / --schedule S.json): its predicted
-    tokens per call and held-out KL(P||P^) per token, printed next to the measured figures."""
+def _tuned_prediction(*paths) -> dict | None:
+    """What ``coolsd tune`` predicted for the schedule file run here (the values of --weights / --schedule: the first
+    that names a file): its predicted tokens per call and held-out KL(P||P^) per token, printed next to the measured
+    figures."""
     import json
 
-    for flag_ in ("weights", "schedule"):
-        path = getattr(cfg, flag_, None)
+    for path in paths:
         if isinstance(path, str) and os.path.isfile(path):
             try:
                 with open(path) as f:
@@ -241,72 +200,33 @@ def _tuned_prediction(cfg) -> dict | None:
     return None
 
 
-def _fidelity_rule(cfg, ctx: dict):
-    """--fidelity: the run's rule on the host (the likelihood is float64 theory code) or None (plain AR); the mode's
-    likelihood hook (``ModeDef.likelihood``) first: a construction without an exact likelihood (e.g. sampled tree
-    candidates above the cost guard at this V) is refused before anything is generated. Sets ctx["scored"], the
-    drafting ``real.decode.score`` scores."""
-    from real.decode.methods import gsd_vectors, make_verifier
-
-    b, L = ctx["bundle"], ctx["spec"].max_depth
-    rule = None if ctx["verifier"] is None else make_verifier(ctx["method"], L, dict(cfg.method_params), b.neighbors,
-                                                              embeddings=gsd_vectors(b, cfg.gsd_table)[0])
-    ctx["scored"] = None
-    if rule is not None:
-        try:
-            ctx["scored"] = ctx["spec"].mode.likelihood(ctx["mode"], rule, int(b.target.vocab_size), ctx["proc"])
-        except NotImplementedError as e:
-            raise ValueError(f"--fidelity with {ctx['spec'].named}: {e}") from None
-    return rule
-
-
-def _fidelity(cfg, ctx: dict, gens: list, base: list) -> dict:
+def _fidelity(p, gens: list, base: list) -> dict:
     """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary`` with the
-    drafting the mode's likelihood hook gave); with --baseline the plain-AR images are scored too (KL(P||P^) per
-    token, and a second TV)."""
+    drafting the mode's likelihood hook gave: ``Plan.scored``); with --baseline the plain-AR images are scored too
+    (KL(P||P^) per token, and a second TV)."""
     import torch
 
     from real.decode.score import summary
 
-    b, rule = ctx["bundle"], ctx["rule"]
-    return summary(b.target, None if rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
-                   verifier=rule, processing=ctx["proc"], batch_size=cfg.batch_size or 64, drafting=ctx["scored"],
+    b = p.bundle
+    return summary(b.target, None if p.rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
+                   verifier=p.rule, processing=p.proc, batch_size=p.cfg.batch_size or 64, drafting=p.scored,
                    ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
 
 
-def _save(cfg, ctx: dict, gens: list, fid: dict | None) -> None:
+def _save(p, gens: list, fid: dict | None) -> None:
     """--save: tokens (and decoded images when a VQ is loaded, and the per-image likelihoods with --fidelity)."""
     import numpy as np
     import torch
 
-    b = ctx["bundle"]
+    b = p.bundle
     toks = np.stack([g.tokens.numpy() for g in gens])
     extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
     side = int(round(b.num_tokens ** 0.5))
     if b.vq is not None and side * side == b.num_tokens:
         extra["images"] = b.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
-    with atomic_file(cfg.save) as fh:
+    with atomic_file(p.cfg.save) as fh:
         np.savez_compressed(fh, tokens=toks, **extra)
-
-
-def _compile(bundle, mode: str) -> None:
-    """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
-    import sys
-
-    from real.nn.blocks import compile_blocks
-
-    on_cuda = str(getattr(bundle.target, "device", "cpu")).startswith("cuda")
-    print(f"coolsd: --compile {mode}: compiling the decoder blocks with torch.compile; the first images wait for it "
-          f"(expect {'under a minute on CUDA' if on_cuda else 'about 2-5 minutes on a CPU'}; torch caches the "
-          "compiled code for later runs)", file=sys.stderr, flush=True)
-    for name, m in (("target", bundle.target), ("draft", bundle.draft)):
-        if m is None:
-            continue
-        try:
-            compile_blocks(m, mode=mode)
-        except ValueError as e:
-            raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
-                             "drafters)") from None
 
 
 def _plain(x):

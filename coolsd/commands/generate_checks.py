@@ -1,10 +1,87 @@
-"""`coolsd generate`'s validation (issue 26 / 41): every option, file and combination checked before any model is
-built; ``validate_args`` is the entry point, ``check_bundle`` the checks that need the built models."""
+"""`coolsd generate`'s options into a ``Plan``, in one direction (issue 47): ``plan`` takes the argparse Namespace
+once, checks every option, file and combination before any model is built (``validate_args``: issue 26 / 41), builds
+the models, checks what needs them (``check_bundle``), then makes the mode, the processing, the verifier and, with
+--fidelity, the scoring rule. The later steps of ``coolsd.commands.generate`` read the frozen ``Plan`` alone."""
 from __future__ import annotations
 
+import dataclasses
+
 from coolsd.io import check_output_file, check_outputs
-from coolsd.options import drafting_spec, flag, given, method_params, run_processing
+from coolsd.options import drafting_spec, flag, given, method_spec, run_processing
 from coolsd.validate import RunConfig
+from real.specs import OPTIONS
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A validated, built ``coolsd generate`` run. ``cfg``: the frozen ``coolsd.validate.RunConfig``; ``bundle``: the
+    ``real.registry.Bundle``; ``spec``: the ``coolsd.options.DraftingSpec``; ``method``: the method's name, lower case
+    ("ar": plain decoding); ``mode``: the ``real.protocol.Drafting`` mode (None for "ar"); ``proc``: the
+    ``real.decode.sampling.Processing``; ``verifier``: the engine's verifier (None for "ar"); ``rule``: --fidelity's
+    host verifier (None without --fidelity or for "ar"); ``scored``: the drafting the mode's likelihood hook gave
+    (``ModeDef.likelihood``; what ``real.decode.score`` scores)."""
+    cfg: RunConfig
+    bundle: object
+    spec: object
+    method: str
+    mode: object
+    proc: object
+    verifier: object
+    rule: object = None
+    scored: object = None
+
+
+def plan(args) -> Plan:
+    """``coolsd generate``'s Namespace ``args`` read once (``RunConfig.of``), validated (``validate_args``), then built
+    (``build_plan``). ValueError naming the option before any model is built where the options alone show it."""
+    cfg = validate_args(RunConfig.of(args))
+    return build_plan(cfg)
+
+
+def build_plan(cfg: RunConfig) -> Plan:
+    """The models, the drafting mode, the processing and the verifier of a validated run ``cfg``; with --fidelity the
+    run's rule on the host (the likelihood is float64 theory code) and the mode's likelihood hook, so a construction
+    without an exact likelihood (e.g. sampled tree candidates above the cost guard at this V) is refused before
+    anything is generated. GSD's vectors are made once, for the verifier and the rule alike."""
+    import torch
+
+    from coolsd.options import model_facts
+    from real.decode.methods import gsd_vectors, make_verifier, method_processing
+    from real.decode.sampling import Processing
+    from real.protocol import NO_DRAFT
+    from real.registry import BuildOptions, build
+    from theory.rules import methods as rule_registry
+
+    threads = cfg.threads if cfg.threads is not None else (1 if "tiny" in cfg.model else None)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    spec, method = cfg.drafting, cfg.method.lower()
+    opts = BuildOptions.from_namespace(cfg.namespace())
+    bundle = build(cfg.model, opts if spec.mode.needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))
+    check_bundle(cfg, bundle)
+    mode = spec.build(model_facts(bundle, cfg.model))
+    if cfg.compile:
+        compile_models(bundle, cfg.compile)
+    cfg_scale = bundle.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale
+    top_k = getattr(bundle, "top_k", 0) if cfg.top_k is None else cfg.top_k
+    proc = Processing(cfg.temperature, top_k, cfg.top_p, cfg_scale)
+    if method == "ar":
+        return Plan(cfg, bundle, spec, method, None, proc, None)
+    proc = method_processing(method, proc)
+    gsd = rule_registry.get(method).needs_embeddings
+    gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
+    if gsd_table is not None:
+        bundle.info["gsd_table"] = gsd_table
+    verifier = make_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
+                             device=getattr(bundle.target, "device", None), embeddings=gsd_emb)
+    if not cfg.fidelity:
+        return Plan(cfg, bundle, spec, method, mode, proc, verifier)
+    rule = make_verifier(method, spec.max_depth, dict(cfg.method_params), bundle.neighbors, embeddings=gsd_emb)
+    try:
+        scored = spec.mode.likelihood(mode, rule, int(bundle.target.vocab_size), proc)
+    except NotImplementedError as e:
+        raise ValueError(f"--fidelity with {spec.named}: {e}") from None
+    return Plan(cfg, bundle, spec, method, mode, proc, verifier, rule, scored)
 
 
 def validate_args(args: RunConfig) -> RunConfig:
@@ -13,19 +90,30 @@ def validate_args(args: RunConfig) -> RunConfig:
     (``RunConfig.of`` of the Namespace, nothing resolved yet). Returns the validated ``RunConfig``:
     ``--save`` / ``--record`` resolved to the file that will be written,
     ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
-    parameters."""
+    parameters. One pass, one direction: the shared layer (``coolsd.validate``: numbers, device, the model's spec and
+    its files, schedule files, batching), the inputs, the mode and the method, then the outputs; the model's spec is
+    looked up once and read from then on."""
     from theory.core import checks
 
     from coolsd import validate
-    from real.specs import spec
+    from real.decode.checks import MAX_IMAGES
 
-    _validate_numbers(args, checks)
-    n_captions = _validate_model_options(args)
-    T = args.num_tokens or spec(args.model).tokens      # tokens per image when the spec knows them
-    drafting = drafting_spec(args, T)                     # the modes' own options (coolsd.options)
-    params, schedules = _validate_method(args)
-    _validate_compile(args)
-    n_conds = len(args.prompts) if given(args, "prompts") else n_captions
+    validate.common(args, available=False)               # the options every command shares (availability: at build)
+    s = validate.model_options(args)                     # the model's spec: its one generic check, its input files
+    schedules = validate.schedule_files(args)            # regular, small JSON files before the registry opens them
+    dtype = validate.default_dtype(args.device, args.dtype)
+    validate.batched_model(args, s)
+    n_conds = len(args.prompts) if given(args, "prompts") else None
+    if args.captions is not None:                        # the file loads (and is counted) whether or not it is used
+        from real.nn.checkpoint import load_captions
+
+        n_captions = len(load_captions(args.captions))
+        n_conds = n_captions if n_conds is None else n_conds
+    T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
+    drafting = drafting_spec(args, T)                    # the modes' own options (coolsd.options)
+    method, params, full = method_spec(args)             # the method's own options (coolsd.options)
+    validate.method_model(method, full, args, f"--method {method}", s)     # what it needs of the model (shared)
+    validate.compile_option(args, s)
     num_images = args.num_images
     if num_images is None:
         num_images = n_conds or 1
@@ -35,13 +123,10 @@ def validate_args(args: RunConfig) -> RunConfig:
             src = "--prompts" if given(args, "prompts") else "--captions"
             raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
                              f"{src} (one image per entry); drop --num-images or give {num_images} entries")
-    from real.decode.checks import MAX_IMAGES
-
     checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
-        validate.batched_model(args)
-    if getattr(args, "fidelity", False) and str(args.method).lower() != "ar":
+    if getattr(args, "fidelity", False) and method != "ar":
         try:                                               # what the options alone show has no exact likelihood
             drafting.mode.likelihood(drafting.build(), None, None, run_processing(args))
         except NotImplementedError as e:
@@ -49,27 +134,38 @@ def validate_args(args: RunConfig) -> RunConfig:
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
     record = None
     if args.record is not None:
-        if str(args.method).lower() == "ar":
+        if method == "ar":
             raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
                              "speculative --method (e.g. vanilla) or drop --record")
         record = str(check_output_file("--record", args.record, ".npz"))
-        _check_record_depth(drafting, T)
-        _check_record_rounds(args, drafting, T)
-    inputs = _input_files(args) | schedules
+        _check_record(args, s, drafting, T)
+    inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules
     check_outputs({"--save": save, "--record": record}, inputs)
-    resolved = {"num_images": num_images, "save": save, "record": record,
-                "dtype": validate.default_dtype(args.device, args.dtype),
+    resolved = {"num_images": num_images, "save": save, "record": record, "dtype": dtype,
                 "draft": args.draft if drafting.mode.needs_draft else None}
     return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs)
 
 
-def _check_record_depth(drafting, T) -> None:
-    """--record of a tree mode keeps the rounds that drafted the whole tree (static, grown or SJD-PAC's window):
-    when its depth leaves no such round in a T-token image (the first drafted round starts after one token, so
-    depth <= T - 2), nothing could be recorded: refused now, not after the generation (issue 50)."""
+def _check_record(args, s, drafting, T) -> None:
+    """--record needs a round it can record in a T-token image; refused now, not after generating (issue 50). A tree
+    mode keeps the rounds that drafted the whole tree (static, grown or SJD-PAC's window): its depth must leave one
+    (the first drafted round starts after one token, so depth <= T - 2). A chain keeps its drafted rounds: a T-token
+    image has one only when T >= 2 (3 with an EAGLE drafter, whose first round is the target's prefill alone).
+    ``s``: the model's ``real.specs.ModelSpec``."""
     mode = drafting.mode
+    if T is None:
+        return
+    if mode.chain:
+        draft = args.draft or s.default_draft
+        need = 3 if draft == "eagle" else 2
+        if T < need:
+            raise ValueError(f"--record with {drafting.named}: a {T}-token image has no drafted round to record (a "
+                             f"chain drafts from the {'second' if need == 3 else 'first'} round, which needs "
+                             f"--num-tokens >= {need}{' with the EAGLE drafter' if need == 3 else ''}); give more "
+                             "tokens or drop --record")
+        return
     trees = mode.static_tree or mode.grown_tree or getattr(mode.build(drafting.opts), "trees", False)
-    if T is None or mode.chain or not trees or drafting.max_depth <= T - 2:
+    if not trees or drafting.max_depth <= T - 2:
         return
     raise ValueError(f"--record with {drafting.named}: its rounds draft {drafting.max_depth} levels, but in a {T}-token "
                      f"image no round can draft the whole tree (at most {T - 2} levels), so nothing would be recorded; "
@@ -77,102 +173,16 @@ def _check_record_depth(drafting, T) -> None:
                      "--record")
 
 
-def _check_record_rounds(args, drafting, T) -> None:
-    """--record of a chain keeps its drafted rounds: a T-token image has one only when T >= 2 (3 with an EAGLE
-    drafter, whose first round is the target's prefill alone); refused now, not after generating (issue 50)."""
-    if T is None or not drafting.mode.chain:
-        return
-    from real.specs import spec
-
-    draft = args.draft or spec(args.model).default_draft
-    need = 3 if draft == "eagle" else 2
-    if T < need:
-        raise ValueError(f"--record with {drafting.named}: a {T}-token image has no drafted round to record (a chain "
-                         f"drafts from the {'second' if need == 3 else 'first'} round, which needs --num-tokens >= "
-                         f"{need}{' with the EAGLE drafter' if need == 3 else ''}); give more tokens or drop --record")
-
-
-def _input_files(args) -> dict:
-    """{flag: path} of every model option naming a file ``coolsd generate`` reads."""
-    from real.specs import OPTIONS, flag
-
-    return {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None}
-
-
-def _validate_numbers(args, checks) -> None:
-    """The shared options (``coolsd.validate.common``: the same checks as sweep, tune, demo, theory and sim)."""
-    from coolsd import validate
-
-    validate.common(args, available=False)    # availability: real.registry when building
-
-
-def _validate_compile(args) -> None:
-    """--compile, before any model is built: a model whose decoder blocks it can compile (``ModelSpec.compiles``),
-    a mode the device can honour and a working compiler (``real.nn.blocks.compile_problem``: dynamo, inductor,
-    a C++ compiler on the CPU, triton on CUDA; cheap, nothing is compiled)."""
-    mode = getattr(args, "compile", None)
-    if not mode:
-        return
-    from real.specs import SPECS, spec
-
-    if not spec(args.model).compiles:
-        ok = ", ".join(sorted(n for n, s in SPECS.items() if s.compiles))
-        raise ValueError(f"--compile compiles the decoder blocks of LlamaGen targets and drafts and of EAGLE-1 drafters "
-                         f"(real.nn.blocks); --model {args.model} is not built of them (it can compile: {ok})")
-    import torch
-
-    from real.nn.blocks import compile_problem
-
-    dev = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    why = compile_problem(dev, "inductor", None if mode == "default" else mode)
-    if why is not None:
-        raise ValueError(f"--compile {mode}: {why}")
-
-
-def _validate_method(args) -> tuple:
-    """The method name, its own parameters (``coolsd.options.method_params``: namespaced per method, the registry's
-    types and ranges) and what it needs from the model (a codebook), before any model is built. Returns (the
-    method's parameters, {flag: schedule file})."""
-    from theory.rules import methods as registry
-
-    from coolsd import validate
-
-    schedules = validate.schedule_files(args)   # regular, small JSON files before the registry opens them
-    method = str(args.method).lower()
-    names = registry.names()                     # read now: a rule registered after import counts
-    if method not in tuple(m.lower() for m in names) + ("ar",) + tuple(registry.ALIASES):
-        raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(names + ('ar',))}")
-    if method == "ar":
-        other = sorted(f for f in registry.flag_owners() if given(args, f))
-        if other:
-            raise ValueError(f"{', '.join(flag(f) for f in other)} configure(s) a verifier; --method ar has none")
-        return {}, schedules
-    params = method_params(args, method)
-    full = registry.resolve(method, params)      # the registry's combined checks
-    if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
-        raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
-    from coolsd import validate
-
-    validate.method_model(method, full, args, f"--method {method}")     # what it needs of the model (shared)
-    return params, schedules
-
-
-def _validate_model_options(args) -> int | None:
-    """The model's spec (``real.specs``): the one generic check, then its input files and prompts. Returns the number
-    of --captions (None without)."""
-    from coolsd import validate
-
-    validate.model_options(args)
-    if args.captions is not None:
-        from real.nn.checkpoint import load_captions
-
-        return len(load_captions(args.captions))
-    return None
-
-
 def check_bundle(cfg, bundle) -> None:
     """Checks that need the built model but no generation: the mode's image-bound options (--L) within the model's
-    image, --num-tokens within its capacity, GSD's memory (--class-id within its classes: the builders check it)."""
+    image, --num-tokens within its capacity (its ``layout.num_tokens`` or ``config.block_size``), GSD's memory
+    (--class-id within its classes: the builders check it). GSD's groups hold (rows, V, 2w) tokens per verified
+    position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
+    --gsd-window) before generating."""
+    from theory.core import checks
+    from theory.rules import methods as registry
+    from theory.rules.gsd import GSD_WINDOW
+
     T = int(bundle.num_tokens)
     opts = cfg.drafting.opts
     for o in cfg.drafting.mode.options:
@@ -180,36 +190,37 @@ def check_bundle(cfg, bundle) -> None:
         if o.image_bound and v is not None and v > T:
             raise ValueError(f"{o.flag} {v} is more than the {T} tokens of one image of --model {cfg.model} (a round "
                              f"never drafts past the image); use {o.flag} <= {T}")
-    _check_gsd_memory(cfg, bundle)
-    cap = _token_capacity(bundle.target)
+    method = str(cfg.method).lower()
+    if method != "ar" and registry.get(method).needs_embeddings:
+        V = int(bundle.target.vocab_size)
+        w = min(int(cfg.method_params.get("window", GSD_WINDOW)), 2 * V)
+        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
+        checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
+                            f"--gsd-window {cfg.method_params.get('window', GSD_WINDOW)} on V = {V}: use a smaller "
+                            "window (the release uses 7) or fewer images per batch (--batch-size)")
+    layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
+    cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
+           else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)
     if cfg.num_tokens is not None and cap is not None and cfg.num_tokens > cap:
         raise ValueError(f"--num-tokens {cfg.num_tokens} is more than the {cap} tokens of one image of "
                          f"--model {cfg.model}")
 
 
-def _token_capacity(target) -> int | None:
-    layout = getattr(target, "layout", None)
-    if layout is not None and hasattr(layout, "num_tokens"):
-        return int(layout.num_tokens)
-    cfg = getattr(target, "config", None)
-    if cfg is not None and hasattr(cfg, "block_size"):
-        return int(cfg.block_size)
-    return None
+def compile_models(bundle, mode: str) -> None:
+    """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
+    import sys
 
+    from real.nn.blocks import compile_blocks
 
-def _check_gsd_memory(cfg, bundle) -> None:
-    """GSD's groups hold (rows, V, 2w) tokens per verified position (``theory.rules.gsd.Grouped``; w capped at 2V):
-    a window the memory budget cannot hold is refused (naming --gsd-window) before generating."""
-    from theory.core import checks
-    from theory.rules import methods as registry
-    from theory.rules.gsd import GSD_WINDOW
-
-    method = str(cfg.method).lower()
-    if method == "ar" or not registry.get(method).needs_embeddings:
-        return
-    V = int(bundle.target.vocab_size)
-    w = min(int(cfg.method_params.get("window", GSD_WINDOW)), 2 * V)
-    rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
-    checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
-                        f"--gsd-window {cfg.method_params.get('window', GSD_WINDOW)} on V = {V}: use a smaller "
-                        "window (the release uses 7) or fewer images per batch (--batch-size)")
+    on_cuda = str(getattr(bundle.target, "device", "cpu")).startswith("cuda")
+    print(f"coolsd: --compile {mode}: compiling the decoder blocks with torch.compile; the first images wait for it "
+          f"(expect {'under a minute on CUDA' if on_cuda else 'about 2-5 minutes on a CPU'}; torch caches the "
+          "compiled code for later runs)", file=sys.stderr, flush=True)
+    for name, m in (("target", bundle.target), ("draft", bundle.draft)):
+        if m is None:
+            continue
+        try:
+            compile_blocks(m, mode=mode)
+        except ValueError as e:
+            raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
+                             "drafters)") from None

@@ -81,21 +81,31 @@ SWEEP_TOKENS_PER_SECOND = {"cpu": 500.0, "cuda": 5000.0}
 UNIT_BYTES_PER_TOKEN = 80.0        # a stored unit: tokens and per-round records, per generated token (compressed less)
 
 
-def check_sweep_cost(args, n_settings: int, T: int | None) -> tuple[str, float]:
-    """The sweep's rough cost before the store is made: every image of every setting and of plain AR, T tokens each,
-    at an optimistic rate (``SWEEP_TOKENS_PER_SECOND``: a lower bound), against --max-seconds; the stored units'
-    size against the free space of --out's file system. Returns (estimate, seconds)."""
+def check_sweep_cost(args, n_settings: int, T: int | None, unit: int) -> tuple[str, float]:
+    """The sweep's rough cost before the store is made: every image it draws, T tokens each, at an optimistic rate
+    (``SWEEP_TOKENS_PER_SECOND``: a lower bound), against --max-seconds; the stored units' size against the free
+    space of --out's file system. A measured sweep draws --images of each of the ``n_settings`` settings and of plain
+    AR; a predicted one (--predict) draws --images plain-AR images and the recorded vanilla run (--record-images)
+    only, in units of ``unit`` images. Returns (estimate, seconds)."""
     import os
     import shutil
 
     from theory.core import checks
 
     T = int(T or 256)
-    tokens = float(args.images) * (n_settings + 1) * T
+    if args.predict:
+        from coolsd.studies.sweep.predict import vanilla_images
+
+        n_van = vanilla_images(args.images, unit, args.record_images)
+        images = args.images + n_van
+        what = f"--predict: {args.images} plain-AR + {n_van} vanilla images x {T} tokens"
+    else:
+        images = args.images * (n_settings + 1)
+        what = f"--images {args.images} x {n_settings + 1} settings (AR included) x {T} tokens"
+    tokens = float(images) * T
     rate = SWEEP_TOKENS_PER_SECOND["cuda" if str(args.device).startswith("cuda") else "cpu"]
     secs, nbytes = tokens / rate, tokens * UNIT_BYTES_PER_TOKEN
     limit = None if not args.max_seconds else float(args.max_seconds)
-    what = f"--images {args.images} x {n_settings + 1} settings (AR included) x {T} tokens"
     from coolsd import validate
 
     est = validate.check_seconds(what, secs, limit, "the estimate is a rough lower bound: fewer --images or settings, or raise "
@@ -134,10 +144,13 @@ def config(args):
         items = list(_default())
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
+    from real.specs import spec
     from theory.rules import methods as registry
 
+    model_spec = spec(args.model)     # looked up once; every setting and the batch check read it
     for st in settings:           # what each method needs of the model: the same check as generate --method
-        validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}")
+        validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}",
+                              model_spec)
     validate.common(args)                 # the options generate shares: the same checks, in one place
     from real.decode.checks import MAX_IMAGES
 
@@ -155,7 +168,7 @@ def config(args):
     if args.batch_size is not None and args.batch_size > unit:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {unit} (each unit is one "
                          "engine call): raise --unit-images")
-    validate.batched_model(args)                     # as generate refuses it
+    validate.batched_model(args, model_spec)         # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
     from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
@@ -194,7 +207,7 @@ def config(args):
     from real.registry import BuildOptions
 
     qspec = _quality_spec(args)
-    est, secs = check_sweep_cost(args, len(settings), T)
+    est, secs = check_sweep_cost(args, len(settings), T, unit)
     validate.announce(est, "sweep", seconds=secs, threshold_s=3600.0)    # a sweep over an hour: say so first
     dtype = args.dtype or ("bfloat16" if str(args.device).startswith("cuda") else "float32")
     files = {k: v for k, v in vars(BuildOptions.from_namespace(args)).items()

@@ -14,7 +14,7 @@ from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds, check_pair
 from .sampling import Processing
 
-__all__ = ["Rows", "teacher_forced_rows"]
+__all__ = ["Rows", "teacher_forced_rows", "scoring_inputs", "chain_rows"]
 
 
 @dataclass
@@ -27,17 +27,26 @@ class Rows:
     convention: str
 
 
-def _check_tokens(tokens, n: int, V: int, T: int | None) -> torch.Tensor:
-    t = torch.as_tensor(tokens)
+def scoring_inputs(target, draft, conds, tokens) -> tuple[list, torch.Tensor]:
+    """The inputs every scoring entry takes (``real.decode.score.score``, ``score_tree.score_trees``, ``tree_rows``,
+    ``teacher_forced_rows``), checked once there: (``conds`` as a list of one kind of condition
+    (``real.protocol.as_conds``), ``tokens`` as an int64 (n, T) tensor, T >= 1, n = the number of conditions, every
+    token in [0, V) of the target); a draft (when given) over the target's vocabulary (``real.protocol.check_pair``).
+    ValueError naming what is wrong. The entries' inner steps (``chain_rows``, ``score_tree``'s) take these values as
+    they are."""
+    conds = as_conds(conds)
+    if draft is not None:
+        check_pair(target, draft)
+    t, n, V = torch.as_tensor(tokens), len(conds), int(target.vocab_size)
     if t.is_floating_point() or t.dtype == torch.bool or t.ndim != 2:
         raise ValueError(f"tokens must be an int (images, T) array, got dtype {t.dtype} shape {tuple(t.shape)}")
     if t.shape[0] != n:
         raise ValueError(f"tokens has {t.shape[0]} images but {n} conditions were given")
-    if t.shape[1] < 1 or (T is not None and t.shape[1] != T):
-        raise ValueError(f"tokens must have T = {T if T is not None else '>= 1'} columns, got {t.shape[1]}")
+    if t.shape[1] < 1:
+        raise ValueError(f"tokens must have T = >= 1 columns, got {t.shape[1]}")
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):
         raise ValueError(f"tokens must lie in [0, V = {V}), got values in [{int(t.min())}, {int(t.max())}]")
-    return t.long()
+    return conds, t.long()
 
 
 def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -55,20 +64,27 @@ def teacher_forced_rows(target, draft, conds, tokens, *, L: int | None = None, p
     if tree is not None:
         raise ValueError("teacher_forced_rows gives chain rows (indexed by token and offset); tree rows are indexed by "
                          "round start: real.decode.score_tree.tree_rows")
-    conds = as_conds(conds)
+    conds, tok = scoring_inputs(target, draft, conds, tokens)
     if not isinstance(processing, Processing):
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     feat = draft is not None and bool(getattr(draft, "needs_features", False))
-    if draft is not None:
-        check_pair(target, draft)
     if feat and (isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 1):
         raise ValueError(f"an EAGLE drafter's rows depend on the round offset: L must be an int >= 1, got {L!r}")
-    tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
-    B, T = tok.shape
+    B = tok.shape[0]
     for m in (target, draft):
         if m is not None and B > 1 and not m.batched:
             raise ValueError(f"{type(m).__name__} scores one image at a time (its cache has no per-row lengths): "
                              f"got {B} images")
+    return chain_rows(target, draft, conds, tok, L, processing)
+
+
+@torch.no_grad()
+def chain_rows(target, draft, conds: list, tok: torch.Tensor, L: int | None, processing: Processing) -> Rows:
+    """``teacher_forced_rows`` of inputs its callers checked (``scoring_inputs``; L an int >= 1 for an EAGLE
+    drafter; one image at a time for a model without per-row cache lengths): ``conds`` a list of B conditions,
+    ``tok`` (B, T) int64."""
+    B, T = tok.shape
+    feat = draft is not None and bool(getattr(draft, "needs_features", False))
     target, draft = as_batched(target), as_batched(draft)
     proc, k = processing, processing.batch
     dev = torch.device(getattr(target, "device", "cpu") or "cpu")

@@ -41,8 +41,7 @@ import torch
 from theory.likelihood import check_chain_rule, log_likelihood, log_target
 from theory.tree import Tree
 
-from real.protocol import as_conds, check_pair
-from .forced_rows import Rows, _check_tokens, teacher_forced_rows
+from .forced_rows import Rows, chain_rows, scoring_inputs, teacher_forced_rows
 from .jacobi import JACOBI_REASON
 from .sampling import Processing
 from .score_tree import score_trees, tree_mode
@@ -78,22 +77,21 @@ def score(target, draft, conds, tokens, *, verifier=None, drafting=None, process
             raise ValueError("tree scoring needs the draft model the trees were drafted with")
         return score_trees(target, draft, conds, tokens, verifier=verifier, drafting=drafting, processing=processing,
                            batch_size=batch_size)
-    conds = as_conds(conds)
-    tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
+    conds, tok = scoring_inputs(target, draft, conds, tokens)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if not isinstance(processing, Processing):
+        raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if draft is not None:
         check_chain_rule(verifier, "score")
         if L is None or L < 1:
             raise ValueError(f"drafting must be an int L >= 1 (drafts per round), a Chain or a tree mode to score "
                              f"speculative decoding, got {L!r}")
-        check_pair(target, draft)
     if not all(m.batched for m in (target, draft) if m is not None):
         batch_size = 1
     lp, lph = [], []
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
-        rows = teacher_forced_rows(target, draft, conds[a:a + batch_size], tok[a:a + batch_size], L=L,
-                                   processing=processing)
+        rows = chain_rows(target, draft, conds[a:a + batch_size], tok[a:a + batch_size], L, processing)
         # the recursion on the host, as the engine verifies CPU rows (rules may hold numpy tables: LANTERN's)
         p, x = rows.p.cpu().numpy(), tok[a:a + batch_size].numpy()
         lp.append(log_target(p, x))

@@ -41,7 +41,7 @@ import torch
 from theory.tree import RowTrees, Tree, row_trees, select_nodes
 
 from real.nn.layers import inference_weights
-from real.protocol import as_batched, as_conds, check_pair
+from real.protocol import as_batched
 from .sampling import Processing
 from .drafting import top_m
 
@@ -122,7 +122,7 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
     """The rows of B images ``tokens`` (B, T) with conditions ``conds`` for the tree mode ``drafting`` (module
     docstring); all B images in one batch (``score_trees`` splits larger sets); ``mask_budget`` bounds the attention
     mask of a dynamic tree's growth forward (elements; chunks of round starts)."""
-    from .forced_rows import _check_tokens, teacher_forced_rows
+    from .forced_rows import scoring_inputs
 
     mode = tree_mode(drafting)
     if mode is None:
@@ -136,23 +136,31 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if processing.greedy:
         raise NotImplementedError(GREEDY_REASON)
-    if _static(mode):
-        D = int(mode.tree.depth)
-        rows = teacher_forced_rows(target, draft, conds, tokens, L=D, processing=processing)
-        q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
-        return TreeRows(rows.p, q, mode)
-    conds = as_conds(conds)
-    check_pair(target, draft)
-    tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
+    conds, tok = scoring_inputs(target, draft, conds, tokens)
     B = tok.shape[0]
     for m in (target, draft):
-        if B > 1 and not (m.batched and m.row_masks):
+        if B > 1 and _static(mode) and not m.batched:
+            raise ValueError(f"{type(m).__name__} scores one image at a time (its cache has no per-row lengths): "
+                             f"got {B} images")
+        if B > 1 and not _static(mode) and not (m.batched and m.row_masks):
             raise ValueError(f"{type(m).__name__} cannot take per-row tree masks: dynamic-tree rows one image at a "
                              f"time (got {B})")
+    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget))
+
+
+@torch.no_grad()
+def _tree_rows(target, draft, conds: list, tok: torch.Tensor, mode, processing: Processing, budget: int) -> TreeRows:
+    """``tree_rows`` of inputs its callers checked (``forced_rows.scoring_inputs``; a tree mode with rows)."""
+    from .forced_rows import chain_rows
+
+    if _static(mode):
+        rows = chain_rows(target, draft, conds, tok, int(mode.tree.depth), processing)
+        q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
+        return TreeRows(rows.p, q, mode)
     target, draft = as_batched(target), as_batched(draft)
     dev = torch.device(getattr(target, "device", "cpu") or "cpu")
     with inference_weights(), torch.inference_mode():
-        p, grown = _dynamic(target, draft, conds, tok.to(dev), mode, processing, dev, int(mask_budget))
+        p, grown = _dynamic(target, draft, conds, tok.to(dev), mode, processing, dev, budget)
     with torch.inference_mode(False):
         out = [x.clone() for x in (p, *grown)]
     p, children, depth, node_tokens, parent = out
@@ -361,17 +369,15 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
     before any model call (``check``)."""
     from theory.likelihood import log_target
 
-    from .forced_rows import _check_tokens
+    from .forced_rows import scoring_inputs
 
     mode = tree_mode(drafting)
     if mode is None:
         raise ValueError(f"drafting must be a tree mode, got {type(drafting).__name__}")
-    conds = as_conds(conds)
-    tok = _check_tokens(tokens, len(conds), int(target.vocab_size), None)
-    check(mode, verifier, int(target.vocab_size), processing)
     if draft is None:
         raise ValueError("tree scoring needs the draft model the trees were drafted with")
-    check_pair(target, draft)
+    conds, tok = scoring_inputs(target, draft, conds, tokens)
+    check(mode, verifier, int(target.vocab_size), processing)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if not all(m.batched and (m.row_masks or _static(mode)) for m in (target, draft)):
@@ -379,7 +385,7 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
     lp, lph = [], []
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
         x = tok[a:a + batch_size]
-        rows = tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing=processing)
+        rows = _tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing, MASK_BUDGET)
         lp.append(log_target(rows.p.cpu().numpy(), x.numpy()))
         lph.append(tree_likelihood(rows, x, verifier, mode))
     return {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph)}

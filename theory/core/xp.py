@@ -51,6 +51,14 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
     The zero-mass test is exact (sum == 0): callers clip to non-negative values first, so a row
     sums to zero only if it is identically zero.
     """
+    if array_api_compat.is_numpy_array(w) and array_api_compat.is_numpy_array(fallback):
+        import numpy as np
+
+        s = np.sum(w, axis=-1, keepdims=True)
+        if not (s <= 0).any():                   # no empty row (the usual case): the division alone, the same bits
+            r = w / s
+            if np.broadcast_shapes(r.shape, fallback.shape) == r.shape and np.result_type(fallback, r) == r.dtype:
+                return r
     xp = xp or namespace(w)
     s = xp.sum(w, axis=-1, keepdims=True)
     empty = s <= 0
@@ -59,6 +67,12 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
 
 def positive_part(x: Array, xp=None) -> Array:
     """[x]_+ elementwise."""
+    if array_api_compat.is_numpy_array(x) and x.dtype.kind == "f":   # numpy floats: fmax drops NaN (-> 0) and adding
+        import numpy as np                                            # +0.0 turns -0.0 into +0.0: the where's bits, 10x
+
+        r = np.asarray(np.fmax(x, 0.0))                               # faster (tests/test_xp_fast.py)
+        r += 0.0
+        return r
     xp = xp or namespace(x)
     return xp.where(x > 0, x, xp.zeros_like(x))
 
@@ -94,14 +108,33 @@ def _sample_numpy(w, u):
 
 def ratio_min1(num: Array, q: Array, xp=None) -> Array:
     """min(1, num / q) elementwise, with the convention 1 where q = 0 (a token that is never drafted); num and q
-    broadcast (num >= 0: masses). The division runs only where num < q (no overflow on a denormal q); a NaN or
-    negative num is passed through where it is not below q (never read as an acceptance of 1)."""
+    broadcast (num >= 0: masses). The ratio is used only where num < q (so q > 0: no division by zero is read); a NaN
+    or negative num is passed through where it is not below q (never read as an acceptance of 1).
+
+    numpy: two passes and two scans (divide, clip at 1 in place; q's sign bits, a NaN scan) instead of the generic
+    seven passes. With q >= +0.0 the quotient is the same IEEE division where num < q; where num >= q it is >= 1,
+    +inf (q = 0 < num, or an overflow on a denormal q), NaN or -inf (0 / 0, inf / inf, a NaN operand, a negative num
+    over q = 0: those few entries take the generic formula), so min(., 1) gives the generic branch's values bit for
+    bit (tests/test_xp_fast.py); a q with a sign bit set (negative, or -0.0: not a mass) takes the generic branch
+    whole."""
     if array_api_compat.is_numpy_array(num) and array_api_compat.is_numpy_array(q):   # numpy's own functions (the
         import numpy as np                                                             # compat layer's cost 5x here)
 
-        lt = num < q
-        return np.where(lt, num / np.where(lt, q, 1), np.where(num >= 0, 1, num)).astype(np.result_type(num, q),
-                                                                                          copy=False)
+        if np.signbit(q).any():                      # a negative q or -0.0 (not a mass): the generic branch
+            return _ratio_min1_generic(num, q, np).astype(np.result_type(num, q), copy=False)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            r = np.asarray(np.divide(num, q, dtype=np.result_type(num, q)))
+            np.minimum(r, 1, out=r)
+            odd = ~(r > -np.inf)                     # NaN, or -inf (a negative num over q = 0)
+            if odd.any():
+                r[odd] = _ratio_min1_generic(np.broadcast_to(num, r.shape)[odd], np.broadcast_to(q, r.shape)[odd],
+                                             np)
+        return r
+    return _ratio_min1_generic(num, q, xp or namespace(num, q))
+
+
+def _ratio_min1_generic(num, q, xp):
+    """``ratio_min1`` in any array namespace: it divides only where num < q."""
     xp = xp or namespace(num, q)
     lt = num < q                                     # ratio below 1 (so q > 0): the only place it divides
     one = xp.ones_like(xp.where(lt, num, q))         # (the broadcast shape and dtype)

@@ -160,12 +160,16 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context, load) -> dict:
                                  "first_round_prefill_only": first_single}}
 
 
+def vanilla_images(images: int, unit_images: int, record_images: int) -> int:
+    """How many vanilla images a predicted sweep draws: whole units covering ``record_images``, at most ``images``."""
+    return min(images, max(unit_images, -(-record_images // unit_images) * unit_images))
+
+
 def _rec_cfg(cfg: SweepConfig) -> SweepConfig:
     """The config whose blocks hold the recorded vanilla images (a predicted sweep stores only those)."""
     from dataclasses import replace
 
-    n = max(cfg.unit_images, -(-cfg.record_images // cfg.unit_images) * cfg.unit_images)
-    return replace(cfg, images=min(cfg.images, n))
+    return replace(cfg, images=vanilla_images(cfg.images, cfg.unit_images, cfg.record_images))
 
 
 def compare(pred: dict, measured: dict) -> dict:

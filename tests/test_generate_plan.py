@@ -1,0 +1,72 @@
+"""`coolsd generate` in one direction (issue 47): ``generate_checks.plan`` reads the Namespace once and returns a frozen
+``Plan`` that the later steps read; the Namespace is left as parsed. Scoring checks its inputs once
+(``real.decode.forced_rows.scoring_inputs``). Each check has a negative control."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from coolsd.cli import build_parser
+from coolsd.commands.generate_checks import Plan, plan
+from real.decode.forced_rows import scoring_inputs
+
+
+def _changed(args, step) -> list:
+    """The Namespace attributes ``step(args)`` added, removed or changed."""
+    before = copy.deepcopy(vars(args))
+    step(args)
+    after = vars(args)
+    return sorted(k for k in before.keys() | after.keys() if k not in before or k not in after or before[k] != after[k])
+
+
+TREE = ["--mode", "tree", "--tree", "eagle25", "--tree-candidates", "topk", "--draft", "eagle"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--fidelity", *TREE], ["--method", "ar"]])
+def test_plan_leaves_the_namespace_as_parsed_and_is_frozen(extra):
+    args = build_parser().parse_args(["generate", "--model", "mnist", "--num-images", "2", "--num-tokens", "6", *extra])
+    got = {}
+    assert _changed(args, lambda a: got.setdefault("p", plan(a))) == []
+    p = got["p"]
+    assert isinstance(p, Plan) and p.cfg.num_images == 2 and len(p.bundle.conds) == 2
+    assert (p.mode is None) == (p.method == "ar") and (p.verifier is None) == (p.method == "ar")
+    assert (p.rule is not None) == ("--fidelity" in extra) and (p.scored is not None) == ("--fidelity" in extra)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.verifier = None
+    with pytest.raises(TypeError):
+        p.cfg.options["seed"] = 1                      # the options are a read-only mapping
+
+
+def test_namespace_check_sees_a_planted_write():
+    """The control: a step that writes onto the Namespace (as generate once did: ``args._drafting``) is caught."""
+    args = build_parser().parse_args(["generate", "--model", "mnist"])
+    assert _changed(args, lambda a: setattr(a, "_drafting", "chain")) == ["_drafting"]
+    assert _changed(args, lambda a: setattr(a, "seed", 5)) == ["seed"]
+
+
+class _Model:
+    def __init__(self, V):
+        self.vocab_size = V
+
+
+@pytest.mark.parametrize("draft, conds, tokens, match", [
+    (None, [0, 1], torch.zeros(2, 3), "int"),                       # floats
+    (None, [0, 1], torch.zeros(3, 3, dtype=torch.long), "3 images but 2"),
+    (None, [0, 1], torch.zeros(2, 0, dtype=torch.long), "columns"),
+    (None, [0, 1], torch.full((2, 3), 7), r"\[0, V = 5\)"),
+    (_Model(6), [0, 1], torch.zeros(2, 3, dtype=torch.long), "vocabularies differ"),
+    (None, [], torch.zeros(0, 3, dtype=torch.long), "no condition"),
+])
+def test_scoring_inputs_refuse_in_one_line(draft, conds, tokens, match):
+    with pytest.raises(ValueError, match=match) as e:
+        scoring_inputs(_Model(5), draft, conds, tokens)
+    assert "\n" not in str(e.value)
+
+
+def test_scoring_inputs_pass_good_input():
+    """The control: valid conditions and tokens come back as a list and int64 (n, T)."""
+    conds, tok = scoring_inputs(_Model(5), _Model(5), 3, torch.tensor([[0, 4, 2]], dtype=torch.int32))
+    assert conds == [3] and tok.dtype == torch.long and tok.tolist() == [[0, 4, 2]]

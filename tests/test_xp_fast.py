@@ -1,0 +1,109 @@
+"""The numpy fast paths of theory.core.xp (``ratio_min1``: divide and clip; ``positive_part``: fmax and + 0.0;
+``normalize``: the division alone when no row is empty) give the
+generic array-API formulas' values bit for bit, special values included (0, -0.0, inf, NaN, denormals, negative
+masses), on broadcast shapes; a planted fast path without the NaN repair is told apart (control)."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from theory.core import xp as X
+
+SPECIAL = [0.0, -0.0, 1.0, 0.5, 2.0, 1e-310, 5e-324, 1e300, np.inf, -np.inf, np.nan, -1.0, 3.0]
+
+
+SPECIAL32 = [0.0, -0.0, 1.0, 0.5, 2.0, 1e-40, 1e-45, 3e38, np.inf, -np.inf, np.nan, -1.0, 3.0]   # float32's extremes
+
+
+def values(dtype):
+    f32 = dtype == np.float32
+    return st.one_of(st.sampled_from(SPECIAL32 if f32 else SPECIAL), st.floats(-2, 4, allow_nan=False,
+                                                                             width=32 if f32 else 64))
+
+
+def same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def generic(num, q):
+    import array_api_compat.numpy as cnp
+
+    with np.errstate(all="ignore"):
+        return X._ratio_min1_generic(num, q, cnp).astype(np.result_type(num, q), copy=False)
+
+
+@st.composite
+def pairs(draw):
+    dt_n = draw(st.sampled_from([np.float32, np.float64]))
+    dt_q = draw(st.sampled_from([np.float32, np.float64]))
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, max_side=5))
+    nshape = tuple(1 if draw(st.booleans()) else s for s in shape)      # num broadcasts over q (n, 1, V) / (n, L, V)
+    num = draw(hnp.arrays(dt_n, nshape, elements=values(dt_n)))
+    mass = draw(st.booleans())                                          # most calls: q a mass row (>= 0)
+    q = draw(hnp.arrays(dt_q, shape, elements=values(dt_q)))
+    if mass:
+        q = np.where(np.isnan(q) | (q < 0), np.asarray(0, dt_q), q).astype(dt_q)
+    return num, q
+
+
+@settings(max_examples=400, deadline=None)
+@given(pairs())
+def test_ratio_min1_fast_path_is_the_generic_formula_bit_for_bit(nq):
+    num, q = nq
+    with np.errstate(all="ignore"):      # a negative num over q = 0 warns as the generic formula always did
+        fast = X.ratio_min1(num, q)
+    assert same_bits(fast, generic(num, q))
+
+
+def test_ratio_min1_special_cases_and_a_planted_fast_path_without_the_nan_repair():
+    num = np.array([0.0, 1.0, np.inf, np.nan, 0.3, -0.5, 0.0, 2.0])
+    q = np.array([0.0, 0.0, np.inf, 0.2, np.nan, 0.0, 1e-310, 1e-320])
+    want = np.array([1.0, 1.0, 1.0, np.nan, 1.0, -np.inf, 0.0, 1.0])
+    got = X.ratio_min1(num, q)
+    assert same_bits(got, generic(num, q)) and np.array_equal(got, want, equal_nan=True)
+
+    def planted(n, d):                            # divide and clip only: 0 / 0 and a NaN q come out NaN, not 1
+        with np.errstate(all="ignore"):
+            return np.minimum(np.divide(n, d), 1)
+    assert not same_bits(planted(num, q), generic(num, q))
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(st.sampled_from([np.float32, np.float64]), hnp.array_shapes(max_dims=3, max_side=6),
+                  elements=st.sampled_from(SPECIAL32)))
+def test_positive_part_fast_path_is_the_generic_formula_bit_for_bit(x):
+    import array_api_compat.numpy as cnp
+
+    want = cnp.where(x > 0, x, cnp.zeros_like(x))
+    assert same_bits(X.positive_part(x), want)
+
+
+def test_positive_part_control_a_planted_maximum_is_told_apart():
+    x = np.array([np.nan, -1.0, 2.0])
+    import array_api_compat.numpy as cnp
+
+    want = cnp.where(x > 0, x, cnp.zeros_like(x))
+    assert same_bits(X.positive_part(x), want) and not same_bits(np.maximum(x, 0), want)   # NaN -> 0, not NaN
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),
+                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310])),
+       st.sampled_from([np.float32, np.float64]), st.booleans())
+def test_normalize_fast_path_is_the_generic_formula_bit_for_bit(w, fdt, row_fallback):
+    import array_api_compat.numpy as cnp
+
+    fb = np.full(w.shape[-1:] if row_fallback else w.shape, 1.0 / w.shape[-1], dtype=fdt)
+    s = cnp.sum(w, axis=-1, keepdims=True)
+    empty = s <= 0
+    want = cnp.where(empty, fb, w / cnp.where(empty, cnp.ones_like(s), s))
+    assert same_bits(X.normalize(w, fb), want)
+
+
+def test_normalize_control_an_empty_row_takes_the_fallback():
+    w = np.array([[0.0, 0.0], [1.0, 3.0]])
+    fb = np.array([0.5, 0.5])
+    assert np.array_equal(X.normalize(w, fb), [[0.5, 0.5], [0.25, 0.75]])
+    assert not np.array_equal(w / np.sum(w, axis=-1, keepdims=True), X.normalize(w, fb), equal_nan=True)
