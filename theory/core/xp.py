@@ -27,6 +27,10 @@ def take_last(x: Array, idx: Array, xp=None) -> Array:
         # the compat layer's take_along_axis wraps negative indices (remainder + where per call); ours are
         # never negative, and on the engine's per-round path that wrapping was a third of the verifier's time
         return x.gather(-1, idx)
+    if array_api_compat.is_numpy_array(x):  # numpy's own (the compat layer's wrapper and namespace look-up cost
+        import numpy as np                  # more than the gather on the walks' (B, K) indices)
+
+        return np.take_along_axis(x, idx, axis=-1)
     xp = xp or namespace(x)
     return xp.take_along_axis(x, idx, axis=-1)
 
@@ -51,6 +55,12 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
     The zero-mass test is exact (sum == 0): callers clip to non-negative values first, so a row
     sums to zero only if it is identically zero.
     """
+    if array_api_compat.is_numpy_array(w):      # numpy's own functions: the same operations, without the compat
+        import numpy as np                      # layer's per-call cost (the walks' rejections call this per step)
+
+        s = np.sum(w, axis=-1, keepdims=True)
+        empty = s <= 0
+        return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
     s = xp.sum(w, axis=-1, keepdims=True)
     empty = s <= 0
@@ -59,6 +69,10 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
 
 def positive_part(x: Array, xp=None) -> Array:
     """[x]_+ elementwise."""
+    if array_api_compat.is_numpy_array(x):      # as in ``normalize``
+        import numpy as np
+
+        return np.where(x > 0, x, np.zeros_like(x))
     xp = xp or namespace(x)
     return xp.where(x > 0, x, xp.zeros_like(x))
 

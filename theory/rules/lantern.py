@@ -29,6 +29,7 @@ import array_api_compat
 
 from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
 from .neighbors import check_neighbors, lantern_neighbors
+from .resampling import point_residual
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
 
@@ -136,6 +137,8 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     its threshold keeps its last one (sums of non-negative masses never decrease, so the prefix is the longest).
     Entries whose prefix stopped leave after their block (``_blocks``) once the active set has shrunk enough; no item
     assignment (``_expand``): numpy, torch and JAX alike."""
+    if dense is None and array_api_compat.is_numpy_array(pf) and e.shape[0] * k <= SMALL_BLOCK:
+        return _prefix_mass_few(pf, e, nb, thr, k, V)
     xp = namespace(pf)
     scalar = getattr(thr, "ndim", 0) == 0
     K = nb.shape[1]
@@ -183,6 +186,21 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     for on, here in reversed(levels):   # back up the blocks: the entries that went on take their later mass
         c = _expand(c, on, here, xp)
     return xp.astype(c, pf.dtype, copy=False)
+
+
+def _prefix_mass_few(pf, e, nb, thr, k: int, V: int):
+    """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK, the drafted tokens of a round): the single
+    block ``prefix_mass_at`` would take ((m, k) from the table's rows, one cumulative sum along them, in the rows'
+    dtype, from a leading 0 as there), in plain numpy calls: the same sums in the same order, hence the same bits."""
+    import numpy as np
+
+    y = e % V
+    g = pf[(e - y)[:, None] + nb[y, :k]]                                                # (m, k) neighbour masses
+    cs = np.cumsum(np.concatenate([np.zeros((e.shape[0], 1), pf.dtype), g], axis=1), axis=1)[:, 1:]
+    ta = thr if getattr(thr, "ndim", 0) == 0 else np.asarray(thr)[:, None]
+    last = np.sum(cs <= ta, axis=1, dtype=np.int64)                                  # columns passed (a prefix)
+    got = np.take_along_axis(cs, np.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
+    return np.where(last > 0, got, np.zeros((), pf.dtype)).astype(pf.dtype, copy=False)
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
@@ -358,6 +376,17 @@ class LanternResample:
             return normalize(xp.where(S, zero, p), uniform, xp)
         qn = normalize(xp.where(S, zero, q), xp.zeros_like(q), xp)
         return normalize(positive_part(p - qn, xp), p, xp)
+
+    def point(self, p, c, f_c):
+        """``self(p, one-hot(c), f, c)`` (one-hot in p's dtype, as the walks build it) on numpy rows, the point draft
+        law, for the released "q" law: q' = one-hot(c) whether or not a neighbour was admitted (N(c) never lists c),
+        so G(.|c) = Norm([p - 1_c]_+), uniform if empty (``theory.rules.resampling.point_residual``). None for the
+        other laws (the walk then calls the rule itself)."""
+        if self.law != "released" or self.variant != "q":
+            return None
+        import numpy as np
+
+        return point_residual(p, c, np.ones((), p.dtype), np.ones((*p.shape[:-1], 1), p.dtype) / p.shape[-1])
 
     def __call__(self, p, q, f, rejected=None):
         xp = namespace(p, q, f)
