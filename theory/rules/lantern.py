@@ -28,7 +28,7 @@ from typing import Any
 import array_api_compat
 
 from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
-from .neighbors import check_neighbors, lantern_neighbors
+from .neighbors import check_neighbors, lantern_neighbors, neighbor_sum
 from .resampling import point_residual
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
@@ -92,25 +92,6 @@ def _any_to(m: Array, shape, xp) -> Array:
     lead = m.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + a for a, s in enumerate(shape) if s == 1 and m.shape[lead + a] != 1)
     return xp.reshape(xp.any(m, axis=axes, keepdims=True), shape) if axes else m
-
-
-def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
-    """sum of a over each code's neighbours (every column of ``nb``) at the entries where ``mask``, 0 elsewhere.
-
-    a (..., V) float or int; nb (V, K) int64 on a's device; mask (..., V) bool, broadcastable to a. Section 6's
-    masses p(N(y)) and min(p, q)(N(y)). Computed on the transposed rows (V, rows): a loop over the K
-    neighbour ranks, each a gather of whole contiguous rows (a[..., nb[:, j]] for every row at once); the
-    sum runs in column order (sequential, not numpy's pairwise order: equal to the dense (..., V, K) sum to
-    rounding)."""
-    xp = namespace(a)
-    V = a.shape[-1]
-    rows = xp.reshape(a, (-1, V))
-    # (V, rows) C-ordered: flattening the transposed view copies it in that order (take then reads whole rows)
-    at = xp.reshape(xp.reshape(rows.T, (-1,)), (V, rows.shape[0]))
-    s = xp.take(at, nb[:, 0], axis=0)
-    for j in range(1, nb.shape[1]):   # a loop over neighbour ranks, each vectorised over codes and rows
-        s = s + xp.take(at, nb[:, j], axis=0)
-    return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
 
 
 def _column(pf: Array, base: Array, yK: Array, nbf: Array, j: int, dense: Array | None, xp) -> Array:
@@ -189,9 +170,8 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
 
 
 def _prefix_mass_few(pf, e, nb, thr, k: int, V: int):
-    """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK, the drafted tokens of a round): the single
-    block ``prefix_mass_at`` would take ((m, k) from the table's rows, one cumulative sum along them, in the rows'
-    dtype, from a leading 0 as there), in plain numpy calls: the same sums in the same order, hence the same bits."""
+    """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK): its single block in plain numpy calls (the
+    table's rows, one cumulative sum from a leading 0 in the rows' dtype): the same sums in the same order."""
     import numpy as np
 
     y = e % V
@@ -378,14 +358,11 @@ class LanternResample:
         return normalize(positive_part(p - qn, xp), p, xp)
 
     def point(self, p, c, f_c):
-        """``self(p, one-hot(c), f, c)`` (one-hot in p's dtype, as the walks build it) on numpy rows, the point draft
-        law, for the released "q" law: q' = one-hot(c) whether or not a neighbour was admitted (N(c) never lists c),
-        so G(.|c) = Norm([p - 1_c]_+), uniform if empty (``theory.rules.resampling.point_residual``). None for the
-        other laws (the walk then calls the rule itself)."""
+        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law) for the released "q" law: N(c) never lists
+        c, so q' = one-hot(c) and G(.|c) = Norm([p - 1_c]_+), uniform if empty (``point_residual``); else None."""
         if self.law != "released" or self.variant != "q":
             return None
         import numpy as np
-
         return point_residual(p, c, np.ones((), p.dtype), np.ones((*p.shape[:-1], 1), p.dtype) / p.shape[-1])
 
     def __call__(self, p, q, f, rejected=None):
