@@ -108,3 +108,54 @@ def test_control_a_wrong_gsd_window_is_caught(monkeypatch):
     assert gsd_mod._near(p, x, 7) is not None and _gsd_same(rule, p, q, x)
     monkeypatch.setattr(gsd_mod, "_near", reversed_members)
     assert not _gsd_same(rule, p, q, x)
+
+
+def _chain_case(rng, B, L, V):
+    p = _rows(rng, (B, L + 1), V, False, True, False)
+    q = _rows(rng, (B, L), V, False, True, False)
+    c = np.cumsum(q.astype(np.float64), -1)
+    tok = np.minimum((c < rng.random((B, L, 1)) * c[..., -1:]).sum(-1), V - 1)   # draws from q
+    return p, q, tok, rng.random((B, L)), rng.random(B), rng.integers(0, L + 1, size=B)
+
+
+def _chain_rules(rng, V):
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    return {"vanilla": rules.vanilla(), "cool-sd": rules.cool_sd(2.0), "typical": rules.typical(),
+            "gsd": rules.gsd(rng.normal(size=(V, 2))),
+            "lantern++": rules.lantern_pp(nb, min(4, V - 2), 2.0)}
+
+
+def _lazy_same(v, case) -> bool:
+    p, q, tok, ua, us, nd = case
+    a = rules.verify_chain(p, q, tok, ua, us, v, n_drafted=nd, check=False)
+    b = rules.verify_chain(p, q, tok, ua, us, v, n_drafted=nd, check=False, lazy=True)
+    if not (np.array_equal(a.accepted, b.accepted) and np.array_equal(a.next_token, b.next_token)):
+        return False
+    seen = ~np.isnan(b.f_drafted)
+    upto = np.arange(tok.shape[1]) <= np.minimum(b.accepted, nd - 1)[:, None]   # every draft the verdict read
+    return bool(np.all(seen[upto]) and np.array_equal(a.f_drafted[seen], b.f_drafted[seen]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(6, 40), L=st.integers(1, 6))
+def test_lazy_chain_verdict_is_the_full_one(seed, V, L):
+    """``verify_chain(lazy=True)`` (f only up to each round's first rejection) gives the full computation's verdict
+    and, where it computed f, its bits; every draft the verdict reads was computed."""
+    rng = np.random.default_rng(seed)
+    case = _chain_case(rng, 6, L, V)
+    for name, v in _chain_rules(rng, V).items():
+        assert _lazy_same(v, case), name
+
+
+def test_control_a_lazy_chain_on_the_wrong_draft_is_caught(monkeypatch):
+    """A planted lazy loop that reads each round's next draft's rows: the verdicts differ and the check says so."""
+    chain_mod = sys.modules["theory.rules.chain"]
+    real = chain_mod._f_until_rejection
+
+    def shifted(accept, p, q, tokens, u_accept, cap):
+        return real(accept, np.roll(p, 1, axis=-2), np.roll(q, 1, axis=-2), tokens, u_accept, cap)
+    rng = np.random.default_rng(5)
+    case = _chain_case(rng, 40, 4, 12)
+    assert _lazy_same(rules.vanilla(), case)
+    monkeypatch.setattr(chain_mod, "_f_until_rejection", shifted)
+    assert not _lazy_same(rules.vanilla(), case)
