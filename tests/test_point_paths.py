@@ -34,7 +34,8 @@ def _resamplers(rng, V):
     k = int(rng.integers(1, V - 2))
     acc = rules.Lantern(nb, k, lam=2.0)
     return {"residual": rules.Residual(), "optimal": rules.Optimal(),
-            "lantern-q": rules.LanternResample(nb, k, "q", accept=acc)}, acc
+            "lantern-q": rules.LanternResample(nb, k, "q", accept=acc),
+            "lantern-p": rules.LanternResample(nb, k, "p", accept=acc)}, acc
 
 
 def _point_equals_dense(res, acc, p, c) -> bool:
@@ -56,7 +57,7 @@ def test_point_residual_is_the_dense_law_at_a_one_hot_row(seed, V, ties, zeros, 
     res, acc = _resamplers(rng, V)
     for name, r in res.items():
         assert _point_equals_dense(r, acc, p, c), name
-    assert rules.LanternResample(acc.neighbors, acc.k, "p", accept=acc).point(p, c, None) is None
+    assert rules.LanternResample(acc.neighbors, acc.k, "p", law="renormalised").point(p, c, None) is None
 
 
 def test_control_a_wrong_point_residual_is_caught():

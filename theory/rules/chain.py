@@ -46,7 +46,7 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     O(V k)), and the resampling law on one row per round (the rejection's; the full acceptance row there only for a
     resampler that reads it, ``reads_f``).
 
-    ``lazy=True`` (the engine's rounds, ``theory.tree.verify_round``): on numpy rows f is computed at draft i only for
+    ``lazy=True`` (the engine's rounds, ``theory.tree.verify_round``): on numpy rows of several rounds f is computed at draft i only for
     the rounds that accepted drafts 1..i-1 (a loop over the L positions, the rounds still accepting at once); the
     verdict is the same (each f entry is its row's own formula, bit for bit), ``f_drafted`` is NaN past each round's
     first rejection. Other arrays (the device path: no read-back) compute every draft's f as with ``lazy=False``.
@@ -69,7 +69,7 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
         cap = xp.full(tokens.shape[:-1], L, dtype=xp.int64, device=_device(p))
     else:
         cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
-    if lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray):
+    if lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
         f_tok = _f_until_rejection(verifier.accept, p, q, tokens, u_accept, cap)
     else:
         f_tok = accept_at(verifier.accept, p[..., :L, :], q, pos, tokens)   # (..., L): the drafted tokens only

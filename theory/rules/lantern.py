@@ -358,12 +358,21 @@ class LanternResample:
         return normalize(positive_part(p - qn, xp), p, xp)
 
     def point(self, p, c, f_c):
-        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law) for the released "q" law: N(c) never lists
-        c, so q' = one-hot(c) and G(.|c) = Norm([p - 1_c]_+), uniform if empty (``point_residual``); else None."""
-        if self.law != "released" or self.variant != "q":
+        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law), released laws (else None): "q": N(c)
+        never lists c, so q' = one-hot(c), G = Norm([p - 1_c]_+) (``point_residual``); "p": p with c (and N(c) if
+        admitted) zeroed in place of the masks, then the same Norm; uniform if empty. The same bits."""
+        if self.law != "released":
             return None
         import numpy as np
-        return point_residual(p, c, np.ones((), p.dtype), np.ones((*p.shape[:-1], 1), p.dtype) / p.shape[-1])
+        uniform = np.ones((*p.shape[:-1], 1), p.dtype) / p.shape[-1]
+        if self.variant == "q":
+            return point_residual(p, c, np.ones((), p.dtype), uniform)
+        w, cf = np.array(p, copy=True).reshape(-1, p.shape[-1]), np.reshape(c, (-1,)).astype(np.int64)
+        r = np.arange(w.shape[0])
+        w[r, cf] = 0
+        adm = np.reshape(self.accept.admits_at(p, c), (-1,))
+        w[r[adm][:, None], np.asarray(self.neighbors)[cf[adm], : self.k + 1]] = 0
+        return normalize(np.reshape(w, p.shape), uniform)
 
     def __call__(self, p, q, f, rejected=None):
         xp = namespace(p, q, f)
