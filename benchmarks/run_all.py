@@ -62,6 +62,8 @@ BENCHMARKS = {
     "natural256_predict": ("bench_natural256.py", ["--short", "--part", "predict"]),   # --predict / measured sweep
     # issue 54: generate --record's peak memory at V = 16,384 (dynamic tree), 100 images / 10 (goal <= 1.10)
     "record_memory": ("bench_record_memory.py", ["--short"]),
+    # issue 55: --vq-ckpt's cost for a rule without a neighbour table, LANTERN++'s table build vs its cache, V = 16,384
+    "vq_ckpt": ("bench_vq_ckpt.py", ["--short"]),
 }
 TIMEOUT_S = 600
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
