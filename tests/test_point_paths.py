@@ -160,3 +160,16 @@ def test_control_a_lazy_chain_on_the_wrong_draft_is_caught(monkeypatch):
     assert _lazy_same(rules.vanilla(), case)
     monkeypatch.setattr(chain_mod, "_f_until_rejection", shifted)
     assert not _lazy_same(rules.vanilla(), case)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(3, 60))
+def test_neighbor_matrix_marks_exactly_the_listed_codes(seed, V):
+    """N[y, z] (``neighbor_matrix``, LANTERN's effective law reads x in N(y) from its column x) == z in nb[y]."""
+    from theory.rules.neighbors import neighbor_matrix
+    rng = np.random.default_rng(seed)
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))[:, : int(rng.integers(1, V))]
+    want = (nb[:, :, None] == np.arange(V)).any(1)
+    assert np.array_equal(neighbor_matrix(nb, V), want)
+    assert not np.array_equal(neighbor_matrix(nb[:, :-1], V), want)   # the control: the last rank dropped
+    assert neighbor_matrix(nb, 5000) is None or V > 4096       # (a wider vocabulary keeps the comparison)

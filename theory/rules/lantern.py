@@ -28,7 +28,7 @@ from typing import Any
 import array_api_compat
 
 from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
-from .neighbors import check_neighbors, lantern_neighbors, neighbor_sum
+from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_sum
 from .resampling import point_residual
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
@@ -441,7 +441,9 @@ class LanternResample:
         x = xp.astype(x, xp.int64)
         nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]             # (V, k+1)
         adm = self.accept.admits(p)                                                   # (..., V_y), p's shape
-        hit = xp.any(nb == x[..., None, None], axis=-1) & adm                         # x in N(y), removed
+        N = neighbor_matrix(nb, V)                                                    # (V, V) bool, or None
+        hit = (xp.any(nb == x[..., None, None], axis=-1) if N is None                 # x in N(y), removed
+               else xp.reshape(xp.take(N, xp.reshape(x, (-1,)), axis=1).T, (*x.shape, V))) & adm   # N[y, x]
         _, q, f = xp.broadcast_arrays(p, q, f)
         w = q * (1 - f)                                                               # rejection mass of y
         tot = xp.sum(w, axis=-1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import array_api_compat
 
-from ..core.xp import Array, namespace
+from ..core.xp import Array, mark, namespace
 
-__all__ = ["check_neighbors", "lantern_neighbors", "neighbor_sum"]
+__all__ = ["check_neighbors", "lantern_neighbors", "neighbor_sum", "neighbor_matrix", "MATRIX_V"]
 
 
 def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None) -> None:
@@ -74,6 +74,18 @@ def lantern_neighbors(embeddings, K: int | None = None, *, normalize: bool = Fal
     np.fill_diagonal(d2, np.inf)
     order = np.argsort(d2, axis=1, kind="stable")[:, :K]
     return order.astype(np.int64)
+
+
+MATRIX_V = 4096    # numpy: up to this many codes "x in N(y)" is read from the (V, V) 0/1 matrix
+
+
+def neighbor_matrix(nb: Array, V: int) -> Array | None:
+    """The neighbourhood as a (V, V) bool matrix, N[y, z] = z is listed in nb[y] (``mark``), for numpy tables of at
+    most ``MATRIX_V`` codes (None otherwise): whether x is in N(y) for every y as one gather of column x, in place of
+    the (V, K) comparison with x."""
+    if not (array_api_compat.is_numpy_array(nb) and V <= MATRIX_V):
+        return None
+    return mark(nb, V)
 
 
 def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
