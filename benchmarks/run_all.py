@@ -66,6 +66,8 @@ BENCHMARKS = {
     "realsize_likelihood": ("bench_likelihood.py", ["--short", "--model", "llamagen-16k"]),
     # issue 54: tune --objective bound's peak memory at V = 16,384, 576 tokens / 256 (goal <= 1.5; <= 2 GiB at 256)
     "tune_memory": ("bench_tune_memory.py", ["--short"]),
+    # issue 55: --vq-ckpt's cost for a rule without a neighbour table, LANTERN++'s table build vs its cache, V = 16,384
+    "vq_ckpt": ("bench_vq_ckpt.py", ["--short"]),
 }
 TIMEOUT_S = 600
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

@@ -331,7 +331,8 @@ def load_vq(source, cfg: VQConfig | str = "VQ-16", *, device="cpu", dtype=torch.
 def codebook_neighbors(codebook: torch.Tensor, K: int, chunk: int = 1024, normalize: bool = False) -> torch.Tensor:
     """(V, K) int64: for each code the K nearest OTHER codes by Euclidean distance, nearest first
     (the LANTERN neighbour table of docs/theory.md section 6 at full V = 16384 without a dense V x V matrix in
-    memory; ``theory.rules.lantern_neighbors`` is the small-V reference; ties broken by lower index).
+    memory: one (chunk, V) block at a time; ``theory.rules.lantern_neighbors`` is the small-V reference; ties broken
+    by lower index).
     Pass the raw code vectors (``quantize.embedding.weight``), as LANTERN's release does; ``normalize=True``
     l2-normalises them first (our earlier table)."""
     E = codebook.double()
@@ -346,6 +347,8 @@ def codebook_neighbors(codebook: torch.Tensor, K: int, chunk: int = 1024, normal
         d2 = sq[s:s + chunk, None] + sq[None, :] - 2 * E[s:s + chunk] @ E.T
         d2[torch.arange(d2.shape[0]), torch.arange(s, s + d2.shape[0])] = float("inf")
         # stable order: sort by (distance, index)
-        order = torch.sort(d2, dim=1, stable=True).indices[:, :K]
+        # the K columns copied out: a slice would keep each chunk's whole (chunk, V) sorted index array alive (2 GiB
+        # over V = 16,384 codes); held this way the build's memory is one chunk's arrays plus the (V, K) table
+        order = torch.sort(d2, dim=1, stable=True).indices[:, :K].clone()
         out.append(order)
     return torch.cat(out).cpu()

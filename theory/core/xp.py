@@ -27,6 +27,10 @@ def take_last(x: Array, idx: Array, xp=None) -> Array:
         # the compat layer's take_along_axis wraps negative indices (remainder + where per call); ours are
         # never negative, and on the engine's per-round path that wrapping was a third of the verifier's time
         return x.gather(-1, idx)
+    if array_api_compat.is_numpy_array(x):  # numpy's own (the compat layer's wrapper and namespace look-up cost
+        import numpy as np                  # more than the gather on the walks' (B, K) indices)
+
+        return np.take_along_axis(x, idx, axis=-1)
     xp = xp or namespace(x)
     return xp.take_along_axis(x, idx, axis=-1)
 
@@ -51,14 +55,16 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
     The zero-mass test is exact (sum == 0): callers clip to non-negative values first, so a row
     sums to zero only if it is identically zero.
     """
-    if array_api_compat.is_numpy_array(w) and array_api_compat.is_numpy_array(fallback):
-        import numpy as np
+    if array_api_compat.is_numpy_array(w):      # numpy's own functions: the same operations, without the compat
+        import numpy as np                      # layer's per-call cost (the walks' rejections call this per step)
 
         s = np.sum(w, axis=-1, keepdims=True)
-        if not (s <= 0).any():                   # no empty row (the usual case): the division alone, the same bits
+        empty = s <= 0
+        if not empty.any():                     # no empty row (the usual case): the division alone, the same bits
             r = w / s
-            if np.broadcast_shapes(r.shape, fallback.shape) == r.shape and np.result_type(fallback, r) == r.dtype:
+            if np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape and np.result_type(fallback, r) == r.dtype:
                 return r
+        return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
     s = xp.sum(w, axis=-1, keepdims=True)
     empty = s <= 0
@@ -67,12 +73,14 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
 
 def positive_part(x: Array, xp=None) -> Array:
     """[x]_+ elementwise."""
-    if array_api_compat.is_numpy_array(x) and x.dtype.kind == "f":   # numpy floats: fmax drops NaN (-> 0) and adding
-        import numpy as np                                            # +0.0 turns -0.0 into +0.0: the where's bits, 10x
+    if array_api_compat.is_numpy_array(x):
+        import numpy as np
 
-        r = np.asarray(np.fmax(x, 0.0))                               # faster (tests/test_xp_fast.py)
-        r += 0.0
-        return r
+        if x.dtype.kind == "f":                 # floats: fmax drops NaN (-> 0) and adding +0.0 turns -0.0 into +0.0:
+            r = np.asarray(np.fmax(x, 0.0))     # the where's bits, 10x faster (tests/test_xp_fast.py)
+            r += 0.0
+            return r
+        return np.where(x > 0, x, np.zeros_like(x))     # numpy's own functions, as in ``normalize``
     xp = xp or namespace(x)
     return xp.where(x > 0, x, xp.zeros_like(x))
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from ..core import checks
 from ..core.xp import Array, gather, gather_rows, namespace, sample_categorical
 from .acceptance import accept_at, reads_f
@@ -21,7 +23,7 @@ class ChainVerdict(NamedTuple):
 
 
 def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: Array, verifier,
-                 n_drafted: Array | None = None, *, check: bool = True) -> ChainVerdict:
+                 n_drafted: Array | None = None, *, check: bool = True, lazy: bool = False) -> ChainVerdict:
     """Verify L drafted tokens against the target (section 1 of docs/theory.md; T0-T1, T5).
 
     Shapes (any leading batch dims ``...``, no Python loop over them):
@@ -44,6 +46,11 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     O(V k)), and the resampling law on one row per round (the rejection's; the full acceptance row there only for a
     resampler that reads it, ``reads_f``).
 
+    ``lazy=True`` (the engine's rounds, ``theory.tree.verify_round``): on numpy rows of several rounds f is computed at draft i only for
+    the rounds that accepted drafts 1..i-1 (a loop over the L positions, the rounds still accepting at once); the
+    verdict is the same (each f entry is its row's own formula, bit for bit), ``f_drafted`` is NaN past each round's
+    first rejection. Other arrays (the device path: no read-back) compute every draft's f as with ``lazy=False``.
+
     ``check=True`` (default, an API boundary) validates the inputs: p, q rows finite, >= 0, summing to 1
     (tolerance of their dtype), tokens integers in [0, V), uniforms in [0, 1); one host sync when they
     are valid. Callers that built the rows themselves from validated tables (the simulator, the
@@ -58,12 +65,16 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
         _check_inputs(p, q, tokens, u_accept, u_sample, xp)
     tokens = xp.astype(tokens, xp.int64)
     pos = xp.arange(1, L + 1, device=_device(p))
-    f_tok = accept_at(verifier.accept, p[..., :L, :], q, pos, tokens)   # (..., L): the drafted tokens only
-    rejected = ~(u_accept < f_tok)
     if n_drafted is None:
         cap = xp.full(tokens.shape[:-1], L, dtype=xp.int64, device=_device(p))
     else:
         cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
+    if lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
+        f_tok = _f_until_rejection(verifier.accept, p, q, tokens, u_accept, cap)
+    else:
+        f_tok = accept_at(verifier.accept, p[..., :L, :], q, pos, tokens)   # (..., L): the drafted tokens only
+    rejected = ~(u_accept < f_tok)
+    if n_drafted is not None:
         rejected = rejected & (pos - 1 < cap[..., None])
     any_rej = xp.any(rejected, axis=-1)
     first = xp.astype(xp.argmax(xp.astype(rejected, xp.int8), axis=-1), xp.int64)
@@ -77,6 +88,29 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     G = verifier.resample(p_row, q_row, f_row, gather(tokens, k, xp))
     row = xp.where((tau == cap)[..., None], p_row, G)
     return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
+
+
+def _f_until_rejection(accept, p, q, tokens, u_accept, cap):
+    """f at the drafted tokens (..., L) on numpy rows p (..., L+1, V), q (..., L, V), computed at draft i only for the
+    rounds whose drafts 1..i-1 were all accepted and i <= cap (..., ); NaN elsewhere (never read by the verdict). The
+    positions go in as arrays, as ``verify_chain``'s (the same schedule values, the same bits)."""
+    L, V = tokens.shape[-1], p.shape[-1]
+    pr, qr = np.reshape(p, (-1, L + 1, V)), np.reshape(q, (-1, L, V))
+    tr, ur, cr = np.reshape(tokens, (-1, L)), np.reshape(u_accept, (-1, L)), np.reshape(np.asarray(cap), (-1,))
+    f = None
+    live = np.arange(tr.shape[0])
+    for j in range(L):   # a loop over draft positions, the rounds still accepting at once
+        live = live[cr[live] > j]
+        if live.size == 0:
+            break
+        fj = accept_at(accept, pr[live, j], qr[live, j], np.full(live.size, j + 1), tr[live, j])
+        if f is None:
+            f = np.full(tr.shape, np.nan, dtype=fj.dtype)
+        f[live, j] = fj
+        live = live[ur[live, j] < fj]
+    if f is None:
+        f = np.full(tr.shape, np.nan, dtype=np.result_type(p.dtype, q.dtype))
+    return np.reshape(f, tokens.shape)
 
 
 def _check_inputs(p, q, tokens, u_accept, u_sample, xp) -> None:

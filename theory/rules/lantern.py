@@ -28,7 +28,8 @@ from typing import Any
 import array_api_compat
 
 from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
-from .neighbors import check_neighbors, lantern_neighbors
+from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_sum
+from .resampling import point_residual
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
 
@@ -93,25 +94,6 @@ def _any_to(m: Array, shape, xp) -> Array:
     return xp.reshape(xp.any(m, axis=axes, keepdims=True), shape) if axes else m
 
 
-def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
-    """sum of a over each code's neighbours (every column of ``nb``) at the entries where ``mask``, 0 elsewhere.
-
-    a (..., V) float or int; nb (V, K) int64 on a's device; mask (..., V) bool, broadcastable to a. Section 6's
-    masses p(N(y)) and min(p, q)(N(y)). Computed on the transposed rows (V, rows): a loop over the K
-    neighbour ranks, each a gather of whole contiguous rows (a[..., nb[:, j]] for every row at once); the
-    sum runs in column order (sequential, not numpy's pairwise order: equal to the dense (..., V, K) sum to
-    rounding)."""
-    xp = namespace(a)
-    V = a.shape[-1]
-    rows = xp.reshape(a, (-1, V))
-    # (V, rows) C-ordered: flattening the transposed view copies it in that order (take then reads whole rows)
-    at = xp.reshape(xp.reshape(rows.T, (-1,)), (V, rows.shape[0]))
-    s = xp.take(at, nb[:, 0], axis=0)
-    for j in range(1, nb.shape[1]):   # a loop over neighbour ranks, each vectorised over codes and rows
-        s = s + xp.take(at, nb[:, j], axis=0)
-    return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
-
-
 def _column(pf: Array, base: Array, yK: Array, nbf: Array, j: int, dense: Array | None, xp) -> Array:
     """p at the j-th neighbour of each active entry (m,) (flat entry base + code, yK = code * K); ``dense`` the rows
     (R, V) when every entry of them is active (one gather, the table's column as a shared index)."""
@@ -136,6 +118,8 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     its threshold keeps its last one (sums of non-negative masses never decrease, so the prefix is the longest).
     Entries whose prefix stopped leave after their block (``_blocks``) once the active set has shrunk enough; no item
     assignment (``_expand``): numpy, torch and JAX alike."""
+    if dense is None and array_api_compat.is_numpy_array(pf) and e.shape[0] * k <= SMALL_BLOCK:
+        return _prefix_mass_few(pf, e, nb, thr, k, V)
     xp = namespace(pf)
     scalar = getattr(thr, "ndim", 0) == 0
     K = nb.shape[1]
@@ -183,6 +167,20 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     for on, here in reversed(levels):   # back up the blocks: the entries that went on take their later mass
         c = _expand(c, on, here, xp)
     return xp.astype(c, pf.dtype, copy=False)
+
+
+def _prefix_mass_few(pf, e, nb, thr, k: int, V: int):
+    """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK): its single block in plain numpy calls (the
+    table's rows, one cumulative sum from a leading 0 in the rows' dtype): the same sums in the same order."""
+    import numpy as np
+
+    y = e % V
+    g = pf[(e - y)[:, None] + nb[y, :k]]                                                # (m, k) neighbour masses
+    cs = np.cumsum(np.concatenate([np.zeros((e.shape[0], 1), pf.dtype), g], axis=1), axis=1)[:, 1:]
+    ta = thr if getattr(thr, "ndim", 0) == 0 else np.asarray(thr)[:, None]
+    last = np.sum(cs <= ta, axis=1, dtype=np.int64)                                  # columns passed (a prefix)
+    got = np.take_along_axis(cs, np.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
+    return np.where(last > 0, got, np.zeros((), pf.dtype)).astype(pf.dtype, copy=False)
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
@@ -359,6 +357,23 @@ class LanternResample:
         qn = normalize(xp.where(S, zero, q), xp.zeros_like(q), xp)
         return normalize(positive_part(p - qn, xp), p, xp)
 
+    def point(self, p, c, f_c):
+        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law), released laws (else None): "q": N(c)
+        never lists c, so q' = one-hot(c), G = Norm([p - 1_c]_+) (``point_residual``); "p": p with c (and N(c) if
+        admitted) zeroed in place of the masks, then the same Norm; uniform if empty. The same bits."""
+        if self.law != "released":
+            return None
+        import numpy as np
+        uniform = np.ones((*p.shape[:-1], 1), p.dtype) / p.shape[-1]
+        if self.variant == "q":
+            return point_residual(p, c, np.ones((), p.dtype), uniform)
+        w, cf = np.array(p, copy=True).reshape(-1, p.shape[-1]), np.reshape(c, (-1,)).astype(np.int64)
+        r = np.arange(w.shape[0])
+        w[r, cf] = 0
+        adm = np.reshape(self.accept.admits_at(p, c), (-1,))
+        w[r[adm][:, None], np.asarray(self.neighbors)[cf[adm], : self.k + 1]] = 0
+        return normalize(np.reshape(w, p.shape), uniform)
+
     def __call__(self, p, q, f, rejected=None):
         xp = namespace(p, q, f)
         if rejected is not None:
@@ -426,7 +441,9 @@ class LanternResample:
         x = xp.astype(x, xp.int64)
         nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]             # (V, k+1)
         adm = self.accept.admits(p)                                                   # (..., V_y), p's shape
-        hit = xp.any(nb == x[..., None, None], axis=-1) & adm                         # x in N(y), removed
+        N = neighbor_matrix(nb, V)                                                    # (V, V) bool, or None
+        hit = (xp.any(nb == x[..., None, None], axis=-1) if N is None                 # x in N(y), removed
+               else xp.reshape(xp.take(N, xp.reshape(x, (-1,)), axis=1).T, (*x.shape, V))) & adm   # N[y, x]
         _, q, f = xp.broadcast_arrays(p, q, f)
         w = q * (1 - f)                                                               # rejection mass of y
         tot = xp.sum(w, axis=-1)

@@ -1,13 +1,14 @@
 """LANTERN's codebook neighbour table (docs/theory.md section 6): building it from codebook vectors
-(``lantern_neighbors``, the release's ranking) and validating one at an API boundary (``check_neighbors``).
+(``lantern_neighbors``, the release's ranking), validating one at an API boundary (``check_neighbors``), and sums of
+rows over every code's neighbours (``neighbor_sum``, section 6's masses p(N(y))).
 numpy in, numpy out for the builder; the check takes numpy, torch or JAX tables."""
 from __future__ import annotations
 
 import array_api_compat
 
-from ..core.xp import namespace
+from ..core.xp import Array, mark, namespace
 
-__all__ = ["check_neighbors", "lantern_neighbors"]
+__all__ = ["check_neighbors", "lantern_neighbors", "neighbor_sum", "neighbor_matrix", "MATRIX_V"]
 
 
 def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None) -> None:
@@ -73,3 +74,34 @@ def lantern_neighbors(embeddings, K: int | None = None, *, normalize: bool = Fal
     np.fill_diagonal(d2, np.inf)
     order = np.argsort(d2, axis=1, kind="stable")[:, :K]
     return order.astype(np.int64)
+
+
+MATRIX_V = 4096    # numpy: up to this many codes "x in N(y)" is read from the (V, V) 0/1 matrix
+
+
+def neighbor_matrix(nb: Array, V: int) -> Array | None:
+    """The neighbourhood as a (V, V) bool matrix, N[y, z] = z is listed in nb[y] (``mark``), for numpy tables of at
+    most ``MATRIX_V`` codes (None otherwise): whether x is in N(y) for every y as one gather of column x, in place of
+    the (V, K) comparison with x."""
+    if not (array_api_compat.is_numpy_array(nb) and V <= MATRIX_V):
+        return None
+    return mark(nb, V)
+
+
+def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
+    """sum of a over each code's neighbours (every column of ``nb``) at the entries where ``mask``, 0 elsewhere.
+
+    a (..., V) float or int; nb (V, K) int64 on a's device; mask (..., V) bool, broadcastable to a. Section 6's
+    masses p(N(y)) and min(p, q)(N(y)). Computed on the transposed rows (V, rows): a loop over the K
+    neighbour ranks, each a gather of whole contiguous rows (a[..., nb[:, j]] for every row at once); the
+    sum runs in column order (sequential, not numpy's pairwise order: equal to the dense (..., V, K) sum to
+    rounding)."""
+    xp = namespace(a)
+    V = a.shape[-1]
+    rows = xp.reshape(a, (-1, V))
+    # (V, rows) C-ordered: flattening the transposed view copies it in that order (take then reads whole rows)
+    at = xp.reshape(xp.reshape(rows.T, (-1,)), (V, rows.shape[0]))
+    s = xp.take(at, nb[:, 0], axis=0)
+    for j in range(1, nb.shape[1]):   # a loop over neighbour ranks, each vectorised over codes and rows
+        s = s + xp.take(at, nb[:, j], axis=0)
+    return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))

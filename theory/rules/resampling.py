@@ -12,7 +12,26 @@ from dataclasses import dataclass
 from ..core.xp import namespace, normalize, positive_part
 from .acceptance import Greedy
 
-__all__ = ["Residual", "Optimal", "Target", "Argmax"]
+__all__ = ["Residual", "Optimal", "Target", "Argmax", "point_residual"]
+
+
+def point_residual(p, c, m, fallback):
+    """Norm([p - m 1_c]_+) (..., V) on numpy rows p (..., V), tokens c (...,), m (...,) (or a scalar) the mass taken
+    off c, ``fallback`` (..., V) or (..., 1) where the residual is empty: the residual of a rule whose draft row is the
+    point mass at c (the point draft law, q = one-hot(c): Norm([p - q]_+) with m = 1, G* Norm([p - q f]_+) with
+    m = f(c)). Every entry is [p(y) - 0]_+ = [p(y)]_+ but c's; the same sums and the same division as the dense
+    formula, hence the same bits (tests/test_sparse_accept.py), in a handful of numpy calls on the row instead of
+    the one-hot row's arithmetic. The walks call it through a resampling rule's ``point(p, c, f_c)``."""
+    import numpy as np
+
+    m = np.asarray(m)
+    dt = np.result_type(p.dtype, m.dtype)
+    V = p.shape[-1]
+    w = np.where(p > 0, p, np.zeros((), p.dtype)).astype(dt, copy=False)     # a new C-ordered array (written below)
+    at = np.arange(w.size // V) * V + np.reshape(np.asarray(c, np.int64), (-1,))   # c's flat entries, row by row
+    d = np.reshape(p, (-1,))[at].astype(dt, copy=False) - np.reshape(np.broadcast_to(m.astype(dt), np.shape(c)), (-1,))
+    np.reshape(w, (-1,))[at] = np.where(d > 0, d, np.zeros((), dt))
+    return normalize(w, fallback)
 
 # --------------------------------------------------------------------------- resampling rules
 
@@ -25,6 +44,12 @@ class Residual:
         xp = namespace(p, q)
         return normalize(positive_part(p - q, xp), p, xp)
 
+    def point(self, p, c, f_c):
+        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law): Norm([p - 1_c]_+) (``point_residual``)."""
+        import numpy as np
+
+        return point_residual(p, c, np.ones((), p.dtype), p)
+
 
 @dataclass(frozen=True)
 class Optimal:
@@ -33,6 +58,11 @@ class Optimal:
     def __call__(self, p, q, f, rejected=None):
         xp = namespace(p, q, f)
         return normalize(positive_part(p - q * f, xp), p, xp)
+
+    def point(self, p, c, f_c):
+        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law): Norm([p - f(c) 1_c]_+), f_c (...,) the
+        acceptance at c (``point_residual``)."""
+        return point_residual(p, c, f_c, p)
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     removed = None if point else np.zeros((B, V), bool)
     tokens = np.asarray(tokens, np.int64)
     needs_f = reads_f(resample)
+    at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
         if not has.any():
@@ -165,12 +166,14 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             s = q_left.sum(-1, keepdims=True)
             q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, np.ones((), s.dtype), s))   # Norm, 0 if exhausted
         pos = np.minimum(depth + 1, D)
-        valid = has & (q_j[rows, c] > 0)                                          # impossible candidates are skipped
-        acc = valid & (u_accept[rows, kid] < accept_at(accept, p_res, q_j, pos, c))
+        valid = has if point else has & (q_j[rows, c] > 0)                        # impossible candidates are skipped
+        f = accept_at(accept, p_res, q_j, pos, c)
+        acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
         if rej.any():
             pr, qr, cr = p_res[rej], q_j[rej], c[rej]
-            p_res[rej] = resample(pr, qr, accept(pr, qr, pos[rej]) if needs_f else None, cr)
+            g = None if at_point is None else at_point(pr, cr, f[rej])     # (None: the rule has none for its law)
+            p_res[rej] = g if g is not None else resample(pr, qr, accept(pr, qr, pos[rej]) if needs_f else None, cr)
             if not point:
                 removed[rows[rej], cr] = True
         if acc.any():

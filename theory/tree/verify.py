@@ -279,7 +279,7 @@ def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sa
                 q = xp.astype(xp.arange(p.shape[-1], device=array_api_compat.device(p)) == tokens[..., 1:, None],
                               p.dtype)
             v = verify_chain(p, q[..., :N, :], tokens[..., 1:], u_accept[..., :N], u_sample, verifier,
-                             n_drafted=max_depth, check=False)
+                             n_drafted=max_depth, check=False, lazy=True)
         ar = xp.arange(1, N + 1, device=array_api_compat.device(p))
         path = xp.where(ar < v.accepted[..., None] + 1, ar, xp.full_like(tokens[..., 1:], -1))
         return TreeVerdict(v.accepted, path, v.next_token, v.accepted)

@@ -1,0 +1,175 @@
+"""The host walks' point-law shortcuts (issue 55) give the dense formulas' bits: a resampling rule's residual at
+q = one-hot(c) (``point``: ``theory.rules.resampling.point_residual``) equals the rule called on the one-hot row, and
+GSD's sort-free window (``theory.rules.gsd._near``) gives the sorted window's f; hypothesis on random rows with ties,
+zeros and masses near 1, each with a planted wrong shortcut that must be caught (the controls)."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from theory import rules
+from theory.core.xp import gather
+from theory.rules.resampling import point_residual
+
+gsd_mod = sys.modules["theory.rules.gsd"]     # (theory.rules.gsd the attribute is the rule's constructor)
+
+
+def _rows(rng, shape, V, ties, zeros, peak):
+    r = rng.dirichlet(np.full(V, 0.3), size=shape)
+    if zeros:
+        r[rng.random(r.shape) < 0.3] = 0
+    if ties:
+        r[..., : V // 3] = r[..., :1]
+    if peak:                                   # one code holds (nearly) all the mass: p(c) - 1 near 0
+        r[..., 0] += 1e3
+    r[..., -1] += 1e-3
+    return (r / r.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _resamplers(rng, V):
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    k = int(rng.integers(1, V - 2))
+    acc = rules.Lantern(nb, k, lam=2.0)
+    return {"residual": rules.Residual(), "optimal": rules.Optimal(),
+            "lantern-q": rules.LanternResample(nb, k, "q", accept=acc),
+            "lantern-p": rules.LanternResample(nb, k, "p", accept=acc)}, acc
+
+
+def _point_equals_dense(res, acc, p, c) -> bool:
+    q = (np.arange(p.shape[-1]) == c[:, None]).astype(p.dtype)
+    f = acc(p, q, 1)
+    got = res.point(p, c, gather(f, c))
+    want = res(p, q, f, c)
+    return got.dtype == want.dtype and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(4, 40), ties=st.booleans(), zeros=st.booleans(),
+       peak=st.booleans())
+def test_point_residual_is_the_dense_law_at_a_one_hot_row(seed, V, ties, zeros, peak):
+    rng = np.random.default_rng(seed)
+    p = _rows(rng, (5,), V, ties, zeros, peak)
+    c = rng.integers(0, V, size=5)
+    c[0] = 0
+    res, acc = _resamplers(rng, V)
+    for name, r in res.items():
+        assert _point_equals_dense(r, acc, p, c), name
+    assert rules.LanternResample(acc.neighbors, acc.k, "p", law="renormalised").point(p, c, None) is None
+
+
+def test_control_a_wrong_point_residual_is_caught():
+    """A planted point law that forgets to renormalise (the generic law's Norm) differs on any row with c's mass > 0."""
+    class Unnormalised(rules.Residual):
+        def point(self, p, c, f_c):
+            return point_residual(p, c, np.ones((), p.dtype), p) * np.float32(1 - 1e-3)
+    rng = np.random.default_rng(0)
+    p = _rows(rng, (3,), 12, False, False, False)
+    c = np.array([1, 2, 3])
+    _, acc = _resamplers(rng, 12)
+    assert _point_equals_dense(rules.Residual(), acc, p, c)
+    assert not _point_equals_dense(Unnormalised(), acc, p, c)
+
+
+def _gsd_same(rule, p, q, x) -> bool:
+    got = rule.at(p, q, 1, x)
+    want = gather(rule(p, q, 1), x)
+    return np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(3, 60), w=st.integers(1, 8), ties=st.booleans(),
+       zeros=st.booleans(), close=st.booleans())
+def test_gsd_sort_free_window_is_the_sorted_one(seed, V, w, ties, zeros, close):
+    rng = np.random.default_rng(seed)
+    p = _rows(rng, (2, 3), V, ties, zeros, False)
+    q = _rows(rng, (2, 3), V, False, zeros, False)
+    x = rng.integers(0, V, size=(2, 3))
+    table = rules.gsd_close(rng.normal(size=(V, 2)), 1.0) if close else None
+    for thr in (0.01, 0.15, 1.0):
+        assert _gsd_same(rules.Grouped(table, w, thr), p, q, x)
+
+
+def test_control_a_wrong_gsd_window_is_caught(monkeypatch):
+    """The window's members in reverse order (the same set, other slots): the group sums change their order and a
+    wide threshold's f moves; the check must see it on most of these rows."""
+    near = gsd_mod._near
+
+    def reversed_members(p, x, w):
+        out = near(p, x, w)
+        return None if out is None else (out[0], out[1][..., ::-1].copy())
+    rng = np.random.default_rng(3)
+    V = 40
+    p = _rows(rng, (8, 4), V, False, False, False)
+    q = _rows(rng, (8, 4), V, False, False, False)
+    x = rng.integers(0, V, size=(8, 4))
+    rule = rules.Grouped(None, 7, 1.0)
+    assert gsd_mod._near(p, x, 7) is not None and _gsd_same(rule, p, q, x)
+    monkeypatch.setattr(gsd_mod, "_near", reversed_members)
+    assert not _gsd_same(rule, p, q, x)
+
+
+def _chain_case(rng, B, L, V):
+    p = _rows(rng, (B, L + 1), V, False, True, False)
+    q = _rows(rng, (B, L), V, False, True, False)
+    c = np.cumsum(q.astype(np.float64), -1)
+    tok = np.minimum((c < rng.random((B, L, 1)) * c[..., -1:]).sum(-1), V - 1)   # draws from q
+    return p, q, tok, rng.random((B, L)), rng.random(B), rng.integers(0, L + 1, size=B)
+
+
+def _chain_rules(rng, V):
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    return {"vanilla": rules.vanilla(), "cool-sd": rules.cool_sd(2.0), "typical": rules.typical(),
+            "gsd": rules.gsd(rng.normal(size=(V, 2))),
+            "lantern++": rules.lantern_pp(nb, min(4, V - 2), 2.0)}
+
+
+def _lazy_same(v, case) -> bool:
+    p, q, tok, ua, us, nd = case
+    a = rules.verify_chain(p, q, tok, ua, us, v, n_drafted=nd, check=False)
+    b = rules.verify_chain(p, q, tok, ua, us, v, n_drafted=nd, check=False, lazy=True)
+    if not (np.array_equal(a.accepted, b.accepted) and np.array_equal(a.next_token, b.next_token)):
+        return False
+    seen = ~np.isnan(b.f_drafted)
+    upto = np.arange(tok.shape[1]) <= np.minimum(b.accepted, nd - 1)[:, None]   # every draft the verdict read
+    return bool(np.all(seen[upto]) and np.array_equal(a.f_drafted[seen], b.f_drafted[seen]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(6, 40), L=st.integers(1, 6))
+def test_lazy_chain_verdict_is_the_full_one(seed, V, L):
+    """``verify_chain(lazy=True)`` (f only up to each round's first rejection) gives the full computation's verdict
+    and, where it computed f, its bits; every draft the verdict reads was computed."""
+    rng = np.random.default_rng(seed)
+    case = _chain_case(rng, 6, L, V)
+    for name, v in _chain_rules(rng, V).items():
+        assert _lazy_same(v, case), name
+
+
+def test_control_a_lazy_chain_on_the_wrong_draft_is_caught(monkeypatch):
+    """A planted lazy loop that reads each round's next draft's rows: the verdicts differ and the check says so."""
+    chain_mod = sys.modules["theory.rules.chain"]
+    real = chain_mod._f_until_rejection
+
+    def shifted(accept, p, q, tokens, u_accept, cap):
+        return real(accept, np.roll(p, 1, axis=-2), np.roll(q, 1, axis=-2), tokens, u_accept, cap)
+    rng = np.random.default_rng(5)
+    case = _chain_case(rng, 40, 4, 12)
+    assert _lazy_same(rules.vanilla(), case)
+    monkeypatch.setattr(chain_mod, "_f_until_rejection", shifted)
+    assert not _lazy_same(rules.vanilla(), case)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(3, 60))
+def test_neighbor_matrix_marks_exactly_the_listed_codes(seed, V):
+    """N[y, z] (``neighbor_matrix``, LANTERN's effective law reads x in N(y) from its column x) == z in nb[y]."""
+    from theory.rules.neighbors import neighbor_matrix
+    rng = np.random.default_rng(seed)
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))[:, : int(rng.integers(1, V))]
+    want = (nb[:, :, None] == np.arange(V)).any(1)
+    assert np.array_equal(neighbor_matrix(nb, V), want)
+    assert not np.array_equal(neighbor_matrix(nb[:, :-1], V), want)   # the control: the last rank dropped
+    assert neighbor_matrix(nb, 5000) is None or V > 4096       # (a wider vocabulary keeps the comparison)
