@@ -2,7 +2,9 @@
 natural256``: the natural-image zoo, 256 tokens, V = 1024, with its shipped EAGLE head or its small draft;
 ``--model llamagen-16k``: issue 54's real-size check, a random-weight LlamaGen c2i target at the published
 vocabulary V = 16,384 and 1,000 classes, 256 tokens (``real.realsize.llamagen_files``: 2 layers, width 64, so
-plain AR is as cheap as a target at this vocabulary gets and the ratio is the hardest case), layer-skip draft).
+plain AR is as cheap as a target at this vocabulary gets and the ratio is the hardest case: the rows alone cost
+about what AR does, both being V-sized heads and softmaxes), layer-skip draft; ``--model llamagen-16k-B``: the same at
+LlamaGen-B's published depth (12 layers, width 768), where a plain-AR step costs what it does in practice).
 
 Scoring = teacher-forced rows (``real.decode.score.teacher_forced_rows``: one target prefill, one draft
 prefill or the EAGLE drafter's L passes) plus the forward recursion (``theory.likelihood.log_likelihood``) for
@@ -14,9 +16,9 @@ target: <= 1). Generation, the rows and each rule's recursion are timed interlea
 core, and time slices lost to other processes on a shared machine do not count; wall time at more threads).
 
   python benchmarks/bench_likelihood.py [--images 50] [--repeats 3] [--threads 1] [--json [FILE]] [--short]
-                                        [--model mnist|natural256|llamagen-16k] [--drafts eagle small]
+                                        [--model mnist|natural256|llamagen-16k[-B]] [--drafts eagle small]
 
-``--short``: 7 repeats of 20 images (llamagen-16k: 3 of 4), cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
+``--short``: 7 repeats of 20 images (llamagen-16k: 3 of 4; -B: 2 of 2), cool-sd only (for benchmarks/run_all.py); ``--json``: one JSON object
 on stdout, ``--json FILE``: the same object written to FILE with the "ratios" benchmarks/run_all.py reads.
 """
 from __future__ import annotations
@@ -46,12 +48,13 @@ RULES = {"cool-sd": ("cool-sd", {"delta": 4}), "lantern++": ("lantern++", {"lamb
 
 
 REALSIZE = "llamagen-16k"
+REALSIZE_SIZES = {REALSIZE: "shallow", REALSIZE + "-B": "B"}     # --model -> real.realsize.llamagen_files size
 
 
 def _build(model: str, draft: str, images: int):
     """The bundle: a registered model, or (``REALSIZE``) the random-weight LlamaGen at V = 16,384 and its VQ-16-shaped
     codebook (LANTERN's neighbour table) written once to a cache folder (``real.realsize.llamagen_files``)."""
-    if model != REALSIZE:
+    if model not in REALSIZE_SIZES:
         return build(model, draft=draft, num_images=images, seed=0)
     import tempfile
 
@@ -59,7 +62,7 @@ def _build(model: str, draft: str, images: int):
 
     folder = os.path.join(tempfile.gettempdir(), "coolsd_bench_realsize")
     os.makedirs(folder, exist_ok=True)
-    args = llamagen_files(folder, 256)
+    args = llamagen_files(folder, 256, size=REALSIZE_SIZES[model])
     opt = dict(zip(args[::2], args[1::2]))
     return build("llamagen", draft=draft, num_images=images, seed=0, target_ckpt=opt["--target-ckpt"],
                  target_size=opt["--target-size"], image_size=int(opt["--image-size"]), vq_ckpt=opt["--vq-ckpt"],
@@ -75,15 +78,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                     help="JSON on stdout, or (with FILE) to FILE with run_all.py's ratios")
     ap.add_argument("--short", action="store_true")
-    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256", REALSIZE))
+    ap.add_argument("--model", default="mnist", choices=("mnist", "natural256", *REALSIZE_SIZES))
     ap.add_argument("--drafts", nargs="+", default=None, choices=("eagle", "small", "layerskip"),
                     help="default: eagle small (layerskip for llamagen-16k)")
     a = ap.parse_args(argv)
-    a.drafts = a.drafts or (["layerskip"] if a.model == REALSIZE else ["eagle", "small"])
-    if a.model == REALSIZE and a.drafts != ["layerskip"]:
-        raise SystemExit(f"bench_likelihood: --model {REALSIZE} has the layer-skip draft only")
+    a.drafts = a.drafts or (["layerskip"] if a.model in REALSIZE_SIZES else ["eagle", "small"])
+    if a.model in REALSIZE_SIZES and a.drafts != ["layerskip"]:
+        raise SystemExit(f"bench_likelihood: --model {a.model} has the layer-skip draft only")
     if a.short:      # llamagen-16k: 4 images x 3 repeats (about 0.5 s of work per image and repeat)
-        a.images, a.repeats = (4, 3) if a.model == REALSIZE else (20, 7)
+        a.images, a.repeats = {REALSIZE: (4, 3), REALSIZE + "-B": (2, 2)}.get(a.model, (20, 7))
     if a.images < 1 or a.repeats < 1 or a.threads < 1 or a.L < 1:
         raise SystemExit("bench_likelihood: --images, --repeats, --threads and --L must be >= 1")
     torch.set_num_threads(a.threads)

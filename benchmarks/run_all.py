@@ -64,6 +64,8 @@ BENCHMARKS = {
     "record_memory": ("bench_record_memory.py", ["--short"]),
     # issue 54: exact chain scoring / plain AR at V = 16,384 (random-weight 2-layer LlamaGen, layer-skip draft)
     "realsize_likelihood": ("bench_likelihood.py", ["--short", "--model", "llamagen-16k"]),
+    # ... and at LlamaGen-B's depth (12 layers, width 768), where plain-AR steps cost what they do in practice
+    "realsize_B_likelihood": ("bench_likelihood.py", ["--short", "--model", "llamagen-16k-B"]),
     # issue 54: tune --objective bound's peak memory at V = 16,384, 576 tokens / 256 (goal <= 1.5; <= 2 GiB at 256)
     "tune_memory": ("bench_tune_memory.py", ["--short"]),
     # issue 55: --vq-ckpt's cost for a rule without a neighbour table, LANTERN++'s table build vs its cache, V = 16,384

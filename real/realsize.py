@@ -67,9 +67,11 @@ def shallow_kwargs(family: str) -> dict:
     return dict(SHALLOW[family][1])
 
 
-def llamagen_files(folder, tokens: int = 256, seed: int = 0) -> list[str]:
-    """Write ``target.pt`` and ``vq.pt`` (module docstring) under ``folder`` once (kept when present) and return
-    the arguments that load them at ``tokens`` image tokens (256 or 576). ValueError for another token count."""
+def llamagen_files(folder, tokens: int = 256, seed: int = 0, size: str = "shallow") -> list[str]:
+    """Write the target and ``vq.pt`` (module docstring) under ``folder`` once (kept when present) and return
+    the arguments that load them at ``tokens`` image tokens (256 or 576). ``size``: the target's LlamaGen config
+    ("shallow", or a published depth such as "B": 12 layers, width 768, for costs at a realistic depth). ValueError
+    for another token count."""
     import torch
 
     from real.models import llamagen as lg
@@ -78,9 +80,10 @@ def llamagen_files(folder, tokens: int = 256, seed: int = 0) -> list[str]:
     if tokens not in LLAMAGEN_IMAGE_SIZE:
         raise ValueError(f"LlamaGen's published grids hold {sorted(LLAMAGEN_IMAGE_SIZE)} tokens, got {tokens}")
     V, classes = PUBLISHED["llamagen"]["V"], PUBLISHED["llamagen"]["classes"]
-    t_path, vq_path = os.path.join(folder, f"target{seed}.pt"), os.path.join(folder, f"vq{seed}.pt")
+    name = f"target{seed}.pt" if size == "shallow" else f"target_{size}_{seed}.pt"
+    t_path, vq_path = os.path.join(folder, name), os.path.join(folder, f"vq{seed}.pt")
     if not os.path.exists(t_path):
-        c = lg.config("shallow")
+        c = lg.config(size)
         assert c.vocab_size == V and c.num_classes == classes
         t = lg.LlamaGen(c).random_init(seed, std=0.05, output_std=0.2, embed_std=1.0)
         torch.save({"model": t.state_dict()}, t_path)
@@ -88,5 +91,5 @@ def llamagen_files(folder, tokens: int = 256, seed: int = 0) -> list[str]:
         vq = VQModel(vq_config("shallow")).random_init(seed)
         assert tuple(vq.quantize.embedding.weight.shape) == PUBLISHED["llamagen"]["codebook"]
         torch.save({"model": vq.state_dict()}, vq_path)
-    return ["--model", "llamagen", "--target-ckpt", t_path, "--target-size", "shallow", "--draft", "layerskip",
+    return ["--model", "llamagen", "--target-ckpt", t_path, "--target-size", size, "--draft", "layerskip",
             "--image-size", str(LLAMAGEN_IMAGE_SIZE[tokens]), "--vq-ckpt", vq_path, "--vq-size", "shallow"]
