@@ -121,32 +121,35 @@ class PacWindow:
 
 @dataclass
 class _Plan:
-    """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks, the
-    attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1): for an
-    accepted node a and a depth e, the node whose row drafts depth e (``par``) and its first child (``xn``), -1 where
-    none."""
+    """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
+    (numpy, and ``d_t`` / ``r_t`` the non-root nodes' as tensors), the attention mask, children (N+1, K), the ancestor
+    table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an accepted node a and a depth e, the node
+    whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each
+    node's children (0 where none) and whether each exists."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
     mask: torch.Tensor
     children: np.ndarray
     anc: np.ndarray
-    par: torch.Tensor
-    xn: torch.Tensor
-    kids: torch.Tensor
+    par_np: np.ndarray
+    xn_np: np.ndarray
+    kids_np: np.ndarray
+    d_t: torch.Tensor
+    r_t: torch.Tensor
 
 
-def _plan(tree: Tree, full: Tree, D: int, M: int, device) -> _Plan:
-    """The truncated tree's tables (``_Plan``); ``D`` the tree depth of the release's layout, ``M`` its main length."""
+def _full_tables(tree: Tree, D: int, M: int):
+    """The full layout's host tables (``_Plan``'s rank, anc, par, xn); ``D`` the tree depth of the release's layout,
+    ``M`` its main length."""
     idx = {(): 0, **{p: i + 1 for i, p in enumerate(tree.paths)}}
     N1 = tree.n_nodes + 1
-    depth = tree.node_depth.astype(np.int64)
     rank = np.array([0] + [p[-1] for p in tree.paths], np.int64)
     anc = np.full((N1, max(1, tree.depth)), -1, np.int64)
     par = np.full((N1, M + 1), -1, np.int64)
     xn = np.full((N1, M + 1), -1, np.int64)
     paths = [()] + list(tree.paths)
-    for a, pa in enumerate(paths):   # a loop over the tree's nodes (plan time only, once per truncation depth)
+    for a, pa in enumerate(paths):   # a loop over the tree's nodes (plan time only, once per layout)
         for i in range(len(pa)):
             anc[a, i] = idx[pa[:i + 1]]
         for e in range(len(pa) + 2, M):   # depths past the rejected level: the continuation's parent row
@@ -154,22 +157,37 @@ def _plan(tree: Tree, full: Tree, D: int, M: int, device) -> _Plan:
             if pp in idx:
                 par[a, e] = idx[pp]
                 xn[a, e] = idx.get(pp + (0,), -1)
-    ch = tree.children
-    K = ch.shape[1]
-    kids = np.where(ch >= 0, ch, 0)
-    return _Plan(tree, depth, rank, torch.as_tensor(tree.attention_mask, device=device), ch, anc,
-                 torch.as_tensor(par, device=device), torch.as_tensor(xn, device=device),
-                 torch.as_tensor(np.concatenate([kids, (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K),
-                                 device=device))
+    return rank, anc, par, xn
+
+
+@lru_cache(maxsize=16)
+def _layout_tables(window: int, width: int, depth: int):
+    """``_full_tables`` of the release's layout (``pac_tree``), built once per process."""
+    full = pac_tree(window, width, depth)
+    return full, _full_tables(full, depth, depth + window - tree_nodes(width, depth))
 
 
 @lru_cache(maxsize=256)
 def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _Plan:
-    """``_plan`` of the release's layout (``pac_tree``) truncated at depth Dr, on ``device``: a plan depends only on
-    these, so it is built once per process (a window larger than the image truncates at a new depth every round of an
-    image's end, and every image meets the same depths). Plans hold no per-image state."""
-    full = pac_tree(window, width, depth)
-    return _plan(truncate_tree(full, Dr), full, depth, depth + window - tree_nodes(width, depth), torch.device(device))
+    """The plan of the release's layout truncated at depth Dr, on ``device``, sliced from the layout's tables (its
+    nodes are in depth order, so the truncated tree is its first n nodes; a table entry naming a node past them
+    becomes -1): a plan depends only on these, so it is built once per process (a window larger than the image
+    truncates at a new depth every round of an image's end, and every image meets the same depths). Plans hold no
+    per-image state."""
+    full, (rank, anc, par, xn) = _layout_tables(window, width, depth)
+    tree = truncate_tree(full, Dr)
+    N1 = tree.n_nodes + 1
+    par = par[:N1]
+    par = np.where(par < N1, par, -1)
+    xn = np.where((par >= 0) & (xn[:N1] < N1), xn[:N1], -1)
+    ch = tree.children
+    K = ch.shape[1]
+    kids = np.concatenate([np.where(ch >= 0, ch, 0), (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K)
+    dev = torch.device(device)
+    dep = tree.node_depth.astype(np.int64)
+    return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
+                 np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
+                 torch.as_tensor(dep[1:], device=dev), torch.as_tensor(rank[1:N1], device=dev))
 
 
 @dataclass(frozen=True)
@@ -217,7 +235,7 @@ class SJDPAC:
         S, K, V = self.max_depth, self.tree_width, int(run.target.vocab_size)
         win = PacWindow(torch.zeros((run.B, S, K), dtype=torch.long, device=run.dev),
                         torch.full((run.B, S, V), 1.0 / V, dtype=run.proc.dtype, device=run.dev))
-        _fresh(run, win, torch.zeros(run.B, dtype=torch.long, device=run.dev))
+        _fresh(run, win, np.zeros(run.B, np.int64))
         return win
 
     def _plan(self, run, Dr: int) -> _Plan:
@@ -230,9 +248,7 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
-        d = torch.as_tensor(plan.depth[1:], device=run.dev)
-        r = torch.as_tensor(plan.rank[1:], device=run.dev)
-        x = win.cand[:, d - 1, r]                                                       # (B, N)
+        x = win.cand[:, plan.d_t - 1, plan.r_t]                                                       # (B, N)
         S = win.q.shape[1]
         rows = torch.as_tensor(np.minimum(plan.depth, S - 1), device=run.dev)
         q = win.q[:, rows]                                                              # (B, N+1, V)
@@ -244,51 +260,59 @@ class SJDPAC:
     def advance(self, run, prop, verdict, p, n0) -> None:
         """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
         continuation path (module docstring; release or coupled), the rest freshly initialised (keyed by the new
-        committed lengths)."""
+        committed lengths). Which levels are carried, and from which node rows, is known on the host (the verdict and
+        the plan's tables): only those m (image, level) rows are gathered, hashed and drawn from, (m, V) each, and a
+        level's K - 1 other candidates only where the next tree reads them (the tree levels, depth <= D - 1)."""
         win = run.state
         plan = self._plan(run, int(prop.tree.depth))
-        S, K, V = self.max_depth, self.tree_width, p.shape[-1]
+        S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
         dev = run.dev
-        tau = torch.as_tensor(np.asarray(verdict.accepted), device=dev)
-        path = torch.as_tensor(np.asarray(verdict.path), device=dev)
-        a = torch.where(tau > 0, path.gather(1, (tau - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(tau))
-        e = tau[:, None] + 1 + torch.arange(1, S + 1, device=dev)                     # (B, S) old depth of new level
-        ec = e.clamp(max=plan.par.shape[1] - 1)
-        par = torch.where(e <= S, plan.par[a[:, None], ec], torch.full_like(e, -1))
-        xn = torch.where(par >= 0, plan.xn[a[:, None], ec], torch.full_like(e, -1))
-        carried = par >= 0
-        act = torch.as_tensor(run.active, device=dev)
-        carried &= act[:, None]
-        pc = par.clamp(min=0)
-        P = p.gather(1, pc[..., None].expand(-1, -1, V)).to(win.q.dtype)               # (B, S, V) stale rows
-        qo = prop.q.gather(1, pc[..., None].expand(-1, -1, V)).to(win.q.dtype)         # their levels' draft rows
-        has_x = xn >= 0
-        x = prop.tokens.gather(1, xn.clamp(min=0))                                      # (B, S)
-        n = run.n
-        u = run.rng.uniform(n, _KEEP, (S,)).to(dev, P.dtype)
-        ratio = _ratio(P.gather(-1, x[..., None])[..., 0], qo.gather(-1, x[..., None])[..., 0])
-        keep = has_x & (u < ratio)
-        res = (P - qo).clamp_(min=0)                                                    # [p - q]_+ (coupling residual)
-        noise_res = run.rng.uniform(n, _RES, (S, V)).log_().neg_().to(dev)
-        if self.release:
-            rej = _release_rejected_rows(plan, par, P, qo, prop.tokens, e, self.tree_depth, has_x)
-            # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are the
-            # first K - 1 of the K it would draw)
-            d = _draw(torch.where(keep[..., None], _safe(res, P), _safe(rej, P)), K, noise_res)
-            cand = torch.where(keep[..., None], torch.cat([x[..., None], d[..., :K - 1]], -1), d)
-        else:
-            y0 = _draw(_safe(res, P), 1, noise_res)[..., 0]
-            y = torch.where(keep, x, torch.where(has_x, y0, _draw(P, 1, noise_res)[..., 0]))
-            if K > 1:
-                rest = P.scatter(-1, y[..., None], 0.0)
-                others = _draw(rest, K - 1, run.rng.uniform(n, _SIB, (S, V)).log_().neg_().to(dev))
-                cand = torch.cat([y[..., None], others], -1)
+        tau = np.asarray(verdict.accepted, np.int64)
+        B = len(tau)
+        path = np.asarray(verdict.path, np.int64).reshape(B, -1)
+        a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)           # (B,) the accepted node
+        e = tau[:, None] + 1 + np.arange(1, S + 1)                                      # (B, S) old depth of new level
+        ec = np.minimum(e, plan.par_np.shape[1] - 1)
+        par = np.where(e <= S, plan.par_np[a[:, None], ec], -1)
+        carried = (par >= 0) & np.asarray(run.active, bool)[:, None]
+        bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
+        if len(bs):
+            pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
+            has_x = xr >= 0
+            bi, si = torch.as_tensor(bs, device=dev), torch.as_tensor(ss, device=dev)
+            pi = torch.as_tensor(pr, device=dev)
+            P = p[bi, pi].to(win.q.dtype)                                               # (m, V) stale rows
+            qo = prop.q[bi, pi].to(win.q.dtype)                                         # their levels' draft rows
+            x = prop.tokens[bi, torch.as_tensor(np.maximum(xr, 0), device=dev)]          # (m,)
+            u = run.rng.uniform(run.n, _KEEP, (S,)).to(dev, P.dtype)[bi, si]
+            ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
+            hx = torch.as_tensor(has_x, device=dev)
+            keep = hx & (u < ratio)
+            res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
+            w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
+            noise = run.rng.uniform_rows(run.n, _RES, (S, V), bs, ss).log_().neg_().to(dev)
+            if self.release:
+                tree = np.flatnonzero(has_x & (e[bs, ss] <= D - 1))    # levels that failed take the siblings' residual
+                if len(tree):
+                    t = torch.as_tensor(tree, device=dev)
+                    last = _last_sibling_rows(plan, pr[tree], P[t], qo[t], prop.tokens[bi[t]])
+                    w[t] = torch.where(keep[t, None], w[t], _safe(last, P[t]))
+                # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
+                # the first K - 1 of the K it would draw)
+                d = _draw(w, K, noise)
+                cand = torch.where(keep[:, None], torch.cat([x[:, None], d[:, :K - 1]], -1), d)
             else:
-                cand = y[..., None]
-        win.cand = torch.where(carried[..., None], cand, win.cand)
-        win.q = torch.where(carried[..., None], P, win.q)
-        first_free = carried.long().sum(1)
-        _fresh(run, win, first_free)
+                y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
+                cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
+                tree = np.flatnonzero(ss < D - 1) if K > 1 else np.zeros(0, np.int64)
+                if len(tree):
+                    t = torch.as_tensor(tree, device=dev)
+                    rest = P[t].scatter(-1, y[t, None], 0.0)
+                    e_sib = run.rng.uniform_rows(run.n, _SIB, (S, V), bs[tree], ss[tree]).log_().neg_().to(dev)
+                    cand[t, 1:] = _draw(rest, K - 1, e_sib)
+            win.cand[bi, si] = cand
+            win.q[bi, si] = P
+        _fresh(run, win, carried.sum(1))
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
@@ -313,45 +337,36 @@ def _safe(w: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(w.sum(-1, keepdim=True) > 0, w, fallback)
 
 
-def _release_rejected_rows(plan: _Plan, par, P, qo, tokens, e, D: int, has_x) -> torch.Tensor:
-    """The release's residual of a level whose stale token failed (B, S, V): at a tree level (the parent has K
-    children, depth e <= D - 1) the residual after ALL its children, Norm([p_{K-1} - q_{K-1}]_+) built by the
-    siblings' recursion; below an off-main leaf (no token) the leaf's own row; on the chain [p - q]_+."""
-    chain = (P - qo).clamp(min=0)
-    # a tree level has depth e <= D - 1, and e >= level index + 2: only the first D - 2 levels can be one, so the
-    # siblings' recursion runs on those rows alone
-    T = min(P.shape[1], max(D - 2, 0))
-    if T == 0:
-        return torch.where(~has_x[..., None], P, chain)
-    pt = par[:, :T].clamp(min=0)
-    kids, live = plan.kids[pt, 0], plan.kids[pt, 1]                                    # (B, T, K)
-    p_j, q_left = P[:, :T], qo[:, :T]
+def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Tensor:
+    """The release's residual of a tree level whose stale token failed, the residual after ALL its parent's children,
+    Norm([p_{K-1} - q_{K-1}]_+) by the siblings' recursion: (r, V) from the parent nodes ``par`` (r,) (host ints),
+    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1)."""
+    kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
+    p_j, q_left = P, qo
     ar = torch.arange(P.shape[-1], device=P.device)
     for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
-        c = tokens.gather(1, kids[..., j].flatten(1)).view_as(kids[..., j])
+        c = tokens.gather(1, torch.as_tensor(kids[:, j:j + 1], device=P.device))[:, 0]
         q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
         nxt = (p_j - q_j).clamp(min=0)
         nxt = _safe(nxt / nxt.sum(-1, keepdim=True).clamp(min=1e-300), p_j)
-        on = (live[..., j] > 0)[..., None]
+        on = torch.as_tensor(live[:, j] > 0, device=P.device)[:, None]
         p_j = torch.where(on, nxt, p_j)
-        q_left = torch.where(on & (ar == c[..., None]), torch.zeros_like(q_left), q_left)
-    tree_level = (e[:, :T] <= D - 1)[..., None]
-    top = torch.where(tree_level, p_j, chain[:, :T])
-    return torch.where(~has_x[..., None], P, torch.cat([top, chain[:, T:]], 1))
+        q_left = torch.where(on & (ar == c[:, None]), torch.zeros_like(q_left), q_left)
+    return p_j
 
 
-def _fresh(run, win: PacWindow, first_free: torch.Tensor) -> None:
-    """Levels i >= first_free (B,) get K distinct uniform image tokens and the uniform draft row (as released), keyed
-    by the images' committed lengths."""
+def _fresh(run, win: PacWindow, first_free: np.ndarray) -> None:
+    """Levels i >= first_free (B,) (host ints) get K distinct uniform image tokens and the uniform draft row (as
+    released), keyed by the images' committed lengths; only those levels' uniforms are hashed."""
     B, S, K = win.cand.shape
-    if S == 0:
+    bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
+    if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    e = run.rng.uniform(run.n, _INIT, (S, V)).to(run.dev)
-    draws = e.topk(K, dim=-1).indices                     # K distinct tokens, uniformly without replacement
-    free = torch.arange(S, device=run.dev)[None, :] >= first_free[:, None]
-    win.cand = torch.where(free[..., None], draws, win.cand)
-    win.q = torch.where(free[..., None], torch.full_like(win.q, 1.0 / V), win.q)
+    e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss).to(run.dev)
+    bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
+    win.cand[bi, si] = e.topk(K, dim=-1).indices            # K distinct tokens, uniformly without replacement
+    win.q[bi, si] = 1.0 / V
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:
