@@ -72,7 +72,7 @@ from functools import lru_cache, partial
 import numpy as np
 import torch
 
-from theory.core.xp import gather, gather_rows, namespace, normalize, sample_categorical
+from theory.core.xp import gather, gather_rows, namespace, normalize, sample_categorical, take_last
 from theory.rules.acceptance import accept_at, reads_f
 from theory.tree import Tree, TreeVerdict, truncate_tree
 from real.protocol import Proposal
@@ -393,10 +393,6 @@ def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPA
 
 # ----------------------------------------------------------------------------- the release's verdict
 
-def _tree_arrays(tree: Tree):
-    return tree.children, tree.node_depth
-
-
 def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, *, tree: Tree, anc: np.ndarray,
                          full_depth: int, uniform_bonus: bool) -> TreeVerdict:
     """The release's verdict of one round (module docstring), batched, numpy or torch rows.
@@ -408,71 +404,83 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     q_b(x) = 0 passes iff p_b(x) > 0 (the release's p > u q). A node is accepted iff it and its ancestors pass; the
     deepest accepted node wins, the first in path order on ties. Next token: from the residual after all the winner's
     (live) children, its own row when it has none; uniform over the V tokens when ``uniform_bonus`` and the winner is
-    the end of the full main branch (depth ``full_depth``). Returns a ``TreeVerdict``."""
+    the end of the full main branch (depth ``full_depth``). Returns a ``TreeVerdict``.
+
+    Array operations over the tree, no loop over its nodes: every node's test at once (rows (B, P, V) of the P
+    parents, positions as an array), the siblings' recursion by rank (a loop over K) on the parents with several
+    children only, a node's acceptance as the AND over its ancestors (``anc``), the winner by one argmax."""
     xp = namespace(p, q)
     B, N1, V = p.shape
-    ch, dep = tree.children, tree.node_depth
+    ch, dep = tree.children, tree.node_depth.astype(np.int64)
     torch_rows = isinstance(p, torch.Tensor)
     dev = p.device if torch_rows else None
     asarr = (lambda a: torch.as_tensor(a, device=dev)) if torch_rows else np.asarray
     cap = asarr(np.asarray(max_depth) if not torch_rows else max_depth)
     tokens = xp.astype(tokens, xp.int64)
     arV = xp.arange(V, device=dev) if torch_rows else np.arange(V)
-    ok = [None] * N1
-    ok[0] = xp.ones((B,), dtype=xp.bool, device=dev) if torch_rows else np.ones(B, bool)
+    passed = xp.zeros((B, N1), dtype=xp.bool, device=dev) if torch_rows else np.zeros((B, N1), bool)
 
-    def siblings(n, p_j, q_left, kids, rows=None, last=True):
-        """Node n's children ``kids`` in rank order against its rows: each one's test (u < f at its token) and the
-        residual after it as if rejected; the residual after the last one only when ``last`` (the winner's next
-        token reads it; the tests do not)."""
-        i = int(dep[n]) + 1
-        for b, k in enumerate(kids):                      # siblings in rank order
-            live = cap >= int(dep[k]) if rows is None else cap[rows] >= int(dep[k])
+    def test(par: np.ndarray, kid: np.ndarray, p_j, q_j) -> None:
+        """passed[:, kid] for children ``kid`` (m,) of ``par`` (m,) against their rows p_j, q_j (B, m, V)."""
+        c = tokens[:, asarr(kid)]
+        qc, pc = take_last(q_j, c[..., None], xp)[..., 0], take_last(p_j, c[..., None], xp)[..., 0]
+        f = accept_at(verifier.accept, p_j, q_j, asarr(dep[par] + 1), c)
+        passed[:, asarr(kid)] = xp.where(qc > 0, u_accept[:, asarr(kid)] < f, pc > 0)
+
+    def residual(p_j, q_left, kids: np.ndarray, pos, last: bool):
+        """The siblings' recursion (rank order) for rows p_j, q_left (B, m, V) whose children are ``kids`` (B or 1,
+        m, K) (-1 where none) at 1-based positions ``pos`` (broadcastable to (B, m)): each rank's test (``last``
+        False: the tests of ranks >= 1 of the parents ``par_m``), and the residual after it as if rejected (after the
+        last rank only when ``last``: the winner's next token reads it, the tests do not)."""
+        K = kids.shape[-1]
+        for b in range(K):                      # a loop over the K ranks, each over all the rows at once
+            has = kids[..., b] >= 0                                                      # (B or 1, m)
+            if not has.any():
+                break
             q_j = normalize(q_left, q_left, xp)
-            c = tokens[:, k] if rows is None else tokens[rows, k]
-            if rows is None:
-                qc, pc = gather(q_j, c, xp), gather(p_j, c, xp)
-                passed = xp.where(qc > 0, u_accept[:, k] < accept_at(verifier.accept, p_j, q_j, i, c), pc > 0)
-                ok[k] = ok[n] & live & passed
-            if b + 1 < len(kids) or last:
-                G = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
-                p_j = xp.where(live[:, None], G, p_j)
-                q_left = xp.where(live[:, None] & (arV == c[:, None]), xp.zeros_like(q_left), q_left)
+            if b and not last:
+                sel = np.flatnonzero(has[0])
+                test(par_m[sel], kids[0, sel, b], p_j[:, asarr(sel)], q_j[:, asarr(sel)])
+            if not last and not (kids[..., b + 1:] >= 0).any():
+                break
+            k = np.maximum(kids[..., b], 0)
+            c = take_last(tokens, asarr(np.broadcast_to(k, (B, k.shape[1])).copy()), xp)  # (B, m)
+            live = asarr(has) & (cap[:, None] >= asarr(dep[k]))
+            f = verifier.accept(p_j, q_j, pos) if reads_f(verifier.resample) else None
+            G = verifier.resample(p_j, q_j, f, c)
+            p_j = xp.where(live[..., None], G, p_j)
+            q_left = xp.where(live[..., None] & (arV == c[..., None]), xp.zeros_like(q_left), q_left)
         return p_j
 
-    kids_of = [[int(c) for c in ch[n] if c >= 0] for n in range(N1)]
-    for n in range(N1):   # nodes in (depth, path) order: parents before children; a loop over at most W nodes
-        siblings(n, p[:, n, :], q[:, n, :], kids_of[n], last=False)
-    score = xp.stack([xp.where(ok[n], xp.full_like(u_sample, float(int(dep[n]) * (N1 + 1) + N1 - n)),
-                               xp.full_like(u_sample, -1.0)) for n in range(N1)], axis=1)
+    # rank 0 of every parent: its row and its level's draft row, normalised
+    par0 = np.flatnonzero(ch[:, 0] >= 0)
+    test(par0, ch[par0, 0], p[:, asarr(par0)], normalize(q[:, asarr(par0)], q[:, asarr(par0)], xp))
+    # ranks 1..K-1: the parents with several children, by the siblings' recursion
+    par_m = np.flatnonzero(ch[:, 1] >= 0) if ch.shape[1] > 1 else np.zeros(0, np.int64)
+    if len(par_m):
+        residual(p[:, asarr(par_m)], q[:, asarr(par_m)], ch[par_m][None], asarr(dep[par_m] + 1), last=False)
+    live = cap[:, None] >= asarr(dep)[None, :]                                           # (B, N+1)
+    ok = passed & live
+    ok[:, 0] = True
+    a = np.where(anc >= 0, anc, 0)                                                       # (N+1, D)
+    ok = xp.all(ok[:, asarr(a)] | asarr(anc < 0)[None], axis=-1)                         # every ancestor passes
+    order = asarr((dep * (N1 + 1) + N1 - np.arange(N1)).astype(np.float64))
+    score = xp.where(ok, xp.astype(order, u_sample.dtype)[None, :], xp.full_like(ok, -1.0, dtype=u_sample.dtype))
     win = xp.astype(xp.argmax(score, axis=1), xp.int64)                                  # (B,)
-    depth_t = asarr(dep.astype(np.int64))
-    tau = xp.take(depth_t, win, axis=0)
+    tau = xp.take(asarr(dep), win, axis=0)
     path = xp.take(asarr(anc), win, axis=0)                                              # (B, D)
-    # the next token's row: the residual after all the winner's (live) children, built for the winners only (the
-    # same operations on the same rows as for every node: the same bits)
-    rows = gather_rows(p, win, xp)
+    # the next token's row: the residual after all the winner's (live) children (its own row when it has none)
     wins = win.cpu().numpy() if torch_rows else np.asarray(win)
-    for n in np.unique(wins):   # a loop over the distinct winners of the batch (one per image at most)
-        if not kids_of[int(n)]:
-            continue
-        sel = np.flatnonzero(wins == n)
-        r = asarr(sel)
-        res = siblings(int(n), p[r, int(n), :], q[r, int(n), :], kids_of[int(n)], rows=r)
-        rows = xp.where(asarr(wins == n)[:, None], _scatter_rows(res, sel, B, xp, asarr), rows)
+    rows = gather_rows(p, win, xp)
+    if (ch[wins] >= 0).any():
+        rows = residual(rows[:, None], gather_rows(q, win, xp)[:, None], ch[wins][:, None], asarr(dep[wins] + 1)[:, None],
+                        last=True)[:, 0]
     nxt = sample_categorical(rows, u_sample, xp)
     if uniform_bonus:
         uni = xp.astype(xp.floor(u_sample * V), xp.int64)
         uni = xp.where(uni < V, uni, xp.full_like(uni, V - 1))
         nxt = xp.where(tau == full_depth, uni, nxt)
     return TreeVerdict(tau, path, nxt, win)
-
-
-def _scatter_rows(res, sel: np.ndarray, B: int, xp, asarr):
-    """(B, V) with rows ``res`` (m, V) at batch rows ``sel`` (m,) (the others: any value, masked by the caller)."""
-    pos = np.zeros(B, np.int64)
-    pos[sel] = np.arange(len(sel))
-    return xp.take(res, asarr(pos), axis=0)
 
 
 def predict_longest(p, q, tokens, tree: Tree, verifier, max_depth=None):
