@@ -408,7 +408,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
 
     Array operations over the tree, no loop over its nodes: every node's test at once (rows (B, P, V) of the P
     parents, positions as an array), the siblings' recursion by rank (a loop over K) on the parents with several
-    children only, a node's acceptance as the AND over its ancestors (``anc``), the winner by one argmax."""
+    children only, a node's acceptance as the AND over its ancestors (``anc``), the winner by one argmax, its residual
+    by one step from the recursion's state before its last child."""
     xp = namespace(p, q)
     B, N1, V = p.shape
     ch, dep = tree.children, tree.node_depth.astype(np.int64)
@@ -442,7 +443,7 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
                 sel = np.flatnonzero(has[0])
                 test(par_m[sel], kids[0, sel, b], p_j[:, asarr(sel)], q_j[:, asarr(sel)])
             if not last and not (kids[..., b + 1:] >= 0).any():
-                break
+                return p_j, q_j                 # the state before the last rank's residual (the winner's reads it)
             k = np.maximum(kids[..., b], 0)
             c = take_last(tokens, asarr(np.broadcast_to(k, (B, k.shape[1])).copy()), xp)  # (B, m)
             live = asarr(has) & (cap[:, None] >= asarr(dep[k]))
@@ -450,15 +451,16 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
             G = verifier.resample(p_j, q_j, f, c)
             p_j = xp.where(live[..., None], G, p_j)
             q_left = xp.where(live[..., None] & (arV == c[..., None]), xp.zeros_like(q_left), q_left)
-        return p_j
+        return p_j, None
 
     # rank 0 of every parent: its row and its level's draft row, normalised
     par0 = np.flatnonzero(ch[:, 0] >= 0)
     test(par0, ch[par0, 0], p[:, asarr(par0)], normalize(q[:, asarr(par0)], q[:, asarr(par0)], xp))
     # ranks 1..K-1: the parents with several children, by the siblings' recursion
     par_m = np.flatnonzero(ch[:, 1] >= 0) if ch.shape[1] > 1 else np.zeros(0, np.int64)
+    snap = None
     if len(par_m):
-        residual(p[:, asarr(par_m)], q[:, asarr(par_m)], ch[par_m][None], asarr(dep[par_m] + 1), last=False)
+        snap = residual(p[:, asarr(par_m)], q[:, asarr(par_m)], ch[par_m][None], asarr(dep[par_m] + 1), last=False)
     live = cap[:, None] >= asarr(dep)[None, :]                                           # (B, N+1)
     ok = passed & live
     ok[:, 0] = True
@@ -472,9 +474,25 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     # the next token's row: the residual after all the winner's (live) children (its own row when it has none)
     wins = win.cpu().numpy() if torch_rows else np.asarray(win)
     rows = gather_rows(p, win, xp)
-    if (ch[wins] >= 0).any():
+    nk = (ch >= 0).sum(1)
+    nkw = nk[wins]
+    if len(par_m) and (nk[par_m] != nk[par_m[0]]).any():      # parents of unequal fan-out: the whole recursion
         rows = residual(rows[:, None], gather_rows(q, win, xp)[:, None], ch[wins][:, None], asarr(dep[wins] + 1)[:, None],
                         last=True)[:, 0]
+    elif (nkw > 0).any():
+        # one step from the state before the winner's last child: a parent of several children (ranks 0..K-2 done by
+        # the tests' recursion, ``snap``), else its own rows (the same operations on the same rows: the same bits)
+        p_pre, q_pre = rows, normalize(gather_rows(q, win, xp), gather_rows(q, win, xp), xp)
+        if snap is not None and (nkw > 1).any():
+            at = (asarr(np.arange(B)), asarr(np.maximum(np.searchsorted(par_m, wins), 0).clip(max=len(par_m) - 1)))
+            many = asarr(nkw > 1)[:, None]
+            p_pre, q_pre = xp.where(many, snap[0][at], p_pre), xp.where(many, snap[1][at], q_pre)
+        kid = ch[wins, np.maximum(nkw - 1, 0)]
+        c = tokens[asarr(np.arange(B)), asarr(np.maximum(kid, 0))]
+        live = asarr(nkw > 0) & (cap >= asarr(dep[np.maximum(kid, 0)]))
+        pos = asarr(dep[wins] + 1)
+        f = verifier.accept(p_pre, q_pre, pos) if reads_f(verifier.resample) else None
+        rows = xp.where(live[:, None], verifier.resample(p_pre, q_pre, f, c), p_pre)
     nxt = sample_categorical(rows, u_sample, xp)
     if uniform_bonus:
         uni = xp.astype(xp.floor(u_sample * V), xp.int64)
