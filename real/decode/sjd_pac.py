@@ -322,8 +322,15 @@ class SJDPAC:
 def _draw(w: torch.Tensor, k: int, e: torch.Tensor) -> torch.Tensor:
     """k tokens (..., k) drawn without replacement from weights ``w`` (..., V) by the exponential race (the k largest
     w / e, ``e`` Exp(1) noise); past the tokens of positive weight, distinct tokens of zero weight uniformly (where the
-    release's ``torch.multinomial`` refuses a row with fewer than k positive entries)."""
-    return torch.where(w > 0, w / e, -e).topk(k, dim=-1).indices
+    release's ``torch.multinomial`` refuses a row with fewer than k positive entries). On the host, when the k
+    largest w / e are all positive (every row has k tokens of positive weight that win the race) the keys of the zero
+    weights (-e < 0, below them) cannot change the draw, and the where is skipped: the same tokens."""
+    key = w / e
+    if key.device.type == "cpu":
+        top = key.topk(k, dim=-1)
+        if bool((top.values > 0).all()):
+            return top.indices
+    return torch.where(w > 0, key, -e).topk(k, dim=-1).indices
 
 
 def _ratio(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
@@ -344,14 +351,19 @@ def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Ten
     kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
     p_j, q_left = P, qo
     ar = torch.arange(P.shape[-1], device=P.device)
+    cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
+    ons = torch.as_tensor(live > 0, device=P.device)
     for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
-        c = tokens.gather(1, torch.as_tensor(kids[:, j:j + 1], device=P.device))[:, 0]
         q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
         nxt = (p_j - q_j).clamp(min=0)
         nxt = _safe(nxt / nxt.sum(-1, keepdim=True).clamp(min=1e-300), p_j)
-        on = torch.as_tensor(live[:, j] > 0, device=P.device)[:, None]
-        p_j = torch.where(on, nxt, p_j)
-        q_left = torch.where(on & (ar == c[:, None]), torch.zeros_like(q_left), q_left)
+        if live[:, j].all():
+            p_j = nxt
+            q_left = q_left.masked_fill(ar == cs[:, j:j + 1], 0.0)
+        else:
+            on = ons[:, j:j + 1]
+            p_j = torch.where(on, nxt, p_j)
+            q_left = torch.where(on & (ar == cs[:, j:j + 1]), torch.zeros_like(q_left), q_left)
     return p_j
 
 
@@ -428,20 +440,24 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         f = accept_at(verifier.accept, p_j, q_j, asarr(dep[par] + 1), c)
         passed[:, asarr(kid)] = xp.where(qc > 0, u_accept[:, asarr(kid)] < f, pc > 0)
 
-    def residual(p_j, q_left, kids: np.ndarray, pos, last: bool):
+    def residual(p_j, q_left, kids: np.ndarray, pos, last: bool, q_first=None):
         """The siblings' recursion (rank order) for rows p_j, q_left (B, m, V) whose children are ``kids`` (B or 1,
         m, K) (-1 where none) at 1-based positions ``pos`` (broadcastable to (B, m)): each rank's test (``last``
         False: the tests of ranks >= 1 of the parents ``par_m``), and the residual after it as if rejected (after the
-        last rank only when ``last``: the winner's next token reads it, the tests do not)."""
+        last rank only when ``last``: the winner's next token reads it, the tests do not). ``q_first``: q_left
+        normalised, when the caller has it."""
         K = kids.shape[-1]
         for b in range(K):                      # a loop over the K ranks, each over all the rows at once
             has = kids[..., b] >= 0                                                      # (B or 1, m)
             if not has.any():
                 break
-            q_j = normalize(q_left, q_left, xp)
+            q_j = q_first if b == 0 and q_first is not None else normalize(q_left, q_left, xp)
             if b and not last:
-                sel = np.flatnonzero(has[0])
-                test(par_m[sel], kids[0, sel, b], p_j[:, asarr(sel)], q_j[:, asarr(sel)])
+                if has[0].all():
+                    test(par_m, kids[0, :, b], p_j, q_j)
+                else:
+                    sel = np.flatnonzero(has[0])
+                    test(par_m[sel], kids[0, sel, b], p_j[:, asarr(sel)], q_j[:, asarr(sel)])
             if not last and not (kids[..., b + 1:] >= 0).any():
                 return p_j, q_j                 # the state before the last rank's residual (the winner's reads it)
             k = np.maximum(kids[..., b], 0)
@@ -455,12 +471,15 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
 
     # rank 0 of every parent: its row and its level's draft row, normalised
     par0 = np.flatnonzero(ch[:, 0] >= 0)
-    test(par0, ch[par0, 0], p[:, asarr(par0)], normalize(q[:, asarr(par0)], q[:, asarr(par0)], xp))
-    # ranks 1..K-1: the parents with several children, by the siblings' recursion
+    p0, q0 = p[:, asarr(par0)], q[:, asarr(par0)]
+    q0n = normalize(q0, q0, xp)
+    test(par0, ch[par0, 0], p0, q0n)
+    # ranks 1..K-1: the parents with several children (among par0), by the siblings' recursion
     par_m = np.flatnonzero(ch[:, 1] >= 0) if ch.shape[1] > 1 else np.zeros(0, np.int64)
     snap = None
     if len(par_m):
-        snap = residual(p[:, asarr(par_m)], q[:, asarr(par_m)], ch[par_m][None], asarr(dep[par_m] + 1), last=False)
+        m = asarr(np.searchsorted(par0, par_m))
+        snap = residual(p0[:, m], q0[:, m], ch[par_m][None], asarr(dep[par_m] + 1), last=False, q_first=q0n[:, m])
     live = cap[:, None] >= asarr(dep)[None, :]                                           # (B, N+1)
     ok = passed & live
     ok[:, 0] = True
@@ -482,11 +501,16 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     elif (nkw > 0).any():
         # one step from the state before the winner's last child: a parent of several children (ranks 0..K-2 done by
         # the tests' recursion, ``snap``), else its own rows (the same operations on the same rows: the same bits)
-        p_pre, q_pre = rows, normalize(gather_rows(q, win, xp), gather_rows(q, win, xp), xp)
-        if snap is not None and (nkw > 1).any():
-            at = (asarr(np.arange(B)), asarr(np.maximum(np.searchsorted(par_m, wins), 0).clip(max=len(par_m) - 1)))
-            many = asarr(nkw > 1)[:, None]
-            p_pre, q_pre = xp.where(many, snap[0][at], p_pre), xp.where(many, snap[1][at], q_pre)
+        if snap is not None and (nkw > 1).all():
+            at = (asarr(np.arange(B)), asarr(np.searchsorted(par_m, wins)))
+            p_pre, q_pre = snap[0][at], snap[1][at]
+        else:
+            qw = gather_rows(q, win, xp)
+            p_pre, q_pre = rows, normalize(qw, qw, xp)
+            if snap is not None and (nkw > 1).any():
+                at = (asarr(np.arange(B)), asarr(np.searchsorted(par_m, wins).clip(max=len(par_m) - 1)))
+                many = asarr(nkw > 1)[:, None]
+                p_pre, q_pre = xp.where(many, snap[0][at], p_pre), xp.where(many, snap[1][at], q_pre)
         kid = ch[wins, np.maximum(nkw - 1, 0)]
         c = tokens[asarr(np.arange(B)), asarr(np.maximum(kid, 0))]
         live = asarr(nkw > 0) & (cap >= asarr(dep[np.maximum(kid, 0)]))
