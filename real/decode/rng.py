@@ -174,10 +174,15 @@ class Streams:
         lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))              # (m,) the first coordinate
         rest = _counters(shape[1:]).reshape(-1)                                           # (prod(shape[1:]),)
         with np.errstate(over="ignore"):
-            if not self._on_device:
-                h = _mix((lead[:, None] + rest[None, :]) * np.uint64(_GOLDEN) + k[:, None])
-                u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
-                return u.reshape((len(b),) + shape[1:])
+            if not self._on_device:         # the same operations as ``uniform``'s, in place where they can be
+                c = lead[:, None] + rest[None, :]
+                c *= np.uint64(_GOLDEN)
+                c += k[:, None]
+                h = _mix(c)
+                h >>= np.uint64(11)
+                u = h.astype(np.float64)
+                u *= 1.0 / (1 << 53)
+                return torch.from_numpy(u).reshape((len(b),) + shape[1:])
             kl = to_device(np.stack([k, lead]).view(np.int64), self.device)              # (2, m)
         ctr = (kl[1][:, None] + _counters(shape[1:], self.device).reshape(-1)[None, :]) * _SIGNED(_GOLDEN)
         h = _mix(kl[0][:, None] + ctr)

@@ -74,7 +74,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
             f = verifier.accept(p_j, q_j, pos) if reads_f(verifier.resample) else None
             G = verifier.resample(p_j, q_j, f, c)
             p_j = xp.where(live[..., None], G, p_j)
-            q_left = xp.where(live[..., None] & (arV == c[..., None]), xp.zeros_like(q_left), q_left)
+            zero = live[..., None] & (arV == c[..., None])
+            q_left = xp.where(zero, xp.zeros_like(q_left), q_left) if torch_rows else np.where(zero, 0.0, q_left)
         return p_j, None
 
     # rank 0 of every parent: its row and its level's draft row, normalised
