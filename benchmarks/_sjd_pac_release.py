@@ -49,9 +49,10 @@ class ReleaseRound:
         t = lambda a: torch.as_tensor(np.concatenate(a) if isinstance(a, list) else a)  # noqa: E731
         self.z_b, self.z_c, self.z_p = t(zb), t(zc), t(zp)
         self.u_b, self.u_c = (torch.as_tensor(a) for a in np.nonzero(branch >= 1))
-        self.seq = [tuple(torch.as_tensor(a) for a in (np.nonzero(branch == k)[0], np.nonzero(branch == k)[1],
-                                                         np.nonzero(branch == k)[0] - stride[np.nonzero(branch == k)[1]]))
-                    for k in range(1, K)]
+        self.seq = []                                    # per rank k >= 1: (path, level, the previous sibling's path)
+        for k in range(1, K):
+            l, c = np.nonzero(branch == k)
+            self.seq.append(tuple(torch.as_tensor(a) for a in (l, c, l - stride[c])))
         self.heads = torch.as_tensor((lp // stride[None]) * stride[None])                 # (P, T) group's first path
         first = (lp // (stride * K)[None]) * (stride * K)[None]
         self.first, self.last = torch.as_tensor(first), torch.as_tensor(first + (stride * K)[None] - 1)

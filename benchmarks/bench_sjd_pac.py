@@ -1,13 +1,14 @@
-"""SJD-PAC's bookkeeping per round against its release's (issue 55): the target replaced by random logits (a stub whose
-forward costs one randn), batch 1, K = 3, D = 3, one torch thread; per round, the drafting (the window's update) plus
-the verification, in ms, at V = 512 and 16,384 and windows W = 16 and 64, for sjd-pac (the release's verdict) and
+"""SJD-PAC's bookkeeping per round against its release's (issue 55): the target replaced by random logits (a stub
+whose forward costs one randn), batch 1, K = 3, D = 3, one torch thread; per round, the drafting (the window's update)
+plus the verification, in ms, at V = 512 and 16,384 and windows W = 16 and 64, for sjd-pac (the release's verdict) and
 sjd-pac-p. The reference, timed in the same run and interleaved with ours: the release's sampler and window
 push-forward between two target forwards, re-implemented at the same shapes and operations
-(``_sjd_pac_release.ReleaseRound``, its docstring says what it does and leaves out). The ratio is ours over it, both in CPU
-time of this thread at one torch thread (``_timing.single_thread_clock``: the time slices other processes take on a
-shared machine do not count; ours: the engine's draft + verify phase clocks, read from that clock for the run, see
-``_phase_clock``; the reference: its call), the fastest of ``--reps`` interleaved repeats. The issue's own figures of the release on its author's idle CPU (1.42 / 0.56 / 24.4 / 3.9 ms at (512, 64) /
-(512, 16) / (16,384, 64) / (16,384, 16)) are printed beside, for a check of the reference on an idle machine.
+(``_sjd_pac_release.ReleaseRound``; its docstring says what it does and leaves out). The ratio is ours over it, both
+in CPU time of this thread at one torch thread (``_timing.single_thread_clock``: the time slices other processes
+take on a shared machine do not count; ours: the engine's draft + verify phase clocks, read from that clock for the
+run, see ``_phase_clock``; the reference: its call), the fastest of ``--reps`` interleaved repeats. The issue's own
+figures of the release on its author's idle CPU (1.42 / 0.56 / 24.4 / 3.9 ms at (512, 64) / (512, 16) / (16,384, 64)
+/ (16,384, 16)) are printed beside, a check of the reference.
 
   python benchmarks/bench_sjd_pac.py [--short] [--tokens 256] [--reps 3] [--json FILE]
 """

@@ -41,9 +41,9 @@ re-implemented here:
   round one draws every node independently (with replacement), later rounds K per level without replacement.
 
 Here (module ``SJDPAC``; ``release=True``, registered ``sjd-pac``): the release's tree, its longest-path verdict
-(``longest_path_verdict``, passed to the round as ``Proposal.verify``), its next token (uniform after a full main
-branch, except in greedy decoding, which the release does not have), its continuation and its uniform
-initialisation, with any registry verifier's f and residual where the release has vanilla's (the continuation's
+(``real.decode.sjd_pac_verdict.longest_path_verdict``, passed to the round as ``Proposal.verify``), its next token
+(uniform after a full main branch, except in greedy decoding, which the release does not have), its continuation and its
+uniform initialisation, with any registry verifier's f and residual where the release has vanilla's (the continuation's
 keep test stays vanilla's, as released: it is a coupling, not a verification). Departures, none of which changes the
 law: round one is the target's prefill alone (token 0 plain) and its window is drawn as every later one (K per level
 without replacement); uniforms come from the images' streams (``real.decode.rng``), the continuation's from its own

@@ -105,8 +105,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     nk = (ch >= 0).sum(1)
     nkw = nk[wins]
     if len(par_m) and (nk[par_m] != nk[par_m[0]]).any():      # parents of unequal fan-out: the whole recursion
-        rows = residual(rows[:, None], gather_rows(q, win, xp)[:, None], ch[wins][:, None], asarr(dep[wins] + 1)[:, None],
-                        last=True)[:, 0]
+        rows = residual(rows[:, None], gather_rows(q, win, xp)[:, None], ch[wins][:, None],
+                        asarr(dep[wins] + 1)[:, None], last=True)[:, 0]
     elif (nkw > 0).any():
         # one step from the state before the winner's last child: a parent of several children (ranks 0..K-2 done by
         # the tests' recursion, ``snap``), else its own rows (the same operations on the same rows: the same bits)
