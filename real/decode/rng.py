@@ -161,3 +161,30 @@ class Streams:
         if dtype == torch.float64:
             return u
         return u.to(dtype).clamp_(max=float(np.nextafter(np.float32(1), np.float32(0))))
+
+    def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
+        """(m, *shape[1:]) float64: rows (b[j], s[j]) of ``uniform(n, purpose, shape)`` (B, *shape), b (m,) batch rows
+        and s (m,) first coordinates, host integer arrays; the same bits, hashing only the m rows asked for (a mode
+        that needs a few of a (S, V) block's rows). Not recorded for ``begin_round``'s one pass."""
+        shape = tuple(int(v) for v in shape)
+        if not 2 <= len(shape) <= 3 or any(v > _STRIDE for v in shape):
+            raise ValueError(f"uniform_rows takes 2 or 3 coordinates of at most {_STRIDE} entries, got shape {shape}")
+        b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
+        k = self._round_keys(n, [purpose])[:, 0][b]                                      # (m,) uint64
+        lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))              # (m,) the first coordinate
+        rest = _counters(shape[1:]).reshape(-1)                                           # (prod(shape[1:]),)
+        with np.errstate(over="ignore"):
+            if not self._on_device:         # the same operations as ``uniform``'s, in place where they can be
+                c = lead[:, None] + rest[None, :]
+                c *= np.uint64(_GOLDEN)
+                c += k[:, None]
+                h = _mix(c)
+                h >>= np.uint64(11)
+                u = h.astype(np.float64)
+                u *= 1.0 / (1 << 53)
+                return torch.from_numpy(u).reshape((len(b),) + shape[1:])
+            kl = to_device(np.stack([k, lead]).view(np.int64), self.device)              # (2, m)
+        ctr = (kl[1][:, None] + _counters(shape[1:], self.device).reshape(-1)[None, :]) * _SIGNED(_GOLDEN)
+        h = _mix(kl[0][:, None] + ctr)
+        u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+        return u.reshape((len(b),) + shape[1:])

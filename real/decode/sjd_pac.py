@@ -41,9 +41,9 @@ re-implemented here:
   round one draws every node independently (with replacement), later rounds K per level without replacement.
 
 Here (module ``SJDPAC``; ``release=True``, registered ``sjd-pac``): the release's tree, its longest-path verdict
-(``longest_path_verdict``, passed to the round as ``Proposal.verify``), its next token (uniform after a full main
-branch, except in greedy decoding, which the release does not have), its continuation and its uniform
-initialisation, with any registry verifier's f and residual where the release has vanilla's (the continuation's
+(``real.decode.sjd_pac_verdict.longest_path_verdict``, passed to the round as ``Proposal.verify``), its next token
+(uniform after a full main branch, except in greedy decoding, which the release does not have), its continuation and its
+uniform initialisation, with any registry verifier's f and residual where the release has vanilla's (the continuation's
 keep test stays vanilla's, as released: it is a coupling, not a verification). Departures, none of which changes the
 law: round one is the target's prefill alone (token 0 plain) and its window is drawn as every later one (K per level
 without replacement); uniforms come from the images' streams (``real.decode.rng``), the continuation's from its own
@@ -72,12 +72,11 @@ from functools import lru_cache, partial
 import numpy as np
 import torch
 
-from theory.core.xp import gather, gather_rows, namespace, normalize, sample_categorical
-from theory.rules.acceptance import accept_at, reads_f
-from theory.tree import Tree, TreeVerdict, truncate_tree
+from theory.tree import Tree, truncate_tree
 from real.protocol import Proposal
 
 from . import rng as R
+from .sjd_pac_verdict import longest_path_verdict, predict_longest
 
 __all__ = ["SJDPAC", "PacWindow", "DEFAULT_WINDOW", "DEFAULT_TREE_WIDTH", "DEFAULT_TREE_DEPTH", "tree_nodes",
            "pac_tree", "longest_path_verdict", "predict_longest"]
@@ -121,32 +120,35 @@ class PacWindow:
 
 @dataclass
 class _Plan:
-    """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks, the
-    attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1): for an
-    accepted node a and a depth e, the node whose row drafts depth e (``par``) and its first child (``xn``), -1 where
-    none."""
+    """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
+    (numpy, and ``d_t`` / ``r_t`` the non-root nodes' as tensors), the attention mask, children (N+1, K), the ancestor
+    table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an accepted node a and a depth e, the node
+    whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each
+    node's children (0 where none) and whether each exists."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
     mask: torch.Tensor
     children: np.ndarray
     anc: np.ndarray
-    par: torch.Tensor
-    xn: torch.Tensor
-    kids: torch.Tensor
+    par_np: np.ndarray
+    xn_np: np.ndarray
+    kids_np: np.ndarray
+    d_t: torch.Tensor
+    r_t: torch.Tensor
 
 
-def _plan(tree: Tree, full: Tree, D: int, M: int, device) -> _Plan:
-    """The truncated tree's tables (``_Plan``); ``D`` the tree depth of the release's layout, ``M`` its main length."""
+def _full_tables(tree: Tree, D: int, M: int):
+    """The full layout's host tables (``_Plan``'s rank, anc, par, xn); ``D`` the tree depth of the release's layout,
+    ``M`` its main length."""
     idx = {(): 0, **{p: i + 1 for i, p in enumerate(tree.paths)}}
     N1 = tree.n_nodes + 1
-    depth = tree.node_depth.astype(np.int64)
     rank = np.array([0] + [p[-1] for p in tree.paths], np.int64)
     anc = np.full((N1, max(1, tree.depth)), -1, np.int64)
     par = np.full((N1, M + 1), -1, np.int64)
     xn = np.full((N1, M + 1), -1, np.int64)
     paths = [()] + list(tree.paths)
-    for a, pa in enumerate(paths):   # a loop over the tree's nodes (plan time only, once per truncation depth)
+    for a, pa in enumerate(paths):   # a loop over the tree's nodes (plan time only, once per layout)
         for i in range(len(pa)):
             anc[a, i] = idx[pa[:i + 1]]
         for e in range(len(pa) + 2, M):   # depths past the rejected level: the continuation's parent row
@@ -154,22 +156,37 @@ def _plan(tree: Tree, full: Tree, D: int, M: int, device) -> _Plan:
             if pp in idx:
                 par[a, e] = idx[pp]
                 xn[a, e] = idx.get(pp + (0,), -1)
-    ch = tree.children
-    K = ch.shape[1]
-    kids = np.where(ch >= 0, ch, 0)
-    return _Plan(tree, depth, rank, torch.as_tensor(tree.attention_mask, device=device), ch, anc,
-                 torch.as_tensor(par, device=device), torch.as_tensor(xn, device=device),
-                 torch.as_tensor(np.concatenate([kids, (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K),
-                                 device=device))
+    return rank, anc, par, xn
+
+
+@lru_cache(maxsize=16)
+def _layout_tables(window: int, width: int, depth: int):
+    """``_full_tables`` of the release's layout (``pac_tree``), built once per process."""
+    full = pac_tree(window, width, depth)
+    return full, _full_tables(full, depth, depth + window - tree_nodes(width, depth))
 
 
 @lru_cache(maxsize=256)
 def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _Plan:
-    """``_plan`` of the release's layout (``pac_tree``) truncated at depth Dr, on ``device``: a plan depends only on
-    these, so it is built once per process (a window larger than the image truncates at a new depth every round of an
-    image's end, and every image meets the same depths). Plans hold no per-image state."""
-    full = pac_tree(window, width, depth)
-    return _plan(truncate_tree(full, Dr), full, depth, depth + window - tree_nodes(width, depth), torch.device(device))
+    """The plan of the release's layout truncated at depth Dr, on ``device``, sliced from the layout's tables (its
+    nodes are in depth order, so the truncated tree is its first n nodes; a table entry naming a node past them
+    becomes -1): a plan depends only on these, so it is built once per process (a window larger than the image
+    truncates at a new depth every round of an image's end, and every image meets the same depths). Plans hold no
+    per-image state."""
+    full, (rank, anc, par, xn) = _layout_tables(window, width, depth)
+    tree = truncate_tree(full, Dr)
+    N1 = tree.n_nodes + 1
+    par = par[:N1]
+    par = np.where(par < N1, par, -1)
+    xn = np.where((par >= 0) & (xn[:N1] < N1), xn[:N1], -1)
+    ch = tree.children
+    K = ch.shape[1]
+    kids = np.concatenate([np.where(ch >= 0, ch, 0), (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K)
+    dev = torch.device(device)
+    dep = tree.node_depth.astype(np.int64)
+    return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
+                 np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
+                 torch.as_tensor(dep[1:], device=dev), torch.as_tensor(rank[1:N1], device=dev))
 
 
 @dataclass(frozen=True)
@@ -217,7 +234,7 @@ class SJDPAC:
         S, K, V = self.max_depth, self.tree_width, int(run.target.vocab_size)
         win = PacWindow(torch.zeros((run.B, S, K), dtype=torch.long, device=run.dev),
                         torch.full((run.B, S, V), 1.0 / V, dtype=run.proc.dtype, device=run.dev))
-        _fresh(run, win, torch.zeros(run.B, dtype=torch.long, device=run.dev))
+        _fresh(run, win, np.zeros(run.B, np.int64))
         return win
 
     def _plan(self, run, Dr: int) -> _Plan:
@@ -230,9 +247,7 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
-        d = torch.as_tensor(plan.depth[1:], device=run.dev)
-        r = torch.as_tensor(plan.rank[1:], device=run.dev)
-        x = win.cand[:, d - 1, r]                                                       # (B, N)
+        x = win.cand[:, plan.d_t - 1, plan.r_t]                                                       # (B, N)
         S = win.q.shape[1]
         rows = torch.as_tensor(np.minimum(plan.depth, S - 1), device=run.dev)
         q = win.q[:, rows]                                                              # (B, N+1, V)
@@ -244,51 +259,59 @@ class SJDPAC:
     def advance(self, run, prop, verdict, p, n0) -> None:
         """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
         continuation path (module docstring; release or coupled), the rest freshly initialised (keyed by the new
-        committed lengths)."""
+        committed lengths). Which levels are carried, and from which node rows, is known on the host (the verdict and
+        the plan's tables): only those m (image, level) rows are gathered, hashed and drawn from, (m, V) each, and a
+        level's K - 1 other candidates only where the next tree reads them (the tree levels, depth <= D - 1)."""
         win = run.state
         plan = self._plan(run, int(prop.tree.depth))
-        S, K, V = self.max_depth, self.tree_width, p.shape[-1]
+        S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
         dev = run.dev
-        tau = torch.as_tensor(np.asarray(verdict.accepted), device=dev)
-        path = torch.as_tensor(np.asarray(verdict.path), device=dev)
-        a = torch.where(tau > 0, path.gather(1, (tau - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(tau))
-        e = tau[:, None] + 1 + torch.arange(1, S + 1, device=dev)                     # (B, S) old depth of new level
-        ec = e.clamp(max=plan.par.shape[1] - 1)
-        par = torch.where(e <= S, plan.par[a[:, None], ec], torch.full_like(e, -1))
-        xn = torch.where(par >= 0, plan.xn[a[:, None], ec], torch.full_like(e, -1))
-        carried = par >= 0
-        act = torch.as_tensor(run.active, device=dev)
-        carried &= act[:, None]
-        pc = par.clamp(min=0)
-        P = p.gather(1, pc[..., None].expand(-1, -1, V)).to(win.q.dtype)               # (B, S, V) stale rows
-        qo = prop.q.gather(1, pc[..., None].expand(-1, -1, V)).to(win.q.dtype)         # their levels' draft rows
-        has_x = xn >= 0
-        x = prop.tokens.gather(1, xn.clamp(min=0))                                      # (B, S)
-        n = run.n
-        u = run.rng.uniform(n, _KEEP, (S,)).to(dev, P.dtype)
-        ratio = _ratio(P.gather(-1, x[..., None])[..., 0], qo.gather(-1, x[..., None])[..., 0])
-        keep = has_x & (u < ratio)
-        res = (P - qo).clamp_(min=0)                                                    # [p - q]_+ (coupling residual)
-        noise_res = run.rng.uniform(n, _RES, (S, V)).log_().neg_().to(dev)
-        if self.release:
-            rej = _release_rejected_rows(plan, par, P, qo, prop.tokens, e, self.tree_depth, has_x)
-            # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are the
-            # first K - 1 of the K it would draw)
-            d = _draw(torch.where(keep[..., None], _safe(res, P), _safe(rej, P)), K, noise_res)
-            cand = torch.where(keep[..., None], torch.cat([x[..., None], d[..., :K - 1]], -1), d)
-        else:
-            y0 = _draw(_safe(res, P), 1, noise_res)[..., 0]
-            y = torch.where(keep, x, torch.where(has_x, y0, _draw(P, 1, noise_res)[..., 0]))
-            if K > 1:
-                rest = P.scatter(-1, y[..., None], 0.0)
-                others = _draw(rest, K - 1, run.rng.uniform(n, _SIB, (S, V)).log_().neg_().to(dev))
-                cand = torch.cat([y[..., None], others], -1)
+        tau = np.asarray(verdict.accepted, np.int64)
+        B = len(tau)
+        path = np.asarray(verdict.path, np.int64).reshape(B, -1)
+        a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)           # (B,) the accepted node
+        e = tau[:, None] + 1 + np.arange(1, S + 1)                                      # (B, S) old depth of new level
+        ec = np.minimum(e, plan.par_np.shape[1] - 1)
+        par = np.where(e <= S, plan.par_np[a[:, None], ec], -1)
+        carried = (par >= 0) & np.asarray(run.active, bool)[:, None]
+        bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
+        if len(bs):
+            pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
+            has_x = xr >= 0
+            bi, si = torch.as_tensor(bs, device=dev), torch.as_tensor(ss, device=dev)
+            pi = torch.as_tensor(pr, device=dev)
+            P = p[bi, pi].to(win.q.dtype)                                               # (m, V) stale rows
+            qo = prop.q[bi, pi].to(win.q.dtype)                                         # their levels' draft rows
+            x = prop.tokens[bi, torch.as_tensor(np.maximum(xr, 0), device=dev)]          # (m,)
+            u = run.rng.uniform(run.n, _KEEP, (S,)).to(dev, P.dtype)[bi, si]
+            ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
+            hx = torch.as_tensor(has_x, device=dev)
+            keep = hx & (u < ratio)
+            res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
+            w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
+            noise = run.rng.uniform_rows(run.n, _RES, (S, V), bs, ss).log_().neg_().to(dev)
+            if self.release:
+                tree = np.flatnonzero(has_x & (e[bs, ss] <= D - 1))    # levels that failed take the siblings' residual
+                if len(tree):
+                    t = torch.as_tensor(tree, device=dev)
+                    last = _last_sibling_rows(plan, pr[tree], P[t], qo[t], prop.tokens[bi[t]])
+                    w[t] = torch.where(keep[t, None], w[t], _safe(last, P[t]))
+                # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
+                # the first K - 1 of the K it would draw)
+                d = _draw(w, K, noise)
+                cand = torch.where(keep[:, None], torch.cat([x[:, None], d[:, :K - 1]], -1), d)
             else:
-                cand = y[..., None]
-        win.cand = torch.where(carried[..., None], cand, win.cand)
-        win.q = torch.where(carried[..., None], P, win.q)
-        first_free = carried.long().sum(1)
-        _fresh(run, win, first_free)
+                y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
+                cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
+                tree = np.flatnonzero(ss < D - 1) if K > 1 else np.zeros(0, np.int64)
+                if len(tree):
+                    t = torch.as_tensor(tree, device=dev)
+                    rest = P[t].scatter(-1, y[t, None], 0.0)
+                    e_sib = run.rng.uniform_rows(run.n, _SIB, (S, V), bs[tree], ss[tree]).log_().neg_().to(dev)
+                    cand[t, 1:] = _draw(rest, K - 1, e_sib)
+            win.cand[bi, si] = cand
+            win.q[bi, si] = P
+        _fresh(run, win, carried.sum(1))
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
@@ -298,8 +321,15 @@ class SJDPAC:
 def _draw(w: torch.Tensor, k: int, e: torch.Tensor) -> torch.Tensor:
     """k tokens (..., k) drawn without replacement from weights ``w`` (..., V) by the exponential race (the k largest
     w / e, ``e`` Exp(1) noise); past the tokens of positive weight, distinct tokens of zero weight uniformly (where the
-    release's ``torch.multinomial`` refuses a row with fewer than k positive entries)."""
-    return torch.where(w > 0, w / e, -e).topk(k, dim=-1).indices
+    release's ``torch.multinomial`` refuses a row with fewer than k positive entries). On the host, when the k
+    largest w / e are all positive (every row has k tokens of positive weight that win the race) the keys of the zero
+    weights (-e < 0, below them) cannot change the draw, and the where is skipped: the same tokens."""
+    key = w / e
+    if key.device.type == "cpu":
+        top = key.topk(k, dim=-1)
+        if bool((top.values > 0).all()):
+            return top.indices
+    return torch.where(w > 0, key, -e).topk(k, dim=-1).indices
 
 
 def _ratio(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
@@ -313,45 +343,41 @@ def _safe(w: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     return torch.where(w.sum(-1, keepdim=True) > 0, w, fallback)
 
 
-def _release_rejected_rows(plan: _Plan, par, P, qo, tokens, e, D: int, has_x) -> torch.Tensor:
-    """The release's residual of a level whose stale token failed (B, S, V): at a tree level (the parent has K
-    children, depth e <= D - 1) the residual after ALL its children, Norm([p_{K-1} - q_{K-1}]_+) built by the
-    siblings' recursion; below an off-main leaf (no token) the leaf's own row; on the chain [p - q]_+."""
-    chain = (P - qo).clamp(min=0)
-    # a tree level has depth e <= D - 1, and e >= level index + 2: only the first D - 2 levels can be one, so the
-    # siblings' recursion runs on those rows alone
-    T = min(P.shape[1], max(D - 2, 0))
-    if T == 0:
-        return torch.where(~has_x[..., None], P, chain)
-    pt = par[:, :T].clamp(min=0)
-    kids, live = plan.kids[pt, 0], plan.kids[pt, 1]                                    # (B, T, K)
-    p_j, q_left = P[:, :T], qo[:, :T]
+def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Tensor:
+    """The release's residual of a tree level whose stale token failed, the residual after ALL its parent's children,
+    Norm([p_{K-1} - q_{K-1}]_+) by the siblings' recursion: (r, V) from the parent nodes ``par`` (r,) (host ints),
+    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1)."""
+    kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
+    p_j, q_left = P, qo
     ar = torch.arange(P.shape[-1], device=P.device)
+    cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
+    ons = torch.as_tensor(live > 0, device=P.device)
     for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
-        c = tokens.gather(1, kids[..., j].flatten(1)).view_as(kids[..., j])
         q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
         nxt = (p_j - q_j).clamp(min=0)
         nxt = _safe(nxt / nxt.sum(-1, keepdim=True).clamp(min=1e-300), p_j)
-        on = (live[..., j] > 0)[..., None]
-        p_j = torch.where(on, nxt, p_j)
-        q_left = torch.where(on & (ar == c[..., None]), torch.zeros_like(q_left), q_left)
-    tree_level = (e[:, :T] <= D - 1)[..., None]
-    top = torch.where(tree_level, p_j, chain[:, :T])
-    return torch.where(~has_x[..., None], P, torch.cat([top, chain[:, T:]], 1))
+        if live[:, j].all():
+            p_j = nxt
+            q_left = q_left.masked_fill(ar == cs[:, j:j + 1], 0.0)
+        else:
+            on = ons[:, j:j + 1]
+            p_j = torch.where(on, nxt, p_j)
+            q_left = torch.where(on & (ar == cs[:, j:j + 1]), torch.zeros_like(q_left), q_left)
+    return p_j
 
 
-def _fresh(run, win: PacWindow, first_free: torch.Tensor) -> None:
-    """Levels i >= first_free (B,) get K distinct uniform image tokens and the uniform draft row (as released), keyed
-    by the images' committed lengths."""
+def _fresh(run, win: PacWindow, first_free: np.ndarray) -> None:
+    """Levels i >= first_free (B,) (host ints) get K distinct uniform image tokens and the uniform draft row (as
+    released), keyed by the images' committed lengths; only those levels' uniforms are hashed."""
     B, S, K = win.cand.shape
-    if S == 0:
+    bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
+    if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    e = run.rng.uniform(run.n, _INIT, (S, V)).to(run.dev)
-    draws = e.topk(K, dim=-1).indices                     # K distinct tokens, uniformly without replacement
-    free = torch.arange(S, device=run.dev)[None, :] >= first_free[:, None]
-    win.cand = torch.where(free[..., None], draws, win.cand)
-    win.q = torch.where(free[..., None], torch.full_like(win.q, 1.0 / V), win.q)
+    e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss).to(run.dev)
+    bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
+    win.cand[bi, si] = e.topk(K, dim=-1).indices            # K distinct tokens, uniformly without replacement
+    win.q[bi, si] = 1.0 / V
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:
@@ -374,119 +400,3 @@ def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPA
         raise ValueError(f"tree width {spec.tree_width} is larger than the vocabulary (V = {vocab_size}): a level's "
                          "candidates are distinct tokens")
     return spec
-
-
-# ----------------------------------------------------------------------------- the release's verdict
-
-def _tree_arrays(tree: Tree):
-    return tree.children, tree.node_depth
-
-
-def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, *, tree: Tree, anc: np.ndarray,
-                         full_depth: int, uniform_bonus: bool) -> TreeVerdict:
-    """The release's verdict of one round (module docstring), batched, numpy or torch rows.
-
-    p (B, N+1, V) target rows at every node; q (B, N+1, V) each node's children's draft row; tokens (B, N+1); u_accept
-    (B, N+1) one uniform per node; u_sample (B,); max_depth (B,) the images' depth caps; ``tree`` the (truncated)
-    tree, ``anc`` (N+1, D) its ancestor table. Sibling b of a node is tested with f from the verifier on (p_b, q_b),
-    p_b the verifier's residual after siblings 0..b-1 as if they were rejected, q_b = q without them; a candidate with
-    q_b(x) = 0 passes iff p_b(x) > 0 (the release's p > u q). A node is accepted iff it and its ancestors pass; the
-    deepest accepted node wins, the first in path order on ties. Next token: from the residual after all the winner's
-    (live) children, its own row when it has none; uniform over the V tokens when ``uniform_bonus`` and the winner is
-    the end of the full main branch (depth ``full_depth``). Returns a ``TreeVerdict``."""
-    xp = namespace(p, q)
-    B, N1, V = p.shape
-    ch, dep = tree.children, tree.node_depth
-    torch_rows = isinstance(p, torch.Tensor)
-    dev = p.device if torch_rows else None
-    asarr = (lambda a: torch.as_tensor(a, device=dev)) if torch_rows else np.asarray
-    cap = asarr(np.asarray(max_depth) if not torch_rows else max_depth)
-    tokens = xp.astype(tokens, xp.int64)
-    arV = xp.arange(V, device=dev) if torch_rows else np.arange(V)
-    ok = [None] * N1
-    ok[0] = xp.ones((B,), dtype=xp.bool, device=dev) if torch_rows else np.ones(B, bool)
-
-    def siblings(n, p_j, q_left, kids, rows=None, last=True):
-        """Node n's children ``kids`` in rank order against its rows: each one's test (u < f at its token) and the
-        residual after it as if rejected; the residual after the last one only when ``last`` (the winner's next
-        token reads it; the tests do not)."""
-        i = int(dep[n]) + 1
-        for b, k in enumerate(kids):                      # siblings in rank order
-            live = cap >= int(dep[k]) if rows is None else cap[rows] >= int(dep[k])
-            q_j = normalize(q_left, q_left, xp)
-            c = tokens[:, k] if rows is None else tokens[rows, k]
-            if rows is None:
-                qc, pc = gather(q_j, c, xp), gather(p_j, c, xp)
-                passed = xp.where(qc > 0, u_accept[:, k] < accept_at(verifier.accept, p_j, q_j, i, c), pc > 0)
-                ok[k] = ok[n] & live & passed
-            if b + 1 < len(kids) or last:
-                G = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
-                p_j = xp.where(live[:, None], G, p_j)
-                q_left = xp.where(live[:, None] & (arV == c[:, None]), xp.zeros_like(q_left), q_left)
-        return p_j
-
-    kids_of = [[int(c) for c in ch[n] if c >= 0] for n in range(N1)]
-    for n in range(N1):   # nodes in (depth, path) order: parents before children; a loop over at most W nodes
-        siblings(n, p[:, n, :], q[:, n, :], kids_of[n], last=False)
-    score = xp.stack([xp.where(ok[n], xp.full_like(u_sample, float(int(dep[n]) * (N1 + 1) + N1 - n)),
-                               xp.full_like(u_sample, -1.0)) for n in range(N1)], axis=1)
-    win = xp.astype(xp.argmax(score, axis=1), xp.int64)                                  # (B,)
-    depth_t = asarr(dep.astype(np.int64))
-    tau = xp.take(depth_t, win, axis=0)
-    path = xp.take(asarr(anc), win, axis=0)                                              # (B, D)
-    # the next token's row: the residual after all the winner's (live) children, built for the winners only (the
-    # same operations on the same rows as for every node: the same bits)
-    rows = gather_rows(p, win, xp)
-    wins = win.cpu().numpy() if torch_rows else np.asarray(win)
-    for n in np.unique(wins):   # a loop over the distinct winners of the batch (one per image at most)
-        if not kids_of[int(n)]:
-            continue
-        sel = np.flatnonzero(wins == n)
-        r = asarr(sel)
-        res = siblings(int(n), p[r, int(n), :], q[r, int(n), :], kids_of[int(n)], rows=r)
-        rows = xp.where(asarr(wins == n)[:, None], _scatter_rows(res, sel, B, xp, asarr), rows)
-    nxt = sample_categorical(rows, u_sample, xp)
-    if uniform_bonus:
-        uni = xp.astype(xp.floor(u_sample * V), xp.int64)
-        uni = xp.where(uni < V, uni, xp.full_like(uni, V - 1))
-        nxt = xp.where(tau == full_depth, uni, nxt)
-    return TreeVerdict(tau, path, nxt, win)
-
-
-def _scatter_rows(res, sel: np.ndarray, B: int, xp, asarr):
-    """(B, V) with rows ``res`` (m, V) at batch rows ``sel`` (m,) (the others: any value, masked by the caller)."""
-    pos = np.zeros(B, np.int64)
-    pos[sel] = np.arange(len(sel))
-    return xp.take(res, asarr(pos), axis=0)
-
-
-def predict_longest(p, q, tokens, tree: Tree, verifier, max_depth=None):
-    """Expected accepted drafts per round (R,) of the release's longest-path verdict given recorded rows (the analogue
-    of T10 for ``longest_path_verdict``): node tests are independent given the rows, so with g_n(d) the probability
-    that an accepted path from node n reaches depth d, g_n(d) = 1 - prod_children (1 - f_c g_c(d)) below depth d and
-    E[tau] = sum_{d >= 1} g_root(d). numpy rows (R, N+1, V), tokens (R, N+1), max_depth (R,) ints or None."""
-    R, N1, V = p.shape
-    ch, dep = tree.children, tree.node_depth
-    Dm = int(tree.depth)
-    cap = np.full(R, Dm) if max_depth is None else np.asarray(max_depth)
-    f_node = np.zeros((R, N1))
-    for n in range(N1):   # parents before children
-        p_j, q_left = p[:, n], q[:, n]
-        for k in (int(c) for c in ch[n] if c >= 0):
-            q_j = normalize(q_left, q_left, np)
-            c = tokens[:, k]
-            i = int(dep[n]) + 1
-            qc, pc = gather(q_j, c, np), gather(p_j, c, np)
-            f_c = accept_at(verifier.accept, p_j, q_j, i, c)
-            f_node[:, k] = np.where(cap >= dep[k], np.where(qc > 0, f_c, (pc > 0) * 1.0), 0.0)
-            p_j = verifier.resample(p_j, q_j, verifier.accept(p_j, q_j, i) if reads_f(verifier.resample) else None, c)
-            q_left = np.where(np.arange(V) == c[:, None], 0.0, q_left)
-    g = np.zeros((R, N1, Dm + 1))
-    for n in range(N1 - 1, -1, -1):   # children before parents
-        d_n = int(dep[n])
-        g[:, n, :d_n + 1] = 1.0
-        miss = np.ones((R, Dm + 1))
-        for k in (int(c) for c in ch[n] if c >= 0):
-            miss *= 1.0 - f_node[:, k, None] * g[:, k]
-        g[:, n, d_n + 1:] = 1.0 - miss[:, d_n + 1:]
-    return g[:, 0, 1:].sum(1)

@@ -1,0 +1,168 @@
+"""SJD-PAC at its release's cost (issue 55, item 7): the array-operation pieces equal their plain definitions, each with
+a planted negative control. The release verdict (``real.decode.sjd_pac_verdict.longest_path_verdict``, no loop over
+nodes) against a per-node loop written here from its docstring, bit for bit on numpy and torch rows (hypothesis; torch's
+rows against the same loop on torch: the residuals of some rules differ in their last bits between the two libraries);
+the plans sliced from the layout's tables against the tables built on the truncated tree; ``Streams.uniform_rows``
+against rows of ``Streams.uniform`` (host and device integer paths); the exponential race's host fast path against
+its where-form. Speed itself: benchmarks/bench_sjd_pac.py (run_all's ``sjd_pac``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from real.decode import sjd_pac as SP
+from real.decode.rng import Streams
+from real.decode.sjd_pac_verdict import longest_path_verdict
+from theory import rules
+from theory.core.xp import gather, namespace, normalize, sample_categorical
+from theory.rules.acceptance import accept_at, reads_f
+from theory.tree import truncate_tree
+
+LAYOUTS = [(16, 3, 3), (10, 2, 3), (12, 4, 2), (9, 1, 3), (40, 2, 4)]
+VERIFIERS = {"vanilla": rules.vanilla(), "cool-sd": rules.cool_sd(2.0), "typical": rules.typical()}
+
+
+def _reference(p, q, tokens, ua, us, verifier, cap, tree, anc, full_depth, bonus, last_on_ties=False):
+    """The release's verdict node by node (numpy rows): each node's children in rank order against the residual of
+    their earlier siblings, a node accepted iff it and its ancestors pass, the deepest accepted node (the first in
+    path order; the last with ``last_on_ties``: the planted control), the next token from the residual after all the
+    winner's live children, uniform at the end of the full main branch when ``bonus``. numpy or torch rows."""
+    xp = namespace(p)
+    B, N1, V = p.shape
+    ch, dep = tree.children, tree.node_depth
+    ok = np.zeros((B, N1), bool)
+    ok[:, 0] = True
+    tau, path, nxt, win = (np.zeros(B, np.int64), np.full((B, anc.shape[1]), -1), np.zeros(B, np.int64),
+                           np.zeros(B, np.int64))
+    for b in range(B):
+        def walk(n, rows_only=False):
+            p_j, q_left = p[b:b + 1, n], q[b:b + 1, n]
+            for k in (int(c) for c in ch[n] if c >= 0):         # the children in rank order
+                q_j = normalize(q_left, q_left, xp)
+                c = tokens[b:b + 1, k]
+                live = bool(cap[b] >= dep[k])
+                if not rows_only:
+                    passed = bool(ua[b, k] < accept_at(verifier.accept, p_j, q_j, int(dep[n]) + 1, c)[0]
+                                  if gather(q_j, c, xp)[0] > 0 else gather(p_j, c, xp)[0] > 0)
+                    ok[b, k] = ok[b, n] and live and passed
+                f = verifier.accept(p_j, q_j, int(dep[n]) + 1) if reads_f(verifier.resample) else None
+                if live:
+                    p_j = verifier.resample(p_j, q_j, f, c)
+                    q_left = xp.where(xp.arange(V) == c[:, None], xp.zeros_like(q_left), q_left)
+            return p_j
+        for n in range(N1):                                    # parents before children
+            walk(n)
+        best = None
+        for n in range(N1):
+            if ok[b, n] and (best is None or dep[n] > dep[best] or (last_on_ties and dep[n] == dep[best])):
+                best = n
+        win[b], tau[b], path[b] = best, dep[best], anc[best]
+        row = walk(best, rows_only=True)
+        nxt[b] = int(sample_categorical(row, us[b:b + 1], xp)[0])
+        if bonus and tau[b] == full_depth:
+            nxt[b] = min(int(np.floor(float(us[b]) * V)), V - 1)
+    return tau, path, nxt, win
+
+
+def _case(seed: int, layout, Dr_pick: int, V: int, B: int = 3):
+    W, K, D = layout
+    full = SP.pac_tree(W, K, D)
+    Dr = 1 + Dr_pick % full.depth
+    plan = SP._cached_plan(W, K, D, Dr, "cpu")
+    N1 = plan.tree.n_nodes + 1
+    g = np.random.default_rng(seed)
+    p = g.dirichlet(np.full(V, 0.4), (B, N1))
+    q = g.dirichlet(np.full(V, 0.4), (B, N1))
+    p[p < 0.05] = 0.0                                          # zeros in p, a code of no draft mass, exact matches
+    p /= p.sum(-1, keepdims=True)
+    q[:, :, 0] = 0.0
+    q /= q.sum(-1, keepdims=True)
+    q[0, 0] = p[0, 0]
+    tok = g.integers(0, V, (B, N1))
+    tok[1] = np.argmax(q[1], -1)
+    ua, us = g.random((B, N1)) ** 3, g.random(B)
+    cap = g.integers(0, Dr + 1, B)
+    cap[0] = Dr
+    return plan, p, q, tok, ua, us, cap, W
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), layout=st.sampled_from(LAYOUTS), dr=st.integers(0, 50),
+       V=st.sampled_from([4, 9, 40]), rule=st.sampled_from(sorted(VERIFIERS)), bonus=st.booleans())
+def test_verdict_equals_the_per_node_loop(seed, layout, dr, V, rule, bonus):
+    plan, p, q, tok, ua, us, cap, W = _case(seed, layout, dr, V)
+    ver = VERIFIERS[rule]
+    kw = dict(tree=plan.tree, anc=plan.anc, full_depth=W, uniform_bonus=bonus)
+    ref = _reference(p, q, tok, ua, us, ver, cap, plan.tree, plan.anc, W, bonus)
+    got = longest_path_verdict(p, q, tok, ua, us, ver, cap, **kw)
+    for r, x in zip(ref, got):
+        np.testing.assert_array_equal(r, x)
+    t = [torch.as_tensor(a) for a in (p, q, tok, ua, us, cap)]
+    ref_t = _reference(*t[:5], ver, t[5], plan.tree, plan.anc, W, bonus)
+    got_t = longest_path_verdict(*t[:5], ver, t[5], **kw)
+    for r, x in zip(ref_t, got_t):
+        np.testing.assert_array_equal(r, x.numpy())
+
+
+def test_verdict_comparison_catches_a_planted_tie_break():
+    """Control: the same comparison with the reference breaking ties toward the last node in path order differs."""
+    differs = 0
+    for seed in range(40):
+        plan, p, q, tok, ua, us, cap, W = _case(seed, (16, 3, 3), 1, 9)   # depth 2: ties among the tree's leaves
+        ua = ua * 0.0                                                    # every node with f > 0 passes: ties
+        ref = _reference(p, q, tok, ua, us, rules.vanilla(), cap, plan.tree, plan.anc, W, True, last_on_ties=True)
+        got = longest_path_verdict(p, q, tok, ua, us, rules.vanilla(), cap, tree=plan.tree, anc=plan.anc,
+                                   full_depth=W, uniform_bonus=True)
+        differs += not np.array_equal(ref[3], got[3])
+    assert differs > 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sliced_plans_equal_the_tables_of_the_truncated_tree(layout):
+    W, K, D = layout
+    full = SP.pac_tree(W, K, D)
+    M = D + W - SP.tree_nodes(K, D)
+    unmasked = 0
+    for Dr in range(1, full.depth + 1):
+        plan = SP._cached_plan(W, K, D, Dr, "cpu")
+        t = truncate_tree(full, Dr)
+        rank, anc, par, xn = SP._full_tables(t, D, M)
+        assert plan.tree.paths == t.paths
+        for a, b in ((rank, plan.rank), (anc, plan.anc), (par, plan.par_np), (xn, plan.xn_np),
+                     (t.attention_mask, plan.mask.numpy()), (t.children, plan.children)):
+            np.testing.assert_array_equal(a, b)
+        # control: the layout's table cut to the truncated nodes, without masking the nodes past them, differs
+        unmasked += not np.array_equal(SP._layout_tables(W, K, D)[1][2][:t.n_nodes + 1], par)
+    assert unmasked > 0 or full.depth == 1
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_uniform_rows_are_rows_of_the_uniform_block(on_device):
+    s = Streams(3, np.array([0, 4, 7]), "cpu")
+    s._on_device = on_device                     # the device path's integer hashing, run on the CPU
+    n = np.array([5, 9, 2])
+    b, r = np.array([2, 0, 0, 1]), np.array([5, 0, 3, 3])
+    full = s.uniform(n, 1234, (6, 100))
+    assert torch.equal(s.uniform_rows(n, 1234, (6, 100), b, r), full[b, r])
+    r3 = np.array([3, 0, 2, 1])
+    assert torch.equal(s.uniform_rows(n, 77, (4, 5, 7), b, r3), s.uniform(n, 77, (4, 5, 7))[b, r3])
+    # control: the next rows are other uniforms
+    assert not torch.equal(s.uniform_rows(n, 1234, (6, 100), b, (r + 1) % 6), full[b, r])
+    with pytest.raises(ValueError, match="2 or 3 coordinates"):
+        s.uniform_rows(n, 1, (6,), b, r)
+
+
+def test_race_fast_path_equals_its_where_form():
+    g = torch.Generator().manual_seed(0)
+    V, k = 30, 3
+    w = torch.rand(400, V, generator=g, dtype=torch.float64)
+    for i, m in enumerate(np.random.default_rng(0).integers(0, V + 1, 400)):   # rows with 0..V positive weights
+        w[i, m:] = 0.0
+    e = torch.empty(400, V, dtype=torch.float64).exponential_(generator=g)
+    full = torch.where(w > 0, w / e, -e).topk(k, dim=-1).indices
+    assert torch.equal(SP._draw(w, k, e), full)
+    # control: the keys w / e alone (no where) draw other tokens on the rows with fewer than k positive weights
+    assert not torch.equal((w / e).topk(k, dim=-1).indices, full)
