@@ -3,14 +3,14 @@ tuning AR rows (the split tuned_exact_study uses), at each schedule's predicted 
 of study (b), while its fresh-image measurement runs."""
 import json, sys
 import numpy as np
-sys.path.insert(0, "/work/main/scripts")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[4] / "scripts"))
 import tuned_exact_study as S
 from theory.likelihood.arrows import load_ar_rows, load_record
 from theory.likelihood import fidelity, log_likelihood, log_target, speed
 
-out = sys.argv[1]
-ar = load_ar_rows("/work/runs/natural256_studies/tuned/ar400.npz")
-rec = load_record("/work/runs/natural256_studies/tuned/rec200.npz")
+out = sys.argv[1]                       # the study's --out (schedules.json); AR rows and record beside it, or given
+ar = load_ar_rows(sys.argv[2] if len(sys.argv) > 2 else f"{out}/../ar400.npz")
+rec = load_record(sys.argv[3] if len(sys.argv) > 3 else f"{out}/../rec200.npz")
 saved = json.load(open(f"{out}/schedules.json"))
 held = np.sort(np.random.default_rng(0).permutation(ar.n)[int(round(0.5 * ar.n)):])
 h = ar.subset(held)
