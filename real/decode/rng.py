@@ -55,6 +55,17 @@ def _mix(x):
     return x ^ shr(x, 31)
 
 
+def _unit(h) -> torch.Tensor:
+    """Fresh hashes ``h`` (``_mix``'s: numpy uint64 on the host, consumed in place; torch int64 on a device) to float64
+    uniforms in [0, 1): the top 53 bits over 2^53 (torch: the logical shift masked, as in ``_mix``); a torch tensor."""
+    if isinstance(h, np.ndarray):
+        h >>= np.uint64(11)
+        u = h.astype(np.float64)
+        u *= 1.0 / (1 << 53)
+        return torch.from_numpy(u)
+    return ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+
+
 def _counters(shape: tuple, device=None):
     """The coordinates of every entry of ``shape`` folded into one integer with fixed strides (broadcastable):
     numpy uint64 (``device`` None) or torch int64 on ``device``."""
@@ -129,11 +140,10 @@ class Streams:
         k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
         if self._on_device:
             h = _mix(to_device(k.view(np.int64), self.device).index_select(1, which) + ctr_g)    # (B, M)
-            u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
         else:
             with np.errstate(over="ignore"):
                 h = _mix(k[:, which] + ctr_g)
-            u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
+        u = _unit(h)
         for (key, m, start) in zip(plan, sizes, np.cumsum([0] + sizes[:-1])):
             self._ahead[key] = u[:, start:start + m].reshape((-1, *key[1]))
 
@@ -153,11 +163,10 @@ class Streams:
             k = self._round_keys(n, [purpose])[:, 0]
             with np.errstate(over="ignore"):
                 h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape) * np.uint64(_GOLDEN))
-            u = torch.from_numpy((h >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53)))
+            u = _unit(h)
         else:
             k = to_device(self._round_keys(n, [purpose]).view(np.int64)[:, 0], self.device)
-            h = _mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN))
-            u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
+            u = _unit(_mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN)))
         if dtype == torch.float64:
             return u
         return u.to(dtype).clamp_(max=float(np.nextafter(np.float32(1), np.float32(0))))
@@ -178,13 +187,7 @@ class Streams:
                 c = lead[:, None] + rest[None, :]
                 c *= np.uint64(_GOLDEN)
                 c += k[:, None]
-                h = _mix(c)
-                h >>= np.uint64(11)
-                u = h.astype(np.float64)
-                u *= 1.0 / (1 << 53)
-                return torch.from_numpy(u).reshape((len(b),) + shape[1:])
+                return _unit(_mix(c)).reshape((len(b),) + shape[1:])
             kl = to_device(np.stack([k, lead]).view(np.int64), self.device)              # (2, m)
         ctr = (kl[1][:, None] + _counters(shape[1:], self.device).reshape(-1)[None, :]) * _SIGNED(_GOLDEN)
-        h = _mix(kl[0][:, None] + ctr)
-        u = ((h >> 11) & ((1 << 53) - 1)).to(torch.float64) * (1.0 / (1 << 53))
-        return u.reshape((len(b),) + shape[1:])
+        return _unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:])
