@@ -142,8 +142,7 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
 
 
 def _ratio_min1_generic(num, q, xp):
-    """``ratio_min1`` in any array namespace: it divides only where num < q."""
-    xp = xp or namespace(num, q)
+    """``ratio_min1`` in the array namespace ``xp``: it divides only where num < q."""
     lt = num < q                                     # ratio below 1 (so q > 0): the only place it divides
     one = xp.ones_like(xp.where(lt, num, q))         # (the broadcast shape and dtype)
     return xp.where(lt, num / xp.where(lt, q, one), xp.where(num >= 0, one, num))

@@ -246,7 +246,6 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
     return TreeVerdict(depth, path, sample_categorical(gather_rows(p_res, node, xp), u_sample, xp), node)
 
 
-
 def verify_round(p: Array, q: Array | None, tokens: Array, u_accept: Array, u_sample: Array, tree, verifier, *,
                  law: str = "without_replacement", max_depth: Array | None = None) -> TreeVerdict:
     """One round's verification, chains and trees alike: the engine's one entry (``real.decode.round``).
