@@ -17,7 +17,8 @@ rejected candidates c_1, c_2, ... are drawn from the rejection law rej_j(c) / be
 = sum rej_j, q_j the draft row without the earlier draws, renormalised), the weight W_j = beta_1 ... beta_j, and the
 last step of every quantity is summed exactly (Rao-Blackwellised):
     a_j_hat = W_{j-1} q_j(x) f_j(x),    r_j_hat = W_{j-1} beta_j G_j(x) / sum G_j   (+ exhausted histories' bonus)
-with G_j the rule's effective residual law (``resample(p_j, q_j, f_j)``, rejected=None). a_1, r_1 are exact. Each
+with G_j the rule's effective residual law (``resample(p_j, q_j, f_j)``, rejected=None; LANTERN's released laws:
+``effective_at``, G_j(x) without the (V, V) mask, relative error below 1e-8). a_1, r_1 are exact. Each
 estimate is unbiased for its row's a_j, r_j; a path through the forward recursion reads each row at most once and
 rows draw independently, so the forward sum of the estimates is unbiased for P^(x) (multilinear). ``samples`` draws
 per group, ``groups`` groups per row: P^_hat uses the pooled rows (groups x samples draws), and the delete-a-group
@@ -78,8 +79,12 @@ class _Walk:
             ex = ex + xp.where(live, zero, W * gather(P, xb, xp) / xp.sum(P, axis=-1))
             rej = Q * (1 - f)                                                    # (r, H, V)
             beta = xp.sum(rej, axis=-1)
-            G = verifier.resample(P, Q, f)                                       # the effective law after a rejection
-            g = gather(G, xb, xp) / xp.sum(G, axis=-1)
+            free = isinstance(verifier.resample, _REJECTED_FREE)
+            eff = getattr(verifier.resample, "effective_at", None)
+            g = None if free or eff is None else eff(P, Q, f, xb)                # LANTERN's released laws: O(V (k+1))
+            if g is None:                                                        # the effective law after a rejection
+                G = verifier.resample(P, Q, f)
+                g = gather(G, xb, xp) / xp.sum(G, axis=-1)
             res.append(xp.broadcast_to(W * xp.where(beta > 0, beta * g, zero) + ex, (r, S)))
             if j == K - 1:
                 break
@@ -87,7 +92,7 @@ class _Walk:
             c = xp.sum(xp.astype(cdf <= (u[:, :, j] * cdf[:, :, -1])[:, :, None], xp.int64), axis=-1)
             c = xp.minimum(c, xp.full_like(c, V - 1))                            # (r, S); beta = 0: W becomes 0
             shape = (r, S, V)
-            if isinstance(verifier.resample, _REJECTED_FREE):
+            if free:
                 P = xp.broadcast_to(G, shape)
             else:                                                                # LANTERN's laws: G(. | c)
                 P = verifier.resample(*(xp.broadcast_to(a, shape) for a in (P, Q, f)), c)

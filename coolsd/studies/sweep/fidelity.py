@@ -201,7 +201,7 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
             rows = tree_rows(target, draft, list(conds[a:a + batch]), tok, drafting, processing=proc)
             lp[a:a + batch] = log_target(rows.p.cpu().numpy(), x)
             for k, rule in rules.items():   # a loop over the rules scored on these images
-                lph[k][a:a + batch] = tree_likelihood(rows, x, rule, drafting)
+                lph[k][a:a + batch] = tree_likelihood(rows, x, rule, drafting, seed=a)   # T14: draws by batch
             continue
         rows = teacher_forced_rows(target, draft, list(conds[a:a + batch]), tok, L=L, processing=proc)
         if on_device and rounds is None:
