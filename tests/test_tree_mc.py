@@ -157,3 +157,13 @@ def test_refusals_before_work():
         tree_log_likelihood_mc(p, q, seqs, verifier, tr, samples=0)
     with pytest.raises(ValueError, match="tree must be"):
         tree_log_likelihood_mc(p, q, seqs, verifier, None)
+
+
+def test_torch_gives_numpy_bits():
+    """The same draws (seed) on torch tensors give numpy's estimates bit for bit (array API code)."""
+    torch = pytest.importorskip("torch")
+    verifier, tr, seqs, p, q, exact = _enumerated("cool-sd", "three", 4, 3, 7)
+    a = tree_log_likelihood_mc(p, q, seqs, verifier, tr, seed=1)
+    b = tree_log_likelihood_mc(*(torch.from_numpy(x) for x in (p, q, seqs)), verifier, tr, seed=1)
+    for k in ("log_p_hat", "se"):
+        np.testing.assert_array_equal(b[k].numpy(), a[k])
