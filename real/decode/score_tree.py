@@ -52,8 +52,8 @@ __all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likeli
 
 LOSSLESS_REASON = ("exact likelihood of lossless dynamic trees (--tree-sampling lossless: stochastic-beam-search keys) "
                    "is not available: the tree's shape depends on the Gumbel keys of every node, off-path nodes "
-                   "included, whose rows are not functions of the image (a Monte Carlo route over regrown trees is "
-                   "derived in docs/theory/likelihood.md 11c, not implemented); exact: the release construction "
+                   "included, whose rows are not functions of the image (sampling whole trees is unbiased but gives 0 "
+                   "for most trees: docs/theory/likelihood.md 11c); exact: the release construction "
                    "(--tree-sampling release: top-k children by cumulative draft log-probability, verified with "
                    "qx = 1) or static trees (--tree eagle25 --tree-candidates topk)")
 GREEDY_REASON = ("exact likelihood of greedy tree drafting is not available: greedy trees draft each node's top-m "

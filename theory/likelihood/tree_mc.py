@@ -39,7 +39,7 @@ from ..core.xp import Array, gather, namespace, normalize
 from ..rules.resampling import Argmax, Optimal, Residual, Target
 from . import tree as _tree
 
-__all__ = ["MC_SAMPLES", "MC_GROUPS", "tree_log_likelihood_mc"]
+__all__ = ["MC_SAMPLES", "MC_GROUPS", "tree_log_likelihood_mc", "jackknife"]
 
 MC_SAMPLES = 8            # draws per group and row
 MC_GROUPS = 8             # groups per row (the jackknife's replicates); 64 draws per row in all
@@ -140,15 +140,20 @@ def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *,
     S = E.shape[-1]
     lp = xp.reshape(_tree._forward(xp.reshape(E, ((G + 1) * B, T, S)), xp.reshape(Rr, ((G + 1) * B, T, S)), par, dep,
                                    xp), (G + 1, B))
-    theta, th = lp[0], lp[1:]
+    jack, se = jackknife(lp[0], lp[1:], xp)
+    return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(lp[0], batch),
+            "se": xp.reshape(se, batch)}
+
+
+def jackknife(theta, th, xp):
+    """Delete-a-group jackknife (section 11c): theta (n,) the pooled log estimate, th (G, n) the logs without group g
+    -> (theta_J, SE_J) (n,). An impossible sequence (theta = -inf) stays -inf with SE 0; where removing a group
+    empties a needed row the pooled value is kept with an infinite SE (the jackknife does not apply)."""
+    G = th.shape[0]
     ok = xp.all(xp.isfinite(th), axis=0) & xp.isfinite(theta)
     th0 = xp.where(ok[None], th, xp.zeros_like(th))
     mbar = xp.mean(th0, axis=0)
-    jack = G * theta - (G - 1) * mbar
+    jack = xp.where(ok, G * theta - (G - 1) * mbar, theta)
     se = xp.sqrt((G - 1) / G * xp.sum((th0 - mbar[None]) ** 2, axis=0))
-    # an impossible sequence (theta = -inf) stays -inf with se 0; a group whose removal empties a needed row leaves
-    # the pooled value with an infinite se (the jackknife does not apply)
-    jack = xp.where(ok, jack, theta)
     se = xp.where(ok, se, xp.where(xp.isfinite(theta), xp.full_like(se, math.inf), xp.zeros_like(se)))
-    return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(theta, batch),
-            "se": xp.reshape(se, batch)}
+    return jack, se
