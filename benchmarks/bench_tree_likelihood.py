@@ -7,7 +7,8 @@ dynamic tree (59 nodes, depth 4, top 10), the tree REGROWN at every round start:
 pairs, then 4 level forwards per chunk of round starts) plus the recursion (``theory.likelihood.tree_log_likelihood``
 through ``score_tree.tree_likelihood``) for one rule; generating = ``real.decode.engine.generate`` with draft=None
 (plain AR) on the same classes at the same batch size, CFG 2, as the sweep runs. Reported per image and as the ratio
-score / generate (issue 38's target for static trees: <= 3; dynamic trees: reported). Timed interleaved (one call of
+score / generate (issue 38's target for static trees: <= 3; dynamic trees: reported). ``--modes static_sampled``: the
+EAGLE-1 tree with sampled candidates, scored by the Monte Carlo likelihood (T14; reported, issue 54). Timed interleaved (one call of
 each in turn, --repeats rounds, after a warm-up), each by its fastest round, in CPU time of this thread at one
 thread (``time.thread_time``, as ``bench_likelihood.py``).
 
@@ -39,7 +40,11 @@ from real.registry import build  # noqa: E402
 from theory.tree import EAGLE_25, Tree  # noqa: E402
 
 RULES = {"cool-sd": ("cool-sd", {"delta": 3}), "lantern++": ("lantern++", {"lambda": 3})}
-MODES = {"static_topk": StaticTree(Tree(EAGLE_25), "topk"), "dynamic_release": DynamicTree(sampling="release")}
+MODES = {"static_topk": StaticTree(Tree(EAGLE_25), "topk"), "dynamic_release": DynamicTree(sampling="release"),
+         # sampled candidates: 4 at the root is above the exact path's guard at V = 512, so the recursion is the
+         # Monte Carlo likelihood (theory.likelihood.tree_mc, T14; 64 draws per row); on request (--modes)
+         "static_sampled": StaticTree(Tree(EAGLE_25), "sampled")}
+DEFAULT_MODES = ["static_topk", "dynamic_release"]
 
 
 def main(argv=None) -> dict:
@@ -52,7 +57,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--short", action="store_true")
     ap.add_argument("--model", default="mnist", choices=("mnist", "natural256"))
     ap.add_argument("--draft", default="eagle", choices=("eagle", "small", "layerskip"))
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
     a = ap.parse_args(argv)
     if a.short:
         a.images, a.repeats = 20, 5

@@ -45,6 +45,7 @@ BENCHMARKS = {
     "sweep_ranks": ("bench_sweep_ranks.py", ["--short"]),
     "likelihood": ("bench_likelihood.py", ["--short"]),
     "tree_likelihood": ("bench_tree_likelihood.py", ["--short"]),
+    "tree_likelihood_mc": ("bench_tree_likelihood.py", ["--short", "--modes", "static_sampled"]),   # T14 (issue 54)
     "dynamic_tree": ("bench_dynamic_tree.py", ["--short"]),
     "tune_exact": ("bench_tune_exact.py", ["--short"]),
     "ops": ("bench_ops.py", ["--short"]),       # exact counts (issue 42): each carries its own tolerance, 0

@@ -166,5 +166,11 @@ def test_generate_fidelity_cli(tmp_path, capsys):
     assert z["log_p_hat"].shape == z["log_p"].shape == (3,)
     assert np.abs(z["log_p_hat"] - z["log_p"]).max() < 1e-4                  # vanilla: P^ = P
     assert abs(r["fidelity"]["tv_to_target"]["measured"]) < 1e-4 and r["fidelity"]["nll_per_token"] > 0
-    assert main(["generate", "--model", "mnist", "--tree", "eagle25", "--fidelity"]) == 2   # sampled: cost guard
-    assert "candidates='sampled' with 4 children" in capsys.readouterr().err
+    # sampled candidates, 4 at the root at V = 512: above the exact path's cost guard, estimated (T14)
+    assert main(["generate", "--model", "mnist", "--tree", "eagle25", "--method", "cool-sd", "--num-images", "2",
+                 "--fidelity", "--json"]) == 0
+    f = json.loads(capsys.readouterr().out)["fidelity"]
+    assert f["kl_method"] == "mc" and f["mc"]["groups"] >= 2 and np.isfinite(f["mc"]["se_log_p_hat_max"])
+    kl = f["kl_to_target"]
+    assert kl["ci"][0] <= kl["measured"] <= kl["ci"][1]
+    assert r["fidelity"]["kl_method"] == "exact"

@@ -10,8 +10,10 @@ sections 9, 9b, 11b).
 * The law: a chi-square of 1,500 engine-generated images (V = 4, T = 4, Cool-SD) against exp(log P^) over all 256
   sequences, for static top-k, static sampled and release dynamic trees; the wrong candidate construction and the
   wrong tree are rejected at the same sample size.
-* Refusals, before any work: lossless dynamic trees, sampled static candidates above the cost guard, greedy trees
-  (``coolsd generate --fidelity`` and the API), rows made for another tree or dynamic configuration.
+* Sampled static candidates above the exact path's cost guard get the Monte Carlo estimate (T14); on engine rows
+  where both apply it agrees with the exact value within its SE.
+* Refusals, before any work: lossless dynamic trees, greedy trees (``coolsd generate --fidelity`` and the API), rows
+  made for another tree or dynamic configuration.
 """
 from __future__ import annotations
 
@@ -227,8 +229,6 @@ def test_refusals_before_any_work(mnist, runs, monkeypatch):
     monkeypatch.setattr(st, "tree_rows", lambda *a, **k: calls.append(1))
     with pytest.raises(NotImplementedError, match="tree-sampling release"):
         score(b.target, b.draft, b.conds, tok, verifier=v, drafting=DynamicTree())
-    with pytest.raises(NotImplementedError, match="sampled_limit"):
-        score(b.target, b.draft, b.conds, tok, verifier=v, drafting=Tree(EAGLE_25))   # 4 root children at V = 512
     with pytest.raises(NotImplementedError, match="greedy"):
         score(b.target, b.draft, b.conds, tok, verifier=rules.greedy(), drafting=MODES["topk"],
               processing=Processing(temperature=0.0, cfg_scale=2.0))
@@ -249,6 +249,27 @@ def test_refusals_before_any_work(mnist, runs, monkeypatch):
         tree_likelihood(static, tok[:2], v, MODES["topk"])
 
 
+def test_monte_carlo_agrees_with_the_exact_path_on_engine_rows(mnist, runs):
+    """T14 on the engine's own sampled-tree images (V = 512, <= 2 children: the exact path fits): the jackknife
+    estimate is within 5 of its Monte Carlo SEs (plus 1e-9) of the exact log P^, and its SE is small; negative
+    control: the exact value under the other candidate construction (top-k) is outside that band. Above the guard
+    ``tree_likelihood`` switches to the estimate and says so (``method``)."""
+    from theory.likelihood.tree_mc import tree_log_likelihood_mc
+
+    b, v = mnist["eagle"], rules.cool_sd(3.0)
+    _, tok = runs("eagle", "sampled")
+    rows = tree_rows(b.target, b.draft, b.conds[:3], tok[:3], MODES["sampled"], processing=PROC)
+    p, q, x = rows.p.numpy(), rows.q.numpy(), tok[:3].numpy()
+    exact = tree_likelihood(rows, x, v, MODES["sampled"])
+    mc = tree_log_likelihood_mc(p, q, x, v, SMALL, seed=3)
+    band = 5 * mc["se"] + 1e-9
+    assert np.all(np.abs(mc["log_p_hat"] - exact) <= band) and np.all(mc["se"] < 0.05), (mc, exact)
+    other = tree_likelihood(rows, x, v, StaticTree(SMALL, "topk"))
+    assert np.all(np.abs(other - exact) > band)
+    assert st.method(MODES["sampled"], v, 512) == "exact" and st.method(StaticTree(Tree(EAGLE_25)), v, 512) == "mc"
+    assert st.method(MODES["topk"], v, 512) == "exact"
+
+
 def test_cli_fidelity_refusals_are_one_line_before_generating(capsys, monkeypatch):
     from coolsd.cli import main
 
@@ -256,7 +277,6 @@ def test_cli_fidelity_refusals_are_one_line_before_generating(capsys, monkeypatc
     monkeypatch.setattr(engine, "generate", lambda *a, **k: called.append(1))
     base = ["generate", "--model", "mnist", "--draft", "eagle", "--num-images", "2", "--fidelity"]
     for extra, match in [(["--mode", "dynamic"], "--mode dynamic: exact likelihood of lossless dynamic trees"),
-                         (["--tree", "eagle25"], "--tree eagle25: tree_log_likelihood: candidates='sampled' with 4"),
                          (["--tree", "eagle25", "--tree-candidates", "topk", "--method", "greedy"],
                           "exact likelihood of greedy tree drafting")]:
         assert main([*base, *extra]) == 2

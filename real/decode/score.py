@@ -49,8 +49,9 @@ from .tree import StaticTree
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
 
-TREE_REASON = ("exact likelihood of tree drafting covers static trees (top-k candidates; sampled candidates within "
-               "theory.likelihood.tree's cost guard) and the release construction of dynamic trees "
+TREE_REASON = ("the likelihood of tree drafting covers static trees (top-k candidates; sampled candidates: exact "
+               "within theory.likelihood.tree's cost guard, a Monte Carlo estimate above it) and the release "
+               "construction of dynamic trees "
                "(real.decode.score_tree); lossless dynamic trees (stochastic-beam keys) and greedy trees have none")
 def score(target, draft, conds, tokens, *, verifier=None, drafting=None, processing: Processing = Processing(),
           batch_size: int = 64) -> dict:
@@ -116,7 +117,12 @@ def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, proce
         s["log_p_hat"] = s["log_p"].copy()
     T = int(torch.as_tensor(tokens).shape[1])
     n = s["log_p"].size
-    rep = {"nll_per_token": float(np.mean(-s["log_p"] / T)), "images": int(n)}
+    rep = {"nll_per_token": float(np.mean(-s["log_p"] / T)), "images": int(n), "kl_method": s.get("kl_method", "exact")}
+    if rep["kl_method"] == "mc":           # T14: the KL intervals below include the Monte Carlo error (section 11c)
+        rep["mc"] = {**s["mc"], "se_log_p_hat_max": float(np.max(s["log_p_hat_se"])),
+                     "se_log_p_hat_rms": float(np.sqrt(np.mean(s["log_p_hat_se"] ** 2))),
+                     "note": "KL: unbiased to second order, its interval includes the Monte Carlo error; TV: "
+                             "(1 - P/P^)_+ of an estimate, biased by the Monte Carlo error (docs/theory.md 11c)"}
     ar = None
     if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
         a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, drafting=drafting, processing=processing,

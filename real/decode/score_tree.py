@@ -25,7 +25,9 @@ root is x_{n-1}; every tree mode starts with the target's prefill alone, so n >=
 
 The lossless dynamic mode (stochastic-beam keys) has no exact likelihood (its tree depends on the Gumbel keys of
 off-path nodes): ``check`` raises NotImplementedError naming the construction that is exact, as it does for greedy
-processing and for sampled static candidates above ``theory.likelihood.tree``'s cost guard.
+processing. Sampled static candidates are exact within ``theory.likelihood.tree``'s cost guard and estimated above it
+(``theory.likelihood.tree_mc``, T14: an unbiased P^_hat per image, its log jackknife-corrected, with a Monte Carlo
+SE): ``method`` says which, and ``score_trees`` reports it ("kl_method": "exact" | "mc").
 
 ``score_trees`` turns the rows into per-image log P^(x) and log P(x), batch by batch. This module drives models only
 through ``real.protocol`` (like the engine).
@@ -45,12 +47,13 @@ from real.protocol import as_batched
 from .sampling import Processing
 from .drafting import top_m
 
-__all__ = ["TreeRows", "tree_mode", "check", "tree_rows", "tree_likelihood", "score_trees", "LOSSLESS_REASON",
-           "MASK_BUDGET"]
+__all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees",
+           "LOSSLESS_REASON", "MASK_BUDGET"]
 
 LOSSLESS_REASON = ("exact likelihood of lossless dynamic trees (--tree-sampling lossless: stochastic-beam-search keys) "
                    "is not available: the tree's shape depends on the Gumbel keys of every node, off-path nodes "
-                   "included, whose rows are not functions of the image; exact: the release construction "
+                   "included, whose rows are not functions of the image (sampling whole trees is unbiased but gives 0 "
+                   "for most trees: docs/theory/likelihood.md 11c); exact: the release construction "
                    "(--tree-sampling release: top-k children by cumulative draft log-probability, verified with "
                    "qx = 1) or static trees (--tree eagle25 --tree-candidates topk)")
 GREEDY_REASON = ("exact likelihood of greedy tree drafting is not available: greedy trees draft each node's top-m "
@@ -92,11 +95,10 @@ def _grown(mode) -> bool:
 
 
 def check(mode, verifier, V: int, processing: Processing) -> None:
-    """Refuse, before any model call, what has no exact likelihood: NotImplementedError for lossless dynamic trees,
-    greedy processing, sampled static candidates above the likelihood's cost guard; ValueError for a verifier without
-    a chain rule or a mode that is not a tree."""
+    """Refuse, before any model call, what has no likelihood: NotImplementedError for lossless dynamic trees and
+    greedy processing; ValueError for a verifier without a chain rule or a mode that is not a tree. (Sampled static
+    candidates above the exact path's cost guard are estimated: ``method``.)"""
     from theory.likelihood import check_chain_rule
-    from theory.likelihood.tree import check_sampled_cost
 
     if tree_mode(mode) is None or isinstance(mode, Tree):
         raise ValueError(f"tree scoring needs a StaticTree or DynamicTree mode, got {type(mode).__name__}")
@@ -110,8 +112,19 @@ def check(mode, verifier, V: int, processing: Processing) -> None:
             raise NotImplementedError(LOSSLESS_REASON)
         if mode.topk > V:
             raise ValueError(f"tree topk = {mode.topk} exceeds the vocabulary size V = {V}")
-    elif mode.candidates == "sampled":
-        check_sampled_cost(mode.tree, V, verifier)
+
+
+def method(mode, verifier, V: int) -> str:
+    """The likelihood's method: "exact" (T13), or "mc" (T14, ``theory.likelihood.tree_mc``) for sampled static candidates above
+    ``theory.likelihood.tree``'s cost guard at vocabulary V."""
+    from theory.likelihood.tree import check_sampled_cost
+
+    if _static(mode) and mode.candidates == "sampled":
+        try:
+            check_sampled_cost(mode.tree, V, verifier)
+        except NotImplementedError:
+            return "mc"
+    return "exact"
 
 
 # ----------------------------------------------------------------------------- rows
@@ -325,11 +338,21 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
 
 # ----------------------------------------------------------------------------- likelihood
 
-def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
+def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, detail: bool = False):
     """(B,) float64 log P^(x) of the images ``tokens`` (B, T) under ``mode`` and ``verifier`` from their rows
-    (``theory.likelihood.tree_log_likelihood``, on the host). ValueError, before the recursion, when the rows were made
-    for another mode: node count, depth or dynamic configuration."""
+    (``theory.likelihood.tree_log_likelihood``, on the host; sampled static candidates above its cost guard:
+    ``theory.likelihood.tree_mc``'s jackknife estimate, draws seeded by ``seed``). ``detail``: a dict instead,
+    {"log_p_hat" (B,), "kl_method" "exact" | "mc", "se" (B,) the Monte Carlo SE of each log P^ (zeros when exact),
+    "samples", "groups" (None when exact)}. ValueError, before the recursion, when the rows were made for another mode:
+    node count, depth or dynamic configuration."""
     from theory.likelihood import tree_log_likelihood
+    from theory.likelihood.tree_mc import tree_log_likelihood_mc
+
+    def out(lph, how="exact", se=None, mc=None):
+        if not detail:
+            return lph
+        return {"log_p_hat": lph, "kl_method": how, "se": np.zeros_like(lph) if se is None else se,
+                "samples": None if mc is None else mc["samples"], "groups": None if mc is None else mc["groups"]}
 
     mode = tree_mode(mode)
     if not isinstance(rows, TreeRows):
@@ -347,8 +370,8 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
             got = rows.mode.params() if _grown(rows.mode) else type(rows.mode).__name__
             raise ValueError(f"the rows were regrown with dynamic configuration {got}, not {mode.params()}")
         rt = RowTrees(rows.trees.children.cpu().numpy(), rows.trees.node_depth.cpu().numpy(), rows.trees.depth)
-        return tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
-                                   node_tokens=rows.node_tokens.cpu().numpy())
+        return out(tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
+                                       node_tokens=rows.node_tokens.cpu().numpy()))
     if rows.q is None:
         raise ValueError("these rows hold no draft rows q (dynamic-tree rows): score them with their DynamicTree")
     D = int(mode.tree.depth)
@@ -357,16 +380,22 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode) -> np.ndarray:
                          "made for another tree")
     if _static(rows.mode) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
         raise ValueError(f"the rows were made for a tree of {rows.mode.tree.n_nodes} nodes, not {mode.tree.n_nodes}")
-    return tree_log_likelihood(p, rows.q.cpu().numpy(), x, verifier, mode.tree, candidates=mode.candidates,
-                               convention=rows.convention)
+    q = rows.q.cpu().numpy()
+    if method(mode, verifier, p.shape[-1]) == "mc":
+        mc = tree_log_likelihood_mc(p, q, x, verifier, mode.tree, seed=seed, convention=rows.convention)
+        return out(mc["log_p_hat"], "mc", mc["se"], mc) if detail else mc["log_p_hat"]
+    return out(tree_log_likelihood(p, q, x, verifier, mode.tree, candidates=mode.candidates,
+                                   convention=rows.convention))
 
 
 def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing: Processing = Processing(),
                 batch_size: int = 64) -> dict:
     """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under tree
     speculative decoding (``drafting``: a ``StaticTree`` or a release ``DynamicTree``) with
-    ``draft`` and ``verifier``: {"log_p": (n,), "log_p_hat": (n,)} float64. What has no exact likelihood is refused
-    before any model call (``check``)."""
+    ``draft`` and ``verifier``: {"log_p": (n,), "log_p_hat": (n,)} float64, "kl_method" ("exact", or "mc": sampled
+    static candidates above the exact path's cost guard, ``method``) and, with "mc", "log_p_hat_se" (n,) the Monte
+    Carlo SE of each log P^ and "mc" {"samples", "groups"} (batch a's draws seeded by a). What has no likelihood is
+    refused before any model call (``check``)."""
     from theory.likelihood import log_target
 
     from .forced_rows import scoring_inputs
@@ -382,10 +411,16 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if not all(m.batched and (m.row_masks or _static(mode)) for m in (target, draft)):
         batch_size = 1
-    lp, lph = [], []
+    lp, lph, se = [], [], []
+    how = method(mode, verifier, int(target.vocab_size))
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
         x = tok[a:a + batch_size]
         rows = _tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing, MASK_BUDGET)
         lp.append(log_target(rows.p.cpu().numpy(), x.numpy()))
-        lph.append(tree_likelihood(rows, x, verifier, mode))
-    return {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph)}
+        d = tree_likelihood(rows, x, verifier, mode, seed=a, detail=True)
+        lph.append(d["log_p_hat"])
+        se.append(d["se"])
+    out = {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph), "kl_method": how}
+    if how == "mc":
+        out |= {"log_p_hat_se": np.concatenate(se), "mc": {"samples": d["samples"], "groups": d["groups"]}}
+    return out

@@ -358,9 +358,12 @@ def _walk_sampled(p, q, x, pos, K, verifier, xp):
     return xp.stack(acc, axis=1), xp.stack(res, axis=1)
 
 
-def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp):
-    """Node emissions of a static tree indexed by round start: Eacc (B, T, N+1) (entering node s, which emits token
-    n + depth(s) - 1), R (B, T, N+1) (leaving s for the root with token n + depth(s)); parents and depths (numpy)."""
+def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp, walk=None, extra: tuple = ()):
+    """Node emissions of a static tree indexed by round start: Eacc (B, T, N+1, *extra) (entering node s, which emits
+    token n + depth(s) - 1), R (B, T, N+1, *extra) (leaving s for the root with token n + depth(s)); parents and
+    depths (numpy). ``walk`` (with ``extra``): another node walk, called as ``walk(p, q, x, pos, K, verifier, xp)``
+    on a chunk of rows and returning acc, res (rows, K, *extra) (``theory.likelihood.tree_mc``: per-group Monte
+    Carlo estimates, chunked by ``walk.chunk_rows(V, K, width)``)."""
     B, T, V = p.shape
     D, dev = tree.depth, array_api_compat.device(p)
     kids, dep, par = tree.children, tree.node_depth, tree.parent
@@ -372,7 +375,7 @@ def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp):
     accs, ress = [], []
     for d in range(D):   # a loop over tree levels: rows = (image, round start n) with D'(n) > d
         ns = np.flatnonzero(Dp > d)
-        zero = xp.zeros((B, T, Km), dtype=xp.float64, device=dev)
+        zero = xp.zeros((B, T, Km, *extra), dtype=xp.float64, device=dev)
         if len(ns) == 0:
             accs.append(zero)
             ress.append(zero)
@@ -382,25 +385,28 @@ def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp):
         rq = _rows_at(q[:, :, d] if per_depth else q, lo if per_depth else lo + d, hi if per_depth else hi + d, xp)
         pos = xp.full((rp.shape[0],), d + 1, dtype=xp.int64, device=dev)
         step = SAMPLED_CHUNK_ELEMENTS // (V ** Kd[d] * width) if sampled else CHUNK_ELEMENTS // V
-        walk = _walk_sampled if sampled else _walk_topk
-        a, r = _chunked(lambda *arr: walk(*arr, Kd[d], verifier, xp), (rp, rq, rx, pos), max(1, step), xp)
-        pad = xp.zeros((a.shape[0], Km - Kd[d]), dtype=xp.float64, device=dev)
+        fn = walk or (_walk_sampled if sampled else _walk_topk)
+        step = walk.chunk_rows(V, Kd[d], width) if walk is not None else step
+        a, r = _chunked(lambda *arr: fn(*arr, Kd[d], verifier, xp), (rp, rq, rx, pos), max(1, step), xp)
+        pad = xp.zeros((a.shape[0], Km - Kd[d], *extra), dtype=xp.float64, device=dev)
         accs.append(_place(xp.concat([a, pad], axis=1), B, T, lo, xp))
         ress.append(_place(xp.concat([r, pad], axis=1), B, T, lo, xp))
-    acc = xp.reshape(xp.stack(accs, axis=2), (B, T, D * Km))
-    res = xp.reshape(xp.stack(ress, axis=2), (B, T, D * Km))
+    acc = xp.reshape(xp.stack(accs, axis=2), (B, T, D * Km, *extra))
+    res = xp.reshape(xp.stack(ress, axis=2), (B, T, D * Km, *extra))
+    ex = (None,) * len(extra)                                                     # masks broadcast over ``extra``
     s = np.arange(1, len(dep))
     rank = np.argmax(kids[par[1:]] == s[:, None], axis=1)
     e = xp.take(acc, xp.asarray((dep[1:] - 1) * Km + rank, device=dev), axis=2)
-    Eacc = xp.concat([xp.zeros((B, T, 1), dtype=xp.float64, device=dev), e], axis=2)
+    Eacc = xp.concat([xp.zeros((B, T, 1, *extra), dtype=xp.float64, device=dev), e], axis=2)
     live = dep[None, :] <= Dp[:, None]                                            # (T, N+1): node in round n's tree
     has = (nk[None, :] > 0) & (dep[None, :] < Dp[:, None])                        # ... with children there
     Rw = xp.take(res, xp.asarray(np.minimum(dep, D - 1) * Km + np.maximum(nk - 1, 0), device=dev), axis=2)
     tb = np.minimum(np.arange(T)[:, None] + dep[None, :], T - 1)                   # the bonus token n + depth
-    Rb = xp.reshape(xp.take(pt, xp.asarray(tb.ravel(), device=dev), axis=1), (B, T, len(dep)))
-    zero = xp.zeros_like(Rb)
-    R = xp.where(xp.asarray(has, device=dev), Rw, xp.where(xp.asarray(live, device=dev), Rb, zero))
-    return xp.where(xp.asarray(live, device=dev), Eacc, zero), R, par, dep
+    Rb = xp.reshape(xp.take(pt, xp.asarray(tb.ravel(), device=dev), axis=1), (B, T, len(dep), *(1,) * len(extra)))
+    zero = xp.zeros_like(Rw)
+    has, live = xp.asarray(has[(..., *ex)], device=dev), xp.asarray(live[(..., *ex)], device=dev)
+    R = xp.where(has, Rw, xp.where(live, Rb, zero))
+    return xp.where(live, Eacc, zero), R, par, dep
 
 
 def _dynamic(p, x, pt, verifier, ch, nt, D, Dp, xp):

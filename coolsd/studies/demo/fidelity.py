@@ -6,8 +6,9 @@ same rule give the second, independent TV estimate E_P[(1 - P^/P)_+]. The scorin
 (``coolsd.studies.sweep.fidelity.score_images``), the summaries ``theory.likelihood.fidelity.report``. All runs sample the
 same processed target (CFG, temperature: ``Settings``), so the AR images are a sample of every run's P.
 Static-tree runs are scored the same way from their tree rows (``real.decode.score_tree``; KL both ways and TV, no
-per-image bound); a tree run whose construction has no exact likelihood (``Settings.tree_candidates = "sampled"``
-above the cost guard: EAGLE-1's 4 root candidates at V = 512) gets the reason instead.
+per-image bound); sampled candidates above the exact path's cost guard (EAGLE-1's 4 root candidates at V = 512)
+are estimated (docs/theory.md section 11c, T14: ``kl_method`` "mc", else "exact"); a tree run whose construction has
+no likelihood gets the reason instead.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) ->
     runs, the same without the bound for tree runs (``s.tree_mode()``), {"fidelity_reason": ...} for tree runs without
     an exact likelihood. ``results[key].extra["rounds"]`` holds a chain run's (offset, drafting); ``results["ar"].tokens``
     the plain-AR images."""
-    from real.decode.score_tree import check
+    from real.decode.score_tree import check, method
     from theory.likelihood import fidelity
 
     from ..sweep.fidelity import score_images
@@ -58,4 +59,5 @@ def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) ->
                 out[sp.key] = fidelity.report((sc["log_p_hat"][sp.key], sc["log_p"]),
                                               (ar["log_p_hat"][sp.key], ar["log_p"]), T=T,
                                               bound_per_image=sc["bound"][sp.key] if m is None else None)
+                out[sp.key]["kl_method"] = "exact" if m is None else method(m, sp.rule, int(target.vocab_size))
     return out

@@ -89,6 +89,10 @@ def fidelity_table(report: dict) -> str:
                     f"| {m['drafting']} | {_f(m['accepted_length']['measured'])} | {kt} | {kat} | {_ci(tv)} | {ar} "
                     f"| {'-' if b is None else _ci(b, 3)} | {within} |")
     out = head + "\n".join(rows) + "\n"
+    mc = [label(m) for m in report["methods"] + report.get("other_drafts", []) if m.get("kl_method") == "mc"]
+    if mc:
+        out += (f"\nMonte Carlo estimate of log P^ ({', '.join(mc)}): sampled tree candidates above the exact sum's "
+                "cost guard (docs/theory.md section 11c, T14); the KL intervals include its error.\n")
     if trees:
         reason = next(m["fidelity_reason"] for m in report["methods"] if "fidelity_reason" in m)
         out += f"\nNot measured ({', '.join(trees)}): {reason}.\n"

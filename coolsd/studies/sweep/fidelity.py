@@ -15,8 +15,9 @@ them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` 
 Trees (docs/theory.md section 11b): static trees and the release construction of dynamic trees are scored the same
 way from their teacher-forced tree rows (``real.decode.score_tree``: rows indexed by round start, dynamic trees regrown
 at every round start), KL both ways and TV with intervals; there is no per-image TV bound (the T11 path bound is a
-chain's). A setting whose construction has no exact likelihood (lossless dynamic trees, greedy trees, sampled static
-candidates above the cost guard) gets its reason instead (``real.decode.score_tree.check``). Jacobi drafting: not
+chain's). Sampled static candidates above the exact path's cost guard are estimated (section 11c, T14; the entry's
+``kl_method`` is "mc", else "exact"); a setting whose construction has no likelihood (lossless dynamic trees, greedy
+trees) gets its reason instead (``real.decode.score_tree.check``). Jacobi drafting: not
 scored (``real.decode.score.JACOBI_REASON``).
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ from .store import Store
 
 __all__ = ["shard", "entries", "score_images", "FORMAT"]
 
-FORMAT = 2      # 2: tree settings (no bound; a reason where the construction has no exact likelihood)
+FORMAT = 3      # 2: tree settings (no bound; a reason where the construction has no exact likelihood); 3: sampled
+#                 static trees above the cost guard estimated (T14) instead of a reason
 BATCH = 50     # images per teacher-forced batch
 
 
@@ -109,6 +111,14 @@ def reason(ctx: Context, s, rule) -> str | None:
     except NotImplementedError as e:
         return str(e)
     return None
+
+
+def method(ctx: Context, s) -> str:
+    """The likelihood's method: "exact", or "mc" where setting ``s``'s log P^ is T14's estimate (``real.decode.score_tree.method``)."""
+    from real.decode.score_tree import method as tree_method
+
+    mode = tree_mode(ctx)
+    return "exact" if mode is None else tree_method(mode, rule_of(ctx, s), int(ctx.bundle.target.vocab_size))
 
 
 def shard(store: Store, cfg: SweepConfig, ctx: Context, rank: int, world: int, load) -> int:
@@ -191,7 +201,7 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
             rows = tree_rows(target, draft, list(conds[a:a + batch]), tok, drafting, processing=proc)
             lp[a:a + batch] = log_target(rows.p.cpu().numpy(), x)
             for k, rule in rules.items():   # a loop over the rules scored on these images
-                lph[k][a:a + batch] = tree_likelihood(rows, x, rule, drafting)
+                lph[k][a:a + batch] = tree_likelihood(rows, x, rule, drafting, seed=a)   # T14: draws by batch
             continue
         rows = teacher_forced_rows(target, draft, list(conds[a:a + batch]), tok, L=L, processing=proc)
         if on_device and rounds is None:
@@ -232,6 +242,7 @@ def entries(store: Store, cfg: SweepConfig, ctx: Context) -> tuple[dict, dict | 
         if ar is None:
             rep["tv_to_target"]["from_ar_reason"] = ("the setting's processing differs from the AR images' "
                                                      "(greedy rows): no AR sample of its target law")
+        rep["kl_method"] = method(ctx, s)
         nll = -z["log_p"] / T
         rep["nll_per_token"] = float(nll.mean())
         rep["nll_per_token_se"] = float(nll.std(ddof=1) / np.sqrt(nll.size))

@@ -69,7 +69,8 @@ def fidelity_table(report: dict) -> str:
         within = "-" if chk.get("within") is None else ("yes" if chk["within"] else "**no**")
         if chk.get("vacuous"):
             within += " (bound vacuous, > 1)"
-        rows.append(f"| {m['name']} | {_params(m)} | {_f(m['accepted_length']['measured'])} | "
+        mc = " (KL: Monte Carlo estimate, theory 11c)" if m.get("kl_method") == "mc" else ""
+        rows.append(f"| {m['name']}{mc} | {_params(m)} | {_f(m['accepted_length']['measured'])} | "
                     f"{_ci(_per_token(kl), nd=4)} | {_ci(_per_token(m.get('kl_from_ar')), nd=4)} | {_ci(tv)} | "
                     f"{_ci(tv, 'from_ar', 'from_ar_ci')} | {_ci(bd)} | "
                     f"{within} | {_f(m.get('nll_per_token'))} ({_f(m.get('nll_per_token_se'))}) |")

@@ -1,0 +1,159 @@
+"""Monte Carlo likelihood of sampled static trees at any vocabulary (docs/theory.md section 11c, T14).
+
+API (array API: numpy, torch; float64):
+
+* ``tree_log_likelihood_mc(p, q, tokens, verifier, tree, *, samples=MC_SAMPLES, groups=MC_GROUPS, seed=0,
+  convention="eagle")`` -> dict of (...,) float64 arrays:
+    "log_p_hat"   the jackknife estimate of log P^(tokens) (bias O(1 / (groups samples)^2), section 11c);
+    "log_p_hat_pooled"  log of the pooled unbiased estimate P^_hat (its bias is O(1 / (groups samples)));
+    "se"          the jackknife standard error of "log_p_hat" over the groups (Monte Carlo error only);
+  plus "samples", "groups" (ints). Inputs as ``theory.likelihood.tree_log_likelihood`` with ``candidates="sampled"``
+  (a node's K children drawn without replacement from its draft row, verified with draft_law="without_replacement"):
+    p (..., T, V), q (..., T, V) or (..., T, D, V) indexed by round start, tokens (..., T) ints, tree a static Tree.
+
+Where the exact sum over the rejected siblings' identities (V^(K-1) histories per row, ``check_sampled_cost``)
+does not fit, each (round start, depth) row's emissions are estimated by sequential importance sampling: the
+rejected candidates c_1, c_2, ... are drawn from the rejection law rej_j(c) / beta_j (rej_j = q_j (1 - f_j), beta_j
+= sum rej_j, q_j the draft row without the earlier draws, renormalised), the weight W_j = beta_1 ... beta_j, and the
+last step of every quantity is summed exactly (Rao-Blackwellised):
+    a_j_hat = W_{j-1} q_j(x) f_j(x),    r_j_hat = W_{j-1} beta_j G_j(x) / sum G_j   (+ exhausted histories' bonus)
+with G_j the rule's effective residual law (``resample(p_j, q_j, f_j)``, rejected=None; LANTERN's released laws:
+``effective_at``, G_j(x) without the (V, V) mask, relative error below 1e-8). a_1, r_1 are exact. Each
+estimate is unbiased for its row's a_j, r_j; a path through the forward recursion reads each row at most once and
+rows draw independently, so the forward sum of the estimates is unbiased for P^(x) (multilinear). ``samples`` draws
+per group, ``groups`` groups per row: P^_hat uses the pooled rows (groups x samples draws), and the delete-a-group
+jackknife over the groups corrects the bias of its logarithm and gives the standard error (section 11c).
+
+Cost: O(groups samples V) per row and candidate rank (x the rule's width), chunked so a chunk's arrays stay within
+``MC_CHUNK_ELEMENTS``; no loop over rows or samples (a loop over chunks, ranks and tree levels).
+"""
+from __future__ import annotations
+
+import math
+
+import array_api_compat
+import numpy as np
+
+from ..core import checks
+from ..core.xp import Array, gather, namespace, normalize
+from ..rules.resampling import Argmax, Optimal, Residual, Target
+from . import tree as _tree
+
+__all__ = ["MC_SAMPLES", "MC_GROUPS", "tree_log_likelihood_mc", "jackknife"]
+
+MC_SAMPLES = 8            # draws per group and row
+MC_GROUPS = 8             # groups per row (the jackknife's replicates); 64 draws per row in all
+MC_CHUNK_ELEMENTS = 1 << 21   # rows x draws x V per chunk (16 MiB float64 temporaries)
+_WHO = "tree_log_likelihood_mc"
+_REJECTED_FREE = (Residual, Optimal, Target, Argmax)   # resamplers that ignore ``rejected``
+
+
+class _Walk:
+    """The Monte Carlo node walk (module docstring), with its own generator (``seed``): called on a chunk of rows as
+    ``theory.likelihood.tree._static`` calls its walks; returns acc, res (r, K, groups) per-group means."""
+
+    def __init__(self, samples: int, groups: int, rng: np.random.Generator):
+        self.M, self.G, self.rng = samples, groups, rng
+
+    def chunk_rows(self, V: int, K: int, width: int) -> int:
+        return max(1, MC_CHUNK_ELEMENTS // (self.M * self.G * V * width))
+
+    def __call__(self, p, q, x, pos, K, verifier, xp):
+        r, V = p.shape
+        S = self.M * self.G
+        dev = array_api_compat.device(p)
+        ar = xp.arange(V, device=dev)
+        u = xp.asarray(self.rng.random((r, S, max(K - 1, 1))), device=dev)       # the draws' uniforms, float64
+        W = xp.ones((r, 1), dtype=p.dtype, device=dev)                           # prod of the betas so far
+        ex = xp.zeros((r, 1), dtype=p.dtype, device=dev)                         # exhausted histories' bonus
+        P, left, pos = p[:, None, :], q[:, None, :], pos[:, None]
+        acc, res = [], []
+        for j in range(K):   # a loop over candidate ranks; histories: 1 before the first draw, S after
+            H = P.shape[1]
+            xb = xp.broadcast_to(x[:, None], (r, H))
+            Q = normalize(left, left, xp)                                        # q_j; all zero once exhausted
+            live = xp.sum(left, axis=-1) > 0
+            f = verifier.accept(P, Q, pos)
+            zero = xp.zeros_like(W)
+            acc.append(xp.broadcast_to(W * gather(Q * f, xb, xp), (r, S)))
+            ex = ex + xp.where(live, zero, W * gather(P, xb, xp) / xp.sum(P, axis=-1))
+            rej = Q * (1 - f)                                                    # (r, H, V)
+            beta = xp.sum(rej, axis=-1)
+            free = isinstance(verifier.resample, _REJECTED_FREE)
+            eff = getattr(verifier.resample, "effective_at", None)
+            g = None if free or eff is None else eff(P, Q, f, xb)                # LANTERN's released laws: O(V (k+1))
+            if g is None:                                                        # the effective law after a rejection
+                G = verifier.resample(P, Q, f)
+                g = gather(G, xb, xp) / xp.sum(G, axis=-1)
+            res.append(xp.broadcast_to(W * xp.where(beta > 0, beta * g, zero) + ex, (r, S)))
+            if j == K - 1:
+                break
+            cdf = xp.cumulative_sum(rej, axis=-1)                                # draw c ~ rej / beta
+            c = xp.sum(xp.astype(cdf <= (u[:, :, j] * cdf[:, :, -1])[:, :, None], xp.int64), axis=-1)
+            c = xp.minimum(c, xp.full_like(c, V - 1))                            # (r, S); beta = 0: W becomes 0
+            shape = (r, S, V)
+            if free:
+                P = xp.broadcast_to(G, shape)
+            else:                                                                # LANTERN's laws: G(. | c)
+                P = verifier.resample(*(xp.broadcast_to(a, shape) for a in (P, Q, f)), c)
+            left = xp.where(ar == c[:, :, None], xp.zeros(shape, dtype=q.dtype, device=dev),
+                            xp.broadcast_to(left, shape))
+            W = xp.broadcast_to(W * beta, (r, S))
+            ex = xp.broadcast_to(ex, (r, S))
+        mean = lambda a: xp.mean(xp.reshape(xp.stack(a, axis=1), (r, K, self.G, self.M)), axis=-1)  # noqa: E731
+        return mean(acc), mean(res)
+
+
+def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *, samples: int = MC_SAMPLES,
+                           groups: int = MC_GROUPS, seed: int = 0, convention: str = "eagle") -> dict:
+    """Monte Carlo log P^ of sampled static trees with its jackknife standard error (module docstring)."""
+    for nm, a in (("p", p), ("q", q), ("tokens", tokens)):
+        if not array_api_compat.is_array_api_obj(a):
+            raise TypeError(f"{_WHO}: {nm} must be an array (numpy, torch or JAX), got {type(a).__name__}")
+    M = checks.integer(f"{_WHO}: samples", samples, lo=1)
+    G = checks.integer(f"{_WHO}: groups", groups, lo=2)
+    seed = checks.integer(f"{_WHO}: seed", seed, lo=0)
+    xp = namespace(p, q, tokens)
+    T, V, Dp, per_depth = _tree._validate(p, q, tokens, verifier, tree, "sampled", convention, None, None, None, xp)
+    dev = array_api_compat.device(p)
+    batch = tuple(p.shape[:-2])
+    B = math.prod(batch)
+    out = {"samples": M, "groups": G}
+    if B == 0:
+        z = xp.zeros(batch, dtype=xp.float64, device=dev)
+        return {**out, "log_p_hat": z, "log_p_hat_pooled": z, "se": z}
+    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
+    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
+    pt = gather(pf, x, xp) / xp.sum(pf, axis=-1)
+    qf = xp.astype(xp.reshape(q, (B, T, tree.depth, V) if per_depth else (B, T, V)), xp.float64)
+    walk = _Walk(M, G, np.random.default_rng(seed))
+    Eacc, R, par, dep = _tree._static(pf, qf, x, pt, verifier, tree, "sampled", Dp, per_depth, xp, walk=walk,
+                                      extra=(G,))
+    # [pooled, leave-group-g-out for g = 1..G] emissions, as one batch of (G + 1) B forward recursions
+    pool_e, pool_r = xp.mean(Eacc, axis=-1), xp.mean(R, axis=-1)
+
+    def loo(a, m):   # (B, T, S, G) -> (G, B, T, S) the means without group g (>= 0: rounding)
+        a = xp.permute_dims(a, (3, 0, 1, 2))
+        return xp.clip((G * m[None] - a) / (G - 1), 0.0, None)
+    E = xp.concat([pool_e[None], loo(Eacc, pool_e)], axis=0)
+    Rr = xp.concat([pool_r[None], loo(R, pool_r)], axis=0)
+    S = E.shape[-1]
+    lp = xp.reshape(_tree._forward(xp.reshape(E, ((G + 1) * B, T, S)), xp.reshape(Rr, ((G + 1) * B, T, S)), par, dep,
+                                   xp), (G + 1, B))
+    jack, se = jackknife(lp[0], lp[1:], xp)
+    return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(lp[0], batch),
+            "se": xp.reshape(se, batch)}
+
+
+def jackknife(theta, th, xp):
+    """Delete-a-group jackknife (section 11c): theta (n,) the pooled log estimate, th (G, n) the logs without group g
+    -> (theta_J, SE_J) (n,). An impossible sequence (theta = -inf) stays -inf with SE 0; where removing a group
+    empties a needed row the pooled value is kept with an infinite SE (the jackknife does not apply)."""
+    G = th.shape[0]
+    ok = xp.all(xp.isfinite(th), axis=0) & xp.isfinite(theta)
+    th0 = xp.where(ok[None], th, xp.zeros_like(th))
+    mbar = xp.mean(th0, axis=0)
+    jack = xp.where(ok, G * theta - (G - 1) * mbar, theta)
+    se = xp.sqrt((G - 1) / G * xp.sum((th0 - mbar[None]) ** 2, axis=0))
+    se = xp.where(ok, se, xp.where(xp.isfinite(theta), xp.full_like(se, math.inf), xp.zeros_like(se)))
+    return jack, se
