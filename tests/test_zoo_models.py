@@ -241,9 +241,10 @@ def test_quick_report_measures_fidelity_to_the_target(quick_report):
     lossless (TV, KL and the bound ~ 0: float32 rows give ~1e-7-1e-6), strongly relaxed rules are far from the target (LANTERN
     delta = 0.2 and Cool-SD delta = 8 measure TV ~ 0.97-0.99 on these models: a negative control the vanilla
     bound must not pass), the two TV estimators (SD images, AR images) agree within 4 combined SEs, and static
-    trees with sampled candidates (EAGLE-1's 4 root candidates at V = 512: above the exact path's cost guard) are
-    measured by the Monte Carlo likelihood (T14, ``kl_method`` "mc"; vanilla's KL interval reaches 0) and marked so
-    in the report (``--tree-candidates topk`` trees are exact: tests/test_score_tree.py)."""
+    trees with sampled candidates (EAGLE-1's 4 root candidates at V = 512: above the exact path's cost guard) state
+    that their Monte Carlo likelihood (T14) is not run by default, the demo's time budget (``--tree-mc`` runs it; the
+    estimator is tested in tests/test_tree_mc.py, its CLI in tests/test_score.py and tests/test_realsize.py;
+    ``--tree-candidates topk`` trees are exact: tests/test_score_tree.py)."""
     out, rep = quick_report
     chain = [m for m in rep["methods"] + rep["other_drafts"] if m["drafting"] == "chain"]
     assert len(chain) >= 7
@@ -264,11 +265,9 @@ def test_quick_report_measures_fidelity_to_the_target(quick_report):
         assert m["tv_to_target"]["ci"][0] > van["tv_to_target"]["ci"][1] + 0.3, (name, m["tv_to_target"])
         assert m["kl_to_target"]["measured"] is None or m["kl_to_target"]["measured"] > 0.1
     trees = [m for m in rep["methods"] if m["drafting"] == "tree"]
-    assert trees and all(m["kl_method"] == "mc" and _num(m["tv_to_target"]["measured"]) for m in trees)
-    vt = next(m for m in trees if m["name"] == "vanilla")["kl_to_target"]   # P^ = P: the estimate's CI reaches 0
-    assert vt["ci"][0] <= 1e-4, vt
+    assert trees and all("tv_to_target" not in m and "--tree-mc" in m["fidelity_reason"] for m in trees)
     md = (out / "report.md").read_text()
-    assert "## Fidelity to the target, measured exactly" in md and "Monte Carlo estimate" in md
+    assert "## Fidelity to the target, measured exactly" in md and "Not measured" in md and "--tree-mc" in md
 
 
 def test_vanilla_prediction_within_three_se(quick_report):

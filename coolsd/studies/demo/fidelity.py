@@ -7,8 +7,9 @@ same rule give the second, independent TV estimate E_P[(1 - P^/P)_+]. The scorin
 same processed target (CFG, temperature: ``Settings``), so the AR images are a sample of every run's P.
 Static-tree runs are scored the same way from their tree rows (``real.decode.score_tree``; KL both ways and TV, no
 per-image bound); sampled candidates above the exact path's cost guard (EAGLE-1's 4 root candidates at V = 512)
-are estimated (docs/theory.md section 11c, T14: ``kl_method`` "mc", else "exact"); a tree run whose construction has
-no likelihood gets the reason instead.
+are estimated (docs/theory.md section 11c, T14: ``kl_method`` "mc", else "exact") when ``Settings.tree_mc`` (``--tree-mc``)
+asks for it; a tree run whose construction has no likelihood, or whose estimate was not asked for (``MC_SKIPPED``),
+gets the reason instead.
 """
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ def round_arrays(gens, T: int) -> tuple[np.ndarray, np.ndarray]:
                          np.array([r.accepted for _, r in rounds], np.int64), len(gens), T)
 
 
+MC_SKIPPED = ("sampled tree candidates above the exact sum's cost guard are scored by Monte Carlo (docs/theory.md "
+              "section 11c, T14), which is not run by default: it adds about 10 minutes on 2 cores to the demo's 5; "
+              "coolsd demo --tree-mc runs it, as does coolsd generate --fidelity")
+
+
 def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) -> dict:
     """{run key: {"tv_to_target", "kl_to_target", "kl_from_ar", "tv_bound_image", "bound_check"}} for the chain
     runs, the same without the bound for tree runs (``s.tree_mode()``), {"fidelity_reason": ...} for tree runs without
@@ -41,12 +47,17 @@ def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) ->
     ar_tok = results["ar"].tokens.numpy()
     mode = s.tree_mode()
     tree = []
+    V = int(target.vocab_size)
     for sp in [sp for sp in runs if sp.tree_drafted]:   # a loop over tree runs: the constructions scored
         try:
-            check(mode, sp.rule, int(target.vocab_size), proc)
-            tree.append(sp)
+            check(mode, sp.rule, V, proc)
         except NotImplementedError as e:
             out[sp.key] = {"fidelity_reason": str(e)}
+            continue
+        if method(mode, sp.rule, V) == "mc" and not s.tree_mc:
+            out[sp.key] = {"fidelity_reason": MC_SKIPPED}
+        else:
+            tree.append(sp)
     for m, group in ((None, [sp for sp in runs if not sp.tree_drafted]), (mode, tree)):   # chains, then trees
         for draft in sorted({sp.draft for sp in group}):   # a loop over draft kinds (AR rows need each draft's q)
             mine = [sp for sp in group if sp.draft == draft]

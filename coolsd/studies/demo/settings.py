@@ -31,6 +31,8 @@ class Settings:
     extra_draft: str | None = None     # e.g. "small": one more vanilla chain run with this draft (reported apart)
     tree: str = "eagle25"              # "eagle25" (EAGLE-1's 25 nodes, depth 5) or "small" (SMALL_TREE)
     tree_candidates: str = "sampled"   # "sampled" (without replacement, the engine's default) or "topk" (the releases')
+    tree_mc: bool = False              # score sampled-candidate tree runs by Monte Carlo (T14, docs/theory.md 11c):
+    #                                    about 600 s more on 2 cores, so off by default (the demo's 5-minute budget)
     deltas: tuple = (3.0, 4.0, 8.0)    # Cool-SD relaxation budgets (w_1 = delta, nu = 0.7, rules.COOL_SD_NORM)
     nu: float = 0.7
     tree_deltas: tuple = (4.0, 8.0)    # Cool-SD runs with tree drafting (each also run with chains)
