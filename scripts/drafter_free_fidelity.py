@@ -350,7 +350,8 @@ def verdicts(entries: dict) -> list:
                                             (e["pit"]["kl_forward_per_token_lower_bound"]["ci"][1]
                                              - e["pit"]["kl_forward_per_token_lower_bound"]["ci"][0]) / 3.92))):
             d = frontier_difference([e["tokens_per_call"] for e in cool], [ys(e)[0] for e in cool],
-                                    [ys(e)[1] for e in cool], [g["tokens_per_call"]], [ys(g)[0]], [ys(g)[1]])
+                                    [ys(e)[1] for e in cool], [g["tokens_per_call"]], [ys(g)[0]], [ys(g)[1]],
+                                    [e["tokens_per_call_se"] for e in cool], [g["tokens_per_call_se"]])
             out.append({"id": f"cool-sd_vs_gsd_at_equal_tpc_{y}", "statement": "On SJD windows, Cool-SD (interpolated "
                         "between its delta settings to GSD's measured tokens per call) departs less from the target "
                         f"than GSD, by {'the excess surprise per token' if y == 'excess' else 'the PIT KL lower bound per token'}"

@@ -17,8 +17,8 @@ Output (``--out``): report.json with exactly the contract
 (an infinite KL, which happens when the sampler gives probability 0 to images the target emits, is "measured": null,
 "ci": null; report.md gives the count), and report.md. Verdicts: A's KL(P^||P) per token interpolated linearly along
 A's frontier (Cool-SD's delta, or LANTERN++ G*'s lambda) at B's measured tokens per call, minus B's
-(``coolsd.studies.sweep.metrics.frontier_difference``: independent settings, SE from the linear weights; the tokens
-per call are taken as exact); "A lower" when z <= -2, "B lower" when z >= 2, else "not separable"; "not testable"
+(``coolsd.studies.sweep.metrics.frontier_difference``: independent settings, SE by the delta method over both the
+KLs and the measured tokens per call); "A lower" when z <= -2, "B lower" when z >= 2, else "not separable"; "not testable"
 when B's tokens per call lie outside A's range.
 
   python scripts/trees_fidelity.py --static RUN/static --dynamic RUN/dynamic --out docs/results/trees_fidelity
@@ -92,7 +92,8 @@ def verdicts(entries: list[dict], tree: str) -> list[dict]:
             continue
         r = frontier_difference([e["tokens_per_call"]["measured"] for e in fa],
                                 [e["kl_per_token"]["measured"] for e in fa], [e["_kl_se"] for e in fa],
-                                [eb["tokens_per_call"]["measured"]], [eb["kl_per_token"]["measured"]], [eb["_kl_se"]])
+                                [eb["tokens_per_call"]["measured"]], [eb["kl_per_token"]["measured"]], [eb["_kl_se"]],
+                                [e["_tpc_se"] for e in fa], [eb["_tpc_se"]])
         if r is None:
             out.append({**row, "verdict": "not testable (B's tokens per call lie outside A's range)"})
             continue

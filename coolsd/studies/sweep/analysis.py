@@ -234,7 +234,8 @@ def _match(e: dict, method: str, pinned: dict) -> bool:
 
 def claims(entries: list[dict]) -> list[dict]:
     """Each claim of ``CLAIMS`` on every pair of matching frontier families, for each of ``MEASURES``: the paired
-    difference A - B by interpolation along A's frontier (``metrics.frontier_difference``);
+    difference A - B by interpolation along A's frontier (``metrics.frontier_difference``, with the measured
+    tokens per call's SEs);
     held (z <= -2), not held (z >= 2), not separable, or not testable (no overlap / too few points)."""
     out = []
     for cid, text, (ma, pa), (mb, pb) in CLAIMS:
@@ -252,7 +253,9 @@ def claims(entries: list[dict]) -> list[dict]:
                         continue
                     r = frontier_difference([e["accepted_length"]["measured"] for e in ea], [v[0] for v in ya],
                                             [v[1] for v in ya], [e["accepted_length"]["measured"] for e in eb],
-                                            [v[0] for v in yb], [v[1] for v in yb])
+                                            [v[0] for v in yb], [v[1] for v in yb],
+                                            [e["accepted_length"]["measured_se"] for e in ea],
+                                            [e["accepted_length"]["measured_se"] for e in eb])
                     verdict = ("not testable (the frontiers do not overlap in tokens per call)" if r is None else
                                "held" if r["z"] <= -Z else "not held" if r["z"] >= Z else "not separable")
                     row[measure] = {**(r or {}), "verdict": verdict}
