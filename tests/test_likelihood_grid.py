@@ -120,6 +120,35 @@ def test_bad_input_one_line():
         log_likelihoods(p, q, x[:, :-1], {"a": rules.vanilla()}, 3)
 
 
+def _lantern_grid(V=40, k=6, seed=7):
+    rng = np.random.default_rng(seed)
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    vs = {f"{lam}:{res}": rules.lantern_pp(nb, k, lam, resample=res) for lam in (1.5, 2.0, 5.0)
+          for res in ("lantern", "optimal")}
+    return nb, vs
+
+
+@pytest.mark.parametrize("per_offset", [True, False])
+def test_lantern_rules_sharing_a_chunk_equal_their_own_passes_bit_for_bit(per_offset):
+    """Rules of one table share a chunk's admitted masses (equal memo_key: released and G* of one lambda) and the "q"
+    law's neighbour sums (every lambda): the same bits as each rule's own pass."""
+    _, vs = _lantern_grid()
+    p, q, x = _random_rows(8, B=2, T=12, V=40, per_offset=per_offset, dtype=np.float64)
+    got = log_likelihoods(p, q, x, vs, 3)
+    for k, v in vs.items():
+        assert np.array_equal(got[k], log_likelihood(p, q, x, v, 3)), k
+
+
+def test_control_a_memo_key_shared_by_different_thresholds_is_caught(monkeypatch):
+    """Negative control: if rules with different lambdas claimed one memo key, the later ones would read the first
+    one's acceptance row and the grid pass would no longer equal their own passes."""
+    _, vs = _lantern_grid()
+    p, q, x = _random_rows(9, B=2, T=12, V=40, dtype=np.float64)
+    monkeypatch.setattr(rules.Lantern, "memo_key", property(lambda self: ("lantern", id(self.neighbors), self.k)))
+    got = log_likelihoods(p, q, x, vs, 3)
+    assert not all(np.array_equal(got[k], log_likelihood(p, q, x, v, 3)) for k, v in vs.items())
+
+
 # --------------------------------------------------------------------------- the neighbour sum
 
 def gather_loop(a, nb, mask):

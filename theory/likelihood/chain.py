@@ -167,19 +167,33 @@ def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, conve
 
 
 def _law(pf, qf, tok, verifier, L, per_offset, draft, bonus, batch, xp, dev):
-    """log P^ (batch) of one rule from checked flat rows (``_prepare``): the emission pass, then ``_forward``."""
+    """log P^ (batch) of one rule from checked flat rows (``_prepare``): ``_laws`` of that rule alone."""
+    return _laws(pf, qf, tok, {0: verifier}, L, per_offset, draft, bonus, batch, xp, dev)[0]
+
+
+def _laws(pf, qf, tok, verifiers: dict, L, per_offset, draft, bonus, batch, xp, dev) -> dict:
+    """{key: log P^ (batch)} of rules ({key: verifier}) from checked flat rows (``_prepare``): the emission pass
+    chunk by chunk, every rule on a chunk in turn with one ``memo`` (the chunk's float64 rows, and what the rules'
+    ``memo_key`` / ``memo_ok`` share: LANTERN's admitted masses of one (table, k, threshold), its "q" law's
+    neighbour sums), then ``_forward`` per rule."""
     B = math.prod(batch)
     if B == 0:
-        return xp.zeros(batch, dtype=xp.float64, device=dev)
+        return {k: xp.zeros(batch, dtype=xp.float64, device=dev) for k in verifiers}
     N, V = pf.shape
     T = N // B
     step = max(1, CHUNK_ELEMENTS // (V * L))   # the L offsets are processed jointly (rows, L, V)
-    parts = [_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], verifier, L, per_offset, xp)
-             for s in range(0, N, step)]   # a loop over chunks of rows (memory), each vectorised
-    a = xp.reshape(xp.concat([e[0] for e in parts], axis=0), (B, T, L))
-    r = xp.reshape(xp.concat([e[1] for e in parts], axis=0), (B, T, L))
-    pt = xp.reshape(xp.concat([e[2] for e in parts], axis=0), (B, T))
-    return xp.reshape(_forward(a, r, pt, draft, bonus, L, xp, dev), batch)
+    parts = {k: [] for k in verifiers}
+    for s in range(0, N, step):   # a loop over chunks of rows (memory), each vectorised
+        memo = {}
+        for k, v in verifiers.items():   # a loop over the rules on this chunk
+            parts[k].append(_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], v, L, per_offset, xp, memo))
+    out = {}
+    for k, ps in parts.items():   # a loop over the rules: the forward recursion each
+        a = xp.reshape(xp.concat([e[0] for e in ps], axis=0), (B, T, L))
+        r = xp.reshape(xp.concat([e[1] for e in ps], axis=0), (B, T, L))
+        pt = xp.reshape(xp.concat([e[2] for e in ps], axis=0), (B, T))
+        out[k] = xp.reshape(_forward(a, r, pt, draft, bonus, L, xp, dev), batch)
+    return out
 
 
 def scaled_weights(verifier, L: int):
@@ -234,8 +248,8 @@ def log_likelihoods(p: Array, q: Array, tokens: Array, verifiers: dict, L: int, 
     pf, qf, tok, L, per_offset, draft, bonus, batch, xp, dev = _prepare(p, q, tokens, L, convention,
                                                                           "log_likelihoods")
     weights = {k: scaled_weights(v, L) for k, v in verifiers.items()}
-    out = {k: _law(pf, qf, tok, guarded(v), L, per_offset, draft, bonus, batch, xp, dev)
-           for k, v in verifiers.items() if weights[k] is None}      # a loop over the other rules
+    out = _laws(pf, qf, tok, {k: guarded(v) for k, v in verifiers.items() if weights[k] is None}, L, per_offset,
+                draft, bonus, batch, xp, dev)                       # the other rules: their emission passes
     fast = {k: w for k, w in weights.items() if w is not None}
     if fast:
         import numpy as np
@@ -297,7 +311,7 @@ def _scaled_laws(pf, qf, tok, weights: dict, L, per_offset, draft, bonus, batch,
     return out
 
 
-def _emissions(p, q, tok, verifier, L, per_offset, xp):
+def _emissions(p, q, tok, verifier, L, per_offset, xp, memo=None):
     """Token entries of the emissions for a chunk of n token rows: a (n, L) = q_i f_i (x), r (n, L) =
     (1 - beta_i) G^eff_i(x), pt (n,) = p(x), for draft positions i = 1..L (columns i-1). A resampler with
     ``effective_at(p, q, f, x)`` (LANTERN's released laws) gives G^eff at the token without the full row
@@ -315,16 +329,24 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp):
     dev = array_api_compat.device(p)
     # p and the token are offset-independent: one (n, 1, V) row shared by the L offsets (rules broadcast it,
     # and LANTERN's neighbour masses of p are formed once, not L times); q is (n, L, V) or (n, 1, V)
-    p = xp.astype(p, f64)[:, None, :]
-    q = xp.astype(q, f64) if per_offset else xp.astype(q, f64)[:, None, :]
+    memo = {} if memo is None else memo      # one chunk's: the float64 rows, and what rules share (``_laws``)
+    if "rows" not in memo:
+        memo["rows"] = (xp.astype(p, f64)[:, None, :], xp.astype(q, f64) if per_offset else xp.astype(q, f64)[:, None, :])
+    p, q = memo["rows"]
     x = tok[:, None]
-    f = verifier.accept(p, q, xp.arange(1, L + 1, device=dev))          # (n, L or 1, V): i = 1..L jointly
+    key = getattr(verifier.accept, "memo_key", None)     # equal keys: the same f on the same rows (LANTERN's)
+    f = memo.get(key) if key is not None else None
+    if f is None:
+        f = verifier.accept(p, q, xp.arange(1, L + 1, device=dev))      # (n, L or 1, V): i = 1..L jointly
+        if key is not None:
+            memo[key] = f
     _, q, f = xp.broadcast_arrays(p, q, f)          # (n, L, V), or (n, 1, V): the offset-free case, once
     m = f.shape[1]
     xb = xp.broadcast_to(x, (n, m))
     sq = xp.sum(q, axis=-1)
     at = getattr(verifier.resample, "effective_at", None)
-    g = at(p, q, f, x) if at is not None else None
+    g = None if at is None else at(p, q, f, x, memo=memo) if getattr(verifier.resample, "memo_ok", False) else \
+        at(p, q, f, x)
     if g is None:
         G = xp.broadcast_to(verifier.resample(p, q, f), (n, m, V))      # effective law (section 6)
         g = gather(G, xb, xp) / xp.sum(G, axis=-1)

@@ -111,10 +111,10 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
 
 
 def _csr_sum(at, nb):
-    """numpy: s[y] = sum_j at[nb[y, j]] (V, rows) as one sparse product (scipy CSR, row y's entries in the table's
-    column order, unsorted: a product with a dense array reads them in that order; each weight 1): the products are exact and each row's sum is accumulated from 0 in the same
-    sequential column order as the gather loop of ``neighbor_sum``, in at's dtype, so the result is the same bits
-    (tests/test_lantern_fast.py), without a (V, rows) temporary per neighbour rank."""
+    """numpy: s[y] = sum_j at[nb[y, j]] (V, rows) as one sparse product (scipy CSR, weights 1, row y's entries in the
+    table's column order, unsorted: a product with a dense array reads them in that order): exact products, each
+    row's sum accumulated from 0 in the gather loop's sequential column order, in at's dtype, so the same bits
+    (tests/test_likelihood_grid.py), without a (V, rows) temporary per neighbour rank."""
     import numpy as np
     import scipy.sparse as sp
 
