@@ -218,9 +218,7 @@ def _build(family, L, convention, T, per_offset):
             return jnp.stack([jnp.sum(weight * kl), jnp.sum(weight * tv)])
 
         def grads(theta, P, Q, st, weight):
-            # forward mode: one scan over T carrying the n_params tangents (the rejection pass is one fused pass either
-            # way, its tangent -s dW); reverse mode stored the scan's residuals and ran it back (2-3% slower here)
-            J, v = jax.jacfwd(lambda th: (terms(th, P, Q, st, weight),) * 2, has_aux=True)(theta)
+            J, v = jax.jacrev(lambda th: (terms(th, P, Q, st, weight),) * 2, has_aux=True)(theta)
             return v, J
 
         return {"stats": jax.jit(stats), "log_p_hat": jax.jit(log_p_hat), "terms": jax.jit(terms),
