@@ -136,3 +136,40 @@ def test_predictions_on_recorded_float32_rows_equal_those_on_float64_rows():
                toks, start)}
     g64 = {2: (g32[2][0].astype(np.float64), g32[2][1].astype(np.float64), toks, start)}
     assert P.tree_prediction(g32, v, tree, T=40, per_row=8) == P.tree_prediction(g64, v, tree, T=40, per_row=8)
+
+
+def _lantern_record(seed=5, R=120, L=3, V=40):
+    from theory import rules
+
+    rng = np.random.default_rng(seed)
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    p = rng.dirichlet(np.full(V, 0.3), (R, L + 1)).astype(np.float32)
+    q = rng.dirichlet(np.full(V, 0.3), (R, L)).astype(np.float32)
+    arrays = (p, q, rng.integers(0, V, (R, L)), rng.integers(1, L + 1, R), rng.integers(0, 40, R))
+    vs = {f"{lam}:{res}": rules.lantern_pp(nb, 6, lam, resample=res) for lam in (1.5, 3.0) for res in ("lantern", "optimal")}
+    vs["cool-sd"] = rules.cool_sd(3.0)
+    return arrays, vs
+
+
+def test_grid_predictions_equal_each_rules_own():
+    """coolsd.studies.demo.predict.chain_predictions (the record read once; LANTERN's acceptance rows shared by rules
+    with equal memo_key) gives each rule's own chain_prediction exactly."""
+    from coolsd.studies.demo import predict as P
+
+    arrays, vs = _lantern_record()
+    got = P.chain_predictions(arrays, vs, 3, True, T=40, per_row=8)
+    for k, v in vs.items():
+        assert got[k] == P.chain_prediction(arrays, v, 3, True, T=40, per_row=8), k
+
+
+def test_control_grid_predictions_with_a_colliding_memo_key(monkeypatch):
+    """Negative control: a memo key that ignored the threshold would hand lambda = 3 the lambda = 1.5 acceptance rows,
+    and the grid's predictions would differ from the rules' own."""
+    from coolsd.studies.demo import predict as P
+    from theory import rules
+
+    arrays, vs = _lantern_record()
+    own = {k: P.chain_prediction(arrays, v, 3, True, T=40, per_row=8) for k, v in vs.items()}
+    monkeypatch.setattr(rules.Lantern, "memo_key", property(lambda self: ("lantern", id(self.neighbors), self.k)))
+    got = P.chain_predictions(arrays, vs, 3, True, T=40, per_row=8)
+    assert got["3.0:lantern"] != own["3.0:lantern"] and got["cool-sd"] == own["cool-sd"]

@@ -1,6 +1,6 @@
 """Array-API helpers (numpy, JAX and torch arrays alike): ``namespace`` (the arrays' namespace), ``gather``
 (x[..., idx] along the last axis), ``take_last``, ``gather_rows``, ``normalize``, ``positive_part``, ``ratio_min1``,
-``sample_categorical`` (inverse-CDF draws from rows), ``mark`` and ``top_m``. Everything takes arrays and returns arrays of the same
+``sample_categorical`` (inverse-CDF draws from rows), ``mark``, ``top_m``, ``expand_masked`` and ``any_to``. Everything takes arrays and returns arrays of the same
 namespace; no backend is imported. Shapes are in each function's docstring."""
 from __future__ import annotations
 
@@ -205,3 +205,19 @@ def top_m(x: Array, m: int, xp=None) -> Array:
         return idx.gather(-1, torch.argsort(val.gather(-1, o), dim=-1, descending=True, stable=True))
     xp = xp or namespace(x)
     return xp.astype(xp.argsort(x, axis=-1, descending=True, stable=True)[..., :m], xp.int64)
+
+
+def expand_masked(vals: Array, mask: Array, fill: Array, xp) -> Array:
+    """Dense (n,) from ``vals`` (m,) at the True entries of ``mask`` (n,) bool (in order, m = their count) and
+    ``fill`` (n,) elsewhere; a gather at each entry's running count (no item assignment: any backend)."""
+    if vals.shape[0] == 0:
+        return fill
+    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
+    return xp.where(mask, xp.take(vals, xp.where(pos < 0, xp.zeros_like(pos), pos)), fill)
+
+
+def any_to(m: Array, shape, xp) -> Array:
+    """m (..., V) bool reduced by "any" to ``shape`` (the same or fewer axes, size 1 where m's are larger)."""
+    lead = m.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + a for a, s in enumerate(shape) if s == 1 and m.shape[lead + a] != 1)
+    return xp.reshape(xp.any(m, axis=axes, keepdims=True), shape) if axes else m

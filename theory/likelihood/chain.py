@@ -53,7 +53,8 @@ from ..core import checks
 from ..core.xp import Array, gather, namespace
 from ..rules.verifiers import guarded
 
-__all__ = ["CONVENTIONS", "log_likelihood", "log_target", "round_masks", "check_chain_rule"]
+__all__ = ["CONVENTIONS", "log_likelihood", "log_likelihoods", "scaled_weights", "scaled_emissions", "log_target",
+           "round_masks", "check_chain_rule"]
 
 CONVENTIONS = ("theory", "eagle")
 CHUNK_ELEMENTS = 1 << 18   # rows x L x V elements (float64: 2 MiB per temporary) per chunk of token rows in the
@@ -86,10 +87,9 @@ def check_chain_rule(verifier, who: str = "log_likelihood") -> None:
                          f"rejected) (theory.rules.Verifier); got {type(verifier).__name__}")
 
 
-def _validate(p, q, tokens, verifier, L, convention, xp):
-    """Every check of ``log_likelihood`` (one-line ValueErrors, before any work). Returns (T, V, per_offset,
-    draft mask, bonus mask). L is an int >= 1 (``cap_L`` checked it)."""
-    check_chain_rule(verifier)
+def _validate(p, q, tokens, L, convention, xp):
+    """Every check of the rows (one-line ValueErrors, before any work; the rules are checked by the callers).
+    Returns (T, V, per_offset, draft mask, bonus mask). L is an int >= 1 (``cap_L`` checked it)."""
     if convention not in CONVENTIONS:
         raise ValueError(f"log_likelihood: convention must be one of {CONVENTIONS}, got {convention!r}")
     for name, a in (("p", p), ("q", q)):
@@ -141,36 +141,177 @@ def cap_L(p, q, L):
     return Lc, q
 
 
-def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, convention: str = "theory") -> Array:
-    """log P^(tokens) (...,) float64 of chain relaxed SD with ``verifier`` and draft length L (module docstring,
-    T12). Zeros are exact: a sequence the sampler cannot emit gets -inf. Bad input: one-line ValueError."""
+def _prepare(p, q, tokens, L, convention, who="log_likelihood"):
+    """The checked, flattened inputs of ``log_likelihood`` / ``log_likelihoods`` (one-line ValueErrors, before any
+    work): (pf (N, V), qf (N, L, V) or (N, V), tok (N,) int64, L, per_offset, draft, bonus, batch, xp, dev)."""
     p, q, tokens = (a if hasattr(a, "shape") and not isinstance(a, (str, bytes)) else
-                    checks.array(f"log_likelihood: {n}", a) for n, a in (("p", p), ("q", q), ("tokens", tokens)))
+                    checks.array(f"{who}: {n}", a) for n, a in (("p", p), ("q", q), ("tokens", tokens)))
     xp = namespace(p, q, tokens)
     L, q = cap_L(p, q, L)                     # no round drafts more than T - 1 tokens: L above is the same law
-    T, V, per_offset, draft, bonus = _validate(p, q, tokens, verifier, L, convention, xp)
-    verifier = guarded(verifier)              # a user's rule is checked on the rows it is used on
+    T, V, per_offset, draft, bonus = _validate(p, q, tokens, L, convention, xp)
     dev = array_api_compat.device(p)
     batch = tuple(p.shape[:-2])
-    B = math.prod(batch)
-    f64 = xp.float64
-    if B == 0:
-        return xp.zeros(batch, dtype=f64, device=dev)
-    N = B * T                              # emissions are per token row: chunks of rows bound the temporaries
+    N = math.prod(batch) * T                  # emissions are per token row: chunks of rows bound the temporaries
     pf = xp.reshape(p, (N, V))
     qf = xp.reshape(q, (N, L, V) if per_offset else (N, V))
     tok = xp.astype(xp.reshape(tokens, (N,)), xp.int64)
+    return pf, qf, tok, L, per_offset, draft, bonus, batch, xp, dev
+
+
+def log_likelihood(p: Array, q: Array, tokens: Array, verifier, L: int, *, convention: str = "theory") -> Array:
+    """log P^(tokens) (...,) float64 of chain relaxed SD with ``verifier`` and draft length L (module docstring,
+    T12). Zeros are exact: a sequence the sampler cannot emit gets -inf. Bad input: one-line ValueError."""
+    check_chain_rule(verifier)
+    pf, qf, tok, L, per_offset, draft, bonus, batch, xp, dev = _prepare(p, q, tokens, L, convention)
+    return _law(pf, qf, tok, guarded(verifier), L, per_offset, draft, bonus, batch, xp, dev)
+
+
+def _law(pf, qf, tok, verifier, L, per_offset, draft, bonus, batch, xp, dev):
+    """log P^ (batch) of one rule from checked flat rows (``_prepare``): ``_laws`` of that rule alone."""
+    return _laws(pf, qf, tok, {0: verifier}, L, per_offset, draft, bonus, batch, xp, dev)[0]
+
+
+def _laws(pf, qf, tok, verifiers: dict, L, per_offset, draft, bonus, batch, xp, dev) -> dict:
+    """{key: log P^ (batch)} of rules ({key: verifier}) from checked flat rows (``_prepare``): the emission pass
+    chunk by chunk, every rule on a chunk in turn with one ``memo`` (the chunk's float64 rows, and what the rules'
+    ``memo_key`` / ``memo_ok`` share: LANTERN's admitted masses of one (table, k, threshold), its "q" law's
+    neighbour sums), then ``_forward`` per rule."""
+    B = math.prod(batch)
+    if B == 0:
+        return {k: xp.zeros(batch, dtype=xp.float64, device=dev) for k in verifiers}
+    N, V = pf.shape
+    T = N // B
     step = max(1, CHUNK_ELEMENTS // (V * L))   # the L offsets are processed jointly (rows, L, V)
-    parts = [_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], verifier, L, per_offset, xp)
-             for s in range(0, N, step)]   # a loop over chunks of rows (memory), each vectorised
-    a = xp.reshape(xp.concat([e[0] for e in parts], axis=0), (B, T, L))
-    r = xp.reshape(xp.concat([e[1] for e in parts], axis=0), (B, T, L))
-    pt = xp.reshape(xp.concat([e[2] for e in parts], axis=0), (B, T))
-    out = _forward(a, r, pt, draft, bonus, L, xp, dev)
-    return xp.reshape(out, batch)
+    parts = {k: [] for k in verifiers}
+    for s in range(0, N, step):   # a loop over chunks of rows (memory), each vectorised
+        memo = {}
+        for k, v in verifiers.items():   # a loop over the rules on this chunk
+            parts[k].append(_emissions(pf[s:s + step], qf[s:s + step], tok[s:s + step], v, L, per_offset, xp, memo))
+    out = {}
+    for k, ps in parts.items():   # a loop over the rules: the forward recursion each
+        a = xp.reshape(xp.concat([e[0] for e in ps], axis=0), (B, T, L))
+        r = xp.reshape(xp.concat([e[1] for e in ps], axis=0), (B, T, L))
+        pt = xp.reshape(xp.concat([e[2] for e in ps], axis=0), (B, T))
+        out[k] = xp.reshape(_forward(a, r, pt, draft, bonus, L, xp, dev), batch)
+    return out
 
 
-def _emissions(p, q, tok, verifier, L, per_offset, xp):
+def scaled_weights(verifier, L: int):
+    """The weights (L,) float64 numpy of ``verifier`` when it is scaled acceptance f_i = min(1, w_i p/q) with G*
+    (``rules.Scaled`` + ``rules.Optimal``; the schedule read at positions 1..L as the rule reads them, a float64
+    array) or vanilla (``rules.Vanilla`` + ``rules.Residual``: w = 1, G* = Norm([p - q]_+), the same law, T1/T5);
+    None for any other rule, or weights that are not finite and > 0 (row-dependent schedules included)."""
+    import numpy as np
+
+    from ..rules.acceptance import Scaled, Vanilla
+    from ..rules.resampling import Optimal, Residual
+
+    a, g = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
+    if type(a) is Vanilla and type(g) is Residual:
+        return np.ones(L)
+    if not (type(a) is Scaled and type(g) is Optimal):
+        return None
+    try:
+        w = np.asarray(a.schedule(np.arange(1, L + 1, dtype=np.float64), np), dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    w = np.broadcast_to(w, (L,)) if w.ndim == 0 else w
+    return w.copy() if w.shape == (L,) and np.all(np.isfinite(w)) and np.all(w > 0) else None
+
+
+def scaled_emissions(W, px, qx, sp, sq, zvan, rej, xp):
+    """Emissions a, r (..., L) of scaled acceptance with G* (f = min(1, w p/q)) at the tokens, from sufficient
+    statistics (``theory.likelihood.objective`` module docstring): weights W (..., L), p(x) px (..., 1), q_i(x) qx,
+    sum p sp (..., 1), sum q_i sq, Z_van = sum [p - q_i]_+ zvan and the rejection mass rej = sum [q_i - w_i p]_+
+    (..., L). a = min(q(x), w p(x)) / sum q; r = rej / sum q * G*(x) with G*(x) = [p(x) - min(q(x), w p(x))]_+ / Z,
+    Z = sum p - sum q + rej (w < 1) or Z_van (w >= 1), and p(x) / sum p where Z = 0. The one formula of the numpy
+    grid pass (``log_likelihoods``) and the JAX objective."""
+    mn = xp.minimum(qx, W * px)
+    num = xp.maximum(px - mn, xp.zeros_like(mn))
+    Z = xp.where(W < 1, sp - sq + rej, zvan)
+    pos = Z > 0
+    g = xp.where(pos, num / xp.where(pos, Z, xp.ones_like(Z)), px / sp)
+    return mn / sq, rej / sq * g
+
+
+def log_likelihoods(p: Array, q: Array, tokens: Array, verifiers: dict, L: int, *, convention: str = "theory") -> dict:
+    """{key: log P^(tokens) (...,) float64} of every rule of ``verifiers`` ({key: verifier}) on the same rows: the
+    rows checked once; a rule with ``scaled_weights`` (scaled acceptance with G*, vanilla) from sufficient
+    statistics formed once per chunk of rows (p(x), q(x), sum p, sum q, Z_van) and one pass over the rows for its
+    rejection mass rej = sum [q - w p]_+ (``scaled_emissions``), in place of its full emission pass; every other
+    rule by ``log_likelihood``'s pass. Equal to ``log_likelihood`` rule by rule to float64 rounding (the same law,
+    T12; tests/test_likelihood_grid.py). Bad input: one-line ValueError."""
+    if not isinstance(verifiers, dict):
+        raise ValueError(f"log_likelihoods: verifiers must be a dict {{key: verifier}}, got {type(verifiers).__name__}")
+    for v in verifiers.values():
+        check_chain_rule(v, "log_likelihoods")
+    pf, qf, tok, L, per_offset, draft, bonus, batch, xp, dev = _prepare(p, q, tokens, L, convention,
+                                                                          "log_likelihoods")
+    weights = {k: scaled_weights(v, L) for k, v in verifiers.items()}
+    out = _laws(pf, qf, tok, {k: guarded(v) for k, v in verifiers.items() if weights[k] is None}, L, per_offset,
+                draft, bonus, batch, xp, dev)                       # the other rules: their emission passes
+    fast = {k: w for k, w in weights.items() if w is not None}
+    if fast:
+        import numpy as np
+
+        with np.errstate(divide="ignore", invalid="ignore"):   # rows that are never read may hold anything
+            out.update(_scaled_laws(pf, qf, tok, fast, L, per_offset, draft, bonus, batch, xp, dev))
+    return {k: out[k] for k in verifiers}
+
+
+def _rejection(p, q, W, xp):
+    """sum_y [q_y - w_i p_y]_+ (n, L) for p (n, 1, V), q (n, L or 1, V), W (L,) float64 (numpy: in place, four passes;
+    a NaN entry, which only rows never read can hold, gives NaN rather than 0)."""
+    if array_api_compat.is_numpy_array(p):
+        import numpy as np
+
+        e = np.multiply(W[:, None], p)                                                 # (n, L, V)
+        np.subtract(q, e, out=e)
+        np.maximum(e, 0.0, out=e)
+        return e.sum(axis=-1)
+    e = q - W[:, None] * p
+    return xp.sum(xp.where(e > 0, e, xp.zeros_like(e)), axis=-1)
+
+
+def _scaled_laws(pf, qf, tok, weights: dict, L, per_offset, draft, bonus, batch, xp, dev) -> dict:
+    """``log_likelihoods``' scaled rules ({key: w (L,)}): statistics once per chunk of rows, rej per rule."""
+    B = math.prod(batch)
+    if B == 0:
+        return {k: xp.zeros(batch, dtype=xp.float64, device=dev) for k in weights}
+    N, V = pf.shape
+    T = N // B
+    f64 = xp.float64
+    Ws = {k: xp.asarray(w, dtype=f64, device=dev) for k, w in weights.items()}
+    parts = {k: [] for k in weights}
+    pts = []
+    step = max(1, CHUNK_ELEMENTS // (V * L))
+    for s in range(0, N, step):   # a loop over chunks of rows (memory), each vectorised over rows, offsets and V
+        p = xp.astype(pf[s:s + step], f64)[:, None, :]                                 # (n, 1, V)
+        q = xp.astype(qf[s:s + step], f64) if per_offset else xp.astype(qf[s:s + step], f64)[:, None, :]
+        x = tok[s:s + step][:, None]
+        n = p.shape[0]
+        px = gather(p, x, xp)[:, :, None]                                              # (n, 1, 1) -> p(x)
+        px = xp.reshape(px, (n, 1))
+        qx = gather(q, xp.broadcast_to(x, (n, q.shape[1])), xp)                        # (n, L or 1)
+        sp = xp.sum(p, axis=-1)                                                        # (n, 1)
+        sq = xp.sum(q, axis=-1)
+        d = p - q
+        zvan = xp.sum(xp.where(d > 0, d, xp.zeros_like(d)), axis=-1)                   # sum [p - q]_+
+        pts.append(px[:, 0] / sp[:, 0])
+        for k, W in Ws.items():   # a loop over the scaled rules: one pass over the rows each
+            rej = _rejection(p, q, W, xp)                                              # (n, L) sum [q - w p]_+
+            Wb = xp.broadcast_to(W, (n, L))
+            parts[k].append(scaled_emissions(Wb, px, qx, sp, sq, zvan, rej, xp))
+    pt = xp.reshape(xp.concat(pts, axis=0), (B, T))
+    out = {}
+    for k, ps in parts.items():   # a loop over the scaled rules: the forward recursion each
+        a = xp.reshape(xp.concat([xp.broadcast_to(e[0], (e[0].shape[0], L)) for e in ps], axis=0), (B, T, L))
+        r = xp.reshape(xp.concat([e[1] for e in ps], axis=0), (B, T, L))
+        out[k] = xp.reshape(_forward(a, r, pt, draft, bonus, L, xp, dev), batch)
+    return out
+
+
+def _emissions(p, q, tok, verifier, L, per_offset, xp, memo=None):
     """Token entries of the emissions for a chunk of n token rows: a (n, L) = q_i f_i (x), r (n, L) =
     (1 - beta_i) G^eff_i(x), pt (n,) = p(x), for draft positions i = 1..L (columns i-1). A resampler with
     ``effective_at(p, q, f, x)`` (LANTERN's released laws) gives G^eff at the token without the full row
@@ -188,16 +329,24 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp):
     dev = array_api_compat.device(p)
     # p and the token are offset-independent: one (n, 1, V) row shared by the L offsets (rules broadcast it,
     # and LANTERN's neighbour masses of p are formed once, not L times); q is (n, L, V) or (n, 1, V)
-    p = xp.astype(p, f64)[:, None, :]
-    q = xp.astype(q, f64) if per_offset else xp.astype(q, f64)[:, None, :]
+    memo = {} if memo is None else memo      # one chunk's: the float64 rows, and what rules share (``_laws``)
+    if "rows" not in memo:
+        memo["rows"] = (xp.astype(p, f64)[:, None, :], xp.astype(q, f64) if per_offset else xp.astype(q, f64)[:, None, :])
+    p, q = memo["rows"]
     x = tok[:, None]
-    f = verifier.accept(p, q, xp.arange(1, L + 1, device=dev))          # (n, L or 1, V): i = 1..L jointly
+    key = getattr(verifier.accept, "memo_key", None)     # equal keys: the same f on the same rows (LANTERN's)
+    f = memo.get(key) if key is not None else None
+    if f is None:
+        f = verifier.accept(p, q, xp.arange(1, L + 1, device=dev))      # (n, L or 1, V): i = 1..L jointly
+        if key is not None:
+            memo[key] = f
     _, q, f = xp.broadcast_arrays(p, q, f)          # (n, L, V), or (n, 1, V): the offset-free case, once
     m = f.shape[1]
     xb = xp.broadcast_to(x, (n, m))
     sq = xp.sum(q, axis=-1)
     at = getattr(verifier.resample, "effective_at", None)
-    g = at(p, q, f, x) if at is not None else None
+    g = None if at is None else at(p, q, f, x, memo=memo) if getattr(verifier.resample, "memo_ok", False) else \
+        at(p, q, f, x)
     if g is None:
         G = xp.broadcast_to(verifier.resample(p, q, f), (n, m, V))      # effective law (section 6)
         g = gather(G, xb, xp) / xp.sum(G, axis=-1)

@@ -43,7 +43,7 @@ import numpy as np
 from .. import rules
 from ..core.jaxtools import jax64
 from . import tune
-from .chain import round_masks
+from .chain import round_masks, scaled_emissions
 
 __all__ = ["FAMILIES", "ROW_FAMILIES", "n_params", "box", "rule_of", "values_of", "lossless_theta", "ExactObjective"]
 
@@ -197,13 +197,11 @@ def _build(family, L, convention, T, per_offset):
                 rej = (1 - a) * st["rvan"]
                 num = jnp.maximum(px - st["qx"], 0.0)
                 Z = st["zvan"] * jnp.ones_like(mn)
-            else:
+            else:                  # the scaled families: the grid pass's formula (chain.scaled_emissions)
                 W = weights(theta, st)
-                rej = rejection(P[:, :, None, :], Q, W)
-                rej = jnp.where(mu, rej, 0.0)
-                mn = jnp.minimum(st["qx"], W * px)
-                num = jnp.maximum(px - mn, 0.0)
-                Z = jnp.where(W < 1, sp - st["sq"] + rej, st["zvan"])
+                rej = jnp.where(mu, rejection(P[:, :, None, :], Q, W), 0.0)
+                a_em, r_em = scaled_emissions(W, px, st["qx"], sp, st["sq"], st["zvan"], rej, jnp)
+                return _forward(jnp, lax, a_em, r_em, st["px"] / st["sp"], draft, bonus, L)
             pos = Z > 0
             g = jnp.where(pos, num / jnp.where(pos, Z, 1.0), px / sp)
             a_em = mn / st["sq"]

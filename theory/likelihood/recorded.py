@@ -32,7 +32,7 @@ class RoundPrediction(NamedTuple):
 
 
 def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array | None = None, *,
-                   check: bool = True) -> RoundPrediction:
+                   check: bool = True, memo: dict | None = None) -> RoundPrediction:
     """T10 and T11 per recorded round.
 
     p (R, L+1, V) processed target rows along the drafted path, q (R, L, V) draft rows the drafts were
@@ -42,7 +42,9 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     p and q rows must be probability rows (finite, >= 0, summing to 1 within their dtype's tolerance)
     and drafts tokens in [0, V): checked here (ValueError naming the argument); ``check=False`` skips the
     checks (rows validated once by the caller, e.g. ``theory.likelihood.tune`` under JAX tracing). Lists are converted to
-    numpy arrays; the verifier must be a verifier object (TypeError otherwise).
+    numpy arrays; the verifier must be a verifier object (TypeError otherwise). ``memo``: a dict the caller keeps for
+    these same rows (p, q), in which an acceptance row is kept under the rule's ``memo_key`` (rules with equal keys
+    give the same f: LANTERN's, ``coolsd.studies.demo.predict.predict_chains``).
     """
     checks.verifier(verifier)
     if check:
@@ -70,7 +72,12 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
                              f"{tuple(n_drafted.shape)} and dtype {n_drafted.dtype}")
     pos = xp.arange(1, L + 1, device=dev)
     pp = p[:, :L, :]
-    f = verifier.accept(pp, q, pos)                                     # (R, L, V)
+    key = getattr(verifier.accept, "memo_key", None) if memo is not None else None
+    f = memo.get(key) if key is not None else None
+    if f is None:
+        f = verifier.accept(pp, q, pos)                                 # (R, L, V)
+        if key is not None:
+            memo[key] = f
     G = verifier.resample(pp, q, f)                                     # effective law (R, L, V)
     D = discrepancy(pp, q, f, G)                                        # (R, L)  T3
     f_tok = gather(f, xp.astype(drafts, xp.int64), xp)                  # (R, L)

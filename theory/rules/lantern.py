@@ -27,7 +27,8 @@ from typing import Any
 
 import array_api_compat
 
-from ..core.xp import Array, gather, mark, namespace, normalize, positive_part, ratio_min1
+from ..core.xp import (Array, any_to, expand_masked, gather, mark, namespace, normalize, positive_part,
+                       ratio_min1)
 from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_sum
 from .resampling import point_residual
 
@@ -76,22 +77,6 @@ def _blocks(k: int, widths=None):
         b = min(a + (w if widths is None else max(w, widths(a, w))), k)
         yield a, b
         a, w = b, 2 * w
-
-
-def _expand(vals: Array, mask: Array, fill: Array, xp) -> Array:
-    """Dense (n,) from ``vals`` (m,) at the True entries of ``mask`` (n,) bool (in order, m = their count) and
-    ``fill`` (n,) elsewhere; a gather at each entry's running count (no item assignment: any backend)."""
-    if vals.shape[0] == 0:
-        return fill
-    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
-    return xp.where(mask, xp.take(vals, xp.where(pos < 0, xp.zeros_like(pos), pos)), fill)
-
-
-def _any_to(m: Array, shape, xp) -> Array:
-    """m (..., V) bool reduced by "any" to ``shape`` (the same or fewer axes, size 1 where m's are larger)."""
-    lead = m.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + a for a, s in enumerate(shape) if s == 1 and m.shape[lead + a] != 1)
-    return xp.reshape(xp.any(m, axis=axes, keepdims=True), shape) if axes else m
 
 
 def _column(pf: Array, base: Array, yK: Array, nbf: Array, j: int, dense: Array | None, xp) -> Array:
@@ -165,7 +150,7 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
                 ta = xp.take(ta, keep)
             alive = None
     for on, here in reversed(levels):   # back up the blocks: the entries that went on take their later mass
-        c = _expand(c, on, here, xp)
+        c = expand_masked(c, on, here, xp)
     return xp.astype(c, pf.dtype, copy=False)
 
 
@@ -274,6 +259,9 @@ class Lantern:
         # the tokens' rows of the table, then their first column (a column view of the table would be copied whole)
         first = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, 0], x.shape)
         return gather(p, first, xp) <= self._threshold(gather(p, x, xp))
+
+    memo_key = property(lambda self: ("lantern", id(self.neighbors), self.k, self.delta, self.lam),
+                        doc="Equal keys: the same f on the same rows (f ignores i; ``theory.likelihood.chain._laws``).")
 
     def __call__(self, p, q, i):
         xp = namespace(p, q)
@@ -423,7 +411,9 @@ class LanternResample:
             return p * (c @ keep) + fallback
         return xp.sum(w[..., :, None] * self._given_dense(p, q, M > 0, xp), axis=-2)
 
-    def effective_at(self, p, q, f, x):
+    memo_ok = True      # effective_at takes memo= (``theory.likelihood.chain._laws``)
+
+    def effective_at(self, p, q, f, x, memo=None):
         """G_eff(x) (...,) at one token x (...,) per row, for the released laws (None for "renormalised": use
         ``__call__``). Equal to ``gather(self(p, q, f), x)`` but without the (V, V) neighbourhood mask: O(V (k+1))
         per row at most (``neighbor_sum`` visits only the codes y a rejection can reach, w(y) > 0, with a
@@ -454,15 +444,20 @@ class LanternResample:
             pos = xp.astype(p > 0, xp.int64)
             npos = xp.sum(pos, axis=-1, keepdims=True) - pos - neighbor_sum(pos, nb, adm)
             empty = npos == 0
-            Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & _any_to(reach, p.shape, xp) & (Z < 1e-6 * S), xp)
+            Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & any_to(reach, p.shape, xp) & (Z < 1e-6 * S), xp)
             c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
             kept = (~hit) & (xp.arange(V, device=dev) != x[..., None])                 # x survives G(.|y)
             mix = gather(p, x, xp) * xp.sum(xp.where(kept, c, xp.zeros_like(c)), axis=-1)
         else:
-            r = positive_part(p - q, xp)
-            d = p - r
+            mk = ("lantern-q", id(self.neighbors), self.k)   # r, d, d's neighbour sums: the rows' and table's alone,
+            memo = {} if memo is None else memo              # once per chunk for every rule (``memo``, same rows)
+            if mk not in memo:
+                r = positive_part(p - q, xp)
+                memo[mk] = (r, d := p - r, xp.sum(r, axis=-1, keepdims=True),
+                            neighbor_sum(d, nb, xp.ones((), dtype=xp.bool)))
+            r, d, R, S = memo[mk]
             # Z(y) = R + adm(y) d(N(y)) (sums of non-negatives), needed where w(y) > 0 only (c = w / Z)
-            Z = xp.sum(r, axis=-1, keepdims=True) + neighbor_sum(d, nb, adm & reach)
+            Z = R + xp.where(adm & reach, S, xp.zeros_like(S))
             empty = Z <= 0
             c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
             xb = xp.broadcast_to(x, tot.shape)

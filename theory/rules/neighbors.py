@@ -101,7 +101,24 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
     rows = xp.reshape(a, (-1, V))
     # (V, rows) C-ordered: flattening the transposed view copies it in that order (take then reads whole rows)
     at = xp.reshape(xp.reshape(rows.T, (-1,)), (V, rows.shape[0]))
+    if array_api_compat.is_numpy_array(at) and array_api_compat.is_numpy_array(nb) and nb.shape[1] > 1:
+        s = _csr_sum(at, nb)
+        return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
     s = xp.take(at, nb[:, 0], axis=0)
     for j in range(1, nb.shape[1]):   # a loop over neighbour ranks, each vectorised over codes and rows
         s = s + xp.take(at, nb[:, j], axis=0)
     return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
+
+
+def _csr_sum(at, nb):
+    """numpy: s[y] = sum_j at[nb[y, j]] (V, rows) as one sparse product (scipy CSR, weights 1, row y's entries in the
+    table's column order, unsorted: a product with a dense array reads them in that order): exact products, each
+    row's sum accumulated from 0 in the gather loop's sequential column order, in at's dtype, so the same bits
+    (tests/test_likelihood_grid.py), without a (V, rows) temporary per neighbour rank."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    V, K = nb.shape
+    m = sp.csr_matrix((np.ones(V * K, at.dtype), np.ascontiguousarray(nb).reshape(-1),
+                       np.arange(0, V * K + 1, K)), shape=(V, at.shape[0]))
+    return np.asarray(m @ at)

@@ -94,49 +94,66 @@ def _costly_resampler(verifier) -> bool:
 
 
 def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0):
-    """T10 / T11 per recorded round for ``verifier`` (torch float64 on the CPU, in chunks of rounds).
+    """T10 / T11 per recorded round for ``verifier``: ``predict_chains`` of that rule alone."""
+    return predict_chains(arrays, {0: verifier}, chunk, max_bound_rounds, seed)[0]
+
+
+def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0) -> dict:
+    """T10 / T11 per recorded round for every rule of ``verifiers`` ({key: verifier}; torch float64 on the CPU, in
+    chunks of rounds, every rule on a chunk in turn: the chunk converted and checked once, and LANTERN's acceptance
+    rows shared by rules with equal ``memo_key``, ``predict_rounds``' memo).
 
     T10 depends only on the acceptance rule, so it is computed on every round with a cheap resampler in
     place of the rule's own; the bound uses the rule itself, on every round, except for a costly
     resampler (our renormalised LANTERN++ variant), whose bound is averaged over a seeded subsample of ``max_bound_rounds``
-    rounds (an unbiased estimate of the same mean; its SE is reported). Returns accepted (R,), f (R, L),
-    bound terms (R',), R'."""
+    rounds (an unbiased estimate of the same mean; its SE is reported). Returns {key: (accepted (R,), f (R, L),
+    bound terms (R',))}."""
     p, q, d, nd, _ = arrays
     P, Q = torch.as_tensor(p), torch.as_tensor(q)      # float64 a chunk at a time (the rows may be float32)
     D, ND = torch.as_tensor(d), torch.as_tensor(nd)
     f64 = lambda x: x.to(torch.float64)  # noqa: E731
-    costly = _costly_resampler(verifier)
-    first = rules.Verifier(verifier.accept, rules.Optimal(), verifier.name) if costly else verifier
-    acc, bound, f = [], [], []
-    for a in range(0, len(d), chunk):
-        r = predict_rounds(f64(P[a:a + chunk]), f64(Q[a:a + chunk]), D[a:a + chunk], first, n_drafted=ND[a:a + chunk])
-        acc.append(r.accepted.numpy())
-        f.append(r.f.numpy())
-        if not costly:
-            bound.append(r.bound.numpy())
-    if costly:
+    costly = {k: _costly_resampler(v) for k, v in verifiers.items()}
+    first = {k: rules.Verifier(v.accept, rules.Optimal(), v.name) if costly[k] else v for k, v in verifiers.items()}
+    acc, bound, f = ({k: [] for k in verifiers} for _ in range(3))
+    for a in range(0, len(d), chunk):   # a loop over chunks of rounds: rows once, every rule
+        pc, qc, memo = f64(P[a:a + chunk]), f64(Q[a:a + chunk]), {}
+        for i, (k, v) in enumerate(first.items()):   # a loop over the rules on this chunk (checked at the first)
+            r = predict_rounds(pc, qc, D[a:a + chunk], v, n_drafted=ND[a:a + chunk], check=i == 0, memo=memo)
+            acc[k].append(r.accepted.numpy())
+            f[k].append(r.f.numpy())
+            if not costly[k]:
+                bound[k].append(r.bound.numpy())
+    for k in [k for k in verifiers if costly[k]]:   # a loop over the costly rules: their subsampled bounds
         idx = np.arange(len(d))
         if len(idx) > max_bound_rounds:
             idx = np.sort(np.random.default_rng(seed).choice(len(idx), max_bound_rounds, replace=False))
         for a in range(0, len(idx), chunk // 4):
             j = torch.as_tensor(idx[a:a + chunk // 4])
-            bound.append(predict_rounds(f64(P[j]), f64(Q[j]), D[j], verifier, n_drafted=ND[j]).bound.numpy())
-    bound = np.concatenate(bound)
-    return np.concatenate(acc), np.concatenate(f), bound
+            bound[k].append(predict_rounds(f64(P[j]), f64(Q[j]), D[j], verifiers[k], n_drafted=ND[j]).bound.numpy())
+    return {k: (np.concatenate(acc[k]), np.concatenate(f[k]), np.concatenate(bound[k])) for k in verifiers}
 
 
 def chain_prediction(arrays, verifier, L: int, first_single: bool, max_bound_rounds: int = 400, T: int = T_IMAGE,
                      per_row: int = ROWS) -> dict:
     """Predicted tokens per target call, draft work and per-round TV bound of ``verifier`` from recorded
-    chain rounds (``chain_arrays``) of images of T tokens in rows of ``per_row``."""
+    chain rounds (``chain_arrays``) of images of T tokens in rows of ``per_row``: ``chain_predictions`` of it alone."""
+    return chain_predictions(arrays, {0: verifier}, L, first_single, max_bound_rounds, T, per_row)[0]
+
+
+def chain_predictions(arrays, verifiers: dict, L: int, first_single: bool, max_bound_rounds: int = 400,
+                      T: int = T_IMAGE, per_row: int = ROWS) -> dict:
+    """``chain_prediction`` of every rule of ``verifiers`` ({key: verifier}) -> {key: dict}, the recorded rounds
+    read once for all of them (``predict_chains``)."""
     p, q, d, nd, start = arrays
-    accepted, f, bound = predict_chain(arrays, verifier, max_bound_rounds=max_bound_rounds)
-    live = (np.arange(1, L + 1)[None, :] <= nd[:, None]).astype(np.float64)
-    S = survival_by_row(np.cumprod(f, axis=1), live, start, T=T, per_row=per_row)
-    er = expected_rounds(S, L, first_single, T, per_row)
-    return {**er, "per_round_accepted": float(accepted.mean()), "tv_bound": float(bound.mean()),
-            "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan"),
-            "tv_bound_rounds": int(len(bound)), "rounds_recorded": int(len(d))}
+    out = {}
+    for k, (accepted, f, bound) in predict_chains(arrays, verifiers, max_bound_rounds=max_bound_rounds).items():
+        live = (np.arange(1, L + 1)[None, :] <= nd[:, None]).astype(np.float64)
+        S = survival_by_row(np.cumprod(f, axis=1), live, start, T=T, per_row=per_row)
+        er = expected_rounds(S, L, first_single, T, per_row)
+        out[k] = {**er, "per_round_accepted": float(accepted.mean()), "tv_bound": float(bound.mean()),
+                  "tv_bound_se": float(bound.std(ddof=1) / math.sqrt(len(bound))) if len(bound) > 1 else float("nan"),
+                  "tv_bound_rounds": int(len(bound)), "rounds_recorded": int(len(d))}
+    return out
 
 
 def tree_records(gens):

@@ -133,6 +133,9 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
             baseline["nll_unguided_per_token_se"] = baseline.pop("nll_per_token_se")
         baseline |= fid_base
     entries = []
+    chains = (demo.chain_predictions(source, {s.key: s.verifier(ctx.L, nb, cb) for s in cfg.settings}, ctx.L,
+                                     first_single, T=T, per_row=per_row)
+              if predictable and ctx.tree is None else {})     # the recorded rounds read once for every rule
     for i, s in enumerate(cfg.settings):
         d = loaded[s.key]
         tpc, se = tokens_per_call(d["image_rounds"], T)
@@ -140,7 +143,7 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context) -> dict:
         if predictable:
             rule = s.verifier(ctx.L, nb, cb)
             if ctx.tree is None:
-                pred = demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row)
+                pred = chains[s.key]
                 verify_s = demo.time_verifier(source, ctx.verifier(s), None, device=ctx.device)
             else:
                 pred = demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row,

@@ -177,11 +177,14 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
     ``theory.likelihood.tree_log_likelihood`` (``score_tree.tree_likelihood``; no bound). Returns {"log_p": (n,),
     "log_p_hat": {key: (n,)}, "bound": {key: (n,)} (empty without ``rounds``)}, float64. ``on_device``: chains'
     recursion runs on the rows' own torch tensors (array API: a CUDA model's rows stay on the GPU; ``rules`` must then
-    hold their tables as tensors there, e.g. ``Context.verifier``), else on numpy copies. Used by the sweep
+    hold their tables as tensors there, e.g. ``Context.verifier``), else on numpy copies. The chains' rules are scored
+    together (``theory.likelihood.chain.log_likelihoods``: the scaled rules from statistics of the rows formed once,
+    one pass each; the same law as ``log_likelihood``, to float64 rounding). Used by the sweep
     (``shard``, ``predict.shard``) and the demo."""
     from real.decode.score import teacher_forced_rows
     from real.decode.score_tree import tree_likelihood, tree_rows
-    from theory.likelihood import log_likelihood, log_target
+    from theory.likelihood import log_target
+    from theory.likelihood.chain import log_likelihoods
     from theory.likelihood.path_bound import image_path_bounds
 
     tokens = np.asarray(tokens)
@@ -207,15 +210,15 @@ def score_images(target, draft, conds, tokens, rules: dict, L: int, proc, rounds
         if on_device and rounds is None:
             xd = tok.to(rows.p.device)
             lp[a:a + batch] = log_target(rows.p, xd).cpu().numpy()
-            for k, rule in rules.items():   # a loop over the rules scored on these images
-                lph[k][a:a + batch] = log_likelihood(rows.p, rows.q, xd, rule, L, convention=rows.convention).cpu().numpy()
+            for k, v in log_likelihoods(rows.p, rows.q, xd, rules, L, convention=rows.convention).items():
+                lph[k][a:a + batch] = v.cpu().numpy()
             continue
         p, q = rows.p.cpu().numpy(), rows.q.cpu().numpy()
         lp[a:a + batch] = log_target(p, x)
-        for k, rule in rules.items():   # a loop over the rules scored on these images
-            lph[k][a:a + batch] = log_likelihood(p, q, x, rule, L, convention=rows.convention)
-            if rounds is not None:
-                bound[k][a:a + batch] = image_path_bounds(p, q, rounds[0][a:a + batch], rounds[1][a:a + batch], rule, L)
+        for k, v in log_likelihoods(p, q, x, rules, L, convention=rows.convention).items():
+            lph[k][a:a + batch] = v
+        for k, rule in rules.items() if rounds is not None else ():   # a loop over the rules: their TV bounds
+            bound[k][a:a + batch] = image_path_bounds(p, q, rounds[0][a:a + batch], rounds[1][a:a + batch], rule, L)
     return {"log_p": lp, "log_p_hat": lph, "bound": bound}
 
 

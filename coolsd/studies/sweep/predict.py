@@ -130,12 +130,13 @@ def analyse(store: Store, cfg: SweepConfig, ctx: Context, load) -> dict:
     nb, cb = host_tables(ctx)
     nll = -lp / T
     entries = []
+    chains = (demo.chain_predictions(source, {s.key: s.verifier(ctx.L, nb, cb) for s in cfg.settings}, ctx.L,
+                                     first_single, T=T, per_row=per_row)
+              if source is not None and ctx.tree is None else {})     # the recorded rounds read once for every rule
     for s in cfg.settings:      # a loop over settings: a prediction and a few reductions each
-        pred = None
-        if source is not None:
-            rule = s.verifier(ctx.L, nb, cb)
-            pred = (demo.chain_prediction(source, rule, ctx.L, first_single, T=T, per_row=per_row) if ctx.tree is None
-                    else demo.tree_prediction(source, rule, ctx.tree, T=T, per_row=per_row))
+        pred = chains.get(s.key)
+        if source is not None and ctx.tree is not None:
+            pred = demo.tree_prediction(source, s.verifier(ctx.L, nb, cb), ctx.tree, T=T, per_row=per_row)
         e = {"name": s.method, "params": s.params_dict, "key": s.key, "family": s.family,
              "drafting": cfg.drafting_kind, "L": ctx.L, "images": int(lp.size),
              "tokens_per_call": {"predicted": pred["tokens_per_call"] if pred else None},
