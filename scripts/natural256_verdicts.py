@@ -64,6 +64,16 @@ def inf_share(rep, tree_key: str = "eagle25") -> list[str]:
     return out
 
 
+def tuned_verdicts(rep) -> dict:
+    """{schedule family: "verdict (z = ...) at target; ..."} of the tuned-schedule study's report (its settings
+    against Cool-SD interpolated at their measured tokens per call)."""
+    out: dict = {}
+    for v in (rep or {}).get("verdicts", []):
+        fam = v["a"].split("@")[0]
+        out.setdefault(fam, []).append(f"{v['verdict']}{fmt_z(v['z'])} at {v['target']:g}")
+    return {k: "; ".join(v) for k, v in out.items()}
+
+
 def fmt_z(z) -> str:
     return "" if z is None else f" (z = {z:+.1f})"
 
@@ -96,12 +106,26 @@ def main(argv=None) -> None:
                      f"{y[0]}{fmt_z(y[1])}"))
     rows.append(("static tree: Cool-SD's KL(P||P^)", "; ".join(inf_share(tm)) or "not run",
                  "; ".join(inf_share(tn)) or "not run"))
+    vm = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tm, "dynamic")}
+    vn = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tn, "dynamic")}
+    for b in sorted(set(vm) | set(vn)):
+        x, y = vm.get(b, ("not run", None)), vn.get(b, ("not run", None))
+        rows.append((f"release dynamic tree: Cool-SD frontier vs {b} (KL(P^||P))", f"{x[0]}{fmt_z(x[1])}",
+                     f"{y[0]}{fmt_z(y[1])}"))
+    rows.append(("release dynamic tree: Cool-SD's KL(P||P^)", "; ".join(inf_share(tm, "dynamic")) or "not run",
+                 "; ".join(inf_share(tn, "dynamic")) or "not run"))
+    um, un = tuned_verdicts(_load(m / "tuned_exact/report.json")), tuned_verdicts(_load(n / "tuned/report.json"))
+    for fam in sorted(set(um) | set(un)):
+        rows.append((f"tuned schedules, fresh images: {fam} vs Cool-SD at equal measured tokens per call (KL(P^||P))",
+                     um.get(fam, "not run"), un.get(fam, "not run")))
     lines = ["# MNIST against natural256, verdict by verdict (issue 49)", "",
              "Each row: the verdict on the shipped MNIST models and on natural256, with its z where it has one. "
              "Sources: `docs/results/{frontier,trees_fidelity}` (MNIST) and `docs/results/natural256/{frontier,"
              "trees_fidelity}` (natural256). Made by `python scripts/natural256_verdicts.py`. Static tree: natural256 ran "
              "200 images per setting and LANTERN++ with k = 10 neighbours (the paper's), MNIST 2,000 images with the "
-             "default k (about V / 16); \"not run\": the study was not run on that model this session.", "",
+             "default k (about V / 16); dynamic tree: natural256 100 images per setting, MNIST 2,000; tuned schedules: "
+             "1,000 fresh images per setting on natural256, 2,000 on MNIST. Every z counts the measured tokens per "
+             "call's error (delta method). \"not run\": the study was not run on that model.", "",
              "| verdict | MNIST | natural256 |", "|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]} |" for r in rows]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,8 @@ recorded vanilla run (``--record``, speed); the measurement uses FRESH images on
 score_images``) and ``--images`` fresh plain-AR images (KL(P||P^) per token under every setting's rule). Cool-SD is
 also run at two more deltas (``EXTRA``), so that every setting is compared with Cool-SD at equal MEASURED tokens per
 call (linear interpolation between the two nearest Cool-SD points; z = difference / SE, the SE combining the setting's
-KL SE, the interpolated Cool-SD SE and the slope times the setting's tokens-per-call SE).
+KL SE, the interpolated Cool-SD SE and the tokens per call's SEs of all three points through the interpolation: the
+delta method of ``coolsd.studies.sweep.metrics.frontier_difference``).
 
 Resumable: every unit (schedules, each setting's images and scores, the AR scores) is cached under ``--out`` and
 reused. Writes ``report.json`` (the contract keys of issue 37), ``report.md``, ``kl_vs_tokens_per_call.png``.
@@ -204,7 +205,8 @@ def verdicts(settings: list[dict]) -> list[dict]:
         ka, kb = a["kl_per_token"]["measured"], b["kl_per_token"]["measured"]
         slope = (kb - ka) / (xs[j] - xs[j - 1])
         k_cool = (1 - lam) * ka + lam * kb
-        var = ((1 - lam) * a["kl_per_token"]["se"]) ** 2 + (lam * b["kl_per_token"]["se"]) ** 2 + (slope * sx) ** 2
+        var = (((1 - lam) * a["kl_per_token"]["se"]) ** 2 + (lam * b["kl_per_token"]["se"]) ** 2 + (slope * sx) ** 2
+               + (slope * (1 - lam) * a["tokens_per_call"]["se"]) ** 2 + (slope * lam * b["tokens_per_call"]["se"]) ** 2)
         d = s["kl_per_token"]["measured"] - k_cool
         se = math.sqrt(s["kl_per_token"]["se"] ** 2 + var)
         z = d / se
