@@ -190,28 +190,26 @@ def measure(u: dict, ar: dict, key: str, T: int) -> dict:
 
 
 def verdicts(settings: list[dict]) -> list[dict]:
-    """Each non-Cool-SD setting against Cool-SD interpolated (linearly, between its two nearest measured points) at the
-    setting's measured tokens per call; KL(P^||P) per token."""
+    """Each non-Cool-SD setting against Cool-SD interpolated (linearly, between its two nearest measured points;
+    continued past its ends, marked "extrapolated") at the setting's measured tokens per call; KL(P^||P) per token.
+    The SE counts both axes' errors (``coolsd.studies.sweep.metrics.frontier_difference``)."""
+    from coolsd.studies.sweep.metrics import frontier_difference
+
     cool = sorted((s for s in settings if s["family"] == "cool-sd"), key=lambda s: s["tokens_per_call"]["measured"])
-    xs = np.array([c["tokens_per_call"]["measured"] for c in cool])
+    cx, cxse = [c["tokens_per_call"]["measured"] for c in cool], [c["tokens_per_call"]["se"] for c in cool]
+    ck, ckse = [c["kl_per_token"]["measured"] for c in cool], [c["kl_per_token"]["se"] for c in cool]
     out = []
     for s in settings:
         if s["family"] == "cool-sd":
             continue
         x, sx = s["tokens_per_call"]["measured"], s["tokens_per_call"]["se"]
-        j = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1))
-        a, b = cool[j - 1], cool[j]
-        lam = (x - xs[j - 1]) / (xs[j] - xs[j - 1])
-        ka, kb = a["kl_per_token"]["measured"], b["kl_per_token"]["measured"]
-        slope = (kb - ka) / (xs[j] - xs[j - 1])
-        k_cool = (1 - lam) * ka + lam * kb
-        var = (((1 - lam) * a["kl_per_token"]["se"]) ** 2 + (lam * b["kl_per_token"]["se"]) ** 2 + (slope * sx) ** 2
-               + (slope * (1 - lam) * a["tokens_per_call"]["se"]) ** 2 + (slope * lam * b["tokens_per_call"]["se"]) ** 2)
-        d = s["kl_per_token"]["measured"] - k_cool
-        se = math.sqrt(s["kl_per_token"]["se"] ** 2 + var)
+        k, sk = s["kl_per_token"]["measured"], s["kl_per_token"]["se"]
+        r = frontier_difference(cx, ck, ckse, [x], [k], [sk], cxse, [sx], extrapolate=True)
+        d, se = -r["difference"], r["se"]       # the setting minus Cool-SD
         z = d / se
+        k_cool = k - d
         v = ("a lower KL" if z < -Z else "b lower KL" if z > Z else "no significant difference") + \
-            ("" if 0 <= lam <= 1 else " (extrapolated)")
+            ("" if cx[0] <= x <= cx[-1] else " (extrapolated)")
         out.append({"a": s["name"], "b": "cool-sd (interpolated along delta)", "target": s["target_tokens_per_call"],
                     "delta_kl_per_token": d, "se": se, "z": z, "verdict": v, "a_tokens_per_call": x,
                     "b_kl_per_token": k_cool, "relative": d / k_cool})

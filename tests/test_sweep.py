@@ -337,6 +337,11 @@ def test_frontier_difference_se_counts_the_tokens_per_call_error():
     assert math.isclose(r["se"] ** 2, r["se_x"] ** 2 + r["se_y"] ** 2)
     with pytest.raises(ValueError, match="x SEs must match"):
         metrics.frontier_difference(ax, ay, a_se, bx, by, b_se, a_xse[:2], b_xse)
+    # extrapolate: a point past A's end is compared along the continued last segment (slope 0.3 / 1.2 per unit);
+    # control: without it the point is left out
+    past = metrics.frontier_difference(ax, ay, a_se, [5.3], [0.6], b_se, a_xse, b_xse, extrapolate=True)
+    assert past["difference"] == pytest.approx(0.49 + 0.31 / 1.2 * 0.4 - 0.6)
+    assert metrics.frontier_difference(ax, ay, a_se, [5.3], [0.6], b_se, a_xse, b_xse) is None
 
 
 def test_disk_full_keeps_the_stored_units(tmp_path, monkeypatch):

@@ -23,7 +23,8 @@ def tokens_per_call(image_rounds, tokens_per_image: int) -> tuple[float, float]:
     return float(value), float(se)
 
 
-def frontier_difference(a_x, a_y, a_se, b_x, b_y, b_se, a_xse=None, b_xse=None) -> dict | None:
+def frontier_difference(a_x, a_y, a_se, b_x, b_y, b_se, a_xse=None, b_xse=None, extrapolate: bool = False
+                        ) -> dict | None:
     """Paired comparison of two frontiers y(x) (quality y, lower is better, against tokens per call x):
     A is interpolated linearly along its points (sorted by x) at every point of B inside A's x range;
     the mean difference A - B over those points is linear in the y's and, through the interpolation, a smooth
@@ -34,7 +35,8 @@ def frontier_difference(a_x, a_y, a_se, b_x, b_y, b_se, a_xse=None, b_xse=None) 
     tokens per call; None: taken as exact) matter as soon as the frontier is steep: an x SE of 0.2 on a slope of
     0.3 nats per token per unit weighs as a y SE of 0.06. A setting's own x and y come from the same images; their
     covariance is left out (positive when more accepted tokens go with more KL, which makes this SE conservative).
-    Returns {"difference", "se", "z", "points", "se_y", "se_x"} or None when no point of B lies inside A's range."""
+    ``extrapolate``: B's points outside A's range are compared along A's nearest segment (continued) instead of left
+    out. Returns {"difference", "se", "z", "points", "se_y", "se_x"} or None when no point of B is compared."""
     ax, ay, ase = (np.asarray(v, np.float64) for v in (a_x, a_y, a_se))
     bx, by, bse = (np.asarray(v, np.float64) for v in (b_x, b_y, b_se))
     axse = np.zeros_like(ax) if a_xse is None else np.asarray(a_xse, np.float64)
@@ -44,7 +46,8 @@ def frontier_difference(a_x, a_y, a_se, b_x, b_y, b_se, a_xse=None, b_xse=None) 
                          f"{bxse.shape} for {bx.shape}")
     o = np.argsort(ax)
     ax, ay, ase, axse = ax[o], ay[o], ase[o], axse[o]
-    inside = np.flatnonzero((bx >= ax[0]) & (bx <= ax[-1])) if len(ax) >= 2 else np.array([], int)
+    inside = (np.array([], int) if len(ax) < 2 else np.arange(len(bx)) if extrapolate else
+              np.flatnonzero((bx >= ax[0]) & (bx <= ax[-1])))
     if inside.size == 0:
         return None
     m = inside.size
@@ -53,8 +56,8 @@ def frontier_difference(a_x, a_y, a_se, b_x, b_y, b_se, a_xse=None, b_xse=None) 
     ga = np.zeros(len(ax))                  # its derivatives in A's x's and B's x's
     gb = np.zeros(len(bx))
     for j in inside:  # a handful of frontier points
-        hi = min(int(np.searchsorted(ax, bx[j], side="left")), len(ax) - 1)
-        lo = max(hi - 1, 0)
+        hi = min(max(int(np.searchsorted(ax, bx[j], side="left")), 1), len(ax) - 1)
+        lo = hi - 1
         w = 0.0 if ax[hi] == ax[lo] else (bx[j] - ax[lo]) / (ax[hi] - ax[lo])
         s = 0.0 if ax[hi] == ax[lo] else (ay[hi] - ay[lo]) / (ax[hi] - ax[lo])
         ca[lo] += (1 - w) / m
