@@ -12,7 +12,6 @@ may use an earlier one's names); the test names the block that failed."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import re
@@ -22,16 +21,15 @@ import sys
 
 import pytest
 
+from scriptload import load
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MARK = re.compile(r"^<!-- runnable(?P<slow>: slow)? -->\n```(?P<lang>[a-z]*)\n(?P<body>.*?)\n```", re.M | re.S)
 ANY_MARK = re.compile(r"^<!-- runnable", re.M)
 
 
 def _docs_reference():
-    spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "scripts" / "docs_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/docs_reference.py")
 
 
 def runnable_blocks(files):

@@ -160,11 +160,9 @@ def test_gpu_check_refuses_a_missing_gpu_and_honours_the_budget(tmp_path):
 def test_gpu_check_reports_a_failing_leg_and_still_writes_its_json(tmp_path, monkeypatch, capsys):
     """A leg that raises on a first GPU (here the counts, made to raise) is recorded as an error in the JSON and the
     check goes on: the timed runs are there and the file is written."""
-    import importlib.util
+    from scriptload import load
 
-    spec = importlib.util.spec_from_file_location("gpu_check_mod", ROOT / "scripts" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load("scripts/gpu_check.py", "gpu_check_mod")
 
     def broken(*a, **k):
         raise RuntimeError("counter exploded")

@@ -2,16 +2,13 @@
 that run and its confirming reruns, so a one-off slow run passes and a regression that reproduces still fails."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location(
-    "run_all", pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "run_all.py")
-run_all = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(run_all)
+from scriptload import load
+
+run_all = load("benchmarks/run_all.py")
 
 HIGH = {"value": 1.0, "tolerance": 0.1, "better": "higher"}     # regression: below 0.9
 LOW = {"value": 1.0, "tolerance": 0.1, "better": "lower"}       # regression: above 1.1

@@ -1,21 +1,16 @@
 """scripts/sweep_reverdict.py: a committed sweep report's claims recomputed from its report.json alone."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 import shutil
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from scriptload import ROOT, load
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sweep_reverdict", ROOT / "scripts" / "sweep_reverdict.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/sweep_reverdict.py")
 
 
 def test_reverdict_rewrites_claims_with_both_axes_errors(tmp_path):
