@@ -98,22 +98,16 @@ def main(argv=None) -> None:
     def key(b):   # LANTERN++'s lambda and resampler (natural256 ran k = 10, the paper's; MNIST the default k ~ V / 16)
         b = b.split(" (")[0].replace("k=10:", "")
         return b if "resampler" in b else b + ":resampler=lantern"
-    vm = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tm)}
-    vn = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tn)}
-    for b in sorted(set(vm) | set(vn)):
-        x, y = vm.get(b, ("not run", None)), vn.get(b, ("not run", None))
-        rows.append((f"static 25-node tree: Cool-SD frontier vs {b} (KL(P^||P))", f"{x[0]}{fmt_z(x[1])}",
-                     f"{y[0]}{fmt_z(y[1])}"))
-    rows.append(("static tree: Cool-SD's KL(P||P^)", "; ".join(inf_share(tm)) or "not run",
-                 "; ".join(inf_share(tn)) or "not run"))
-    vm = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tm, "dynamic")}
-    vn = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tn, "dynamic")}
-    for b in sorted(set(vm) | set(vn)):
-        x, y = vm.get(b, ("not run", None)), vn.get(b, ("not run", None))
-        rows.append((f"release dynamic tree: Cool-SD frontier vs {b} (KL(P^||P))", f"{x[0]}{fmt_z(x[1])}",
-                     f"{y[0]}{fmt_z(y[1])}"))
-    rows.append(("release dynamic tree: Cool-SD's KL(P||P^)", "; ".join(inf_share(tm, "dynamic")) or "not run",
-                 "; ".join(inf_share(tn, "dynamic")) or "not run"))
+    for tree, label, short in (("eagle25", "static 25-node tree", "static tree"),
+                               ("dynamic", "release dynamic tree", "release dynamic tree")):
+        vm = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tm, tree)}
+        vn = {key(b): (v, z) for b, v, z, _ in tree_verdicts(tn, tree)}
+        for b in sorted(set(vm) | set(vn)):
+            x, y = vm.get(b, ("not run", None)), vn.get(b, ("not run", None))
+            rows.append((f"{label}: Cool-SD frontier vs {b} (KL(P^||P))", f"{x[0]}{fmt_z(x[1])}",
+                         f"{y[0]}{fmt_z(y[1])}"))
+        rows.append((f"{short}: Cool-SD's KL(P||P^)", "; ".join(inf_share(tm, tree)) or "not run",
+                     "; ".join(inf_share(tn, tree)) or "not run"))
     um, un = tuned_verdicts(_load(m / "tuned_exact/report.json")), tuned_verdicts(_load(n / "tuned/report.json"))
     for fam in sorted(set(um) | set(un)):
         rows.append((f"tuned schedules, fresh images: {fam} vs Cool-SD at equal measured tokens per call (KL(P^||P))",
