@@ -72,6 +72,7 @@ def test_torch_masses_do_not_depend_on_the_block_layout(small_block, monkeypatch
     equals the dense row's (every code: doubling blocks, compactions) bit for bit: the sums are carried in float64
     from block to block. Random rows and the constructed rounding case alike."""
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", False)   # the torch blocks themselves (the device path)
     if small_block is not None:
         monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", small_block)
     rng = np.random.default_rng(11)
@@ -90,12 +91,47 @@ def test_control_float32_sums_rounded_per_block_are_caught(monkeypatch):
     within a block only), the one-block masses at the drafted tokens and the dense row's doubling blocks differ on
     the constructed case (0.5 + 2^-24 against 0.5), and the comparison above must see it."""
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", False)
     monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", 64)
     monkeypatch.setattr(lantern_mod, "_sum_dtype", lambda pf, xp: (pf.dtype, True))
     nb, p = _tiny_masses()
     acc = rules.Lantern(torch.as_tensor(nb), 4, delta=1.0)
     P, X = torch.as_tensor(p), torch.zeros(3, dtype=torch.int64)
     assert not torch.equal(acc.aggregated_at(P, X), acc.aggregated(P)[torch.arange(3), X])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torch_cpu_on_numpy_is_the_torch_blocks_bit_for_bit(dtype, monkeypatch):
+    """torch CPU tensors are summed by the numpy code on float64 views (``TORCH_CPU_ON_NUMPY``): bit for bit the torch
+    blocks' masses (the device path, forced with the flag off), dense rows and drafted tokens, both thresholds, the
+    constructed rounding case included. Control: the numpy code on the rows' own float32 (no float64 view) loses
+    the 2^-26 masses there, and the comparison must see it."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(12)
+    nb, tiny = _tiny_masses()
+    cases = [tiny.astype(dtype)] + [rows(rng, (4, 3), 40, c, z).astype(dtype) for c, z in ((0.3, 0.2), (2.0, 0.0))]
+
+    def both(acc, P, X):
+        out = []
+        for on in (True, False):
+            monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", on)
+            out.append((acc.aggregated(P), acc.aggregated_at(P, X)))
+        return out
+
+    for p in cases:
+        P = torch.as_tensor(p)
+        X = torch.as_tensor(rng.integers(0, 40, P.shape[:-1]))
+        for acc in (rules.Lantern(torch.as_tensor(nb), 7, delta=0.6), rules.Lantern(torch.as_tensor(nb), 13, lam=3.0)):
+            (d1, s1), (d0, s0) = both(acc, P, X)
+            assert d1.dtype == d0.dtype == P.dtype
+            assert torch.equal(d1, d0) and torch.equal(s1, s0), (dtype, acc)
+    if dtype == "float32":   # the control: float32 sums on the host lose what the float64 blocks keep
+        monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", False)
+        P = torch.as_tensor(cases[0])
+        acc = rules.Lantern(torch.as_tensor(nb), 12, delta=1.0)
+        host32 = torch.as_tensor(lantern_mod.prefix_mass(cases[0], nb, 1.0, 12))
+        assert not torch.equal(lantern_mod.prefix_mass(P, torch.as_tensor(nb), 1.0, 12), host32)
+        assert torch.equal(acc.aggregated(P), P + lantern_mod.prefix_mass(P, torch.as_tensor(nb), 1.0, 12))
 
 
 def test_prefix_mass_and_neighbor_sum_on_torch_and_jax():

@@ -323,12 +323,7 @@ def sweep_predictions(report: dict, results: dict, s: Settings, max_rounds: int 
         idx = np.sort(np.random.default_rng(s.seed).choice(len(d), max_rounds, replace=False))
         p, q, d, nd, start = p[idx], q[idx], d[idx], nd[idx], start[idx]
     nb = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1)  # raw vectors, as released
-    out = {}
-    for name, (param, values) in SWEEPS.items():
-        pts = []
-        for v in values:
-            pr = chain_prediction((p, q, d, nd, start), _sweep_verifier(name, v, s, nb), s.L, s.chain_draft == "eagle",
-                                  max_bound_rounds=100)
-            pts.append({"param": param, "value": v, "tokens_per_call": pr["tokens_per_call"], "tv_bound": pr["tv_bound"]})
-        out[name] = pts
-    return out
+    grid = {(name, v): _sweep_verifier(name, v, s, nb) for name, (_, values) in SWEEPS.items() for v in values}
+    pred = chain_predictions((p, q, d, nd, start), grid, s.L, s.chain_draft == "eagle", max_bound_rounds=100)
+    return {name: [{"param": param, "value": v, "tokens_per_call": pred[name, v]["tokens_per_call"],
+                    "tv_bound": pred[name, v]["tv_bound"]} for v in values] for name, (param, values) in SWEEPS.items()}
