@@ -111,25 +111,44 @@ def test_a_users_rule_without_a_point_formula_is_gathered():
     assert rules.reads_f(rules.Optimal()) is True and rules.reads_f(rules.Residual()) is False
 
 
+def _mask_law(p, q, x, nb, k, adm, variant, xp):
+    """LANTERN's released law after rejecting x written with the (..., V) mask of N(x) from the (k+1, V) comparison."""
+    V = p.shape[-1]
+    ar = xp.arange(V)
+    N = xp.any(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, : k + 1][..., :, None] == ar, axis=-2)
+    N = xp.reshape(N, (*x.shape, V)) & adm[..., None]
+    ex = ar == x[..., None]
+    zero = xp.zeros((), dtype=p.dtype)
+    w = xp.where(ex | N, zero, p) if variant == "p" else xp.where(p - xp.where(N, zero, q) > 0, p - xp.where(N, zero, q), zero)
+    s = xp.sum(w, axis=-1, keepdims=True)
+    return xp.where(s > 0, w / xp.where(s > 0, s, xp.ones_like(s)), xp.ones_like(w) / V)
+
+
 def test_lantern_resampling_given_the_token_is_the_dense_mask_law():
-    """LanternResample given the rejected token (O(V + k): a scatter of its neighbours) against the law written out
-    with the (V, k+1) comparison, for both variants and laws."""
+    """LanternResample given the rejected token (O(V + k): a scatter of its neighbours into the row) against the
+    law written with the (V, k+1) comparison mask, bit for bit on numpy and torch, both variants, both acceptances,
+    float32 and float64, rows with zeros. Control: a law that zeroes N(x) whether or not a neighbour was admitted
+    (the renormalised variant's set) must differ."""
     rng = np.random.default_rng(5)
     V, k = 25, 6
     nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
-    p = _rows(rng, (3, 4), V, 0.2, 0.2, False)
-    q = _rows(rng, (3, 4), V, 0.2, 0.2, False)
-    x = rng.integers(0, V, size=(3, 4))
-    for acc in (rules.Lantern(nb, k, lam=2.0), rules.Lantern(nb, k, delta=0.1)):
-        for variant in "pq":
-            G = rules.LanternResample(nb, k, variant, "released", acc)(p, q, None, x)
-            N = np.any(nb[x, : k + 1][..., :, None] == np.arange(V), axis=-2) & acc.admits(p)[
-                np.arange(3)[:, None], np.arange(4), x][..., None]
-            ex = np.arange(V) == x[..., None]
-            if variant == "p":
-                w = np.where(ex | N, 0.0, p)
-            else:
-                w = np.maximum(p - np.where(N, 0.0, q), 0.0)
-            s = w.sum(-1, keepdims=True)
-            want = np.where(s > 0, w / np.where(s > 0, s, 1), 1.0 / V)
-            np.testing.assert_allclose(G, want, rtol=1e-12, atol=1e-15)
+    controls = 0
+    for dtype in ("float64", "float32"):
+        p = _rows(rng, (3, 4), V, 0.2, 0.2, False).astype(dtype)
+        q = _rows(rng, (3, 4), V, 0.2, 0.2, False).astype(dtype)
+        x = rng.integers(0, V, size=(3, 4))
+        for acc in (rules.Lantern(nb, k, lam=2.0), rules.Lantern(nb, k, delta=0.02)):
+            adm = acc.admits(p)[np.arange(3)[:, None], np.arange(4), x]
+            for variant in "pq":
+                G = rules.LanternResample(nb, k, variant, "released", acc)(p, q, None, x)
+                assert G.dtype == p.dtype and np.array_equal(G, _mask_law(p, q, x, nb, k, adm, variant, np)), variant
+                tn = torch.as_tensor(nb)
+                Gt = rules.LanternResample(tn, k, variant, "released", rules.Lantern(tn, k, lam=acc.lam, delta=acc.delta))(
+                    torch.as_tensor(p), torch.as_tensor(q), None, torch.as_tensor(x))
+                want = _mask_law(torch.as_tensor(p), torch.as_tensor(q), torch.as_tensor(x), tn, k, torch.as_tensor(adm),
+                                 variant, namespace(tn))
+                assert torch.equal(Gt, want), (variant, dtype)
+                if adm.any() and not adm.all():
+                    controls += 1
+                    assert not np.array_equal(G, _mask_law(p, q, x, nb, k, np.ones_like(adm), variant, np)), variant
+    assert controls >= 4      # the control ran on rows where some rejected tokens had a neighbour admitted, some not

@@ -5,6 +5,7 @@ masses), on broadcast shapes; a planted fast path without the NaN repair is told
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -78,6 +79,10 @@ def test_positive_part_fast_path_is_the_generic_formula_bit_for_bit(x):
 
     want = cnp.where(x > 0, x, cnp.zeros_like(x))
     assert same_bits(X.positive_part(x), want)
+    torch = pytest.importorskip("torch")
+    t = torch.as_tensor(x)
+    got, want_t = X.positive_part(t), torch.where(t > 0, t, torch.zeros_like(t))
+    assert got.dtype == t.dtype and same_bits(got.numpy(), want_t.numpy()) and same_bits(got.numpy(), want)
 
 
 def test_positive_part_control_a_planted_maximum_is_told_apart():
@@ -86,6 +91,10 @@ def test_positive_part_control_a_planted_maximum_is_told_apart():
 
     want = cnp.where(x > 0, x, cnp.zeros_like(x))
     assert same_bits(X.positive_part(x), want) and not same_bits(np.maximum(x, 0), want)   # NaN -> 0, not NaN
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([np.nan, -0.0, -1.0, 2.0])
+    assert same_bits(X.positive_part(t).numpy(), np.array([0.0, 0.0, 0.0, 2.0], np.float32))
+    assert not same_bits(t.clamp_min(0).numpy(), X.positive_part(t).numpy())   # NaN kept without the repair
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,3 +116,41 @@ def test_normalize_control_an_empty_row_takes_the_fallback():
     fb = np.array([0.5, 0.5])
     assert np.array_equal(X.normalize(w, fb), [[0.5, 0.5], [0.25, 0.75]])
     assert not np.array_equal(w / np.sum(w, axis=-1, keepdims=True), X.normalize(w, fb), equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_put_last_writes_the_listed_codes_only(backend):
+    """``put_last`` (a copy with values scattered at the listed codes, repeats of equal values allowed) against the
+    loop over rows written here, on every backend the rules run on; scalar and per-entry values; the input is left
+    untouched. Control: writing at the codes shifted by one is told apart."""
+    from theory.core.xp import put_last
+
+    rng = np.random.default_rng(2)
+    x = rng.random((3, 4, 11))
+    idx = rng.integers(0, 11, (3, 4, 5))
+    idx[..., 1] = idx[..., 0]                                   # a repeat
+    vals = rng.random((3, 4, 5))
+    vals[..., 1] = vals[..., 0]                                 # ... with an equal value
+    want_s, want_v = x.copy(), x.copy()
+    for r in np.ndindex(3, 4):
+        want_s[r][idx[r]] = 0.0
+        want_v[r][idx[r]] = vals[r]
+    if backend == "numpy":
+        to, back = (lambda a: a), np.asarray
+    else:
+        m = pytest.importorskip(backend)
+        if backend == "jax":
+            m.config.update("jax_enable_x64", True)
+            to, back = m.numpy.asarray, np.asarray
+        else:
+            to, back = m.as_tensor, lambda a: a.numpy()
+    X = to(x)
+    got_s = back(put_last(X, to(idx), to(np.zeros((), x.dtype))))
+    got_v = back(put_last(X, to(idx), to(vals)))
+    assert np.array_equal(got_s, want_s) and np.array_equal(got_v, want_v)
+    assert np.array_equal(back(X), x)
+    Y = to(x.copy())
+    assert np.array_equal(back(put_last(Y, to(idx), to(vals), copy=False)), want_v)
+    if backend != "jax":                                        # written in place where the backend can
+        assert np.array_equal(back(Y), want_v)
+    assert not np.array_equal(back(put_last(X, to((idx + 1) % 11), to(vals))), want_v)

@@ -27,8 +27,8 @@ from typing import Any
 
 import array_api_compat
 
-from ..core.xp import (Array, any_to, expand_masked, gather, mark, namespace, normalize, positive_part,
-                       ratio_min1)
+from ..core.xp import (Array, any_to, expand_masked, gather, mark, namespace, normalize, positive_part, put_last,
+                       ratio_min1, take_last)
 from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_sum
 from .resampling import point_residual
 
@@ -58,6 +58,7 @@ SMALL_BLOCK = 1 << 16     # (numpy's column-by-column threshold below: a widened
 COMPACT = 0.8
 COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
 GATHER_LIMIT = 1 << 22
+SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of columns when many entries (the rest: survivors)
 TORCH_CPU_ON_NUMPY = True   # torch CPU tensors are summed by the numpy code (``_on_numpy``: the same bits, 10x faster)
 
 
@@ -91,7 +92,8 @@ def _column(pf: Array, base: Array, yK: Array, nbf: Array, j: int, dense: Array 
     return xp.concat([xp.take(pf, base[s:s + S] + xp.take(nbf, yK[s:s + S] + j)) for s in range(0, base.shape[0], S)])
 
 
-def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: Array | None = None) -> Array:
+def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: Array | None = None, *,
+                   sum_dtype=None) -> Array:
     """LANTERN's admitted neighbour mass (section 6) at flat entries: (m,) for e (m,) ints = row * V + code into the
     flat rows ``pf`` (R V,), ``nb`` (V, >= k) int64 on pf's device (nearest first), ``thr`` a scalar (delta, LANTERN)
     or (m,) (the entries' (lam - 1) p(x), LANTERN++). The mass of the longest prefix of the code's k nearest
@@ -105,7 +107,7 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     Entries whose prefix stopped leave after their block (``_blocks``) once the active set has shrunk enough; no item
     assignment (``_expand``): numpy, torch and JAX alike."""
     if dense is None and array_api_compat.is_numpy_array(pf) and e.shape[0] * k <= SMALL_BLOCK:
-        return _prefix_mass_few(pf, e, nb, thr, k, V)
+        return _prefix_mass_few(pf, e, nb, thr, k, V, sum_dtype)
     if TORCH_CPU_ON_NUMPY and _torch_cpu(pf, nb, thr):
         return _on_numpy(pf, e, nb, thr, k, V, dense)
     xp = namespace(pf)
@@ -115,6 +117,7 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
     y = e % V
     base, yK, ta = e - y, y * K, thr
     acc, adaptive = _sum_dtype(pf, xp)
+    acc = acc if sum_dtype is None else sum_dtype          # (``_on_numpy``: float64 sums of float32 rows)
     c = xp.zeros(e.shape, dtype=acc, device=array_api_compat.device(pf))      # every entry passes 0 <= thr
     alive = None                                                                # None: every active entry alive
     levels = []
@@ -164,31 +167,42 @@ def _torch_cpu(*arrays) -> bool:
 
 
 def _on_numpy(pf, e, nb, thr, k: int, V: int, dense):
-    """``prefix_mass_at`` of torch CPU tensors by the numpy code on float64 views of them (module note: torch sums in
-    float64, sequentially, and so does numpy on float64 rows: the same sums, then the same rounding to pf's dtype, so
-    the same bits as the torch blocks; tests/test_lantern_fast.py). numpy's column-by-column adds and single gathers
-    cost a tenth of torch's blocks on the CPU (each a cumulative sum down an outer axis, with compactions)."""
+    """``prefix_mass_at`` of torch CPU tensors by the numpy code on numpy views of them, summing in float64 (module
+    note: torch sums in float64, sequentially, and so does the numpy code given ``sum_dtype``: the same sums, then the
+    same rounding to pf's dtype, so the same bits as the torch blocks; tests/test_lantern_fast.py), with no copy of
+    the rows. numpy's column-by-column adds and single gathers cost a tenth of torch's blocks on the CPU (each a
+    cumulative sum down an outer axis, with compactions)."""
     import numpy as np
     import torch
 
-    f64 = lambda a: a.detach().to(torch.float64).numpy()                      # noqa: E731 (no copy when float64)
-    ta = float(thr) if getattr(thr, "ndim", 0) == 0 else f64(thr)
-    m = prefix_mass_at(f64(pf), e.numpy(), nb.numpy(), ta, k, V, None if dense is None else f64(dense))
-    return torch.from_numpy(np.ascontiguousarray(m)).to(pf.dtype)
+    view = lambda a: a.detach().numpy()                                        # noqa: E731 (CPU: shares memory)
+    ta = float(thr) if getattr(thr, "ndim", 0) == 0 else view(thr)
+    m = prefix_mass_at(view(pf), e.numpy(), nb.numpy(), ta, k, V, None if dense is None else view(dense),
+                       sum_dtype=np.float64)
+    return torch.from_numpy(np.ascontiguousarray(m))
 
 
-def _prefix_mass_few(pf, e, nb, thr, k: int, V: int):
+def _prefix_mass_few(pf, e, nb, thr, k: int, V: int, sum_dtype=None):
     """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK): its single block in plain numpy calls (the
-    table's rows, one cumulative sum from a leading 0 in the rows' dtype): the same sums in the same order."""
+    table's rows, ``_prefix_of`` their masses): the same sums in the same order."""
+    y = e % V
+    return _prefix_of(pf[(e - y)[:, None] + nb[y, :k]], thr, pf.dtype if sum_dtype is None else sum_dtype, pf.dtype)[0]
+
+
+def _prefix_of(g, thr, acc, dtype, carry=None):
+    """The admitted mass (m,) of neighbour masses g (m, w) numpy, nearest first, against ``thr`` (a scalar or (m,)):
+    one cumulative sum in dtype ``acc`` from a leading ``carry`` (m,) (the mass admitted over earlier columns; None:
+    0), the longest prefix whose sum is <= thr (sums of masses >= 0 never decrease), the carry when the first
+    already exceeds it. Returns (mass (m,) in ``dtype``, alive (m,) bool: every column passed, so later columns may
+    add more; continuing from mass in ``acc`` gives the same sums as one pass over all the columns)."""
     import numpy as np
 
-    y = e % V
-    g = pf[(e - y)[:, None] + nb[y, :k]]                                                # (m, k) neighbour masses
-    cs = np.cumsum(np.concatenate([np.zeros((e.shape[0], 1), pf.dtype), g], axis=1), axis=1)[:, 1:]
+    c0 = np.zeros((g.shape[0], 1), acc) if carry is None else np.asarray(carry, acc)[:, None]
+    cs = np.cumsum(np.concatenate([c0, g.astype(acc, copy=False)], axis=1), axis=1)[:, 1:]
     ta = thr if getattr(thr, "ndim", 0) == 0 else np.asarray(thr)[:, None]
     last = np.sum(cs <= ta, axis=1, dtype=np.int64)                                  # columns passed (a prefix)
     got = np.take_along_axis(cs, np.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
-    return np.where(last > 0, got, np.zeros((), pf.dtype)).astype(pf.dtype, copy=False)
+    return np.where(last > 0, got, c0[:, 0]).astype(dtype, copy=False), last == g.shape[1]
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
@@ -295,6 +309,36 @@ class Lantern:
         xp = namespace(p, q)
         return ratio_min1(self.aggregated_at(p, x), gather(q, x, xp), xp)
 
+    def sibling_mass(self, pr, c, pc, rank_of, left):
+        """The admitted neighbour mass (B, K) of a node's candidates tried in rank order under the point draft law,
+        in the units of the node's row, numpy (``theory.rules.walks``' level walk): pr (B, V) the node's target row,
+        c (B, K) its candidates, pc (B, K) their masses with repeats of an earlier candidate set to 0, rank_of (B, V)
+        int the 1-based rank of each code's first listing among the node's candidates (0: none), left (B, K) the mass
+        not yet rejected before each. Candidate j meets the residual pr with the earlier candidates zeroed, over
+        left[j]: its neighbours' masses are pr's with those codes zeroed, its threshold (lam - 1) pc[j] (relative:
+        the same in any units) or delta left[j] (absolute), and ``_prefix_of`` sums them as ``prefix_mass_at`` does
+        (the first candidate's, where nothing is zeroed and left is the row itself, bit for bit)."""
+        import numpy as np
+
+        B, K = c.shape
+        table = np.asarray(self.neighbors)
+        b, j, code = np.repeat(np.arange(B), K), np.tile(np.arange(K), B), np.reshape(c, (-1,))   # entries (B K,)
+        thr = np.reshape((self.lam - 1.0) * pc if self.lam is not None else self.delta * left, (-1,))
+        w = SIBLING_BLOCK if B * K * self.k > SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
+        mass, alive, a = None, np.ones(B * K, bool), 0
+        out = np.zeros(B * K, pr.dtype)
+        while a < self.k and alive.any():   # column blocks (the first few, then the rest), as one pass would sum them
+            on = np.nonzero(alive)[0]
+            nb = table[code[on], a:min(a + w, self.k)]                                  # (m, w) nearest first
+            g, r = pr[b[on, None], nb], rank_of[b[on, None], nb]
+            g = np.where((r > 0) & (r <= j[on, None]), np.zeros((), g.dtype), g)        # earlier candidates: rejected
+            m, more = _prefix_of(g, thr[on], pr.dtype, pr.dtype, None if mass is None else mass[on])
+            mass = np.zeros(B * K, pr.dtype) if mass is None else mass
+            mass[on], out[on] = m, m
+            alive[on] = more
+            a, w = a + w, self.k
+        return out.reshape(B, K)
+
 
 @dataclass(frozen=True, eq=False)
 class LanternResample:
@@ -342,12 +386,15 @@ class LanternResample:
 
     reads_f = False     # given the rejected token, f is not read (``theory.rules.acceptance.reads_f``)
 
-    def _nb_mask(self, x: Array, V: int, xp, device) -> Array:
-        """(..., V) bool mask of N(x) (x itself not included) for tokens x (...): O(V + k) per token (``mark``)."""
+    def _nb_rows(self, x: Array, device, xp) -> Array:
+        """N(x) (..., k+1) int64: the k+1 nearest neighbours of tokens x (...,) (x itself not listed)."""
         nb = _table(self.neighbors, self.k + 1, device, xp)
         # take on flat indices: a 0-d index would give torch's take a (1, K) result
-        rows = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, : self.k + 1], (*x.shape, self.k + 1))
-        return mark(rows, V, xp)
+        return xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, : self.k + 1], (*x.shape, self.k + 1))
+
+    def _nb_mask(self, x: Array, V: int, xp, device) -> Array:
+        """(..., V) bool mask of N(x) (x itself not included) for tokens x (...): O(V + k) per token (``mark``)."""
+        return mark(self._nb_rows(x, device, xp), V, xp)
 
     def _given(self, p, q, x, xp):
         """G(.|x) (..., V) for rejected tokens x (...,): O(V + k) per row (one scatter of x's neighbours, ``mark``);
@@ -356,13 +403,17 @@ class LanternResample:
         dev = array_api_compat.device(p)
         zero = xp.zeros((), dtype=p.dtype, device=dev)
         uniform = xp.ones((*p.shape[:-1], 1), dtype=p.dtype, device=dev) / V
-        nbm = self._nb_mask(x, V, xp, dev)
-        if self.law == "released":
-            nbm = nbm & self.accept.admits_at(p, x)[..., None]
-            if self.variant == "p":
-                return normalize(xp.where(nbm | mark(x[..., None], V, xp), zero, p), uniform, xp)
-            return normalize(positive_part(p - xp.where(nbm, zero, q), xp), uniform, xp)
-        S = nbm | mark(x[..., None], V, xp)
+        if self.law == "released":   # a scatter of x's k+1 neighbours into the row: no (..., V) mask
+            nb = self._nb_rows(x, dev, xp)                                         # (..., k+1)
+            adm = self.accept.admits_at(p, x)[..., None]                           # (..., 1)
+            if self.variant == "p":  # p with x, and N(x) if admitted, zeroed (x stands in for N(x) otherwise)
+                idx = xp.concat([x[..., None], xp.where(adm, nb, x[..., None])], axis=-1)
+                return normalize(put_last(p, idx, zero, xp), uniform, xp)
+            # [p - q']_+, q' = q with N(x) zeroed if admitted: [p - q]_+ with [p - 0]_+ = [p]_+ put back at N(x)
+            r = positive_part(p - q, xp)
+            back = xp.where(adm, positive_part(take_last(p, nb, xp), xp), take_last(r, nb, xp))
+            return normalize(put_last(r, nb, back, xp, copy=False), uniform, xp)       # (r is ours)
+        S = self._nb_mask(x, V, xp, dev) | mark(x[..., None], V, xp)
         if self.variant == "p":
             return normalize(xp.where(S, zero, p), uniform, xp)
         qn = normalize(xp.where(S, zero, q), xp.zeros_like(q), xp)

@@ -31,7 +31,7 @@ from .acceptance import ROW_FEATURES, Greedy, Level, RowScaled, Scaled, Typical,
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import Lantern, LanternResample
 from .resampling import Argmax, Optimal, Residual, Target
-from .walks import GREEDY_WALKS, VANILLA_WALKS, greedy_chain
+from .walks import GREEDY_WALKS, VANILLA_WALKS, boosted_walks, greedy_chain
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
 __all__ = ["Verifier", "guarded", "vanilla", "scaled", "row_scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
@@ -195,9 +195,10 @@ TYPICAL_RESAMPLERS = ("argmax", "optimal")
 
 def _lantern_verifier(acc: Lantern, variant: str, resample: str, base: str, params: dict) -> Verifier:
     """LANTERN-family verifier: the release's resampler ("lantern"), our renormalised variant, or a named one (G*)."""
-    if resample == "lantern":
+    if resample == "lantern":   # variant "q" under the point law leaves vanilla's residual: vanilla's walk, boosted
+        walk = boosted_walks(acc.sibling_mass) if variant == "q" else None
         return Verifier(acc, LanternResample(acc.neighbors, acc.k, variant, "released", acc), base,
-                        {**params, "resampler": resample})
+                        {**params, "resampler": resample}, walk=walk)
     if resample == "renormalised":
         return Verifier(acc, LanternResample(acc.neighbors, acc.k, variant, "renormalised", acc),
                         f"{base}-renormalised", {**params, "resampler": resample})

@@ -14,6 +14,10 @@ Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), 
   so candidate j is accepted iff u_j < p(c_j) / (m - S_j), with m = sum(p) and S_j = sum_{i<j} p(c_i) (a token
   repeated among the siblings has p_res = 0: rejected, residual unchanged), and the next token after the last
   rejection is drawn from p with every rejected sibling zeroed.
+* LANTERN++ as released (``theory.rules.lantern_pp``: its residual under the point law is vanilla's, since the
+  neighbours it zeroes in q' = one-hot(c) hold no draft mass) with the point law: vanilla's walk with the
+  acceptance's admitted neighbour mass added to each candidate's (``boosted_walks``, ``Lantern.sibling_mass``:
+  the neighbours' masses with the earlier siblings zeroed, O(k) per candidate, every sibling of a level at once).
 * greedy (``theory.rules.greedy``: f = 1[x = argmax p], G = one-hot(argmax p)), any draft law: rejections leave
   the argmax in place, so the walk follows the first child (by rank) whose token is the node's argmax and whose
   draft row gives it positive mass (``verify_tree`` skips impossible candidates), and the next token is the argmax
@@ -40,7 +44,7 @@ from .acceptance import Vanilla, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
 
-__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk", "boosted_walks"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
@@ -51,12 +55,16 @@ def _host(*arrays) -> bool:
 
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
           u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
-          draft_law: str = "point"):
+          draft_law: str = "point", *, boost=None):
     """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla": the point law; "greedy": any law), numpy
     arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
     it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
-    (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. Returns (accepted (B,), path (B, D),
-    next_token (B,), last_node (B,)), or None when the arrays are not numpy (the rule's "device" walk serves them)."""
+    (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. ``boost`` (vanilla's walk for a
+    rule whose residual under the point law is vanilla's, LANTERN++'s released one): the mass its acceptance adds
+    to each candidate's (``Lantern.sibling_mass``), candidate j accepted iff u_j < (p(c_j) + boost_j) / (m - S_j)
+    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``). Returns (accepted (B,),
+    path (B, D), next_token (B,), last_node (B,)), or None when the arrays are not numpy (the rule's "device" walk
+    serves them)."""
     if not _host(p, q, tokens, u_accept, u_sample):
         return None
     B, N1, V = p.shape
@@ -88,7 +96,15 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             dup = ((c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]).any(-1)
             pc = np.where(has & ~dup, pr[rows[:, None], c], 0.0)
             left = pr.sum(-1, keepdims=True) - (np.cumsum(pc, -1) - pc)          # mass not yet rejected
-            thr = np.where(left > 0, pc / np.where(left > 0, left, 1.0), 0.0)
+            if boost is None:
+                thr = np.where(left > 0, pc / np.where(left > 0, left, 1.0), 0.0)
+            else:                                   # the residual before the first candidate is the row itself
+                left[:, 0] = 1.0
+                rank_of = np.zeros((B, V), np.int16)
+                rr, jj = np.nonzero(has[:, ::-1])                                # latest rank first: the earliest wins
+                rank_of[rr, c[rr, K - 1 - jj]] = K - jj
+                num = pc + boost(pr, c, pc, rank_of, left)
+                thr = np.where(left > 0, num / np.where(left > 0, left, 1.0), 0.0)
             ok = has & (u_accept[rows[:, None], safe] < thr)
         acc = ok.any(-1)
         first = ok.argmax(-1)                                                    # the first accepted sibling
@@ -317,6 +333,12 @@ def _norm(w, fallback, xp):
 VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": partial(host_walk, Vanilla(), Residual()),
                  "device": _vanilla_device}
 GREEDY_WALKS = {**{law: partial(_walk, "greedy") for law in DRAFT_LAWS}, "device": _greedy_device}
+
+
+def boosted_walks(boost) -> dict:
+    """The walks of a rule whose residual under the point law is vanilla's and whose acceptance adds ``boost`` to a
+    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``): the point law's only."""
+    return {"point": partial(_walk, "vanilla", boost=boost)}
 
 
 def greedy_chain(p, q, tokens, u_accept, u_sample, n_drafted=None) -> ChainVerdict:
