@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -79,8 +79,9 @@ def default_dtype(device, dtype) -> str:
 def common(args, *, available: bool = True) -> None:
     """The options several commands share, checked in this one place whichever command parsed them (issue 41: generate,
     sweep, tune, demo, theory and sim call it first): --seed, --temperature, --top-p, --top-k, --cfg-scale,
-    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype; an option the command
-    does not have is skipped. Range and overflow: a float option must be finite (and representable in float32, the
+    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype (the device and the dtype
+    first: this module's own checks, then the numbers: ``theory.core.checks``); an option the command does not have is
+    skipped. Range and overflow: a float option must be finite (and representable in float32, the
     compute dtype), an integer one within int64. ValueError naming the flag."""
     from theory.core import checks
     from theory.rules.methods import FLOAT32_MAX, INT_MAX     # the method registry's bounds, the same for flags
@@ -88,6 +89,10 @@ def common(args, *, available: bool = True) -> None:
     def has(d):
         return getattr(args, d, None) is not None
 
+    if has("device") and isinstance(args.device, str):
+        device("--device", args.device, available=available)
+    if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     if has("seed"):
         checks.seed(args.seed, "--seed")
     if has("temperature"):
@@ -118,10 +123,6 @@ def common(args, *, available: bool = True) -> None:
 
     if os.environ.get(DEVICE_PATH_ENV) is not None:          # the environment's boolean: its documented spellings
         checks.boolean(DEVICE_PATH_ENV, os.environ[DEVICE_PATH_ENV])
-    if has("device") and isinstance(args.device, str):
-        device("--device", args.device, available=available)
-    if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
 
 
 def method_model(method: str, params: dict, args, what: str, model_spec) -> None:
@@ -195,12 +196,36 @@ def model_options(args, model: str | None = None):
     options calls this), then their input paths (``input_paths``). Returns the model's spec."""
     from real import specs
 
-    values = option_values(args)
-    if values.get("draft") is None and values.get("mode") in specs.universal_drafts():
-        values = {**values, "draft": values["mode"]}     # --mode jacobi: no draft model, so no draft kind's rules
-    s = specs.check_options(model or args.model, values)
+    s = specs.check_options(model or args.model, _spec_values(args))
     input_paths(args)
     return s
+
+
+def _spec_values(args) -> dict:
+    """The option values ``real.specs.check_options`` reads: ``--mode jacobi`` (no draft model) checked as the
+    universal draft kind it is, so no draft kind's rules apply."""
+    from real import specs
+
+    values = option_values(args)
+    if values.get("draft") is None and values.get("mode") in specs.universal_drafts():
+        values = {**values, "draft": values["mode"]}
+    return values
+
+
+def run_options(args, *, available: bool = True) -> tuple:
+    """The options of a model run, read in one pass before any model is built (``coolsd generate``): this module's
+    own checks first (the input files ``input_paths``, the schedule files ``schedule_files``, the dtype, the device),
+    then the numbers (``common``: ``theory.core.checks``), then the model's options against its spec (the one generic
+    check, ``real.specs.check_options``). Returns (the model's ``real.specs.ModelSpec``, the schedule files {flag:
+    path}, the run's dtype). ValueError naming the flag."""
+    from real import specs
+
+    values = _spec_values(args)
+    input_paths(args)
+    schedules = schedule_files(args)
+    dtype = default_dtype(args.device, args.dtype)
+    common(args, available=available)
+    return specs.check_options(args.model, values), schedules, dtype
 
 
 def input_paths(args) -> None:
