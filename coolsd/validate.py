@@ -30,16 +30,18 @@ class RunConfig:
     Namespace. ``options`` (read-only mapping) holds every parsed option with the validated values in place of the
     given ones (resolved paths, the number of images, the dtype); an option reads as an attribute (``cfg.model``).
     ``drafting``: the checked ``coolsd.options.DraftingSpec``; ``method_params``: the method's converted parameters;
-    ``inputs``: {flag: path} of every file the run reads."""
+    ``inputs``: {flag: path} of every file the run reads; ``method_def``: the method's registry entry
+    (``theory.rules.methods.Method``: what it needs of the model), None for plain decoding."""
     options: MappingProxyType
     drafting: object = None
     method_params: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     inputs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    method_def: object = None
 
     @classmethod
     def of(cls, args, resolved: dict | None = None, **parts) -> "RunConfig":
         """The config of a parsed Namespace ``args`` (or of a ``RunConfig``: its options) with the ``resolved`` option
-        values (the Namespace is read, not changed); ``parts``: drafting, method_params, inputs."""
+        values (the Namespace is read, not changed); ``parts``: drafting, method_params, inputs, method_def."""
         opts = dict(option_values(args)) | dict(resolved or {})
         opts.pop("func", None)
         parts = {k: MappingProxyType(dict(v)) if isinstance(v, dict) else v for k, v in parts.items()}

@@ -50,7 +50,6 @@ def build_plan(cfg: RunConfig) -> Plan:
     from real.decode.sampling import Processing
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
-    from theory.rules import methods as rule_registry
 
     threads = cfg.threads if cfg.threads is not None else (1 if "tiny" in cfg.model else None)
     if threads is not None:
@@ -68,7 +67,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     if method == "ar":
         return Plan(cfg, bundle, spec, method, None, proc, None)
     proc = method_processing(method, proc)
-    gsd = rule_registry.get(method).needs_embeddings
+    gsd = cfg.method_def.needs_embeddings
     gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
@@ -95,6 +94,7 @@ def validate_args(args: RunConfig) -> RunConfig:
     the method (``coolsd.options``), what they need of the model (``coolsd.validate``), then the outputs
     (``coolsd.io``) and --record's rounds; the model's spec is looked up once and read from then on."""
     from theory.core import checks
+    from theory.rules import methods as rule_registry
 
     from coolsd import validate
     from real.decode.checks import MAX_IMAGES
@@ -122,6 +122,7 @@ def validate_args(args: RunConfig) -> RunConfig:
     proc = run_processing(args)                          # what the drafting checks and --fidelity's check read
     drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
     method, params, full = method_spec(args)             # the method's own options (coolsd.options)
+    method_def = None if method == "ar" else rule_registry.get(method)    # what it needs, read once
     validate.batched_model(args, s)                      # what they need of the model (shared with sweep)
     validate.compile_option(args, s)
     validate.method_model(method, full, args, f"--method {method}", s)
@@ -142,7 +143,7 @@ def validate_args(args: RunConfig) -> RunConfig:
         _check_record(args, s, drafting, T, bare)
     resolved = {"num_images": num_images, "save": save, "record": record, "dtype": dtype,
                 "draft": args.draft if drafting.mode.needs_draft else None}
-    return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs)
+    return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs, method_def=method_def)
 
 
 def _check_record(args, s, drafting, T, bare) -> None:
@@ -179,7 +180,6 @@ def check_bundle(cfg, bundle) -> None:
     position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
     --gsd-window) before generating."""
     from theory.core import checks
-    from theory.rules import methods as registry
     from theory.rules.gsd import GSD_WINDOW
 
     T = int(bundle.num_tokens)
@@ -189,8 +189,7 @@ def check_bundle(cfg, bundle) -> None:
         if o.image_bound and v is not None and v > T:
             raise ValueError(f"{o.flag} {v} is more than the {T} tokens of one image of --model {cfg.model} (a round "
                              f"never drafts past the image); use {o.flag} <= {T}")
-    method = str(cfg.method).lower()
-    if method != "ar" and registry.get(method).needs_embeddings:
+    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
         V = int(bundle.target.vocab_size)
         w = min(int(cfg.method_params.get("window", GSD_WINDOW)), 2 * V)
         rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
