@@ -215,19 +215,22 @@ def _spec_values(args) -> dict:
 
 
 def run_options(args, *, available: bool = True) -> tuple:
-    """The options of a model run, read in one pass before any model is built (``coolsd generate``): this module's
-    own checks first (the input files ``input_paths``, the schedule files ``schedule_files``, the dtype, the device),
-    then the numbers (``common``: ``theory.core.checks``), then the model's options against its spec (the one generic
-    check, ``real.specs.check_options``). Returns (the model's ``real.specs.ModelSpec``, the schedule files {flag:
-    path}, the run's dtype). ValueError naming the flag."""
+    """The options of a model run, read in one pass before any model is built (``coolsd generate`` and ``coolsd
+    sweep``): the options every command shares (``common``: the device and dtype, then the numbers), the model's
+    options against its spec (the one generic check, ``real.specs.check_options``: an option the model does not read
+    is refused before its file is looked at), then this module's checks that read the spec: the input files
+    (``input_paths``), the schedule files (``schedule_files``), the dtype, batching (``batched_model``). Returns (the
+    model's ``real.specs.ModelSpec``, the schedule files {flag: path}, the run's dtype). ValueError naming the flag."""
     from real import specs
 
     values = _spec_values(args)
+    common(args, available=available)
+    s = specs.check_options(args.model, values)
     input_paths(args)
     schedules = schedule_files(args)
     dtype = default_dtype(args.device, args.dtype)
-    common(args, available=available)
-    return specs.check_options(args.model, values), schedules, dtype
+    batched_model(args, s)
+    return s, schedules, dtype
 
 
 def input_paths(args) -> None:

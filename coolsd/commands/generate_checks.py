@@ -89,10 +89,11 @@ def validate_args(args: RunConfig) -> RunConfig:
     (``RunConfig.of`` of the Namespace, nothing resolved yet). Returns the validated ``RunConfig``:
     ``--save`` / ``--record`` resolved to the file that will be written,
     ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
-    parameters. One pass, one direction, each layer entered once: the shared layer (``coolsd.validate.run_options``:
-    input and schedule files, device, numbers, the model's spec), the conditions and the image count, the mode and
-    the method (``coolsd.options``), what they need of the model (``coolsd.validate``), then the outputs
-    (``coolsd.io``) and --record's rounds; the model's spec is looked up once and read from then on."""
+    parameters. One pass, one direction: the shared layer (``coolsd.validate.run_options``: device, numbers, the
+    model's spec, input and schedule files, batching), the conditions and the image count, the mode and the method
+    (``coolsd.options``), what they need of the model (``coolsd.validate``: --compile, the codebook), then the
+    outputs (``coolsd.io``) and --record's rounds; the model's spec and the method's registry entry are looked up
+    once and read from then on."""
     from theory.core import checks
     from theory.rules import methods as rule_registry
 
@@ -123,8 +124,7 @@ def validate_args(args: RunConfig) -> RunConfig:
     drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
     method, params, full = method_spec(args)             # the method's own options (coolsd.options)
     method_def = None if method == "ar" else rule_registry.get(method)    # what it needs, read once
-    validate.batched_model(args, s)                      # what they need of the model (shared with sweep)
-    validate.compile_option(args, s)
+    validate.compile_option(args, s)                     # what they need of the model (shared with sweep)
     validate.method_model(method, full, args, f"--method {method}", s)
     bare = drafting.build()                              # the mode without a model: its capabilities
     if args.fidelity and method != "ar":

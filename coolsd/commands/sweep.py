@@ -131,7 +131,7 @@ def config(args):
     from coolsd.studies.sweep import SweepConfig, ensure_vanilla, grid_from_toml, parse_grid
     from theory.core import checks
 
-    model_spec, _, _ = validate.run_options(args)   # the shared layer, as generate reads it: files, numbers, spec
+    model_spec, _, _ = validate.run_options(args)   # the shared layer, as generate reads it (batching included)
     from coolsd.io import check_store_dir
 
     check_store_dir("--out", args.out)     # a new directory or a sweep's own; a file / FIFO / device refused unopened
@@ -165,7 +165,6 @@ def config(args):
     if args.batch_size is not None and args.batch_size > unit:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {unit} (each unit is one "
                          "engine call): raise --unit-images")
-    validate.batched_model(args, model_spec)         # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
     from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
