@@ -106,20 +106,23 @@ def add_method_args(p) -> None:
                                       f"{prm.default if prm.default is not None else 'derived'})" for m, prm in owners))
 
 
-def method_params(args, method: str) -> dict:
+def method_params(args, method: str, gave: set | None = None) -> dict:
     """The registry parameters of ``method`` given as flags in ``args``, converted and range-checked by the method's
-    own ``Param`` (ValueError naming the flag); a flag the method does not read is refused with its own flags."""
+    own ``Param`` (ValueError naming the flag); a flag the method does not read is refused with its own flags.
+    ``gave``: the verifier flags given (``given``), when the caller has read them already."""
     from theory.rules import methods as registry
 
+    if gave is None:
+        gave = {f for f in registry.flag_owners() if given(args, f)}
     m = registry.get(method)
     own = {p.option: p for p in m.free}
-    other = sorted(f for f in registry.flag_owners() if given(args, f) and f not in own)
+    other = sorted(f for f in registry.flag_owners() if f in gave and f not in own)
     if other:
         raise ValueError(f"{', '.join(flag(f) for f in other)} do(es) not apply to method {m.name} (its options: "
                          f"{sorted(flag(f) for f in own) or 'none'})")
     out = {}
     for f, prm in own.items():
-        if given(args, f):
+        if f in gave:
             try:
                 out[prm.name] = prm.check(m.name, getattr(args, f))
             except ValueError as e:
@@ -134,16 +137,17 @@ def method_spec(args) -> tuple:
     --gsd-table with a method that has no distance test are refused, naming the flag."""
     from theory.rules import methods as registry
 
+    gave = {f for f in registry.flag_owners() if given(args, f)}     # read once
     method = str(args.method).lower()
     names = registry.names()                     # read now: a rule registered after import counts
     if method not in tuple(m.lower() for m in names) + ("ar",) + tuple(registry.ALIASES):
         raise ValueError(f"--method: unknown method {args.method!r}; choose from {', '.join(names + ('ar',))}")
     if method == "ar":
-        other = sorted(f for f in registry.flag_owners() if given(args, f))
-        if other:
-            raise ValueError(f"{', '.join(flag(f) for f in other)} configure(s) a verifier; --method ar has none")
+        if gave:
+            raise ValueError(f"{', '.join(flag(f) for f in sorted(gave))} configure(s) a verifier; --method ar has "
+                             "none")
         return method, {}, {}
-    params = method_params(args, method)
+    params = method_params(args, method, gave)
     full = registry.resolve(method, params)      # the registry's combined checks
     if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
         raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
@@ -203,14 +207,15 @@ def _deprecated(old: str, new: str) -> None:
     print(f"coolsd: {old} is deprecated: use {new}", file=sys.stderr)
 
 
-def _resolve(args) -> tuple:
+def _resolve(args, gave: set) -> tuple:
     """(ModeDef, how it was named, dests consumed by the naming) of ``args``: ``--mode``; the older ``--draft NAME`` /
-    ``--tree dynamic`` (a one-line deprecation each); a mode's ``implied_by`` option; else the default."""
+    ``--tree dynamic`` (a one-line deprecation each); a mode's ``implied_by`` option; else the default. ``gave``: the
+    drafting dests given (``given``, read once by ``drafting_spec``)."""
     modes = _registry()
     old = next(((d.name, f"{flag(d.deprecated_by)} {getattr(args, d.deprecated_by)}", d.deprecated_by)
                 for d in modes.REGISTRY.values() if d.cli and d.deprecated_by
                 and str(getattr(args, d.deprecated_by, None)).strip().lower() == d.name), None)
-    if given(args, "mode"):
+    if "mode" in gave:
         d = modes.lookup(args.mode)
         if not d.cli:
             raise ValueError(f"--mode {args.mode}: not a --mode choice (plain AR is --method ar)")
@@ -220,21 +225,25 @@ def _resolve(args) -> tuple:
     if old is not None:
         _deprecated(old[1], f"--mode {old[0]}")
         return modes.lookup(old[0]), old[1], {old[2]}
-    implied = next((d for d in modes.REGISTRY.values() if d.cli and d.implied_by and given(args, d.implied_by)), None)
+    implied = next((d for d in modes.REGISTRY.values() if d.cli and d.implied_by and d.implied_by in gave), None)
     if implied is not None:
         return implied, f"{flag(implied.implied_by)} {getattr(args, implied.implied_by)}", set()
     return modes.lookup(modes.DEFAULT_MODE), f"--mode {modes.DEFAULT_MODE}", set()
 
 
-def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
+def drafting_spec(args, num_tokens: int | None = None, processing=None) -> DraftingSpec:
     """The drafting options of ``args`` checked (ranges, flags that do not apply, combinations, the mode's own
     checks) into a ``DraftingSpec``; ``num_tokens`` (when known before building) bounds the image-bound options
-    (--L, Jacobi's --window). ValueError naming the flag."""
-    mdef, named, consumed = _resolve(args)
+    (--L, Jacobi's --window); ``processing``: ``run_processing(args)`` when the caller has it. ValueError naming the
+    flag. Which options were given is read once, before the mode is looked up."""
     dests = drafting_dests()
-    gave = [d for d in dests if d not in consumed and given(args, d)]
+    named_by = {"mode", *dests, *(d.implied_by for d in _registry().REGISTRY.values() if d.implied_by)}
+    given_now = {d for d in named_by if given(args, d)}
+    proc = run_processing(args) if processing is None else processing
+    mdef, named, consumed = _resolve(args, given_now)
+    gave = [d for d in dests if d not in consumed and d in given_now]
     ar = str(getattr(args, "method", "")).lower() == "ar"
-    if ar and (given(args, "mode") or consumed):
+    if ar and ("mode" in given_now or consumed):
         raise ValueError(f"{named} needs a speculative method (not ar)")
     if ar and gave:
         raise ValueError(f"{', '.join(flag(d) for d in gave)} configure{'s' if len(gave) == 1 else ''} drafting; "
@@ -247,7 +256,7 @@ def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
         owner = next(m for m, _ in dests[wrong[0]] if m.cli)
         n = len(wrong)
         what = f"{', '.join(flag(d) for d in wrong)} configure{'s' if n == 1 else ''} {owner.describes}"
-        if given(args, "mode") or consumed:
+        if "mode" in given_now or consumed:
             raise ValueError(f"{', '.join(flag(d) for d in wrong)} do(es) not apply to {named} (its options: "
                              f"{', '.join(o.flag for o in mdef.options) or 'none'}); {what}: use --mode {owner.name}")
         raise ValueError(f"{what}: add --mode {owner.name}")
@@ -255,7 +264,7 @@ def drafting_spec(args, num_tokens: int | None = None) -> DraftingSpec:
     if not mdef.needs_draft and draft is not None and "draft" not in consumed:
         raise ValueError(f"--draft {draft} names a draft model; {named} drafts without one: drop --draft")
     opts = {o.name: o.check(getattr(args, o.dest), num_tokens) for o in mdef.options if o.dest in gave}
-    mdef.check(opts, num_tokens, run_processing(args))
+    mdef.check(opts, num_tokens, proc)
     spec = DraftingSpec(mdef.name, tuple(sorted(opts.items())), named)
     if mdef.chain and num_tokens is not None and spec.max_depth > num_tokens:   # defaults included (--L 4)
         n = getattr(args, "num_tokens", None)

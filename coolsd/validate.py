@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -30,16 +30,18 @@ class RunConfig:
     Namespace. ``options`` (read-only mapping) holds every parsed option with the validated values in place of the
     given ones (resolved paths, the number of images, the dtype); an option reads as an attribute (``cfg.model``).
     ``drafting``: the checked ``coolsd.options.DraftingSpec``; ``method_params``: the method's converted parameters;
-    ``inputs``: {flag: path} of every file the run reads."""
+    ``inputs``: {flag: path} of every file the run reads; ``method_def``: the method's registry entry
+    (``theory.rules.methods.Method``: what it needs of the model), None for plain decoding."""
     options: MappingProxyType
     drafting: object = None
     method_params: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     inputs: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    method_def: object = None
 
     @classmethod
     def of(cls, args, resolved: dict | None = None, **parts) -> "RunConfig":
         """The config of a parsed Namespace ``args`` (or of a ``RunConfig``: its options) with the ``resolved`` option
-        values (the Namespace is read, not changed); ``parts``: drafting, method_params, inputs."""
+        values (the Namespace is read, not changed); ``parts``: drafting, method_params, inputs, method_def."""
         opts = dict(option_values(args)) | dict(resolved or {})
         opts.pop("func", None)
         parts = {k: MappingProxyType(dict(v)) if isinstance(v, dict) else v for k, v in parts.items()}
@@ -79,8 +81,9 @@ def default_dtype(device, dtype) -> str:
 def common(args, *, available: bool = True) -> None:
     """The options several commands share, checked in this one place whichever command parsed them (issue 41: generate,
     sweep, tune, demo, theory and sim call it first): --seed, --temperature, --top-p, --top-k, --cfg-scale,
-    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype; an option the command
-    does not have is skipped. Range and overflow: a float option must be finite (and representable in float32, the
+    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype (the device and the dtype
+    first: this module's own checks, then the numbers: ``theory.core.checks``); an option the command does not have is
+    skipped. Range and overflow: a float option must be finite (and representable in float32, the
     compute dtype), an integer one within int64. ValueError naming the flag."""
     from theory.core import checks
     from theory.rules.methods import FLOAT32_MAX, INT_MAX     # the method registry's bounds, the same for flags
@@ -88,6 +91,10 @@ def common(args, *, available: bool = True) -> None:
     def has(d):
         return getattr(args, d, None) is not None
 
+    if has("device") and isinstance(args.device, str):
+        device("--device", args.device, available=available)
+    if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     if has("seed"):
         checks.seed(args.seed, "--seed")
     if has("temperature"):
@@ -118,10 +125,6 @@ def common(args, *, available: bool = True) -> None:
 
     if os.environ.get(DEVICE_PATH_ENV) is not None:          # the environment's boolean: its documented spellings
         checks.boolean(DEVICE_PATH_ENV, os.environ[DEVICE_PATH_ENV])
-    if has("device") and isinstance(args.device, str):
-        device("--device", args.device, available=available)
-    if has("dtype") and isinstance(args.dtype, str) and args.dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
 
 
 def method_model(method: str, params: dict, args, what: str, model_spec) -> None:
@@ -195,12 +198,39 @@ def model_options(args, model: str | None = None):
     options calls this), then their input paths (``input_paths``). Returns the model's spec."""
     from real import specs
 
-    values = option_values(args)
-    if values.get("draft") is None and values.get("mode") in specs.universal_drafts():
-        values = {**values, "draft": values["mode"]}     # --mode jacobi: no draft model, so no draft kind's rules
-    s = specs.check_options(model or args.model, values)
+    s = specs.check_options(model or args.model, _spec_values(args))
     input_paths(args)
     return s
+
+
+def _spec_values(args) -> dict:
+    """The option values ``real.specs.check_options`` reads: ``--mode jacobi`` (no draft model) checked as the
+    universal draft kind it is, so no draft kind's rules apply."""
+    from real import specs
+
+    values = option_values(args)
+    if values.get("draft") is None and values.get("mode") in specs.universal_drafts():
+        values = {**values, "draft": values["mode"]}
+    return values
+
+
+def run_options(args, *, available: bool = True) -> tuple:
+    """The options of a model run, read in one pass before any model is built (``coolsd generate`` and ``coolsd
+    sweep``): the options every command shares (``common``: the device and dtype, then the numbers), the model's
+    options against its spec (the one generic check, ``real.specs.check_options``: an option the model does not read
+    is refused before its file is looked at), then this module's checks that read the spec: the input files
+    (``input_paths``), the schedule files (``schedule_files``), the dtype, batching (``batched_model``). Returns (the
+    model's ``real.specs.ModelSpec``, the schedule files {flag: path}, the run's dtype). ValueError naming the flag."""
+    from real import specs
+
+    values = _spec_values(args)
+    common(args, available=available)
+    s = specs.check_options(args.model, values)
+    input_paths(args)
+    schedules = schedule_files(args)
+    dtype = default_dtype(args.device, args.dtype)
+    batched_model(args, s)
+    return s, schedules, dtype
 
 
 def input_paths(args) -> None:

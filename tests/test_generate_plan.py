@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+from coolsd import validate
 from coolsd.cli import build_parser
 from coolsd.commands.generate_checks import Plan, plan
 from real.decode.forced_rows import scoring_inputs
@@ -34,6 +35,8 @@ def test_plan_leaves_the_namespace_as_parsed_and_is_frozen(extra):
     assert isinstance(p, Plan) and p.cfg.num_images == 2 and len(p.bundle.conds) == 2
     assert (p.mode is None) == (p.method == "ar") and (p.verifier is None) == (p.method == "ar")
     assert (p.rule is not None) == ("--fidelity" in extra) and (p.scored is not None) == ("--fidelity" in extra)
+    assert (p.cfg.method_def is None) == (p.method == "ar")          # the registry entry, read once in validation
+    assert p.method == "ar" or p.cfg.method_def.name.lower() == p.method
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.verifier = None
     with pytest.raises(TypeError):
@@ -45,6 +48,24 @@ def test_namespace_check_sees_a_planted_write():
     args = build_parser().parse_args(["generate", "--model", "mnist"])
     assert _changed(args, lambda a: setattr(a, "_drafting", "chain")) == ["_drafting"]
     assert _changed(args, lambda a: setattr(a, "seed", 5)) == ["seed"]
+
+
+@pytest.mark.parametrize("command", [["generate"], ["sweep", "--out", "unused_store"]])
+def test_run_options_reads_the_shared_layer_in_one_pass(command):
+    """``validate.run_options`` (generate and sweep): the model's spec, the schedule files and the dtype; the device
+    before the numbers (``theory.core.checks``), the numbers before the model's spec, and an option the model does not
+    read refused as such before its file is looked up (not "not an existing path"), one error each. Controls: the
+    same options one fault at a time, and none."""
+    def parse(*extra):
+        return build_parser().parse_args([*command, "--model", "mnist", *extra])
+
+    s, schedules, dtype = validate.run_options(parse(), available=False)
+    assert (s.name, schedules, dtype) == ("mnist", {}, "float32")
+    for extra, match in [(("--device", "gpu0", "--seed", "-1", "--vq-ckpt", "x"), "^--device"),
+                         (("--seed", "-1", "--vq-ckpt", "x"), "^--seed"),
+                         (("--vq-ckpt", "x"), "--vq-ckpt does not apply to --model mnist")]:
+        with pytest.raises(ValueError, match=match):
+            validate.run_options(parse(*extra), available=False)
 
 
 class _Model:

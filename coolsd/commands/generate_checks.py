@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from coolsd.io import check_output_file, check_outputs
-from coolsd.options import drafting_spec, flag, given, method_spec, run_processing
+from coolsd.options import drafting_spec, flag, method_spec, run_processing
 from coolsd.validate import RunConfig
 from real.specs import OPTIONS
 
@@ -50,7 +50,6 @@ def build_plan(cfg: RunConfig) -> Plan:
     from real.decode.sampling import Processing
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
-    from theory.rules import methods as rule_registry
 
     threads = cfg.threads if cfg.threads is not None else (1 if "tiny" in cfg.model else None)
     if threads is not None:
@@ -68,7 +67,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     if method == "ar":
         return Plan(cfg, bundle, spec, method, None, proc, None)
     proc = method_processing(method, proc)
-    gsd = rule_registry.get(method).needs_embeddings
+    gsd = cfg.method_def.needs_embeddings
     gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
@@ -90,68 +89,69 @@ def validate_args(args: RunConfig) -> RunConfig:
     (``RunConfig.of`` of the Namespace, nothing resolved yet). Returns the validated ``RunConfig``:
     ``--save`` / ``--record`` resolved to the file that will be written,
     ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
-    parameters. One pass, one direction: the shared layer (``coolsd.validate``: numbers, device, the model's spec and
-    its files, schedule files, batching), the inputs, the mode and the method, then the outputs; the model's spec is
-    looked up once and read from then on."""
+    parameters. One pass, one direction: the shared layer (``coolsd.validate.run_options``: device, numbers, the
+    model's spec, input and schedule files, batching), the conditions and the image count, the mode and the method
+    (``coolsd.options``), what they need of the model (``coolsd.validate``: --compile, the codebook), then the
+    outputs (``coolsd.io``) and --record's rounds; the model's spec and the method's registry entry are looked up
+    once and read from then on."""
     from theory.core import checks
+    from theory.rules import methods as rule_registry
 
     from coolsd import validate
     from real.decode.checks import MAX_IMAGES
 
-    validate.common(args, available=False)               # the options every command shares (availability: at build)
-    s = validate.model_options(args)                     # the model's spec: its one generic check, its input files
-    schedules = validate.schedule_files(args)            # regular, small JSON files before the registry opens them
-    dtype = validate.default_dtype(args.device, args.dtype)
-    validate.batched_model(args, s)
-    n_conds = len(args.prompts) if given(args, "prompts") else None
+    s, schedules, dtype = validate.run_options(args, available=False)   # availability: at build
+    n_conds = len(args.prompts) if args.prompts is not None else None
     if args.captions is not None:                        # the file loads (and is counted) whether or not it is used
         from real.nn.checkpoint import load_captions
 
         n_captions = len(load_captions(args.captions))
         n_conds = n_captions if n_conds is None else n_conds
-    T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
-    drafting = drafting_spec(args, T)                    # the modes' own options (coolsd.options)
-    method, params, full = method_spec(args)             # the method's own options (coolsd.options)
-    validate.method_model(method, full, args, f"--method {method}", s)     # what it needs of the model (shared)
-    validate.compile_option(args, s)
     num_images = args.num_images
     if num_images is None:
         num_images = n_conds or 1
     else:
         checks.integer("--num-images", num_images, lo=1)
         if n_conds and num_images != n_conds:
-            src = "--prompts" if given(args, "prompts") else "--captions"
+            src = "--prompts" if args.prompts is not None else "--captions"
             raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
                              f"{src} (one image per entry); drop --num-images or give {num_images} entries")
     checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
-    if getattr(args, "fidelity", False) and method != "ar":
+    T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
+    proc = run_processing(args)                          # what the drafting checks and --fidelity's check read
+    drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
+    method, params, full = method_spec(args)             # the method's own options (coolsd.options)
+    method_def = None if method == "ar" else rule_registry.get(method)    # what it needs, read once
+    validate.compile_option(args, s)                     # what they need of the model (shared with sweep)
+    validate.method_model(method, full, args, f"--method {method}", s)
+    bare = drafting.build()                              # the mode without a model: its capabilities
+    if args.fidelity and method != "ar":
         try:                                               # what the options alone show has no exact likelihood
-            drafting.mode.likelihood(drafting.build(), None, None, run_processing(args))
+            drafting.mode.likelihood(bare, None, None, proc)
         except NotImplementedError as e:
             raise ValueError(f"--fidelity with {drafting.named}: {e}") from None
+    if args.record is not None and method == "ar":
+        raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
+                         "speculative --method (e.g. vanilla) or drop --record")
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
-    record = None
-    if args.record is not None:
-        if method == "ar":
-            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
-                             "speculative --method (e.g. vanilla) or drop --record")
-        record = str(check_output_file("--record", args.record, ".npz"))
-        _check_record(args, s, drafting, T)
+    record = None if args.record is None else str(check_output_file("--record", args.record, ".npz"))
     inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules
     check_outputs({"--save": save, "--record": record}, inputs)
+    if record is not None:
+        _check_record(args, s, drafting, T, bare)
     resolved = {"num_images": num_images, "save": save, "record": record, "dtype": dtype,
                 "draft": args.draft if drafting.mode.needs_draft else None}
-    return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs)
+    return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs, method_def=method_def)
 
 
-def _check_record(args, s, drafting, T) -> None:
+def _check_record(args, s, drafting, T, bare) -> None:
     """--record needs a round it can record in a T-token image; refused now, not after generating (issue 50). A tree
     mode keeps the rounds that drafted the whole tree (static, grown or SJD-PAC's window): its depth must leave one
     (the first drafted round starts after one token, so depth <= T - 2). A chain keeps its drafted rounds: a T-token
     image has one only when T >= 2 (3 with an EAGLE drafter, whose first round is the target's prefill alone).
-    ``s``: the model's ``real.specs.ModelSpec``."""
+    ``s``: the model's ``real.specs.ModelSpec``; ``bare``: the mode built without a model (``DraftingSpec.build``)."""
     mode = drafting.mode
     if T is None:
         return
@@ -164,7 +164,7 @@ def _check_record(args, s, drafting, T) -> None:
                              f"--num-tokens >= {need}{' with the EAGLE drafter' if need == 3 else ''}); give more "
                              "tokens or drop --record")
         return
-    trees = mode.static_tree or mode.grown_tree or getattr(mode.build(drafting.opts), "trees", False)
+    trees = mode.static_tree or mode.grown_tree or getattr(bare, "trees", False)
     if not trees or drafting.max_depth <= T - 2:
         return
     raise ValueError(f"--record with {drafting.named}: its rounds draft {drafting.max_depth} levels, but in a {T}-token "
@@ -180,7 +180,6 @@ def check_bundle(cfg, bundle) -> None:
     position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
     --gsd-window) before generating."""
     from theory.core import checks
-    from theory.rules import methods as registry
     from theory.rules.gsd import GSD_WINDOW
 
     T = int(bundle.num_tokens)
@@ -190,8 +189,7 @@ def check_bundle(cfg, bundle) -> None:
         if o.image_bound and v is not None and v > T:
             raise ValueError(f"{o.flag} {v} is more than the {T} tokens of one image of --model {cfg.model} (a round "
                              f"never drafts past the image); use {o.flag} <= {T}")
-    method = str(cfg.method).lower()
-    if method != "ar" and registry.get(method).needs_embeddings:
+    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
         V = int(bundle.target.vocab_size)
         w = min(int(cfg.method_params.get("window", GSD_WINDOW)), 2 * V)
         rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows

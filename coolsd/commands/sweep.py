@@ -131,7 +131,7 @@ def config(args):
     from coolsd.studies.sweep import SweepConfig, ensure_vanilla, grid_from_toml, parse_grid
     from theory.core import checks
 
-    validate.model_options(args)           # the model's spec: options that do not apply are refused
+    model_spec, _, _ = validate.run_options(args)   # the shared layer, as generate reads it (batching included)
     from coolsd.io import check_store_dir
 
     check_store_dir("--out", args.out)     # a new directory or a sweep's own; a file / FIFO / device refused unopened
@@ -144,14 +144,11 @@ def config(args):
         items = list(_default())
     settings, _ = parse_grid(items)
     settings, added = ensure_vanilla(settings)
-    from real.specs import spec
     from theory.rules import methods as registry
 
-    model_spec = spec(args.model)     # looked up once; every setting and the batch check read it
     for st in settings:           # what each method needs of the model: the same check as generate --method
         validate.method_model(st.method, registry.resolve(st.method, st.params_dict), args, f"--grid {st.key}",
                               model_spec)
-    validate.common(args)                 # the options generate shares: the same checks, in one place
     from real.decode.checks import MAX_IMAGES
 
     checks.integer("--images", args.images, lo=2, hi=MAX_IMAGES)
@@ -168,7 +165,6 @@ def config(args):
     if args.batch_size is not None and args.batch_size > unit:
         raise ValueError(f"--batch-size {args.batch_size} exceeds --unit-images {unit} (each unit is one "
                          "engine call): raise --unit-images")
-    validate.batched_model(args, model_spec)         # as generate refuses it
     if args.max_units is not None and args.max_units < 0:
         raise ValueError(f"--max-units must be >= 0, got {args.max_units}")
     from coolsd.quality.estimators import MIN_RELIABLE_IMAGES
@@ -180,14 +176,13 @@ def config(args):
               "and the claim verdicts of so few images are unreliable (a jackknife interval needs many images)",
               file=sys.stderr)
     from coolsd.options import drafting_spec
-    from real.specs import spec as model_spec
 
     if args.measured is not None and not args.predict:
         raise ValueError("--measured compares a predicted sweep with a measured one: add --predict")
     if args.predict and args.record_images < 1:
         raise ValueError("--predict needs recorded vanilla rows for the speed: --record-images >= 1")
 
-    T = getattr(args, "num_tokens", None) or model_spec(args.model).tokens
+    T = getattr(args, "num_tokens", None) or model_spec.tokens
     drafting = drafting_spec(args, T)   # the same parser as coolsd generate
     if drafting.mode.sweep_reason:
         raise ValueError(f"coolsd sweep {drafting.named}: {drafting.mode.sweep_reason}")
