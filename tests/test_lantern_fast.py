@@ -1,4 +1,4 @@
-"""The fast LANTERN / LANTERN++ paths (theory.rules.lantern.prefix_mass, neighbor_sum; theory.likelihood's joint
+"""The fast LANTERN / LANTERN++ paths (theory.rules.prefix_mass, neighbor_sum; theory.likelihood's joint
 offsets with p shared) against the direct computations they replace, written here: the dense (..., V, k)
 neighbour gather with its cumulative sum, and log P^ from per-offset 2-D rule calls with the dense (V, V)
 effective law and a plain forward sum over round offsets (docs/theory.md sections 6 and 11, T12)."""
@@ -12,7 +12,8 @@ import pytest
 from theory import rules
 from theory.likelihood import log_likelihood, round_masks
 
-lantern_mod = importlib.import_module("theory.rules.lantern")
+lantern_mod = importlib.import_module("theory.rules.prefix_mass")   # the prefix machinery LANTERN reads
+lantern_rules = importlib.import_module("theory.rules.lantern")
 
 
 def dense_prefix_mass(p, nb, thr, k):
@@ -142,9 +143,9 @@ def test_prefix_mass_and_neighbor_sum_on_torch_and_jax():
     mask = rng.random(p.shape) < 0.5
     want_m = dense_prefix_mass(p, nb, 2.0 * p, k)
     want_s = np.where(mask, p[..., nb[:, :k + 1]].sum(-1), 0.0)
-    np.testing.assert_allclose(lantern_mod.neighbor_sum(p, nb[:, :k + 1], mask), want_s, rtol=1e-14, atol=0)
+    np.testing.assert_allclose(lantern_rules.neighbor_sum(p, nb[:, :k + 1], mask), want_s, rtol=1e-14, atol=0)
     pos = (p > 0).astype(np.int64)
-    assert np.array_equal(lantern_mod.neighbor_sum(pos, nb[:, :k + 1], mask),
+    assert np.array_equal(lantern_rules.neighbor_sum(pos, nb[:, :k + 1], mask),
                           np.where(mask, pos[..., nb[:, :k + 1]].sum(-1), 0))
     for mod in ("torch", "jax"):
         m = pytest.importorskip(mod)
@@ -155,7 +156,7 @@ def test_prefix_mass_and_neighbor_sum_on_torch_and_jax():
             to = m.as_tensor
         got = lantern_mod.prefix_mass(to(p), to(nb), 2.0 * to(p), k)
         np.testing.assert_allclose(np.asarray(got), want_m, rtol=1e-14, atol=0)
-        got = lantern_mod.neighbor_sum(to(p), to(nb[:, :k + 1]), to(mask))
+        got = lantern_rules.neighbor_sum(to(p), to(nb[:, :k + 1]), to(mask))
         np.testing.assert_allclose(np.asarray(got), want_s, rtol=1e-14, atol=0)
 
 

@@ -244,7 +244,7 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
     n = 4 * L + 2
     if isinstance(acc, _rules.Lantern):   # its neighbour masses: a column at a time, or small blocks at once
-        from ..rules.lantern import COLUMNS_ABOVE, FIRST_BLOCK
+        from ..rules.prefix_mass import COLUMNS_ABOVE, FIRST_BLOCK
         n = 2 * L + 11 + (3 * (FIRST_BLOCK + 1) if V * V * FIRST_BLOCK <= COLUMNS_ABOVE else 0)
     if isinstance(acc, _rules.Grouped) and acc.window > 0:
         n = 10 * int(acc.window) + 2 * L + 10
