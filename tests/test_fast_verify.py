@@ -148,6 +148,13 @@ def test_lantern_pp_point_walk_equals_verify_tree(static, V):
         n_acc += int(np.asarray(ref.accepted).sum())
         van = verify_tree(p, q, tokens, u, us, tree, rules.vanilla(), early_exit=True, max_depth=cap, draft_law="point")
         n_boost += not same(ref, van)            # the neighbours' mass changed the verdict somewhere
+        # the device walk (torch rows): vanilla's, reading LANTERN++'s acceptance at the candidates
+        t = [torch.as_tensor(a) for a in (p, q, tokens, u, us)]
+        tn = torch.as_tensor(np.asarray(v.accept.neighbors))
+        vt = rules.lantern_pp(tn, v.accept.k, v.accept.lam)
+        got_t = verify_tree_fast(vt, *t, tree, None if cap is None else torch.as_tensor(cap), "point")
+        assert same(ref, [x.numpy() for x in got_t]), (seed, "device")
+        assert verify_tree_fast(vt, *t, tree, None, "without_replacement") is None   # the point law's walk only
     assert n_acc > 100 and n_boost >= 20
 
 

@@ -272,14 +272,19 @@ def follow_chosen(chosen, D: int, cap, xp):
     return path, depth, gather(nodes, depth, xp)
 
 
-def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point"):
+def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_depth=None, draft_law: str = "point", *,
+                    accept=None):
     """Vanilla's walk for arrays that are not numpy (the engine's device path), both draft laws: every node's
     candidates tried at once, rank by rank (``theory.tree.verify_tree_nodes``: the walk's state at a node depends
     only on the node), then the chosen children followed from the root; no read-back. Vanilla's acceptance is read
     at the candidate only (u < p_res(c) / q_j(c): the same bits as min(1, p/q) at c, u < 1) and its residual
     Norm([p_res - q_j]_+) built as ``theory.rules.Residual`` builds it, so the verdict is ``verify_tree``'s. A round
     stopped by its depth cap draws from its last node's own row (no candidate was tried there). Arguments and
-    verdict as ``_walk``."""
+    verdict as ``_walk``. ``accept`` (the point law only; None for other laws): a rule whose residual under the point
+    law is vanilla's and whose f does not depend on the position (``boosted_walks``: LANTERN++), its acceptance read at
+    the candidate (``accept_at``) in place of p_res(c)."""
+    if accept is not None and draft_law != "point":
+        return None
     xp = namespace(p, tokens)
     dev = array_api_compat.device(p)
     B, N1, V = p.shape
@@ -302,6 +307,8 @@ def _vanilla_device(p, q, tokens, u_accept, u_sample, children, D: int, max_dept
         pc = gather(p_res, c, xp)
         if point:                                              # q_j = one-hot(c): f = p_res(c)
             q_j, valid, thr = xp.astype(hit, p.dtype), has, pc
+            if accept is not None:                             # (a position-free f: LANTERN's ignores i)
+                thr = accept_at(accept, p_res, q_j, 1, c)
         else:                                                  # q_j = Norm(q_left) (all zero once exhausted)
             q_j = _norm(q_left, q_left, xp)
             qc = gather(q_j, c, xp)
@@ -335,10 +342,13 @@ VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": part
 GREEDY_WALKS = {**{law: partial(_walk, "greedy") for law in DRAFT_LAWS}, "device": _greedy_device}
 
 
-def boosted_walks(boost) -> dict:
+def boosted_walks(boost, accept=None) -> dict:
     """The walks of a rule whose residual under the point law is vanilla's and whose acceptance adds ``boost`` to a
-    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``): the point law's only."""
-    return {"point": partial(_walk, "vanilla", boost=boost)}
+    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``), for the point law: on numpy rows,
+    and on others (``accept``, the acceptance itself, whose f must not depend on the position: vanilla's device walk
+    reading it at the candidates)."""
+    return {"point": partial(_walk, "vanilla", boost=boost),
+            **({"device": partial(_vanilla_device, accept=accept)} if accept is not None else {})}
 
 
 def greedy_chain(p, q, tokens, u_accept, u_sample, n_drafted=None) -> ChainVerdict:
