@@ -39,11 +39,20 @@ def _resamplers(rng, V):
 
 
 def _point_equals_dense(res, acc, p, c) -> bool:
+    """res.point equals the rule at the one-hot row bit for bit, on numpy rows and on torch rows (the device path's
+    point law: a scatter into the row, no one-hot arithmetic)."""
+    import torch
+
     q = (np.arange(p.shape[-1]) == c[:, None]).astype(p.dtype)
     f = acc(p, q, 1)
     got = res.point(p, c, gather(f, c))
     want = res(p, q, f, c)
-    return got.dtype == want.dtype and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    ok = got.dtype == want.dtype and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    tp, tq, tf, tc = (torch.as_tensor(a) for a in (p, q, f, c))
+    got_t = res.point(tp, tc, gather(tf, tc))
+    want_t = res(tp, tq, tf, tc)
+    return ok and got_t.dtype == want_t.dtype and np.array_equal(got_t.numpy().view(np.uint32),
+                                                                 want_t.numpy().view(np.uint32))
 
 
 @settings(max_examples=40, deadline=None)
@@ -64,7 +73,7 @@ def test_control_a_wrong_point_residual_is_caught():
     """A planted point law that forgets to renormalise (the generic law's Norm) differs on any row with c's mass > 0."""
     class Unnormalised(rules.Residual):
         def point(self, p, c, f_c):
-            return point_residual(p, c, np.ones((), p.dtype), p) * np.float32(1 - 1e-3)
+            return point_residual(p, c, 1.0, p) * (1 - 1e-3)
     rng = np.random.default_rng(0)
     p = _rows(rng, (3,), 12, False, False, False)
     c = np.array([1, 2, 3])

@@ -21,6 +21,7 @@ VERIFIERS = {
     "cool-sd": lambda: rules.cool_sd(2.0),
     "uniform-rsd": lambda: rules.uniform_rsd(1.7),
     "lantern++": lambda: rules.lantern_pp(NEIGH, 2, 1.6),
+    "lantern": lambda: rules.lantern(NEIGH, 2, 0.15),
     "typical": lambda: rules.typical(),
     "greedy (generic)": lambda: rules.Verifier(rules.Greedy(), rules.Argmax(), "greedy-generic"),
 }

@@ -117,14 +117,15 @@ class Lantern:
         first = _table(self.neighbors, 1, array_api_compat.device(p), xp)[:, 0]
         return xp.take(p, first, axis=-1) <= self._threshold(p)
 
-    def admits_at(self, p: Array, x: Array) -> Array:
-        """``admits`` at tokens x (...,) of rows p (..., V): (...,) bool, from x's nearest neighbour alone."""
+    def admits_at(self, p: Array, x: Array, first: Array | None = None) -> Array:
+        """``admits`` at tokens x (...,) of rows p (..., V): (...,) bool, from x's nearest neighbour alone (``first``
+        (...,): those neighbours, when the caller has read them from the table already)."""
         xp = namespace(p)
         self._check_rows(p)
-        nb = _table(self.neighbors, 1, array_api_compat.device(p), xp)
         x = xp.astype(x, xp.int64)
-        # the tokens' rows of the table, then their first column (a column view of the table would be copied whole)
-        first = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, 0], x.shape)
+        if first is None:    # the tokens' rows of the table, then their first column (a column view: copied whole)
+            nb = _table(self.neighbors, 1, array_api_compat.device(p), xp)
+            first = xp.reshape(xp.take(nb, xp.reshape(x, (-1,)), axis=0)[:, 0], x.shape)
         return gather(p, first, xp) <= self._threshold(gather(p, x, xp))
 
     memo_key = property(lambda self: ("lantern", id(self.neighbors), self.k, self.delta, self.lam),
@@ -235,7 +236,8 @@ class LanternResample:
         uniform = xp.ones((*p.shape[:-1], 1), dtype=p.dtype, device=dev) / V
         if self.law == "released":   # a scatter of x's k+1 neighbours into the row: no (..., V) mask
             nb = self._nb_rows(x, dev, xp)                                         # (..., k+1)
-            adm = self.accept.admits_at(p, x)[..., None]                           # (..., 1)
+            same = self.accept.neighbors is self.neighbors                          # (x's nearest, read already)
+            adm = self.accept.admits_at(p, x, nb[..., 0] if same else None)[..., None]   # (..., 1)
             if self.variant == "p":  # p with x, and N(x) if admitted, zeroed (x stands in for N(x) otherwise)
                 idx = xp.concat([x[..., None], xp.where(adm, nb, x[..., None])], axis=-1)
                 return normalize(put_last(p, idx, zero, xp), uniform, xp)
@@ -250,21 +252,16 @@ class LanternResample:
         return normalize(positive_part(p - qn, xp), p, xp)
 
     def point(self, p, c, f_c):
-        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law), released laws (else None): "q": N(c)
-        never lists c, so q' = one-hot(c), G = Norm([p - 1_c]_+) (``point_residual``); "p": p with c (and N(c) if
-        admitted) zeroed in place of the masks, then the same Norm; uniform if empty. The same bits."""
+        """``self(p, one-hot(c), f, c)`` (the point draft law), released laws (else None): "q": N(c) never lists c, so
+        q' = one-hot(c), G = Norm([p - 1_c]_+) (``point_residual``); "p": the law given c, which does not read q
+        (``_given``: p with c, and N(c) if admitted, zeroed; uniform if empty). The same bits."""
         if self.law != "released":
             return None
-        import numpy as np
-        uniform = np.ones((*p.shape[:-1], 1), p.dtype) / p.shape[-1]
+        xp = namespace(p)
         if self.variant == "q":
-            return point_residual(p, c, np.ones((), p.dtype), uniform)
-        w, cf = np.array(p, copy=True).reshape(-1, p.shape[-1]), np.reshape(c, (-1,)).astype(np.int64)
-        r = np.arange(w.shape[0])
-        w[r, cf] = 0
-        adm = np.reshape(self.accept.admits_at(p, c), (-1,))
-        w[r[adm][:, None], np.asarray(self.neighbors)[cf[adm], : self.k + 1]] = 0
-        return normalize(np.reshape(w, p.shape), uniform)
+            uniform = xp.ones((*p.shape[:-1], 1), dtype=p.dtype, device=array_api_compat.device(p)) / p.shape[-1]
+            return point_residual(p, c, 1.0, uniform)
+        return self._given(p, None, xp.astype(c, xp.int64), xp)
 
     def __call__(self, p, q, f, rejected=None):
         xp = namespace(p, q, f)

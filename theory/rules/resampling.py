@@ -9,22 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.xp import namespace, normalize, positive_part
+from ..core.xp import gather, namespace, normalize, positive_part, put_last
 from .acceptance import Greedy
 
 __all__ = ["Residual", "Optimal", "Target", "Argmax", "point_residual"]
 
 
 def point_residual(p, c, m, fallback):
-    """Norm([p - m 1_c]_+) (..., V) on numpy rows p (..., V), tokens c (...,), m (...,) (or a scalar) the mass taken
-    off c, ``fallback`` (..., V) or (..., 1) where the residual is empty: the residual of a rule whose draft row is the
-    point mass at c (the point draft law, q = one-hot(c): Norm([p - q]_+) with m = 1, G* Norm([p - q f]_+) with
-    m = f(c)). Every entry is [p(y) - 0]_+ = [p(y)]_+ but c's; the same sums and the same division as the dense
-    formula, hence the same bits (tests/test_sparse_accept.py), in a handful of numpy calls on the row instead of
-    the one-hot row's arithmetic. The walks call it through a resampling rule's ``point(p, c, f_c)``."""
+    """Norm([p - m 1_c]_+) (..., V) for rows p (..., V), tokens c (...,), m (...,) (or a scalar) the mass taken off c,
+    ``fallback`` (..., V) or (..., 1) where the residual is empty: the residual of a rule whose draft row is the point
+    mass at c (the point draft law, q = one-hot(c): Norm([p - q]_+) with m = 1, G* Norm([p - q f]_+) with m = f(c)).
+    Every entry is [p(y) - 0]_+ = [p(y)]_+ but c's; the same sums and the same division as the dense formula, hence
+    the same bits (tests/test_sparse_accept.py), in a handful of operations on the row (numpy: its own calls; other
+    arrays: ``positive_part`` and a scatter, no one-hot row and no acceptance row). The walks call it through a
+    resampling rule's ``point(p, c, f_c)``."""
     import numpy as np
 
-    m = np.asarray(m)
+    if not isinstance(p, np.ndarray):
+        xp = namespace(p)
+        c = xp.astype(c, xp.int64)
+        d = positive_part(gather(p, c, xp) - xp.astype(xp.asarray(m), p.dtype) if getattr(m, "ndim", 0)
+                          else gather(p, c, xp) - m, xp)
+        w = put_last(positive_part(p, xp), c[..., None], d[..., None], xp, copy=False)   # (a new row: ours)
+        return normalize(w, fallback, xp)
+    m = np.asarray(m, p.dtype) if isinstance(m, (int, float)) else np.asarray(m)     # a Python number: p's dtype
     dt = np.result_type(p.dtype, m.dtype)
     V = p.shape[-1]
     w = np.where(p > 0, p, np.zeros((), p.dtype)).astype(dt, copy=False)     # a new C-ordered array (written below)
@@ -45,10 +53,8 @@ class Residual:
         return normalize(positive_part(p - q, xp), p, xp)
 
     def point(self, p, c, f_c):
-        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law): Norm([p - 1_c]_+) (``point_residual``)."""
-        import numpy as np
-
-        return point_residual(p, c, np.ones((), p.dtype), p)
+        """``self(p, one-hot(c), f, c)`` (the point draft law): Norm([p - 1_c]_+) (``point_residual``)."""
+        return point_residual(p, c, 1.0, p)
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,8 @@ class Optimal:
         return normalize(positive_part(p - q * f, xp), p, xp)
 
     def point(self, p, c, f_c):
-        """``self(p, one-hot(c), f, c)`` on numpy rows (the point draft law): Norm([p - f(c) 1_c]_+), f_c (...,) the
-        acceptance at c (``point_residual``)."""
+        """``self(p, one-hot(c), f, c)`` (the point draft law): Norm([p - f(c) 1_c]_+), f_c (...,) the acceptance at c
+        (``point_residual``)."""
         return point_residual(p, c, f_c, p)
 
 

@@ -68,11 +68,13 @@ def draft_without_replacement(q: Array, m: int, gumbel: Array | None = None, *,
     return top_m(keys, m, xp)
 
 
-def _residual(verifier, p: Array, q: Array, pos, c: Array, rej: Array, xp) -> Array:
+def _residual(verifier, p: Array, q: Array, pos, c: Array, rej: Array, xp, f_c: Array | None = None) -> Array:
     """The residual target rows after a step of the walk (..., V): ``verifier.resample(p, q, f, rejected=c)`` where
     ``rej`` (...,), p elsewhere. The full acceptance row f only for a resampler that reads it (``reads_f``: G*). On
     numpy rows (the host path) the law is built for the rejecting rows only; on others (the device path) for every
-    row, with no data-dependent shape, at O(V + k) per row for LANTERN's laws."""
+    row, with no data-dependent shape, at O(V + k) per row for LANTERN's laws. ``f_c`` (...,): the acceptance at c
+    under the point law (q = one-hot(c)), where the resampler's own ``point(p, c, f_c)`` law serves (the same bits,
+    without the acceptance row or the one-hot's arithmetic)."""
     if isinstance(p, np.ndarray):
         if not rej.any():
             return p
@@ -83,8 +85,12 @@ def _residual(verifier, p: Array, q: Array, pos, c: Array, rej: Array, xp) -> Ar
         out = p.copy()
         out[r] = verifier.resample(pr, qr, f, cr)
         return out
-    f = verifier.accept(p, q, pos) if reads_f(verifier.resample) else None
-    return xp.where(rej[..., None], verifier.resample(p, q, f, c), p)
+    at_point = None if f_c is None else getattr(verifier.resample, "point", None)
+    g = None if at_point is None else at_point(p, c, f_c)
+    if g is None:
+        f = verifier.accept(p, q, pos) if reads_f(verifier.resample) else None
+        g = verifier.resample(p, q, f, c)
+    return xp.where(rej[..., None], g, p)
 
 
 def _check_round_args(tree, verifier, who: str, tree_needed: bool = False) -> None:
@@ -234,9 +240,10 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
             q_left = xp.where(removed, xp.zeros_like(q), q)
             q_j = normalize(q_left, q_left, xp)                                     # all zero once exhausted
         valid = has & (gather(q_j, c, xp) > 0)                                      # impossible candidates skipped
-        acc = valid & (take_last(u_accept, kid_safe, xp) < accept_at(verifier.accept, p_res, q_j, pos, c))
+        f_c = accept_at(verifier.accept, p_res, q_j, pos, c)
+        acc = valid & (take_last(u_accept, kid_safe, xp) < f_c)
         rej = valid & ~acc
-        p_res = _residual(verifier, p_res, q_j, pos, c, rej, xp)
+        p_res = _residual(verifier, p_res, q_j, pos, c, rej, xp, f_c if point else None)
         if not point:
             removed = removed | (rej[..., None] & hit)
         chosen = xp.where(acc, kid, chosen)
