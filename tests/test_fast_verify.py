@@ -50,11 +50,15 @@ def test_control_is_told_apart():
 
 
 def test_walks_are_the_rules_own_and_take_both_kinds_of_arrays():
-    """Only vanilla and greedy supply a walk (a verifier built from the same rules by hand takes the generic walk,
-    which is correct, only slower); on torch rows a walk takes its device form (every node at once, no read-back),
-    and ``verify_round`` gives the same verdict as ``verify_tree`` on numpy rows."""
+    """Vanilla and greedy supply walks for every law; scaled rules with G* (Cool-SD, ...) and LANTERN++ for the point
+    law (LANTERN++ on device rows too); a verifier built from the same rules by hand takes the generic walk, which is
+    correct, only slower; on torch rows a walk takes its device form (every node at once, no read-back), and
+    ``verify_round`` gives the same verdict as ``verify_tree`` on numpy rows."""
     assert rules.vanilla().walk is not None and rules.greedy().walk is not None
-    assert rules.scaled(rules.Uniform(2.0)).walk is None and rules.cool_sd(2.0).walk is None
+    assert set(rules.scaled(rules.Uniform(2.0)).walk) == set(rules.cool_sd(2.0).walk) == {"point"}
+    assert rules.scaled(rules.Uniform(2.0), resample=rules.Residual()).walk is None      # not G*: the generic walk
+    nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(8, 2)))
+    assert set(rules.lantern_pp(nb, 3, 2.0).walk) == {"point", "device"} and rules.lantern(nb, 3, 0.1).walk is None
     assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
     assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement", "device"}
     t0 = [torch.as_tensor(a) for a in _case(1, True, 8)[:5]]
@@ -172,3 +176,27 @@ def test_lantern_pp_point_walk_control_unmasked_siblings_are_told_apart():
         ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law="point")
         wrong += not same(ref, verify_tree_fast(planted, p, q, tokens, u, us, tree, cap, "point"))
     assert wrong >= 5
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_scaled_point_walk_equals_verify_tree(static):
+    """Scaled rules with G* (Cool-SD, UniformRSD above and below 1, a linear and an explicit schedule crossing 1) under
+    the point law walk vanilla's level walk with the schedule's weight (``scaled_walks``): ``verify_tree``'s verdict on
+    random float32 cases with repeated siblings (w < 1 leaves part of a rejected candidate's mass, which a repeat of it
+    then meets) and depth caps. Control: the walk with the weight left at 1 (vanilla's) is told apart."""
+    verifiers = [rules.cool_sd(2.0), rules.cool_sd(6.0, 0.3), rules.uniform_rsd(1.7), rules.uniform_rsd(0.6),
+                 rules.linear_rsd(3.0, 0.5, 32), rules.scaled(rules.Explicit(tuple(1.8 * 0.8 ** i for i in range(32))))]
+    n_acc = wrong = 0
+    for seed in range(60):
+        p, q, tokens, u, us, tree, cap = _case(seed, static, 8 if seed % 2 else 50)
+        p, q = p.astype(np.float32), q.astype(np.float32)
+        for v in verifiers:
+            assert "point" in v.walk
+            ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law="point")
+            got = verify_tree_fast(v, p, q, tokens, u, us, tree, cap, "point")
+            assert same(ref, got), (seed, v.name, v.params, ref, got)
+            assert same(ref, verify_round(p, q, tokens, u, us, tree, v, law="point", max_depth=cap))
+            n_acc += int(np.asarray(ref.accepted).sum())
+            plain = verify_tree_fast(rules.vanilla(), p, q, tokens, u, us, tree, cap, "point")
+            wrong += not same(ref, plain)
+    assert n_acc > 200 and wrong >= 30

@@ -31,7 +31,7 @@ from .acceptance import ROW_FEATURES, Greedy, Level, RowScaled, Scaled, Typical,
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import Lantern, LanternResample
 from .resampling import Argmax, Optimal, Residual, Target
-from .walks import GREEDY_WALKS, VANILLA_WALKS, boosted_walks, greedy_chain
+from .walks import GREEDY_WALKS, VANILLA_WALKS, boosted_walks, greedy_chain, scaled_walks
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
 
 __all__ = ["Verifier", "guarded", "vanilla", "scaled", "row_scaled", "cool_sd", "level", "uniform_rsd", "linear_rsd", "lantern", "lantern_pp",
@@ -132,7 +132,8 @@ def vanilla() -> Verifier:
 
 def scaled(schedule, name: str = "scaled", resample=None) -> Verifier:
     """Scaled acceptance min(1, w_i p/q) with G* (T5) unless another resampler is given."""
-    return Verifier(Scaled(schedule), resample or Optimal(), name, {"schedule": schedule})
+    return Verifier(Scaled(schedule), resample or Optimal(), name, {"schedule": schedule},
+                    walk=scaled_walks(schedule) if resample is None else None)
 
 
 def row_scaled(weights, slope=0.0, feature: str = "entropy", name: str = "row-scaled") -> Verifier:
@@ -161,7 +162,7 @@ def cool_sd(delta: float, nu: float = 0.7, mu: float | None = None, norm: str | 
         params["mu"] = sch.offset
     if params["norm"] == "mean":
         params["L"] = L
-    return Verifier(Scaled(sch), Optimal(), "cool-sd", params)
+    return Verifier(Scaled(sch), Optimal(), "cool-sd", params, walk=scaled_walks(sch))
 
 
 def level(levels) -> Verifier:
@@ -180,12 +181,13 @@ def level(levels) -> Verifier:
 
 def uniform_rsd(c: float) -> Verifier:
     """UniformRSD: w_i = c at every position, with G* (T5; G* = G^van when c >= 1 by Prop. 1)."""
-    return Verifier(Scaled(Uniform(c)), Optimal(), "uniform-rsd", {"c": c})
+    return Verifier(Scaled(Uniform(c)), Optimal(), "uniform-rsd", {"c": c}, walk=scaled_walks(Uniform(c)))
 
 
 def linear_rsd(first: float, last: float, L: int) -> Verifier:
     """Linearly decaying weights from w_1 = first to w_L = last (section 5), with G* (T5)."""
-    return Verifier(Scaled(Linear(first, last, L)), Optimal(), "linear-rsd", {"first": first, "last": last, "L": L})
+    sch = Linear(first, last, L)
+    return Verifier(Scaled(sch), Optimal(), "linear-rsd", {"first": first, "last": last, "L": L}, walk=scaled_walks(sch))
 
 
 # resampler names of the baselines (CLI --resampler); the first is the release's (the default)

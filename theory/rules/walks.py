@@ -18,6 +18,9 @@ Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), 
   neighbours it zeroes in q' = one-hot(c) hold no draft mass) with the point law: vanilla's walk with the
   acceptance's admitted neighbour mass added to each candidate's (``boosted_walks``, ``Lantern.sibling_mass``:
   the neighbours' masses with the earlier siblings zeroed, O(k) per candidate, every sibling of a level at once).
+* scaled rules with G* (``theory.rules.cool_sd``, ``uniform_rsd``, ``linear_rsd``, ``scaled``: f = min(1, w_i p/q),
+  G* = Norm([p - q f]_+)) with the point law: a rejection takes min(1, w_i) of the candidate's remaining mass (all
+  of it when w_i >= 1, as vanilla), so a level is settled at once too (``scaled_walks``).
 * greedy (``theory.rules.greedy``: f = 1[x = argmax p], G = one-hot(argmax p)), any draft law: rejections leave
   the argmax in place, so the walk follows the first child (by rank) whose token is the node's argmax and whose
   draft row gives it positive mass (``verify_tree`` skips impossible candidates), and the next token is the argmax
@@ -44,7 +47,8 @@ from .acceptance import Vanilla, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
 
-__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk", "boosted_walks"]
+__all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk", "boosted_walks",
+           "scaled_walks"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
 
@@ -55,14 +59,18 @@ def _host(*arrays) -> bool:
 
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
           u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
-          draft_law: str = "point", *, boost=None):
+          draft_law: str = "point", *, boost=None, weight=None):
     """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla": the point law; "greedy": any law), numpy
     arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
     it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
     (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. ``boost`` (vanilla's walk for a
     rule whose residual under the point law is vanilla's, LANTERN++'s released one): the mass its acceptance adds
     to each candidate's (``Lantern.sibling_mass``), candidate j accepted iff u_j < (p(c_j) + boost_j) / (m - S_j)
-    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``). Returns (accepted (B,),
+    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``). ``weight`` (a scaled rule
+    with G*, ``scaled_walks``: f = min(1, w_i p_res(c)), G* = Norm([p_res - f 1_c]_+)): ``weight(pos (B,), rows)`` the
+    weights (B,) at the candidates' position; a rejection takes min(1, w) of the candidate's remaining mass (all of
+    it when w >= 1, as vanilla), so candidate j is accepted iff u_j < w p_j(c_j) / (m - taken before j), with
+    p_j(c_j) = p(c_j) (1 - min(1, w))^(earlier listings of c_j). Returns (accepted (B,),
     path (B, D), next_token (B,), last_node (B,)), or None when the arrays are not numpy (the rule's "device" walk
     serves them)."""
     if not _host(p, q, tokens, u_accept, u_sample):
@@ -93,12 +101,21 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             ok = valid & (c == pr.argmax(-1)[:, None])
             rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
         else:
-            dup = ((c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]).any(-1)
-            pc = np.where(has & ~dup, pr[rows[:, None], c], 0.0)
-            left = pr.sum(-1, keepdims=True) - (np.cumsum(pc, -1) - pc)          # mass not yet rejected
-            if boost is None:
+            same = (c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]     # listed by an earlier sibling
+            if weight is not None:                 # a scaled rule with G*: a rejection takes min(1, w) of c's mass
+                wv = np.broadcast_to(np.asarray(weight(np.minimum(depth + 1, D), pr)), (B,))[:, None]
+                m1 = np.minimum(wv, 1.0)
+                pc = np.where(has, pr[rows[:, None], c] * (1.0 - m1) ** same.sum(-1), 0.0)
+                taken = pc * m1
+                left = pr.sum(-1, keepdims=True) - (np.cumsum(taken, -1) - taken)
+                left[:, 0] = 1.0                    # the residual before the first candidate is the row itself
+                thr = np.where(left > 0, wv * pc / np.where(left > 0, left, 1.0), 0.0)
+            else:
+                pc = np.where(has & ~same.any(-1), pr[rows[:, None], c], 0.0)
+                left = pr.sum(-1, keepdims=True) - (np.cumsum(pc, -1) - pc)      # mass not yet rejected
+            if weight is None and boost is None:
                 thr = np.where(left > 0, pc / np.where(left > 0, left, 1.0), 0.0)
-            else:                                   # the residual before the first candidate is the row itself
+            elif weight is None:                    # the residual before the first candidate is the row itself
                 left[:, 0] = 1.0
                 rank_of = np.zeros((B, V), np.int16)
                 rr, jj = np.nonzero(has[:, ::-1])                                # latest rank first: the earliest wins
@@ -114,7 +131,11 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
                 tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
                 r = pr[stop].copy()
                 cs, ts = c[stop], tried[stop]
-                r[np.nonzero(ts)[0], cs[ts]] = 0.0
+                if weight is None:
+                    r[np.nonzero(ts)[0], cs[ts]] = 0.0
+                else:                               # each tried candidate's taken mass (repeats: one after another)
+                    np.subtract.at(r, (np.nonzero(ts)[0], cs[ts]), taken[stop][ts].astype(r.dtype))
+                    np.maximum(r, 0.0, out=r)
                 res = (stop, r) if res is None else _merge(res, stop, r)
         win = kids[rows, first]
         path[rows[acc], depth[acc]] = win[acc]
@@ -340,6 +361,14 @@ def _norm(w, fallback, xp):
 VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": partial(host_walk, Vanilla(), Residual()),
                  "device": _vanilla_device}
 GREEDY_WALKS = {**{law: partial(_walk, "greedy") for law in DRAFT_LAWS}, "device": _greedy_device}
+
+
+def scaled_walks(schedule) -> dict:
+    """The point law's walk of a scaled rule with G* (``theory.rules.scaled``, Cool-SD, UniformRSD, ...): vanilla's
+    level walk with the schedule's weight at the candidates' position (``_walk``'s ``weight``)."""
+    from .acceptance import _weight_at
+
+    return {"point": partial(_walk, "vanilla", weight=lambda pos, rows: _weight_at(schedule, pos, rows, np))}
 
 
 def boosted_walks(boost, accept=None) -> dict:
