@@ -6,7 +6,7 @@ of Gaussian logits, mean entropy printed), the draft row a noisy copy of the tar
 tree (candidates without replacement), and a 57-node tree with top-k candidates verified with qx = 1 (the release's
 dynamic-tree law); batch 1 and 16; numpy rows (the engine's host path) and torch rows (its device path, here on the
 CPU). Same-run ratios: verification time of LANTERN++ (lambda = 2) and LANTERN (delta = 0.1) over vanilla's, fastest
-of --repeats calls, interleaved. The goal is at most 1.5x.
+of --repeats calls, interleaved. The goal is at most 1.5x. Cool-SD's ratio (delta = 2, G*) is registered beside them.
 Times are the fastest of the interleaved calls in CPU time of the calling thread (one torch thread: a shared
 machine's other processes do not count).
 
@@ -96,18 +96,20 @@ def main(argv=None) -> int:
                 fns = {name: (lambda v=v: verify_round(p, q, tok, ua, us, tree, v, law=law)) for name, v in vs.items()}
                 t = interleaved_best(fns, repeats, clock=time.thread_time)
                 H = float(-(np.asarray(p) * np.log(np.maximum(np.asarray(p), 1e-30))).sum(-1).mean())
-                for name in ("lantern++", "lantern"):
+                for name in ("lantern++", "lantern", "cool-sd"):
                     r = t[name] / t["vanilla"]
                     key = f"{name}_over_vanilla_{kind}_{backend}_b{B}"
                     ratios[key] = {"value": r, "better": "lower",
-                                   "what": f"verify time per round, {name} (k = {k}) / vanilla, {kind}, {backend}, "
-                                           f"B = {B}, V = {V}"}
+                                   "what": f"verify time per round, {name}" + (f" (k = {k})" if "lantern" in name else
+                                                                              " (delta = 2)")
+                                           + f" / vanilla, {kind}, {backend}, B = {B}, V = {V}"}
                 table.append((backend, B, kind, H, t))
                 print(f"{backend:5s} B={B:2d} {kind:12s} H={H:4.2f} nats  " +
                       "  ".join(f"{n} {1e3 * s:7.2f} ms" for n, s in t.items()) +
                       f"  | lantern++/van {t['lantern++'] / t['vanilla']:5.2f}  lantern/van {t['lantern'] / t['vanilla']:5.2f}",
                       flush=True)
-    worst = max(r["value"] for r in ratios.values())
+    worst = max(r["value"] for key, r in ratios.items() if key.startswith("lantern"))   # the goal's rules (Cool-SD:
+    # registered beside them, the paper's method on the same rows, for the run_all baseline)
     print(f"worst LANTERN(++) / vanilla ratio: {worst:.2f} (goal <= {GOAL}): {'met' if worst <= GOAL else 'NOT met'}")
     write_ratios(a.json, ratios)
     return 0
