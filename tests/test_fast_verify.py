@@ -59,6 +59,9 @@ def test_walks_are_the_rules_own_and_take_both_kinds_of_arrays():
     assert rules.scaled(rules.Uniform(2.0), resample=rules.Residual()).walk is None      # not G*: the generic walk
     nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(8, 2)))
     assert set(rules.lantern_pp(nb, 3, 2.0).walk) == {"point", "device"} and rules.lantern(nb, 3, 0.1).walk is None
+    import pickle                              # the walks are data: a verifier with one still pickles (user code,
+    for v in (rules.cool_sd(2.0), rules.lantern_pp(nb, 3, 2.0)):      # multiprocessing)
+        assert set(pickle.loads(pickle.dumps(v)).walk) == set(v.walk)
     assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
     assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement", "device"}
     t0 = [torch.as_tensor(a) for a in _case(1, True, 8)[:5]]

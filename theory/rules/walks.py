@@ -43,7 +43,7 @@ import array_api_compat
 import numpy as np
 
 from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
-from .acceptance import Vanilla, accept_at, reads_f
+from .acceptance import Vanilla, _weight_at, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
 
@@ -363,12 +363,15 @@ VANILLA_WALKS = {"point": partial(_walk, "vanilla"), "without_replacement": part
 GREEDY_WALKS = {**{law: partial(_walk, "greedy") for law in DRAFT_LAWS}, "device": _greedy_device}
 
 
+def _schedule_weight(schedule, pos, rows):
+    """The schedule's weights (B,) at positions pos (B,) of rows (B, V) (``_walk``'s ``weight``)."""
+    return _weight_at(schedule, pos, rows, np)
+
+
 def scaled_walks(schedule) -> dict:
     """The point law's walk of a scaled rule with G* (``theory.rules.scaled``, Cool-SD, UniformRSD, ...): vanilla's
-    level walk with the schedule's weight at the candidates' position (``_walk``'s ``weight``)."""
-    from .acceptance import _weight_at
-
-    return {"point": partial(_walk, "vanilla", weight=lambda pos, rows: _weight_at(schedule, pos, rows, np))}
+    level walk with the schedule's weight at the candidates' position (``_walk``'s ``weight``; picklable)."""
+    return {"point": partial(_walk, "vanilla", weight=partial(_schedule_weight, schedule))}
 
 
 def boosted_walks(boost, accept=None) -> dict:
