@@ -135,6 +135,21 @@ def test_torch_cpu_on_numpy_is_the_torch_blocks_bit_for_bit(dtype, monkeypatch):
         assert torch.equal(acc.aggregated(P), P + lantern_mod.prefix_mass(P, torch.as_tensor(nb), 1.0, 12))
 
 
+def test_torch_bfloat16_rows_keep_the_torch_blocks(monkeypatch):
+    """numpy has no bfloat16: such CPU tensors are not handed to the numpy code (it could not view them) but summed by
+    the torch blocks, in float64, as before; the dense row and the drafted tokens agree bit for bit."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    nb, _ = _tiny_masses()
+    P = torch.as_tensor(rows(rng, (4, 3), 40, 0.5, 0.2)).to(torch.bfloat16)
+    X = torch.as_tensor(rng.integers(0, 40, (4, 3)))
+    acc = rules.Lantern(torch.as_tensor(nb), 9, lam=2.0)
+    got = acc.aggregated(P)
+    assert got.dtype == torch.bfloat16 and torch.equal(acc.aggregated_at(P, X), torch.take_along_dim(got, X[..., None], -1)[..., 0])
+    monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", False)
+    assert torch.equal(acc.aggregated(P), got)
+
+
 def test_prefix_mass_and_neighbor_sum_on_torch_and_jax():
     rng = np.random.default_rng(4)
     V, k = 30, 5

@@ -133,9 +133,11 @@ def prefix_mass_at(pf: Array, e: Array, nb: Array, thr, k: int, V: int, dense: A
 
 
 def _torch_cpu(*arrays) -> bool:
-    """Whether every array (scalars aside) is a torch tensor on the CPU that autograd does not track."""
+    """Whether every array (scalars aside) is a torch tensor on the CPU that autograd does not track, of a dtype numpy
+    has (not bfloat16: those take the torch blocks)."""
     ts = [a for a in arrays if getattr(a, "ndim", 0) or array_api_compat.is_torch_array(a)]
-    return all(array_api_compat.is_torch_array(a) and a.device.type == "cpu" and not a.requires_grad for a in ts)
+    return all(array_api_compat.is_torch_array(a) and a.device.type == "cpu" and not a.requires_grad
+               and str(a.dtype) != "torch.bfloat16" for a in ts)
 
 
 def _on_numpy(pf, e, nb, thr, k: int, V: int, dense):
