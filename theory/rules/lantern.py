@@ -156,19 +156,15 @@ class Lantern:
         b, j, code = np.repeat(np.arange(B), K), np.tile(np.arange(K), B), np.reshape(c, (-1,))   # entries (B K,)
         thr = np.reshape((self.lam - 1.0) * pc if self.lam is not None else self.delta * left, (-1,))
         w = _pm.SIBLING_BLOCK if B * K * self.k > _pm.SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
-        mass, alive, a = None, np.ones(B * K, bool), 0
-        out = np.zeros(B * K, pr.dtype)
+        mass, alive, a = np.zeros(B * K, pr.dtype), np.ones(B * K, bool), 0
         while a < self.k and alive.any():   # column blocks (the first few, then the rest), as one pass would sum them
             on = np.nonzero(alive)[0]
             nb = table[code[on], a:min(a + w, self.k)]                                  # (m, w) nearest first
             g, r = pr[b[on, None], nb], rank_of[b[on, None], nb]
             g = np.where((r > 0) & (r <= j[on, None]), np.zeros((), g.dtype), g)        # earlier candidates: rejected
-            m, more = _prefix_of(g, thr[on], pr.dtype, pr.dtype, None if mass is None else mass[on])
-            mass = np.zeros(B * K, pr.dtype) if mass is None else mass
-            mass[on], out[on] = m, m
-            alive[on] = more
+            mass[on], alive[on] = _prefix_of(g, thr[on], pr.dtype, pr.dtype, mass[on])  # carried from block to block
             a, w = a + w, self.k
-        return out.reshape(B, K)
+        return mass.reshape(B, K)
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,8 +28,8 @@ def point_residual(p, c, m, fallback):
     if not isinstance(p, np.ndarray):
         xp = namespace(p)
         c = xp.astype(c, xp.int64)
-        d = positive_part(gather(p, c, xp) - xp.astype(xp.asarray(m), p.dtype) if getattr(m, "ndim", 0)
-                          else gather(p, c, xp) - m, xp)
+        m = xp.astype(m, p.dtype) if getattr(m, "ndim", 0) else m                   # (...,) f(c), or a number
+        d = positive_part(gather(p, c, xp) - m, xp)
         w = put_last(positive_part(p, xp), c[..., None], d[..., None], xp, copy=False)   # (a new row: ours)
         return normalize(w, fallback, xp)
     m = np.asarray(m, p.dtype) if isinstance(m, (int, float)) else np.asarray(m)     # a Python number: p's dtype

@@ -102,26 +102,23 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
         else:
             same = (c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]     # listed by an earlier sibling
-            if weight is not None:                 # a scaled rule with G*: a rejection takes min(1, w) of c's mass
+            if weight is None:                      # a rejection takes all of c's mass (a repeat meets 0)
+                pc = np.where(has & ~same.any(-1), pr[rows[:, None], c], 0.0)
+                taken = num = pc
+            else:                                   # a scaled rule with G*: it takes min(1, w) of c's remaining mass
                 wv = np.broadcast_to(np.asarray(weight(np.minimum(depth + 1, D), pr)), (B,))[:, None]
                 m1 = np.minimum(wv, 1.0)
                 pc = np.where(has, pr[rows[:, None], c] * (1.0 - m1) ** same.sum(-1), 0.0)
-                taken = pc * m1
-                left = pr.sum(-1, keepdims=True) - (np.cumsum(taken, -1) - taken)
+                taken, num = pc * m1, wv * pc
+            left = pr.sum(-1, keepdims=True) - (np.cumsum(taken, -1) - taken)    # mass not yet rejected
+            if weight is not None or boost is not None:
                 left[:, 0] = 1.0                    # the residual before the first candidate is the row itself
-                thr = np.where(left > 0, wv * pc / np.where(left > 0, left, 1.0), 0.0)
-            else:
-                pc = np.where(has & ~same.any(-1), pr[rows[:, None], c], 0.0)
-                left = pr.sum(-1, keepdims=True) - (np.cumsum(pc, -1) - pc)      # mass not yet rejected
-            if weight is None and boost is None:
-                thr = np.where(left > 0, pc / np.where(left > 0, left, 1.0), 0.0)
-            elif weight is None:                    # the residual before the first candidate is the row itself
-                left[:, 0] = 1.0
+            if boost is not None:
                 rank_of = np.zeros((B, V), np.int16)
                 rr, jj = np.nonzero(has[:, ::-1])                                # latest rank first: the earliest wins
                 rank_of[rr, c[rr, K - 1 - jj]] = K - jj
                 num = pc + boost(pr, c, pc, rank_of, left)
-                thr = np.where(left > 0, num / np.where(left > 0, left, 1.0), 0.0)
+            thr = np.where(left > 0, num / np.where(left > 0, left, 1.0), 0.0)
             ok = has & (u_accept[rows[:, None], safe] < thr)
         acc = ok.any(-1)
         first = ok.argmax(-1)                                                    # the first accepted sibling
