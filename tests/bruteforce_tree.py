@@ -14,13 +14,16 @@ def _norm(v):
     return [a / t for a in v]
 
 
-def process_law(prow, qrow, f_rule, g_rule, T, convention, candidates, tree_at):
+def process_law(prow, qrow, f_rule, g_rule, T, convention, candidates, tree_at, given_law="point"):
     """Law of the T emitted tokens (dict tuple -> prob) by enumerating whole tree rounds: every candidate draw, accept /
     reject outcome and final token. prow(prefix) -> target row; qrow(prefix, d) -> draft row of a node of depth d whose
     path ends the prefix; tree_at(prefix) -> (children: dict node -> child nodes in rank order, token: dict node ->
     token or None, depth D): the round's tree (tokens given: dynamic trees, point law; None: drafted by
-    ``candidates``, "topk" (point law) or "sampled" (without replacement)). A round starting with n tokens cuts its
-    tree at min(D, T - n - 1) (0 at n = 0 under "eagle")."""
+    ``candidates``, "topk" (point law) or "sampled" (without replacement)). Given tokens are verified with
+    ``given_law``: "point" (q_j = one-hot(c_j)) or "drawn" (the candidates were drawn without replacement from the
+    node's q row: q_j = Norm(q without c_1..c_{j-1}); a candidate with q_j(c_j) = 0 is skipped). ``tree_at`` may
+    return a list of (weight, tree) instead: the round draws its tree from that finite law (weights summing to 1).
+    A round starting with n tokens cuts its tree at min(D, T - n - 1) (0 at n = 0 under "eagle")."""
     V = len(prow(()))
     law: dict[tuple, float] = {}
     memo: dict[tuple, dict] = {}
@@ -28,7 +31,18 @@ def process_law(prow, qrow, f_rule, g_rule, T, convention, candidates, tree_at):
     def round_law(prefix):
         if prefix in memo:
             return memo[prefix]
-        kids_of, token_of, D = tree_at(prefix)
+        trees = tree_at(prefix)
+        if isinstance(trees, list):                    # a finite law of trees: the mixture of their round laws
+            out: dict[tuple, float] = {}
+            for wt, tr in trees:
+                for em, pr in one_round(prefix, *tr).items():
+                    out[em] = out.get(em, 0.0) + wt * pr
+        else:
+            out = one_round(prefix, *trees)
+        memo[prefix] = out
+        return out
+
+    def one_round(prefix, kids_of, token_of, D):
         n = len(prefix)
         cap = 0 if (convention == "eagle" and n == 0) else min(D, T - n - 1)
         out: dict[tuple, float] = {}
@@ -53,11 +67,20 @@ def process_law(prow, qrow, f_rule, g_rule, T, convention, candidates, tree_at):
                     q = qrow(cur, d)
                     cands = sorted(range(V), key=lambda y: (-q[y], y))[: len(kids)]
                 pj, s = p, prob
-                for k, c in zip(kids, cands):          # point law: q_j = one-hot(c_j)
-                    qj = [1.0 if y == c else 0.0 for y in range(V)]
+                left = list(qrow(cur, d)) if token_of is not None and given_law == "drawn" else None
+                for k, c in zip(kids, cands):
+                    if left is None:                   # point law: q_j = one-hot(c_j)
+                        qj = [1.0 if y == c else 0.0 for y in range(V)]
+                    else:                              # drawn: the rest of q, renormalised
+                        if sum(left) == 0 or left[c] == 0:
+                            continue                   # a candidate the row cannot draw is skipped
+                        qj = _norm(left)
+                        left = [0.0 if y == c else left[y] for y in range(V)]
                     f = f_rule(d + 1, pj, qj)
                     if f[c] > 0:
                         node(k, path + (c,), s * f[c])
+                    if f[c] == 1:
+                        return
                     pj, s = g_rule(pj, qj, f, c), s * (1 - f[c])
                 emit(path, pj, s)
                 return
@@ -81,7 +104,6 @@ def process_law(prow, qrow, f_rule, g_rule, T, convention, candidates, tree_at):
             try_(0, p, list(qrow(cur, d)), prob)
 
         node(0, (), 1.0)
-        memo[prefix] = out
         return out
 
     def run(prefix, prob):

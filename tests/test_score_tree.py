@@ -152,7 +152,9 @@ def test_negative_controls_are_caught_by_the_comparison(mnist, runs, monkeypatch
     assert compare(gens, rows, MODES["topk"])[1] < TOL
     assert compare(gens, wrong, MODES["topk"])[1] > 100 * TOL
     gens, tok = runs("eagle", "release")
-    monkeypatch.setattr(st, "_depth_caps", lambda spec, ns, T: np.full(len(ns), spec.max_depth))
+    from real.decode import regrow
+
+    monkeypatch.setattr(regrow, "_depth_caps", lambda spec, ns, T: np.full(len(ns), spec.max_depth))
     uncapped = tree_rows(b.target, b.draft, b.conds, tok, MODES["release"], processing=PROC)
     assert compare(gens, uncapped, MODES["release"])[2] > 0
 

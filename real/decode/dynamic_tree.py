@@ -35,7 +35,7 @@ from real.protocol import Proposal
 from . import rng as R
 from .drafting import ModelDrafting, feed_draft, top_m
 
-__all__ = ["DynamicTree", "grow_tree"]
+__all__ = ["DynamicTree", "grow_tree", "expand"]
 
 
 @dataclass(frozen=True)
@@ -135,13 +135,21 @@ def _children(run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp:
         kv = key[..., None] + val
         return tok, kv, kv if logp is key else logp[..., None] + val, None
     q = run.proc.rows(lg)
+    return (*expand(spec, q, key, logp, None if spec.sampling == "release" else _gumbel(run, q.shape[1:], level)), q)
+
+
+def expand(spec: DynamicTree, q: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, gumbel: torch.Tensor | None):
+    """The ``spec.topk`` children of nodes with processed draft rows q (B, ..., V), keys and path log-probabilities
+    (B, ...) float64 -> tokens, keys, log-probabilities (B, ..., k). Release keys: the top-k by cumulative draft
+    log-probability (keys = log-probabilities: given one tensor for both, one tensor is returned); lossless keys:
+    stochastic beam search with the Gumbel(0, 1) noise ``gumbel`` (B, ..., V) (``theory.tree.child_keys``). The
+    engine's growth and ``real.decode.score_tree``'s regrowth both expand nodes here."""
     if spec.sampling == "release":           # deterministic top-k by cumulative draft log-probability
-        tok = top_m(q, k)
+        tok = top_m(q, spec.topk)
         val = q.gather(-1, tok).double().log()
         kv = key[..., None] + val
-        return tok, kv, kv if logp is key else logp[..., None] + val, q
-    tok, kk, lp = child_keys(key, logp, q.double(), _gumbel(run, q.shape[1:], level), k)
-    return tok, kk, lp, q
+        return tok, kv, kv if logp is key else logp[..., None] + val
+    return child_keys(key, logp, q.double(), gumbel, spec.topk)
 
 
 def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np.ndarray | None = None):

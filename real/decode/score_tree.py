@@ -23,39 +23,47 @@ root is x_{n-1}; every tree mode starts with the target's prefill alone, so n >=
   chunk; the drafter's cache is rolled back after each chunk. Nodes below an image's depth cap may be selected (the
   pool's deeper levels rank last): the walk never reaches them, as in the engine at batch size > 1.
 
-The lossless dynamic mode (stochastic-beam keys) has no exact likelihood (its tree depends on the Gumbel keys of
-off-path nodes): ``check`` raises NotImplementedError naming the construction that is exact, as it does for greedy
-processing. Sampled static candidates are exact within ``theory.likelihood.tree``'s cost guard and estimated above it
-(``theory.likelihood.tree_mc``, T14: an unbiased P^_hat per image, its log jackknife-corrected, with a Monte Carlo
-SE): ``method`` says which, and ``score_trees`` reports it ("kl_method": "exact" | "mc").
+* lossless dynamic trees (stochastic-beam keys, the default ``DynamicTree``): ``LOSSLESS_TREES`` independent trees
+  per round start, regrown the same way with Gumbel noise from the scorer's own generator (``seed``): children (B, T,
+  M, N+1, k), ``node_tokens`` and ``parent`` (B, T, M, N+1), and ``q`` (B, T, D, V) by round start as for static trees
+  (the rows the path nodes' children are drawn from). The tree's shape depends on the keys of off-path nodes, so
+  log P^ is estimated (T15, ``theory.likelihood.tree_mc.dynamic_log_likelihood_mc``: each round's emissions exact
+  given its tree, averaged over the trees; unbiased P^_hat, its log jackknife-corrected, with a Monte Carlo SE).
+
+Greedy processing has no likelihood, and T15's estimate for lossless trees is too noisy at image sizes to be reported
+(``LOSSLESS_REASON``): ``check`` raises NotImplementedError for both (``--fidelity`` and the sweep refuse them). Sampled static candidates are exact within
+``theory.likelihood.tree``'s cost guard and estimated above it (``theory.likelihood.tree_mc``, T14: an unbiased P^_hat
+per image, its log jackknife-corrected, with a Monte Carlo SE): ``method`` says which, and ``score_trees`` reports it
+("kl_method": "exact" | "mc"; lossless dynamic trees through ``tree_likelihood``: always "mc").
 
 ``score_trees`` turns the rows into per-image log P^(x) and log P(x), batch by batch. This module drives models only
 through ``real.protocol`` (like the engine).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from theory.tree import RowTrees, Tree, row_trees, select_nodes
+from theory.tree import RowTrees, Tree
 
 from real.nn.layers import inference_weights
 from real.protocol import as_batched
 from .sampling import Processing
-from .drafting import top_m
+from .regrow import LOSSLESS_TREES, dynamic_trees
 
 __all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees",
-           "LOSSLESS_REASON", "MASK_BUDGET"]
+           "LOSSLESS_REASON", "LOSSLESS_TREES", "LOSSLESS_GROUPS", "MASK_BUDGET"]
 
 LOSSLESS_REASON = ("exact likelihood of lossless dynamic trees (--tree-sampling lossless: stochastic-beam-search keys) "
                    "is not available: the tree's shape depends on the Gumbel keys of every node, off-path nodes "
-                   "included, whose rows are not functions of the image (sampling whole trees is unbiased but gives 0 "
-                   "for most trees: docs/theory/likelihood.md 11c); exact: the release construction "
-                   "(--tree-sampling release: top-k children by cumulative draft log-probability, verified with "
-                   "qx = 1) or static trees (--tree eagle25 --tree-candidates topk)")
+                   "included. T15's unbiased Monte Carlo estimate over regrown trees (real.decode.score_tree.tree_rows "
+                   "+ tree_likelihood; docs/theory/likelihood.md 11d) is too noisy to report at image sizes: on the "
+                   "MNIST pair (49 tokens, V = 512) with 16 importance-sampled trees per round start, 3 of 4 images "
+                   "got P^ = 0 or an infinite SE, the fourth an SE of 5 nats. Exact: the release construction "
+                   "(--tree-sampling release) or static trees (--tree eagle25)")
+LOSSLESS_GROUPS = 4      # ... in groups, for the jackknife of log P^ and its Monte Carlo SE
 GREEDY_REASON = ("exact likelihood of greedy tree drafting is not available: greedy trees draft each node's top-m "
                  "tokens by guided logits, which the one-hot rows of temperature 0 cannot rank (and greedy output is "
                  "deterministic: there is no law to measure)")
@@ -67,7 +75,8 @@ MASK_BUDGET = 1 << 21   # attention-mask elements per dynamic-tree growth forwar
 class TreeRows:
     """Teacher-forced rows of B images for a tree mode (module docstring): ``p`` (B, T, V); static trees: ``q``
     (B, T, V) or (B, T, D, V) indexed by round start; dynamic trees: ``trees`` (RowTrees over (B, T)),
-    ``node_tokens`` and ``parent`` (B, T, N+1) int64; ``mode`` the drafting mode they were made for."""
+    ``node_tokens`` and ``parent`` (B, T, N+1) int64; ``mode`` the drafting mode they were made for; lossless dynamic
+    trees: M trees per round start ((B, T, M, ...)) and their importance ``weights`` (B, T, M) float64 (T15)."""
     p: torch.Tensor
     q: torch.Tensor | None
     mode: object
@@ -75,6 +84,7 @@ class TreeRows:
     node_tokens: torch.Tensor | None = None
     parent: torch.Tensor | None = None
     convention: str = "eagle"
+    weights: torch.Tensor | None = None
 
 
 def tree_mode(drafting):
@@ -95,8 +105,9 @@ def _grown(mode) -> bool:
 
 
 def check(mode, verifier, V: int, processing: Processing) -> None:
-    """Refuse, before any model call, what has no likelihood: NotImplementedError for lossless dynamic trees and
-    greedy processing; ValueError for a verifier without a chain rule or a mode that is not a tree. (Sampled static
+    """Refuse, before any model call, what has no usable likelihood: NotImplementedError for greedy processing and
+    lossless dynamic trees (``LOSSLESS_REASON``: T15's estimate is available from ``tree_rows`` + ``tree_likelihood``,
+    not from ``--fidelity`` or the sweep); ValueError for a verifier without a chain rule or a mode that is not a tree. (Sampled static
     candidates above the exact path's cost guard are estimated: ``method``.)"""
     from theory.likelihood import check_chain_rule
 
@@ -115,10 +126,12 @@ def check(mode, verifier, V: int, processing: Processing) -> None:
 
 
 def method(mode, verifier, V: int) -> str:
-    """The likelihood's method: "exact" (T13), or "mc" (T14, ``theory.likelihood.tree_mc``) for sampled static candidates above
-    ``theory.likelihood.tree``'s cost guard at vocabulary V."""
+    """The likelihood's method: "exact" (T13), or "mc" (``theory.likelihood.tree_mc``): T14 for sampled static
+    candidates above ``theory.likelihood.tree``'s cost guard at vocabulary V, T15 for lossless dynamic trees."""
     from theory.likelihood.tree import check_sampled_cost
 
+    if _grown(mode) and mode.sampling != "release":
+        return "mc"
     if _static(mode) and mode.candidates == "sampled":
         try:
             check_sampled_cost(mode.tree, V, verifier)
@@ -131,10 +144,11 @@ def method(mode, verifier, V: int) -> str:
 
 @torch.no_grad()
 def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing = Processing(),
-              mask_budget: int = MASK_BUDGET) -> TreeRows:
+              mask_budget: int = MASK_BUDGET, seed: int = 0) -> TreeRows:
     """The rows of B images ``tokens`` (B, T) with conditions ``conds`` for the tree mode ``drafting`` (module
     docstring); all B images in one batch (``score_trees`` splits larger sets); ``mask_budget`` bounds the attention
-    mask of a dynamic tree's growth forward (elements; chunks of round starts)."""
+    mask of a dynamic tree's growth forward (elements; chunks of round starts); ``seed``: the Gumbel noise of the
+    lossless trees sampled at every round start (``LOSSLESS_TREES``)."""
     from .forced_rows import scoring_inputs
 
     mode = tree_mode(drafting)
@@ -143,8 +157,6 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
                          f"{type(drafting).__name__}")
     if draft is None:
         raise ValueError("tree rows need the draft model the trees were drafted with")
-    if _grown(mode) and mode.sampling != "release":
-        raise NotImplementedError(LOSSLESS_REASON)
     if not isinstance(processing, Processing):
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if processing.greedy:
@@ -158,26 +170,34 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
         if B > 1 and not _static(mode) and not (m.batched and m.row_masks):
             raise ValueError(f"{type(m).__name__} cannot take per-row tree masks: dynamic-tree rows one image at a "
                              f"time (got {B})")
-    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget))
+    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget), int(seed))
 
 
 @torch.no_grad()
-def _tree_rows(target, draft, conds: list, tok: torch.Tensor, mode, processing: Processing, budget: int) -> TreeRows:
+def _tree_rows(target, draft, conds: list, tok: torch.Tensor, mode, processing: Processing, budget: int,
+               seed: int = 0) -> TreeRows:
     """``tree_rows`` of inputs its callers checked (``forced_rows.scoring_inputs``; a tree mode with rows)."""
     from .forced_rows import chain_rows
 
-    if _static(mode):
-        rows = chain_rows(target, draft, conds, tok, int(mode.tree.depth), processing)
+    drawn = _static(mode) or mode.sampling != "release"       # candidates drawn from q: its rows are read
+    q = None
+    if drawn:
+        rows = chain_rows(target, draft, conds, tok, int(mode.tree.depth if _static(mode) else mode.max_depth),
+                          processing)
         q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
+    if _static(mode):
         return TreeRows(rows.p, q, mode)
     target, draft = as_batched(target), as_batched(draft)
     dev = torch.device(getattr(target, "device", "cpu") or "cpu")
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
     with inference_weights(), torch.inference_mode():
-        p, grown = _dynamic(target, draft, conds, tok.to(dev), mode, processing, dev, budget)
+        p, grown = dynamic_trees(target, draft, conds, tok.to(dev), mode, processing, dev, budget, gen)
     with torch.inference_mode(False):
         out = [x.clone() for x in (p, *grown)]
-    p, children, depth, node_tokens, parent = out
-    return TreeRows(p, None, mode, RowTrees(children, depth, mode.max_depth), node_tokens, parent)
+    p, children, depth, node_tokens, parent, weight = out
+    return TreeRows(p, q, mode, RowTrees(children, depth, mode.max_depth), node_tokens, parent,
+                    weights=None if mode.sampling == "release" else weight)
 
 
 def _by_round_start(qc: torch.Tensor) -> torch.Tensor:
@@ -190,152 +210,6 @@ def _by_round_start(qc: torch.Tensor) -> torch.Tensor:
     return q
 
 
-@contextlib.contextmanager
-def _room(model, need: int):
-    """A model with a fixed cache (``extra_slots`` spare entries past the image) sized for ``need`` spare entries
-    for the duration (a prefill allocates it); unbounded caches (None) are left alone."""
-    # through OneRow (its ``model``); a model with its own ``extra_slots`` is sized itself (BatchedImageLM also has a
-    # ``model`` attribute, the wrapped transformers model: sizing that one left the cache short, issue 50)
-    m = model if hasattr(model, "extra_slots") else getattr(model, "model", model)
-    old = getattr(m, "extra_slots", None)
-    if old is None or old >= need:
-        yield
-        return
-    m.extra_slots = int(need)
-    try:
-        yield
-    finally:
-        m.extra_slots = old
-
-
-def _dynamic(target, draft, conds, tok, spec, proc: Processing, dev, budget: int):
-    """p (B, T, V) and the regrown trees of ``spec`` (a release ``DynamicTree``) at every round start: children (B, T, N+1, k), node depths, node tokens and
-    parents (B, T, N+1) int64 (module docstring). Round starts n = 1 .. T-2 draft (D'(n) >= 1); n = 0 (the prefill)
-    and n = T-1 get a placeholder star (never read)."""
-    from .forced_rows import _rows
-
-    B, T = tok.shape
-    kr = proc.batch
-    feat = bool(getattr(draft, "needs_features", False))
-    o = target.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg, return_hidden=feat)
-    p = proc.rows(o.logits)                                                        # (B, T, V)
-    N1, k, levels = spec.total, spec.topk, spec.depth
-    S = T - 2                                                                      # round starts n = 1 .. T - 2
-    parent = torch.zeros((B, T, N1), dtype=torch.long, device=dev)
-    parent[..., 0] = -1
-    depth = torch.ones((B, T, N1), dtype=torch.long, device=dev)
-    depth[..., 0] = 0
-    node_tokens = torch.zeros((B, T, N1), dtype=torch.long, device=dev)
-    if S >= 1:
-        M = T - 2                      # the drafter's committed entries a round start may hide (the last M)
-        R = kr * B
-        # starts per chunk: the last level's mask, R Sc k (M + levels Sc k) elements, within the budget
-        a2, b1 = R * k * k * levels, R * k * M
-        Sc = max(1, min(S, int((-b1 + np.sqrt(b1 * b1 + 4.0 * a2 * budget)) / (2 * a2))))
-        if feat:
-            hidden = o.hidden
-            P = hidden.shape[1] - (T - 1)
-            E = P + T - 2
-            draft.start(P, R, extra=levels * Sc * k)
-            ids = torch.cat([torch.zeros(B, P - 1, dtype=torch.long, device=dev), tok[:, :T - 1]], 1)
-            o1 = draft.forward(_rows(ids, kr), features=hidden[:, :E], position_ids=np.tile(np.arange(E), (R, 1)))
-            logits0, hid0, d_off = o1.logits[:, P - 1:E - 1], o1.hidden[:, P - 1:E - 1], P - 1
-        else:
-            with _room(draft, levels * Sc * k + 1):
-                o1 = draft.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg)
-            logits0, hid0 = o1.logits[:, 1:T - 1], None
-            d_off = int(draft.cache_lens[0]) - (T - 1)
-        for a in range(0, S, Sc):      # a loop over chunks of round starts (memory), each grown in `levels` forwards
-            ns = np.arange(a + 1, min(S, a + Sc) + 1)
-            idx = torch.as_tensor(ns, device=dev)
-            got = _grow(draft, spec, proc, tok, ns, logits0[:, idx - 1], None if hid0 is None else hid0[:, idx - 1],
-                        d_off, M, T, feat, dev)
-            for arr, g in zip((parent, depth, node_tokens), got):
-                arr[:, idx, :g.shape[-1]] = g
-    children = row_trees(parent, k, depth=spec.max_depth, node_depth=depth).children
-    return p, (children, depth, node_tokens, parent)
-
-
-def _depth_caps(spec, ns: np.ndarray, T: int) -> np.ndarray:
-    """D'(n) = min(depth + 1, T - n - 1) (S,) for ``spec`` (a ``DynamicTree``): the depth an image's round at start n walks, and the deepest level it
-    selects its tree among (``grow_tree``'s ``caps``)."""
-    return np.minimum(spec.max_depth, T - ns - 1)
-
-
-def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_off: int, M: int, T: int,
-          feat: bool, dev):
-    """The release-mode trees (``spec``, a ``DynamicTree``) of round starts ``ns`` (S,) of every image, as ``grow_tree`` grows one image's:
-    logits0 (R, S, V) the drafter's rows after each start's committed entries (hid0 (R, S, H) its features, EAGLE),
-    ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
-    image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
-    (B, S, n+1) int64 (n = min(N, pool))."""
-    from .forced_rows import _rows
-
-    B, S = tok.shape[0], len(ns)
-    kr, k, levels = proc.batch, spec.topk, spec.depth
-    R = kr * B
-    q0 = proc.rows(logits0)                                                        # (B, S, V)
-    tok_f = top_m(q0, k)                                                           # (B, S, k) the root's children
-    key = q0.gather(-1, tok_f).double().log()                                     # (B, S, k) = 0 + log q
-    toks, keys, fronts = [tok_f], [key], []
-    front = torch.arange(k, device=dev).expand(B, S, -1)
-    fhid = hid0[:, :, None].expand(-1, -1, k, -1) if feat else None               # (R, S, k, H)
-    anc = torch.zeros((B, S, k, 0), dtype=torch.bool, device=dev)                # ancestors among this start's entries
-    eye_k = torch.eye(k, dtype=torch.bool, device=dev)
-    eye_s = torch.eye(S, dtype=torch.bool, device=dev)
-    nt = torch.as_tensor(ns, device=dev)
-    seen = (torch.arange(M, device=dev)[None, :] < (nt[:, None] - 1))           # (S, M) committed entries visible
-    seen = seen[None, :, None, :].expand(B, -1, k, -1).reshape(B, S * k, M)
-    cap = d_off + T - 1
-    size = k
-    for i in range(levels):   # one drafter forward per expansion level (a loop over at most `depth` levels)
-        pos = np.repeat(np.minimum(d_off + ns + i, cap), k)                       # root d_off + n - 1, plus 1 + i
-        blocks = anc.reshape(B, S, k, i, k)                                       # [image, start, node, level, node']
-        blocks = eye_s[None, :, None, None, :, None] & blocks[:, :, :, :, None, :]   # (B, S, k, i, S, k)
-        mask = torch.cat([seen, blocks.reshape(B, S * k, i * S * k),
-                          torch.eye(S * k, dtype=torch.bool, device=dev).expand(B, -1, -1)], -1)
-        mask = mask[0] if B == 1 else _rows(mask, kr)
-        x = _rows(tok_f.reshape(B, S * k), kr)
-        pos = np.tile(pos, (R, 1))
-        if feat:
-            o = draft.forward(x, features=fhid.reshape(R, S * k, -1), position_ids=pos, attn_mask=mask)
-        else:
-            o = draft.forward(x, position_ids=pos, attn_mask=mask)
-        q = proc.rows(o.logits).reshape(B, S, k, -1)                             # (B, S, k, V)
-        ctok = top_m(q, k)                                                        # (B, S, k, k)
-        ckey = (key[..., None] + q.gather(-1, ctok).double().log()).reshape(B, S, k * k)
-        ctok = ctok.reshape(B, S, k * k)
-        base = size
-        fronts.append(front)
-        toks.append(ctok)
-        keys.append(ckey)
-        size += k * k
-        if i + 1 < levels:                     # the next frontier: the k best of the k^2
-            best = top_m(ckey, k)                                                 # (B, S, k)
-            out = best // k
-            tok_f, key = ctok.gather(-1, best), ckey.gather(-1, best)
-            front = base + best
-            if feat:
-                h = o.hidden.reshape(R, S, k, -1)
-                fhid = h.gather(2, _rows(out, kr)[..., None].expand(-1, -1, -1, h.shape[-1]))
-            prev = anc.gather(2, out[..., None].expand(-1, -1, -1, anc.shape[-1]))
-            anc = torch.cat([prev, eye_k[out]], -1)
-    draft.rollback(levels * S * k)
-    n = min(spec.n_nodes, size)
-    pool_keys = torch.cat(keys, -1)                                               # (B, S, pool)
-    pool_parents = torch.cat([torch.full((B, S, k), -1, dtype=torch.long, device=dev)]
-                             + [f.repeat_interleave(k, dim=-1) for f in fronts], -1)
-    pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]
-                           + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(levels)])
-    caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
-    pool_keys = pool_keys.masked_fill(pool_depth[None, None, :] > caps[None, :, None], -float("inf"))
-    sel, parent = select_nodes(pool_keys, pool_parents, n)                       # (B, S, n), (B, S, n+1)
-    zero = torch.zeros((B, S, 1), dtype=torch.long, device=dev)
-    node_depth = torch.cat([zero, pool_depth[sel]], -1)
-    node_tok = torch.cat([tok[:, nt - 1][..., None], torch.cat(toks, -1).gather(-1, sel)], -1)
-    return parent, node_depth, node_tok
-
-
 # ----------------------------------------------------------------------------- likelihood
 
 def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, detail: bool = False):
@@ -346,7 +220,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
     "samples", "groups" (None when exact)}. ValueError, before the recursion, when the rows were made for another mode:
     node count, depth or dynamic configuration."""
     from theory.likelihood import tree_log_likelihood
-    from theory.likelihood.tree_mc import tree_log_likelihood_mc
+    from theory.likelihood.tree_mc import dynamic_log_likelihood_mc, tree_log_likelihood_mc
 
     def out(lph, how="exact", se=None, mc=None):
         if not detail:
@@ -370,8 +244,13 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
             got = rows.mode.params() if _grown(rows.mode) else type(rows.mode).__name__
             raise ValueError(f"the rows were regrown with dynamic configuration {got}, not {mode.params()}")
         rt = RowTrees(rows.trees.children.cpu().numpy(), rows.trees.node_depth.cpu().numpy(), rows.trees.depth)
-        return out(tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
-                                       node_tokens=rows.node_tokens.cpu().numpy()))
+        if mode.sampling == "release":
+            return out(tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
+                                           node_tokens=rows.node_tokens.cpu().numpy()))
+        mc = dynamic_log_likelihood_mc(p, rows.q.cpu().numpy(), x, verifier, rt, rows.node_tokens.cpu().numpy(),
+                                       groups=LOSSLESS_GROUPS, convention=rows.convention,
+                                       weights=rows.weights.cpu().numpy())
+        return out(mc["log_p_hat"], "mc", mc["se"], mc) if detail else mc["log_p_hat"]
     if rows.q is None:
         raise ValueError("these rows hold no draft rows q (dynamic-tree rows): score them with their DynamicTree")
     D = int(mode.tree.depth)
@@ -415,7 +294,7 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
     how = method(mode, verifier, int(target.vocab_size))
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
         x = tok[a:a + batch_size]
-        rows = _tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing, MASK_BUDGET)
+        rows = _tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing, MASK_BUDGET, seed=a)
         lp.append(log_target(rows.p.cpu().numpy(), x.numpy()))
         d = tree_likelihood(rows, x, verifier, mode, seed=a, detail=True)
         lph.append(d["log_p_hat"])

@@ -2,7 +2,8 @@
 
 Holds ``chain`` (the exact law P^(x) of chain-drafted output, T12, and log P(x); re-exported here), ``tree`` (the
 exact law of static- and dynamic-tree output, T13: ``tree_log_likelihood``, re-exported here), ``tree_mc`` (its
-Monte Carlo estimate with a jackknife SE for sampled static trees at any V, T14), ``fidelity``
+Monte Carlo estimate with a jackknife SE for sampled static trees at any V, T14, and for lossless dynamic trees from
+sampled trees, T15; ``tree_walks``: the node walks they share), ``fidelity``
 (TV and KL to the target with 95% intervals), ``recorded`` (T10-T11 predictions from recorded rounds, the recorded
 row classes and their loader), ``path_bound`` (the per-image bound from an image's own path), ``tune`` (schedules
 tuned on the per-round bound, section 8b), ``speed`` (tokens per call predicted from recorded vanilla rounds, as

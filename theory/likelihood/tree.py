@@ -38,7 +38,7 @@ API (array API: numpy, torch; everything computed in float64):
   not read), its node tokens (entry 0, the root, not read), verified with the point law (no q). Siblings must carry
   distinct tokens (top-k candidates do), so the node a round has reached is the one whose path spells the sequence.
   ``candidates="sampled"`` with ``row_trees`` (the lossless stochastic-beam trees) has no exact likelihood here:
-  NotImplementedError.
+  NotImplementedError (an unbiased estimate from sampled trees: ``tree_mc.dynamic_log_likelihood_mc``, T15).
 
 The recursion (T13). Per round start n and node v at depth d, the walk at v (residual p_1 = p[n+d], candidates
 c_1..c_m, f_j = accept(p_j, q_j, d+1), p_{j+1} = resample(p_j, q_j, f_j, rejected=c_j)) emits token x = x_{n+d}
@@ -68,13 +68,11 @@ from ..core.xp import Array, gather, namespace, normalize, top_m
 from ..rules.resampling import Argmax, Optimal, Residual, Target
 from ..tree.shapes import RowTrees, Tree
 from .chain import CONVENTIONS, check_chain_rule
+from .tree_walks import CHUNK_ELEMENTS, chunked, path_emissions, place, rows_at, walk_point
 
 __all__ = ["CANDIDATES", "SAMPLED_LIMIT", "depth_caps", "tree_log_likelihood", "check_sampled_cost"]
 
 CANDIDATES = ("topk", "sampled")
-CHUNK_ELEMENTS = 1 << 18   # rows x V per chunk of the point walks (topk, dynamic): 2 MiB float64 temporaries that
-# stay in cache (128 MiB ones made the walks 2-3x slower at V = 1024); the walks' memory is O(V) per row for every
-# rule (LANTERN's neighbour masses are summed block by block), so the rule's width does not shrink it
 SAMPLED_CHUNK_ELEMENTS = 1 << 24   # elements per chunk of the sampled walks' histories (V^K x width per row)
 SAMPLED_LIMIT = 1 << 22    # "sampled": elements per (round start, depth) row, V^K x rule width (module docstring)
 _WHO = "tree_log_likelihood"
@@ -99,23 +97,53 @@ def _width(verifier) -> int:
     return 2 * w if isinstance(w, int) and w > 0 else 1
 
 
+def check_common(p, tokens, verifier, convention, xp, who: str):
+    """The checks every tree likelihood makes first (one-line ValueErrors): a chain-rule verifier, the convention, p
+    (..., T, V) real floating, tokens (..., T) in [0, V). Returns (T, V, batch)."""
+    check_chain_rule(verifier, who)
+    if convention not in CONVENTIONS:
+        raise ValueError(f"{who}: convention must be one of {CONVENTIONS}, got {convention!r}")
+    if not xp.isdtype(p.dtype, "real floating"):
+        raise ValueError(f"{who}: p must be a real floating array, got dtype {p.dtype}")
+    if p.ndim < 2 or p.shape[-2] < 1 or p.shape[-1] < 1:
+        raise ValueError(f"{who}: p must be (..., T, V) with T, V >= 1, got shape {tuple(p.shape)}")
+    if tuple(tokens.shape) != tuple(p.shape[:-1]):
+        raise ValueError(f"{who}: tokens must be (..., T) = {tuple(p.shape[:-1])}, got {tuple(tokens.shape)}")
+    checks.check_tokens_xp(f"{who}: tokens", tokens, p.shape[-1], xp)
+    return p.shape[-2], p.shape[-1], tuple(p.shape[:-2])
+
+
+def check_q(q, p, D: int, Dp: np.ndarray, xp, who: str, what: str) -> bool:
+    """Draft rows q (..., T, V) by position or (..., T, D, V) by round start (returns ``per_depth``): a real floating
+    array whose rows that are read (depth d < D'(n)) are distributions; one-line ValueError otherwise."""
+    *batch, T, V = p.shape
+    if q is None or not hasattr(q, "dtype") or not xp.isdtype(q.dtype, "real floating"):
+        raise ValueError(f"{who}: q must be a real floating array {what}, got {getattr(q, 'dtype', type(q).__name__)}")
+    if tuple(q.shape) == tuple(p.shape):
+        per_depth = False
+    elif tuple(q.shape) == (*batch, T, D, V):
+        per_depth = True
+    else:
+        raise ValueError(f"{who}: q must be (..., T, V) = {tuple(p.shape)} or (..., T, D, V) = {(*batch, T, D, V)} "
+                         f"(D = the tree's depth), got {tuple(q.shape)}")
+    used = np.arange(D)[None, :] < Dp[:, None]                                   # (T, D): q[n, d] is read
+    if not per_depth:                                                             # q[t] = q[n, t - n] for every n
+        n = np.arange(T)[:, None] - np.arange(D)[None, :]                          # (t, d) -> n = t - d
+        used = ((n >= 0) & (np.arange(D)[None, :] < Dp[np.maximum(n, 0)])).any(axis=1)
+    tol = checks.rows_tol_xp(q)
+    ok = xp.all(q >= 0, axis=-1) & (xp.abs(xp.sum(q, axis=-1) - 1) <= tol)        # NaN fails both
+    if not bool(xp.all(ok | ~xp.asarray(used, device=array_api_compat.device(q)))):
+        raise ValueError(f"{who}: q rows that are read must be distributions (finite, >= 0, summing to 1 within "
+                         f"{tol:g}); found one that is not")
+    return per_depth
+
+
 def _validate(p, q, tokens, verifier, tree, candidates, convention, row_trees, node_tokens, limit, xp):
     """Every check (one-line ValueErrors, NotImplementedError for a construction without an exact likelihood), before
     any work. Returns (T, V, D'(n) (T,), per_depth)."""
-    check_chain_rule(verifier, _WHO)
     if candidates not in CANDIDATES:
         raise ValueError(f"{_WHO}: candidates must be one of {CANDIDATES}, got {candidates!r}")
-    if convention not in CONVENTIONS:
-        raise ValueError(f"{_WHO}: convention must be one of {CONVENTIONS}, got {convention!r}")
-    if not xp.isdtype(p.dtype, "real floating"):
-        raise ValueError(f"{_WHO}: p must be a real floating array, got dtype {p.dtype}")
-    if p.ndim < 2 or p.shape[-2] < 1 or p.shape[-1] < 1:
-        raise ValueError(f"{_WHO}: p must be (..., T, V) with T, V >= 1, got shape {tuple(p.shape)}")
-    T, V = p.shape[-2], p.shape[-1]
-    batch = tuple(p.shape[:-2])
-    if tuple(tokens.shape) != tuple(p.shape[:-1]):
-        raise ValueError(f"{_WHO}: tokens must be (..., T) = {tuple(p.shape[:-1])}, got {tuple(tokens.shape)}")
-    checks.check_tokens_xp(f"{_WHO}: tokens", tokens, V, xp)
+    T, V, batch = check_common(p, tokens, verifier, convention, xp, _WHO)
     if row_trees is not None:
         if tree is not None:
             raise ValueError(f"{_WHO}: give tree (a static Tree) or row_trees (dynamic trees), not both")
@@ -127,13 +155,13 @@ def _validate(p, q, tokens, verifier, tree, candidates, convention, row_trees, n
                 "exact likelihood here: the tree's shape depends on the Gumbel keys of every node, off-path nodes "
                 "included, whose rows are not functions of the sequence; exact: static trees with "
                 "candidates='sampled', or dynamic trees with candidates='topk' (the release's prefix-fixed "
-                "construction)")
+                "construction); estimated: theory.likelihood.tree_mc.dynamic_log_likelihood_mc (T15, sampled trees)")
         if q is not None:
             raise ValueError(f"{_WHO}: q must be None with row_trees (the point law reads no draft rows; the "
                              "candidates are node_tokens)")
         D = checks.integer(f"{_WHO}: row_trees.depth", row_trees.depth, lo=1)
         Dp = depth_caps(T, D, convention)
-        _check_row_trees(row_trees, node_tokens, batch, T, V, Dp, xp, array_api_compat.device(p))
+        check_row_trees(row_trees, node_tokens, batch, T, V, Dp, xp, array_api_compat.device(p))
         checks.check_rows_xp(f"{_WHO}: p", p, xp)
         return T, V, Dp, False
     if node_tokens is not None:
@@ -144,27 +172,9 @@ def _validate(p, q, tokens, verifier, tree, candidates, convention, row_trees, n
     D, K = tree.depth, int(tree.children.shape[1])
     if K > V:
         raise ValueError(f"{_WHO}: the tree has a node with {K} children but V = {V} (m candidates need m tokens)")
-    if q is None or not hasattr(q, "dtype") or not xp.isdtype(q.dtype, "real floating"):
-        raise ValueError(f"{_WHO}: q must be a real floating array for a static tree, got "
-                         f"{getattr(q, 'dtype', type(q).__name__)}")
-    if tuple(q.shape) == tuple(p.shape):
-        per_depth = False
-    elif tuple(q.shape) == (*batch, T, D, V):
-        per_depth = True
-    else:
-        raise ValueError(f"{_WHO}: q must be (..., T, V) = {tuple(p.shape)} or (..., T, D, V) = {(*batch, T, D, V)} "
-                         f"(D = tree.depth), got {tuple(q.shape)}")
     checks.check_rows_xp(f"{_WHO}: p", p, xp)
     Dp = depth_caps(T, D, convention)
-    used = np.arange(D)[None, :] < Dp[:, None]                                   # (T, D): q[n, d] is read
-    if not per_depth:                                                             # q[t] = q[n, t - n] for every n
-        n = np.arange(T)[:, None] - np.arange(D)[None, :]                          # (t, d) -> n = t - d
-        used = ((n >= 0) & (np.arange(D)[None, :] < Dp[np.maximum(n, 0)])).any(axis=1)
-    tol = checks.rows_tol_xp(q)
-    ok = xp.all(q >= 0, axis=-1) & (xp.abs(xp.sum(q, axis=-1) - 1) <= tol)        # NaN fails both
-    if not bool(xp.all(ok | ~xp.asarray(used, device=array_api_compat.device(q)))):
-        raise ValueError(f"{_WHO}: q rows that are read must be distributions (finite, >= 0, summing to 1 within "
-                         f"{tol:g}); found one that is not")
+    per_depth = check_q(q, p, D, Dp, xp, _WHO, "for a static tree")
     if candidates == "sampled":
         check_sampled_cost(tree, V, verifier, limit)
     return T, V, Dp, per_depth
@@ -186,28 +196,32 @@ def check_sampled_cost(tree: Tree, V: int, verifier, limit: int | None = SAMPLED
                 "to V = 45); candidates='topk' (prefix-fixed candidates) is exact at the chain's cost")
 
 
-def _check_row_trees(rt, node_tokens, batch, T, V, Dp, xp, dev):
+def check_row_trees(rt, node_tokens, batch, T, V, Dp, xp, dev, who: str = _WHO, sampled: bool = False) -> int:
     """Shapes, dtypes and tree structure of the per-round-start trees, at the round starts that are used (D'(n) >= 1):
     children ints in [-1, N], -1 only as padding after the valid ranks, every child after its parent (a higher index)
-    one level deeper, root depth 0, node tokens in [0, V), distinct tokens among siblings."""
+    one level deeper, root depth 0, node tokens in [0, V), distinct tokens among siblings. ``sampled``: M trees per
+    round start, children (..., T, M, N+1, K) (T15). Returns M (1 when not ``sampled``)."""
     ch, nd, nt = rt.children, rt.node_depth, node_tokens
     if nt is None:
-        raise ValueError(f"{_WHO}: row_trees needs node_tokens (..., T, N+1): the token at every node of every "
+        raise ValueError(f"{who}: row_trees needs node_tokens (..., T, N+1): the token at every node of every "
                          "round's tree")
     if not all(hasattr(a, "shape") and hasattr(a, "dtype") for a in (ch, nd, nt)):
-        raise ValueError(f"{_WHO}: row_trees.children, row_trees.node_depth and node_tokens must be integer arrays")
+        raise ValueError(f"{who}: row_trees.children, row_trees.node_depth and node_tokens must be integer arrays")
     ch, nd, nt = (xp.asarray(a, device=dev) for a in (ch, nd, nt))
     if not all(xp.isdtype(a.dtype, "integral") for a in (ch, nd, nt)):
-        raise ValueError(f"{_WHO}: row_trees.children, row_trees.node_depth and node_tokens must be integer arrays")
-    if ch.ndim != len(batch) + 3 or tuple(ch.shape[:-2]) != (*batch, T) or ch.shape[-2] < 1 or ch.shape[-1] < 1:
-        raise ValueError(f"{_WHO}: row_trees.children must be (..., T, N+1, K) with (..., T) = {(*batch, T)}, got "
+        raise ValueError(f"{who}: row_trees.children, row_trees.node_depth and node_tokens must be integer arrays")
+    lead = (*batch, T, *ch.shape[len(batch) + 1:len(batch) + 2]) if sampled else (*batch, T)
+    form = "(..., T, M, N+1, K)" if sampled else "(..., T, N+1, K)"
+    if (ch.ndim != len(lead) + 2 or tuple(ch.shape[:-2]) != lead or ch.shape[-2] < 1 or ch.shape[-1] < 1
+            or (sampled and ch.shape[len(batch) + 1] < 1)):
+        raise ValueError(f"{who}: row_trees.children must be {form} with (..., T) = {(*batch, T)}, got "
                          f"{tuple(ch.shape)}")
     N1, K = int(ch.shape[-2]), int(ch.shape[-1])
     for name, a in (("row_trees.node_depth", nd), ("node_tokens", nt)):
-        if tuple(a.shape) != (*batch, T, N1):
-            raise ValueError(f"{_WHO}: {name} must be (..., T, N+1) = {(*batch, T, N1)}, got {tuple(a.shape)}")
+        if tuple(a.shape) != (*lead, N1):
+            raise ValueError(f"{who}: {name} must be {form[:-4]}) = {(*lead, N1)}, got {tuple(a.shape)}")
     ch, nd, nt = (xp.astype(a, xp.int64) for a in (ch, nd, nt))
-    used = xp.asarray(Dp >= 1, device=array_api_compat.device(ch))[:, None]     # (T, 1) round starts read
+    used = xp.reshape(xp.asarray(Dp >= 1, device=array_api_compat.device(ch)), (T, *(1,) * (len(lead) - len(batch))))
     valid = ch >= 0
     safe = xp.where(valid & (ch < N1), ch, xp.zeros_like(ch))
     flat = xp.reshape(safe, (*ch.shape[:-2], N1 * K))
@@ -220,12 +234,13 @@ def _check_row_trees(rt, node_tokens, batch, T, V, Dp, xp, dev):
     pair = valid[..., :, None] & valid[..., None, :] & (kid_tok[..., :, None] == kid_tok[..., None, :])
     distinct = xp.sum(xp.astype(pair, xp.int64), axis=(-1, -2)) == xp.sum(xp.astype(valid, xp.int64), axis=-1)
     tok_ok = xp.all((nt[..., 1:] >= 0) & (nt[..., 1:] < V), axis=-1) & (nd[..., 0] == 0)
-    if not bool(xp.all(struct | ~used)) or not bool(xp.all(tok_ok | ~used[:, 0])):
-        raise ValueError(f"{_WHO}: row_trees must hold trees at every used round start: children in [-1, N] (-1 only "
+    if not bool(xp.all(struct | ~used)) or not bool(xp.all(tok_ok | ~used[..., 0])):
+        raise ValueError(f"{who}: row_trees must hold trees at every used round start: children in [-1, N] (-1 only "
                          f"after the valid ranks), each child after its parent and one level deeper, root depth 0, "
                          f"node tokens in [0, V={V})")
     if not bool(xp.all(distinct | ~used)):
-        raise ValueError(f"{_WHO}: siblings must carry distinct tokens (top-k candidates do)")
+        raise ValueError(f"{who}: siblings must carry distinct tokens (top-k candidates do)")
+    return int(ch.shape[len(batch) + 1]) if sampled else 1
 
 
 def tree_log_likelihood(p: Array, q: Array | None, tokens: Array, verifier, tree: Tree | None = None, *,
@@ -256,58 +271,18 @@ def tree_log_likelihood(p: Array, q: Array | None, tokens: Array, verifier, tree
         ch = xp.reshape(xp.astype(xp.asarray(row_trees.children, device=dev), xp.int64), (B, T, N1, K))
         ch = xp.where(xp.asarray(Dp >= 1, device=dev)[:, None, None], ch, xp.full_like(ch, -1))  # unused: not read
         nt = xp.reshape(xp.astype(xp.asarray(node_tokens, device=dev), xp.int64), (B, T, N1))
-        Eacc, R, par, dep = _dynamic(pf, x, pt, verifier, ch, nt, int(row_trees.depth), Dp, xp)
+        D = int(row_trees.depth)
+        Eacc, R = (a[:, :, 0] for a in path_emissions(pf, x, pt, verifier, ch[:, :, None], nt[:, :, None], D, Dp, xp))
+        par, dep = np.arange(-1, D, dtype=np.int64), np.arange(D + 1, dtype=np.int64)
     return xp.reshape(_forward(Eacc, R, par, dep, xp), batch)
 
 
 # --------------------------------------------------------------------------- emissions
 
-def _rows_at(a, lo: int, hi: int, xp):
-    """a (B, T, ...) -> rows lo..hi-1 of axis 1, flattened to (B (hi - lo), ...)."""
-    s = a[:, lo:hi]
-    return xp.reshape(s, (s.shape[0] * s.shape[1], *s.shape[2:]))
-
-
-def _place(a, B: int, T: int, lo: int, xp):
-    """(B m, ...) rows of round starts lo..lo+m-1 -> (B, T, ...) with zeros at the other round starts."""
-    a = xp.reshape(a, (B, a.shape[0] // B, *a.shape[1:]))
-    m = a.shape[1]
-    z = lambda k: xp.zeros((B, k, *a.shape[2:]), dtype=a.dtype, device=array_api_compat.device(a))  # noqa: E731
-    return xp.concat([z(lo), a, z(T - lo - m)], axis=1)
-
-
-def _chunked(fn, arrays, step: int, xp):
-    """fn over row chunks of ``arrays`` (each (rows, ...)), outputs concatenated: a loop over chunks (memory)."""
-    n = arrays[0].shape[0]
-    parts = [fn(*(a[s:s + step] for a in arrays)) for s in range(0, n, step)]
-    return tuple(xp.concat([o[i] for o in parts], axis=0) for i in range(len(parts[0])))
-
-
-def _walk_point(p, cand, x, pos, verifier, xp):
-    """The walk at one node per row with fixed candidates and the point draft law (q_j = one-hot(c_j)): p (r, V) the
-    node's target row, cand (r, K) its candidates in rank order, x (r,) the sequence's token, pos (r,) the 1-based
-    draft position. -> acc (r, K): P(the j-th candidate is accepted and is x); res (r, K): P(the first j candidates
-    rejected, then the residual emits x), j = 1..K. LANTERN's rejected-dependent resamplers get the actual c_j."""
-    r, V = p.shape
-    ar = xp.arange(V, device=array_api_compat.device(p))
-    S = xp.ones((r,), dtype=p.dtype, device=array_api_compat.device(p))      # P(every earlier candidate rejected)
-    pj, acc, res = p, [], []
-    for j in range(cand.shape[1]):   # a loop over candidate ranks
-        c = cand[:, j]
-        qj = xp.astype(ar == c[:, None], p.dtype)
-        f = verifier.accept(pj, qj, pos)
-        fc = gather(f, c, xp)
-        acc.append(xp.where(c == x, S * fc, xp.zeros_like(fc)))
-        pj = verifier.resample(pj, qj, f, c)
-        S = S * (1 - fc)
-        res.append(S * gather(pj, x, xp) / xp.sum(pj, axis=-1))
-    return xp.stack(acc, axis=1), xp.stack(res, axis=1)
-
-
 def _walk_topk(p, q, x, pos, K, verifier, xp):
-    """``_walk_point`` with the top-K tokens of the rows q (r, V) as candidates (ties to the lower token id)."""
+    """``walk_point`` with the top-K tokens of the rows q (r, V) as candidates (ties to the lower token id)."""
     cand = top_m(q, K, xp)
-    return _walk_point(p, cand, x, pos, verifier, xp)
+    return walk_point(p, cand, x, pos, verifier, xp)
 
 
 def _walk_sampled(p, q, x, pos, K, verifier, xp):
@@ -315,7 +290,7 @@ def _walk_sampled(p, q, x, pos, K, verifier, xp):
     normalise it), summed over the identities of the rejected ones: level j holds the V^j ordered histories
     (c_1..c_j) with weight prod_i q_i(c_i)(1 - f_i(c_i)) (0 for a repeated token), their residual p_{j+1} and draft
     row (q with c_1..c_j removed). A history whose draft row is exhausted skips its remaining candidates (verify_tree's
-    ``valid``) and emits from its residual for every larger child count. -> acc (r, K), res (r, K) as ``_walk_point``.
+    ``valid``) and emits from its residual for every larger child count. -> acc (r, K), res (r, K) as ``walk_point``.
 
     The last rejection enters through the verifier's effective law ``resample(P, Q, f)`` (rejected=None), which is
     sum_c Q(c)(1 - f(c)) G(. | c) / (1 - beta): the actual last candidate's law summed over it. For LANTERN's released
@@ -381,16 +356,16 @@ def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp, walk=Non
             ress.append(zero)
             continue
         lo, hi = int(ns[0]), int(ns[-1]) + 1                  # contiguous: D'(n) is non-increasing past n = 1
-        rp, rx = _rows_at(p, lo + d, hi + d, xp), _rows_at(x, lo + d, hi + d, xp)
-        rq = _rows_at(q[:, :, d] if per_depth else q, lo if per_depth else lo + d, hi if per_depth else hi + d, xp)
+        rp, rx = rows_at(p, lo + d, hi + d, xp), rows_at(x, lo + d, hi + d, xp)
+        rq = rows_at(q[:, :, d] if per_depth else q, lo if per_depth else lo + d, hi if per_depth else hi + d, xp)
         pos = xp.full((rp.shape[0],), d + 1, dtype=xp.int64, device=dev)
         step = SAMPLED_CHUNK_ELEMENTS // (V ** Kd[d] * width) if sampled else CHUNK_ELEMENTS // V
         fn = walk or (_walk_sampled if sampled else _walk_topk)
         step = walk.chunk_rows(V, Kd[d], width) if walk is not None else step
-        a, r = _chunked(lambda *arr: fn(*arr, Kd[d], verifier, xp), (rp, rq, rx, pos), max(1, step), xp)
+        a, r = chunked(lambda *arr: fn(*arr, Kd[d], verifier, xp), (rp, rq, rx, pos), max(1, step), xp)
         pad = xp.zeros((a.shape[0], Km - Kd[d], *extra), dtype=xp.float64, device=dev)
-        accs.append(_place(xp.concat([a, pad], axis=1), B, T, lo, xp))
-        ress.append(_place(xp.concat([r, pad], axis=1), B, T, lo, xp))
+        accs.append(place(xp.concat([a, pad], axis=1), B, T, lo, xp))
+        ress.append(place(xp.concat([r, pad], axis=1), B, T, lo, xp))
     acc = xp.reshape(xp.stack(accs, axis=2), (B, T, D * Km, *extra))
     res = xp.reshape(xp.stack(ress, axis=2), (B, T, D * Km, *extra))
     ex = (None,) * len(extra)                                                     # masks broadcast over ``extra``
@@ -407,51 +382,6 @@ def _static(p, q, x, pt, verifier, tree, candidates, Dp, per_depth, xp, walk=Non
     has, live = xp.asarray(has[(..., *ex)], device=dev), xp.asarray(live[(..., *ex)], device=dev)
     R = xp.where(has, Rw, xp.where(live, Rb, zero))
     return xp.where(live, Eacc, zero), R, par, dep
-
-
-def _dynamic(p, x, pt, verifier, ch, nt, D, Dp, xp):
-    """Emissions of per-round-start trees ch (B, T, N+1, K), node tokens nt (B, T, N+1): states = depths 0..D along the
-    sequence's path, v_d(n) = the node of round n's tree at depth d whose path spells x_n..x_{n+d-1} (unique: siblings
-    carry distinct tokens; -1 if none). Eacc, R (B, T, D+1) as ``_static``'s."""
-    B, T, V = p.shape
-    dev = array_api_compat.device(p)
-    K = ch.shape[-1]
-    Dpx = xp.asarray(Dp, device=dev)
-    v = xp.zeros((B, T), dtype=xp.int64, device=dev)
-    zero = xp.zeros((B, T), dtype=xp.float64, device=dev)
-
-    def shift(a, d, fill):   # a (B, T) -> a[:, n + d] (fill past the end)
-        return xp.concat([a[:, d:], xp.full((B, min(d, T)), fill, dtype=a.dtype, device=dev)], axis=1)[:, :T]
-
-    E, R = [zero], []
-    for d in range(D):   # a loop over tree levels
-        vs = xp.where(v >= 0, v, xp.zeros_like(v))
-        kids = xp.take_along_axis(ch, xp.broadcast_to(vs[:, :, None, None], (B, T, 1, K)), axis=2)[:, :, 0]
-        live = (kids >= 0) & ((v >= 0) & (d < Dpx))[:, :, None]                  # (B, T, K) candidates tried
-        tok = xp.take_along_axis(nt, xp.where(kids >= 0, kids, xp.zeros_like(kids)), axis=2)
-        m = xp.sum(xp.astype(live, xp.int64), axis=-1)
-        xs = shift(x, d, -1)
-        match = live & (tok == xs[:, :, None])
-        ns = np.flatnonzero(Dp > d)
-        a_sel, r_sel = zero, zero
-        if len(ns):
-            lo, hi = int(ns[0]), int(ns[-1]) + 1
-            pos = xp.full(((hi - lo) * B,), d + 1, dtype=xp.int64, device=dev)
-            cand = _rows_at(xp.where(live, tok, xp.zeros_like(tok)), lo, hi, xp)          # padding: token 0
-            a, r = _chunked(lambda *arr: _walk_point(*arr, verifier, xp),
-                            (_rows_at(p, lo + d, hi + d, xp), cand, _rows_at(x, lo + d, hi + d, xp), pos),
-                            max(1, CHUNK_ELEMENTS // V), xp)
-            a, r = _place(a, B, T, lo, xp), _place(r, B, T, lo, xp)
-            a_sel = xp.sum(xp.where(live, a, xp.zeros_like(a)), axis=-1)         # the matching child (1{c_j = x})
-            r_sel = gather(r, xp.where(m > 0, m - 1, xp.zeros_like(m)), xp)
-        reach = (v >= 0) & (d <= Dpx)
-        R.append(xp.where(m > 0, r_sel, xp.where(reach, shift(pt, d, 0.0), zero)))
-        E.append(a_sel)
-        first = xp.argmax(xp.astype(match, xp.int64), axis=-1)
-        v = xp.where(xp.any(match, axis=-1), gather(kids, first, xp), xp.full_like(v, -1))
-    R.append(xp.where((v >= 0) & (D <= Dpx), shift(pt, D, 0.0), zero))
-    par = np.arange(-1, D, dtype=np.int64)
-    return xp.stack(E, axis=2), xp.stack(R, axis=2), par, np.arange(D + 1, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- the recursion

@@ -1,4 +1,5 @@
-"""Monte Carlo likelihood of sampled static trees at any vocabulary (docs/theory.md section 11c, T14).
+"""Monte Carlo likelihoods: sampled static trees at any vocabulary (docs/theory.md section 11c, T14) and lossless
+dynamic trees from sampled trees (section 11d, T15: ``dynamic_log_likelihood_mc``, documented there).
 
 API (array API: numpy, torch; float64):
 
@@ -37,9 +38,11 @@ import numpy as np
 from ..core import checks
 from ..core.xp import Array, gather, namespace, normalize
 from ..rules.resampling import Argmax, Optimal, Residual, Target
+from ..tree.shapes import RowTrees
 from . import tree as _tree
+from .tree_walks import path_emissions
 
-__all__ = ["MC_SAMPLES", "MC_GROUPS", "tree_log_likelihood_mc", "jackknife"]
+__all__ = ["MC_SAMPLES", "MC_GROUPS", "tree_log_likelihood_mc", "dynamic_log_likelihood_mc", "jackknife"]
 
 MC_SAMPLES = 8            # draws per group and row
 MC_GROUPS = 8             # groups per row (the jackknife's replicates); 64 draws per row in all
@@ -139,6 +142,92 @@ def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *,
     Rr = xp.concat([pool_r[None], loo(R, pool_r)], axis=0)
     S = E.shape[-1]
     lp = xp.reshape(_tree._forward(xp.reshape(E, ((G + 1) * B, T, S)), xp.reshape(Rr, ((G + 1) * B, T, S)), par, dep,
+                                   xp), (G + 1, B))
+    jack, se = jackknife(lp[0], lp[1:], xp)
+    return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(lp[0], batch),
+            "se": xp.reshape(se, batch)}
+
+
+def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_trees: RowTrees, node_tokens: Array, *,
+                              groups: int = MC_GROUPS, convention: str = "eagle", weights: Array | None = None) -> dict:
+    """Monte Carlo log P^ of lossless dynamic trees (stochastic-beam keys, candidates verified with their draft law
+    without replacement; docs/theory/likelihood.md section 11d, T15) from M trees sampled independently at every
+    round start, with its jackknife standard error:
+        p           (..., T, V)            target rows (as ``tree_log_likelihood``);
+        q           (..., T, D, V)         by round start: q[n, d] the drafter's row at the path's depth-d node (the
+                    or (..., T, V)         row its children were drawn from); or by position (an independent draft);
+        tokens      (..., T)               ints in [0, V);
+        row_trees   RowTrees(children (..., T, M, N+1, K), node_depth (..., T, M, N+1), D): tree m of round start n,
+                    children ranked in draw order (rows not used, D'(n) = 0, are not read);
+        node_tokens (..., T, M, N+1)       their tokens (siblings distinct: a draw without replacement).
+        weights     (..., T, M) or None    importance weights of the trees (None: 1; trees drawn from another law
+                                           than the construction's, e.g. ``theory.tree.guided_children``: the
+                                           likelihood ratio, so that E[weight f(tree)] = E[f(tree)]).
+    The M trees of a round start split into ``groups`` equal groups (M divisible by it, >= 2 groups). Returns a dict
+    of (...,) float64 arrays as ``tree_log_likelihood_mc``: "log_p_hat" (jackknife), "log_p_hat_pooled" (the log of
+    the unbiased pooled estimate), "se" (jackknife SE, Monte Carlo error only), "samples" (trees per group), "groups".
+
+    Given its tree, a round's emissions are exact (``tree_walks.walk_drawn`` along the sequence's path); the state
+    space is (depth, tree) so that one round's emissions multiply within one tree, and the round's law is their mean
+    over the trees: the forward sum is then unbiased for P^(x) (section 11d)."""
+    who = "dynamic_log_likelihood_mc"
+    for nm, a in (("p", p), ("q", q), ("tokens", tokens)):
+        if not array_api_compat.is_array_api_obj(a):
+            raise TypeError(f"{who}: {nm} must be an array (numpy, torch or JAX), got {type(a).__name__}")
+    G = checks.integer(f"{who}: groups", groups, lo=2)
+    xp = namespace(p, q, tokens)
+    T, V, batch = _tree.check_common(p, tokens, verifier, convention, xp, who)
+    if not isinstance(row_trees, RowTrees):
+        raise ValueError(f"{who}: row_trees must be a theory.tree.RowTrees, got {type(row_trees).__name__}")
+    D = checks.integer(f"{who}: row_trees.depth", row_trees.depth, lo=1)
+    Dp = _tree.depth_caps(T, D, convention)
+    dev = array_api_compat.device(p)
+    M = _tree.check_row_trees(row_trees, node_tokens, batch, T, V, Dp, xp, dev, who, sampled=True)
+    if M % G:
+        raise ValueError(f"{who}: the {M} trees per round start must split into groups = {G} equal groups")
+    checks.check_rows_xp(f"{who}: p", p, xp)
+    per_depth = _tree.check_q(q, p, D, Dp, xp, who, "(the rows the candidates were drawn from)")
+    B = math.prod(batch)
+    out = {"samples": M // G, "groups": G}
+    if B == 0:
+        z = xp.zeros(batch, dtype=xp.float64, device=dev)
+        return {**out, "log_p_hat": z, "log_p_hat_pooled": z, "se": z}
+    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
+    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
+    pt = gather(pf, x, xp) / xp.sum(pf, axis=-1)
+    qf = xp.astype(xp.reshape(q, (B, T, D, V) if per_depth else (B, T, V)), xp.float64)
+    N1, K = int(row_trees.children.shape[-2]), int(row_trees.children.shape[-1])
+    ch = xp.reshape(xp.astype(xp.asarray(row_trees.children, device=dev), xp.int64), (B, T, M, N1, K))
+    ch = xp.where(xp.asarray(Dp >= 1, device=dev)[:, None, None, None], ch, xp.full_like(ch, -1))   # unused rows
+    nt = xp.reshape(xp.astype(xp.asarray(node_tokens, device=dev), xp.int64), (B, T, M, N1))
+    Eacc, R = path_emissions(pf, x, pt, verifier, ch, nt, D, Dp, xp, q=qf, per_depth=per_depth)   # (B, T, M, D+1)
+    if weights is not None:
+        if not hasattr(weights, "shape") or tuple(weights.shape) != (*batch, T, M):
+            raise ValueError(f"{who}: weights must be (..., T, M) = {(*batch, T, M)}, got "
+                             f"{tuple(getattr(weights, 'shape', ()))}")
+        wt = xp.reshape(xp.astype(xp.asarray(weights, device=dev), xp.float64), (B, T, M))
+        if not bool(xp.all(xp.isfinite(wt) & (wt >= 0))):
+            raise ValueError(f"{who}: weights must be finite and >= 0")
+        Eacc = xp.concat([Eacc[..., :1], Eacc[..., 1:2] * wt[..., None], Eacc[..., 2:]], axis=-1)
+        R = xp.concat([R[..., :1] * wt[..., None], R[..., 1:]], axis=-1)
+    # replica weights (G + 1, M): the pooled mean, then the means without group g (the jackknife's replicates)
+    grp = np.arange(M) // (M // G)
+    w = np.concatenate([np.full((1, M), 1.0 / M), np.where(grp[None, :] == np.arange(G)[:, None], 0.0,
+                                                           1.0 / (M - M // G))])
+    w = xp.asarray(w, device=dev)[:, None, None, :]                                            # (G+1, 1, 1, M)
+    lead = (G + 1, B, T)
+    first = Eacc[None, ..., 1] * w                                                            # entering depth 1
+    E = xp.concat([first[..., None], xp.broadcast_to(Eacc[None, ..., 2:], (*lead, M, D - 1))], axis=-1)
+    root = xp.sum(R[None, ..., 0] * w, axis=-1)                                               # (G+1, B, T)
+    Rs = xp.broadcast_to(R[None, ..., 1:], (*lead, M, D))
+    E = xp.concat([xp.zeros((*lead, 1), dtype=xp.float64, device=dev), xp.reshape(E, (*lead, M * D))], axis=-1)
+    Rs = xp.concat([root[..., None], xp.reshape(Rs, (*lead, M * D))], axis=-1)
+    # states: the root, then (tree m, depth d) = 1 + m D + d - 1; a tree's depth-1 state hangs off the root
+    dep = np.concatenate([[0], np.tile(np.arange(1, D + 1), M)]).astype(np.int64)
+    par = np.arange(-1, M * D, dtype=np.int64)
+    par[1::D] = 0
+    S = 1 + M * D
+    lp = xp.reshape(_tree._forward(xp.reshape(E, ((G + 1) * B, T, S)), xp.reshape(Rs, ((G + 1) * B, T, S)), par, dep,
                                    xp), (G + 1, B))
     jack, se = jackknife(lp[0], lp[1:], xp)
     return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(lp[0], batch),

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import array_api_compat
 
-from ..core.xp import Array, namespace, top_m
+from ..core.xp import Array, gather, namespace, top_m
 
-__all__ = ["KEYS", "child_keys", "select_nodes"]
+__all__ = ["KEYS", "child_keys", "guided_children", "select_nodes"]
 
 KEYS = ("lossless", "release")
 
@@ -51,10 +51,17 @@ def child_keys(parent_key: Array, parent_logp: Array, q: Array, gumbel: Array, k
     else:
         idx = top_m(phi, k, xp)
         val = xp.take_along_axis(phi, idx, axis=-1)
+    return idx, _truncate(parent_key, val, xp), parent_logp[..., None] + xp.take_along_axis(lq, idx, axis=-1)
+
+
+def _truncate(parent_key: Array, val: Array, xp) -> Array:
+    """Children's keys from their perturbed log-probabilities val (..., k) (draw order, non-increasing; -inf where
+    q = 0) under parents with keys (...,): the stochastic beam's truncation at the parent's key (``child_keys``)."""
+    k = val.shape[-1]
     Z = val[..., :1]
     G = parent_key[..., None]
     fin = val > -float("inf")
-    first = xp.arange(k, device=array_api_compat.device(q)) == 0
+    first = xp.arange(k, device=array_api_compat.device(val)) == 0
     d = xp.where(fin & ~first, val - Z, xp.full_like(val, -1.0))             # < 0; placeholder at -inf / child 1
     # log(1 - exp(d)) for d <= 0: log(-expm1(d)) near 0, log1p(-exp(d)) below log 2 (-inf at d = 0: the first child)
     small = d > -0.6931471805599453
@@ -63,9 +70,63 @@ def child_keys(parent_key: Array, parent_logp: Array, q: Array, gumbel: Array, k
     v = G - xp.where(fin, val, xp.zeros_like(val)) + l1me
     key = G - xp.where(v > 0, v, xp.zeros_like(v)) - xp.log1p(xp.exp(-xp.abs(v)))
     key = xp.where(fin, key, xp.full_like(key, -float("inf")))
-    key = xp.where(first, xp.broadcast_to(G, key.shape), key)                # the first child's key is G exactly
-    logp = parent_logp[..., None] + xp.take_along_axis(lq, idx, axis=-1)
-    return idx, key, logp
+    return xp.where(first, xp.broadcast_to(G, key.shape), key)                # the first child's key is G exactly
+
+
+def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x: Array, u: Array, k: int,
+                    mix=(0.2, 0.3, 0.5)):
+    """Stochastic beam search children drawn by IMPORTANCE SAMPLING (docs/theory/likelihood.md section 11d, T15):
+    the k children's tokens (the ordered top-k of the Gumbel-perturbed row, i.e. a draw without replacement from q)
+    are drawn from a proposal instead, rank by rank, pi_j = mix[0] q_j + mix[1] delta_x + mix[2] Norm([q_j - p]_+)
+    (q_j: q without the earlier draws, renormalised; components that are empty or that q_j cannot draw are left out,
+    the rest renormalised), so the token x (the sequence's next token) and tokens the target rejects are drafted
+    often; their perturbed log-probabilities are then drawn exactly from their law GIVEN the order (the max of the
+    remaining mass m_j = 1 - sum_{i<j} q(c_i) is Gumbel(log m_j), truncated below the previous one), so the keys (as
+    ``child_keys``) and everything grown from them follow the true conditional law.
+    q, p (..., V) the node's draft and target rows; x (...,) ints; u (..., k, 2) uniforms (the draw, the Gumbel).
+    -> tokens, keys, path log-probabilities (..., k) as ``child_keys``, and the weight (...,) float64: prod_j
+    q_j(c_j) / pi_j(c_j), the likelihood ratio of the drawn order (E_pi[weight f(tree)] = E[f(tree)])."""
+    xp = namespace(q, p, u)
+    dev = array_api_compat.device(q)
+    V = q.shape[-1]
+    ar = xp.arange(V, device=dev)
+    q = xp.astype(q, xp.float64)
+    p = xp.astype(p, xp.float64)
+    left = q
+    w = xp.ones(q.shape[:-1], dtype=xp.float64, device=dev)
+    hi = xp.full(q.shape[:-1], float("inf"), dtype=xp.float64, device=dev)
+    zero = xp.zeros_like(q)
+    toks, psis = [], []
+    for j in range(k):   # a loop over the k ranks (each vectorised over nodes and tokens)
+        tot = xp.sum(left, axis=-1)
+        Q = left / xp.where(tot > 0, tot, xp.ones_like(tot))[..., None]
+        hot = xp.astype(ar == x[..., None], xp.float64) * xp.astype(gather(Q, x, xp) > 0, xp.float64)[..., None]
+        rej = xp.where(Q > p, Q - p, zero)
+        parts = [(mix[0], Q), (mix[1], hot), (mix[2], rej)]
+        pi = zero
+        for c, a in parts:   # three components
+            s = xp.sum(a, axis=-1)[..., None]
+            pi = pi + c * xp.where(s > 0, a / xp.where(s > 0, s, xp.ones_like(s)), zero)
+        pi = pi / xp.sum(pi, axis=-1)[..., None]
+        cdf = xp.cumulative_sum(pi, axis=-1)
+        c = xp.sum(xp.astype(cdf <= (u[..., j, 0] * cdf[..., -1])[..., None], xp.int64), axis=-1)
+        c = xp.minimum(c, xp.full_like(c, V - 1))
+        qc, pc = gather(Q, c, xp), gather(pi, c, xp)
+        live = tot > 0
+        w = w * xp.where(live, qc / xp.where(pc > 0, pc, xp.ones_like(pc)), xp.ones_like(w))
+        # the max of the remaining mass: Gumbel(log m), below the previous one (inverse CDF, in logs)
+        mu = xp.log(xp.where(tot > 0, tot, xp.ones_like(tot)))
+        g = mu - xp.log(xp.exp(mu - hi) - xp.log(u[..., j, 1]))
+        g = xp.where(live & (qc > 0), g, xp.full_like(g, -float("inf")))
+        toks.append(c)
+        psis.append(g)
+        hi = g
+        left = xp.where(ar == c[..., None], zero, left)
+    idx = xp.stack(toks, axis=-1)
+    val = parent_logp[..., None] + xp.stack(psis, axis=-1)      # the drawn tokens' log q + Gumbel, in draw order
+    logp = parent_logp[..., None] + xp.log(xp.where(xp.take_along_axis(q, idx, axis=-1) > 0,
+                                                   xp.take_along_axis(q, idx, axis=-1), xp.ones_like(val)))
+    return idx, _truncate(parent_key, val, xp), logp, w
 
 
 def select_nodes(keys: Array, pool_parent: Array, n: int):

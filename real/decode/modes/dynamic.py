@@ -2,9 +2,10 @@
 ``--mode dynamic`` with ``--tree-total/-depth/-topk/-sampling``.
 
 Record: per-round trees (``theory.likelihood.recorded.DynamicRows``, docs/theory.md section 10): the rounds that
-scored the whole block of ``total`` nodes. Likelihood: exact for the release construction (``--tree-sampling
-release``: ``real.decode.score_tree`` regrows each round's tree); lossless trees (stochastic-beam keys) and greedy
-trees have none."""
+scored the whole block of ``total`` nodes. Likelihood (``real.decode.score_tree`` regrows each round's tree): exact
+for the release construction (``--tree-sampling release``); lossless trees (stochastic-beam keys) have T15's Monte
+Carlo estimate in the Python API only (too noisy at image sizes: ``score_tree.LOSSLESS_REASON``); greedy trees have
+none."""
 from __future__ import annotations
 
 import json

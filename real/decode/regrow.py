@@ -1,0 +1,232 @@
+"""Dynamic trees regrown at every round start of given images, for their likelihood (``real.decode.score_tree``;
+docs/theory.md sections 10, 11b, 11d): ``dynamic_trees`` grows, for every round start n of every image, the tree the
+engine's construction (``real.decode.dynamic_tree.grow_tree``) grows there: release keys (one deterministic tree per
+start), or lossless stochastic-beam keys (``LOSSLESS_TREES`` independent trees per start, the path's nodes drawn by
+importance sampling, ``_Guide``, with their weights: T15). Every expansion level is ONE drafter forward over the
+frontiers of a chunk of (round start, tree) units of every image (per-row masks); the drafter's cache is rolled back
+after each chunk. This module drives models only through ``real.protocol`` (like the engine)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from theory.tree import guided_children, row_trees, select_nodes
+
+from .drafting import top_m
+from .dynamic_tree import expand
+from .sampling import Processing
+
+__all__ = ["LOSSLESS_TREES", "dynamic_trees"]
+
+LOSSLESS_TREES = 16      # lossless dynamic trees sampled per round start (T15: their weighted mean is the round's law)
+
+
+@contextlib.contextmanager
+def _room(model, need: int):
+    """A model with a fixed cache (``extra_slots`` spare entries past the image) sized for ``need`` spare entries
+    for the duration (a prefill allocates it); unbounded caches (None) are left alone."""
+    # through OneRow (its ``model``); a model with its own ``extra_slots`` is sized itself (BatchedImageLM also has a
+    # ``model`` attribute, the wrapped transformers model: sizing that one left the cache short, issue 50)
+    m = model if hasattr(model, "extra_slots") else getattr(model, "model", model)
+    old = getattr(m, "extra_slots", None)
+    if old is None or old >= need:
+        yield
+        return
+    m.extra_slots = int(need)
+    try:
+        yield
+    finally:
+        m.extra_slots = old
+
+
+def dynamic_trees(target, draft, conds, tok, spec, proc: Processing, dev, budget: int, gen: torch.Generator):
+    """p (B, T, V) and the regrown trees of ``spec`` (a ``DynamicTree``) at every round start: children (B, T, N+1, k),
+    node depths, node tokens and parents (B, T, N+1) int64 (module docstring); lossless trees: ``LOSSLESS_TREES``
+    independent trees per round start, (B, T, M, N+1, ...), Gumbel noise from ``gen``. Round starts n = 1 .. T-2
+    draft (D'(n) >= 1); n = 0 (the prefill) and n = T-1 get a placeholder star (never read)."""
+    from .forced_rows import _rows
+
+    B, T = tok.shape
+    Mt = 1 if spec.sampling == "release" else LOSSLESS_TREES
+    kr = proc.batch
+    feat = bool(getattr(draft, "needs_features", False))
+    o = target.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg, return_hidden=feat)
+    p = proc.rows(o.logits)                                                        # (B, T, V)
+    N1, k, levels = spec.total, spec.topk, spec.depth
+    S = T - 2                                                                      # round starts n = 1 .. T - 2
+    parent = torch.zeros((B, T, Mt, N1), dtype=torch.long, device=dev)
+    parent[..., 0] = -1
+    depth = torch.ones((B, T, Mt, N1), dtype=torch.long, device=dev)
+    depth[..., 0] = 0
+    node_tokens = torch.zeros((B, T, Mt, N1), dtype=torch.long, device=dev)
+    weight = torch.ones((B, T, Mt), dtype=torch.float64, device=dev)             # importance weights (_Guide)
+    units = np.repeat(np.arange(1, S + 1), Mt)                                    # (round start, tree) pairs
+    S = len(units)
+    if S >= 1:
+        M = T - 2                      # the drafter's committed entries a round start may hide (the last M)
+        R = kr * B
+        # starts per chunk: the last level's mask, R Sc k (M + levels Sc k) elements, within the budget
+        a2, b1 = R * k * k * levels, R * k * M
+        Sc = max(1, min(S, int((-b1 + np.sqrt(b1 * b1 + 4.0 * a2 * budget)) / (2 * a2))))
+        if feat:
+            hidden = o.hidden
+            P = hidden.shape[1] - (T - 1)
+            E = P + T - 2
+            draft.start(P, R, extra=levels * Sc * k)
+            ids = torch.cat([torch.zeros(B, P - 1, dtype=torch.long, device=dev), tok[:, :T - 1]], 1)
+            o1 = draft.forward(_rows(ids, kr), features=hidden[:, :E], position_ids=np.tile(np.arange(E), (R, 1)))
+            logits0, hid0, d_off = o1.logits[:, P - 1:E - 1], o1.hidden[:, P - 1:E - 1], P - 1
+        else:
+            with _room(draft, levels * Sc * k + 1):
+                o1 = draft.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg)
+            logits0, hid0 = o1.logits[:, 1:T - 1], None
+            d_off = int(draft.cache_lens[0]) - (T - 1)
+        for a in range(0, S, Sc):      # a loop over chunks of (round start, tree) units (memory), `levels` forwards each
+            ns = units[a:a + Sc]
+            idx = torch.as_tensor(ns, device=dev)
+            tree = torch.as_tensor(np.arange(a, a + len(ns)) % Mt, device=dev)
+            *got, w = _grow(draft, spec, proc, tok, ns, logits0[:, idx - 1], None if hid0 is None else hid0[:, idx - 1],
+                            d_off, M, T, feat, dev, gen, p)
+            for arr, g in zip((parent, depth, node_tokens), got):
+                arr[:, idx, tree, :g.shape[-1]] = g
+            weight[:, idx, tree] = w
+    if Mt == 1:                        # the release's one deterministic tree per round start
+        parent, depth, node_tokens = parent[:, :, 0], depth[:, :, 0], node_tokens[:, :, 0]
+    children = row_trees(parent, k, depth=spec.max_depth, node_depth=depth).children
+    return p, (children, depth, node_tokens, parent, weight)
+
+
+def _depth_caps(spec, ns: np.ndarray, T: int) -> np.ndarray:
+    """D'(n) = min(depth + 1, T - n - 1) (S,) for ``spec`` (a ``DynamicTree``): the depth an image's round at start n walks, and the deepest level it
+    selects its tree among (``grow_tree``'s ``caps``)."""
+    return np.minimum(spec.max_depth, T - ns - 1)
+
+
+def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_off: int, M: int, T: int,
+          feat: bool, dev, gen: torch.Generator, p: torch.Tensor):
+    """The trees (``spec``, a ``DynamicTree``; lossless keys: Gumbel noise from ``gen``) of round starts ``ns`` (S,)
+    of every image (a start may repeat: independent trees), as ``grow_tree`` grows one image's:
+    logits0 (R, S, V) the drafter's rows after each start's committed entries (hid0 (R, S, H) its features, EAGLE),
+    ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
+    image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
+    (B, S, n+1) int64 (n = min(N, pool))."""
+    from .forced_rows import _rows
+
+    B, S = tok.shape[0], len(ns)
+    kr, k, levels = proc.batch, spec.topk, spec.depth
+    R = kr * B
+    def gumbel(shape):                 # Gumbel(0, 1) noise for lossless keys (None: release keys)
+        if spec.sampling == "release":
+            return None
+        return torch.rand(shape, generator=gen, dtype=torch.float64, device=dev).log_().neg_().log_().neg_()
+
+    q0 = proc.rows(logits0)                                                        # (B, S, V)
+    zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=dev)
+    nt = torch.as_tensor(ns, device=dev)
+    guide = _Guide(spec, p, tok, nt, _depth_caps(spec, ns, T), gen, dev)
+    tok_f, key, logp = expand(spec, q0, zero, zero, gumbel(q0.shape))             # (B, S, k) the root's children
+    tok_f, key, logp, onf = guide.root(q0, tok_f, key, logp)
+    toks, keys, fronts = [tok_f], [key], []
+    front = torch.arange(k, device=dev).expand(B, S, -1)
+    fhid = hid0[:, :, None].expand(-1, -1, k, -1) if feat else None               # (R, S, k, H)
+    anc = torch.zeros((B, S, k, 0), dtype=torch.bool, device=dev)                # ancestors among this start's entries
+    eye_k = torch.eye(k, dtype=torch.bool, device=dev)
+    eye_s = torch.eye(S, dtype=torch.bool, device=dev)
+    seen = (torch.arange(M, device=dev)[None, :] < (nt[:, None] - 1))           # (S, M) committed entries visible
+    seen = seen[None, :, None, :].expand(B, -1, k, -1).reshape(B, S * k, M)
+    cap = d_off + T - 1
+    size = k
+    for i in range(levels):   # one drafter forward per expansion level (a loop over at most `depth` levels)
+        pos = np.repeat(np.minimum(d_off + ns + i, cap), k)                       # root d_off + n - 1, plus 1 + i
+        blocks = anc.reshape(B, S, k, i, k)                                       # [image, start, node, level, node']
+        blocks = eye_s[None, :, None, None, :, None] & blocks[:, :, :, :, None, :]   # (B, S, k, i, S, k)
+        mask = torch.cat([seen, blocks.reshape(B, S * k, i * S * k),
+                          torch.eye(S * k, dtype=torch.bool, device=dev).expand(B, -1, -1)], -1)
+        mask = mask[0] if B == 1 else _rows(mask, kr)
+        x = _rows(tok_f.reshape(B, S * k), kr)
+        pos = np.tile(pos, (R, 1))
+        if feat:
+            o = draft.forward(x, features=fhid.reshape(R, S * k, -1), position_ids=pos, attn_mask=mask)
+        else:
+            o = draft.forward(x, position_ids=pos, attn_mask=mask)
+        q = proc.rows(o.logits).reshape(B, S, k, -1)                             # (B, S, k, V)
+        ctok, ckey, clogp = expand(spec, q, key, logp, gumbel(q.shape))
+        ctok, ckey, clogp, con = guide.level(i, q, onf, key, logp, ctok, ckey, clogp)
+        ctok, ckey, clogp, con = (a.reshape(B, S, k * k) for a in (ctok, ckey, clogp, con))
+        base = size
+        fronts.append(front)
+        toks.append(ctok)
+        keys.append(ckey)
+        size += k * k
+        if i + 1 < levels:                     # the next frontier: the k best of the k^2
+            best = top_m(ckey, k)                                                 # (B, S, k)
+            out = best // k
+            tok_f, key, logp = ctok.gather(-1, best), ckey.gather(-1, best), clogp.gather(-1, best)
+            onf = con.gather(-1, best)
+            front = base + best
+            if feat:
+                h = o.hidden.reshape(R, S, k, -1)
+                fhid = h.gather(2, _rows(out, kr)[..., None].expand(-1, -1, -1, h.shape[-1]))
+            prev = anc.gather(2, out[..., None].expand(-1, -1, -1, anc.shape[-1]))
+            anc = torch.cat([prev, eye_k[out]], -1)
+    draft.rollback(levels * S * k)
+    n = min(spec.n_nodes, size)
+    pool_keys = torch.cat(keys, -1)                                               # (B, S, pool)
+    pool_parents = torch.cat([torch.full((B, S, k), -1, dtype=torch.long, device=dev)]
+                             + [f.repeat_interleave(k, dim=-1) for f in fronts], -1)
+    pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]
+                           + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(levels)])
+    caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
+    pool_keys = pool_keys.masked_fill(pool_depth[None, None, :] > caps[None, :, None], -float("inf"))
+    sel, parent = select_nodes(pool_keys, pool_parents, n)                       # (B, S, n), (B, S, n+1)
+    zero = torch.zeros((B, S, 1), dtype=torch.long, device=dev)
+    node_depth = torch.cat([zero, pool_depth[sel]], -1)
+    node_tok = torch.cat([tok[:, nt - 1][..., None], torch.cat(toks, -1).gather(-1, sel)], -1)
+    return parent, node_depth, node_tok, guide.weight
+
+
+class _Guide:
+    """Importance sampling of lossless trees towards the image's own path (T15, docs/theory/likelihood.md 11d): the
+    children of the nodes on the path x_n, x_{n+1}, ... (the root, then the frontier node whose path spells the
+    image) are drawn by ``theory.tree.guided_children`` (their next token and the target's rejected tokens drafted
+    often, the order's likelihood ratio in ``weight`` (B, S)); every other node as the engine draws it. Release
+    trees: nothing changes, weight 1."""
+
+    def __init__(self, spec, p, tok, nt, caps, gen, dev):
+        self.on = spec.sampling != "release"
+        self.p, self.tok, self.nt, self.gen, self.dev, self.k = p, tok, nt, gen, dev, spec.topk
+        self.caps = torch.as_tensor(caps, device=dev)                           # D'(n) per unit
+        self.weight = torch.ones((tok.shape[0], len(nt)), dtype=torch.float64, device=dev)
+
+    def _draw(self, q, d, key, logp):
+        """Guided children of the path nodes at depth d (rows q (B, S, V)): tokens, keys, logps (B, S, k), weight."""
+        T = self.tok.shape[1]
+        at = torch.clamp(self.nt + d, max=T - 1)
+        u = torch.rand((*q.shape[:-1], self.k, 2), generator=self.gen, dtype=torch.float64, device=self.dev)
+        return guided_children(key, logp, q.double(), self.p[:, at].double(), self.tok[:, at], u, self.k)
+
+    def root(self, q0, tok, key, logp):
+        if not self.on:
+            return tok, key, logp, None
+        zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=self.dev)
+        tok, key, logp, w = self._draw(q0, 0, zero, zero)
+        self.weight = self.weight * w
+        return tok, key, logp, tok == self.tok[:, self.nt][..., None]
+
+    def level(self, i, q, onf, key, logp, ctok, ckey, clogp):
+        """Level i: the frontier (B, S, k) at depth i + 1 with rows q (B, S, k, V); ``onf`` marks the path's node."""
+        if not self.on:
+            return ctok, ckey, clogp, torch.zeros_like(ctok, dtype=torch.bool)
+        has = onf.any(-1) & (i + 2 <= self.caps)[None, :]                       # the path's children are walked
+        j = onf.to(torch.int64).argmax(-1)                                      # (B, S) its frontier slot
+        qj = q.gather(2, j[..., None, None].expand(-1, -1, 1, q.shape[-1]))[:, :, 0]
+        gt, gk, gl, gw = self._draw(qj, i + 1, key.gather(-1, j[..., None])[..., 0],
+                                    logp.gather(-1, j[..., None])[..., 0])
+        sel = (onf & has[..., None])[..., None]
+        ctok, ckey, clogp = (torch.where(sel, g[:, :, None], c) for g, c in ((gt, ctok), (gk, ckey), (gl, clogp)))
+        self.weight = self.weight * torch.where(has, gw, torch.ones_like(gw))
+        T = self.tok.shape[1]
+        nxt = self.tok[:, torch.clamp(self.nt + i + 1, max=T - 1)]
+        return ctok, ckey, clogp, sel & (ctok == nxt[..., None, None])
