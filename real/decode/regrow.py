@@ -187,32 +187,63 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
     return parent, node_depth, node_tok, guide.weight
 
 
+GUIDE_NATURAL = 0.1       # share of lossless trees drawn as the engine draws them (the defensive proposal)
+
+
 class _Guide:
-    """Importance sampling of lossless trees towards the image's own path (T15, docs/theory/likelihood.md 11d): the
-    children of the nodes on the path x_n, x_{n+1}, ... (the root, then the frontier node whose path spells the
-    image) are drawn by ``theory.tree.guided_children`` (their next token and the target's rejected tokens drafted
-    often, the order's likelihood ratio in ``weight`` (B, S)); every other node as the engine draws it. Release
-    trees: nothing changes, weight 1."""
+    """Importance sampling of lossless trees towards the image's own path (T15, docs/theory/likelihood.md 11d). Each
+    tree (unit) draws a target t: with probability ``GUIDE_NATURAL`` none (drawn as the engine draws it), else a
+    block length t uniform in 0..D'(n); the path's node at depth d < t drafts the image's token first (``first``),
+    the one at depth t drafts tokens the target rejects (``rejected``), the others are natural. The path's nodes are
+    the root, then the frontier node whose path spells the image; every other node is drawn as the engine draws it.
+    ``weight`` (B, S): 1 / sum_t P(t) pi_t(tree) / P(tree), the balance heuristic over all targets, computed from
+    the log ratios ``theory.tree.guided_children`` returns for every path node. Release trees: weight 1."""
 
     def __init__(self, spec, p, tok, nt, caps, gen, dev):
         self.on = spec.sampling != "release"
         self.p, self.tok, self.nt, self.gen, self.dev, self.k = p, tok, nt, gen, dev, spec.topk
+        B, S = tok.shape[0], len(nt)
         self.caps = torch.as_tensor(caps, device=dev)                           # D'(n) per unit
-        self.weight = torch.ones((tok.shape[0], len(nt)), dtype=torch.float64, device=dev)
+        self.D = int(spec.max_depth)
+        u = torch.rand((B, S), generator=gen, dtype=torch.float64, device=dev)
+        t = torch.floor((u - GUIDE_NATURAL) / (1 - GUIDE_NATURAL) * (self.caps + 1)[None, :].double()).long()
+        self.target = torch.where(u < GUIDE_NATURAL, torch.full_like(t, -1), torch.minimum(t, self.caps[None, :]))
+        self.logr = torch.zeros((B, S, self.D, 2), dtype=torch.float64, device=dev)   # path node d: log ratios
 
-    def _draw(self, q, d, key, logp):
-        """Guided children of the path nodes at depth d (rows q (B, S, V)): tokens, keys, logps (B, S, k), weight."""
+    @property
+    def weight(self) -> torch.Tensor:
+        """(B, S) float64: the trees' importance weights (class docstring)."""
+        B, S = self.target.shape
+        if not self.on:
+            return torch.ones((B, S), dtype=torch.float64, device=self.dev)
+        t = torch.arange(self.D + 1, device=self.dev)                             # targets 0..D
+        lf = torch.cat([torch.zeros((B, S, 1), dtype=torch.float64, device=self.dev),
+                        self.logr[..., 0].cumsum(-1)], -1)                        # (B, S, D+1): sum_{d<t} log F_d
+        lr = torch.cat([self.logr[..., 1], torch.zeros((B, S, 1), dtype=torch.float64, device=self.dev)], -1)
+        lr = torch.where(t[None, None, :] < self.caps[None, :, None], lr, torch.zeros_like(lr))   # at the cap: natural
+        ok = t[None, None, :] <= self.caps[None, :, None]
+        mix = torch.where(ok, (lf + lr).exp(), torch.zeros_like(lf)).sum(-1) * (1 - GUIDE_NATURAL) / (self.caps + 1)
+        return 1.0 / (GUIDE_NATURAL + mix)
+
+    def _draw(self, q, d, key, logp, has):
+        """Children of the path nodes at depth d (rows q (B, S, V)), by each unit's proposal: tokens, keys, logps
+        (B, S, k); their log ratios are kept where ``has`` (B, S) (the path's node exists and its children are
+        walked)."""
         T = self.tok.shape[1]
         at = torch.clamp(self.nt + d, max=T - 1)
         u = torch.rand((*q.shape[:-1], self.k, 2), generator=self.gen, dtype=torch.float64, device=self.dev)
-        return guided_children(key, logp, q.double(), self.p[:, at].double(), self.tok[:, at], u, self.k)
+        mode = torch.where(self.target < 0, 0, torch.where(d < self.target, 1, torch.where(d == self.target, 2, 0)))
+        mode = torch.where(d < self.caps[None, :], mode, torch.zeros_like(mode))
+        tok, key, logp, lr = guided_children(key, logp, q.double(), self.p[:, at].double(), self.tok[:, at], u,
+                                             self.k, mode)
+        self.logr[:, :, d] = torch.where(has[..., None], lr, torch.zeros_like(lr))
+        return tok, key, logp
 
     def root(self, q0, tok, key, logp):
         if not self.on:
             return tok, key, logp, None
         zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=self.dev)
-        tok, key, logp, w = self._draw(q0, 0, zero, zero)
-        self.weight = self.weight * w
+        tok, key, logp = self._draw(q0, 0, zero, zero, torch.ones_like(zero, dtype=torch.bool))
         return tok, key, logp, tok == self.tok[:, self.nt][..., None]
 
     def level(self, i, q, onf, key, logp, ctok, ckey, clogp):
@@ -222,11 +253,10 @@ class _Guide:
         has = onf.any(-1) & (i + 2 <= self.caps)[None, :]                       # the path's children are walked
         j = onf.to(torch.int64).argmax(-1)                                      # (B, S) its frontier slot
         qj = q.gather(2, j[..., None, None].expand(-1, -1, 1, q.shape[-1]))[:, :, 0]
-        gt, gk, gl, gw = self._draw(qj, i + 1, key.gather(-1, j[..., None])[..., 0],
-                                    logp.gather(-1, j[..., None])[..., 0])
+        gt, gk, gl = self._draw(qj, i + 1, key.gather(-1, j[..., None])[..., 0], logp.gather(-1, j[..., None])[..., 0],
+                                has)
         sel = (onf & has[..., None])[..., None]
         ctok, ckey, clogp = (torch.where(sel, g[:, :, None], c) for g, c in ((gt, ctok), (gk, ckey), (gl, clogp)))
-        self.weight = self.weight * torch.where(has, gw, torch.ones_like(gw))
         T = self.tok.shape[1]
         nxt = self.tok[:, torch.clamp(self.nt + i + 1, max=T - 1)]
         return ctok, ckey, clogp, sel & (ctok == nxt[..., None, None])
