@@ -120,15 +120,10 @@ def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *,
     T, V, Dp, per_depth = _tree._validate(p, q, tokens, verifier, tree, "sampled", convention, None, None, None, xp)
     dev = array_api_compat.device(p)
     batch = tuple(p.shape[:-2])
-    B = math.prod(batch)
     out = {"samples": M, "groups": G}
+    B, pf, x, pt, qf = _rows(p, q, tokens, tree.depth, per_depth, xp)
     if B == 0:
-        z = xp.zeros(batch, dtype=xp.float64, device=dev)
-        return {**out, "log_p_hat": z, "log_p_hat_pooled": z, "se": z}
-    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
-    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
-    pt = gather(pf, x, xp) / xp.sum(pf, axis=-1)
-    qf = xp.astype(xp.reshape(q, (B, T, tree.depth, V) if per_depth else (B, T, V)), xp.float64)
+        return _empty(out, batch, xp, dev)
     walk = _Walk(M, G, np.random.default_rng(seed))
     Eacc, R, par, dep = _tree._static(pf, qf, x, pt, verifier, tree, "sampled", Dp, per_depth, xp, walk=walk,
                                       extra=(G,))
@@ -146,6 +141,25 @@ def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *,
     jack, se = jackknife(lp[0], lp[1:], xp)
     return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(lp[0], batch),
             "se": xp.reshape(se, batch)}
+
+
+def _rows(p, q, tokens, D: int, per_depth: bool, xp):
+    """Checked inputs as flat float64 rows: B, p (B, T, V), tokens (B, T), the target's token probability (B, T),
+    q (B, T, D, V) or (B, T, V)."""
+    T, V = p.shape[-2], p.shape[-1]
+    B = math.prod(p.shape[:-2])
+    if B == 0:
+        return 0, None, None, None, None
+    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
+    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
+    qf = xp.astype(xp.reshape(q, (B, T, D, V) if per_depth else (B, T, V)), xp.float64)
+    return B, pf, x, gather(pf, x, xp) / xp.sum(pf, axis=-1), qf
+
+
+def _empty(out: dict, batch: tuple, xp, dev) -> dict:
+    """The result for no images."""
+    z = xp.zeros(batch, dtype=xp.float64, device=dev)
+    return {**out, "log_p_hat": z, "log_p_hat_pooled": z, "se": z}
 
 
 def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_trees: RowTrees, node_tokens: Array, *,
@@ -187,15 +201,10 @@ def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_t
         raise ValueError(f"{who}: the {M} trees per round start must split into groups = {G} equal groups")
     checks.check_rows_xp(f"{who}: p", p, xp)
     per_depth = _tree.check_q(q, p, D, Dp, xp, who, "(the rows the candidates were drawn from)")
-    B = math.prod(batch)
     out = {"samples": M // G, "groups": G}
+    B, pf, x, pt, qf = _rows(p, q, tokens, D, per_depth, xp)
     if B == 0:
-        z = xp.zeros(batch, dtype=xp.float64, device=dev)
-        return {**out, "log_p_hat": z, "log_p_hat_pooled": z, "se": z}
-    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
-    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
-    pt = gather(pf, x, xp) / xp.sum(pf, axis=-1)
-    qf = xp.astype(xp.reshape(q, (B, T, D, V) if per_depth else (B, T, V)), xp.float64)
+        return _empty(out, batch, xp, dev)
     N1, K = int(row_trees.children.shape[-2]), int(row_trees.children.shape[-1])
     ch = xp.reshape(xp.astype(xp.asarray(row_trees.children, device=dev), xp.int64), (B, T, M, N1, K))
     ch = xp.where(xp.asarray(Dp >= 1, device=dev)[:, None, None, None], ch, xp.full_like(ch, -1))   # unused rows
