@@ -43,7 +43,7 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, bat
     if n > MAX_IMAGES:
         raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
     _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
-    drafting = mode.max_depth > 0
+    drafting = mode.max_depth != 0      # 0: plain AR (a mode with a bad depth is refused by its own check)
     if not drafting and draft is not None:     # plain AR: a draft model would be unused, which is a mistake
         raise ValueError("a draft model was given but no drafting: pass drafting= (an int L for chains of L "
                          "drafts, a theory.tree.Tree, a real.decode.modes mode), or draft=None for plain AR")
