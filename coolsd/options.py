@@ -249,8 +249,8 @@ def drafting_spec(args, num_tokens: int | None = None, processing=None) -> Draft
         raise ValueError(f"{', '.join(flag(d) for d in gave)} configure{'s' if len(gave) == 1 else ''} drafting; "
                          "--method ar drafts nothing: give a speculative --method (e.g. vanilla)")
     own = {o.dest: o for o in mdef.options}
-    for d in gave:                                         # ranges first, by the option that reads the flag
-        (own.get(d) or dests[d][0][1]).check(getattr(args, d), num_tokens if d in own else None)
+    checked = {d: own[d].check(getattr(args, d), num_tokens) if d in own          # ranges first, each flag once, by
+               else dests[d][0][1].check(getattr(args, d), None) for d in gave}   # the option that reads it
     wrong = [d for d in gave if d not in own]
     if wrong:
         owner = next(m for m, _ in dests[wrong[0]] if m.cli)
@@ -263,7 +263,7 @@ def drafting_spec(args, num_tokens: int | None = None, processing=None) -> Draft
     draft = getattr(args, "draft", None)
     if not mdef.needs_draft and draft is not None and "draft" not in consumed:
         raise ValueError(f"--draft {draft} names a draft model; {named} drafts without one: drop --draft")
-    opts = {o.name: o.check(getattr(args, o.dest), num_tokens) for o in mdef.options if o.dest in gave}
+    opts = {o.name: checked[o.dest] for o in mdef.options if o.dest in checked}
     mdef.check(opts, num_tokens, proc)
     spec = DraftingSpec(mdef.name, tuple(sorted(opts.items())), named)
     if mdef.chain and num_tokens is not None and spec.max_depth > num_tokens:   # defaults included (--L 4)

@@ -29,7 +29,8 @@ class RunConfig:
     """A command's options after validation, frozen: every later step reads this, nothing writes onto the argparse
     Namespace. ``options`` (read-only mapping) holds every parsed option with the validated values in place of the
     given ones (resolved paths, the number of images, the dtype); an option reads as an attribute (``cfg.model``).
-    ``drafting``: the checked ``coolsd.options.DraftingSpec``; ``method_params``: the method's converted parameters;
+    ``drafting``: the checked ``coolsd.options.DraftingSpec``; ``method_params``: the method's parameters, converted and
+    resolved by its registry entry (``theory.rules.methods.resolve``: defaults included);
     ``inputs``: {flag: path} of every file the run reads; ``method_def``: the method's registry entry
     (``theory.rules.methods.Method``: what it needs of the model), None for plain decoding."""
     options: MappingProxyType

@@ -402,18 +402,12 @@ class OneRow:
     def __getattr__(self, name):
         return getattr(self.model, name)
 
-    prefix_len = 1           # not known before the prompt is seen: a feature drafter's memory is estimated from 1
     row_masks = False        # one image at a time: a shared (S, K) mask is all it ever gets
 
     @property
     def extra_slots(self):
         """The model's spare cache entries past the image (None: unbounded, e.g. transformers' dynamic caches)."""
         return getattr(self.model, "extra_slots", None)
-
-    def cache_bytes(self, rows: int, prefix_len: int | None = None) -> int:
-        """0: the memory of a single-length model's cache (it grows with the prompt) is not estimated; such models
-        run one image at a time."""
-        return 0
 
     @property
     def cache_lens(self) -> np.ndarray:

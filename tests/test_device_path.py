@@ -276,7 +276,7 @@ def test_sampled_rounds_on_the_device_path_read_back_once_and_draw_the_host_path
 @pytest.mark.parametrize("mode", ["chain", "eagle25"])
 def test_device_path_blocks_keep_one_shape_every_round(pair, mode, monkeypatch):
     """On the device path a chain drafts L and a static tree its whole tree every round, the last rounds of an image
-    included (``real.decode.round.static_depth``): every verification block the target runs has one shape, and the
+    included (``real.decode.drafting.static_depth``): every verification block the target runs has one shape, and the
     tokens are the host path's. The host path's blocks shrink at the image's end (the control: this is what the
     padding changes)."""
     t, d = pair

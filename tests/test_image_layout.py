@@ -66,6 +66,32 @@ def test_block_and_positions_match_the_sequence(case, P):
     assert lay.stream_positions(ci, owner, is_nl, P).tolist() == [P + i for i, _, _ in ent]
 
 
+@settings(max_examples=100, deadline=None)
+@given(_case(), st.integers(1, 4))
+def test_feed_places_the_row_ends_and_gives_the_block_at_once(case, P):
+    """``ImageLayout.feed``: the codes' ids land where the sequence has them, a forced row end behind each code that
+    ends a row; its entries, positions and mask are ``block``'s, ``stream_positions``' and ``entry_mask``'s. Control:
+    without a row-end token nothing is inserted."""
+    lay, c0, S = case
+    ci = c0 + torch.arange(S)
+    ids = 100 + ci[None].repeat(2, 1)                     # two rows (a CFG pair), LM ids 100 + k
+    m = torch.ones(S, S, dtype=torch.bool).tril()
+    cached = _cached_kind(lay, P, c0)
+    fed = lay.feed(ci, ids, P, m, cached)
+    seq = lay.sequence(100 + torch.arange(lay.num_tokens)).tolist()[len(lay.header):]
+    start = seq.index(100 + c0)
+    assert fed.ids.tolist() == [seq[start:start + fed.kind.numel()]] * 2
+    a, ends, kind, owner, is_nl = lay.block(ci)
+    for got, want in zip(fed[1:6], (a, ends, kind, owner, is_nl)):
+        assert torch.equal(got, want)
+    assert torch.equal(fed.positions, lay.stream_positions(ci, owner, is_nl, P))
+    assert torch.equal(fed.mask, entry_mask(m, owner, is_nl, cached))
+    plain = lay.feed(ci, ids)                              # default positions, causal mask: nothing more
+    assert plain.positions is None and plain.mask is None and torch.equal(plain.ids, fed.ids)
+    bare = ImageLayout(lay.height, lay.width, None).feed(ci, ids)     # negative control: no row-end token
+    assert torch.equal(bare.ids, ids) and not bare.ends.any()
+
+
 def test_row_end_after_every_row_and_none_without_token():
     lay = ImageLayout(2, 3, ROW_END)
     _, ends, kind, _, _ = lay.block(torch.arange(6))

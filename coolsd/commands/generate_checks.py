@@ -89,8 +89,9 @@ def validate_args(args: RunConfig) -> RunConfig:
     (``RunConfig.of`` of the Namespace, nothing resolved yet). Returns the validated ``RunConfig``:
     ``--save`` / ``--record`` resolved to the file that will be written,
     ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
-    parameters. One pass, one direction: the shared layer (``coolsd.validate.run_options``: device, numbers, the
-    model's spec, input and schedule files, batching), the conditions and the image count, the mode and the method
+    parameters (resolved by the registry: its defaults included). One pass, one direction: the shared layer
+    (``coolsd.validate.run_options``: device, numbers, the model's spec, input and schedule files, batching), the
+    conditions and the image count, the mode and the method
     (``coolsd.options``), what they need of the model (``coolsd.validate``: --compile, the codebook), then the
     outputs (``coolsd.io``) and --record's rounds; the model's spec and the method's registry entry are looked up
     once and read from then on."""
@@ -122,7 +123,7 @@ def validate_args(args: RunConfig) -> RunConfig:
     T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
     proc = run_processing(args)                          # what the drafting checks and --fidelity's check read
     drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
-    method, params, full = method_spec(args)             # the method's own options (coolsd.options)
+    method, _, full = method_spec(args)                  # the method's own options (coolsd.options), resolved
     method_def = None if method == "ar" else rule_registry.get(method)    # what it needs, read once
     validate.compile_option(args, s)                     # what they need of the model (shared with sweep)
     validate.method_model(method, full, args, f"--method {method}", s)
@@ -143,7 +144,7 @@ def validate_args(args: RunConfig) -> RunConfig:
         _check_record(args, s, drafting, T, bare)
     resolved = {"num_images": num_images, "save": save, "record": record, "dtype": dtype,
                 "draft": args.draft if drafting.mode.needs_draft else None}
-    return RunConfig.of(args, resolved, drafting=drafting, method_params=params, inputs=inputs, method_def=method_def)
+    return RunConfig.of(args, resolved, drafting=drafting, method_params=full, inputs=inputs, method_def=method_def)
 
 
 def _check_record(args, s, drafting, T, bare) -> None:
@@ -180,22 +181,21 @@ def check_bundle(cfg, bundle) -> None:
     position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
     --gsd-window) before generating."""
     from theory.core import checks
-    from theory.rules.gsd import GSD_WINDOW
 
     T = int(bundle.num_tokens)
-    opts = cfg.drafting.opts
+    given = cfg.drafting.opts                            # the mode's options given, checked
     for o in cfg.drafting.mode.options:
-        v = opts.get(o.name)
-        if o.image_bound and v is not None and v > T:
-            raise ValueError(f"{o.flag} {v} is more than the {T} tokens of one image of --model {cfg.model} (a round "
-                             f"never drafts past the image); use {o.flag} <= {T}")
+        if o.image_bound and o.name in given and given[o.name] > T:
+            raise ValueError(f"{o.flag} {given[o.name]} is more than the {T} tokens of one image of --model "
+                             f"{cfg.model} (a round never drafts past the image); use {o.flag} <= {T}")
     if cfg.method_def is not None and cfg.method_def.needs_embeddings:
         V = int(bundle.target.vocab_size)
-        w = min(int(cfg.method_params.get("window", GSD_WINDOW)), 2 * V)
+        window = int(cfg.method_params["window"])          # the registry's default when not given
+        w = min(window, 2 * V)
         rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
         checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
-                            f"--gsd-window {cfg.method_params.get('window', GSD_WINDOW)} on V = {V}: use a smaller "
-                            "window (the release uses 7) or fewer images per batch (--batch-size)")
+                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
+                            "images per batch (--batch-size)")
     layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
     cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
            else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)

@@ -8,20 +8,39 @@ that ends a row. The functions here map between the two for one fed block of S c
 indices ``ci`` (S,): the position of each code in the image): where each code and each forced row end
 lands in the block (``ImageLayout.block``), the model-stream positions (``ImageLayout.stream_positions``),
 the (S, K) visible attention mask widened to the block's entries (``entry_mask``), where a rollback
-cuts the model stream (``visible_cut``) and which entries a kept root path holds (``kept_entries``).
+cuts the model stream (``visible_cut``) and which entries a kept root path holds (``kept_entries``). An adapter asks
+``ImageLayout.feed`` once per fed block: the block's stream ids, entries, positions and mask together (``Fed``).
 All inputs and outputs are CPU tensors; ``tests/test_image_layout.py`` checks them against the
 complete sequence ``ImageLayout.sequence`` writes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["ImageLayout", "KIND_PREFIX", "KIND_CODE", "KIND_ROW_END", "entry_mask", "visible_cut", "kept_entries"]
+__all__ = ["ImageLayout", "Fed", "KIND_PREFIX", "KIND_CODE", "KIND_ROW_END", "entry_mask", "visible_cut",
+           "kept_entries"]
 
 # kind of a model-stream entry (int8 per cache entry): prompt prefix, image code, forced row end
 KIND_PREFIX, KIND_CODE, KIND_ROW_END = 0, 1, 2
+
+
+class Fed(NamedTuple):
+    """A fed block of S codes in the model's stream, worked out at once (``ImageLayout.feed``): ``ids`` (B, S') the
+    model ids with the forced row ends in place; ``a``, ``ends`` (S,) and ``kind``, ``owner``, ``is_nl`` (S',) as
+    ``ImageLayout.block`` gives them; ``positions`` (S',) the model-stream positions of the entries and ``mask``
+    (S', K') the widened attention mask, both None when the block is fed at the default positions with the causal
+    mask."""
+    ids: torch.Tensor
+    a: torch.Tensor
+    ends: torch.Tensor
+    kind: torch.Tensor
+    owner: torch.Tensor
+    is_nl: torch.Tensor
+    positions: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +123,25 @@ class ImageLayout:
             owner[nl] = torch.arange(S)[ends]
             is_nl[nl] = True
         return a, ends, kind, owner, is_nl
+
+    def feed(self, ci: torch.Tensor, ids: torch.Tensor, prefix_len: int | None = None,
+             mask: torch.Tensor | None = None, cached_kind: torch.Tensor | None = None) -> Fed:
+        """Everything an adapter needs to feed a block of S codes at code indices ``ci`` (S,) (CPU long), in one
+        call: the codes' model ids ``ids`` (B, S) with the forced row ends inserted (B, S') (on the ids' device), the
+        block's entries (``block``) and, given the ``prefix_len`` and a visible mask ``mask`` (S, K) bool, the
+        entries' model-stream positions (``stream_positions``) and the mask widened to the stream (``entry_mask``;
+        ``cached_kind`` (C,) int8 the kind of every cached entry). Without them the block is fed at the default
+        positions with the causal mask (``Fed.positions`` / ``Fed.mask`` None)."""
+        a, ends, kind, owner, is_nl = self.block(ci)
+        n = int(kind.numel())
+        if n > ids.shape[1]:
+            full = torch.full((ids.shape[0], n), self.row_end, dtype=torch.long, device=ids.device)
+            full[:, a.to(ids.device)] = ids
+            ids = full
+        if prefix_len is None:
+            return Fed(ids, a, ends, kind, owner, is_nl)
+        return Fed(ids, a, ends, kind, owner, is_nl, self.stream_positions(ci, owner, is_nl, prefix_len),
+                   entry_mask(mask, owner, is_nl, cached_kind))
 
     def stream_positions(self, ci: torch.Tensor, owner: torch.Tensor, is_nl: torch.Tensor,
                          prefix_len: int) -> torch.Tensor:

@@ -45,7 +45,7 @@ from torch import nn
 
 from .hf import HFCausalLM
 from real.nn.layers import linear
-from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, entry_mask, kept_entries, visible_cut
+from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, kept_entries, visible_cut
 from real.protocol import ModelOutput, Prompt
 
 __all__ = ["ImageTokenLM"]
@@ -173,28 +173,21 @@ class ImageTokenLM(HFCausalLM):
         """Visible entries per row: prefix + codes (forced row ends not counted)."""
         return self.stream_len - self._n_row_end
 
-    def _expand(self, tokens: torch.Tensor, ci: torch.Tensor):
-        """Codes (B, S) with code indices ``ci`` (S,) (CPU; position in the image, raster order) ->
-        model ids (B, S'), node entry index a (S,), row-end flags ends (S,) (the node's logit row is
-        a + ends), and per block entry (S',): kind, owner node, is-row-end."""
+    def _codes(self, tokens: torch.Tensor, ci: torch.Tensor) -> torch.Tensor:
+        """Codes (B, S) with code indices ``ci`` (S,) (CPU; position in the image, raster order) -> their model ids
+        (B, S), checked (ValueError for a shape or a code index outside the image); the layout inserts the row ends
+        (``ImageLayout.feed``)."""
         t = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
         if t.ndim != 2:
             raise ValueError(f"tokens must be (B, S), got shape {tuple(t.shape)}")
-        B, S = t.shape
+        S = t.shape[1]
         T = self.layout.num_tokens
         if S and int(ci.min()) < 0:
             raise ValueError(f"position_ids inside the prefix (code index {int(ci.min())})")
         if S and int(ci.max()) >= T:
             raise ValueError(f"the image has {T} codes ({self.layout.height} x {self.layout.width}); "
                              f"a code at index {int(ci.max())} cannot be fed")
-        ids = self.code_ids[t]                          # out-of-range codes fail loudly here
-        a, ends, kind, owner, is_nl = self.layout.block(ci)
-        n = int(kind.numel())
-        if n > S:
-            full = torch.full((B, n), self.layout.row_end, dtype=torch.long, device=self.device)
-            full[:, a.to(self.device)] = ids
-            ids = full
-        return ids, a, ends, kind, owner, is_nl
+        return self.code_ids[t]                          # out-of-range codes fail loudly here
 
     # ------------------------------------------------------------------ protocol
     @torch.no_grad()
@@ -207,8 +200,8 @@ class ImageTokenLM(HFCausalLM):
         prompt = self._prompt(cond, cfg)
         self._reset_stream()
         if tokens is not None:
-            S = tokens.shape[-1]
-            ids, a, ends, kind, _, _ = self._expand(tokens, torch.arange(S))
+            ci = torch.arange(tokens.shape[-1])
+            ids, a, ends, kind = self.layout.feed(ci, self._codes(tokens, ci))[:4]
         out = super().prefill(prompt, ids if tokens is not None else None, cfg=cfg, return_hidden=True)
         h = out.hidden
         n_blk = ids.shape[1] if tokens is not None else 0
@@ -254,11 +247,11 @@ class ImageTokenLM(HFCausalLM):
             if vpos.numel() != S:
                 raise ValueError(f"position_ids must have {S} entries, got {vpos.numel()}")
         ci = vpos - P
-        ids, a, ends, kind, owner, is_nl = self._expand(tokens, ci)
+        codes = self._codes(tokens, ci)
         if position_ids is None and attn_mask is None:
+            ids, a, ends, kind = self.layout.feed(ci, codes)[:4]
             out = super().forward(ids, return_hidden=True)
         else:
-            apos = self.layout.stream_positions(ci, owner, is_nl, P)   # model-stream positions of the block entries
             if attn_mask is None:
                 m = torch.ones(S, S, dtype=torch.bool).tril_()
             else:
@@ -266,8 +259,9 @@ class ImageTokenLM(HFCausalLM):
                 if m.ndim != 2 or m.shape[0] != S or not S <= m.shape[1] <= vis + S:
                     raise ValueError(f"attn_mask must be (S, K) with S = {S} and {S} <= K <= cache_len + S = "
                                      f"{vis + S}, got {tuple(m.shape)}")
-            new = entry_mask(m, owner, is_nl, self._kind)
-            out = super().forward(ids, position_ids=apos.to(self.device), attn_mask=new.to(self.device),
+            fed = self.layout.feed(ci, codes, P, m, self._kind)    # model-stream positions and mask of the entries
+            ids, a, ends, kind = fed[:4]
+            out = super().forward(ids, position_ids=fed.positions.to(self.device), attn_mask=fed.mask.to(self.device),
                                   return_hidden=True)
         li = (a + ends.long()).to(self.device)
         h = out.hidden[:, li]

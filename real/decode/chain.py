@@ -16,8 +16,7 @@ import torch
 from theory.core import checks
 from real.protocol import Proposal
 
-from .drafting import ModelDrafting, draft_chain, feed_draft
-from .round import static_depth
+from .drafting import ModelDrafting, draft_chain, feed_draft, static_depth
 
 __all__ = ["Chain", "Plain", "feed_draft", "draft_chain", "DEFAULT_L"]
 
@@ -75,7 +74,7 @@ class Chain(ModelDrafting):
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """Draft max_b L'_b tokens per image (rows past an image's own L'_b are cut by the verification's depth cap);
         round 0 of an independent draft (the target not yet prefilled) starts from the draft's own prefill. On the device
-        path every round drafts L (``real.decode.round.static_depth``)."""
+        path every round drafts L (``real.decode.drafting.static_depth``)."""
         Lr = static_depth(run, int(depth.max()), int(self.L), int(self.L) + 1)
         if run.P == 0:
             logits, hid = run.draft.prefill(run.conds, cfg=run.proc.cfg).logits[:, -1], None

@@ -19,13 +19,15 @@ MAX_IMAGES = 10**6       # conditions per call: above, the per-image records alo
 
 
 def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, batch_size, processing):
-    """Types and ranges of ``engine.generate``'s arguments; returns ``mode``, the drafting mode
-    (``real.decode.engine.as_drafting`` of its ``drafting``).
+    """Types and ranges of ``engine.generate``'s arguments (``mode``: the drafting mode,
+    ``real.decode.engine.as_drafting`` of its ``drafting``); returns what the decoder runs on, read once here:
+    (the conditions as a list of one kind, ``real.protocol.as_conds``; the target and the draft as the decoder calls
+    them, ``real.protocol.as_batched``, the draft None when the mode drafts without one).
     num_tokens an integer >= 1 (not 2.7, not "16"), seed an integer in [0, 2^64), batch_size an integer >= 1 or None,
     at most ``MAX_IMAGES`` conditions, a ``Processing``; when drafting: a verifier object, the mode's own checks
     (``Drafting.check``: its draft model, L within the image, tree sizes, cache room...), a draft that is not the target
     object itself and shares its vocabulary."""
-    from ..protocol import as_batched, check_pair
+    from ..protocol import as_batched, as_conds, check_pair
     from .sampling import Processing
 
     T = checks.integer("num_tokens", num_tokens, lo=1)
@@ -41,20 +43,21 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, bat
     if n > MAX_IMAGES:
         raise ValueError(f"conds: {n} images in one call is more than {MAX_IMAGES}; split the run")
     _check_class_ids(conds if isinstance(conds, (list, tuple)) else [conds])
-    if mode.max_depth == 0:           # plain AR: a draft model would be unused, which is a mistake
-        if draft is not None:
-            raise ValueError("a draft model was given but no drafting: pass drafting= (an int L for chains of L "
-                             "drafts, a theory.tree.Tree, a real.decode.modes mode), or draft=None for plain AR")
-        return mode
-    checks.verifier(verifier)
-    if mode.needs_draft:
-        if draft is target:
+    drafting = mode.max_depth != 0      # 0: plain AR (a mode with a bad depth is refused by its own check)
+    if not drafting and draft is not None:     # plain AR: a draft model would be unused, which is a mistake
+        raise ValueError("a draft model was given but no drafting: pass drafting= (an int L for chains of L "
+                         "drafts, a theory.tree.Tree, a real.decode.modes mode), or draft=None for plain AR")
+    if drafting:
+        checks.verifier(verifier)
+        if mode.needs_draft and draft is target:
             raise ValueError("draft is the target object itself (they would share one KV cache); give a separate "
                              "draft model, e.g. real.models.llamagen.truncated(target, 1) for a layer-skip draft")
-        if draft is not None:
-            check_pair(target, draft)
-    mode.check(as_batched(target), as_batched(draft), T, verifier, processing, n if batch_size is None else int(batch_size))
-    return mode
+    if drafting and mode.needs_draft and draft is not None:
+        check_pair(target, draft)
+    bt, bd = as_batched(target), as_batched(draft)
+    if drafting:
+        mode.check(bt, bd, T, verifier, processing, n if batch_size is None else int(batch_size))
+    return as_conds(conds), bt, bd if mode.needs_draft else None
 
 
 def _check_class_ids(conds) -> None:

@@ -1,7 +1,9 @@
 """What every model-drafted mode shares, one floor below the modes (``chain``, ``tree``, ``dynamic_tree`` stand side by
 side on it): ``ModelDrafting`` (a draft model over the target's vocabulary is needed), ``feed_draft`` (feed the draft
 model what was committed: its rows after each row's last committed element), ``draft_chain`` (draft a chain from those
-rows: tokens (B, Lr), rows q (B, Lr, V)) and ``top_m`` (the m largest entries, ties to the lower index)."""
+rows: tokens (B, Lr), rows q (B, Lr, V)), ``top_m`` (the m largest entries, ties to the lower index) and
+``static_depth`` (how deep a round drafts: one shape from round to round on the device path). The modes read the
+round through its ``real.decode.round.Run`` alone; none imports the round."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +15,7 @@ from theory.core.xp import top_m as xp_top_m
 from . import rng as R
 from .sampling import draw
 
-__all__ = ["ModelDrafting", "feed_draft", "draft_chain", "top_m"]
+__all__ = ["ModelDrafting", "feed_draft", "draft_chain", "top_m", "static_depth"]
 
 
 class ModelDrafting:
@@ -109,3 +111,20 @@ def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
     if m >= x.shape[-1] or not host_path(x.device):
         return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
     return xp_top_m(x, m)
+
+
+def static_depth(run, Dr: int, D: int, block: int) -> int:
+    """How deep a mode drafts this round (``run``: the round's ``real.decode.round.Run``): on the device path its
+    full depth D every round, so the target's block and the draft's levels keep one shape from round to round (a
+    compiled step then sees one block length; with ``real.nn.kvcache.static_keys`` the keys it attends over keep one
+    length too) while the images' own caps D'_b bound what verification accepts (``verify_round(max_depth=...)``)
+    and positions past an image's last token are clamped, provided both models have room for a ``block`` of entries
+    past the image (``extra_slots``); else, and on the host path (no work past the image), Dr, the batch's deepest
+    D'_b."""
+    if run.n_dev is None or Dr == 0:
+        return Dr
+    for m in (run.target, run.draft):
+        room = None if m is None else getattr(m, "extra_slots", None)
+        if room is not None and block > int(room):
+            return Dr
+    return D

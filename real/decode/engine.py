@@ -26,7 +26,6 @@ import torch
 
 from real.nn.devpath import force, host_path, host_verification
 from real.nn.layers import inference_weights
-from real.protocol import as_batched, as_conds
 from theory.tree import Tree
 from .chain import Chain, Plain
 from .phases import phase
@@ -118,6 +117,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
     from real.nn.devpath import forced
 
     forced()          # COOLSD_DEVICE_PATH's spelling checked now, before any work (a misspelling is refused)
+    mode = as_drafting(drafting)
     with force(device_path), compiled((target, draft), compile, backend=compile_backend, device=device_of(target),
                                       static=compile_static):
         from tqdm import tqdm
@@ -126,15 +126,18 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
 
         from .checks import generate_args
 
-        mode = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier, mode=as_drafting(drafting),
-                             seed=seed, batch_size=batch_size, processing=processing)   # before any model call (issue 26)
+        # every argument checked before any model call (issue 26); the conditions and models read once, as the
+        # decoder takes them; the batch is sized from the models as given (which of them runs one image at a time)
+        conds, run_target, run_draft = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier,
+                                                     mode=mode, seed=seed, batch_size=batch_size,
+                                                     processing=processing)
         if not isinstance(features, bool) or (features and mode.max_depth):
             raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
         verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
-        conds, T = as_conds(conds), int(num_tokens)
+        T = int(num_tokens)
         rec = record_bytes(mode, T, int(target.vocab_size)) if record_rows and mode.max_depth else 0
         bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing, rec)
-        target, draft = as_batched(target), as_batched(draft if mode.needs_draft else None)
+        target, draft = run_target, run_draft
         dev = device_of(target)
         if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
             seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))

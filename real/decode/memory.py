@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from real.protocol import as_batched
-
 from .sampling import Processing
 
 __all__ = ["MAX_BATCH", "default_batch_size", "check_batch", "device_of", "record_bytes", "return_freed"]
@@ -34,14 +32,15 @@ def _available_bytes(device: torch.device) -> int:
 
 def _batch_bytes(target, draft, images: int, rows_per_image: int, V: int) -> int:
     """Estimated memory of a batch: both KV caches (``cache_bytes``: a feature drafter's sized by the target's
-    ``prefix_len``) and the per-round probability rows (a few (rows, 64, V) float32 arrays). ``target`` and
-    ``draft`` follow the batched protocol (``real.protocol.as_batched``)."""
+    ``prefix_len``) and the per-round probability rows (a few (rows, 64, V) float32 arrays). A model that generates
+    one image at a time (``batched`` false: its single-length cache grows with the prompt) is not estimated: it counts
+    no cache bytes, and a feature drafter beside it is sized from a prefix of 1."""
     R = images * rows_per_image
-    caches = int(target.cache_bytes(R))
-    if draft is not None:
-        caches += int(draft.cache_bytes(R, target.prefix_len) if draft.needs_features else draft.cache_bytes(R))
+    caches = int(target.cache_bytes(R)) if target.batched else 0
+    if draft is not None and draft.batched:
+        P = target.prefix_len if target.batched else 1
+        caches += int(draft.cache_bytes(R, P) if draft.needs_features else draft.cache_bytes(R))
     return caches + 8 * R * 64 * V * 4
-
 
 
 def record_bytes(mode, num_tokens: int, V: int) -> int:
@@ -59,7 +58,6 @@ def default_batch_size(target, draft, n_images: int, processing: Processing = Pr
     adapters), as ``engine.generate`` documents."""
     if any(m is not None and not getattr(m, "batched", True) for m in (target, draft)):
         return 1
-    target, draft = as_batched(target), as_batched(draft)
     dev, V = device_of(target), int(target.vocab_size)
     per = max(1, _batch_bytes(target, draft, 1, processing.batch, V) + int(extra))
     return int(max(1, min(n_images, MAX_BATCH, _available_bytes(dev) // 2 // per)))
@@ -82,7 +80,7 @@ def check_batch(target, draft, n_images: int, batch_size, processing: Processing
         if m is not None and bs > 1 and not m.batched:
             raise ValueError(f"{type(m).__name__} generates one image at a time (its cache has no per-row lengths): "
                              f"use batch size 1, got {bs}")
-    need = _batch_bytes(as_batched(target), as_batched(draft), bs, processing.batch, int(target.vocab_size))
+    need = _batch_bytes(target, draft, bs, processing.batch, int(target.vocab_size))
     need += bs * int(extra)
     free = _available_bytes(device_of(target))
     if need > free:

@@ -16,41 +16,37 @@ from theory.rules.methods import default_lantern_k
 from ..nn.devpath import host_path
 from .sampling import Processing
 
-__all__ = ["METHODS", "make_verifier", "method_processing", "default_lantern_k", "neighbors_on", "gsd_vectors",
-           "input_embedding_rows", "GSD_TABLES", "needed_width"]
+__all__ = ["METHODS", "make_verifier", "method_processing", "default_lantern_k", "gsd_vectors", "input_embedding_rows",
+           "GSD_TABLES", "needed_width"]
 
 GSD_TABLES = ("embedding", "codebook")   # GSD's distance table: the target's input embeddings (as released) / VQ codes
 
 METHODS = registry.names()
 
 
-def neighbors_on(neighbors, device=None):
-    """The neighbour table (V, K) as numpy (device None, or a device whose rounds are verified on the host: a CPU
-    unless the device path is forced, ``real.nn.devpath.host_path``; a verifier holding no torch tensor verifies on
-    numpy views there, ``real.decode.round.host_verification``) or as a torch tensor kept on ``device`` (no
-    host-to-device copy per round)."""
-    if neighbors is None:
-        return None
-    if device is not None and host_path(device):
-        return neighbors.cpu().numpy() if isinstance(neighbors, torch.Tensor) else np.asarray(neighbors)
-    if isinstance(neighbors, torch.Tensor):
-        return neighbors if device is None else neighbors.to(device)
-    nb = np.asarray(neighbors)
-    return nb if device is None else torch.as_tensor(nb, device=device)
-
-
 def make_verifier(method: str, L: int, params: dict | None = None, neighbors=None, device=None, embeddings=None, **kw):
     """The ``theory.rules.Verifier`` for a method name (``theory.rules.methods``) with registry parameters ``params``
     and/or ``kw`` (the method's own names: ``k``, ``delta``, ``lambda``, ...; the rest take its defaults). LANTERN
     methods need the codebook neighbour table ``neighbors`` (V, K) (``theory.rules.lantern_neighbors`` /
-    ``real.models.vq.codebook_neighbors``); with ``device`` the table is kept there as a torch tensor. GSD methods
-    take the codebook vectors ``embeddings`` (V, d) (``real.registry.Bundle.codebook``; their (V, V) closeness table is
-    built once, as numpy)."""
+    ``real.models.vq.codebook_neighbors``; a lazy table, ``real.neighbors``, is read as wide as the rule reads:
+    ``needed_width``); with ``device`` the table is kept there as a torch tensor (no host-to-device copy per round),
+    or as numpy where its rounds are verified on the host (a CPU unless the device path is forced,
+    ``real.nn.devpath.host_path``; a verifier holding no torch tensor verifies on numpy views there,
+    ``real.decode.round.host_verification``); without ``device`` as given. GSD methods take the codebook vectors
+    ``embeddings`` (V, d) (``real.registry.Bundle.codebook``; their (V, V) closeness table is built once, as numpy).
+    Where the tables live is decided once, and the parameters are resolved once, before the rule is built."""
+    host = device is not None and host_path(device)
     m = registry.get(method)
-    if m.needs_neighbors and hasattr(neighbors, "table"):   # a lazy table (real.neighbors): as wide as the rule reads
-        neighbors = neighbors.table(needed_width(method, {**(params or {}), **kw}, neighbors.shape[0],
-                                                 neighbors.shape[1]))
-    nb = neighbors_on(neighbors, device) if m.needs_neighbors else None
+    full = registry.resolve(method, {**(params or {}), **kw})
+    nb = None
+    if m.needs_neighbors and neighbors is not None:
+        if hasattr(neighbors, "table"):             # a lazy table (real.neighbors): as wide as the rule reads
+            neighbors = neighbors.table(needed_width(full, neighbors.shape[0], neighbors.shape[1]))
+        if isinstance(neighbors, torch.Tensor):
+            nb = neighbors.cpu().numpy() if host else neighbors if device is None else neighbors.to(device)
+        else:
+            nb = np.asarray(neighbors)
+            nb = nb if device is None or host else torch.as_tensor(nb, device=device)
     emb = None
     if m.needs_embeddings and embeddings is not None:
         if isinstance(embeddings, torch.Tensor):   # bf16 (the release's input-embedding table) stays bf16 on its
@@ -58,20 +54,20 @@ def make_verifier(method: str, L: int, params: dict | None = None, neighbors=Non
             emb = emb if emb.dtype == torch.bfloat16 else emb.cpu().double().numpy()   # float64 numpy
         else:
             emb = embeddings
-    v = registry.build(method, L, nb, {**(params or {}), **kw}, embeddings=emb)
+    v = registry.build(method, L, nb, full, embeddings=emb)
     close = getattr(v.accept, "close", None)
-    if isinstance(close, torch.Tensor) and device is not None and host_path(device):   # GSD's table, built from the
-        v = replace(v, accept=replace(v.accept, close=close.cpu().numpy()))           # bf16 rows: numpy, as LANTERN's
+    if isinstance(close, torch.Tensor) and host:      # GSD's table, built from the bf16 rows: numpy, as LANTERN's
+        v = replace(v, accept=replace(v.accept, close=close.cpu().numpy()))
     return v
 
 
-def needed_width(method: str, params: dict, V: int, K: int) -> int:
-    """Columns of the neighbour table a LANTERN method reads with ``params``: k (its acceptance), k + 1 with the
-    release's resamplers (they zero k + 1 neighbours); at most the table's width K (a wider need is refused, with the
-    reason, by the method itself)."""
-    p = registry.resolve(method, params)
-    k = p["k"] if p.get("k") is not None else default_lantern_k(V)
-    return int(min(K, k if p.get("resampler") == "optimal" else k + 1))
+def needed_width(params: dict, V: int, K: int) -> int:
+    """Columns of the neighbour table a LANTERN method reads with its resolved parameters ``params``
+    (``theory.rules.methods.resolve``): k (its acceptance; None: ``default_lantern_k(V)``), k + 1 with the release's
+    resamplers (they zero k + 1 neighbours); at most the table's width K (a wider need is refused, with the reason, by
+    the method itself)."""
+    k = params["k"] if params.get("k") is not None else default_lantern_k(V)
+    return int(min(K, k if params.get("resampler") == "optimal" else k + 1))
 
 
 def method_processing(method: str, processing: Processing) -> Processing:

@@ -36,7 +36,7 @@ from .rng import Streams
 from .sampling import Processing, draw
 
 __all__ = ["RoundRecord", "Run", "OnDevice", "Step", "sync", "prefill_round", "ar_round", "speculative_round", "settle", "commit",
-           "check_finite", "store_hidden", "on_host", "static_depth"]
+           "check_finite", "store_hidden", "on_host"]
 
 
 def sync(device) -> None:
@@ -256,22 +256,6 @@ def check_finite(*rows) -> None:
         return
     if not all(bool(torch.isfinite(r).all()) for r in rows):
         raise ValueError("non-finite probabilities (NaN/inf logits from the model?)")
-
-
-def static_depth(run: Run, Dr: int, D: int, block: int) -> int:
-    """How deep a mode drafts this round: on the device path its full depth D every round, so the target's block and
-    the draft's levels keep one shape from round to round (a compiled step then sees one block length; with
-    ``real.nn.kvcache.static_keys`` the keys it attends over keep one length too) while the images'
-    own caps D'_b bound what verification accepts (``verify_round(max_depth=...)``) and positions past an image's
-    last token are clamped, provided both models have room for a ``block`` of entries past the image
-    (``extra_slots``); else, and on the host path (no work past the image), Dr, the batch's deepest D'_b."""
-    if run.n_dev is None or Dr == 0:
-        return Dr
-    for m in (run.target, run.draft):
-        room = None if m is None else getattr(m, "extra_slots", None)
-        if room is not None and block > int(room):
-            return Dr
-    return D
 
 
 # ----------------------------------------------------------------------------- caches and the commit

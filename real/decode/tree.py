@@ -19,8 +19,7 @@ from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
-from .drafting import ModelDrafting, feed_draft, top_m
-from .round import static_depth
+from .drafting import ModelDrafting, feed_draft, static_depth, top_m
 
 __all__ = ["StaticTree", "TreePlan", "tree_plan", "draft_tree", "top_m", "CANDIDATES"]
 
@@ -59,7 +58,7 @@ class StaticTree(ModelDrafting):
 
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """Feed the draft, draft the tree truncated to the batch's deepest D'_b level by level (on the device path the
-        whole tree every round: ``real.decode.round.static_depth``)."""
+        whole tree every round: ``real.decode.drafting.static_depth``)."""
         Dr = static_depth(run, int(depth.max()), self.max_depth, self.tree.n_nodes + 1)
         if Dr not in run.state:
             run.state[Dr] = tree_plan(truncate_tree(self.tree, Dr), run.dev)

@@ -107,7 +107,7 @@ def compiled(models, mode: str | None, *, backend: str = "inductor", device="cpu
     None: nothing changes. ``static`` (default: mode "reduce-overhead", whose CUDA graphs replay one shape): static
     shapes, i.e. graphs compiled per input shape (``dynamic=False``) and the KV caches attending over all their slots
     (``real.nn.kvcache.static_keys``), so a layer sees one shape per block length for the whole generation (the
-    device path keeps one block length per run: ``real.decode.round.static_depth``). ValueError before anything
+    device path keeps one block length per run: ``real.decode.drafting.static_depth``). ValueError before anything
     changes when the compiler cannot work on ``device`` (``compile_problem``) or a model has no compilable decoder
     layers (naming it)."""
     if mode is None:

@@ -1,6 +1,7 @@
 """What every drafting mode's file declares (``real.decode.modes``): ``Option`` (one command-line option) and ``ModeDef``
 (a mode's declaration: its name and report label, its options, how it is built from a frozen config, its record
-format, its likelihood hook and its capabilities).
+format, its likelihood hook and its capabilities), and the helpers several modes share (``tree_arrays``,
+``window_facts``), so the modes' files stand side by side and none imports another.
 
 A ``ModeDef`` never compares mode names: the registry holds one per mode and the command line, the sweep and the
 reports ask the declaration (``label``, ``needs_draft``, ``static_tree``, ``grown_tree``, ``report``, ``record``,
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Option", "ModeDef", "NoLikelihood", "flag", "tree_arrays"]
+__all__ = ["Option", "ModeDef", "NoLikelihood", "flag", "tree_arrays", "window_facts"]
 
 
 def flag(dest: str) -> str:
@@ -168,3 +169,16 @@ def tree_arrays(gens: list, tree) -> dict:
             "tokens": np.stack([r.drafts for _, r in full]), "image": np.array([i for i, _ in full], dtype=np.int64),
             "accepted": np.array([r.accepted for _, r in full]),
             "tree_paths": np.array(json.dumps([list(p) for p in tree.paths]))}
+
+
+def window_facts(opts: dict, facts: dict, *, bounded: bool = True) -> dict:
+    """A window mode's constructor arguments from the model's facts: ``width`` (the image row width, None unknown);
+    ValueError when the window exceeds the image (``bounded``) or an initialisation needs a width it lacks."""
+    if not facts:
+        return {}
+    T = facts.get("num_tokens")
+    if bounded and T is not None and opts.get("window", 0) > T:
+        raise ValueError(f"--window {opts['window']} is larger than the image ({T} tokens)")
+    if opts.get("init", "random") != "random" and facts.get("width") is None:
+        raise ValueError(f"--jacobi-init {opts['init']} needs the image row width; --model's images have no known grid")
+    return {"width": facts.get("width")}

@@ -5,21 +5,9 @@ Record: the chain format, stamped ``draft: jacobi``. Likelihood: none (``JACOBI_
 from __future__ import annotations
 
 from ..jacobi import DEFAULT_WINDOW, JACOBI_REASON, SCD_WINDOW, Jacobi
-from .base import ModeDef, Option
+from .base import ModeDef, Option, window_facts
 
 __all__ = ["JACOBI", "JACOBI_REASON", "window_facts"]
-
-def window_facts(opts: dict, facts: dict, *, bounded: bool = True) -> dict:
-    """A window mode's constructor arguments from the model's facts: ``width`` (the image row width, None unknown);
-    ValueError when the window exceeds the image (``bounded``) or an initialisation needs a width it lacks."""
-    if not facts:
-        return {}
-    T = facts.get("num_tokens")
-    if bounded and T is not None and opts.get("window", 0) > T:
-        raise ValueError(f"--window {opts['window']} is larger than the image ({T} tokens)")
-    if opts.get("init", "random") != "random" and facts.get("width") is None:
-        raise ValueError(f"--jacobi-init {opts['init']} needs the image row width; --model's images have no known grid")
-    return {"width": facts.get("width")}
 
 
 class JacobiDef(ModeDef):

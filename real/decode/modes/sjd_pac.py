@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..jacobi import JACOBI_REASON
 from ..sjd_pac import DEFAULT_TREE_DEPTH, DEFAULT_TREE_WIDTH, DEFAULT_WINDOW, SJDPAC, tree_nodes
-from .base import ModeDef, Option, tree_arrays
-from .jacobi import JACOBI_REASON, window_facts
+from .base import ModeDef, Option, tree_arrays, window_facts
 
 __all__ = ["SJD_PAC", "SJD_PAC_P"]
 
