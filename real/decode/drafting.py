@@ -1,21 +1,19 @@
 """What every model-drafted mode shares, one floor below the modes (``chain``, ``tree``, ``dynamic_tree`` stand side by
 side on it): ``ModelDrafting`` (a draft model over the target's vocabulary is needed), ``feed_draft`` (feed the draft
 model what was committed: its rows after each row's last committed element), ``draft_chain`` (draft a chain from those
-rows: tokens (B, Lr), rows q (B, Lr, V)), ``top_m`` (the m largest entries, ties to the lower index) and
-``static_depth`` (how deep a round drafts: one shape from round to round on the device path). The modes read the
-round through its ``real.decode.round.Run`` alone; none imports the round."""
+rows: tokens (B, Lr), rows q (B, Lr, V)) and ``static_depth`` (how deep a round drafts: one shape from round to round on the device path). The modes read the
+round through its ``real.decode.round.Run`` alone; none imports the round. (``top_m``: ``real.decode.candidates``.)"""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from real.nn.devpath import host_path, to_device
-from theory.core.xp import top_m as xp_top_m
+from real.nn.devpath import to_device
 
 from . import rng as R
 from .sampling import draw
 
-__all__ = ["ModelDrafting", "feed_draft", "draft_chain", "top_m", "static_depth"]
+__all__ = ["ModelDrafting", "feed_draft", "draft_chain", "static_depth"]
 
 
 class ModelDrafting:
@@ -102,15 +100,6 @@ def draft_chain(run, logits: torch.Tensor, hid: torch.Tensor | None, Lr: int):
         V = logits.shape[-1]
         return x, torch.zeros((*x.shape, V), dtype=run.proc.dtype, device=x.device).scatter_(-1, x[..., None], 1.0)
     return x, torch.stack(qs, 1)
-
-
-def top_m(x: torch.Tensor, m: int) -> torch.Tensor:
-    """Indices (..., m) of the m largest entries of x (..., V) in decreasing order, ties to the lower index:
-    ``argsort(x, descending, stable)[..., :m]``. The host path: ``theory.core.xp.top_m`` (``topk``, the stable sort
-    only for a tie straddling the m-th place); the device path: one stable sort, no read-back of the tie checks."""
-    if m >= x.shape[-1] or not host_path(x.device):
-        return torch.argsort(x, dim=-1, descending=True, stable=True)[..., :m]
-    return xp_top_m(x, m)
 
 
 def static_depth(run, Dr: int, D: int, block: int) -> int:

@@ -28,14 +28,15 @@ import torch
 
 from theory.core import checks
 from theory.core.xp import namespace
-from theory.tree import KEYS, child_keys, row_trees, select_nodes
+from theory.tree import KEYS, row_trees, select_nodes
 from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
-from .drafting import ModelDrafting, feed_draft, top_m
+from .candidates import expand, top_m
+from .drafting import ModelDrafting, feed_draft
 
-__all__ = ["DynamicTree", "grow_tree", "expand"]
+__all__ = ["DynamicTree", "grow_tree"]
 
 
 @dataclass(frozen=True)
@@ -136,20 +137,6 @@ def _children(run, spec: DynamicTree, lg: torch.Tensor, key: torch.Tensor, logp:
         return tok, kv, kv if logp is key else logp[..., None] + val, None
     q = run.proc.rows(lg)
     return (*expand(spec, q, key, logp, None if spec.sampling == "release" else _gumbel(run, q.shape[1:], level)), q)
-
-
-def expand(spec: DynamicTree, q: torch.Tensor, key: torch.Tensor, logp: torch.Tensor, gumbel: torch.Tensor | None):
-    """The ``spec.topk`` children of nodes with processed draft rows q (B, ..., V), keys and path log-probabilities
-    (B, ...) float64 -> tokens, keys, log-probabilities (B, ..., k). Release keys: the top-k by cumulative draft
-    log-probability (keys = log-probabilities: given one tensor for both, one tensor is returned); lossless keys:
-    stochastic beam search with the Gumbel(0, 1) noise ``gumbel`` (B, ..., V) (``theory.tree.child_keys``). The
-    engine's growth and ``real.decode.score_tree``'s regrowth both expand nodes here."""
-    if spec.sampling == "release":           # deterministic top-k by cumulative draft log-probability
-        tok = top_m(q, spec.topk)
-        val = q.gather(-1, tok).double().log()
-        kv = key[..., None] + val
-        return tok, kv, kv if logp is key else logp[..., None] + val
-    return child_keys(key, logp, q.double(), gumbel, spec.topk)
 
 
 def grow_tree(run, spec: DynamicTree, levels: int, with_q: bool = True, caps: np.ndarray | None = None):

@@ -13,6 +13,7 @@ import torch
 from real.nn.layers import inference_weights
 from real.protocol import as_batched, as_conds, check_pair
 from .sampling import Processing
+from .sampling import per_model_rows as _rows
 
 __all__ = ["Rows", "teacher_forced_rows", "scoring_inputs", "chain_rows"]
 
@@ -47,11 +48,6 @@ def scoring_inputs(target, draft, conds, tokens) -> tuple[list, torch.Tensor]:
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= V):
         raise ValueError(f"tokens must lie in [0, V = {V}), got values in [{int(t.min())}, {int(t.max())}]")
     return conds, t.long()
-
-
-def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Per-image (B, ...) -> per-model-row (k B, ...) ([cond; uncond] with CFG), as ``real.decode.steps.Run.rows``."""
-    return x if k == 1 else x.repeat(k, *([1] * (x.ndim - 1)))
 
 
 @torch.no_grad()

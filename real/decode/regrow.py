@@ -14,9 +14,9 @@ import torch
 
 from theory.tree import guided_children, row_trees, select_nodes
 
-from .drafting import top_m
-from .dynamic_tree import expand
+from .candidates import expand, top_m
 from .sampling import Processing
+from .sampling import per_model_rows as _rows
 
 __all__ = ["LOSSLESS_TREES", "dynamic_trees"]
 
@@ -46,8 +46,6 @@ def dynamic_trees(target, draft, conds, tok, spec, proc: Processing, dev, budget
     node depths, node tokens and parents (B, T, N+1) int64 (module docstring); lossless trees: ``LOSSLESS_TREES``
     independent trees per round start, (B, T, M, N+1, ...), Gumbel noise from ``gen``. Round starts n = 1 .. T-2
     draft (D'(n) >= 1); n = 0 (the prefill) and n = T-1 get a placeholder star (never read)."""
-    from .forced_rows import _rows
-
     B, T = tok.shape
     Mt = 1 if spec.sampling == "release" else LOSSLESS_TREES
     kr = proc.batch
@@ -112,8 +110,6 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
     ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
     image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
     (B, S, n+1) int64 (n = min(N, pool))."""
-    from .forced_rows import _rows
-
     B, S = tok.shape[0], len(ns)
     kr, k, levels = proc.batch, spec.topk, spec.depth
     R = kr * B

@@ -135,3 +135,9 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     (``theory.core.xp.sample_categorical``; about 20x faster than torch.multinomial on (64, 512) rows on CPU). The
     engine's uniforms come from the images' own streams (``real.decode.rng.Streams``)."""
     return sample_categorical(probs, u.to(device=probs.device, dtype=probs.dtype))
+
+
+def per_model_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-image (B, ...) -> per-model-row (k B, ...) ([cond; uncond] with CFG, k = ``Processing.batch``), as the
+    round's ``Run.rows`` lays them out (the scorers feed models this way)."""
+    return x if k == 1 else x.repeat(k, *([1] * (x.ndim - 1)))

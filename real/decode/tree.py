@@ -19,7 +19,8 @@ from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
-from .drafting import ModelDrafting, feed_draft, static_depth, top_m
+from .candidates import top_m
+from .drafting import ModelDrafting, feed_draft, static_depth
 
 __all__ = ["StaticTree", "TreePlan", "tree_plan", "draft_tree", "top_m", "CANDIDATES"]
 
