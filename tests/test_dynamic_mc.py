@@ -160,6 +160,8 @@ def test_regrown_lossless_trees_estimate_the_target_law_and_the_weights_matter()
     spec = DynamicTree(total=6, depth=2, topk=3)
     with pytest.raises(NotImplementedError, match="too noisy"):               # the CLI's refusal stays
         st.check(spec, rules.vanilla(), 4, proc)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+        st.tree_rows(t, d, [2], tok[:1], spec, processing=proc, seed=-1)
     sums = {False: [], True: []}
     for seed in range(20):
         rows = st.tree_rows(t, d, [2] * len(seqs), tok, spec, processing=proc, seed=seed)

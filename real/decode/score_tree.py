@@ -170,7 +170,10 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
         if B > 1 and not _static(mode) and not (m.batched and m.row_masks):
             raise ValueError(f"{type(m).__name__} cannot take per-row tree masks: dynamic-tree rows one image at a "
                              f"time (got {B})")
-    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget), int(seed))
+    from theory.core import checks
+
+    seed = checks.integer("tree_rows: seed", seed, lo=0)
+    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget), seed)
 
 
 @torch.no_grad()
