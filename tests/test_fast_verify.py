@@ -167,6 +167,23 @@ def test_lantern_pp_point_walk_equals_verify_tree(static, V):
     assert n_acc > 100 and n_boost >= 20
 
 
+@pytest.mark.parametrize("first_block", [1, 3])
+def test_lantern_pp_point_walk_in_column_blocks(monkeypatch, first_block):
+    """The admitted neighbour mass of many entries is summed over blocks of columns (the first SIBLING_BLOCK wide, then
+    doubling, the mass carried from block to block, the entries whose prefix stopped leaving): forced here on small
+    rows, the verdict is still ``verify_tree``'s."""
+    from theory.rules import prefix_mass
+    monkeypatch.setattr(prefix_mass, "SMALL_BLOCK", 0)
+    monkeypatch.setattr(prefix_mass, "SIBLING_BLOCK", first_block)
+    n_acc = 0
+    for seed in range(60):
+        v, p, q, tokens, u, us, tree, cap = _lantern_pp_case(seed, bool(seed % 2), 50)
+        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law="point")
+        assert same(ref, verify_tree_fast(v, p, q, tokens, u, us, tree, cap, "point")), seed
+        n_acc += int(np.asarray(ref.accepted).sum())
+    assert n_acc > 50
+
+
 def test_lantern_pp_point_walk_control_unmasked_siblings_are_told_apart():
     """Control: the boost read from the unmasked row (the earlier, rejected siblings' mass still counted among a
     candidate's neighbours) gives other verdicts on the small-vocabulary static cases, where siblings are often

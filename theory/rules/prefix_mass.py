@@ -30,7 +30,7 @@ SMALL_BLOCK = 1 << 16     # (numpy's column-by-column threshold below: a widened
 COMPACT = 0.8
 COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
 GATHER_LIMIT = 1 << 22
-SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of columns when many entries (the rest: survivors)
+SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of columns when many entries (then doubling)
 COLUMNS_LAID_OUT = 16       # ``prefix_rows``: from this many entries, sums down the transposed block
 TORCH_CPU_ON_NUMPY = True   # torch CPU tensors are summed by the numpy code (``_on_numpy``: the same bits, 10x faster)
 
