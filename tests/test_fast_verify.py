@@ -50,17 +50,19 @@ def test_control_is_told_apart():
 
 
 def test_walks_are_the_rules_own_and_take_both_kinds_of_arrays():
-    """Vanilla and greedy supply walks for every law; scaled rules with G* (Cool-SD, ...) and LANTERN++ for the point
-    law (LANTERN++ on device rows too); a verifier built from the same rules by hand takes the generic walk, which is
+    """Vanilla and greedy supply walks for every law; scaled rules with G* (Cool-SD, ...), LANTERN++ and LANTERN for the
+    point law (LANTERN++ on device rows too); a verifier built from the same rules by hand takes the generic walk, which is
     correct, only slower; on torch rows a walk takes its device form (every node at once, no read-back), and
     ``verify_round`` gives the same verdict as ``verify_tree`` on numpy rows."""
     assert rules.vanilla().walk is not None and rules.greedy().walk is not None
     assert set(rules.scaled(rules.Uniform(2.0)).walk) == set(rules.cool_sd(2.0).walk) == {"point"}
     assert rules.scaled(rules.Uniform(2.0), resample=rules.Residual()).walk is None      # not G*: the generic walk
     nb = rules.lantern_neighbors(np.random.default_rng(0).normal(size=(8, 2)))
-    assert set(rules.lantern_pp(nb, 3, 2.0).walk) == {"point", "device"} and rules.lantern(nb, 3, 0.1).walk is None
+    assert set(rules.lantern_pp(nb, 3, 2.0).walk) == {"point", "device"}
+    assert set(rules.lantern(nb, 3, 0.1).walk) == {"point"}                            # (numpy rows)
+    assert rules.lantern(nb, 3, 0.1, resample="renormalised").walk is None
     import pickle                              # the walks are data: a verifier with one still pickles (user code,
-    for v in (rules.cool_sd(2.0), rules.lantern_pp(nb, 3, 2.0)):      # multiprocessing)
+    for v in (rules.cool_sd(2.0), rules.lantern_pp(nb, 3, 2.0), rules.lantern(nb, 3, 0.1)):      # multiprocessing)
         assert set(pickle.loads(pickle.dumps(v)).walk) == set(v.walk)
     assert rules.Verifier(rules.Vanilla(), rules.Residual()).walk is None
     assert set(rules.vanilla().walk) == set(rules.greedy().walk) == {"point", "without_replacement", "device"}
@@ -163,6 +165,23 @@ def test_lantern_pp_point_walk_equals_verify_tree(static, V):
         assert same(ref, [x.numpy() for x in got_t]), (seed, "device")
         assert verify_tree_fast(vt, *t, tree, None, "without_replacement") is None   # the point law's walk only
     assert n_acc > 100 and n_boost >= 20
+
+
+@pytest.mark.parametrize("first_block", [1, 3])
+def test_lantern_pp_point_walk_in_column_blocks(monkeypatch, first_block):
+    """The admitted neighbour mass of many entries is summed over blocks of columns (the first SIBLING_BLOCK wide, then
+    doubling, the mass carried from block to block, the entries whose prefix stopped leaving): forced here on small
+    rows, the verdict is still ``verify_tree``'s."""
+    from theory.rules import prefix_mass
+    monkeypatch.setattr(prefix_mass, "SMALL_BLOCK", 0)
+    monkeypatch.setattr(prefix_mass, "SIBLING_BLOCK", first_block)
+    n_acc = 0
+    for seed in range(60):
+        v, p, q, tokens, u, us, tree, cap = _lantern_pp_case(seed, bool(seed % 2), 50)
+        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law="point")
+        assert same(ref, verify_tree_fast(v, p, q, tokens, u, us, tree, cap, "point")), seed
+        n_acc += int(np.asarray(ref.accepted).sum())
+    assert n_acc > 50
 
 
 def test_lantern_pp_point_walk_control_unmasked_siblings_are_told_apart():

@@ -157,13 +157,14 @@ class Lantern:
         thr = np.reshape((self.lam - 1.0) * pc if self.lam is not None else self.delta * left, (-1,))
         w = _pm.SIBLING_BLOCK if B * K * self.k > _pm.SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
         mass, alive, a = np.zeros(B * K, pr.dtype), np.ones(B * K, bool), 0
-        while a < self.k and alive.any():   # column blocks (the first few, then the rest), as one pass would sum them
+        V = pr.shape[-1]
+        while a < self.k and alive.any():   # column blocks (doubling), as one pass would sum them
             on = np.nonzero(alive)[0]
-            nb = table[code[on], a:min(a + w, self.k)]                                  # (m, w) nearest first
-            g, r = pr[b[on, None], nb], rank_of[b[on, None], nb]
+            at = (b[on] * V)[:, None] + table[code[on], a:min(a + w, self.k)]         # (m, w) flat, nearest first
+            g, r = pr.reshape(-1)[at], rank_of.reshape(-1)[at]
             g = np.where((r > 0) & (r <= j[on, None]), np.zeros((), g.dtype), g)        # earlier candidates: rejected
             mass[on], alive[on] = _prefix_of(g, thr[on], pr.dtype, pr.dtype, mass[on])  # carried from block to block
-            a, w = a + w, self.k
+            a, w = a + w, 2 * w
         return mass.reshape(B, K)
 
 

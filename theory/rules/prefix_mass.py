@@ -12,8 +12,8 @@ import array_api_compat
 
 from ..core.xp import Array, expand_masked, namespace
 
-__all__ = ["prefix_mass_at", "prefix_mass", "FIRST_BLOCK", "SMALL_BLOCK", "COMPACT", "COLUMNS_ABOVE", "GATHER_LIMIT",
-           "SIBLING_BLOCK", "TORCH_CPU_ON_NUMPY"]
+__all__ = ["prefix_mass_at", "prefix_mass", "prefix_rows", "FIRST_BLOCK", "SMALL_BLOCK", "COMPACT", "COLUMNS_ABOVE", "GATHER_LIMIT",
+           "SIBLING_BLOCK", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY"]
 
 # A code's neighbour masses are summed over blocks of columns [0, w_0), [w_0, w_0 + w_1), ... (each at least twice the
 # last, FIRST_BLOCK first): a block by one cumulative sum down its columns, or on a large numpy set column by column. The
@@ -30,7 +30,8 @@ SMALL_BLOCK = 1 << 16     # (numpy's column-by-column threshold below: a widened
 COMPACT = 0.8
 COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
 GATHER_LIMIT = 1 << 22
-SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of columns when many entries (the rest: survivors)
+SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of columns when many entries (then doubling)
+COLUMNS_LAID_OUT = 16       # ``prefix_rows``: from this many entries, sums down the transposed block
 TORCH_CPU_ON_NUMPY = True   # torch CPU tensors are summed by the numpy code (``_on_numpy``: the same bits, 10x faster)
 
 
@@ -177,6 +178,29 @@ def _prefix_of(g, thr, acc, dtype, carry=None):
     last = np.sum(cs <= ta, axis=1, dtype=np.int64)                                  # columns passed (a prefix)
     got = np.take_along_axis(cs, np.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
     return np.where(last > 0, got, c0[:, 0]).astype(dtype, copy=False), last == g.shape[1]
+
+
+def prefix_rows(g, thr, dtype):
+    """``_prefix_of`` (no carry, summed in ``dtype``; numpy): the admitted mass (m,) of neighbour masses g (m, w), nearest
+    first, against ``thr`` (a scalar or (m,)), bit for bit, in fewer passes: an entry whose whole sum stays <= thr takes
+    it (sums of masses >= 0 never decrease), the others go through ``_prefix_of``. The whole sums are the cumulative
+    sum's last values, plus 0.0 (``_prefix_of`` adds from a zero: a -0.0 sum is +0.0): on few entries the cumulative
+    sum itself; on many the sum down the columns of g's transpose, which numpy reduces along its outer axis one row
+    after another (two columns or more; one column is reduced pairwise), the same additions in the same order, in one
+    pass instead of a cumulative sum's (tests/test_lantern_walk.py pins it)."""
+    import numpy as np
+
+    g = g.astype(dtype, copy=False)
+    if g.shape[0] < COLUMNS_LAID_OUT:
+        tot = np.cumsum(g, axis=1)[:, -1] + np.zeros((), dtype)
+    else:
+        tot = np.add.reduce(np.ascontiguousarray(g.T), axis=0) + np.zeros((), dtype)
+    whole = tot <= thr
+    if whole.all():
+        return tot
+    rest = np.nonzero(~whole)[0]
+    tot[rest] = _prefix_of(g[rest], thr if np.ndim(thr) == 0 else thr[rest], dtype, dtype)[0]
+    return tot
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:

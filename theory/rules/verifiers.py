@@ -30,6 +30,7 @@ from ..core.xp import Array, namespace
 from .acceptance import ROW_FEATURES, Greedy, Level, RowScaled, Scaled, Typical, Vanilla
 from .gsd import GSD_D_THRESHOLD, GSD_P_THRESHOLD, GSD_WINDOW, Grouped, gsd_close
 from .lantern import Lantern, LanternResample
+from .lantern_walk import lantern_walks
 from .resampling import Argmax, Optimal, Residual, Target
 from .walks import GREEDY_WALKS, VANILLA_WALKS, boosted_walks, greedy_chain, scaled_walks
 from .schedules import COOL_SD_NORM, Explicit, Exponential, Linear, Uniform, cool_sd_schedule
@@ -198,7 +199,7 @@ TYPICAL_RESAMPLERS = ("argmax", "optimal")
 def _lantern_verifier(acc: Lantern, variant: str, resample: str, base: str, params: dict) -> Verifier:
     """LANTERN-family verifier: the release's resampler ("lantern"), our renormalised variant, or a named one (G*)."""
     if resample == "lantern":   # variant "q" under the point law leaves vanilla's residual: vanilla's walk, boosted
-        walk = boosted_walks(acc.sibling_mass, acc) if variant == "q" else None
+        walk = boosted_walks(acc.sibling_mass, acc) if variant == "q" else lantern_walks(acc)
         return Verifier(acc, LanternResample(acc.neighbors, acc.k, variant, "released", acc), base,
                         {**params, "resampler": resample}, walk=walk)
     if resample == "renormalised":

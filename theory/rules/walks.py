@@ -18,6 +18,9 @@ Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), 
   neighbours it zeroes in q' = one-hot(c) hold no draft mass) with the point law: vanilla's walk with the
   acceptance's admitted neighbour mass added to each candidate's (``boosted_walks``, ``Lantern.sibling_mass``:
   the neighbours' masses with the earlier siblings zeroed, O(k) per candidate, every sibling of a level at once).
+* LANTERN as released (``theory.rules.lantern``: its rejection zeroes c and, when a neighbour was admitted, c's k+1
+  nearest) with the point law: the removed masses of a level's siblings by one scatter and one gather, the admissions
+  as a fixed point (``theory.rules.lantern_walk.delta_level``, the ``level`` hook of the level walk).
 * scaled rules with G* (``theory.rules.cool_sd``, ``uniform_rsd``, ``linear_rsd``, ``scaled``: f = min(1, w_i p/q),
   G* = Norm([p - q f]_+)) with the point law: a rejection takes min(1, w_i) of the candidate's remaining mass (all
   of it when w_i >= 1, as vanilla), so a level is settled at once too (``scaled_walks``).
@@ -59,7 +62,7 @@ def _host(*arrays) -> bool:
 
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
           u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
-          draft_law: str = "point", *, boost=None, weight=None):
+          draft_law: str = "point", *, boost=None, weight=None, level=None):
     """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla": the point law; "greedy": any law), numpy
     arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
     it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
@@ -70,9 +73,12 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     with G*, ``scaled_walks``: f = min(1, w_i p_res(c)), G* = Norm([p_res - f 1_c]_+)): ``weight(pos (B,), rows)`` the
     weights (B,) at the candidates' position; a rejection takes min(1, w) of the candidate's remaining mass (all of
     it when w >= 1, as vanilla), so candidate j is accepted iff u_j < w p_j(c_j) / (m - taken before j), with
-    p_j(c_j) = p(c_j) (1 - min(1, w))^(earlier listings of c_j). Returns (accepted (B,),
-    path (B, D), next_token (B,), last_node (B,)), or None when the arrays are not numpy (the rule's "device" walk
-    serves them)."""
+    p_j(c_j) = p(c_j) (1 - min(1, w))^(earlier listings of c_j). ``level`` (a rule whose rejection zeroes more than
+    the candidate, LANTERN's released "p" law: ``theory.rules.lantern_walk.delta_level``): ``level(B, V, K)`` gives
+    the step that settles a level, ``step(pr, c, has, u)`` -> (ok (B, K), clear(stop, r): zero in r (n, V), the rows
+    of the rounds stop (B,) bool stopped there, the codes their residual lacks), or None (then so does the walk: the
+    generic walk serves). Returns (accepted (B,), path (B, D), next_token (B,), last_node (B,)), or None when the
+    arrays are not numpy (the rule's "device" walk serves them)."""
     if not _host(p, q, tokens, u_accept, u_sample):
         return None
     B, N1, V = p.shape
@@ -88,7 +94,8 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     path = np.full((B, D), -1, np.int64)
     live = np.ones(B, bool)
     earlier = np.tri(K, K, -1, dtype=bool)                    # earlier[j, i]: sibling i is tried before j
-    res = None                                                # vanilla: the residual rows of stopped rounds
+    res = []                                                  # vanilla: (stopped rounds, their residual rows)
+    settle = None if level is None else level(B, V, K)       # ``level``: its step
     rejected = np.zeros(B, bool)                              # greedy: the walk ended with a rejection
     for _ in range(D):  # a loop over tree levels: each step settles one node of every live round
         kids = children[rows, node]                                              # (B, K)
@@ -100,6 +107,11 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             valid = has if draft_law == "point" else has & (q[rows[:, None], node[:, None], c] > 0)
             ok = valid & (c == pr.argmax(-1)[:, None])
             rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
+        elif level is not None:
+            out = settle(pr, c, has, u_accept[rows[:, None], safe])
+            if out is None:
+                return None
+            ok, clear = out
         else:
             same = (c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]     # listed by an earlier sibling
             if weight is None:                      # a rejection takes all of c's mass (a repeat meets 0)
@@ -126,14 +138,19 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             stop = live & ~acc
             if stop.any():
                 tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
-                r = pr[stop].copy()
+                r = pr[stop]                                                     # (a copy)
                 cs, ts = c[stop], tried[stop]
-                if weight is None:
+                if level is not None:
+                    clear(stop, r)
+                elif weight is None:
                     r[np.nonzero(ts)[0], cs[ts]] = 0.0
                 else:                               # each tried candidate's taken mass (repeats: one after another)
                     np.subtract.at(r, (np.nonzero(ts)[0], cs[ts]), taken[stop][ts].astype(r.dtype))
                     np.maximum(r, 0.0, out=r)
-                res = (stop, r) if res is None else _merge(res, stop, r)
+                empty = r.sum(-1) <= 0              # every sibling's mass rejected (round-off only): the node's row
+                if empty.any():
+                    r[empty] = pr[stop][empty]
+                res.append((stop, r))
         win = kids[rows, first]
         path[rows[acc], depth[acc]] = win[acc]
         node = np.where(acc, win, node)
@@ -146,13 +163,9 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     if kind == "greedy":                       # after a rejection the argmax; after a leaf / no candidate a draw
         nxt = np.where(rejected, last.argmax(-1), _sample(last, u_sample))
     else:
-        w = last.copy()
-        if res is not None:
-            w[res[0]] = res[1]
-        empty = w.sum(-1) <= 0                  # every sibling's mass rejected (round-off only): the node's row
-        if empty.any():
-            w[empty] = last[empty]
-        nxt = _sample(w, u_sample)
+        for stop, r in res:                     # (last is a copy; a round stops once)
+            last[stop] = r
+        nxt = _sample(last, u_sample)
     return depth, path, nxt.astype(np.int64), node
 
 
@@ -220,15 +233,6 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
         rank = np.where(acc, 0, rank + (has & ~acc))
         active = active & has
     return depth, path, _sample(p_res, u_sample).astype(np.int64), node
-
-
-def _merge(res, stop, r):
-    """Residual rows of two disjoint sets of stopped rounds."""
-    m, rr = res
-    full = np.zeros((len(stop), rr.shape[-1]), rr.dtype)
-    full[m], full[stop] = rr, r
-    both = m | stop
-    return both, full[both]
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
