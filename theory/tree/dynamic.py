@@ -14,7 +14,9 @@ those k^2 become the next frontier; every proposed node joins the pool (k + dept
   "upper set" rule), which makes the multi-candidate walk lossless under vanilla verification (section 10).
 
 Ties are broken by pool index (``select_nodes``), which puts every node after its parent, so the selected set is
-closed under ancestors. Array-API code (numpy or torch); float64 keys.
+closed under ancestors. ``guided_children``: lossless children drawn by importance sampling (their order from a
+proposal, their keys exactly given the order) for the likelihood estimate of section 11d (T15). Array-API code
+(numpy or torch); float64 keys.
 """
 from __future__ import annotations
 
