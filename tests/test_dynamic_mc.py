@@ -212,3 +212,35 @@ def test_guided_children_reweighted_are_the_stochastic_beam_law():
         b = np.exp(-lr[sel, m - 1]) * np.all(i2[sel] == pat, 1)
         assert abs(np.all(i1 == pat, 1).mean() - b.mean()) < 4 * np.sqrt(b.var() / sel.sum() + 1e-12), (m, pat)
     assert np.all(i2[mode == 1, 0] == 4) and np.all(i1[:, :1] == 4, 1).mean() < 0.06        # q(4) = 0.05
+
+
+def test_regrown_path_rows_are_the_chain_rows_the_walk_reads(monkeypatch):
+    """T15 reads the path nodes' draft rows from the chain rows by round start (``score_tree.tree_rows``' q); the
+    regrowth draws the path nodes' children from its own drafter forwards. On the shipped MNIST EAGLE-1 head (2
+    images, 49 tokens) the two agree: the root rows exactly at every (round start, tree), and the depth-1 rows
+    wherever the path's node was grown (most units). Control: the chain rows one position off match nowhere."""
+    import torch
+
+    from real.decode import engine, regrow
+    from real.decode import score_tree as st
+    from real.decode.dynamic_tree import DynamicTree
+    from real.decode.sampling import Processing
+    from real.zoo.gpt import load_eagle, load_target
+    from theory import rules
+
+    torch.set_num_threads(1)
+    t = load_target()
+    d = load_eagle(t)
+    proc, spec, conds = Processing(cfg_scale=2.0), DynamicTree(), [3, 7]
+    gens = engine.generate(t, d, conds, num_tokens=49, verifier=rules.vanilla(), drafting=spec, processing=proc,
+                           seed=0, batch_size=2)
+    tok = torch.stack([torch.as_tensor(g.tokens) for g in gens])
+    seen, orig = [], regrow.guided_children
+    monkeypatch.setattr(regrow, "guided_children", lambda *a: (seen.append(a[2].clone()), orig(*a))[1])
+    rows = st.tree_rows(t, d, conds, tok, spec, processing=proc)
+    q0, q1 = seen[0], seen[1]                        # the first chunk: root rows, then the depth-1 path rows
+    ns = np.repeat(np.arange(1, 48), regrow.LOSSLESS_TREES)[:q0.shape[1]]
+    assert torch.equal(q0, rows.q[:, ns, 0].double())
+    close = lambda a, b: ((a - b).abs().amax(-1) < 1e-5).double().mean().item()    # noqa: E731
+    assert close(q1, rows.q[:, ns, 1].double()) > 0.7
+    assert close(q0, rows.q[:, ns + 1, 0].double()) < 0.05
