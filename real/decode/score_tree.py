@@ -61,7 +61,7 @@ LOSSLESS_REASON = ("exact likelihood of lossless dynamic trees (--tree-sampling 
                    "included. T15's unbiased Monte Carlo estimate over regrown trees (real.decode.score_tree.tree_rows "
                    "+ tree_likelihood; docs/theory/likelihood.md 11d) is too noisy to report at image sizes: on 12 "
                    "vanilla MNIST images (49 tokens, V = 512, 16 importance-sampled trees per round start) its log "
-                   "was 8.5 nats below the known log P on average, median SE 3.1 nats. Exact: the release "
+                   "was 8.3 nats below the known log P on average, median SE 2.3 nats (scripts/lossless_mc_check.py). Exact: the release "
                    "construction (--tree-sampling release) or static trees (--tree eagle25)")
 LOSSLESS_GROUPS = 4      # ... in groups, for the jackknife of log P^ and its Monte Carlo SE
 GREEDY_REASON = ("exact likelihood of greedy tree drafting is not available: greedy trees draft each node's top-m "

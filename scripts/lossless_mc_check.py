@@ -1,0 +1,69 @@
+"""How good is T15's estimate of log P^ for lossless dynamic trees (docs/theory/likelihood.md 11d) on a trained model?
+
+Generates images with vanilla verification on lossless dynamic trees (where P^ = P, so the truth is log P), regrows
+``--trees`` importance-sampled trees per round start (``real.decode.score_tree.tree_rows``) and prints, per image,
+log P, the jackknifed estimate of log P^ and its SE, then the mean error, the median SE and how many estimates are
+more than 3 SEs from the truth. The figures behind ``real.decode.score_tree.LOSSLESS_REASON``:
+
+  python scripts/lossless_mc_check.py                      # MNIST, small draft, 12 images, 16 trees
+  python scripts/lossless_mc_check.py --draft eagle --images 4
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--draft", choices=("small", "eagle"), default="small")
+    ap.add_argument("--images", type=int, default=12)
+    ap.add_argument("--trees", type=int, default=None, help="trees per round start (default: LOSSLESS_TREES)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if a.images < 1 or (a.trees is not None and (a.trees < 4 or a.trees % 4)):
+        ap.error("--images must be >= 1 and --trees a multiple of 4 (the jackknife's groups)")
+    import numpy as np
+    import torch
+
+    from real.decode import engine, regrow
+    from real.decode import score_tree as st
+    from real.decode.dynamic_tree import DynamicTree
+    from real.decode.sampling import Processing
+    from real.zoo.gpt import load_draft, load_eagle, load_target
+    from theory import rules
+    from theory.likelihood import log_target
+
+    torch.set_num_threads(1)
+    if a.trees is not None:
+        regrow.LOSSLESS_TREES = a.trees
+    t = load_target()
+    d = load_eagle(t) if a.draft == "eagle" else load_draft()
+    proc, spec = Processing(cfg_scale=2.0), DynamicTree()
+    conds = [i % 10 for i in range(a.images)]
+    gens = engine.generate(t, d, conds, num_tokens=49, verifier=rules.vanilla(), drafting=spec, processing=proc,
+                           seed=a.seed, batch_size=a.images)
+    tok = torch.stack([torch.as_tensor(g.tokens) for g in gens])
+    t0 = time.perf_counter()
+    rows = st.tree_rows(t, d, conds, tok, spec, processing=proc, seed=a.seed)
+    lp = log_target(rows.p.double().numpy(), tok.numpy())
+    out = st.tree_likelihood(rows, tok, rules.vanilla(), spec, detail=True)
+    wall = time.perf_counter() - t0
+    lph, se = out["log_p_hat"], out["se"]
+    for i in range(a.images):
+        print(f"image {i:2d}: log P {lp[i]:9.2f}   estimate {lph[i]:9.2f}   SE {se[i]:6.2f}")
+    fin = np.isfinite(lph)
+    err = (lph - lp)[fin]
+    z = err / se[fin]
+    print(f"{a.draft} draft, {regrow.LOSSLESS_TREES} trees per round start: {fin.sum()} of {a.images} finite; mean "
+          f"error {err.mean():.2f} nats; median SE {np.median(se[fin]):.2f}; {int((np.abs(z) > 3).sum())} beyond 3 SEs; "
+          f"scoring {wall:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
