@@ -41,13 +41,14 @@ def _room(model, need: int):
         m.extra_slots = old
 
 
-def dynamic_trees(target, draft, conds, tok, spec, proc: Processing, dev, budget: int, gen: torch.Generator):
+def dynamic_trees(target, draft, conds, tok, spec, proc: Processing, dev, budget: int, gen: torch.Generator,
+                  trees: int = LOSSLESS_TREES):
     """p (B, T, V) and the regrown trees of ``spec`` (a ``DynamicTree``) at every round start: children (B, T, N+1, k),
-    node depths, node tokens and parents (B, T, N+1) int64 (module docstring); lossless trees: ``LOSSLESS_TREES``
+    node depths, node tokens and parents (B, T, N+1) int64 (module docstring); lossless trees: ``trees``
     independent trees per round start, (B, T, M, N+1, ...), Gumbel noise from ``gen``. Round starts n = 1 .. T-2
     draft (D'(n) >= 1); n = 0 (the prefill) and n = T-1 get a placeholder star (never read)."""
     B, T = tok.shape
-    Mt = 1 if spec.sampling == "release" else LOSSLESS_TREES
+    Mt = 1 if spec.sampling == "release" else trees
     kr = proc.batch
     feat = bool(getattr(draft, "needs_features", False))
     o = target.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg, return_hidden=feat)
@@ -121,7 +122,8 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
     q0 = proc.rows(logits0)                                                        # (B, S, V)
     zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=dev)
     nt = torch.as_tensor(ns, device=dev)
-    guide = _Guide(spec, p, tok, nt, _depth_caps(spec, ns, T), gen, dev)
+    caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
+    guide = _Guide(spec, p, tok, nt, caps, gen, dev)
     tok_f, key, logp = expand(spec, q0, zero, zero, gumbel(q0.shape))             # (B, S, k) the root's children
     tok_f, key, logp, onf = guide.root(q0, tok_f, key, logp)
     toks, keys, fronts = [tok_f], [key], []
@@ -174,7 +176,6 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
                              + [f.repeat_interleave(k, dim=-1) for f in fronts], -1)
     pool_depth = torch.cat([torch.ones(k, dtype=torch.long, device=dev)]
                            + [torch.full((k * k,), 2 + i, dtype=torch.long, device=dev) for i in range(levels)])
-    caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
     pool_keys = pool_keys.masked_fill(pool_depth[None, None, :] > caps[None, :, None], -float("inf"))
     sel, parent = select_nodes(pool_keys, pool_parents, n)                       # (B, S, n), (B, S, n+1)
     zero = torch.zeros((B, S, 1), dtype=torch.long, device=dev)
@@ -196,11 +197,13 @@ class _Guide:
     the log ratios ``theory.tree.guided_children`` returns for every path node. Release trees: weight 1."""
 
     def __init__(self, spec, p, tok, nt, caps, gen, dev):
+        """``caps`` (S,) the units' depth caps D'(n), a tensor on ``dev``; ``nt`` (S,) their round starts."""
         self.on = spec.sampling != "release"
-        self.p, self.tok, self.nt, self.gen, self.dev, self.k = p, tok, nt, gen, dev, spec.topk
+        self.p, self.tok, self.nt, self.caps, self.gen, self.dev, self.k = p, tok, nt, caps, gen, dev, spec.topk
         B, S = tok.shape[0], len(nt)
-        self.caps = torch.as_tensor(caps, device=dev)                           # D'(n) per unit
-        self.D = int(spec.max_depth)
+        self.shape, self.D = (B, S), int(spec.max_depth)
+        if not self.on:
+            return
         u = torch.rand((B, S), generator=gen, dtype=torch.float64, device=dev)
         t = torch.floor((u - GUIDE_NATURAL) / (1 - GUIDE_NATURAL) * (self.caps + 1)[None, :].double()).long()
         self.target = torch.where(u < GUIDE_NATURAL, torch.full_like(t, -1), torch.minimum(t, self.caps[None, :]))
@@ -209,7 +212,7 @@ class _Guide:
     @property
     def weight(self) -> torch.Tensor:
         """(B, S) float64: the trees' importance weights (class docstring)."""
-        B, S = self.target.shape
+        B, S = self.shape
         if not self.on:
             return torch.ones((B, S), dtype=torch.float64, device=self.dev)
         t = torch.arange(self.D + 1, device=self.dev)                             # targets 0..D
@@ -225,8 +228,7 @@ class _Guide:
         """Children of the path nodes at depth d (rows q (B, S, V)), by each unit's proposal: tokens, keys, logps
         (B, S, k); their log ratios are kept where ``has`` (B, S) (the path's node exists and its children are
         walked)."""
-        T = self.tok.shape[1]
-        at = torch.clamp(self.nt + d, max=T - 1)
+        at = self._at(d)
         u = torch.rand((*q.shape[:-1], self.k, 2), generator=self.gen, dtype=torch.float64, device=self.dev)
         mode = torch.where(self.target < 0, 0, torch.where(d < self.target, 1, torch.where(d == self.target, 2, 0)))
         mode = torch.where(d < self.caps[None, :], mode, torch.zeros_like(mode))
@@ -235,12 +237,16 @@ class _Guide:
         self.logr[:, :, d] = torch.where(has[..., None], lr, torch.zeros_like(lr))
         return tok, key, logp
 
+    def _at(self, d: int) -> torch.Tensor:
+        """(S,) the position of the path's token at depth d of each unit's round (clamped to the image)."""
+        return torch.clamp(self.nt + d, max=self.tok.shape[1] - 1)
+
     def root(self, q0, tok, key, logp):
         if not self.on:
             return tok, key, logp, None
         zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=self.dev)
         tok, key, logp = self._draw(q0, 0, zero, zero, torch.ones_like(zero, dtype=torch.bool))
-        return tok, key, logp, tok == self.tok[:, self.nt][..., None]
+        return tok, key, logp, tok == self.tok[:, self._at(0)][..., None]
 
     def level(self, i, q, onf, key, logp, ctok, ckey, clogp):
         """Level i: the frontier (B, S, k) at depth i + 1 with rows q (B, S, k, V); ``onf`` marks the path's node."""
@@ -253,6 +259,5 @@ class _Guide:
                                 has)
         sel = (onf & has[..., None])[..., None]
         ctok, ckey, clogp = (torch.where(sel, g[:, :, None], c) for g, c in ((gt, ctok), (gk, ckey), (gl, clogp)))
-        T = self.tok.shape[1]
-        nxt = self.tok[:, torch.clamp(self.nt + i + 1, max=T - 1)]
+        nxt = self.tok[:, self._at(i + 1)]
         return ctok, ckey, clogp, sel & (ctok == nxt[..., None, None])

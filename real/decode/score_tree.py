@@ -144,11 +144,12 @@ def method(mode, verifier, V: int) -> str:
 
 @torch.no_grad()
 def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing = Processing(),
-              mask_budget: int = MASK_BUDGET, seed: int = 0) -> TreeRows:
+              mask_budget: int = MASK_BUDGET, seed: int = 0, trees: int = LOSSLESS_TREES) -> TreeRows:
     """The rows of B images ``tokens`` (B, T) with conditions ``conds`` for the tree mode ``drafting`` (module
     docstring); all B images in one batch (``score_trees`` splits larger sets); ``mask_budget`` bounds the attention
     mask of a dynamic tree's growth forward (elements; chunks of round starts); ``seed``: the Gumbel noise of the
-    lossless trees sampled at every round start (``LOSSLESS_TREES``)."""
+    lossless trees sampled at every round start; ``trees``: how many (a multiple of ``LOSSLESS_GROUPS``, the
+    jackknife's groups)."""
     from .forced_rows import scoring_inputs
 
     mode = tree_mode(drafting)
@@ -173,12 +174,16 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
     from theory.core import checks
 
     seed = checks.integer("tree_rows: seed", seed, lo=0)
-    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget), seed)
+    trees = checks.integer("tree_rows: trees", trees, lo=LOSSLESS_GROUPS)
+    if trees % LOSSLESS_GROUPS:
+        raise ValueError(f"tree_rows: trees must be a multiple of {LOSSLESS_GROUPS} (the jackknife's groups), got "
+                         f"{trees}")
+    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget), seed, trees)
 
 
 @torch.no_grad()
 def _tree_rows(target, draft, conds: list, tok: torch.Tensor, mode, processing: Processing, budget: int,
-               seed: int = 0) -> TreeRows:
+               seed: int = 0, trees: int = LOSSLESS_TREES) -> TreeRows:
     """``tree_rows`` of inputs its callers checked (``forced_rows.scoring_inputs``; a tree mode with rows)."""
     from .forced_rows import chain_rows
 
@@ -195,7 +200,7 @@ def _tree_rows(target, draft, conds: list, tok: torch.Tensor, mode, processing: 
     gen = torch.Generator(device=dev)
     gen.manual_seed(seed)
     with inference_weights(), torch.inference_mode():
-        p, grown = dynamic_trees(target, draft, conds, tok.to(dev), mode, processing, dev, budget, gen)
+        p, grown = dynamic_trees(target, draft, conds, tok.to(dev), mode, processing, dev, budget, gen, trees)
     with torch.inference_mode(False):
         out = [x.clone() for x in (p, *grown)]
     p, children, depth, node_tokens, parent, weight = out
@@ -253,7 +258,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
         mc = dynamic_log_likelihood_mc(p, rows.q.cpu().numpy(), x, verifier, rt, rows.node_tokens.cpu().numpy(),
                                        groups=LOSSLESS_GROUPS, convention=rows.convention,
                                        weights=rows.weights.cpu().numpy())
-        return out(mc["log_p_hat"], "mc", mc["se"], mc) if detail else mc["log_p_hat"]
+        return out(mc["log_p_hat"], "mc", mc["se"], mc)
     if rows.q is None:
         raise ValueError("these rows hold no draft rows q (dynamic-tree rows): score them with their DynamicTree")
     D = int(mode.tree.depth)
@@ -265,7 +270,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
     q = rows.q.cpu().numpy()
     if method(mode, verifier, p.shape[-1]) == "mc":
         mc = tree_log_likelihood_mc(p, q, x, verifier, mode.tree, seed=seed, convention=rows.convention)
-        return out(mc["log_p_hat"], "mc", mc["se"], mc) if detail else mc["log_p_hat"]
+        return out(mc["log_p_hat"], "mc", mc["se"], mc)
     return out(tree_log_likelihood(p, q, x, verifier, mode.tree, candidates=mode.candidates,
                                    convention=rows.convention))
 

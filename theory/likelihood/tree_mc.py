@@ -201,6 +201,13 @@ def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_t
         raise ValueError(f"{who}: the {M} trees per round start must split into groups = {G} equal groups")
     checks.check_rows_xp(f"{who}: p", p, xp)
     per_depth = _tree.check_q(q, p, D, Dp, xp, who, "(the rows the candidates were drawn from)")
+    if weights is not None:
+        if not hasattr(weights, "shape") or tuple(weights.shape) != (*batch, T, M):
+            raise ValueError(f"{who}: weights must be (..., T, M) = {(*batch, T, M)}, got "
+                             f"{tuple(getattr(weights, 'shape', ()))}")
+        wt = xp.astype(xp.asarray(weights, device=dev), xp.float64)
+        if not bool(xp.all(xp.isfinite(wt) & (wt >= 0))):
+            raise ValueError(f"{who}: weights must be finite and >= 0")
     out = {"samples": M // G, "groups": G}
     B, pf, x, pt, qf = _rows(p, q, tokens, D, per_depth, xp)
     if B == 0:
@@ -210,20 +217,14 @@ def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_t
     ch = xp.where(xp.asarray(Dp >= 1, device=dev)[:, None, None, None], ch, xp.full_like(ch, -1))   # unused rows
     nt = xp.reshape(xp.astype(xp.asarray(node_tokens, device=dev), xp.int64), (B, T, M, N1))
     Eacc, R = path_emissions(pf, x, pt, verifier, ch, nt, D, Dp, xp, q=qf, per_depth=per_depth)   # (B, T, M, D+1)
-    if weights is not None:
-        if not hasattr(weights, "shape") or tuple(weights.shape) != (*batch, T, M):
-            raise ValueError(f"{who}: weights must be (..., T, M) = {(*batch, T, M)}, got "
-                             f"{tuple(getattr(weights, 'shape', ()))}")
-        wt = xp.reshape(xp.astype(xp.asarray(weights, device=dev), xp.float64), (B, T, M))
-        if not bool(xp.all(xp.isfinite(wt) & (wt >= 0))):
-            raise ValueError(f"{who}: weights must be finite and >= 0")
-        Eacc = xp.concat([Eacc[..., :1], Eacc[..., 1:2] * wt[..., None], Eacc[..., 2:]], axis=-1)
-        R = xp.concat([R[..., :1] * wt[..., None], R[..., 1:]], axis=-1)
-    # replica weights (G + 1, M): the pooled mean, then the means without group g (the jackknife's replicates)
+    # replica weights (G + 1, M): the pooled mean, then the means without group g (the jackknife's replicates),
+    # times each tree's importance weight: (G + 1, B, T, M), read where a round enters its tree
     grp = np.arange(M) // (M // G)
     w = np.concatenate([np.full((1, M), 1.0 / M), np.where(grp[None, :] == np.arange(G)[:, None], 0.0,
                                                            1.0 / (M - M // G))])
     w = xp.asarray(w, device=dev)[:, None, None, :]                                            # (G+1, 1, 1, M)
+    if weights is not None:
+        w = w * xp.reshape(wt, (B, T, M))[None]
     lead = (G + 1, B, T)
     first = Eacc[None, ..., 1] * w                                                            # entering depth 1
     E = xp.concat([first[..., None], xp.broadcast_to(Eacc[None, ..., 2:], (*lead, M, D - 1))], axis=-1)

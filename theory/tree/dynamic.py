@@ -23,7 +23,7 @@ from __future__ import annotations
 import array_api_compat
 import numpy as np
 
-from ..core.xp import Array, gather, namespace, top_m
+from ..core.xp import Array, gather, namespace, normalize, sample_categorical, top_m
 
 __all__ = ["KEYS", "GUIDES", "child_keys", "guided_children", "select_nodes"]
 
@@ -107,24 +107,18 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
     zero = xp.zeros_like(q)
     one = xp.ones_like(lr)
     toks, vals = [], []
-
-    def norm(a):
-        s = xp.sum(a, axis=-1)
-        return a / xp.where(s > 0, s, xp.ones_like(s))[..., None], s > 0
-
     for j in range(k):   # a loop over the k ranks (each vectorised over nodes and tokens)
         tot = xp.sum(left, axis=-1)
         live = tot > 0
-        Q, _ = norm(left)
-        can = gather(Q, x, xp) > 0
-        hot = xp.where(can[..., None], xp.astype(ar == x[..., None], xp.float64), Q)
-        rej, some = norm(xp.where(Q > p, Q - p, zero))
-        rej = xp.where(some[..., None], rej, Q)
-        first = hot if j == 0 else Q
+        Q = normalize(left, left, xp)                                        # all zero once exhausted
+        rej = normalize(xp.where(Q > p, Q - p, zero), Q, xp)                # q_j where no token is rejected
+        if j == 0:                                                           # "first" differs from q_j at rank 1 only
+            hot = xp.where((gather(Q, x, xp) > 0)[..., None], xp.astype(ar == x[..., None], xp.float64), Q)
+            first = hot
+        else:
+            first = Q
         pi = xp.where((mode == 0)[..., None], Q, xp.where((mode == 1)[..., None], first, rej))
-        cdf = xp.cumulative_sum(pi, axis=-1)
-        c = xp.sum(xp.astype(cdf <= (u[..., j, 0] * cdf[..., -1])[..., None], xp.int64), axis=-1)
-        c = xp.minimum(c, xp.full_like(c, V - 1))
+        c = sample_categorical(pi, u[..., j, 0], xp)
         qc = gather(Q, c, xp)
         safe = xp.where(qc > 0, qc, one)
         with np.errstate(divide="ignore"):
