@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bruteforce_tree import all_sequences, context_rows, process_law, static_tree_at, teacher_rows
@@ -58,6 +58,7 @@ def _z(est, exact):
 @settings(max_examples=25, deadline=None)
 @given(rule=st.sampled_from(RULES), tree=st.sampled_from(["three", "eagle"]), V=st.integers(3, 5),
        T=st.integers(2, 4), seed=st.integers(0, 2**32 - 1))
+@example(rule="cool-sd", tree="eagle", V=5, T=3, seed=709)   # a first rejection of probability 4e-4 carrying 15%
 def test_unbiased_against_enumeration(rule, tree, V, T, seed):
     """E[P^_hat(x)] = P^(x) for every sequence (V <= 5, up to 3 root candidates, depth <= 3), every rule family: the
     mean of 400 independent pooled estimates (2 groups x 2 draws per row: the noisiest setting) within Z standard
@@ -94,12 +95,25 @@ def test_negative_controls_are_detected(monkeypatch):
             return self.g.random(shape) ** 0.3
 
     verifier, tr, seqs, p, q, exact = _enumerated("cool-sd", "three", 4, 4, 7)     # rows with Monte Carlo noise
-    P, _, _ = _replicated(p, q, seqs, verifier, tr, 400, 1, samples=2, groups=2)
-    assert _z(P, exact) < Z
+    P, _, _ = _replicated(p, q, seqs, verifier, tr, 400, 1, samples=1, groups=4)   # (1 draw per group: every
+    assert _z(P, exact) < Z                                                         # first rejection is drawn)
     monkeypatch.setattr(tree_mc.np.random, "default_rng", Skewed)
-    Ps, _, _ = _replicated(p, q, seqs, verifier, tr, 400, 1, samples=2, groups=2)
+    Ps, _, _ = _replicated(p, q, seqs, verifier, tr, 400, 1, samples=1, groups=4)
     monkeypatch.undo()
     assert _z(Ps, exact) > 3 * Z
+
+
+def test_small_first_rejections_are_summed_exactly():
+    """Where every row's first rejection law has at most ``samples`` tokens and no node has more than 2 children (the
+    EAGLE-like tree: one rejection is drawn at most), each group enumerates the rejected identity: P^_hat equals the
+    enumeration to rounding, with SE 0. Control: with fewer draws per group than support tokens the same rows carry
+    Monte Carlo error (some sequence's estimate is off by more than 1e-6 relative)."""
+    verifier, tr, seqs, p, q, exact = _enumerated("cool-sd", "eagle", 4, 3, 7)
+    P, _, se = _replicated(p, q, seqs, verifier, tr, 3, 4, samples=4, groups=2)
+    np.testing.assert_allclose(P, np.broadcast_to(exact, P.shape), rtol=1e-10, atol=1e-300)
+    assert np.all(se[:, exact > 0] == 0)
+    Pc, _, _ = _replicated(p, q, seqs, verifier, tr, 3, 4, samples=1, groups=2)
+    assert np.max(np.abs(Pc - exact) / np.maximum(exact, 1e-300)) > 1e-6
 
 
 def test_jackknife_bias_and_se():

@@ -16,7 +16,8 @@ Where the exact sum over the rejected siblings' identities (V^(K-1) histories pe
 does not fit, each (round start, depth) row's emissions are estimated by sequential importance sampling: the
 rejected candidates c_1, c_2, ... are drawn from the rejection law rej_j(c) / beta_j (rej_j = q_j (1 - f_j), beta_j
 = sum rej_j, q_j the draft row without the earlier draws, renormalised), the weight W_j = beta_1 ... beta_j, and the
-last step of every quantity is summed exactly (Rao-Blackwellised):
+last step of every quantity is summed exactly (Rao-Blackwellised; and a first rejection law with at most
+``samples`` tokens is enumerated within each group, ``_Walk.enumerate_first``):
     a_j_hat = W_{j-1} q_j(x) f_j(x),    r_j_hat = W_{j-1} beta_j G_j(x) / sum G_j   (+ exhausted histories' bonus)
 with G_j the rule's effective residual law (``resample(p_j, q_j, f_j)``, rejected=None; LANTERN's released laws:
 ``effective_at``, G_j(x) without the (V, V) mask, relative error below 1e-8). a_1, r_1 are exact. Each
@@ -36,7 +37,7 @@ import array_api_compat
 import numpy as np
 
 from ..core import checks
-from ..core.xp import Array, gather, namespace, normalize
+from ..core.xp import Array, gather, namespace, normalize, take_last
 from ..rules.resampling import Argmax, Optimal, Residual, Target
 from ..tree.shapes import RowTrees
 from . import tree as _tree
@@ -60,6 +61,32 @@ class _Walk:
 
     def chunk_rows(self, V: int, K: int, width: int) -> int:
         return max(1, MC_CHUNK_ELEMENTS // (self.M * self.G * V * width))
+
+    def enumerate_first(self, rej, c, w, xp):
+        """The first rejection's identity summed exactly where its support fits a group: for a row whose rejection
+        law rej (r, V) has m <= M tokens, a group's M histories take its support tokens in turn (token i of the
+        support gets n_i = ceil or floor of M / m histories) with weight rej(c) M / (beta n_c); other rows keep
+        their draws c, w (r, S). Each group's mean then holds the first rejection's sum exactly (section 11c)."""
+        r, V = rej.shape
+        S, M = c.shape[1], self.M
+        on = rej > 0
+        m = xp.sum(xp.astype(on, xp.int64), axis=-1)                            # (r,) support sizes
+        small = (m >= 1) & (m <= M)
+        if not bool(xp.any(small)):
+            return c, w
+        dev = array_api_compat.device(rej)
+        m1 = xp.maximum(m, xp.ones_like(m))[:, None]                             # (r, 1); rows with m = 0 not used
+        slot = xp.arange(S, device=dev) % M                                      # a history's index in its group
+        i = slot[None, :] % m1                                                   # (r, S): its support token's rank
+        rank = xp.cumulative_sum(xp.astype(on, xp.int64), axis=-1) - 1          # (r, V): rank among the support
+        key = xp.where(on, rank, xp.full_like(rank, V))                          # off-support tokens last
+        order = xp.argsort(key, axis=-1, stable=True)                            # (r, V): support tokens first
+        ce = take_last(order, i, xp)                                             # (r, S) the enumerated tokens
+        n = M // m1 + xp.astype(i < (M % m1), xp.int64)                          # histories per support token
+        beta = xp.sum(rej, axis=-1, keepdims=True)
+        beta = xp.where(beta > 0, beta, xp.ones_like(beta))
+        we = take_last(rej, ce, xp) * M / (xp.astype(n, rej.dtype) * beta)
+        return xp.where(small[:, None], ce, c), xp.where(small[:, None], we, w)
 
     def __call__(self, p, q, x, pos, K, verifier, xp):
         r, V = p.shape
@@ -94,6 +121,9 @@ class _Walk:
             cdf = xp.cumulative_sum(rej, axis=-1)                                # draw c ~ rej / beta
             c = xp.sum(xp.astype(cdf <= (u[:, :, j] * cdf[:, :, -1])[:, :, None], xp.int64), axis=-1)
             c = xp.minimum(c, xp.full_like(c, V - 1))                            # (r, S); beta = 0: W becomes 0
+            w = xp.ones_like(u[:, :, 0])                                         # rej(c) / (beta pi(c)), (r, S)
+            if j == 0:                                                           # small supports: enumerated
+                c, w = self.enumerate_first(rej[:, 0, :], c, w, xp)
             shape = (r, S, V)
             if free:
                 P = xp.broadcast_to(G, shape)
@@ -101,7 +131,7 @@ class _Walk:
                 P = verifier.resample(*(xp.broadcast_to(a, shape) for a in (P, Q, f)), c)
             left = xp.where(ar == c[:, :, None], xp.zeros(shape, dtype=q.dtype, device=dev),
                             xp.broadcast_to(left, shape))
-            W = xp.broadcast_to(W * beta, (r, S))
+            W = xp.broadcast_to(W * beta, (r, S)) * w
             ex = xp.broadcast_to(ex, (r, S))
         mean = lambda a: xp.mean(xp.reshape(xp.stack(a, axis=1), (r, K, self.G, self.M)), axis=-1)  # noqa: E731
         return mean(acc), mean(res)
