@@ -140,8 +140,8 @@ def test_regrown_lossless_trees_estimate_the_target_law_and_the_weights_matter()
     (``real.decode.regrow._Guide``), the pooled estimate P^_hat is unbiased for P^, and vanilla verification is
     lossless (P^ = P): over 20 seeds, the mean of sum_x P^_hat(x) over the 81 sequences is 1 within 4 SEs (measured
     0.998, SE 0.018). Negative control: the same trees without their importance weights (the proposals draft the
-    path's tokens often): 1.93. ``tree_likelihood`` reports the jackknifed log with its SE ("mc"); the CLI keeps
-    refusing (the log is heavy-tailed at image sizes: docs/theory/likelihood.md 11d)."""
+    path's tokens often): 1.93. ``tree_likelihood`` reports the jackknifed log with its SE ("mc"), as --fidelity and
+    the sweep do (docs/theory/likelihood.md 11d: validated on vanilla images, whose log P is known)."""
     import torch
 
     from real.decode import score_tree as st
@@ -158,8 +158,8 @@ def test_regrown_lossless_trees_estimate_the_target_law_and_the_weights_matter()
     seqs = [s for s in law if law[s] > 0]
     tok = torch.tensor(seqs)
     spec = DynamicTree(total=6, depth=2, topk=3)
-    with pytest.raises(NotImplementedError, match="too noisy"):               # the CLI's refusal stays
-        st.check(spec, rules.vanilla(), 4, proc)
+    st.check(spec, rules.vanilla(), 4, proc)                                    # --fidelity and the sweep use it
+    assert st.method(spec, rules.vanilla(), 4) == "mc"
     with pytest.raises(ValueError, match="seed must be an integer >= 0"):
         st.tree_rows(t, d, [2], tok[:1], spec, processing=proc, seed=-1)
     sums = {False: [], True: []}
@@ -185,8 +185,10 @@ def test_guided_children_reweighted_are_the_stochastic_beam_law():
     by the balance heuristic from the log ratios it returns, 1 / mean_m pi_m(order) / q(order), have the law of
     ``child_keys``' orders (Gumbel-top-k), and the keys drawn given the order have its conditional mean (V = 5,
     k = 3, 200,000 draws each; tolerance 4 standard errors). Each proposal alone is right on its own support (the
-    orders it can draw). Control: unweighted, the proposals over-draft the path's token x = 4 first."""
-    from theory.tree import child_keys, guided_children
+    orders it can draw): "first" with the path's token x at ranks 1, 2 and 3 (q(x) < p(x): its rank law spreads),
+    and with x = 0 (q(x) >= p(x): rank 1 only, as ``rank_guide`` says); its support is every order holding x.
+    Control: unweighted, the proposals over-draft x = 4 first."""
+    from theory.tree import child_keys, guided_children, rank_guide
 
     rng = np.random.default_rng(0)
     V, k, N = 5, 3, 200_000
@@ -195,11 +197,11 @@ def test_guided_children_reweighted_are_the_stochastic_beam_law():
     z = np.zeros(N)
     i1, k1, l1 = child_keys(z, z, q, -np.log(-np.log(rng.random((N, V)))), k)
     mode = rng.integers(0, 3, N)
-    i2, k2, l2, lr = guided_children(z, z, q, p, np.full(N, 4), rng.random((N, k, 2)), k, mode)
+    i2, k2, l2, lr = guided_children(z, z, q, p, np.full(N, 4), rng.random((N, k, 3)), k, mode)
     w = 1.0 / ((1 + np.exp(lr[:, 0]) + np.exp(lr[:, 1])) / 3)
     assert abs(w.mean() - 1) < 4 * w.std() / np.sqrt(N)
     np.testing.assert_array_equal(l2, np.log(np.take_along_axis(q, i2, -1)))
-    for pat in [(0, 1, 2), (4, 0, 1), (2, 3, 4), (1, 0, 3)]:
+    for pat in [(0, 1, 2), (4, 0, 1), (2, 3, 4), (1, 0, 3), (0, 4, 1)]:
         a = np.all(i1 == pat, 1)
         b = w * np.all(i2 == pat, 1)
         assert abs(a.mean() - b.mean()) < 4 * np.sqrt(a.var() / N + b.var() / N), pat
@@ -207,11 +209,21 @@ def test_guided_children_reweighted_are_the_stochastic_beam_law():
         for r in (1, 2):                                    # E[key_r | order] under both
             e1, e2 = k1[a, r].mean(), (w[m2] * k2[m2, r]).sum() / w[m2].sum()
             assert abs(e1 - e2) < 4 * np.sqrt(k1[a, r].var() / a.sum() + k2[m2, r].var() / m2.sum()), (pat, r)
-    for m, pat in ((1, (4, 0, 1)), (2, (0, 1, 2))):         # one proposal, on its support
-        sel = mode == m
-        b = np.exp(-lr[sel, m - 1]) * np.all(i2[sel] == pat, 1)
-        assert abs(np.all(i1 == pat, 1).mean() - b.mean()) < 4 * np.sqrt(b.var() / sel.sum() + 1e-12), (m, pat)
-    assert np.all(i2[mode == 1, 0] == 4) and np.all(i1[:, :1] == 4, 1).mean() < 0.06        # q(4) = 0.05
+    for x, m, pat in ((4, 1, (4, 0, 1)), (4, 1, (0, 4, 1)), (4, 1, (1, 0, 4)), (4, 2, (0, 1, 2)), (0, 1, (0, 2, 1))):
+        u = rng.random((N, k, 3))
+        i3, _, _, lr3 = guided_children(z, z, q, p, np.full(N, x), u, k, np.full(N, m))
+        a = np.all(i1 == pat, 1)
+        b = np.exp(-lr3[:, m - 1]) * np.all(i3 == pat, 1)
+        assert abs(a.mean() - b.mean()) < 4 * np.sqrt(a.var() / N + b.var() / N + 1e-12), (x, m, pat)
+        if m == 1:                                          # x is always drafted
+            assert np.all(np.any(i3 == x, 1))
+    has = np.any(i2 == 4, 1)                                # "first" can draw every order holding x (defensive
+    assert np.all(np.isfinite(lr[has, 0])) and np.all(np.isneginf(lr[~has, 0]))   # share), no order without it
+    i4, _, _, _ = guided_children(z, z, q, p, np.zeros(N, np.int64), rng.random((N, k, 3)), k, np.ones(N, np.int64))
+    assert np.all(i4[:, 0] == 0)                            # q(0) >= p(0): rank 1 only
+    np.testing.assert_allclose(rank_guide(np.array([0.4, 0.05]), np.array([0.1, 0.2]), 3),
+                               [[1, 0, 0], [0.25, 0.75 * 0.6, 0.75 * 0.4]])
+    assert np.all(i1[:, :1] == 4, 1).mean() < 0.06 < (i2[mode == 1, 0] == 4).mean()    # q(4) = 0.05
 
 
 def test_regrown_path_rows_are_the_chain_rows_the_walk_reads(monkeypatch):

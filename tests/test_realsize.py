@@ -65,7 +65,9 @@ GEN = ["generate", "--method", "vanilla", "--num-images", "1", "--seed", "0", "-
 TREE_TOKENS = ["--num-tokens", "64"]
 LIKELY = {"chain": ["--L", "4"], "static-topk": ["--tree", "eagle25", "--tree-candidates", "topk", *TREE_TOKENS],
           "dynamic-release": ["--mode", "dynamic", "--tree-sampling", "release", *TREE_TOKENS],
-          "static-sampled": ["--tree", "eagle25", *TREE_TOKENS]}   # estimated (T14): "kl_method": "mc"
+          "static-sampled": ["--tree", "eagle25", *TREE_TOKENS],    # estimated (T14): "kl_method": "mc"
+          "dynamic-lossless": ["--mode", "dynamic", *TREE_TOKENS]}   # estimated (T15): "kl_method": "mc"
+MC = ("static-sampled", "dynamic-lossless")
 
 
 def npz_shape(path, name: str) -> tuple[tuple, np.dtype]:
@@ -81,7 +83,8 @@ def npz_shape(path, name: str) -> tuple[tuple, np.dtype]:
 
 @pytest.mark.parametrize("mode", list(LIKELY))
 def test_generate_with_fidelity_and_record_at_v16384(lg, mode):
-    """Chains (256 tokens), the top-k static tree and the release dynamic tree (64 tokens: ``TREE_TOKENS``):
+    """Chains (256 tokens), the static trees and both dynamic trees (64 tokens: ``TREE_TOKENS``; sampled static and
+    lossless dynamic trees estimated: T14, T15):
     --fidelity and --record at V = 16,384: the exact log-likelihood of the image is finite (and a lossless method's KL, when reported, holds 0 in
     its CI); the record holds V-wide rows in float32."""
     d, args = lg
@@ -90,7 +93,7 @@ def test_generate_with_fidelity_and_record_at_v16384(lg, mode):
                     *LIKELY[mode], "--fidelity", "--record", str(rec))
     fid = out["fidelity"]
     assert out["tokens"] == out_tokens(mode) and np.isfinite(fid["nll_per_token"]) and fid["images"] == 1
-    assert fid["kl_method"] == ("mc" if mode == "static-sampled" else "exact")
+    assert fid["kl_method"] == ("mc" if mode in MC else "exact")
     kl = fid.get("kl_to_target")                  # one image: no interval is reported
     assert kl is None or kl["ci"][0] <= 0 <= kl["ci"][1] + 1e-6
     shape, dtype = npz_shape(rec, "p")
@@ -101,8 +104,7 @@ def out_tokens(mode: str) -> int:
     return 64 if mode != "chain" else 256
 
 
-NO_LIKELIHOOD = {"dynamic-lossless": ["--mode", "dynamic", *TREE_TOKENS],
-                 # drafter-free, the deprecated --draft MODE spelling (--mode MODE works too on --model llamagen:
+NO_LIKELIHOOD = {# drafter-free, the deprecated --draft MODE spelling (--mode MODE works too on --model llamagen:
                  # tests/test_real_cli.py::test_drafter_free_modes_on_a_llamagen_checkpoint)
                  "jacobi": ["--draft", "jacobi"], "sjd-pac": ["--draft", "sjd-pac"]}
 

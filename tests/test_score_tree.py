@@ -12,8 +12,9 @@ sections 9, 9b, 11b).
   wrong tree are rejected at the same sample size.
 * Sampled static candidates above the exact path's cost guard get the Monte Carlo estimate (T14); on engine rows
   where both apply it agrees with the exact value within its SE.
-* Refusals, before any work: lossless dynamic trees, greedy trees (``coolsd generate --fidelity`` and the API), rows
-  made for another tree or dynamic configuration.
+* Lossless dynamic trees get T15's estimate through ``coolsd generate --fidelity`` (vanilla: within 3 SEs of 0).
+* Refusals, before any work: greedy trees (``coolsd generate --fidelity`` and the API), rows made for another tree
+  or dynamic configuration.
 """
 from __future__ import annotations
 
@@ -229,8 +230,9 @@ def test_refusals_before_any_work(mnist, runs, monkeypatch):
     tok = torch.zeros(6, 49, dtype=torch.long)
     calls = []
     monkeypatch.setattr(st, "tree_rows", lambda *a, **k: calls.append(1))
-    with pytest.raises(NotImplementedError, match="tree-sampling release"):
-        score(b.target, b.draft, b.conds, tok, verifier=v, drafting=DynamicTree())
+    with pytest.raises(NotImplementedError, match="greedy"):
+        score(b.target, b.draft, b.conds, tok, verifier=rules.greedy(), drafting=DynamicTree(),
+              processing=Processing(temperature=0.0, cfg_scale=2.0))
     with pytest.raises(NotImplementedError, match="greedy"):
         score(b.target, b.draft, b.conds, tok, verifier=rules.greedy(), drafting=MODES["topk"],
               processing=Processing(temperature=0.0, cfg_scale=2.0))
@@ -278,9 +280,9 @@ def test_cli_fidelity_refusals_are_one_line_before_generating(capsys, monkeypatc
     called = []
     monkeypatch.setattr(engine, "generate", lambda *a, **k: called.append(1))
     base = ["generate", "--model", "mnist", "--draft", "eagle", "--num-images", "2", "--fidelity"]
-    for extra, match in [(["--mode", "dynamic"], "--mode dynamic: exact likelihood of lossless dynamic trees"),
-                         (["--tree", "eagle25", "--tree-candidates", "topk", "--method", "greedy"],
-                          "exact likelihood of greedy tree drafting")]:
+    for extra, match in [(["--tree", "eagle25", "--tree-candidates", "topk", "--method", "greedy"],
+                          "exact likelihood of greedy tree drafting"),
+                         (["--mode", "dynamic", "--method", "greedy"], "exact likelihood of greedy tree drafting")]:
         assert main([*base, *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("coolsd: error:") and match in err and "\n" not in err
@@ -289,7 +291,8 @@ def test_cli_fidelity_refusals_are_one_line_before_generating(capsys, monkeypatc
 
 def test_cli_fidelity_scores_tree_runs(capsys):
     """``coolsd generate --fidelity --tree eagle25 --tree-candidates topk`` and ``--tree dynamic --tree-sampling
-    release``: vanilla measures TV ~ 0 and KL ~ 0 with intervals."""
+    release``: vanilla measures TV ~ 0 and KL ~ 0 with intervals; lossless ``--tree dynamic``: the Monte Carlo
+    estimate ("mc"), within 3 SEs of 0."""
     import json
 
     from coolsd.cli import main
@@ -301,12 +304,20 @@ def test_cli_fidelity_scores_tree_runs(capsys):
                      "--method", "vanilla", *extra]) == 0
         f = json.loads(capsys.readouterr().out)["fidelity"]
         assert f["images"] == 4 and abs(f["kl_to_target"]["measured"]) < 1e-4 and f["tv_to_target"]["measured"] < 1e-4
+    # lossless dynamic trees: T15's estimate, within 3 of its SEs (Monte Carlo error included) of vanilla's KL = 0
+    assert main(["generate", "--model", "mnist", "--draft", "eagle", "--num-images", "4", "--fidelity", "--json",
+                 "--method", "vanilla", "--tree", "dynamic", "--tree-total", "12", "--tree-depth", "2",
+                 "--tree-topk", "4"]) == 0
+    f = json.loads(capsys.readouterr().out)["fidelity"]
+    kl = f["kl_to_target"]
+    assert f["kl_method"] == "mc" and f["mc"]["samples"] * f["mc"]["groups"] == 16
+    assert abs(kl["measured"]) <= 3 * kl["se"] and 0 < kl["se"] < 5, kl
 
 
 def test_sweep_scores_tree_settings_both_ways(tmp_path):
     """``coolsd sweep --tree eagle25 --tree-candidates topk``: every setting gets KL(P^||P), KL(P||P^) (per token
-    too) and TV with intervals, as chains do; vanilla ~ 0; greedy trees carry the reason instead; a lossless dynamic
-    tree's settings would too (``_reason``, checked on the mode alone); the store refuses another drafting (here a
+    too) and TV with intervals, as chains do; vanilla ~ 0; greedy trees carry the reason instead, and a dynamic tree's
+    settings have a likelihood, lossless or release (``_reason``, checked on the mode alone); the store refuses another drafting (here a
     dynamic tree) before any work."""
     import json
     import types
@@ -343,6 +354,8 @@ def test_sweep_scores_tree_settings_both_ways(tmp_path):
                                 cfg=types.SimpleNamespace(drafting=DraftingSpec("dynamic")),
                                 bundle=types.SimpleNamespace(target=types.SimpleNamespace(vocab_size=512)))
     s = types.SimpleNamespace(method="vanilla")
-    assert "tree-sampling release" in sf.reason(ctx, s, tm.build("vanilla", 5))
+    assert sf.reason(ctx, s, tm.build("vanilla", 5)) is None                 # lossless: estimated (T15)
     ctx.mode = ctx.dynamic = DynamicTree(sampling="release")
     assert sf.reason(ctx, s, tm.build("vanilla", 5)) is None
+    ctx.proc = Processing(temperature=0.0)
+    assert "greedy" in sf.reason(ctx, s, tm.build("vanilla", 5))             # control: greedy has none

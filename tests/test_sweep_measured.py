@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from coolsd.cli import main
@@ -86,10 +87,15 @@ def test_the_same_report_as_a_control_is_accepted(measured, tmp_path, capsys):
     assert rep["comparison"]["measured_settings"] == 2
 
 
-def test_predict_with_lossless_dynamic_trees_is_refused_before_generating(tmp_path, capsys):
+def test_predict_with_lossless_dynamic_trees_scores_ar_images_by_monte_carlo(tmp_path, capsys):
+    """Lossless dynamic trees have T15's estimate (docs/theory/likelihood.md 11d), so --predict scores the AR images
+    with it, as the release construction's exactly: KL(P||P^) per token with an interval for every setting."""
     out = tmp_path / "p"
-    assert main(["sweep", *BASE, "--predict", "--mode", "dynamic", "--out", str(out)]) == 2
-    assert "--predict with --mode dynamic" in capsys.readouterr().err and not out.exists()
+    assert main(["sweep", *BASE, "--predict", "--mode", "dynamic", "--out", str(out)]) == 0
+    rep = json.loads((out / "predicted.json").read_text())
+    for e in rep["methods"]:
+        k = e["kl_ar_per_token"]
+        assert e["drafting"] == "dynamic-tree" and np.isfinite(k["predicted"]) and k["ci"][0] <= k["ci"][1], e
 
 
 def test_a_unit_cut_short_is_named_before_any_work(measured, tmp_path, capsys):

@@ -229,7 +229,7 @@ class _Guide:
         (B, S, k); their log ratios are kept where ``has`` (B, S) (the path's node exists and its children are
         walked)."""
         at = self._at(d)
-        u = torch.rand((*q.shape[:-1], self.k, 2), generator=self.gen, dtype=torch.float64, device=self.dev)
+        u = torch.rand((*q.shape[:-1], self.k, 3), generator=self.gen, dtype=torch.float64, device=self.dev)
         mode = torch.where(self.target < 0, 0, torch.where(d < self.target, 1, torch.where(d == self.target, 2, 0)))
         mode = torch.where(d < self.caps[None, :], mode, torch.zeros_like(mode))
         tok, key, logp, lr = guided_children(key, logp, q.double(), self.p[:, at].double(), self.tok[:, at], u,

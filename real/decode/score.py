@@ -118,11 +118,14 @@ def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, proce
     T = int(torch.as_tensor(tokens).shape[1])
     n = s["log_p"].size
     rep = {"nll_per_token": float(np.mean(-s["log_p"] / T)), "images": int(n), "kl_method": s.get("kl_method", "exact")}
-    if rep["kl_method"] == "mc":           # T14: the KL intervals below include the Monte Carlo error (section 11c)
-        rep["mc"] = {**s["mc"], "se_log_p_hat_max": float(np.max(s["log_p_hat_se"])),
-                     "se_log_p_hat_rms": float(np.sqrt(np.mean(s["log_p_hat_se"] ** 2))),
+    if rep["kl_method"] == "mc":           # T14 / T15: the KL intervals below include the Monte Carlo error (11c)
+        se = s["log_p_hat_se"]
+        fin = se[np.isfinite(se)]          # an infinite SE: a jackknife group emptied a needed row (tree_mc)
+        rep["mc"] = {**s["mc"], "se_log_p_hat_max": float(np.max(fin)) if fin.size else None,
+                     "se_log_p_hat_rms": float(np.sqrt(np.mean(fin ** 2))) if fin.size else None,
+                     "se_infinite": int(se.size - fin.size),
                      "note": "KL: unbiased to second order, its interval includes the Monte Carlo error; TV: "
-                             "(1 - P/P^)_+ of an estimate, biased by the Monte Carlo error (docs/theory.md 11c)"}
+                             "(1 - P/P^)_+ of an estimate, biased by the Monte Carlo error (docs/theory.md 11c, 11d)"}
     ar = None
     if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
         a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, drafting=drafting, processing=processing,

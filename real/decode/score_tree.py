@@ -30,11 +30,11 @@ root is x_{n-1}; every tree mode starts with the target's prefill alone, so n >=
   log P^ is estimated (T15, ``theory.likelihood.tree_mc.dynamic_log_likelihood_mc``: each round's emissions exact
   given its tree, averaged over the trees; unbiased P^_hat, its log jackknife-corrected, with a Monte Carlo SE).
 
-Greedy processing has no likelihood, and T15's estimate for lossless trees is too noisy at image sizes to be reported
-(``LOSSLESS_REASON``): ``check`` raises NotImplementedError for both (``--fidelity`` and the sweep refuse them). Sampled static candidates are exact within
-``theory.likelihood.tree``'s cost guard and estimated above it (``theory.likelihood.tree_mc``, T14: an unbiased P^_hat
-per image, its log jackknife-corrected, with a Monte Carlo SE): ``method`` says which, and ``score_trees`` reports it
-("kl_method": "exact" | "mc"; lossless dynamic trees through ``tree_likelihood``: always "mc").
+Greedy processing has no likelihood: ``check`` raises NotImplementedError (``--fidelity`` and the sweep refuse it).
+Sampled static candidates are exact within ``theory.likelihood.tree``'s cost guard and estimated above it
+(``theory.likelihood.tree_mc``, T14: an unbiased P^_hat per image, its log jackknife-corrected, with a Monte Carlo
+SE), lossless dynamic trees always (T15, validated against the known log P of vanilla images: docs/theory/likelihood.md
+11d): ``method`` says which, and ``score_trees`` reports it ("kl_method": "exact" | "mc").
 
 ``score_trees`` turns the rows into per-image log P^(x) and log P(x), batch by batch. This module drives models only
 through ``real.protocol`` (like the engine).
@@ -54,15 +54,8 @@ from .sampling import Processing
 from .regrow import LOSSLESS_TREES, dynamic_trees
 
 __all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees",
-           "LOSSLESS_REASON", "LOSSLESS_TREES", "LOSSLESS_GROUPS", "MASK_BUDGET"]
+           "LOSSLESS_TREES", "LOSSLESS_GROUPS", "MASK_BUDGET"]
 
-LOSSLESS_REASON = ("exact likelihood of lossless dynamic trees (--tree-sampling lossless: stochastic-beam-search keys) "
-                   "is not available: the tree's shape depends on the Gumbel keys of every node, off-path nodes "
-                   "included. T15's unbiased Monte Carlo estimate over regrown trees (real.decode.score_tree.tree_rows "
-                   "+ tree_likelihood; docs/theory/likelihood.md 11d) is too noisy to report at image sizes: on 12 "
-                   "vanilla MNIST images (49 tokens, V = 512, 16 importance-sampled trees per round start) its log "
-                   "was 8.3 nats below the known log P on average, median SE 2.3 nats (scripts/lossless_mc_check.py). Exact: the release "
-                   "construction (--tree-sampling release) or static trees (--tree eagle25)")
 LOSSLESS_GROUPS = 4      # ... in groups, for the jackknife of log P^ and its Monte Carlo SE
 GREEDY_REASON = ("exact likelihood of greedy tree drafting is not available: greedy trees draft each node's top-m "
                  "tokens by guided logits, which the one-hot rows of temperature 0 cannot rank (and greedy output is "
@@ -105,10 +98,9 @@ def _grown(mode) -> bool:
 
 
 def check(mode, verifier, V: int, processing: Processing) -> None:
-    """Refuse, before any model call, what has no usable likelihood: NotImplementedError for greedy processing and
-    lossless dynamic trees (``LOSSLESS_REASON``: T15's estimate is available from ``tree_rows`` + ``tree_likelihood``,
-    not from ``--fidelity`` or the sweep); ValueError for a verifier without a chain rule or a mode that is not a tree. (Sampled static
-    candidates above the exact path's cost guard are estimated: ``method``.)"""
+    """Refuse, before any model call, what has no likelihood: NotImplementedError for greedy processing; ValueError
+    for a verifier without a chain rule or a mode that is not a tree. (Sampled static candidates above the exact
+    path's cost guard, and lossless dynamic trees, are estimated: ``method``.)"""
     from theory.likelihood import check_chain_rule
 
     if tree_mode(mode) is None or isinstance(mode, Tree):
@@ -119,8 +111,6 @@ def check(mode, verifier, V: int, processing: Processing) -> None:
     if processing.greedy:
         raise NotImplementedError(GREEDY_REASON)
     if _grown(mode):
-        if mode.sampling != "release":
-            raise NotImplementedError(LOSSLESS_REASON)
         if mode.topk > V:
             raise ValueError(f"tree topk = {mode.topk} exceeds the vocabulary size V = {V}")
 
@@ -278,9 +268,9 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
 def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing: Processing = Processing(),
                 batch_size: int = 64) -> dict:
     """Exact per-image log-likelihoods of already-generated ``tokens`` (n, T) under the target and under tree
-    speculative decoding (``drafting``: a ``StaticTree`` or a release ``DynamicTree``) with
+    speculative decoding (``drafting``: a ``StaticTree`` or a ``DynamicTree``) with
     ``draft`` and ``verifier``: {"log_p": (n,), "log_p_hat": (n,)} float64, "kl_method" ("exact", or "mc": sampled
-    static candidates above the exact path's cost guard, ``method``) and, with "mc", "log_p_hat_se" (n,) the Monte
+    static candidates above the exact path's cost guard and lossless dynamic trees, ``method``) and, with "mc", "log_p_hat_se" (n,) the Monte
     Carlo SE of each log P^ and "mc" {"samples", "groups"} (batch a's draws seeded by a). What has no likelihood is
     refused before any model call (``check``)."""
     from theory.likelihood import log_target

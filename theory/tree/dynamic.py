@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core.xp import Array, gather, namespace, normalize, sample_categorical, top_m
 
-__all__ = ["KEYS", "GUIDES", "child_keys", "guided_children", "select_nodes"]
+__all__ = ["KEYS", "GUIDES", "child_keys", "guided_children", "rank_guide", "select_nodes"]
 
 KEYS = ("lossless", "release")
 
@@ -77,6 +77,25 @@ def _truncate(parent_key: Array, val: Array, xp) -> Array:
 
 
 GUIDES = ("natural", "first", "rejected")   # guided_children's proposals, by their index in ``mode``
+GUIDE_DEFENSIVE = 0.25   # the share of q_j in the "rejected" draws (a rule rejects by its own residual, not p)
+
+
+def rank_guide(qx: Array, px: Array, k: int) -> Array:
+    """(..., k) the "first" proposal's law of the rank J at which it drafts the path's token x, from its draft and
+    target probabilities qx, px (...,): rank 1 with probability min(1, q(x) / p(x)) (the share of x's target mass
+    that vanilla accepts at rank 1: all of it when q(x) >= p(x), where no later rank can accept x), the rest over
+    ranks 2..k in proportion to 1 / J."""
+    xp = namespace(qx, px)
+    dev = array_api_compat.device(qx)
+    r = 1.0 / np.arange(1, k + 1)
+    r[0] = 0.0
+    tail = xp.asarray(r / max(r.sum(), 1e-300), dtype=xp.float64, device=dev)
+    safe = xp.where(px > 0, px, xp.ones_like(px))
+    first = xp.where(px > 0, xp.clip(qx / safe, 0.0, 1.0), xp.ones_like(px))
+    if k == 1:
+        first = xp.ones_like(first)
+    e0 = xp.asarray(np.eye(1, k, 0)[0], dtype=xp.float64, device=dev)
+    return first[..., None] * e0 + (1 - first)[..., None] * tail
 
 
 def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x: Array, u: Array, k: int,
@@ -84,17 +103,23 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
     """Stochastic beam search children drawn by IMPORTANCE SAMPLING (docs/theory/likelihood.md section 11d, T15):
     the k children's tokens (the ordered top-k of the Gumbel-perturbed row, i.e. a draw without replacement from q)
     are drawn rank by rank from the proposal ``GUIDES[mode]`` (q_j: q without the earlier draws, renormalised):
-    0 "natural": q_j (the construction itself); 1 "first": the token x at rank 1 (where q can draw it), then q_j;
-    2 "rejected": Norm([q_j - p]_+) (tokens the target would reject; q_j where that is empty). Their perturbed
-    log-probabilities are then drawn exactly from their law GIVEN the order (the max over the remaining mass m_j =
-    1 - sum_{i<j} q(c_i) is Gumbel(log m_j), truncated below the previous one), so the keys (as ``child_keys``)
-    and everything grown from them follow the true conditional law.
-    q, p (..., V) the node's draft and target rows; x (...,) ints (the sequence's token there); u (..., k, 2)
-    uniforms (the draw, the Gumbel); mode (...,) ints in {0, 1, 2}.
+    0 "natural": q_j (the construction itself);
+    1 "first": a rank J ~ ``rank_guide(q(x), p(x), k)``, ranks before J from rej'_j = (1 - e) Norm([q_j - p]_+
+      without x) + e Norm(q_j without x) (tokens the target would reject, with a defensive share e =
+      ``GUIDE_DEFENSIVE``: a rule rejects by its residual after the earlier rejections, not by p; q_j where those
+      are empty), the path's token x at rank J, q_j after (natural throughout where q(x) = 0);
+    2 "rejected": (1 - e) Norm([q_j - p]_+) + e q_j (q_j where the first is empty).
+    Their perturbed log-probabilities are then drawn exactly from their law GIVEN the order (the max over the
+    remaining mass m_j = 1 - sum_{i<j} q(c_i) is Gumbel(log m_j), truncated below the previous one), so the keys (as
+    ``child_keys``) and everything grown from them follow the true conditional law.
+    q, p (..., V) the node's draft and target rows; x (...,) ints (the sequence's token there); u (..., k, 3)
+    uniforms (the draw, the Gumbel, and at rank 0 the rank J); mode (...,) ints in {0, 1, 2}.
     -> tokens, keys, path log-probabilities (..., k) as ``child_keys``, and log ratios (..., 2) float64: log of
     pi_first(order) / q(order) and of pi_rejected(order) / q(order) for the order drawn, whichever proposal drew it
-    (-inf where that proposal cannot draw it): the caller's multiple-importance weight. (Drafting x at rank 2 or 3
-    after "rejected" draws as well, uniformly, was tried: on MNIST it left more images at P^ = 0.)"""
+    (-inf where that proposal cannot draw it): the caller's multiple-importance weight. For "first" with x at rank
+    J* of the order, only J = J* draws it (x is kept out of the earlier ranks), except where x is the last token of
+    q's support, which every J >= J* then places at J*: pi_first / q = rho_eff(J*) prod_{i<J*} rej'_i(c_i) / q_i(c_i)
+    / q_J*(x), rho_eff(J*) = rho(J*) (+ sum_{J > J*} rho(J) in that case)."""
     xp = namespace(q, p, u)
     dev = array_api_compat.device(q)
     V = q.shape[-1]
@@ -104,27 +129,51 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
     left = q
     hi = xp.full(q.shape[:-1], float("inf"), dtype=xp.float64, device=dev)
     lr = xp.zeros(q.shape[:-1], dtype=xp.float64, device=dev)   # log pi_rejected / q of the ranks so far
+    lx = xp.zeros_like(lr)                                        # log pi_first / q of the ranks before x
+    lf = xp.full_like(lr, -float("inf"))                          # log pi_first / q once x is drawn
     zero = xp.zeros_like(q)
     one = xp.ones_like(lr)
+    isx = ar == x[..., None]                                      # (..., V)
+    has_x = gather(q, x, xp) > 0
+    rho = rank_guide(gather(q, x, xp), gather(p, x, xp), k)                 # (..., k)
+    cum = xp.cumulative_sum(rho, axis=-1)
+    J = xp.sum(xp.astype(u[..., 0, 2][..., None] >= cum[..., :-1], xp.int64), axis=-1)   # 0-based rank of x
+    tail = cum[..., -1:] - cum                                                # (..., k): sum over ranks after
+    n_q = xp.sum(xp.astype(q > 0, xp.int64), axis=-1)
+    e = GUIDE_DEFENSIVE
     toks, vals = [], []
     for j in range(k):   # a loop over the k ranks (each vectorised over nodes and tokens)
         tot = xp.sum(left, axis=-1)
         live = tot > 0
         Q = normalize(left, left, xp)                                        # all zero once exhausted
-        rej = normalize(xp.where(Q > p, Q - p, zero), Q, xp)                # q_j where no token is rejected
-        if j == 0:                                                           # "first" differs from q_j at rank 1 only
-            hot = xp.where((gather(Q, x, xp) > 0)[..., None], xp.astype(ar == x[..., None], xp.float64), Q)
-            first = hot
-        else:
-            first = Q
-        pi = xp.where((mode == 0)[..., None], Q, xp.where((mode == 1)[..., None], first, rej))
+        r = xp.where(Q > p, Q - p, zero)                                     # [q_j - p]_+, the rejected mass
+        sr = xp.sum(r, axis=-1)
+        qx = gather(Q, x, xp)
+        # each proposal's row is a r + b q_j (x removed where zx): per-node scalars a, b
+        a_r = xp.where(sr > 0, (1 - e) / xp.where(sr > 0, sr, one), xp.zeros_like(lr))        # "rejected"
+        b_r = xp.where(sr > 0, e * one, one)
+        sx = xp.sum(xp.where(isx, zero, r), axis=-1)                          # the same without x (summed: no
+        mx = xp.sum(xp.where(isx, zero, Q), axis=-1)                          # cancellation where x holds most)
+        a_x = xp.where(sx > 0, (1 - e) / xp.where(sx > 0, sx, one), xp.zeros_like(lr))       # rej'_j
+        b_x = xp.where(sx > 0, e / xp.where(mx > 0, mx, one), xp.where(mx > 0, 1 / xp.where(mx > 0, mx, one), one))
+        zx = mx > 0                                                          # x left out of rej'_j
+        before = (mode == 1) & has_x & (j < J)
+        at = (mode == 1) & has_x & (j == J) & (qx > 0)
+        a = xp.where(mode == 2, a_r, xp.where(before, a_x, xp.zeros_like(lr)))
+        b = xp.where(mode == 2, b_r, xp.where(before, b_x, one))
+        pi = a[..., None] * r + b[..., None] * Q
+        pi = xp.where(isx & (before & zx)[..., None], zero, pi)
+        pi = xp.where(at[..., None], xp.astype(isx, xp.float64), pi)
         c = sample_categorical(pi, u[..., j, 0], xp)
-        qc = gather(Q, c, xp)
+        qc, rc = gather(Q, c, xp), gather(r, c, xp)
         safe = xp.where(qc > 0, qc, one)
+        at_x = live & (c == x) & xp.isinf(lf)                                # x drawn at rank j
         with np.errstate(divide="ignore"):
-            if j == 0:
-                lf = xp.where(live, xp.log(gather(hot, c, xp) / safe), xp.zeros_like(lr))
-            lr = lr + xp.where(live, xp.log(gather(rej, c, xp) / safe), xp.zeros_like(lr))
+            rx_ = xp.log(rho[..., j] + xp.where(n_q == j + 1, tail[..., j], xp.zeros_like(lr)))
+            lf = xp.where(at_x, lx - xp.log(safe) + rx_, lf)
+            px = xp.where(zx & (c == x), xp.zeros_like(lr), a_x * rc + b_x * qc)
+            lx = lx + xp.where(live, xp.log(px / safe), xp.zeros_like(lr))
+            lr = lr + xp.where(live, xp.log((a_r * rc + b_r * qc) / safe), xp.zeros_like(lr))
         # the max of the remaining mass: Gumbel(log m), below the previous one (inverse CDF, in logs)
         mu = xp.log(xp.where(live, tot, one))
         g = mu - xp.log(xp.exp(mu - hi) - xp.log(u[..., j, 1]))
@@ -133,6 +182,7 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
         vals.append(g)
         hi = g
         left = xp.where(ar == c[..., None], zero, left)
+    lf = xp.where(has_x, lf, xp.zeros_like(lf))                            # q(x) = 0: "first" is natural
     idx = xp.stack(toks, axis=-1)
     val = parent_logp[..., None] + xp.stack(vals, axis=-1)      # the drawn tokens' log q + Gumbel, in draw order
     qi = xp.take_along_axis(q, idx, axis=-1)

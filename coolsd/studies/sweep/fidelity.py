@@ -15,9 +15,9 @@ them into the report's ``tv_to_target`` / ``kl_to_target`` / ``tv_bound_image`` 
 Trees (docs/theory.md section 11b): static trees and the release construction of dynamic trees are scored the same
 way from their teacher-forced tree rows (``real.decode.score_tree``: rows indexed by round start, dynamic trees regrown
 at every round start), KL both ways and TV with intervals; there is no per-image TV bound (the T11 path bound is a
-chain's). Sampled static candidates above the exact path's cost guard are estimated (section 11c, T14; the entry's
-``kl_method`` is "mc", else "exact"); a setting whose construction has no likelihood (lossless dynamic trees, greedy
-trees) gets its reason instead (``real.decode.score_tree.check``). Jacobi drafting: not
+chain's). Sampled static candidates above the exact path's cost guard and lossless dynamic trees are estimated
+(sections 11c, 11d: T14, T15; the entry's ``kl_method`` is "mc", else "exact"); a setting whose construction has no
+likelihood (greedy trees) gets its reason instead (``real.decode.score_tree.check``). Jacobi drafting: not
 scored (``real.decode.score.JACOBI_REASON``).
 """
 from __future__ import annotations

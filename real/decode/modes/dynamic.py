@@ -3,9 +3,8 @@
 
 Record: per-round trees (``theory.likelihood.recorded.DynamicRows``, docs/theory.md section 10): the rounds that
 scored the whole block of ``total`` nodes. Likelihood (``real.decode.score_tree`` regrows each round's tree): exact
-for the release construction (``--tree-sampling release``); lossless trees (stochastic-beam keys) have T15's Monte
-Carlo estimate in the Python API only (too noisy at image sizes: ``score_tree.LOSSLESS_REASON``); greedy trees have
-none."""
+for the release construction (``--tree-sampling release``); lossless trees (stochastic-beam keys) T15's Monte Carlo
+estimate with its SE ("kl_method": "mc"); greedy trees have none."""
 from __future__ import annotations
 
 import json
@@ -54,11 +53,9 @@ class DynamicTreeDef(ModeDef):
 
     def likelihood(self, mode, verifier, V, processing):
         """``real.decode.score_tree.check`` (``V`` None: before the model is built, what the options show)."""
-        from ..score_tree import GREEDY_REASON, LOSSLESS_REASON, check
+        from ..score_tree import GREEDY_REASON, check
 
         if V is None:
-            if mode.sampling != "release":
-                raise NoLikelihood(LOSSLESS_REASON)
             if processing.greedy:
                 raise NoLikelihood(GREEDY_REASON)
             return mode
