@@ -166,3 +166,22 @@ def test_race_fast_path_equals_its_where_form():
     assert torch.equal(SP._draw(w, k, e), full)
     # control: the keys w / e alone (no where) draw other tokens on the rows with fewer than k positive weights
     assert not torch.equal((w / e).topk(k, dim=-1).indices, full)
+
+
+def test_small_round_keys_equal_the_numpy_mix(monkeypatch):
+    """The few keys of a call mixed with Python integers (``rng._round_keys``'s small path) equal numpy's uint64 mix,
+    bit for bit, over large n and purposes (the multiplications wrap); control: the keys of n + 1 differ everywhere."""
+    from real.decode import rng as RNG
+
+    g = np.random.default_rng(5)
+    for B, P in ((1, 1), (3, 2), (2, 8)):
+        s = Streams(int(g.integers(0, 2 ** 31)), g.integers(0, 10 ** 6, B), "cpu")
+        n = g.integers(0, 2 ** 62, B)
+        purposes = [int(v) for v in g.integers(0, 1 << 12, P)]
+        small = s._round_keys(n, purposes)
+        with monkeypatch.context() as m:
+            m.setattr(RNG, "_SMALL_KEYS", 0)
+            big = s._round_keys(n, purposes)
+        assert small.dtype == big.dtype == np.uint64 and small.shape == big.shape == (B, P)
+        np.testing.assert_array_equal(small, big)
+        assert (s._round_keys(n + 1, purposes) != big).all()

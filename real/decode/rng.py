@@ -39,6 +39,9 @@ _M2 = 0x94D049BB133111EB
 _GOLDEN = 0x9E3779B97F4A7C15
 _STRIDE = 1 << 21           # coordinate strides: up to 2^21 per coordinate (vocabularies, nodes, positions)
 _SIGNED = lambda c: c - (1 << 64) if c >= 1 << 63 else c  # noqa: E731  (the same 64 bits as an int64)
+_MASK = (1 << 64) - 1
+_SMALL_KEYS = 16            # (image, purpose) keys of a call mixed with Python integers up to this many (``_round_keys``)
+_BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the largest float32 below 1
 
 
 def _mix(x):
@@ -53,6 +56,14 @@ def _mix(x):
     x = (x ^ shr(x, 30)) * _SIGNED(_M1)
     x = (x ^ shr(x, 27)) * _SIGNED(_M2)
     return x ^ shr(x, 31)
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` on one Python integer in [0, 2^64) (the same bijection, modulo 2^64): a few keys mixed without the
+    per-call cost of a numpy array's ~10 operations."""
+    x = ((x ^ (x >> 30)) * _M1) & _MASK
+    x = ((x ^ (x >> 27)) * _M2) & _MASK
+    return x ^ (x >> 31)
 
 
 def _unit(h) -> torch.Tensor:
@@ -101,6 +112,7 @@ class Streams:
         with np.errstate(over="ignore"):
             base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
             self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
+        self._keys_int = [int(k) for k in self.keys]   # the same keys as Python integers (``_round_keys``)
         self._on_device = not host_path(self.device)  # the device path: keys on the host, coordinates on the device
         self._round_n: np.ndarray | None = None    # the n of the round begun last
         self._asked: list[tuple[int, tuple]] = []  # the (purpose, shape) draws made at that n, in order
@@ -110,6 +122,10 @@ class Streams:
     def _round_keys(self, n: np.ndarray, purposes) -> np.ndarray:
         """(B, P) uint64 keys of (image, n, purpose) on the host, where n is known (the device then mixes in the
         coordinates only: the same bits, a third of the device operations, no read-back)."""
+        if len(self._keys_int) * len(purposes) <= _SMALL_KEYS:    # a few keys: Python integers, the same bits
+            return np.array([[_mix_int(k ^ _mix_int((int(nb) * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
+                             for k, nb in zip(self._keys_int, np.asarray(n, np.int64).astype(np.uint64).tolist())],
+                            np.uint64).reshape(len(self._keys_int), len(purposes))
         n = np.asarray(n, np.int64).astype(np.uint64)
         with np.errstate(over="ignore"):
             return _mix(self.keys[:, None] ^ _mix(n[:, None] * np.uint64(_GOLDEN)
@@ -154,7 +170,7 @@ class Streams:
         if len(shape) > 3 or any(s > _STRIDE for s in shape):
             raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
         ahead = None
-        if self._round_n is not None and np.array_equal(n, self._round_n):
+        if self._round_n is not None and np.asarray(n, np.int64).tobytes() == self._round_n.tobytes():
             self._asked.append((int(purpose), shape))
             ahead = self._ahead.pop((int(purpose), shape), None)   # handed out once (the caller may work in place)
         if ahead is not None:
@@ -169,7 +185,7 @@ class Streams:
             u = _unit(_mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN)))
         if dtype == torch.float64:
             return u
-        return u.to(dtype).clamp_(max=float(np.nextafter(np.float32(1), np.float32(0))))
+        return u.to(dtype).clamp_(max=_BELOW_ONE_F32)
 
     def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
         """(m, *shape[1:]) float64: rows (b[j], s[j]) of ``uniform(n, purpose, shape)`` (B, *shape), b (m,) batch rows
