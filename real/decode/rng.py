@@ -20,6 +20,8 @@ tensors (multiplication wraps modulo 2^64 in two's complement; logical right shi
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
@@ -79,7 +81,22 @@ def _unit(h) -> torch.Tensor:
 
 def _counters(shape: tuple, device=None):
     """The coordinates of every entry of ``shape`` folded into one integer with fixed strides (broadcastable):
-    numpy uint64 (``device`` None) or torch int64 on ``device``."""
+    numpy uint64 (``device`` None: built once per shape, read-only) or torch int64 on ``device``."""
+    if device is None and len(shape):
+        return _host_counters(tuple(shape))
+    return _build_counters(shape, device)
+
+
+@lru_cache(maxsize=64)
+def _host_counters(shape: tuple) -> np.ndarray:
+    """``_counters(shape)`` on the host, built once per shape (read-only)."""
+    c = np.asarray(_build_counters(shape, None))
+    c.setflags(write=False)
+    return c
+
+
+def _build_counters(shape: tuple, device=None):
+    """``_counters``'s integers, built."""
     xp_arange = (lambda k: np.arange(k, dtype=np.uint64)) if device is None else \
         (lambda k: torch.arange(k, dtype=torch.int64, device=device))
     ctr = 0

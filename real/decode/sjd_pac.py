@@ -311,7 +311,7 @@ class SJDPAC:
                     cand[t, 1:] = _draw(rest, K - 1, e_sib)
             win.cand[bi, si] = cand
             win.q[bi, si] = P
-        _fresh(run, win, carried.sum(1))
+        _fresh(run, win, carried.sum(1), int(run.depths(S).max()))
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
@@ -349,35 +349,47 @@ def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Ten
     their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1)."""
     kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
     p_j, q_left = P, qo
-    ar = torch.arange(P.shape[-1], device=P.device)
     cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
-    ons = torch.as_tensor(live > 0, device=P.device)
-    for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
+    K = kids.shape[-1]
+    for j in range(K):   # the K siblings in rank order (K <= a few)
         q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
         nxt = (p_j - q_j).clamp(min=0)
-        nxt = _safe(nxt / nxt.sum(-1, keepdim=True).clamp(min=1e-300), p_j)
-        if live[:, j].all():
+        s = nxt.sum(-1, keepdim=True)
+        # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
+        nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
+        on = live[:, j] > 0
+        if on.all():
             p_j = nxt
-            q_left = q_left.masked_fill(ar == cs[:, j:j + 1], 0.0)
+            if j < K - 1:                 # the last sibling's removal from q is read by no later step
+                q_left = q_left.scatter(-1, cs[:, j:j + 1], 0.0)
         else:
-            on = ons[:, j:j + 1]
+            on = torch.as_tensor(on, device=P.device)[:, None]
             p_j = torch.where(on, nxt, p_j)
-            q_left = torch.where(on & (ar == cs[:, j:j + 1]), torch.zeros_like(q_left), q_left)
+            q_left = torch.where(on, q_left.scatter(-1, cs[:, j:j + 1], 0.0), q_left)
     return p_j
 
 
-def _fresh(run, win: PacWindow, first_free: np.ndarray) -> None:
-    """Levels i >= first_free (B,) (host ints) get K distinct uniform image tokens and the uniform draft row (as
-    released), keyed by the images' committed lengths; only those levels' uniforms are hashed."""
+def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None) -> None:
+    """Levels i >= first_free (B,) (host ints) get the uniform draft row and K distinct uniform image tokens (as
+    released), keyed by the images' committed lengths; only those levels' uniforms are hashed, and only the tokens
+    of levels i < ``read`` (the next round's deepest depth D'_max: its tree reads no deeper level's candidates, and
+    D'_max never grows as the images fill, so a level skipped here is never read; None: all)."""
     B, S, K = win.cand.shape
     bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss).to(run.dev)
     bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
-    win.cand[bi, si] = e.topk(K, dim=-1).indices            # K distinct tokens, uniformly without replacement
     win.q[bi, si] = 1.0 / V
+    if read is not None and read < S:
+        at = ss < read
+        if not at.all():
+            bs, ss = bs[at], ss[at]
+            if len(bs) == 0:
+                return
+            bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
+    e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss).to(run.dev)
+    win.cand[bi, si] = e.topk(K, dim=-1).indices            # K distinct tokens, uniformly without replacement
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:
