@@ -187,3 +187,15 @@ def test_namespace_cache_is_the_compat_layers_answer():
         X.namespace(a, t)
     with pytest.raises(TypeError):
         X.namespace(t, a)
+
+
+def test_gather_rows_fast_path_is_take_along_axis():
+    """numpy (B, N, V) rows picked by (B,) indices (fancy indexing) equal take_along_axis's rows, negative indices
+    included; control: the rows of the next index differ."""
+    g = np.random.default_rng(1)
+    x = g.standard_normal((5, 7, 4))
+    idx = g.integers(-7, 7, 5)
+    want = np.take_along_axis(x, idx[:, None, None], axis=-2)[:, 0, :]
+    assert same_bits(X.gather_rows(x, idx), want)
+    assert same_bits(X.gather_rows(x[None], idx[None]), want[None])          # other shapes: take_along_axis
+    assert not same_bits(X.gather_rows(x, (idx + 1) % 7), want)

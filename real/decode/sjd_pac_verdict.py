@@ -15,10 +15,11 @@ __all__ = ["longest_path_verdict", "predict_longest"]
 
 class _VerdictPlan:
     """What ``longest_path_verdict`` reads of a tree, host ints built once per tree (``_verdict_plan``): node depths
-    ``dep`` (N+1,); the parents of a first child ``par0`` (P0,), their first children ``kid0`` and positions
-    ``pos0``; the parents of several children ``par_m`` (Pm,), their positions ``pos_m``, and per rank b >= 1 the
-    parents (indices into par_m) that have a child of rank b and those children (``ranks``); the children of rank
-    b - 1 whose token the recursion's step b removes (``prev``, 0 where none); the ancestor table cut at 0 ``a``
+    ``dep`` (N+1,); the parents of a first child ``par0`` (P0,); the parents of several children ``par_m`` (Pm,),
+    their places in par0 ``m0`` and positions ``pos_m``; per rank b >= 1 the parents (indices into par_m) that have
+    a child of rank b (``sel``, None: all); the tested children in test order (rank 0 of par0, then each rank's)
+    ``kid_all`` and their positions ``pos_all``; the children of rank b - 1 whose token the recursion's step b
+    removes (``prev``, 0 where none); the ancestor table cut at 0 ``a``
     (N+1, D) with its padding ``pad``; the path order ``order`` (N+1,) (deeper first, then the first in path order);
     per node its number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where
     none). ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
@@ -34,11 +35,16 @@ class _VerdictPlan:
         self.pos_m = self.dep[self.par_m] + 1
         kids_m = ch[self.par_m]                                                             # (Pm, K)
         self.prev = [np.maximum(kids_m[:, b - 1], 0) for b in range(1, K)]
-        self.ranks = []                             # (b, parents with a child of rank b (in par_m), those children)
+        self.m0 = np.searchsorted(self.par0, self.par_m)          # par_m's places in par0
+        self.sel, kid_all, pos_all = [], [self.kid0], [self.pos0]
         for b in range(1, K):                       # plan time only: a loop over the K ranks
-            sel = np.flatnonzero(kids_m[:, b] >= 0)
-            if len(sel):
-                self.ranks.append((b, None if len(sel) == len(self.par_m) else sel, kids_m[sel, b]))
+            sel = np.flatnonzero(kids_m[:, b] >= 0)   # the parents (in par_m) with a child of rank b
+            if not len(sel):
+                break
+            self.sel.append(None if len(sel) == len(self.par_m) else sel)
+            kid_all.append(kids_m[sel, b])
+            pos_all.append(self.pos_m[sel])
+        self.kid_all, self.pos_all = np.concatenate(kid_all), np.concatenate(pos_all)
         self.a, self.pad = np.where(anc >= 0, anc, 0), anc < 0
         self.anc = np.asarray(anc, np.int64)
         self.order = self.dep * (N1 + 1) + N1 - np.arange(N1)
@@ -48,18 +54,19 @@ class _VerdictPlan:
         self.pm_of[self.par_m] = np.arange(len(self.par_m))
         self._dev: dict = {}
 
-    _ARRAYS = ("dep", "par0", "kid0", "pos0", "par_m", "pos_m", "a", "pad", "anc", "order", "last", "pm_of")
+    _ARRAYS = ("dep", "par0", "par_m", "m0", "pos_m", "kid_all", "pos_all", "a", "pad", "anc", "order", "last",
+               "pm_of")
 
     def on(self, device) -> dict:
         """{name: array} of the index arrays: numpy (``device`` None) or torch tensors on ``device``."""
         if device is None:
-            return {k: getattr(self, k) for k in self._ARRAYS} | {"prev": self.prev, "ranks": self.ranks}
+            return {k: getattr(self, k) for k in self._ARRAYS} | {"prev": self.prev, "sel": self.sel}
         key = str(device)
         if key not in self._dev:
             t = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
             self._dev[key] = {k: t(getattr(self, k)) for k in self._ARRAYS} | {
                 "prev": [t(a) for a in self.prev],
-                "ranks": [(b, None if sel is None else t(sel), t(kid)) for b, sel, kid in self.ranks]}
+                "sel": [None if sel is None else t(sel) for sel in self.sel]}
         return self._dev[key]
 
 
@@ -122,25 +129,26 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
 
     q0 = q[:, A["par0"]]
     q0n = normalize(q0, q0, xp)
-    test(A["kid0"], p[:, A["par0"]], q0n, A["pos0"])
-    states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 1..K-1
+    tests = [(p[:, A["par0"]], q0n)]      # the rows of every test: rank 0 of every parent, then ranks 1..K-1
+    states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 0..K-1
     if len(vp.par_m):
         p_j, q_left = p[:, A["par_m"]], q[:, A["par_m"]]
-        q_j = normalize(q_left, q_left, xp)
+        q_j = q0n[:, A["m0"]]                                       # normalize(q_left): the rows of q0n
         states[0] = (p_j, q_j)
-        ranks = {b: (sel, kid) for b, sel, kid in A["ranks"]}
-        for b in range(1, max(ranks) + 1):              # a loop over the ranks, each over all the parents at once
+        for b, sel in enumerate(A["sel"], 1):           # a loop over the ranks, each over all the parents at once
             c = tokens[:, A["prev"][b - 1]]                                               # (B, Pm) rank b - 1
             f = verifier.accept(p_j, q_j, A["pos_m"]) if reads_f(verifier.resample) else None
             p_j = verifier.resample(p_j, q_j, f, c)
             q_left = zero_at(q_left, c)
             q_j = normalize(q_left, q_left, xp)
             states.append((p_j, q_j))
-            sel, kid = ranks[b]
-            if sel is None:
-                test(kid, p_j, q_j, A["pos_m"])
-            else:
-                test(kid, p_j[:, sel], q_j[:, sel], A["pos_m"][sel])
+            tests.append((p_j, q_j) if sel is None else (p_j[:, sel], q_j[:, sel]))
+    # every node's test in one call (rank 0's rows, then each rank's)
+    if len(tests) == 1:
+        test(A["kid_all"], *tests[0], A["pos_all"])
+    else:
+        test(A["kid_all"], xp.concat([r[0] for r in tests], axis=1), xp.concat([r[1] for r in tests], axis=1),
+             A["pos_all"])
     ok = passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
     ok = xp.all(ok[:, A["a"]] | A["pad"][None], axis=-1)                                   # every ancestor passes
@@ -154,16 +162,18 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     nkw = vp.nk[wins]
     if (nkw > 0).any():
         bi = xp.arange(B, device=p.device) if torch_rows else np.arange(B)
-        qw = gather_rows(q, win, xp)
-        p_pre, q_pre = own, normalize(qw, qw, xp)                        # one child: the winner's own rows
+        p_pre = q_pre = None
+        if (nkw == 1).any():
+            qw = gather_rows(q, win, xp)
+            p_pre, q_pre = own, normalize(qw, qw, xp)                    # one child: the winner's own rows
         for r in sorted(set(nkw[nkw > 1].tolist())):    # several: the state before the last child (a rank loop)
             at = A["pm_of"][win]
-            if (nkw == r).all():
-                p_pre, q_pre = states[r - 1][0][bi, at], states[r - 1][1][bi, at]
+            s_p, s_q = states[r - 1][0][bi, at], states[r - 1][1][bi, at]
+            if p_pre is None:                           # (a leaf's rows are not read: its children are not live)
+                p_pre, q_pre = s_p, s_q
             else:
                 pick = host(nkw == r)[:, None]
-                p_pre = xp.where(pick, states[r - 1][0][bi, at], p_pre)
-                q_pre = xp.where(pick, states[r - 1][1][bi, at], q_pre)
+                p_pre, q_pre = xp.where(pick, s_p, p_pre), xp.where(pick, s_q, q_pre)
         kid = A["last"][win]
         c = tokens[bi, kid]
         live = host(nkw > 0) & (cap >= A["dep"][kid])
