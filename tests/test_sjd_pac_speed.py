@@ -185,3 +185,23 @@ def test_small_round_keys_equal_the_numpy_mix(monkeypatch):
         assert small.dtype == big.dtype == np.uint64 and small.shape == big.shape == (B, P)
         np.testing.assert_array_equal(small, big)
         assert (s._round_keys(n + 1, purposes) != big).all()
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_uniform_rows_many_are_the_draws_one_by_one(on_device):
+    """One pass over several draws (1 to 3 coordinates, a purpose asked twice) gives each draw's entries of
+    ``Streams.uniform`` (in any order); control: the first draw's rows under the second's purpose differ."""
+    s = Streams(11, np.array([2, 5]), "cpu")
+    s._on_device = on_device
+    n = np.array([7, 3])
+    asks = [(40, (5,), np.array([1, 0, 1]), np.array([4, 0, 2])),
+            (41, (6, 30), np.array([0, 1]), np.array([5, 1])),
+            (40, (3, 4, 5), np.array([1]), np.array([2])),
+            (42, (4, 9), np.zeros(0, np.int64), np.zeros(0, np.int64))]
+    got = s.uniform_rows_many(n, asks)
+    for (pu, shape, b, r), g in zip(asks, got):
+        assert torch.equal(g, s.uniform(n, pu, shape)[b, r])
+    assert torch.equal(s.uniform_rows_many(n, [asks[1], asks[0]])[1], got[0])
+    assert not torch.equal(s.uniform_rows_many(n, [(41,) + asks[0][1:]])[0], got[0])
+    with pytest.raises(ValueError, match="1 to 3 coordinates"):
+        s.uniform_rows_many(n, [(1, (2, 2, 2, 2), np.array([0]), np.array([0]))])

@@ -209,18 +209,39 @@ class Streams:
         and s (m,) first coordinates, host integer arrays; the same bits, hashing only the m rows asked for (a mode
         that needs a few of a (S, V) block's rows). Not recorded for ``begin_round``'s one pass."""
         shape = tuple(int(v) for v in shape)
-        if not 2 <= len(shape) <= 3 or any(v > _STRIDE for v in shape):
+        if not 2 <= len(shape) <= 3:
             raise ValueError(f"uniform_rows takes 2 or 3 coordinates of at most {_STRIDE} entries, got shape {shape}")
-        b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
-        k = self._round_keys(n, [purpose])[:, 0][b]                                      # (m,) uint64
-        lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))              # (m,) the first coordinate
-        rest = _counters(shape[1:]).reshape(-1)                                           # (prod(shape[1:]),)
+        return self.uniform_rows_many(n, [(purpose, shape, b, s)])[0]
+
+    def uniform_rows_many(self, n: np.ndarray, asks) -> list:
+        """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
+        coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
+        the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one)."""
+        parts = []
+        for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
+            shape = tuple(int(v) for v in shape)
+            if not 1 <= len(shape) <= 3 or any(v > _STRIDE for v in shape):
+                raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
+            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64)))
+        keys = self._round_keys(n, [pu for pu, _, _, _ in parts])                        # (B, asks) uint64
+        out = []
         with np.errstate(over="ignore"):
-            if not self._on_device:         # the same operations as ``uniform``'s, in place where they can be
-                c = lead[:, None] + rest[None, :]
-                c *= np.uint64(_GOLDEN)
-                c += k[:, None]
-                return _unit(_mix(c)).reshape((len(b),) + shape[1:])
-            kl = to_device(np.stack([k, lead]).view(np.int64), self.device)              # (2, m)
-        ctr = (kl[1][:, None] + _counters(shape[1:], self.device).reshape(-1)[None, :]) * _SIGNED(_GOLDEN)
-        return _unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:])
+            for j, (_, shape, b, s) in enumerate(parts):
+                k = keys[b, j]                                                           # (m,) uint64
+                lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))      # (m,) the first coordinate
+                if not self._on_device:     # the same operations as ``uniform``'s, in place where they can be
+                    rest = _counters(shape[1:]).reshape(-1) if len(shape) > 1 else np.zeros(1, np.uint64)
+                    c = lead[:, None] + rest[None, :]
+                    c *= np.uint64(_GOLDEN)
+                    c += k[:, None]
+                    out.append(c.reshape(-1))
+                    continue
+                kl = to_device(np.stack([k, lead]).view(np.int64), self.device)          # (2, m)
+                rest = _counters(shape[1:], self.device).reshape(-1) if len(shape) > 1 else 0
+                ctr = (kl[1][:, None] + rest) * _SIGNED(_GOLDEN)
+                out.append(_unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:]))
+        if self._on_device:
+            return out
+        u = _unit(_mix(out[0] if len(out) == 1 else np.concatenate(out)))
+        sizes = np.cumsum([0] + [len(c) for c in out])
+        return [u[a:z].reshape((len(b),) + shape[1:]) for a, z, (_, shape, b, _s) in zip(sizes[:-1], sizes[1:], parts)]

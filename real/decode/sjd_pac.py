@@ -275,6 +275,14 @@ class SJDPAC:
         par = np.where(e <= S, plan.par_np[a[:, None], ec], -1)
         carried = (par >= 0) & np.asarray(run.active, bool)[:, None]
         bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
+        # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
+        # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
+        read = int(run.depths(S).max())
+        fb, fs, fdraw = _fresh_levels(carried.sum(1), S, read)
+        sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else np.zeros(0, np.int64)
+        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), bs[sib], ss[sib]),
+                (_INIT, (S, V), fb[fdraw], fs[fdraw])]
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
         if len(bs):
             pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
             has_x = xr >= 0
@@ -283,13 +291,13 @@ class SJDPAC:
             P = p[bi, pi].to(win.q.dtype)                                               # (m, V) stale rows
             qo = prop.q[bi, pi].to(win.q.dtype)                                         # their levels' draft rows
             x = prop.tokens[bi, torch.as_tensor(np.maximum(xr, 0), device=dev)]          # (m,)
-            u = run.rng.uniform(run.n, _KEEP, (S,)).to(dev, P.dtype)[bi, si]
+            u = u_keep.to(dev, P.dtype)
             ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
             hx = torch.as_tensor(has_x, device=dev)
             keep = hx & (u < ratio)
             res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
             w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
-            noise = run.rng.uniform_rows(run.n, _RES, (S, V), bs, ss).log_().neg_().to(dev)
+            noise = e_res.log_().neg_().to(dev)
             if self.release:
                 tree = np.flatnonzero(has_x & (e[bs, ss] <= D - 1))    # levels that failed take the siblings' residual
                 if len(tree):
@@ -303,15 +311,13 @@ class SJDPAC:
             else:
                 y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
                 cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
-                tree = np.flatnonzero(ss < D - 1) if K > 1 else np.zeros(0, np.int64)
-                if len(tree):
-                    t = torch.as_tensor(tree, device=dev)
+                if len(sib):
+                    t = torch.as_tensor(sib, device=dev)
                     rest = P[t].scatter(-1, y[t, None], 0.0)
-                    e_sib = run.rng.uniform_rows(run.n, _SIB, (S, V), bs[tree], ss[tree]).log_().neg_().to(dev)
-                    cand[t, 1:] = _draw(rest, K - 1, e_sib)
+                    cand[t, 1:] = _draw(rest, K - 1, e_sib.log_().neg_().to(dev))
             win.cand[bi, si] = cand
             win.q[bi, si] = P
-        _fresh(run, win, carried.sum(1), int(run.depths(S).max()))
+        _fresh(run, win, carried.sum(1), read, e_init)
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
@@ -369,27 +375,34 @@ def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Ten
     return p_j
 
 
-def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None) -> None:
+def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
+    """The fresh levels (bs, ss) (m,) of a window of S levels: i >= first_free (B,) (host ints); ``draw`` (m,) bool:
+    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all)."""
+    bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
+    return bs, ss, (ss < read) if read is not None else np.ones(len(ss), bool)
+
+
+def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None, e=None) -> None:
     """Levels i >= first_free (B,) (host ints) get the uniform draft row and K distinct uniform image tokens (as
     released), keyed by the images' committed lengths; only those levels' uniforms are hashed, and only the tokens
     of levels i < ``read`` (the next round's deepest depth D'_max: its tree reads no deeper level's candidates, and
-    D'_max never grows as the images fill, so a level skipped here is never read; None: all)."""
+    D'_max never grows as the images fill, so a level skipped here is never read; None: all). ``e``: those levels'
+    uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here."""
     B, S, K = win.cand.shape
-    bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
+    bs, ss, draw = _fresh_levels(first_free, S, read)
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
     bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
     win.q[bi, si] = 1.0 / V
-    if read is not None and read < S:
-        at = ss < read
-        if not at.all():
-            bs, ss = bs[at], ss[at]
-            if len(bs) == 0:
-                return
-            bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
-    e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss).to(run.dev)
-    win.cand[bi, si] = e.topk(K, dim=-1).indices            # K distinct tokens, uniformly without replacement
+    if not draw.all():
+        bs, ss = bs[draw], ss[draw]
+        if len(bs) == 0:
+            return
+        bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
+    if e is None:
+        e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss)
+    win.cand[bi, si] = e.to(run.dev).topk(K, dim=-1).indices    # K distinct tokens, uniformly without replacement
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:
