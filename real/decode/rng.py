@@ -242,6 +242,7 @@ class Streams:
                 out.append(_unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:]))
         if self._on_device:
             return out
-        u = _unit(_mix(out[0] if len(out) == 1 else np.concatenate(out)))
-        sizes = np.cumsum([0] + [len(c) for c in out])
-        return [u[a:z].reshape((len(b),) + shape[1:]) for a, z, (_, shape, b, _s) in zip(sizes[:-1], sizes[1:], parts)]
+        u = _unit(_mix(out[0] if len(out) == 1 else np.concatenate(out))).numpy()
+        ends = np.cumsum([len(c) for c in out]).tolist()
+        return [torch.from_numpy(u[z - len(c):z].reshape((len(b),) + shape[1:]))      # views of the one array
+                for z, c, (_, shape, b, _s) in zip(ends, out, parts)]
