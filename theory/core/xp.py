@@ -135,7 +135,7 @@ def _sample_numpy(w, u):
     c = np.cumsum(w, axis=-1)
     t = np.asarray(u) * c[..., -1]
     idx = np.minimum(np.sum(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
-    ok = np.take_along_axis(w, idx[..., None], axis=-1)[..., 0] > 0
+    ok = take_last(w, idx[..., None])[..., 0] > 0
     return np.where(ok, idx, np.argmax(w, axis=-1).astype(np.int64))
 
 
@@ -206,7 +206,13 @@ def put_last(x: Array, idx: Array, values: Array, xp=None, *, copy: bool = True)
 
     if isinstance(x, np.ndarray):
         out = x.copy() if copy else x
-        np.put_along_axis(out, np.asarray(idx, np.int64), values, axis=-1)
+        idx = np.asarray(idx, np.int64)
+        if (idx.ndim == out.ndim >= 1 and idx.shape[:-1] == out.shape[:-1] and out.flags.c_contiguous and idx.size
+                and np.ndim(values) == 0):     # a scalar into contiguous rows: fancy indexing on a 2-D view
+            R = idx.size // idx.shape[-1]
+            out.reshape(R, out.shape[-1])[np.arange(R)[:, None], idx.reshape(R, idx.shape[-1])] = values
+            return out
+        np.put_along_axis(out, idx, values, axis=-1)
         return out
     xp = xp or namespace(x)
     scalar = getattr(values, "ndim", 0) == 0
