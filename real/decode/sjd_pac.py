@@ -121,10 +121,11 @@ class PacWindow:
 @dataclass
 class _Plan:
     """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
-    (numpy, and ``d_t`` / ``r_t`` the non-root nodes' as tensors), the attention mask, children (N+1, K), the ancestor
-    table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an accepted node a and a depth e, the node
+    (numpy; ``d_t`` / ``r_t`` the non-root nodes' window level (depth - 1) and rank as tensors), the attention mask,
+    children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an accepted node a and a depth e, the node
     whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each
-    node's children (0 where none) and whether each exists."""
+    node's children (0 where none) and whether each exists; ``q_rows`` (N+1,) the window level whose draft row each
+    node's children read (its depth, at most the window's last level)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -136,6 +137,7 @@ class _Plan:
     kids_np: np.ndarray
     d_t: torch.Tensor
     r_t: torch.Tensor
+    q_rows: torch.Tensor
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -184,9 +186,11 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     kids = np.concatenate([np.where(ch >= 0, ch, 0), (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K)
     dev = torch.device(device)
     dep = tree.node_depth.astype(np.int64)
+    S = depth + window - tree_nodes(width, depth) - 1                                     # the window's levels
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
                  np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
-                 torch.as_tensor(dep[1:], device=dev), torch.as_tensor(rank[1:N1], device=dev))
+                 torch.as_tensor(dep[1:] - 1, device=dev), torch.as_tensor(rank[1:N1], device=dev),
+                 torch.as_tensor(np.minimum(dep, S - 1), device=dev))
 
 
 @dataclass(frozen=True)
@@ -247,10 +251,8 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
-        x = win.cand[:, plan.d_t - 1, plan.r_t]                                                       # (B, N)
-        S = win.q.shape[1]
-        rows = torch.as_tensor(np.minimum(plan.depth, S - 1), device=run.dev)
-        q = win.q[:, rows]                                                              # (B, N+1, V)
+        x = win.cand[:, plan.d_t, plan.r_t]                                                           # (B, N)
+        q = win.q[:, plan.q_rows]                                                       # (B, N+1, V)
         verify = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc, full_depth=self.max_depth,
                          uniform_bonus=not run.proc.greedy) if self.release else None
         return Proposal(torch.cat([run.last_tokens(), x], 1), q, "without_replacement", plan.tree, plan.depth,
@@ -263,7 +265,7 @@ class SJDPAC:
         the plan's tables): only those m (image, level) rows are gathered, hashed and drawn from, (m, V) each, and a
         level's K - 1 other candidates only where the next tree reads them (the tree levels, depth <= D - 1)."""
         win = run.state
-        plan = self._plan(run, int(prop.tree.depth))
+        plan = self._plan(run, int(prop.depth.max()))                                 # the proposal's plan (its Dr)
         S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
         dev = run.dev
         tau = np.asarray(verdict.accepted, np.int64)
