@@ -122,10 +122,11 @@ class PacWindow:
 class _Plan:
     """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
     (numpy; ``d_t`` / ``r_t`` the non-root nodes' window level (depth - 1) and rank as tensors), the attention mask,
-    children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an accepted node a and a depth e, the node
-    whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each
-    node's children (0 where none) and whether each exists; ``q_rows`` (N+1,) the window level whose draft row each
-    node's children read (its depth, at most the window's last level)."""
+    children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an
+    accepted node a and a depth e, the node whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1
+    where none; ``kids_np`` (N+1, 2, K) each node's children (0 where none) and whether each exists; ``q_rows``
+    (N+1,) the window level whose draft row each node's children read (its depth, at most the window's last
+    level)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -288,24 +289,32 @@ class SJDPAC:
         if len(bs):
             pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
             has_x = xr >= 0
-            bi, si = torch.as_tensor(bs, device=dev), torch.as_tensor(ss, device=dev)
-            pi = torch.as_tensor(pr, device=dev)
-            P = p[bi, pi].to(win.q.dtype)                                               # (m, V) stale rows
-            qo = prop.q[bi, pi].to(win.q.dtype)                                         # their levels' draft rows
-            x = prop.tokens[bi, torch.as_tensor(np.maximum(xr, 0), device=dev)]          # (m,)
+            N1, m = p.shape[1], len(bs)
+            rows = np.flatnonzero(has_x & (e[bs, ss] <= D - 1)) if self.release else sib   # the tree levels' rows
+            # every index the update reads, sent at once: flat rows of p / q, of the tokens, the next-token nodes, the
+            # window's flat levels, the batch rows, the tree levels' rows (index_select on flat views: torch's
+            # advanced indexing costs more on small rows)
+            ix = torch.as_tensor(np.concatenate([bs * N1 + pr, bs * N1 + np.maximum(xr, 0), xr, bs * S + ss, bs, rows]),
+                                 device=dev)
+            f_p, f_x, x_r, f_s, bi = (ix[j * m:(j + 1) * m] for j in range(5))
+            t = ix[5 * m:]
+            P = p.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)                   # (m, V) stale rows
+            qo = prop.q.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)             # their levels' draft rows
+            x = prop.tokens.reshape(-1).index_select(0, f_x)                             # (m,)
             u = u_keep.to(dev, P.dtype)
             ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
-            hx = torch.as_tensor(has_x, device=dev)
+            hx = x_r >= 0
             keep = hx & (u < ratio)
             res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
             w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
             noise = e_res.log_().neg_().to(dev)
             if self.release:
-                tree = np.flatnonzero(has_x & (e[bs, ss] <= D - 1))    # levels that failed take the siblings' residual
-                if len(tree):
-                    t = torch.as_tensor(tree, device=dev)
-                    last = _last_sibling_rows(plan, pr[tree], P[t], qo[t], prop.tokens[bi[t]])
-                    w[t] = torch.where(keep[t, None], w[t], _safe(last, P[t]))
+                if len(rows):                   # levels that failed take the siblings' residual
+                    Pt = P.index_select(0, t)
+                    last = _last_sibling_rows(plan, pr[rows], Pt, qo.index_select(0, t),
+                                              prop.tokens.index_select(0, bi.index_select(0, t)))
+                    w.index_copy_(0, t, torch.where(keep.index_select(0, t)[:, None], w.index_select(0, t),
+                                                    _safe(last, Pt)))
                 # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
                 # the first K - 1 of the K it would draw)
                 d = _draw(w, K, noise)
@@ -313,12 +322,11 @@ class SJDPAC:
             else:
                 y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
                 cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
-                if len(sib):
-                    t = torch.as_tensor(sib, device=dev)
-                    rest = P[t].scatter(-1, y[t, None], 0.0)
-                    cand[t, 1:] = _draw(rest, K - 1, e_sib.log_().neg_().to(dev))
-            win.cand[bi, si] = cand
-            win.q[bi, si] = P
+                if len(rows):
+                    rest = P.index_select(0, t).scatter(-1, y.index_select(0, t)[:, None], 0.0)
+                    cand[:, 1:].index_copy_(0, t, _draw(rest, K - 1, e_sib.log_().neg_().to(dev)))
+            win.cand.view(-1, K).index_copy_(0, f_s, cand)
+            win.q.view(-1, V).index_copy_(0, f_s, P)
         _fresh(run, win, carried.sum(1), read, e_init)
 
     def params(self) -> dict:
@@ -395,16 +403,15 @@ def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None,
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
-    win.q[bi, si] = 1.0 / V
-    if not draw.all():
-        bs, ss = bs[draw], ss[draw]
-        if len(bs) == 0:
-            return
-        bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
+    flat = bs * S + ss                                            # the levels in the window's flat (B * S) rows
+    ix = torch.as_tensor(np.concatenate([flat, flat[draw]]), device=run.dev)
+    win.q.view(-1, V).index_fill_(0, ix[:len(flat)], 1.0 / V)
+    if not draw.any():
+        return
     if e is None:
-        e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss)
-    win.cand[bi, si] = e.to(run.dev).topk(K, dim=-1).indices    # K distinct tokens, uniformly without replacement
+        e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs[draw], ss[draw])
+    # K distinct tokens, uniformly without replacement
+    win.cand.view(-1, K).index_copy_(0, ix[len(flat):], e.to(run.dev).topk(K, dim=-1).indices)
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:
