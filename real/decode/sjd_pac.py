@@ -121,12 +121,12 @@ class PacWindow:
 @dataclass
 class _Plan:
     """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
-    (numpy; ``d_t`` / ``r_t`` the non-root nodes' window level (depth - 1) and rank as tensors), the attention mask,
-    children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an
-    accepted node a and a depth e, the node whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1
-    where none; ``kids_np`` (N+1, 2, K) each node's children (0 where none) and whether each exists; ``q_rows``
-    (N+1,) the window level whose draft row each node's children read (its depth, at most the window's last
-    level)."""
+    (numpy), the attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1)
+    (host ints): for an accepted node a and a depth e, the node whose row drafts depth e (``par_np``) and its first
+    child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each node's children (0 where none) and whether each
+    exists; as tensors, ``slot`` (N,) each non-root node's candidate in a window's flat (level, rank) slots (level =
+    depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each node's children read (its depth, at most
+    the window's last level)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -136,8 +136,7 @@ class _Plan:
     par_np: np.ndarray
     xn_np: np.ndarray
     kids_np: np.ndarray
-    d_t: torch.Tensor
-    r_t: torch.Tensor
+    slot: torch.Tensor
     q_rows: torch.Tensor
 
 
@@ -190,7 +189,7 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     S = depth + window - tree_nodes(width, depth) - 1                                     # the window's levels
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
                  np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
-                 torch.as_tensor(dep[1:] - 1, device=dev), torch.as_tensor(rank[1:N1], device=dev),
+                 torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
                  torch.as_tensor(np.minimum(dep, S - 1), device=dev))
 
 
@@ -252,8 +251,8 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
-        x = win.cand[:, plan.d_t, plan.r_t]                                                           # (B, N)
-        q = win.q[:, plan.q_rows]                                                       # (B, N+1, V)
+        x = win.cand.view(win.cand.shape[0], -1).index_select(1, plan.slot)                          # (B, N)
+        q = win.q.index_select(1, plan.q_rows)                                          # (B, N+1, V)
         verify = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc, full_depth=self.max_depth,
                          uniform_bonus=not run.proc.greedy) if self.release else None
         return Proposal(torch.cat([run.last_tokens(), x], 1), q, "without_replacement", plan.tree, plan.depth,
