@@ -49,11 +49,15 @@ _BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the large
 def _mix(x):
     """splitmix64's finaliser, a bijection of 64-bit integers with full avalanche, on numpy uint64 (the host path)
     or torch int64 (device tensors: multiplication wraps modulo 2^64 in two's complement; logical right shifts
-    are masked, torch's >> being arithmetic on signed integers)."""
+    are masked, torch's >> being arithmetic on signed integers). A numpy array is mixed IN PLACE (every caller
+    passes a fresh temporary: the hash of a round's rows without a new array per step) and returned."""
     if isinstance(x, np.ndarray):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(_M1)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(_M2)
-        return x ^ (x >> np.uint64(31))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(_M1)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(_M2)
+        x ^= x >> np.uint64(31)
+        return x
     shr = lambda v, k: (v >> k) & ((1 << (64 - k)) - 1)  # noqa: E731
     x = (x ^ shr(x, 30)) * _SIGNED(_M1)
     x = (x ^ shr(x, 27)) * _SIGNED(_M2)
@@ -224,17 +228,21 @@ class Streams:
                 raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
             parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64)))
         keys = self._round_keys(n, [pu for pu, _, _, _ in parts])                        # (B, asks) uint64
+        width = [int(np.prod(shape[1:], dtype=np.int64)) for _, shape, _b, _s in parts]   # entries per row
+        sizes = [len(b) * w for w, (_, _shape, b, _s) in zip(width, parts)]
+        ends = np.cumsum(sizes).tolist()
+        buf = np.empty(ends[-1] if ends else 0, np.uint64) if not self._on_device else None  # every row, one array
         out = []
         with np.errstate(over="ignore"):
             for j, (_, shape, b, s) in enumerate(parts):
                 k = keys[b, j]                                                           # (m,) uint64
                 lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))      # (m,) the first coordinate
-                if not self._on_device:     # the same operations as ``uniform``'s, in place where they can be
+                if not self._on_device:     # the same operations as ``uniform``'s, written in the one array
                     rest = _counters(shape[1:]).reshape(-1) if len(shape) > 1 else np.zeros(1, np.uint64)
-                    c = lead[:, None] + rest[None, :]
+                    c = buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), width[j])
+                    np.add(lead[:, None], rest[None, :], out=c)
                     c *= np.uint64(_GOLDEN)
                     c += k[:, None]
-                    out.append(c.reshape(-1))
                     continue
                 kl = to_device(np.stack([k, lead]).view(np.int64), self.device)          # (2, m)
                 rest = _counters(shape[1:], self.device).reshape(-1) if len(shape) > 1 else 0
@@ -242,7 +250,6 @@ class Streams:
                 out.append(_unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:]))
         if self._on_device:
             return out
-        u = _unit(_mix(out[0] if len(out) == 1 else np.concatenate(out))).numpy()
-        ends = np.cumsum([len(c) for c in out]).tolist()
-        return [torch.from_numpy(u[z - len(c):z].reshape((len(b),) + shape[1:]))      # views of the one array
-                for z, c, (_, shape, b, _s) in zip(ends, out, parts)]
+        u = _unit(_mix(buf)).numpy()
+        return [torch.from_numpy(u[z - m:z].reshape((len(b),) + shape[1:]))              # views of the one array
+                for z, m, (_, shape, b, _s) in zip(ends, sizes, parts)]
