@@ -176,8 +176,8 @@ def test_law_of_sjd_pac_p_equals_plain_sampling_batched(law5, monkeypatch):
     p_ok, _ = _chi2(c, law, N)
     real_fresh = SP._fresh
 
-    def stale_as_uniform(run, win, first_free):      # every level's q forgotten: the uniform row
-        real_fresh(run, win, first_free)
+    def stale_as_uniform(run, win, first_free, *rest):      # every level's q forgotten: the uniform row
+        real_fresh(run, win, first_free, *rest)
         win.q = torch.full_like(win.q, 1.0 / win.q.shape[-1])
     monkeypatch.setattr(SP, "_fresh", stale_as_uniform)
     bad, _ = _counts(t, SJDPAC(5, 2, 2, release=False), rules.vanilla(), N, 50, T, proc, 3)

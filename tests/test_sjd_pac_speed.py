@@ -166,3 +166,42 @@ def test_race_fast_path_equals_its_where_form():
     assert torch.equal(SP._draw(w, k, e), full)
     # control: the keys w / e alone (no where) draw other tokens on the rows with fewer than k positive weights
     assert not torch.equal((w / e).topk(k, dim=-1).indices, full)
+
+
+def test_small_round_keys_equal_the_numpy_mix(monkeypatch):
+    """The few keys of a call mixed with Python integers (``rng._round_keys``'s small path) equal numpy's uint64 mix,
+    bit for bit, over large n and purposes (the multiplications wrap); control: the keys of n + 1 differ everywhere."""
+    from real.decode import rng as RNG
+
+    g = np.random.default_rng(5)
+    for B, P in ((1, 1), (3, 2), (2, 8)):
+        s = Streams(int(g.integers(0, 2 ** 31)), g.integers(0, 10 ** 6, B), "cpu")
+        n = g.integers(0, 2 ** 62, B)
+        purposes = [int(v) for v in g.integers(0, 1 << 12, P)]
+        small = s._round_keys(n, purposes)
+        with monkeypatch.context() as m:
+            m.setattr(RNG, "_SMALL_KEYS", 0)
+            big = s._round_keys(n, purposes)
+        assert small.dtype == big.dtype == np.uint64 and small.shape == big.shape == (B, P)
+        np.testing.assert_array_equal(small, big)
+        assert (s._round_keys(n + 1, purposes) != big).all()
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_uniform_rows_many_are_the_draws_one_by_one(on_device):
+    """One pass over several draws (1 to 3 coordinates, a purpose asked twice) gives each draw's entries of
+    ``Streams.uniform`` (in any order); control: the first draw's rows under the second's purpose differ."""
+    s = Streams(11, np.array([2, 5]), "cpu")
+    s._on_device = on_device
+    n = np.array([7, 3])
+    asks = [(40, (5,), np.array([1, 0, 1]), np.array([4, 0, 2])),
+            (41, (6, 30), np.array([0, 1]), np.array([5, 1])),
+            (40, (3, 4, 5), np.array([1]), np.array([2])),
+            (42, (4, 9), np.zeros(0, np.int64), np.zeros(0, np.int64))]
+    got = s.uniform_rows_many(n, asks)
+    for (pu, shape, b, r), g in zip(asks, got):
+        assert torch.equal(g, s.uniform(n, pu, shape)[b, r])
+    assert torch.equal(s.uniform_rows_many(n, [asks[1], asks[0]])[1], got[0])
+    assert not torch.equal(s.uniform_rows_many(n, [(41,) + asks[0][1:]])[0], got[0])
+    with pytest.raises(ValueError, match="1 to 3 coordinates"):
+        s.uniform_rows_many(n, [(1, (2, 2, 2, 2), np.array([0]), np.array([0]))])

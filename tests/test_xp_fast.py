@@ -154,3 +154,48 @@ def test_put_last_writes_the_listed_codes_only(backend):
     if backend != "jax":                                        # written in place where the backend can
         assert np.array_equal(back(Y), want_v)
     assert not np.array_equal(back(put_last(X, to((idx + 1) % 11), to(vals))), want_v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lead=st.lists(st.integers(0, 4), min_size=0, max_size=3), V=st.integers(1, 9), J=st.integers(0, 5),
+       seed=st.integers(0, 2 ** 31), strided=st.booleans())
+def test_take_last_fast_path_is_take_along_axis(lead, V, J, seed, strided):
+    """numpy's 2-D-view gather (contiguous rows, indices of the same leading shape; negative indices wrap) equals
+    ``np.take_along_axis`` bit for bit, and the fallbacks (a strided x, broadcast leading axes) too; control: the same
+    gather with the indices one code off differs where some row has two distinct values."""
+    g = np.random.default_rng(seed)
+    x = g.standard_normal((*lead, 2 * V if strided else V))
+    x = x[..., ::2] if strided else x
+    idx = g.integers(-V, V, (*lead, J))
+    want = np.take_along_axis(x, idx, axis=-1)
+    assert same_bits(X.take_last(x, idx), want)
+    if lead:
+        assert same_bits(X.take_last(x[:1], idx), np.take_along_axis(x[:1], idx, axis=-1))   # broadcast: fallback
+    off = (idx + 1) % V
+    if want.size and V > 1 and not np.array_equal(np.take_along_axis(x, off, axis=-1), want):
+        assert not same_bits(X.take_last(x, off), want)
+
+
+def test_namespace_cache_is_the_compat_layers_answer():
+    import array_api_compat
+    import torch
+
+    a, t = np.zeros(3), torch.zeros(3)
+    for args in ((a,), (a, a), (t,), (t, t), (a, np.float64(1.0))):
+        assert X.namespace(*args) is array_api_compat.array_namespace(*args)
+    with pytest.raises(TypeError):                  # a numpy and a torch array together: refused, cache or not
+        X.namespace(a, t)
+    with pytest.raises(TypeError):
+        X.namespace(t, a)
+
+
+def test_gather_rows_fast_path_is_take_along_axis():
+    """numpy (B, N, V) rows picked by (B,) indices (fancy indexing) equal take_along_axis's rows, negative indices
+    included; control: the rows of the next index differ."""
+    g = np.random.default_rng(1)
+    x = g.standard_normal((5, 7, 4))
+    idx = g.integers(-7, 7, 5)
+    want = np.take_along_axis(x, idx[:, None, None], axis=-2)[:, 0, :]
+    assert same_bits(X.gather_rows(x, idx), want)
+    assert same_bits(X.gather_rows(x[None], idx[None]), want[None])          # other shapes: take_along_axis
+    assert not same_bits(X.gather_rows(x, (idx + 1) % 7), want)

@@ -20,6 +20,8 @@ tensors (multiplication wraps modulo 2^64 in two's complement; logical right shi
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
@@ -39,20 +41,35 @@ _M2 = 0x94D049BB133111EB
 _GOLDEN = 0x9E3779B97F4A7C15
 _STRIDE = 1 << 21           # coordinate strides: up to 2^21 per coordinate (vocabularies, nodes, positions)
 _SIGNED = lambda c: c - (1 << 64) if c >= 1 << 63 else c  # noqa: E731  (the same 64 bits as an int64)
+_MASK = (1 << 64) - 1
+_SMALL_KEYS = 16            # (image, purpose) keys of a call mixed with Python integers up to this many (``_round_keys``)
+_BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the largest float32 below 1
 
 
 def _mix(x):
     """splitmix64's finaliser, a bijection of 64-bit integers with full avalanche, on numpy uint64 (the host path)
     or torch int64 (device tensors: multiplication wraps modulo 2^64 in two's complement; logical right shifts
-    are masked, torch's >> being arithmetic on signed integers)."""
+    are masked, torch's >> being arithmetic on signed integers). A numpy array is mixed IN PLACE (every caller
+    passes a fresh temporary: the hash of a round's rows without a new array per step) and returned."""
     if isinstance(x, np.ndarray):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(_M1)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(_M2)
-        return x ^ (x >> np.uint64(31))
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(_M1)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(_M2)
+        x ^= x >> np.uint64(31)
+        return x
     shr = lambda v, k: (v >> k) & ((1 << (64 - k)) - 1)  # noqa: E731
     x = (x ^ shr(x, 30)) * _SIGNED(_M1)
     x = (x ^ shr(x, 27)) * _SIGNED(_M2)
     return x ^ shr(x, 31)
+
+
+def _mix_int(x: int) -> int:
+    """``_mix`` on one Python integer in [0, 2^64) (the same bijection, modulo 2^64): a few keys mixed without the
+    per-call cost of a numpy array's ~10 operations."""
+    x = ((x ^ (x >> 30)) * _M1) & _MASK
+    x = ((x ^ (x >> 27)) * _M2) & _MASK
+    return x ^ (x >> 31)
 
 
 def _unit(h) -> torch.Tensor:
@@ -68,7 +85,22 @@ def _unit(h) -> torch.Tensor:
 
 def _counters(shape: tuple, device=None):
     """The coordinates of every entry of ``shape`` folded into one integer with fixed strides (broadcastable):
-    numpy uint64 (``device`` None) or torch int64 on ``device``."""
+    numpy uint64 (``device`` None: built once per shape, read-only) or torch int64 on ``device``."""
+    if device is None and len(shape):
+        return _host_counters(tuple(shape))
+    return _build_counters(shape, device)
+
+
+@lru_cache(maxsize=64)
+def _host_counters(shape: tuple) -> np.ndarray:
+    """``_counters(shape)`` on the host, built once per shape (read-only)."""
+    c = np.asarray(_build_counters(shape, None))
+    c.setflags(write=False)
+    return c
+
+
+def _build_counters(shape: tuple, device=None):
+    """``_counters``'s integers, built."""
     xp_arange = (lambda k: np.arange(k, dtype=np.uint64)) if device is None else \
         (lambda k: torch.arange(k, dtype=torch.int64, device=device))
     ctr = 0
@@ -101,6 +133,7 @@ class Streams:
         with np.errstate(over="ignore"):
             base = _mix(np.asarray([(int(seed) * 2 + 1) * _GOLDEN % (1 << 64)], np.uint64))
             self.keys = _mix(base + np.asarray(images, np.int64).astype(np.uint64) * np.uint64(_GOLDEN))   # (B,)
+        self._keys_int = [int(k) for k in self.keys]   # the same keys as Python integers (``_round_keys``)
         self._on_device = not host_path(self.device)  # the device path: keys on the host, coordinates on the device
         self._round_n: np.ndarray | None = None    # the n of the round begun last
         self._asked: list[tuple[int, tuple]] = []  # the (purpose, shape) draws made at that n, in order
@@ -110,6 +143,10 @@ class Streams:
     def _round_keys(self, n: np.ndarray, purposes) -> np.ndarray:
         """(B, P) uint64 keys of (image, n, purpose) on the host, where n is known (the device then mixes in the
         coordinates only: the same bits, a third of the device operations, no read-back)."""
+        if len(self._keys_int) * len(purposes) <= _SMALL_KEYS:    # a few keys: Python integers, the same bits
+            return np.array([[_mix_int(k ^ _mix_int((int(nb) * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
+                             for k, nb in zip(self._keys_int, np.asarray(n, np.int64).astype(np.uint64).tolist())],
+                            np.uint64).reshape(len(self._keys_int), len(purposes))
         n = np.asarray(n, np.int64).astype(np.uint64)
         with np.errstate(over="ignore"):
             return _mix(self.keys[:, None] ^ _mix(n[:, None] * np.uint64(_GOLDEN)
@@ -154,7 +191,7 @@ class Streams:
         if len(shape) > 3 or any(s > _STRIDE for s in shape):
             raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
         ahead = None
-        if self._round_n is not None and np.array_equal(n, self._round_n):
+        if self._round_n is not None and np.asarray(n, np.int64).tobytes() == self._round_n.tobytes():
             self._asked.append((int(purpose), shape))
             ahead = self._ahead.pop((int(purpose), shape), None)   # handed out once (the caller may work in place)
         if ahead is not None:
@@ -169,25 +206,50 @@ class Streams:
             u = _unit(_mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN)))
         if dtype == torch.float64:
             return u
-        return u.to(dtype).clamp_(max=float(np.nextafter(np.float32(1), np.float32(0))))
+        return u.to(dtype).clamp_(max=_BELOW_ONE_F32)
 
     def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
         """(m, *shape[1:]) float64: rows (b[j], s[j]) of ``uniform(n, purpose, shape)`` (B, *shape), b (m,) batch rows
         and s (m,) first coordinates, host integer arrays; the same bits, hashing only the m rows asked for (a mode
         that needs a few of a (S, V) block's rows). Not recorded for ``begin_round``'s one pass."""
         shape = tuple(int(v) for v in shape)
-        if not 2 <= len(shape) <= 3 or any(v > _STRIDE for v in shape):
+        if not 2 <= len(shape) <= 3:
             raise ValueError(f"uniform_rows takes 2 or 3 coordinates of at most {_STRIDE} entries, got shape {shape}")
-        b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
-        k = self._round_keys(n, [purpose])[:, 0][b]                                      # (m,) uint64
-        lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))              # (m,) the first coordinate
-        rest = _counters(shape[1:]).reshape(-1)                                           # (prod(shape[1:]),)
+        return self.uniform_rows_many(n, [(purpose, shape, b, s)])[0]
+
+    def uniform_rows_many(self, n: np.ndarray, asks) -> list:
+        """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
+        coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
+        the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one)."""
+        parts = []
+        for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
+            shape = tuple(int(v) for v in shape)
+            if not 1 <= len(shape) <= 3 or any(v > _STRIDE for v in shape):
+                raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
+            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64)))
+        keys = self._round_keys(n, [pu for pu, _, _, _ in parts])                        # (B, asks) uint64
+        width = [int(np.prod(shape[1:], dtype=np.int64)) for _, shape, _b, _s in parts]   # entries per row
+        sizes = [len(b) * w for w, (_, _shape, b, _s) in zip(width, parts)]
+        ends = np.cumsum(sizes).tolist()
+        buf = np.empty(ends[-1] if ends else 0, np.uint64) if not self._on_device else None  # every row, one array
+        out = []
         with np.errstate(over="ignore"):
-            if not self._on_device:         # the same operations as ``uniform``'s, in place where they can be
-                c = lead[:, None] + rest[None, :]
-                c *= np.uint64(_GOLDEN)
-                c += k[:, None]
-                return _unit(_mix(c)).reshape((len(b),) + shape[1:])
-            kl = to_device(np.stack([k, lead]).view(np.int64), self.device)              # (2, m)
-        ctr = (kl[1][:, None] + _counters(shape[1:], self.device).reshape(-1)[None, :]) * _SIGNED(_GOLDEN)
-        return _unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:])
+            for j, (_, shape, b, s) in enumerate(parts):
+                k = keys[b, j]                                                           # (m,) uint64
+                lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))      # (m,) the first coordinate
+                if not self._on_device:     # the same operations as ``uniform``'s, written in the one array
+                    rest = _counters(shape[1:]).reshape(-1) if len(shape) > 1 else np.zeros(1, np.uint64)
+                    c = buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), width[j])
+                    np.add(lead[:, None], rest[None, :], out=c)
+                    c *= np.uint64(_GOLDEN)
+                    c += k[:, None]
+                    continue
+                kl = to_device(np.stack([k, lead]).view(np.int64), self.device)          # (2, m)
+                rest = _counters(shape[1:], self.device).reshape(-1) if len(shape) > 1 else 0
+                ctr = (kl[1][:, None] + rest) * _SIGNED(_GOLDEN)
+                out.append(_unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:]))
+        if self._on_device:
+            return out
+        u = _unit(_mix(buf)).numpy()
+        return [torch.from_numpy(u[z - m:z].reshape((len(b),) + shape[1:]))              # views of the one array
+                for z, m, (_, shape, b, _s) in zip(ends, sizes, parts)]

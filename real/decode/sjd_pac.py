@@ -121,10 +121,12 @@ class PacWindow:
 @dataclass
 class _Plan:
     """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
-    (numpy, and ``d_t`` / ``r_t`` the non-root nodes' as tensors), the attention mask, children (N+1, K), the ancestor
-    table (N+1, D) and the continuation tables (N+1, M+1) (host ints): for an accepted node a and a depth e, the node
-    whose row drafts depth e (``par_np``) and its first child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each
-    node's children (0 where none) and whether each exists."""
+    (numpy), the attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1)
+    (host ints): for an accepted node a and a depth e, the node whose row drafts depth e (``par_np``) and its first
+    child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each node's children (0 where none) and whether each
+    exists; as tensors, ``slot`` (N,) each non-root node's candidate in a window's flat (level, rank) slots (level =
+    depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each node's children read (its depth, at most
+    the window's last level)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -134,8 +136,8 @@ class _Plan:
     par_np: np.ndarray
     xn_np: np.ndarray
     kids_np: np.ndarray
-    d_t: torch.Tensor
-    r_t: torch.Tensor
+    slot: torch.Tensor
+    q_rows: torch.Tensor
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -184,9 +186,11 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     kids = np.concatenate([np.where(ch >= 0, ch, 0), (ch >= 0).astype(np.int64)], 1).reshape(N1, 2, K)
     dev = torch.device(device)
     dep = tree.node_depth.astype(np.int64)
+    S = depth + window - tree_nodes(width, depth) - 1                                     # the window's levels
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
                  np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
-                 torch.as_tensor(dep[1:], device=dev), torch.as_tensor(rank[1:N1], device=dev))
+                 torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
+                 torch.as_tensor(np.minimum(dep, S - 1), device=dev))
 
 
 @dataclass(frozen=True)
@@ -247,10 +251,8 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
-        x = win.cand[:, plan.d_t - 1, plan.r_t]                                                       # (B, N)
-        S = win.q.shape[1]
-        rows = torch.as_tensor(np.minimum(plan.depth, S - 1), device=run.dev)
-        q = win.q[:, rows]                                                              # (B, N+1, V)
+        x = win.cand.view(win.cand.shape[0], -1).index_select(1, plan.slot)                          # (B, N)
+        q = win.q.index_select(1, plan.q_rows)                                          # (B, N+1, V)
         verify = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc, full_depth=self.max_depth,
                          uniform_bonus=not run.proc.greedy) if self.release else None
         return Proposal(torch.cat([run.last_tokens(), x], 1), q, "without_replacement", plan.tree, plan.depth,
@@ -263,7 +265,7 @@ class SJDPAC:
         the plan's tables): only those m (image, level) rows are gathered, hashed and drawn from, (m, V) each, and a
         level's K - 1 other candidates only where the next tree reads them (the tree levels, depth <= D - 1)."""
         win = run.state
-        plan = self._plan(run, int(prop.tree.depth))
+        plan = self._plan(run, int(prop.depth.max()))                                 # the proposal's plan (its Dr)
         S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
         dev = run.dev
         tau = np.asarray(verdict.accepted, np.int64)
@@ -275,27 +277,43 @@ class SJDPAC:
         par = np.where(e <= S, plan.par_np[a[:, None], ec], -1)
         carried = (par >= 0) & np.asarray(run.active, bool)[:, None]
         bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
+        # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
+        # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
+        read = int(run.depths(S).max())
+        fb, fs, fdraw = _fresh_levels(carried.sum(1), S, read)
+        sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else np.zeros(0, np.int64)
+        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), bs[sib], ss[sib]),
+                (_INIT, (S, V), fb[fdraw], fs[fdraw])]
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
         if len(bs):
             pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
             has_x = xr >= 0
-            bi, si = torch.as_tensor(bs, device=dev), torch.as_tensor(ss, device=dev)
-            pi = torch.as_tensor(pr, device=dev)
-            P = p[bi, pi].to(win.q.dtype)                                               # (m, V) stale rows
-            qo = prop.q[bi, pi].to(win.q.dtype)                                         # their levels' draft rows
-            x = prop.tokens[bi, torch.as_tensor(np.maximum(xr, 0), device=dev)]          # (m,)
-            u = run.rng.uniform(run.n, _KEEP, (S,)).to(dev, P.dtype)[bi, si]
+            N1, m = p.shape[1], len(bs)
+            rows = np.flatnonzero(has_x & (e[bs, ss] <= D - 1)) if self.release else sib   # the tree levels' rows
+            # every index the update reads, sent at once: flat rows of p / q, of the tokens, the next-token nodes, the
+            # window's flat levels, the batch rows, the tree levels' rows (index_select on flat views: torch's
+            # advanced indexing costs more on small rows)
+            ix = torch.as_tensor(np.concatenate([bs * N1 + pr, bs * N1 + np.maximum(xr, 0), xr, bs * S + ss, bs, rows]),
+                                 device=dev)
+            f_p, f_x, x_r, f_s, bi = (ix[j * m:(j + 1) * m] for j in range(5))
+            t = ix[5 * m:]
+            P = p.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)                   # (m, V) stale rows
+            qo = prop.q.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)             # their levels' draft rows
+            x = prop.tokens.reshape(-1).index_select(0, f_x)                             # (m,)
+            u = u_keep.to(dev, P.dtype)
             ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
-            hx = torch.as_tensor(has_x, device=dev)
+            hx = x_r >= 0
             keep = hx & (u < ratio)
             res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
             w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
-            noise = run.rng.uniform_rows(run.n, _RES, (S, V), bs, ss).log_().neg_().to(dev)
+            noise = e_res.log_().neg_().to(dev)
             if self.release:
-                tree = np.flatnonzero(has_x & (e[bs, ss] <= D - 1))    # levels that failed take the siblings' residual
-                if len(tree):
-                    t = torch.as_tensor(tree, device=dev)
-                    last = _last_sibling_rows(plan, pr[tree], P[t], qo[t], prop.tokens[bi[t]])
-                    w[t] = torch.where(keep[t, None], w[t], _safe(last, P[t]))
+                if len(rows):                   # levels that failed take the siblings' residual
+                    Pt = P.index_select(0, t)
+                    last = _last_sibling_rows(plan, pr[rows], Pt, qo.index_select(0, t),
+                                              prop.tokens.index_select(0, bi.index_select(0, t)))
+                    w.index_copy_(0, t, torch.where(keep.index_select(0, t)[:, None], w.index_select(0, t),
+                                                    _safe(last, Pt)))
                 # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
                 # the first K - 1 of the K it would draw)
                 d = _draw(w, K, noise)
@@ -303,15 +321,12 @@ class SJDPAC:
             else:
                 y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
                 cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
-                tree = np.flatnonzero(ss < D - 1) if K > 1 else np.zeros(0, np.int64)
-                if len(tree):
-                    t = torch.as_tensor(tree, device=dev)
-                    rest = P[t].scatter(-1, y[t, None], 0.0)
-                    e_sib = run.rng.uniform_rows(run.n, _SIB, (S, V), bs[tree], ss[tree]).log_().neg_().to(dev)
-                    cand[t, 1:] = _draw(rest, K - 1, e_sib)
-            win.cand[bi, si] = cand
-            win.q[bi, si] = P
-        _fresh(run, win, carried.sum(1))
+                if len(rows):
+                    rest = P.index_select(0, t).scatter(-1, y.index_select(0, t)[:, None], 0.0)
+                    cand[:, 1:].index_copy_(0, t, _draw(rest, K - 1, e_sib.log_().neg_().to(dev)))
+            win.cand.view(-1, K).index_copy_(0, f_s, cand)
+            win.q.view(-1, V).index_copy_(0, f_s, P)
+        _fresh(run, win, carried.sum(1), read, e_init)
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
@@ -349,35 +364,53 @@ def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Ten
     their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1)."""
     kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
     p_j, q_left = P, qo
-    ar = torch.arange(P.shape[-1], device=P.device)
     cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
-    ons = torch.as_tensor(live > 0, device=P.device)
-    for j in range(kids.shape[-1]):   # the K siblings in rank order (K <= a few)
+    K = kids.shape[-1]
+    for j in range(K):   # the K siblings in rank order (K <= a few)
         q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
         nxt = (p_j - q_j).clamp(min=0)
-        nxt = _safe(nxt / nxt.sum(-1, keepdim=True).clamp(min=1e-300), p_j)
-        if live[:, j].all():
+        s = nxt.sum(-1, keepdim=True)
+        # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
+        nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
+        on = live[:, j] > 0
+        if on.all():
             p_j = nxt
-            q_left = q_left.masked_fill(ar == cs[:, j:j + 1], 0.0)
+            if j < K - 1:                 # the last sibling's removal from q is read by no later step
+                q_left = q_left.scatter(-1, cs[:, j:j + 1], 0.0)
         else:
-            on = ons[:, j:j + 1]
+            on = torch.as_tensor(on, device=P.device)[:, None]
             p_j = torch.where(on, nxt, p_j)
-            q_left = torch.where(on & (ar == cs[:, j:j + 1]), torch.zeros_like(q_left), q_left)
+            q_left = torch.where(on, q_left.scatter(-1, cs[:, j:j + 1], 0.0), q_left)
     return p_j
 
 
-def _fresh(run, win: PacWindow, first_free: np.ndarray) -> None:
-    """Levels i >= first_free (B,) (host ints) get K distinct uniform image tokens and the uniform draft row (as
-    released), keyed by the images' committed lengths; only those levels' uniforms are hashed."""
-    B, S, K = win.cand.shape
+def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
+    """The fresh levels (bs, ss) (m,) of a window of S levels: i >= first_free (B,) (host ints); ``draw`` (m,) bool:
+    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all)."""
     bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
+    return bs, ss, (ss < read) if read is not None else np.ones(len(ss), bool)
+
+
+def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None, e=None) -> None:
+    """Levels i >= first_free (B,) (host ints) get the uniform draft row and K distinct uniform image tokens (as
+    released), keyed by the images' committed lengths; only those levels' uniforms are hashed, and only the tokens
+    of levels i < ``read`` (the next round's deepest depth D'_max: its tree reads no deeper level's candidates, and
+    D'_max never grows as the images fill, so a level skipped here is never read; None: all). ``e``: those levels'
+    uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here."""
+    B, S, K = win.cand.shape
+    bs, ss, draw = _fresh_levels(first_free, S, read)
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs, ss).to(run.dev)
-    bi, si = torch.as_tensor(bs, device=run.dev), torch.as_tensor(ss, device=run.dev)
-    win.cand[bi, si] = e.topk(K, dim=-1).indices            # K distinct tokens, uniformly without replacement
-    win.q[bi, si] = 1.0 / V
+    flat = bs * S + ss                                            # the levels in the window's flat (B * S) rows
+    ix = torch.as_tensor(np.concatenate([flat, flat[draw]]), device=run.dev)
+    win.q.view(-1, V).index_fill_(0, ix[:len(flat)], 1.0 / V)
+    if not draw.any():
+        return
+    if e is None:
+        e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs[draw], ss[draw])
+    # K distinct tokens, uniformly without replacement
+    win.cand.view(-1, K).index_copy_(0, ix[len(flat):], e.to(run.dev).topk(K, dim=-1).indices)
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:

@@ -6,11 +6,84 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from theory.core.xp import gather, gather_rows, namespace, normalize, sample_categorical, take_last
+from theory.core.xp import gather, gather_rows, namespace, normalize, put_last, sample_categorical, take_last
 from theory.rules.acceptance import accept_at, reads_f
 from theory.tree import Tree, TreeVerdict
 
 __all__ = ["longest_path_verdict", "predict_longest"]
+
+
+class _VerdictPlan:
+    """What ``longest_path_verdict`` reads of a tree, host ints built once per tree (``_verdict_plan``): node depths
+    ``dep`` (N+1,); the parents of a first child ``par0`` (P0,); the parents of several children ``par_m`` (Pm,),
+    their places in par0 ``m0`` and positions ``pos_m``; per rank b >= 1 the parents (indices into par_m) that have
+    a child of rank b (``sel``, None: all); the tested children in test order (rank 0 of par0, then each rank's)
+    ``kid_all`` and their positions ``pos_all``; the children of rank b - 1 whose token the recursion's step b
+    removes (``prev``, 0 where none); the ancestor table cut at 0 ``a``
+    (N+1, D) with its padding ``pad``; the path order ``order`` (N+1,) (deeper first, then the first in path order);
+    per node its number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where
+    none). ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
+
+    def __init__(self, tree: Tree, anc: np.ndarray):
+        ch = tree.children
+        N1, K = ch.shape
+        self.N1, self.K = N1, K
+        self.dep = tree.node_depth.astype(np.int64)
+        self.par0 = np.flatnonzero(ch[:, 0] >= 0)
+        self.kid0, self.pos0 = ch[self.par0, 0], self.dep[self.par0] + 1
+        self.par_m = np.flatnonzero(ch[:, 1] >= 0) if K > 1 else np.zeros(0, np.int64)
+        self.pos_m = self.dep[self.par_m] + 1
+        kids_m = ch[self.par_m]                                                             # (Pm, K)
+        self.prev = [np.maximum(kids_m[:, b - 1], 0) for b in range(1, K)]
+        self.m0 = np.searchsorted(self.par0, self.par_m)          # par_m's places in par0
+        self.sel, kid_all, pos_all = [], [self.kid0], [self.pos0]
+        for b in range(1, K):                       # plan time only: a loop over the K ranks
+            sel = np.flatnonzero(kids_m[:, b] >= 0)   # the parents (in par_m) with a child of rank b
+            if not len(sel):
+                break
+            self.sel.append(None if len(sel) == len(self.par_m) else sel)
+            kid_all.append(kids_m[sel, b])
+            pos_all.append(self.pos_m[sel])
+        self.kid_all, self.pos_all = np.concatenate(kid_all), np.concatenate(pos_all)
+        self.a, self.pad = np.where(anc >= 0, anc, 0), anc < 0
+        self.anc = np.asarray(anc, np.int64)
+        self.order = self.dep * (N1 + 1) + N1 - np.arange(N1)
+        self.nk = (ch >= 0).sum(1)
+        self.last = np.where(self.nk > 0, ch[np.arange(N1), np.maximum(self.nk - 1, 0)], 0)
+        self.pm_of = np.zeros(N1, np.int64)
+        self.pm_of[self.par_m] = np.arange(len(self.par_m))
+        self._dev: dict = {}
+
+    _ARRAYS = ("dep", "par0", "par_m", "m0", "pos_m", "kid_all", "pos_all", "a", "pad", "anc", "order", "last",
+               "pm_of")
+
+    def on(self, device) -> dict:
+        """{name: array} of the index arrays: numpy (``device`` None) or torch tensors on ``device``."""
+        if device is None:
+            return {k: getattr(self, k) for k in self._ARRAYS} | {"prev": self.prev, "sel": self.sel}
+        key = str(device)
+        if key not in self._dev:
+            t = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
+            self._dev[key] = {k: t(getattr(self, k)) for k in self._ARRAYS} | {
+                "prev": [t(a) for a in self.prev],
+                "sel": [None if sel is None else t(sel) for sel in self.sel]}
+        return self._dev[key]
+
+
+_PLANS: dict = {}          # id(tree) -> (tree, anc, _VerdictPlan): the trees of ``real.decode.sjd_pac``'s cached plans
+
+
+def _verdict_plan(tree: Tree, anc: np.ndarray) -> _VerdictPlan:
+    """The tree's ``_VerdictPlan``, built once per tree object (kept alive here, so its id names it) and ancestor
+    table."""
+    hit = _PLANS.get(id(tree))
+    if hit is not None and hit[0] is tree and hit[1] is anc:
+        return hit[2]
+    if len(_PLANS) >= 512:
+        _PLANS.clear()
+    vp = _VerdictPlan(tree, anc)
+    _PLANS[id(tree)] = (tree, anc, vp)
+    return vp
 
 
 def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, *, tree: Tree, anc: np.ndarray,
@@ -26,106 +99,89 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     (live) children, its own row when it has none; uniform over the V tokens when ``uniform_bonus`` and the winner is
     the end of the full main branch (depth ``full_depth``). Returns a ``TreeVerdict``.
 
-    Array operations over the tree, no loop over its nodes: every node's test at once (rows (B, P, V) of the P
-    parents, positions as an array), the siblings' recursion by rank (a loop over K) on the parents with several
-    children only, a node's acceptance as the AND over its ancestors (``anc``), the winner by one argmax, its residual
-    by one step from the recursion's state before its last child."""
+    Array operations over the tree, no loop over its nodes, the tree's index arrays built once per tree
+    (``_verdict_plan``): every first child's test at once (rows (B, P0, V) of its P0 parents), the siblings' recursion
+    by rank (a loop over K) on the Pm parents with several children, each rank's tests on its rows; a node's
+    acceptance as the AND over its ancestors, the winner by one argmax, its residual by one step from the recursion's
+    state before its last child. The recursion runs on every parent whatever the depth caps: siblings share a depth,
+    so past an image's cap all of a parent's tests are masked and the winner's children are not live (its own row)."""
+    vp = _verdict_plan(tree, anc)
     xp = namespace(p, q)
-    B, N1, V = p.shape
-    ch, dep = tree.children, tree.node_depth.astype(np.int64)
     torch_rows = isinstance(p, torch.Tensor)
-    dev = p.device if torch_rows else None
-    asarr = (lambda a: torch.as_tensor(a, device=dev)) if torch_rows else np.asarray
-    cap = asarr(np.asarray(max_depth) if not torch_rows else max_depth)
+    A = vp.on(p.device if torch_rows else None)
+    host = (lambda a: torch.as_tensor(a, device=p.device)) if torch_rows else np.asarray   # host data to the rows'
+    B = p.shape[0]
+    V = p.shape[-1]
+    cap = max_depth if torch_rows else np.asarray(max_depth)
     tokens = xp.astype(tokens, xp.int64)
-    arV = xp.arange(V, device=dev) if torch_rows else np.arange(V)
-    passed = xp.zeros((B, N1), dtype=xp.bool, device=dev) if torch_rows else np.zeros((B, N1), bool)
+    passed = xp.zeros((B, vp.N1), dtype=xp.bool, device=p.device) if torch_rows else np.zeros((B, vp.N1), bool)
 
-    def test(par: np.ndarray, kid: np.ndarray, p_j, q_j) -> None:
-        """passed[:, kid] for children ``kid`` (m,) of ``par`` (m,) against their rows p_j, q_j (B, m, V)."""
-        c = tokens[:, asarr(kid)]
+    def test(kid, p_j, q_j, pos) -> None:
+        """passed[:, kid] for children ``kid`` (m,) against their parents' rows p_j, q_j (B, m, V), positions pos."""
+        c = tokens[:, kid]
         qc, pc = take_last(q_j, c[..., None], xp)[..., 0], take_last(p_j, c[..., None], xp)[..., 0]
-        f = accept_at(verifier.accept, p_j, q_j, asarr(dep[par] + 1), c)
-        passed[:, asarr(kid)] = xp.where(qc > 0, u_accept[:, asarr(kid)] < f, pc > 0)
+        f = accept_at(verifier.accept, p_j, q_j, pos, c)
+        passed[:, kid] = xp.where(qc > 0, u_accept[:, kid] < f, pc > 0)
 
-    def residual(p_j, q_left, kids: np.ndarray, pos, last: bool, q_first=None):
-        """The siblings' recursion (rank order) for rows p_j, q_left (B, m, V) whose children are ``kids`` (B or 1,
-        m, K) (-1 where none) at 1-based positions ``pos`` (broadcastable to (B, m)): each rank's test (``last``
-        False: the tests of ranks >= 1 of the parents ``par_m``), and the residual after it as if rejected (after the
-        last rank only when ``last``: the winner's next token reads it, the tests do not). ``q_first``: q_left
-        normalised, when the caller has it."""
-        K = kids.shape[-1]
-        for b in range(K):                      # a loop over the K ranks, each over all the rows at once
-            has = kids[..., b] >= 0                                                      # (B or 1, m)
-            if not has.any():
-                break
-            q_j = q_first if b == 0 and q_first is not None else normalize(q_left, q_left, xp)
-            if b and not last:
-                if has[0].all():
-                    test(par_m, kids[0, :, b], p_j, q_j)
-                else:
-                    sel = np.flatnonzero(has[0])
-                    test(par_m[sel], kids[0, sel, b], p_j[:, asarr(sel)], q_j[:, asarr(sel)])
-            if not last and not (kids[..., b + 1:] >= 0).any():
-                return p_j, q_j                 # the state before the last rank's residual (the winner's reads it)
-            k = np.maximum(kids[..., b], 0)
-            c = take_last(tokens, asarr(np.broadcast_to(k, (B, k.shape[1])).copy()), xp)  # (B, m)
-            live = asarr(has) & (cap[:, None] >= asarr(dep[k]))
-            f = verifier.accept(p_j, q_j, pos) if reads_f(verifier.resample) else None
-            G = verifier.resample(p_j, q_j, f, c)
-            p_j = xp.where(live[..., None], G, p_j)
-            zero = live[..., None] & (arV == c[..., None])
-            q_left = xp.where(zero, xp.zeros_like(q_left), q_left) if torch_rows else np.where(zero, 0.0, q_left)
-        return p_j, None
+    def zero_at(w, c):
+        """w (B, m, V) with 0 at the codes c (B, m) (a new array)."""
+        return put_last(w, c[..., None], 0.0, xp)
 
-    # rank 0 of every parent: its row and its level's draft row, normalised
-    par0 = np.flatnonzero(ch[:, 0] >= 0)
-    p0, q0 = p[:, asarr(par0)], q[:, asarr(par0)]
+    q0 = q[:, A["par0"]]
     q0n = normalize(q0, q0, xp)
-    test(par0, ch[par0, 0], p0, q0n)
-    # ranks 1..K-1: the parents with several children (among par0), by the siblings' recursion
-    par_m = np.flatnonzero(ch[:, 1] >= 0) if ch.shape[1] > 1 else np.zeros(0, np.int64)
-    snap = None
-    if len(par_m):
-        m = asarr(np.searchsorted(par0, par_m))
-        snap = residual(p0[:, m], q0[:, m], ch[par_m][None], asarr(dep[par_m] + 1), last=False, q_first=q0n[:, m])
-    live = cap[:, None] >= asarr(dep)[None, :]                                           # (B, N+1)
-    ok = passed & live
+    tests = [(p[:, A["par0"]], q0n)]      # the rows of every test: rank 0 of every parent, then ranks 1..K-1
+    states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 0..K-1
+    if len(vp.par_m):
+        p_j, q_left = p[:, A["par_m"]], q[:, A["par_m"]]
+        q_j = q0n[:, A["m0"]]                                       # normalize(q_left): the rows of q0n
+        states[0] = (p_j, q_j)
+        for b, sel in enumerate(A["sel"], 1):           # a loop over the ranks, each over all the parents at once
+            c = tokens[:, A["prev"][b - 1]]                                               # (B, Pm) rank b - 1
+            f = verifier.accept(p_j, q_j, A["pos_m"]) if reads_f(verifier.resample) else None
+            p_j = verifier.resample(p_j, q_j, f, c)
+            q_left = zero_at(q_left, c)
+            q_j = normalize(q_left, q_left, xp)
+            states.append((p_j, q_j))
+            tests.append((p_j, q_j) if sel is None else (p_j[:, sel], q_j[:, sel]))
+    # every node's test in one call (rank 0's rows, then each rank's)
+    if len(tests) == 1:
+        test(A["kid_all"], *tests[0], A["pos_all"])
+    else:
+        test(A["kid_all"], xp.concat([r[0] for r in tests], axis=1), xp.concat([r[1] for r in tests], axis=1),
+             A["pos_all"])
+    ok = passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
-    a = np.where(anc >= 0, anc, 0)                                                       # (N+1, D)
-    ok = xp.all(ok[:, asarr(a)] | asarr(anc < 0)[None], axis=-1)                         # every ancestor passes
-    order = asarr((dep * (N1 + 1) + N1 - np.arange(N1)).astype(np.float64))
-    score = xp.where(ok, xp.astype(order, u_sample.dtype)[None, :], xp.full_like(ok, -1.0, dtype=u_sample.dtype))
-    win = xp.astype(xp.argmax(score, axis=1), xp.int64)                                  # (B,)
-    tau = xp.take(asarr(dep), win, axis=0)
-    path = xp.take(asarr(anc), win, axis=0)                                              # (B, D)
-    # the next token's row: the residual after all the winner's (live) children (its own row when it has none)
-    wins = win.cpu().numpy() if torch_rows else np.asarray(win)
-    rows = gather_rows(p, win, xp)
-    nk = (ch >= 0).sum(1)
-    nkw = nk[wins]
-    if len(par_m) and (nk[par_m] != nk[par_m[0]]).any():      # parents of unequal fan-out: the whole recursion
-        rows = residual(rows[:, None], gather_rows(q, win, xp)[:, None], ch[wins][:, None],
-                        asarr(dep[wins] + 1)[:, None], last=True)[:, 0]
-    elif (nkw > 0).any():
-        # one step from the state before the winner's last child: a parent of several children (ranks 0..K-2 done by
-        # the tests' recursion, ``snap``), else its own rows (the same operations on the same rows: the same bits)
-        if snap is not None and (nkw > 1).all():
-            at = (asarr(np.arange(B)), asarr(np.searchsorted(par_m, wins)))
-            p_pre, q_pre = snap[0][at], snap[1][at]
-        else:
+    ok = xp.all(ok[:, A["a"]] | A["pad"][None], axis=-1)                                   # every ancestor passes
+    win = xp.astype(xp.argmax(xp.where(ok, A["order"][None, :], xp.full_like(A["order"][None, :], -1)), axis=1),
+                    xp.int64)                                                               # (B,)
+    tau = xp.take(A["dep"], win, axis=0)
+    path = xp.take(A["anc"], win, axis=0)                                                   # (B, D)
+    # the next token's row: the residual after all the winner's live children (its own row when it has none)
+    wins = win.cpu().numpy() if torch_rows else win
+    own = gather_rows(p, win, xp)
+    nkw = vp.nk[wins]
+    if (nkw > 0).any():
+        bi = xp.arange(B, device=p.device) if torch_rows else np.arange(B)
+        p_pre = q_pre = None
+        if (nkw == 1).any():
             qw = gather_rows(q, win, xp)
-            p_pre, q_pre = rows, normalize(qw, qw, xp)
-            if snap is not None and (nkw > 1).any():
-                at = (asarr(np.arange(B)), asarr(np.searchsorted(par_m, wins).clip(max=len(par_m) - 1)))
-                many = asarr(nkw > 1)[:, None]
-                p_pre, q_pre = xp.where(many, snap[0][at], p_pre), xp.where(many, snap[1][at], q_pre)
-        kid = ch[wins, np.maximum(nkw - 1, 0)]
-        c = tokens[asarr(np.arange(B)), asarr(np.maximum(kid, 0))]
-        live = asarr(nkw > 0) & (cap >= asarr(dep[np.maximum(kid, 0)]))
-        pos = asarr(dep[wins] + 1)
+            p_pre, q_pre = own, normalize(qw, qw, xp)                    # one child: the winner's own rows
+        for r in sorted(set(nkw[nkw > 1].tolist())):    # several: the state before the last child (a rank loop)
+            at = A["pm_of"][win]
+            s_p, s_q = states[r - 1][0][bi, at], states[r - 1][1][bi, at]
+            if p_pre is None:                           # (a leaf's rows are not read: its children are not live)
+                p_pre, q_pre = s_p, s_q
+            else:
+                pick = host(nkw == r)[:, None]
+                p_pre, q_pre = xp.where(pick, s_p, p_pre), xp.where(pick, s_q, q_pre)
+        kid = A["last"][win]
+        c = tokens[bi, kid]
+        live = host(nkw > 0) & (cap >= A["dep"][kid])
+        pos = A["dep"][win] + 1
         f = verifier.accept(p_pre, q_pre, pos) if reads_f(verifier.resample) else None
-        rows = xp.where(live[:, None], verifier.resample(p_pre, q_pre, f, c), p_pre)
+        rows = xp.where(live[:, None], verifier.resample(p_pre, q_pre, f, c), own)
+    else:
+        rows = own
     nxt = sample_categorical(rows, u_sample, xp)
     if uniform_bonus:
         uni = xp.astype(xp.floor(u_sample * V), xp.int64)
