@@ -169,7 +169,8 @@ def test_torch_cpu_views_give_the_torch_verdict_bit_for_bit(dtype, monkeypatch):
     T, Z = torch.as_tensor(tiny.astype(dtype)), torch.zeros(3, dtype=torch.int64)
     for on in (True, False):
         monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", on)
-        (host if on else device).append(rules.Lantern(torch.as_tensor(nb0), 12, delta=1.0).at(T, torch.ones_like(T), 1, Z))
+        acc = rules.Lantern(torch.as_tensor(nb0), 12, delta=1.0)
+        (host if on else device).append(acc.at(T, torch.ones_like(T), 1, Z))
     for a, b in zip(host, device):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(a, b)

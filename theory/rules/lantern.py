@@ -53,9 +53,9 @@ def _host_table(neighbors) -> np.ndarray:
 
 
 def _host_views(*arrays):
-    """numpy views (no copies) of torch CPU tensors (None entries kept), when ``prefix_mass.TORCH_CPU_ON_NUMPY`` holds and
-    every array is a plain CPU tensor autograd does not track, of a dtype numpy has (``prefix_mass._torch_cpu``); else
-    None. The callers then run numpy's calls on the views: elementwise operations, gathers and scatters give torch's
+    """numpy views (no copies) of torch CPU tensors (None entries kept), when ``prefix_mass.TORCH_CPU_ON_NUMPY`` holds
+    and every array is a plain CPU tensor autograd does not track, of a dtype numpy has (``prefix_mass._torch_cpu``);
+    else None. The callers then run numpy's calls on the views: elementwise operations, gathers and scatters give torch's
     bits, the neighbour masses are summed in float64 as ``_on_numpy`` sums them, and sums over a row (a residual's
     normalisation) stay torch's."""
     torch = sys.modules.get("torch")
