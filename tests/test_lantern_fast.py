@@ -135,6 +135,56 @@ def test_torch_cpu_on_numpy_is_the_torch_blocks_bit_for_bit(dtype, monkeypatch):
         assert torch.equal(acc.aggregated(P), P + lantern_mod.prefix_mass(P, torch.as_tensor(nb), 1.0, 12))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_torch_cpu_views_give_the_torch_verdict_bit_for_bit(dtype, monkeypatch):
+    """``Lantern.at`` and the released resampling laws (both variants, given the rejected token and at the point law) on
+    torch CPU tensors run numpy's calls on views of them (``TORCH_CPU_ON_NUMPY``): bit for bit what the torch calls give
+    with the flag off (the device path), on rows with zeros and ties (equal masses), both thresholds, and on the
+    constructed rounding case (float32 sums on the host would lose its 2^-26 masses). Control: the same
+    residual normalised by numpy's row sum instead of torch's differs on these rows (so normalising on the host would be
+    caught), and the host view of a torch row is its memory (no copy)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(21)
+    V, k = 50, 9
+    nb = torch.as_tensor(rules.lantern_neighbors(rng.normal(size=(V, 3))))
+    p = rows(rng, (6, 4), V, 0.4, 0.3)
+    p[..., 7] = p[..., 8] = p[..., 9]                                                    # ties
+    q = rows(rng, (6, 4), V, 0.4, 0.2)
+    P, Q = torch.as_tensor(p.astype(dtype)), torch.as_tensor(q.astype(dtype))
+    X = torch.as_tensor(rng.integers(0, V, (6, 4)))
+    X[0] = torch.as_tensor(np.argmin(p[0], -1))                                          # tokens of mass 0
+    verifiers = [rules.lantern(nb, k, 0.05), rules.lantern(nb, k, 0.9), rules.lantern_pp(nb, k, 2.0),
+                 rules.lantern_pp(nb, k, 1.0)]
+
+    def outputs(on):
+        monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", on)
+        out = []
+        for v in verifiers:
+            f = v.accept.at(P, Q, 1, X)
+            out += [f, v.resample(P, Q, None, X), v.resample.point(P, X, f)]
+        return out
+
+    host, device = outputs(True), outputs(False)
+    nb0, tiny = _tiny_masses()                       # the rounding case: float32 sums on the host would lose 2^-26s
+    T, Z = torch.as_tensor(tiny.astype(dtype)), torch.zeros(3, dtype=torch.int64)
+    for on in (True, False):
+        monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", on)
+        acc = rules.Lantern(torch.as_tensor(nb0), 12, delta=1.0)
+        (host if on else device).append(acc.at(T, torch.ones_like(T), 1, Z))
+    for a, b in zip(host, device):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    res = verifiers[0].resample
+    w = torch.as_tensor(res._released_kept(p.astype(dtype), q.astype(dtype), X.numpy(), np))
+    torch_norm = w / w.sum(-1, keepdim=True)
+    numpy_norm = torch.as_tensor(w.numpy() / w.numpy().sum(-1, keepdims=True))
+    assert not torch.equal(torch_norm, numpy_norm)                                       # the control
+    monkeypatch.setattr(lantern_mod, "TORCH_CPU_ON_NUMPY", True)                          # the host path is taken
+    views = lantern_rules._host_views(P, Q, X)
+    assert views is not None and np.shares_memory(views[0], P.numpy())
+    assert lantern_rules._host_views(P.requires_grad_(), Q) is None                      # (autograd: the torch calls)
+
+
 def test_torch_bfloat16_rows_keep_the_torch_blocks(monkeypatch):
     """numpy has no bfloat16: such CPU tensors are not handed to the numpy code (it could not view them) but summed by
     the torch blocks, in float64, as before; the dense row and the drafted tokens agree bit for bit."""

@@ -22,10 +22,12 @@ Facts from the release (jadohu/LANTERN, ``models/ea_model_llamagen.py`` and
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import array_api_compat
+import numpy as np
 
 from ..core.xp import (Array, any_to, gather, mark, namespace, normalize, positive_part, put_last,
                        ratio_min1, take_last)
@@ -45,10 +47,34 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
 
 
+def _host_table(neighbors) -> np.ndarray:
+    """``_table`` on the host: the table as int64 numpy (a view of a torch CPU table; no copy when it is int64)."""
+    return np.asarray(neighbors).astype(np.int64, copy=False)
+
+
+def _host_views(*arrays):
+    """numpy views (no copies) of torch CPU tensors (None entries kept), when ``prefix_mass.TORCH_CPU_ON_NUMPY`` holds
+    and every array is a plain CPU tensor autograd does not track, of a dtype numpy has (``prefix_mass._torch_cpu``);
+    else None. The callers then run numpy's calls on the views: elementwise operations, gathers and scatters give torch's
+    bits, the neighbour masses are summed in float64 as ``_on_numpy`` sums them, and sums over a row (a residual's
+    normalisation) stay torch's."""
+    torch = sys.modules.get("torch")
+    if torch is None or not _pm.TORCH_CPU_ON_NUMPY:
+        return None
+    for a in arrays:    # (a handful of arguments)
+        if a is not None and (type(a) is not torch.Tensor or a.device.type != "cpu" or a.requires_grad
+                              or a.dtype == torch.bfloat16 or a.is_conj() or a.is_neg()):
+            return None
+    return tuple(None if a is None else a.numpy() for a in arrays)
+
+
 def _entries(p: Array, x: Array, xp):
     """Rows p (..., V) broadcast to tokens x (...,) and flattened, and the flat entries row * V + x: ((R V,), (R,))."""
     V = p.shape[-1]
     shape = tuple(x.shape)
+    if isinstance(p, np.ndarray):    # numpy's own calls (the compat layer's cost is most of a few tokens' time)
+        pf = (p if p.shape[:-1] == shape else np.broadcast_to(p, (*shape, V))).reshape(-1)
+        return pf, np.arange(pf.shape[0] // V) * V + np.reshape(x, (-1,)).astype(np.int64, copy=False)
     if tuple(p.shape[:-1]) != shape:
         p = xp.broadcast_to(p, (*shape, V))
     pf = xp.reshape(p, (-1,))
@@ -98,15 +124,21 @@ class Lantern:
         nb = _table(self.neighbors, self.k, array_api_compat.device(p), xp)
         return p + prefix_mass(p, nb, self._threshold(p), self.k)
 
-    def aggregated_at(self, p: Array, x: Array) -> Array:
-        """p~(x) (...,) at tokens x (...,) of rows p (..., V): the k neighbours of x only (``prefix_mass_at``)."""
-        xp = namespace(p)
+    def aggregated_at(self, p: Array, x: Array, *, sum_dtype=None) -> Array:
+        """p~(x) (...,) at tokens x (...,) of rows p (..., V): the k neighbours of x only (``prefix_mass_at``;
+        ``sum_dtype``: its masses' accumulator, the host calls on torch's views (``at``) sum in float64 as torch)."""
         self._check_rows(p)
         V = p.shape[-1]
+        if isinstance(p, np.ndarray):   # numpy's own calls
+            pf, e = _entries(p, x, np)
+            px = pf[e]
+            m = prefix_mass_at(pf, e, _host_table(self.neighbors), self._threshold(px), self.k, V, sum_dtype=sum_dtype)
+            return (px + m).reshape(np.shape(x))
+        xp = namespace(p)
         nb = _table(self.neighbors, self.k, array_api_compat.device(p), xp)
         pf, e = _entries(p, x, xp)
         px = xp.take(pf, e)
-        m = prefix_mass_at(pf, e, nb, self._threshold(px), self.k, V)
+        m = prefix_mass_at(pf, e, nb, self._threshold(px), self.k, V, sum_dtype=sum_dtype)
         return xp.reshape(px + m, tuple(x.shape))
 
     def admits(self, p: Array) -> Array:
@@ -137,6 +169,11 @@ class Lantern:
 
     def at(self, p, q, i, x):
         """f(x) (...,) at tokens x (...,): min(1, p~(x) / q(x)) from x's k neighbours (``theory.rules.accept_at``)."""
+        host = _host_views(p, q, x)
+        if host is not None:    # torch CPU tensors: numpy's calls on their views, the same bits at a third of the cost
+            hp, hq, hx = host
+            f = ratio_min1(self.aggregated_at(hp, hx, sum_dtype=np.float64), gather(hq, hx, np), np)
+            return sys.modules["torch"].from_numpy(f)
         xp = namespace(p, q)
         return ratio_min1(self.aggregated_at(p, x), gather(q, x, xp), xp)
 
@@ -228,25 +265,62 @@ class LanternResample:
         """G(.|x) (..., V) for rejected tokens x (...,): O(V + k) per row (one scatter of x's neighbours, ``mark``);
         the uniform fallback broadcast from (..., 1), not built as a row."""
         V = p.shape[-1]
+        lead = tuple(p.shape[:-1])
+        if self.law == "released":   # a scatter of x's k+1 neighbours into the row: no (..., V) mask
+            host = (_host_views(p, q, x) if tuple(x.shape) == lead and (q is None or tuple(q.shape) == tuple(p.shape))
+                    else None)
+            if host is not None:     # torch CPU tensors: the kept masses by numpy's calls on their views (the same
+                torch = sys.modules["torch"]   # bits: elementwise, gathers, a scatter), normalised by torch's own sum
+                uniform = torch.from_numpy(np.ones((*lead, 1), host[0].dtype) / V)
+                return normalize(torch.from_numpy(self._released_kept(*host, np)), uniform, xp)
         dev = array_api_compat.device(p)
         zero = xp.zeros((), dtype=p.dtype, device=dev)
-        uniform = xp.ones((*p.shape[:-1], 1), dtype=p.dtype, device=dev) / V
-        if self.law == "released":   # a scatter of x's k+1 neighbours into the row: no (..., V) mask
-            nb = self._nb_rows(x, dev, xp)                                         # (..., k+1)
-            same = self.accept.neighbors is self.neighbors                          # (x's nearest, read already)
-            adm = self.accept.admits_at(p, x, nb[..., 0] if same else None)[..., None]   # (..., 1)
-            if self.variant == "p":  # p with x, and N(x) if admitted, zeroed (x stands in for N(x) otherwise)
-                idx = xp.concat([x[..., None], xp.where(adm, nb, x[..., None])], axis=-1)
-                return normalize(put_last(p, idx, zero, xp), uniform, xp)
-            # [p - q']_+, q' = q with N(x) zeroed if admitted: [p - q]_+ with [p - 0]_+ = [p]_+ put back at N(x)
-            r = positive_part(p - q, xp)
-            back = xp.where(adm, positive_part(take_last(p, nb, xp), xp), take_last(r, nb, xp))
-            return normalize(put_last(r, nb, back, xp, copy=False), uniform, xp)       # (r is ours)
+        uniform = xp.ones((*lead, 1), dtype=p.dtype, device=dev) / V
+        if self.law == "released":
+            return normalize(self._released_kept(p, q, x, xp), uniform, xp)
         S = self._nb_mask(x, V, xp, dev) | mark(x[..., None], V, xp)
         if self.variant == "p":
             return normalize(xp.where(S, zero, p), uniform, xp)
         qn = normalize(xp.where(S, zero, q), xp.zeros_like(q), xp)
         return normalize(positive_part(p - qn, xp), p, xp)
+
+    def _released_kept(self, p, q, x, xp):
+        """The released law's row before its normalisation (..., V), for rejected tokens x (...,): O(V + k) per row."""
+        if isinstance(p, np.ndarray) and tuple(np.shape(x)) == p.shape[:-1] and (q is None or q.shape == p.shape):
+            return self._released_kept_host(p, q, x)
+        nb = self._nb_rows(x, array_api_compat.device(p), xp)                          # (..., k+1)
+        same = self.accept.neighbors is self.neighbors                                  # (x's nearest, read already)
+        adm = self.accept.admits_at(p, x, nb[..., 0] if same else None)[..., None]      # (..., 1)
+        if self.variant == "p":  # p with x, and N(x) if admitted, zeroed (x stands in for N(x) otherwise)
+            idx = xp.concat([x[..., None], xp.where(adm, nb, x[..., None])], axis=-1)
+            return put_last(p, idx, xp.zeros((), dtype=p.dtype, device=array_api_compat.device(p)), xp)
+        # [p - q']_+, q' = q with N(x) zeroed if admitted: [p - q]_+ with [p - 0]_+ = [p]_+ put back at N(x)
+        r = positive_part(p - q, xp)
+        back = xp.where(adm, positive_part(take_last(p, nb, xp), xp), take_last(r, nb, xp))
+        return put_last(r, nb, back, xp, copy=False)                                    # (r is ours)
+
+    def _released_kept_host(self, p, q, x):
+        """``_released_kept`` on numpy rows p (and q) (..., V), x (...,), by flat entries: the same gathers, the same
+        elementwise operations and the same scatter (the rows' own calls, no index grids)."""
+        V = p.shape[-1]
+        R = int(np.prod(p.shape[:-1], dtype=np.int64))
+        x = np.reshape(x, (-1,)).astype(np.int64, copy=False)
+        nb = np.take(_host_table(self.neighbors), x, axis=0)[:, : self.k + 1]         # (R, k+1) N(x)
+        at = (np.arange(R) * V)[:, None]
+        pf = np.reshape(p, (-1,))
+        first = nb[:, 0] if self.accept.neighbors is self.neighbors else \
+            np.take(_host_table(self.accept.neighbors), x, axis=0)[:, 0]
+        adm = pf[at[:, 0] + first] <= self.accept._threshold(pf[at[:, 0] + x])     # ``Lantern.admits_at``
+        if self.variant == "p":  # p with x, and N(x) if admitted, zeroed
+            out = np.array(p, copy=True, order="C")
+            of = out.reshape(-1)
+            of[at[:, 0] + x] = 0
+            of[(at + nb)[adm]] = 0
+            return out
+        r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
+        rf, idx = r.reshape(-1), at + nb
+        rf[idx] = np.where(adm[:, None], positive_part(pf[idx]), rf[idx])
+        return r
 
     def point(self, p, c, f_c):
         """``self(p, one-hot(c), f, c)`` (the point draft law), released laws (else None): "q": N(c) never lists c, so

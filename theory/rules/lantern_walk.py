@@ -36,8 +36,8 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
     """The level step of LANTERN's released walk under the point law (module note) for a walk over B rounds of rows
     with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (B, V) the nodes' rows, c (B, K)
     their candidates in rank order, has (B, K) bool tried (a prefix of the ranks), u (B, K) their uniforms returns
-    (ok (B, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, r), which zeroes in
-    r (n, V), the rows of the rounds stop (B,) bool that accepted none, the codes their residual lacks), or None (the
+    (ok (B, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr), which zeroes in
+    pr, for the rounds stop (B,) bool that accepted none, the codes their residual lacks), or None (the
     generic walk serves). numpy rows. After a step, ``step.last`` = (live (n,) the rounds that tried a candidate,
     thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those after a round's first accepted
     one are not meaningful)."""
@@ -69,7 +69,8 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
         cl, hm = (c if whole else c[live]).reshape(-1), h.reshape(-1)          # (m,) entries: round-major
         base = np.repeat(live * V, K)
         fc = base + cl                                                          # flat entries of the c_j in pr
-        fn = base[:, None] + np.take(table, cl, axis=0)                         # (m, k+1): their nearest
+        fn = np.take(table, cl, axis=0)                                         # (m, k+1): their nearest,
+        fn += base[:, None]                                                     # flat (in place: one array)
         prf = pr.reshape(-1)
         gc, gn = prf[fc], prf[fn]
         total = (pr if whole else pr[live]).sum(-1).astype(np.float64)          # (n,) the row's mass
@@ -111,14 +112,14 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
         step.last = (live, t)
         ok[live] = a
 
-        def clear(stop, r):
-            """Zero, in the rows r (one per round of ``stop``, in order), the codes the stopped rounds' rejections
-            removed (every candidate tried was rejected there)."""
+        def clear(stop, rows):
+            """Zero, in ``rows`` (B, V): the rows pr given to the step (the walk's own copy, C-ordered), for the rounds
+            of ``stop``, the codes their rejections removed (every candidate tried was rejected there), at the flat
+            entries read above."""
             out = np.repeat(stop[live], K) & hm                                 # their tried entries
-            shift = np.repeat((np.cumsum(stop)[live] - 1 - live) * V, K)        # flat entry in pr -> in r
-            rf = r.reshape(-1)
-            rf[(fc + shift)[out]] = 0
-            rf[(fn + shift[:, None])[out if adm is None else out & adm]] = 0   # (N_{k+1}(c_j) where admitted)
+            rf = rows.reshape(-1)
+            rf[fc[out]] = 0
+            rf[fn[out if adm is None else out & adm]] = 0                       # (N_{k+1}(c_j) where admitted)
 
         return ok, clear
 

@@ -172,12 +172,18 @@ def _prefix_of(g, thr, acc, dtype, carry=None):
     add more; continuing from mass in ``acc`` gives the same sums as one pass over all the columns)."""
     import numpy as np
 
-    c0 = np.zeros((g.shape[0], 1), acc) if carry is None else np.asarray(carry, acc)[:, None]
-    cs = np.cumsum(np.concatenate([c0, g.astype(acc, copy=False)], axis=1), axis=1)[:, 1:]
+    if carry is None:   # from zero: 0.0 + g_1 is g_1 but for a -0.0, whose sign alone may differ down the sums (a zero
+        cs = np.cumsum(g, axis=1, dtype=acc)   # sum's): the + 0.0 below makes it +0.0, as from a zero
+        c0 = np.zeros((), acc)
+    else:
+        c0 = np.asarray(carry, acc)
+        cs = np.cumsum(np.concatenate([c0[:, None], g.astype(acc, copy=False)], axis=1), axis=1)[:, 1:]
     ta = thr if getattr(thr, "ndim", 0) == 0 else np.asarray(thr)[:, None]
-    last = np.sum(cs <= ta, axis=1, dtype=np.int64)                                  # columns passed (a prefix)
-    got = np.take_along_axis(cs, np.maximum(last - 1, 0)[:, None], axis=1)[:, 0]
-    return np.where(last > 0, got, c0[:, 0]).astype(dtype, copy=False), last == g.shape[1]
+    last = np.count_nonzero(cs <= ta, axis=1)                                        # columns passed (a prefix)
+    got = cs[np.arange(g.shape[0]), np.maximum(last - 1, 0)]
+    if carry is None:
+        got += 0.0
+    return np.where(last > 0, got, c0).astype(dtype, copy=False), last == g.shape[1]
 
 
 def prefix_rows(g, thr, dtype):

@@ -75,8 +75,9 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     it when w >= 1, as vanilla), so candidate j is accepted iff u_j < w p_j(c_j) / (m - taken before j), with
     p_j(c_j) = p(c_j) (1 - min(1, w))^(earlier listings of c_j). ``level`` (a rule whose rejection zeroes more than
     the candidate, LANTERN's released "p" law: ``theory.rules.lantern_walk.delta_level``): ``level(B, V, K)`` gives
-    the step that settles a level, ``step(pr, c, has, u)`` -> (ok (B, K), clear(stop, r): zero in r (n, V), the rows
-    of the rounds stop (B,) bool stopped there, the codes their residual lacks), or None (then so does the walk: the
+    the step that settles a level, ``step(pr, c, has, u)`` -> (ok (B, K), clear(stop, pr): zero in the node rows pr
+    (the walk's own copy, before the residual rows are taken from it), for the rounds stop (B,) bool stopped there,
+    the codes their residual lacks), or None (then so does the walk: the
     generic walk serves). Returns (accepted (B,), path (B, D), next_token (B,), last_node (B,)), or None when the
     arrays are not numpy (the rule's "device" walk serves them)."""
     if not _host(p, q, tokens, u_accept, u_sample):
@@ -138,18 +139,18 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             stop = live & ~acc
             if stop.any():
                 tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
+                if level is not None:                   # (in pr, the walk's own copy, before the rows are taken)
+                    clear(stop, pr)
                 r = pr[stop]                                                     # (a copy)
                 cs, ts = c[stop], tried[stop]
-                if level is not None:
-                    clear(stop, r)
-                elif weight is None:
+                if level is None and weight is None:
                     r[np.nonzero(ts)[0], cs[ts]] = 0.0
-                else:                               # each tried candidate's taken mass (repeats: one after another)
+                elif level is None:                 # each tried candidate's taken mass (repeats: one after another)
                     np.subtract.at(r, (np.nonzero(ts)[0], cs[ts]), taken[stop][ts].astype(r.dtype))
                     np.maximum(r, 0.0, out=r)
                 empty = r.sum(-1) <= 0              # every sibling's mass rejected (round-off only): the node's row
-                if empty.any():
-                    r[empty] = pr[stop][empty]
+                if empty.any():                         # (re-read from p: the level's clear wrote in pr)
+                    r[empty] = p[rows[stop][empty], node[stop][empty]]
                 res.append((stop, r))
         win = kids[rows, first]
         path[rows[acc], depth[acc]] = win[acc]

@@ -225,7 +225,7 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
     pos = xp.minimum(node_depth + 1, xp.full_like(node_depth, D))                # its candidates' 1-based position
     flat = (*batch, N1)
     p_res = p
-    removed = None if point else xp.zeros((*batch, N1, V), dtype=xp.bool, device=dev)
+    q_left = q                                      # q with each node's rejected candidates zeroed (not for "point")
     chosen = xp.full(flat, -1, dtype=xp.int64, device=dev)                      # (..., N+1) accepted child, or -1
     ar_V = xp.arange(V, device=dev)
     for j in range(K):   # a loop over candidate ranks (K <= a handful), every node of every round at once
@@ -237,15 +237,14 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
         if point:
             q_j = xp.astype(hit, p.dtype)
         else:
-            q_left = xp.where(removed, xp.zeros_like(q), q)
             q_j = normalize(q_left, q_left, xp)                                     # all zero once exhausted
         valid = has & (gather(q_j, c, xp) > 0)                                      # impossible candidates skipped
         f_c = accept_at(verifier.accept, p_res, q_j, pos, c)
         acc = valid & (take_last(u_accept, kid_safe, xp) < f_c)
         rej = valid & ~acc
         p_res = _residual(verifier, p_res, q_j, pos, c, rej, xp, f_c if point else None)
-        if not point:
-            removed = removed | (rej[..., None] & hit)
+        if not point:    # (the same values as q with every rejected candidate's entry zeroed, in one pass)
+            q_left = xp.where(rej[..., None] & hit, xp.zeros((), dtype=q.dtype, device=dev), q_left)
         chosen = xp.where(acc, kid, chosen)
     lead = int(np.prod(batch, dtype=np.int64))                                  # the chosen children followed
     path, depth, node = follow_chosen(xp.reshape(chosen, (lead, N1)), D, None, xp)   # (caps: in ``open_``)
