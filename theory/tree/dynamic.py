@@ -23,6 +23,7 @@ from __future__ import annotations
 import array_api_compat
 import numpy as np
 
+from ..core import checks
 from ..core.xp import Array, gather, namespace, normalize, sample_categorical, top_m
 
 __all__ = ["KEYS", "GUIDES", "child_keys", "guided_children", "rank_guide", "select_nodes"]
@@ -85,6 +86,11 @@ def rank_guide(qx: Array, px: Array, k: int) -> Array:
     target probabilities qx, px (...,): rank 1 with probability min(1, q(x) / p(x)) (the share of x's target mass
     that vanilla accepts at rank 1: all of it when q(x) >= p(x), where no later rank can accept x), the rest over
     ranks 2..k in proportion to 1 / J."""
+    k = checks.integer("rank_guide: k", k, lo=1)
+    if not (array_api_compat.is_array_api_obj(qx) and array_api_compat.is_array_api_obj(px)) \
+            or tuple(qx.shape) != tuple(px.shape):
+        raise ValueError(f"rank_guide: qx and px must be arrays of one shape, got {type(qx).__name__} "
+                         f"{tuple(getattr(qx, 'shape', ()))} and {type(px).__name__} {tuple(getattr(px, 'shape', ()))}")
     xp = namespace(qx, px)
     dev = array_api_compat.device(qx)
     r = 1.0 / np.arange(1, k + 1)
@@ -96,6 +102,25 @@ def rank_guide(qx: Array, px: Array, k: int) -> Array:
         first = xp.ones_like(first)
     e0 = xp.asarray(np.eye(1, k, 0)[0], dtype=xp.float64, device=dev)
     return first[..., None] * e0 + (1 - first)[..., None] * tail
+
+
+def _check_guided(q, p, x, u, k, mode) -> None:
+    """``guided_children``'s inputs, before any work: one-line TypeError / ValueError."""
+    who = "guided_children"
+    k = checks.integer(f"{who}: k", k, lo=1)
+    for nm, a in (("q", q), ("p", p), ("x", x), ("u", u), ("mode", mode)):
+        if not array_api_compat.is_array_api_obj(a):
+            raise TypeError(f"{who}: {nm} must be an array (numpy or torch), got {type(a).__name__}")
+    lead = tuple(q.shape[:-1])
+    if q.ndim < 1 or tuple(p.shape) != tuple(q.shape):
+        raise ValueError(f"{who}: q and p must be (..., V) of one shape, got {tuple(q.shape)} and {tuple(p.shape)}")
+    if k > q.shape[-1]:
+        raise ValueError(f"{who}: k = {k} exceeds the vocabulary V = {q.shape[-1]}")
+    for nm, a in (("x", x), ("mode", mode)):
+        if tuple(a.shape) != lead or "int" not in str(a.dtype):
+            raise ValueError(f"{who}: {nm} must be integers of shape {lead}, got {a.dtype} {tuple(a.shape)}")
+    if tuple(u.shape) != (*lead, k, 3):
+        raise ValueError(f"{who}: u must be uniforms of shape {(*lead, k, 3)}, got {tuple(u.shape)}")
 
 
 def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x: Array, u: Array, k: int,
@@ -120,6 +145,7 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
     J* of the order, only J = J* draws it (x is kept out of the earlier ranks), except where x is the last token of
     q's support, which every J >= J* then places at J*: pi_first / q = rho_eff(J*) prod_{i<J*} rej'_i(c_i) / q_i(c_i)
     / q_J*(x), rho_eff(J*) = rho(J*) (+ sum_{J > J*} rho(J) in that case)."""
+    _check_guided(q, p, x, u, k, mode)
     xp = namespace(q, p, u)
     dev = array_api_compat.device(q)
     V = q.shape[-1]
