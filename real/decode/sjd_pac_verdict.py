@@ -166,8 +166,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         if (nkw == 1).any():
             qw = gather_rows(q, win, xp)
             p_pre, q_pre = own, normalize(qw, qw, xp)                    # one child: the winner's own rows
+        at = A["pm_of"][win]
         for r in sorted(set(nkw[nkw > 1].tolist())):    # several: the state before the last child (a rank loop)
-            at = A["pm_of"][win]
             s_p, s_q = states[r - 1][0][bi, at], states[r - 1][1][bi, at]
             if p_pre is None:                           # (a leaf's rows are not read: its children are not live)
                 p_pre, q_pre = s_p, s_q

@@ -62,12 +62,11 @@ class _Walk:
     def chunk_rows(self, V: int, K: int, width: int) -> int:
         return max(1, MC_CHUNK_ELEMENTS // (self.M * self.G * V * width))
 
-    def enumerate_first(self, rej, c, w, xp):
+    def enumerate_first(self, rej, beta, c, w, xp):
         """The first rejection's identity summed exactly where its support fits a group: for a row whose rejection
-        law rej (r, V) has m <= M tokens, a group's M histories take its support tokens in turn (token i of the
+        law rej (r, V) (mass beta (r, 1)) has m <= M tokens, a group's M histories take its support tokens in turn (token i of the
         support gets n_i = ceil or floor of M / m histories) with weight rej(c) M / (beta n_c); other rows keep
         their draws c, w (r, S). Each group's mean then holds the first rejection's sum exactly (section 11c)."""
-        r, V = rej.shape
         S, M = c.shape[1], self.M
         on = rej > 0
         m = xp.sum(xp.astype(on, xp.int64), axis=-1)                            # (r,) support sizes
@@ -78,13 +77,10 @@ class _Walk:
         m1 = xp.maximum(m, xp.ones_like(m))[:, None]                             # (r, 1); rows with m = 0 not used
         slot = xp.arange(S, device=dev) % M                                      # a history's index in its group
         i = slot[None, :] % m1                                                   # (r, S): its support token's rank
-        rank = xp.cumulative_sum(xp.astype(on, xp.int64), axis=-1) - 1          # (r, V): rank among the support
-        key = xp.where(on, rank, xp.full_like(rank, V))                          # off-support tokens last
-        order = xp.argsort(key, axis=-1, stable=True)                            # (r, V): support tokens first
+        order = xp.argsort(xp.astype(~on, xp.int64), axis=-1, stable=True)       # (r, V): support tokens first
         ce = take_last(order, i, xp)                                             # (r, S) the enumerated tokens
         n = M // m1 + xp.astype(i < (M % m1), xp.int64)                          # histories per support token
-        beta = xp.sum(rej, axis=-1, keepdims=True)
-        beta = xp.where(beta > 0, beta, xp.ones_like(beta))
+        beta = xp.where(beta > 0, beta, xp.ones_like(beta))                      # (rows with m = 0 not used)
         we = take_last(rej, ce, xp) * M / (xp.astype(n, rej.dtype) * beta)
         return xp.where(small[:, None], ce, c), xp.where(small[:, None], we, w)
 
@@ -123,7 +119,7 @@ class _Walk:
             c = xp.minimum(c, xp.full_like(c, V - 1))                            # (r, S); beta = 0: W becomes 0
             w = xp.ones_like(u[:, :, 0])                                         # rej(c) / (beta pi(c)), (r, S)
             if j == 0:                                                           # small supports: enumerated
-                c, w = self.enumerate_first(rej[:, 0, :], c, w, xp)
+                c, w = self.enumerate_first(rej[:, 0, :], beta, c, w, xp)
             shape = (r, S, V)
             if free:
                 P = xp.broadcast_to(G, shape)

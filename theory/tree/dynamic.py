@@ -160,8 +160,9 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
     zero = xp.zeros_like(q)
     one = xp.ones_like(lr)
     isx = ar == x[..., None]                                      # (..., V)
-    has_x = gather(q, x, xp) > 0
-    rho = rank_guide(gather(q, x, xp), gather(p, x, xp), k)                 # (..., k)
+    q_x = gather(q, x, xp)
+    has_x = q_x > 0
+    rho = rank_guide(q_x, gather(p, x, xp), k)                              # (..., k)
     cum = xp.cumulative_sum(rho, axis=-1)
     J = xp.sum(xp.astype(u[..., 0, 2][..., None] >= cum[..., :-1], xp.int64), axis=-1)   # 0-based rank of x
     tail = cum[..., -1:] - cum                                                # (..., k): sum over ranks after
@@ -180,9 +181,10 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
         b_r = xp.where(sr > 0, e * one, one)
         sx = xp.sum(xp.where(isx, zero, r), axis=-1)                          # the same without x (summed: no
         mx = xp.sum(xp.where(isx, zero, Q), axis=-1)                          # cancellation where x holds most)
-        a_x = xp.where(sx > 0, (1 - e) / xp.where(sx > 0, sx, one), xp.zeros_like(lr))       # rej'_j
-        b_x = xp.where(sx > 0, e / xp.where(mx > 0, mx, one), xp.where(mx > 0, 1 / xp.where(mx > 0, mx, one), one))
         zx = mx > 0                                                          # x left out of rej'_j
+        inv_mx = 1 / xp.where(zx, mx, one)
+        a_x = xp.where(sx > 0, (1 - e) / xp.where(sx > 0, sx, one), xp.zeros_like(lr))       # rej'_j
+        b_x = xp.where(sx > 0, e * inv_mx, xp.where(zx, inv_mx, one))
         before = (mode == 1) & has_x & (j < J)
         at = (mode == 1) & has_x & (j == J) & (qx > 0)
         a = xp.where(mode == 2, a_r, xp.where(before, a_x, xp.zeros_like(lr)))
@@ -195,8 +197,8 @@ def guided_children(parent_key: Array, parent_logp: Array, q: Array, p: Array, x
         safe = xp.where(qc > 0, qc, one)
         at_x = live & (c == x) & xp.isinf(lf)                                # x drawn at rank j
         with np.errstate(divide="ignore"):
-            rx_ = xp.log(rho[..., j] + xp.where(n_q == j + 1, tail[..., j], xp.zeros_like(lr)))
-            lf = xp.where(at_x, lx - xp.log(safe) + rx_, lf)
+            lrho = xp.log(rho[..., j] + xp.where(n_q == j + 1, tail[..., j], xp.zeros_like(lr)))   # rho_eff
+            lf = xp.where(at_x, lx - xp.log(safe) + lrho, lf)
             px = xp.where(zx & (c == x), xp.zeros_like(lr), a_x * rc + b_x * qc)
             lx = lx + xp.where(live, xp.log(px / safe), xp.zeros_like(lr))
             lr = lr + xp.where(live, xp.log((a_r * rc + b_r * qc) / safe), xp.zeros_like(lr))
