@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from bruteforce import argmax_g, lantern_g, lantern_g_released, lantern_ptilde, optimal_g_rows, scaled_f, typical_f
+from bruteforce import (argmax_g, lantern_g, lantern_g_released, lantern_ptilde, optimal_g_rows, residual_g_rows,
+                        scaled_f, typical_f)
 from theory.likelihood import fidelity
 from theory import rules
 from theory.likelihood import log_likelihood, log_target
@@ -573,3 +574,47 @@ def test_every_registered_method(name):
         exact = np.array([law.get(tuple(s), 0.0) for s in seqs])
         np.testing.assert_allclose(np.exp(log_likelihood(p, q, seqs, v, L, convention=conv)), exact,
                                    rtol=1e-10, atol=1e-15)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 9))
+def test_optimal_effective_at_token_is_the_normalised_residual(seed, V):
+    """G*.effective_at (a division at x, the residual's sum) == the brute-force G*(x) = [p - q f]_+(x) / sum, with
+    p(x) / sum p where the residual is empty (f = 1 and q = p), on numpy and torch with p (n, 1, V) shared by the L
+    offsets of q, f (n, L, V)."""
+    rng = np.random.default_rng(seed)
+    n, L = 5, 3
+    p = rng.dirichlet(np.full(V, 0.5), size=(n, 1))
+    p[rng.random(p.shape) < 0.3] = 0.0
+    p[..., 0] += 1e-3
+    p /= p.sum(-1, keepdims=True)
+    q = rng.dirichlet(np.full(V, 0.5), size=(n, L))
+    f = rng.random((n, L, V))
+    q[0], f[0] = p[0], 1.0                                     # an empty residual: the fallback
+    x = rng.integers(V, size=(n, 1))
+    want = np.zeros((n, L))
+    for i in range(n):
+        for j in range(L):
+            want[i, j] = optimal_g_rows(list(p[i, 0]), list(q[i, j]), list(f[i, j]))[int(x[i, 0])]
+    got = rules.Optimal().effective_at(p, q, f, x)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-300)
+    torch = pytest.importorskip("torch")
+    got_t = rules.Optimal().effective_at(*(torch.as_tensor(a) for a in (p, q, f, x))).numpy()
+    np.testing.assert_allclose(got_t, want, rtol=1e-12, atol=1e-300)
+
+
+def test_control_optimal_effective_at_reads_the_acceptance():
+    """Negative control for the test above: on fixed rows the brute-force vanilla residual (f ignored) gives other
+    values at x than G*, and the test's comparison sees it."""
+    rng = np.random.default_rng(4)
+    V, L = 8, 3
+    p = rng.dirichlet(np.ones(V), size=(6, 1))
+    q = rng.dirichlet(np.ones(V), size=(6, L))
+    f = rng.uniform(0.2, 0.8, size=(6, L, V))
+    x = rng.integers(V, size=(6, 1))
+    got = rules.Optimal().effective_at(p, q, f, x)
+    van = np.array([[residual_g_rows(list(p[i, 0]), list(q[i, j]))[int(x[i, 0])] for j in range(L)] for i in range(6)])
+    opt = np.array([[optimal_g_rows(list(p[i, 0]), list(q[i, j]), list(f[i, j]))[int(x[i, 0])] for j in range(L)]
+                    for i in range(6)])
+    np.testing.assert_allclose(got, opt, rtol=1e-12)
+    assert not np.allclose(got, van, rtol=1e-3)

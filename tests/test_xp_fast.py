@@ -199,3 +199,29 @@ def test_gather_rows_fast_path_is_take_along_axis():
     assert same_bits(X.gather_rows(x, idx), want)
     assert same_bits(X.gather_rows(x[None], idx[None]), want[None])          # other shapes: take_along_axis
     assert not same_bits(X.gather_rows(x, (idx + 1) % 7), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.0, 0.9))
+def test_divide_or_zero_is_the_guarded_division_bit_for_bit(seed, zero_share):
+    """numpy's one division with the empty entries zeroed == the guarded where-division, bit for bit, broadcast
+    (num (4, 3, 7), den (4, 1, 7)) with zeros in both; torch the same values; the mask is den <= 0 (None when none)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    num = rng.random((4, 3, 7)) * (rng.random((4, 3, 7)) > zero_share)
+    den = rng.random((4, 1, 7)) * (rng.random((4, 1, 7)) > zero_share)
+    want = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    got, empty = X.divide_or_zero(num, den)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    assert (empty is None and (den > 0).all()) or np.array_equal(empty, den <= 0)
+    got_t, _ = X.divide_or_zero(torch.as_tensor(num), torch.as_tensor(den))
+    assert np.array_equal(got_t.numpy(), want)
+
+
+def test_control_an_unguarded_division_is_caught():
+    """Negative control: dividing by den with zeros unguarded gives NaN / inf, which the comparison above rejects."""
+    num, den = np.array([1.0, 0.0, 2.0]), np.array([2.0, 0.0, 0.0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = num / den
+    got, empty = X.divide_or_zero(num, den)
+    assert not np.array_equal(raw, got) and got.tolist() == [0.5, 0.0, 0.0] and empty.tolist() == [False, True, True]

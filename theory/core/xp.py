@@ -167,6 +167,26 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
     return _ratio_min1_generic(num, q, xp or namespace(num, q))
 
 
+def divide_or_zero(num: Array, den: Array, xp=None):
+    """(num / den where den > 0, else 0; the mask den <= 0, or None where no entry has den <= 0), num and den
+    broadcast, den >= 0 (a mass). numpy: one division, then the few empty entries zeroed (the same bits as the
+    guarded division); other namespaces: the guarded division."""
+    if array_api_compat.is_numpy_array(num) and array_api_compat.is_numpy_array(den):
+        import numpy as np
+
+        empty = den <= 0
+        if not empty.any():
+            return num / den, None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.asarray(num / den)
+        out[np.broadcast_to(empty, out.shape)] = 0
+        return out, empty
+    xp = xp or namespace(num, den)
+    empty = den <= 0
+    out = num / xp.where(empty, xp.ones_like(den), den)
+    return xp.where(empty, xp.zeros_like(out), out), empty
+
+
 def _ratio_min1_generic(num, q, xp):
     """``ratio_min1`` in the array namespace ``xp``: it divides only where num < q."""
     lt = num < q                                     # ratio below 1 (so q > 0): the only place it divides

@@ -344,16 +344,17 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp, memo=None):
     m = f.shape[1]
     xb = xp.broadcast_to(x, (n, m))
     sq = xp.sum(q, axis=-1)
+    w = q * (1 - f)                                                     # (n, m, V) rejection mass
     at = getattr(verifier.resample, "effective_at", None)
-    g = None if at is None else at(p, q, f, x, memo=memo) if getattr(verifier.resample, "memo_ok", False) else \
-        at(p, q, f, x)
+    g = None if at is None else at(p, q, f, x, memo=memo, w=w) if getattr(verifier.resample, "memo_ok", False) \
+        else at(p, q, f, x)
     if g is None:
         G = xp.broadcast_to(verifier.resample(p, q, f), (n, m, V))      # effective law (section 6)
         g = gather(G, xb, xp) / xp.sum(G, axis=-1)
-    a = gather(q * f, xb, xp) / sq
+    a = gather(q, xb, xp) * gather(f, xb, xp) / sq                      # (q f)(x): the same product, at x only
     # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y) (T0; a sum of non-negative terms: exactly 0 when
     # nothing can be rejected)
-    r = xp.sum(q * (1 - f), axis=-1) / sq * xp.broadcast_to(g, (n, m))
+    r = xp.sum(w, axis=-1) / sq * xp.broadcast_to(g, (n, m))
     pt = p[:, 0, :]
     return xp.broadcast_to(a, (n, L)), xp.broadcast_to(r, (n, L)), gather(pt, tok, xp) / xp.sum(pt, axis=-1)
 

@@ -29,7 +29,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from ..core.xp import (Array, any_to, gather, mark, namespace, normalize, positive_part, put_last,
+from ..core.xp import (Array, any_to, divide_or_zero, gather, mark, namespace, normalize, positive_part, put_last,
                        ratio_min1, take_last)
 from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_scatter, neighbor_sum
 from . import prefix_mass as _pm
@@ -406,9 +406,9 @@ class LanternResample:
             return p * (c @ keep) + fallback
         return xp.sum(w[..., :, None] * self._given_dense(p, q, M > 0, xp), axis=-2)
 
-    memo_ok = True      # effective_at takes memo= (``theory.likelihood.chain._laws``)
+    memo_ok = True      # effective_at takes memo= and w= (``theory.likelihood.chain._laws``, ``_emissions``)
 
-    def effective_at(self, p, q, f, x, memo=None):
+    def effective_at(self, p, q, f, x, memo=None, w=None):
         """G_eff(x) (...,) at one token x (...,) per row, for the released laws (None for "renormalised": use
         ``__call__``). Equal to ``gather(self(p, q, f), x)`` but without the (V, V) neighbourhood mask: O(V (k+1))
         per row at most (``neighbor_sum`` visits only the codes y a rejection can reach, w(y) > 0, with a
@@ -417,7 +417,7 @@ class LanternResample:
         offsets). Sums of non-negative terms, except the "p" law's Z(y) = sum(p) - p(y) - adm(y) p(N(y)); where
         that subtraction leaves less than 1e-6 of the row's mass (cancellation) Z(y) is recomputed as the direct
         sum over the kept codes, and its zero test is exact (counts of positive entries), so the relative error
-        stays below 1e-8."""
+        stays below 1e-8. ``w``: q (1 - f) (q and f broadcast), when the caller has formed it."""
         if self.law != "released":
             return None
         xp = namespace(p, q, f)
@@ -430,10 +430,10 @@ class LanternResample:
         hit = (xp.any(nb == x[..., None, None], axis=-1) if N is None                 # x in N(y), removed
                else xp.reshape(xp.take(N, xp.reshape(x, (-1,)), axis=1).T, (*x.shape, V))) & adm   # N[y, x]
         _, q, f = xp.broadcast_arrays(p, q, f)
-        w = q * (1 - f)                                                               # rejection mass of y
+        w = q * (1 - f) if w is None else w                                           # rejection mass of y
         tot = xp.sum(w, axis=-1)
-        reach = w > 0                                                                 # y can be rejected
         if self.variant == "p":
+            reach = w > 0                                                             # y can be rejected
             S = xp.sum(p, axis=-1, keepdims=True)
             Z = S - p - neighbor_sum(p, nb, adm)
             pos = xp.astype(p > 0, xp.int64)
@@ -441,6 +441,7 @@ class LanternResample:
             empty = npos == 0
             Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & any_to(reach, p.shape, xp) & (Z < 1e-6 * S), xp)
             c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
+            fallback = xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1)
             kept = (~hit) & (xp.arange(V, device=dev) != x[..., None])                 # x survives G(.|y)
             mix = gather(p, x, xp) * xp.sum(xp.where(kept, c, xp.zeros_like(c)), axis=-1)
         else:
@@ -451,14 +452,13 @@ class LanternResample:
                 memo[mk] = (r, d := p - r, xp.sum(r, axis=-1, keepdims=True),
                             neighbor_sum(d, nb, xp.ones((), dtype=xp.bool)))
             r, d, R, S = memo[mk]
-            # Z(y) = R + adm(y) d(N(y)) (sums of non-negatives), needed where w(y) > 0 only (c = w / Z)
-            Z = R + xp.where(adm & reach, S, xp.zeros_like(S))
-            empty = Z <= 0
-            c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
+            # Z(y) = R + adm(y) d(N(y)) (sums of non-negatives); c = w / Z, 0 where Z = 0 (w(y) = 0 gives 0 either way)
+            c, empty = divide_or_zero(w, R + xp.where(adm, S, xp.zeros_like(S)), xp)
+            fallback = 0.0 if empty is None else xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1)
             xb = xp.broadcast_to(x, tot.shape)
             mix = gather(r, xb, xp) * xp.sum(c, axis=-1) \
                 + gather(d, xb, xp) * xp.sum(xp.where(hit, c, xp.zeros_like(c)), axis=-1)
-        mix = mix + xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1) / V           # uniform fallback
+        mix = mix + fallback / V                                                      # uniform fallback
         has = tot > 0
         return xp.where(has, mix / xp.where(has, tot, xp.ones_like(tot)), gather(p, x, xp))
 

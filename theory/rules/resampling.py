@@ -65,6 +65,21 @@ class Optimal:
         xp = namespace(p, q, f)
         return normalize(positive_part(p - q * f, xp), p, xp)
 
+    memo_ok = True      # effective_at takes memo= and w= (``theory.likelihood.chain._emissions``; both unread)
+
+    def effective_at(self, p, q, f, x, memo=None, w=None):
+        """G*(x) (...,) at tokens x (...,), p, q, f broadcast (..., V): [p(x) - q(x) f(x)]_+ / sum [p - q f]_+, and
+        p(x) / sum p where that sum is 0 (``__call__``'s fallback, normalised): ``gather(self(p, q, f), x)`` over
+        the row's sum, without forming the normalised row (the same residual and sum; one division at x)."""
+        xp = namespace(p, q, f)
+        s = xp.sum(positive_part(p - q * f, xp), axis=-1)                              # (...,)
+        p, q, f = xp.broadcast_arrays(p, q, f)                                         # (views: gathers at x)
+        xb = xp.broadcast_to(x, s.shape)
+        px = gather(p, xb, xp)
+        num = positive_part(px - gather(q, xb, xp) * gather(f, xb, xp), xp)
+        has = s > 0
+        return xp.where(has, num / xp.where(has, s, xp.ones_like(s)), px / xp.sum(p, axis=-1))
+
     def point(self, p, c, f_c):
         """``self(p, one-hot(c), f, c)`` (the point draft law): Norm([p - f(c) 1_c]_+), f_c (...,) the acceptance at c
         (``point_residual``)."""
