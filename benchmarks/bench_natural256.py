@@ -11,7 +11,8 @@
      thread), and the ratio of their CPU times (children's user + system: machine load does not count) and of
      their wall times. The measured sweep includes its merge (exact fidelity scoring of every setting's images and
      the AR images); the predicted one generates the plain-AR images and the recorded vanilla run only and scores
-     the AR images under every rule. The chain (L = 4) with natural256's shipped EAGLE head (``--draft``). Goal:
+     the AR images under every rule. Units of --record-images images (where they divide --sweep-images), so that
+     both sweeps record that many vanilla images (a sweep records whole units). The chain (L = 4) with natural256's shipped EAGLE head (``--draft``). Goal:
      <= 0.10.
 
   python benchmarks/bench_natural256.py [--part ar predict] [--images 200] [--batch 100] [--repeats 2]
@@ -86,7 +87,10 @@ def _sweep(args: list, out: pathlib.Path, draft: str) -> dict:
 
 
 def part_predict(images: int, grid: list | None, record: int, draft: str) -> dict:
-    common = ["--images", str(images), "--unit-images", str(images), "--batch-size", str(min(images, 50)),
+    # units of the recorded images where they divide the sweep (a sweep records whole units: units of --sweep-images
+    # would record every vanilla image, not --record-images of them)
+    unit = record if record < images and images % record == 0 else images
+    common = ["--images", str(images), "--unit-images", str(unit), "--batch-size", str(min(unit, 50)),
               "--record-images", str(record)] + (["--grid", *grid] if grid else [])
     with tempfile.TemporaryDirectory() as tmp:
         meas = _sweep(common, pathlib.Path(tmp) / "measured", draft)
