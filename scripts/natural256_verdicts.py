@@ -18,6 +18,12 @@ import pathlib
 from scipy.stats import spearmanr
 
 
+def _images(rep, tree: str) -> str:
+    """The fewest images of any setting on ``tree`` in a trees_fidelity report, as text (thousands separated)."""
+    n = [s["n_images"] for s in (rep or {}).get("settings", []) if s.get("tree") == tree]
+    return f"{min(n):,}" if n else "no"
+
+
 def _load(path: pathlib.Path):
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -116,8 +122,9 @@ def main(argv=None) -> None:
              "Each row: the verdict on the shipped MNIST models and on natural256, with its z where it has one. "
              "Sources: `docs/results/{frontier,trees_fidelity}` (MNIST) and `docs/results/natural256/{frontier,"
              "trees_fidelity}` (natural256). Made by `python scripts/natural256_verdicts.py`. Static tree: natural256 ran "
-             "200 images per setting and LANTERN++ with k = 10 neighbours (the paper's), MNIST 2,000 images with the "
-             "default k (about V / 16); dynamic tree: natural256 100 images per setting, MNIST 2,000; tuned schedules: "
+             f"{_images(tn, 'eagle25')} images per setting and LANTERN++ with k = 10 neighbours (the paper's), MNIST "
+             f"{_images(tm, 'eagle25')} images with the default k (about V / 16); dynamic tree: natural256 "
+             f"{_images(tn, 'dynamic')} images per setting, MNIST {_images(tm, 'dynamic')}; tuned schedules: "
              "1,000 fresh images per setting on natural256, 2,000 on MNIST. Every z counts the measured tokens per "
              "call's error (delta method). \"not run\": the study was not run on that model.", "",
              "| verdict | MNIST | natural256 |", "|---|---|---|"]
