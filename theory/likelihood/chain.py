@@ -344,7 +344,14 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp, memo=None):
     m = f.shape[1]
     xb = xp.broadcast_to(x, (n, m))
     sq = xp.sum(q, axis=-1)
-    w = q * (1 - f)                                                     # (n, m, V) rejection mass
+    wk = None if key is None else ("rejection", key)                   # rules with one f share its rejection mass
+    if wk is not None and wk in memo:
+        w, ws = memo[wk]
+    else:
+        w = q * (1 - f)                                                 # (n, m, V) rejection mass
+        ws = xp.sum(w, axis=-1)
+        if wk is not None:
+            memo[wk] = (w, ws)
     at = getattr(verifier.resample, "effective_at", None)
     g = None if at is None else at(p, q, f, x, memo=memo, w=w) if getattr(verifier.resample, "memo_ok", False) \
         else at(p, q, f, x)
@@ -354,7 +361,7 @@ def _emissions(p, q, tok, verifier, L, per_offset, xp, memo=None):
     a = gather(q, xb, xp) * gather(f, xb, xp) / sq                      # (q f)(x): the same product, at x only
     # (1 - beta) G^eff(x) = sum_y q(y)(1 - f(y)) G(x|y) (T0; a sum of non-negative terms: exactly 0 when
     # nothing can be rejected)
-    r = xp.sum(w, axis=-1) / sq * xp.broadcast_to(g, (n, m))
+    r = ws / sq * xp.broadcast_to(g, (n, m))
     pt = p[:, 0, :]
     return xp.broadcast_to(a, (n, L)), xp.broadcast_to(r, (n, L)), gather(pt, tok, xp) / xp.sum(pt, axis=-1)
 
