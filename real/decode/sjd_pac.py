@@ -72,7 +72,9 @@ from functools import lru_cache, partial
 import numpy as np
 import torch
 
+from theory.core.xp import ratio_min1
 from theory.tree import Tree, truncate_tree
+from real.nn.devpath import to_device
 from real.protocol import Proposal
 
 from . import rng as R
@@ -113,9 +115,11 @@ def pac_tree(window: int, width: int, depth: int) -> Tree:
 @dataclass
 class PacWindow:
     """Per-image window between rounds: ``cand`` (B, M-1, K) candidate tokens of depths 1..M-1 by rank (chain levels
-    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates."""
+    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates; ``plan`` the last proposal's
+    (``_Plan``, read by ``advance``)."""
     cand: torch.Tensor
     q: torch.Tensor
+    plan: object = None
 
 
 @dataclass
@@ -123,10 +127,13 @@ class _Plan:
     """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
     (numpy), the attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1)
     (host ints): for an accepted node a and a depth e, the node whose row drafts depth e (``par_np``) and its first
-    child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each node's children (0 where none) and whether each
-    exists; as tensors, ``slot`` (N,) each non-root node's candidate in a window's flat (level, rank) slots (level =
-    depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each node's children read (its depth, at most
-    the window's last level)."""
+    child (``xn_np``), -1 where none; the same by the next window's level s < S (old depth e = depth(a) + 2 + s, -1
+    past the tree): ``cpar`` and ``cxn`` (N+1, S), and ``ctree`` (N+1, S) bool, whether that level has a token and
+    was a tree level (old depth <= D - 1: the release's siblings' residual); ``kids_np`` (N+1, 2, K) each node's
+    children (0 where none) and whether each exists; as tensors, ``slot`` (N,) each non-root node's candidate in a
+    window's flat (level, rank) slots (level = depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each
+    node's children read (its depth, at most the window's last level); ``verdicts`` the release's verdict of this
+    tree, by whether the bonus token is uniform (built once, ``SJDPAC.propose``)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -138,6 +145,10 @@ class _Plan:
     kids_np: np.ndarray
     slot: torch.Tensor
     q_rows: torch.Tensor
+    cpar: np.ndarray
+    cxn: np.ndarray
+    ctree: np.ndarray
+    verdicts: dict
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -187,10 +198,15 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     dev = torch.device(device)
     dep = tree.node_depth.astype(np.int64)
     S = depth + window - tree_nodes(width, depth) - 1                                     # the window's levels
+    e = dep[:, None] + 2 + np.arange(S)                               # (N+1, S) old depth of each next level
+    inside = e <= S
+    cols = np.minimum(e, par.shape[1] - 1)
+    cpar = np.where(inside, np.take_along_axis(par, cols, 1), -1)
+    cxn = np.where(cpar >= 0, np.take_along_axis(xn, cols, 1), -1)
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
                  np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
                  torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
-                 torch.as_tensor(np.minimum(dep, S - 1), device=dev))
+                 torch.as_tensor(np.minimum(dep, S - 1), device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {})
 
 
 @dataclass(frozen=True)
@@ -251,10 +267,16 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
+        win.plan = plan
         x = win.cand.view(win.cand.shape[0], -1).index_select(1, plan.slot)                          # (B, N)
         q = win.q.index_select(1, plan.q_rows)                                          # (B, N+1, V)
-        verify = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc, full_depth=self.max_depth,
-                         uniform_bonus=not run.proc.greedy) if self.release else None
+        verify = None
+        if self.release:                # the plan's verdict, built once per plan and bonus law
+            bonus = not run.proc.greedy
+            verify = plan.verdicts.get(bonus)
+            if verify is None:
+                verify = plan.verdicts[bonus] = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc,
+                                                        full_depth=self.max_depth, uniform_bonus=bonus)
         return Proposal(torch.cat([run.last_tokens(), x], 1), q, "without_replacement", plan.tree, plan.depth,
                         plan.mask, 0, verify=verify)
 
@@ -262,71 +284,104 @@ class SJDPAC:
         """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
         continuation path (module docstring; release or coupled), the rest freshly initialised (keyed by the new
         committed lengths). Which levels are carried, and from which node rows, is known on the host (the verdict and
-        the plan's tables): only those m (image, level) rows are gathered, hashed and drawn from, (m, V) each, and a
-        level's K - 1 other candidates only where the next tree reads them (the tree levels, depth <= D - 1)."""
+        the plan's tables by accepted node): only those m (image, level) rows are gathered, hashed and drawn from,
+        (m, V) each, and a level's K - 1 other candidates only where the next tree reads them (the tree levels, depth
+        <= D - 1). On the host path (CPU rows) the keep tests are decided on numpy views of the rows (m entries), so
+        the rows each law needs are chosen on the host (the siblings' residual only for the tree levels that failed);
+        on the device path the same formulas run on the device and the laws are chosen row by row there (no sync)."""
         win = run.state
-        plan = self._plan(run, int(prop.depth.max()))                                 # the proposal's plan (its Dr)
+        plan = win.plan                                                               # the proposal's (its Dr)
         S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
-        dev = run.dev
         tau = np.asarray(verdict.accepted, np.int64)
         B = len(tau)
         path = np.asarray(verdict.path, np.int64).reshape(B, -1)
         a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)           # (B,) the accepted node
-        e = tau[:, None] + 1 + np.arange(1, S + 1)                                      # (B, S) old depth of new level
-        ec = np.minimum(e, plan.par_np.shape[1] - 1)
-        par = np.where(e <= S, plan.par_np[a[:, None], ec], -1)
-        carried = (par >= 0) & np.asarray(run.active, bool)[:, None]
+        par = plan.cpar[a]                                                              # (B, S) the carried levels'
+        act = run.active
+        if not act.all():
+            par = np.where(act[:, None], par, -1)
+        carried = par >= 0
         bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
+        first_free = carried.sum(1)
         # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
         # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
-        read = int(run.depths(S).max())
-        fb, fs, fdraw = _fresh_levels(carried.sum(1), S, read)
-        sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else np.zeros(0, np.int64)
+        read = _next_depth(run, S)
+        fresh = _fresh_levels(first_free, S, read)
+        fb, fs, fdraw = fresh
+        sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else _NONE
         asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), bs[sib], ss[sib]),
                 (_INIT, (S, V), fb[fdraw], fs[fdraw])]
         u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
         if len(bs):
-            pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
-            has_x = xr >= 0
-            N1, m = p.shape[1], len(bs)
-            rows = np.flatnonzero(has_x & (e[bs, ss] <= D - 1)) if self.release else sib   # the tree levels' rows
-            # every index the update reads, sent at once: flat rows of p / q, of the tokens, the next-token nodes, the
-            # window's flat levels, the batch rows, the tree levels' rows (index_select on flat views: torch's
-            # advanced indexing costs more on small rows)
-            ix = torch.as_tensor(np.concatenate([bs * N1 + pr, bs * N1 + np.maximum(xr, 0), xr, bs * S + ss, bs, rows]),
-                                 device=dev)
-            f_p, f_x, x_r, f_s, bi = (ix[j * m:(j + 1) * m] for j in range(5))
-            t = ix[5 * m:]
-            P = p.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)                   # (m, V) stale rows
-            qo = prop.q.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)             # their levels' draft rows
-            x = prop.tokens.reshape(-1).index_select(0, f_x)                             # (m,)
-            u = u_keep.to(dev, P.dtype)
-            ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
-            hx = x_r >= 0
-            keep = hx & (u < ratio)
-            res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
-            w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
-            noise = e_res.log_().neg_().to(dev)
-            if self.release:
-                if len(rows):                   # levels that failed take the siblings' residual
-                    Pt = P.index_select(0, t)
-                    last = _last_sibling_rows(plan, pr[rows], Pt, qo.index_select(0, t),
-                                              prop.tokens.index_select(0, bi.index_select(0, t)))
-                    w.index_copy_(0, t, torch.where(keep.index_select(0, t)[:, None], w.index_select(0, t),
-                                                    _safe(last, Pt)))
-                # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
-                # the first K - 1 of the K it would draw)
-                d = _draw(w, K, noise)
-                cand = torch.where(keep[:, None], torch.cat([x[:, None], d[:, :K - 1]], -1), d)
-            else:
-                y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
-                cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
-                if len(rows):
-                    rest = P.index_select(0, t).scatter(-1, y.index_select(0, t)[:, None], 0.0)
-                    cand[:, 1:].index_copy_(0, t, _draw(rest, K - 1, e_sib.log_().neg_().to(dev)))
-            win.cand.view(-1, K).index_copy_(0, f_s, cand)
-            win.q.view(-1, V).index_copy_(0, f_s, P)
-        _fresh(run, win, carried.sum(1), read, e_init)
+            self._carry(run, prop, p, plan, bs, ss, par[bs, ss], plan.cxn[a[bs], ss], plan.ctree[a[bs], ss], sib,
+                        u_keep, e_res, e_sib)
+        _fresh(run, win, first_free, read, e_init, fresh)
+
+    def _carry(self, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib) -> None:
+        """``advance``'s carried levels (m,): images ``bs``, levels ``ss``, the nodes whose rows draft them ``pr``,
+        their continuation tokens' nodes ``xr`` (-1: none), whether each was a tree level with a token ``tree``, the
+        sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms. Writes the window's levels."""
+        win = run.state
+        S, K, V = self.max_depth, self.tree_width, p.shape[-1]
+        dev, dt = run.dev, win.q.dtype
+        host = run.on_device is None                  # CPU rows: the keep tests and the laws decided on the host
+        m, N1 = len(bs), p.shape[1]
+        hx = xr >= 0
+        f_p, f_x = bs * N1 + pr, bs * N1 + np.maximum(xr, 0)      # flat rows of p / q, of the tokens
+        # (release: the tree levels whose token may fail, sjd-pac-p: the levels with K - 1 others)
+        t_rows = np.flatnonzero(tree) if self.release else sib
+        # every index the update reads, sent at once (index_select on flat views: torch's advanced indexing costs
+        # more on small rows)
+        ix = to_device(np.concatenate([f_p, bs * S + ss, t_rows] if host else
+                                      [f_p, bs * S + ss, t_rows, f_x, xr, bs]), dev)
+        i_p, i_s, i_t = ix[:m], ix[m:2 * m], ix[2 * m:2 * m + len(t_rows)]
+        P = p.reshape(-1, V).index_select(0, i_p).to(dt)                                # (m, V) stale rows
+        qo = prop.q.reshape(-1, V).index_select(0, i_p).to(dt)                          # their levels' draft rows
+        if host:        # numpy views: the m tokens and their probabilities
+            x = prop.tokens.numpy().reshape(-1)[f_x]
+            px, qx = P.numpy()[np.arange(m), x], qo.numpy()[np.arange(m), x]
+            u = u_keep.numpy().astype(px.dtype)
+        else:
+            x = prop.tokens.reshape(-1).index_select(0, ix[2 * m + len(t_rows):3 * m + len(t_rows)])
+            px, qx = P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0]
+            u = u_keep.to(dev, dt)
+            hx = ix[3 * m + len(t_rows):4 * m + len(t_rows)] >= 0
+        keep = hx & (u < ratio_min1(px, qx))                      # the continuation's vanilla test
+        w = (P - qo).clamp_(min=0)                                # [p - q]_+ (the coupling residual)
+        # rows without a token draw from their own row; an empty residual (p = q) falls back to the row
+        w = _safe(w, P, host, own=~hx)
+        noise = e_res.log_().neg_().to(dev)
+        if self.release:
+            if len(t_rows):             # tree levels whose token failed: the residual after all the siblings
+                fail = t_rows[~keep[t_rows]] if host else t_rows
+                if len(fail):
+                    i_f = to_device(fail, dev) if host else i_t
+                    Pf = P.index_select(0, i_f)
+                    last = _last_sibling_rows(plan, pr[fail], Pf, qo.index_select(0, i_f),
+                                              prop.tokens.index_select(0, to_device(bs[fail], dev)), host)
+                    last = _safe(last, Pf, host)
+                    if not host:        # the device path chooses by the kept flags there
+                        last = torch.where(keep.index_select(0, i_f)[:, None], w.index_select(0, i_f), last)
+                    w.index_copy_(0, i_f, last)
+            # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
+            # the first K - 1 of the K it would draw)
+            d = _draw(w, K, noise)
+            d = d.numpy() if host else d
+            cand = _pick(keep, _first_then(x, d), d)
+        else:
+            y = _draw(w, 1, noise)[:, 0]
+            y = _pick(keep, x, y.numpy() if host else y)
+            cand = np.repeat(y[:, None], K, 1) if host else y[:, None].expand(-1, K).clone()   # chains read rank 0
+            if len(t_rows):
+                y_t = to_device(y[t_rows], dev) if host else y.index_select(0, i_t)
+                rest = P.index_select(0, i_t).scatter(-1, y_t[:, None], 0.0)
+                others = _draw(rest, K - 1, e_sib.log_().neg_().to(dev))
+                if host:
+                    cand[t_rows, 1:] = others.numpy()
+                else:
+                    cand[:, 1:].index_copy_(0, i_t, others)
+        win.cand.view(-1, K).index_copy_(0, i_s, torch.as_tensor(cand) if host else cand)
+        win.q.view(-1, V).index_copy_(0, i_s, P)
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
@@ -347,31 +402,54 @@ def _draw(w: torch.Tensor, k: int, e: torch.Tensor) -> torch.Tensor:
     return torch.where(w > 0, key, -e).topk(k, dim=-1).indices
 
 
-def _ratio(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
-    """min(1, p(x) / q(x)) with 1 where q(x) = 0 (the keep probability of the continuation: vanilla's test)."""
-    return torch.where(qx > 0, (px / qx.clamp(min=1e-300)).clamp(max=1.0), torch.ones_like(px))
+def _safe(w: torch.Tensor, fallback: torch.Tensor, host: bool = False, own=None) -> torch.Tensor:
+    """Rows ``w`` (m, V), ``fallback``'s where a row has no mass (p = q exactly: the release would draw its padding
+    id 0 there) or where ``own`` (m,) bool (None: nowhere). On the host (``host``: CPU rows, ``own`` numpy) the few
+    such rows are found there and copied into ``w`` (in place); elsewhere one where over the rows."""
+    if host:
+        bad = w.sum(-1).numpy() <= 0
+        if own is not None:
+            bad |= own
+        if bad.any():
+            i = torch.as_tensor(np.flatnonzero(bad))
+            w.index_copy_(0, i, fallback.index_select(0, i))
+        return w
+    ok = w.sum(-1, keepdim=True) > 0
+    return torch.where(ok if own is None else ok & ~own[:, None], w, fallback)
 
 
-def _safe(w: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Rows ``w`` (..., V), ``fallback`` where a row has no mass (p = q exactly: the release would draw its padding
-    id 0 there)."""
-    return torch.where(w.sum(-1, keepdim=True) > 0, w, fallback)
+def _pick(keep, a, b):
+    """Where ``keep`` (m,) (numpy or torch, as ``a`` and ``b``), ``a``'s entries (m,) or rows (m, k), else ``b``'s."""
+    k = keep if a.ndim == 1 else keep[:, None]
+    return np.where(k, a, b) if isinstance(keep, np.ndarray) else torch.where(k, a, b)
 
 
-def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Tensor:
+def _first_then(x, d):
+    """(m, k) ``x`` (m,) then the first k - 1 of ``d`` (m, k): a kept level's candidates (numpy or torch)."""
+    if isinstance(x, np.ndarray):
+        return np.concatenate([x[:, None], d[:, :-1]], 1)
+    return torch.cat([x[:, None], d[:, :-1]], 1)
+
+
+def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens, host: bool = False) -> torch.Tensor:
     """The release's residual of a tree level whose stale token failed, the residual after ALL its parent's children,
     Norm([p_{K-1} - q_{K-1}]_+) by the siblings' recursion: (r, V) from the parent nodes ``par`` (r,) (host ints),
-    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1)."""
+    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1). On the host (``host``: CPU
+    rows) a step whose residual rows all have mass divides without the where (the same values)."""
     kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
     p_j, q_left = P, qo
     cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
     K = kids.shape[-1]
+    floor = 1e-300 if P.dtype == torch.float64 else 0.0      # the clamp's 1e-300 in the rows' dtype (float32: 0)
     for j in range(K):   # the K siblings in rank order (K <= a few)
-        q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
-        nxt = (p_j - q_j).clamp(min=0)
+        q_j = q_left / q_left.sum(-1, keepdim=True).clamp_(min=1e-300)
+        nxt = (p_j - q_j).clamp_(min=0)
         s = nxt.sum(-1, keepdim=True)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
-        nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
+        if host and bool((s.numpy() > floor).all()):         # the clamp is the identity: the division alone
+            nxt = nxt.div_(s)
+        else:
+            nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
         on = live[:, j] > 0
         if on.all():
             p_j = nxt
@@ -391,21 +469,33 @@ def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
     return bs, ss, (ss < read) if read is not None else np.ones(len(ss), bool)
 
 
-def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None, e=None) -> None:
+_NONE = np.zeros(0, np.int64)
+
+
+def _next_depth(run, S: int) -> int:
+    """The next round's deepest depth D'_max = max_b D'_b (``run.depths(S).max()``: min(S, T - n_b - 1) over the
+    unfinished images, 0 when none is left)."""
+    n = run.n[run.n < run.T]
+    return min(S, run.T - 1 - int(n.min())) if len(n) else 0
+
+
+def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None, e=None, levels=None) -> None:
     """Levels i >= first_free (B,) (host ints) get the uniform draft row and K distinct uniform image tokens (as
     released), keyed by the images' committed lengths; only those levels' uniforms are hashed, and only the tokens
     of levels i < ``read`` (the next round's deepest depth D'_max: its tree reads no deeper level's candidates, and
     D'_max never grows as the images fill, so a level skipped here is never read; None: all). ``e``: those levels'
-    uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here."""
+    uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here; ``levels``:
+    ``_fresh_levels(first_free, S, read)`` when the caller has it."""
     B, S, K = win.cand.shape
-    bs, ss, draw = _fresh_levels(first_free, S, read)
+    bs, ss, draw = levels if levels is not None else _fresh_levels(first_free, S, read)
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
     flat = bs * S + ss                                            # the levels in the window's flat (B * S) rows
-    ix = torch.as_tensor(np.concatenate([flat, flat[draw]]), device=run.dev)
+    drawn = flat[draw]
+    ix = to_device(np.concatenate([flat, drawn]), run.dev)
     win.q.view(-1, V).index_fill_(0, ix[:len(flat)], 1.0 / V)
-    if not draw.any():
+    if not len(drawn):
         return
     if e is None:
         e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs[draw], ss[draw])
