@@ -84,8 +84,10 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
         empty = s <= 0
         if not empty.any():                     # no empty row (the usual case): the division alone, the same bits
             r = w / s
-            if fallback is w or (np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape
-                                 and np.result_type(fallback, r) == r.dtype):
+            if (fallback is w or (type(fallback) is np.ndarray and fallback.shape == r.shape     # (the usual
+                                  and fallback.dtype == r.dtype)                                # case, at once)
+                    or (np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape
+                        and np.result_type(fallback, r) == r.dtype)):
                 return r
         return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
