@@ -482,7 +482,12 @@ def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens):
     tiny = np.float64(1e-300) if P.dtype in (np.float64, torch.float64) else np.float32(1e-300)  # float32: 0
     for j in range(K):   # the K siblings in rank order (K <= a few)
         s = _row_sums(q_left)
-        q_j = q_left / (np.maximum(s, tiny, out=s) if host else s.clamp_(min=1e-300))
+        s = np.maximum(s, tiny, out=s) if host else s.clamp_(min=1e-300)
+        if not host or (s > 0).all():
+            q_j = q_left / s
+        else:                             # an emptied row (a one-hot q): 0 / 0, NaN, as torch gives it (no warning)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                q_j = q_left / s
         nxt = _pos_(p_j - q_j)
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
