@@ -208,6 +208,8 @@ class Streams:
             u = _unit(_mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN)))
         if dtype == torch.float64:
             return u
+        if dtype == torch.float32 and not self._on_device:    # the host path: the same rounding and clamp, numpy
+            return torch.from_numpy(np.minimum(u.numpy().astype(np.float32), np.float32(_BELOW_ONE_F32)))
         return u.to(dtype).clamp_(max=_BELOW_ONE_F32)
 
     def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:

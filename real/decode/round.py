@@ -159,7 +159,8 @@ class Run:
         """(B, 1) each image's last committed token (the root of its next round; token 0 before any commit)."""
         if self.n_dev is not None:
             return self.out.gather(1, (self.n_dev - 1).clamp(min=0)[:, None])
-        return self.out.gather(1, torch.as_tensor(np.maximum(self.n - 1, 0), device=self.dev)[:, None])
+        # the host path: read through the numpy view (a copy)
+        return torch.from_numpy(self.out.numpy()[np.arange(self.B), np.maximum(self.n - 1, 0)][:, None])
 
     def dev_positions(self, base: int, cap: int, width: int = 1) -> torch.Tensor | None:
         """(R, width) positions base + n_b, clamped to ``cap``, computed on the device from ``n_dev`` (the device path:

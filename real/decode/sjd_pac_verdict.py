@@ -191,7 +191,7 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     else:
         rows = own
     nxt = sample_categorical(rows, u_sample, xp)
-    if uniform_bonus:
+    if uniform_bonus and (torch_rows or (tau == full_depth).any()):       # (host: only when a winner reaches it)
         uni = xp.floor(u_sample * V)
         uni = uni.long().clamp(max=V - 1) if torch_rows else np.minimum(uni.astype(np.int64), V - 1)
         nxt = where(tau == full_depth, uni, nxt)

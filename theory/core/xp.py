@@ -139,6 +139,8 @@ def _sample_numpy(w, u):
     t = np.asarray(u) * c[..., -1]
     idx = np.minimum(np.sum(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
     ok = take_last(w, idx[..., None])[..., 0] > 0
+    if np.ndim(idx) and ok.all():               # (no round-off landed off the support: the argmax is not read)
+        return idx
     return np.where(ok, idx, np.argmax(w, axis=-1).astype(np.int64))
 
 
