@@ -131,8 +131,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
 
     def zero_at(w, c):
-        """w (B, m, V) with 0 at the codes c (B, m) (a new array)."""
-        return put_last(w, c[..., None], 0.0, xp)
+        """w (B, m, V) with 0 at the codes c (B, m), in place (``q_left``: the recursion's own copy)."""
+        return put_last(w, c[..., None], 0.0, xp, copy=False)
 
     q0 = q[:, A["par0"]]
     q0n = normalize(q0, q0, xp)
