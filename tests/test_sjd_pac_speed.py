@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from real.decode import sjd_pac as SP
+from real.decode import sjd_pac_window as SW
 from real.decode.rng import Streams
 from real.decode.sjd_pac_verdict import longest_path_verdict
 from theory import rules
@@ -163,7 +164,7 @@ def test_race_fast_path_equals_its_where_form():
         w[i, m:] = 0.0
     e = torch.empty(400, V, dtype=torch.float64).exponential_(generator=g)
     full = torch.where(w > 0, w / e, -e).topk(k, dim=-1).indices
-    assert torch.equal(SP._draw(w, k, e), full)
+    assert torch.equal(SW._draw(w, k, e), full)
     # control: the keys w / e alone (no where) draw other tokens on the rows with fewer than k positive weights
     assert not torch.equal((w / e).topk(k, dim=-1).indices, full)
 

@@ -20,6 +20,8 @@ tensors (multiplication wraps modulo 2^64 in two's complement; logical right shi
 """
 from __future__ import annotations
 
+import itertools
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -206,6 +208,8 @@ class Streams:
             u = _unit(_mix(k.reshape((-1,) + (1,) * len(shape)) + _counters(shape, self.device) * _SIGNED(_GOLDEN)))
         if dtype == torch.float64:
             return u
+        if dtype == torch.float32 and not self._on_device:    # the host path: the same rounding and clamp, numpy
+            return torch.from_numpy(np.minimum(u.numpy().astype(np.float32), np.float32(_BELOW_ONE_F32)))
         return u.to(dtype).clamp_(max=_BELOW_ONE_F32)
 
     def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
@@ -220,36 +224,58 @@ class Streams:
     def uniform_rows_many(self, n: np.ndarray, asks) -> list:
         """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
         coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
-        the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one)."""
+        the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one).
+
+        A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (key + s * (stride *
+        golden)) + rest * golden, the same integers (``_golden_rest``: rest * golden built once per shape); an ask
+        of no rows costs nothing but its empty result."""
         parts = []
         for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
-            shape = tuple(int(v) for v in shape)
-            if not 1 <= len(shape) <= 3 or any(v > _STRIDE for v in shape):
+            shape = tuple(map(int, shape))
+            if not 1 <= len(shape) <= 3 or max(shape) > _STRIDE:
                 raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
             parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64)))
         keys = self._round_keys(n, [pu for pu, _, _, _ in parts])                        # (B, asks) uint64
-        width = [int(np.prod(shape[1:], dtype=np.int64)) for _, shape, _b, _s in parts]   # entries per row
-        sizes = [len(b) * w for w, (_, _shape, b, _s) in zip(width, parts)]
-        ends = np.cumsum(sizes).tolist()
-        buf = np.empty(ends[-1] if ends else 0, np.uint64) if not self._on_device else None  # every row, one array
-        out = []
-        with np.errstate(over="ignore"):
-            for j, (_, shape, b, s) in enumerate(parts):
-                k = keys[b, j]                                                           # (m,) uint64
-                lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))      # (m,) the first coordinate
-                if not self._on_device:     # the same operations as ``uniform``'s, written in the one array
-                    rest = _counters(shape[1:]).reshape(-1) if len(shape) > 1 else np.zeros(1, np.uint64)
-                    c = buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), width[j])
-                    np.add(lead[:, None], rest[None, :], out=c)
-                    c *= np.uint64(_GOLDEN)
-                    c += k[:, None]
-                    continue
-                kl = to_device(np.stack([k, lead]).view(np.int64), self.device)          # (2, m)
-                rest = _counters(shape[1:], self.device).reshape(-1) if len(shape) > 1 else 0
-                ctr = (kl[1][:, None] + rest) * _SIGNED(_GOLDEN)
-                out.append(_unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:]))
         if self._on_device:
-            return out
+            return [self._device_rows(keys[:, j], shape, b, s) for j, (_, shape, b, s) in enumerate(parts)]
+        width = [math.prod(shape[1:]) for _, shape, _b, _s in parts]                    # entries per row
+        sizes = [len(b) * w for w, (_, _shape, b, _s) in zip(width, parts)]
+        ends = list(itertools.accumulate(sizes))
+        buf = np.empty(ends[-1] if ends else 0, np.uint64)                            # every row, one array
+        for j, (_, shape, b, s) in enumerate(parts):   # (the same loop: each ask's rows written in the one array; uint64
+            if not sizes[j]:                           # arrays wrap without a warning, no errstate needed)
+                continue
+            lead = s.astype(np.uint64)
+            lead *= _golden_lead(len(shape))                                                  # (m,) s * stride * golden
+            lead += keys[b, j]
+            np.add(lead[:, None], _golden_rest(shape[1:]), out=buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), width[j]))
         u = _unit(_mix(buf)).numpy()
         return [torch.from_numpy(u[z - m:z].reshape((len(b),) + shape[1:]))              # views of the one array
                 for z, m, (_, shape, b, _s) in zip(ends, sizes, parts)]
+
+    def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
+        """The device path's rows of one ask (``uniform_rows_many``): keys ``k`` (B,) uint64 of its purpose, rows
+        (b[j], s[j]) of ``shape``; the keys and first coordinates sent at once, the rest mixed on the device."""
+        lead = s.astype(np.uint64) * np.uint64(_STRIDE ** (len(shape) - 1))               # (m,) the first coordinate
+        kl = to_device(np.stack([k[b], lead]).view(np.int64), self.device)               # (2, m)
+        rest = _counters(shape[1:], self.device).reshape(-1) if len(shape) > 1 else 0
+        with np.errstate(over="ignore"):
+            ctr = (kl[1][:, None] + rest) * _SIGNED(_GOLDEN)
+        return _unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:])
+
+
+@lru_cache(maxsize=8)
+def _golden_lead(ndim: int) -> np.uint64:
+    """stride^(ndim - 1) * golden mod 2^64: the first coordinate's factor of a row's counters (``uniform_rows_many``)."""
+    return np.uint64(_STRIDE ** (ndim - 1) * _GOLDEN % (1 << 64))
+
+
+@lru_cache(maxsize=64)
+def _golden_rest(shape: tuple) -> np.ndarray:
+    """(prod(shape),) uint64, read-only: the counters of the coordinates after the first times golden (mod 2^64),
+    built once per shape (``uniform_rows_many``); a 0 for no further coordinate."""
+    rest = _counters(shape).reshape(-1) if shape else np.zeros(1, np.uint64)
+    with np.errstate(over="ignore"):
+        g = rest * np.uint64(_GOLDEN)
+    g.setflags(write=False)
+    return g

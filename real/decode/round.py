@@ -22,6 +22,7 @@ that can never be accepted) are clamped to it.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -158,7 +159,8 @@ class Run:
         """(B, 1) each image's last committed token (the root of its next round; token 0 before any commit)."""
         if self.n_dev is not None:
             return self.out.gather(1, (self.n_dev - 1).clamp(min=0)[:, None])
-        return self.out.gather(1, torch.as_tensor(np.maximum(self.n - 1, 0), device=self.dev)[:, None])
+        # the host path: read through the numpy view (a copy)
+        return torch.from_numpy(self.out.numpy()[np.arange(self.B), np.maximum(self.n - 1, 0)][:, None])
 
     def dev_positions(self, base: int, cap: int, width: int = 1) -> torch.Tensor | None:
         """(R, width) positions base + n_b, clamped to ``cap``, computed on the device from ``n_dev`` (the device path:
@@ -252,7 +254,10 @@ def check_finite(*rows) -> None:
     number iff every entry is, so one reduction and one sync decide the usual case; the entries are looked at only
     then."""
     rows = [r for r in rows if r is not None]
-    if bool(torch.isfinite(sum(r.sum() for r in rows))):
+    if all(r.device.type == "cpu" and not r.requires_grad for r in rows):     # CPU rows: numpy's sums of their views
+        if math.isfinite(sum(float(np.sum(r.numpy())) for r in rows)):
+            return
+    elif bool(torch.isfinite(sum(r.sum() for r in rows))):
         return
     if not all(bool(torch.isfinite(r).all()) for r in rows):
         raise ValueError("non-finite probabilities (NaN/inf logits from the model?)")
@@ -260,15 +265,20 @@ def check_finite(*rows) -> None:
 
 # ----------------------------------------------------------------------------- caches and the commit
 
-def commit(run: Run, cand: torch.Tensor, tau: np.ndarray, tau_dev: torch.Tensor | None = None) -> None:
-    """Write cand[b, :tau_b + 1] (B, S) at out[b, n_b:]; n_b += tau_b + 1 for unfinished images (and ``n_dev`` on
-    the device path, from ``tau_dev``, tau on the device; None: tau = 0)."""
+def commit(run: Run, cand, tau: np.ndarray, tau_dev: torch.Tensor | None = None) -> None:
+    """Write cand[b, :tau_b + 1] (B, S) (a tensor, or numpy on the host path) at out[b, n_b:]; n_b += tau_b + 1 for
+    unfinished images (and ``n_dev`` on the device path, from ``tau_dev``, tau on the device; None: tau = 0)."""
     act = run.active
-    n = run.n_dev if run.n_dev is not None else torch.as_tensor(run.n, device=run.dev)
+    if run.on_device is None:      # the host path: written through the numpy view of the committed tokens (CPU)
+        c = cand if isinstance(cand, np.ndarray) else cand.numpy()
+        run.out.numpy()[np.arange(run.B)[:, None], run.n[:, None] + np.arange(c.shape[1])] = c   # past tau_b + 1:
+        run.n = run.n + np.where(act, tau + 1, 0)                                                  # scratch
+        return
+    n = run.n_dev
     run.out.scatter_(1, n[:, None] + torch.arange(cand.shape[1], device=run.dev), cand)   # past tau_b + 1: scratch
     run.n = run.n + np.where(act, tau + 1, 0)
-    if run.on_device is not None:  # n + tau + 1 <= T for an unfinished image (tau <= D'_b), so the clamp keeps T
-        run.on_device.n = (n + 1 if tau_dev is None else n + tau_dev + 1).clamp(max=run.T)
+    # n + tau + 1 <= T for an unfinished image (tau <= D'_b), so the clamp keeps T
+    run.on_device.n = (n + 1 if tau_dev is None else n + tau_dev + 1).clamp(max=run.T)
 
 
 def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
@@ -283,13 +293,18 @@ def settle(run: Run, prop, hidden, v, Dr: int, reads: dict | None = None) -> tup
     token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and ``reads`` ({name: int64 device tensor
     (B,) or (B, m)}) as numpy arrays of the same shapes, all read back to the host together: the round's one sync."""
     act = run.active
-    acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
-    blocks = {k: torch.as_tensor(e) for k, e in (reads or {}).items()}
-    head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in blocks.values())], 1).cpu().numpy()
-    tau, path, got, c = head[:, 0], head[:, 1:Dr + 1], {}, Dr + 1
-    for k, e in blocks.items():          # the read-backs by name, in the order they were packed
-        w = e.shape[1] if e.ndim == 2 else 1
-        got[k], c = (head[:, c:c + w].copy() if e.ndim == 2 else head[:, c]), c + w
+    host = run.on_device is None and not reads    # the host path: the verdict read as numpy (CPU), nothing packed
+    if host:
+        tau = np.asarray(v.accepted).astype(np.int64, copy=False)
+        path, got = np.asarray(v.path).astype(np.int64, copy=False)[:, :Dr], {}
+    else:
+        acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
+        blocks = {k: torch.as_tensor(e) for k, e in (reads or {}).items()}
+        head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in blocks.values())], 1).cpu().numpy()
+        tau, path, got, c = head[:, 0], head[:, 1:Dr + 1], {}, Dr + 1
+        for k, e in blocks.items():          # the read-backs by name, in the order they were packed
+            w = e.shape[1] if e.ndim == 2 else 1
+            got[k], c = (head[:, c:c + w].copy() if e.ndim == 2 else head[:, c]), c + w
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
     N = prop.tokens.shape[1] - 1
     if prop.tree is None:          # a chain keeps a prefix of its block (also right after a prefill of drafts)
@@ -299,6 +314,12 @@ def settle(run: Run, prop, hidden, v, Dr: int, reads: dict | None = None) -> tup
     if run.feat:
         kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
         store_hidden(run, hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
+    if host:                       # the path's tokens, then the next token at tau_b, on numpy views
+        rows = np.arange(run.B)
+        cand = prop.tokens.numpy()[rows[:, None], np.concatenate([keep[:, 1:], keep[:, 1:2]], 1)]   # (B, Dr + 1)
+        cand[rows, tau] = np.asarray(v.next_token)
+        commit(run, cand, tau)
+        return tau, path, got
     dev_verdict = run.n_dev is not None and isinstance(acc_t, torch.Tensor) and acc_t.device == run.out.device
     if dev_verdict:                # the device path: the commit from the verdict's own device tensors
         tau_t, kp = acc_t[:, 0].long(), path_t.long().clamp(min=0)

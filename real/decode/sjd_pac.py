@@ -75,8 +75,8 @@ import torch
 from theory.tree import Tree, truncate_tree
 from real.protocol import Proposal
 
-from . import rng as R
 from .sjd_pac_verdict import longest_path_verdict, predict_longest
+from .sjd_pac_window import _INIT, _KEEP, _NONE, _RES, _SIB, _fresh, _fresh_levels, _next_depth, carry
 
 __all__ = ["SJDPAC", "PacWindow", "DEFAULT_WINDOW", "DEFAULT_TREE_WIDTH", "DEFAULT_TREE_DEPTH", "tree_nodes",
            "pac_tree", "longest_path_verdict", "predict_longest"]
@@ -84,12 +84,6 @@ __all__ = ["SJDPAC", "PacWindow", "DEFAULT_WINDOW", "DEFAULT_TREE_WIDTH", "DEFAU
 DEFAULT_WINDOW = 64            # the sampler's max_num_new_tokens default and the demo's (eval_model.py's option: 16)
 DEFAULT_TREE_WIDTH = 3         # tree_width K (code and scripts)
 DEFAULT_TREE_DEPTH = 3         # tree_depth D
-
-# purposes of the mode's uniforms (disjoint from real.decode.jacobi's JACOBI + 0..4)
-_INIT = R.JACOBI + 8           # Exp(1) noise of the K draws of a fresh level (uniform row), per (slot, token)
-_KEEP = R.JACOBI + 9           # continuation: keep-the-stale-token uniforms, per slot
-_RES = R.JACOBI + 10           # continuation: Exp(1) noise of the residual draws, per (slot, token)
-_SIB = R.JACOBI + 11           # sjd-pac-p: Exp(1) noise of the other candidates of a carried level
 
 
 def tree_nodes(width: int, depth: int) -> int:
@@ -113,9 +107,11 @@ def pac_tree(window: int, width: int, depth: int) -> Tree:
 @dataclass
 class PacWindow:
     """Per-image window between rounds: ``cand`` (B, M-1, K) candidate tokens of depths 1..M-1 by rank (chain levels
-    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates."""
+    use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates; ``plan`` the last proposal's
+    (``_Plan``, read by ``advance``)."""
     cand: torch.Tensor
     q: torch.Tensor
+    plan: object = None
 
 
 @dataclass
@@ -123,10 +119,13 @@ class _Plan:
     """Everything a round needs that depends only on the truncated tree: the tree, node depths (N+1,) and ranks
     (numpy), the attention mask, children (N+1, K), the ancestor table (N+1, D) and the continuation tables (N+1, M+1)
     (host ints): for an accepted node a and a depth e, the node whose row drafts depth e (``par_np``) and its first
-    child (``xn_np``), -1 where none; ``kids_np`` (N+1, 2, K) each node's children (0 where none) and whether each
-    exists; as tensors, ``slot`` (N,) each non-root node's candidate in a window's flat (level, rank) slots (level =
-    depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each node's children read (its depth, at most
-    the window's last level)."""
+    child (``xn_np``), -1 where none; the same by the next window's level s < S (old depth e = depth(a) + 2 + s, -1
+    past the tree): ``cpar`` and ``cxn`` (N+1, S), and ``ctree`` (N+1, S) bool, whether that level has a token and
+    was a tree level (old depth <= D - 1: the release's siblings' residual); ``kids_np`` (N+1, 2, K) each node's
+    children (0 where none) and whether each exists; as tensors, ``slot`` (N,) each non-root node's candidate in a
+    window's flat (level, rank) slots (level = depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each
+    node's children read (its depth, at most the window's last level); ``verdicts`` the release's verdict of this
+    tree, by whether the bonus token is uniform (built once, ``SJDPAC.propose``)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -138,6 +137,10 @@ class _Plan:
     kids_np: np.ndarray
     slot: torch.Tensor
     q_rows: torch.Tensor
+    cpar: np.ndarray
+    cxn: np.ndarray
+    ctree: np.ndarray
+    verdicts: dict
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -187,10 +190,15 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     dev = torch.device(device)
     dep = tree.node_depth.astype(np.int64)
     S = depth + window - tree_nodes(width, depth) - 1                                     # the window's levels
+    e = dep[:, None] + 2 + np.arange(S)                               # (N+1, S) old depth of each next level
+    inside = e <= S
+    cols = np.minimum(e, par.shape[1] - 1)
+    cpar = np.where(inside, np.take_along_axis(par, cols, 1), -1)
+    cxn = np.where(cpar >= 0, np.take_along_axis(xn, cols, 1), -1)
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
                  np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
                  torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
-                 torch.as_tensor(np.minimum(dep, S - 1), device=dev))
+                 torch.as_tensor(np.minimum(dep, S - 1), device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {})
 
 
 @dataclass(frozen=True)
@@ -251,166 +259,65 @@ class SJDPAC:
         Dr = int(depth.max())
         plan = self._plan(run, Dr)
         win = run.state
-        x = win.cand.view(win.cand.shape[0], -1).index_select(1, plan.slot)                          # (B, N)
-        q = win.q.index_select(1, plan.q_rows)                                          # (B, N+1, V)
-        verify = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc, full_depth=self.max_depth,
-                         uniform_bonus=not run.proc.greedy) if self.release else None
-        return Proposal(torch.cat([run.last_tokens(), x], 1), q, "without_replacement", plan.tree, plan.depth,
-                        plan.mask, 0, verify=verify)
+        win.plan = plan
+        B = win.cand.shape[0]
+        if run.on_device is None:       # the host path: gathered on numpy views (copies, as on the device)
+            tok = np.empty((B, len(plan.slot) + 1), np.int64)
+            tok[:, :1] = run.last_tokens().numpy()
+            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot.numpy()]
+            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows.numpy()])
+        else:
+            x = win.cand.view(B, -1).index_select(1, plan.slot)                                       # (B, N)
+            tokens, q = torch.cat([run.last_tokens(), x], 1), win.q.index_select(1, plan.q_rows)  # (B, N+1, V)
+        verify = None
+        if self.release:                # the plan's verdict, built once per plan and bonus law
+            bonus = not run.proc.greedy
+            verify = plan.verdicts.get(bonus)
+            if verify is None:
+                verify = plan.verdicts[bonus] = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc,
+                                                        full_depth=self.max_depth, uniform_bonus=bonus)
+        return Proposal(tokens, q, "without_replacement", plan.tree, plan.depth, plan.mask, 0, verify=verify)
 
     def advance(self, run, prop, verdict, p, n0) -> None:
         """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
         continuation path (module docstring; release or coupled), the rest freshly initialised (keyed by the new
         committed lengths). Which levels are carried, and from which node rows, is known on the host (the verdict and
-        the plan's tables): only those m (image, level) rows are gathered, hashed and drawn from, (m, V) each, and a
-        level's K - 1 other candidates only where the next tree reads them (the tree levels, depth <= D - 1)."""
+        the plan's tables by accepted node): only those m (image, level) rows are gathered, hashed and drawn from,
+        (m, V) each, and a level's K - 1 other candidates only where the next tree reads them (the tree levels, depth
+        <= D - 1). On the host path (CPU rows) the keep tests are decided on numpy views of the rows (m entries), so
+        the rows each law needs are chosen on the host (the siblings' residual only for the tree levels that failed);
+        on the device path the same formulas run on the device and the laws are chosen row by row there (no sync)."""
         win = run.state
-        plan = self._plan(run, int(prop.depth.max()))                                 # the proposal's plan (its Dr)
+        plan = win.plan                                                               # the proposal's (its Dr)
         S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
-        dev = run.dev
         tau = np.asarray(verdict.accepted, np.int64)
         B = len(tau)
         path = np.asarray(verdict.path, np.int64).reshape(B, -1)
         a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)           # (B,) the accepted node
-        e = tau[:, None] + 1 + np.arange(1, S + 1)                                      # (B, S) old depth of new level
-        ec = np.minimum(e, plan.par_np.shape[1] - 1)
-        par = np.where(e <= S, plan.par_np[a[:, None], ec], -1)
-        carried = (par >= 0) & np.asarray(run.active, bool)[:, None]
+        par = plan.cpar[a]                                                              # (B, S) the carried levels'
+        act = run.active
+        if not act.all():
+            par = np.where(act[:, None], par, -1)
+        carried = par >= 0
         bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
+        first_free = carried.sum(1)
         # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
         # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
-        read = int(run.depths(S).max())
-        fb, fs, fdraw = _fresh_levels(carried.sum(1), S, read)
-        sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else np.zeros(0, np.int64)
+        read = _next_depth(run, S)
+        fresh = _fresh_levels(first_free, S, read)
+        fb, fs, fdraw = fresh
+        sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else _NONE
         asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), bs[sib], ss[sib]),
                 (_INIT, (S, V), fb[fdraw], fs[fdraw])]
         u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
         if len(bs):
-            pr, xr = par[bs, ss], plan.xn_np[a[bs], ec[bs, ss]]
-            has_x = xr >= 0
-            N1, m = p.shape[1], len(bs)
-            rows = np.flatnonzero(has_x & (e[bs, ss] <= D - 1)) if self.release else sib   # the tree levels' rows
-            # every index the update reads, sent at once: flat rows of p / q, of the tokens, the next-token nodes, the
-            # window's flat levels, the batch rows, the tree levels' rows (index_select on flat views: torch's
-            # advanced indexing costs more on small rows)
-            ix = torch.as_tensor(np.concatenate([bs * N1 + pr, bs * N1 + np.maximum(xr, 0), xr, bs * S + ss, bs, rows]),
-                                 device=dev)
-            f_p, f_x, x_r, f_s, bi = (ix[j * m:(j + 1) * m] for j in range(5))
-            t = ix[5 * m:]
-            P = p.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)                   # (m, V) stale rows
-            qo = prop.q.reshape(-1, V).index_select(0, f_p).to(win.q.dtype)             # their levels' draft rows
-            x = prop.tokens.reshape(-1).index_select(0, f_x)                             # (m,)
-            u = u_keep.to(dev, P.dtype)
-            ratio = _ratio(P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0])
-            hx = x_r >= 0
-            keep = hx & (u < ratio)
-            res = (P - qo).clamp_(min=0)                                                # [p - q]_+ (coupling residual)
-            w = torch.where(hx[:, None], _safe(res, P), P) if not has_x.all() else _safe(res, P)
-            noise = e_res.log_().neg_().to(dev)
-            if self.release:
-                if len(rows):                   # levels that failed take the siblings' residual
-                    Pt = P.index_select(0, t)
-                    last = _last_sibling_rows(plan, pr[rows], Pt, qo.index_select(0, t),
-                                              prop.tokens.index_select(0, bi.index_select(0, t)))
-                    w.index_copy_(0, t, torch.where(keep.index_select(0, t)[:, None], w.index_select(0, t),
-                                                    _safe(last, Pt)))
-                # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
-                # the first K - 1 of the K it would draw)
-                d = _draw(w, K, noise)
-                cand = torch.where(keep[:, None], torch.cat([x[:, None], d[:, :K - 1]], -1), d)
-            else:
-                y = torch.where(keep, x, _draw(w, 1, noise)[:, 0])
-                cand = y[:, None].expand(-1, K).clone()       # chain levels read rank 0 only
-                if len(rows):
-                    rest = P.index_select(0, t).scatter(-1, y.index_select(0, t)[:, None], 0.0)
-                    cand[:, 1:].index_copy_(0, t, _draw(rest, K - 1, e_sib.log_().neg_().to(dev)))
-            win.cand.view(-1, K).index_copy_(0, f_s, cand)
-            win.q.view(-1, V).index_copy_(0, f_s, P)
-        _fresh(run, win, carried.sum(1), read, e_init)
+            carry(self, run, prop, p, plan, bs, ss, par[bs, ss], plan.cxn[a[bs], ss], plan.ctree[a[bs], ss], sib,
+                        u_keep, e_res, e_sib)
+        _fresh(run, win, first_free, read, e_init, fresh)
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,
                 "tree_depth": self.tree_depth, "tree_nodes": self.window - 1}
-
-
-def _draw(w: torch.Tensor, k: int, e: torch.Tensor) -> torch.Tensor:
-    """k tokens (..., k) drawn without replacement from weights ``w`` (..., V) by the exponential race (the k largest
-    w / e, ``e`` Exp(1) noise); past the tokens of positive weight, distinct tokens of zero weight uniformly (where the
-    release's ``torch.multinomial`` refuses a row with fewer than k positive entries). On the host, when the k
-    largest w / e are all positive (every row has k tokens of positive weight that win the race) the keys of the zero
-    weights (-e < 0, below them) cannot change the draw, and the where is skipped: the same tokens."""
-    key = w / e
-    if key.device.type == "cpu":
-        top = key.topk(k, dim=-1)
-        if bool((top.values > 0).all()):
-            return top.indices
-    return torch.where(w > 0, key, -e).topk(k, dim=-1).indices
-
-
-def _ratio(px: torch.Tensor, qx: torch.Tensor) -> torch.Tensor:
-    """min(1, p(x) / q(x)) with 1 where q(x) = 0 (the keep probability of the continuation: vanilla's test)."""
-    return torch.where(qx > 0, (px / qx.clamp(min=1e-300)).clamp(max=1.0), torch.ones_like(px))
-
-
-def _safe(w: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Rows ``w`` (..., V), ``fallback`` where a row has no mass (p = q exactly: the release would draw its padding
-    id 0 there)."""
-    return torch.where(w.sum(-1, keepdim=True) > 0, w, fallback)
-
-
-def _last_sibling_rows(plan: _Plan, par: np.ndarray, P, qo, tokens) -> torch.Tensor:
-    """The release's residual of a tree level whose stale token failed, the residual after ALL its parent's children,
-    Norm([p_{K-1} - q_{K-1}]_+) by the siblings' recursion: (r, V) from the parent nodes ``par`` (r,) (host ints),
-    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1)."""
-    kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
-    p_j, q_left = P, qo
-    cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
-    K = kids.shape[-1]
-    for j in range(K):   # the K siblings in rank order (K <= a few)
-        q_j = q_left / q_left.sum(-1, keepdim=True).clamp(min=1e-300)
-        nxt = (p_j - q_j).clamp(min=0)
-        s = nxt.sum(-1, keepdim=True)
-        # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
-        nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
-        on = live[:, j] > 0
-        if on.all():
-            p_j = nxt
-            if j < K - 1:                 # the last sibling's removal from q is read by no later step
-                q_left = q_left.scatter(-1, cs[:, j:j + 1], 0.0)
-        else:
-            on = torch.as_tensor(on, device=P.device)[:, None]
-            p_j = torch.where(on, nxt, p_j)
-            q_left = torch.where(on, q_left.scatter(-1, cs[:, j:j + 1], 0.0), q_left)
-    return p_j
-
-
-def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
-    """The fresh levels (bs, ss) (m,) of a window of S levels: i >= first_free (B,) (host ints); ``draw`` (m,) bool:
-    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all)."""
-    bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
-    return bs, ss, (ss < read) if read is not None else np.ones(len(ss), bool)
-
-
-def _fresh(run, win: PacWindow, first_free: np.ndarray, read: int | None = None, e=None) -> None:
-    """Levels i >= first_free (B,) (host ints) get the uniform draft row and K distinct uniform image tokens (as
-    released), keyed by the images' committed lengths; only those levels' uniforms are hashed, and only the tokens
-    of levels i < ``read`` (the next round's deepest depth D'_max: its tree reads no deeper level's candidates, and
-    D'_max never grows as the images fill, so a level skipped here is never read; None: all). ``e``: those levels'
-    uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here."""
-    B, S, K = win.cand.shape
-    bs, ss, draw = _fresh_levels(first_free, S, read)
-    if len(bs) == 0:
-        return
-    V = win.q.shape[-1]
-    flat = bs * S + ss                                            # the levels in the window's flat (B * S) rows
-    ix = torch.as_tensor(np.concatenate([flat, flat[draw]]), device=run.dev)
-    win.q.view(-1, V).index_fill_(0, ix[:len(flat)], 1.0 / V)
-    if not draw.any():
-        return
-    if e is None:
-        e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs[draw], ss[draw])
-    # K distinct tokens, uniformly without replacement
-    win.cand.view(-1, K).index_copy_(0, ix[len(flat):], e.to(run.dev).topk(K, dim=-1).indices)
 
 
 def check_sjd_pac(spec, num_tokens: int, vocab_size: int | None = None) -> SJDPAC:

@@ -48,20 +48,24 @@ class _VerdictPlan:
         self.a, self.pad = np.where(anc >= 0, anc, 0), anc < 0
         self.anc = np.asarray(anc, np.int64)
         self.order = self.dep * (N1 + 1) + N1 - np.arange(N1)
+        self.none = np.full(N1, -1, np.int64)                     # the order of a node that is not accepted
         self.nk = (ch >= 0).sum(1)
         self.last = np.where(self.nk > 0, ch[np.arange(N1), np.maximum(self.nk - 1, 0)], 0)
         self.pm_of = np.zeros(N1, np.int64)
         self.pm_of[self.par_m] = np.arange(len(self.par_m))
         self._dev: dict = {}
 
-    _ARRAYS = ("dep", "par0", "par_m", "m0", "pos_m", "kid_all", "pos_all", "a", "pad", "anc", "order", "last",
-               "pm_of")
+    _ARRAYS = ("dep", "par0", "par_m", "m0", "pos_m", "kid_all", "pos_all", "a", "pad", "anc", "order", "none",
+               "last", "pm_of")
 
     def on(self, device) -> dict:
-        """{name: array} of the index arrays: numpy (``device`` None) or torch tensors on ``device``."""
+        """{name: array} of the index arrays: numpy (``device`` None) or torch tensors on ``device`` (each built once)."""
+        key = None if device is None else str(device)
+        if key in self._dev:
+            return self._dev[key]
         if device is None:
-            return {k: getattr(self, k) for k in self._ARRAYS} | {"prev": self.prev, "sel": self.sel}
-        key = str(device)
+            self._dev[None] = {k: getattr(self, k) for k in self._ARRAYS} | {"prev": self.prev, "sel": self.sel}
+            return self._dev[None]
         if key not in self._dev:
             t = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
             self._dev[key] = {k: t(getattr(self, k)) for k in self._ARRAYS} | {
@@ -108,24 +112,27 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     vp = _verdict_plan(tree, anc)
     xp = namespace(p, q)
     torch_rows = isinstance(p, torch.Tensor)
-    A = vp.on(p.device if torch_rows else None)
-    host = (lambda a: torch.as_tensor(a, device=p.device)) if torch_rows else np.asarray   # host data to the rows'
-    B = p.shape[0]
-    V = p.shape[-1]
-    cap = max_depth if torch_rows else np.asarray(max_depth)
-    tokens = xp.astype(tokens, xp.int64)
-    passed = xp.zeros((B, vp.N1), dtype=xp.bool, device=p.device) if torch_rows else np.zeros((B, vp.N1), bool)
+    B, V = p.shape[0], p.shape[-1]
+    if torch_rows:              # the few glue operations called directly (the compat layer's wrappers cost more)
+        A, where, cat = vp.on(p.device), torch.where, torch.cat
+        host = lambda a: torch.as_tensor(a, device=p.device)   # noqa: E731  host data to the rows' device
+        cap, tokens = max_depth, tokens.long()
+        passed = torch.zeros((B, vp.N1), dtype=torch.bool, device=p.device)
+    else:
+        A, where, cat, host = vp.on(None), np.where, np.concatenate, np.asarray
+        cap, tokens = np.asarray(max_depth), np.asarray(tokens).astype(np.int64, copy=False)
+        passed = np.zeros((B, vp.N1), bool)
 
     def test(kid, p_j, q_j, pos) -> None:
         """passed[:, kid] for children ``kid`` (m,) against their parents' rows p_j, q_j (B, m, V), positions pos."""
         c = tokens[:, kid]
         qc, pc = take_last(q_j, c[..., None], xp)[..., 0], take_last(p_j, c[..., None], xp)[..., 0]
         f = accept_at(verifier.accept, p_j, q_j, pos, c)
-        passed[:, kid] = xp.where(qc > 0, u_accept[:, kid] < f, pc > 0)
+        passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
 
     def zero_at(w, c):
-        """w (B, m, V) with 0 at the codes c (B, m) (a new array)."""
-        return put_last(w, c[..., None], 0.0, xp)
+        """w (B, m, V) with 0 at the codes c (B, m), in place (``q_left``: the recursion's own copy)."""
+        return put_last(w, c[..., None], 0.0, xp, copy=False)
 
     q0 = q[:, A["par0"]]
     q0n = normalize(q0, q0, xp)
@@ -135,9 +142,10 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         p_j, q_left = p[:, A["par_m"]], q[:, A["par_m"]]
         q_j = q0n[:, A["m0"]]                                       # normalize(q_left): the rows of q0n
         states[0] = (p_j, q_j)
+        reads = reads_f(verifier.resample)
         for b, sel in enumerate(A["sel"], 1):           # a loop over the ranks, each over all the parents at once
             c = tokens[:, A["prev"][b - 1]]                                               # (B, Pm) rank b - 1
-            f = verifier.accept(p_j, q_j, A["pos_m"]) if reads_f(verifier.resample) else None
+            f = verifier.accept(p_j, q_j, A["pos_m"]) if reads else None
             p_j = verifier.resample(p_j, q_j, f, c)
             q_left = zero_at(q_left, c)
             q_j = normalize(q_left, q_left, xp)
@@ -147,21 +155,19 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     if len(tests) == 1:
         test(A["kid_all"], *tests[0], A["pos_all"])
     else:
-        test(A["kid_all"], xp.concat([r[0] for r in tests], axis=1), xp.concat([r[1] for r in tests], axis=1),
-             A["pos_all"])
+        test(A["kid_all"], cat([r[0] for r in tests], 1), cat([r[1] for r in tests], 1), A["pos_all"])
     ok = passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
-    ok = xp.all(ok[:, A["a"]] | A["pad"][None], axis=-1)                                   # every ancestor passes
-    win = xp.astype(xp.argmax(xp.where(ok, A["order"][None, :], xp.full_like(A["order"][None, :], -1)), axis=1),
-                    xp.int64)                                                               # (B,)
-    tau = xp.take(A["dep"], win, axis=0)
-    path = xp.take(A["anc"], win, axis=0)                                                   # (B, D)
+    ok = (ok[:, A["a"]] | A["pad"][None]).all(-1)                                          # every ancestor passes
+    win = where(ok, A["order"][None, :], A["none"][None, :]).argmax(1)                     # (B,)
+    win = win if torch_rows else win.astype(np.int64, copy=False)
+    tau, path = A["dep"][win], A["anc"][win]                                                # (B,), (B, D)
     # the next token's row: the residual after all the winner's live children (its own row when it has none)
     wins = win.cpu().numpy() if torch_rows else win
     own = gather_rows(p, win, xp)
     nkw = vp.nk[wins]
     if (nkw > 0).any():
-        bi = xp.arange(B, device=p.device) if torch_rows else np.arange(B)
+        bi = torch.arange(B, device=p.device) if torch_rows else np.arange(B)
         p_pre = q_pre = None
         if (nkw == 1).any():
             qw = gather_rows(q, win, xp)
@@ -173,20 +179,22 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
                 p_pre, q_pre = s_p, s_q
             else:
                 pick = host(nkw == r)[:, None]
-                p_pre, q_pre = xp.where(pick, s_p, p_pre), xp.where(pick, s_q, q_pre)
+                p_pre, q_pre = where(pick, s_p, p_pre), where(pick, s_q, q_pre)
         kid = A["last"][win]
         c = tokens[bi, kid]
         live = host(nkw > 0) & (cap >= A["dep"][kid])
         pos = A["dep"][win] + 1
         f = verifier.accept(p_pre, q_pre, pos) if reads_f(verifier.resample) else None
-        rows = xp.where(live[:, None], verifier.resample(p_pre, q_pre, f, c), own)
+        res = verifier.resample(p_pre, q_pre, f, c)
+        # (host rows: where every image's winner has live children, the residual rows themselves, the same values)
+        rows = res if not torch_rows and live.all() and res.dtype == own.dtype else where(live[:, None], res, own)
     else:
         rows = own
     nxt = sample_categorical(rows, u_sample, xp)
-    if uniform_bonus:
-        uni = xp.astype(xp.floor(u_sample * V), xp.int64)
-        uni = xp.where(uni < V, uni, xp.full_like(uni, V - 1))
-        nxt = xp.where(tau == full_depth, uni, nxt)
+    if uniform_bonus and (torch_rows or (tau == full_depth).any()):       # (host: only when a winner reaches it)
+        uni = xp.floor(u_sample * V)
+        uni = uni.long().clamp(max=V - 1) if torch_rows else np.minimum(uni.astype(np.int64), V - 1)
+        nxt = where(tau == full_depth, uni, nxt)
     return TreeVerdict(tau, path, nxt, win)
 
 

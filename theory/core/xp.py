@@ -84,8 +84,10 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
         empty = s <= 0
         if not empty.any():                     # no empty row (the usual case): the division alone, the same bits
             r = w / s
-            if fallback is w or (np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape
-                                 and np.result_type(fallback, r) == r.dtype):
+            if (fallback is w or (type(fallback) is np.ndarray and fallback.shape == r.shape     # (the usual
+                                  and fallback.dtype == r.dtype)                                # case, at once)
+                    or (np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape
+                        and np.result_type(fallback, r) == r.dtype)):
                 return r
         return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
@@ -137,6 +139,8 @@ def _sample_numpy(w, u):
     t = np.asarray(u) * c[..., -1]
     idx = np.minimum(np.sum(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
     ok = take_last(w, idx[..., None])[..., 0] > 0
+    if np.ndim(idx) and ok.all():               # (no round-off landed off the support: the argmax is not read)
+        return idx
     return np.where(ok, idx, np.argmax(w, axis=-1).astype(np.int64))
 
 
