@@ -177,7 +177,12 @@ class Lantern:
         xp = namespace(p, q)
         return ratio_min1(self.aggregated_at(p, x), gather(q, x, xp), xp)
 
-    def sibling_mass(self, pr, c, pc, rank_of, left):
+    def sibling_cap(self, pc, left):
+        """The bound (B, K) of ``sibling_mass``, its thresholds: (lam - 1) pc (relative) or delta left (absolute), in
+        the rows' dtype; the admitted mass lies in [0, it] (a prefix sum <= it, or 0), bit for bit the same values."""
+        return (self.lam - 1.0) * pc if self.lam is not None else self.delta * left
+
+    def sibling_mass(self, pr, c, pc, rank_of, left, need=None):
         """The admitted neighbour mass (B, K) of a node's candidates tried in rank order under the point draft law,
         in the units of the node's row, numpy (``theory.rules.walks``' level walk): pr (B, V) the node's target row,
         c (B, K) its candidates, pc (B, K) their masses with repeats of an earlier candidate set to 0, rank_of (B, V)
@@ -185,15 +190,18 @@ class Lantern:
         not yet rejected before each. Candidate j meets the residual pr with the earlier candidates zeroed, over
         left[j]: its neighbours' masses are pr's with those codes zeroed, its threshold (lam - 1) pc[j] (relative:
         the same in any units) or delta left[j] (absolute), and ``_prefix_of`` sums them as ``prefix_mass_at`` does
-        (the first candidate's, where nothing is zeroed and left is the row itself, bit for bit)."""
+        (the first candidate's, where nothing is zeroed and left is the row itself, bit for bit). ``need`` (B, K) bool:
+        those entries only (the others 0; each entry's bits do not depend on which others are computed)."""
         import numpy as np
 
         B, K = c.shape
         table = np.asarray(self.neighbors)
-        b, j, code = np.repeat(np.arange(B), K), np.tile(np.arange(K), B), np.reshape(c, (-1,))   # entries (B K,)
-        thr = np.reshape((self.lam - 1.0) * pc if self.lam is not None else self.delta * left, (-1,))
-        w = _pm.SIBLING_BLOCK if B * K * self.k > _pm.SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
-        mass, alive, a = np.zeros(B * K, pr.dtype), np.ones(B * K, bool), 0
+        alive = np.ones(B * K, bool) if need is None else np.reshape(need, (-1,)).copy()
+        n = B * K if need is None else int(np.count_nonzero(alive))
+        b, j = np.divmod(np.arange(B * K), K)                                    # entries (B K,): round, rank
+        code, thr = np.reshape(c, (-1,)), np.reshape(self.sibling_cap(pc, left), (-1,))
+        w = _pm.SIBLING_BLOCK if n * self.k > _pm.SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
+        mass, a = np.zeros(B * K, pr.dtype), 0
         V = pr.shape[-1]
         while a < self.k and alive.any():   # column blocks (doubling), as one pass would sum them
             on = np.nonzero(alive)[0]

@@ -62,14 +62,15 @@ def _host(*arrays) -> bool:
 
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
           u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
-          draft_law: str = "point", *, boost=None, weight=None, level=None):
+          draft_law: str = "point", *, boost=None, bound=None, weight=None, level=None):
     """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla": the point law; "greedy": any law), numpy
     arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
     it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
     (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. ``boost`` (vanilla's walk for a
     rule whose residual under the point law is vanilla's, LANTERN++'s released one): the mass its acceptance adds
     to each candidate's (``Lantern.sibling_mass``), candidate j accepted iff u_j < (p(c_j) + boost_j) / (m - S_j)
-    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``). ``weight`` (a scaled rule
+    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``); with ``bound`` (the boost's
+    bound, ``Lantern.sibling_cap``) only where the bounds do not decide (``_boosted``). ``weight`` (a scaled rule
     with G*, ``scaled_walks``: f = min(1, w_i p_res(c)), G* = Norm([p_res - f 1_c]_+)): ``weight(pos (B,), rows)`` the
     weights (B,) at the candidates' position; a rejection takes min(1, w) of the candidate's remaining mass (all of
     it when w >= 1, as vanilla), so candidate j is accepted iff u_j < w p_j(c_j) / (m - taken before j), with
@@ -126,13 +127,13 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             left = pr.sum(-1, keepdims=True) - (np.cumsum(taken, -1) - taken)    # mass not yet rejected
             if weight is not None or boost is not None:
                 left[:, 0] = 1.0                    # the residual before the first candidate is the row itself
-            if boost is not None:
-                rank_of = np.zeros((B, V), np.int16)
-                rr, jj = np.nonzero(has[:, ::-1])                                # latest rank first: the earliest wins
-                rank_of[rr, c[rr, K - 1 - jj]] = K - jj
-                num = pc + boost(pr, c, pc, rank_of, left)
+            uc = u_accept[rows[:, None], safe]
+            if boost is not None and bound is None:
+                num = pc + boost(pr, c, pc, _rank_of(c, has, V), left)
             thr = np.where(left > 0, num / np.where(left > 0, left, 1.0), 0.0)
-            ok = has & (u_accept[rows[:, None], safe] < thr)
+            ok = has & (uc < thr)
+            if boost is not None and bound is not None:   # thr above: the boost's floor (0); the boost where it decides
+                ok = _boosted(boost, bound, pr, c, pc, left, has, uc, ok)
         acc = ok.any(-1)
         first = ok.argmax(-1)                                                    # the first accepted sibling
         if kind == "vanilla":                                                    # stopping rounds: their residual
@@ -168,6 +169,33 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             last[stop] = r
         nxt = _sample(last, u_sample)
     return depth, path, nxt.astype(np.int64), node
+
+
+def _rank_of(c, has, V):
+    """(B, V) int16: the 1-based rank of each code's first listing among a node's tried candidates c (B, K) (0: none)."""
+    B, K = c.shape
+    rank_of = np.zeros((B, V), np.int16)
+    rr, jj = np.nonzero(has[:, ::-1])                                            # latest rank first: the earliest wins
+    rank_of[rr, c[rr, K - 1 - jj]] = K - jj
+    return rank_of
+
+
+def _boosted(boost, bound, pr, c, pc, left, has, u, floor):
+    """``_walk``'s acceptances (B, K) bool of a level for a rule whose acceptance adds a boost in [0, bound] to each
+    candidate's mass (docs/theory/trees.md section 9b, "The boost where it decides"): ``floor`` (B, K) the tests
+    u < pc / left (the boost at 0: accepted whatever it is), ``bound(pc, left)`` (B, K) the boost's bound in the rows'
+    dtype; a candidate with u >= (pc + bound) / left is rejected whatever the boost (rounding is monotone), and only
+    the others before each round's first sure acceptance get theirs (``boost(..., need=)``), with the same bits."""
+    B, K = c.shape
+    pos = left > 0
+    den = np.where(pos, left, 1.0)
+    hi = np.where(pos, (pc + bound(pc, left)) / den, 0.0)
+    sure = np.where(floor.any(-1), floor.argmax(-1), K)                           # each round's first sure rank
+    need = has & ~floor & (u < hi) & (np.arange(K) < sure[:, None])
+    if not need.any():
+        return floor
+    num = pc + boost(pr, c, pc, _rank_of(c, has, pr.shape[-1]), left, need=need)
+    return floor | (need & (u < np.where(pos, num / den, 0.0)))
 
 
 def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, max_depth=None,
@@ -376,12 +404,13 @@ def scaled_walks(schedule) -> dict:
     return {"point": partial(_walk, "vanilla", weight=partial(_schedule_weight, schedule))}
 
 
-def boosted_walks(boost, accept=None) -> dict:
+def boosted_walks(boost, accept=None, bound=None) -> dict:
     """The walks of a rule whose residual under the point law is vanilla's and whose acceptance adds ``boost`` to a
-    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``), for the point law: on numpy rows,
-    and on others (``accept``, the acceptance itself, whose f must not depend on the position: vanilla's device walk
+    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``), for the point law: on numpy rows
+    (``bound``: the boost's bound, ``Lantern.sibling_cap``; then the boost only where the bounds do not decide), and
+    on others (``accept``, the acceptance itself, whose f must not depend on the position: vanilla's device walk
     reading it at the candidates)."""
-    return {"point": partial(_walk, "vanilla", boost=boost),
+    return {"point": partial(_walk, "vanilla", boost=boost, bound=bound),
             **({"device": partial(_vanilla_device, accept=accept)} if accept is not None else {})}
 
 
