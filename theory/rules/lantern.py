@@ -22,6 +22,7 @@ Facts from the release (jadohu/LANTERN, ``models/ea_model_llamagen.py`` and
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from ..core.xp import (Array, any_to, gather, mark, namespace, normalize, positi
 from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_sum
 from . import prefix_mass as _pm
 from .prefix_mass import _prefix_of, prefix_mass, prefix_mass_at
+from .lantern_at import decide_at as _decide_at, entries as _entries, host_table as _host_table
+from .lantern_at import host_views as _host_views
 from .resampling import point_residual
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
@@ -45,42 +48,6 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     """The table as int64 on ``device`` (no copy when it is already), of which the caller reads the first ``cols``
     columns: the whole table, not a column slice (a strided view would be copied by the gathers that read it)."""
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
-
-
-def _host_table(neighbors) -> np.ndarray:
-    """``_table`` on the host: the table as int64 numpy (a view of a torch CPU table; no copy when it is int64)."""
-    return np.asarray(neighbors).astype(np.int64, copy=False)
-
-
-def _host_views(*arrays):
-    """numpy views (no copies) of torch CPU tensors (None entries kept), when ``prefix_mass.TORCH_CPU_ON_NUMPY`` holds
-    and every array is a plain CPU tensor autograd does not track, of a dtype numpy has (``prefix_mass._torch_cpu``);
-    else None. The callers then run numpy's calls on the views: elementwise operations, gathers and scatters give torch's
-    bits, the neighbour masses are summed in float64 as ``_on_numpy`` sums them, and sums over a row (a residual's
-    normalisation) stay torch's."""
-    torch = sys.modules.get("torch")
-    if torch is None or not _pm.TORCH_CPU_ON_NUMPY:
-        return None
-    for a in arrays:    # (a handful of arguments)
-        if a is not None and (type(a) is not torch.Tensor or a.device.type != "cpu" or a.requires_grad
-                              or a.dtype == torch.bfloat16 or a.is_conj() or a.is_neg()):
-            return None
-    return tuple(None if a is None else a.numpy() for a in arrays)
-
-
-def _entries(p: Array, x: Array, xp):
-    """Rows p (..., V) broadcast to tokens x (...,) and flattened, and the flat entries row * V + x: ((R V,), (R,))."""
-    V = p.shape[-1]
-    shape = tuple(x.shape)
-    if isinstance(p, np.ndarray):    # numpy's own calls (the compat layer's cost is most of a few tokens' time)
-        pf = (p if p.shape[:-1] == shape else np.broadcast_to(p, (*shape, V))).reshape(-1)
-        return pf, np.arange(pf.shape[0] // V) * V + np.reshape(x, (-1,)).astype(np.int64, copy=False)
-    if tuple(p.shape[:-1]) != shape:
-        p = xp.broadcast_to(p, (*shape, V))
-    pf = xp.reshape(p, (-1,))
-    R = pf.shape[0] // V
-    e = xp.arange(R, device=array_api_compat.device(p)) * V + xp.reshape(xp.astype(x, xp.int64), (-1,))
-    return pf, e
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,6 +143,11 @@ class Lantern:
             return sys.modules["torch"].from_numpy(f)
         xp = namespace(p, q)
         return ratio_min1(self.aggregated_at(p, x), gather(q, x, xp), xp)
+
+    def decide_at(self, p, q, i, x, u, *, want=None, chain=False):
+        """The decisions u < f(x) (...,) bool and f (...,) (NaN where the bounds decided, x's neighbours unread) at
+        tokens x, uniforms u (...,): ``theory.rules.lantern_at.decide_at`` (the engine's chains, ``verify_chain``)."""
+        return _decide_at(self, p, q, x, u, want=want, chain=chain)
 
     def sibling_cap(self, pc, left):
         """The bound (B, K) of ``sibling_mass``, its thresholds: (lam - 1) pc (relative) or delta left (absolute), in
@@ -275,8 +247,10 @@ class LanternResample:
         V = p.shape[-1]
         lead = tuple(p.shape[:-1])
         if self.law == "released":   # a scatter of x's k+1 neighbours into the row: no (..., V) mask
-            host = (_host_views(p, q, x) if tuple(x.shape) == lead and (q is None or tuple(q.shape) == tuple(p.shape))
-                    else None)
+            flat = tuple(x.shape) == lead and (q is None or tuple(q.shape) == tuple(p.shape))
+            if flat and all(a is None or isinstance(a, np.ndarray) for a in (p, q, x)):    # numpy's own calls
+                return normalize(self._released_kept_host(p, q, x), np.ones((*lead, 1), p.dtype) / V)
+            host = _host_views(p, q, x) if flat else None
             if host is not None:     # torch CPU tensors: the kept masses by numpy's calls on their views (the same
                 torch = sys.modules["torch"]   # bits: elementwise, gathers, a scatter), normalised by torch's own sum
                 uniform = torch.from_numpy(np.ones((*lead, 1), host[0].dtype) / V)
@@ -311,7 +285,7 @@ class LanternResample:
         """``_released_kept`` on numpy rows p (and q) (..., V), x (...,), by flat entries: the same gathers, the same
         elementwise operations and the same scatter (the rows' own calls, no index grids)."""
         V = p.shape[-1]
-        R = int(np.prod(p.shape[:-1], dtype=np.int64))
+        R = math.prod(p.shape[:-1])
         x = np.reshape(x, (-1,)).astype(np.int64, copy=False)
         nb = np.take(_host_table(self.neighbors), x, axis=0)[:, : self.k + 1]         # (R, k+1) N(x)
         at = (np.arange(R) * V)[:, None]
@@ -326,8 +300,8 @@ class LanternResample:
             of[(at + nb)[adm]] = 0
             return out
         r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
-        rf, idx = r.reshape(-1), at + nb
-        rf[idx] = np.where(adm[:, None], positive_part(pf[idx]), rf[idx])
+        idx = (at + nb)[adm] if not adm.all() else at + nb                            # the admitted rows' N(x)
+        r.reshape(-1)[idx] = positive_part(pf[idx])                                    # [p - 0]_+ put back there
         return r
 
     def point(self, p, c, f_c):

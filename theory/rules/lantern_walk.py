@@ -32,7 +32,7 @@ __all__ = ["delta_level", "lantern_walks", "CANCEL"]
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
 
 
-def delta_level(acc: Lantern, B: int, V: int, K: int):
+def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
     """The level step of LANTERN's released walk under the point law (module note) for a walk over B rounds of rows
     with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (B, V) the nodes' rows, c (B, K)
     their candidates in rank order, has (B, K) bool tried (a prefix of the ranks), u (B, K) their uniforms returns
@@ -40,7 +40,9 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
     pr, for the rounds stop (B,) bool that accepted none, the codes their residual lacks), or None (the
     generic walk serves). numpy rows. After a step, ``step.last`` = (live (n,) the rounds that tried a candidate,
     thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those after a round's first accepted
-    one are not meaningful)."""
+    one are not meaningful; by default a sibling's admitted mass A_j is summed only where the bounds
+    [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere: ``every_t`` sums
+    every tried sibling's, for inspection))."""
     k = acc.k
     table = np.asarray(acc.neighbors)
     table = table if table.shape[1] == k + 1 else table[:, : k + 1]
@@ -94,8 +96,17 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
                 thr = np.where(lead[:m_], acc.delta, acc.delta * m).astype(dt)
             else:
                 thr = (acc.lam - 1.0) * pz
-            t = (pz + prefix_rows(gz[:, :k], thr, dt)) / np.maximum(m, 1e-300)  # (m tiny: returned None below)
-            a = (hm & (uu < t)).reshape(n, K)
+            mm = np.maximum(m, 1e-300)                                          # (m tiny: returned None below)
+            t = pz / mm                                                         # the threshold with A_j = 0 ...
+            a = hm & (uu < t)                                                   # ... accepted whatever A_j is
+            sure = np.repeat(np.where((s := a.reshape(n, K)).any(-1), s.argmax(-1), K), K)
+            # A_j in [0, thr_j]: u_j >= (p'(c_j) + thr_j) / m_j rejects whatever A_j is (section 9b): A_j where it decides
+            need = hm if every_t else hm & ~a & (uu < (pz + thr) / mm) & (rank[:m_] < sure)
+            if need.any():
+                e = np.flatnonzero(need)
+                t[e] = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
+                a[e] = uu[e] < t[e]
+            a = a.reshape(n, K)
             fa = np.where(a.any(-1), a.argmax(-1), K)                           # first accepted rank (K: none)
             rejected = hm & (rank[:m_] < np.repeat(fa, K))
             now = gz[:, 0] <= thr                                               # adm_j, given the assumed earlier
