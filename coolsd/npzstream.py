@@ -19,10 +19,18 @@ import numpy as np
 
 from coolsd.io import atomic_file
 
-__all__ = ["NpzStream", "CHUNK"]
+__all__ = ["NpzStream", "CHUNK", "savez"]
 
 CHUNK = 1 << 24          # bytes copied from a spool into the zip at a time
 COMPRESSLEVEL = 1        # deflate's fastest: probability rows hardly compress, their zeros and uniform rows do
+STORED_FLOATS = 1 << 20  # float members of at least this many bytes are stored, not deflated (recorded float32 rows:
+                         # 7% smaller deflated, at about 20 MB/s of one core)
+
+
+def _method(dtype, nbytes: int, compress: bool) -> int:
+    """The zip method of one member: deflated when ``compress``, except large float arrays (``STORED_FLOATS``)."""
+    big_floats = np.issubdtype(np.dtype(dtype), np.floating) and nbytes >= STORED_FLOATS
+    return zipfile.ZIP_DEFLATED if compress and not big_floats else zipfile.ZIP_STORED
 
 
 class NpzStream:
@@ -78,15 +86,30 @@ class NpzStream:
         with atomic_file(self.path) as fh, zipfile.ZipFile(fh, "w", compression=comp, allowZip64=True,
                                                            compresslevel=COMPRESSLEVEL) as zf:
             for name, (dtype, tail, rows) in self._meta.items():
+                zf.compression = _method(dtype, rows * int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize,
+                                         self.compress)
                 with zf.open(name + ".npy", "w", force_zip64=True) as out:
                     _header(out, dtype, (rows, *tail))
                     spool = os.path.join(self._dir, name)
                     if os.path.exists(spool):
                         with open(spool, "rb") as f:
                             shutil.copyfileobj(f, out, CHUNK)
+            zf.compression = comp
             for name, a in self._scalars.items():
                 with zf.open(name + ".npy", "w") as out:
                     np.lib.format.write_array(out, a, allow_pickle=False)
+
+
+def savez(fh, arrays: dict, compress: bool = True) -> None:
+    """Write arrays {name: array} as an ``.npz`` to the binary file object ``fh``, as ``np.savez_compressed`` does
+    but at deflate level ``COMPRESSLEVEL`` and with large float arrays stored (``_method``; ``compress=False``: every
+    member stored, as ``np.savez``): ``np.load`` reads either."""
+    with zipfile.ZipFile(fh, "w", allowZip64=True, compresslevel=COMPRESSLEVEL) as zf:
+        for name, a in arrays.items():
+            a = np.asanyarray(a)
+            zf.compression = _method(a.dtype, a.nbytes, compress)
+            with zf.open(name + ".npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, a, allow_pickle=False)
 
 
 def _header(fh, dtype: np.dtype, shape: tuple) -> None:

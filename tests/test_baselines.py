@@ -342,10 +342,21 @@ def test_raw_and_l2_tables_differ_on_a_codebook_with_varied_norms():
     (np.array([[1, 1], [0, 2], [1, 0]]), r"neighbors: row 0 lists a code twice"),
 ])
 def test_bad_neighbour_tables_are_refused_naming_the_argument(bad, msg):
-    for make in (lambda: rules.Lantern(bad, 1, delta=0.1), lambda: rules.lantern(bad, 1, 0.1),
-                 lambda: rules.lantern_pp(bad, 1, 2.0, "optimal"),
+    for make in (lambda: rules.Lantern(bad, 2, delta=0.1), lambda: rules.lantern(bad, 1, 0.1),
+                 lambda: rules.lantern_pp(bad, 2, 2.0, "optimal"),
                  lambda: rules.LanternResample(bad, 1, "p", "renormalised")):
         with pytest.raises(ValueError, match=msg):
+            make()
+
+
+def test_neighbour_tables_are_checked_on_the_columns_a_rule_reads():
+    """Acceptance reads k columns, the released resampler k + 1: a code listed twice only in column 3 of a
+    4-column table passes a rule reading 2 (no sort of the unread columns) and is refused by one reading 3."""
+    bad = np.array([[1, 2, 3, 1], [0, 2, 3, 0], [0, 1, 3, 0], [0, 1, 2, 0]])
+    rules.Lantern(bad, 2, delta=0.1)
+    rules.lantern(bad, 1, 0.1)                          # (acceptance 1 column, its resampler 2)
+    for make in (lambda: rules.Lantern(bad, 4, delta=0.1), lambda: rules.lantern(bad, 3, 0.1)):
+        with pytest.raises(ValueError, match="row 0 lists a code twice"):
             make()
 
 

@@ -185,3 +185,46 @@ def test_control_another_summation_order_is_caught():
     mask = np.ones(a.shape, bool)
     assert np.array_equal(neighbors_mod.neighbor_sum(a, nb, mask), gather_loop(a, nb, mask))
     assert not np.array_equal(neighbors_mod.neighbor_sum(a, np.sort(nb, axis=1), mask), gather_loop(a, nb, mask))
+
+
+# --------------------------------------------------------------------------- its transpose, the neighbour scatter
+
+def scatter_loop(u, nb):
+    """t[z] = sum of u[y] over the codes y listing z, by a Python loop over (y, column) pairs (the definition)."""
+    V = u.shape[-1]
+    rows = u.reshape(-1, V)
+    t = np.zeros_like(rows)
+    for y in range(V):
+        for z in nb[y]:
+            t[:, z] += rows[:, y]
+    return t.reshape(u.shape)
+
+
+@settings(max_examples=30, deadline=None)
+@given(V=st.integers(3, 30), K=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+def test_neighbor_scatter_is_the_transposed_sum(V, K, seed):
+    """neighbor_scatter(u) = u @ N (N[y, z] = z listed by y) against the loop, on numpy and torch; and the adjoint
+    identity <neighbor_sum(a), u> = <a, neighbor_scatter(u)>."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    K = min(K, V - 1)
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))[:, :K]
+    u = rng.dirichlet(np.full(V, 0.3), size=(3, 2))
+    u[rng.random(u.shape) < 0.3] = 0.0
+    want = scatter_loop(u, nb)
+    np.testing.assert_allclose(neighbors_mod.neighbor_scatter(u, nb), want, rtol=1e-13, atol=1e-300)
+    got_t = neighbors_mod.neighbor_scatter(torch.as_tensor(u), torch.as_tensor(nb)).numpy()
+    np.testing.assert_allclose(got_t, want, rtol=1e-13, atol=1e-300)
+    a = rng.random(u.shape)
+    lhs = (neighbors_mod.neighbor_sum(a, nb, np.ones(a.shape, bool)) * u).sum()
+    assert np.isclose(lhs, (a * neighbors_mod.neighbor_scatter(u, nb)).sum(), rtol=1e-12)
+
+
+def test_control_the_scatter_is_not_the_sum():
+    """Negative control: on a table that is not symmetric, the scatter (u @ N) differs from the sum (u @ N^T)."""
+    rng = np.random.default_rng(2)
+    V = 9
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 2)))[:, :2]
+    u = rng.random((2, V))
+    assert not np.allclose(neighbors_mod.neighbor_scatter(u, nb), neighbors_mod.neighbor_sum(u, nb, np.ones(u.shape, bool)))
+    np.testing.assert_allclose(neighbors_mod.neighbor_scatter(u, nb), scatter_loop(u, nb), rtol=1e-13)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..core.xp import (Array, any_to, gather, mark, namespace, normalize, positive_part, put_last,
                        ratio_min1, take_last)
-from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_sum
+from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_scatter, neighbor_sum
 from . import prefix_mass as _pm
 from .prefix_mass import _prefix_of, prefix_mass, prefix_mass_at
 from .lantern_at import decide_at as _decide_at, entries as _entries, host_table as _host_table
@@ -48,6 +48,16 @@ def _table(neighbors, cols: int, device, xp) -> Array:
     """The table as int64 on ``device`` (no copy when it is already), of which the caller reads the first ``cols``
     columns: the whole table, not a column slice (a strided view would be copied by the gathers that read it)."""
     return xp.astype(xp.asarray(neighbors, device=device), xp.int64, copy=False)
+
+
+def _check_table(neighbors, cols) -> None:
+    """``check_neighbors`` on the first ``cols`` columns, those a rule reads (the whole table when it has fewer, or
+    ``cols`` is not a count: the caller's range check then names the width). A sort of the read columns, not of
+    the (V, V - 1) table the model builds (V log V per code, at every rule's construction)."""
+    shape = getattr(neighbors, "shape", None)
+    K = int(shape[-1]) if shape is not None and len(shape) == 2 else None
+    ok = K is not None and isinstance(cols, (int, np.integer)) and 1 <= cols <= K
+    check_neighbors(neighbors, "neighbors", int(cols) if ok else None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,7 +81,7 @@ class Lantern:
             raise ValueError(f"Lantern: delta must be >= 0, got {self.delta}")
         if self.lam is not None and not (self.lam >= 1):
             raise ValueError(f"Lantern: lam must be >= 1, got {self.lam}")
-        check_neighbors(self.neighbors, "neighbors")
+        _check_table(self.neighbors, self.k)
         K = self.neighbors.shape[-1]
         if not 1 <= self.k <= K:
             raise ValueError(f"Lantern: k must be in [1, {K}] (neighbour table width), got {self.k}")
@@ -213,8 +223,7 @@ class LanternResample:
             raise ValueError(f"LanternResample: variant must be 'p' or 'q', got {self.variant!r}")
         if self.law not in LANTERN_LAWS:
             raise ValueError(f"LanternResample: law must be one of {LANTERN_LAWS}, got {self.law!r}")
-        if not (isinstance(self.accept, Lantern) and self.accept.neighbors is self.neighbors):  # else checked there
-            check_neighbors(self.neighbors, "neighbors")
+        _check_table(self.neighbors, self.k + 1)
         K = self.neighbors.shape[-1]
         if self.k + 1 > K:
             raise ValueError(f"LanternResample: needs k+1={self.k + 1} neighbours per token, table has {K}")
@@ -327,16 +336,30 @@ class LanternResample:
         return xp.where(empty, p, mix / xp.where(empty, xp.ones_like(tot), tot))
 
     def _effective(self, p, q, w, xp):
-        """sum_x w(x) G(.|x) (..., V), vectorised over x with the (V_x, V_y) neighbour mask N."""
+        """sum_x w(x) G(.|x) (..., V): the released "q" law by neighbour sums and their transpose (O(V k) per row,
+        ``neighbor_sum`` / ``neighbor_scatter``); the others vectorised over x with the (V_x, V_y) neighbour mask N."""
         V = p.shape[-1]
         dev = array_api_compat.device(p)
-        N = xp.astype(self._nb_mask(xp.arange(V, device=dev), V, xp, dev), p.dtype)   # (V_x, V_y)
-        NT = xp.matrix_transpose(N)
 
         def safe_div(a, Z):
             has = Z > 0
             return xp.where(has, a / xp.where(has, Z, xp.ones_like(Z)), xp.zeros_like(a)), has
 
+        if self.law == "released" and self.variant == "q":
+            # [p - q + adm(x) N(x,.) q]_+ = r + adm(x) N(x,.) (p - r), r = [p - q]_+: Z(x) = R + adm(x) d(N(x)),
+            # the mixture r sum_x c(x) + d (c adm) N (sums of non-negative terms, as ``effective_at``)
+            nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]
+            adm = self.accept.admits(p)                                                     # (..., V_x) bool
+            r = positive_part(p - q, xp)
+            d = p - r
+            R = xp.sum(r, axis=-1, keepdims=True)
+            Z = R + xp.where(adm, neighbor_sum(d, nb, xp.ones((), dtype=xp.bool)), xp.zeros_like(d))
+            c, has = safe_div(w, Z)
+            fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
+            return (r * xp.sum(c, axis=-1, keepdims=True) + d * neighbor_scatter(xp.where(adm, c, xp.zeros_like(c)), nb)
+                    + fallback)
+        N = xp.astype(self._nb_mask(xp.arange(V, device=dev), V, xp, dev), p.dtype)   # (V_x, V_y)
+        NT = xp.matrix_transpose(N)
         if self.law == "released":
             adm = xp.astype(self.accept.admits(p), p.dtype)                              # (..., V_x)
             if self.variant == "p":

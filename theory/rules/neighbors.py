@@ -8,7 +8,7 @@ import array_api_compat
 
 from ..core.xp import Array, mark, namespace
 
-__all__ = ["check_neighbors", "lantern_neighbors", "neighbor_sum", "neighbor_matrix", "MATRIX_V"]
+__all__ = ["check_neighbors", "lantern_neighbors", "neighbor_sum", "neighbor_scatter", "neighbor_matrix", "MATRIX_V"]
 
 
 def check_neighbors(neighbors, name: str = "neighbors", width: int | None = None) -> None:
@@ -108,6 +108,31 @@ def neighbor_sum(a: Array, nb: Array, mask: Array) -> Array:
     for j in range(1, nb.shape[1]):   # a loop over neighbour ranks, each vectorised over codes and rows
         s = s + xp.take(at, nb[:, j], axis=0)
     return xp.where(mask, xp.reshape(s.T, a.shape), xp.zeros_like(a))
+
+
+def neighbor_scatter(u: Array, nb: Array) -> Array:
+    """The transpose of ``neighbor_sum``: t[..., z] = sum of u[..., y] over the codes y whose neighbours (every column
+    of ``nb``) list z, i.e. u @ N with N[y, z] = [z in nb[y]] (0/1), in O(V K) per row instead of the (V, V) product.
+
+    u (..., V) float; nb (V, K) int64 on u's device. numpy: one sparse product (scipy CSR of the table, as
+    ``_csr_sum``); torch and others: one scatter-add of the (rows, V K) gathered weights (``index_add``)."""
+    xp = namespace(u)
+    V = u.shape[-1]
+    rows = xp.reshape(u, (-1, V))
+    K = nb.shape[1]
+    if array_api_compat.is_numpy_array(u) and array_api_compat.is_numpy_array(nb):
+        import numpy as np
+        import scipy.sparse as sp
+
+        m = sp.csr_matrix((np.ones(V * K, u.dtype), np.ascontiguousarray(nb).reshape(-1), np.arange(0, V * K + 1, K)),
+                          shape=(V, V))
+        return np.reshape(np.asarray(m.T @ rows.T).T, u.shape)
+    if array_api_compat.is_torch_array(u):
+        src = xp.take(rows, xp.reshape(xp.broadcast_to(xp.arange(V, device=u.device)[:, None], (V, K)), (-1,)), axis=1)
+        out = xp.zeros_like(rows).index_add_(1, xp.reshape(nb, (-1,)), src)
+        return xp.reshape(out, u.shape)
+    N = xp.astype(mark(nb, V, xp), u.dtype)                                       # (V, V): other namespaces
+    return xp.reshape(rows @ N, u.shape)
 
 
 def _csr_sum(at, nb):

@@ -99,7 +99,7 @@ def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400
 
 
 def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0) -> dict:
-    """T10 / T11 per recorded round for every rule of ``verifiers`` ({key: verifier}; torch float64 on the CPU, in
+    """T10 / T11 per recorded round for every rule of ``verifiers`` ({key: verifier}; numpy float64, in
     chunks of rounds, every rule on a chunk in turn: the chunk converted and checked once, and LANTERN's acceptance
     rows shared by rules with equal ``memo_key``, ``predict_rounds``' memo).
 
@@ -109,9 +109,8 @@ def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: i
     rounds (an unbiased estimate of the same mean; its SE is reported). Returns {key: (accepted (R,), f (R, L),
     bound terms (R',))}."""
     p, q, d, nd, _ = arrays
-    P, Q = torch.as_tensor(p), torch.as_tensor(q)      # float64 a chunk at a time (the rows may be float32)
-    D, ND = torch.as_tensor(d), torch.as_tensor(nd)
-    f64 = lambda x: x.to(torch.float64)  # noqa: E731
+    P, Q, D, ND = (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (p, q, d, nd))
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731  (a chunk at a time: the rows may be float32)
     costly = {k: _costly_resampler(v) for k, v in verifiers.items()}
     first = {k: rules.Verifier(v.accept, rules.Optimal(), v.name) if costly[k] else v for k, v in verifiers.items()}
     acc, bound, f = ({k: [] for k in verifiers} for _ in range(3))
@@ -119,17 +118,17 @@ def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: i
         pc, qc, memo = f64(P[a:a + chunk]), f64(Q[a:a + chunk]), {}
         for i, (k, v) in enumerate(first.items()):   # a loop over the rules on this chunk (checked at the first)
             r = predict_rounds(pc, qc, D[a:a + chunk], v, n_drafted=ND[a:a + chunk], check=i == 0, memo=memo)
-            acc[k].append(r.accepted.numpy())
-            f[k].append(r.f.numpy())
+            acc[k].append(np.asarray(r.accepted))
+            f[k].append(np.asarray(r.f))
             if not costly[k]:
-                bound[k].append(r.bound.numpy())
+                bound[k].append(np.asarray(r.bound))
     for k in [k for k in verifiers if costly[k]]:   # a loop over the costly rules: their subsampled bounds
         idx = np.arange(len(d))
         if len(idx) > max_bound_rounds:
             idx = np.sort(np.random.default_rng(seed).choice(len(idx), max_bound_rounds, replace=False))
         for a in range(0, len(idx), chunk // 4):
-            j = torch.as_tensor(idx[a:a + chunk // 4])
-            bound[k].append(predict_rounds(f64(P[j]), f64(Q[j]), D[j], verifiers[k], n_drafted=ND[j]).bound.numpy())
+            j = idx[a:a + chunk // 4]
+            bound[k].append(np.asarray(predict_rounds(f64(P[j]), f64(Q[j]), D[j], verifiers[k], n_drafted=ND[j]).bound))
     return {k: (np.concatenate(acc[k]), np.concatenate(f[k]), np.concatenate(bound[k])) for k in verifiers}
 
 
