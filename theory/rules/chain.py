@@ -74,7 +74,8 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
         cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
     decide = getattr(verifier.accept, "decide_at", None) if lazy else None
     if decide is not None:   # the rule decides from bounds where it can (LANTERN's: its neighbours read where needed)
-        ok, f_tok = decide(p[..., :L, :], q, pos, tokens, u_accept, want=pos - 1 < cap[..., None], chain=True)
+        want = None if n_drafted is None else pos - 1 < cap[..., None]
+        ok, f_tok = decide(p[..., :L, :], q, pos, tokens, u_accept, want=want, chain=True)
         rejected = ~ok
     elif lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
         f_tok = _f_until_rejection(verifier.accept, p, q, tokens, u_accept, cap)

@@ -10,7 +10,7 @@ import sys
 import array_api_compat
 import numpy as np
 
-from ..core.xp import Array, gather, ratio_min1
+from ..core.xp import Array, ratio_min1
 from . import prefix_mass as _pm
 from .prefix_mass import prefix_mass_at
 
@@ -81,12 +81,12 @@ def entries(p: Array, x: Array, xp):
 def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
     """The acceptance decisions u < f(x) of ``acc`` (a ``Lantern``) at tokens x, f = min(1, p~(x) / q(x)): (ok (...,)
     bool, f (...,) with NaN where it was not summed) for rows p (..., V) (broadcast to x), q (..., V), x and u (...,).
-    The admitted mass A lies in [0, thr] (thr: delta, or (lam - 1) p(x), in the rows' dtype), so f lies in
-    [min(1, p(x)/q(x)), min(1, (p(x) + thr)/q(x))] (rounding is monotone): u below the first accepts, u at or above the
+    The admitted mass A lies in [0, thr] (thr: delta, or (lam - 1) p(x), in the rows' dtype), so where q(x) > 0 f lies
+    in [min(1, p(x)/q(x)), (p(x) + thr)/q(x)] (rounding is monotone): u below the first accepts, u at or above the
     second rejects, and only the entries in between read x's k neighbours (``prefix_mass_at``: the same f, bit for bit,
     as ``Lantern.at``). ``want`` (...,) bool: the entries whose decision is read (others: False, NaN). ``chain``: the
-    last axis is a chain's drafts, read up to the first rejection: entries after a row's first sure rejection are not
-    summed (False). numpy rows, and torch CPU tensors through their numpy views (f summed in float64 as ``Lantern.at``
+    last axis is a chain's drafts, read up to the first rejection: after a row's first sure rejection, the entries the
+    bounds leave open are not summed (False). numpy rows, and torch CPU tensors through their numpy views (f summed in float64 as ``Lantern.at``
     does there); other arrays: f at every entry (``Lantern.at``)."""
     host = host_views(p, q, x, u, want)
     if host is not None:
@@ -98,27 +98,36 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
     acc._check_rows(p)
     shape, V = np.shape(x), p.shape[-1]
     pf, e = entries(p, x, np)
-    px, qx, uf = pf[e], np.reshape(gather(q, x, np), (-1,)), np.reshape(u, (-1,))
+    qf, eq = entries(q, x, np)
+    px, qx, uf = pf[e], qf[eq], np.reshape(u, (-1,))
     thr = acc._threshold(px)
-    lo = ratio_min1(px, qx, np)
-    ok = uf < lo                                                                  # accepted whatever A is
-    hi = ratio_min1(px + np.asarray(thr, px.dtype), qx, np)
-    need = ~ok & (uf < hi)                                                        # A decides
+    dt = np.result_type(px, qx)
+    # bounds of f = ratio_min1(p~, q) (only their validity matters): where q > 0, min(1, p(x) / q(x)) <= f <= (p(x) +
+    # thr) / q(x); elsewhere 0 <= f <= +inf (f = 1 there: the entry is summed if it is wanted)
+    pos = qx > 0
+    r = np.divide(px, qx, out=np.zeros(px.shape, dt), where=pos)
+    ok = uf < np.minimum(r, 1, out=r)                                             # accepted whatever A is
+    r = np.divide(px + np.asarray(thr, px.dtype), qx, out=np.full(px.shape, np.inf, dt), where=pos)
+    need = (uf < r) & ~ok                                                         # A decides
     if want is not None:
         w = np.reshape(want, (-1,))
-        ok, need = ok & w, need & w
-    if chain and need.any():    # after a row's first sure rejection (u >= hi) nothing is read
-        sure = (~ok & ~need).reshape(-1, shape[-1])
-        if want is not None:
-            sure &= w.reshape(sure.shape)
-        need &= (np.cumsum(sure, axis=-1) == 0).reshape(-1)
-    f = np.full(px.shape, np.nan, lo.dtype)
-    if need.any():
-        i = np.flatnonzero(need)
+        ok &= w
+        need &= w
+    f = np.full(px.shape, np.nan, dt)
+    i = np.flatnonzero(need)
+    if chain and i.size:        # after a row's first sure rejection (u >= the upper bound) nothing is read
+        sure = ~(ok | need) if want is None else w & ~(ok | need)
+        L = shape[-1]
+        j = np.flatnonzero(sure)
+        if j.size:
+            stop = np.full(len(uf) // L, L)
+            np.minimum.at(stop, j // L, j % L)
+            i = i[i % L < stop[i // L]]
+    if i.size:
         m = prefix_mass_at(pf, e[i], host_table(acc.neighbors), thr if np.ndim(thr) == 0 else thr[i], acc.k, V,
                            sum_dtype=np.float64 if host is not None else None)
-        f[i] = ratio_min1(px[i] + m, qx[i], np)
-        ok[i] = uf[i] < f[i]
+        f[i] = fi = ratio_min1(px[i] + m, qx[i], np)
+        ok[i] = uf[i] < fi
     ok, f = ok.reshape(shape), f.reshape(shape)
     if host is not None:
         torch = sys.modules["torch"]

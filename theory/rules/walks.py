@@ -95,7 +95,7 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     depth = np.zeros(B, np.int64)
     path = np.full((B, D), -1, np.int64)
     live = np.ones(B, bool)
-    earlier = np.tri(K, K, -1, dtype=bool)                    # earlier[j, i]: sibling i is tried before j
+    earlier = None                                            # earlier[j, i]: sibling i is tried before j
     res = []                                                  # vanilla: (stopped rounds, their residual rows)
     settle = None if level is None else level(B, V, K)       # ``level``: its step
     rejected = np.zeros(B, bool)                              # greedy: the walk ended with a rejection
@@ -115,6 +115,8 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
                 return None
             ok, clear = out
         else:
+            if earlier is None:
+                earlier = np.tri(K, K, -1, dtype=bool)
             same = (c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]     # listed by an earlier sibling
             if weight is None:                      # a rejection takes all of c's mass (a repeat meets 0)
                 pc = np.where(has & ~same.any(-1), pr[rows[:, None], c], 0.0)
