@@ -32,7 +32,7 @@ def host_views(*arrays):
     if torch is None or not _pm.TORCH_CPU_ON_NUMPY:
         return None
     for a in arrays:    # (a handful of arguments)
-        if a is not None and (type(a) is not torch.Tensor or a.device.type != "cpu" or a.requires_grad
+        if a is not None and (type(a) is not torch.Tensor or not a.is_cpu or a.requires_grad
                               or a.dtype == torch.bfloat16 or a.is_conj() or a.is_neg()):
             return None
     return tuple(None if a is None else a.numpy() for a in arrays)
@@ -126,7 +126,12 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
     if i.size:
         m = prefix_mass_at(pf, e[i], host_table(acc.neighbors), thr if np.ndim(thr) == 0 else thr[i], acc.k, V,
                            sum_dtype=np.float64 if host is not None else None)
-        f[i] = fi = ratio_min1(px[i] + m, qx[i], np)
+        num, qi = px[i] + m, qx[i]
+        if (qi > 0).all():      # ratio_min1's bits where q > 0: min(1, num / q) (an overflow to +inf clipped to 1)
+            fi = np.minimum(num / qi, 1)
+        else:
+            fi = ratio_min1(num, qi, np)
+        f[i] = fi
         ok[i] = uf[i] < fi
     ok, f = ok.reshape(shape), f.reshape(shape)
     if host is not None:
