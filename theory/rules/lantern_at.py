@@ -14,7 +14,7 @@ from ..core.xp import Array, ratio_min1
 from . import prefix_mass as _pm
 from .prefix_mass import prefix_mass_at
 
-__all__ = ["entries", "host_table", "host_views", "decide_at"]
+__all__ = ["entries", "host_table", "host_views", "decide_at", "upper"]
 
 
 def host_table(neighbors) -> np.ndarray:
@@ -78,6 +78,12 @@ def entries(p: Array, x: Array, xp):
     return pf, e
 
 
+def upper(px, thr):
+    """The bound of p~(x) = p(x) + A in the rows' dtype, A the admitted mass in [0, thr] (a prefix sum <= thr, or 0):
+    p(x) + thr rounded as p~(x) is (rounding is monotone, so p~(x) <= it). px (...,), thr a number or px's shape."""
+    return px + np.asarray(thr, px.dtype)
+
+
 def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
     """The acceptance decisions u < f(x) of ``acc`` (a ``Lantern``) at tokens x, f = min(1, p~(x) / q(x)): (ok (...,)
     bool, f (...,) with NaN where it was not summed) for rows p (..., V) (broadcast to x), q (..., V), x and u (...,).
@@ -107,7 +113,7 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
     pos = qx > 0
     r = np.divide(px, qx, out=np.zeros(px.shape, dt), where=pos)
     ok = uf < np.minimum(r, 1, out=r)                                             # accepted whatever A is
-    r = np.divide(px + np.asarray(thr, px.dtype), qx, out=np.full(px.shape, np.inf, dt), where=pos)
+    r = np.divide(upper(px, thr), qx, out=np.full(px.shape, np.inf, dt), where=pos)
     need = (uf < r) & ~ok                                                         # A decides
     if want is not None:
         w = np.reshape(want, (-1,))

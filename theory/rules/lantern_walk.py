@@ -25,13 +25,14 @@ from functools import partial
 import numpy as np
 
 from .lantern import Lantern
+from .lantern_at import upper
 from .prefix_mass import prefix_rows
 from .walks import _walk
 
 __all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
 
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
-RANK_BY_RANK = 1 << 15    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
+RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
 
 
 def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
@@ -100,7 +101,7 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
             a = hm & (uu < t)                                                   # ... accepted whatever A_j is
             # A_j in [0, thr_j]: u_j >= (p'(c_j) + thr_j) / m_j rejects whatever A_j is (section 9b): A_j where it
             # decides (a is within hm: hm ^ a, the tried siblings not accepted yet)
-            need = hm if every_t else (hm ^ a) & (uu < (pz + thr) / mm)
+            need = hm if every_t else (hm ^ a) & (uu < upper(pz, thr) / mm)
             if need.any():
                 e = np.flatnonzero(need)
                 t[e] = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
@@ -177,7 +178,8 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
     total = np.zeros(B)
     total[live] = (pr if live.size == B else pr[live]).sum(-1)                 # (float32 sums, as the fixed layout)
     s = np.zeros(B)                                                             # the mass taken so far (float64)
-    t_all = np.full((B, K), np.nan)
+    met = np.zeros(B, bool)                                                     # a sibling was rejected
+    t_all = np.full((B, K), np.nan) if every_t else None
     ok = np.zeros((B, K), bool)
     rr = live
     for j in range(K):   # a loop over sibling ranks (K <= a handful), the rounds still trying at once
@@ -192,32 +194,38 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
         mm = np.maximum(m, 1e-300)
         uj = u[rr, j]
         t = pz / mm
-        a = uj < t                                                              # accepted whatever A_j is
-        go = ~a                                                                 # the others read N_{k+1}(c_j)
-        if go.any():
-            g = np.flatnonzero(go)
-            fn = np.take(table, cj[g], axis=0)
-            fn += off[g, None]
-            gz = prf[fn]                                                        # p' at N_{k+1}(c_j)
-            need = np.ones(g.size, bool) if every_t else uj[g] < (pz[g] + thr[g]) / mm[g]   # A_j where it decides
-            if need.any():
-                e = g[need]
-                t[e] = (pz[e] + prefix_rows(gz[need, :k], thr[e], dt)) / mm[e]
-                a[e] = uj[e] < t[e]
-            t_all[rr, j], ok[rr, j] = t, a
-            adm = gz[:, 0] <= thr[g]
-            taken = pz[g] + np.where(adm, gz.sum(-1, dtype=np.float64), 0.0)
-            prf[fc[g]] = 0           # (in the rounds that accepted c_j too: the walk reads their node rows afresh)
-            prf[fn if adm.all() else fn[adm]] = 0
-            rej = ~a[g]
-            rr = rr[g[rej]]
-            s[rr] += taken[rej]
-            if (total[rr] - s[rr] <= CANCEL * total[rr]).any():                 # (the mass left never grows)
-                return None
-        else:
-            t_all[rr, j], ok[rr, j] = t, a
+        a = uj < t if not every_t else np.zeros(rr.size, bool)                 # accepted whatever A_j is
+        if a.all():
+            ok[rr, j] = True
             break
-    step.last = (live, t_all[live].reshape(-1))
+        if a.any():                                                             # the others read N_{k+1}(c_j)
+            g = np.flatnonzero(~a)
+            ok[rr[a], j] = True
+            rr, cj, off, fc, pz, thr, mm, uj, t = (x[g] for x in (rr, cj, off, fc, pz, thr, mm, uj, t))
+        fn = np.take(table, cj, axis=0)
+        fn += off[:, None]
+        gz = prf[fn]                                                            # p' at N_{k+1}(c_j)
+        need = np.ones(rr.size, bool) if every_t else uj < upper(pz, thr) / mm  # A_j where it decides
+        if need.any():
+            e = np.flatnonzero(need)
+            t[e] = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
+        if every_t:
+            t_all[rr, j] = t
+        a = uj < t
+        ok[rr, j] = a
+        adm = gz[:, 0] <= thr
+        taken = pz + np.where(adm, gz.sum(-1, dtype=np.float64), 0.0)
+        prf[fc] = 0                  # (in the rounds that accepted c_j too: the walk reads their node rows afresh)
+        prf[fn if adm.all() else fn[adm]] = 0
+        rej = ~a
+        rr = rr[rej]
+        s[rr] += taken[rej]
+        met[rr] = True
+    # the mass left after each round's last rejected sibling (it never grows: the least of them)
+    if (met & (total - s <= CANCEL * total)).any():
+        return None
+    if every_t:
+        step.last = (live, t_all[live].reshape(-1))
     return ok, _nothing
 
 
