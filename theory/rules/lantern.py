@@ -60,6 +60,21 @@ def _check_table(neighbors, cols) -> None:
     check_neighbors(neighbors, "neighbors", int(cols) if ok else None)
 
 
+_UNIFORM: dict = {}     # (lead shape, dtype, V) -> the uniform fallback (..., 1) of a released law on torch CPU rows
+
+
+def _uniform(lead, dtype, V):
+    """The uniform row's value 1 / V as a (*lead, 1) torch CPU tensor of numpy ``dtype`` (ones / V: the bits of a
+    built row), made once per shape (``normalize`` only reads it)."""
+    key = (tuple(lead), np.dtype(dtype), V)
+    got = _UNIFORM.get(key)
+    if got is None:
+        if len(_UNIFORM) > 64:
+            _UNIFORM.clear()
+        got = _UNIFORM[key] = sys.modules["torch"].from_numpy(np.ones((*lead, 1), dtype) / V)
+    return got
+
+
 @dataclass(frozen=True, eq=False)
 class Lantern:
     """LANTERN / LANTERN++ latent-neighbourhood acceptance (section 6; the release's formula).
@@ -262,7 +277,7 @@ class LanternResample:
             host = _host_views(p, q, x) if flat else None
             if host is not None:     # torch CPU tensors: the kept masses by numpy's calls on their views (the same
                 torch = sys.modules["torch"]   # bits: elementwise, gathers, a scatter), normalised by torch's own sum
-                uniform = torch.from_numpy(np.ones((*lead, 1), host[0].dtype) / V)
+                uniform = _uniform(lead, host[0].dtype, V)
                 return normalize(torch.from_numpy(self._released_kept(*host, np)), uniform, xp)
         dev = array_api_compat.device(p)
         zero = xp.zeros((), dtype=p.dtype, device=dev)

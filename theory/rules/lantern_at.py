@@ -6,6 +6,7 @@ Shapes: rows p, q (..., V), tokens x and uniforms u (...,); a neighbour table (V
 from __future__ import annotations
 
 import sys
+import weakref
 
 import array_api_compat
 import numpy as np
@@ -17,9 +18,23 @@ from .prefix_mass import prefix_mass_at
 __all__ = ["entries", "host_table", "host_views", "decide_at", "upper"]
 
 
+_VIEWS: dict = {}      # id of a torch CPU table -> (a weak reference to it, its int64 numpy view)
+
+
 def host_table(neighbors) -> np.ndarray:
-    """The table as int64 numpy (a view of a torch CPU table; no copy when it is int64)."""
-    return np.asarray(neighbors).astype(np.int64, copy=False)
+    """The table as int64 numpy (a view of a torch CPU table, kept while the table lives: the conversion costs more
+    than a few tokens' masses; no copy when it is int64)."""
+    if isinstance(neighbors, np.ndarray):
+        return neighbors.astype(np.int64, copy=False)
+    got = _VIEWS.get(id(neighbors))
+    if got is not None and got[0]() is neighbors:
+        return got[1]
+    view = np.asarray(neighbors).astype(np.int64, copy=False)
+    if type(neighbors).__module__.startswith("torch"):
+        if len(_VIEWS) > 64:
+            _VIEWS.clear()
+        _VIEWS[id(neighbors)] = (weakref.ref(neighbors), view)
+    return view
 
 
 def host_views(*arrays):
@@ -81,7 +96,7 @@ def entries(p: Array, x: Array, xp):
 def upper(px, thr):
     """The bound of p~(x) = p(x) + A in the rows' dtype, A the admitted mass in [0, thr] (a prefix sum <= thr, or 0):
     p(x) + thr rounded as p~(x) is (rounding is monotone, so p~(x) <= it). px (...,), thr a number or px's shape."""
-    return px + np.asarray(thr, px.dtype)
+    return px + (thr if isinstance(thr, np.ndarray) and thr.dtype == px.dtype else np.asarray(thr, px.dtype))
 
 
 def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):

@@ -178,29 +178,32 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
     total = np.zeros(B)
     total[live] = (pr if live.size == B else pr[live]).sum(-1)                 # (float32 sums, as the fixed layout)
     s = np.zeros(B)                                                             # the mass taken so far (float64)
-    met = np.zeros(B, bool)                                                     # a sibling was rejected
     t_all = np.full((B, K), np.nan) if every_t else None
     ok = np.zeros((B, K), bool)
     rr = live
     for j in range(K):   # a loop over sibling ranks (K <= a handful), the rounds still trying at once
-        rr = rr[has[rr, j]] if j else rr
-        if rr.size == 0:
-            break
+        if j:
+            rr = rr[has[rr, j]]
+            if rr.size == 0:
+                break
         cj, off = c[rr, j], rr * V
         fc = off + cj
         pz = prf[fc]                                                            # p'(c_j)
-        m = np.ones(rr.size) if j == 0 else total[rr] - s[rr]                   # m_j (the first: the row itself)
+        if j:
+            m = total[rr] - s[rr]                                               # m_j (the first: the row itself)
+            mm = np.maximum(m, 1e-300)
+        else:
+            m = mm = np.ones(rr.size)
         thr = (acc.delta * m).astype(dt) if acc.delta is not None else (acc.lam - 1.0) * pz
-        mm = np.maximum(m, 1e-300)
         uj = u[rr, j]
         t = pz / mm
-        a = uj < t if not every_t else np.zeros(rr.size, bool)                 # accepted whatever A_j is
-        if a.all():
+        n_sure = 0 if every_t else np.count_nonzero(a := uj < t)                # accepted whatever A_j is
+        if n_sure == rr.size:
             ok[rr, j] = True
             break
-        if a.any():                                                             # the others read N_{k+1}(c_j)
-            g = np.flatnonzero(~a)
+        if n_sure:                                                              # the others read N_{k+1}(c_j)
             ok[rr[a], j] = True
+            g = np.flatnonzero(~a)
             rr, cj, off, fc, pz, thr, mm, uj, t = (x[g] for x in (rr, cj, off, fc, pz, thr, mm, uj, t))
         fn = np.take(table, cj, axis=0)
         fn += off[:, None]
@@ -220,9 +223,9 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
         rej = ~a
         rr = rr[rej]
         s[rr] += taken[rej]
-        met[rr] = True
-    # the mass left after each round's last rejected sibling (it never grows: the least of them)
-    if (met & (total - s <= CANCEL * total)).any():
+    # the mass left after each round's last rejected sibling (it never grows: the least of them); a round rejected
+    # some sibling iff it rejected the first
+    if ((total - s <= CANCEL * total) & ~ok[:, 0])[live].any():
         return None
     if every_t:
         step.last = (live, t_all[live].reshape(-1))
