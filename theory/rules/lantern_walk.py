@@ -37,10 +37,10 @@ RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is se
 
 def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
     """The level step of LANTERN's released walk under the point law (module note) for a walk over B rounds of rows
-    with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (B, V) the nodes' rows, c (B, K)
-    their candidates in rank order, has (B, K) bool tried (a prefix of the ranks), u (B, K) their uniforms returns
-    (ok (B, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr), which zeroes in
-    pr, for the rounds stop (B,) bool that accepted none, the codes their residual lacks), or None (the
+    with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (R, V) the nodes' rows of R <= B
+    rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
+    uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
+    which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
     generic walk serves). numpy rows. After a step, ``step.last`` = (live (n,) the rounds that tried a candidate,
     thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those after a round's first accepted
     one are not meaningful; by default a sibling's admitted mass A_j is summed only where the bounds
@@ -56,13 +56,14 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
     dummy = B * V                                   # (the neighbours of siblings not admitted, or not tried)
 
     def step(pr, c, has, u):
+        R = pr.shape[0]                             # (the rounds given: at most B)
         dt = pr.dtype
         z = dt.type(0)
         live = np.flatnonzero(has[:, 0])
         n = live.size
         if n == 0:
-            return np.zeros((B, K), bool), _nothing
-        whole = n == B
+            return np.zeros((R, K), bool), _nothing
+        whole = n == R
         h = has if whole else has[live]
         if (h[:, 1:] > h[:, :-1]).any():            # not a prefix of the ranks
             return None
@@ -70,10 +71,10 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
             return _by_rank(acc, table, pr, c, has, u, live, K, every_t, step)
         m_ = n * K
         cl, hm = (c if whole else c[live]).reshape(-1), h.reshape(-1)          # (m,) entries: round-major
-        base = base_all if whole else np.repeat(live * V, K)
+        base = base_all[:m_] if whole else np.repeat(live * V, K)
         fc = base + cl                                                          # flat entries of the c_j in pr
         fn = np.take(table, cl, axis=0)                                         # (m, k+1): their nearest,
-        if B > 1:
+        if R > 1:
             fn += base[:, None]                                                 # flat (in place: one array)
         prf = pr.reshape(-1)
         gc, gn = prf[fc], prf[fn]
@@ -122,7 +123,7 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
         if whole:
             ok = a
         else:
-            ok = np.zeros((B, K), bool)
+            ok = np.zeros((R, K), bool)
             ok[live] = a
 
         def clear(stop, rows):

@@ -76,7 +76,8 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     it when w >= 1, as vanilla), so candidate j is accepted iff u_j < w p_j(c_j) / (m - taken before j), with
     p_j(c_j) = p(c_j) (1 - min(1, w))^(earlier listings of c_j). ``level`` (a rule whose rejection zeroes more than
     the candidate, LANTERN's released "p" law: ``theory.rules.lantern_walk.delta_level``): ``level(B, V, K)`` gives
-    the step that settles a level, ``step(pr, c, has, u)`` -> (ok (B, K), clear(stop, pr): zero in the node rows pr
+    the step that settles a level, ``step(pr, c, has, u)`` on the n <= B live rounds' rows (n, V) -> (ok (n, K),
+    clear(stop, pr): zero in the node rows pr
     (the walk's own copy, before the residual rows are taken from it), for the rounds stop (B,) bool stopped there,
     the codes their residual lacks), or None (then so does the walk: the
     generic walk serves). Returns (accepted (B,), path (B, D), next_token (B,), last_node (B,)), or None when the
@@ -104,16 +105,23 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
         has = (kids >= 0) & (live & (depth < cap))[:, None]
         safe = np.where(has, kids, 0)
         c = tokens[rows[:, None], safe]                                          # (B, K) candidate tokens
-        pr = p[rows, node]                                                       # (B, V) the node's row
+        if level is not None:   # the level step reads the live rounds' rows only: (n, V), n <= B
+            lv = rows if live.all() else np.flatnonzero(live)
+            pr = p[lv, node[lv]]
+        else:
+            pr = p[rows, node]                                                   # (B, V) the node's row
         if kind == "greedy":
             valid = has if draft_law == "point" else has & (q[rows[:, None], node[:, None], c] > 0)
             ok = valid & (c == pr.argmax(-1)[:, None])
             rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
         elif level is not None:
-            out = settle(pr, c, has, u_accept[rows[:, None], safe])
+            out = settle(pr, c[lv], has[lv], u_accept[lv[:, None], safe[lv]])
             if out is None:
                 return None
             ok, clear = out
+            if lv.size < B:
+                ok = np.zeros((B, K), bool)
+                ok[lv] = out[0]
         else:
             if earlier is None:
                 earlier = np.tri(K, K, -1, dtype=bool)
@@ -143,8 +151,8 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             if stop.any():
                 tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
                 if level is not None:                   # (in pr, the walk's own copy, before the rows are taken)
-                    clear(stop, pr)
-                r = pr[stop]                                                     # (a copy)
+                    clear(stop[lv], pr)
+                r = pr[stop if level is None else stop[lv]]                      # (a copy)
                 cs, ts = c[stop], tried[stop]
                 if level is None and weight is None:
                     r[np.nonzero(ts)[0], cs[ts]] = 0.0
