@@ -235,3 +235,36 @@ def test_level_stamps_reused_across_sibling_counts():
                 assert same(ref, got), (seed, static)
                 n += 1
     assert n >= 60
+
+
+def _host_walk_cases(n):
+    for seed in range(n):
+        rng = np.random.default_rng(40_000 + seed)
+        V = 12 if seed % 2 else 50
+        nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+        k = int(rng.integers(1, V // 2))
+        v = rules.lantern_pp(nb, k, 3.0) if seed % 3 else rules.lantern(nb, k, 0.2)
+        p, q, tokens, u, us, tree, cap = tree_case(seed, bool(seed % 4), V)
+        yield v, p.astype(np.float32), q.astype(np.float32), tokens, u, us, tree, cap
+
+
+def test_host_walk_decides_lantern_from_bounds():
+    """Candidates drawn without replacement (the host walk, one candidate per round per step): LANTERN(++) decided by
+    ``Lantern.decide_at`` gives verify_tree's verdict (f read in full at every candidate)."""
+    n = 0
+    for v, p, q, tokens, u, us, tree, cap in _host_walk_cases(60):
+        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap)
+        got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap)
+        assert same(ref, got), v.name
+        n += int(np.asarray(ref.accepted).sum())
+    assert n > 50
+
+
+def test_control_host_walk_without_headroom_is_caught(monkeypatch):
+    monkeypatch.setattr(LA, "upper", lambda px, thr: px + 0 * np.asarray(thr, px.dtype))
+    wrong = 0
+    for v, p, q, tokens, u, us, tree, cap in _host_walk_cases(60):
+        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap)
+        got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap)
+        wrong += not same(ref, got)
+    assert wrong >= 5

@@ -213,7 +213,8 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     """``theory.tree.verify_tree``'s walk for any rule (acceptance ``accept``, resampling ``resample``) on numpy rows,
     both draft laws, at the cost of the rule's point formula: one candidate per unfinished round per step, the same
     operations on the same rows as ``verify_tree`` (hence the same bits), with the acceptance evaluated at the
-    candidate only (``theory.rules.acceptance.accept_at``: O(k) for LANTERN's rules, not O(V k)) and the resampling
+    candidate only (``theory.rules.acceptance.accept_at``: O(k) for LANTERN's rules, not O(V k); LANTERN's decided
+    from its bounds where they suffice, ``Lantern.decide_at``, when f itself is not needed) and the resampling
     law built only for the rounds that reject (the full acceptance row there only for a resampler that reads it,
     ``reads_f``). Arguments as ``_walk``; None when the arrays are not numpy. The engine's host path for every rule
     without a walk of its own, and vanilla's walk for candidates drawn without replacement."""
@@ -239,6 +240,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     tokens = np.asarray(tokens, np.int64)
     needs_f = reads_f(resample)
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
+    decide = getattr(accept, "decide_at", None) if at_point is None and not needs_f else None   # (LANTERN's)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
         if not has.any():
@@ -253,8 +255,11 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, np.ones((), s.dtype), s))   # Norm, 0 if exhausted
         pos = np.minimum(depth + 1, D)
         valid = has if point else has & (q_j[rows, c] > 0)                        # impossible candidates are skipped
-        f = accept_at(accept, p_res, q_j, pos, c)
-        acc = valid & (u_accept[rows, kid] < f)
+        if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
+            acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
+        else:
+            f = accept_at(accept, p_res, q_j, pos, c)
+            acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
         if rej.any():
             pr, qr, cr = p_res[rej], q_j[rej], c[rej]
