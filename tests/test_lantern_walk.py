@@ -71,7 +71,7 @@ def _level(v, p, c, K):
     reaches 1), and the sequential reference from the dense rows: f_j = min(1, p~_j(c_j)) of the residual r_j, r_{j+1}
     the resampler's law given c_j (the full-row code of section 6)."""
     B, V = p.shape
-    step = delta_level(v.accept, B, V, K)
+    step = delta_level(v.accept, B, V, K, every_t=True)
     out = step(p.copy(), c, np.ones((B, K), bool), np.full((B, K), np.nextafter(1.0, 0.0)))
     if out is None:
         return None

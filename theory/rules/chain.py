@@ -44,12 +44,15 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
 
     Cost: f only at the drafted tokens (``theory.rules.acceptance.accept_at``: O(k) per draft for LANTERN, not
     O(V k)), and the resampling law on one row per round (the rejection's; the full acceptance row there only for a
-    resampler that reads it, ``reads_f``).
+    resampler that reads it, ``reads_f``; none when every round accepted all its drafts and the rows are on the host).
 
     ``lazy=True`` (the engine's rounds, ``theory.tree.verify_round``): on numpy rows of several rounds f is computed at draft i only for
     the rounds that accepted drafts 1..i-1 (a loop over the L positions, the rounds still accepting at once); the
     verdict is the same (each f entry is its row's own formula, bit for bit), ``f_drafted`` is NaN past each round's
-    first rejection. Other arrays (the device path: no read-back) compute every draft's f as with ``lazy=False``.
+    first rejection. Other arrays (the device path: no read-back) compute every draft's f as with ``lazy=False``. A rule
+    with ``decide_at(p, q, i, x, u, want=, chain=)`` (LANTERN's: f bounded without its neighbours, which it reads only
+    where the bounds do not decide) gives the decisions itself, on every array namespace, up to each round's first
+    rejection; ``f_drafted`` is then NaN where the bounds decided too.
 
     ``check=True`` (default, an API boundary) validates the inputs: p, q rows finite, >= 0, summing to 1
     (tolerance of their dtype), tokens integers in [0, V), uniforms in [0, 1); one host sync when they
@@ -69,11 +72,17 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
         cap = xp.full(tokens.shape[:-1], L, dtype=xp.int64, device=_device(p))
     else:
         cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
-    if lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
+    decide = getattr(verifier.accept, "decide_at", None) if lazy else None
+    if decide is not None:   # the rule decides from bounds where it can (LANTERN's: its neighbours read where needed)
+        want = None if n_drafted is None else pos - 1 < cap[..., None]
+        ok, f_tok = decide(p[..., :L, :], q, pos, tokens, u_accept, want=want, chain=True)
+        rejected = ~ok
+    elif lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
         f_tok = _f_until_rejection(verifier.accept, p, q, tokens, u_accept, cap)
+        rejected = ~(u_accept < f_tok)
     else:
         f_tok = accept_at(verifier.accept, p[..., :L, :], q, pos, tokens)   # (..., L): the drafted tokens only
-    rejected = ~(u_accept < f_tok)
+        rejected = ~(u_accept < f_tok)
     if n_drafted is not None:
         rejected = rejected & (pos - 1 < cap[..., None])
     any_rej = xp.any(rejected, axis=-1)
@@ -82,12 +91,20 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
 
     k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
     p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
+    bonus = tau == cap
+    if _on_host(bonus) and bool(xp.all(bonus)):                # every round accepted all its drafts: no residual
+        return ChainVerdict(tau, sample_categorical(p_row, u_sample, xp), f_tok)
     q_row = gather_rows(q, k, xp)
     # the acceptance row at the rejection, only for a resampler that reads it (G*: O(V) per row for the ratio rules)
     f_row = verifier.accept(gather_rows(p, k, xp), q_row, k + 1) if reads_f(verifier.resample) else None
     G = verifier.resample(p_row, q_row, f_row, gather(tokens, k, xp))
-    row = xp.where((tau == cap)[..., None], p_row, G)
+    row = xp.where(bonus[..., None], p_row, G)
     return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
+
+
+def _on_host(x) -> bool:
+    """Whether reading x back costs no device sync (numpy, or a torch CPU tensor)."""
+    return isinstance(x, np.ndarray) or (type(x).__module__.startswith("torch") and x.device.type == "cpu")
 
 
 def _f_until_rejection(accept, p, q, tokens, u_accept, cap):

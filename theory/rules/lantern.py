@@ -22,6 +22,7 @@ Facts from the release (jadohu/LANTERN, ``models/ea_model_llamagen.py`` and
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from ..core.xp import (Array, any_to, divide_or_zero, gather, mark, namespace, n
 from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_scatter, neighbor_sum
 from . import prefix_mass as _pm
 from .prefix_mass import _prefix_of, prefix_mass, prefix_mass_at
+from .lantern_at import decide_at as _decide_at, entries as _entries, host_table as _host_table
+from .lantern_at import host_views as _host_views
 from .resampling import point_residual
 
 __all__ = ["Lantern", "LanternResample", "lantern_neighbors", "check_neighbors", "LANTERN_LAWS"]
@@ -57,40 +60,19 @@ def _check_table(neighbors, cols) -> None:
     check_neighbors(neighbors, "neighbors", int(cols) if ok else None)
 
 
-def _host_table(neighbors) -> np.ndarray:
-    """``_table`` on the host: the table as int64 numpy (a view of a torch CPU table; no copy when it is int64)."""
-    return np.asarray(neighbors).astype(np.int64, copy=False)
+_UNIFORM: dict = {}     # (lead shape, dtype, V) -> the uniform fallback (..., 1) of a released law on torch CPU rows
 
 
-def _host_views(*arrays):
-    """numpy views (no copies) of torch CPU tensors (None entries kept), when ``prefix_mass.TORCH_CPU_ON_NUMPY`` holds
-    and every array is a plain CPU tensor autograd does not track, of a dtype numpy has (``prefix_mass._torch_cpu``);
-    else None. The callers then run numpy's calls on the views: elementwise operations, gathers and scatters give torch's
-    bits, the neighbour masses are summed in float64 as ``_on_numpy`` sums them, and sums over a row (a residual's
-    normalisation) stay torch's."""
-    torch = sys.modules.get("torch")
-    if torch is None or not _pm.TORCH_CPU_ON_NUMPY:
-        return None
-    for a in arrays:    # (a handful of arguments)
-        if a is not None and (type(a) is not torch.Tensor or a.device.type != "cpu" or a.requires_grad
-                              or a.dtype == torch.bfloat16 or a.is_conj() or a.is_neg()):
-            return None
-    return tuple(None if a is None else a.numpy() for a in arrays)
-
-
-def _entries(p: Array, x: Array, xp):
-    """Rows p (..., V) broadcast to tokens x (...,) and flattened, and the flat entries row * V + x: ((R V,), (R,))."""
-    V = p.shape[-1]
-    shape = tuple(x.shape)
-    if isinstance(p, np.ndarray):    # numpy's own calls (the compat layer's cost is most of a few tokens' time)
-        pf = (p if p.shape[:-1] == shape else np.broadcast_to(p, (*shape, V))).reshape(-1)
-        return pf, np.arange(pf.shape[0] // V) * V + np.reshape(x, (-1,)).astype(np.int64, copy=False)
-    if tuple(p.shape[:-1]) != shape:
-        p = xp.broadcast_to(p, (*shape, V))
-    pf = xp.reshape(p, (-1,))
-    R = pf.shape[0] // V
-    e = xp.arange(R, device=array_api_compat.device(p)) * V + xp.reshape(xp.astype(x, xp.int64), (-1,))
-    return pf, e
+def _uniform(lead, dtype, V):
+    """The uniform row's value 1 / V as a (*lead, 1) torch CPU tensor of numpy ``dtype`` (ones / V: the bits of a
+    built row), made once per shape (``normalize`` only reads it)."""
+    key = (tuple(lead), np.dtype(dtype), V)
+    got = _UNIFORM.get(key)
+    if got is None:
+        if len(_UNIFORM) > 64:
+            _UNIFORM.clear()
+        got = _UNIFORM[key] = sys.modules["torch"].from_numpy(np.ones((*lead, 1), dtype) / V)
+    return got
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,7 +169,17 @@ class Lantern:
         xp = namespace(p, q)
         return ratio_min1(self.aggregated_at(p, x), gather(q, x, xp), xp)
 
-    def sibling_mass(self, pr, c, pc, rank_of, left):
+    def decide_at(self, p, q, i, x, u, *, want=None, chain=False):
+        """The decisions u < f(x) (...,) bool and f (...,) (NaN where the bounds decided, x's neighbours unread) at
+        tokens x, uniforms u (...,): ``theory.rules.lantern_at.decide_at`` (the engine's chains, ``verify_chain``)."""
+        return _decide_at(self, p, q, x, u, want=want, chain=chain)
+
+    def sibling_cap(self, pc, left):
+        """The bound (B, K) of ``sibling_mass``, its thresholds: (lam - 1) pc (relative) or delta left (absolute), in
+        the rows' dtype; the admitted mass lies in [0, it] (a prefix sum <= it, or 0), bit for bit the same values."""
+        return (self.lam - 1.0) * pc if self.lam is not None else self.delta * left
+
+    def sibling_mass(self, pr, c, pc, rank_of, left, need=None):
         """The admitted neighbour mass (B, K) of a node's candidates tried in rank order under the point draft law,
         in the units of the node's row, numpy (``theory.rules.walks``' level walk): pr (B, V) the node's target row,
         c (B, K) its candidates, pc (B, K) their masses with repeats of an earlier candidate set to 0, rank_of (B, V)
@@ -195,15 +187,18 @@ class Lantern:
         not yet rejected before each. Candidate j meets the residual pr with the earlier candidates zeroed, over
         left[j]: its neighbours' masses are pr's with those codes zeroed, its threshold (lam - 1) pc[j] (relative:
         the same in any units) or delta left[j] (absolute), and ``_prefix_of`` sums them as ``prefix_mass_at`` does
-        (the first candidate's, where nothing is zeroed and left is the row itself, bit for bit)."""
+        (the first candidate's, where nothing is zeroed and left is the row itself, bit for bit). ``need`` (B, K) bool:
+        those entries only (the others 0; each entry's bits do not depend on which others are computed)."""
         import numpy as np
 
         B, K = c.shape
         table = np.asarray(self.neighbors)
-        b, j, code = np.repeat(np.arange(B), K), np.tile(np.arange(K), B), np.reshape(c, (-1,))   # entries (B K,)
-        thr = np.reshape((self.lam - 1.0) * pc if self.lam is not None else self.delta * left, (-1,))
-        w = _pm.SIBLING_BLOCK if B * K * self.k > _pm.SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
-        mass, alive, a = np.zeros(B * K, pr.dtype), np.ones(B * K, bool), 0
+        alive = np.ones(B * K, bool) if need is None else np.reshape(need, (-1,)).copy()
+        n = B * K if need is None else int(np.count_nonzero(alive))
+        b, j = np.divmod(np.arange(B * K), K)                                    # entries (B K,): round, rank
+        code, thr = np.reshape(c, (-1,)), np.reshape(self.sibling_cap(pc, left), (-1,))
+        w = _pm.SIBLING_BLOCK if n * self.k > _pm.SMALL_BLOCK else self.k   # few entries: one pass (fewer numpy calls)
+        mass, a = np.zeros(B * K, pr.dtype), 0
         V = pr.shape[-1]
         while a < self.k and alive.any():   # column blocks (doubling), as one pass would sum them
             on = np.nonzero(alive)[0]
@@ -276,11 +271,13 @@ class LanternResample:
         V = p.shape[-1]
         lead = tuple(p.shape[:-1])
         if self.law == "released":   # a scatter of x's k+1 neighbours into the row: no (..., V) mask
-            host = (_host_views(p, q, x) if tuple(x.shape) == lead and (q is None or tuple(q.shape) == tuple(p.shape))
-                    else None)
+            flat = tuple(x.shape) == lead and (q is None or tuple(q.shape) == tuple(p.shape))
+            if flat and all(a is None or isinstance(a, np.ndarray) for a in (p, q, x)):    # numpy's own calls
+                return normalize(self._released_kept_host(p, q, x), np.ones((*lead, 1), p.dtype) / V)
+            host = _host_views(p, q, x) if flat else None
             if host is not None:     # torch CPU tensors: the kept masses by numpy's calls on their views (the same
                 torch = sys.modules["torch"]   # bits: elementwise, gathers, a scatter), normalised by torch's own sum
-                uniform = torch.from_numpy(np.ones((*lead, 1), host[0].dtype) / V)
+                uniform = _uniform(lead, host[0].dtype, V)
                 return normalize(torch.from_numpy(self._released_kept(*host, np)), uniform, xp)
         dev = array_api_compat.device(p)
         zero = xp.zeros((), dtype=p.dtype, device=dev)
@@ -312,7 +309,7 @@ class LanternResample:
         """``_released_kept`` on numpy rows p (and q) (..., V), x (...,), by flat entries: the same gathers, the same
         elementwise operations and the same scatter (the rows' own calls, no index grids)."""
         V = p.shape[-1]
-        R = int(np.prod(p.shape[:-1], dtype=np.int64))
+        R = math.prod(p.shape[:-1])
         x = np.reshape(x, (-1,)).astype(np.int64, copy=False)
         nb = np.take(_host_table(self.neighbors), x, axis=0)[:, : self.k + 1]         # (R, k+1) N(x)
         at = (np.arange(R) * V)[:, None]
@@ -327,8 +324,8 @@ class LanternResample:
             of[(at + nb)[adm]] = 0
             return out
         r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
-        rf, idx = r.reshape(-1), at + nb
-        rf[idx] = np.where(adm[:, None], positive_part(pf[idx]), rf[idx])
+        idx = (at + nb)[adm] if not adm.all() else at + nb                            # the admitted rows' N(x)
+        r.reshape(-1)[idx] = positive_part(pf[idx])                                    # [p - 0]_+ put back there
         return r
 
     def point(self, p, c, f_c):

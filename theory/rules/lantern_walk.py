@@ -19,85 +19,95 @@ returns None and the caller takes the generic walk.
 """
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 import numpy as np
 
 from .lantern import Lantern
+from .lantern_at import upper
 from .prefix_mass import prefix_rows
 from .walks import _walk
 
-__all__ = ["delta_level", "lantern_walks", "CANCEL"]
+__all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
 
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
+RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
 
 
-def delta_level(acc: Lantern, B: int, V: int, K: int):
+def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
     """The level step of LANTERN's released walk under the point law (module note) for a walk over B rounds of rows
-    with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (B, V) the nodes' rows, c (B, K)
-    their candidates in rank order, has (B, K) bool tried (a prefix of the ranks), u (B, K) their uniforms returns
-    (ok (B, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr), which zeroes in
-    pr, for the rounds stop (B,) bool that accepted none, the codes their residual lacks), or None (the
+    with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (R, V) the nodes' rows of R <= B
+    rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
+    uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
+    which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
     generic walk serves). numpy rows. After a step, ``step.last`` = (live (n,) the rounds that tried a candidate,
     thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those after a round's first accepted
-    one are not meaningful)."""
+    one are not meaningful; by default a sibling's admitted mass A_j is summed only where the bounds
+    [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere: ``every_t`` sums
+    every tried sibling's, for inspection))."""
     k = acc.k
     table = np.asarray(acc.neighbors)
     table = table if table.shape[1] == k + 1 else table[:, : k + 1]
     # per code of each round: off + K - (the rank of the first sibling whose removal set lists it), off the pass's
-    # offset (earlier passes' entries are below it): sibling j meets the code zeroed iff its entry > off + K - j
-    first = np.zeros(B * V + 1, np.int32)
+    # offset (earlier passes' and walks' entries are below it): sibling j meets the code zeroed iff its entry is
+    # > off + K - j
+    first, back, base_all = _stamps(B, V, K)     # (back: K - an entry's rank; base_all: its row start, all live)
     dummy = B * V                                   # (the neighbours of siblings not admitted, or not tried)
-    rank = np.tile(np.arange(K), B)                 # an entry's rank (entries round-major), and K - rank
-    back = (K - rank).astype(np.int32)
-    lead = rank == 0
-    state = {"off": 0}
 
     def step(pr, c, has, u):
+        R = pr.shape[0]                             # (the rounds given: at most B)
         dt = pr.dtype
-        z = np.zeros((), dt)
-        live = np.nonzero(has[:, 0])[0]
+        z = dt.type(0)
+        live = np.flatnonzero(has[:, 0])
         n = live.size
-        ok = np.zeros((B, K), bool)
         if n == 0:
-            return ok, _nothing
-        whole = n == B
+            return np.zeros((R, K), bool), _nothing
+        whole = n == R
         h = has if whole else has[live]
         if (h[:, 1:] > h[:, :-1]).any():            # not a prefix of the ranks
             return None
+        if n * K * (k + 1) > RANK_BY_RANK:                                     # many entries: rank by rank
+            return _by_rank(acc, table, pr, c, has, u, live, K, every_t, step)
         m_ = n * K
         cl, hm = (c if whole else c[live]).reshape(-1), h.reshape(-1)          # (m,) entries: round-major
-        base = np.repeat(live * V, K)
+        base = base_all[:m_] if whole else np.repeat(live * V, K)
         fc = base + cl                                                          # flat entries of the c_j in pr
         fn = np.take(table, cl, axis=0)                                         # (m, k+1): their nearest,
-        fn += base[:, None]                                                     # flat (in place: one array)
+        if R > 1:
+            fn += base[:, None]                                                 # flat (in place: one array)
         prf = pr.reshape(-1)
         gc, gn = prf[fc], prf[fn]
         total = (pr if whole else pr[live]).sum(-1).astype(np.float64)          # (n,) the row's mass
         uu = (u if whole else u[live]).reshape(-1)
         adm, every = None, hm.all()                                             # assumed first: all admitted
         for _ in range(K + 1):   # a loop over fixed-point passes (one when the assumption holds; at most K + 1)
-            off = state["off"] = state["off"] + K + 1
+            off, first.off = first.off, first.off + K     # (this pass writes off + 1 .. off + K: above every stamp)
             val = back[:m_] + np.int32(off)                                     # (the earliest rank: the largest)
             wn = fn if every else np.where((hm if adm is None else hm & adm)[:, None], fn, dummy)
-            np.maximum.at(first, wn.reshape(-1), np.repeat(val, k + 1))
-            np.maximum.at(first, fc if every else np.where(hm, fc, dummy), val)
-            pz = np.where(first[fc] > val, z, gc)                               # (m,) p'(c_j)
-            gz = np.where(first[fn] > val[:, None], z, gn)                      # (m, k+1) p' at N_{k+1}(c_j)
+            np.maximum.at(first.a, wn.reshape(-1), np.repeat(val, k + 1))
+            np.maximum.at(first.a, fc if every else np.where(hm, fc, dummy), val)
+            pz = np.where(first.a[fc] > val, z, gc)                             # (m,) p'(c_j)
+            gz = np.where(first.a[fn] > val[:, None], z, gn)                    # (m, k+1) p' at N_{k+1}(c_j)
             nsum = gz.sum(-1, dtype=np.float64)
             taken = pz + (nsum if adm is None else np.where(adm, nsum, 0.0))   # t_j (float64)
             after = total[:, None] - np.cumsum(taken.reshape(n, K), -1)        # (n, K) mass left after each
-            m = np.empty((n, K))
-            m[:, 0], m[:, 1:] = 1.0, after[:, :-1]                              # m_j (the first: the row itself)
-            m = m.reshape(-1)
-            if acc.delta is not None:   # (compared in the rows' dtype, the first sibling's as ``verify_tree`` does)
-                thr = np.where(lead[:m_], acc.delta, acc.delta * m).astype(dt)
+            m = np.concatenate([np.ones((n, 1)), after[:, :-1]], axis=1).reshape(-1)   # m_j (the first: the row)
+            if acc.delta is not None:   # (compared in the rows' dtype, the first sibling's as ``verify_tree`` does:
+                thr = (acc.delta * m).astype(dt)                                # m_1 = 1, delta itself)
             else:
                 thr = (acc.lam - 1.0) * pz
-            t = (pz + prefix_rows(gz[:, :k], thr, dt)) / np.maximum(m, 1e-300)  # (m tiny: returned None below)
-            a = (hm & (uu < t)).reshape(n, K)
-            fa = np.where(a.any(-1), a.argmax(-1), K)                           # first accepted rank (K: none)
-            rejected = hm & (rank[:m_] < np.repeat(fa, K))
+            mm = np.maximum(m, 1e-300)                                          # (m tiny: returned None below)
+            t = pz / mm                                                         # the threshold with A_j = 0 ...
+            a = hm & (uu < t)                                                   # ... accepted whatever A_j is
+            # A_j in [0, thr_j]: u_j >= (p'(c_j) + thr_j) / m_j rejects whatever A_j is (section 9b): A_j where it
+            # decides (a is within hm: hm ^ a, the tried siblings not accepted yet)
+            need = hm if every_t else (hm ^ a) & (uu < upper(pz, thr) / mm)
+            if need.any():
+                e = np.flatnonzero(need)
+                t[e] = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
+                a[e] = uu[e] < t[e]
+            rejected = hm & ~np.logical_or.accumulate(a.reshape(n, K), 1).ravel()   # tried before the first accepted
             now = gz[:, 0] <= thr                                               # adm_j, given the assumed earlier
             if not (rejected & ~now if adm is None else rejected & (now != adm)).any():
                 break
@@ -105,12 +115,16 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
             every = False
         else:
             return None
-        met = np.minimum(fa, h.sum(-1))                                        # residuals met after the first
-        low = after[np.arange(n), np.maximum(met - 1, 0)] <= CANCEL * total     # (the mass left never grows)
-        if (low & (met > 0)).any():
+        # the mass left after each rejected sibling (it never grows: the last one's is the least)
+        if (rejected.reshape(n, K) & (after <= CANCEL * total[:, None])).any():
             return None
         step.last = (live, t)
-        ok[live] = a
+        a = a.reshape(n, K)
+        if whole:
+            ok = a
+        else:
+            ok = np.zeros((R, K), bool)
+            ok[live] = a
 
         def clear(stop, rows):
             """Zero, in ``rows`` (B, V): the rows pr given to the step (the walk's own copy, C-ordered), for the rounds
@@ -119,11 +133,104 @@ def delta_level(acc: Lantern, B: int, V: int, K: int):
             out = np.repeat(stop[live], K) & hm                                 # their tried entries
             rf = rows.reshape(-1)
             rf[fc[out]] = 0
-            rf[fn[out if adm is None else out & adm]] = 0                       # (N_{k+1}(c_j) where admitted)
+            sel = out if adm is None else out & adm                             # (N_{k+1}(c_j) where admitted)
+            rf[fn if sel.all() else fn[sel]] = 0
 
         return ok, clear
 
     return step
+
+
+class _Stamps:
+    """A stamp array (int32, zeros at first) and the bound ``off`` its stamps are at most (``delta_level``)."""
+    def __init__(self, size: int):
+        self.a, self.off = np.zeros(size, np.int32), 0
+
+
+_LOCAL = threading.local()      # per thread: {(B, V, K): (stamps, back, base)}, reused across walks
+
+
+def _stamps(B: int, V: int, K: int):
+    """This thread's stamps of B V + 1 entries (shared by the walks of that size: stale stamps are at most its offset;
+    new when the offset nears the int32 range), and the entries' K - rank (int32) and row starts (entries round-major)."""
+    cache = _LOCAL.__dict__.setdefault("stamps", {})
+    got = cache.get((B, V, K))
+    if got is None or got[0].off > 1 << 30:
+        if len(cache) >= 8:
+            cache.clear()
+        st = next((g[0] for key, g in cache.items() if key[0] * key[1] == B * V), None) or _Stamps(B * V + 1)
+        if st.off > 1 << 30:
+            st = _Stamps(B * V + 1)
+        got = cache[(B, V, K)] = (st, (K - np.tile(np.arange(K), B)).astype(np.int32), np.repeat(np.arange(B) * V, K))
+    return got
+
+
+def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, step):
+    """``delta_level``'s step rank by rank (a loop over the K sibling ranks, every round still trying at once): sibling
+    j of a round reads p' from the row pr itself, in which the rejections of its earlier siblings have zeroed their
+    removal sets (so no stamps, and no fixed point: adm_j is known when j is read), and its own rejection zeroes c_j
+    and, if admitted, N_{k+1}(c_j) there (its clear has nothing left to do). A sibling accepted by the bounds
+    [p'(c_j), p'(c_j) + thr_j] / m_j reads no neighbour; one rejected by them reads its N_{k+1} for the mass it takes.
+    The same quantities as the fixed-point layout, in the same operations per entry (sums of the same rows, the mass
+    taken accumulated in rank order as its cumulative sum): the same bits."""
+    B, V = pr.shape
+    k, dt = acc.k, pr.dtype
+    prf = pr.reshape(-1)
+    total = np.zeros(B)
+    total[live] = (pr if live.size == B else pr[live]).sum(-1)                 # (float32 sums, as the fixed layout)
+    s = np.zeros(B)                                                             # the mass taken so far (float64)
+    t_all = np.full((B, K), np.nan) if every_t else None
+    ok = np.zeros((B, K), bool)
+    rr = live
+    for j in range(K):   # a loop over sibling ranks (K <= a handful), the rounds still trying at once
+        if j:
+            rr = rr[has[rr, j]]
+            if rr.size == 0:
+                break
+        cj, off = c[rr, j], rr * V
+        fc = off + cj
+        pz = prf[fc]                                                            # p'(c_j)
+        if j:
+            m = total[rr] - s[rr]                                               # m_j (the first: the row itself)
+            mm = np.maximum(m, 1e-300)
+        else:
+            m = mm = np.ones(rr.size)
+        thr = (acc.delta * m).astype(dt) if acc.delta is not None else (acc.lam - 1.0) * pz
+        uj = u[rr, j]
+        t = pz / mm
+        n_sure = 0 if every_t else np.count_nonzero(a := uj < t)                # accepted whatever A_j is
+        if n_sure == rr.size:
+            ok[rr, j] = True
+            break
+        if n_sure:                                                              # the others read N_{k+1}(c_j)
+            ok[rr[a], j] = True
+            g = np.flatnonzero(~a)
+            rr, cj, off, fc, pz, thr, mm, uj, t = (x[g] for x in (rr, cj, off, fc, pz, thr, mm, uj, t))
+        fn = np.take(table, cj, axis=0)
+        fn += off[:, None]
+        gz = prf[fn]                                                            # p' at N_{k+1}(c_j)
+        need = np.ones(rr.size, bool) if every_t else uj < upper(pz, thr) / mm  # A_j where it decides
+        if need.any():
+            e = np.flatnonzero(need)
+            t[e] = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
+        if every_t:
+            t_all[rr, j] = t
+        a = uj < t
+        ok[rr, j] = a
+        adm = gz[:, 0] <= thr
+        taken = pz + np.where(adm, gz.sum(-1, dtype=np.float64), 0.0)
+        prf[fc] = 0                  # (in the rounds that accepted c_j too: the walk reads their node rows afresh)
+        prf[fn if adm.all() else fn[adm]] = 0
+        rej = ~a
+        rr = rr[rej]
+        s[rr] += taken[rej]
+    # the mass left after each round's last rejected sibling (it never grows: the least of them); a round rejected
+    # some sibling iff it rejected the first
+    if ((total - s <= CANCEL * total) & ~ok[:, 0])[live].any():
+        return None
+    if every_t:
+        step.last = (live, t_all[live].reshape(-1))
+    return ok, _nothing
 
 
 def _nothing(stop, r):

@@ -179,6 +179,8 @@ def _prefix_of(g, thr, acc, dtype, carry=None):
         c0 = np.asarray(carry, acc)
         cs = np.cumsum(np.concatenate([c0[:, None], g.astype(acc, copy=False)], axis=1), axis=1)[:, 1:]
     ta = thr if getattr(thr, "ndim", 0) == 0 else np.asarray(thr)[:, None]
+    if carry is None and (whole := cs[:, -1] <= ta[:, 0] if np.ndim(ta) else cs[:, -1] <= ta).all():
+        return (cs[:, -1] + 0.0).astype(dtype, copy=False), whole     # every column passed (the sums never decrease)
     last = np.count_nonzero(cs <= ta, axis=1)                                        # columns passed (a prefix)
     got = cs[np.arange(g.shape[0]), np.maximum(last - 1, 0)]
     if carry is None:

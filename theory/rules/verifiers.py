@@ -199,7 +199,7 @@ TYPICAL_RESAMPLERS = ("argmax", "optimal")
 def _lantern_verifier(acc: Lantern, variant: str, resample: str, base: str, params: dict) -> Verifier:
     """LANTERN-family verifier: the release's resampler ("lantern"), our renormalised variant, or a named one (G*)."""
     if resample == "lantern":   # variant "q" under the point law leaves vanilla's residual: vanilla's walk, boosted
-        walk = boosted_walks(acc.sibling_mass, acc) if variant == "q" else lantern_walks(acc)
+        walk = boosted_walks(acc.sibling_mass, acc, acc.sibling_cap) if variant == "q" else lantern_walks(acc)
         return Verifier(acc, LanternResample(acc.neighbors, acc.k, variant, "released", acc), base,
                         {**params, "resampler": resample}, walk=walk)
     if resample == "renormalised":

@@ -62,20 +62,22 @@ def _host(*arrays) -> bool:
 
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
           u_sample: np.ndarray, children: np.ndarray, D: int, max_depth: np.ndarray | None = None,
-          draft_law: str = "point", *, boost=None, weight=None, level=None):
+          draft_law: str = "point", *, boost=None, bound=None, weight=None, level=None):
     """The verdict of ``theory.tree.verify_tree`` for ``kind`` ("vanilla": the point law; "greedy": any law), numpy
     arrays: p (B, N+1, V) target rows, q (B, N+1, V) draft rows (read only for greedy with a non-point law: candidates
     it gives mass 0 are skipped), tokens (B, N+1), u_accept (B, N+1), u_sample (B,), children (N+1, K) shared or
     (B, N+1, K) per round (-1 padded), D the tree's depth, max_depth (B,) or None. ``boost`` (vanilla's walk for a
     rule whose residual under the point law is vanilla's, LANTERN++'s released one): the mass its acceptance adds
     to each candidate's (``Lantern.sibling_mass``), candidate j accepted iff u_j < (p(c_j) + boost_j) / (m - S_j)
-    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``). ``weight`` (a scaled rule
+    (the first candidate: u_1 < p(c_1) + boost_1, the row itself, as ``verify_tree``); with ``bound`` (the boost's
+    bound, ``Lantern.sibling_cap``) only where the bounds do not decide (``_boosted``). ``weight`` (a scaled rule
     with G*, ``scaled_walks``: f = min(1, w_i p_res(c)), G* = Norm([p_res - f 1_c]_+)): ``weight(pos (B,), rows)`` the
     weights (B,) at the candidates' position; a rejection takes min(1, w) of the candidate's remaining mass (all of
     it when w >= 1, as vanilla), so candidate j is accepted iff u_j < w p_j(c_j) / (m - taken before j), with
     p_j(c_j) = p(c_j) (1 - min(1, w))^(earlier listings of c_j). ``level`` (a rule whose rejection zeroes more than
     the candidate, LANTERN's released "p" law: ``theory.rules.lantern_walk.delta_level``): ``level(B, V, K)`` gives
-    the step that settles a level, ``step(pr, c, has, u)`` -> (ok (B, K), clear(stop, pr): zero in the node rows pr
+    the step that settles a level, ``step(pr, c, has, u)`` on the n <= B live rounds' rows (n, V) -> (ok (n, K),
+    clear(stop, pr): zero in the node rows pr
     (the walk's own copy, before the residual rows are taken from it), for the rounds stop (B,) bool stopped there,
     the codes their residual lacks), or None (then so does the walk: the
     generic walk serves). Returns (accepted (B,), path (B, D), next_token (B,), last_node (B,)), or None when the
@@ -94,7 +96,7 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     depth = np.zeros(B, np.int64)
     path = np.full((B, D), -1, np.int64)
     live = np.ones(B, bool)
-    earlier = np.tri(K, K, -1, dtype=bool)                    # earlier[j, i]: sibling i is tried before j
+    earlier = None                                            # earlier[j, i]: sibling i is tried before j
     res = []                                                  # vanilla: (stopped rounds, their residual rows)
     settle = None if level is None else level(B, V, K)       # ``level``: its step
     rejected = np.zeros(B, bool)                              # greedy: the walk ended with a rejection
@@ -103,17 +105,26 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
         has = (kids >= 0) & (live & (depth < cap))[:, None]
         safe = np.where(has, kids, 0)
         c = tokens[rows[:, None], safe]                                          # (B, K) candidate tokens
-        pr = p[rows, node]                                                       # (B, V) the node's row
+        if level is not None:   # the level step reads the live rounds' rows only: (n, V), n <= B
+            lv = rows if live.all() else np.flatnonzero(live)
+            pr = p[lv, node[lv]]
+        else:
+            pr = p[rows, node]                                                   # (B, V) the node's row
         if kind == "greedy":
             valid = has if draft_law == "point" else has & (q[rows[:, None], node[:, None], c] > 0)
             ok = valid & (c == pr.argmax(-1)[:, None])
             rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
         elif level is not None:
-            out = settle(pr, c, has, u_accept[rows[:, None], safe])
+            out = settle(pr, c[lv], has[lv], u_accept[lv[:, None], safe[lv]])
             if out is None:
                 return None
             ok, clear = out
+            if lv.size < B:
+                ok = np.zeros((B, K), bool)
+                ok[lv] = out[0]
         else:
+            if earlier is None:
+                earlier = np.tri(K, K, -1, dtype=bool)
             same = (c[:, :, None] == c[:, None, :]) & earlier & has[:, None, :]     # listed by an earlier sibling
             if weight is None:                      # a rejection takes all of c's mass (a repeat meets 0)
                 pc = np.where(has & ~same.any(-1), pr[rows[:, None], c], 0.0)
@@ -126,13 +137,13 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             left = pr.sum(-1, keepdims=True) - (np.cumsum(taken, -1) - taken)    # mass not yet rejected
             if weight is not None or boost is not None:
                 left[:, 0] = 1.0                    # the residual before the first candidate is the row itself
-            if boost is not None:
-                rank_of = np.zeros((B, V), np.int16)
-                rr, jj = np.nonzero(has[:, ::-1])                                # latest rank first: the earliest wins
-                rank_of[rr, c[rr, K - 1 - jj]] = K - jj
-                num = pc + boost(pr, c, pc, rank_of, left)
+            uc = u_accept[rows[:, None], safe]
+            if boost is not None and bound is None:
+                num = pc + boost(pr, c, pc, _rank_of(c, has, V), left)
             thr = np.where(left > 0, num / np.where(left > 0, left, 1.0), 0.0)
-            ok = has & (u_accept[rows[:, None], safe] < thr)
+            ok = has & (uc < thr)
+            if boost is not None and bound is not None:   # thr above: the boost's floor (0); the boost where it decides
+                ok = _boosted(boost, bound, pr, c, pc, left, has, uc, ok)
         acc = ok.any(-1)
         first = ok.argmax(-1)                                                    # the first accepted sibling
         if kind == "vanilla":                                                    # stopping rounds: their residual
@@ -140,8 +151,8 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             if stop.any():
                 tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
                 if level is not None:                   # (in pr, the walk's own copy, before the rows are taken)
-                    clear(stop, pr)
-                r = pr[stop]                                                     # (a copy)
+                    clear(stop[lv], pr)
+                r = pr[stop if level is None else stop[lv]]                      # (a copy)
                 cs, ts = c[stop], tried[stop]
                 if level is None and weight is None:
                     r[np.nonzero(ts)[0], cs[ts]] = 0.0
@@ -170,12 +181,40 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
     return depth, path, nxt.astype(np.int64), node
 
 
+def _rank_of(c, has, V):
+    """(B, V) int16: the 1-based rank of each code's first listing among a node's tried candidates c (B, K) (0: none)."""
+    B, K = c.shape
+    rank_of = np.zeros((B, V), np.int16)
+    rr, jj = np.nonzero(has[:, ::-1])                                            # latest rank first: the earliest wins
+    rank_of[rr, c[rr, K - 1 - jj]] = K - jj
+    return rank_of
+
+
+def _boosted(boost, bound, pr, c, pc, left, has, u, floor):
+    """``_walk``'s acceptances (B, K) bool of a level for a rule whose acceptance adds a boost in [0, bound] to each
+    candidate's mass (docs/theory/trees.md section 9b, "The boost where it decides"): ``floor`` (B, K) the tests
+    u < pc / left (the boost at 0: accepted whatever it is), ``bound(pc, left)`` (B, K) the boost's bound in the rows'
+    dtype; a candidate with u >= (pc + bound) / left is rejected whatever the boost (rounding is monotone), and only
+    the others before each round's first sure acceptance get theirs (``boost(..., need=)``), with the same bits."""
+    B, K = c.shape
+    pos = left > 0
+    den = np.where(pos, left, 1.0)
+    hi = np.where(pos, (pc + bound(pc, left)) / den, 0.0)
+    sure = np.where(floor.any(-1), floor.argmax(-1), K)                           # each round's first sure rank
+    need = has & ~floor & (u < hi) & (np.arange(K) < sure[:, None])
+    if not need.any():
+        return floor
+    num = pc + boost(pr, c, pc, _rank_of(c, has, pr.shape[-1]), left, need=need)
+    return floor | (need & (u < np.where(pos, num / den, 0.0)))
+
+
 def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, max_depth=None,
               draft_law: str = "without_replacement"):
     """``theory.tree.verify_tree``'s walk for any rule (acceptance ``accept``, resampling ``resample``) on numpy rows,
     both draft laws, at the cost of the rule's point formula: one candidate per unfinished round per step, the same
     operations on the same rows as ``verify_tree`` (hence the same bits), with the acceptance evaluated at the
-    candidate only (``theory.rules.acceptance.accept_at``: O(k) for LANTERN's rules, not O(V k)) and the resampling
+    candidate only (``theory.rules.acceptance.accept_at``: O(k) for LANTERN's rules, not O(V k); LANTERN's decided
+    from its bounds where they suffice, ``Lantern.decide_at``, when f itself is not needed) and the resampling
     law built only for the rounds that reject (the full acceptance row there only for a resampler that reads it,
     ``reads_f``). Arguments as ``_walk``; None when the arrays are not numpy. The engine's host path for every rule
     without a walk of its own, and vanilla's walk for candidates drawn without replacement."""
@@ -201,6 +240,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     tokens = np.asarray(tokens, np.int64)
     needs_f = reads_f(resample)
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
+    decide = getattr(accept, "decide_at", None) if at_point is None and not needs_f else None   # (LANTERN's)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
         if not has.any():
@@ -215,8 +255,11 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, np.ones((), s.dtype), s))   # Norm, 0 if exhausted
         pos = np.minimum(depth + 1, D)
         valid = has if point else has & (q_j[rows, c] > 0)                        # impossible candidates are skipped
-        f = accept_at(accept, p_res, q_j, pos, c)
-        acc = valid & (u_accept[rows, kid] < f)
+        if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
+            acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
+        else:
+            f = accept_at(accept, p_res, q_j, pos, c)
+            acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
         if rej.any():
             pr, qr, cr = p_res[rej], q_j[rej], c[rej]
@@ -376,12 +419,13 @@ def scaled_walks(schedule) -> dict:
     return {"point": partial(_walk, "vanilla", weight=partial(_schedule_weight, schedule))}
 
 
-def boosted_walks(boost, accept=None) -> dict:
+def boosted_walks(boost, accept=None, bound=None) -> dict:
     """The walks of a rule whose residual under the point law is vanilla's and whose acceptance adds ``boost`` to a
-    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``), for the point law: on numpy rows,
-    and on others (``accept``, the acceptance itself, whose f must not depend on the position: vanilla's device walk
+    candidate's mass (``_walk``; LANTERN++ as released: ``Lantern.sibling_mass``), for the point law: on numpy rows
+    (``bound``: the boost's bound, ``Lantern.sibling_cap``; then the boost only where the bounds do not decide), and
+    on others (``accept``, the acceptance itself, whose f must not depend on the position: vanilla's device walk
     reading it at the candidates)."""
-    return {"point": partial(_walk, "vanilla", boost=boost),
+    return {"point": partial(_walk, "vanilla", boost=boost, bound=bound),
             **({"device": partial(_vanilla_device, accept=accept)} if accept is not None else {})}
 
 

@@ -227,6 +227,7 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
     p_res = p
     q_left = q                                      # q with each node's rejected candidates zeroed (not for "point")
     chosen = xp.full(flat, -1, dtype=xp.int64, device=dev)                      # (..., N+1) accepted child, or -1
+    decide = None if point else getattr(verifier.accept, "decide_at", None)     # (LANTERN's: ``Lantern.decide_at``)
     ar_V = xp.arange(V, device=dev)
     for j in range(K):   # a loop over candidate ranks (K <= a handful), every node of every round at once
         kid = children[..., j]
@@ -239,8 +240,12 @@ def verify_tree_nodes(p: Array, q: Array, tokens: Array, u_accept: Array, u_samp
         else:
             q_j = normalize(q_left, q_left, xp)                                     # all zero once exhausted
         valid = has & (gather(q_j, c, xp) > 0)                                      # impossible candidates skipped
-        f_c = accept_at(verifier.accept, p_res, q_j, pos, c)
-        acc = valid & (take_last(u_accept, kid_safe, xp) < f_c)
+        u_c = take_last(u_accept, kid_safe, xp)
+        if decide is not None:   # (f itself is read by no residual here: decided from the rule's bounds where they do)
+            acc = decide(p_res, q_j, pos, c, u_c, want=valid)[0]
+        else:
+            f_c = accept_at(verifier.accept, p_res, q_j, pos, c)
+            acc = valid & (u_c < f_c)
         rej = valid & ~acc
         p_res = _residual(verifier, p_res, q_j, pos, c, rej, xp, f_c if point else None)
         if not point:    # (the same values as q with every rejected candidate's entry zeroed, in one pass)
