@@ -83,7 +83,7 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
         adm, every = None, hm.all()                                             # assumed first: all admitted
         for _ in range(K + 1):   # a loop over fixed-point passes (one when the assumption holds; at most K + 1)
             off, first.off = first.off, first.off + K     # (this pass writes off + 1 .. off + K: above every stamp)
-            val = back[:m_] + np.int32(off)                                     # (the earliest rank: the largest)
+            val = back[:m_] + off                                               # (the earliest rank: the largest)
             wn = fn if every else np.where((hm if adm is None else hm & adm)[:, None], fn, dummy)
             np.maximum.at(first.a, wn.reshape(-1), np.repeat(val, k + 1))
             np.maximum.at(first.a, fc if every else np.where(hm, fc, dummy), val)
@@ -91,8 +91,10 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
             gz = np.where(first.a[fn] > val[:, None], z, gn)                    # (m, k+1) p' at N_{k+1}(c_j)
             nsum = gz.sum(-1, dtype=np.float64)
             taken = pz + (nsum if adm is None else np.where(adm, nsum, 0.0))   # t_j (float64)
-            after = total[:, None] - np.cumsum(taken.reshape(n, K), -1)        # (n, K) mass left after each
-            m = np.concatenate([np.ones((n, 1)), after[:, :-1]], axis=1).reshape(-1)   # m_j (the first: the row)
+            ma = np.empty((n, K + 1))                                           # [1, mass left after each]
+            ma[:, 0] = 1.0
+            np.subtract(total[:, None], np.cumsum(taken.reshape(n, K), -1), out=ma[:, 1:])
+            after, m = ma[:, 1:], ma[:, :-1].reshape(-1)                        # m_j (the first: the row itself)
             if acc.delta is not None:   # (compared in the rows' dtype, the first sibling's as ``verify_tree`` does:
                 thr = (acc.delta * m).astype(dt)                                # m_1 = 1, delta itself)
             else:

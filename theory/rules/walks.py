@@ -105,21 +105,20 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
         has = (kids >= 0) & (live & (depth < cap))[:, None]
         safe = np.where(has, kids, 0)
         c = tokens[rows[:, None], safe]                                          # (B, K) candidate tokens
-        if level is not None:   # the level step reads the live rounds' rows only: (n, V), n <= B
-            lv = rows if live.all() else np.flatnonzero(live)
-            pr = p[lv, node[lv]]
-        else:
-            pr = p[rows, node]                                                   # (B, V) the node's row
+        whole = level is None or live.all()     # (the level step reads the live rounds' rows only: (n, V), n <= B)
+        lv = rows if whole else np.flatnonzero(live)
+        pr = p[rows, node] if whole else p[lv, node[lv]]                         # (B, V) the node's row
         if kind == "greedy":
             valid = has if draft_law == "point" else has & (q[rows[:, None], node[:, None], c] > 0)
             ok = valid & (c == pr.argmax(-1)[:, None])
             rejected |= live & ~ok.any(-1) & valid.any(-1)      # the walk ends with a rejection: G = one-hot
         elif level is not None:
-            out = settle(pr, c[lv], has[lv], u_accept[lv[:, None], safe[lv]])
+            uc = u_accept[rows[:, None], safe]
+            out = settle(pr, c, has, uc) if whole else settle(pr, c[lv], has[lv], uc[lv])
             if out is None:
                 return None
             ok, clear = out
-            if lv.size < B:
+            if not whole:
                 ok = np.zeros((B, K), bool)
                 ok[lv] = out[0]
         else:
@@ -151,8 +150,8 @@ def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_
             if stop.any():
                 tried = has & (np.arange(K)[None, :] < np.where(acc, first, K)[:, None])
                 if level is not None:                   # (in pr, the walk's own copy, before the rows are taken)
-                    clear(stop[lv], pr)
-                r = pr[stop if level is None else stop[lv]]                      # (a copy)
+                    clear(stop if whole else stop[lv], pr)
+                r = pr[stop if whole else stop[lv]]                              # (a copy)
                 cs, ts = c[stop], tried[stop]
                 if level is None and weight is None:
                     r[np.nonzero(ts)[0], cs[ts]] = 0.0
