@@ -44,7 +44,7 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
 
     Cost: f only at the drafted tokens (``theory.rules.acceptance.accept_at``: O(k) per draft for LANTERN, not
     O(V k)), and the resampling law on one row per round (the rejection's; the full acceptance row there only for a
-    resampler that reads it, ``reads_f``; none when every round accepted all its drafts and the rows are on the host).
+    resampler that reads it, ``reads_f``; none when every round accepted all its drafts and the rows are numpy).
 
     ``lazy=True`` (the engine's rounds, ``theory.tree.verify_round``): on numpy rows of several rounds f is computed at draft i only for
     the rounds that accepted drafts 1..i-1 (a loop over the L positions, the rounds still accepting at once); the
@@ -92,7 +92,8 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
     p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
     bonus = tau == cap
-    if _on_host(bonus) and bool(xp.all(bonus)):                # every round accepted all its drafts: no residual
+    if isinstance(bonus, np.ndarray) and bool(bonus.all()):    # every round accepted all its drafts: no residual
+                                                               # (numpy only: a torch read-back is a device path sync)
         return ChainVerdict(tau, sample_categorical(p_row, u_sample, xp), f_tok)
     q_row = gather_rows(q, k, xp)
     # the acceptance row at the rejection, only for a resampler that reads it (G*: O(V) per row for the ratio rules)
@@ -100,11 +101,6 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     G = verifier.resample(p_row, q_row, f_row, gather(tokens, k, xp))
     row = xp.where(bonus[..., None], p_row, G)
     return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
-
-
-def _on_host(x) -> bool:
-    """Whether reading x back costs no device sync (numpy, or a torch CPU tensor)."""
-    return isinstance(x, np.ndarray) or (type(x).__module__.startswith("torch") and x.device.type == "cpu")
 
 
 def _f_until_rejection(accept, p, q, tokens, u_accept, cap):
