@@ -15,6 +15,7 @@ from real.decode import sjd_pac_window as SW
 from real.decode.sampling import Processing
 from real.decode.sjd_pac import SJDPAC
 from real.protocol import ModelOutput
+from test_sjd_pac import MarkovTarget
 from theory import rules
 
 torch.set_num_threads(1)
@@ -76,22 +77,15 @@ def test_window_rows_are_the_same_bits_on_numpy_and_torch(dtype, monkeypatch):
     assert differs > 0
 
 
-class _Sticky:
+class _Sticky(MarkovTarget):
     """A batched target whose logits at position j are a fixed row plus a function of the token there: rows repeat
-    from round to round, so continued tokens are kept, tree levels fail and pass."""
-    batched, needs_features, row_masks, extra_slots, prefix_len = True, False, False, None, 1
+    from round to round, so continued tokens are kept, tree levels fail and pass (the cache bookkeeping is
+    ``MarkovTarget``'s)."""
 
     def __init__(self, V: int, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
         self.vocab_size, self.R, self.E = V, torch.randn(64, V, generator=g) * 3, torch.randn(V, V, generator=g)
         self._lens, self._last = np.zeros(1, np.int64), 0
-
-    @property
-    def cache_lens(self):
-        return self._lens
-
-    def cache_bytes(self, rows):
-        return 0
 
     def prefill(self, conds, tokens=None, *, cfg=False, return_hidden=False):
         self._lens, self._last = np.ones(len(conds), np.int64), 0
@@ -101,13 +95,6 @@ class _Sticky:
         self._lens, self._last = self._lens + tokens.shape[1], tokens.shape[1]
         pos = torch.as_tensor(np.asarray(position_ids)).long().clamp(max=63)
         return ModelOutput(self.R[pos] + self.E[tokens.long()])
-
-    def rollback(self, counts):
-        self._lens = self._lens - np.broadcast_to(np.asarray(counts), self._lens.shape)
-
-    def keep(self, indices, counts=None):
-        k = np.asarray(indices).shape[-1] if counts is None else np.asarray(counts)
-        self._lens = self._lens - self._last + k
 
 
 def _tokens(release, proc, device_path):

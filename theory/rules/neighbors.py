@@ -114,8 +114,7 @@ def neighbor_scatter(u: Array, nb: Array) -> Array:
     """The transpose of ``neighbor_sum``: t[..., z] = sum of u[..., y] over the codes y whose neighbours (every column
     of ``nb``) list z, i.e. u @ N with N[y, z] = [z in nb[y]] (0/1), in O(V K) per row instead of the (V, V) product.
 
-    u (..., V) float; nb (V, K) int64 on u's device. numpy: one sparse product (scipy CSR of the table, as
-    ``_csr_sum``); torch and others: one scatter-add of the (rows, V K) gathered weights (``index_add``)."""
+    u (..., V) float; nb (V, K) int64 on u's device. numpy: one sparse product (``_table_csr``, transposed); torch and others: one scatter-add of the (rows, V K) gathered weights (``index_add``)."""
     xp = namespace(u)
     V = u.shape[-1]
     rows = xp.reshape(u, (-1, V))
@@ -124,9 +123,7 @@ def neighbor_scatter(u: Array, nb: Array) -> Array:
         import numpy as np
         import scipy.sparse as sp
 
-        m = sp.csr_matrix((np.ones(V * K, u.dtype), np.ascontiguousarray(nb).reshape(-1), np.arange(0, V * K + 1, K)),
-                          shape=(V, V))
-        return np.reshape(np.asarray(m.T @ rows.T).T, u.shape)
+        return np.reshape(np.asarray(_table_csr(nb, u.dtype, V).T @ rows.T).T, u.shape)
     if array_api_compat.is_torch_array(u):
         src = xp.take(rows, xp.reshape(xp.broadcast_to(xp.arange(V, device=u.device)[:, None], (V, K)), (-1,)), axis=1)
         out = xp.zeros_like(rows).index_add_(1, xp.reshape(nb, (-1,)), src)
@@ -141,9 +138,16 @@ def _csr_sum(at, nb):
     row's sum accumulated from 0 in the gather loop's sequential column order, in at's dtype, so the same bits
     (tests/test_likelihood_grid.py), without a (V, rows) temporary per neighbour rank."""
     import numpy as np
+
+    return np.asarray(_table_csr(nb, at.dtype, at.shape[0]) @ at)
+
+
+def _table_csr(nb, dtype, cols: int):
+    """The table nb (V, K) as a scipy CSR matrix (V, cols) of ones in ``dtype``: row y holds its K neighbours, in the
+    table's column order (unsorted), the one sparse form of ``neighbor_sum`` and ``neighbor_scatter``."""
+    import numpy as np
     import scipy.sparse as sp
 
     V, K = nb.shape
-    m = sp.csr_matrix((np.ones(V * K, at.dtype), np.ascontiguousarray(nb).reshape(-1),
-                       np.arange(0, V * K + 1, K)), shape=(V, at.shape[0]))
-    return np.asarray(m @ at)
+    return sp.csr_matrix((np.ones(V * K, dtype), np.ascontiguousarray(nb).reshape(-1), np.arange(0, V * K + 1, K)),
+                         shape=(V, cols))

@@ -73,12 +73,13 @@ class Optimal:
         the row's sum, without forming the normalised row (the same residual and sum; one division at x)."""
         xp = namespace(p, q, f)
         s = xp.sum(positive_part(p - q * f, xp), axis=-1)                              # (...,)
+        sp = xp.sum(p, axis=-1)                                                        # (p's own rows, once)
         p, q, f = xp.broadcast_arrays(p, q, f)                                         # (views: gathers at x)
         xb = xp.broadcast_to(x, s.shape)
         px = gather(p, xb, xp)
         num = positive_part(px - gather(q, xb, xp) * gather(f, xb, xp), xp)
         has = s > 0
-        return xp.where(has, num / xp.where(has, s, xp.ones_like(s)), px / xp.sum(p, axis=-1))
+        return xp.where(has, num / xp.where(has, s, xp.ones_like(s)), px / sp)
 
     def point(self, p, c, f_c):
         """``self(p, one-hot(c), f, c)`` (the point draft law): Norm([p - f(c) 1_c]_+), f_c (...,) the acceptance at c
