@@ -283,3 +283,35 @@ def test_fast_log_likelihood_equals_the_per_offset_path(family, resample, per_of
     # negative control: another rule's law is told apart at this tolerance
     other = make(nb, k, 0.3 if family == "lantern" else 3.0, resample=resample)
     assert np.max(np.abs(reference_log_likelihood(p, q, x, other, L, convention) - got)) > 1e-6
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_few_entries_past_the_first_block_are_the_dense_masses(dtype, monkeypatch):
+    """``prefix_mass_at`` of a few entries sums the first FEW_FIRST neighbours, then the other columns of the
+    entries that passed them all, carried on from their sums: bit for bit the direct cumulative sum over all k, on
+    prefixes that stop within the first block and past it (checked: some do each). Control: restarting the second
+    block from zero (the carry dropped) is caught on the same entries."""
+    rng = np.random.default_rng(11)
+    V, k, m = 400, 250, 24
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    p = rows(rng, (3,), V, 3.0).astype(dtype)
+    e = np.sort(rng.choice(3 * V, size=m, replace=False)).astype(np.int64)
+    pf = p.reshape(-1)
+    want_rows = np.cumsum(p[:, nb[:, :k]], axis=-1)                         # (3, V, k): the direct sums
+    direct = want_rows.reshape(-1, k)[e]
+    F = lantern_mod.FEW_FIRST
+    runs = []
+    for thr in (0.02, 0.1, 0.3, 0.6):
+        got = lantern_mod.prefix_mass_at(pf, e, nb, thr, k, V)
+        passed = (direct <= thr).sum(-1)                                     # columns each prefix runs over
+        want = np.where(passed > 0, direct[np.arange(m), np.maximum(passed - 1, 0)], 0.0).astype(dtype)
+        assert got.dtype == dtype and np.array_equal(got, want), (thr, np.max(np.abs(got - want)))
+        runs.append(passed)
+    runs = np.concatenate(runs)
+    assert ((runs > 0) & (runs < F)).any() and ((runs > F) & (runs < k)).any()
+    real = lantern_mod._prefix_of
+
+    def restart(g, thr, acc, dt, carry=None):
+        return real(g, thr, acc, dt)                                         # the carry dropped
+    monkeypatch.setattr(lantern_mod, "_prefix_of", restart)
+    assert not np.array_equal(lantern_mod.prefix_mass_at(pf, e, nb, 0.6, k, V), want)

@@ -13,15 +13,16 @@ import array_api_compat
 from ..core.xp import Array, expand_masked, namespace
 
 __all__ = ["prefix_mass_at", "prefix_mass", "prefix_rows", "FIRST_BLOCK", "SMALL_BLOCK", "COMPACT", "COLUMNS_ABOVE", "GATHER_LIMIT",
-           "SIBLING_BLOCK", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY"]
+           "SIBLING_BLOCK", "FEW_FIRST", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY"]
 
 # A code's neighbour masses are summed over blocks of columns [0, w_0), [w_0, w_0 + w_1), ... (each at least twice the
 # last, FIRST_BLOCK first): a block by one cumulative sum down its columns, or on a large numpy set column by column. The
 # sums are sequential per entry and carried unrounded from block to block (numpy: in the rows' dtype, its cumulative sum
 # is sequential; torch: in float64, as its CPU cumulative sum accumulates float32 anyway, and its outer-axis scan is
 # sequential per entry on CUDA too), so any block layout gives the same bits: a block may then span every column left
-# when it holds at most SMALL_BLOCK (entries x columns); the drafted tokens' masses come out of one gather and one
-# cumulative sum, with no read-back. JAX and MPS (no float64) keep the doubling layout. An entry's value does not depend
+# when it holds at most SMALL_BLOCK (entries x columns); on torch and JAX the drafted tokens' masses come out of one
+# gather and one cumulative sum, with no read-back; on numpy (the host) of FEW_FIRST columns first, then the rest for the
+# entries that passed them (most prefixes stop in the first). JAX and MPS (no float64) keep the doubling layout. An entry's value does not depend
 # on which other entries are computed with it: the mass at the drafted tokens equals the dense row's bit for bit. After
 # a block the entries whose prefix stopped leave the active set when it has shrunk by COMPACT, and the loop ends when
 # none is left (one read-back per block but the last).
@@ -31,6 +32,7 @@ COMPACT = 0.8
 COLUMNS_ABOVE = 1 << 16     # numpy: a block of more (entries x columns) is added column by column (the same bits)
 GATHER_LIMIT = 1 << 22
 SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of columns when many entries (then doubling)
+FEW_FIRST = 32              # ``prefix_mass_at`` of few entries: the first block's columns (then the rest at once)
 COLUMNS_LAID_OUT = 16       # ``prefix_rows``: from this many entries, sums down the transposed block
 TORCH_CPU_ON_NUMPY = True   # torch CPU tensors are summed by the numpy code (``_on_numpy``: the same bits, 10x faster)
 
@@ -158,10 +160,21 @@ def _on_numpy(pf, e, nb, thr, k: int, V: int, dense):
 
 
 def _prefix_mass_few(pf, e, nb, thr, k: int, V: int, sum_dtype=None):
-    """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK): its single block in plain numpy calls (the
-    table's rows, ``_prefix_of`` their masses): the same sums in the same order."""
+    """``prefix_mass_at`` on numpy for few entries (m k <= SMALL_BLOCK) in plain numpy calls: the masses of the first
+    FEW_FIRST neighbours (``_prefix_of``; most prefixes stop there), then the other columns for the entries that passed
+    every one of them, carried on from their sums: the same sums in the same order as one block over k columns."""
+    import numpy as np
+
     y = e % V
-    return _prefix_of(pf[(e - y)[:, None] + nb[y, :k]], thr, pf.dtype if sum_dtype is None else sum_dtype, pf.dtype)[0]
+    base = (e - y)[:, None]
+    acc = pf.dtype if sum_dtype is None else sum_dtype
+    w = k if k <= 2 * FEW_FIRST else FEW_FIRST
+    m, alive = _prefix_of(pf[base + nb[y, :w]], thr, acc, acc)
+    if w < k and alive.any():
+        i = np.flatnonzero(alive)
+        m[i] = _prefix_of(pf[base[i] + nb[y[i], w:k]], thr if np.ndim(thr) == 0 else np.asarray(thr)[i], acc, acc,
+                          carry=m[i])[0]
+    return m.astype(pf.dtype, copy=False)
 
 
 def _prefix_of(g, thr, acc, dtype, carry=None):
