@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "check_built"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -319,8 +319,8 @@ def run_config(args) -> RunConfig:
     parameters (resolved by the registry: its defaults included). One pass, one direction: the shared layer
     (``run_options``: device, numbers, the model's spec, input and schedule files, batching), the
     conditions and the image count, the mode and the method
-    (``coolsd.options``), what they need of the model (``compile_option``, ``method_model``), then the
-    outputs (``coolsd.io``) and --record's rounds; the model's spec and the method's registry entry are looked up
+    (``coolsd.options``), what they need of the model (``compile_option``, ``method_model``), --record's rounds,
+    then the outputs (``coolsd.io``); the model's spec and the method's registry entry are looked up
     once and read from then on."""
     from theory.core import checks
     from theory.rules import methods as rule_registry
@@ -362,15 +362,15 @@ def run_config(args) -> RunConfig:
             drafting.mode.likelihood(bare, None, None, proc)
         except NotImplementedError as e:
             raise ValueError(f"--fidelity with {drafting.named}: {e}") from None
-    if args.record is not None and method == "ar":
-        raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
-                         "speculative --method (e.g. vanilla) or drop --record")
+    if args.record is not None:
+        if method == "ar":
+            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
+                             "speculative --method (e.g. vanilla) or drop --record")
+        _check_record(args, s, drafting, T, bare)
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
     record = None if args.record is None else str(check_output_file("--record", args.record, ".npz"))
     inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules
     check_outputs({"--save": save, "--record": record}, inputs)
-    if record is not None:
-        _check_record(args, s, drafting, T, bare)
     resolved = {"num_images": num_images, "save": save, "record": record, "dtype": dtype,
                 "draft": args.draft if drafting.mode.needs_draft else None}
     return RunConfig.of(args, resolved, drafting=drafting, method_params=full, inputs=inputs, method_def=method_def)
@@ -401,3 +401,34 @@ def _check_record(args, s, drafting, T, bare) -> None:
                      f"image no round can draft the whole tree (at most {T - 2} levels), so nothing would be recorded; "
                      f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
                      "--record")
+
+
+def check_built(cfg: RunConfig, bundle) -> None:
+    """``coolsd generate``'s checks that need the built model (``real.registry.Bundle``) but no generation, for the
+    validated ``cfg`` (``run_config``): the mode's image-bound options (--L) within the model's
+    image, --num-tokens within its capacity (its ``layout.num_tokens`` or ``config.block_size``), GSD's memory
+    (--class-id within its classes: the builders check it). GSD's groups hold (rows, V, 2w) tokens per verified
+    position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
+    --gsd-window) before generating."""
+    from theory.core import checks
+
+    T = int(bundle.num_tokens)
+    given = cfg.drafting.opts                            # the mode's options given, checked
+    for o in cfg.drafting.mode.options:
+        if o.image_bound and o.name in given and given[o.name] > T:
+            raise ValueError(f"{o.flag} {given[o.name]} is more than the {T} tokens of one image of --model "
+                             f"{cfg.model} (a round never drafts past the image); use {o.flag} <= {T}")
+    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
+        V = int(bundle.target.vocab_size)
+        window = int(cfg.method_params["window"])          # the registry's default when not given
+        w = min(window, 2 * V)
+        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
+        checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
+                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
+                            "images per batch (--batch-size)")
+    layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
+    cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
+           else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)
+    if cfg.num_tokens is not None and cap is not None and cfg.num_tokens > cap:
+        raise ValueError(f"--num-tokens {cfg.num_tokens} is more than the {cap} tokens of one image of "
+                         f"--model {cfg.model}")

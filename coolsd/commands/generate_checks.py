@@ -1,12 +1,12 @@
 """`coolsd generate`'s options into a ``Plan``, in one direction (issue 47): ``plan`` takes the argparse Namespace
 once, checks every option, file and combination before any model is built (``coolsd.validate.run_config``: issue 26 / 41), builds
-the models, checks what needs them (``check_bundle``), then makes the mode, the processing, the verifier and, with
+the models, checks what needs them (``coolsd.validate.check_built``), then makes the mode, the processing, the verifier and, with
 --fidelity, the scoring rule. The later steps of ``coolsd.commands.generate`` read the frozen ``Plan`` alone."""
 from __future__ import annotations
 
 import dataclasses
 
-from coolsd.validate import RunConfig, run_config
+from coolsd.validate import RunConfig, check_built, run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     spec, method = cfg.drafting, cfg.method.lower()
     opts = BuildOptions.from_namespace(cfg.namespace())
     bundle = build(cfg.model, opts if spec.mode.needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))
-    check_bundle(cfg, bundle)
+    check_built(cfg, bundle)
     mode = spec.build(model_facts(bundle, cfg.model))
     if cfg.compile:
         compile_models(bundle, cfg.compile)
@@ -78,36 +78,6 @@ def build_plan(cfg: RunConfig) -> Plan:
     except NotImplementedError as e:
         raise ValueError(f"--fidelity with {spec.named}: {e}") from None
     return Plan(cfg, bundle, spec, method, mode, proc, verifier, rule, scored)
-
-
-def check_bundle(cfg, bundle) -> None:
-    """Checks that need the built model but no generation: the mode's image-bound options (--L) within the model's
-    image, --num-tokens within its capacity (its ``layout.num_tokens`` or ``config.block_size``), GSD's memory
-    (--class-id within its classes: the builders check it). GSD's groups hold (rows, V, 2w) tokens per verified
-    position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
-    --gsd-window) before generating."""
-    from theory.core import checks
-
-    T = int(bundle.num_tokens)
-    given = cfg.drafting.opts                            # the mode's options given, checked
-    for o in cfg.drafting.mode.options:
-        if o.image_bound and o.name in given and given[o.name] > T:
-            raise ValueError(f"{o.flag} {given[o.name]} is more than the {T} tokens of one image of --model "
-                             f"{cfg.model} (a round never drafts past the image); use {o.flag} <= {T}")
-    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
-        V = int(bundle.target.vocab_size)
-        window = int(cfg.method_params["window"])          # the registry's default when not given
-        w = min(window, 2 * V)
-        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
-        checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
-                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
-                            "images per batch (--batch-size)")
-    layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
-    cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
-           else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)
-    if cfg.num_tokens is not None and cap is not None and cfg.num_tokens > cap:
-        raise ValueError(f"--num-tokens {cfg.num_tokens} is more than the {cap} tokens of one image of "
-                         f"--model {cfg.model}")
 
 
 def compile_models(bundle, mode: str) -> None:
