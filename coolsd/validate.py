@@ -56,12 +56,6 @@ class RunConfig:
         except KeyError:
             raise AttributeError(f"RunConfig has no option {name!r}") from None
 
-    def namespace(self):
-        """A fresh Namespace copy of the options (for readers of a Namespace: ``BuildOptions.from_namespace``)."""
-        import argparse
-
-        return argparse.Namespace(**self.options)
-
 
 def option_values(args):
     """{dest: value} of a parsed Namespace or of a ``RunConfig`` (its options), read-only use."""

@@ -52,7 +52,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     if threads is not None:
         torch.set_num_threads(threads)
     spec, method = cfg.drafting, cfg.method.lower()
-    opts = BuildOptions.from_namespace(cfg.namespace())
+    opts = BuildOptions.from_namespace(cfg)             # the frozen options, read as attributes
     bundle = build(cfg.model, opts if spec.mode.needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))
     check_built(cfg, bundle)
     mode = spec.build(model_facts(bundle, cfg.model))
