@@ -1,7 +1,8 @@
 """The command line's side of the shared validation layer (issue 26): what only the CLI sees (devices,
 model options from a parsed Namespace, input files named by flags, cost estimates printed before a long
 run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
-check of ``real.specs``; output paths by ``coolsd.io``.
+check of ``real.specs``; output paths by ``coolsd.io``. ``coolsd generate``'s options are validated here once
+(``run_config``) into the frozen ``RunConfig`` every later step reads; what needs the built model is ``check_built``.
 
 Adding a command option: give it ``type=`` in argparse (``coolsd.cli.Parser`` then refuses a non-finite float, an int
 beyond int64 and an empty value for it), then check its range here or with ``theory.core.checks`` in the command's
