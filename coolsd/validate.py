@@ -1,7 +1,8 @@
 """The command line's side of the shared validation layer (issue 26): what only the CLI sees (devices,
 model options from a parsed Namespace, input files named by flags, cost estimates printed before a long
 run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
-check of ``real.specs``; output paths by ``coolsd.io``.
+check of ``real.specs``; output paths by ``coolsd.io``. ``coolsd generate``'s options are validated here once
+(``run_config``) into the frozen ``RunConfig`` every later step reads; what needs the built model is ``check_built``.
 
 Adding a command option: give it ``type=`` in argparse (``coolsd.cli.Parser`` then refuses a non-finite float, an int
 beyond int64 and an empty value for it), then check its range here or with ``theory.core.checks`` in the command's
@@ -16,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "check_built"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -55,12 +56,6 @@ class RunConfig:
             return self.options[name]
         except KeyError:
             raise AttributeError(f"RunConfig has no option {name!r}") from None
-
-    def namespace(self):
-        """A fresh Namespace copy of the options (for readers of a Namespace: ``BuildOptions.from_namespace``)."""
-        import argparse
-
-        return argparse.Namespace(**self.options)
 
 
 def option_values(args):
@@ -307,3 +302,128 @@ def announce(estimate: str, what: str, quiet: bool = False, threshold_s: float =
     """Print the cost estimate of a large but feasible run (above ``threshold_s``) to stderr before it starts."""
     if not quiet and seconds > threshold_s:
         print(f"coolsd: {what}: {estimate} estimated", file=sys.stderr)
+
+
+def run_config(args) -> RunConfig:
+    """``coolsd generate``'s options validated once, in this one place, into the frozen ``RunConfig`` that every later
+    step reads: numbers, option/model compatibility, input files and output paths, before any model is built.
+    Raises ValueError naming the option. ``args``: the parsed Namespace (read, never written). Returns the
+    ``RunConfig``:
+    ``--save`` / ``--record`` resolved to the file that will be written,
+    ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
+    parameters (resolved by the registry: its defaults included). One pass, one direction: the shared layer
+    (``run_options``: device, numbers, the model's spec, input and schedule files, batching), the
+    conditions and the image count, the mode and the method
+    (``coolsd.options``), what they need of the model (``compile_option``, ``method_model``), --record's rounds,
+    then the outputs (``coolsd.io``); the model's spec and the method's registry entry are looked up
+    once and read from then on."""
+    from theory.core import checks
+    from theory.rules import methods as rule_registry
+
+    from coolsd.io import check_output_file, check_outputs
+    from coolsd.options import drafting_spec, flag, method_spec, run_processing
+    from real.decode.checks import MAX_IMAGES
+    from real.specs import OPTIONS
+
+    s, schedules, dtype = run_options(args, available=False)   # availability: at build
+    n_conds = len(args.prompts) if args.prompts is not None else None
+    if args.captions is not None:                        # the file loads (and is counted) whether or not it is used
+        from real.nn.checkpoint import load_captions
+
+        n_captions = len(load_captions(args.captions))
+        n_conds = n_captions if n_conds is None else n_conds
+    num_images = args.num_images
+    if num_images is None:
+        num_images = n_conds or 1
+    else:
+        checks.integer("--num-images", num_images, lo=1)
+        if n_conds and num_images != n_conds:
+            src = "--prompts" if args.prompts is not None else "--captions"
+            raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
+                             f"{src} (one image per entry); drop --num-images or give {num_images} entries")
+    checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
+    if args.batch_size is not None:
+        checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
+    T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
+    proc = run_processing(args)                          # what the drafting checks and --fidelity's check read
+    drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
+    method, _, full = method_spec(args)                  # the method's own options (coolsd.options), resolved
+    method_def = None if method == "ar" else rule_registry.get(method)    # what it needs, read once
+    compile_option(args, s)                              # what they need of the model (shared with sweep)
+    method_model(method, full, args, f"--method {method}", s)
+    bare = drafting.build()                              # the mode without a model: its capabilities
+    if args.fidelity and method != "ar":
+        try:                                               # what the options alone show has no exact likelihood
+            drafting.mode.likelihood(bare, None, None, proc)
+        except NotImplementedError as e:
+            raise ValueError(f"--fidelity with {drafting.named}: {e}") from None
+    if args.record is not None:
+        if method == "ar":
+            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
+                             "speculative --method (e.g. vanilla) or drop --record")
+        _check_record(args, s, drafting, T, bare)
+    save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
+    record = None if args.record is None else str(check_output_file("--record", args.record, ".npz"))
+    inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules
+    check_outputs({"--save": save, "--record": record}, inputs)
+    resolved = {"num_images": num_images, "save": save, "record": record, "dtype": dtype,
+                "draft": args.draft if drafting.mode.needs_draft else None}
+    return RunConfig.of(args, resolved, drafting=drafting, method_params=full, inputs=inputs, method_def=method_def)
+
+
+def _check_record(args, s, drafting, T, bare) -> None:
+    """--record needs a round it can record in a T-token image; refused now, not after generating (issue 50). A tree
+    mode keeps the rounds that drafted the whole tree (static, grown or SJD-PAC's window): its depth must leave one
+    (the first drafted round starts after one token, so depth <= T - 2). A chain keeps its drafted rounds: a T-token
+    image has one only when T >= 2 (3 with an EAGLE drafter, whose first round is the target's prefill alone).
+    ``s``: the model's ``real.specs.ModelSpec``; ``bare``: the mode built without a model (``DraftingSpec.build``)."""
+    mode = drafting.mode
+    if T is None:
+        return
+    if mode.chain:
+        draft = args.draft or s.default_draft
+        need = 3 if draft == "eagle" else 2
+        if T < need:
+            raise ValueError(f"--record with {drafting.named}: a {T}-token image has no drafted round to record (a "
+                             f"chain drafts from the {'second' if need == 3 else 'first'} round, which needs "
+                             f"--num-tokens >= {need}{' with the EAGLE drafter' if need == 3 else ''}); give more "
+                             "tokens or drop --record")
+        return
+    trees = mode.static_tree or mode.grown_tree or getattr(bare, "trees", False)
+    if not trees or drafting.max_depth <= T - 2:
+        return
+    raise ValueError(f"--record with {drafting.named}: its rounds draft {drafting.max_depth} levels, but in a {T}-token "
+                     f"image no round can draft the whole tree (at most {T - 2} levels), so nothing would be recorded; "
+                     f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
+                     "--record")
+
+
+def check_built(cfg: RunConfig, bundle) -> None:
+    """``coolsd generate``'s checks that need the built model (``real.registry.Bundle``) but no generation, for the
+    validated ``cfg`` (``run_config``): the mode's image-bound options (--L) within the model's
+    image, --num-tokens within its capacity (its ``layout.num_tokens`` or ``config.block_size``), GSD's memory
+    (--class-id within its classes: the builders check it). GSD's groups hold (rows, V, 2w) tokens per verified
+    position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
+    --gsd-window) before generating."""
+    from theory.core import checks
+
+    T = int(bundle.num_tokens)
+    given = cfg.drafting.opts                            # the mode's options given, checked
+    for o in cfg.drafting.mode.options:
+        if o.image_bound and o.name in given and given[o.name] > T:
+            raise ValueError(f"{o.flag} {given[o.name]} is more than the {T} tokens of one image of --model "
+                             f"{cfg.model} (a round never drafts past the image); use {o.flag} <= {T}")
+    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
+        V = int(bundle.target.vocab_size)
+        window = int(cfg.method_params["window"])          # the registry's default when not given
+        w = min(window, 2 * V)
+        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
+        checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
+                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
+                            "images per batch (--batch-size)")
+    layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
+    cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
+           else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)
+    if cfg.num_tokens is not None and cap is not None and cfg.num_tokens > cap:
+        raise ValueError(f"--num-tokens {cfg.num_tokens} is more than the {cap} tokens of one image of "
+                         f"--model {cfg.model}")

@@ -47,5 +47,6 @@ class BuildOptions:
 
     @classmethod
     def from_namespace(cls, ns) -> "BuildOptions":
-        """The build options present in an argparse Namespace (other attributes are the caller's)."""
+        """The build options present in an argparse Namespace, or in any object holding the options as attributes
+        (a frozen run config); other attributes are the caller's."""
         return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})

@@ -247,7 +247,7 @@ def _layering_violations(root=ROOT, rules=REAL_RULES, top="real"):
 # coolsd/'s layers: the library rooms below the studies, the studies below the commands (no arrow back up)
 COOLSD_RULES = {
     "coolsd.io": ("theory", "sim", "real"), "coolsd.npzstream": ("theory", "sim", "real", "coolsd.io"),
-    "coolsd.validate": ("theory", "sim", "real"),
+    "coolsd.validate": ("theory", "sim", "real", "coolsd.io", "coolsd.options"),
     "coolsd.options": ("theory", "sim", "real"), "coolsd.quality": ("theory", "sim", "real", "coolsd.quality"),
     "coolsd.studies": ("theory", "sim", "real", "coolsd.io", "coolsd.npzstream", "coolsd.options", "coolsd.quality",
                        "coolsd.studies"),
