@@ -276,7 +276,9 @@ class SJDPAC:
             if verify is None:
                 verify = plan.verdicts[bonus] = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc,
                                                         full_depth=self.max_depth, uniform_bonus=bonus)
-        return Proposal(tokens, q, "without_replacement", plan.tree, plan.depth, plan.mask, 0, verify=verify)
+        # (q: the window's rows, uniform or target rows checked in the round that computed them)
+        return Proposal(tokens, q, "without_replacement", plan.tree, plan.depth, plan.mask, 0, verify=verify,
+                        q_checked=True)
 
     def advance(self, run, prop, verdict, p, n0) -> None:
         """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
