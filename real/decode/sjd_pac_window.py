@@ -171,25 +171,38 @@ def _first_then(x, d):
 def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
     """The release's residual of a tree level whose stale token failed, the residual after ALL its parent's children,
     Norm([p_{K-1} - q_{K-1}]_+) by the siblings' recursion: (r, V) from the parent nodes ``par`` (r,) (host ints),
-    their stale rows P and draft rows qo (r, V) (fresh rows: ``qo`` is overwritten), and their images' node tokens
-    (r, N+1); numpy (the host path) or torch. A step whose residual rows all have mass (read on the host) divides
-    without the where (the same values)."""
+    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1); numpy (the host path) or
+    torch. The draft rows of the K steps (q without siblings 0..j-1, normalised) do not depend on p: all K are built
+    and normalised at once, (r, K, V), row for row the same sums and divisions as step by step (a row whose child j
+    is not live freezes its p from step j on, so its later draft rows are not read). A step whose residual rows all
+    have mass (read on the host) divides without the where (the same values)."""
     kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
     host = isinstance(P, np.ndarray)
-    p_j, q_left = P, qo
-    cs = tokens[np.arange(len(par))[:, None], kids] if host else \
+    r, K, V = len(par), kids.shape[-1], P.shape[-1]
+    cs = tokens[np.arange(r)[:, None], kids] if host else \
         tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
-    K = kids.shape[-1]
     tiny = np.float64(1e-300) if P.dtype in (np.float64, torch.float64) else np.float32(1e-300)  # float32: 0
-    for j in range(K):   # the K siblings in rank order (K <= a few)
-        s = _row_sums(q_left)
-        s = np.maximum(s, tiny, out=s) if host else s.clamp_(min=1e-300)
-        if not host or (s > 0).all():
-            q_j = q_left / s
+    jj, ii = _sibling_pairs(K)                   # step j's draft row lacks sibling i < j
+    if host:
+        Q = np.repeat(qo[:, None], K, 1)                                                     # (r, K, V)
+        if len(jj):
+            Q[np.arange(r)[:, None], jj, cs[:, ii]] = 0
+        s = _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1)
+        np.maximum(s, tiny, out=s)
+        if (s > 0).all():
+            Qn = Q / s
         else:                             # an emptied row (a one-hot q): 0 / 0, NaN, as torch gives it (no warning)
             with np.errstate(invalid="ignore", divide="ignore"):
-                q_j = q_left / s
-        nxt = _pos_(p_j - q_j)
+                Qn = Q / s
+    else:
+        Q = qo[:, None].repeat(1, K, 1)
+        if len(jj):
+            Q.view(r, K * V).scatter_(1, torch.as_tensor(jj * V, device=P.device) + cs[:, ii], 0.0)
+        Qn = Q / _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1).clamp_(min=1e-300)
+    every = bool(live.all())
+    p_j = P
+    for j in range(K):   # the K siblings in rank order (K <= a few): p's recursion
+        nxt = _pos_(p_j - Qn[:, j])
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
         if host and bool((s > tiny).all()):                  # the clamp is the identity: the division alone
@@ -198,17 +211,23 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             nxt = np.divide(nxt, np.maximum(s, tiny), out=p_j.copy(), where=s > 0)
         else:
             nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
-        on = live[:, j] > 0
-        if on.all():
+        if every:
             p_j = nxt
-            if j < K - 1:                 # the last sibling's removal from q is read by no later step
-                q_left = _zero_at_(q_left, cs[:, j])
         else:
-            on = on[:, None] if host else torch.as_tensor(on, device=P.device)[:, None]
-            p_j = _pick(on[:, 0], nxt, p_j) if host else torch.where(on, nxt, p_j)
-            z = _zero_at_(q_left.copy() if host else q_left.clone(), cs[:, j])
-            q_left = np.where(on, z, q_left) if host else torch.where(on, z, q_left)
+            on = live[:, j] > 0
+            p_j = _pick(on, nxt, p_j) if host else torch.where(torch.as_tensor(on, device=P.device)[:, None], nxt, p_j)
     return p_j
+
+
+_PAIRS: dict = {}
+
+
+def _sibling_pairs(K: int):
+    """(jj, ii) int64 host arrays of every pair of sibling ranks i < j < K, j first (``_last_sibling_rows``)."""
+    if K not in _PAIRS:
+        pairs = [(j, i) for j in range(1, K) for i in range(j)]          # K <= a few: built once per K
+        _PAIRS[K] = (np.array([j for j, _ in pairs], np.int64), np.array([i for _, i in pairs], np.int64))
+    return _PAIRS[K]
 
 
 def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
