@@ -107,7 +107,8 @@ def _ours_ms(t, spec, n: int, T: int, seed: int, clock) -> tuple:
                                batch_size=1)
     s = engine.summarize(gens)
     r = s["rounds"]
-    return 1e3 * (s["time_draft_s"] + s["time_verify_s"] + spent[0]) / r, 1e3 * spent[0] / r, s["tokens_per_target_call"]
+    ms = 1e3 * (s["time_draft_s"] + s["time_verify_s"] + spent[0]) / r
+    return ms, 1e3 * spent[0] / r, s["tokens_per_target_call"]
 
 
 def _release_ms(ref: ReleaseRound, rounds: int, g: torch.Generator, clock) -> float:

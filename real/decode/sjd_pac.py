@@ -76,7 +76,8 @@ from theory.tree import Tree, truncate_tree
 from real.protocol import Proposal
 
 from .sjd_pac_verdict import longest_path_verdict, predict_longest
-from .sjd_pac_window import _INIT, _KEEP, _NONE, _RES, _SIB, _fresh, _fresh_levels, _next_depth, carry
+from .sjd_pac_window import (_INIT, _KEEP, _NONE, _RES, _SIB, _fresh, _fresh_levels, _next_depth, carry,
+                             carry_index)
 
 __all__ = ["SJDPAC", "PacWindow", "DEFAULT_WINDOW", "DEFAULT_TREE_WIDTH", "DEFAULT_TREE_DEPTH", "tree_nodes",
            "pac_tree", "longest_path_verdict", "predict_longest"]
@@ -306,26 +307,25 @@ class SJDPAC:
             mv = plan.moves.get(key)
             if mv is None:
                 mv = plan.moves[key] = self._moves(plan, a, act, read)
-                for x in (*mv[:3], *mv[3], *mv[4:]):      # shared by every later round with this key: read-only
-                    x.setflags(write=False)
+                for x in (*mv[:3], *mv[3], *mv[4:8], *mv[8], *mv[9], *mv[10]):   # shared by every later round
+                    x.setflags(write=False)                                       # with this key: read-only
         else:
             mv = self._moves(plan, a, act, read)
-        bs, ss, first_free, fresh, sib, pr, xr, tr = mv
-        fb, fs, fdraw = fresh
+        bs, ss, first_free, fresh, sib, pr, xr, tr, index, sib_rows, init_rows = mv
         # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
         # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
-        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), bs[sib], ss[sib]),
-                (_INIT, (S, V), fb[fdraw], fs[fdraw])]
+        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), *sib_rows), (_INIT, (S, V), *init_rows)]
         u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
         if len(bs):
-            carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib)
+            carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib, index)
         _fresh(run, win, first_free, read, e_init, fresh)
 
     def _moves(self, plan: _Plan, a: np.ndarray, act: np.ndarray, read: int) -> tuple:
         """``advance``'s index arrays (host ints) for accepted nodes ``a`` (B,), the active images ``act`` (B,) and
         the next round's deepest depth ``read``: the carried levels (bs, ss) (m,), each image's first fresh level
         (B,), the fresh levels (``_fresh_levels``), the sjd-pac-p levels with K - 1 others, and per carried level the
-        node whose row drafts it, its continuation token's node (-1: none) and whether it was a tree level."""
+        node whose row drafts it, its continuation token's node (-1: none) and whether it was a tree level; ``carry``'s
+        flat indices (``carry_index``); the rows of the sjd-pac-p siblings' and the drawn fresh levels' uniforms."""
         S, K, D = self.max_depth, self.tree_width, self.tree_depth
         par = plan.cpar[a]                                                              # (B, S) the carried levels'
         if not act.all():
@@ -334,8 +334,11 @@ class SJDPAC:
         bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
         first_free = carried.sum(1)
         sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else _NONE
-        return (bs, ss, first_free, _fresh_levels(first_free, S, read), sib, par[bs, ss], plan.cxn[a[bs], ss],
-                plan.ctree[a[bs], ss])
+        pr, xr, tr = par[bs, ss], plan.cxn[a[bs], ss], plan.ctree[a[bs], ss]
+        fresh = _fresh_levels(first_free, S, read)
+        return (bs, ss, first_free, fresh, sib, pr, xr, tr,
+                carry_index(self, plan.tree.n_nodes + 1, bs, ss, pr, xr, tr, sib), (bs[sib], ss[sib]),
+                (fresh[0][fresh[2]], fresh[1][fresh[2]]))
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,

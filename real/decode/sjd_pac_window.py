@@ -22,10 +22,19 @@ _RES = R.JACOBI + 10           # continuation: Exp(1) noise of the residual draw
 _SIB = R.JACOBI + 11           # sjd-pac-p: Exp(1) noise of the other candidates of a carried level
 
 
-def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib) -> None:
+def carry_index(spec, N1: int, bs, ss, pr, xr, tree, sib) -> tuple:
+    """``carry``'s flat row indices (host ints): the rows of p / q (B * (N+1)) its levels read ``f_p``, their
+    continuation tokens' ``f_x``, the window's rows (B * S) ``f_s``, and the levels whose siblings' law is needed
+    (release: the tree levels whose token may fail; sjd-pac-p: the levels with K - 1 others) ``t_rows``."""
+    return (bs * N1 + pr, bs * N1 + np.maximum(xr, 0), bs * spec.max_depth + ss,
+            np.flatnonzero(tree) if spec.release else sib)
+
+
+def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib, index=None) -> None:
     """``SJDPAC.advance``'s (``spec``'s) carried levels (m,): images ``bs``, levels ``ss``, the nodes whose rows draft them ``pr``,
     their continuation tokens' nodes ``xr`` (-1: none), whether each was a tree level with a token ``tree``, the
-    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms. Writes the window's levels.
+    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms; ``index``: ``carry_index`` of these (None:
+    computed here). Writes the window's levels.
 
     The same operations on both paths: on the host path (CPU) on numpy views of the rows (no copies to send, the
     keep tests decided there, so the laws are chosen row by row on the host), row sums, logarithms and top-k by
@@ -34,10 +43,8 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     S, K, V = spec.max_depth, spec.tree_width, p.shape[-1]
     dev = run.dev
     host = run.on_device is None
-    m, N1 = len(bs), p.shape[1]
-    f_p, f_x, f_s = bs * N1 + pr, bs * N1 + np.maximum(xr, 0), bs * S + ss   # flat rows of p / q, tokens, window
-    # (release: the tree levels whose token may fail, sjd-pac-p: the levels with K - 1 others)
-    t_rows = np.flatnonzero(tree) if spec.release else sib
+    m = len(bs)
+    f_p, f_x, f_s, t_rows = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr, tree, sib)
     if host:
         toks, i_t = prop.tokens.numpy(), t_rows
         dt = win.q.numpy().dtype
@@ -232,9 +239,12 @@ def _sibling_pairs(K: int):
 
 def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
     """The fresh levels (bs, ss) (m,) of a window of S levels: i >= first_free (B,) (host ints); ``draw`` (m,) bool:
-    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all)."""
+    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all); their rows in the window's flat (B * S) rows
+    ``flat`` (m,), and the drawn ones' ``drawn``."""
     bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
-    return bs, ss, (ss < read) if read is not None else np.ones(len(ss), bool)
+    draw = (ss < read) if read is not None else np.ones(len(ss), bool)
+    flat = bs * S + ss
+    return bs, ss, draw, flat, flat[draw]
 
 
 _NONE = np.zeros(0, np.int64)
@@ -255,12 +265,10 @@ def _fresh(run, win, first_free: np.ndarray, read: int | None = None, e=None, le
     uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here; ``levels``:
     ``_fresh_levels(first_free, S, read)`` when the caller has it. The host path writes through numpy views."""
     B, S, K = win.cand.shape
-    bs, ss, draw = levels if levels is not None else _fresh_levels(first_free, S, read)
+    bs, ss, draw, flat, drawn = levels if levels is not None else _fresh_levels(first_free, S, read)
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    flat = bs * S + ss                                            # the levels in the window's flat (B * S) rows
-    drawn = flat[draw]
     host = run.on_device is None
     if host:
         win.q.view(-1, V).numpy()[flat] = 1.0 / V
