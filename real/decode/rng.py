@@ -241,27 +241,25 @@ class Streams:
         of no rows costs nothing but its empty result."""
         parts = []
         for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
-            shape = tuple(map(int, shape))
-            if not 1 <= len(shape) <= 3 or max(shape) > _STRIDE:
-                raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
-            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64)))
-        keys = self._round_keys(n, [pu for pu, _, _, _ in parts])                        # (B, asks) uint64
+            shape, width = _row_shape(tuple(shape))
+            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64), width))
+        keys = self._round_keys(n, [pa[0] for pa in parts])                               # (B, asks) uint64
         if self._on_device:
-            return [self._device_rows(keys[:, j], shape, b, s) for j, (_, shape, b, s) in enumerate(parts)]
-        width = [math.prod(shape[1:]) for _, shape, _b, _s in parts]                    # entries per row
-        sizes = [len(b) * w for w, (_, _shape, b, _s) in zip(width, parts)]
+            return [self._device_rows(keys[:, j], shape, b, s) for j, (_, shape, b, s, _w) in enumerate(parts)]
+        sizes = [len(b) * w for _, _shape, b, _s, w in parts]
         ends = list(itertools.accumulate(sizes))
         buf = np.empty(ends[-1] if ends else 0, np.uint64)                            # every row, one array
-        for j, (_, shape, b, s) in enumerate(parts):   # (the same loop: each ask's rows written in the one array; uint64
-            if not sizes[j]:                           # arrays wrap without a warning, no errstate needed)
+        one = len(keys) == 1                            # one image: its keys are numbers, no gather
+        for j, (_, shape, b, s, w) in enumerate(parts):   # (the same loop: each ask's rows written in the one array;
+            if not sizes[j]:                              # uint64 arrays wrap without a warning, no errstate needed)
                 continue
             lead = s.astype(np.uint64)
             lead *= _golden_lead(len(shape))                                                  # (m,) s * stride * golden
-            lead += keys[b, j]
-            np.add(lead[:, None], _golden_rest(shape[1:]), out=buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), width[j]))
+            lead += keys[0, j] if one else keys[b, j]
+            np.add(lead[:, None], _golden_rest(shape[1:]), out=buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), w))
         u = _unit(_mix(buf)).numpy()
         return [torch.from_numpy(u[z - m:z].reshape((len(b),) + shape[1:]))              # views of the one array
-                for z, m, (_, shape, b, _s) in zip(ends, sizes, parts)]
+                for z, m, (_, shape, b, _s, _w) in zip(ends, sizes, parts)]
 
     def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
         """The device path's rows of one ask (``uniform_rows_many``): keys ``k`` (B,) uint64 of its purpose, rows
@@ -272,6 +270,16 @@ class Streams:
         with np.errstate(over="ignore"):
             ctr = (kl[1][:, None] + rest) * _SIGNED(_GOLDEN)
         return _unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:])
+
+
+@lru_cache(maxsize=64)
+def _row_shape(shape: tuple) -> tuple:
+    """(shape as ints, entries per row past the first coordinate) of an ask of ``uniform_rows_many``, checked once per
+    shape: ValueError unless 1 to 3 coordinates of at most 2^21 entries each."""
+    shape = tuple(map(int, shape))
+    if not 1 <= len(shape) <= 3 or max(shape) > _STRIDE:
+        raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
+    return shape, math.prod(shape[1:])
 
 
 @lru_cache(maxsize=8)
