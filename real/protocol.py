@@ -227,7 +227,9 @@ class Proposal:
     * ``mask`` (N+1, N+1) or (B, N+1, N+1) bool tree attention (a sees b iff b is a or an ancestor), None: causal;
     * ``draft_forwards``: draft-model forwards the proposal took; ``parent`` (B, N+1) node parents (-1 at the root)
       when the tree differs per image; ``verify``: None (``theory.tree.verify_round``'s walk), or a mode's own verdict
-      ``verify(p, q, tokens, u_accept, u_sample, verifier, max_depth) -> TreeVerdict`` (``real.decode.sjd_pac``)."""
+      ``verify(p, q, tokens, u_accept, u_sample, verifier, max_depth) -> TreeVerdict`` (``real.decode.sjd_pac``);
+      ``q_checked``: the q rows are known finite already (rows of the fixed law, or target rows a round checked
+      before: SJD-PAC's window), so the round checks the target rows alone."""
     tokens: object
     q: object
     law: str
@@ -237,6 +239,7 @@ class Proposal:
     draft_forwards: int = 0
     parent: object = None
     verify: object = None
+    q_checked: bool = False
 
     def __post_init__(self):
         if self.law not in LAWS:

@@ -156,6 +156,30 @@ def test_uniform_rows_are_rows_of_the_uniform_block(on_device):
         s.uniform_rows(n, 1, (6,), b, r)
 
 
+@pytest.mark.parametrize("B", [1, 3])
+def test_begin_round_small_plan_equals_the_numpy_hash(B, monkeypatch):
+    """A round's few uniforms hashed ahead in Python integers (``begin_round``'s small plan) are the numpy hash's bits,
+    and the uniforms ``uniform`` computes without a plan; control: the next round's values differ."""
+    def rounds(small: int):
+        monkeypatch.setattr("real.decode.rng._SMALL_ENTRIES", small)
+        s = Streams(7, np.arange(B) * 5, "cpu")
+        n, out = np.arange(B) + 3, []
+        for _ in range(4):
+            s.begin_round(n)
+            out += [s.uniform(n, 2, (5,)).clone(), s.uniform(n, 1, ()).clone(),
+                    s.uniform(n, 9, (2, 3), torch.float32).clone()]
+            n = n + 2
+        return out, s._plan_arrays[4] is not None
+    small, used = rounds(64)
+    big, unused = rounds(0)
+    assert used and not unused
+    assert all(torch.equal(a, b) for a, b in zip(small, big))
+    fresh = Streams(7, np.arange(B) * 5, "cpu")           # no plan: each draw hashed on its own
+    n = np.arange(B) + 3 + 2 * 3
+    assert torch.equal(fresh.uniform(n, 2, (5,)), small[-3])
+    assert not torch.equal(small[0], small[3])             # control: another round, other uniforms
+
+
 def test_race_fast_path_equals_its_where_form():
     g = torch.Generator().manual_seed(0)
     V, k = 30, 3

@@ -77,6 +77,53 @@ def test_window_rows_are_the_same_bits_on_numpy_and_torch(dtype, monkeypatch):
     assert differs > 0
 
 
+def _step_by_step(plan, par, P, qo, tok, remove=True):
+    """The siblings' recursion one sibling at a time, from ``_last_sibling_rows``' docstring (numpy or torch rows):
+    at step j, q_j = Norm(q without siblings 0..j-1) (row sums clamped at 1e-300, as there), p_{j+1} =
+    Norm([p_j - q_j]_+) (p_j where that is empty), only where child j is live. ``remove=False``: the control."""
+    kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]
+    host = isinstance(P, np.ndarray)
+    cs = tok[np.arange(len(par))[:, None], kids] if host else tok.gather(1, torch.as_tensor(kids))
+    p_j, q_left = P, qo.copy() if host else qo.clone()
+    tiny = np.float64(1e-300) if P.dtype in (np.float64, torch.float64) else np.float32(1e-300)
+    for j in range(kids.shape[1]):
+        s = SW._row_sums(q_left)
+        s = np.maximum(s, tiny) if host else s.clamp(min=1e-300)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q_j = q_left / s
+        nxt = SW._pos_(p_j - q_j)
+        t = SW._row_sums(nxt)
+        if host:
+            nxt = np.divide(nxt, np.maximum(t, tiny), out=p_j.copy(), where=t > 0)
+        else:
+            nxt = torch.where(t > 0, nxt / t.clamp(min=1e-300), p_j)
+        on = live[:, j] > 0
+        p_j = np.where(on[:, None], nxt, p_j) if host else torch.where(torch.as_tensor(on)[:, None], nxt, p_j)
+        if remove:
+            z = SW._zero_at_(q_left.copy() if host else q_left.clone(), cs[:, j])
+            q_left = np.where(on[:, None], z, q_left) if host else torch.where(torch.as_tensor(on)[:, None], z, q_left)
+    return p_j
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_last_sibling_rows_equal_the_step_by_step_recursion(dtype):
+    """``_last_sibling_rows`` (every step's draft row built and normalised at once) against the recursion one sibling
+    at a time, bit for bit on numpy and torch, parents of 3 children, of one (node 4), and of none (a leaf, node 13),
+    a one-hot q row emptied by its sibling; control: without removing the siblings from q, other rows."""
+    plan = SP._cached_plan(16, 3, 3, 5, "cpu")
+    par = np.array([0, 1, 2, 3, 4, 0, 13])
+    differs = 0
+    for seed in range(8):
+        P, qo, tok = _rows(seed, plan.kids_np[par, 0], 40, dtype)
+        for lib in (lambda x: x.copy(), lambda x: torch.from_numpy(x.copy())):
+            got = SW._last_sibling_rows(plan, par, lib(P), lib(qo), lib(tok))
+            want = _step_by_step(plan, par, lib(P), lib(qo), lib(tok))
+            got, want = np.asarray(got), np.asarray(want)
+            assert _same_bits(got, want)
+            differs += not _same_bits(got, np.asarray(_step_by_step(plan, par, lib(P), lib(qo), lib(tok), False)))
+    assert differs == 16
+
+
 class _Sticky(MarkovTarget):
     """A batched target whose logits at position j are a fixed row plus a function of the token there: rows repeat
     from round to round, so continued tokens are kept, tree levels fail and pass (the cache bookkeeping is

@@ -46,6 +46,8 @@ _SIGNED = lambda c: c - (1 << 64) if c >= 1 << 63 else c  # noqa: E731  (the sam
 _MASK = (1 << 64) - 1
 _SMALL_KEYS = 16            # (image, purpose) keys of a call mixed with Python integers up to this many (``_round_keys``)
 _BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the largest float32 below 1
+_UNIT = 1.0 / (1 << 53)     # a 53-bit integer to [0, 1) (``_unit``)
+_SMALL_ENTRIES = 64         # entries of a round's plan hashed in Python integers at most (``begin_round``)
 
 
 def _mix(x):
@@ -156,34 +158,42 @@ class Streams:
 
     def begin_round(self, n: np.ndarray) -> None:
         """A round starts at committed lengths ``n`` (B,): hash the previous round's draws at ``n`` in one pass (class
-        docstring), on the host in numpy or on the device."""
+        docstring), on the host in numpy or on the device. A small plan on the host (at most ``_SMALL_ENTRIES``
+        entries in all, e.g. a tree's acceptance uniforms and its one sample) is mixed in Python integers
+        (``_mix_int``, the same bijection, and the same 53-bit float: the same bits) instead of ~15 numpy calls."""
         plan = list(dict.fromkeys(self._asked))
         self._round_n, self._asked, self._ahead = np.asarray(n, np.int64).copy(), [], {}
         if not plan:
             return
-        sizes = [int(np.prod(s, dtype=np.int64)) for _, s in plan]
-        if sum(sizes) * len(self.keys) > self._PLAN_MAX:
-            return
         key = tuple(plan)
         if self._plan_arrays is None or self._plan_arrays[0] != key:     # the same plan round after round: built once
+            sizes = [math.prod(s) for _, s in plan]
+            if sum(sizes) * len(self.keys) > self._PLAN_MAX:
+                return
             purposes = sorted({pu for pu, _ in plan})
             slot = {pu: i for i, pu in enumerate(purposes)}
             which = np.repeat([slot[pu] for pu, _ in plan], sizes)                        # (M,) each entry's purpose
             ctr = np.concatenate([_counters(s).reshape(-1) if s else np.zeros(1, np.uint64) for _, s in plan])
             with np.errstate(over="ignore"):
                 ctr_g = ctr * np.uint64(_GOLDEN)                                          # (M,) uint64
+            small = None
+            if not self._on_device and sum(sizes) * len(self.keys) <= _SMALL_ENTRIES:
+                small = list(zip(which.tolist(), ctr_g.tolist()))           # Python ints: (purpose slot, counter)
             if self._on_device:
                 ctr_g, which = to_device(ctr_g.view(np.int64), self.device), to_device(which, self.device, torch.int64)
-            self._plan_arrays = (key, ctr_g, which, purposes)
-        _, ctr_g, which, purposes = self._plan_arrays
+            starts = list(itertools.accumulate([0] + sizes[:-1]))
+            self._plan_arrays = (key, ctr_g, which, purposes, small, list(zip(plan, sizes, starts)))
+        _, ctr_g, which, purposes, small, spans = self._plan_arrays
         k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
-        if self._on_device:
-            h = _mix(to_device(k.view(np.int64), self.device).index_select(1, which) + ctr_g)    # (B, M)
+        if small is not None:          # a few entries: Python integers, then one array (the same bits as below)
+            u = torch.tensor([[(_mix_int((kb[w] + c) & _MASK) >> 11) * _UNIT for w, c in small] for kb in k.tolist()],
+                             dtype=torch.float64)
+        elif self._on_device:
+            u = _unit(_mix(to_device(k.view(np.int64), self.device).index_select(1, which) + ctr_g))    # (B, M)
         else:
             with np.errstate(over="ignore"):
-                h = _mix(k[:, which] + ctr_g)
-        u = _unit(h)
-        for (key, m, start) in zip(plan, sizes, np.cumsum([0] + sizes[:-1])):
+                u = _unit(_mix(k[:, which] + ctr_g))
+        for (key, m, start) in spans:
             self._ahead[key] = u[:, start:start + m].reshape((-1, *key[1]))
 
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -231,27 +241,25 @@ class Streams:
         of no rows costs nothing but its empty result."""
         parts = []
         for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
-            shape = tuple(map(int, shape))
-            if not 1 <= len(shape) <= 3 or max(shape) > _STRIDE:
-                raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
-            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64)))
-        keys = self._round_keys(n, [pu for pu, _, _, _ in parts])                        # (B, asks) uint64
+            shape, width = _row_shape(tuple(shape))
+            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64), width))
+        keys = self._round_keys(n, [pa[0] for pa in parts])                               # (B, asks) uint64
         if self._on_device:
-            return [self._device_rows(keys[:, j], shape, b, s) for j, (_, shape, b, s) in enumerate(parts)]
-        width = [math.prod(shape[1:]) for _, shape, _b, _s in parts]                    # entries per row
-        sizes = [len(b) * w for w, (_, _shape, b, _s) in zip(width, parts)]
+            return [self._device_rows(keys[:, j], shape, b, s) for j, (_, shape, b, s, _w) in enumerate(parts)]
+        sizes = [len(b) * w for _, _shape, b, _s, w in parts]
         ends = list(itertools.accumulate(sizes))
         buf = np.empty(ends[-1] if ends else 0, np.uint64)                            # every row, one array
-        for j, (_, shape, b, s) in enumerate(parts):   # (the same loop: each ask's rows written in the one array; uint64
-            if not sizes[j]:                           # arrays wrap without a warning, no errstate needed)
+        one = len(keys) == 1                            # one image: its keys are numbers, no gather
+        for j, (_, shape, b, s, w) in enumerate(parts):   # (the same loop: each ask's rows written in the one array;
+            if not sizes[j]:                              # uint64 arrays wrap without a warning, no errstate needed)
                 continue
             lead = s.astype(np.uint64)
             lead *= _golden_lead(len(shape))                                                  # (m,) s * stride * golden
-            lead += keys[b, j]
-            np.add(lead[:, None], _golden_rest(shape[1:]), out=buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), width[j]))
+            lead += keys[0, j] if one else keys[b, j]
+            np.add(lead[:, None], _golden_rest(shape[1:]), out=buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), w))
         u = _unit(_mix(buf)).numpy()
         return [torch.from_numpy(u[z - m:z].reshape((len(b),) + shape[1:]))              # views of the one array
-                for z, m, (_, shape, b, _s) in zip(ends, sizes, parts)]
+                for z, m, (_, shape, b, _s, _w) in zip(ends, sizes, parts)]
 
     def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
         """The device path's rows of one ask (``uniform_rows_many``): keys ``k`` (B,) uint64 of its purpose, rows
@@ -262,6 +270,16 @@ class Streams:
         with np.errstate(over="ignore"):
             ctr = (kl[1][:, None] + rest) * _SIGNED(_GOLDEN)
         return _unit(_mix(kl[0][:, None] + ctr)).reshape((len(b),) + shape[1:])
+
+
+@lru_cache(maxsize=64)
+def _row_shape(shape: tuple) -> tuple:
+    """(shape as ints, entries per row past the first coordinate) of an ask of ``uniform_rows_many``, checked once per
+    shape: ValueError unless 1 to 3 coordinates of at most 2^21 entries each."""
+    shape = tuple(map(int, shape))
+    if not 1 <= len(shape) <= 3 or max(shape) > _STRIDE:
+        raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
+    return shape, math.prod(shape[1:])
 
 
 @lru_cache(maxsize=8)

@@ -255,7 +255,7 @@ def check_finite(*rows) -> None:
     then."""
     rows = [r for r in rows if r is not None]
     if all(r.device.type == "cpu" and not r.requires_grad for r in rows):     # CPU rows: numpy's sums of their views
-        if math.isfinite(sum(float(np.sum(r.numpy())) for r in rows)):
+        if math.isfinite(sum(float(np.add.reduce(r.numpy(), axis=None)) for r in rows)):
             return
     elif bool(torch.isfinite(sum(r.sum() for r in rows))):
         return
@@ -457,11 +457,12 @@ def speculative_round(run: Run, mode, verifier) -> Step:
     t2 = time.perf_counter()
     N = prop.tokens.shape[1] - 1
     dev = run.on_device                  # the device path: the finiteness flag read back with the verdict
+    q_chk = None if prop.q_checked else prop.q       # (rows a mode knows finite are not summed again)
     with phase("verify"):
         if dev is None:
-            check_finite(p, prop.q)
+            check_finite(p, q_chk)
         else:                            # (the prefill's rows, on the device path, with the first round's)
-            finite, checked = dev.finite_flag(p, prop.q)
+            finite, checked = dev.finite_flag(p, q_chk)
         u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
         u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
         Dt = run.depth_tensor(Db, mode.max_depth, getattr(mode, "plain_tail", 0))

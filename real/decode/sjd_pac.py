@@ -76,7 +76,8 @@ from theory.tree import Tree, truncate_tree
 from real.protocol import Proposal
 
 from .sjd_pac_verdict import longest_path_verdict, predict_longest
-from .sjd_pac_window import _INIT, _KEEP, _NONE, _RES, _SIB, _fresh, _fresh_levels, _next_depth, carry
+from .sjd_pac_window import (_INIT, _KEEP, _NONE, _RES, _SIB, _fresh, _fresh_levels, _next_depth, carry,
+                             carry_index)
 
 __all__ = ["SJDPAC", "PacWindow", "DEFAULT_WINDOW", "DEFAULT_TREE_WIDTH", "DEFAULT_TREE_DEPTH", "tree_nodes",
            "pac_tree", "longest_path_verdict", "predict_longest"]
@@ -125,7 +126,8 @@ class _Plan:
     children (0 where none) and whether each exists; as tensors, ``slot`` (N,) each non-root node's candidate in a
     window's flat (level, rank) slots (level = depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each
     node's children read (its depth, at most the window's last level); ``verdicts`` the release's verdict of this
-    tree, by whether the bonus token is uniform (built once, ``SJDPAC.propose``)."""
+    tree, by whether the bonus token is uniform (built once, ``SJDPAC.propose``); ``moves`` the window update's index
+    arrays of one image by (accepted node, next depth read, release) (``SJDPAC._moves``, built once each)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -141,6 +143,7 @@ class _Plan:
     cxn: np.ndarray
     ctree: np.ndarray
     verdicts: dict
+    moves: dict
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -198,7 +201,8 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
                  np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
                  torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
-                 torch.as_tensor(np.minimum(dep, S - 1), device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {})
+                 torch.as_tensor(np.minimum(dep, S - 1), device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {},
+                 {})
 
 
 @dataclass(frozen=True)
@@ -276,7 +280,9 @@ class SJDPAC:
             if verify is None:
                 verify = plan.verdicts[bonus] = partial(longest_path_verdict, tree=plan.tree, anc=plan.anc,
                                                         full_depth=self.max_depth, uniform_bonus=bonus)
-        return Proposal(tokens, q, "without_replacement", plan.tree, plan.depth, plan.mask, 0, verify=verify)
+        # (q: the window's rows, uniform or target rows checked in the round that computed them)
+        return Proposal(tokens, q, "without_replacement", plan.tree, plan.depth, plan.mask, 0, verify=verify,
+                        q_checked=True)
 
     def advance(self, run, prop, verdict, p, n0) -> None:
         """The next window: levels past the committed token carried from the stale rows ``p`` (B, N+1, V) along the
@@ -289,31 +295,50 @@ class SJDPAC:
         on the device path the same formulas run on the device and the laws are chosen row by row there (no sync)."""
         win = run.state
         plan = win.plan                                                               # the proposal's (its Dr)
-        S, K, V, D = self.max_depth, self.tree_width, p.shape[-1], self.tree_depth
+        S, K, V = self.max_depth, self.tree_width, p.shape[-1]
         tau = np.asarray(verdict.accepted, np.int64)
         B = len(tau)
         path = np.asarray(verdict.path, np.int64).reshape(B, -1)
         a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)           # (B,) the accepted node
-        par = plan.cpar[a]                                                              # (B, S) the carried levels'
+        read = _next_depth(run, S)
         act = run.active
+        if B == 1 and act[0]:           # one image: its index arrays depend on (a, read) alone, built once each
+            key = (int(a[0]), read, self.release)
+            mv = plan.moves.get(key)
+            if mv is None:
+                mv = plan.moves[key] = self._moves(plan, a, act, read)
+                for x in (*mv[:3], *mv[3], *mv[4:8], *mv[8], *mv[9], *mv[10]):   # shared by every later round
+                    x.setflags(write=False)                                       # with this key: read-only
+        else:
+            mv = self._moves(plan, a, act, read)
+        bs, ss, first_free, fresh, sib, pr, xr, tr, index, sib_rows, init_rows = mv
+        # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
+        # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
+        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), *sib_rows), (_INIT, (S, V), *init_rows)]
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
+        if len(bs):
+            carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib, index)
+        _fresh(run, win, first_free, read, e_init, fresh)
+
+    def _moves(self, plan: _Plan, a: np.ndarray, act: np.ndarray, read: int) -> tuple:
+        """``advance``'s index arrays (host ints) for accepted nodes ``a`` (B,), the active images ``act`` (B,) and
+        the next round's deepest depth ``read``: the carried levels (bs, ss) (m,), each image's first fresh level
+        (B,), the fresh levels (``_fresh_levels``), the sjd-pac-p levels with K - 1 others, and per carried level the
+        node whose row drafts it, its continuation token's node (-1: none) and whether it was a tree level; ``carry``'s
+        flat indices (``carry_index``); the rows of the sjd-pac-p siblings' and the drawn fresh levels' uniforms."""
+        S, K, D = self.max_depth, self.tree_width, self.tree_depth
+        par = plan.cpar[a]                                                              # (B, S) the carried levels'
         if not act.all():
             par = np.where(act[:, None], par, -1)
         carried = par >= 0
         bs, ss = np.nonzero(carried)                                                    # (m,) the carried levels
         first_free = carried.sum(1)
-        # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
-        # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
-        read = _next_depth(run, S)
-        fresh = _fresh_levels(first_free, S, read)
-        fb, fs, fdraw = fresh
         sib = np.flatnonzero(ss < D - 1) if not self.release and K > 1 else _NONE
-        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), bs[sib], ss[sib]),
-                (_INIT, (S, V), fb[fdraw], fs[fdraw])]
-        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
-        if len(bs):
-            carry(self, run, prop, p, plan, bs, ss, par[bs, ss], plan.cxn[a[bs], ss], plan.ctree[a[bs], ss], sib,
-                        u_keep, e_res, e_sib)
-        _fresh(run, win, first_free, read, e_init, fresh)
+        pr, xr, tr = par[bs, ss], plan.cxn[a[bs], ss], plan.ctree[a[bs], ss]
+        fresh = _fresh_levels(first_free, S, read)
+        return (bs, ss, first_free, fresh, sib, pr, xr, tr,
+                carry_index(self, plan.tree.n_nodes + 1, bs, ss, pr, xr, tr, sib), (bs[sib], ss[sib]),
+                (fresh[0][fresh[2]], fresh[1][fresh[2]]))
 
     def params(self) -> dict:
         return {"draft": self.name, "window": self.window, "L": self.max_depth, "tree_width": self.tree_width,

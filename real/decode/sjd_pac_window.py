@@ -22,10 +22,19 @@ _RES = R.JACOBI + 10           # continuation: Exp(1) noise of the residual draw
 _SIB = R.JACOBI + 11           # sjd-pac-p: Exp(1) noise of the other candidates of a carried level
 
 
-def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib) -> None:
+def carry_index(spec, N1: int, bs, ss, pr, xr, tree, sib) -> tuple:
+    """``carry``'s flat row indices (host ints): the rows of p / q (B * (N+1)) its levels read ``f_p``, their
+    continuation tokens' ``f_x``, the window's rows (B * S) ``f_s``, and the levels whose siblings' law is needed
+    (release: the tree levels whose token may fail; sjd-pac-p: the levels with K - 1 others) ``t_rows``."""
+    return (bs * N1 + pr, bs * N1 + np.maximum(xr, 0), bs * spec.max_depth + ss,
+            np.flatnonzero(tree) if spec.release else sib)
+
+
+def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib, index=None) -> None:
     """``SJDPAC.advance``'s (``spec``'s) carried levels (m,): images ``bs``, levels ``ss``, the nodes whose rows draft them ``pr``,
     their continuation tokens' nodes ``xr`` (-1: none), whether each was a tree level with a token ``tree``, the
-    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms. Writes the window's levels.
+    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms; ``index``: ``carry_index`` of these (None:
+    computed here). Writes the window's levels.
 
     The same operations on both paths: on the host path (CPU) on numpy views of the rows (no copies to send, the
     keep tests decided there, so the laws are chosen row by row on the host), row sums, logarithms and top-k by
@@ -34,10 +43,8 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     S, K, V = spec.max_depth, spec.tree_width, p.shape[-1]
     dev = run.dev
     host = run.on_device is None
-    m, N1 = len(bs), p.shape[1]
-    f_p, f_x, f_s = bs * N1 + pr, bs * N1 + np.maximum(xr, 0), bs * S + ss   # flat rows of p / q, tokens, window
-    # (release: the tree levels whose token may fail, sjd-pac-p: the levels with K - 1 others)
-    t_rows = np.flatnonzero(tree) if spec.release else sib
+    m = len(bs)
+    f_p, f_x, f_s, t_rows = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr, tree, sib)
     if host:
         toks, i_t = prop.tokens.numpy(), t_rows
         dt = win.q.numpy().dtype
@@ -171,25 +178,38 @@ def _first_then(x, d):
 def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
     """The release's residual of a tree level whose stale token failed, the residual after ALL its parent's children,
     Norm([p_{K-1} - q_{K-1}]_+) by the siblings' recursion: (r, V) from the parent nodes ``par`` (r,) (host ints),
-    their stale rows P and draft rows qo (r, V) (fresh rows: ``qo`` is overwritten), and their images' node tokens
-    (r, N+1); numpy (the host path) or torch. A step whose residual rows all have mass (read on the host) divides
-    without the where (the same values)."""
+    their stale rows P and draft rows qo (r, V), and their images' node tokens (r, N+1); numpy (the host path) or
+    torch. The draft rows of the K steps (q without siblings 0..j-1, normalised) do not depend on p: all K are built
+    and normalised at once, (r, K, V), row for row the same sums and divisions as step by step (a row whose child j
+    is not live freezes its p from step j on, so its later draft rows are not read). A step whose residual rows all
+    have mass (read on the host) divides without the where (the same values)."""
     kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
     host = isinstance(P, np.ndarray)
-    p_j, q_left = P, qo
-    cs = tokens[np.arange(len(par))[:, None], kids] if host else \
+    r, K, V = len(par), kids.shape[-1], P.shape[-1]
+    cs = tokens[np.arange(r)[:, None], kids] if host else \
         tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
-    K = kids.shape[-1]
     tiny = np.float64(1e-300) if P.dtype in (np.float64, torch.float64) else np.float32(1e-300)  # float32: 0
-    for j in range(K):   # the K siblings in rank order (K <= a few)
-        s = _row_sums(q_left)
-        s = np.maximum(s, tiny, out=s) if host else s.clamp_(min=1e-300)
-        if not host or (s > 0).all():
-            q_j = q_left / s
+    jj, ii = _sibling_pairs(K)                   # step j's draft row lacks sibling i < j
+    if host:
+        Q = np.repeat(qo[:, None], K, 1)                                                     # (r, K, V)
+        if len(jj):
+            Q[np.arange(r)[:, None], jj, cs[:, ii]] = 0
+        s = _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1)
+        np.maximum(s, tiny, out=s)
+        if (s > 0).all():
+            Qn = Q / s
         else:                             # an emptied row (a one-hot q): 0 / 0, NaN, as torch gives it (no warning)
             with np.errstate(invalid="ignore", divide="ignore"):
-                q_j = q_left / s
-        nxt = _pos_(p_j - q_j)
+                Qn = Q / s
+    else:
+        Q = qo[:, None].repeat(1, K, 1)
+        if len(jj):
+            Q.view(r, K * V).scatter_(1, torch.as_tensor(jj * V, device=P.device) + cs[:, ii], 0.0)
+        Qn = Q / _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1).clamp_(min=1e-300)
+    every = bool(live.all())
+    p_j = P
+    for j in range(K):   # the K siblings in rank order (K <= a few): p's recursion
+        nxt = _pos_(p_j - Qn[:, j])
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
         if host and bool((s > tiny).all()):                  # the clamp is the identity: the division alone
@@ -198,24 +218,33 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             nxt = np.divide(nxt, np.maximum(s, tiny), out=p_j.copy(), where=s > 0)
         else:
             nxt = torch.where(s > 0, nxt / s.clamp(min=1e-300), p_j)
-        on = live[:, j] > 0
-        if on.all():
+        if every:
             p_j = nxt
-            if j < K - 1:                 # the last sibling's removal from q is read by no later step
-                q_left = _zero_at_(q_left, cs[:, j])
         else:
-            on = on[:, None] if host else torch.as_tensor(on, device=P.device)[:, None]
-            p_j = _pick(on[:, 0], nxt, p_j) if host else torch.where(on, nxt, p_j)
-            z = _zero_at_(q_left.copy() if host else q_left.clone(), cs[:, j])
-            q_left = np.where(on, z, q_left) if host else torch.where(on, z, q_left)
+            on = live[:, j] > 0
+            p_j = _pick(on, nxt, p_j) if host else torch.where(torch.as_tensor(on, device=P.device)[:, None], nxt, p_j)
     return p_j
+
+
+_PAIRS: dict = {}
+
+
+def _sibling_pairs(K: int):
+    """(jj, ii) int64 host arrays of every pair of sibling ranks i < j < K, j first (``_last_sibling_rows``)."""
+    if K not in _PAIRS:
+        pairs = [(j, i) for j in range(1, K) for i in range(j)]          # K <= a few: built once per K
+        _PAIRS[K] = (np.array([j for j, _ in pairs], np.int64), np.array([i for _, i in pairs], np.int64))
+    return _PAIRS[K]
 
 
 def _fresh_levels(first_free: np.ndarray, S: int, read: int | None):
     """The fresh levels (bs, ss) (m,) of a window of S levels: i >= first_free (B,) (host ints); ``draw`` (m,) bool:
-    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all)."""
+    those whose tokens are drawn, i < ``read`` (``_fresh``; None: all); their rows in the window's flat (B * S) rows
+    ``flat`` (m,), and the drawn ones' ``drawn``."""
     bs, ss = np.nonzero(np.arange(S)[None, :] >= np.asarray(first_free)[:, None])
-    return bs, ss, (ss < read) if read is not None else np.ones(len(ss), bool)
+    draw = (ss < read) if read is not None else np.ones(len(ss), bool)
+    flat = bs * S + ss
+    return bs, ss, draw, flat, flat[draw]
 
 
 _NONE = np.zeros(0, np.int64)
@@ -236,12 +265,10 @@ def _fresh(run, win, first_free: np.ndarray, read: int | None = None, e=None, le
     uniforms (``_fresh_levels``' drawn rows, hashed by the caller with its others), else hashed here; ``levels``:
     ``_fresh_levels(first_free, S, read)`` when the caller has it. The host path writes through numpy views."""
     B, S, K = win.cand.shape
-    bs, ss, draw = levels if levels is not None else _fresh_levels(first_free, S, read)
+    bs, ss, draw, flat, drawn = levels if levels is not None else _fresh_levels(first_free, S, read)
     if len(bs) == 0:
         return
     V = win.q.shape[-1]
-    flat = bs * S + ss                                            # the levels in the window's flat (B * S) rows
-    drawn = flat[draw]
     host = run.on_device is None
     if host:
         win.q.view(-1, V).numpy()[flat] = 1.0 / V

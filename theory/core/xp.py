@@ -29,6 +29,21 @@ def namespace(*arrays: Array):
     return ns
 
 
+def _is_numpy(x) -> bool:
+    """``array_api_compat.is_numpy_array(x)``: an array of exactly numpy's ndarray type (not JAX's float0, kind "V")
+    answered at once, anything else asked of the compat layer (its check costs ~0.4 us, several calls a verdict)."""
+    t = type(x)
+    if t.__name__ == "ndarray" and t.__module__ == "numpy":
+        return x.dtype.kind != "V" or array_api_compat.is_numpy_array(x)
+    return array_api_compat.is_numpy_array(x)
+
+
+def _is_torch(x) -> bool:
+    """``array_api_compat.is_torch_array(x)``: a tensor of exactly torch's Tensor type answered at once."""
+    t = type(x)
+    return (t.__name__ == "Tensor" and t.__module__ == "torch") or array_api_compat.is_torch_array(x)
+
+
 def gather(x: Array, idx: Array, xp=None) -> Array:
     """x[..., idx[...]] along the last axis. x: (..., V), idx: (...,) non-negative ints -> (...,)."""
     return take_last(x, idx[..., None], xp)[..., 0]
@@ -36,11 +51,11 @@ def gather(x: Array, idx: Array, xp=None) -> Array:
 
 def take_last(x: Array, idx: Array, xp=None) -> Array:
     """x[..., idx[..., j]] along the last axis for every j. x: (..., M), idx: (..., J) non-negative ints -> (..., J)."""
-    if array_api_compat.is_torch_array(x):
+    if _is_torch(x):
         # the compat layer's take_along_axis wraps negative indices (remainder + where per call); ours are
         # never negative, and on the engine's per-round path that wrapping was a third of the verifier's time
         return x.gather(-1, idx)
-    if array_api_compat.is_numpy_array(x):  # numpy's own (the compat layer's wrapper and namespace look-up cost
+    if _is_numpy(x):  # numpy's own (the compat layer's wrapper and namespace look-up cost
         import numpy as np                  # more than the gather on the walks' (B, K) indices)
 
         if (getattr(idx, "ndim", -1) == x.ndim >= 1 and idx.shape[:-1] == x.shape[:-1] and idx.dtype.kind in "iu"
@@ -57,9 +72,9 @@ def take_last(x: Array, idx: Array, xp=None) -> Array:
 def gather_rows(x: Array, idx: Array, xp=None) -> Array:
     """Row idx of the second-to-last axis. x: (..., N, V), idx: (...,) non-negative ints -> (..., V)."""
     V = x.shape[-1]
-    if array_api_compat.is_torch_array(x):  # as in ``gather``
+    if _is_torch(x):  # as in ``gather``
         return x.gather(-2, idx[..., None, None].expand(*idx.shape, 1, V))[..., 0, :]
-    if array_api_compat.is_numpy_array(x):  # numpy's own broadcasting gather: no (..., 1, V) index array built
+    if _is_numpy(x):  # numpy's own broadcasting gather: no (..., 1, V) index array built
         import numpy as np
 
         idx = np.asarray(idx)
@@ -77,10 +92,10 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
     The zero-mass test is exact (sum == 0): callers clip to non-negative values first, so a row
     sums to zero only if it is identically zero.
     """
-    if array_api_compat.is_numpy_array(w):      # numpy's own functions: the same operations, without the compat
+    if _is_numpy(w):      # numpy's own functions: the same operations, without the compat
         import numpy as np                      # layer's per-call cost (the walks' rejections call this per step)
 
-        s = np.sum(w, axis=-1, keepdims=True)
+        s = np.add.reduce(w, axis=-1, keepdims=True)   # np.sum's own reduction, without its dispatch
         empty = s <= 0
         if not empty.any():                     # no empty row (the usual case): the division alone, the same bits
             r = w / s
@@ -98,7 +113,7 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
 
 def positive_part(x: Array, xp=None) -> Array:
     """[x]_+ elementwise."""
-    if array_api_compat.is_numpy_array(x):
+    if _is_numpy(x):
         import numpy as np
 
         if x.dtype.kind == "f":                 # floats: fmax drops NaN (-> 0) and adding +0.0 turns -0.0 into +0.0:
@@ -106,7 +121,7 @@ def positive_part(x: Array, xp=None) -> Array:
             r += 0.0
             return r
         return np.where(x > 0, x, np.zeros_like(x))     # numpy's own functions, as in ``normalize``
-    if array_api_compat.is_torch_array(x) and x.is_floating_point():   # the same bits (tests/test_xp_fast.py): NaN -> 0,
+    if _is_torch(x) and x.is_floating_point():   # the same bits (tests/test_xp_fast.py): NaN -> 0,
         # -0.0 -> +0.0 (the + 0.0), +inf kept; a torch CPU where over a row costs 40x a clamp
         return x.clamp_min(0).nan_to_num_(0.0, posinf=float("inf")).add_(0.0)
     xp = xp or namespace(x)
@@ -120,7 +135,7 @@ def sample_categorical(w: Array, u: Array, xp=None) -> Array:
     The index is the number of cumulative sums <= u * total, which always lands on a token with
     w > 0; a guard maps any float round-off landing elsewhere to the row's argmax.
     """
-    if array_api_compat.is_numpy_array(w):      # numpy's own functions: the same operations without the compat
+    if _is_numpy(w):      # numpy's own functions: the same operations without the compat
         return _sample_numpy(w, u)              # layer's per-call cost (~4x on the engine's (B, V) host rows)
     xp = xp or namespace(w)
     c = xp.cumulative_sum(w, axis=-1)
@@ -137,7 +152,7 @@ def _sample_numpy(w, u):
 
     c = np.cumsum(w, axis=-1)
     t = np.asarray(u) * c[..., -1]
-    idx = np.minimum(np.sum(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
+    idx = np.minimum(np.add.reduce(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
     ok = take_last(w, idx[..., None])[..., 0] > 0
     if np.ndim(idx) and ok.all():               # (no round-off landed off the support: the argmax is not read)
         return idx
@@ -155,7 +170,7 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
     over q = 0: those few entries take the generic formula), so min(., 1) gives the generic branch's values bit for
     bit (tests/test_xp_fast.py); a q with a sign bit set (negative, or -0.0: not a mass) takes the generic branch
     whole."""
-    if array_api_compat.is_numpy_array(num) and array_api_compat.is_numpy_array(q):   # numpy's own functions (the
+    if _is_numpy(num) and _is_numpy(q):   # numpy's own functions (the
         import numpy as np                                                             # compat layer's cost 5x here)
 
         if np.signbit(q).any():                      # a negative q or -0.0 (not a mass): the generic branch
@@ -175,7 +190,7 @@ def divide_or_zero(num: Array, den: Array, xp=None):
     """(num / den where den > 0, else 0; the mask den <= 0, or None where no entry has den <= 0), num and den
     broadcast, den >= 0 (a mass). numpy: one division, then the few empty entries zeroed (the same bits as the
     guarded division); other namespaces: the guarded division."""
-    if array_api_compat.is_numpy_array(num) and array_api_compat.is_numpy_array(den):
+    if _is_numpy(num) and _is_numpy(den):
         import numpy as np
 
         empty = den <= 0
@@ -209,7 +224,7 @@ def mark(idx: Array, V: int, xp=None) -> Array:
         out = np.zeros(shape, dtype=bool)
         np.put_along_axis(out, idx.astype(np.int64, copy=False), True, axis=-1)
         return out
-    if array_api_compat.is_torch_array(idx):
+    if _is_torch(idx):
         import torch
 
         return torch.zeros(shape, dtype=torch.bool, device=idx.device).scatter_(-1, idx.long(), True)
@@ -241,7 +256,7 @@ def put_last(x: Array, idx: Array, values: Array, xp=None, *, copy: bool = True)
         return out
     xp = xp or namespace(x)
     scalar = getattr(values, "ndim", 0) == 0
-    if array_api_compat.is_torch_array(x):
+    if _is_torch(x):
         idx = idx.long()
         src = values if not scalar else xp.asarray(values, dtype=x.dtype, device=x.device).expand(idx.shape)
         return x.scatter(-1, idx, src) if copy else x.scatter_(-1, idx, src)
@@ -259,7 +274,7 @@ def top_m(x: Array, m: int, xp=None) -> Array:
     with the same tie rule (two read-backs of tie checks: ``real.decode.drafting.top_m`` calls this on the host
     path and takes the stable sort on devices). Other namespaces: the stable sort."""
     V = x.shape[-1]
-    if array_api_compat.is_numpy_array(x) and 0 < m < V:
+    if _is_numpy(x) and 0 < m < V:
         import numpy as np
 
         flat = np.reshape(x, (-1, V))
@@ -271,7 +286,7 @@ def top_m(x: Array, m: int, xp=None) -> Array:
             val[amb] = np.take_along_axis(flat[amb], idx[amb], -1)
         order = np.lexsort((idx, -val), axis=-1)
         return np.reshape(np.take_along_axis(idx, order, -1).astype(np.int64, copy=False), (*x.shape[:-1], m))
-    if array_api_compat.is_torch_array(x) and 0 < m < V:
+    if _is_torch(x) and 0 < m < V:
         import torch
 
         val, idx = x.topk(m + 1, dim=-1, sorted=True)
