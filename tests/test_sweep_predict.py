@@ -173,3 +173,43 @@ def test_control_grid_predictions_with_a_colliding_memo_key(monkeypatch):
     monkeypatch.setattr(rules.Lantern, "memo_key", property(lambda self: ("lantern", id(self.neighbors), self.k)))
     got = P.chain_predictions(arrays, vs, 3, True, T=40, per_row=8)
     assert got["3.0:lantern"] != own["3.0:lantern"] and got["cool-sd"] == own["cool-sd"]
+
+
+def _lantern_ks_record():
+    """_lantern_record's rows with LANTERN++ rules (its own "q" resampler) at two thresholds and two k."""
+    from theory import rules
+
+    arrays, vs = _lantern_record()
+    nb = vs["1.5:lantern"].resample.neighbors
+    return arrays, {f"{lam}:{k}": rules.lantern_pp(nb, k, lam, resample="lantern") for lam in (1.5, 3.0) for k in (3, 6)}
+
+
+def test_grid_predictions_share_the_q_laws_parts_by_table_and_k():
+    """The released "q" law's threshold-free parts (r, d, d's neighbour sums) are formed once per chunk for the rules of
+    one table and k (``LanternResample._q_parts``, kept in predict_rounds' memo): each rule's grid prediction equals its
+    own, with rules of two k in one grid; and the parts are kept (one entry per k)."""
+    from coolsd.studies.demo import predict as P
+    from theory.likelihood.recorded import predict_rounds
+
+    arrays, vs = _lantern_ks_record()
+    got = P.chain_predictions(arrays, vs, 3, True, T=40, per_row=8)
+    for k, v in vs.items():
+        assert got[k] == P.chain_prediction(arrays, v, 3, True, T=40, per_row=8), k
+    p, q, d, nd, _ = arrays
+    memo = {}
+    for v in vs.values():
+        predict_rounds(p.astype(np.float64), q.astype(np.float64), d, v, n_drafted=nd, memo=memo)
+    assert sorted(k[2] for k in memo if k[0] == "lantern-q") == [3, 6]
+
+
+def test_control_q_parts_keyed_without_k_are_caught(monkeypatch):
+    """Negative control: a key for the "q" law's parts that ignored k would hand the k = 6 rules the k = 3 neighbour
+    sums, and their predicted TV bounds would differ from their own."""
+    from coolsd.studies.demo import predict as P
+    from theory import rules
+
+    arrays, vs = _lantern_ks_record()
+    own = {k: P.chain_prediction(arrays, v, 3, True, T=40, per_row=8) for k, v in vs.items()}
+    monkeypatch.setattr(rules.LanternResample, "q_memo_key", property(lambda self: ("lantern-q", id(self.neighbors))))
+    got = P.chain_predictions(arrays, vs, 3, True, T=40, per_row=8)
+    assert got["1.5:3"] == own["1.5:3"] and got["1.5:6"]["tv_bound"] != own["1.5:6"]["tv_bound"]

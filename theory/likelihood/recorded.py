@@ -44,7 +44,8 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
     checks (rows validated once by the caller, e.g. ``theory.likelihood.tune`` under JAX tracing). Lists are converted to
     numpy arrays; the verifier must be a verifier object (TypeError otherwise). ``memo``: a dict the caller keeps for
     these same rows (p, q), in which an acceptance row is kept under the rule's ``memo_key`` (rules with equal keys
-    give the same f: LANTERN's, ``coolsd.studies.demo.predict.predict_chains``).
+    give the same f: LANTERN's, ``coolsd.studies.demo.predict.predict_chains``), and, for a resampler with ``memo_ok``,
+    the parts of its effective law that its rules share (LANTERN's released "q" law: r, d and d's neighbour sums).
     """
     checks.verifier(verifier)
     if check:
@@ -78,7 +79,8 @@ def predict_rounds(p: Array, q: Array, drafts: Array, verifier, n_drafted: Array
         f = verifier.accept(pp, q, pos)                                 # (R, L, V)
         if key is not None:
             memo[key] = f
-    G = verifier.resample(pp, q, f)                                     # effective law (R, L, V)
+    G = verifier.resample(pp, q, f, memo=memo) if memo is not None and getattr(verifier.resample, "memo_ok", False) \
+        else verifier.resample(pp, q, f)                                # effective law (R, L, V)
     D = discrepancy(pp, q, f, G)                                        # (R, L)  T3
     f_tok = gather(f, xp.astype(drafts, xp.int64), xp)                  # (R, L)
     if n_drafted is not None:

@@ -340,17 +340,21 @@ class LanternResample:
             return point_residual(p, c, 1.0, uniform)
         return self._given(p, None, xp.astype(c, xp.int64), xp)
 
-    def __call__(self, p, q, f, rejected=None):
+    def __call__(self, p, q, f, rejected=None, memo=None):
+        """G(.|rejected) (..., V), or with ``rejected=None`` the effective law sum_x w(x) G(.|x) / sum w, w = q (1 - f).
+        ``memo``: a dict the caller keeps for these same rows (p, q): the released "q" law's r, d and d's neighbour
+        sums, which do not depend on the rule's threshold, are kept there (``effective_at``'s entry; rules of one
+        table and k share it: ``theory.likelihood.recorded.predict_rounds``)."""
         xp = namespace(p, q, f)
         if rejected is not None:
             return self._given(p, q, xp.astype(rejected, xp.int64), xp)
         w = q * (1 - f)                       # (..., V_x): mass of rejecting x
         tot = xp.sum(w, axis=-1, keepdims=True)
-        mix = self._effective(p, q, w, xp)
+        mix = self._effective(p, q, w, xp, memo)
         empty = tot <= 0
         return xp.where(empty, p, mix / xp.where(empty, xp.ones_like(tot), tot))
 
-    def _effective(self, p, q, w, xp):
+    def _effective(self, p, q, w, xp, memo=None):
         """sum_x w(x) G(.|x) (..., V): the released "q" law by neighbour sums and their transpose (O(V k) per row,
         ``neighbor_sum`` / ``neighbor_scatter``); the others vectorised over x with the (V_x, V_y) neighbour mask N."""
         V = p.shape[-1]
@@ -365,10 +369,8 @@ class LanternResample:
             # the mixture r sum_x c(x) + d (c adm) N (sums of non-negative terms, as ``effective_at``)
             nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]
             adm = self.accept.admits(p)                                                     # (..., V_x) bool
-            r = positive_part(p - q, xp)
-            d = p - r
-            R = xp.sum(r, axis=-1, keepdims=True)
-            Z = R + xp.where(adm, neighbor_sum(d, nb, xp.ones((), dtype=xp.bool)), xp.zeros_like(d))
+            r, d, R, S = self._q_parts(p, q, nb, memo, xp)
+            Z = R + xp.where(adm, S, xp.zeros_like(d))
             c, has = safe_div(w, Z)
             fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
             return (r * xp.sum(c, axis=-1, keepdims=True) + d * neighbor_scatter(xp.where(adm, c, xp.zeros_like(c)), nb)
@@ -403,7 +405,23 @@ class LanternResample:
             return p * (c @ keep) + fallback
         return xp.sum(w[..., :, None] * self._given_dense(p, q, M > 0, xp), axis=-2)
 
-    memo_ok = True      # effective_at takes memo= and w= (``theory.likelihood.chain._laws``, ``_emissions``)
+    q_memo_key = property(lambda self: ("lantern-q", id(self.neighbors), self.k), doc="``_q_parts``' memo key")
+
+    def _q_parts(self, p, q, nb, memo, xp):
+        """The released "q" law's parts that depend on the rows and the table alone, not on the threshold: r = [p - q]_+,
+        d = p - r, R = sum r (..., 1) and d's neighbour sums S (..., V); kept in ``memo`` (a dict for these same rows)
+        under ("lantern-q", table, k), so every rule of one table and k forms them once per chunk of rows."""
+        mk = self.q_memo_key
+        got = None if memo is None else memo.get(mk)
+        if got is None:
+            r = positive_part(p - q, xp)
+            d = p - r
+            got = (r, d, xp.sum(r, axis=-1, keepdims=True), neighbor_sum(d, nb, xp.ones((), dtype=xp.bool)))
+            if memo is not None:
+                memo[mk] = got
+        return got
+
+    memo_ok = True      # __call__ and effective_at take memo= (effective_at w= too): ``theory.likelihood``
 
     def effective_at(self, p, q, f, x, memo=None, w=None):
         """G_eff(x) (...,) at one token x (...,) per row, for the released laws (None for "renormalised": use
@@ -442,13 +460,7 @@ class LanternResample:
             kept = (~hit) & (xp.arange(V, device=dev) != x[..., None])                 # x survives G(.|y)
             mix = gather(p, x, xp) * xp.sum(xp.where(kept, c, xp.zeros_like(c)), axis=-1)
         else:
-            mk = ("lantern-q", id(self.neighbors), self.k)   # r, d, d's neighbour sums: the rows' and table's alone,
-            memo = {} if memo is None else memo              # once per chunk for every rule (``memo``, same rows)
-            if mk not in memo:
-                r = positive_part(p - q, xp)
-                memo[mk] = (r, d := p - r, xp.sum(r, axis=-1, keepdims=True),
-                            neighbor_sum(d, nb, xp.ones((), dtype=xp.bool)))
-            r, d, R, S = memo[mk]
+            r, d, R, S = self._q_parts(p, q, nb, memo, xp)
             # Z(y) = R + adm(y) d(N(y)) (sums of non-negatives); c = w / Z, 0 where Z = 0 (w(y) = 0 gives 0 either way)
             c, empty = divide_or_zero(w, R + xp.where(adm, S, xp.zeros_like(S)), xp)
             fallback = 0.0 if empty is None else xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1)

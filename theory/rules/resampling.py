@@ -61,11 +61,11 @@ class Residual:
 class Optimal:
     """G* = Norm([p - q f]_+)  (T5). Zero residual mass means beta = 1: G is never used; return p."""
 
-    def __call__(self, p, q, f, rejected=None):
+    def __call__(self, p, q, f, rejected=None, memo=None):
         xp = namespace(p, q, f)
         return normalize(positive_part(p - q * f, xp), p, xp)
 
-    memo_ok = True      # effective_at takes memo= and w= (``theory.likelihood.chain._emissions``; both unread)
+    memo_ok = True      # __call__ and effective_at take memo= (effective_at w= too; both unread): ``theory.likelihood``
 
     def effective_at(self, p, q, f, x, memo=None, w=None):
         """G*(x) (...,) at tokens x (...,), p, q, f broadcast (..., V): [p(x) - q(x) f(x)]_+ / sum [p - q f]_+, and
