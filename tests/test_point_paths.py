@@ -184,3 +184,60 @@ def test_neighbor_matrix_marks_exactly_the_listed_codes(seed, V):
     assert np.array_equal(neighbor_matrix(nb, V), want)
     assert not np.array_equal(neighbor_matrix(nb[:, :-1], V), want)   # the control: the last rank dropped
     assert neighbor_matrix(nb, 5000) is None or V > 4096       # (a wider vocabulary keeps the comparison)
+
+
+def _torch_chain(rng, V, L, B, accept_all):
+    """LANTERN++ and a numpy / torch CPU chain case; ``accept_all``: every draft's uniform 0 (accepted whatever f)."""
+    import torch
+
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    v_np, v_t = rules.lantern_pp(nb, 6, 2.0), rules.lantern_pp(torch.as_tensor(nb), 6, 2.0)
+    p, q, tok, ua, us, nd = _chain_case(rng, B, L, V)
+    if accept_all:
+        ua = np.zeros_like(ua)
+    return v_np, v_t, (p, q, tok, ua, us, nd), tuple(torch.as_tensor(a) for a in (p, q, tok, ua, us, nd))
+
+
+def _count_resample(monkeypatch, v):
+    calls = []
+    real = type(v.resample).__call__
+    monkeypatch.setattr(type(v.resample), "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    return calls
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), V=st.integers(10, 40), accept_all=st.booleans())
+def test_lantern_on_torch_cpu_rows_gives_the_numpy_verdict(seed, V, accept_all):
+    """LANTERN++ decides torch CPU rows on their numpy views (``decide_at``), so ``verify_chain(lazy=True)`` reads the
+    verdict there too and, when every round accepted all its drafts, builds no residual: the torch verdict (tau, the
+    next token, f) equals the numpy rows' bit for bit, with and without rejections."""
+    rng = np.random.default_rng(seed)
+    v_np, v_t, a, t = _torch_chain(rng, V, 4, 5, accept_all)
+    x = rules.verify_chain(*a[:5], v_np, n_drafted=a[5], check=False, lazy=True)
+    y = rules.verify_chain(*t[:5], v_t, n_drafted=t[5], check=False, lazy=True)
+    assert np.array_equal(x.accepted, y.accepted.numpy()) and np.array_equal(x.next_token, y.next_token.numpy())
+    assert np.array_equal(x.f_drafted, y.f_drafted.numpy(), equal_nan=True)
+
+
+def test_torch_cpu_rounds_that_accepted_everything_build_no_residual(monkeypatch):
+    """On torch CPU rows LANTERN++ decided on the host, a batch whose rounds all accepted every draft calls no resampler;
+    one rejection anywhere builds it (the device path's row for every round). Control: with the torch-on-numpy
+    switch off (rows that stay on the device, CUDA's case) the residual is built although every draft was accepted."""
+    pm = sys.modules["theory.rules.prefix_mass"]
+    for seed in range(100):    # a case whose rounds accept every draft (f > 0 at each: u = 0 accepts it)
+        v_np, v_t, a, t = _torch_chain(np.random.default_rng(seed), 24, 4, 5, accept_all=True)
+        x = rules.verify_chain(*a[:5], v_np, n_drafted=a[5], check=False, lazy=True)
+        if np.array_equal(x.accepted, a[5]) and a[5][0] > 0:
+            break
+    assert np.array_equal(x.accepted, a[5])
+    calls = _count_resample(monkeypatch, v_t)
+    rules.verify_chain(*t[:5], v_t, n_drafted=t[5], check=False, lazy=True)
+    assert calls == []
+    ua = t[3].clone()
+    ua[0, 0] = 1.0 - 1e-9                                   # round 0 rejects its first draft (f < 1 there)
+    y = rules.verify_chain(t[0], t[1], t[2], ua, t[4], v_t, n_drafted=t[5], check=False, lazy=True)
+    assert int(y.accepted[0]) == 0 and calls == [1]
+    calls.clear()
+    monkeypatch.setattr(pm, "TORCH_CPU_ON_NUMPY", False)
+    rules.verify_chain(*t[:5], v_t, n_drafted=t[5], check=False, lazy=True)
+    assert calls == [1]

@@ -12,6 +12,7 @@ import numpy as np
 from ..core import checks
 from ..core.xp import Array, gather, gather_rows, namespace, sample_categorical
 from .acceptance import accept_at, reads_f
+from .lantern_at import host_views
 
 __all__ = ["ChainVerdict", "verify_chain"]
 
@@ -73,10 +74,12 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     else:
         cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
     decide = getattr(verifier.accept, "decide_at", None) if lazy else None
+    on_host = isinstance(p, np.ndarray)     # the verdict can be read without a device read-back
     if decide is not None:   # the rule decides from bounds where it can (LANTERN's: its neighbours read where needed)
         want = None if n_drafted is None else pos - 1 < cap[..., None]
         ok, f_tok = decide(p[..., :L, :], q, pos, tokens, u_accept, want=want, chain=True)
         rejected = ~ok
+        on_host = on_host or host_views(ok) is not None   # torch CPU tensors: the rule decided on their numpy views
     elif lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
         f_tok = _f_until_rejection(verifier.accept, p, q, tokens, u_accept, cap)
         rejected = ~(u_accept < f_tok)
@@ -92,8 +95,9 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
     p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
     bonus = tau == cap
-    if isinstance(bonus, np.ndarray) and bool(bonus.all()):    # every round accepted all its drafts: no residual
-                                                               # (numpy only: a torch read-back is a device path sync)
+    if on_host and bool((bonus if isinstance(bonus, np.ndarray) else host_views(bonus)[0]).all()):
+        # every round accepted all its drafts: no residual (numpy rows, or torch CPU rows a rule decided on the host;
+        # elsewhere a read-back is a device path sync)
         return ChainVerdict(tau, sample_categorical(p_row, u_sample, xp), f_tok)
     q_row = gather_rows(q, k, xp)
     # the acceptance row at the rejection, only for a resampler that reads it (G*: O(V) per row for the ratio rules)
