@@ -118,6 +118,28 @@ def test_normalize_control_an_empty_row_takes_the_fallback():
     assert not np.array_equal(w / np.sum(w, axis=-1, keepdims=True), X.normalize(w, fb), equal_nan=True)
 
 
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),
+                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-30])), st.booleans())
+def test_normalize_host_torch_is_the_device_formula_bit_for_bit(w, row_fallback):
+    """``normalize(host=True)`` on torch CPU rows (the sums read on the host; with no empty row the division alone)
+    gives the device formula's bits, empty rows (the fallback) included."""
+    import torch
+
+    t = torch.from_numpy(w)
+    fb = torch.full(w.shape[-1:] if row_fallback else w.shape, 1.0 / w.shape[-1])
+    assert same_bits(X.normalize(t, fb, host=True).numpy(), X.normalize(t, fb).numpy())
+
+
+def test_normalize_host_control_an_empty_row_takes_the_fallback():
+    """Control: the host division without its emptiness test would leave NaN where a row is empty."""
+    import torch
+
+    w, fb = torch.tensor([[0.0, 0.0], [1.0, 3.0]]), torch.tensor([0.5, 0.5])
+    assert X.normalize(w, fb, host=True).tolist() == [[0.5, 0.5], [0.25, 0.75]]
+    assert torch.isnan(w / w.sum(-1, keepdim=True)).any()
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
 def test_put_last_writes_the_listed_codes_only(backend):
     """``put_last`` (a copy with values scattered at the listed codes, repeats of equal values allowed) against the

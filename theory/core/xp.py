@@ -86,11 +86,12 @@ def gather_rows(x: Array, idx: Array, xp=None) -> Array:
     return xp.take_along_axis(x, index, axis=-2)[..., 0, :]
 
 
-def normalize(w: Array, fallback: Array, xp=None) -> Array:
+def normalize(w: Array, fallback: Array, xp=None, host: bool = False) -> Array:
     """Norm(w) = w / sum(w) over the last axis; rows with zero mass get `fallback` (same shape).
 
     The zero-mass test is exact (sum == 0): callers clip to non-negative values first, so a row
-    sums to zero only if it is identically zero.
+    sums to zero only if it is identically zero. ``host=True``: w is a torch CPU tensor whose sums may be read on the
+    host (no device sync): with no empty row, the division alone (the same bits, without the two selections).
     """
     if _is_numpy(w):      # numpy's own functions: the same operations, without the compat
         import numpy as np                      # layer's per-call cost (the walks' rejections call this per step)
@@ -107,6 +108,8 @@ def normalize(w: Array, fallback: Array, xp=None) -> Array:
         return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
     s = xp.sum(w, axis=-1, keepdims=True)
+    if host and not (s.numpy() <= 0).any():
+        return w / s
     empty = s <= 0
     return xp.where(empty, fallback, w / xp.where(empty, xp.ones_like(s), s))
 

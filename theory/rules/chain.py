@@ -74,37 +74,55 @@ def verify_chain(p: Array, q: Array, tokens: Array, u_accept: Array, u_sample: A
     else:
         cap = xp.astype(xp.asarray(n_drafted, device=_device(p)), xp.int64)
     decide = getattr(verifier.accept, "decide_at", None) if lazy else None
-    on_host = isinstance(p, np.ndarray)     # the verdict can be read without a device read-back
+    host = None         # numpy views of torch CPU rows a rule decided on the host: the verdict is read there too
     if decide is not None:   # the rule decides from bounds where it can (LANTERN's: its neighbours read where needed)
         want = None if n_drafted is None else pos - 1 < cap[..., None]
         ok, f_tok = decide(p[..., :L, :], q, pos, tokens, u_accept, want=want, chain=True)
-        rejected = ~ok
-        on_host = on_host or host_views(ok) is not None   # torch CPU tensors: the rule decided on their numpy views
+        host = None if isinstance(ok, np.ndarray) else host_views(ok, cap, pos, p, q, tokens)
+        rejected = ~ok if host is None else None
     elif lazy and isinstance(p, np.ndarray) and isinstance(q, np.ndarray) and tokens.size > L:   # (one round: one call)
         f_tok = _f_until_rejection(verifier.accept, p, q, tokens, u_accept, cap)
         rejected = ~(u_accept < f_tok)
     else:
         f_tok = accept_at(verifier.accept, p[..., :L, :], q, pos, tokens)   # (..., L): the drafted tokens only
         rejected = ~(u_accept < f_tok)
-    if n_drafted is not None:
+    if host is not None:     # the verdict's small arrays and the gathers by numpy's calls on the views
+        okh, ch, posh, ph, qh, th = host
+        vh = _verdict(~okh, ch, posh, n_drafted is not None, L, np)             # (tau, k, bonus) on the host
+        tau, k, bonus = (_torch_of(a) for a in vh)
+        p_row, q_row = _torch_of(gather_rows(ph, vh[0])), _torch_of(gather_rows(qh, vh[1]))
+        x_rej, bh = _torch_of(gather(th, vh[1])), vh[2]
+    else:
+        tau, k, bonus = _verdict(rejected, cap, pos, n_drafted is not None, L, xp)
+        p_row = gather_rows(p, tau, xp)                        # p_{tau+1}: residual base or bonus row
+        bh = bonus if isinstance(bonus, np.ndarray) else None  # (None: a read-back would be a device path sync)
+    if bh is not None and bool(bh.all()):     # every round accepted all its drafts: no residual
+        return ChainVerdict(tau, sample_categorical(p_row, u_sample, xp), f_tok)
+    if host is None:
+        q_row, x_rej = gather_rows(q, k, xp), gather(tokens, k, xp)
+    # the acceptance row at the rejection, only for a resampler that reads it (G*: O(V) per row for the ratio rules)
+    f_row = verifier.accept(gather_rows(p, k, xp), q_row, k + 1) if reads_f(verifier.resample) else None
+    G = verifier.resample(p_row, q_row, f_row, x_rej)
+    row = G if bh is not None and not bool(bh.any()) else xp.where(bonus[..., None], p_row, G)
+    return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
+
+
+def _verdict(rejected, cap, pos, ragged: bool, L: int, xp):
+    """(tau, rejection position k, bonus) (...,) from rejected (..., L) bool and cap (...,): tau the first rejection's
+    position - 1, or cap; k = min(tau, L - 1) (0-based); bonus where tau == cap (every draft accepted)."""
+    if ragged:
         rejected = rejected & (pos - 1 < cap[..., None])
     any_rej = xp.any(rejected, axis=-1)
     first = xp.astype(xp.argmax(xp.astype(rejected, xp.int8), axis=-1), xp.int64)
     tau = xp.where(any_rej, first, cap)
+    return tau, xp.minimum(tau, xp.full_like(tau, L - 1)), tau == cap
 
-    k = xp.minimum(tau, xp.full_like(tau, L - 1))             # rejection position (0-based)
-    p_row = gather_rows(p, tau, xp)                            # p_{tau+1}: residual base or bonus row
-    bonus = tau == cap
-    if on_host and bool((bonus if isinstance(bonus, np.ndarray) else host_views(bonus)[0]).all()):
-        # every round accepted all its drafts: no residual (numpy rows, or torch CPU rows a rule decided on the host;
-        # elsewhere a read-back is a device path sync)
-        return ChainVerdict(tau, sample_categorical(p_row, u_sample, xp), f_tok)
-    q_row = gather_rows(q, k, xp)
-    # the acceptance row at the rejection, only for a resampler that reads it (G*: O(V) per row for the ratio rules)
-    f_row = verifier.accept(gather_rows(p, k, xp), q_row, k + 1) if reads_f(verifier.resample) else None
-    G = verifier.resample(p_row, q_row, f_row, gather(tokens, k, xp))
-    row = xp.where(bonus[..., None], p_row, G)
-    return ChainVerdict(tau, sample_categorical(row, u_sample, xp), f_tok)
+
+def _torch_of(a):
+    """A torch CPU tensor sharing numpy array a's memory (the host verdict handed back to torch rows)."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def _f_until_rejection(accept, p, q, tokens, u_accept, cap):

@@ -278,7 +278,7 @@ class LanternResample:
             if host is not None:     # torch CPU tensors: the kept masses by numpy's calls on their views (the same
                 torch = sys.modules["torch"]   # bits: elementwise, gathers, a scatter), normalised by torch's own sum
                 uniform = _uniform(lead, host[0].dtype, V)
-                return normalize(torch.from_numpy(self._released_kept(*host, np)), uniform, xp)
+                return normalize(torch.from_numpy(self._released_kept(*host, np)), uniform, xp, host=True)
         dev = array_api_compat.device(p)
         zero = xp.zeros((), dtype=p.dtype, device=dev)
         uniform = xp.ones((*lead, 1), dtype=p.dtype, device=dev) / V
