@@ -207,16 +207,25 @@ def _count_resample(monkeypatch, v):
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), V=st.integers(10, 40), accept_all=st.booleans())
-def test_lantern_on_torch_cpu_rows_gives_the_numpy_verdict(seed, V, accept_all):
+def test_lantern_on_torch_cpu_rows_gives_the_device_verdict(seed, V, accept_all):
     """LANTERN++ decides torch CPU rows on their numpy views (``decide_at``), so ``verify_chain(lazy=True)`` reads the
-    verdict there too and, when every round accepted all its drafts, builds no residual: the torch verdict (tau, the
-    next token, f) equals the numpy rows' bit for bit, with and without rejections."""
+    verdict there too and, when every round accepted all its drafts, builds no residual: its verdict (tau, the next
+    token, f) equals the device path's (the torch-on-numpy switch off: torch calls throughout, no read-back) bit for
+    bit, with and without rejections, ragged rounds included."""
+    import pytest
+
+    pm = sys.modules["theory.rules.prefix_mass"]
     rng = np.random.default_rng(seed)
-    v_np, v_t, a, t = _torch_chain(rng, V, 4, 5, accept_all)
-    x = rules.verify_chain(*a[:5], v_np, n_drafted=a[5], check=False, lazy=True)
-    y = rules.verify_chain(*t[:5], v_t, n_drafted=t[5], check=False, lazy=True)
-    assert np.array_equal(x.accepted, y.accepted.numpy()) and np.array_equal(x.next_token, y.next_token.numpy())
-    assert np.array_equal(x.f_drafted, y.f_drafted.numpy(), equal_nan=True)
+    _, v_t, _, t = _torch_chain(rng, V, 4, 5, accept_all)
+    got = {}
+    for on in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(pm, "TORCH_CPU_ON_NUMPY", on)
+            got[on] = rules.verify_chain(*t[:5], v_t, n_drafted=t[5], check=False, lazy=True)
+    a, b = got[True], got[False]
+    assert np.array_equal(a.accepted.numpy(), b.accepted.numpy()) and np.array_equal(a.next_token, b.next_token)
+    seen = ~np.isnan(a.f_drafted.numpy())
+    assert np.array_equal(a.f_drafted.numpy()[seen], b.f_drafted.numpy()[seen])
 
 
 def test_torch_cpu_rounds_that_accepted_everything_build_no_residual(monkeypatch):
