@@ -148,13 +148,17 @@ class Streams:
         """(B, P) uint64 keys of (image, n, purpose) on the host, where n is known (the device then mixes in the
         coordinates only: the same bits, a third of the device operations, no read-back)."""
         if len(self._keys_int) * len(purposes) <= _SMALL_KEYS:    # a few keys: Python integers, the same bits
-            return np.array([[_mix_int(k ^ _mix_int((int(nb) * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
-                             for k, nb in zip(self._keys_int, np.asarray(n, np.int64).astype(np.uint64).tolist())],
-                            np.uint64).reshape(len(self._keys_int), len(purposes))
+            return np.array(self._round_keys_int(n, purposes), np.uint64).reshape(len(self._keys_int), len(purposes))
         n = np.asarray(n, np.int64).astype(np.uint64)
         with np.errstate(over="ignore"):
             return _mix(self.keys[:, None] ^ _mix(n[:, None] * np.uint64(_GOLDEN)
                                                    + np.asarray(purposes, np.int64).astype(np.uint64)[None, :]))
+
+    def _round_keys_int(self, n: np.ndarray, purposes) -> list:
+        """``_round_keys`` as Python integers, [[key of (image b, n_b, purpose) for each purpose] for each image]
+        (``_mix_int``: the same bits)."""
+        return [[_mix_int(k ^ _mix_int((nb * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
+                for k, nb in zip(self._keys_int, np.asarray(n, np.int64).astype(np.uint64).tolist())]
 
     def begin_round(self, n: np.ndarray) -> None:
         """A round starts at committed lengths ``n`` (B,): hash the previous round's draws at ``n`` in one pass (class
@@ -184,11 +188,14 @@ class Streams:
             starts = list(itertools.accumulate([0] + sizes[:-1]))
             self._plan_arrays = (key, ctr_g, which, purposes, small, list(zip(plan, sizes, starts)))
         _, ctr_g, which, purposes, small, spans = self._plan_arrays
+        if small is not None:          # a few entries: Python integers, then one numpy array (the same bits as below)
+            u = np.array([[(_mix_int((kb[w] + c) & _MASK) >> 11) * _UNIT for w, c in small]
+                          for kb in self._round_keys_int(self._round_n, purposes)], np.float64)
+            for (key, m, start) in spans:           # torch views of numpy slices (a torch slice costs ~3x more)
+                self._ahead[key] = torch.from_numpy(u[:, start:start + m].reshape((-1, *key[1])))
+            return
         k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
-        if small is not None:          # a few entries: Python integers, then one array (the same bits as below)
-            u = torch.tensor([[(_mix_int((kb[w] + c) & _MASK) >> 11) * _UNIT for w, c in small] for kb in k.tolist()],
-                             dtype=torch.float64)
-        elif self._on_device:
+        if self._on_device:
             u = _unit(_mix(to_device(k.view(np.int64), self.device).index_select(1, which) + ctr_g))    # (B, M)
         else:
             with np.errstate(over="ignore"):

@@ -125,7 +125,8 @@ class _Plan:
     was a tree level (old depth <= D - 1: the release's siblings' residual); ``kids_np`` (N+1, 2, K) each node's
     children (0 where none) and whether each exists; as tensors, ``slot`` (N,) each non-root node's candidate in a
     window's flat (level, rank) slots (level = depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each
-    node's children read (its depth, at most the window's last level); ``verdicts`` the release's verdict of this
+    node's children read (its depth, at most the window's last level), both also as host ints (``slot_np``,
+    ``q_rows_np``: the host path's gathers); ``verdicts`` the release's verdict of this
     tree, by whether the bonus token is uniform (built once, ``SJDPAC.propose``); ``moves`` the window update's index
     arrays of one image by (accepted node, next depth read, release) (``SJDPAC._moves``, built once each)."""
     tree: Tree
@@ -144,6 +145,8 @@ class _Plan:
     ctree: np.ndarray
     verdicts: dict
     moves: dict
+    slot_np: np.ndarray = None
+    q_rows_np: np.ndarray = None
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -198,11 +201,10 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     cols = np.minimum(e, par.shape[1] - 1)
     cpar = np.where(inside, np.take_along_axis(par, cols, 1), -1)
     cxn = np.where(cpar >= 0, np.take_along_axis(xn, cols, 1), -1)
+    slot, q_rows = (dep[1:] - 1) * width + rank[1:N1], np.minimum(dep, S - 1)
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
-                 np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
-                 torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
-                 torch.as_tensor(np.minimum(dep, S - 1), device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {},
-                 {})
+                 np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids, torch.as_tensor(slot, device=dev),
+                 torch.as_tensor(q_rows, device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {}, {}, slot, q_rows)
 
 
 @dataclass(frozen=True)
@@ -268,8 +270,8 @@ class SJDPAC:
         if run.on_device is None:       # the host path: gathered on numpy views (copies, as on the device)
             tok = np.empty((B, len(plan.slot) + 1), np.int64)
             tok[:, :1] = run.last_tokens().numpy()
-            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot.numpy()]
-            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows.numpy()])
+            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot_np]
+            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows_np])
         else:
             x = win.cand.view(B, -1).index_select(1, plan.slot)                                       # (B, N)
             tokens, q = torch.cat([run.last_tokens(), x], 1), win.q.index_select(1, plan.q_rows)  # (B, N+1, V)
