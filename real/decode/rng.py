@@ -46,6 +46,7 @@ _SIGNED = lambda c: c - (1 << 64) if c >= 1 << 63 else c  # noqa: E731  (the sam
 _MASK = (1 << 64) - 1
 _SMALL_KEYS = 16            # (image, purpose) keys of a call mixed with Python integers up to this many (``_round_keys``)
 _BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the largest float32 below 1
+_BELOW_ONE_F32_NP = np.float32(_BELOW_ONE_F32)
 _UNIT = 1.0 / (1 << 53)     # a 53-bit integer to [0, 1) (``_unit``)
 _SMALL_ENTRIES = 64         # entries of a round's plan hashed in Python integers at most (``begin_round``)
 
@@ -158,7 +159,7 @@ class Streams:
         """``_round_keys`` as Python integers, [[key of (image b, n_b, purpose) for each purpose] for each image]
         (``_mix_int``: the same bits)."""
         return [[_mix_int(k ^ _mix_int((nb * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
-                for k, nb in zip(self._keys_int, np.asarray(n, np.int64).astype(np.uint64).tolist())]
+                for k, nb in zip(self._keys_int, np.asarray(n, np.int64).tolist())]      # (n >= 0)
 
     def begin_round(self, n: np.ndarray) -> None:
         """A round starts at committed lengths ``n`` (B,): hash the previous round's draws at ``n`` in one pass (class
@@ -206,13 +207,13 @@ class Streams:
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1) (class docstring); ``n`` (B,) the rows' committed lengths at the round's
         start. ``dtype`` float32 rounds the 53-bit value, and a value that would round up to 1 is kept below it."""
-        shape = tuple(int(s) for s in shape)
-        if len(shape) > 3 or any(s > _STRIDE for s in shape):
+        shape, purpose = tuple(map(int, shape)), int(purpose)
+        if len(shape) > 3 or (shape and max(shape) > _STRIDE):
             raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
         ahead = None
         if self._round_n is not None and np.asarray(n, np.int64).tobytes() == self._round_n.tobytes():
-            self._asked.append((int(purpose), shape))
-            ahead = self._ahead.pop((int(purpose), shape), None)   # handed out once (the caller may work in place)
+            self._asked.append((purpose, shape))
+            ahead = self._ahead.pop((purpose, shape), None)        # handed out once (the caller may work in place)
         if ahead is not None:
             u = ahead
         elif not self._on_device:
@@ -226,7 +227,8 @@ class Streams:
         if dtype == torch.float64:
             return u
         if dtype == torch.float32 and not self._on_device:    # the host path: the same rounding and clamp, numpy
-            return torch.from_numpy(np.minimum(u.numpy().astype(np.float32), np.float32(_BELOW_ONE_F32)))
+            u32 = u.numpy().astype(np.float32)
+            return torch.from_numpy(np.minimum(u32, _BELOW_ONE_F32_NP, out=u32))
         return u.to(dtype).clamp_(max=_BELOW_ONE_F32)
 
     def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:

@@ -22,10 +22,10 @@ class _VerdictPlan:
     recursion in one layout of X = P0 + R Pm rows: rank 0 over par0, then each rank b over all of par_m (``q_src``,
     the node of each row); the codes each row lacks, the tokens of its parent's children of ranks < b, as (row,
     node) pairs (``z_row``, ``z_node``); the tested children in that layout's order ``kid_all``, their positions
-    ``pos_all`` and rows ``t_rows`` (None: every row). The ancestor table cut at 0 ``a`` (N+1, D) with its padding
-    ``pad``; the path order ``order`` (N+1,) (deeper first, then the first in path order); per node its number of
-    children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where none). ``on(device)``: the
-    same index arrays as torch tensors there (built once per device)."""
+    ``pos_all`` and rows ``t_rows`` (None: every row). The ancestor table ``a`` (N+1, D), padded with the root
+    (always accepted); the path order ``order`` (N+1,) (deeper first, then the first in path order); per node its
+    number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where none).
+    ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
 
     def __init__(self, tree: Tree, anc: np.ndarray):
         ch = tree.children
@@ -60,7 +60,7 @@ class _VerdictPlan:
         self.kid_all, self.pos_all = np.concatenate(kid_all), np.concatenate(pos_all)
         t_rows = np.concatenate(t_rows)
         self.t_rows = None if len(t_rows) == len(self.q_src) else t_rows
-        self.a, self.pad = np.where(anc >= 0, anc, 0), anc < 0
+        self.a = np.where(anc >= 0, anc, 0)
         self.anc = np.asarray(anc, np.int64)
         self.order = self.dep * (N1 + 1) + N1 - np.arange(N1)
         self.none = np.full(N1, -1, np.int64)                     # the order of a node that is not accepted
@@ -70,7 +70,7 @@ class _VerdictPlan:
         self.pm_of[self.par_m] = np.arange(Pm)
         self._dev: dict = {}
 
-    _ARRAYS = ("dep", "par0", "par_m", "pos_m", "kid_all", "pos_all", "q_src", "z_row", "z_node", "a", "pad", "anc",
+    _ARRAYS = ("dep", "par0", "par_m", "pos_m", "kid_all", "pos_all", "q_src", "z_row", "z_node", "a", "anc",
                "order", "none", "last", "pm_of")
 
     def on(self, device) -> dict:
@@ -176,7 +176,7 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
     ok = passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
-    ok = (ok[:, A["a"]] | A["pad"][None]).all(-1)                                          # every ancestor passes
+    ok = ok[:, A["a"]].all(-1)                     # every ancestor passes (the table's padding reads the root's True)
     win = where(ok, A["order"][None, :], A["none"][None, :]).argmax(1)                     # (B,)
     win = win if torch_rows else win.astype(np.int64, copy=False)
     tau, path = A["dep"][win], A["anc"][win]                                                # (B,), (B, D)

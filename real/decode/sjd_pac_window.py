@@ -69,12 +69,7 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     # [p - q]_+ (the coupling residual); rows without a token draw from their own row, an empty residual (p = q)
     # falls back to the row
     w = _safe(_pos_(P - qo), P, own=~hx)
-    noise = e_res.log_()                                      # Exp(1) noise -log(u) (the log by torch on both paths)
-    if host:                                                  # (the negation in numpy: exact, the same bits)
-        noise = noise.numpy()
-        np.negative(noise, out=noise)
-    else:
-        noise = noise.neg_().to(dev)
+    noise = _exp_noise(e_res, host, dev)
     if spec.release:
         if len(t_rows):             # tree levels whose token failed: the residual after all the siblings
             fail = t_rows[~keep[t_rows]] if host else t_rows
@@ -95,10 +90,19 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         cand = np.repeat(y[:, None], K, 1) if host else y[:, None].expand(-1, K).clone()   # chains read rank 0
         if len(t_rows):
             rest = _zero_at_(_rows(P, i_t), _rows(y, i_t))
-            e = e_sib.log_().neg_()
-            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, e.numpy() if host else e.to(dev)))
+            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, _exp_noise(e_sib, host, dev)))
     _put_rows(c_win, f_s, cand)
     _put_rows(q_win, f_s, P)
+
+
+def _exp_noise(u: torch.Tensor, host: bool, dev):
+    """Exp(1) noise -log(u) from uniforms ``u`` (m, V) (consumed in place): the log by torch on both paths, the
+    negation (exact) in numpy on the host path (a numpy array returned), by torch on the device (a tensor on ``dev``)."""
+    e = u.log_()
+    if host:
+        e = e.numpy()
+        return np.negative(e, out=e)
+    return e.neg_().to(dev)
 
 
 def _draw(w, k: int, e):
