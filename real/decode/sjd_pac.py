@@ -270,7 +270,7 @@ class SJDPAC:
         win.plan = plan
         B = win.cand.shape[0]
         if run.on_device is None:       # the host path: gathered on numpy views (copies, as on the device)
-            tok = np.empty((B, len(plan.slot) + 1), np.int64)
+            tok = np.empty((B, len(plan.slot_np) + 1), np.int64)
             tok[:, :1] = run.last_tokens().numpy()
             tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot_np]
             tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows_np])
