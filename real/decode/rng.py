@@ -244,21 +244,26 @@ class Streams:
         """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
         coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
         the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one).
-        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round: host only).
+        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only).
 
-        A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as key + (s * (stride *
-        golden) + rest * golden), the same integers, the part without the key built once per plan (``rows_plan``);
-        an ask of no rows costs nothing but its empty result."""
+        A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (s * (stride * golden)
+        + key) + rest * golden, the same integers: s * stride * golden and rest * golden built once per plan
+        (``rows_plan``), the keys added per round; an ask of no rows costs nothing but its empty result."""
         if self._on_device:
             parts = [(int(pu), _row_shape(tuple(sh))[0], np.asarray(b, np.int64), np.asarray(st, np.int64))
                      for pu, sh, b, st in asks]
             keys = self._round_keys(n, [pa[0] for pa in parts])                            # (B, asks) uint64
             return [self._device_rows(keys[:, j], shape, b, st) for j, (_, shape, b, st) in enumerate(parts)]
-        purposes, views, idx, base = plan if plan is not None else rows_plan(asks)
-        buf = self._round_keys(n, purposes).reshape(-1)[idx]                         # each entry's key
-        buf += base                                                  # (uint64 arrays wrap without a warning)
+        purposes, parts, total = plan if plan is not None else rows_plan(asks)
+        keys = self._round_keys(n, purposes)                                              # (B, asks) uint64
+        buf = np.empty(total, np.uint64)                                                  # every row, one array
+        one = len(keys) == 1                            # one image: its keys are numbers, no gather
+        for j, (end, size, b, lead, rest, _shape) in enumerate(parts):   # (each ask's rows written in the one
+            if size:                                                     # array; uint64 wraps without a warning)
+                np.add((lead + (keys[0, j] if one else keys[b, j]))[:, None], rest,
+                       out=buf[end - size:end].reshape(len(b), len(rest)))
         u = _unit(_mix(buf)).numpy()
-        return [torch.from_numpy(u[z - m:z].reshape(shape)) for z, m, shape in views]      # views of the one array
+        return [torch.from_numpy(u[end - size:end].reshape(shape)) for end, size, _b, _l, _r, shape in parts]
 
     def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
         """The device path's rows of one ask (``uniform_rows_many``): keys ``k`` (B,) uint64 of its purpose, rows
@@ -282,25 +287,19 @@ def _row_shape(shape: tuple) -> tuple:
 
 
 def rows_plan(asks) -> tuple:
-    """What ``Streams.uniform_rows_many`` needs of its ``asks`` (purpose, shape, b, s) on the host for a batch of B
-    images, built once where the asks repeat: the purposes, per ask (end, entries, result shape) in one array, each
-    entry's key in the (B, asks) keys ``idx`` and its counters times golden ``base`` (s * stride * golden + the other
-    coordinates' counters * golden, mod 2^64). ValueError unless every shape has 1 to 3 coordinates of at most 2^21
-    entries."""
-    purposes, views, idx, base, end = [], [], [], [], 0
-    A = len(asks)
-    for j, (purpose, shape, b, s) in enumerate(asks):     # a loop over the few draws asked for (each over its rows)
+    """What ``Streams.uniform_rows_many`` needs of its ``asks`` (purpose, shape, b, s) on the host, built once where
+    the asks repeat: the purposes, the entries in all, and per ask (its end and entries in the one array, its rows
+    b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape).
+    ValueError unless every shape has 1 to 3 coordinates of at most 2^21 entries."""
+    purposes, parts, end = [], [], 0
+    for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
         shape, w = _row_shape(tuple(shape))
         b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
         purposes.append(int(purpose))
         end += len(b) * w
-        views.append((end, len(b) * w, (len(b),) + shape[1:]))
-        idx.append(np.repeat(b * A + j, w))
         lead = s.astype(np.uint64) * _golden_lead(len(shape))                             # (m,) s * stride * golden
-        base.append((lead[:, None] + _golden_rest(shape[1:])).reshape(-1))
-    idx = np.concatenate(idx) if idx else np.zeros(0, np.int64)
-    base = np.concatenate(base) if base else np.zeros(0, np.uint64)
-    return purposes, views, idx, base
+        parts.append((end, len(b) * w, b, lead, _golden_rest(shape[1:]), (len(b),) + shape[1:]))
+    return purposes, parts, end
 
 
 @lru_cache(maxsize=8)
