@@ -46,6 +46,7 @@ _SIGNED = lambda c: c - (1 << 64) if c >= 1 << 63 else c  # noqa: E731  (the sam
 _MASK = (1 << 64) - 1
 _SMALL_KEYS = 16            # (image, purpose) keys of a call mixed with Python integers up to this many (``_round_keys``)
 _BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the largest float32 below 1
+_BELOW_ONE_F32_NP = np.float32(_BELOW_ONE_F32)
 _UNIT = 1.0 / (1 << 53)     # a 53-bit integer to [0, 1) (``_unit``)
 _SMALL_ENTRIES = 64         # entries of a round's plan hashed in Python integers at most (``begin_round``)
 
@@ -148,13 +149,17 @@ class Streams:
         """(B, P) uint64 keys of (image, n, purpose) on the host, where n is known (the device then mixes in the
         coordinates only: the same bits, a third of the device operations, no read-back)."""
         if len(self._keys_int) * len(purposes) <= _SMALL_KEYS:    # a few keys: Python integers, the same bits
-            return np.array([[_mix_int(k ^ _mix_int((int(nb) * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
-                             for k, nb in zip(self._keys_int, np.asarray(n, np.int64).astype(np.uint64).tolist())],
-                            np.uint64).reshape(len(self._keys_int), len(purposes))
+            return np.array(self._round_keys_int(n, purposes), np.uint64).reshape(len(self._keys_int), len(purposes))
         n = np.asarray(n, np.int64).astype(np.uint64)
         with np.errstate(over="ignore"):
             return _mix(self.keys[:, None] ^ _mix(n[:, None] * np.uint64(_GOLDEN)
                                                    + np.asarray(purposes, np.int64).astype(np.uint64)[None, :]))
+
+    def _round_keys_int(self, n: np.ndarray, purposes) -> list:
+        """``_round_keys`` as Python integers, [[key of (image b, n_b, purpose) for each purpose] for each image]
+        (``_mix_int``: the same bits)."""
+        return [[_mix_int(k ^ _mix_int((nb * _GOLDEN + int(pu)) & _MASK)) for pu in purposes]
+                for k, nb in zip(self._keys_int, np.asarray(n, np.int64).tolist())]      # (n >= 0)
 
     def begin_round(self, n: np.ndarray) -> None:
         """A round starts at committed lengths ``n`` (B,): hash the previous round's draws at ``n`` in one pass (class
@@ -184,11 +189,14 @@ class Streams:
             starts = list(itertools.accumulate([0] + sizes[:-1]))
             self._plan_arrays = (key, ctr_g, which, purposes, small, list(zip(plan, sizes, starts)))
         _, ctr_g, which, purposes, small, spans = self._plan_arrays
+        if small is not None:          # a few entries: Python integers, then one numpy array (the same bits as below)
+            u = np.array([[(_mix_int((kb[w] + c) & _MASK) >> 11) * _UNIT for w, c in small]
+                          for kb in self._round_keys_int(self._round_n, purposes)], np.float64)
+            for (key, m, start) in spans:           # torch views of numpy slices (a torch slice costs ~3x more)
+                self._ahead[key] = torch.from_numpy(u[:, start:start + m].reshape((-1, *key[1])))
+            return
         k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
-        if small is not None:          # a few entries: Python integers, then one array (the same bits as below)
-            u = torch.tensor([[(_mix_int((kb[w] + c) & _MASK) >> 11) * _UNIT for w, c in small] for kb in k.tolist()],
-                             dtype=torch.float64)
-        elif self._on_device:
+        if self._on_device:
             u = _unit(_mix(to_device(k.view(np.int64), self.device).index_select(1, which) + ctr_g))    # (B, M)
         else:
             with np.errstate(over="ignore"):
@@ -199,13 +207,13 @@ class Streams:
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1) (class docstring); ``n`` (B,) the rows' committed lengths at the round's
         start. ``dtype`` float32 rounds the 53-bit value, and a value that would round up to 1 is kept below it."""
-        shape = tuple(int(s) for s in shape)
-        if len(shape) > 3 or any(s > _STRIDE for s in shape):
+        shape, purpose = tuple(map(int, shape)), int(purpose)
+        if len(shape) > 3 or (shape and max(shape) > _STRIDE):
             raise ValueError(f"at most 3 coordinates of at most {_STRIDE} entries each, got shape {shape}")
         ahead = None
         if self._round_n is not None and np.asarray(n, np.int64).tobytes() == self._round_n.tobytes():
-            self._asked.append((int(purpose), shape))
-            ahead = self._ahead.pop((int(purpose), shape), None)   # handed out once (the caller may work in place)
+            self._asked.append((purpose, shape))
+            ahead = self._ahead.pop((purpose, shape), None)        # handed out once (the caller may work in place)
         if ahead is not None:
             u = ahead
         elif not self._on_device:
@@ -219,7 +227,8 @@ class Streams:
         if dtype == torch.float64:
             return u
         if dtype == torch.float32 and not self._on_device:    # the host path: the same rounding and clamp, numpy
-            return torch.from_numpy(np.minimum(u.numpy().astype(np.float32), np.float32(_BELOW_ONE_F32)))
+            u32 = u.numpy().astype(np.float32)
+            return torch.from_numpy(np.minimum(u32, _BELOW_ONE_F32_NP, out=u32))
         return u.to(dtype).clamp_(max=_BELOW_ONE_F32)
 
     def uniform_rows(self, n: np.ndarray, purpose: int, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
@@ -231,35 +240,30 @@ class Streams:
             raise ValueError(f"uniform_rows takes 2 or 3 coordinates of at most {_STRIDE} entries, got shape {shape}")
         return self.uniform_rows_many(n, [(purpose, shape, b, s)])[0]
 
-    def uniform_rows_many(self, n: np.ndarray, asks) -> list:
+    def uniform_rows_many(self, n: np.ndarray, asks, plan: tuple | None = None) -> list:
         """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
         coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
         the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one).
+        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only).
 
-        A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (key + s * (stride *
-        golden)) + rest * golden, the same integers (``_golden_rest``: rest * golden built once per shape); an ask
-        of no rows costs nothing but its empty result."""
-        parts = []
-        for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
-            shape, width = _row_shape(tuple(shape))
-            parts.append((int(purpose), shape, np.asarray(b, np.int64), np.asarray(s, np.int64), width))
-        keys = self._round_keys(n, [pa[0] for pa in parts])                               # (B, asks) uint64
+        A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (s * (stride * golden)
+        + key) + rest * golden, the same integers: s * stride * golden and rest * golden built once per plan
+        (``rows_plan``), the keys added per round; an ask of no rows costs nothing but its empty result."""
         if self._on_device:
-            return [self._device_rows(keys[:, j], shape, b, s) for j, (_, shape, b, s, _w) in enumerate(parts)]
-        sizes = [len(b) * w for _, _shape, b, _s, w in parts]
-        ends = list(itertools.accumulate(sizes))
-        buf = np.empty(ends[-1] if ends else 0, np.uint64)                            # every row, one array
+            parts = [(int(pu), _row_shape(tuple(sh))[0], np.asarray(b, np.int64), np.asarray(st, np.int64))
+                     for pu, sh, b, st in asks]
+            keys = self._round_keys(n, [pa[0] for pa in parts])                            # (B, asks) uint64
+            return [self._device_rows(keys[:, j], shape, b, st) for j, (_, shape, b, st) in enumerate(parts)]
+        purposes, parts, total = plan if plan is not None else rows_plan(asks)
+        keys = self._round_keys(n, purposes)                                              # (B, asks) uint64
+        buf = np.empty(total, np.uint64)                                                  # every row, one array
         one = len(keys) == 1                            # one image: its keys are numbers, no gather
-        for j, (_, shape, b, s, w) in enumerate(parts):   # (the same loop: each ask's rows written in the one array;
-            if not sizes[j]:                              # uint64 arrays wrap without a warning, no errstate needed)
-                continue
-            lead = s.astype(np.uint64)
-            lead *= _golden_lead(len(shape))                                                  # (m,) s * stride * golden
-            lead += keys[0, j] if one else keys[b, j]
-            np.add(lead[:, None], _golden_rest(shape[1:]), out=buf[ends[j] - sizes[j]:ends[j]].reshape(len(b), w))
+        for j, (end, size, b, lead, rest, _shape) in enumerate(parts):   # (each ask's rows written in the one
+            if size:                                                     # array; uint64 wraps without a warning)
+                np.add((lead + (keys[0, j] if one else keys[b, j]))[:, None], rest,
+                       out=buf[end - size:end].reshape(len(b), len(rest)))
         u = _unit(_mix(buf)).numpy()
-        return [torch.from_numpy(u[z - m:z].reshape((len(b),) + shape[1:]))              # views of the one array
-                for z, m, (_, shape, b, _s, _w) in zip(ends, sizes, parts)]
+        return [torch.from_numpy(u[end - size:end].reshape(shape)) for end, size, _b, _l, _r, shape in parts]
 
     def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
         """The device path's rows of one ask (``uniform_rows_many``): keys ``k`` (B,) uint64 of its purpose, rows
@@ -280,6 +284,22 @@ def _row_shape(shape: tuple) -> tuple:
     if not 1 <= len(shape) <= 3 or max(shape) > _STRIDE:
         raise ValueError(f"uniform rows take 1 to 3 coordinates of at most {_STRIDE} entries, got {shape}")
     return shape, math.prod(shape[1:])
+
+
+def rows_plan(asks) -> tuple:
+    """What ``Streams.uniform_rows_many`` needs of its ``asks`` (purpose, shape, b, s) on the host, built once where
+    the asks repeat: the purposes, the entries in all, and per ask (its end and entries in the one array, its rows
+    b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape).
+    ValueError unless every shape has 1 to 3 coordinates of at most 2^21 entries."""
+    purposes, parts, end = [], [], 0
+    for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
+        shape, w = _row_shape(tuple(shape))
+        b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
+        purposes.append(int(purpose))
+        end += len(b) * w
+        lead = s.astype(np.uint64) * _golden_lead(len(shape))                             # (m,) s * stride * golden
+        parts.append((end, len(b) * w, b, lead, _golden_rest(shape[1:]), (len(b),) + shape[1:]))
+    return purposes, parts, end
 
 
 @lru_cache(maxsize=8)

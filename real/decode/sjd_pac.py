@@ -76,6 +76,7 @@ from theory.tree import Tree, truncate_tree
 from real.protocol import Proposal
 
 from .sjd_pac_verdict import longest_path_verdict, predict_longest
+from .rng import rows_plan
 from .sjd_pac_window import (_INIT, _KEEP, _NONE, _RES, _SIB, _fresh, _fresh_levels, _next_depth, carry,
                              carry_index)
 
@@ -125,9 +126,11 @@ class _Plan:
     was a tree level (old depth <= D - 1: the release's siblings' residual); ``kids_np`` (N+1, 2, K) each node's
     children (0 where none) and whether each exists; as tensors, ``slot`` (N,) each non-root node's candidate in a
     window's flat (level, rank) slots (level = depth - 1) and ``q_rows`` (N+1,) the window level whose draft row each
-    node's children read (its depth, at most the window's last level); ``verdicts`` the release's verdict of this
+    node's children read (its depth, at most the window's last level), both also as host ints (``slot_np``,
+    ``q_rows_np``: the host path's gathers); ``verdicts`` the release's verdict of this
     tree, by whether the bonus token is uniform (built once, ``SJDPAC.propose``); ``moves`` the window update's index
-    arrays of one image by (accepted node, next depth read, release) (``SJDPAC._moves``, built once each)."""
+    arrays of one image by (accepted node, next depth read, release, V, host path) (``SJDPAC._moves``, built once
+    each) with its uniforms' ``rng.rows_plan`` (host path)."""
     tree: Tree
     depth: np.ndarray
     rank: np.ndarray
@@ -144,6 +147,8 @@ class _Plan:
     ctree: np.ndarray
     verdicts: dict
     moves: dict
+    slot_np: np.ndarray = None
+    q_rows_np: np.ndarray = None
 
 
 def _full_tables(tree: Tree, D: int, M: int):
@@ -198,11 +203,10 @@ def _cached_plan(window: int, width: int, depth: int, Dr: int, device: str) -> _
     cols = np.minimum(e, par.shape[1] - 1)
     cpar = np.where(inside, np.take_along_axis(par, cols, 1), -1)
     cxn = np.where(cpar >= 0, np.take_along_axis(xn, cols, 1), -1)
+    slot, q_rows = (dep[1:] - 1) * width + rank[1:N1], np.minimum(dep, S - 1)
     return _Plan(tree, dep, rank[:N1], torch.as_tensor(tree.attention_mask, device=dev), ch,
-                 np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids,
-                 torch.as_tensor((dep[1:] - 1) * width + rank[1:N1], device=dev),
-                 torch.as_tensor(np.minimum(dep, S - 1), device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {},
-                 {})
+                 np.ascontiguousarray(anc[:N1, :max(1, tree.depth)]), par, xn, kids, torch.as_tensor(slot, device=dev),
+                 torch.as_tensor(q_rows, device=dev), cpar, cxn, (cxn >= 0) & (e <= depth - 1), {}, {}, slot, q_rows)
 
 
 @dataclass(frozen=True)
@@ -266,10 +270,10 @@ class SJDPAC:
         win.plan = plan
         B = win.cand.shape[0]
         if run.on_device is None:       # the host path: gathered on numpy views (copies, as on the device)
-            tok = np.empty((B, len(plan.slot) + 1), np.int64)
+            tok = np.empty((B, len(plan.slot_np) + 1), np.int64)
             tok[:, :1] = run.last_tokens().numpy()
-            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot.numpy()]
-            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows.numpy()])
+            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot_np]
+            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows_np])
         else:
             x = win.cand.view(B, -1).index_select(1, plan.slot)                                       # (B, N)
             tokens, q = torch.cat([run.last_tokens(), x], 1), win.q.index_select(1, plan.q_rows)  # (B, N+1, V)
@@ -296,29 +300,40 @@ class SJDPAC:
         win = run.state
         plan = win.plan                                                               # the proposal's (its Dr)
         S, K, V = self.max_depth, self.tree_width, p.shape[-1]
-        tau = np.asarray(verdict.accepted, np.int64)
-        B = len(tau)
-        path = np.asarray(verdict.path, np.int64).reshape(B, -1)
-        a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)           # (B,) the accepted node
+        B = run.B
+        if B == 1:                      # one image: its accepted node and the next depth as Python ints
+            t = int(verdict.accepted[0])
+            a = np.array([int(np.asarray(verdict.path).reshape(-1)[t - 1]) if t > 0 else 0])
+        else:
+            tau = np.asarray(verdict.accepted, np.int64)
+            path = np.asarray(verdict.path, np.int64).reshape(B, -1)
+            a = np.where(tau > 0, path[np.arange(B), np.maximum(tau - 1, 0)], 0)       # (B,) the accepted node
         read = _next_depth(run, S)
         act = run.active
         if B == 1 and act[0]:           # one image: its index arrays depend on (a, read) alone, built once each
-            key = (int(a[0]), read, self.release)
-            mv = plan.moves.get(key)
-            if mv is None:
-                mv = plan.moves[key] = self._moves(plan, a, act, read)
+            key = (int(a[0]), read, self.release, V, run.on_device is None)
+            hit = plan.moves.get(key)
+            if hit is None:
+                mv = self._moves(plan, a, act, read)
                 for x in (*mv[:3], *mv[3], *mv[4:8], *mv[8], *mv[9], *mv[10]):   # shared by every later round
                     x.setflags(write=False)                                       # with this key: read-only
+                hit = plan.moves[key] = (mv, rows_plan(self._asks(mv, V)) if run.on_device is None else None)
+            mv, rp = hit
         else:
-            mv = self._moves(plan, a, act, read)
+            mv, rp = self._moves(plan, a, act, read), None
         bs, ss, first_free, fresh, sib, pr, xr, tr, index, sib_rows, init_rows = mv
-        # every uniform of the window's update in one pass: the carried levels' keep tests and residual draws
-        # (sjd-pac-p: the other candidates' at tree levels), the fresh levels' tokens where the next tree reads them
-        asks = [(_KEEP, (S,), bs, ss), (_RES, (S, V), bs, ss), (_SIB, (S, V), *sib_rows), (_INIT, (S, V), *init_rows)]
-        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks)
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, self._asks(mv, V), rp)
         if len(bs):
             carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib, index)
         _fresh(run, win, first_free, read, e_init, fresh)
+
+    def _asks(self, mv: tuple, V: int) -> list:
+        """Every uniform of the window's update (``Streams.uniform_rows_many``'s asks) for ``_moves``' arrays ``mv``:
+        the carried levels' keep tests and residual draws (sjd-pac-p: the other candidates' at tree levels), the
+        fresh levels' tokens where the next tree reads them."""
+        S = self.max_depth
+        return [(_KEEP, (S,), mv[0], mv[1]), (_RES, (S, V), mv[0], mv[1]), (_SIB, (S, V), *mv[9]),
+                (_INIT, (S, V), *mv[10])]
 
     def _moves(self, plan: _Plan, a: np.ndarray, act: np.ndarray, read: int) -> tuple:
         """``advance``'s index arrays (host ints) for accepted nodes ``a`` (B,), the active images ``act`` (B,) and

@@ -15,48 +15,63 @@ __all__ = ["longest_path_verdict", "predict_longest"]
 
 class _VerdictPlan:
     """What ``longest_path_verdict`` reads of a tree, host ints built once per tree (``_verdict_plan``): node depths
-    ``dep`` (N+1,); the parents of a first child ``par0`` (P0,); the parents of several children ``par_m`` (Pm,),
-    their places in par0 ``m0`` and positions ``pos_m``; per rank b >= 1 the parents (indices into par_m) that have
-    a child of rank b (``sel``, None: all); the tested children in test order (rank 0 of par0, then each rank's)
-    ``kid_all`` and their positions ``pos_all``; the children of rank b - 1 whose token the recursion's step b
-    removes (``prev``, 0 where none); the ancestor table cut at 0 ``a``
-    (N+1, D) with its padding ``pad``; the path order ``order`` (N+1,) (deeper first, then the first in path order);
-    per node its number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where
-    none). ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
+    ``dep`` (N+1,); the parents of several children ``par_m`` (Pm,) and their positions ``pos_m``; the parents of a
+    first child ``par0`` (P0,), par_m first; the recursion's ranks b = 1..R (R <= K - 1: the ranks some parent has)
+    and per rank the parents (indices into par_m) with a child of that rank (``sel``, None: all); the children of rank
+    b - 1 whose token the recursion's step b removes (``prev``, 0 where none). The draft rows of every test and of the
+    recursion in one layout of X = P0 + R Pm rows: rank 0 over par0, then each rank b over all of par_m (``q_src``,
+    the node of each row); the codes each row lacks, the tokens of its parent's children of ranks < b, as (row,
+    node) pairs (``z_row``, ``z_node``); the tested children in that layout's order ``kid_all``, their positions
+    ``pos_all`` and rows ``t_rows`` (None: every row). The ancestor table ``a`` (N+1, D), padded with the root
+    (always accepted); the path order ``order`` (N+1,) (deeper first, then the first in path order); per node its
+    number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where none).
+    ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
 
     def __init__(self, tree: Tree, anc: np.ndarray):
         ch = tree.children
         N1, K = ch.shape
         self.N1, self.K = N1, K
         self.dep = tree.node_depth.astype(np.int64)
-        self.par0 = np.flatnonzero(ch[:, 0] >= 0)
-        self.kid0, self.pos0 = ch[self.par0, 0], self.dep[self.par0] + 1
         self.par_m = np.flatnonzero(ch[:, 1] >= 0) if K > 1 else np.zeros(0, np.int64)
+        one = np.flatnonzero((ch[:, 0] >= 0) & ~np.isin(np.arange(N1), self.par_m))
+        self.par0 = np.concatenate([self.par_m, one]).astype(np.int64)
         self.pos_m = self.dep[self.par_m] + 1
         kids_m = ch[self.par_m]                                                             # (Pm, K)
-        self.prev = [np.maximum(kids_m[:, b - 1], 0) for b in range(1, K)]
-        self.m0 = np.searchsorted(self.par0, self.par_m)          # par_m's places in par0
-        self.sel, kid_all, pos_all = [], [self.kid0], [self.pos0]
+        P0, Pm = len(self.par0), len(self.par_m)
+        self.sel, kid_all, pos_all, t_rows, z_row, z_node = [], [ch[self.par0, 0]], [self.dep[self.par0] + 1], \
+            [np.arange(P0)], [], []
         for b in range(1, K):                       # plan time only: a loop over the K ranks
             sel = np.flatnonzero(kids_m[:, b] >= 0)   # the parents (in par_m) with a child of rank b
             if not len(sel):
                 break
-            self.sel.append(None if len(sel) == len(self.par_m) else sel)
+            self.sel.append(None if len(sel) == Pm else sel)
             kid_all.append(kids_m[sel, b])
             pos_all.append(self.pos_m[sel])
+            base = P0 + (b - 1) * Pm
+            t_rows.append(base + sel)
+            for a in range(b):                      # rank b's draft rows lack the tokens of ranks 0..b-1
+                z_row.append(base + np.arange(Pm))
+                z_node.append(np.maximum(kids_m[:, a], 0))
+        R = len(self.sel)
+        self.prev = [np.maximum(kids_m[:, b - 1], 0) for b in range(1, R + 1)]
+        self.q_src = np.concatenate([self.par0, np.tile(self.par_m, R)]).astype(np.int64)      # (X,)
+        self.z_row = np.concatenate(z_row).astype(np.int64) if z_row else np.zeros(0, np.int64)
+        self.z_node = np.concatenate(z_node).astype(np.int64) if z_node else np.zeros(0, np.int64)
         self.kid_all, self.pos_all = np.concatenate(kid_all), np.concatenate(pos_all)
-        self.a, self.pad = np.where(anc >= 0, anc, 0), anc < 0
+        t_rows = np.concatenate(t_rows)
+        self.t_rows = None if len(t_rows) == len(self.q_src) else t_rows
+        self.a = np.where(anc >= 0, anc, 0)
         self.anc = np.asarray(anc, np.int64)
         self.order = self.dep * (N1 + 1) + N1 - np.arange(N1)
         self.none = np.full(N1, -1, np.int64)                     # the order of a node that is not accepted
         self.nk = (ch >= 0).sum(1)
         self.last = np.where(self.nk > 0, ch[np.arange(N1), np.maximum(self.nk - 1, 0)], 0)
         self.pm_of = np.zeros(N1, np.int64)
-        self.pm_of[self.par_m] = np.arange(len(self.par_m))
+        self.pm_of[self.par_m] = np.arange(Pm)
         self._dev: dict = {}
 
-    _ARRAYS = ("dep", "par0", "par_m", "m0", "pos_m", "kid_all", "pos_all", "a", "pad", "anc", "order", "none",
-               "last", "pm_of")
+    _ARRAYS = ("dep", "par0", "par_m", "pos_m", "kid_all", "pos_all", "q_src", "z_row", "z_node", "a", "anc",
+               "order", "none", "last", "pm_of")
 
     def on(self, device) -> dict:
         """{name: array} of the index arrays: numpy (``device`` None) or torch tensors on ``device`` (each built once)."""
@@ -64,13 +79,13 @@ class _VerdictPlan:
         if key in self._dev:
             return self._dev[key]
         if device is None:
-            self._dev[None] = {k: getattr(self, k) for k in self._ARRAYS} | {"prev": self.prev, "sel": self.sel}
+            self._dev[None] = {k: getattr(self, k) for k in self._ARRAYS} | {
+                "prev": self.prev, "sel": self.sel, "t_rows": self.t_rows}
             return self._dev[None]
-        if key not in self._dev:
-            t = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
-            self._dev[key] = {k: t(getattr(self, k)) for k in self._ARRAYS} | {
-                "prev": [t(a) for a in self.prev],
-                "sel": [None if sel is None else t(sel) for sel in self.sel]}
+        t = lambda a: torch.as_tensor(a, device=device)  # noqa: E731
+        self._dev[key] = {k: t(getattr(self, k)) for k in self._ARRAYS} | {
+            "prev": [t(a) for a in self.prev], "sel": [None if sel is None else t(sel) for sel in self.sel],
+            "t_rows": None if self.t_rows is None else t(self.t_rows)}
         return self._dev[key]
 
 
@@ -123,57 +138,61 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         cap, tokens = np.asarray(max_depth), np.asarray(tokens).astype(np.int64, copy=False)
         passed = np.zeros((B, vp.N1), bool)
 
-    def test(kid, p_j, q_j, pos) -> None:
-        """passed[:, kid] for children ``kid`` (m,) against their parents' rows p_j, q_j (B, m, V), positions pos."""
-        c = tokens[:, kid]
-        qc, pc = take_last(q_j, c[..., None], xp)[..., 0], take_last(p_j, c[..., None], xp)[..., 0]
-        f = accept_at(verifier.accept, p_j, q_j, pos, c)
-        passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
-
-    def zero_at(w, c):
-        """w (B, m, V) with 0 at the codes c (B, m), in place (``q_left``: the recursion's own copy)."""
-        return put_last(w, c[..., None], 0.0, xp, copy=False)
-
-    q0 = q[:, A["par0"]]
-    q0n = normalize(q0, q0, xp)
-    tests = [(p[:, A["par0"]], q0n)]      # the rows of every test: rank 0 of every parent, then ranks 1..K-1
-    states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 0..K-1
-    if len(vp.par_m):
-        p_j, q_left = p[:, A["par_m"]], q[:, A["par_m"]]
-        q_j = q0n[:, A["m0"]]                                       # normalize(q_left): the rows of q0n
+    # the draft rows of every test and of the recursion at once: q at each row's parent without its earlier
+    # siblings' tokens, normalised (row for row the sums and divisions of the rank-by-rank recursion)
+    if torch_rows:
+        Q = q.index_select(1, A["q_src"])                                                    # (B, X, V)
+        if len(vp.z_row):
+            Q.view(B, -1).scatter_(1, A["z_row"][None, :] * V + tokens[:, A["z_node"]], 0.0)
+    else:
+        Q = q[:, A["q_src"]]
+        if len(vp.z_row):
+            Q[np.arange(B)[:, None], A["z_row"][None, :], tokens[:, A["z_node"]]] = 0
+    Q = normalize(Q, Q, xp)
+    P0, Pm = len(vp.par0), len(vp.par_m)
+    tests = [p[:, A["par0"]]]             # the target rows of every test: rank 0 of every parent, then ranks 1..R
+    states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 0..R
+    if Pm:
+        p_j, q_j = tests[0][:, :Pm], Q[:, :Pm]                  # par0 lists par_m first
+        if torch_rows:          # (torch: contiguous rows, as the per-rank copies were)
+            p_j, q_j = p_j.contiguous(), q_j.contiguous()
         states[0] = (p_j, q_j)
         reads = reads_f(verifier.resample)
         for b, sel in enumerate(A["sel"], 1):           # a loop over the ranks, each over all the parents at once
             c = tokens[:, A["prev"][b - 1]]                                               # (B, Pm) rank b - 1
             f = verifier.accept(p_j, q_j, A["pos_m"]) if reads else None
             p_j = verifier.resample(p_j, q_j, f, c)
-            q_left = zero_at(q_left, c)
-            q_j = normalize(q_left, q_left, xp)
+            q_j = Q[:, P0 + (b - 1) * Pm:P0 + b * Pm]
+            q_j = q_j.contiguous() if torch_rows else q_j
             states.append((p_j, q_j))
-            tests.append((p_j, q_j) if sel is None else (p_j[:, sel], q_j[:, sel]))
+            tests.append(p_j if sel is None else p_j[:, sel])
     # every node's test in one call (rank 0's rows, then each rank's)
-    if len(tests) == 1:
-        test(A["kid_all"], *tests[0], A["pos_all"])
-    else:
-        test(A["kid_all"], cat([r[0] for r in tests], 1), cat([r[1] for r in tests], 1), A["pos_all"])
+    kid = A["kid_all"]
+    p_t = tests[0] if len(tests) == 1 else cat(tests, 1)
+    q_t = Q if A["t_rows"] is None else Q[:, A["t_rows"]]
+    c = tokens[:, kid]
+    qc, pc = take_last(q_t, c[..., None], xp)[..., 0], take_last(p_t, c[..., None], xp)[..., 0]
+    f = accept_at(verifier.accept, p_t, q_t, A["pos_all"], c)
+    passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
     ok = passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
-    ok = (ok[:, A["a"]] | A["pad"][None]).all(-1)                                          # every ancestor passes
+    ok = ok[:, A["a"]].all(-1)                     # every ancestor passes (the table's padding reads the root's True)
     win = where(ok, A["order"][None, :], A["none"][None, :]).argmax(1)                     # (B,)
     win = win if torch_rows else win.astype(np.int64, copy=False)
     tau, path = A["dep"][win], A["anc"][win]                                                # (B,), (B, D)
     # the next token's row: the residual after all the winner's live children (its own row when it has none)
     wins = win.cpu().numpy() if torch_rows else win
-    own = gather_rows(p, win, xp)
     nkw = vp.nk[wins]
-    if (nkw > 0).any():
+    ks = set(nkw.tolist())                              # the winners' numbers of children, on the host
+    own = gather_rows(p, win, xp) if 0 in ks or 1 in ks or torch_rows else None
+    if ks != {0}:
         bi = torch.arange(B, device=p.device) if torch_rows else np.arange(B)
         p_pre = q_pre = None
-        if (nkw == 1).any():
+        if 1 in ks:
             qw = gather_rows(q, win, xp)
             p_pre, q_pre = own, normalize(qw, qw, xp)                    # one child: the winner's own rows
         at = A["pm_of"][win]
-        for r in sorted(set(nkw[nkw > 1].tolist())):    # several: the state before the last child (a rank loop)
+        for r in sorted(k for k in ks if k > 1):        # several: the state before the last child (a rank loop)
             s_p, s_q = states[r - 1][0][bi, at], states[r - 1][1][bi, at]
             if p_pre is None:                           # (a leaf's rows are not read: its children are not live)
                 p_pre, q_pre = s_p, s_q
@@ -187,7 +206,10 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         f = verifier.accept(p_pre, q_pre, pos) if reads_f(verifier.resample) else None
         res = verifier.resample(p_pre, q_pre, f, c)
         # (host rows: where every image's winner has live children, the residual rows themselves, the same values)
-        rows = res if not torch_rows and live.all() and res.dtype == own.dtype else where(live[:, None], res, own)
+        if not torch_rows and live.all() and res.dtype == p.dtype:
+            rows = res
+        else:
+            rows = where(live[:, None], res, gather_rows(p, win, xp) if own is None else own)
     else:
         rows = own
     nxt = sample_categorical(rows, u_sample, xp)

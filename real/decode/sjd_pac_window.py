@@ -47,13 +47,14 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     f_p, f_x, f_s, t_rows = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr, tree, sib)
     if host:
         toks, i_t = prop.tokens.numpy(), t_rows
-        dt = win.q.numpy().dtype
+        q_win, c_win = win.q.view(-1, V).numpy(), win.cand.view(-1, K).numpy()
+        dt = q_win.dtype
         P = p.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)                     # (m, V) stale rows
         qo = prop.q.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)               # their levels' draft rows
         x = toks.reshape(-1)[f_x]                                                    # (m,) their tokens
-        px, qx = P[np.arange(m), x], qo[np.arange(m), x]
+        ar = np.arange(m)
+        px, qx = P[ar, x], qo[ar, x]
         u, hx = u_keep.numpy().astype(dt), xr >= 0
-        q_win, c_win = win.q.view(-1, V).numpy(), win.cand.view(-1, K).numpy()
     else:           # every index the update reads, sent at once (index_select on flat views)
         toks, dt = prop.tokens, win.q.dtype
         ix = to_device(np.concatenate([f_p, f_s, t_rows, f_x, xr]), dev)
@@ -68,8 +69,7 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     # [p - q]_+ (the coupling residual); rows without a token draw from their own row, an empty residual (p = q)
     # falls back to the row
     w = _safe(_pos_(P - qo), P, own=~hx)
-    noise = e_res.log_().neg_()
-    noise = noise.numpy() if host else noise.to(dev)
+    noise = _exp_noise(e_res, host, dev)
     if spec.release:
         if len(t_rows):             # tree levels whose token failed: the residual after all the siblings
             fail = t_rows[~keep[t_rows]] if host else t_rows
@@ -84,16 +84,25 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         # one draw per level, from the law its verdict needs (the same noise: a kept level's K - 1 others are
         # the first K - 1 of the K it would draw)
         d = _draw(w, K, noise)
-        cand = _pick(keep, _first_then(x, d), d)
+        cand = _pick(keep, _first_then(x, d), d) if not host or keep.any() else d
     else:
         y = _pick(keep, x, _draw(w, 1, noise)[:, 0])
         cand = np.repeat(y[:, None], K, 1) if host else y[:, None].expand(-1, K).clone()   # chains read rank 0
         if len(t_rows):
             rest = _zero_at_(_rows(P, i_t), _rows(y, i_t))
-            e = e_sib.log_().neg_()
-            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, e.numpy() if host else e.to(dev)))
+            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, _exp_noise(e_sib, host, dev)))
     _put_rows(c_win, f_s, cand)
     _put_rows(q_win, f_s, P)
+
+
+def _exp_noise(u: torch.Tensor, host: bool, dev):
+    """Exp(1) noise -log(u) from uniforms ``u`` (m, V) (consumed in place): the log by torch on both paths, the
+    negation (exact) in numpy on the host path (a numpy array returned), by torch on the device (a tensor on ``dev``)."""
+    e = u.log_()
+    if host:
+        e = e.numpy()
+        return np.negative(e, out=e)
+    return e.neg_().to(dev)
 
 
 def _draw(w, k: int, e):
@@ -152,7 +161,7 @@ def _safe(w, fallback, own=None):
     id 0 there) or where ``own`` (m,) bool (None: nowhere). numpy (the host path: the few such rows copied into ``w``
     in place) or torch (one where over the rows)."""
     if isinstance(w, np.ndarray):
-        bad = w.sum(-1) <= 0                  # (only the sign is read: any summation order gives it)
+        bad = np.add.reduce(w, -1) <= 0       # (only the sign is read: any summation order gives it)
         if own is not None:
             bad |= own
         if bad.any():
@@ -183,17 +192,18 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
     and normalised at once, (r, K, V), row for row the same sums and divisions as step by step (a row whose child j
     is not live freezes its p from step j on, so its later draft rows are not read). A step whose residual rows all
     have mass (read on the host) divides without the where (the same values)."""
-    kids, live = plan.kids_np[par, 0], plan.kids_np[par, 1]                              # (r, K) host
+    kl = plan.kids_np[par]
+    kids, live = kl[:, 0], kl[:, 1]                                                     # (r, K) host
     host = isinstance(P, np.ndarray)
     r, K, V = len(par), kids.shape[-1], P.shape[-1]
-    cs = tokens[np.arange(r)[:, None], kids] if host else \
-        tokens.gather(1, torch.as_tensor(kids, device=P.device))                        # (r, K) the siblings' tokens
-    tiny = np.float64(1e-300) if P.dtype in (np.float64, torch.float64) else np.float32(1e-300)  # float32: 0
     jj, ii = _sibling_pairs(K)                   # step j's draft row lacks sibling i < j
     if host:
+        tiny = np.float64(1e-300) if P.dtype == np.float64 else np.float32(1e-300)      # float32: 0
+        ar = np.arange(r)[:, None]
+        cs = tokens[ar, kids]                                                           # (r, K) the siblings' tokens
         Q = np.repeat(qo[:, None], K, 1)                                                     # (r, K, V)
         if len(jj):
-            Q[np.arange(r)[:, None], jj, cs[:, ii]] = 0
+            Q[ar, jj, cs[:, ii]] = 0
         s = _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1)
         np.maximum(s, tiny, out=s)
         if (s > 0).all():
@@ -202,6 +212,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             with np.errstate(invalid="ignore", divide="ignore"):
                 Qn = Q / s
     else:
+        cs = tokens.gather(1, torch.as_tensor(kids, device=P.device))                   # (r, K) the siblings' tokens
         Q = qo[:, None].repeat(1, K, 1)
         if len(jj):
             Q.view(r, K * V).scatter_(1, torch.as_tensor(jj * V, device=P.device) + cs[:, ii], 0.0)

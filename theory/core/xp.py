@@ -156,7 +156,8 @@ def _sample_numpy(w, u):
     c = np.cumsum(w, axis=-1)
     t = np.asarray(u) * c[..., -1]
     idx = np.minimum(np.add.reduce(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
-    ok = take_last(w, idx[..., None])[..., 0] > 0
+    # w at the drawn codes (rows (B, V): one fancy gather, the same entries as take_last's)
+    ok = (w[np.arange(len(idx)), idx] if w.ndim == 2 else take_last(w, idx[..., None])[..., 0]) > 0
     if np.ndim(idx) and ok.all():               # (no round-off landed off the support: the argmax is not read)
         return idx
     return np.where(ok, idx, np.argmax(w, axis=-1).astype(np.int64))
@@ -181,8 +182,9 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             r = np.asarray(np.divide(num, q, dtype=np.result_type(num, q)))
             np.minimum(r, 1, out=r)
-            odd = ~(r > -np.inf)                     # NaN, or -inf (a negative num over q = 0)
-            if odd.any():
+            # NaN, or -inf (a negative num over q = 0): np.minimum's reduction is NaN or -inf iff one entry is
+            if r.size and not np.minimum.reduce(r, axis=None) > -np.inf:
+                odd = ~(r > -np.inf)
                 r[odd] = _ratio_min1_generic(np.broadcast_to(num, r.shape)[odd], np.broadcast_to(q, r.shape)[odd],
                                              np)
         return r
