@@ -25,20 +25,19 @@ LOSSLESS_TREES = 16      # lossless dynamic trees sampled per round start (T15: 
 
 @contextlib.contextmanager
 def _room(model, need: int):
-    """A model with a fixed cache (``extra_slots`` spare entries past the image) sized for ``need`` spare entries
-    for the duration (a prefill allocates it); unbounded caches (None) are left alone."""
-    # through OneRow (its ``model``); a model with its own ``extra_slots`` is sized itself (BatchedImageLM also has a
-    # ``model`` attribute, the wrapped transformers model: sizing that one left the cache short, issue 50)
-    m = model if hasattr(model, "extra_slots") else getattr(model, "model", model)
-    old = getattr(m, "extra_slots", None)
+    """``model`` (the batched protocol, as ``Forced.draft`` holds it) with a fixed cache (``extra_slots`` spare entries
+    past the image) sized for ``need`` spare entries for the duration (a prefill allocates it); unbounded caches (None,
+    e.g. the transformers caches ``OneRow`` passes on) are left alone. The model itself is sized, never a model it
+    wraps (BatchedImageLM's ``model`` is the transformers model: sizing that one left the cache short, issue 50)."""
+    old = getattr(model, "extra_slots", None)
     if old is None or old >= need:
         yield
         return
-    m.extra_slots = int(need)
+    model.extra_slots = int(need)
     try:
         yield
     finally:
-        m.extra_slots = old
+        model.extra_slots = old
 
 
 def dynamic_trees(m, conds, tok, spec, budget: int, gen: torch.Generator, trees: int = LOSSLESS_TREES):
