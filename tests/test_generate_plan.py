@@ -13,6 +13,7 @@ from coolsd import validate
 from coolsd.cli import build_parser
 from coolsd.commands.generate_checks import Plan, plan
 from real.decode.forced_rows import scoring_inputs
+from real.protocol import OneRow
 
 
 def _changed(args, step) -> list:
@@ -69,8 +70,10 @@ def test_run_options_reads_the_shared_layer_in_one_pass(command):
 
 
 class _Model:
-    def __init__(self, V):
-        self.vocab_size = V
+    row_masks = False
+
+    def __init__(self, V, batched=True):
+        self.vocab_size, self.batched = V, batched
 
 
 @pytest.mark.parametrize("draft, conds, tokens, match", [
@@ -87,7 +90,17 @@ def test_scoring_inputs_refuse_in_one_line(draft, conds, tokens, match):
     assert "\n" not in str(e.value)
 
 
+def test_scoring_inputs_refuse_a_bad_processing():
+    with pytest.raises(ValueError, match="processing must be"):
+        scoring_inputs(_Model(5), None, [0], torch.zeros(1, 3, dtype=torch.long), processing="greedy")
+
+
 def test_scoring_inputs_pass_good_input():
-    """The control: valid conditions and tokens come back as a list and int64 (n, T)."""
-    conds, tok = scoring_inputs(_Model(5), _Model(5), 3, torch.tensor([[0, 4, 2]], dtype=torch.int32))
+    """The control: valid conditions and tokens come back as a list and int64 (n, T), with the models as the scorers
+    call them (``Forced``: batched models as they are, a one-length model through ``OneRow``, read once)."""
+    t, d = _Model(5), _Model(5)
+    m, conds, tok = scoring_inputs(t, d, 3, torch.tensor([[0, 4, 2]], dtype=torch.int32))
     assert conds == [3] and tok.dtype == torch.long and tok.tolist() == [[0, 4, 2]]
+    assert m.target is t and m.draft is d and m.batched and not m.row_masks and not m.features
+    m, _, _ = scoring_inputs(t, _Model(5, batched=False), 3, torch.tensor([[0, 4, 2]]))
+    assert isinstance(m.draft, OneRow) and m.draft.model.vocab_size == 5 and not m.batched

@@ -67,6 +67,31 @@ def test_block_and_positions_match_the_sequence(case, P):
 
 
 @settings(max_examples=100, deadline=None)
+@given(_case(), st.integers(0, 5))
+def test_batched_adapters_positions_on_numpy_rows_match_the_sequence(case, P):
+    """``row_ends``, ``position`` and ``stream_len`` as ``BatchedImageLM`` calls them (numpy (R, S) code indices, a
+    base per row) put every code and every forced row end where the complete sequence has it. Control: the same
+    positions without the rows completed before each code miss as soon as a row end precedes the block."""
+    import numpy as np
+
+    lay, c0, S = case
+    ent = _block_brute(lay, c0, S)
+    where = {(k, c): i for i, k, c in ent}
+    ci = np.stack([c0 + np.arange(S), c0 + np.arange(S)])               # two rows, bases P and P + 3
+    base = np.array([P, P + 3])
+    ends = lay.row_ends(ci)
+    assert ends.dtype == bool and ends[0].tolist() == [(KIND_ROW_END, c0 + j) in where for j in range(S)]
+    for f, kind in ((False, KIND_CODE), (True, KIND_ROW_END)):
+        pos = lay.position(base[:, None], ci, np.full(ci.shape, f))
+        for j in range(S):      # a loop over the block's codes (test only)
+            if (kind, c0 + j) in where:
+                assert pos[0, j] == P + where[kind, c0 + j] and pos[1, j] == pos[0, j] + 3
+    assert lay.stream_len(c0) == where[KIND_CODE, c0] and lay.stream_len(lay.num_tokens) == len(_stream(lay))
+    if lay.row_end is not None and c0 >= lay.width:                       # control: rows before the block ignored
+        assert (base[0] + ci[0, 0]) != P + where[KIND_CODE, c0]
+
+
+@settings(max_examples=100, deadline=None)
 @given(_case(), st.integers(1, 4))
 def test_feed_places_the_row_ends_and_gives_the_block_at_once(case, P):
     """``ImageLayout.feed``: the codes' ids land where the sequence has them, a forced row end behind each code that

@@ -359,3 +359,24 @@ def test_sweep_scores_tree_settings_both_ways(tmp_path):
     assert sf.reason(ctx, s, tm.build("vanilla", 5)) is None
     ctx.proc = Processing(temperature=0.0)
     assert "greedy" in sf.reason(ctx, s, tm.build("vanilla", 5))             # control: greedy has none
+
+
+def test_regrow_sizes_the_model_it_is_given_not_a_model_it_wraps():
+    """``regrow._room`` (the drafter's spare cache entries while a dynamic tree is regrown): the model scoring holds
+    (``Forced.draft``) is sized for the duration and restored; a model it wraps (BatchedImageLM's ``model``, issue 50)
+    is left alone, and so are unbounded caches (None) and models with room enough. Control: a need within the room
+    changes nothing."""
+    from types import SimpleNamespace
+
+    from real.decode.regrow import _room
+
+    inner = SimpleNamespace(extra_slots=3)
+    m = SimpleNamespace(extra_slots=8, model=inner)
+    with _room(m, 20):
+        assert m.extra_slots == 20 and inner.extra_slots == 3
+    assert m.extra_slots == 8
+    with _room(m, 5):                                   # control: room enough
+        assert m.extra_slots == 8
+    free = SimpleNamespace(extra_slots=None, model=inner)
+    with _room(free, 20):
+        assert free.extra_slots is None and inner.extra_slots == 3

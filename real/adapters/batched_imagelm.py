@@ -86,13 +86,9 @@ class BatchedImageLM(PromptRows):
         """(R,) int64 visible entries per row: prompt + codes (forced row ends not counted)."""
         return self._vlen.copy()
 
-    def _stream_len(self, n_codes: int) -> int:
-        """Model-stream entries of ``n_codes`` codes (their row ends included)."""
-        return n_codes + (n_codes // self.layout.width if self.layout.row_end is not None else 0)
-
     def cache_bytes(self, rows: int, prompt_len: int = 256) -> int:
         """Memory of the KV cache ``prefill`` allocates for ``rows`` rows with prompts of ``prompt_len`` entries."""
-        n = prompt_len + self._stream_len(self.layout.num_tokens) + 2 * self.extra_slots
+        n = prompt_len + self.layout.stream_len(self.layout.num_tokens) + 2 * self.extra_slots
         return 2 * self.stack.n_layers * rows * self.stack.n_kv * n * self.stack.head_dim * \
             torch.finfo(self.dtype).bits // 8
 
@@ -107,8 +103,7 @@ class BatchedImageLM(PromptRows):
         own = getattr(self.family, "rope_positions", None)         # a family with its own positions (GLM's 3 axes)
         if own is not None:
             return own(base, ci, forced)
-        rows_done = ci // self.layout.width if self.layout.row_end is not None else 0
-        return base[:, None] + ci + rows_done + forced
+        return self.layout.position(base[:, None], ci, forced)
 
     # ------------------------------------------------------------------ model calls
     def _run(self, ids: torch.Tensor, pos: np.ndarray, mask: torch.Tensor) -> torch.Tensor:
@@ -130,7 +125,7 @@ class BatchedImageLM(PromptRows):
         R, P = ids.shape
         real = real_t.numpy()                                                     # (R, P) False at padding
         lens = real.sum(1).astype(np.int64)
-        max_len = P + self._stream_len(self.layout.num_tokens) + 2 * self.extra_slots
+        max_len = P + self.layout.stream_len(self.layout.num_tokens) + 2 * self.extra_slots
         st = self.stack
         if self.cache is None or not self.cache.fits(st.n_layers, R, max_len, self.dtype, self.device):
             self.cache = KVCache(st.n_layers, R, st.n_kv, max_len, st.head_dim, dtype=self.dtype, device=self.device)
@@ -178,8 +173,8 @@ class BatchedImageLM(PromptRows):
                              f"got {vpos.min()}..{vpos.max()}")
         if attn_mask is not None:
             attn_mask = check_attn_mask(torch.as_tensor(attn_mask), S, int(vl.min()), self.device, rows=R)
-        W, nl = self.layout.width, self.layout.row_end
-        ends = ((ci + 1) % W == 0) if nl is not None else np.zeros((R, S), bool)
+        nl = self.layout.row_end
+        ends = self.layout.row_ends(ci)
         e = ends.sum(1)
         E = int(e.max()) if S else 0
         rank = np.cumsum(ends, 1) - 1

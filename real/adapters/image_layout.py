@@ -106,10 +106,7 @@ class ImageLayout:
         (long, the code each entry belongs to), ``is_nl`` (bool, the entry is a row end). The logit
         row that predicts the code after code i is entry a[i] + ends[i]."""
         S = int(ci.numel())
-        if self.row_end is None:
-            ends = torch.zeros(S, dtype=torch.bool)
-        else:
-            ends = (ci + 1) % self.width == 0
+        ends = self.row_ends(ci)
         e = ends.long()
         a = torch.arange(S) + torch.cumsum(e, 0) - e
         n = S + int(e.sum())
@@ -146,10 +143,25 @@ class ImageLayout:
     def stream_positions(self, ci: torch.Tensor, owner: torch.Tensor, is_nl: torch.Tensor,
                          prefix_len: int) -> torch.Tensor:
         """Model-stream positions (S',) of a block's entries from the code indices ``ci`` (S,) and the
-        block's ``owner`` / ``is_nl`` (S',) (``block``): code i sits at prefix_len + ci + (rows
-        completed before it, when row ends are forced); its row end one after it."""
-        node_pos = prefix_len + ci + (ci // self.width if self.row_end is not None else 0)
-        return node_pos[owner] + is_nl.long()
+        block's ``owner`` / ``is_nl`` (S',) (``block``): ``position`` of each entry's code from prefix_len."""
+        return self.position(prefix_len, ci[owner], is_nl.long())
+
+    def row_ends(self, ci):
+        """Whether the code at index ``ci`` ends a row, so that a row end is forced behind it: a bool array shaped as
+        ``ci`` (numpy or torch), all False without a row-end token."""
+        ends = (ci + 1) % self.width == 0
+        return ends if self.row_end is not None else ends & False
+
+    def position(self, base, ci, forced):
+        """The model-stream position of the code at index ``ci`` in an image whose first code sits at ``base``, or of
+        the row end behind it where ``forced`` (1 / True): base + ci + (rows completed before it, when row ends are
+        forced) + forced. Integer arrays (numpy or torch) that broadcast together, e.g. base (R, 1), ci and forced
+        (R, S); the one formula of both image adapters (``stream_positions``, ``BatchedImageLM.rope_positions``)."""
+        return base + ci + (ci // self.width if self.row_end is not None else 0) + forced
+
+    def stream_len(self, n_codes: int) -> int:
+        """Model-stream entries of the first ``n_codes`` codes of an image (their forced row ends included)."""
+        return n_codes + (n_codes // self.width if self.row_end is not None else 0)
 
 
 def entry_mask(m: torch.Tensor, owner: torch.Tensor, is_nl: torch.Tensor, cached_kind: torch.Tensor) -> torch.Tensor:

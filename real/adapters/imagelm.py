@@ -46,7 +46,7 @@ from torch import nn
 from .hf import HFCausalLM
 from real.nn.layers import linear
 from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, kept_entries, visible_cut
-from real.protocol import ModelOutput, Prompt
+from real.protocol import ModelOutput, Prompt, left_pad_ids
 
 __all__ = ["ImageTokenLM"]
 
@@ -217,17 +217,10 @@ class ImageTokenLM(HFCausalLM):
             self._kind = torch.cat([self._kind, kind])
             self._n_code, self._n_row_end = int(tokens.shape[-1]), int(ends.sum())
             self._blk = (a, ends, torch.arange(tokens.shape[-1]))
-        self._ids = self._prompt_ids(prompt, cfg, P - 0)
+        self._ids = left_pad_ids([prompt.ids] + ([prompt.uncond_ids] if cfg else []), self.device)[0]   # (B, P)
         if tokens is not None:
             self._ids = torch.cat([self._ids, ids], 1)
         return ModelOutput(self.head(rows), hid if return_hidden else None)
-
-    def _prompt_ids(self, prompt: Prompt, cfg: bool, P: int) -> torch.Tensor:
-        rows = [prompt.ids] + ([prompt.uncond_ids] if cfg else [])
-        out = torch.zeros(len(rows), P, dtype=torch.long)
-        for b, r in enumerate(rows):   # one or two prompt rows
-            out[b, P - r.numel():] = r
-        return out.to(self.device)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
@@ -248,21 +241,19 @@ class ImageTokenLM(HFCausalLM):
                 raise ValueError(f"position_ids must have {S} entries, got {vpos.numel()}")
         ci = vpos - P
         codes = self._codes(tokens, ci)
-        if position_ids is None and attn_mask is None:
-            ids, a, ends, kind = self.layout.feed(ci, codes)[:4]
-            out = super().forward(ids, return_hidden=True)
-        else:
-            if attn_mask is None:
-                m = torch.ones(S, S, dtype=torch.bool).tril_()
-            else:
-                m = torch.as_tensor(attn_mask, dtype=torch.bool).cpu()
-                if m.ndim != 2 or m.shape[0] != S or not S <= m.shape[1] <= vis + S:
-                    raise ValueError(f"attn_mask must be (S, K) with S = {S} and {S} <= K <= cache_len + S = "
-                                     f"{vis + S}, got {tuple(m.shape)}")
-            fed = self.layout.feed(ci, codes, P, m, self._kind)    # model-stream positions and mask of the entries
-            ids, a, ends, kind = fed[:4]
-            out = super().forward(ids, position_ids=fed.positions.to(self.device), attn_mask=fed.mask.to(self.device),
-                                  return_hidden=True)
+        m = None                                                   # the default chain: positions and mask implied
+        if attn_mask is not None:
+            m = torch.as_tensor(attn_mask, dtype=torch.bool).cpu()
+            if m.ndim != 2 or m.shape[0] != S or not S <= m.shape[1] <= vis + S:
+                raise ValueError(f"attn_mask must be (S, K) with S = {S} and {S} <= K <= cache_len + S = "
+                                 f"{vis + S}, got {tuple(m.shape)}")
+        elif position_ids is not None:
+            m = torch.ones(S, S, dtype=torch.bool).tril_()
+        # the block in the model's stream: its ids, entries and (given positions or a mask) positions and mask
+        fed = self.layout.feed(ci, codes, None if m is None else P, m, self._kind)
+        ids, a, ends, kind = fed[:4]
+        out = super().forward(ids, position_ids=None if m is None else fed.positions.to(self.device),
+                              attn_mask=None if m is None else fed.mask.to(self.device), return_hidden=True)
         li = (a + ends.long()).to(self.device)
         h = out.hidden[:, li]
         self._kind = torch.cat([self._kind, kind])

@@ -4,7 +4,8 @@ engine's construction (``real.decode.dynamic_tree.grow_tree``) grows there: rele
 start), or lossless stochastic-beam keys (``LOSSLESS_TREES`` independent trees per start, the path's nodes drawn by
 importance sampling, ``_Guide``, with their weights: T15). Every expansion level is ONE drafter forward over the
 frontiers of a chunk of (round start, tree) units of every image (per-row masks); the drafter's cache is rolled back
-after each chunk. This module drives models only through ``real.protocol`` (like the engine)."""
+after each chunk. The models come as ``real.decode.forced_rows.Forced`` (read once at scoring's entry) and are fed
+through its one call, ``Forced.rows`` (processed rows back); this module imports none."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,6 @@ import torch
 from theory.tree import guided_children, row_trees, select_nodes
 
 from .candidates import expand, top_m
-from .sampling import Processing
 from .sampling import per_model_rows as _rows
 
 __all__ = ["LOSSLESS_TREES", "dynamic_trees"]
@@ -25,34 +25,32 @@ LOSSLESS_TREES = 16      # lossless dynamic trees sampled per round start (T15: 
 
 @contextlib.contextmanager
 def _room(model, need: int):
-    """A model with a fixed cache (``extra_slots`` spare entries past the image) sized for ``need`` spare entries
-    for the duration (a prefill allocates it); unbounded caches (None) are left alone."""
-    # through OneRow (its ``model``); a model with its own ``extra_slots`` is sized itself (BatchedImageLM also has a
-    # ``model`` attribute, the wrapped transformers model: sizing that one left the cache short, issue 50)
-    m = model if hasattr(model, "extra_slots") else getattr(model, "model", model)
-    old = getattr(m, "extra_slots", None)
+    """``model`` (the batched protocol, as ``Forced.draft`` holds it) with a fixed cache (``extra_slots`` spare entries
+    past the image) sized for ``need`` spare entries for the duration (a prefill allocates it); unbounded caches (None,
+    e.g. the transformers caches ``OneRow`` passes on) are left alone. The model itself is sized, never a model it
+    wraps (BatchedImageLM's ``model`` is the transformers model: sizing that one left the cache short, issue 50)."""
+    old = getattr(model, "extra_slots", None)
     if old is None or old >= need:
         yield
         return
-    m.extra_slots = int(need)
+    model.extra_slots = int(need)
     try:
         yield
     finally:
-        m.extra_slots = old
+        model.extra_slots = old
 
 
-def dynamic_trees(target, draft, conds, tok, spec, proc: Processing, dev, budget: int, gen: torch.Generator,
-                  trees: int = LOSSLESS_TREES):
+def dynamic_trees(m, conds, tok, spec, budget: int, gen: torch.Generator, trees: int = LOSSLESS_TREES):
     """p (B, T, V) and the regrown trees of ``spec`` (a ``DynamicTree``) at every round start: children (B, T, N+1, k),
     node depths, node tokens and parents (B, T, N+1) int64 (module docstring); lossless trees: ``trees``
-    independent trees per round start, (B, T, M, N+1, ...), Gumbel noise from ``gen``. Round starts n = 1 .. T-2
-    draft (D'(n) >= 1); n = 0 (the prefill) and n = T-1 get a placeholder star (never read)."""
+    independent trees per round start, (B, T, M, N+1, ...), Gumbel noise from ``gen``. ``m``: the models
+    (``real.decode.forced_rows.Forced``), ``tok`` (B, T) int64 on ``m.dev``. Round starts n = 1 .. T-2 draft
+    (D'(n) >= 1); n = 0 (the prefill) and n = T-1 get a placeholder star (never read)."""
     B, T = tok.shape
+    draft, dev = m.draft, m.dev
     Mt = 1 if spec.sampling == "release" else trees
-    kr = proc.batch
-    feat = bool(getattr(draft, "needs_features", False))
-    o = target.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg, return_hidden=feat)
-    p = proc.rows(o.logits)                                                        # (B, T, V)
+    feat = m.features
+    p, hidden = m.rows(m.target, tok[:, :T - 1], conds=conds, hidden=feat)      # (B, T, V)
     N1, k, levels = spec.total, spec.topk, spec.depth
     S = T - 2                                                                      # round starts n = 1 .. T - 2
     parent = torch.zeros((B, T, Mt, N1), dtype=torch.long, device=dev)
@@ -65,29 +63,28 @@ def dynamic_trees(target, draft, conds, tok, spec, proc: Processing, dev, budget
     S = len(units)
     if S >= 1:
         M = T - 2                      # the drafter's committed entries a round start may hide (the last M)
-        R = kr * B
+        R = m.proc.batch * B
         # starts per chunk: the last level's mask, R Sc k (M + levels Sc k) elements, within the budget
         a2, b1 = R * k * k * levels, R * k * M
         Sc = max(1, min(S, int((-b1 + np.sqrt(b1 * b1 + 4.0 * a2 * budget)) / (2 * a2))))
         if feat:
-            hidden = o.hidden
             P = hidden.shape[1] - (T - 1)
             E = P + T - 2
             draft.start(P, R, extra=levels * Sc * k)
             ids = torch.cat([torch.zeros(B, P - 1, dtype=torch.long, device=dev), tok[:, :T - 1]], 1)
-            o1 = draft.forward(_rows(ids, kr), features=hidden[:, :E], position_ids=np.tile(np.arange(E), (R, 1)))
-            logits0, hid0, d_off = o1.logits[:, P - 1:E - 1], o1.hidden[:, P - 1:E - 1], P - 1
+            q0, h0 = m.rows(draft, ids, features=hidden[:, :E], position_ids=np.tile(np.arange(E), (R, 1)))
+            q0, hid0, d_off = q0[:, P - 1:E - 1], h0[:, P - 1:E - 1], P - 1
         else:
             with _room(draft, levels * Sc * k + 1):
-                o1 = draft.prefill(conds, _rows(tok[:, :T - 1], kr), cfg=proc.cfg)
-            logits0, hid0 = o1.logits[:, 1:T - 1], None
+                q0 = m.rows(draft, tok[:, :T - 1], conds=conds)[0][:, 1:T - 1]
+            hid0 = None
             d_off = int(draft.cache_lens[0]) - (T - 1)
         for a in range(0, S, Sc):      # a loop over chunks of (round start, tree) units (memory), `levels` forwards each
             ns = units[a:a + Sc]
             idx = torch.as_tensor(ns, device=dev)
             tree = torch.as_tensor(np.arange(a, a + len(ns)) % Mt, device=dev)
-            *got, w = _grow(draft, spec, proc, tok, ns, logits0[:, idx - 1], None if hid0 is None else hid0[:, idx - 1],
-                            d_off, M, T, feat, dev, gen, p)
+            *got, w = _grow(m, spec, tok, ns, q0[:, idx - 1], None if hid0 is None else hid0[:, idx - 1], d_off, M,
+                            gen, p)
             for arr, g in zip((parent, depth, node_tokens), got):
                 arr[:, idx, tree, :g.shape[-1]] = g
             weight[:, idx, tree] = w
@@ -103,23 +100,22 @@ def _depth_caps(spec, ns: np.ndarray, T: int) -> np.ndarray:
     return np.minimum(spec.max_depth, T - ns - 1)
 
 
-def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_off: int, M: int, T: int,
-          feat: bool, dev, gen: torch.Generator, p: torch.Tensor):
+def _grow(m, spec, tok, ns: np.ndarray, q0, hid0, d_off: int, M: int, gen: torch.Generator, p: torch.Tensor):
     """The trees (``spec``, a ``DynamicTree``; lossless keys: Gumbel noise from ``gen``) of round starts ``ns`` (S,)
-    of every image (a start may repeat: independent trees), as ``grow_tree`` grows one image's:
-    logits0 (R, S, V) the drafter's rows after each start's committed entries (hid0 (R, S, H) its features, EAGLE),
-    ``depth`` expansions (one drafter forward each over the S k frontier nodes of every image, per-row masks), the
-    image's own depth cap D'(n) ranking deeper nodes last, the best N nodes. -> parents, node depths, node tokens
-    (B, S, n+1) int64 (n = min(N, pool))."""
-    B, S = tok.shape[0], len(ns)
-    kr, k, levels = proc.batch, spec.topk, spec.depth
+    of every image (a start may repeat: independent trees), as ``grow_tree`` grows one image's, by ``m.draft``
+    (``m``: the models, ``real.decode.forced_rows.Forced``): q0 (B, S, V) the drafter's processed rows after each
+    start's committed entries (hid0 (R, S, H) its features, EAGLE), ``depth`` expansions (one drafter forward each
+    over the S k frontier nodes of every image, per-row masks), the image's own depth cap D'(n) ranking deeper nodes
+    last, the best N nodes. -> parents, node depths, node tokens (B, S, n+1) int64 (n = min(N, pool))."""
+    B, T, S = tok.shape[0], tok.shape[1], len(ns)
+    draft, dev, feat = m.draft, m.dev, m.features
+    kr, k, levels = m.proc.batch, spec.topk, spec.depth
     R = kr * B
     def gumbel(shape):                 # Gumbel(0, 1) noise for lossless keys (None: release keys)
         if spec.sampling == "release":
             return None
         return torch.rand(shape, generator=gen, dtype=torch.float64, device=dev).log_().neg_().log_().neg_()
 
-    q0 = proc.rows(logits0)                                                        # (B, S, V)
     zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=dev)
     nt = torch.as_tensor(ns, device=dev)
     caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
@@ -143,13 +139,9 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
         mask = torch.cat([seen, blocks.reshape(B, S * k, i * S * k),
                           torch.eye(S * k, dtype=torch.bool, device=dev).expand(B, -1, -1)], -1)
         mask = mask[0] if B == 1 else _rows(mask, kr)
-        x = _rows(tok_f.reshape(B, S * k), kr)
-        pos = np.tile(pos, (R, 1))
-        if feat:
-            o = draft.forward(x, features=fhid.reshape(R, S * k, -1), position_ids=pos, attn_mask=mask)
-        else:
-            o = draft.forward(x, position_ids=pos, attn_mask=mask)
-        q = proc.rows(o.logits).reshape(B, S, k, -1)                             # (B, S, k, V)
+        kw = {"features": fhid.reshape(R, S * k, -1)} if feat else {}
+        q, hid = m.rows(draft, tok_f.reshape(B, S * k), position_ids=np.tile(pos, (R, 1)), attn_mask=mask, **kw)
+        q = q.reshape(B, S, k, -1)                                               # (B, S, k, V)
         ctok, ckey, clogp = expand(spec, q, key, logp, gumbel(q.shape))
         ctok, ckey, clogp, con = guide.level(i, q, onf, key, logp, ctok, ckey, clogp)
         ctok, ckey, clogp, con = (a.reshape(B, S, k * k) for a in (ctok, ckey, clogp, con))
@@ -165,7 +157,7 @@ def _grow(draft, spec, proc: Processing, tok, ns: np.ndarray, logits0, hid0, d_o
             onf = con.gather(-1, best)
             front = base + best
             if feat:
-                h = o.hidden.reshape(R, S, k, -1)
+                h = hid.reshape(R, S, k, -1)
                 fhid = h.gather(2, _rows(out, kr)[..., None].expand(-1, -1, -1, h.shape[-1]))
             prev = anc.gather(2, out[..., None].expand(-1, -1, -1, anc.shape[-1]))
             anc = torch.cat([prev, eye_k[out]], -1)

@@ -30,7 +30,9 @@ go to ``real.decode.score_tree`` (their rows indexed by round start, T13); what 
 dynamic trees, greedy trees, sampled static candidates above the cost guard) raises NotImplementedError before any
 model call.
 
-This module drives models only through ``real.protocol`` (like the engine) and imports none.
+This module imports no model: ``score`` reads the models once at its entry (``forced_rows.scoring_inputs``, the
+batched protocol of ``real.protocol``, like the engine) and hands them to the row makers, which feed them through
+one call (``forced_rows.Forced.rows``).
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ from theory.tree import Tree
 from .forced_rows import Rows, chain_rows, scoring_inputs, teacher_forced_rows
 from .jacobi import JACOBI_REASON
 from .sampling import Processing
-from .score_tree import score_trees, tree_mode
+from .score_tree import tree_mode, tree_scores
 from .tree import StaticTree
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
@@ -76,23 +78,21 @@ def score(target, draft, conds, tokens, *, verifier=None, drafting=None, process
                              f"theory.tree.Tree), got {type(drafting).__name__}")
         if draft is None:
             raise ValueError("tree scoring needs the draft model the trees were drafted with")
-        return score_trees(target, draft, conds, tokens, verifier=verifier, drafting=drafting, processing=processing,
-                           batch_size=batch_size)
-    conds, tok = scoring_inputs(target, draft, conds, tokens)
+    m, conds, tok = scoring_inputs(target, draft, conds, tokens, processing)    # the models, once for every path
+    if drafting is not None:
+        return tree_scores(m, conds, tok, verifier, drafting, batch_size)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if not isinstance(processing, Processing):
-        raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if draft is not None:
         check_chain_rule(verifier, "score")
         if L is None or L < 1:
             raise ValueError(f"drafting must be an int L >= 1 (drafts per round), a Chain or a tree mode to score "
                              f"speculative decoding, got {L!r}")
-    if not all(m.batched for m in (target, draft) if m is not None):
+    if not m.batched:
         batch_size = 1
     lp, lph = [], []
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
-        rows = chain_rows(target, draft, conds[a:a + batch_size], tok[a:a + batch_size], L, processing)
+        rows = chain_rows(m, conds[a:a + batch_size], tok[a:a + batch_size], L)
         # the recursion on the host, as the engine verifies CPU rows (rules may hold numpy tables: LANTERN's)
         p, x = rows.p.cpu().numpy(), tok[a:a + batch_size].numpy()
         lp.append(log_target(p, x))

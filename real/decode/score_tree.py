@@ -36,8 +36,10 @@ Sampled static candidates are exact within ``theory.likelihood.tree``'s cost gua
 SE), lossless dynamic trees always (T15, validated against the known log P of vanilla images: docs/theory/likelihood.md
 11d): ``method`` says which, and ``score_trees`` reports it ("kl_method": "exact" | "mc").
 
-``score_trees`` turns the rows into per-image log P^(x) and log P(x), batch by batch. This module drives models only
-through ``real.protocol`` (like the engine).
+``score_trees`` turns the rows into per-image log P^(x) and log P(x), batch by batch (``tree_scores``: the same from the
+models ``real.decode.forced_rows.scoring_inputs`` read once, as ``real.decode.score.score`` calls it). This module
+imports no model and calls none itself: the rows come from ``forced_rows.chain_rows`` and ``regrow.dynamic_trees``,
+which feed the models through ``forced_rows.Forced.rows``.
 """
 from __future__ import annotations
 
@@ -49,11 +51,11 @@ import torch
 from theory.tree import RowTrees, Tree
 
 from real.nn.layers import inference_weights
-from real.protocol import as_batched
+from .forced_rows import Forced, chain_rows, scoring_inputs
 from .sampling import Processing
 from .regrow import LOSSLESS_TREES, dynamic_trees
 
-__all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees",
+__all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees", "tree_scores",
            "LOSSLESS_TREES", "LOSSLESS_GROUPS", "MASK_BUDGET"]
 
 LOSSLESS_GROUPS = 4      # ... in groups, for the jackknife of log P^ and its Monte Carlo SE
@@ -140,8 +142,6 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
     mask of a dynamic tree's growth forward (elements; chunks of round starts); ``seed``: the Gumbel noise of the
     lossless trees sampled at every round start; ``trees``: how many (a multiple of ``LOSSLESS_GROUPS``, the
     jackknife's groups)."""
-    from .forced_rows import scoring_inputs
-
     mode = tree_mode(drafting)
     if mode is None:
         raise ValueError(f"drafting must be a tree mode (StaticTree, DynamicTree; a theory.tree.Tree as StaticTree(tree)), got "
@@ -152,14 +152,14 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if processing.greedy:
         raise NotImplementedError(GREEDY_REASON)
-    conds, tok = scoring_inputs(target, draft, conds, tokens)
+    m, conds, tok = scoring_inputs(target, draft, conds, tokens, processing)
     B = tok.shape[0]
-    for m in (target, draft):
-        if B > 1 and _static(mode) and not m.batched:
-            raise ValueError(f"{type(m).__name__} scores one image at a time (its cache has no per-row lengths): "
+    for model in (target, draft):
+        if B > 1 and _static(mode) and not model.batched:
+            raise ValueError(f"{type(model).__name__} scores one image at a time (its cache has no per-row lengths): "
                              f"got {B} images")
-        if B > 1 and not _static(mode) and not (m.batched and m.row_masks):
-            raise ValueError(f"{type(m).__name__} cannot take per-row tree masks: dynamic-tree rows one image at a "
+        if B > 1 and not _static(mode) and not (model.batched and model.row_masks):
+            raise ValueError(f"{type(model).__name__} cannot take per-row tree masks: dynamic-tree rows one image at a "
                              f"time (got {B})")
     from theory.core import checks
 
@@ -168,29 +168,25 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
     if trees % LOSSLESS_GROUPS:
         raise ValueError(f"tree_rows: trees must be a multiple of {LOSSLESS_GROUPS} (the jackknife's groups), got "
                          f"{trees}")
-    return _tree_rows(target, draft, conds, tok, mode, processing, int(mask_budget), seed, trees)
+    return _tree_rows(m, conds, tok, mode, int(mask_budget), seed, trees)
 
 
 @torch.no_grad()
-def _tree_rows(target, draft, conds: list, tok: torch.Tensor, mode, processing: Processing, budget: int,
-               seed: int = 0, trees: int = LOSSLESS_TREES) -> TreeRows:
-    """``tree_rows`` of inputs its callers checked (``forced_rows.scoring_inputs``; a tree mode with rows)."""
-    from .forced_rows import chain_rows
-
+def _tree_rows(m: Forced, conds: list, tok: torch.Tensor, mode, budget: int, seed: int = 0,
+               trees: int = LOSSLESS_TREES) -> TreeRows:
+    """``tree_rows`` of inputs its callers checked (``forced_rows.scoring_inputs``; a tree mode with rows): ``m`` the
+    models, ``conds`` a list of B conditions, ``tok`` (B, T) int64."""
     drawn = _static(mode) or mode.sampling != "release"       # candidates drawn from q: its rows are read
     q = None
     if drawn:
-        rows = chain_rows(target, draft, conds, tok, int(mode.tree.depth if _static(mode) else mode.max_depth),
-                          processing)
+        rows = chain_rows(m, conds, tok, int(mode.tree.depth if _static(mode) else mode.max_depth))
         q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
     if _static(mode):
         return TreeRows(rows.p, q, mode)
-    target, draft = as_batched(target), as_batched(draft)
-    dev = torch.device(getattr(target, "device", "cpu") or "cpu")
-    gen = torch.Generator(device=dev)
+    gen = torch.Generator(device=m.dev)
     gen.manual_seed(seed)
     with inference_weights(), torch.inference_mode():
-        p, grown = dynamic_trees(target, draft, conds, tok.to(dev), mode, processing, dev, budget, gen, trees)
+        p, grown = dynamic_trees(m, conds, tok.to(m.dev), mode, budget, gen, trees)
     with torch.inference_mode(False):
         out = [x.clone() for x in (p, *grown)]
     p, children, depth, node_tokens, parent, weight = out
@@ -273,26 +269,31 @@ def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing:
     static candidates above the exact path's cost guard and lossless dynamic trees, ``method``) and, with "mc", "log_p_hat_se" (n,) the Monte
     Carlo SE of each log P^ and "mc" {"samples", "groups"} (batch a's draws seeded by a). What has no likelihood is
     refused before any model call (``check``)."""
-    from theory.likelihood import log_target
-
-    from .forced_rows import scoring_inputs
-
     mode = tree_mode(drafting)
     if mode is None:
         raise ValueError(f"drafting must be a tree mode, got {type(drafting).__name__}")
     if draft is None:
         raise ValueError("tree scoring needs the draft model the trees were drafted with")
-    conds, tok = scoring_inputs(target, draft, conds, tokens)
-    check(mode, verifier, int(target.vocab_size), processing)
+    m, conds, tok = scoring_inputs(target, draft, conds, tokens, processing)
+    return tree_scores(m, conds, tok, verifier, mode, batch_size)
+
+
+def tree_scores(m: Forced, conds: list, tok: torch.Tensor, verifier, mode, batch_size: int) -> dict:
+    """``score_trees`` of the inputs ``forced_rows.scoring_inputs`` gave (``m`` the models, ``conds`` a list of n
+    conditions, ``tok`` (n, T) int64) and a tree mode with a draft model; what has no likelihood is refused here, before
+    any model call (``check``), then a bad ``batch_size``."""
+    from theory.likelihood import log_target
+
+    check(mode, verifier, int(m.target.vocab_size), m.proc)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-    if not all(m.batched and (m.row_masks or _static(mode)) for m in (target, draft)):
+    if not (m.batched and (m.row_masks or _static(mode))):
         batch_size = 1
     lp, lph, se = [], [], []
-    how = method(mode, verifier, int(target.vocab_size))
+    how = method(mode, verifier, int(m.target.vocab_size))
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
         x = tok[a:a + batch_size]
-        rows = _tree_rows(target, draft, conds[a:a + batch_size], x, mode, processing, MASK_BUDGET, seed=a)
+        rows = _tree_rows(m, conds[a:a + batch_size], x, mode, MASK_BUDGET, seed=a)
         lp.append(log_target(rows.p.cpu().numpy(), x.numpy()))
         d = tree_likelihood(rows, x, verifier, mode, seed=a, detail=True)
         lph.append(d["log_p_hat"])
