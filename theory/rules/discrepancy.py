@@ -35,7 +35,11 @@ def discrepancy(P, Q, f, g):
     (traceable by JAX). P, Q, f, g broadcast to (..., V) rows -> (...,); e.g. (V, V) chain rows or
     (R, L, V) recorded rows."""
     xp = namespace(P, Q, f, g)
-    return discrepancy_of(Q * f, P, g, xp)
+    A = Q * f
+    if all(type(a) is np.ndarray for a in (A, P, g)):     # numpy: in one scratch row block (the same bits, half the time)
+        return discrepancy_of(A, P, g, xp, work=np.empty(np.broadcast_shapes(A.shape, P.shape, np.shape(g)),
+                                                          np.result_type(A, P, g)))
+    return discrepancy_of(A, P, g, xp)
 
 
 def optimal_discrepancy(P, Q, f):
