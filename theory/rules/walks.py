@@ -253,7 +253,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             s = q_left.sum(-1, keepdims=True)
             empty = s <= 0
             q_j = q_left / s if not empty.any() else np.where(empty, q_left, q_left / np.where(empty, 1, s))
-        pos = np.minimum(depth + 1, D)
+        pos = None if vanilla and not needs_f else np.minimum(depth + 1, D)      # (vanilla's f does not read it)
         valid = has if point else has & (q_j[rows, c] > 0)                        # impossible candidates are skipped
         if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
             acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
