@@ -254,11 +254,12 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             empty = s <= 0
             q_j = q_left / s if not empty.any() else np.where(empty, q_left, q_left / np.where(empty, 1, s))
         pos = None if vanilla and not needs_f else np.minimum(depth + 1, D)      # (vanilla's f does not read it)
-        valid = has if point else has & (q_j[rows, c] > 0)                        # impossible candidates are skipped
+        qc = q_j[rows, c]
+        valid = has if point else has & (qc > 0)                                  # impossible candidates are skipped
         if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
             acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
         else:
-            f = _vanilla_at(p_res, q_j, c, valid) if vanilla else accept_at(accept, p_res, q_j, pos, c)
+            f = _vanilla_at(p_res[rows, c], qc, valid) if vanilla else accept_at(accept, p_res, q_j, pos, c)
             acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
         if rej.any():
@@ -285,12 +286,11 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     return depth, path, _sample(p_res, u_sample).astype(np.int64), node
 
 
-def _vanilla_at(p_res, q_j, c, valid):
-    """Vanilla's f = min(1, p_res(c) / q_j(c)) (B,) at the candidates c (B,) of rows (B, V), read where ``valid``
+def _vanilla_at(pc, qc, valid):
+    """Vanilla's f = min(1, p_res(c) / q_j(c)) (B,) from the candidates' entries pc, qc (B,), read where ``valid``
     (q_j(c) > 0; elsewhere 1, never read): ``Vanilla.at``'s bits there (the IEEE quotient, clipped at 1) without its
     generic guards, as ``_vanilla_device`` reads it."""
-    rows = np.arange(len(c))
-    return np.minimum(p_res[rows, c] / np.where(valid, q_j[rows, c], 1.0), 1.0)
+    return np.minimum(pc / np.where(valid, qc, 1.0), 1.0)
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
