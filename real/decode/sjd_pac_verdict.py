@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from theory.core.xp import gather, gather_rows, namespace, normalize, put_last, sample_categorical, take_last
-from theory.rules.acceptance import accept_at, reads_f
+from theory.core.xp import (gather, gather_rows, namespace, normalize, put_last, ratio_min1, sample_categorical,
+                             take_last)
+from theory.rules.acceptance import Vanilla, accept_at, reads_f
 from theory.tree import Tree, TreeVerdict
 
 __all__ = ["longest_path_verdict", "predict_longest"]
@@ -172,7 +173,9 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     q_t = Q if A["t_rows"] is None else Q[:, A["t_rows"]]
     c = tokens[:, kid]
     qc, pc = take_last(q_t, c[..., None], xp)[..., 0], take_last(p_t, c[..., None], xp)[..., 0]
-    f = accept_at(verifier.accept, p_t, q_t, A["pos_all"], c)
+    # vanilla's f at c is ratio_min1 of the entries just gathered (``Vanilla.at``'s own formula on them: the same bits)
+    f = (ratio_min1(pc, qc, xp) if type(verifier.accept) is Vanilla
+         else accept_at(verifier.accept, p_t, q_t, A["pos_all"], c))
     passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
     ok = passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True

@@ -235,11 +235,12 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     path = np.full((B, D), -1, np.int64)
     active = np.ones(B, bool)
     p_res = p[:, 0].copy()
-    removed = None if point else np.zeros((B, V), bool)
+    q_left = None if point else q[:, 0].copy()          # the node's q without its rejected siblings (zeroed)
     tokens = np.asarray(tokens, np.int64)
     needs_f = reads_f(resample)
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
     decide = getattr(accept, "decide_at", None) if at_point is None and not needs_f else None   # (LANTERN's)
+    vanilla = type(accept) is Vanilla               # f = min(1, p_res(c) / q_j(c)) read here (``_vanilla_at``)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
         if not has.any():
@@ -248,34 +249,48 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
         c = tokens[rows, kid]
         if point:        # deterministic candidates: the draft's conditional law is the point mass at c
             q_j = (np.arange(V) == c[:, None]).astype(p.dtype)
-        else:
-            q_left = np.where(removed, np.zeros((), q.dtype), q[rows, node])
+        else:            # Norm(q_left), 0 if exhausted (one division where no row is: the same bits)
             s = q_left.sum(-1, keepdims=True)
-            q_j = np.where(s <= 0, q_left, q_left / np.where(s <= 0, np.ones((), s.dtype), s))   # Norm, 0 if exhausted
-        pos = np.minimum(depth + 1, D)
-        valid = has if point else has & (q_j[rows, c] > 0)                        # impossible candidates are skipped
+            empty = s <= 0
+            q_j = q_left / s if not empty.any() else np.where(empty, q_left, q_left / np.where(empty, 1, s))
+        pos = None if vanilla and not needs_f else np.minimum(depth + 1, D)      # (vanilla's f does not read it)
+        qc = q_j[rows, c]
+        valid = has if point else has & (qc > 0)                                  # impossible candidates are skipped
         if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
             acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
         else:
-            f = accept_at(accept, p_res, q_j, pos, c)
+            f = _vanilla_at(p_res[rows, c], qc, valid) if vanilla else accept_at(accept, p_res, q_j, pos, c)
             acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
         if rej.any():
-            pr, qr, cr = p_res[rej], q_j[rej], c[rej]
-            g = None if at_point is None else at_point(pr, cr, f[rej])     # (None: the rule has none for its law)
-            p_res[rej] = g if g is not None else resample(pr, qr, accept(pr, qr, pos[rej]) if needs_f else None, cr)
+            every = rej.all()                     # (every round rejects: its rows whole, no masked copies)
+            pr, qr, cr = (p_res, q_j, c) if every else (p_res[rej], q_j[rej], c[rej])
+            g = None if at_point is None else at_point(pr, cr, f if every else f[rej])   # (None: no law for it)
+            if g is None:
+                g = resample(pr, qr, accept(pr, qr, pos if every else pos[rej]) if needs_f else None, cr)
+            if every:                             # (copied in: the walk's row is its own, whatever g aliases)
+                p_res[...] = g
+            else:
+                p_res[rej] = g
             if not point:
-                removed[rows[rej], cr] = True
+                q_left[rows[rej], cr] = 0.0
         if acc.any():
             p_res[acc] = p[rows[acc], kid[acc]]
             if not point:
-                removed[acc] = False
+                q_left[acc] = q[rows[acc], kid[acc]]
             path[rows[acc], depth[acc]] = kid[acc]
         node = np.where(acc, kid, node)
         depth = depth + acc
         rank = np.where(acc, 0, rank + (has & ~acc))
         active = active & has
     return depth, path, _sample(p_res, u_sample).astype(np.int64), node
+
+
+def _vanilla_at(pc, qc, valid):
+    """Vanilla's f = min(1, p_res(c) / q_j(c)) (B,) from the candidates' entries pc, qc (B,), read where ``valid``
+    (q_j(c) > 0; elsewhere 1, never read): ``Vanilla.at``'s bits there (the IEEE quotient, clipped at 1) without its
+    generic guards, as ``_vanilla_device`` reads it."""
+    return np.minimum(pc / np.where(valid, qc, 1.0), 1.0)
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
