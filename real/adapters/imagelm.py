@@ -40,7 +40,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .hf import HFCausalLM
 from real.nn.layers import linear
 from .batched_imagelm import BatchedImageLM
 from .image_layout import ImageLayout
@@ -49,7 +48,7 @@ from real.protocol import ModelOutput, Prompt
 __all__ = ["ImageTokenLM"]
 
 
-class ImageTokenLM(HFCausalLM):
+class ImageTokenLM:
     """A multimodal transformers LM as a ``real.protocol.ARModel`` over its V image codes.
 
     ``model``: the transformers model (kept for ``device``/``dtype`` and decoding); ``backbone``: the
@@ -65,7 +64,7 @@ class ImageTokenLM(HFCausalLM):
                  keep_ids: tuple[int, ...] = ()):
         """Arguments as in the class docstring: ``code_ids`` (V,) int64, ``head_weight`` (V, D) or None. ValueError
         for V < 2, a head without V rows, an unknown ``uncond``, or ``uncond='pad'`` without ``pad_id``."""
-        super().__init__(model)
+        self.model = model.eval()
         model.requires_grad_(False)
         self.backbone = backbone
         self.layout = layout
@@ -82,6 +81,11 @@ class ImageTokenLM(HFCausalLM):
         if uncond == "pad" and pad_id is None:
             raise ValueError("uncond='pad' needs pad_id")
         self.uncond, self.pad_id, self.keep_ids = uncond, pad_id, tuple(keep_ids)
+
+    needs_features = False
+    batched = False          # one image: the engine wraps it in real.protocol.OneRow (the batched form is BatchedImageLM)
+    device = property(lambda self: self.model.device, doc="The wrapped model's device.")
+    dtype = property(lambda self: self.model.dtype, doc="The wrapped model's dtype.")
 
     # ------------------------------------------------------------------ family hooks
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
