@@ -18,12 +18,14 @@ Budget on one H200: about 1 minute to build, well under 5 minutes in all with th
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from gpu_check import device_sync, timeit
 from real.decode import engine
@@ -31,7 +33,7 @@ from real.adapters.chameleon import ChameleonImageLM, lumina_7b_config, lumina_l
 from real.adapters.imagelm_eagle import eagle_for
 from real.adapters.imagelm_loading import truncated_hf
 from real.decode.methods import make_verifier
-from real.protocol import Prompt
+from real.protocol import Prompt, left_pad
 from real.decode.sampling import Processing
 from theory.rules.chain import verify_chain
 
@@ -102,17 +104,25 @@ def main(argv=None) -> int:
         tgt.prefill(prompt, ctx, cfg=True)
         res["adapter_step_ms"] = 1e3 * timeit(fwd(tgt, nxt[:, :1]), dev, a.iters)
         res["target_verify_ms"] = 1e3 * timeit(fwd(tgt, nxt), dev, a.iters)
-        ids = tgt.code_ids[nxt[:, :1]]
-        mask = torch.cat([tgt._full_mask(2), torch.ones(2, 1, dtype=torch.long, device=dev)], 1)
-        pos = tgt.next_positions()[:, None]
+        # the same step through transformers alone, on its own DynamicCache of the padded CFG pair (mask + positions)
+        pr = tgt.prompt(prompt, True)
+        pids, real, _ = left_pad([pr.ids, pr.uncond_ids], dev)
+        seq = torch.cat([pids, tgt.code_ids[ctx]], 1)
+        mask = torch.cat([real.long(), torch.ones(2, ctx.shape[1] + 1, dtype=torch.long, device=dev)], 1)
+        pos_all = (mask.cumsum(1) - 1).clamp_min(0)
+        kw = "cache" if "cache" in inspect.signature(tgt.backbone.forward).parameters else "past_key_values"
+        hc = DynamicCache()
+        tgt.backbone(input_ids=seq, attention_mask=mask[:, :-1], position_ids=pos_all[:, :-1], use_cache=True,
+                     **{kw: hc})
+        ids, pos = tgt.code_ids[nxt[:, :1]], pos_all[:, -1:]
 
-        def raw():      # the same step through transformers alone (padded CFG pair: mask + positions)
-            tgt.backbone(input_ids=ids, attention_mask=mask, position_ids=pos, cache=tgt.cache, use_cache=True)
-            tgt.cache.crop(-1)
+        def raw():
+            tgt.backbone(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: hc})
+            hc.crop(-1)
         res["hf_step_ms"] = 1e3 * timeit(raw, dev, a.iters)
         skip.prefill(prompt, ctx, cfg=True)
         res["layerskip_step_ms"] = 1e3 * timeit(fwd(skip, nxt[:, :1]), dev, a.iters)
-        P = tgt._prefix_len
+        P = tgt.prefix_len
         eag.start(P, 2)
         feats = torch.randn(2, P - 1 + a.context, tgt.hidden_size, device=dev, dtype=dtype, generator=g)
         toks = torch.zeros(2, P - 1 + a.context, dtype=torch.long, device=dev)

@@ -105,6 +105,16 @@ class BatchedImageLM(PromptRows):
             return own(base, ci, forced)
         return self.layout.position(base[:, None], ci, forced)
 
+    def stream(self, row: int, codes: torch.Tensor) -> torch.Tensor:
+        """The model ids (N,) (CPU) row ``row`` holds after its prompt, in cache order, given the codes (n,) fed to it
+        after the prompt in visible order: each slot's code (its owner, ``_owner``) or the row end where ``_forced``;
+        for checking the layout (``ImageTokenLM.stream``)."""
+        cache = self._need_cache()
+        s = slice(self._P, int(cache.lens[row]))
+        ids = self.family.code_ids.cpu()[torch.as_tensor(codes).cpu()][torch.as_tensor(self._owner[row, s] - self._P)]
+        forced = torch.as_tensor(self._forced[row, s])
+        return ids if self.layout.row_end is None else ids.masked_fill(forced, self.layout.row_end)
+
     # ------------------------------------------------------------------ model calls
     def _run(self, ids: torch.Tensor, pos: np.ndarray, mask: torch.Tensor) -> torch.Tensor:
         """Model ids (R, S') at positions (R, S'[, A]) under mask (R, S', K) -> post-norm hidden (R, S', D); commits."""

@@ -21,14 +21,13 @@ positional mask, then top-k): CFG is affine per token, and Lumina-mGPT's / trans
 log-softmax scores differs from CFG on logits by a per-row constant, which the renormalisation over
 the codes removes.
 
-``ImageTokenLM`` subclasses ``real.adapters.hf.HFCausalLM`` and reuses its DynamicCache, left-padded CFG pair,
-positions, tree masks, rollback and keep; it only maps the visible (code) stream to the model's
-stream. Visible quantities: ``cache_len`` counts prefix + codes (row-end entries hidden);
-``forward(position_ids=...)`` takes visible positions (code index = position - prefix length decides
-where a row end is forced, so tree levels at any depth get theirs) and (S, K) masks over visible
-entries (``real.decode.engine.tree_generate`` drafts level by level with them); ``rollback(n)`` drops the
-last n visible entries with their row-end tokens; ``keep(indices)`` keeps a root path of the last
-block (depths 0..k-1) with its row-end tokens. Image logits come from the hidden states through the rows of the
+``ImageTokenLM`` is the family adapter (prompt and CFG row, embeddings, image head, code ids, layout) and, as a
+``real.protocol`` model of one image, a thin view of ``real.adapters.batched_imagelm.BatchedImageLM`` with that one
+image: its ``prefill`` / ``forward`` / ``rollback`` / ``keep`` are the batched adapter's, which keeps the one
+visible-vs-stream bookkeeping (made on first use, with its own port of the decoder layers). Visible quantities:
+``cache_len`` counts prefix + codes (row-end entries hidden); ``forward(position_ids=...)`` takes visible positions
+and (S, K) masks over visible entries; ``rollback(n)`` drops the last n visible entries with their row ends;
+``keep(indices)`` keeps a root path of the last block with its row ends. Image logits come from the hidden states through the rows of the
 output head that belong to the codes (or a family's own generation head), never through the model's
 full-vocabulary forward (Chameleon's forward sets every image logit to the dtype minimum).
 
@@ -38,20 +37,18 @@ this module holds the adapter and re-exports the others' public names.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
 
-from .hf import HFCausalLM
 from real.nn.layers import linear
-from .image_layout import KIND_CODE, KIND_ROW_END, ImageLayout, kept_entries, visible_cut
-from real.protocol import ModelOutput, Prompt, left_pad_ids
+from .batched_imagelm import BatchedImageLM
+from .image_layout import ImageLayout
+from real.protocol import ModelOutput, Prompt
 
 __all__ = ["ImageTokenLM"]
 
 
-class ImageTokenLM(HFCausalLM):
+class ImageTokenLM:
     """A multimodal transformers LM as a ``real.protocol.ARModel`` over its V image codes.
 
     ``model``: the transformers model (kept for ``device``/``dtype`` and decoding); ``backbone``: the
@@ -67,7 +64,7 @@ class ImageTokenLM(HFCausalLM):
                  keep_ids: tuple[int, ...] = ()):
         """Arguments as in the class docstring: ``code_ids`` (V,) int64, ``head_weight`` (V, D) or None. ValueError
         for V < 2, a head without V rows, an unknown ``uncond``, or ``uncond='pad'`` without ``pad_id``."""
-        super().__init__(model)
+        self.model = model.eval()
         model.requires_grad_(False)
         self.backbone = backbone
         self.layout = layout
@@ -84,9 +81,11 @@ class ImageTokenLM(HFCausalLM):
         if uncond == "pad" and pad_id is None:
             raise ValueError("uncond='pad' needs pad_id")
         self.uncond, self.pad_id, self.keep_ids = uncond, pad_id, tuple(keep_ids)
-        params = inspect.signature(backbone.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._reset_stream()
+
+    needs_features = False
+    batched = False          # one image: the engine wraps it in real.protocol.OneRow (the batched form is BatchedImageLM)
+    device = property(lambda self: self.model.device, doc="The wrapped model's device.")
+    dtype = property(lambda self: self.model.dtype, doc="The wrapped model's dtype.")
 
     # ------------------------------------------------------------------ family hooks
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -149,153 +148,85 @@ class ImageTokenLM(HFCausalLM):
 
     def stream(self, row: int = 0) -> torch.Tensor:
         """The ids (N,) (CPU; N = codes + forced row ends) the model has in its cache for CFG row ``row``
-        after the prefix, for checking the layout."""
-        if self._ids is None:
+        after the prefix, in cache order, for checking the layout: each entry the code it holds (the visible code its
+        slot belongs to) or the row end, read from ``BatchedImageLM``'s per-slot bookkeeping."""
+        b = self.__dict__.get("_rows")
+        if b is None or b.cache is None:
             raise ValueError("stream() before prefill")
-        return self._ids[row, self._prefix_len:].cpu()
+        return b.stream(row, self._seen[row].cpu())
 
-    # ------------------------------------------------------------------ model call
-    def _call(self, ids, mask, pos, return_hidden, keep=0):
-        out = self.backbone(inputs_embeds=self.embed(ids), attention_mask=mask, position_ids=pos, use_cache=True,
-                            **{self._cache_kw: self.cache})
-        return ModelOutput(None, out.last_hidden_state)
-
-    def _reset_stream(self):
-        self._kind = torch.zeros(0, dtype=torch.int8)    # per cache entry: prefix / code / row end (CPU)
-        self._ids: torch.Tensor | None = None            # (B, inner len) ids in the cache (device)
-        self._n_code = 0
-        self._n_row_end = 0
-        self._prefix_len = 0
-        self._blk = None                                  # last block: (a (S,), ends (S,), code index (S,)) CPU
+    # ------------------------------------------------------------------ protocol: a one-image view of BatchedImageLM
+    def _batched(self) -> BatchedImageLM:
+        """The ``BatchedImageLM`` over this family that holds the cache and its visible-vs-stream bookkeeping (made on
+        first use: its decoder port is a copy of the transformers layers, which stay for the family's other users)."""
+        b = self.__dict__.get("_rows")
+        if b is None:
+            b = self._rows = BatchedImageLM(self)
+        return b
 
     @property
     def cache_len(self) -> int:
-        """Visible entries per row: prefix + codes (forced row ends not counted)."""
-        return self.stream_len - self._n_row_end
+        """Visible entries per row: prefix + codes (forced row ends not counted); 0 before prefill."""
+        b = self.__dict__.get("_rows")
+        return 0 if b is None or b.cache is None else int(b.cache_lens[0])
 
-    def _codes(self, tokens: torch.Tensor, ci: torch.Tensor) -> torch.Tensor:
-        """Codes (B, S) with code indices ``ci`` (S,) (CPU; position in the image, raster order) -> their model ids
-        (B, S), checked (ValueError for a shape or a code index outside the image); the layout inserts the row ends
-        (``ImageLayout.feed``)."""
-        t = torch.as_tensor(tokens, device=self.device, dtype=torch.long)
-        if t.ndim != 2:
-            raise ValueError(f"tokens must be (B, S), got shape {tuple(t.shape)}")
-        S = t.shape[1]
-        T = self.layout.num_tokens
-        if S and int(ci.min()) < 0:
-            raise ValueError(f"position_ids inside the prefix (code index {int(ci.min())})")
-        if S and int(ci.max()) >= T:
-            raise ValueError(f"the image has {T} codes ({self.layout.height} x {self.layout.width}); "
-                             f"a code at index {int(ci.max())} cannot be fed")
-        return self.code_ids[t]                          # out-of-range codes fail loudly here
+    @property
+    def prefix_len(self) -> int:
+        """Prompt entries per row (padding included) of the last prefill."""
+        return self._batched().prefix_len
 
-    # ------------------------------------------------------------------ protocol
+    @property
+    def stream_len(self) -> int:
+        """Entries of the model's own stream in the cache (prefix, codes and forced row ends)."""
+        b = self.__dict__.get("_rows")
+        return 0 if b is None or b.cache is None else int(b.cache.lens[0])
+
     @torch.no_grad()
     def prefill(self, cond, tokens: torch.Tensor | None = None, *, cfg: bool = False,
                 return_hidden: bool = False) -> ModelOutput:
-        """cond: a ``Prompt`` of prompt ids (the layout header is appended unless already there; with
-        cfg the unconditional row is built as described in the class docstring); tokens (B, S) codes."""
-        if tokens is not None and (int(torch.as_tensor(tokens).numel()) == 0):
-            tokens = None
-        prompt = self._prompt(cond, cfg)
-        self._reset_stream()
-        if tokens is not None:
-            ci = torch.arange(tokens.shape[-1])
-            ids, a, ends, kind = self.layout.feed(ci, self._codes(tokens, ci))[:4]
-        out = super().prefill(prompt, ids if tokens is not None else None, cfg=cfg, return_hidden=True)
-        h = out.hidden
-        n_blk = ids.shape[1] if tokens is not None else 0
-        P = h.shape[1] - n_blk
-        self._prefix_len = P
-        self._kind = torch.zeros(P, dtype=torch.int8)
-        rows = h[:, P - 1:P]
-        hid = h[:, :P]
-        if tokens is not None:
-            li = (P + a + ends.long()).to(self.device)
-            rows = torch.cat([rows, h[:, li]], 1)
-            hid = torch.cat([hid, h[:, li]], 1)
-            self._kind = torch.cat([self._kind, kind])
-            self._n_code, self._n_row_end = int(tokens.shape[-1]), int(ends.sum())
-            self._blk = (a, ends, torch.arange(tokens.shape[-1]))
-        self._ids = left_pad_ids([prompt.ids] + ([prompt.uncond_ids] if cfg else []), self.device)[0]   # (B, P)
-        if tokens is not None:
-            self._ids = torch.cat([self._ids, ids], 1)
-        return ModelOutput(self.head(rows), hid if return_hidden else None)
+        """cond: one ``Prompt`` of prompt ids (the layout header is appended unless already there; with cfg the
+        unconditional row is built as described in the class docstring); tokens (B, S) codes (B = 2 with cfg) ->
+        logits (B, 1 + S, V) (+ hidden (B, P + S, D)): ``BatchedImageLM.prefill`` of one image."""
+        b = self._batched()
+        t = None if tokens is None else torch.as_tensor(tokens)
+        out = b.prefill([cond if isinstance(cond, Prompt) else Prompt(cond)], t, cfg=cfg, return_hidden=return_hidden)
+        R = b.cache.rows
+        self._seen = t.to(self.device, torch.long) if t is not None and t.numel() else \
+            torch.zeros(R, 0, dtype=torch.long, device=self.device)
+        self._blk_at = None
+        return out
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, *, position_ids: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None, return_hidden: bool = False) -> ModelOutput:
-        """Codes (B, S) at visible positions ``position_ids`` (S,) (default cache_len + arange(S)); code
-        index = position - prefix length decides where row ends are forced. ``attn_mask`` (S, K) as in
-        ``real.protocol`` over visible entries (K > S: the last K - S visible cached entries, with the
-        row-end tokens that follow them). Tree blocks copy position_ids to the host (one small copy)."""
-        if self.cache is None:
+        """Codes (B, S) at visible positions ``position_ids`` (S,) (default cache_len + arange(S)) under ``attn_mask``
+        (S, K) over visible entries as in ``real.protocol``: ``BatchedImageLM.forward`` of one image."""
+        b = self.__dict__.get("_rows")
+        if b is None or b.cache is None:
             raise ValueError(f"{type(self).__name__}.forward before prefill")
-        B, S = tokens.shape
-        vis, P = self.cache_len, self._prefix_len
-        if position_ids is None:
-            vpos = vis + torch.arange(S)
-        else:
-            vpos = torch.as_tensor(position_ids, dtype=torch.long).reshape(-1).cpu()
-            if vpos.numel() != S:
-                raise ValueError(f"position_ids must have {S} entries, got {vpos.numel()}")
-        ci = vpos - P
-        codes = self._codes(tokens, ci)
-        m = None                                                   # the default chain: positions and mask implied
-        if attn_mask is not None:
-            m = torch.as_tensor(attn_mask, dtype=torch.bool).cpu()
-            if m.ndim != 2 or m.shape[0] != S or not S <= m.shape[1] <= vis + S:
-                raise ValueError(f"attn_mask must be (S, K) with S = {S} and {S} <= K <= cache_len + S = "
-                                 f"{vis + S}, got {tuple(m.shape)}")
-        elif position_ids is not None:
-            m = torch.ones(S, S, dtype=torch.bool).tril_()
-        # the block in the model's stream: its ids, entries and (given positions or a mask) positions and mask
-        fed = self.layout.feed(ci, codes, None if m is None else P, m, self._kind)
-        ids, a, ends, kind = fed[:4]
-        out = super().forward(ids, position_ids=None if m is None else fed.positions.to(self.device),
-                              attn_mask=None if m is None else fed.mask.to(self.device), return_hidden=True)
-        li = (a + ends.long()).to(self.device)
-        h = out.hidden[:, li]
-        self._kind = torch.cat([self._kind, kind])
-        self._ids = torch.cat([self._ids, ids], 1)
-        self._n_code += S
-        self._n_row_end += int(ends.sum())
-        self._blk = (a, ends, ci)
-        return ModelOutput(self.head(h), h if return_hidden else None)
+        out = b.forward(tokens, position_ids=position_ids, attn_mask=attn_mask, return_hidden=return_hidden)
+        self._blk_at = self._seen.shape[1]
+        self._seen = torch.cat([self._seen, torch.as_tensor(tokens, device=self.device, dtype=torch.long)], 1)
+        return out
 
     def rollback(self, n: int) -> None:
         """Drop the last n visible entries (codes) and the row-end tokens that follow them."""
+        b = self.__dict__.get("_rows")
+        if b is None or b.cache is None:
+            raise ValueError(f"{type(self).__name__}.rollback before prefill")
         n = int(n)
-        if n < 0 or n > self.cache_len - self._prefix_len:
-            raise ValueError(f"rollback({n}) with {self.cache_len - self._prefix_len} cached image tokens")
-        if n == 0:
-            return
-        cut = visible_cut(self._kind, n)
-        dropped = self._kind[cut:]
-        super().rollback(self.stream_len - cut)
-        self._n_code -= int((dropped == KIND_CODE).sum())
-        self._n_row_end -= int((dropped == KIND_ROW_END).sum())
-        self._kind = self._kind[:cut]
-        self._ids = self._ids[:, :cut]
+        b.rollback(n)
+        self._seen = self._seen[:, :self._seen.shape[1] - n]
+        self._blk_at = None
 
     def keep(self, indices: torch.Tensor) -> None:
         """Keep the nodes ``indices`` (k,) of the last block, a root path (depths 0..k-1), with their
         row-end tokens; drop the rest of the block."""
-        if self._blk is None:
+        b = self.__dict__.get("_rows")
+        if b is None or self._blk_at is None:
             raise ValueError("keep() without a preceding block")
-        a, ends, ci = self._blk
-        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1).cpu()
-        S = a.numel()
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= S):
-            raise ValueError(f"keep indices must lie in [0, {S})")
-        if idx.numel() and not torch.equal(ci[idx], int(ci.min()) + torch.arange(idx.numel())):
-            raise ValueError("keep() needs a root path of the last block (nodes at depths 0, 1, ..., k-1 in order)")
-        sel = kept_entries(a, ends, idx)
-        n_blk = S + int(ends.sum())
-        s = self.stream_len - n_blk
-        super().keep(sel.to(self.device))
-        self._kind = torch.cat([self._kind[:s], self._kind[s + sel]])
-        self._ids = torch.cat([self._ids[:, :s], self._ids[:, s + sel.to(self.device)]], 1)
-        self._n_code += idx.numel() - S
-        self._n_row_end += int(ends[idx].sum()) - int(ends.sum())
-        self._blk = None
+        idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        b.keep(idx)
+        s = self._blk_at
+        self._seen = torch.cat([self._seen[:, :s], self._seen[:, s + idx.to(self.device)]], 1)
+        self._blk_at = None
