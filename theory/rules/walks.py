@@ -45,7 +45,7 @@ from functools import partial
 import array_api_compat
 import numpy as np
 
-from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
+from ..core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
 from .acceptance import Vanilla, _weight_at, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
@@ -240,7 +240,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     needs_f = reads_f(resample)
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
     decide = getattr(accept, "decide_at", None) if at_point is None and not needs_f else None   # (LANTERN's)
-    vanilla = type(accept) is Vanilla               # f = min(1, p_res(c) / q_j(c)) read here (``_vanilla_at``)
+    vanilla = type(accept) is Vanilla               # f read from the entries gathered here (``Vanilla.at``'s formula)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
         if not has.any():
@@ -249,17 +249,15 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
         c = tokens[rows, kid]
         if point:        # deterministic candidates: the draft's conditional law is the point mass at c
             q_j = (np.arange(V) == c[:, None]).astype(p.dtype)
-        else:            # Norm(q_left), 0 if exhausted (one division where no row is: the same bits)
-            s = q_left.sum(-1, keepdims=True)
-            empty = s <= 0
-            q_j = q_left / s if not empty.any() else np.where(empty, q_left, q_left / np.where(empty, 1, s))
+        else:            # Norm(q_left), 0 if exhausted
+            q_j = normalize(q_left, q_left)
         pos = None if vanilla and not needs_f else np.minimum(depth + 1, D)      # (vanilla's f does not read it)
         qc = q_j[rows, c]
         valid = has if point else has & (qc > 0)                                  # impossible candidates are skipped
         if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
             acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
         else:
-            f = _vanilla_at(p_res[rows, c], qc, valid) if vanilla else accept_at(accept, p_res, q_j, pos, c)
+            f = ratio_min1(p_res[rows, c], qc, np) if vanilla else accept_at(accept, p_res, q_j, pos, c)
             acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
         if rej.any():
@@ -284,13 +282,6 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
         rank = np.where(acc, 0, rank + (has & ~acc))
         active = active & has
     return depth, path, _sample(p_res, u_sample).astype(np.int64), node
-
-
-def _vanilla_at(pc, qc, valid):
-    """Vanilla's f = min(1, p_res(c) / q_j(c)) (B,) from the candidates' entries pc, qc (B,), read where ``valid``
-    (q_j(c) > 0; elsewhere 1, never read): ``Vanilla.at``'s bits there (the IEEE quotient, clipped at 1) without its
-    generic guards, as ``_vanilla_device`` reads it."""
-    return np.minimum(pc / np.where(valid, qc, 1.0), 1.0)
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
