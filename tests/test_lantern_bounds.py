@@ -248,23 +248,26 @@ def _host_walk_cases(n):
         yield v, p.astype(np.float32), q.astype(np.float32), tokens, u, us, tree, cap
 
 
-def test_host_walk_decides_lantern_from_bounds():
-    """Candidates drawn without replacement (the host walk, one candidate per round per step): LANTERN(++) decided by
-    ``Lantern.decide_at`` gives verify_tree's verdict (f read in full at every candidate)."""
+@pytest.mark.parametrize("law", ["without_replacement", "point"])
+def test_host_walk_decides_lantern_from_bounds(law):
+    """The host walk (one candidate per round per step), candidates drawn without replacement or deterministic (the
+    point law: LANTERN's released laws read no f there either): LANTERN(++) decided by ``Lantern.decide_at`` gives
+    verify_tree's verdict (f read in full at every candidate)."""
     n = 0
     for v, p, q, tokens, u, us, tree, cap in _host_walk_cases(60):
-        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap)
-        got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap)
+        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law=law)
+        got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
         assert same(ref, got), v.name
         n += int(np.asarray(ref.accepted).sum())
     assert n > 50
 
 
-def test_control_host_walk_without_headroom_is_caught(monkeypatch):
+@pytest.mark.parametrize("law", ["without_replacement", "point"])
+def test_control_host_walk_without_headroom_is_caught(monkeypatch, law):
     monkeypatch.setattr(LA, "upper", lambda px, thr: px + 0 * np.asarray(thr, px.dtype))
     wrong = 0
     for v, p, q, tokens, u, us, tree, cap in _host_walk_cases(60):
-        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap)
-        got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap)
+        ref = verify_tree(p, q, tokens, u, us, tree, v, early_exit=True, max_depth=cap, draft_law=law)
+        got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
         wrong += not same(ref, got)
     assert wrong >= 5

@@ -239,7 +239,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     tokens = np.asarray(tokens, np.int64)
     needs_f = reads_f(resample)
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
-    decide = getattr(accept, "decide_at", None) if at_point is None and not needs_f else None   # (LANTERN's)
+    decide = None if needs_f else getattr(accept, "decide_at", None)   # (LANTERN's; a law that reads no f)
     vanilla = type(accept) is Vanilla               # f read from the entries gathered here (``Vanilla.at``'s formula)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         has = active & (rank < n_kids[rows, node]) & (depth < cap)
@@ -255,7 +255,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
         qc = q_j[rows, c]
         valid = has if point else has & (qc > 0)                                  # impossible candidates are skipped
         if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
-            acc = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)[0]
+            acc, f = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)   # (f: NaN where unread)
         else:
             f = ratio_min1(p_res[rows, c], qc, np) if vanilla else accept_at(accept, p_res, q_j, pos, c)
             acc = valid & (u_accept[rows, kid] < f)
