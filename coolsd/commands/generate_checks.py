@@ -1,7 +1,7 @@
 """`coolsd generate`'s options into a ``Plan``, in one direction (issue 47): ``plan`` takes the argparse Namespace
 once, checks every option, file and combination before any model is built (``coolsd.validate.run_config``: issue 26 / 41), builds
 the models, checks what needs them (``coolsd.validate.check_built``), then makes the mode, the processing, the verifier and, with
---fidelity, the scoring rule. The later steps of ``coolsd.commands.generate`` read the frozen ``Plan`` alone."""
+--fidelity, the scoring rule. The last stage, ``coolsd.commands.generate_run``, reads the frozen ``Plan`` alone."""
 from __future__ import annotations
 
 import dataclasses
