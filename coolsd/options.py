@@ -10,7 +10,7 @@ the static tree it names.
 
 ``drafting_spec(args)`` -> ``DraftingSpec`` (the mode's name and its checked options: a plain, JSON-ready value the
 sweep stores in its identity); ``spec.build(facts)`` -> the ``real.protocol.Drafting`` mode for the built model
-(``model_facts``: the image row width, SJD's plain tail).
+(``real.specs.model_facts``: the image row width, SJD's plain tail).
 
 Methods: the registry's flags (``theory.rules.methods.flags``) are namespaced per method: every flag is parsed as
 text, and ``method_params(args, method)`` converts the ones given by THAT method's own parameter (its type, range and
@@ -18,12 +18,11 @@ default); a flag another method owns is refused, naming the method's own flags.
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 
 __all__ = ["DraftingSpec", "add_drafting_args", "add_method_args", "drafting_spec", "method_params", "given", "flag",
-           "model_facts", "run_processing", "drafting_dests", "add_mode_flags", "method_spec"]
+           "run_processing", "drafting_dests", "add_mode_flags", "method_spec"]
 
 
 def flag(dest: str) -> str:
@@ -132,8 +131,8 @@ def method_params(args, method: str, gave: set | None = None) -> dict:
 
 def method_spec(args) -> tuple:
     """The method ``args`` names, checked before any model is built: (its name in lower case, "ar" for plain decoding;
-    its own given parameters, ``method_params``; the registry's resolved parameters, ``theory.rules.methods.resolve``
-    with its combined checks). An unknown method, a verifier flag with --method ar, a flag another method owns and
+    its own given parameters, ``method_params``, for the registry to resolve: ``theory.rules.methods.resolve`` with
+    its combined checks). An unknown method, a verifier flag with --method ar, a flag another method owns and
     --gsd-table with a method that has no distance test are refused, naming the flag."""
     from theory.rules import methods as registry
 
@@ -146,12 +145,11 @@ def method_spec(args) -> tuple:
         if gave:
             raise ValueError(f"{', '.join(flag(f) for f in sorted(gave))} configure(s) a verifier; --method ar has "
                              "none")
-        return method, {}, {}
+        return method, {}
     params = method_params(args, method, gave)
-    full = registry.resolve(method, params)      # the registry's combined checks
     if getattr(args, "gsd_table", None) is not None and not registry.get(method).needs_embeddings:
         raise ValueError(f"--gsd-table configures GSD's distance test; --method {method} has none")
-    return method, params, full
+    return method, params
 
 
 @dataclass(frozen=True)
@@ -182,25 +180,8 @@ class DraftingSpec:
         return self.mode.identity(self.opts)
 
     def build(self, facts: dict | None = None):
-        """The drafting mode for a built model (``facts``: ``model_facts``)."""
+        """The drafting mode for a built model (``facts``: ``real.specs.model_facts``)."""
         return self.mode.build(self.opts, facts or {})
-
-
-def model_facts(bundle, model: str | None = None) -> dict:
-    """What a built model tells the modes (``real.decode.modes.base``): ``num_tokens`` T, ``width`` the image row
-    width (its grid, else the side of a square image, else None) and, where the model's spec runs SJD with the
-    release's plain tail (``real.specs.ModelSpec.sjd_schedule``), ``plain_tail``."""
-    grid = (bundle.info or {}).get("grid")
-    T = int(bundle.num_tokens)
-    out = {"num_tokens": T, "width": int(grid[1]) if grid else (math.isqrt(T) if math.isqrt(T) ** 2 == T else None)}
-    if model is not None:
-        from real.specs import spec as model_spec
-
-        if model_spec(model).sjd_schedule == "lumina":     # SJD / SCD on Lumina-mGPT: the last codes plainly
-            from real.adapters.chameleon import sjd_plain_tail
-
-            out["plain_tail"] = sjd_plain_tail(bundle.target.layout)
-    return out
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "check_built"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "check_built", "model_spec_options", "model_inputs"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -211,22 +211,36 @@ def _spec_values(args) -> dict:
 
 
 def run_options(args, *, available: bool = True) -> tuple:
-    """The options of a model run, read in one pass before any model is built (``coolsd generate`` and ``coolsd
-    sweep``): the options every command shares (``common``: the device and dtype, then the numbers), the model's
-    options against its spec (the one generic check, ``real.specs.check_options``: an option the model does not read
-    is refused before its file is looked at), then this module's checks that read the spec: the input files
-    (``input_paths``), the schedule files (``schedule_files``), the dtype, batching (``batched_model``). Returns (the
-    model's ``real.specs.ModelSpec``, the schedule files {flag: path}, the run's dtype). ValueError naming the flag."""
+    """The options of a model run, read in one pass before any model is built (``coolsd sweep``; ``coolsd generate``
+    reads the same two steps with its mode and method between them, ``run_config``): the options every command shares
+    and the model's options against its spec (``model_spec_options``), then the files and batching that read the spec
+    (``model_inputs``). Returns (the model's ``real.specs.ModelSpec``, the schedule files {flag: path}, the run's
+    dtype). ValueError naming the flag."""
+    s = model_spec_options(args, available=available)
+    return (s, *model_inputs(args, s))
+
+
+def model_spec_options(args, *, available: bool = True):
+    """The first step of a model run's options: the options every command shares (``common``: the device and dtype,
+    then the numbers), then the model's options against its spec (the one generic check, ``real.specs.check_options``:
+    an option the model does not read is refused before its file is looked at). Returns the model's
+    ``real.specs.ModelSpec``."""
     from real import specs
 
     values = _spec_values(args)
     common(args, available=available)
-    s = specs.check_options(args.model, values)
+    return specs.check_options(args.model, values)
+
+
+def model_inputs(args, model_spec) -> tuple:
+    """The second step of a model run's options, the checks of this module that read the model's spec
+    ``model_spec``: the input files (``input_paths``), the schedule files (``schedule_files``), the dtype, batching
+    (``batched_model``). Returns (the schedule files {flag: path}, the run's dtype)."""
     input_paths(args)
     schedules = schedule_files(args)
     dtype = default_dtype(args.device, args.dtype)
-    batched_model(args, s)
-    return s, schedules, dtype
+    batched_model(args, model_spec)
+    return schedules, dtype
 
 
 def input_paths(args) -> None:
@@ -311,12 +325,13 @@ def run_config(args) -> RunConfig:
     ``RunConfig``:
     ``--save`` / ``--record`` resolved to the file that will be written,
     ``--num-images`` to the number of images, ``--dtype`` to the run's, the drafting spec and the method's
-    parameters (resolved by the registry: its defaults included). One pass, one direction: the shared layer
-    (``run_options``: device, numbers, the model's spec, input and schedule files, batching), the
-    conditions and the image count, the mode and the method
-    (``coolsd.options``), what they need of the model (``compile_option``, ``method_model``), --record's rounds,
-    then the outputs (``coolsd.io``); the model's spec and the method's registry entry are looked up
-    once and read from then on."""
+    parameters (resolved by the registry: its defaults included). One pass, one direction, each step once: the
+    shared options and the model's spec (``model_spec_options``), the method and the mode (``coolsd.options``) and the
+    method's parameters resolved (``theory.rules.methods.resolve``), then this module's checks that read them (the
+    files and batching, ``model_inputs``; what the mode and method need of the model, ``compile_option``,
+    ``method_model``; what --fidelity and --record need of the mode), the conditions and the image count, then the
+    outputs (``coolsd.io``); the model's spec and the method's registry entry are looked
+    up once and read from then on."""
     from theory.core import checks
     from theory.rules import methods as rule_registry
 
@@ -325,7 +340,27 @@ def run_config(args) -> RunConfig:
     from real.decode.checks import MAX_IMAGES
     from real.specs import OPTIONS
 
-    s, schedules, dtype = run_options(args, available=False)   # availability: at build
+    s = model_spec_options(args, available=False)        # availability: at build
+    T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
+    proc = run_processing(args)                          # what the drafting checks and --fidelity's check read
+    method, params = method_spec(args)                   # the method's own options (coolsd.options)
+    drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
+    full = {} if method == "ar" else rule_registry.resolve(method, params)    # with the registry's combined checks
+    method_def = None if method == "ar" else rule_registry.get(method)        # what it needs, read once
+    schedules, dtype = model_inputs(args, s)             # the files and batching the spec reads (shared with sweep)
+    compile_option(args, s)                              # what they need of the model (shared with sweep)
+    bare = drafting.build()                              # the mode without a model: its capabilities
+    if args.fidelity and method != "ar":
+        try:                                               # what the options alone show has no exact likelihood
+            drafting.mode.likelihood(bare, None, None, proc)
+        except NotImplementedError as e:
+            raise ValueError(f"--fidelity with {drafting.named}: {e}") from None
+    if args.record is not None:
+        if method == "ar":
+            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
+                             "speculative --method (e.g. vanilla) or drop --record")
+        _check_record(args, s, drafting, T, bare)
+    method_model(method, full, args, f"--method {method}", s)
     n_conds = len(args.prompts) if args.prompts is not None else None
     if args.captions is not None:                        # the file loads (and is counted) whether or not it is used
         from real.nn.checkpoint import load_captions
@@ -344,24 +379,6 @@ def run_config(args) -> RunConfig:
     checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
     if args.batch_size is not None:
         checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
-    T = args.num_tokens or s.tokens                      # tokens per image when the spec knows them
-    proc = run_processing(args)                          # what the drafting checks and --fidelity's check read
-    drafting = drafting_spec(args, T, proc)              # the modes' own options (coolsd.options)
-    method, _, full = method_spec(args)                  # the method's own options (coolsd.options), resolved
-    method_def = None if method == "ar" else rule_registry.get(method)    # what it needs, read once
-    compile_option(args, s)                              # what they need of the model (shared with sweep)
-    method_model(method, full, args, f"--method {method}", s)
-    bare = drafting.build()                              # the mode without a model: its capabilities
-    if args.fidelity and method != "ar":
-        try:                                               # what the options alone show has no exact likelihood
-            drafting.mode.likelihood(bare, None, None, proc)
-        except NotImplementedError as e:
-            raise ValueError(f"--fidelity with {drafting.named}: {e}") from None
-    if args.record is not None:
-        if method == "ar":
-            raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
-                             "speculative --method (e.g. vanilla) or drop --record")
-        _check_record(args, s, drafting, T, bare)
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
     record = None if args.record is None else str(check_output_file("--record", args.record, ".npz"))
     inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules

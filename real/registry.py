@@ -62,7 +62,7 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     if bad:
         raise ValueError(f"unknown build option(s) {bad}; known: {sorted(known)}")
     opts = dataclasses.replace(opts or BuildOptions(), **kw)       # BuildOptions checks the types
-    from .specs import prepare, universal_drafts
+    from .specs import conditions_of, prepare, universal_drafts
     no_draft = opts.draft == NO_DRAFT
     # the one generic check; drafter-free decoding is checked as a drafter-free mode (no draft model's rules apply:
     # --model llamagen then needs no --draft-ckpt)
@@ -73,24 +73,6 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
     bundle.info.setdefault("conditions", conditions_of(opts, bundle.conds))
     return bundle
-
-
-def conditions_of(opts: BuildOptions, conds) -> dict:
-    """How the images' conditions were chosen, for the stamps of records and AR rows (issue 50: rows of one condition
-    are not fitted against rounds of another): {"class_id": c} (every image of class c), {"class_id": "uniform"}
-    (seeded uniform classes), {"prompts": sha256} / {"captions": sha256} of the texts or caption file, else {}."""
-    import hashlib
-
-    if opts.class_id is not None:
-        return {"class_id": int(opts.class_id)}
-    if opts.prompts:
-        return {"prompts": hashlib.sha256("\n".join(map(str, opts.prompts)).encode()).hexdigest()[:16]}
-    if opts.captions:
-        with open(opts.captions, "rb") as fh:
-            return {"captions": hashlib.sha256(fh.read()).hexdigest()[:16]}
-    if conds and all(isinstance(c, (int, np.integer)) for c in conds):
-        return {"class_id": "uniform"}
-    return {}
 
 
 def _o(opts: BuildOptions, name: str, default):

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 __all__ = ["Option", "Rule", "ModelSpec", "OPTIONS", "SPECS", "DRAFT_KINDS", "universal_drafts", "CODEBOOKS", "spec",
-           "flag", "given", "check_options", "resolved", "attach", "prepare", "markdown_table"]
+           "flag", "given", "check_options", "resolved", "attach", "prepare", "conditions_of", "model_facts",
+           "markdown_table"]
 
 DRAFT_KINDS = ("layerskip", "small", "eagle")
 def universal_drafts() -> tuple:
@@ -225,6 +226,46 @@ def prepare(name: str, opts):
     fill = {d: s.default(d) for d in OPTIONS if hasattr(opts, d) and getattr(opts, d) is None
             and s.default(d) is not None}
     return s, dataclasses.replace(opts, **fill)
+
+
+def conditions_of(opts, conds) -> dict:
+    """How the images' conditions were chosen (``real.registry.build`` puts it in ``Bundle.info``), for the stamps of
+    records and AR rows (issue 50: rows of one condition are not fitted against rounds of another), from the filled
+    ``real.registry.BuildOptions`` ``opts`` and the built conditions ``conds``: {"class_id": c} (every image of class
+    c), {"class_id": "uniform"} (seeded uniform classes), {"prompts": sha256} / {"captions": sha256} of the texts or
+    caption file, else {}."""
+    import hashlib
+
+    import numpy as np
+
+    if opts.class_id is not None:
+        return {"class_id": int(opts.class_id)}
+    if opts.prompts:
+        return {"prompts": hashlib.sha256("\n".join(map(str, opts.prompts)).encode()).hexdigest()[:16]}
+    if opts.captions:
+        with open(opts.captions, "rb") as fh:
+            return {"captions": hashlib.sha256(fh.read()).hexdigest()[:16]}
+    if conds and all(isinstance(c, (int, np.integer)) for c in conds):
+        return {"class_id": "uniform"}
+    return {}
+
+
+def model_facts(bundle, model: str | None = None) -> dict:
+    """What a built model (``real.registry.Bundle``) tells the modes (``real.decode.modes.base``), read from the
+    model's spec here once it is built: ``num_tokens`` T, ``width`` the image row
+    width (its grid, else the side of a square image, else None) and, where the model's spec runs SJD with the
+    release's plain tail (``real.specs.ModelSpec.sjd_schedule``), ``plain_tail``."""
+    import math
+
+    grid = (bundle.info or {}).get("grid")
+    T = int(bundle.num_tokens)
+    out = {"num_tokens": T, "width": int(grid[1]) if grid else (math.isqrt(T) if math.isqrt(T) ** 2 == T else None)}
+    if model is not None:
+        if spec(model).sjd_schedule == "lumina":     # SJD / SCD on Lumina-mGPT: the last codes plainly
+            from real.adapters.chameleon import sjd_plain_tail
+
+            out["plain_tail"] = sjd_plain_tail(bundle.target.layout)
+    return out
 
 
 def flag(dest: str) -> str:

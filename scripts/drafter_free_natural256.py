@@ -91,7 +91,7 @@ class Context:
     def __init__(self, a):
         import torch
 
-        from coolsd.options import model_facts
+        from real.specs import model_facts
         from real.decode.methods import gsd_vectors, make_verifier
         from real.decode.modes import lookup
         from real.decode.sampling import Processing

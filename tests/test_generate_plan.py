@@ -53,7 +53,8 @@ def test_namespace_check_sees_a_planted_write():
 
 @pytest.mark.parametrize("command", [["generate"], ["sweep", "--out", "unused_store"]])
 def test_run_options_reads_the_shared_layer_in_one_pass(command):
-    """``validate.run_options`` (generate and sweep): the model's spec, the schedule files and the dtype; the device
+    """``validate.run_options`` (sweep; generate reads its two steps, ``model_spec_options`` and ``model_inputs``, with
+    its mode and method between them): the model's spec, the schedule files and the dtype; the device
     before the numbers (``theory.core.checks``), the numbers before the model's spec, and an option the model does not
     read refused as such before its file is looked up (not "not an existing path"), one error each. Controls: the
     same options one fault at a time, and none."""

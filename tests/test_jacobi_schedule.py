@@ -38,7 +38,8 @@ def test_lumina_plain_tail_follows_the_release(size):
 
 def test_lumina_model_gets_the_plain_tail_and_others_do_not():
     """coolsd's --draft jacobi sets the tail for --model lumina-mgpt only (real.specs sjd_schedule)."""
-    from coolsd.options import DraftingSpec, model_facts
+    from coolsd.options import DraftingSpec
+    from real.specs import model_facts
 
     spec = DraftingSpec(kind="jacobi", options=(("window", 16),))
     lay = lumina_layout(512)

@@ -10,12 +10,10 @@ options are parsed by ``coolsd.options`` (shared with ``coolsd sweep``).
 from __future__ import annotations
 
 import json
-import os
 
-from coolsd.io import atomic_file, json_safe
+from coolsd.io import json_safe
 from coolsd.options import add_drafting_args, add_gsd_table_arg, add_method_args
 
-from .generate_checks import plan
 
 
 def register(sub):
@@ -101,136 +99,19 @@ def run(args):
 
 
 def generate(args) -> dict:
-    """``coolsd generate``: the Namespace read once into a validated, built ``generate_checks.Plan`` (every input
-    checked before any model is built), then in one direction: run the engine (and the AR baseline) writing the
-    records, summarize, score, save; returns the JSON-ready result."""
-    p = plan(args)
-    gens = _recorded_run(p)
-    base = _run(p, None, None) if p.cfg.baseline else []
-    out = _result(p, gens, base)
-    if p.cfg.record:
-        out["record"] = str(p.cfg.record)
-    fid = _fidelity(p, gens, base) if p.cfg.fidelity else None
-    if fid is not None:
-        out["fidelity"] = fid["report"]
-    if p.cfg.save:
-        _save(p, gens, fid)
-        out["saved"] = str(p.cfg.save)
-    return out
+    """``coolsd generate`` as a pipeline, each stage in its own module, in one direction: the Namespace validated once
+    into the frozen ``RunConfig`` (``coolsd.validate.run_config``: every option, file and combination checked before
+    any model is built), the models built and the run planned (``generate_checks.build_plan``: the checks that need the
+    built models, the mode, the processing, the verifier), then the plan run (``generate_run.execute``: the engine and
+    the AR baseline, the records, the summary, the scores, the saved files); returns the JSON-ready result."""
+    from coolsd.validate import run_config
 
+    from .generate_checks import build_plan
+    from .generate_run import execute
 
-def _run(p, verifier, mode, on_batch=None) -> list:
-    """One engine call over every image of plan ``p`` (``mode`` None: the plain AR baseline); ``on_batch``: the
-    record's sink (``_recorded_run``)."""
-    from real.decode import engine
-
-    b, cfg = p.bundle, p.cfg
-    return engine.generate(b.target, b.draft if mode is not None and mode.needs_draft else None, b.conds,
-                           num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=p.proc,
-                           seed=cfg.seed, batch_size=cfg.batch_size, progress=None if not cfg.json else False,
-                           record_rows=on_batch is not None, on_batch=on_batch)
-
-
-def _recorded_run(p) -> list:
-    """The run of plan ``p``, with --record streamed to disk batch by batch (``coolsd.npzstream``; docs/records.md):
-    the arrays the mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads them back),
-    written atomically once every batch is in; the rows of one batch at most are held."""
-    from coolsd.npzstream import NpzStream
-    from coolsd.rowfiles import record_arrays, record_batches, run_stamp
-
-    spec, mode, cfg = p.spec, p.mode, p.cfg
-    if not cfg.record or mode is None:
-        return _run(p, p.verifier, mode)
-    stamp = run_stamp(cfg.model, p.bundle, p.proc, spec.max_depth, method=p.method, images=len(p.bundle.conds),
-                      seed=cfg.seed)
-    with NpzStream(cfg.record, compress=True) as stream:
-        sink = record_batches(stream, lambda gens: spec.mode.record(gens, mode, stamp, record_arrays))
-        gens = _run(p, p.verifier, mode, sink)
-        try:
-            sink.finish()
-        except ValueError as e:
-            raise ValueError(f"--record with {spec.named}: {e}") from None
-    return gens
-
-
-def _result(p, gens: list, base: list) -> dict:
-    """The JSON-ready summary of plan ``p``'s run (and of the baseline); the mode describes itself
-    (``ModeDef.report``)."""
-    from real.decode import engine
-
-    verifier, mode, spec, b, cfg = p.verifier, p.mode, p.spec, p.bundle, p.cfg
-    stats = engine.summarize(gens)
-    out = {"model": cfg.model, "method": p.method, "L": spec.max_depth,
-           "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
-           "verifier": verifier.name if verifier else "ar", "processing": p.proc.params(),
-           "image_tokens": b.num_tokens, "num_images": len(gens), "seed": cfg.seed,
-           "batch_size": gens[0].info["batch_size"], "device": str(cfg.device), "dtype": cfg.dtype, "info": b.info,
-           **stats}
-    if mode is not None:
-        out |= spec.mode.report(mode, spec.opts)
-    if base:
-        s = engine.summarize(base)
-        out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
-        out["speedup"] = s["seconds"] / stats["seconds"]
-    tuned = _tuned_prediction(getattr(cfg, "weights", None), getattr(cfg, "schedule", None))
-    if tuned:
-        out["tuned_prediction"] = tuned
-    return out
-
-
-def _tuned_prediction(*paths) -> dict | None:
-    """What ``coolsd tune`` predicted for the schedule file run here (the values of --weights / --schedule: the first
-    that names a file): its predicted tokens per call and held-out KL(P||P^) per token, printed next to the measured
-    figures."""
-    import json
-
-    for path in paths:
-        if isinstance(path, str) and os.path.isfile(path):
-            try:
-                with open(path) as f:
-                    d = json.load(f)
-            except (OSError, ValueError):
-                return None
-            if not isinstance(d, dict):
-                return None
-            held = (d.get("heldout") or {}).get("kl_per_token") or {}
-            return {"file": path, "objective": d.get("objective"), "tokens_per_call": d.get("predicted_tokens_per_call"),
-                    "tokens_per_call_ci95": d.get("predicted_tokens_per_call_ci95"),
-                    "kl_ar_per_token": held.get("measured"), "kl_ar_per_token_ci": held.get("ci")}
-    return None
-
-
-def _fidelity(p, gens: list, base: list) -> dict:
-    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary`` with the
-    drafting the mode's likelihood hook gave: ``Plan.scored``); with --baseline the plain-AR images are scored too
-    (KL(P||P^) per token, and a second TV)."""
-    import torch
-
-    from real.decode.score import summary
-
-    b = p.bundle
-    return summary(b.target, None if p.rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
-                   verifier=p.rule, processing=p.proc, batch_size=p.cfg.batch_size or 64, drafting=p.scored,
-                   ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
-
-
-def _save(p, gens: list, fid: dict | None) -> None:
-    """--save: tokens (and decoded images when a VQ is loaded, and the per-image likelihoods with --fidelity)."""
-    import numpy as np
-    import torch
-
-    b = p.bundle
-    toks = np.stack([g.tokens.numpy() for g in gens])
-    extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
-    side = int(round(b.num_tokens ** 0.5))
-    if b.vq is not None and side * side == b.num_tokens:
-        extra["images"] = b.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
-    with atomic_file(p.cfg.save) as fh:
-        np.savez_compressed(fh, tokens=toks, **extra)
-
-
-def _plain(x):
-    return x if isinstance(x, (int, float, str, bool, type(None))) else repr(x)
+    cfg = run_config(args)
+    plan = build_plan(cfg)
+    return execute(plan)
 
 
 def format_result(r: dict) -> str:
@@ -266,6 +147,3 @@ def format_result(r: dict) -> str:
                          "TV saturates with length; KL per token does not)")
     return "\n".join(lines)
 
-
-# --------------------------------------------------------------------------- input validation (before any work)
-# Kept apart from ``generate`` so new options (e.g. --batch-size) add their checks here.

@@ -1,7 +1,7 @@
 """`coolsd generate`'s options into a ``Plan``, in one direction (issue 47): ``plan`` takes the argparse Namespace
 once, checks every option, file and combination before any model is built (``coolsd.validate.run_config``: issue 26 / 41), builds
 the models, checks what needs them (``coolsd.validate.check_built``), then makes the mode, the processing, the verifier and, with
---fidelity, the scoring rule. The later steps of ``coolsd.commands.generate`` read the frozen ``Plan`` alone."""
+--fidelity, the scoring rule. The last stage, ``coolsd.commands.generate_run``, reads the frozen ``Plan`` alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,11 +42,11 @@ def build_plan(cfg: RunConfig) -> Plan:
     anything is generated. GSD's vectors are made once, for the verifier and the rule alike."""
     import torch
 
-    from coolsd.options import model_facts
     from real.decode.methods import gsd_vectors, make_verifier, method_processing
     from real.decode.sampling import Processing
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
+    from real.specs import model_facts
 
     threads = cfg.threads if cfg.threads is not None else (1 if "tiny" in cfg.model else None)
     if threads is not None:
@@ -54,8 +54,9 @@ def build_plan(cfg: RunConfig) -> Plan:
     spec, method = cfg.drafting, cfg.method.lower()
     opts = BuildOptions.from_namespace(cfg)             # the frozen options, read as attributes
     bundle = build(cfg.model, opts if spec.mode.needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))
+    facts = model_facts(bundle, cfg.model)              # what the built model tells the mode, read from its spec
     check_built(cfg, bundle)
-    mode = spec.build(model_facts(bundle, cfg.model))
+    mode = spec.build(facts)
     if cfg.compile:
         compile_models(bundle, cfg.compile)
     cfg_scale = bundle.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale

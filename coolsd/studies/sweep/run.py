@@ -196,7 +196,7 @@ class Context:
     """The models and everything a unit needs, loaded once per rank."""
 
     def __init__(self, cfg: SweepConfig, dist: Dist):
-        from coolsd.options import model_facts
+        from real.specs import model_facts
         from real.protocol import NO_DRAFT
         from real.registry import BuildOptions, build
 
