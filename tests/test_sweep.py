@@ -400,7 +400,10 @@ def test_mnist_report_fd_is_the_library_fid_of_the_old_fd(one_process):
     """The MNIST frontier's FD (now torchmetrics' FID through coolsd.quality) equals the sweep's former FD
     (real.zoo.metrics on the classifier features of the decoded codes) for every setting, within the round-off
     bound of the two eigen-solvers (4 images in 64 dims: singular covariances, coolsd.quality.metrics.fd_agreement),
-    the jackknife SE exactly, and the report carries the classifier's stamp."""
+    the jackknife SE to the FD's relative round-off (the same estimator on features recomputed here: float32
+    convolutions in another process and batching agree to round-off, which the singular covariances magnify to
+    ~1e-7 relative; a different jackknife, delete-a-group, moves it by percent), and the report carries the
+    classifier's stamp."""
     pytest.importorskip("torchmetrics")
     import torch
 
@@ -418,6 +421,6 @@ def test_mnist_report_fd_is_the_library_fid_of_the_old_fd(one_process):
         old = estimators.fd_with_ci(f, reference_stats())
         assert abs(m["frechet_distance"] - old["fd"]) <= fd_agreement(f, reference_stats()[1])
         assert m["frechet_distance"] == pytest.approx(old["fd"], rel=1e-6)
-        assert m["frechet_distance_se"] == pytest.approx(old["se"], rel=1e-9)
+        assert m["frechet_distance_se"] == pytest.approx(old["se"], rel=1e-6)
         assert m["quality_stamp"]["fid"]["extractor"] == "mnist-classifier zoo"
     assert rep["quality_stamp"]["fid"]["images"] == 4
