@@ -240,29 +240,39 @@ class Streams:
             raise ValueError(f"uniform_rows takes 2 or 3 coordinates of at most {_STRIDE} entries, got shape {shape}")
         return self.uniform_rows_many(n, [(purpose, shape, b, s)])[0]
 
-    def uniform_rows_many(self, n: np.ndarray, asks, plan: tuple | None = None) -> list:
+    def uniform_rows_many(self, n: np.ndarray, asks, plan: tuple | None = None, neg_log: tuple = (0, 0)) -> list:
         """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
         coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
         the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one).
         ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only).
+        ``neg_log`` (i, j): asks i..j-1 are returned as Exp(1) noise -log(u) instead (the log by torch, elementwise:
+        on the host one log over their adjacent entries in the one array, the same bits as ask by ask).
 
         A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (s * (stride * golden)
         + key) + rest * golden, the same integers: s * stride * golden and rest * golden built once per plan
-        (``rows_plan``), the keys added per round; an ask of no rows costs nothing but its empty result."""
+        (``rows_plan``), the keys added per round (one image: (s * stride * golden + rest * golden), built once per
+        plan, plus each ask's key repeated over its entries); an ask of no rows costs nothing but its empty result."""
+        lo, hi = neg_log
         if self._on_device:
             parts = [(int(pu), _row_shape(tuple(sh))[0], np.asarray(b, np.int64), np.asarray(st, np.int64))
                      for pu, sh, b, st in asks]
             keys = self._round_keys(n, [pa[0] for pa in parts])                            # (B, asks) uint64
-            return [self._device_rows(keys[:, j], shape, b, st) for j, (_, shape, b, st) in enumerate(parts)]
-        purposes, parts, total = plan if plan is not None else rows_plan(asks)
+            out = [self._device_rows(keys[:, j], shape, b, st) for j, (_, shape, b, st) in enumerate(parts)]
+            return [x.log_().neg_() if lo <= j < hi else x for j, x in enumerate(out)]
+        purposes, parts, total, base, sizes = plan if plan is not None else rows_plan(asks)
         keys = self._round_keys(n, purposes)                                              # (B, asks) uint64
-        buf = np.empty(total, np.uint64)                                                  # every row, one array
-        one = len(keys) == 1                            # one image: its keys are numbers, no gather
-        for j, (end, size, b, lead, rest, _shape) in enumerate(parts):   # (each ask's rows written in the one
-            if size:                                                     # array; uint64 wraps without a warning)
-                np.add((lead + (keys[0, j] if one else keys[b, j]))[:, None], rest,
-                       out=buf[end - size:end].reshape(len(b), len(rest)))
+        if len(keys) == 1:              # one image: the per-plan counters plus each ask's key (uint64 wraps)
+            buf = np.add(base, np.repeat(keys[0], sizes))
+        else:
+            buf = np.empty(total, np.uint64)                                              # every row, one array
+            for j, (end, size, b, lead, rest, _shape) in enumerate(parts):   # (each ask's rows written in the one
+                if size:                                                     # array; uint64 wraps without a warning)
+                    np.add((lead + keys[b, j])[:, None], rest, out=buf[end - size:end].reshape(len(b), len(rest)))
         u = _unit(_mix(buf)).numpy()
+        if hi > lo:                     # -log(u) over the asks' adjacent entries: torch's log, numpy's exact negation
+            span = u[parts[lo][0] - parts[lo][1]:parts[hi - 1][0]]
+            torch.from_numpy(span).log_()
+            np.negative(span, out=span)
         return [torch.from_numpy(u[end - size:end].reshape(shape)) for end, size, _b, _l, _r, shape in parts]
 
     def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
@@ -288,18 +298,23 @@ def _row_shape(shape: tuple) -> tuple:
 
 def rows_plan(asks) -> tuple:
     """What ``Streams.uniform_rows_many`` needs of its ``asks`` (purpose, shape, b, s) on the host, built once where
-    the asks repeat: the purposes, the entries in all, and per ask (its end and entries in the one array, its rows
-    b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape).
-    ValueError unless every shape has 1 to 3 coordinates of at most 2^21 entries."""
-    purposes, parts, end = [], [], 0
+    the asks repeat: the purposes, the entries in all, per ask (its end and entries in the one array, its rows
+    b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape), the
+    counters of every entry without the keys (s * stride * golden + rest * golden, (entries,) uint64, one image's
+    sum) and each ask's entries (asks,). ValueError unless every shape has 1 to 3 coordinates of at most 2^21
+    entries."""
+    purposes, parts, end, base = [], [], 0, []
     for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
         shape, w = _row_shape(tuple(shape))
         b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
         purposes.append(int(purpose))
         end += len(b) * w
         lead = s.astype(np.uint64) * _golden_lead(len(shape))                             # (m,) s * stride * golden
-        parts.append((end, len(b) * w, b, lead, _golden_rest(shape[1:]), (len(b),) + shape[1:]))
-    return purposes, parts, end
+        rest = _golden_rest(shape[1:])
+        parts.append((end, len(b) * w, b, lead, rest, (len(b),) + shape[1:]))
+        base.append((lead[:, None] + rest).reshape(-1))
+    sizes = np.array([pa[1] for pa in parts], np.int64)
+    return purposes, parts, end, np.concatenate(base) if base else np.zeros(0, np.uint64), sizes
 
 
 @lru_cache(maxsize=8)

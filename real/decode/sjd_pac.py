@@ -322,7 +322,7 @@ class SJDPAC:
         else:
             mv, rp = self._moves(plan, a, act, read), None
         bs, ss, first_free, fresh, sib, pr, xr, tr, index, sib_rows, init_rows = mv
-        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, self._asks(mv, V), rp)
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, self._asks(mv, V), rp, neg_log=(1, 3))
         if len(bs):
             carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib, index)
         _fresh(run, win, first_free, read, e_init, fresh)
@@ -330,7 +330,8 @@ class SJDPAC:
     def _asks(self, mv: tuple, V: int) -> list:
         """Every uniform of the window's update (``Streams.uniform_rows_many``'s asks) for ``_moves``' arrays ``mv``:
         the carried levels' keep tests and residual draws (sjd-pac-p: the other candidates' at tree levels), the
-        fresh levels' tokens where the next tree reads them."""
+        fresh levels' tokens where the next tree reads them; asks 1 and 2 (the draws) are taken as Exp(1) noise
+        (``advance``'s ``neg_log=(1, 3)``)."""
         S = self.max_depth
         return [(_KEEP, (S,), mv[0], mv[1]), (_RES, (S, V), mv[0], mv[1]), (_SIB, (S, V), *mv[9]),
                 (_INIT, (S, V), *mv[10])]

@@ -33,8 +33,10 @@ def carry_index(spec, N1: int, bs, ss, pr, xr, tree, sib) -> tuple:
 def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib, index=None) -> None:
     """``SJDPAC.advance``'s (``spec``'s) carried levels (m,): images ``bs``, levels ``ss``, the nodes whose rows draft them ``pr``,
     their continuation tokens' nodes ``xr`` (-1: none), whether each was a tree level with a token ``tree``, the
-    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms; ``index``: ``carry_index`` of these (None:
-    computed here). Writes the window's levels.
+    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their keep uniforms ``u_keep`` (m,) and the Exp(1) noise
+    -log(u) of their residual draws ``e_res`` (m, V) and of the sjd-pac-p others ``e_sib`` (torch, from
+    ``Streams.uniform_rows_many(..., neg_log=)``); ``index``: ``carry_index`` of these (None: computed here). Writes
+    the window's levels.
 
     The same operations on both paths: on the host path (CPU) on numpy views of the rows (no copies to send, the
     keep tests decided there, so the laws are chosen row by row on the host), row sums, logarithms and top-k by
@@ -69,7 +71,7 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     # [p - q]_+ (the coupling residual); rows without a token draw from their own row, an empty residual (p = q)
     # falls back to the row
     w = _safe(_pos_(P - qo), P, own=~hx)
-    noise = _exp_noise(e_res, host, dev)
+    noise = e_res.numpy() if host else e_res.to(dev)
     if spec.release:
         if len(t_rows):             # tree levels whose token failed: the residual after all the siblings
             fail = t_rows[~keep[t_rows]] if host else t_rows
@@ -90,19 +92,9 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         cand = np.repeat(y[:, None], K, 1) if host else y[:, None].expand(-1, K).clone()   # chains read rank 0
         if len(t_rows):
             rest = _zero_at_(_rows(P, i_t), _rows(y, i_t))
-            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, _exp_noise(e_sib, host, dev)))
+            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, e_sib.numpy() if host else e_sib.to(dev)))
     _put_rows(c_win, f_s, cand)
     _put_rows(q_win, f_s, P)
-
-
-def _exp_noise(u: torch.Tensor, host: bool, dev):
-    """Exp(1) noise -log(u) from uniforms ``u`` (m, V) (consumed in place): the log by torch on both paths, the
-    negation (exact) in numpy on the host path (a numpy array returned), by torch on the device (a tensor on ``dev``)."""
-    e = u.log_()
-    if host:
-        e = e.numpy()
-        return np.negative(e, out=e)
-    return e.neg_().to(dev)
 
 
 def _draw(w, k: int, e):
