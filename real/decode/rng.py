@@ -143,6 +143,8 @@ class Streams:
         self._round_n: np.ndarray | None = None    # the n of the round begun last
         self._asked: list[tuple[int, tuple]] = []  # the (purpose, shape) draws made at that n, in order
         self._ahead: dict = {}                     # (purpose, shape) -> (B, *shape) float64, hashed at begin_round
+        self._asked32: set = set()                 # the host draws of that n asked in float32
+        self._ahead32: dict = {}                   # their float32 values, rounded once per round (host path)
         self._plan_arrays = None                   # (plan, counters * golden, entry -> purpose slot, purposes)
 
     def _round_keys(self, n: np.ndarray, purposes) -> np.ndarray:
@@ -167,7 +169,9 @@ class Streams:
         entries in all, e.g. a tree's acceptance uniforms and its one sample) is mixed in Python integers
         (``_mix_int``, the same bijection, and the same 53-bit float: the same bits) instead of ~15 numpy calls."""
         plan = list(dict.fromkeys(self._asked))
-        self._round_n, self._asked, self._ahead = np.asarray(n, np.int64).copy(), [], {}
+        f32 = self._asked32
+        self._round_n, self._asked, self._ahead, self._asked32, self._ahead32 = \
+            np.asarray(n, np.int64).copy(), [], {}, set(), {}
         if not plan:
             return
         key = tuple(plan)
@@ -194,6 +198,7 @@ class Streams:
                           for kb in self._round_keys_int(self._round_n, purposes)], np.float64)
             for (key, m, start) in spans:           # torch views of numpy slices (a torch slice costs ~3x more)
                 self._ahead[key] = torch.from_numpy(u[:, start:start + m].reshape((-1, *key[1])))
+            self._round_f32(u, spans, f32)
             return
         k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
         if self._on_device:
@@ -203,6 +208,20 @@ class Streams:
                 u = _unit(_mix(k[:, which] + ctr_g))
         for (key, m, start) in spans:
             self._ahead[key] = u[:, start:start + m].reshape((-1, *key[1]))
+        if not self._on_device:
+            self._round_f32(u.numpy(), spans, f32)
+
+    def _round_f32(self, u: np.ndarray, spans: list, keys: set) -> None:
+        """The host path's float32 values of the round's draws that the last round asked in float32 (``keys``): the
+        hashed (B, M) float64 uniforms ``u`` rounded and kept below 1 at once (``uniform``'s rounding, elementwise:
+        the same bits), torch views by draw."""
+        if not keys:
+            return
+        u32 = u.astype(np.float32)
+        np.minimum(u32, _BELOW_ONE_F32_NP, out=u32)
+        for (key, m, start) in spans:
+            if key in keys:
+                self._ahead32[key] = torch.from_numpy(u32[:, start:start + m].reshape((-1, *key[1])))
 
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1) (class docstring); ``n`` (B,) the rows' committed lengths at the round's
@@ -214,6 +233,11 @@ class Streams:
         if self._round_n is not None and np.asarray(n, np.int64).tobytes() == self._round_n.tobytes():
             self._asked.append((purpose, shape))
             ahead = self._ahead.pop((purpose, shape), None)        # handed out once (the caller may work in place)
+            if dtype == torch.float32 and not self._on_device:
+                self._asked32.add((purpose, shape))
+                a32 = self._ahead32.pop((purpose, shape), None)   # (rounded at begin_round: the same bits)
+                if a32 is not None and ahead is not None:
+                    return a32
         if ahead is not None:
             u = ahead
         elif not self._on_device:
@@ -244,7 +268,8 @@ class Streams:
         """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
         coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
         the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one).
-        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only).
+        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only: then
+        ``asks`` is not read).
         ``neg_log`` (i, j): asks i..j-1 are returned as Exp(1) noise -log(u) instead (the log by torch, elementwise:
         on the host one log over their adjacent entries in the one array, the same bits as ask by ask).
 

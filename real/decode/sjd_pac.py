@@ -66,7 +66,7 @@ of section 12 (every q is a function of the window before its position, every un
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
 import numpy as np
@@ -110,10 +110,12 @@ def pac_tree(window: int, width: int, depth: int) -> Tree:
 class PacWindow:
     """Per-image window between rounds: ``cand`` (B, M-1, K) candidate tokens of depths 1..M-1 by rank (chain levels
     use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates; ``plan`` the last proposal's
-    (``_Plan``, read by ``advance``)."""
+    (``_Plan``, read by ``advance``); ``plans`` the batch's plans by truncation depth (``_cached_plan``'s, looked up
+    once per depth and batch)."""
     cand: torch.Tensor
     q: torch.Tensor
     plan: object = None
+    plans: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -258,8 +260,13 @@ class SJDPAC:
         return win
 
     def _plan(self, run, Dr: int) -> _Plan:
-        """The plan of the tree truncated at depth Dr: built once per process (``_cached_plan``), not per image."""
-        return _cached_plan(self.window, self.tree_width, self.tree_depth, int(Dr), str(run.dev))
+        """The plan of the tree truncated at depth Dr: built once per process (``_cached_plan``), not per image; the
+        batch's window keeps the ones it met (``PacWindow.plans``)."""
+        plans = run.state.plans
+        hit = plans.get(Dr)
+        if hit is None:
+            hit = plans[Dr] = _cached_plan(self.window, self.tree_width, self.tree_depth, int(Dr), str(run.dev))
+        return hit
 
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """The window's tree truncated to the batch's deepest D'_b: node tokens (a level's candidates by rank) and the
@@ -322,7 +329,8 @@ class SJDPAC:
         else:
             mv, rp = self._moves(plan, a, act, read), None
         bs, ss, first_free, fresh, sib, pr, xr, tr, index, sib_rows, init_rows = mv
-        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, self._asks(mv, V), rp, neg_log=(1, 3))
+        asks = self._asks(mv, V) if rp is None else None          # (the host path reads the plan alone)
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks, rp, neg_log=(1, 3))
         if len(bs):
             carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib, index)
         _fresh(run, win, first_free, read, e_init, fresh)

@@ -136,8 +136,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     state before its last child. The recursion runs on every parent whatever the depth caps: siblings share a depth,
     so past an image's cap all of a parent's tests are masked and the winner's children are not live (its own row)."""
     vp = _verdict_plan(tree, anc)
-    xp = namespace(p, q)
     torch_rows = isinstance(p, torch.Tensor)
+    xp = np if type(p) is np.ndarray and type(q) is np.ndarray else namespace(p, q)
     B, V = p.shape[0], p.shape[-1]
     if torch_rows:              # the few glue operations called directly (the compat layer's wrappers cost more)
         A, where, cat = vp.on(p.device), torch.where, torch.cat
