@@ -67,7 +67,7 @@ of section 12 (every q is a function of the window before its position, every un
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import cached_property, lru_cache, partial
 
 import numpy as np
 import torch
@@ -225,12 +225,13 @@ class SJDPAC:
     needs_draft = False
     trees = True
 
-    @property
+    @cached_property
     def main_length(self) -> int:
-        """M: nodes of the main branch, root included (the most tokens one call can give)."""
+        """M: nodes of the main branch, root included (the most tokens one call can give); computed once (the round
+        reads it several times; a frozen instance's cache lives in its __dict__, outside its fields)."""
         return self.tree_depth + self.window - tree_nodes(self.tree_width, self.tree_depth)
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return self.main_length - 1
 

@@ -198,7 +198,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             Q[ar, jj, cs[:, ii]] = 0
         s = _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1)
         np.maximum(s, tiny, out=s)
-        if (s > 0).all():
+        if s.min() > 0:                   # (NaN: not above 0, as the elementwise test)
             Qn = Q / s
         else:                             # an emptied row (a one-hot q): 0 / 0, NaN, as torch gives it (no warning)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -215,7 +215,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
         nxt = _pos_(p_j - Qn[:, j])
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
-        if host and bool((s > tiny).all()):                  # the clamp is the identity: the division alone
+        if host and s.min() > tiny:                          # the clamp is the identity: the division alone
             nxt /= s
         elif host:                        # (where's division only where s > 0: no 0 / 0 computed)
             nxt = np.divide(nxt, np.maximum(s, tiny), out=p_j.copy(), where=s > 0)
