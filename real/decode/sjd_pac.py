@@ -116,6 +116,18 @@ class PacWindow:
     q: torch.Tensor
     plan: object = None
     plans: dict = field(default_factory=dict)
+    _views: tuple | None = field(default=None, repr=False)
+
+    def host_views(self) -> tuple:
+        """numpy views of the window's CPU tensors (the host path): q as (B, S, V) and (B S, V), cand as (B, S K) and
+        (B S, K); made once per pair of tensors (the update writes them in place; a tensor put in their place gets
+        views of its own)."""
+        v = self._views
+        if v is None or v[4] is not self.q or v[5] is not self.cand:
+            B, S, K = self.cand.shape
+            q, c = self.q.numpy(), self.cand.numpy()
+            v = self._views = (q, q.reshape(B * S, -1), c.reshape(B, S * K), c.reshape(B * S, K), self.q, self.cand)
+        return v
 
 
 @dataclass
@@ -280,8 +292,9 @@ class SJDPAC:
         if run.on_device is None:       # the host path: gathered on numpy views (copies, as on the device)
             tok = np.empty((B, len(plan.slot_np) + 1), np.int64)
             tok[:, :1] = run.last_tokens().numpy()
-            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot_np]
-            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows_np])
+            q_np, _, c_np = win.host_views()[:3]
+            tok[:, 1:] = c_np[:, plan.slot_np]
+            tokens, q = torch.from_numpy(tok), torch.from_numpy(q_np[:, plan.q_rows_np])
         else:
             x = win.cand.view(B, -1).index_select(1, plan.slot)                                       # (B, N)
             tokens, q = torch.cat([run.last_tokens(), x], 1), win.q.index_select(1, plan.q_rows)  # (B, N+1, V)

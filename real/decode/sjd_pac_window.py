@@ -49,7 +49,7 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     f_p, f_x, f_s, t_rows = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr, tree, sib)
     if host:
         toks, i_t = prop.tokens.numpy(), t_rows
-        q_win, c_win = win.q.view(-1, V).numpy(), win.cand.view(-1, K).numpy()
+        _, q_win, _, c_win = win.host_views()[:4]
         dt = q_win.dtype
         P = p.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)                     # (m, V) stale rows
         qo = prop.q.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)               # their levels' draft rows
@@ -274,7 +274,7 @@ def _fresh(run, win, first_free: np.ndarray, read: int | None = None, e=None, le
     V = win.q.shape[-1]
     host = run.on_device is None
     if host:
-        win.q.view(-1, V).numpy()[flat] = 1.0 / V
+        win.host_views()[1][flat] = 1.0 / V
     else:
         ix = to_device(np.concatenate([flat, drawn]), run.dev)
         win.q.view(-1, V).index_fill_(0, ix[:len(flat)], 1.0 / V)
@@ -284,6 +284,6 @@ def _fresh(run, win, first_free: np.ndarray, read: int | None = None, e=None, le
         e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs[draw], ss[draw])
     # K distinct tokens, uniformly without replacement
     if host:
-        win.cand.view(-1, K).numpy()[drawn] = e.topk(K, dim=-1).indices.numpy()
+        win.host_views()[3][drawn] = e.topk(K, dim=-1).indices.numpy()
     else:
         win.cand.view(-1, K).index_copy_(0, ix[len(flat):], e.to(run.dev).topk(K, dim=-1).indices)
