@@ -49,6 +49,7 @@ _BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the large
 _BELOW_ONE_F32_NP = np.float32(_BELOW_ONE_F32)
 _UNIT = 1.0 / (1 << 53)     # a 53-bit integer to [0, 1) (``_unit``)
 _SMALL_ENTRIES = 64         # entries of a round's plan hashed in Python integers at most (``begin_round``)
+_BASE_ENTRIES = 1 << 13     # entries of a rows plan whose counters are kept whole at most (``rows_plan``: 64 KiB)
 
 
 def _mix(x):
@@ -275,8 +276,9 @@ class Streams:
 
         A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (s * (stride * golden)
         + key) + rest * golden, the same integers: s * stride * golden and rest * golden built once per plan
-        (``rows_plan``), the keys added per round (one image: (s * stride * golden + rest * golden), built once per
-        plan, plus each ask's key repeated over its entries); an ask of no rows costs nothing but its empty result."""
+        (``rows_plan``), the keys added per round (one image and a small plan: (s * stride * golden + rest * golden),
+        built once per plan, plus each ask's key repeated over its entries); an ask of no rows costs nothing but its
+        empty result."""
         lo, hi = neg_log
         if self._on_device:
             parts = [(int(pu), _row_shape(tuple(sh))[0], np.asarray(b, np.int64), np.asarray(st, np.int64))
@@ -286,7 +288,7 @@ class Streams:
             return [x.log_().neg_() if lo <= j < hi else x for j, x in enumerate(out)]
         purposes, parts, total, base, sizes = plan if plan is not None else rows_plan(asks)
         keys = self._round_keys(n, purposes)                                              # (B, asks) uint64
-        if len(keys) == 1:              # one image: the per-plan counters plus each ask's key (uint64 wraps)
+        if len(keys) == 1 and base is not None:   # one image: the plan's counters plus each ask's key (uint64 wraps)
             buf = np.add(base, np.repeat(keys[0], sizes))
         else:
             buf = np.empty(total, np.uint64)                                              # every row, one array
@@ -326,20 +328,20 @@ def rows_plan(asks) -> tuple:
     the asks repeat: the purposes, the entries in all, per ask (its end and entries in the one array, its rows
     b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape), the
     counters of every entry without the keys (s * stride * golden + rest * golden, (entries,) uint64, one image's
-    sum) and each ask's entries (asks,). ValueError unless every shape has 1 to 3 coordinates of at most 2^21
-    entries."""
-    purposes, parts, end, base = [], [], 0, []
+    sum; None past ``_BASE_ENTRIES`` entries, so that plans kept per round shape stay small) and each ask's entries
+    (asks,). ValueError unless every shape has 1 to 3 coordinates of at most 2^21 entries."""
+    purposes, parts, end = [], [], 0
     for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
         shape, w = _row_shape(tuple(shape))
         b, s = np.asarray(b, np.int64), np.asarray(s, np.int64)
         purposes.append(int(purpose))
         end += len(b) * w
         lead = s.astype(np.uint64) * _golden_lead(len(shape))                             # (m,) s * stride * golden
-        rest = _golden_rest(shape[1:])
-        parts.append((end, len(b) * w, b, lead, rest, (len(b),) + shape[1:]))
-        base.append((lead[:, None] + rest).reshape(-1))
-    sizes = np.array([pa[1] for pa in parts], np.int64)
-    return purposes, parts, end, np.concatenate(base) if base else np.zeros(0, np.uint64), sizes
+        parts.append((end, len(b) * w, b, lead, _golden_rest(shape[1:]), (len(b),) + shape[1:]))
+    base = None
+    if end <= _BASE_ENTRIES:              # (uint64 wraps without a warning)
+        base = np.concatenate([(pa[3][:, None] + pa[4]).reshape(-1) for pa in parts] or [np.zeros(0, np.uint64)])
+    return purposes, parts, end, base, np.array([pa[1] for pa in parts], np.int64)
 
 
 @lru_cache(maxsize=8)
