@@ -49,6 +49,7 @@ _BELOW_ONE_F32 = float(np.nextafter(np.float32(1), np.float32(0)))   # the large
 _BELOW_ONE_F32_NP = np.float32(_BELOW_ONE_F32)
 _UNIT = 1.0 / (1 << 53)     # a 53-bit integer to [0, 1) (``_unit``)
 _SMALL_ENTRIES = 64         # entries of a round's plan hashed in Python integers at most (``begin_round``)
+_BASE_ENTRIES = 1 << 13     # entries of a rows plan whose counters are kept whole at most (``rows_plan``: 64 KiB)
 
 
 def _mix(x):
@@ -143,6 +144,8 @@ class Streams:
         self._round_n: np.ndarray | None = None    # the n of the round begun last
         self._asked: list[tuple[int, tuple]] = []  # the (purpose, shape) draws made at that n, in order
         self._ahead: dict = {}                     # (purpose, shape) -> (B, *shape) float64, hashed at begin_round
+        self._asked32: set = set()                 # the host draws of that n asked in float32
+        self._ahead32: dict = {}                   # their float32 values, rounded once per round (host path)
         self._plan_arrays = None                   # (plan, counters * golden, entry -> purpose slot, purposes)
 
     def _round_keys(self, n: np.ndarray, purposes) -> np.ndarray:
@@ -167,7 +170,9 @@ class Streams:
         entries in all, e.g. a tree's acceptance uniforms and its one sample) is mixed in Python integers
         (``_mix_int``, the same bijection, and the same 53-bit float: the same bits) instead of ~15 numpy calls."""
         plan = list(dict.fromkeys(self._asked))
-        self._round_n, self._asked, self._ahead = np.asarray(n, np.int64).copy(), [], {}
+        f32 = self._asked32
+        self._round_n, self._asked, self._ahead, self._asked32, self._ahead32 = \
+            np.asarray(n, np.int64).copy(), [], {}, set(), {}
         if not plan:
             return
         key = tuple(plan)
@@ -194,6 +199,7 @@ class Streams:
                           for kb in self._round_keys_int(self._round_n, purposes)], np.float64)
             for (key, m, start) in spans:           # torch views of numpy slices (a torch slice costs ~3x more)
                 self._ahead[key] = torch.from_numpy(u[:, start:start + m].reshape((-1, *key[1])))
+            self._round_f32(u, spans, f32)
             return
         k = self._round_keys(self._round_n, purposes)                                     # (B, purposes) uint64
         if self._on_device:
@@ -203,6 +209,20 @@ class Streams:
                 u = _unit(_mix(k[:, which] + ctr_g))
         for (key, m, start) in spans:
             self._ahead[key] = u[:, start:start + m].reshape((-1, *key[1]))
+        if not self._on_device:
+            self._round_f32(u.numpy(), spans, f32)
+
+    def _round_f32(self, u: np.ndarray, spans: list, keys: set) -> None:
+        """The host path's float32 values of the round's draws that the last round asked in float32 (``keys``): the
+        hashed (B, M) float64 uniforms ``u`` rounded and kept below 1 at once (``uniform``'s rounding, elementwise:
+        the same bits), torch views by draw."""
+        if not keys:
+            return
+        u32 = u.astype(np.float32)
+        np.minimum(u32, _BELOW_ONE_F32_NP, out=u32)
+        for (key, m, start) in spans:
+            if key in keys:
+                self._ahead32[key] = torch.from_numpy(u32[:, start:start + m].reshape((-1, *key[1])))
 
     def uniform(self, n: np.ndarray, purpose: int, shape: tuple = (), dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """(B, *shape) uniforms in [0, 1) (class docstring); ``n`` (B,) the rows' committed lengths at the round's
@@ -214,6 +234,11 @@ class Streams:
         if self._round_n is not None and np.asarray(n, np.int64).tobytes() == self._round_n.tobytes():
             self._asked.append((purpose, shape))
             ahead = self._ahead.pop((purpose, shape), None)        # handed out once (the caller may work in place)
+            if dtype == torch.float32 and not self._on_device:
+                self._asked32.add((purpose, shape))
+                a32 = self._ahead32.pop((purpose, shape), None)   # (rounded at begin_round: the same bits)
+                if a32 is not None and ahead is not None:
+                    return a32
         if ahead is not None:
             u = ahead
         elif not self._on_device:
@@ -240,29 +265,41 @@ class Streams:
             raise ValueError(f"uniform_rows takes 2 or 3 coordinates of at most {_STRIDE} entries, got shape {shape}")
         return self.uniform_rows_many(n, [(purpose, shape, b, s)])[0]
 
-    def uniform_rows_many(self, n: np.ndarray, asks, plan: tuple | None = None) -> list:
+    def uniform_rows_many(self, n: np.ndarray, asks, plan: tuple | None = None, neg_log: tuple = (0, 0)) -> list:
         """``[uniform_rows(n, purpose, shape, b, s) for (purpose, shape, b, s) in asks]``, a shape of 1 to 3
         coordinates (of one: the entries (b[j], s[j]), (m,)); on the host all hashed in one pass (one key mix for
         the purposes, one splitmix over every row asked for: a mode's few draws of a round at the cost of one).
-        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only).
+        ``plan``: ``rows_plan(asks)`` when the caller keeps it (the same asks round after round; host only: then
+        ``asks`` is not read).
+        ``neg_log`` (i, j): asks i..j-1 are returned as Exp(1) noise -log(u) instead (the log by torch, elementwise:
+        on the host one log over their adjacent entries in the one array, the same bits as ask by ask).
 
         A row's counters are (s * stride + rest) * golden + key (mod 2^64), written here as (s * (stride * golden)
         + key) + rest * golden, the same integers: s * stride * golden and rest * golden built once per plan
-        (``rows_plan``), the keys added per round; an ask of no rows costs nothing but its empty result."""
+        (``rows_plan``), the keys added per round (one image and a small plan: (s * stride * golden + rest * golden),
+        built once per plan, plus each ask's key repeated over its entries); an ask of no rows costs nothing but its
+        empty result."""
+        lo, hi = neg_log
         if self._on_device:
             parts = [(int(pu), _row_shape(tuple(sh))[0], np.asarray(b, np.int64), np.asarray(st, np.int64))
                      for pu, sh, b, st in asks]
             keys = self._round_keys(n, [pa[0] for pa in parts])                            # (B, asks) uint64
-            return [self._device_rows(keys[:, j], shape, b, st) for j, (_, shape, b, st) in enumerate(parts)]
-        purposes, parts, total = plan if plan is not None else rows_plan(asks)
+            out = [self._device_rows(keys[:, j], shape, b, st) for j, (_, shape, b, st) in enumerate(parts)]
+            return [x.log_().neg_() if lo <= j < hi else x for j, x in enumerate(out)]
+        purposes, parts, total, base, sizes = plan if plan is not None else rows_plan(asks)
         keys = self._round_keys(n, purposes)                                              # (B, asks) uint64
-        buf = np.empty(total, np.uint64)                                                  # every row, one array
-        one = len(keys) == 1                            # one image: its keys are numbers, no gather
-        for j, (end, size, b, lead, rest, _shape) in enumerate(parts):   # (each ask's rows written in the one
-            if size:                                                     # array; uint64 wraps without a warning)
-                np.add((lead + (keys[0, j] if one else keys[b, j]))[:, None], rest,
-                       out=buf[end - size:end].reshape(len(b), len(rest)))
+        if len(keys) == 1 and base is not None:   # one image: the plan's counters plus each ask's key (uint64 wraps)
+            buf = np.add(base, np.repeat(keys[0], sizes))
+        else:
+            buf = np.empty(total, np.uint64)                                              # every row, one array
+            for j, (end, size, b, lead, rest, _shape) in enumerate(parts):   # (each ask's rows written in the one
+                if size:                                                     # array; uint64 wraps without a warning)
+                    np.add((lead + keys[b, j])[:, None], rest, out=buf[end - size:end].reshape(len(b), len(rest)))
         u = _unit(_mix(buf)).numpy()
+        if hi > lo:                     # -log(u) over the asks' adjacent entries: torch's log, numpy's exact negation
+            span = u[parts[lo][0] - parts[lo][1]:parts[hi - 1][0]]
+            torch.from_numpy(span).log_()
+            np.negative(span, out=span)
         return [torch.from_numpy(u[end - size:end].reshape(shape)) for end, size, _b, _l, _r, shape in parts]
 
     def _device_rows(self, k: np.ndarray, shape: tuple, b: np.ndarray, s: np.ndarray) -> torch.Tensor:
@@ -288,9 +325,11 @@ def _row_shape(shape: tuple) -> tuple:
 
 def rows_plan(asks) -> tuple:
     """What ``Streams.uniform_rows_many`` needs of its ``asks`` (purpose, shape, b, s) on the host, built once where
-    the asks repeat: the purposes, the entries in all, and per ask (its end and entries in the one array, its rows
-    b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape).
-    ValueError unless every shape has 1 to 3 coordinates of at most 2^21 entries."""
+    the asks repeat: the purposes, the entries in all, per ask (its end and entries in the one array, its rows
+    b (m,), s * stride * golden (m,) uint64, the other coordinates' counters * golden (w,), the result's shape), the
+    counters of every entry without the keys (s * stride * golden + rest * golden, (entries,) uint64, one image's
+    sum; None past ``_BASE_ENTRIES`` entries, so that plans kept per round shape stay small) and each ask's entries
+    (asks,). ValueError unless every shape has 1 to 3 coordinates of at most 2^21 entries."""
     purposes, parts, end = [], [], 0
     for purpose, shape, b, s in asks:     # a loop over the few draws asked for (each over all its rows)
         shape, w = _row_shape(tuple(shape))
@@ -299,7 +338,10 @@ def rows_plan(asks) -> tuple:
         end += len(b) * w
         lead = s.astype(np.uint64) * _golden_lead(len(shape))                             # (m,) s * stride * golden
         parts.append((end, len(b) * w, b, lead, _golden_rest(shape[1:]), (len(b),) + shape[1:]))
-    return purposes, parts, end
+    base = None
+    if end <= _BASE_ENTRIES:              # (uint64 wraps without a warning)
+        base = np.concatenate([(pa[3][:, None] + pa[4]).reshape(-1) for pa in parts] or [np.zeros(0, np.uint64)])
+    return purposes, parts, end, base, np.array([pa[1] for pa in parts], np.int64)
 
 
 @lru_cache(maxsize=8)

@@ -66,8 +66,8 @@ of section 12 (every q is a function of the window before its position, every un
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache, partial
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache, partial
 
 import numpy as np
 import torch
@@ -110,10 +110,24 @@ def pac_tree(window: int, width: int, depth: int) -> Tree:
 class PacWindow:
     """Per-image window between rounds: ``cand`` (B, M-1, K) candidate tokens of depths 1..M-1 by rank (chain levels
     use rank 0) and ``q`` (B, M-1, V) the draft row of each depth's candidates; ``plan`` the last proposal's
-    (``_Plan``, read by ``advance``)."""
+    (``_Plan``, read by ``advance``); ``plans`` the batch's plans by truncation depth (``_cached_plan``'s, looked up
+    once per depth and batch)."""
     cand: torch.Tensor
     q: torch.Tensor
     plan: object = None
+    plans: dict = field(default_factory=dict)
+    _views: tuple | None = field(default=None, repr=False)
+
+    def host_views(self) -> tuple:
+        """numpy views of the window's CPU tensors (the host path): q as (B, S, V) and (B S, V), cand as (B, S K) and
+        (B S, K); made once per pair of tensors (the update writes them in place; a tensor put in their place gets
+        views of its own)."""
+        v = self._views
+        if v is None or v[4] is not self.q or v[5] is not self.cand:
+            B, S, K = self.cand.shape
+            q, c = self.q.numpy(), self.cand.numpy()
+            v = self._views = (q, q.reshape(B * S, -1), c.reshape(B, S * K), c.reshape(B * S, K), self.q, self.cand)
+        return v
 
 
 @dataclass
@@ -223,12 +237,13 @@ class SJDPAC:
     needs_draft = False
     trees = True
 
-    @property
+    @cached_property
     def main_length(self) -> int:
-        """M: nodes of the main branch, root included (the most tokens one call can give)."""
+        """M: nodes of the main branch, root included (the most tokens one call can give); computed once (the round
+        reads it several times; a frozen instance's cache lives in its __dict__, outside its fields)."""
         return self.tree_depth + self.window - tree_nodes(self.tree_width, self.tree_depth)
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return self.main_length - 1
 
@@ -258,8 +273,13 @@ class SJDPAC:
         return win
 
     def _plan(self, run, Dr: int) -> _Plan:
-        """The plan of the tree truncated at depth Dr: built once per process (``_cached_plan``), not per image."""
-        return _cached_plan(self.window, self.tree_width, self.tree_depth, int(Dr), str(run.dev))
+        """The plan of the tree truncated at depth Dr: built once per process (``_cached_plan``), not per image; the
+        batch's window keeps the ones it met (``PacWindow.plans``)."""
+        plans = run.state.plans
+        hit = plans.get(Dr)
+        if hit is None:
+            hit = plans[Dr] = _cached_plan(self.window, self.tree_width, self.tree_depth, int(Dr), str(run.dev))
+        return hit
 
     def propose(self, run, depth: np.ndarray) -> Proposal:
         """The window's tree truncated to the batch's deepest D'_b: node tokens (a level's candidates by rank) and the
@@ -272,8 +292,9 @@ class SJDPAC:
         if run.on_device is None:       # the host path: gathered on numpy views (copies, as on the device)
             tok = np.empty((B, len(plan.slot_np) + 1), np.int64)
             tok[:, :1] = run.last_tokens().numpy()
-            tok[:, 1:] = win.cand.view(B, -1).numpy()[:, plan.slot_np]
-            tokens, q = torch.from_numpy(tok), torch.from_numpy(win.q.numpy()[:, plan.q_rows_np])
+            q_np, _, c_np = win.host_views()[:3]
+            tok[:, 1:] = c_np[:, plan.slot_np]
+            tokens, q = torch.from_numpy(tok), torch.from_numpy(q_np[:, plan.q_rows_np])
         else:
             x = win.cand.view(B, -1).index_select(1, plan.slot)                                       # (B, N)
             tokens, q = torch.cat([run.last_tokens(), x], 1), win.q.index_select(1, plan.q_rows)  # (B, N+1, V)
@@ -322,7 +343,8 @@ class SJDPAC:
         else:
             mv, rp = self._moves(plan, a, act, read), None
         bs, ss, first_free, fresh, sib, pr, xr, tr, index, sib_rows, init_rows = mv
-        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, self._asks(mv, V), rp)
+        asks = self._asks(mv, V) if rp is None else None          # (the host path reads the plan alone)
+        u_keep, e_res, e_sib, e_init = run.rng.uniform_rows_many(run.n, asks, rp, neg_log=(1, 3))
         if len(bs):
             carry(self, run, prop, p, plan, bs, ss, pr, xr, tr, sib, u_keep, e_res, e_sib, index)
         _fresh(run, win, first_free, read, e_init, fresh)
@@ -330,7 +352,8 @@ class SJDPAC:
     def _asks(self, mv: tuple, V: int) -> list:
         """Every uniform of the window's update (``Streams.uniform_rows_many``'s asks) for ``_moves``' arrays ``mv``:
         the carried levels' keep tests and residual draws (sjd-pac-p: the other candidates' at tree levels), the
-        fresh levels' tokens where the next tree reads them."""
+        fresh levels' tokens where the next tree reads them; asks 1 and 2 (the draws) are taken as Exp(1) noise
+        (``advance``'s ``neg_log=(1, 3)``)."""
         S = self.max_depth
         return [(_KEEP, (S,), mv[0], mv[1]), (_RES, (S, V), mv[0], mv[1]), (_SIB, (S, V), *mv[9]),
                 (_INIT, (S, V), *mv[10])]

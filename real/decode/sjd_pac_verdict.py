@@ -70,6 +70,16 @@ class _VerdictPlan:
         self.pm_of = np.zeros(N1, np.int64)
         self.pm_of[self.par_m] = np.arange(Pm)
         self._dev: dict = {}
+        self._flat: dict = {}
+
+    def flat(self, V: int) -> tuple:
+        """The host path's flat offsets in rows of V codes, built once per V: the zeroed entries' rows ``z_row * V``
+        and the tests' rows ``arange(X or tests) * V`` (an entry (row r, code c) of a (B, X, V) array is column
+        r * V + c of its (B, X V) view)."""
+        hit = self._flat.get(V)
+        if hit is None:
+            hit = self._flat[V] = (self.z_row * V, np.arange(len(self.kid_all), dtype=np.int64) * V)
+        return hit
 
     _ARRAYS = ("dep", "par0", "par_m", "pos_m", "kid_all", "pos_all", "q_src", "z_row", "z_node", "a", "anc",
                "order", "none", "last", "pm_of")
@@ -126,8 +136,8 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     state before its last child. The recursion runs on every parent whatever the depth caps: siblings share a depth,
     so past an image's cap all of a parent's tests are masked and the winner's children are not live (its own row)."""
     vp = _verdict_plan(tree, anc)
-    xp = namespace(p, q)
     torch_rows = isinstance(p, torch.Tensor)
+    xp = np if type(p) is np.ndarray and type(q) is np.ndarray else namespace(p, q)
     B, V = p.shape[0], p.shape[-1]
     if torch_rows:              # the few glue operations called directly (the compat layer's wrappers cost more)
         A, where, cat = vp.on(p.device), torch.where, torch.cat
@@ -145,10 +155,11 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         Q = q.index_select(1, A["q_src"])                                                    # (B, X, V)
         if len(vp.z_row):
             Q.view(B, -1).scatter_(1, A["z_row"][None, :] * V + tokens[:, A["z_node"]], 0.0)
-    else:
-        Q = q[:, A["q_src"]]
+    else:                       # (entries of the rows' flat (B, X V) views: ``_VerdictPlan.flat``)
+        z_off, t_off = vp.flat(V)
+        Q = np.take(q, A["q_src"], axis=1)          # (a new C-ordered array: its flat view is written below)
         if len(vp.z_row):
-            Q[np.arange(B)[:, None], A["z_row"][None, :], tokens[:, A["z_node"]]] = 0
+            Q.reshape(B, -1)[np.arange(B)[:, None], z_off + tokens[:, A["z_node"]]] = 0
     Q = normalize(Q, Q, xp)
     P0, Pm = len(vp.par0), len(vp.par_m)
     tests = [p[:, A["par0"]]]             # the target rows of every test: rank 0 of every parent, then ranks 1..R
@@ -172,7 +183,11 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     p_t = tests[0] if len(tests) == 1 else cat(tests, 1)
     q_t = Q if A["t_rows"] is None else Q[:, A["t_rows"]]
     c = tokens[:, kid]
-    qc, pc = take_last(q_t, c[..., None], xp)[..., 0], take_last(p_t, c[..., None], xp)[..., 0]
+    if torch_rows:
+        qc, pc = take_last(q_t, c[..., None], xp)[..., 0], take_last(p_t, c[..., None], xp)[..., 0]
+    else:                       # the same entries of the (contiguous) test rows' flat views
+        at = (np.arange(B)[:, None], t_off + c)
+        qc, pc = q_t.reshape(B, -1)[at], p_t.reshape(B, -1)[at]
     # vanilla's f at c is ratio_min1 of the entries just gathered (``Vanilla.at``'s own formula on them: the same bits)
     f = (ratio_min1(pc, qc, xp) if type(verifier.accept) is Vanilla
          else accept_at(verifier.accept, p_t, q_t, A["pos_all"], c))

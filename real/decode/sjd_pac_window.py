@@ -33,8 +33,10 @@ def carry_index(spec, N1: int, bs, ss, pr, xr, tree, sib) -> tuple:
 def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib, index=None) -> None:
     """``SJDPAC.advance``'s (``spec``'s) carried levels (m,): images ``bs``, levels ``ss``, the nodes whose rows draft them ``pr``,
     their continuation tokens' nodes ``xr`` (-1: none), whether each was a tree level with a token ``tree``, the
-    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their uniforms; ``index``: ``carry_index`` of these (None:
-    computed here). Writes the window's levels.
+    sjd-pac-p levels with K - 1 others ``sib`` (host ints); their keep uniforms ``u_keep`` (m,) and the Exp(1) noise
+    -log(u) of their residual draws ``e_res`` (m, V) and of the sjd-pac-p others ``e_sib`` (torch, from
+    ``Streams.uniform_rows_many(..., neg_log=)``); ``index``: ``carry_index`` of these (None: computed here). Writes
+    the window's levels.
 
     The same operations on both paths: on the host path (CPU) on numpy views of the rows (no copies to send, the
     keep tests decided there, so the laws are chosen row by row on the host), row sums, logarithms and top-k by
@@ -47,7 +49,7 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     f_p, f_x, f_s, t_rows = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr, tree, sib)
     if host:
         toks, i_t = prop.tokens.numpy(), t_rows
-        q_win, c_win = win.q.view(-1, V).numpy(), win.cand.view(-1, K).numpy()
+        _, q_win, _, c_win = win.host_views()[:4]
         dt = q_win.dtype
         P = p.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)                     # (m, V) stale rows
         qo = prop.q.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)               # their levels' draft rows
@@ -69,7 +71,7 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     # [p - q]_+ (the coupling residual); rows without a token draw from their own row, an empty residual (p = q)
     # falls back to the row
     w = _safe(_pos_(P - qo), P, own=~hx)
-    noise = _exp_noise(e_res, host, dev)
+    noise = e_res.numpy() if host else e_res.to(dev)
     if spec.release:
         if len(t_rows):             # tree levels whose token failed: the residual after all the siblings
             fail = t_rows[~keep[t_rows]] if host else t_rows
@@ -90,19 +92,9 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         cand = np.repeat(y[:, None], K, 1) if host else y[:, None].expand(-1, K).clone()   # chains read rank 0
         if len(t_rows):
             rest = _zero_at_(_rows(P, i_t), _rows(y, i_t))
-            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, _exp_noise(e_sib, host, dev)))
+            _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, e_sib.numpy() if host else e_sib.to(dev)))
     _put_rows(c_win, f_s, cand)
     _put_rows(q_win, f_s, P)
-
-
-def _exp_noise(u: torch.Tensor, host: bool, dev):
-    """Exp(1) noise -log(u) from uniforms ``u`` (m, V) (consumed in place): the log by torch on both paths, the
-    negation (exact) in numpy on the host path (a numpy array returned), by torch on the device (a tensor on ``dev``)."""
-    e = u.log_()
-    if host:
-        e = e.numpy()
-        return np.negative(e, out=e)
-    return e.neg_().to(dev)
 
 
 def _draw(w, k: int, e):
@@ -206,7 +198,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             Q[ar, jj, cs[:, ii]] = 0
         s = _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1)
         np.maximum(s, tiny, out=s)
-        if (s > 0).all():
+        if s.min() > 0:                   # (NaN: not above 0, as the elementwise test)
             Qn = Q / s
         else:                             # an emptied row (a one-hot q): 0 / 0, NaN, as torch gives it (no warning)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -223,7 +215,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
         nxt = _pos_(p_j - Qn[:, j])
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
-        if host and bool((s > tiny).all()):                  # the clamp is the identity: the division alone
+        if host and s.min() > tiny:                          # the clamp is the identity: the division alone
             nxt /= s
         elif host:                        # (where's division only where s > 0: no 0 / 0 computed)
             nxt = np.divide(nxt, np.maximum(s, tiny), out=p_j.copy(), where=s > 0)
@@ -282,7 +274,7 @@ def _fresh(run, win, first_free: np.ndarray, read: int | None = None, e=None, le
     V = win.q.shape[-1]
     host = run.on_device is None
     if host:
-        win.q.view(-1, V).numpy()[flat] = 1.0 / V
+        win.host_views()[1][flat] = 1.0 / V
     else:
         ix = to_device(np.concatenate([flat, drawn]), run.dev)
         win.q.view(-1, V).index_fill_(0, ix[:len(flat)], 1.0 / V)
@@ -292,6 +284,6 @@ def _fresh(run, win, first_free: np.ndarray, read: int | None = None, e=None, le
         e = run.rng.uniform_rows(run.n, _INIT, (S, V), bs[draw], ss[draw])
     # K distinct tokens, uniformly without replacement
     if host:
-        win.cand.view(-1, K).numpy()[drawn] = e.topk(K, dim=-1).indices.numpy()
+        win.host_views()[3][drawn] = e.topk(K, dim=-1).indices.numpy()
     else:
         win.cand.view(-1, K).index_copy_(0, ix[len(flat):], e.to(run.dev).topk(K, dim=-1).indices)

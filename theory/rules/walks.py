@@ -223,17 +223,18 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     B, N1, V = p.shape
     D = int(D)
     children = np.asarray(children)
-    if children.ndim == 2:
-        children = np.broadcast_to(children, (B, *children.shape))
-    K = children.shape[-1]
+    # each node's children by rank with a -1 column past the last (children are -1 padded by rank): the candidate of
+    # rank r is kids[..., node, r], none where it is -1 (rank reaches K at most: it grows only while a child exists)
+    kids = np.full((*children.shape[:-1], children.shape[-1] + 1), -1, np.int64)
+    kids[..., :-1] = children
+    shared = kids.ndim == 2                                                      # (N+1, K+1) shared by the rounds
     rows = np.arange(B)
-    n_kids = (children >= 0).sum(-1)                                             # (B, N+1)
     cap = np.full(B, D, np.int64) if max_depth is None else np.asarray(max_depth, np.int64)
     node = np.zeros(B, np.int64)
     rank = np.zeros(B, np.int64)
     depth = np.zeros(B, np.int64)
     path = np.full((B, D), -1, np.int64)
-    active = np.ones(B, bool)
+    active = cap > 0                                          # unfinished and short of its depth cap
     p_res = p[:, 0].copy()
     q_left = None if point else q[:, 0].copy()          # the node's q without its rejected siblings (zeroed)
     tokens = np.asarray(tokens, np.int64)
@@ -241,12 +242,13 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
     decide = None if needs_f else getattr(accept, "decide_at", None)   # (LANTERN's; a law that reads no f)
     vanilla = type(accept) is Vanilla               # f read from the entries gathered here (``Vanilla.at``'s formula)
+    count = np.count_nonzero                        # (a C call: ndarray.any's Python wrapper costs 4x more)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
-        has = active & (rank < n_kids[rows, node]) & (depth < cap)
-        if not has.any():
+        kid = kids[node, rank] if shared else kids[rows, node, rank]            # (B,) -1: no candidate left
+        has = active & (kid >= 0)
+        if not count(has):
             break
-        kid = np.where(has, children[rows, node, np.minimum(rank, K - 1)], 0)
-        c = tokens[rows, kid]
+        c = tokens[rows, kid]                       # (where has is False, kid = -1 reads a token that is not used)
         if point:        # deterministic candidates: the draft's conditional law is the point mass at c
             q_j = (np.arange(V) == c[:, None]).astype(p.dtype)
         else:            # Norm(q_left), 0 if exhausted
@@ -260,8 +262,9 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             f = ratio_min1(p_res[rows, c], qc, np) if vanilla else accept_at(accept, p_res, q_j, pos, c)
             acc = valid & (u_accept[rows, kid] < f)
         rej = valid & ~acc
-        if rej.any():
-            every = rej.all()                     # (every round rejects: its rows whole, no masked copies)
+        n_rej = count(rej)
+        if n_rej:
+            every = n_rej == B                    # (every round rejects: its rows whole, no masked copies)
             pr, qr, cr = (p_res, q_j, c) if every else (p_res[rej], q_j[rej], c[rej])
             g = None if at_point is None else at_point(pr, cr, f if every else f[rej])   # (None: no law for it)
             if g is None:
@@ -271,17 +274,17 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             else:
                 p_res[rej] = g
             if not point:
-                q_left[rows[rej], cr] = 0.0
-        if acc.any():
+                q_left[rows if every else rows[rej], cr] = 0.0
+        if count(acc):
             p_res[acc] = p[rows[acc], kid[acc]]
             if not point:
                 q_left[acc] = q[rows[acc], kid[acc]]
             path[rows[acc], depth[acc]] = kid[acc]
-        node = np.where(acc, kid, node)
-        depth = depth + acc
-        rank = np.where(acc, 0, rank + (has & ~acc))
-        active = active & has
-    return depth, path, _sample(p_res, u_sample).astype(np.int64), node
+            node = np.where(acc, kid, node)
+            depth = depth + acc
+        rank = np.where(acc, 0, rank + has)                                      # (an accepted round: 0 anyway)
+        active = has & (depth < cap)
+    return depth, path, _sample(p_res, u_sample).astype(np.int64, copy=False), node
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
