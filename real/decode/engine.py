@@ -167,8 +167,7 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                     steps.append(speculative_round(run, mode, verifier))
                     actives.append(act)
                     bar.update(int((run.n - n0).sum()))
-                if run.on_device is not None:    # the device path: prefill rows no round came to check (T = 1)
-                    run.on_device.check_unchecked()
+                run.side.check_unchecked()       # the device path: prefill rows no round came to check (T = 1)
                 sync(dev)
                 info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
                         "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}
