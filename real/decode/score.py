@@ -111,8 +111,12 @@ def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, proce
     them (``tv_to_target.from_ar``). ``drafting``: as ``score``."""
     from theory.likelihood import fidelity
 
-    s = score(target, draft, conds, tokens, verifier=verifier, drafting=drafting, processing=processing,
-              batch_size=batch_size)
+    sets = [(conds, tokens)]               # the images, and the plain-AR images when given (scored alike)
+    if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
+        sets.append((ar_conds, ar_tokens))
+    s, *a = (score(target, draft, c, x, verifier=verifier, drafting=drafting, processing=processing,
+                   batch_size=batch_size) for c, x in sets)
+    ar = (a[0]["log_p_hat"], a[0]["log_p"]) if a else None
     if s["log_p_hat"] is None:             # plain AR samples the target itself
         s["log_p_hat"] = s["log_p"].copy()
     T = int(torch.as_tensor(tokens).shape[1])
@@ -126,11 +130,6 @@ def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, proce
                      "se_infinite": int(se.size - fin.size),
                      "note": "KL: unbiased to second order, its interval includes the Monte Carlo error; TV: "
                              "(1 - P/P^)_+ of an estimate, biased by the Monte Carlo error (docs/theory.md 11c, 11d)"}
-    ar = None
-    if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
-        a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, drafting=drafting, processing=processing,
-                  batch_size=batch_size)
-        ar = (a["log_p_hat"], a["log_p"])
     if n >= 2:
         full = fidelity.report((s["log_p_hat"], s["log_p"]), ar, T=T)
         rep |= {k: full[k] for k in ("tv_to_target", "kl_to_target")}
