@@ -41,13 +41,11 @@ import numpy as np
 import torch
 
 from theory.likelihood import check_chain_rule, log_likelihood, log_target
-from theory.tree import Tree
 
 from .forced_rows import Rows, chain_rows, scoring_inputs, teacher_forced_rows
 from .jacobi import JACOBI_REASON
 from .sampling import Processing
-from .score_tree import tree_mode, tree_scores
-from .tree import StaticTree
+from .score_tree import scored, tree_scores
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
 
@@ -65,22 +63,10 @@ def score(target, draft, conds, tokens, *, verifier=None, drafting=None, process
     log P(x), "log_p_hat": (n,) float64 log P^(x) (None without a draft)}; ``batch_size`` images per teacher-forced
     batch. Bad input (tokens outside V, a verifier without a chain rule, a drafting that is none of these) is refused
     with ValueError, a construction without an exact likelihood with NotImplementedError, before any model call."""
-    L = None
-    if getattr(drafting, "scored_as", None) == "chain":
-        drafting, L = None, int(drafting.max_depth)
-    elif isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
-        drafting, L = None, int(drafting)
-    elif isinstance(drafting, Tree):     # as engine.generate reads it
-        drafting = StaticTree(drafting)
-    if drafting is not None:
-        if tree_mode(drafting) is None:
-            raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
-                             f"theory.tree.Tree), got {type(drafting).__name__}")
-        if draft is None:
-            raise ValueError("tree scoring needs the draft model the trees were drafted with")
     m, conds, tok = scoring_inputs(target, draft, conds, tokens, processing)    # the models, once for every path
-    if drafting is not None:
-        return tree_scores(m, conds, tok, verifier, drafting, batch_size)
+    L, mode = scored(drafting, draft)
+    if mode is not None:
+        return tree_scores(m, conds, tok, verifier, mode, batch_size)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if draft is not None:

@@ -53,9 +53,10 @@ from theory.tree import RowTrees, Tree
 from real.nn.layers import inference_weights
 from .forced_rows import Forced, chain_rows, scoring_inputs
 from .sampling import Processing
+from .tree import StaticTree
 from .regrow import LOSSLESS_TREES, dynamic_trees
 
-__all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees", "tree_scores",
+__all__ = ["TreeRows", "scored", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees", "tree_scores",
            "LOSSLESS_TREES", "LOSSLESS_GROUPS", "MASK_BUDGET"]
 
 LOSSLESS_GROUPS = 4      # ... in groups, for the jackknife of log P^ and its Monte Carlo SE
@@ -87,6 +88,26 @@ def tree_mode(drafting):
     ``theory.tree.Tree`` included: ``real.decode.score.score`` reads it as ``StaticTree(tree)``, as ``engine.generate``
     does)."""
     return drafting if _static(drafting) or _grown(drafting) else None
+
+
+def scored(drafting, draft) -> tuple:
+    """How scoring reads ``drafting`` (as ``real.decode.engine.generate`` does): (L, None) for chains of L drafts (an
+    int L, or a mode scored as a chain: a ``Chain``), (None, mode) for a tree mode (``tree_mode``; a
+    ``theory.tree.Tree`` as ``StaticTree(tree)``), (None, None) for None. ValueError for anything else, and for a tree
+    mode without the ``draft`` model it was drafted with."""
+    if getattr(drafting, "scored_as", None) == "chain":
+        return int(drafting.max_depth), None
+    if isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
+        return int(drafting), None
+    if drafting is None:
+        return None, None
+    mode = tree_mode(StaticTree(drafting) if isinstance(drafting, Tree) else drafting)
+    if mode is None:
+        raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
+                         f"theory.tree.Tree), got {type(drafting).__name__}")
+    if draft is None:
+        raise ValueError("tree scoring needs the draft model the trees were drafted with")
+    return None, mode
 
 
 def _static(mode) -> bool:
