@@ -29,7 +29,7 @@ from real.nn.layers import inference_weights
 from theory.tree import Tree
 from .chain import Chain, Plain
 from .phases import phase
-from .memory import MAX_BATCH, check_batch, default_batch_size, device_of, record_bytes, return_freed
+from .memory import MAX_BATCH, default_batch_size, device_of, return_freed
 from .rng import Streams
 from .round import OnDevice, RoundRecord, Run, Step, prefill_round, speculative_round, sync
 from .sampling import Processing
@@ -122,22 +122,14 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                                       static=compile_static):
         from tqdm import tqdm
 
-        from theory.rules.verifiers import guarded
-
         from .checks import generate_args
 
-        # every argument checked before any model call (issue 26); the conditions and models read once, as the
-        # decoder takes them; the batch is sized from the models as given (which of them runs one image at a time)
-        conds, run_target, run_draft = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier,
-                                                     mode=mode, seed=seed, batch_size=batch_size,
-                                                     processing=processing)
-        if not isinstance(features, bool) or (features and mode.max_depth):
-            raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
-        verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
+        # every argument checked in one place before any model call (issue 26); the conditions and models read once,
+        # as the decoder takes them; the batch sized from the models as given (which of them runs one image at a time)
+        conds, target, draft, verifier, bs = generate_args(
+            target, draft, conds, num_tokens=num_tokens, verifier=verifier, mode=mode, seed=seed,
+            batch_size=batch_size, processing=processing, features=features, record_rows=record_rows)
         T = int(num_tokens)
-        rec = record_bytes(mode, T, int(target.vocab_size)) if record_rows and mode.max_depth else 0
-        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing, rec)
-        target, draft = run_target, run_draft
         dev = device_of(target)
         if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
             seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
