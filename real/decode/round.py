@@ -34,6 +34,7 @@ from theory.tree import verify_round
 
 from . import rng as R
 from .phases import event, phase
+from .records import RoundRecord, Step
 from .rng import Streams
 from .sampling import Processing, draw
 from .sides import HOST, OnDevice, check_finite
@@ -46,29 +47,6 @@ def sync(device) -> None:
     """Wait for the device's queued work (CUDA) before a clock is read; a no-op elsewhere."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@dataclass
-class RoundRecord:
-    """One round: ``drafted`` = L', ``accepted`` = tau (tokens produced: tau + 1), wall times in seconds
-    (CUDA-synchronised), and with ``record_rows=True`` the processed rows along the drafted path:
-    ``p`` (L'+1, V) target rows P(.|h_{i-1}), i = 1..L'+1; ``q`` (L', V) draft rows; ``drafts`` (L',).
-
-    Tree rounds: ``drafted`` = N' nodes drafted, ``depth`` = D' (the truncated tree's depth), ``nodes`` the accepted
-    tree nodes (tau of them, by depth); rows: ``p`` (N'+1, V) target rows at every node, ``q`` (N'+1, V) the draft
-    rows the node's children were drawn from (uniform placeholders at leaves), ``drafts`` (N'+1,) node tokens, the
-    root's (the last committed token) at 0; dynamic trees also ``parent`` (N'+1,) (-1 at the root)."""
-    drafted: int
-    accepted: int
-    t_draft: float
-    t_target: float
-    t_verify: float
-    p: np.ndarray | None = None
-    q: np.ndarray | None = None
-    drafts: np.ndarray | None = None
-    depth: int | None = None
-    nodes: tuple | None = None
-    parent: np.ndarray | None = None
 
 
 @dataclass
@@ -158,65 +136,6 @@ class Run:
         """(B,) int64 D'_b = min(D, T - tail - n_b - 1) for unfinished images (0 at least), 0 for finished ones;
         ``tail``: the last image tokens a mode samples plainly (``Jacobi.plain_tail``)."""
         return np.where(self.active, np.clip(np.minimum(D, self.T - tail - self.n - 1), 0, None), 0)
-
-
-@dataclass
-class Step:
-    """One round of the batch, per image (B,): ``drafted`` nodes (chains: L'_b), ``accepted`` tau_b, the batch's times,
-    draft forwards, and for the records ``chain`` (None: round 0 or a plain AR step, no drafts; True: the proposal was
-    a chain; False: a tree, per image when it has ``parent``),
-    ``depth`` (B,) D'_b, ``nodes`` (B, D) accepted nodes (-1 past tau); with record_rows ``p``, ``q``, ``drafts``
-    (chains: p (B, S+1, V), q (B, S, V), drafts (B, S); trees: p, q (B, N+1, V), drafts (B, N+1) with the root at 0;
-    single steps: p (B, 1, V), drafts (B, 1) the root or None) and ``parent`` (B, N+1) for dynamic trees."""
-    drafted: np.ndarray
-    accepted: np.ndarray
-    t_draft: float
-    t_target: float
-    t_verify: float
-    draft_forwards: int = 0
-    chain: bool | None = None
-    p: torch.Tensor | None = None
-    q: torch.Tensor | None = None
-    drafts: torch.Tensor | None = None
-    depth: np.ndarray | None = None
-    nodes: np.ndarray | None = None
-    parent: np.ndarray | None = None
-
-    def to_host(self) -> "Step":
-        """The recorded rows as numpy on the host, in the dtype they were computed in (float32 or float64; a half
-        dtype, which numpy lacks, as float32), so a recording run holds no rows on the device."""
-        for name in ("p", "q", "drafts"):
-            x = getattr(self, name)
-            if isinstance(x, torch.Tensor):
-                half = x.is_floating_point() and x.element_size() < 4
-                setattr(self, name, (x.float() if half else x).cpu().numpy())
-        return self
-
-    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
-        """Image b's record (times: ``share`` of the batch's), its rows cut to its own round; a tree run marks single
-        steps as depth 0 with the root token (-1 at round 0) as its only node token."""
-        tau, times = int(self.accepted[b]), (self.t_draft * share, self.t_target * share, self.t_verify * share)
-        if self.chain is None:
-            rec = RoundRecord(0, tau, *times, depth=0 if tree_run else None, nodes=() if tree_run else None)
-            if rows:
-                rec.p, rec.q = self.p[b, :1], self.p[b, :0]
-                rec.drafts = (np.zeros(0, np.int64) if not tree_run else self.drafts[b, :1]
-                              if self.drafts is not None else np.full(1, -1, dtype=np.int64))
-            return rec
-        if self.chain:
-            ell = int(self.drafted[b])
-            rec = RoundRecord(ell, tau, *times)
-            if rows:
-                rec.p, rec.q, rec.drafts = self.p[b, :ell + 1], self.q[b, :ell], self.drafts[b, :ell]
-            return rec
-        dyn = self.parent is not None
-        m = self.p.shape[1] if dyn and rows else int(self.drafted[b]) + 1
-        rec = RoundRecord(int(self.drafted[b]), tau, *times, depth=int(self.depth[b]),
-                          nodes=tuple(int(x) for x in self.nodes[b, :tau]), parent=self.parent[b] if dyn else None)
-        if rows:
-            rec.p, rec.drafts = self.p[b, :m], self.drafts[b, :m]
-            rec.q = None if self.q is None else self.q[b, :m]
-        return rec
 
 
 # ----------------------------------------------------------------------------- the verifier's view and checks
