@@ -27,8 +27,8 @@ from real.nn.devpath import force, host_path, host_verification
 from real.nn.layers import inference_weights
 from theory.tree import Tree
 from .chain import Chain, Plain
-from .memory import MAX_BATCH, default_batch_size, device_of
-from .records import Generation, RoundRecord, drop_rows, generations, records_to_arrays, summarize
+from .memory import MAX_BATCH, default_batch_size, device_of, return_freed
+from .records import Generation, RoundRecord, generations, records_to_arrays, summarize
 from .rng import Streams
 from .round import OnDevice, Run, prefill_round, speculative_round, sync
 from .sampling import Processing
@@ -152,6 +152,16 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                 gens += batch
         bar.close()
         return gens
+
+
+def drop_rows(gens: list[Generation]) -> None:
+    """Release the recorded rows (p, q, drafts) of ``gens``' rounds, once written (``generate(on_batch=...)``); the
+    rounds keep their counts, times and tree structure. The freed pages go back to the system
+    (``real.decode.memory.return_freed``)."""
+    for g in gens:
+        for r in g.rounds:
+            r.p = r.q = r.drafts = None
+    return_freed()
 
 
 def speculative_generate(target, draft, cond, *, num_tokens: int, verifier, drafting=None,

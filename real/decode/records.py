@@ -1,7 +1,7 @@
 """What a run leaves behind (``real.decode.engine.generate``): per round of a batch a ``Step`` (``real.decode.round``
 makes them), per image a ``Generation`` holding one ``RoundRecord`` per round it took part in (``generations`` makes
 them from a batch's steps), and the figures over them (``summarize``; ``records_to_arrays`` stacks recorded chain
-rounds for ``theory.likelihood.recorded``; ``drop_rows`` releases recorded rows once written).
+rounds for ``theory.likelihood.recorded``).
 
 Shapes: B images per batch, T tokens per image, V the vocabulary; chains draft L' <= L tokens a round, trees N' nodes
 of depth D' (``RoundRecord``, ``Step``)."""
@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .memory import return_freed
 from .phases import phase
 
-__all__ = ["RoundRecord", "Step", "Generation", "generations", "drop_rows", "summarize", "records_to_arrays"]
+__all__ = ["RoundRecord", "Step", "Generation", "generations", "summarize", "records_to_arrays"]
 
 
 @dataclass
@@ -145,16 +144,6 @@ def generations(run, steps: list[Step], actives: list[np.ndarray], info: dict, r
             f = None if feats is None else feats[b].clone()
         out.append(Generation(tok, recs[b], secs, len(recs[b]), fwd, dict(info), f))
     return out
-
-
-def drop_rows(gens: list[Generation]) -> None:
-    """Release the recorded rows (p, q, drafts) of ``gens``' rounds, once written (``generate(on_batch=...)``); the
-    rounds keep their counts, times and tree structure. The freed pages go back to the system
-    (``real.decode.memory.return_freed``)."""
-    for g in gens:
-        for r in g.rounds:
-            r.p = r.q = r.drafts = None
-    return_freed()
 
 
 def summarize(gens: list[Generation]) -> dict:

@@ -41,11 +41,13 @@ import numpy as np
 import torch
 
 from theory.likelihood import check_chain_rule, log_likelihood, log_target
+from theory.tree import Tree
 
 from .forced_rows import Rows, chain_rows, scoring_inputs, teacher_forced_rows
 from .jacobi import JACOBI_REASON
 from .sampling import Processing
 from .score_tree import scored, tree_scores
+from .tree import StaticTree
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
 
@@ -64,7 +66,7 @@ def score(target, draft, conds, tokens, *, verifier=None, drafting=None, process
     batch. Bad input (tokens outside V, a verifier without a chain rule, a drafting that is none of these) is refused
     with ValueError, a construction without an exact likelihood with NotImplementedError, before any model call."""
     m, conds, tok = scoring_inputs(target, draft, conds, tokens, processing)    # the models, once for every path
-    L, mode = scored(drafting, draft)
+    L, mode = scored(StaticTree(drafting) if isinstance(drafting, Tree) else drafting, draft)   # (as generate reads it)
     if mode is not None:
         return tree_scores(m, conds, tok, verifier, mode, batch_size)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:

@@ -53,7 +53,6 @@ from theory.tree import RowTrees, Tree
 from real.nn.layers import inference_weights
 from .forced_rows import Forced, chain_rows, scoring_inputs
 from .sampling import Processing
-from .tree import StaticTree
 from .regrow import LOSSLESS_TREES, dynamic_trees
 
 __all__ = ["TreeRows", "scored", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees", "tree_scores",
@@ -91,17 +90,17 @@ def tree_mode(drafting):
 
 
 def scored(drafting, draft) -> tuple:
-    """How scoring reads ``drafting`` (as ``real.decode.engine.generate`` does): (L, None) for chains of L drafts (an
-    int L, or a mode scored as a chain: a ``Chain``), (None, mode) for a tree mode (``tree_mode``; a
-    ``theory.tree.Tree`` as ``StaticTree(tree)``), (None, None) for None. ValueError for anything else, and for a tree
-    mode without the ``draft`` model it was drafted with."""
+    """How scoring reads ``drafting`` (as ``real.decode.engine.generate`` does; ``real.decode.score.score`` reads a
+    ``theory.tree.Tree`` as ``StaticTree(tree)`` first): (L, None) for chains of L drafts (an int L, or a mode scored
+    as a chain: a ``Chain``), (None, mode) for a tree mode (``tree_mode``), (None, None) for None. ValueError for
+    anything else, and for a tree mode without the ``draft`` model it was drafted with."""
     if getattr(drafting, "scored_as", None) == "chain":
         return int(drafting.max_depth), None
     if isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
         return int(drafting), None
     if drafting is None:
         return None, None
-    mode = tree_mode(StaticTree(drafting) if isinstance(drafting, Tree) else drafting)
+    mode = tree_mode(drafting)
     if mode is None:
         raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
                          f"theory.tree.Tree), got {type(drafting).__name__}")
