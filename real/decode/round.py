@@ -260,12 +260,7 @@ def _target_block(run: Run, prop):
         o = run.target.prefill(run.conds, run.rows(prop.tokens[:, 1:]), cfg=run.proc.cfg, return_hidden=run.feat)
         run.P = int(run.target.cache_lens[0]) - (prop.tokens.shape[1] - 1)
         return o
-    d, cap = prop.depth, run.P + run.T - 1
-    if run.n_dev is not None:     # the device path: root position P + n_b - 1 (the cache length) + node depths
-        d = torch.arange(d.shape[-1], device=run.dev) if prop.tree is None else torch.as_tensor(d, device=run.dev)
-        pos = (run.dev_positions(run.P - 1, cap, d.shape[-1]) + (d if d.ndim == 1 else run.rows(d))).clamp(max=cap)
-    else:
-        pos = run.positions(run.target, d, cap)
+    pos = run.side.node_positions(run, prop)                       # (R, N+1) the root's position + node depths
     mask = prop.mask
     if mask is not None and mask.ndim == 3:         # one image: the (S, K) mask every model takes; else one per row
         mask = mask[0] if run.B == 1 else run.rows(mask)

@@ -45,8 +45,8 @@ class _Host:
     """The host path's side of a round (``run``: a ``real.decode.round.Run`` whose ``on_device`` is None: n on the host
     alone, CPU tensors): rows checked at
     once, the verdict read as numpy, the commit written through numpy views. ``OnDevice`` is the device path's side;
-    a round asks its side (``Run.side``) to ``check`` rows, ``read`` the verdict, ``commit`` it and ``write`` tokens,
-    and never asks which side it has."""
+    a round asks its side (``Run.side``) for the nodes' ``node_positions``, to ``check`` rows, ``read`` the verdict,
+    ``commit`` it and ``write`` tokens, and never asks which side it has."""
 
     def check(self, *rows) -> None:
         """ValueError now unless the rows (None ignored) are finite (``check_finite``)."""
@@ -66,6 +66,11 @@ class _Host:
         tau = np.asarray(v.accepted).astype(np.int64, copy=False)
         path = np.asarray(v.path).astype(np.int64, copy=False)[:, :int(Db.max())]
         return tau, path, drafted_nodes(_host(prop.depth), Db), _host(prop.parent)
+
+    def node_positions(self, run, prop) -> np.ndarray:
+        """(R, N+1) the target positions of the proposal's nodes: each row's cache length (the root's position
+        P + n_b - 1) + the node depths, clamped to the image's last position."""
+        return run.positions(run.target, prop.depth, run.P + run.T - 1)
 
     def commit(self, run, prop, v, tau: np.ndarray, path: np.ndarray) -> None:
         """Commit the accepted path's tokens (B, Dr), then the next token at tau_b, on numpy views."""
@@ -101,6 +106,13 @@ class OnDevice:
         if self._rows is None or self._rows[0] is not self.n:
             self._rows = (self.n, run.rows(self.n))
         return self._rows[1]
+
+    def node_positions(self, run, prop) -> torch.Tensor:
+        """(R, N+1) the target positions of the proposal's nodes, computed on the device from ``n``: the root's
+        position P + n_b - 1 (its cache length) + the node depths (a chain's: 0..N), clamped to the image's last."""
+        d, cap = prop.depth, run.P + run.T - 1
+        d = torch.arange(d.shape[-1], device=run.dev) if prop.tree is None else torch.as_tensor(d, device=run.dev)
+        return (run.dev_positions(run.P - 1, cap, d.shape[-1]) + (d if d.ndim == 1 else run.rows(d))).clamp(max=cap)
 
     def check_prefill(self, p) -> None:
         """The prefill's rows (B, 1, V): checked with the first round's verdict (no read-back of their own)."""
