@@ -18,16 +18,22 @@ __all__ = ["generate_args", "MAX_IMAGES"]
 MAX_IMAGES = 10**6       # conditions per call: above, the per-image records alone outgrow memory
 
 
-def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, batch_size, processing):
+def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, batch_size, processing,
+                  features: bool = False, record_rows: bool = False):
     """Types and ranges of ``engine.generate``'s arguments (``mode``: the drafting mode,
-    ``real.decode.engine.as_drafting`` of its ``drafting``); returns what the decoder runs on, read once here:
-    (the conditions as a list of one kind, ``real.protocol.as_conds``; the target and the draft as the decoder calls
-    them, ``real.protocol.as_batched``, the draft None when the mode drafts without one).
+    ``real.decode.engine.as_drafting`` of its ``drafting``), all in one place before the run; returns what the decoder
+    runs on, read once here: (the conditions as a list of one kind, ``real.protocol.as_conds``; the target and the
+    draft as the decoder calls them, ``real.protocol.as_batched``, the draft None when the mode drafts without one;
+    the verifier guarded on the rows it meets, ``theory.rules.verifiers.guarded``, None for plain AR; the batch size,
+    ``real.decode.memory.check_batch``, room made for the recorded rows of ``record_rows``).
     num_tokens an integer >= 1 (not 2.7, not "16"), seed an integer in [0, 2^64), batch_size an integer >= 1 or None,
     at most ``MAX_IMAGES`` conditions, a ``Processing``; when drafting: a verifier object, the mode's own checks
     (``Drafting.check``: its draft model, L within the image, tree sizes, cache room...), a draft that is not the target
-    object itself and shares its vocabulary."""
+    object itself and shares its vocabulary; ``features`` a bool, True only for plain AR; a batch that fits memory."""
+    from theory.rules.verifiers import guarded
+
     from ..protocol import as_batched, as_conds, check_pair
+    from .memory import check_batch, record_bytes
     from .sampling import Processing
 
     T = checks.integer("num_tokens", num_tokens, lo=1)
@@ -57,7 +63,13 @@ def generate_args(target, draft, conds, *, num_tokens, verifier, mode, seed, bat
     bt, bd = as_batched(target), as_batched(draft)
     if drafting:
         mode.check(bt, bd, T, verifier, processing, n if batch_size is None else int(batch_size))
-    return as_conds(conds), bt, bd if mode.needs_draft else None
+    conds = as_conds(conds)
+    if not isinstance(features, bool) or (features and drafting):
+        raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
+    rec = record_bytes(mode, T, int(target.vocab_size)) if record_rows and drafting else 0
+    bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing, rec)
+    return (conds, bt, bd if mode.needs_draft else None,
+            guarded(verifier) if verifier is not None else None, bs)   # a user's rule checked on the rows it meets
 
 
 def _check_class_ids(conds) -> None:

@@ -13,13 +13,12 @@ call depends only on (seed, k): not on the batch size nor on the other images of
 (or float64) whatever the model dtype. Greedy decoding = temperature 0 (one-hot rows, ``Processing.greedy``) with
 ``theory.rules.greedy()``; greedy trees draft each node's top-m tokens (as EAGLE does).
 
-``speculative_generate`` and ``ar_generate`` generate one image (batch 1).
+``speculative_generate`` and ``ar_generate`` generate one image (batch 1). What a run returns (``Generation``, its
+``RoundRecord`` s) and the figures over it (``summarize``, ``records_to_arrays``) live in ``real.decode.records``.
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,10 +27,10 @@ from real.nn.devpath import force, host_path, host_verification
 from real.nn.layers import inference_weights
 from theory.tree import Tree
 from .chain import Chain, Plain
-from .phases import phase
-from .memory import MAX_BATCH, check_batch, default_batch_size, device_of, record_bytes, return_freed
+from .memory import MAX_BATCH, default_batch_size, device_of, return_freed
+from .records import Generation, RoundRecord, generations, records_to_arrays, summarize
 from .rng import Streams
-from .round import OnDevice, RoundRecord, Run, Step, prefill_round, speculative_round, sync
+from .round import OnDevice, Run, prefill_round, speculative_round, sync
 from .sampling import Processing
 from .tree import StaticTree
 
@@ -52,23 +51,6 @@ def as_drafting(x):
         return x
     raise TypeError(f"drafting must be None (plain AR), an int L (chain), a theory.tree.Tree (static tree) or a "
                     f"real.protocol.Drafting mode, got {type(x).__name__}")
-
-
-@dataclass
-class Generation:
-    """One image's generation: ``tokens`` (T,) int64, one record per round, wall-clock ``seconds``, the target's
-    and the draft's forward counts, and ``info``."""
-    tokens: torch.Tensor                 # (T,) int64 image tokens
-    rounds: list[RoundRecord]
-    seconds: float
-    target_forwards: int
-    draft_forwards: int
-    info: dict = field(default_factory=dict)
-    features: torch.Tensor | None = None  # generate(features=True): (rows, P + T - 1, D) the target's hidden states
-
-    def stats(self) -> dict:
-        """``summarize([self])``: this generation's acceptance and speed figures."""
-        return summarize([self])
 
 
 def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=None,
@@ -122,22 +104,14 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                                       static=compile_static):
         from tqdm import tqdm
 
-        from theory.rules.verifiers import guarded
-
         from .checks import generate_args
 
-        # every argument checked before any model call (issue 26); the conditions and models read once, as the
-        # decoder takes them; the batch is sized from the models as given (which of them runs one image at a time)
-        conds, run_target, run_draft = generate_args(target, draft, conds, num_tokens=num_tokens, verifier=verifier,
-                                                     mode=mode, seed=seed, batch_size=batch_size,
-                                                     processing=processing)
-        if not isinstance(features, bool) or (features and mode.max_depth):
-            raise ValueError(f"features must be a bool, and True only for plain AR (drafting None), got {features!r}")
-        verifier = guarded(verifier) if verifier is not None else None   # a user's rule checked on the rows it meets
+        # every argument checked in one place before any model call (issue 26); the conditions and models read once,
+        # as the decoder takes them; the batch sized from the models as given (which of them runs one image at a time)
+        conds, target, draft, verifier, bs = generate_args(
+            target, draft, conds, num_tokens=num_tokens, verifier=verifier, mode=mode, seed=seed,
+            batch_size=batch_size, processing=processing, features=features, record_rows=record_rows)
         T = int(num_tokens)
-        rec = record_bytes(mode, T, int(target.vocab_size)) if record_rows and mode.max_depth else 0
-        bs = check_batch(target, draft if mode.needs_draft else None, len(conds), batch_size, processing, rec)
-        target, draft = run_target, run_draft
         dev = device_of(target)
         if generator is not None:        # callers that loop over calls: each call's seed is one draw from their generator
             seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
@@ -167,47 +141,17 @@ def generate(target, draft, conds, *, num_tokens: int, verifier=None, drafting=N
                     steps.append(speculative_round(run, mode, verifier))
                     actives.append(act)
                     bar.update(int((run.n - n0).sum()))
-                if run.on_device is not None:    # the device path: prefill rows no round came to check (T = 1)
-                    run.on_device.check_unchecked()
+                run.side.check_unchecked()       # the device path: prefill rows no round came to check (T = 1)
                 sync(dev)
                 info = {"method": getattr(verifier, "name", "custom") if mode.max_depth else "ar", **processing.params(),
                         "batch_size": B, "batch_seconds": time.perf_counter() - t0, **mode.params()}
-                batch = _generations(run, steps, actives, info, record_rows, mode.trees)
+                batch = generations(run, steps, actives, info, record_rows, mode.trees)
                 del run, steps                   # the batch's rows live in its records alone from here
                 if on_batch is not None:
                     on_batch(a, batch)
                 gens += batch
         bar.close()
         return gens
-
-
-def _generations(run: Run, steps: list[Step], actives: list[np.ndarray], info: dict, record: bool,
-                 tree_run: bool) -> list[Generation]:
-    """Per-image ``Generation``s from a batch's rounds (``Step.record`` makes each round's records, tree-shaped for a
-    tree mode; the batch's times are shared equally among the images that took part)."""
-    B = run.B
-    with phase("output"):
-        tokens = run.out[:, :run.T].cpu()
-    recs: list[list[RoundRecord]] = [[] for _ in range(B)]
-    for s, act in zip(steps, actives):   # a loop over rounds and images, once per batch
-        s = s.to_host() if record else s
-        share = 1.0 / max(1, int(act.sum()))
-        for b in np.flatnonzero(act):
-            recs[b].append(s.record(int(b), share, record, tree_run))
-    secs = info["batch_seconds"] / B
-    feats = None
-    if run.feat and run.draft is None:     # generate(features=True): [prefix; x_0 .. x_{T-2}] per image row
-        h = run.hist[:, :run.P + run.T - 1].float().cpu()
-        R = h.shape[0]
-        feats = [h[[b, b + B]] if R == 2 * B else h[b:b + 1] for b in range(B)]
-    out = []
-    for b in range(B):
-        fwd = sum(s.draft_forwards for s, a in zip(steps, actives) if a[b])
-        with torch.inference_mode(False):
-            tok = tokens[b].clone()            # an ordinary tensor the caller may write to
-            f = None if feats is None else feats[b].clone()
-        out.append(Generation(tok, recs[b], secs, len(recs[b]), fwd, dict(info), f))
-    return out
 
 
 def drop_rows(gens: list[Generation]) -> None:
@@ -237,55 +181,3 @@ def ar_generate(model, cond, *, num_tokens: int, processing: Processing = Proces
     ``Generation`` holds tokens (num_tokens,) int64."""
     return generate(model, None, [cond], num_tokens=num_tokens, processing=processing, seed=seed, batch_size=1,
                     generator=generator, progress=progress)[0]
-
-
-def summarize(gens: list[Generation]) -> dict:
-    """Aggregate figures over generations: tokens per target call (= tokens per round, mean of tau + 1)
-    with its standard error over rounds, accepted drafts tau, acceptance rate (accepted / drafted depth:
-    the fraction of draft levels accepted; for chains the depth is L'), drafted tokens (tree nodes) per
-    round, time split."""
-    taus = np.array([r.accepted for g in gens for r in g.rounds], dtype=np.float64)
-    drafted = np.array([r.drafted for g in gens for r in g.rounds], dtype=np.float64)
-    depth = np.array([r.drafted if r.depth is None else r.depth for g in gens for r in g.rounds], dtype=np.float64)
-    R = len(taus)
-    tokens = int(sum(g.tokens.numel() for g in gens))
-    secs = float(sum(g.seconds for g in gens))
-    td = float(sum(r.t_draft for g in gens for r in g.rounds))
-    tt = float(sum(r.t_target for g in gens for r in g.rounds))
-    tv = float(sum(r.t_verify for g in gens for r in g.rounds))
-    se = float(taus.std(ddof=1) / math.sqrt(R)) if R > 1 else float("nan")
-    return {
-        "tokens": tokens, "rounds": R, "images": len(gens),
-        "target_forwards": int(sum(g.target_forwards for g in gens)),
-        "draft_forwards": int(sum(g.draft_forwards for g in gens)),
-        "tokens_per_target_call": tokens / R, "tokens_per_target_call_se": se,
-        "accepted_mean": float(taus.mean()), "accepted_se": se,
-        "drafted_mean": float(drafted.mean()), "depth_mean": float(depth.mean()),
-        "acceptance_rate": float(taus.sum() / depth.sum()) if depth.sum() else float("nan"),
-        "seconds": secs, "tokens_per_second": tokens / secs if secs > 0 else float("nan"),
-        "time_draft_s": td, "time_target_s": tt, "time_verify_s": tv,
-        "verify_share": tv / (td + tt + tv) if (td + tt + tv) > 0 else float("nan"),
-    }
-
-
-def records_to_arrays(records: list[RoundRecord], L: int):
-    """Stack recorded rounds for ``theory.likelihood.recorded.predict_rounds``: p (R, L+1, V), q (R, L, V),
-    drafts (R, L), n_drafted (R,) (rows in their recorded dtype). Rounds with L' < L are padded with uniform rows (f = 1, D = 0 there,
-    and ``n_drafted`` masks them anyway) and token 0; L' = 0 rounds are dropped (nothing to predict)."""
-    if any(r.depth is not None for r in records):
-        raise ValueError("records_to_arrays stacks chain rounds; these are static-tree rounds (tree_generate)")
-    recs = [r for r in records if r.drafted > 0]
-    if not recs:
-        raise ValueError("no drafted rounds recorded")
-    if any(r.p is None for r in recs):
-        raise ValueError("rounds were recorded without rows: run with record_rows=True")
-    V, dt = recs[0].p.shape[-1], np.result_type(recs[0].p, np.float32)     # the rows' own dtype (float32 at least)
-    R = len(recs)
-    p = np.full((R, L + 1, V), 1.0 / V, dtype=dt)
-    q = np.full((R, L, V), 1.0 / V, dtype=dt)
-    d = np.zeros((R, L), dtype=np.int64)
-    nd = np.array([r.drafted for r in recs], dtype=np.int64)
-    for j, r in enumerate(recs):  # copying R recorded rounds into padded arrays, not a hot path
-        k = r.drafted
-        p[j, :k + 1], q[j, :k], d[j, :k] = r.p, r.q, r.drafts
-    return p, q, d, nd

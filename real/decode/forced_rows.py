@@ -116,10 +116,11 @@ def teacher_forced_rows(target, draft, conds, tokens, *, L: int | None = None, p
 
 
 @torch.no_grad()
-def chain_rows(m: Forced, conds: list, tok: torch.Tensor, L: int | None) -> Rows:
+def chain_rows(m: Forced, conds: list, tok: torch.Tensor, L: int | None, by_start: bool = False) -> Rows:
     """``teacher_forced_rows`` of inputs its callers checked (``scoring_inputs``; L an int >= 1 for an EAGLE
     drafter; one image at a time for a model without per-row cache lengths): ``m`` the models, ``conds`` a list of B
-    conditions, ``tok`` (B, T) int64."""
+    conditions, ``tok`` (B, T) int64. ``by_start``: an EAGLE drafter's q indexed by round start instead, as tree rows
+    read it (``_by_round_start``; an offset-independent draft's q (B, T, V) serves both)."""
     T = tok.shape[1]
     tok = tok.to(m.dev)
     # the engine's fast paths (real.nn.layers.linear) and inference mode, as in generate; the rows are cloned
@@ -132,7 +133,19 @@ def chain_rows(m: Forced, conds: list, tok: torch.Tensor, L: int | None) -> Rows
             q, kind = m.rows(m.draft, tok[:, :T - 1], conds=conds)[0], "theory"
         else:
             q, kind = _eagle_rows(m, hidden, tok, int(L)), "eagle"
+    if by_start and q is not None and q.ndim == 4:
+        return Rows(p.clone(), _by_round_start(q), kind)       # (a new tensor: no clone needed)
     return Rows(p.clone(), None if q is None else q.clone(), kind)
+
+
+def _by_round_start(qc: torch.Tensor) -> torch.Tensor:
+    """An EAGLE drafter's chain rows qc (B, T, D, V) ([:, t, d]: token t as the (d+1)-th draft) -> tree rows
+    (B, T, D, V) by round start, q[:, n, d] = qc[:, n + d, d] (entries past the image: uniform, never read)."""
+    B, T, D, V = qc.shape
+    q = torch.full_like(qc, 1.0 / V)
+    for d in range(D):   # a loop over tree depths
+        q[:, :T - d, d] = qc[:, d:, d]
+    return q
 
 
 def _eagle_rows(m: Forced, hidden: torch.Tensor, tok: torch.Tensor, L: int) -> torch.Tensor:

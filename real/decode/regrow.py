@@ -120,8 +120,9 @@ def _grow(m, spec, tok, ns: np.ndarray, q0, hid0, d_off: int, M: int, gen: torch
     nt = torch.as_tensor(ns, device=dev)
     caps = torch.as_tensor(_depth_caps(spec, ns, T), device=dev)                  # D'(n)
     guide = _Guide(spec, p, tok, nt, caps, gen, dev)
-    tok_f, key, logp = expand(spec, q0, zero, zero, gumbel(q0.shape))             # (B, S, k) the root's children
-    tok_f, key, logp, onf = guide.root(q0, tok_f, key, logp)
+    noise = gumbel(q0.shape)
+    drawn, onf = guide.root(q0)                               # the path's children, drawn towards the image
+    tok_f, key, logp = expand(spec, q0, zero, zero, noise, drawn)                # (B, S, k) the root's children
     toks, keys, fronts = [tok_f], [key], []
     front = torch.arange(k, device=dev).expand(B, S, -1)
     fhid = hid0[:, :, None].expand(-1, -1, k, -1) if feat else None               # (R, S, k, H)
@@ -142,8 +143,9 @@ def _grow(m, spec, tok, ns: np.ndarray, q0, hid0, d_off: int, M: int, gen: torch
         kw = {"features": fhid.reshape(R, S * k, -1)} if feat else {}
         q, hid = m.rows(draft, tok_f.reshape(B, S * k), position_ids=np.tile(pos, (R, 1)), attn_mask=mask, **kw)
         q = q.reshape(B, S, k, -1)                                               # (B, S, k, V)
-        ctok, ckey, clogp = expand(spec, q, key, logp, gumbel(q.shape))
-        ctok, ckey, clogp, con = guide.level(i, q, onf, key, logp, ctok, ckey, clogp)
+        noise = gumbel(q.shape)
+        drawn, con = guide.level(i, q, onf, key, logp)        # the path node's children, drawn towards the image
+        ctok, ckey, clogp = expand(spec, q, key, logp, noise, drawn)              # (B, S, k, k) the level
         ctok, ckey, clogp, con = (a.reshape(B, S, k * k) for a in (ctok, ckey, clogp, con))
         base = size
         fronts.append(front)
@@ -233,23 +235,26 @@ class _Guide:
         """(S,) the position of the path's token at depth d of each unit's round (clamped to the image)."""
         return torch.clamp(self.nt + d, max=self.tok.shape[1] - 1)
 
-    def root(self, q0, tok, key, logp):
+    def root(self, q0):
+        """The root's children (rows q0 (B, S, V)) as ``expand(drawn=...)`` takes them, all drawn here, and which
+        of them is the path's node (B, S, k); (None, None) for release trees."""
         if not self.on:
-            return tok, key, logp, None
+            return None, None
         zero = torch.zeros(q0.shape[:-1], dtype=torch.float64, device=self.dev)
         tok, key, logp = self._draw(q0, 0, zero, zero, torch.ones_like(zero, dtype=torch.bool))
-        return tok, key, logp, tok == self.tok[:, self._at(0)][..., None]
+        return (torch.ones_like(tok, dtype=torch.bool), tok, key, logp), tok == self.tok[:, self._at(0)][..., None]
 
-    def level(self, i, q, onf, key, logp, ctok, ckey, clogp):
-        """Level i: the frontier (B, S, k) at depth i + 1 with rows q (B, S, k, V); ``onf`` marks the path's node."""
+    def level(self, i, q, onf, key, logp):
+        """Level i: the frontier (B, S, k) at depth i + 1 with rows q (B, S, k, V), keys and log-probabilities
+        (B, S, k); ``onf`` marks the path's node. -> the path node's children as ``expand(drawn=...)`` takes them
+        (None for release trees), and which children (B, S, k, k) are the path's next node."""
         if not self.on:
-            return ctok, ckey, clogp, torch.zeros_like(ctok, dtype=torch.bool)
+            return None, torch.zeros((*q.shape[:-1], self.k), dtype=torch.bool, device=q.device)
         has = onf.any(-1) & (i + 2 <= self.caps)[None, :]                       # the path's children are walked
         j = onf.to(torch.int64).argmax(-1)                                      # (B, S) its frontier slot
         qj = q.gather(2, j[..., None, None].expand(-1, -1, 1, q.shape[-1]))[:, :, 0]
         gt, gk, gl = self._draw(qj, i + 1, key.gather(-1, j[..., None])[..., 0], logp.gather(-1, j[..., None])[..., 0],
                                 has)
-        sel = (onf & has[..., None])[..., None]
-        ctok, ckey, clogp = (torch.where(sel, g[:, :, None], c) for g, c in ((gt, ctok), (gk, ckey), (gl, clogp)))
+        sel = (onf & has[..., None])[..., None]                                 # (B, S, k, 1) the path's node
         nxt = self.tok[:, self._at(i + 1)]
-        return ctok, ckey, clogp, sel & (ctok == nxt[..., None, None])
+        return (sel, gt[:, :, None], gk[:, :, None], gl[:, :, None]), sel & (gt[:, :, None] == nxt[..., None, None])

@@ -4,7 +4,9 @@
 preamble is written), the mode's ``propose`` (``real.protocol.Proposal``), ONE target forward over the proposal's
 nodes at their positions under its tree mask, ``theory.tree.verify_round`` (chains and trees alike, the verifier's
 own fast walk when it has one), the commit of the accepted path plus the next token (``settle``), and the mode's
-``advance``. ``prefill_round`` (round 0: the target's prefill alone, the draft model started on the same conditions)
+``advance``. What differs between the host path and the device path (where n lives, when rows are checked, how the
+verdict comes back and is committed) stands behind one small interface, ``Run.side`` (``real.decode.sides``), so the
+round itself has no branch on it. ``prefill_round`` (round 0: the target's prefill alone, the draft model started on the same conditions)
 and ``ar_round`` (one plain AR step: every image one D'_b = 0 short of drafting) are the rounds without drafts.
 
 Shapes: b < B indexes images, r < R = k B model rows (k = 2 with classifier-free guidance: rows [cond; uncond],
@@ -22,7 +24,6 @@ that can never be accepted) are clamped to it.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -33,8 +34,10 @@ from theory.tree import verify_round
 
 from . import rng as R
 from .phases import event, phase
+from .records import RoundRecord, Step
 from .rng import Streams
 from .sampling import Processing, draw
+from .sides import HOST, OnDevice, check_finite
 
 __all__ = ["RoundRecord", "Run", "OnDevice", "Step", "sync", "prefill_round", "ar_round", "speculative_round", "settle", "commit",
            "check_finite", "store_hidden", "on_host"]
@@ -44,58 +47,6 @@ def sync(device) -> None:
     """Wait for the device's queued work (CUDA) before a clock is read; a no-op elsewhere."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-@dataclass
-class RoundRecord:
-    """One round: ``drafted`` = L', ``accepted`` = tau (tokens produced: tau + 1), wall times in seconds
-    (CUDA-synchronised), and with ``record_rows=True`` the processed rows along the drafted path:
-    ``p`` (L'+1, V) target rows P(.|h_{i-1}), i = 1..L'+1; ``q`` (L', V) draft rows; ``drafts`` (L',).
-
-    Tree rounds: ``drafted`` = N' nodes drafted, ``depth`` = D' (the truncated tree's depth), ``nodes`` the accepted
-    tree nodes (tau of them, by depth); rows: ``p`` (N'+1, V) target rows at every node, ``q`` (N'+1, V) the draft
-    rows the node's children were drawn from (uniform placeholders at leaves), ``drafts`` (N'+1,) node tokens, the
-    root's (the last committed token) at 0; dynamic trees also ``parent`` (N'+1,) (-1 at the root)."""
-    drafted: int
-    accepted: int
-    t_draft: float
-    t_target: float
-    t_verify: float
-    p: np.ndarray | None = None
-    q: np.ndarray | None = None
-    drafts: np.ndarray | None = None
-    depth: int | None = None
-    nodes: tuple | None = None
-    parent: np.ndarray | None = None
-
-
-@dataclass
-class OnDevice:
-    """The device path's side of a batch (CUDA: no host -> device copy of what the host already knows): ``n`` (B,)
-    int64 the committed counts on the device, their per-model-row copy (R,) (made once per round), and ``unchecked``,
-    the prefill's rows whose finiteness is read back with the first round's verdict."""
-    n: torch.Tensor
-    unchecked: torch.Tensor | None = None
-    _rows: tuple | None = None           # (n, its per-row copy): the copy of this round's n
-
-    def row_counts(self, run: "Run") -> torch.Tensor:
-        """(R,) the per-model-row copy of ``n`` (one cat per round)."""
-        if self._rows is None or self._rows[0] is not self.n:
-            self._rows = (self.n, run.rows(self.n))
-        return self._rows[1]
-
-    def finite_flag(self, *rows) -> tuple[torch.Tensor, tuple]:
-        """One device flag, whether the rows (None ignored) and the prefill's waiting ones are all finite (read back
-        with the verdict: no sync of its own), and those rows (for ``check_finite`` to name the fault)."""
-        rows = tuple(r for r in (*rows, self.unchecked) if r is not None)
-        self.unchecked = None
-        return torch.isfinite(sum(r.sum() for r in rows)), rows
-
-    def check_unchecked(self) -> None:
-        """Check the prefill's rows still waiting for a read-back (no speculative round came to check them)."""
-        if self.unchecked is not None:
-            check_finite(self.unchecked)
-            self.unchecked = None
 
 
 @dataclass
@@ -123,6 +74,12 @@ class Run:
     def dev(self) -> torch.device:
         """The device of the committed tokens (the target's)."""
         return self.out.device
+
+    @property
+    def side(self):
+        """The path's side of the round (``OnDevice``, or ``HOST`` on the host path): ``check``, ``read``, ``commit``,
+        ``write``."""
+        return HOST if self.on_device is None else self.on_device
 
     @property
     def n_dev(self) -> torch.Tensor | None:
@@ -181,64 +138,6 @@ class Run:
         return np.where(self.active, np.clip(np.minimum(D, self.T - tail - self.n - 1), 0, None), 0)
 
 
-@dataclass
-class Step:
-    """One round of the batch, per image (B,): ``drafted`` nodes (chains: L'_b), ``accepted`` tau_b, the batch's times,
-    draft forwards, and for the records ``kind`` ("single": round 0 or a plain AR step; "chain"; "tree"; "dynamic"),
-    ``depth`` (B,) D'_b, ``nodes`` (B, D) accepted nodes (-1 past tau); with record_rows ``p``, ``q``, ``drafts``
-    (chains: p (B, S+1, V), q (B, S, V), drafts (B, S); trees: p, q (B, N+1, V), drafts (B, N+1) with the root at 0;
-    single steps: p (B, 1, V), drafts (B, 1) the root or None) and ``parent`` (B, N+1) for dynamic trees."""
-    drafted: np.ndarray
-    accepted: np.ndarray
-    t_draft: float
-    t_target: float
-    t_verify: float
-    draft_forwards: int = 0
-    kind: str = "single"
-    p: torch.Tensor | None = None
-    q: torch.Tensor | None = None
-    drafts: torch.Tensor | None = None
-    depth: np.ndarray | None = None
-    nodes: np.ndarray | None = None
-    parent: np.ndarray | None = None
-
-    def to_host(self) -> "Step":
-        """The recorded rows as numpy on the host, in the dtype they were computed in (float32 or float64; a half
-        dtype, which numpy lacks, as float32), so a recording run holds no rows on the device."""
-        for name in ("p", "q", "drafts"):
-            x = getattr(self, name)
-            if isinstance(x, torch.Tensor):
-                half = x.is_floating_point() and x.element_size() < 4
-                setattr(self, name, (x.float() if half else x).cpu().numpy())
-        return self
-
-    def record(self, b: int, share: float, rows: bool, tree_run: bool) -> RoundRecord:
-        """Image b's record (times: ``share`` of the batch's), its rows cut to its own round; a tree run marks single
-        steps as depth 0 with the root token (-1 at round 0) as its only node token."""
-        tau, times = int(self.accepted[b]), (self.t_draft * share, self.t_target * share, self.t_verify * share)
-        if self.kind == "single":
-            rec = RoundRecord(0, tau, *times, depth=0 if tree_run else None, nodes=() if tree_run else None)
-            if rows:
-                rec.p, rec.q = self.p[b, :1], self.p[b, :0]
-                rec.drafts = (np.zeros(0, np.int64) if not tree_run else self.drafts[b, :1]
-                              if self.drafts is not None else np.full(1, -1, dtype=np.int64))
-            return rec
-        if self.kind == "chain":
-            ell = int(self.drafted[b])
-            rec = RoundRecord(ell, tau, *times)
-            if rows:
-                rec.p, rec.q, rec.drafts = self.p[b, :ell + 1], self.q[b, :ell], self.drafts[b, :ell]
-            return rec
-        dyn = self.kind == "dynamic"
-        m = self.p.shape[1] if dyn and rows else int(self.drafted[b]) + 1
-        rec = RoundRecord(int(self.drafted[b]), tau, *times, depth=int(self.depth[b]),
-                          nodes=tuple(int(x) for x in self.nodes[b, :tau]), parent=self.parent[b] if dyn else None)
-        if rows:
-            rec.p, rec.drafts = self.p[b, :m], self.drafts[b, :m]
-            rec.q = None if self.q is None else self.q[b, :m]
-        return rec
-
-
 # ----------------------------------------------------------------------------- the verifier's view and checks
 
 def on_host(run: Run, *arrays):
@@ -249,36 +148,12 @@ def on_host(run: Run, *arrays):
     return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in arrays)
 
 
-def check_finite(*rows) -> None:
-    """ValueError unless every entry of the probability rows (None ignored) is finite: rows in [0, 1] sum to a finite
-    number iff every entry is, so one reduction and one sync decide the usual case; the entries are looked at only
-    then."""
-    rows = [r for r in rows if r is not None]
-    if all(r.device.type == "cpu" and not r.requires_grad for r in rows):     # CPU rows: numpy's sums of their views
-        if math.isfinite(sum(float(np.add.reduce(r.numpy(), axis=None)) for r in rows)):
-            return
-    elif bool(torch.isfinite(sum(r.sum() for r in rows))):
-        return
-    if not all(bool(torch.isfinite(r).all()) for r in rows):
-        raise ValueError("non-finite probabilities (NaN/inf logits from the model?)")
-
-
 # ----------------------------------------------------------------------------- caches and the commit
 
 def commit(run: Run, cand, tau: np.ndarray, tau_dev: torch.Tensor | None = None) -> None:
     """Write cand[b, :tau_b + 1] (B, S) (a tensor, or numpy on the host path) at out[b, n_b:]; n_b += tau_b + 1 for
     unfinished images (and ``n_dev`` on the device path, from ``tau_dev``, tau on the device; None: tau = 0)."""
-    act = run.active
-    if run.on_device is None:      # the host path: written through the numpy view of the committed tokens (CPU)
-        c = cand if isinstance(cand, np.ndarray) else cand.numpy()
-        run.out.numpy()[np.arange(run.B)[:, None], run.n[:, None] + np.arange(c.shape[1])] = c   # past tau_b + 1:
-        run.n = run.n + np.where(act, tau + 1, 0)                                                  # scratch
-        return
-    n = run.n_dev
-    run.out.scatter_(1, n[:, None] + torch.arange(cand.shape[1], device=run.dev), cand)   # past tau_b + 1: scratch
-    run.n = run.n + np.where(act, tau + 1, 0)
-    # n + tau + 1 <= T for an unfinished image (tau <= D'_b), so the clamp keeps T
-    run.on_device.n = (n + 1 if tau_dev is None else n + tau_dev + 1).clamp(max=run.T)
+    run.side.write(run, cand, tau, tau_dev)
 
 
 def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
@@ -287,24 +162,14 @@ def store_hidden(run: Run, hidden: torch.Tensor, pos) -> None:
     run.hist.scatter_(1, idx, hidden.to(run.hist.dtype))
 
 
-def settle(run: Run, prop, hidden, v, Dr: int, reads: dict | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
-    """After the verdict ``v``: keep the accepted path in the target's cache (a chain: its rejected tail rolled back; a
-    tree: ``keep`` of [root; path]), for feature drafters its hidden states at their positions, and commit path + next
-    token. Returns tau (B,), the accepted nodes (B, Dr) (-1 past tau) and ``reads`` ({name: int64 device tensor
-    (B,) or (B, m)}) as numpy arrays of the same shapes, all read back to the host together: the round's one sync."""
-    act = run.active
-    host = run.on_device is None and not reads    # the host path: the verdict read as numpy (CPU), nothing packed
-    if host:
-        tau = np.asarray(v.accepted).astype(np.int64, copy=False)
-        path, got = np.asarray(v.path).astype(np.int64, copy=False)[:, :Dr], {}
-    else:
-        acc_t, path_t = torch.as_tensor(v.accepted)[:, None], torch.as_tensor(v.path)[:, :Dr]
-        blocks = {k: torch.as_tensor(e) for k, e in (reads or {}).items()}
-        head = torch.cat([acc_t, path_t, *(e if e.ndim == 2 else e[:, None] for e in blocks.values())], 1).cpu().numpy()
-        tau, path, got, c = head[:, 0], head[:, 1:Dr + 1], {}, Dr + 1
-        for k, e in blocks.items():          # the read-backs by name, in the order they were packed
-            w = e.shape[1] if e.ndim == 2 else 1
-            got[k], c = (head[:, c:c + w].copy() if e.ndim == 2 else head[:, c]), c + w
+def settle(run: Run, prop, hidden, v, Db: np.ndarray, Dt) -> tuple:
+    """After the verdict ``v``: read it back (``Run.side.read``: the round's one sync on the device path), keep the
+    accepted path in the target's cache (a chain: its rejected tail rolled back; a tree: ``keep`` of [root; path]),
+    for feature drafters its hidden states at their positions, and commit path + next token. ``Db`` (B,) the images'
+    caps D'_b (``Dt`` the same as ``Run.depth_tensor`` gives them). Returns tau (B,), the accepted nodes (B, Dr)
+    (-1 past tau, Dr = max Db), the nodes each image drafted (B,) and the proposal's parents (B, N+1) or None."""
+    side, act, Dr = run.side, run.active, int(Db.max())
+    tau, path, drafted, parent = side.read(run, prop, v, Db, Dt)
     keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
     N = prop.tokens.shape[1] - 1
     if prop.tree is None:          # a chain keeps a prefix of its block (also right after a prefill of drafts)
@@ -314,22 +179,8 @@ def settle(run: Run, prop, hidden, v, Dr: int, reads: dict | None = None) -> tup
     if run.feat:
         kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
         store_hidden(run, hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
-    if host:                       # the path's tokens, then the next token at tau_b, on numpy views
-        rows = np.arange(run.B)
-        cand = prop.tokens.numpy()[rows[:, None], np.concatenate([keep[:, 1:], keep[:, 1:2]], 1)]   # (B, Dr + 1)
-        cand[rows, tau] = np.asarray(v.next_token)
-        commit(run, cand, tau)
-        return tau, path, got
-    dev_verdict = run.n_dev is not None and isinstance(acc_t, torch.Tensor) and acc_t.device == run.out.device
-    if dev_verdict:                # the device path: the commit from the verdict's own device tensors
-        tau_t, kp = acc_t[:, 0].long(), path_t.long().clamp(min=0)
-    else:
-        tau_t, kp = torch.as_tensor(tau, device=run.dev), torch.as_tensor(keep[:, 1:], device=run.dev)
-    cand = prop.tokens.gather(1, kp)
-    nxt = torch.as_tensor(v.next_token, device=run.dev)
-    cand = torch.cat([cand, cand[:, :1]], 1).scatter(1, tau_t[:, None], nxt[:, None])
-    commit(run, cand, tau, tau_t if dev_verdict else None)
-    return tau, path, got
+    side.commit(run, prop, v, tau, path)
+    return tau, path, drafted, parent
 
 
 # ----------------------------------------------------------------------------- the rounds
@@ -363,10 +214,7 @@ def prefill_round(run: Run, mode) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
-        if run.on_device is None:
-            check_finite(p)
-        else:                      # the device path: checked with the first round's verdict (no read-back here)
-            run.on_device.unchecked = p
+        run.side.check_prefill(p)      # (the device path: with the first round's verdict, no read-back here)
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     commit(run, x[:, None], np.zeros(run.B, np.int64))
     run.state = mode.start(run)
@@ -392,8 +240,7 @@ def ar_round(run: Run) -> Step:
     sync(run.dev)
     t1 = time.perf_counter()
     with phase("verify"):
-        if run.on_device is not None:          # the prefill's rows (no speculative round came to check them)
-            run.on_device.check_unchecked()
+        run.side.check_unchecked()             # the prefill's rows (no speculative round came to check them)
         x = draw(p[:, 0], run.proc, lambda: run.rng.uniform(run.n, R.SAMPLE))
     act = run.active
     if not act.all():
@@ -413,32 +260,24 @@ def _target_block(run: Run, prop):
         o = run.target.prefill(run.conds, run.rows(prop.tokens[:, 1:]), cfg=run.proc.cfg, return_hidden=run.feat)
         run.P = int(run.target.cache_lens[0]) - (prop.tokens.shape[1] - 1)
         return o
-    d, cap = prop.depth, run.P + run.T - 1
-    if run.n_dev is not None:     # the device path: root position P + n_b - 1 (the cache length) + node depths
-        d = torch.arange(d.shape[-1], device=run.dev) if prop.tree is None else torch.as_tensor(d, device=run.dev)
-        pos = (run.dev_positions(run.P - 1, cap, d.shape[-1]) + (d if d.ndim == 1 else run.rows(d))).clamp(max=cap)
-    else:
-        pos = run.positions(run.target, d, cap)
+    pos = run.side.node_positions(run, prop)                       # (R, N+1) the root's position + node depths
     mask = prop.mask
     if mask is not None and mask.ndim == 3:         # one image: the (S, K) mask every model takes; else one per row
         mask = mask[0] if run.B == 1 else run.rows(mask)
     return run.target.forward(run.rows(prop.tokens), position_ids=pos, attn_mask=mask, return_hidden=run.feat)
 
 
-def drafted_nodes(depth, D):
-    """(B,) nodes each image drafted within its cap: ``depth`` the proposal's node depths (N+1,) or (B, N+1), root at
-    0 (numpy or torch), ``D`` (B,) the images' caps D'_b (the same library)."""
-    return ((depth[..., 1:] >= 1) & (depth[..., 1:] <= D[:, None])).sum(-1)
-
-
-def _host(x):
-    """A device tensor as numpy on the host; anything else as it is."""
-    return x.cpu().numpy() if isinstance(x, torch.Tensor) else x
+def _clock(run: Run) -> float:
+    """The wall clock once the device's queued work is done (``sync``)."""
+    sync(run.dev)
+    return time.perf_counter()
 
 
 def speculative_round(run: Run, mode, verifier) -> Step:
-    """One round of ``mode`` for the batch (module docstring): propose, one target forward, verify, commit, advance."""
-    Db = run.depths(mode.max_depth, getattr(mode, "plain_tail", 0))
+    """One round of ``mode`` for the batch (module docstring): draft, one target forward, verify, commit (``settle``),
+    advance; the path's side (``Run.side``) checks the rows and reads the verdict back."""
+    tail = getattr(mode, "plain_tail", 0)
+    Db = run.depths(mode.max_depth, tail)
     Dr = int(Db.max())
     if Dr == 0:
         return ar_round(run)
@@ -448,47 +287,28 @@ def speculative_round(run: Run, mode, verifier) -> Step:
     t0 = time.perf_counter()
     with phase("draft"):
         prop = mode.propose(run, Db)
-    sync(run.dev)
-    t1 = time.perf_counter()
+    t1 = _clock(run)
     with phase("target"):
         o = _target_block(run, prop)
         p = run.proc.rows(o.logits)                                                        # (B, N+1, V)
-    sync(run.dev)
-    t2 = time.perf_counter()
-    N = prop.tokens.shape[1] - 1
-    dev = run.on_device                  # the device path: the finiteness flag read back with the verdict
-    q_chk = None if prop.q_checked else prop.q       # (rows a mode knows finite are not summed again)
+    t2 = _clock(run)
     with phase("verify"):
-        if dev is None:
-            check_finite(p, q_chk)
-        else:                            # (the prefill's rows, on the device path, with the first round's)
-            finite, checked = dev.finite_flag(p, q_chk)
+        run.side.check(p, None if prop.q_checked else prop.q)     # (rows a mode knows finite are not summed again)
+        N = prop.tokens.shape[1] - 1
         u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
         u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-        Dt = run.depth_tensor(Db, mode.max_depth, getattr(mode, "plain_tail", 0))
+        Dt = run.depth_tensor(Db, mode.max_depth, tail)
         P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, Dt)
-        if prop.verify is None:
+        if prop.verify is None:          # the walk, or a mode's own verdict (real.protocol.Proposal.verify)
             v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)
-        else:                     # a mode's own verdict (real.protocol.Proposal.verify)
+        else:
             v = prop.verify(P_, Q_, X_, UA, US, verifier, D_)
-    reads = {}                           # the device path: device values read back with the verdict, by name
-    if dev is not None:
-        reads["finite"] = finite.long().expand(run.B)
-        if isinstance(prop.depth, torch.Tensor):
-            reads["drafted"] = drafted_nodes(prop.depth, Dt)
-        if isinstance(prop.parent, torch.Tensor):            # a dynamic tree's parents
-            reads["parent"] = prop.parent.long()
-    tau, path, got = settle(run, prop, o.hidden, v, Dr, reads)
-    if dev is not None and not got["finite"].all():
-        check_finite(*checked)           # raises (the entries looked at, as on the host path)
-    parent = got["parent"] if "parent" in got else _host(prop.parent)
+    tau, path, drafted, parent = settle(run, prop, o.hidden, v, Db, Dt)
     v = v._replace(accepted=tau, path=path)                                            # the verdict on the host
     t3 = time.perf_counter()
     mode.advance(run, prop, v, p, n0)
-    sync(run.dev)
-    t4 = time.perf_counter()
-    drafted = np.where(act, got["drafted"] if "drafted" in got else drafted_nodes(_host(prop.depth), Db), 0)
-    kind = "chain" if prop.tree is None else "dynamic" if prop.parent is not None else "tree"
-    rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if kind == "chain" else prop.tokens) if run.record else {}
-    return Step(drafted, np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2, prop.draft_forwards, kind,
-                depth=Db, nodes=path, parent=parent, **rows)
+    t4 = _clock(run)
+    chain = prop.tree is None
+    rows = dict(p=p, q=prop.q, drafts=prop.tokens[:, 1:] if chain else prop.tokens) if run.record else {}
+    return Step(np.where(act, drafted, 0), np.where(act, tau, 0), t1 - t0 + t4 - t3, t2 - t1, t3 - t2,
+                prop.draft_forwards, chain, depth=Db, nodes=path, parent=parent, **rows)

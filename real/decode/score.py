@@ -46,7 +46,7 @@ from theory.tree import Tree
 from .forced_rows import Rows, chain_rows, scoring_inputs, teacher_forced_rows
 from .jacobi import JACOBI_REASON
 from .sampling import Processing
-from .score_tree import tree_mode, tree_scores
+from .score_tree import scored, tree_scores
 from .tree import StaticTree
 
 __all__ = ["Rows", "teacher_forced_rows", "score", "summary", "TREE_REASON", "JACOBI_REASON"]
@@ -65,22 +65,10 @@ def score(target, draft, conds, tokens, *, verifier=None, drafting=None, process
     log P(x), "log_p_hat": (n,) float64 log P^(x) (None without a draft)}; ``batch_size`` images per teacher-forced
     batch. Bad input (tokens outside V, a verifier without a chain rule, a drafting that is none of these) is refused
     with ValueError, a construction without an exact likelihood with NotImplementedError, before any model call."""
-    L = None
-    if getattr(drafting, "scored_as", None) == "chain":
-        drafting, L = None, int(drafting.max_depth)
-    elif isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
-        drafting, L = None, int(drafting)
-    elif isinstance(drafting, Tree):     # as engine.generate reads it
-        drafting = StaticTree(drafting)
-    if drafting is not None:
-        if tree_mode(drafting) is None:
-            raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
-                             f"theory.tree.Tree), got {type(drafting).__name__}")
-        if draft is None:
-            raise ValueError("tree scoring needs the draft model the trees were drafted with")
     m, conds, tok = scoring_inputs(target, draft, conds, tokens, processing)    # the models, once for every path
-    if drafting is not None:
-        return tree_scores(m, conds, tok, verifier, drafting, batch_size)
+    L, mode = scored(StaticTree(drafting) if isinstance(drafting, Tree) else drafting, draft)   # (as generate reads it)
+    if mode is not None:
+        return tree_scores(m, conds, tok, verifier, mode, batch_size)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     if draft is not None:
@@ -111,8 +99,12 @@ def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, proce
     them (``tv_to_target.from_ar``). ``drafting``: as ``score``."""
     from theory.likelihood import fidelity
 
-    s = score(target, draft, conds, tokens, verifier=verifier, drafting=drafting, processing=processing,
-              batch_size=batch_size)
+    sets = [(conds, tokens)]               # the images, and the plain-AR images when given (scored alike)
+    if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
+        sets.append((ar_conds, ar_tokens))
+    s, *a = (score(target, draft, c, x, verifier=verifier, drafting=drafting, processing=processing,
+                   batch_size=batch_size) for c, x in sets)
+    ar = (a[0]["log_p_hat"], a[0]["log_p"]) if a else None
     if s["log_p_hat"] is None:             # plain AR samples the target itself
         s["log_p_hat"] = s["log_p"].copy()
     T = int(torch.as_tensor(tokens).shape[1])
@@ -126,11 +118,6 @@ def summary(target, draft, conds, tokens, *, verifier=None, drafting=None, proce
                      "se_infinite": int(se.size - fin.size),
                      "note": "KL: unbiased to second order, its interval includes the Monte Carlo error; TV: "
                              "(1 - P/P^)_+ of an estimate, biased by the Monte Carlo error (docs/theory.md 11c, 11d)"}
-    ar = None
-    if ar_tokens is not None and draft is not None and len(ar_tokens) >= 2:
-        a = score(target, draft, ar_conds, ar_tokens, verifier=verifier, drafting=drafting, processing=processing,
-                  batch_size=batch_size)
-        ar = (a["log_p_hat"], a["log_p"])
     if n >= 2:
         full = fidelity.report((s["log_p_hat"], s["log_p"]), ar, T=T)
         rep |= {k: full[k] for k in ("tv_to_target", "kl_to_target")}

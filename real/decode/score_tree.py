@@ -55,7 +55,7 @@ from .forced_rows import Forced, chain_rows, scoring_inputs
 from .sampling import Processing
 from .regrow import LOSSLESS_TREES, dynamic_trees
 
-__all__ = ["TreeRows", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees", "tree_scores",
+__all__ = ["TreeRows", "scored", "tree_mode", "check", "method", "tree_rows", "tree_likelihood", "score_trees", "tree_scores",
            "LOSSLESS_TREES", "LOSSLESS_GROUPS", "MASK_BUDGET"]
 
 LOSSLESS_GROUPS = 4      # ... in groups, for the jackknife of log P^ and its Monte Carlo SE
@@ -87,6 +87,26 @@ def tree_mode(drafting):
     ``theory.tree.Tree`` included: ``real.decode.score.score`` reads it as ``StaticTree(tree)``, as ``engine.generate``
     does)."""
     return drafting if _static(drafting) or _grown(drafting) else None
+
+
+def scored(drafting, draft) -> tuple:
+    """How scoring reads ``drafting`` (as ``real.decode.engine.generate`` does; ``real.decode.score.score`` reads a
+    ``theory.tree.Tree`` as ``StaticTree(tree)`` first): (L, None) for chains of L drafts (an int L, or a mode scored
+    as a chain: a ``Chain``), (None, mode) for a tree mode (``tree_mode``), (None, None) for None. ValueError for
+    anything else, and for a tree mode without the ``draft`` model it was drafted with."""
+    if getattr(drafting, "scored_as", None) == "chain":
+        return int(drafting.max_depth), None
+    if isinstance(drafting, (int, np.integer)) and not isinstance(drafting, bool):
+        return int(drafting), None
+    if drafting is None:
+        return None, None
+    mode = tree_mode(drafting)
+    if mode is None:
+        raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
+                         f"theory.tree.Tree), got {type(drafting).__name__}")
+    if draft is None:
+        raise ValueError("tree scoring needs the draft model the trees were drafted with")
+    return None, mode
 
 
 def _static(mode) -> bool:
@@ -179,8 +199,8 @@ def _tree_rows(m: Forced, conds: list, tok: torch.Tensor, mode, budget: int, see
     drawn = _static(mode) or mode.sampling != "release"       # candidates drawn from q: its rows are read
     q = None
     if drawn:
-        rows = chain_rows(m, conds, tok, int(mode.tree.depth if _static(mode) else mode.max_depth))
-        q = rows.q if rows.q.ndim == 3 else _by_round_start(rows.q)
+        rows = chain_rows(m, conds, tok, int(mode.tree.depth if _static(mode) else mode.max_depth), by_start=True)
+        q = rows.q
     if _static(mode):
         return TreeRows(rows.p, q, mode)
     gen = torch.Generator(device=m.dev)
@@ -192,16 +212,6 @@ def _tree_rows(m: Forced, conds: list, tok: torch.Tensor, mode, budget: int, see
     p, children, depth, node_tokens, parent, weight = out
     return TreeRows(p, q, mode, RowTrees(children, depth, mode.max_depth), node_tokens, parent,
                     weights=None if mode.sampling == "release" else weight)
-
-
-def _by_round_start(qc: torch.Tensor) -> torch.Tensor:
-    """An EAGLE drafter's chain rows qc (B, T, D, V) ([:, t, d]: token t as the (d+1)-th draft) -> tree rows
-    (B, T, D, V) by round start, q[:, n, d] = qc[:, n + d, d] (entries past the image: uniform, never read)."""
-    B, T, D, V = qc.shape
-    q = torch.full_like(qc, 1.0 / V)
-    for d in range(D):   # a loop over tree depths
-        q[:, :T - d, d] = qc[:, d:, d]
-    return q
 
 
 # ----------------------------------------------------------------------------- likelihood
@@ -227,6 +237,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
         raise ValueError(f"rows must be a TreeRows (real.decode.score_tree.tree_rows), got {type(rows).__name__}")
     x = np.asarray(torch.as_tensor(tokens).cpu())
     p = rows.p.cpu().numpy()
+    how = method(mode, verifier, p.shape[-1])
     if _grown(mode):
         if rows.trees is None:
             raise ValueError("these rows hold no regrown trees (static-tree rows): score them with their StaticTree")
@@ -254,7 +265,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
     if _static(rows.mode) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
         raise ValueError(f"the rows were made for a tree of {rows.mode.tree.n_nodes} nodes, not {mode.tree.n_nodes}")
     q = rows.q.cpu().numpy()
-    if method(mode, verifier, p.shape[-1]) == "mc":
+    if how == "mc":
         mc = tree_log_likelihood_mc(p, q, x, verifier, mode.tree, seed=seed, convention=rows.convention)
         return out(mc["log_p_hat"], "mc", mc["se"], mc)
     return out(tree_log_likelihood(p, q, x, verifier, mode.tree, candidates=mode.candidates,
@@ -290,15 +301,14 @@ def tree_scores(m: Forced, conds: list, tok: torch.Tensor, verifier, mode, batch
     if not (m.batched and (m.row_masks or _static(mode))):
         batch_size = 1
     lp, lph, se = [], [], []
-    how = method(mode, verifier, int(m.target.vocab_size))
     for a in range(0, len(conds), batch_size):   # a loop over batches of images
         x = tok[a:a + batch_size]
         rows = _tree_rows(m, conds[a:a + batch_size], x, mode, MASK_BUDGET, seed=a)
         lp.append(log_target(rows.p.cpu().numpy(), x.numpy()))
-        d = tree_likelihood(rows, x, verifier, mode, seed=a, detail=True)
+        d = tree_likelihood(rows, x, verifier, mode, seed=a, detail=True)     # (its "kl_method": ``method``'s)
         lph.append(d["log_p_hat"])
         se.append(d["se"])
-    out = {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph), "kl_method": how}
-    if how == "mc":
+    out = {"log_p": np.concatenate(lp), "log_p_hat": np.concatenate(lph), "kl_method": d["kl_method"]}
+    if d["kl_method"] == "mc":
         out |= {"log_p_hat_se": np.concatenate(se), "mc": {"samples": d["samples"], "groups": d["groups"]}}
     return out
