@@ -117,7 +117,7 @@ def make_ar_rows(model: str, n_images: int, *, draft: str | None = None, L: int 
 def record_arrays(gens, L: int, stamp: dict) -> dict:
     """The arrays ``coolsd generate --record`` writes for a chain run: p, q, drafts, n_drafted, image, accepted, the
     tokens generated before each drafted round (``start``) and the run's ``stamp`` (JSON)."""
-    from real.decode.engine import records_to_arrays
+    from real.decode.records import records_to_arrays
 
     recs = [r for g in gens for r in g.rounds]
     p, q, d, nd = records_to_arrays(recs, L)

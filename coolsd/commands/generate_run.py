@@ -63,10 +63,10 @@ def _recorded_run(p) -> list:
 def _result(p, gens: list, base: list) -> dict:
     """The JSON-ready summary of plan ``p``'s run (and of the baseline); the mode describes itself
     (``ModeDef.report``)."""
-    from real.decode import engine
+    from real.decode.records import summarize
 
     verifier, mode, spec, b, cfg = p.verifier, p.mode, p.spec, p.bundle, p.cfg
-    stats = engine.summarize(gens)
+    stats = summarize(gens)
     out = {"model": cfg.model, "method": p.method, "L": spec.max_depth,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
            "verifier": verifier.name if verifier else "ar", "processing": p.proc.params(),
@@ -76,7 +76,7 @@ def _result(p, gens: list, base: list) -> dict:
     if mode is not None:
         out |= spec.mode.report(mode, spec.opts)
     if base:
-        s = engine.summarize(base)
+        s = summarize(base)
         out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
         out["speedup"] = s["seconds"] / stats["seconds"]
     tuned = _tuned_prediction(getattr(cfg, "weights", None), getattr(cfg, "schedule", None))

@@ -74,7 +74,7 @@ def chain_arrays(gens, L: int):
     n_drafted (R,), start (R,) (float64 for the theory)."""
     _gens("chain_arrays", gens)
     L = checks.integer("chain_arrays: L", L, lo=1)
-    from real.decode.engine import records_to_arrays
+    from real.decode.records import records_to_arrays
 
     recs, starts = [], []
     for g in gens:
