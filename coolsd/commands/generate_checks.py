@@ -44,6 +44,7 @@ def build_plan(cfg: RunConfig) -> Plan:
 
     from real.decode.methods import gsd_vectors, make_verifier, method_processing
     from real.decode.sampling import Processing
+    from real.nn.blocks import compile_models
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
     from real.specs import model_facts
@@ -58,7 +59,8 @@ def build_plan(cfg: RunConfig) -> Plan:
     check_built(cfg, bundle)
     mode = spec.build(facts)
     if cfg.compile:
-        compile_models(bundle, cfg.compile)
+        compile_models({"target": bundle.target, "draft": bundle.draft}, cfg.compile,
+                       getattr(bundle.target, "device", "cpu"))
     cfg_scale = bundle.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if cfg.top_k is None else cfg.top_k
     proc = Processing(cfg.temperature, top_k, cfg.top_p, cfg_scale)
@@ -80,22 +82,3 @@ def build_plan(cfg: RunConfig) -> Plan:
         raise ValueError(f"--fidelity with {spec.named}: {e}") from None
     return Plan(cfg, bundle, spec, method, mode, proc, verifier, rule, scored)
 
-
-def compile_models(bundle, mode: str) -> None:
-    """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
-    import sys
-
-    from real.nn.blocks import compile_blocks
-
-    on_cuda = str(getattr(bundle.target, "device", "cpu")).startswith("cuda")
-    print(f"coolsd: --compile {mode}: compiling the decoder blocks with torch.compile; the first images wait for it "
-          f"(expect {'under a minute on CUDA' if on_cuda else 'about 2-5 minutes on a CPU'}; torch caches the "
-          "compiled code for later runs)", file=sys.stderr, flush=True)
-    for name, m in (("target", bundle.target), ("draft", bundle.draft)):
-        if m is None:
-            continue
-        try:
-            compile_blocks(m, mode=mode)
-        except ValueError as e:
-            raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
-                             "drafters)") from None
