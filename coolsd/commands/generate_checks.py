@@ -42,7 +42,8 @@ def build_plan(cfg: RunConfig) -> Plan:
     anything is generated. GSD's vectors are made once, for the verifier and the rule alike."""
     import torch
 
-    from real.decode.methods import gsd_vectors, make_verifier, method_processing
+    from real.decode.embeddings import gsd_vectors
+    from real.decode.methods import method_processing, resolved_verifier
     from real.decode.sampling import Processing
     from real.nn.blocks import compile_models
     from real.protocol import NO_DRAFT
@@ -71,11 +72,11 @@ def build_plan(cfg: RunConfig) -> Plan:
     gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
-    verifier = make_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
-                             device=getattr(bundle.target, "device", None), embeddings=gsd_emb)
+    verifier = resolved_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
+                                 device=getattr(bundle.target, "device", None), embeddings=gsd_emb)
     if not cfg.fidelity:
         return Plan(cfg, bundle, spec, method, mode, proc, verifier)
-    rule = make_verifier(method, spec.max_depth, dict(cfg.method_params), bundle.neighbors, embeddings=gsd_emb)
+    rule = resolved_verifier(method, spec.max_depth, dict(cfg.method_params), bundle.neighbors, embeddings=gsd_emb)
     try:
         scored = spec.mode.likelihood(mode, rule, int(bundle.target.vocab_size), proc)
     except NotImplementedError as e:
