@@ -77,10 +77,11 @@ def default_dtype(device, dtype) -> str:
 def common(args, *, available: bool = True) -> None:
     """The options several commands share, checked in this one place whichever command parsed them (issue 41: generate,
     sweep, tune, demo, theory and sim call it first): --seed, --temperature, --top-p, --top-k, --cfg-scale,
-    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype (the device and the dtype
-    first: this module's own checks, then the numbers: ``theory.core.checks``); an option the command does not have is
-    skipped. Range and overflow: a float option must be finite (and representable in float32, the
-    compute dtype), an integer one within int64. ValueError naming the flag."""
+    --num-tokens, --threads, --batch-size, --num-images (at most ``real.decode.checks.MAX_IMAGES``), --image-size,
+    --max-seconds, --device and --dtype (the device and the dtype first: this module's own checks, then the numbers:
+    ``theory.core.checks``); an option the command does not have is skipped. Range and overflow: a float option must
+    be finite (and representable in float32, the compute dtype), an integer one within int64. ValueError naming the
+    flag."""
     from theory.core import checks
     from theory.rules.methods import FLOAT32_MAX, INT_MAX     # the method registry's bounds, the same for flags
 
@@ -111,6 +112,10 @@ def common(args, *, available: bool = True) -> None:
     for d, lo in (("top_k", 0), ("num_tokens", 1), ("threads", 1), ("batch_size", 1)):
         if has(d):
             checks.integer("--" + d.replace("_", "-"), getattr(args, d), lo=lo, hi=INT_MAX)
+    if has("num_images"):
+        from real.decode.checks import MAX_IMAGES     # images in one engine call
+
+        checks.integer("--num-images", args.num_images, lo=1, hi=MAX_IMAGES)
     if has("image_size"):
         checks.integer("--image-size", args.image_size, lo=16, hi=1 << 16)
         if args.image_size % 16:
@@ -332,7 +337,6 @@ def run_config(args) -> RunConfig:
     ``method_model``; what --fidelity and --record need of the mode), the conditions and the image count, then the
     outputs (``coolsd.io``); the model's spec and the method's registry entry are looked
     up once and read from then on."""
-    from theory.core import checks
     from theory.rules import methods as rule_registry
 
     from coolsd.io import check_output_file, check_outputs
@@ -367,18 +371,19 @@ def run_config(args) -> RunConfig:
 
         n_captions = len(load_captions(args.captions))
         n_conds = n_captions if n_conds is None else n_conds
-    num_images = args.num_images
+    src = "--prompts" if args.prompts is not None else "--captions"
+    num_images = args.num_images                         # in [1, MAX_IMAGES] when given (``common``)
     if num_images is None:
         num_images = n_conds or 1
-    else:
-        checks.integer("--num-images", num_images, lo=1)
-        if n_conds and num_images != n_conds:
-            src = "--prompts" if args.prompts is not None else "--captions"
-            raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
-                             f"{src} (one image per entry); drop --num-images or give {num_images} entries")
-    checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
-    if args.batch_size is not None:
-        checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
+        if num_images > MAX_IMAGES:
+            raise ValueError(f"{src}: {num_images} entries, one image each, is more than the {MAX_IMAGES} images of "
+                             "one run; split the run")
+    elif n_conds and num_images != n_conds:
+        raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
+                         f"{src} (one image per entry); drop --num-images or give {num_images} entries")
+    if args.batch_size is not None and args.batch_size > num_images:     # >= 1 (``common``)
+        raise ValueError(f"--batch-size {args.batch_size} is more than the {num_images} image(s) of the run; use "
+                         f"--batch-size <= {num_images}")
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
     record = None if args.record is None else str(check_output_file("--record", args.record, ".npz"))
     inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules
