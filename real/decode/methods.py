@@ -60,7 +60,7 @@ def resolved_verifier(method: str, L: int, params: dict, neighbors=None, device=
             emb = emb if emb.dtype == torch.bfloat16 else emb.cpu().double().numpy()   # float64 numpy
         else:
             emb = embeddings
-    v = registry.build(method, L, nb, params, embeddings=emb)
+    v = m.verifier(L, params, nb, emb)                  # the parameters were resolved once, before
     close = getattr(v.accept, "close", None)
     if isinstance(close, torch.Tensor) and host:      # GSD's table, built from the bf16 rows: numpy, as LANTERN's
         v = replace(v, accept=replace(v.accept, close=close.cpu().numpy()))
