@@ -2,7 +2,8 @@
 model options from a parsed Namespace, input files named by flags, cost estimates printed before a long
 run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
 check of ``real.specs``; output paths by ``coolsd.io``. ``coolsd generate``'s options are validated here once
-(``run_config``) into the frozen ``RunConfig`` every later step reads; what needs the built model is ``check_built``.
+(``run_config``) into the frozen ``RunConfig`` every later step reads; what needs the built model is checked where it
+is built (``real.registry.build``, ``coolsd.options.DraftingSpec.build``, ``coolsd.commands.generate_checks``).
 
 Adding a command option: give it ``type=`` in argparse (``coolsd.cli.Parser`` then refuses a non-finite float, an int
 beyond int64 and an empty value for it), then check its range here or with ``theory.core.checks`` in the command's
@@ -17,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "check_built", "model_spec_options", "model_inputs"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "model_spec_options", "model_inputs"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -419,33 +420,3 @@ def _check_record(args, s, drafting, T, bare) -> None:
                      f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
                      "--record")
 
-
-def check_built(cfg: RunConfig, bundle) -> None:
-    """``coolsd generate``'s checks that need the built model (``real.registry.Bundle``) but no generation, for the
-    validated ``cfg`` (``run_config``): the mode's image-bound options (--L) within the model's
-    image, --num-tokens within its capacity (its ``layout.num_tokens`` or ``config.block_size``), GSD's memory
-    (--class-id within its classes: the builders check it). GSD's groups hold (rows, V, 2w) tokens per verified
-    position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
-    --gsd-window) before generating."""
-    from theory.core import checks
-
-    T = int(bundle.num_tokens)
-    given = cfg.drafting.opts                            # the mode's options given, checked
-    for o in cfg.drafting.mode.options:
-        if o.image_bound and o.name in given and given[o.name] > T:
-            raise ValueError(f"{o.flag} {given[o.name]} is more than the {T} tokens of one image of --model "
-                             f"{cfg.model} (a round never drafts past the image); use {o.flag} <= {T}")
-    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
-        V = int(bundle.target.vocab_size)
-        window = int(cfg.method_params["window"])          # the registry's default when not given
-        w = min(window, 2 * V)
-        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
-        checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
-                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
-                            "images per batch (--batch-size)")
-    layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
-    cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
-           else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)
-    if cfg.num_tokens is not None and cap is not None and cfg.num_tokens > cap:
-        raise ValueError(f"--num-tokens {cfg.num_tokens} is more than the {cap} tokens of one image of "
-                         f"--model {cfg.model}")

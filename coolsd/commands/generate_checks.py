@@ -1,12 +1,12 @@
 """`coolsd generate`'s options into a ``Plan``, in one direction (issue 47): ``plan`` takes the argparse Namespace
 once, checks every option, file and combination before any model is built (``coolsd.validate.run_config``: issue 26 / 41), builds
-the models, checks what needs them (``coolsd.validate.check_built``), then makes the mode, the processing, the verifier and, with
+the models (``real.registry.build`` refuses more tokens than an image holds), checks GSD's memory, then makes the mode, the processing, the verifier and, with
 --fidelity, the scoring rule. The last stage, ``coolsd.commands.generate_run``, reads the frozen ``Plan`` alone."""
 from __future__ import annotations
 
 import dataclasses
 
-from coolsd.validate import RunConfig, check_built, run_config
+from coolsd.validate import RunConfig, run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     without an exact likelihood (e.g. sampled tree candidates above the cost guard at this V) is refused before
     anything is generated. GSD's vectors are made once, for the verifier and the rule alike."""
     import torch
+    from theory.core import checks
 
     from real.decode.embeddings import gsd_vectors
     from real.decode.methods import method_processing, resolved_verifier
@@ -57,8 +58,13 @@ def build_plan(cfg: RunConfig) -> Plan:
     opts = BuildOptions.from_namespace(cfg)             # the frozen options, read as attributes
     bundle = build(cfg.model, opts if spec.mode.needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))
     facts = model_facts(bundle, cfg.model)              # what the built model tells the mode, read from its spec
-    check_built(cfg, bundle)
-    mode = spec.build(facts)
+    if cfg.method_def is not None and cfg.method_def.needs_embeddings:    # GSD's groups: (rows, V, 2w) tokens
+        V, window = int(bundle.target.vocab_size), int(cfg.method_params["window"])     # per verified position
+        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)     # CFG doubles the rows
+        checks.check_memory("--gsd-window", rows * V * 2 * min(window, 2 * V) * 40.0, checks.MAX_BYTES,
+                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
+                            "images per batch (--batch-size)")
+    mode = spec.build(facts)                            # its image-bound options (--L) within the image, first
     if cfg.compile:
         compile_models({"target": bundle.target, "draft": bundle.draft}, cfg.compile,
                        getattr(bundle.target, "device", "cpu"))
