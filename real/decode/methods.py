@@ -42,7 +42,7 @@ def resolved_verifier(method: str, L: int, params: dict, neighbors=None, device=
     ``real.decode.round.host_verification``); without ``device`` as given. GSD methods take the codebook vectors
     ``embeddings`` (V, d) (``real.registry.Bundle.codebook``; their (V, V) closeness table is built once, as numpy).
     How wide the table is read, then where the tables live, is decided once, before the rule is built."""
-    m = registry.get(method)
+    m: registry.Method = registry.get(method)
     if m.needs_neighbors and hasattr(neighbors, "table"):   # a lazy table (real.neighbors): as wide as the rule reads
         neighbors = neighbors.table(needed_width(params, neighbors.shape[0], neighbors.shape[1]))
     host = device is not None and host_path(device)
