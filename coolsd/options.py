@@ -180,8 +180,14 @@ class DraftingSpec:
         return self.mode.identity(self.opts)
 
     def build(self, facts: dict | None = None):
-        """The drafting mode for a built model (``facts``: ``real.specs.model_facts``)."""
-        return self.mode.build(self.opts, facts or {})
+        """The drafting mode for a built model (``facts``: ``real.specs.model_facts``); its image-bound options (--L)
+        checked first against the built image (``facts["num_tokens"]``: a spec that does not know its tokens left
+        them unchecked before the build, ``drafting_spec``)."""
+        facts, given = facts or {}, self.opts
+        for o in self.mode.options:
+            if o.image_bound and o.name in given:
+                o.check(given[o.name], facts.get("num_tokens"))
+        return self.mode.build(given, facts)
 
 
 def _deprecated(old: str, new: str) -> None:

@@ -2,7 +2,8 @@
 model options from a parsed Namespace, input files named by flags, cost estimates printed before a long
 run). Numbers, arrays and verifiers are checked by ``theory.core.checks``; model options by the one generic
 check of ``real.specs``; output paths by ``coolsd.io``. ``coolsd generate``'s options are validated here once
-(``run_config``) into the frozen ``RunConfig`` every later step reads; what needs the built model is ``check_built``.
+(``run_config``) into the frozen ``RunConfig`` every later step reads; what needs the built model is checked where it
+is built (``real.registry.build``, ``coolsd.options.DraftingSpec.build``, ``coolsd.commands.generate_checks``).
 
 Adding a command option: give it ``type=`` in argparse (``coolsd.cli.Parser`` then refuses a non-finite float, an int
 beyond int64 and an empty value for it), then check its range here or with ``theory.core.checks`` in the command's
@@ -17,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "check_built", "model_spec_options", "model_inputs"]
+__all__ = ["RunConfig", "option_values", "common", "method_model", "check_seconds", "DTYPES", "device", "model_options", "input_paths", "schedule_files", "SCHEDULE_FLAGS", "record_file", "announce", "DEVICE_FORMS", "compile_option", "run_options", "batched_model", "default_dtype", "run_config", "model_spec_options", "model_inputs"]
 
 DEVICE_FORMS = "cpu, cuda, cuda:N, mps or auto"
 
@@ -77,10 +78,11 @@ def default_dtype(device, dtype) -> str:
 def common(args, *, available: bool = True) -> None:
     """The options several commands share, checked in this one place whichever command parsed them (issue 41: generate,
     sweep, tune, demo, theory and sim call it first): --seed, --temperature, --top-p, --top-k, --cfg-scale,
-    --num-tokens, --threads, --image-size, --batch-size, --max-seconds, --device and --dtype (the device and the dtype
-    first: this module's own checks, then the numbers: ``theory.core.checks``); an option the command does not have is
-    skipped. Range and overflow: a float option must be finite (and representable in float32, the
-    compute dtype), an integer one within int64. ValueError naming the flag."""
+    --num-tokens, --threads, --batch-size, --num-images (at most ``real.decode.checks.MAX_IMAGES``), --image-size,
+    --max-seconds, --device and --dtype (the device and the dtype first: this module's own checks, then the numbers:
+    ``theory.core.checks``); an option the command does not have is skipped. Range and overflow: a float option must
+    be finite (and representable in float32, the compute dtype), an integer one within int64. ValueError naming the
+    flag."""
     from theory.core import checks
     from theory.rules.methods import FLOAT32_MAX, INT_MAX     # the method registry's bounds, the same for flags
 
@@ -111,6 +113,10 @@ def common(args, *, available: bool = True) -> None:
     for d, lo in (("top_k", 0), ("num_tokens", 1), ("threads", 1), ("batch_size", 1)):
         if has(d):
             checks.integer("--" + d.replace("_", "-"), getattr(args, d), lo=lo, hi=INT_MAX)
+    if has("num_images"):
+        from real.decode.checks import MAX_IMAGES     # images in one engine call
+
+        checks.integer("--num-images", args.num_images, lo=1, hi=MAX_IMAGES)
     if has("image_size"):
         checks.integer("--image-size", args.image_size, lo=16, hi=1 << 16)
         if args.image_size % 16:
@@ -332,7 +338,6 @@ def run_config(args) -> RunConfig:
     ``method_model``; what --fidelity and --record need of the mode), the conditions and the image count, then the
     outputs (``coolsd.io``); the model's spec and the method's registry entry are looked
     up once and read from then on."""
-    from theory.core import checks
     from theory.rules import methods as rule_registry
 
     from coolsd.io import check_output_file, check_outputs
@@ -367,18 +372,19 @@ def run_config(args) -> RunConfig:
 
         n_captions = len(load_captions(args.captions))
         n_conds = n_captions if n_conds is None else n_conds
-    num_images = args.num_images
+    src = "--prompts" if args.prompts is not None else "--captions"
+    num_images = args.num_images                         # in [1, MAX_IMAGES] when given (``common``)
     if num_images is None:
         num_images = n_conds or 1
-    else:
-        checks.integer("--num-images", num_images, lo=1)
-        if n_conds and num_images != n_conds:
-            src = "--prompts" if args.prompts is not None else "--captions"
-            raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
-                             f"{src} (one image per entry); drop --num-images or give {num_images} entries")
-    checks.integer("--num-images", num_images, lo=1, hi=MAX_IMAGES)
-    if args.batch_size is not None:
-        checks.integer("--batch-size", args.batch_size, lo=1, hi=num_images)
+        if num_images > MAX_IMAGES:
+            raise ValueError(f"{src}: {num_images} entries, one image each, is more than the {MAX_IMAGES} images of "
+                             "one run; split the run")
+    elif n_conds and num_images != n_conds:
+        raise ValueError(f"--num-images {num_images} does not match the {n_conds} condition(s) given by "
+                         f"{src} (one image per entry); drop --num-images or give {num_images} entries")
+    if args.batch_size is not None and args.batch_size > num_images:     # >= 1 (``common``)
+        raise ValueError(f"--batch-size {args.batch_size} is more than the {num_images} image(s) of the run; use "
+                         f"--batch-size <= {num_images}")
     save = None if args.save is None else str(check_output_file("--save", args.save, ".npz"))
     record = None if args.record is None else str(check_output_file("--record", args.record, ".npz"))
     inputs = {flag(d): getattr(args, d, None) for d, o in OPTIONS.items() if o.kind is not None} | schedules
@@ -414,33 +420,3 @@ def _check_record(args, s, drafting, T, bare) -> None:
                      f"draft a shallower tree ({' / '.join(o.flag for o in mode.options) or 'its options'}) or drop "
                      "--record")
 
-
-def check_built(cfg: RunConfig, bundle) -> None:
-    """``coolsd generate``'s checks that need the built model (``real.registry.Bundle``) but no generation, for the
-    validated ``cfg`` (``run_config``): the mode's image-bound options (--L) within the model's
-    image, --num-tokens within its capacity (its ``layout.num_tokens`` or ``config.block_size``), GSD's memory
-    (--class-id within its classes: the builders check it). GSD's groups hold (rows, V, 2w) tokens per verified
-    position (``theory.rules.gsd.Grouped``; w capped at 2V): a window the memory budget cannot hold is refused (naming
-    --gsd-window) before generating."""
-    from theory.core import checks
-
-    T = int(bundle.num_tokens)
-    given = cfg.drafting.opts                            # the mode's options given, checked
-    for o in cfg.drafting.mode.options:
-        if o.image_bound and o.name in given and given[o.name] > T:
-            raise ValueError(f"{o.flag} {given[o.name]} is more than the {T} tokens of one image of --model "
-                             f"{cfg.model} (a round never drafts past the image); use {o.flag} <= {T}")
-    if cfg.method_def is not None and cfg.method_def.needs_embeddings:
-        V = int(bundle.target.vocab_size)
-        window = int(cfg.method_params["window"])          # the registry's default when not given
-        w = min(window, 2 * V)
-        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)    # CFG doubles the rows
-        checks.check_memory("--gsd-window", rows * V * 2 * w * 40.0, checks.MAX_BYTES,
-                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
-                            "images per batch (--batch-size)")
-    layout, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
-    cap = (int(layout.num_tokens) if layout is not None and hasattr(layout, "num_tokens")
-           else int(conf.block_size) if conf is not None and hasattr(conf, "block_size") else None)
-    if cfg.num_tokens is not None and cap is not None and cfg.num_tokens > cap:
-        raise ValueError(f"--num-tokens {cfg.num_tokens} is more than the {cap} tokens of one image of "
-                         f"--model {cfg.model}")

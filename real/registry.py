@@ -51,7 +51,7 @@ def register(name: str, builder: Callable[[Any], Bundle], help: str = "", spec=N
 
 def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     """The ``Bundle`` of model ``name`` built with ``opts`` and/or options ``kw`` (fields of ``BuildOptions``;
-    an unknown one is a ValueError naming it)."""
+    an unknown one is a ValueError naming it); ``num_tokens`` beyond one image of the model is refused once built."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {sorted(MODELS)}")
     if opts is not None and not isinstance(opts, BuildOptions):
@@ -70,6 +70,11 @@ def build(name: str, opts: BuildOptions | None = None, **kw) -> Bundle:
     if no_draft:   # drafter-free decoding: the builders make no draft at all (``_make_draft``)
         opts = dataclasses.replace(opts, draft=NO_DRAFT)
     bundle = MODELS[name][0](opts)
+    lay, conf = getattr(bundle.target, "layout", None), getattr(bundle.target, "config", None)
+    cap = getattr(lay, "num_tokens", None) or getattr(conf, "block_size", None)     # tokens of one image
+    if opts.num_tokens is not None and cap is not None and opts.num_tokens > int(cap):
+        raise ValueError(f"--num-tokens {opts.num_tokens} is more than the {int(cap)} tokens of one image of --model "
+                         f"{name}")
     bundle.cfg_scale, bundle.top_k = s.cfg_default(opts.model_type), s.top_k
     bundle.info.setdefault("conditions", conditions_of(opts, bundle.conds))
     return bundle

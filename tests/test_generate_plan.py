@@ -105,3 +105,15 @@ def test_scoring_inputs_pass_good_input():
     assert m.target is t and m.draft is d and m.batched and not m.row_masks and not m.features
     m, _, _ = scoring_inputs(t, _Model(5, batched=False), 3, torch.tensor([[0, 4, 2]]))
     assert isinstance(m.draft, OneRow) and m.draft.model.vocab_size == 5 and not m.batched
+
+
+def test_built_mode_checks_its_image_bound_options_against_the_built_image():
+    """A spec that does not know its tokens (llamagen with a checkpoint, emu3, ...) leaves --L unchecked before the
+    build; ``DraftingSpec.build`` checks it against the built image (``model_facts``' num_tokens). Control: an
+    image that holds it builds."""
+    from coolsd.options import DraftingSpec
+
+    spec = DraftingSpec("chain", (("L", 10),), "--mode chain")
+    with pytest.raises(ValueError, match="--L 10 is larger than the image .8 tokens"):
+        spec.build({"num_tokens": 8, "width": None})
+    assert spec.build({"num_tokens": 16, "width": 4}).max_depth == 10

@@ -122,12 +122,10 @@ def test_emu3_dynamic_release_fidelity_works(capsys):
 
 
 def test_compile_says_it_is_compiling(monkeypatch, capsys):
-    from coolsd.commands import generate_checks
     from real.nn import blocks
 
     monkeypatch.setattr(blocks, "compile_blocks", lambda m, mode: None)     # the message, not the compilation
-    bundle = type("B", (), {"target": type("T", (), {"device": "cpu"})(), "draft": None})()
-    generate_checks.compile_models(bundle, "default")
+    blocks.compile_models({"target": object(), "draft": None}, "default", "cpu")
     assert "compiling the decoder blocks" in capsys.readouterr().err
 
 

@@ -1,12 +1,12 @@
 """`coolsd generate`'s options into a ``Plan``, in one direction (issue 47): ``plan`` takes the argparse Namespace
 once, checks every option, file and combination before any model is built (``coolsd.validate.run_config``: issue 26 / 41), builds
-the models, checks what needs them (``coolsd.validate.check_built``), then makes the mode, the processing, the verifier and, with
+the models (``real.registry.build`` refuses more tokens than an image holds), checks GSD's memory, then makes the mode, the processing, the verifier and, with
 --fidelity, the scoring rule. The last stage, ``coolsd.commands.generate_run``, reads the frozen ``Plan`` alone."""
 from __future__ import annotations
 
 import dataclasses
 
-from coolsd.validate import RunConfig, check_built, run_config
+from coolsd.validate import RunConfig, run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +41,12 @@ def build_plan(cfg: RunConfig) -> Plan:
     without an exact likelihood (e.g. sampled tree candidates above the cost guard at this V) is refused before
     anything is generated. GSD's vectors are made once, for the verifier and the rule alike."""
     import torch
+    from theory.core import checks
 
-    from real.decode.methods import gsd_vectors, make_verifier, method_processing
+    from real.decode.embeddings import gsd_vectors
+    from real.decode.methods import method_processing, resolved_verifier
     from real.decode.sampling import Processing
+    from real.nn.blocks import compile_models
     from real.protocol import NO_DRAFT
     from real.registry import BuildOptions, build
     from real.specs import model_facts
@@ -55,10 +58,16 @@ def build_plan(cfg: RunConfig) -> Plan:
     opts = BuildOptions.from_namespace(cfg)             # the frozen options, read as attributes
     bundle = build(cfg.model, opts if spec.mode.needs_draft else dataclasses.replace(opts, draft=NO_DRAFT))
     facts = model_facts(bundle, cfg.model)              # what the built model tells the mode, read from its spec
-    check_built(cfg, bundle)
-    mode = spec.build(facts)
+    if cfg.method_def is not None and cfg.method_def.needs_embeddings:    # GSD's groups: (rows, V, 2w) tokens
+        V, window = int(bundle.target.vocab_size), int(cfg.method_params["window"])     # per verified position
+        rows = (cfg.batch_size or cfg.num_images) * 2 * (cfg.drafting.max_depth + 1)     # CFG doubles the rows
+        checks.check_memory("--gsd-window", rows * V * 2 * min(window, 2 * V) * 40.0, checks.MAX_BYTES,
+                            f"--gsd-window {window} on V = {V}: use a smaller window (the release uses 7) or fewer "
+                            "images per batch (--batch-size)")
+    mode = spec.build(facts)                            # its image-bound options (--L) within the image, first
     if cfg.compile:
-        compile_models(bundle, cfg.compile)
+        compile_models({"target": bundle.target, "draft": bundle.draft}, cfg.compile,
+                       getattr(bundle.target, "device", "cpu"))
     cfg_scale = bundle.cfg_scale if cfg.cfg_scale is None else cfg.cfg_scale
     top_k = getattr(bundle, "top_k", 0) if cfg.top_k is None else cfg.top_k
     proc = Processing(cfg.temperature, top_k, cfg.top_p, cfg_scale)
@@ -69,33 +78,14 @@ def build_plan(cfg: RunConfig) -> Plan:
     gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
-    verifier = make_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
-                             device=getattr(bundle.target, "device", None), embeddings=gsd_emb)
+    verifier = resolved_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
+                                 device=getattr(bundle.target, "device", None), embeddings=gsd_emb)
     if not cfg.fidelity:
         return Plan(cfg, bundle, spec, method, mode, proc, verifier)
-    rule = make_verifier(method, spec.max_depth, dict(cfg.method_params), bundle.neighbors, embeddings=gsd_emb)
+    rule = resolved_verifier(method, spec.max_depth, dict(cfg.method_params), bundle.neighbors, embeddings=gsd_emb)
     try:
         scored = spec.mode.likelihood(mode, rule, int(bundle.target.vocab_size), proc)
     except NotImplementedError as e:
         raise ValueError(f"--fidelity with {spec.named}: {e}") from None
     return Plan(cfg, bundle, spec, method, mode, proc, verifier, rule, scored)
 
-
-def compile_models(bundle, mode: str) -> None:
-    """--compile: route the target's and the draft's decoder blocks through ``real.nn.blocks.compile_blocks``."""
-    import sys
-
-    from real.nn.blocks import compile_blocks
-
-    on_cuda = str(getattr(bundle.target, "device", "cpu")).startswith("cuda")
-    print(f"coolsd: --compile {mode}: compiling the decoder blocks with torch.compile; the first images wait for it "
-          f"(expect {'under a minute on CUDA' if on_cuda else 'about 2-5 minutes on a CPU'}; torch caches the "
-          "compiled code for later runs)", file=sys.stderr, flush=True)
-    for name, m in (("target", bundle.target), ("draft", bundle.draft)):
-        if m is None:
-            continue
-        try:
-            compile_blocks(m, mode=mode)
-        except ValueError as e:
-            raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
-                             "drafters)") from None

@@ -22,7 +22,8 @@ import torch
 from .kvcache import static_keys
 from .layers import gqa_heads, linear, rms_norm, rope_qkv, swiglu
 
-__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks", "compiled", "compile_problem", "MODES"]
+__all__ = ["block_pre", "block_post", "EAGER", "compiled_functions", "compile_blocks", "compile_models", "compiled",
+           "compile_problem", "MODES"]
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -98,6 +99,26 @@ def compile_blocks(model: torch.nn.Module, enabled: bool = True, *, mode: str | 
     if n == 0:
         raise ValueError(f"{type(model).__name__} has no decoder layers that can be compiled")
     return model
+
+
+def compile_models(models: dict, mode: str, device="cpu") -> None:
+    """``coolsd generate --compile``: ``compile_blocks`` over ``models`` ({name: module or None}, e.g. the target and
+    the draft; None skipped) with torch.compile's ``mode``, announced first on stderr (the first images wait for the
+    compiler on ``device``). ValueError naming the model without compilable decoder layers."""
+    import sys
+
+    on_cuda = str(device).startswith("cuda")
+    print(f"coolsd: --compile {mode}: compiling the decoder blocks with torch.compile; the first images wait for it "
+          f"(expect {'under a minute on CUDA' if on_cuda else 'about 2-5 minutes on a CPU'}; torch caches the "
+          "compiled code for later runs)", file=sys.stderr, flush=True)
+    for name, m in models.items():
+        if m is None:
+            continue
+        try:
+            compile_blocks(m, mode=mode)
+        except ValueError as e:
+            raise ValueError(f"--compile: the {name}: {e} (supported: LlamaGen targets and drafts, EAGLE-1 "
+                             "drafters)") from None
 
 
 @contextlib.contextmanager

@@ -126,6 +126,16 @@ class Method:
         raise ValueError(f"{self.name}: unknown parameter {name!r}; its parameters: "
                          f"{[p.name for p in self.params if p.name not in self.fixed] or 'none'}")
 
+    def verifier(self, L: int, params: Mapping[str, Any], neighbors=None, embeddings=None) -> rules.Verifier:
+        """This method's verifier for draft length ``L`` with its RESOLVED parameters ``params`` (``resolve``: every
+        parameter, checked); ``neighbors`` (V, K) / ``embeddings`` (V, d) as ``build``."""
+        if self.needs_neighbors and neighbors is None:
+            raise ValueError(f"method {self.name!r} needs a codebook neighbour table (the model has no VQ codebook "
+                             "here)")
+        if not (isinstance(L, int) and L >= 1):
+            raise ValueError(f"L must be an int >= 1, got {_brief(L)}")
+        return self.factory(params, L, embeddings if self.needs_embeddings else neighbors)
+
     @property
     def free(self) -> tuple[Param, ...]:
         """The parameters a user may set (not pinned by ``fixed``)."""
@@ -174,13 +184,9 @@ def build(name: str, L: int, neighbors=None, params: Mapping[str, Any] | None = 
           **kw) -> rules.Verifier:
     """The verifier of method ``name`` with parameters ``params`` / ``kw`` (defaults for the rest) for
     draft length ``L``; ``neighbors`` (V, K) the codebook neighbour table (numpy or torch, LANTERN family);
-    ``embeddings`` (V, d) the codebook vectors (numpy or torch, GSD's distance test)."""
-    m = get(name)
-    if m.needs_neighbors and neighbors is None:
-        raise ValueError(f"method {name!r} needs a codebook neighbour table (the model has no VQ codebook here)")
-    if not (isinstance(L, int) and L >= 1):
-        raise ValueError(f"L must be an int >= 1, got {_brief(L)}")
-    return m.factory(resolve(name, {**(params or {}), **kw}), L, embeddings if m.needs_embeddings else neighbors)
+    ``embeddings`` (V, d) the codebook vectors (numpy or torch, GSD's distance test). The parameters resolved
+    (``resolve``), then ``Method.verifier``."""
+    return get(name).verifier(L, resolve(name, {**(params or {}), **kw}), neighbors, embeddings)
 
 
 def flag_owners() -> dict[str, list[tuple[Method, Param]]]:

@@ -235,7 +235,8 @@ class Context:
         return [self.bundle.conds[i % len(self.bundle.conds)] for i in idx]
 
     def verifier(self, s: Setting):
-        from real.decode.methods import gsd_vectors, make_verifier
+        from real.decode.embeddings import gsd_vectors
+        from real.decode.methods import make_verifier
 
         if s.key not in self._verifiers:
             self._verifiers[s.key] = make_verifier(s.method, self.L, neighbors=self.bundle.neighbors,
