@@ -99,7 +99,7 @@ def test_positive_part_control_a_planted_maximum_is_told_apart():
 
 @settings(max_examples=200, deadline=None)
 @given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),
-                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310])),
+                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310, np.nan, -1.0])),
        st.sampled_from([np.float32, np.float64]), st.booleans())
 def test_normalize_fast_path_is_the_generic_formula_bit_for_bit(w, fdt, row_fallback):
     import array_api_compat.numpy as cnp
@@ -275,3 +275,42 @@ def test_control_discrepancy_in_another_order_is_told_apart():
     A = Q * f
     other = 0.5 * np.abs((A - P) + (1 - A.sum(-1, keepdims=True)) * G).sum(-1)
     assert np.allclose(other, discrepancy(P, Q, f, G)) and not same_bits(other, discrepancy(P, Q, f, G))
+
+
+def _sample_generic(w, u):
+    """``sample_categorical``'s generic formula (the count of cumulative sums <= u * total, off-support draws to the
+    row's argmax), step for step in the compat namespace: the reference of numpy's one-row binary search."""
+    import array_api_compat.numpy as cnp
+
+    c = cnp.cumulative_sum(w, axis=-1)
+    t = u * c[..., -1]
+    idx = cnp.minimum(cnp.sum(cnp.astype(c <= t[..., None], cnp.int64), axis=-1), w.shape[-1] - 1)
+    ok = cnp.take_along_axis(w, idx[..., None], axis=-1)[..., 0] > 0
+    return cnp.where(ok, idx, cnp.astype(cnp.argmax(w, axis=-1), cnp.int64))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([np.float32, np.float64]), st.integers(1, 4),
+       st.lists(st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-30, 1e-40, 7.0, np.inf, np.nan, -1.0]), min_size=1,
+                max_size=12),
+       st.one_of(st.sampled_from([0.0, 0.5, 1.0 - 2.0 ** -53]), st.floats(0, 1, exclude_max=True)))
+def test_sample_categorical_one_row_search_is_the_generic_count(dt, rows, vals, u0):
+    """numpy's one-row path (a binary search of the cumulative sums) draws the generic formula's index, zeros, tiny
+    and special weights (inf, NaN, negative: the generic count is kept for those) and u at the ends included; rows
+    of several images take the count (compared too)."""
+    w = np.asarray([vals] * rows, dt)
+    w[1:] = np.roll(w[1:], 1, axis=-1)
+    u = np.full(rows, u0)
+    with np.errstate(all="ignore"):
+        got, want = X.sample_categorical(w, u), _sample_generic(w, u)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+        assert np.array_equal(X.sample_categorical(w[:1], u[:1]), _sample_generic(w[:1], u[:1]))
+
+
+def test_sample_categorical_one_row_control_a_left_search_is_told_apart():
+    """Control: the search's left insertion point (count of c < t) draws another token where u * total lands on a
+    cumulative sum exactly; the one-row path draws the count's."""
+    w, u = np.array([[1.0, 1.0, 2.0]]), np.array([0.5])            # t = 2.0 = c[1]: count(c <= 2) = 2
+    assert X.sample_categorical(w, u).tolist() == _sample_generic(w, u).tolist() == [2]
+    c = np.cumsum(w[0])
+    assert int(np.searchsorted(c, u[0] * c[-1], side="left")) == 1

@@ -97,14 +97,16 @@ def normalize(w: Array, fallback: Array, xp=None, host: bool = False) -> Array:
         import numpy as np                      # layer's per-call cost (the walks' rejections call this per step)
 
         s = np.add.reduce(w, axis=-1, keepdims=True)   # np.sum's own reduction, without its dispatch
-        empty = s <= 0
-        if not empty.any():                     # no empty row (the usual case): the division alone, the same bits
+        # no empty row (the usual case): the division alone, the same bits; the test is min(s) > 0 (one reduction:
+        # a NaN sum makes it False and takes the generic formula below, which does not read it)
+        if s.size and np.minimum.reduce(s, axis=None) > 0:
             r = w / s
             if (fallback is w or (type(fallback) is np.ndarray and fallback.shape == r.shape     # (the usual
                                   and fallback.dtype == r.dtype)                                # case, at once)
                     or (np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape
                         and np.result_type(fallback, r) == r.dtype)):
                 return r
+        empty = s <= 0
         return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
     s = xp.sum(w, axis=-1, keepdims=True)
@@ -155,6 +157,11 @@ def _sample_numpy(w, u):
 
     c = np.cumsum(w, axis=-1)
     t = np.asarray(u) * c[..., -1]
+    if w.ndim == 2 and w.shape[0] == 1 and t.shape == (1,) and t[0] == t[0] and np.minimum.reduce(w, axis=None) >= 0:
+        # one row of weights >= 0 (no NaN): c is non-decreasing, so the count of c <= t is the binary search's
+        # right insertion point (t not NaN; searchsorted compares in the common dtype, as <= does)
+        i = min(int(np.searchsorted(c[0], t[0], side="right")), w.shape[-1] - 1)
+        return np.array([i if w[0, i] > 0 else int(np.argmax(w[0]))], np.int64)
     idx = np.minimum(np.add.reduce(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
     # w at the drawn codes (rows (B, V): one fancy gather, the same entries as take_last's)
     ok = (w[np.arange(len(idx)), idx] if w.ndim == 2 else take_last(w, idx[..., None])[..., 0]) > 0
