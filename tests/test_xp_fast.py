@@ -314,3 +314,44 @@ def test_sample_categorical_one_row_control_a_left_search_is_told_apart():
     assert X.sample_categorical(w, u).tolist() == _sample_generic(w, u).tolist() == [2]
     c = np.cumsum(w[0])
     assert int(np.searchsorted(c, u[0] * c[-1], side="left")) == 1
+
+
+@st.composite
+def one_entry_pairs(draw):
+    dt_n = draw(st.sampled_from([np.float32, np.float64]))
+    dt_q = draw(st.sampled_from([np.float32, np.float64]))
+    num = np.asarray(draw(values(dt_n)), dt_n).reshape((1,) * draw(st.integers(0, 2)))
+    q = np.asarray(draw(values(dt_q)), dt_q).reshape((1,) * draw(st.integers(0, 2)))
+    if draw(st.booleans()):                                            # a mass q (>= 0), as most calls
+        q = np.where(np.isnan(q) | (q < 0), np.asarray(0, dt_q), q).astype(dt_q)
+    if draw(st.booleans()):                                            # a quotient near float32's ties and tails
+        num = np.asarray(draw(st.floats(0, 1, width=32 if dt_n == np.float32 else 64)), dt_n).reshape(num.shape)
+    return num, q
+
+
+@settings(max_examples=600, deadline=None)
+@given(one_entry_pairs())
+def test_ratio_min1_one_entry_python_floats_are_the_generic_formula_bit_for_bit(nq):
+    """One entry each (a walk's step at batch 1): the Python-float path (float32's quotient by float64's, rounded
+    once more) gives the generic formula's bits, shape and dtype, special values and denormals included."""
+    num, q = nq
+    with np.errstate(all="ignore"):
+        got = X.ratio_min1(num, q)
+    assert same_bits(got, generic(num, q))
+
+
+def test_ratio_min1_one_entry_control_a_float32_quotient_rounded_twice_the_wrong_way_is_told_apart():
+    """Control: the float32 quotient computed in float64 and truncated (not rounded) to float32 differs from the
+    generic formula somewhere on these entries; the one-entry path matches it on all of them."""
+    rng = np.random.default_rng(0)
+    nums, qs = rng.random(200).astype(np.float32), (rng.random(200) + 1).astype(np.float32)
+    differs = False
+    for a, b in zip(nums, qs):                     # (a test: one entry at a time is the path under test)
+        a1, b1 = np.array([a]), np.array([b])
+        assert same_bits(X.ratio_min1(a1, b1), generic(a1, b1))
+        exact = np.float64(a) / np.float64(b)
+        trunc = np.float32(exact)
+        if np.float64(trunc) > exact:              # truncation toward zero instead of rounding to nearest
+            trunc = np.nextafter(trunc, np.float32(0))
+        differs |= not same_bits(np.array([trunc]), generic(a1, b1))
+    assert differs

@@ -184,6 +184,10 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
     if _is_numpy(num) and _is_numpy(q):   # numpy's own functions (the
         import numpy as np                                                             # compat layer's cost 5x here)
 
+        if num.size == 1 == q.size:          # one entry each (a walk's step at batch 1): Python floats, where they give
+            r = _ratio_min1_one(num, q)      # the same bits
+            if r is not None:
+                return r
         if np.signbit(q).any():                      # a negative q or -0.0 (not a mass): the generic branch
             return _ratio_min1_generic(num, q, np).astype(np.result_type(num, q), copy=False)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -196,6 +200,31 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
                                              np)
         return r
     return _ratio_min1_generic(num, q, xp or namespace(num, q))
+
+
+def _ratio_min1_one(num, q):
+    """``ratio_min1`` of one entry each (numpy arrays or scalars of one element, any shapes: the result has the
+    broadcast shape, all ones), float32 / float64 only, as Python floats: num < q with q != 0 divides (float64's IEEE
+    division, the same as numpy's in float64; for float32 the float64 quotient rounded once more to float32, the
+    correctly rounded float32 quotient since 53 >= 2 * 24 + 2 bits make that double rounding innocuous), num >= q with
+    num >= 0 gives 1; anything else (a NaN, a negative num, q = 0 below num) is None: the array formula serves it
+    (tests/test_xp_fast.py checks the bits against the generic formula)."""
+    import numpy as np
+
+    dn, dq = num.dtype, q.dtype
+    if not (dn.kind == dq.kind == "f" and dn.itemsize in (4, 8) and dq.itemsize in (4, 8)):
+        return None
+    a, b = num.item(), q.item()
+    if a < b:
+        if b == 0.0:
+            return None
+        r = a / b
+    elif a >= 0.0:
+        r = 1.0
+    else:
+        return None
+    shape = num.shape if num.ndim >= q.ndim else q.shape
+    return np.array(r, dn if dn is dq or dn == dq else np.promote_types(dn, dq)).reshape(shape)
 
 
 def divide_or_zero(num: Array, den: Array, xp=None):
