@@ -99,7 +99,7 @@ def test_positive_part_control_a_planted_maximum_is_told_apart():
 
 @settings(max_examples=200, deadline=None)
 @given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),
-                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310, np.nan, -1.0])),
+                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310, np.nan])),
        st.sampled_from([np.float32, np.float64]), st.booleans())
 def test_normalize_fast_path_is_the_generic_formula_bit_for_bit(w, fdt, row_fallback):
     import array_api_compat.numpy as cnp
