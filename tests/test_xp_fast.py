@@ -99,7 +99,7 @@ def test_positive_part_control_a_planted_maximum_is_told_apart():
 
 @settings(max_examples=200, deadline=None)
 @given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, max_side=6),
-                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310])),
+                  elements=st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-310, np.nan])),
        st.sampled_from([np.float32, np.float64]), st.booleans())
 def test_normalize_fast_path_is_the_generic_formula_bit_for_bit(w, fdt, row_fallback):
     import array_api_compat.numpy as cnp
@@ -275,3 +275,83 @@ def test_control_discrepancy_in_another_order_is_told_apart():
     A = Q * f
     other = 0.5 * np.abs((A - P) + (1 - A.sum(-1, keepdims=True)) * G).sum(-1)
     assert np.allclose(other, discrepancy(P, Q, f, G)) and not same_bits(other, discrepancy(P, Q, f, G))
+
+
+def _sample_generic(w, u):
+    """``sample_categorical``'s generic formula (the count of cumulative sums <= u * total, off-support draws to the
+    row's argmax), step for step in the compat namespace: the reference of numpy's one-row binary search."""
+    import array_api_compat.numpy as cnp
+
+    c = cnp.cumulative_sum(w, axis=-1)
+    t = u * c[..., -1]
+    idx = cnp.minimum(cnp.sum(cnp.astype(c <= t[..., None], cnp.int64), axis=-1), w.shape[-1] - 1)
+    ok = cnp.take_along_axis(w, idx[..., None], axis=-1)[..., 0] > 0
+    return cnp.where(ok, idx, cnp.astype(cnp.argmax(w, axis=-1), cnp.int64))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from([np.float32, np.float64]), st.integers(1, 4),
+       st.lists(st.sampled_from([0.0, -0.0, 1.0, 0.25, 3.0, 1e-30, 1e-40, 7.0, np.inf, np.nan, -1.0]), min_size=1,
+                max_size=12),
+       st.one_of(st.sampled_from([0.0, 0.5, 1.0 - 2.0 ** -53]), st.floats(0, 1, exclude_max=True)))
+def test_sample_categorical_one_row_search_is_the_generic_count(dt, rows, vals, u0):
+    """numpy's one-row path (a binary search of the cumulative sums) draws the generic formula's index, zeros, tiny
+    and special weights (inf, NaN, negative: the generic count is kept for those) and u at the ends included; rows
+    of several images take the count (compared too)."""
+    w = np.asarray([vals] * rows, dt)
+    w[1:] = np.roll(w[1:], 1, axis=-1)
+    u = np.full(rows, u0)
+    with np.errstate(all="ignore"):
+        got, want = X.sample_categorical(w, u), _sample_generic(w, u)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+        assert np.array_equal(X.sample_categorical(w[:1], u[:1]), _sample_generic(w[:1], u[:1]))
+
+
+def test_sample_categorical_one_row_control_a_left_search_is_told_apart():
+    """Control: the search's left insertion point (count of c < t) draws another token where u * total lands on a
+    cumulative sum exactly; the one-row path draws the count's."""
+    w, u = np.array([[1.0, 1.0, 2.0]]), np.array([0.5])            # t = 2.0 = c[1]: count(c <= 2) = 2
+    assert X.sample_categorical(w, u).tolist() == _sample_generic(w, u).tolist() == [2]
+    c = np.cumsum(w[0])
+    assert int(np.searchsorted(c, u[0] * c[-1], side="left")) == 1
+
+
+@st.composite
+def one_entry_pairs(draw):
+    dt_n = draw(st.sampled_from([np.float32, np.float64]))
+    dt_q = draw(st.sampled_from([np.float32, np.float64]))
+    num = np.asarray(draw(values(dt_n)), dt_n).reshape((1,) * draw(st.integers(0, 2)))
+    q = np.asarray(draw(values(dt_q)), dt_q).reshape((1,) * draw(st.integers(0, 2)))
+    if draw(st.booleans()):                                            # a mass q (>= 0), as most calls
+        q = np.where(np.isnan(q) | (q < 0), np.asarray(0, dt_q), q).astype(dt_q)
+    if draw(st.booleans()):                                            # a quotient near float32's ties and tails
+        num = np.asarray(draw(st.floats(0, 1, width=32 if dt_n == np.float32 else 64)), dt_n).reshape(num.shape)
+    return num, q
+
+
+@settings(max_examples=600, deadline=None)
+@given(one_entry_pairs())
+def test_ratio_min1_one_entry_python_floats_are_the_generic_formula_bit_for_bit(nq):
+    """One entry each (a walk's step at batch 1): the Python-float path (float32's quotient by float64's, rounded
+    once more) gives the generic formula's bits, shape and dtype, special values and denormals included."""
+    num, q = nq
+    with np.errstate(all="ignore"):
+        got = X.ratio_min1(num, q)
+    assert same_bits(got, generic(num, q))
+
+
+def test_ratio_min1_one_entry_control_a_float32_quotient_rounded_twice_the_wrong_way_is_told_apart():
+    """Control: the float32 quotient computed in float64 and truncated (not rounded) to float32 differs from the
+    generic formula somewhere on these entries; the one-entry path matches it on all of them."""
+    rng = np.random.default_rng(0)
+    nums, qs = rng.random(200).astype(np.float32), (rng.random(200) + 1).astype(np.float32)
+    differs = False
+    for a, b in zip(nums, qs):                     # (a test: one entry at a time is the path under test)
+        a1, b1 = np.array([a]), np.array([b])
+        assert same_bits(X.ratio_min1(a1, b1), generic(a1, b1))
+        exact = np.float64(a) / np.float64(b)
+        trunc = np.float32(exact)
+        if np.float64(trunc) > exact:              # truncation toward zero instead of rounding to nearest
+            trunc = np.nextafter(trunc, np.float32(0))
+        differs |= not same_bits(np.array([trunc]), generic(a1, b1))
+    assert differs

@@ -97,14 +97,16 @@ def normalize(w: Array, fallback: Array, xp=None, host: bool = False) -> Array:
         import numpy as np                      # layer's per-call cost (the walks' rejections call this per step)
 
         s = np.add.reduce(w, axis=-1, keepdims=True)   # np.sum's own reduction, without its dispatch
-        empty = s <= 0
-        if not empty.any():                     # no empty row (the usual case): the division alone, the same bits
+        # no empty row (the usual case): the division alone, the same bits; the test is min(s) > 0 (one reduction:
+        # a NaN sum makes it False and takes the generic formula below, which does not read it)
+        if s.size and np.minimum.reduce(s, axis=None) > 0:
             r = w / s
             if (fallback is w or (type(fallback) is np.ndarray and fallback.shape == r.shape     # (the usual
                                   and fallback.dtype == r.dtype)                                # case, at once)
                     or (np.broadcast_shapes(r.shape, np.shape(fallback)) == r.shape
                         and np.result_type(fallback, r) == r.dtype)):
                 return r
+        empty = s <= 0
         return np.where(empty, fallback, w / np.where(empty, np.ones_like(s), s))
     xp = xp or namespace(w)
     s = xp.sum(w, axis=-1, keepdims=True)
@@ -155,6 +157,11 @@ def _sample_numpy(w, u):
 
     c = np.cumsum(w, axis=-1)
     t = np.asarray(u) * c[..., -1]
+    if w.ndim == 2 and w.shape[0] == 1 and t.shape == (1,) and t[0] == t[0] and np.minimum.reduce(w, axis=None) >= 0:
+        # one row of weights >= 0 (no NaN): c is non-decreasing, so the count of c <= t is the binary search's
+        # right insertion point (t not NaN; searchsorted compares in the common dtype, as <= does)
+        i = min(int(np.searchsorted(c[0], t[0], side="right")), w.shape[-1] - 1)
+        return np.array([i if w[0, i] > 0 else int(np.argmax(w[0]))], np.int64)
     idx = np.minimum(np.add.reduce(c <= t[..., None], axis=-1, dtype=np.int64), w.shape[-1] - 1)
     # w at the drawn codes (rows (B, V): one fancy gather, the same entries as take_last's)
     ok = (w[np.arange(len(idx)), idx] if w.ndim == 2 else take_last(w, idx[..., None])[..., 0]) > 0
@@ -177,6 +184,10 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
     if _is_numpy(num) and _is_numpy(q):   # numpy's own functions (the
         import numpy as np                                                             # compat layer's cost 5x here)
 
+        if num.size == 1 == q.size:          # one entry each (a walk's step at batch 1): Python floats, where they give
+            r = _ratio_min1_one(num, q)      # the same bits
+            if r is not None:
+                return r
         if np.signbit(q).any():                      # a negative q or -0.0 (not a mass): the generic branch
             return _ratio_min1_generic(num, q, np).astype(np.result_type(num, q), copy=False)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -189,6 +200,31 @@ def ratio_min1(num: Array, q: Array, xp=None) -> Array:
                                              np)
         return r
     return _ratio_min1_generic(num, q, xp or namespace(num, q))
+
+
+def _ratio_min1_one(num, q):
+    """``ratio_min1`` of one entry each (numpy arrays or scalars of one element, any shapes: the result has the
+    broadcast shape, all ones), float32 / float64 only, as Python floats: num < q with q != 0 divides (float64's IEEE
+    division, the same as numpy's in float64; for float32 the float64 quotient rounded once more to float32, the
+    correctly rounded float32 quotient since 53 >= 2 * 24 + 2 bits make that double rounding innocuous), num >= q with
+    num >= 0 gives 1; anything else (a NaN, a negative num, q = 0 below num) is None: the array formula serves it
+    (tests/test_xp_fast.py checks the bits against the generic formula)."""
+    import numpy as np
+
+    dn, dq = num.dtype, q.dtype
+    if not (dn.kind == dq.kind == "f" and dn.itemsize in (4, 8) and dq.itemsize in (4, 8)):
+        return None
+    a, b = num.item(), q.item()
+    if a < b:
+        if b == 0.0:
+            return None
+        r = a / b
+    elif a >= 0.0:
+        r = 1.0
+    else:
+        return None
+    shape = num.shape if num.ndim >= q.ndim else q.shape
+    return np.array(r, dn if dn is dq or dn == dq else np.promote_types(dn, dq)).reshape(shape)
 
 
 def divide_or_zero(num: Array, den: Array, xp=None):

@@ -234,7 +234,8 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     rank = np.zeros(B, np.int64)
     depth = np.zeros(B, np.int64)
     path = np.full((B, D), -1, np.int64)
-    active = cap > 0                                          # unfinished and short of its depth cap
+    below = cap > 0                                           # short of its depth cap (depth < cap)
+    active = below                                            # unfinished and short of its depth cap
     p_res = p[:, 0].copy()
     q_left = None if point else q[:, 0].copy()          # the node's q without its rejected siblings (zeroed)
     tokens = np.asarray(tokens, np.int64)
@@ -282,8 +283,11 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             path[rows[acc], depth[acc]] = kid[acc]
             node = np.where(acc, kid, node)
             depth = depth + acc
-        rank = np.where(acc, 0, rank + has)                                      # (an accepted round: 0 anyway)
-        active = has & (depth < cap)
+            rank = np.where(acc, 0, rank + has)                                  # (an accepted round: 0 anyway)
+            below = depth < cap
+        else:                                   # no round accepted: every rank moves on, the depths are unchanged
+            rank = rank + has
+        active = has & below
     return depth, path, _sample(p_res, u_sample).astype(np.int64, copy=False), node
 
 
