@@ -10,62 +10,75 @@ from coolsd.io import atomic_file
 
 
 def execute(p) -> dict:
-    """Plan ``p`` (``generate_checks.Plan``) run: the engine (and the AR baseline) writing the records, then summarized,
-    scored and saved; returns the JSON-ready result."""
-    gens = _recorded_run(p)
-    base = _run(p, None, None) if p.cfg.baseline else []
-    out = _result(p, gens, base)
-    if p.cfg.record:
-        out["record"] = str(p.cfg.record)
-    fid = _fidelity(p, gens, base) if p.cfg.fidelity else None
-    if fid is not None:
-        out["fidelity"] = fid["report"]
+    """Plan ``p`` (``generate_checks.Plan``) run: the engine (and the AR baseline) writing the records
+    (``_runs``), then summarized and scored (``_report``), and --save written: the tokens (and the decoded images
+    when a VQ is loaded, and the per-image likelihoods with --fidelity). Returns the JSON-ready result."""
+    import numpy as np
+    import torch
+
+    gens, base = _runs(p)
+    out, fid = _report(p, gens, base)
     if p.cfg.save:
-        _save(p, gens, fid)
+        b = p.bundle
+        toks = np.stack([g.tokens.numpy() for g in gens])
+        extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
+        side = int(round(b.num_tokens ** 0.5))
+        if b.vq is not None and side * side == b.num_tokens:
+            extra["images"] = b.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
+        with atomic_file(p.cfg.save) as fh:
+            np.savez_compressed(fh, tokens=toks, **extra)
         out["saved"] = str(p.cfg.save)
     return out
 
 
-def _run(p, verifier, mode, on_batch=None) -> list:
-    """One engine call over every image of plan ``p`` (``mode`` None: the plain AR baseline); ``on_batch``: the
-    record's sink (``_recorded_run``)."""
+def _runs(p) -> tuple[list, list]:
+    """The runs of plan ``p``: the mode's (with --record streamed to disk batch by batch: ``coolsd.npzstream``;
+    docs/records.md: the arrays the mode declares, ``ModeDef.record``, which ``theory.likelihood.recorded.load_rows``
+    reads back, written atomically once every batch is in; the rows of one batch at most are held) and, with
+    --baseline, the plain AR one (no verifier, no mode). Returns (the mode's generations, the baseline's or [])."""
+    from contextlib import ExitStack
+
     from real.decode import engine
 
-    b, cfg = p.bundle, p.cfg
-    return engine.generate(b.target, b.draft if mode is not None and mode.needs_draft else None, b.conds,
-                           num_tokens=b.num_tokens, verifier=verifier, drafting=mode, processing=p.proc,
-                           seed=cfg.seed, batch_size=cfg.batch_size, progress=None if not cfg.json else False,
-                           record_rows=on_batch is not None, on_batch=on_batch)
-
-
-def _recorded_run(p) -> list:
-    """The run of plan ``p``, with --record streamed to disk batch by batch (``coolsd.npzstream``; docs/records.md):
-    the arrays the mode declares (``ModeDef.record``; ``theory.likelihood.recorded.load_rows`` reads them back),
-    written atomically once every batch is in; the rows of one batch at most are held."""
-    from coolsd.npzstream import NpzStream
-    from coolsd.rowfiles import record_arrays, record_batches, run_stamp
-
+    b = p.bundle
     spec, mode, cfg = p.spec, p.mode, p.cfg
-    if not cfg.record or mode is None:
-        return _run(p, p.verifier, mode)
-    stamp = run_stamp(cfg.model, p.bundle, p.proc, spec.max_depth, method=p.method, images=len(p.bundle.conds),
-                      seed=cfg.seed)
-    with NpzStream(cfg.record, compress=True) as stream:
-        sink = record_batches(stream, lambda gens: spec.mode.record(gens, mode, stamp, record_arrays))
-        gens = _run(p, p.verifier, mode, sink)
-        try:
-            sink.finish()
-        except ValueError as e:
-            raise ValueError(f"--record with {spec.named}: {e}") from None
-    return gens
+    with ExitStack() as stack:
+        sink = None
+        if cfg.record and mode is not None:
+            from coolsd.npzstream import NpzStream
+            from coolsd.rowfiles import record_arrays, record_batches, run_stamp
+
+            stamp = run_stamp(cfg.model, b, p.proc, spec.max_depth, method=p.method, images=len(b.conds),
+                              seed=cfg.seed)
+            stream = stack.enter_context(NpzStream(cfg.record, compress=True))
+            sink = record_batches(stream, lambda gens: spec.mode.record(gens, mode, stamp, record_arrays))
+        runs = [(p.verifier, mode, sink)] + ([(None, None, None)] if cfg.baseline else [])
+        out = []
+        for verifier, m, on_batch in runs:   # a loop over the (at most two) engine runs
+            out.append(engine.generate(b.target, b.draft if m is not None and m.needs_draft else None, b.conds,
+                                       num_tokens=b.num_tokens, verifier=verifier, drafting=m, processing=p.proc,
+                                       seed=cfg.seed, batch_size=cfg.batch_size,
+                                       progress=None if not cfg.json else False, record_rows=on_batch is not None,
+                                       on_batch=on_batch))
+            if on_batch is not None:
+                try:
+                    on_batch.finish()
+                except ValueError as e:
+                    raise ValueError(f"--record with {spec.named}: {e}") from None
+            stack.close()                    # the record is written before the baseline runs
+    return out[0], out[1] if cfg.baseline else []
 
 
-def _result(p, gens: list, base: list) -> dict:
-    """The JSON-ready summary of plan ``p``'s run (and of the baseline); the mode describes itself
-    (``ModeDef.report``)."""
+def _report(p, gens: list, base: list) -> tuple[dict, dict | None]:
+    """The JSON-ready summary of plan ``p``'s run (and of the baseline; the mode describes itself:
+    ``ModeDef.report``) and, with --fidelity, the exact per-image likelihoods of the images just made
+    (``real.decode.score.summary`` with the drafting the mode's likelihood hook gave: ``Plan.scored``; with
+    --baseline the plain-AR images are scored too: KL(P||P^) per token, and a second TV). Returns (the summary, the
+    fidelity scores or None)."""
     from real.decode.records import summarize
 
-    verifier, mode, spec, b, cfg = p.verifier, p.mode, p.spec, p.bundle, p.cfg
+    b = p.bundle
+    verifier, mode, spec, cfg = p.verifier, p.mode, p.spec, p.cfg
     stats = summarize(gens)
     out = {"model": cfg.model, "method": p.method, "L": spec.max_depth,
            "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
@@ -82,7 +95,19 @@ def _result(p, gens: list, base: list) -> dict:
     tuned = _tuned_prediction(getattr(cfg, "weights", None), getattr(cfg, "schedule", None))
     if tuned:
         out["tuned_prediction"] = tuned
-    return out
+    if cfg.record:
+        out["record"] = str(cfg.record)
+    if not cfg.fidelity:
+        return out, None
+    import torch
+
+    from real.decode.score import summary
+
+    fid = summary(b.target, None if p.rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
+                  verifier=p.rule, processing=p.proc, batch_size=cfg.batch_size or 64, drafting=p.scored,
+                  ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
+    out["fidelity"] = fid["report"]
+    return out, fid
 
 
 def _tuned_prediction(*paths) -> dict | None:
@@ -105,35 +130,6 @@ def _tuned_prediction(*paths) -> dict | None:
                     "tokens_per_call_ci95": d.get("predicted_tokens_per_call_ci95"),
                     "kl_ar_per_token": held.get("measured"), "kl_ar_per_token_ci": held.get("ci")}
     return None
-
-
-def _fidelity(p, gens: list, base: list) -> dict:
-    """--fidelity: exact per-image likelihoods of the images just made (``real.decode.score.summary`` with the
-    drafting the mode's likelihood hook gave: ``Plan.scored``); with --baseline the plain-AR images are scored too
-    (KL(P||P^) per token, and a second TV)."""
-    import torch
-
-    from real.decode.score import summary
-
-    b = p.bundle
-    return summary(b.target, None if p.rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
-                   verifier=p.rule, processing=p.proc, batch_size=p.cfg.batch_size or 64, drafting=p.scored,
-                   ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
-
-
-def _save(p, gens: list, fid: dict | None) -> None:
-    """--save: tokens (and decoded images when a VQ is loaded, and the per-image likelihoods with --fidelity)."""
-    import numpy as np
-    import torch
-
-    b = p.bundle
-    toks = np.stack([g.tokens.numpy() for g in gens])
-    extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
-    side = int(round(b.num_tokens ** 0.5))
-    if b.vq is not None and side * side == b.num_tokens:
-        extra["images"] = b.vq.decode_code(torch.as_tensor(toks)).float().cpu().numpy()
-    with atomic_file(p.cfg.save) as fh:
-        np.savez_compressed(fh, tokens=toks, **extra)
 
 
 def _plain(x):

@@ -214,19 +214,20 @@ def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_t
     for nm, a in (("p", p), ("q", q), ("tokens", tokens)):
         if not array_api_compat.is_array_api_obj(a):
             raise TypeError(f"{who}: {nm} must be an array (numpy, torch or JAX), got {type(a).__name__}")
+    # the scalar checks first, then the arrays' (the tree's checks in one run, the rows' last)
     G = checks.integer(f"{who}: groups", groups, lo=2)
-    xp = namespace(p, q, tokens)
-    T, V, batch = _tree.check_common(p, tokens, verifier, convention, xp, who)
     if not isinstance(row_trees, RowTrees):
         raise ValueError(f"{who}: row_trees must be a theory.tree.RowTrees, got {type(row_trees).__name__}")
     D = checks.integer(f"{who}: row_trees.depth", row_trees.depth, lo=1)
+    xp = namespace(p, q, tokens)
+    T, V, batch = _tree.check_common(p, tokens, verifier, convention, xp, who)
     Dp = _tree.depth_caps(T, D, convention)
     dev = array_api_compat.device(p)
     M = _tree.check_row_trees(row_trees, node_tokens, batch, T, V, Dp, xp, dev, who, sampled=True)
     if M % G:
         raise ValueError(f"{who}: the {M} trees per round start must split into groups = {G} equal groups")
-    checks.check_rows_xp(f"{who}: p", p, xp)
     per_depth = _tree.check_q(q, p, D, Dp, xp, who, "(the rows the candidates were drawn from)")
+    checks.check_rows_xp(f"{who}: p", p, xp)
     if weights is not None:
         if not hasattr(weights, "shape") or tuple(weights.shape) != (*batch, T, M):
             raise ValueError(f"{who}: weights must be (..., T, M) = {(*batch, T, M)}, got "
