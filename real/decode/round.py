@@ -45,7 +45,7 @@ __all__ = ["RoundRecord", "Run", "OnDevice", "Step", "sync", "prefill_round", "a
 
 def sync(device) -> None:
     """Wait for the device's queued work (CUDA) before a clock is read; a no-op elsewhere."""
-    if torch.device(device).type == "cuda":
+    if (device if isinstance(device, torch.device) else torch.device(device)).type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -168,14 +168,16 @@ def settle(run: Run, prop, hidden, v, Db: np.ndarray, Dt) -> tuple:
     for feature drafters its hidden states at their positions, and commit path + next token. ``Db`` (B,) the images'
     caps D'_b (``Dt`` the same as ``Run.depth_tensor`` gives them). Returns tau (B,), the accepted nodes (B, Dr)
     (-1 past tau, Dr = max Db), the nodes each image drafted (B,) and the proposal's parents (B, N+1) or None."""
-    side, act, Dr = run.side, run.active, int(Db.max())
+    side, act = run.side, run.active
     tau, path, drafted, parent = side.read(run, prop, v, Db, Dt)
-    keep = np.concatenate([np.zeros((run.B, 1), np.int64), np.maximum(path, 0)], 1)   # (B, Dr + 1) [root; path]
+    Dr = path.shape[1]
+    keep = np.zeros((run.B, Dr + 1), np.int64)                                       # (B, Dr + 1) [root; path]
+    np.maximum(path, 0, out=keep[:, 1:])
     N = prop.tokens.shape[1] - 1
     if prop.tree is None:          # a chain keeps a prefix of its block (also right after a prefill of drafts)
         run.target.rollback(run.rows(np.where(act, N - tau, N + 1)))
     else:
-        run.target.keep(run.rows(keep), run.rows(np.where(act, tau + 1, 0)))
+        run.target.keep(run.rows(keep), run.rows((tau + 1) * act))
     if run.feat:
         kidx = torch.as_tensor(run.rows(keep), device=run.dev)[..., None].expand(-1, -1, hidden.shape[-1])
         store_hidden(run, hidden.gather(1, kidx), run.rows(run.P + run.n - 1)[:, None] + np.arange(Dr + 1))
@@ -297,7 +299,7 @@ def speculative_round(run: Run, mode, verifier) -> Step:
         N = prop.tokens.shape[1] - 1
         u_acc = run.rng.uniform(run.n, R.ACCEPT, (N + 1,), p.dtype)
         u_smp = run.rng.uniform(run.n, R.SAMPLE, (), p.dtype)
-        Dt = run.depth_tensor(Db, mode.max_depth, tail)
+        Dt = Db if run.host and run.on_device is None else run.depth_tensor(Db, mode.max_depth, tail)   # (host: as is)
         P_, Q_, X_, UA, US, D_ = on_host(run, p, prop.q, prop.tokens, u_acc, u_smp, Dt)
         if prop.verify is None:          # the walk, or a mode's own verdict (real.protocol.Proposal.verify)
             v = verify_round(P_, Q_, X_, UA, US, prop.tree, verifier, law=prop.law, max_depth=D_)

@@ -18,11 +18,13 @@ __all__ = ["HOST", "OnDevice", "check_finite", "drafted_nodes"]
 
 def check_finite(*rows) -> None:
     """ValueError unless every entry of the probability rows (None ignored) is finite: rows in [0, 1] sum to a finite
-    number iff every entry is, so one reduction and one sync decide the usual case; the entries are looked at only
-    then."""
+    number iff every entry is (on CPU: their max plus their min), so one reduction and one sync decide the usual case;
+    the entries are looked at only then."""
     rows = [r for r in rows if r is not None]
-    if all(r.device.type == "cpu" and not r.requires_grad for r in rows):     # CPU rows: numpy's sums of their views
-        if math.isfinite(sum(float(np.add.reduce(r.numpy(), axis=None)) for r in rows)):
+    if all(r.device.type == "cpu" and not r.requires_grad for r in rows):     # CPU rows: numpy on their views, the
+        # largest plus the smallest entry (NaN propagates through both; finite iff no NaN, +inf or -inf: a
+        # vectorised max and min cost half of a pairwise sum)
+        if math.isfinite(sum(float(a.max()) + float(a.min()) for a in (r.numpy() for r in rows))):
             return
     elif bool(torch.isfinite(sum(r.sum() for r in rows))):
         return
@@ -74,17 +76,25 @@ class _Host:
 
     def commit(self, run, prop, v, tau: np.ndarray, path: np.ndarray) -> None:
         """Commit the accepted path's tokens (B, Dr), then the next token at tau_b, on numpy views."""
-        rows, kp = np.arange(run.B), np.maximum(path, 0)
-        cand = prop.tokens.numpy()[rows[:, None], np.concatenate([kp, kp[:, :1]], 1)]          # (B, Dr + 1)
-        cand[rows, tau] = np.asarray(v.next_token)
+        B, Dr = path.shape
+        kp = np.empty((B, Dr + 1), np.int64)                          # [path; its first node] (B, Dr + 1), >= 0
+        np.maximum(path, 0, out=kp[:, :Dr])
+        kp[:, Dr] = kp[:, 0]
+        tok = prop.tokens.numpy()
+        cand = tok[0, kp] if B == 1 else tok[np.arange(B)[:, None], kp]                        # (B, Dr + 1)
+        cand[np.arange(B), tau] = np.asarray(v.next_token)
         self.write(run, cand, tau)
 
     def write(self, run, cand, tau: np.ndarray, tau_dev=None) -> None:
         """Write cand[b, :tau_b + 1] (B, S) (a CPU tensor or numpy) at out[b, n_b:] through the numpy view of the
         committed tokens; n_b += tau_b + 1 for unfinished images (past tau_b + 1: scratch)."""
         c = cand if isinstance(cand, np.ndarray) else cand.numpy()
-        run.out.numpy()[np.arange(run.B)[:, None], run.n[:, None] + np.arange(c.shape[1])] = c
-        run.n = run.n + np.where(run.active, tau + 1, 0)
+        out, n, S = run.out.numpy(), run.n, c.shape[1]
+        if len(n) == 1:               # one image: a slice (the same entries; past the row's end an error as below)
+            out[0, int(n[0]):int(n[0]) + S] = c[0]
+        else:
+            out[np.arange(len(n))[:, None], n[:, None] + np.arange(S)] = c
+        run.n = n + (tau + 1) * (n < run.T)           # unfinished images only (0 for finished ones)
 
 
 HOST = _Host()
