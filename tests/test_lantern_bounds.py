@@ -271,3 +271,20 @@ def test_control_host_walk_without_headroom_is_caught(monkeypatch, law):
         got = walks.host_walk(v.accept, v.resample, p, q, tokens, u, us, tree.children, int(tree.depth), cap, law)
         wrong += not same(ref, got)
     assert wrong >= 5
+
+
+def test_entries_of_one_row_and_one_token_are_the_general_layouts():
+    """``entries`` on one C-ordered row (1, V) and one token (1,) (the host walk at batch 1: its short path) gives the
+    general layout's flat row and entry, for every code; a non-contiguous row takes the general path and agrees too."""
+    rng = np.random.default_rng(7)
+    for dt in (np.float32, np.float64):
+        p = rng.random((1, 37)).astype(dt)
+        for x in range(37):
+            tok = np.array([x])
+            pf, e = entries(p, tok, np)
+            assert pf.base is not None and np.shares_memory(pf, p) and e.dtype == np.int64
+            assert e.tolist() == [x] and pf[e][0] == p[0, x]
+        wide = rng.random((1, 74)).astype(dt)[:, ::2]       # strided: not C-ordered, the general path
+        assert not wide.flags.c_contiguous
+        pf, e = entries(wide, np.array([5]), np)
+        assert pf[e][0] == wide[0, 5]

@@ -81,6 +81,8 @@ def entries(p: Array, x: Array, xp):
     V = p.shape[-1]
     shape = tuple(x.shape)
     if isinstance(p, np.ndarray):    # numpy's own calls (the compat layer's cost is most of a few tokens' time)
+        if p.ndim == 2 and p.shape[0] == 1 and shape == (1,) and p.flags.c_contiguous:   # one row, one token (a
+            return p.reshape(-1), np.asarray(x).astype(np.int64, copy=False).reshape(-1)   # walk at batch 1): start 0
         pb = p if p.shape[:-1] == shape else np.broadcast_to(p, (*shape, V))
         fr = _flat_rows(pb)
         pf, off = fr if fr is not None else (pb.reshape(-1), np.arange(pb.size // V, dtype=np.int64) * V)
