@@ -100,13 +100,19 @@ def scored(drafting, draft) -> tuple:
         return int(drafting), None
     if drafting is None:
         return None, None
+    return None, _drafted_tree(drafting, draft, "an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
+                                                "theory.tree.Tree)", "tree scoring needs")
+
+
+def _drafted_tree(drafting, draft, what: str, who: str):
+    """``tree_mode(drafting)``; ValueError naming ``what`` drafting must be when it is no tree mode, and ``who`` needs
+    the draft model when ``draft`` is None."""
     mode = tree_mode(drafting)
     if mode is None:
-        raise ValueError(f"drafting must be an int L, a Chain or a tree mode (StaticTree, DynamicTree, "
-                         f"theory.tree.Tree), got {type(drafting).__name__}")
+        raise ValueError(f"drafting must be {what}, got {type(drafting).__name__}")
     if draft is None:
-        raise ValueError("tree scoring needs the draft model the trees were drafted with")
-    return None, mode
+        raise ValueError(f"{who} the draft model the trees were drafted with")
+    return mode
 
 
 def _static(mode) -> bool:
@@ -162,12 +168,8 @@ def tree_rows(target, draft, conds, tokens, drafting, *, processing: Processing 
     mask of a dynamic tree's growth forward (elements; chunks of round starts); ``seed``: the Gumbel noise of the
     lossless trees sampled at every round start; ``trees``: how many (a multiple of ``LOSSLESS_GROUPS``, the
     jackknife's groups)."""
-    mode = tree_mode(drafting)
-    if mode is None:
-        raise ValueError(f"drafting must be a tree mode (StaticTree, DynamicTree; a theory.tree.Tree as StaticTree(tree)), got "
-                         f"{type(drafting).__name__}")
-    if draft is None:
-        raise ValueError("tree rows need the draft model the trees were drafted with")
+    mode = _drafted_tree(drafting, draft, "a tree mode (StaticTree, DynamicTree; a theory.tree.Tree as "
+                                          "StaticTree(tree))", "tree rows need")
     if not isinstance(processing, Processing):
         raise ValueError(f"processing must be a real.decode.sampling.Processing, got {type(processing).__name__}")
     if processing.greedy:
