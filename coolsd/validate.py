@@ -135,16 +135,23 @@ def method_model(method: str, params: dict, args, what: str, model_spec) -> None
     (``real.specs.ModelSpec.codebook``: "own", "vq" with --vq-ckpt, or "none"). ``params``: the method's resolved
     parameters; ``what``: how the setting is named in the error; ``model_spec``: the model's ``real.specs.ModelSpec``
     (``real.specs.spec``, looked up once by the caller)."""
+    from theory.core import checks
+
+    if str(method).lower() != "ar":
+        checks.instance("params", params, dict, "a dict of the method's parameters")
+    _method_model(method, params, args, what, model_spec)
+
+
+def _method_model(method: str, params: dict, args, what: str, model_spec) -> None:
+    """``method_model`` of parameters ``params`` the method registry resolved (``theory.rules.methods.resolve``: a
+    dict), as ``run_config`` holds them: nothing re-checked."""
     import math
 
     from theory.rules import methods as registry
 
-    from theory.core import checks
-
     m = str(method).lower()
     if m == "ar":
         return
-    checks.instance("params", params, dict, "a dict of the method's parameters")
     codebook = model_spec.codebook
     missing = codebook == "none" or (codebook == "vq" and getattr(args, "vq_ckpt", None) is None)
     d_thr = params.get("d_threshold")                     # GSD: None or inf turns the distance test off
@@ -365,7 +372,7 @@ def run_config(args) -> RunConfig:
             raise ValueError("--record saves the P/Q rows of drafted rounds; --method ar drafts none: give a "
                              "speculative --method (e.g. vanilla) or drop --record")
         _check_record(args, s, drafting, T, bare)
-    method_model(method, full, args, f"--method {method}", s)
+    _method_model(method, full, args, f"--method {method}", s)     # ``full``: the registry's dict, as resolved
     n_conds = len(args.prompts) if args.prompts is not None else None
     if args.captions is not None:                        # the file loads (and is counted) whether or not it is used
         from real.nn.checkpoint import load_captions

@@ -19,7 +19,7 @@ from bruteforce_tree import all_sequences, context_rows, process_law, teacher_ro
 from test_tree_likelihood import scalar_rule
 from theory.likelihood import tree_log_likelihood
 from theory.likelihood import tree as _tree
-from theory.likelihood.tree_mc import dynamic_log_likelihood_mc
+from theory.likelihood.tree_mc import dynamic_log_likelihood_mc, tree_log_likelihood_mc
 from theory.likelihood.tree_walks import path_emissions
 from theory.tree import RowTrees
 
@@ -130,6 +130,38 @@ def test_identical_trees_have_no_monte_carlo_error_and_bad_input_is_refused():
     bad[:, 1:, :, 1:] = 7                                                        # tokens outside [0, V)
     with pytest.raises(ValueError, match="node tokens in"):
         dynamic_log_likelihood_mc(p, q, seqs, verifier, rt4, bad, groups=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rule=st.sampled_from(RULES), V=st.integers(2, 3), T=st.integers(1, 4), per_depth=st.booleans(),
+       convention=st.sampled_from(["eagle", "theory"]), seed=st.integers(0, 2**32 - 1))
+def test_the_one_mc_entry_with_row_trees_is_the_dynamic_estimate(rule, V, T, per_depth, convention, seed):
+    """``tree_log_likelihood_mc`` with ``row_trees=`` (the one Monte Carlo entry, as ``tree_log_likelihood`` is the
+    one exact one: ``real.decode.score_tree.tree_likelihood`` calls it for both tree kinds) gives
+    ``dynamic_log_likelihood_mc``'s dict bit for bit, importance weights included."""
+    assume(V >= 3 or not rule.startswith("lantern"))
+    verifier, seqs, p, q, rt, tok, _ = _mixture_case(rule, V, T, 4, 5, 3, 3, per_depth, 0.3, convention, seed)
+    w = np.random.default_rng(seed).random(tok.shape[:-1])                      # (n, T, M)
+    got = tree_log_likelihood_mc(p, q, seqs, verifier, row_trees=rt, node_tokens=tok, weights=w, groups=2,
+                                 convention=convention)
+    want = dynamic_log_likelihood_mc(p, q, seqs, verifier, rt, tok, groups=2, convention=convention, weights=w)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_the_one_mc_entry_reads_the_weights_and_takes_one_kind_of_tree():
+    """Control for the equivalence above: the entry's estimate moves with the importance weights it passes on (so
+    comparing it with ``dynamic_log_likelihood_mc`` can fail); a static tree and row trees together are refused."""
+    from theory.tree import chain_tree
+
+    verifier, seqs, p, q, rt, tok, _ = _mixture_case("cool-sd", 3, 4, 4, 5, 3, 3, True, 0.0, "eagle", 11)
+    w = np.random.default_rng(0).random(tok.shape[:-1])
+    a = tree_log_likelihood_mc(p, q, seqs, verifier, row_trees=rt, node_tokens=tok, weights=w, groups=2)
+    b = tree_log_likelihood_mc(p, q, seqs, verifier, row_trees=rt, node_tokens=tok, groups=2)
+    assert not np.array_equal(a["log_p_hat_pooled"], b["log_p_hat_pooled"])
+    with pytest.raises(ValueError, match="give tree .* or row_trees .*, not both"):
+        tree_log_likelihood_mc(p, q, seqs, verifier, chain_tree(2), row_trees=rt, node_tokens=tok, groups=2)
 
 
 # --------------------------------------------------------------------------- regrown lossless trees on a real model

@@ -93,3 +93,51 @@ def test_tables_are_numpy_where_rounds_are_verified_on_the_host():
             for v, table in ((lp, lp.accept.neighbors), (gsd, gsd.accept.close)):
                 assert isinstance(table, torch.Tensor) is forced, (forced, v.name)
                 assert host_verification("cpu", v) is not forced, (forced, v.name)
+
+
+def _alike(a, b) -> bool:
+    """Two verifiers alike: name, parameters, and every attribute of their acceptance and resampling rules, arrays of
+    one type (numpy / torch) and the same values."""
+    if a.name != b.name or a.params != b.params:
+        return False
+    for x, y in ((a.accept, b.accept), (a.resample, b.resample)):
+        va, vb = getattr(x, "__dict__", {}), getattr(y, "__dict__", {})
+        if type(x) is not type(y) or va.keys() != vb.keys():
+            return False
+        for k in va:
+            u, w = va[k], vb[k]
+            if isinstance(u, (np.ndarray, torch.Tensor)) or isinstance(w, (np.ndarray, torch.Tensor)):
+                if type(u) is not type(w) or not np.array_equal(np.asarray(u.cpu() if isinstance(u, torch.Tensor)
+                                                                            else u),
+                                                                 np.asarray(w.cpu() if isinstance(w, torch.Tensor)
+                                                                            else w)):
+                    return False
+            elif not callable(u) and u != w:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_resolved_verifiers_are_the_two_single_placements(cache, forced):
+    """``resolved_verifiers`` (``coolsd generate``: the engine's verifier on the model's device and --fidelity's rule
+    as given, in one pass, the lazy table read once) gives what two ``resolved_verifier`` calls give, for LANTERN's
+    neighbour table, GSD's closeness table (bf16 vectors) and a rule with neither, on the host path and with the
+    device path forced. Control: with the device path forced the engine's verifier holds torch tables and the rule
+    numpy ones, and ``_alike`` tells them apart."""
+    from real.decode.methods import resolved_verifier, resolved_verifiers
+    from real.nn import devpath
+    from theory.rules import methods as registry
+
+    emb = _codebook(d=4, seed=1).to(torch.bfloat16)
+    with devpath.force(forced):
+        for method, params in (("lantern++", {"k": 4}), ("gsd", {}), ("cool-sd", {})):
+            full = registry.resolve(method, params)
+            got = resolved_verifiers(method, full, NeighborTable(_codebook(), "raw"), emb, L=3, device="cpu",
+                                     host_L=5)
+            want = [resolved_verifier(method, 3, full, NeighborTable(_codebook(), "raw"), "cpu", emb),
+                    resolved_verifier(method, 5, full, NeighborTable(_codebook(), "raw"), None, emb)]
+            assert len(got) == 2 and all(_alike(g, w) for g, w in zip(got, want)), (method, forced)
+            one = resolved_verifiers(method, full, NeighborTable(_codebook(), "raw"), emb, L=3, device="cpu")
+            assert len(one) == 1 and _alike(one[0], want[0])
+            if forced and method == "lantern++":
+                assert not _alike(got[0], got[1])

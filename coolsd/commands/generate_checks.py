@@ -44,7 +44,7 @@ def build_plan(cfg: RunConfig) -> Plan:
     from theory.core import checks
 
     from real.decode.embeddings import gsd_vectors
-    from real.decode.methods import method_processing, resolved_verifier
+    from real.decode.methods import method_processing, resolved_verifiers
     from real.decode.sampling import Processing
     from real.nn.blocks import compile_models
     from real.protocol import NO_DRAFT
@@ -78,11 +78,12 @@ def build_plan(cfg: RunConfig) -> Plan:
     gsd_emb, gsd_table = gsd_vectors(bundle, cfg.gsd_table) if gsd else (None, None)
     if gsd_table is not None:
         bundle.info["gsd_table"] = gsd_table
-    verifier = resolved_verifier(method, mode.max_depth, dict(cfg.method_params), bundle.neighbors,
-                                 device=getattr(bundle.target, "device", None), embeddings=gsd_emb)
+    verifier, *host = resolved_verifiers(method, dict(cfg.method_params), bundle.neighbors, gsd_emb, L=mode.max_depth,
+                                         device=getattr(bundle.target, "device", None),
+                                         host_L=spec.max_depth if cfg.fidelity else None)   # the engine's, the rule's
     if not cfg.fidelity:
         return Plan(cfg, bundle, spec, method, mode, proc, verifier)
-    rule = resolved_verifier(method, spec.max_depth, dict(cfg.method_params), bundle.neighbors, embeddings=gsd_emb)
+    rule = host[0]
     try:
         scored = spec.mode.likelihood(mode, rule, int(bundle.target.vocab_size), proc)
     except NotImplementedError as e:

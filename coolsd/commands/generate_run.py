@@ -10,16 +10,49 @@ from coolsd.io import atomic_file
 
 
 def execute(p) -> dict:
-    """Plan ``p`` (``generate_checks.Plan``) run: the engine (and the AR baseline) writing the records
-    (``_runs``), then summarized and scored (``_report``), and --save written: the tokens (and the decoded images
-    when a VQ is loaded, and the per-image likelihoods with --fidelity). Returns the JSON-ready result."""
+    """Plan ``p`` (``generate_checks.Plan``) run: the engine (and the AR baseline) writing the records (``_runs``),
+    then, in this one pass, the JSON-ready summary of the run and of the baseline (the mode describes itself:
+    ``ModeDef.report``), with --fidelity the exact per-image likelihoods of the images just made
+    (``real.decode.score.summary`` with the drafting the mode's likelihood hook gave: ``Plan.scored``; with --baseline
+    the plain-AR images are scored too: KL(P||P^) per token, and a second TV), and --save written: the tokens (and the
+    decoded images when a VQ is loaded, and the per-image likelihoods with --fidelity). Returns the JSON-ready
+    result."""
     import numpy as np
     import torch
 
+    from real.decode.records import summarize
+
     gens, base = _runs(p)
-    out, fid = _report(p, gens, base)
+    b = p.bundle
+    verifier, mode, spec, cfg = p.verifier, p.mode, p.spec, p.cfg
+    stats = summarize(gens)
+    out = {"model": cfg.model, "method": p.method, "L": spec.max_depth,
+           "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
+           "verifier": verifier.name if verifier else "ar", "processing": p.proc.params(),
+           "image_tokens": b.num_tokens, "num_images": len(gens), "seed": cfg.seed,
+           "batch_size": gens[0].info["batch_size"], "device": str(cfg.device), "dtype": cfg.dtype, "info": b.info,
+           **stats}
+    if mode is not None:
+        out |= spec.mode.report(mode, spec.opts)
+    if base:
+        s = summarize(base)
+        out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
+        out["speedup"] = s["seconds"] / stats["seconds"]
+    tuned = _tuned_prediction(getattr(cfg, "weights", None), getattr(cfg, "schedule", None))
+    if tuned:
+        out["tuned_prediction"] = tuned
+    if cfg.record:
+        out["record"] = str(cfg.record)
+    fid = None
+    if cfg.fidelity:
+        from real.decode.score import summary
+
+        fid = summary(b.target, None if p.rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
+                      verifier=p.rule, processing=p.proc, batch_size=cfg.batch_size or 64, drafting=p.scored,
+                      ar_conds=b.conds if base else None,
+                      ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
+        out["fidelity"] = fid["report"]
     if p.cfg.save:
-        b = p.bundle
         toks = np.stack([g.tokens.numpy() for g in gens])
         extra = {} if fid is None else {"log_p_hat": fid["log_p_hat"], "log_p": fid["log_p"]}
         side = int(round(b.num_tokens ** 0.5))
@@ -67,47 +100,6 @@ def _runs(p) -> tuple[list, list]:
                     raise ValueError(f"--record with {spec.named}: {e}") from None
             stack.close()                    # the record is written before the baseline runs
     return out[0], out[1] if cfg.baseline else []
-
-
-def _report(p, gens: list, base: list) -> tuple[dict, dict | None]:
-    """The JSON-ready summary of plan ``p``'s run (and of the baseline; the mode describes itself:
-    ``ModeDef.report``) and, with --fidelity, the exact per-image likelihoods of the images just made
-    (``real.decode.score.summary`` with the drafting the mode's likelihood hook gave: ``Plan.scored``; with
-    --baseline the plain-AR images are scored too: KL(P||P^) per token, and a second TV). Returns (the summary, the
-    fidelity scores or None)."""
-    from real.decode.records import summarize
-
-    b = p.bundle
-    verifier, mode, spec, cfg = p.verifier, p.mode, p.spec, p.cfg
-    stats = summarize(gens)
-    out = {"model": cfg.model, "method": p.method, "L": spec.max_depth,
-           "params": {k: _plain(v) for k, v in (verifier.params.items() if verifier else [])},
-           "verifier": verifier.name if verifier else "ar", "processing": p.proc.params(),
-           "image_tokens": b.num_tokens, "num_images": len(gens), "seed": cfg.seed,
-           "batch_size": gens[0].info["batch_size"], "device": str(cfg.device), "dtype": cfg.dtype, "info": b.info,
-           **stats}
-    if mode is not None:
-        out |= spec.mode.report(mode, spec.opts)
-    if base:
-        s = summarize(base)
-        out["baseline"] = {"seconds": s["seconds"], "tokens_per_second": s["tokens_per_second"]}
-        out["speedup"] = s["seconds"] / stats["seconds"]
-    tuned = _tuned_prediction(getattr(cfg, "weights", None), getattr(cfg, "schedule", None))
-    if tuned:
-        out["tuned_prediction"] = tuned
-    if cfg.record:
-        out["record"] = str(cfg.record)
-    if not cfg.fidelity:
-        return out, None
-    import torch
-
-    from real.decode.score import summary
-
-    fid = summary(b.target, None if p.rule is None else b.draft, b.conds, torch.stack([g.tokens for g in gens]),
-                  verifier=p.rule, processing=p.proc, batch_size=cfg.batch_size or 64, drafting=p.scored,
-                  ar_conds=b.conds if base else None, ar_tokens=torch.stack([g.tokens for g in base]) if base else None)
-    out["fidelity"] = fid["report"]
-    return out, fid
 
 
 def _tuned_prediction(*paths) -> dict | None:

@@ -226,7 +226,7 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
     "samples", "groups" (None when exact)}. ValueError, before the recursion, when the rows were made for another mode:
     node count, depth or dynamic configuration."""
     from theory.likelihood import tree_log_likelihood
-    from theory.likelihood.tree_mc import dynamic_log_likelihood_mc, tree_log_likelihood_mc
+    from theory.likelihood.tree_mc import MC_GROUPS, tree_log_likelihood_mc
 
     def out(lph, how="exact", se=None, mc=None):
         if not detail:
@@ -250,28 +250,28 @@ def tree_likelihood(rows: TreeRows, tokens, verifier, mode, *, seed: int = 0, de
         if not _grown(rows.mode) or rows.mode.params() != mode.params():
             got = rows.mode.params() if _grown(rows.mode) else type(rows.mode).__name__
             raise ValueError(f"the rows were regrown with dynamic configuration {got}, not {mode.params()}")
-        rt = RowTrees(rows.trees.children.cpu().numpy(), rows.trees.node_depth.cpu().numpy(), rows.trees.depth)
-        if mode.sampling == "release":
-            return out(tree_log_likelihood(p, None, x, verifier, None, candidates="topk", row_trees=rt,
-                                           node_tokens=rows.node_tokens.cpu().numpy()))
-        mc = dynamic_log_likelihood_mc(p, rows.q.cpu().numpy(), x, verifier, rt, rows.node_tokens.cpu().numpy(),
-                                       groups=LOSSLESS_GROUPS, convention=rows.convention,
-                                       weights=rows.weights.cpu().numpy())
+        tree, rt = None, RowTrees(rows.trees.children.cpu().numpy(), rows.trees.node_depth.cpu().numpy(),
+                                  rows.trees.depth)
+        q = rows.q.cpu().numpy() if how == "mc" else None      # the lossless trees' draws read q; the release's not
+        nt, cands, conv = rows.node_tokens.cpu().numpy(), "topk", rows.convention if how == "mc" else "eagle"
+    else:
+        if rows.q is None:
+            raise ValueError("these rows hold no draft rows q (dynamic-tree rows): score them with their DynamicTree")
+        D = int(mode.tree.depth)
+        if rows.q.ndim == 4 and rows.q.shape[2] != D:
+            raise ValueError(f"the rows have draft rows for {rows.q.shape[2]} depths but the tree has depth {D}: rows "
+                             "made for another tree")
+        if _static(rows.mode) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
+            raise ValueError(f"the rows were made for a tree of {rows.mode.tree.n_nodes} nodes, not "
+                             f"{mode.tree.n_nodes}")
+        tree, rt, q, nt, cands, conv = mode.tree, None, rows.q.cpu().numpy(), None, mode.candidates, rows.convention
+    if how == "mc":      # T15 (lossless dynamic trees) or T14 (sampled static candidates above the cost guard)
+        mc = tree_log_likelihood_mc(p, q, x, verifier, tree, seed=seed, convention=conv, row_trees=rt,
+                                    node_tokens=nt, groups=MC_GROUPS if rt is None else LOSSLESS_GROUPS,
+                                    weights=None if rt is None else rows.weights.cpu().numpy())
         return out(mc["log_p_hat"], "mc", mc["se"], mc)
-    if rows.q is None:
-        raise ValueError("these rows hold no draft rows q (dynamic-tree rows): score them with their DynamicTree")
-    D = int(mode.tree.depth)
-    if rows.q.ndim == 4 and rows.q.shape[2] != D:
-        raise ValueError(f"the rows have draft rows for {rows.q.shape[2]} depths but the tree has depth {D}: rows "
-                         "made for another tree")
-    if _static(rows.mode) and rows.mode.tree.n_nodes != mode.tree.n_nodes:
-        raise ValueError(f"the rows were made for a tree of {rows.mode.tree.n_nodes} nodes, not {mode.tree.n_nodes}")
-    q = rows.q.cpu().numpy()
-    if how == "mc":
-        mc = tree_log_likelihood_mc(p, q, x, verifier, mode.tree, seed=seed, convention=rows.convention)
-        return out(mc["log_p_hat"], "mc", mc["se"], mc)
-    return out(tree_log_likelihood(p, q, x, verifier, mode.tree, candidates=mode.candidates,
-                                   convention=rows.convention))
+    return out(tree_log_likelihood(p, q, x, verifier, tree, candidates=cands, convention=conv, row_trees=rt,
+                                   node_tokens=nt))
 
 
 def score_trees(target, draft, conds, tokens, *, verifier, drafting, processing: Processing = Processing(),

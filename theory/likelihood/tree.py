@@ -257,14 +257,10 @@ def tree_log_likelihood(p: Array, q: Array | None, tokens: Array, verifier, tree
                                     sampled_limit, xp)
     dev = array_api_compat.device(p)
     batch = tuple(p.shape[:-2])
-    B = math.prod(batch)
+    B, pf, x, pt, qf = flat_rows(p, q, tokens, None if tree is None else tree.depth, per_depth, xp)
     if B == 0:
         return xp.zeros(batch, dtype=xp.float64, device=dev)
-    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
-    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
-    pt = gather(pf, x, xp) / xp.sum(pf, axis=-1)                # (B, T) the target's token, row normalised as drawn
     if row_trees is None:
-        qf = xp.astype(xp.reshape(q, (B, T, tree.depth, V) if per_depth else (B, T, V)), xp.float64)
         Eacc, R, par, dep = _static(pf, qf, x, pt, verifier, tree, candidates, Dp, per_depth, xp)
     else:
         N1, K = int(row_trees.children.shape[-2]), int(row_trees.children.shape[-1])
@@ -275,6 +271,20 @@ def tree_log_likelihood(p: Array, q: Array | None, tokens: Array, verifier, tree
         Eacc, R = (a[:, :, 0] for a in path_emissions(pf, x, pt, verifier, ch[:, :, None], nt[:, :, None], D, Dp, xp))
         par, dep = np.arange(-1, D, dtype=np.int64), np.arange(D + 1, dtype=np.int64)
     return xp.reshape(_forward(Eacc, R, par, dep, xp), batch)
+
+
+def flat_rows(p, q, tokens, D: int | None, per_depth: bool, xp):
+    """Checked inputs as flat float64 rows: B, p (B, T, V), tokens (B, T) int64, the target's token probability
+    (B, T) (its row normalised, as drawn), q (B, T, D, V) (``per_depth``) or (B, T, V), None without q; B = 0: no
+    images, (0, None, None, None, None)."""
+    T, V = p.shape[-2], p.shape[-1]
+    B = math.prod(p.shape[:-2])
+    if B == 0:
+        return 0, None, None, None, None
+    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
+    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
+    qf = None if q is None else xp.astype(xp.reshape(q, (B, T, D, V) if per_depth else (B, T, V)), xp.float64)
+    return B, pf, x, gather(pf, x, xp) / xp.sum(pf, axis=-1), qf
 
 
 # --------------------------------------------------------------------------- emissions

@@ -4,7 +4,8 @@ dynamic trees from sampled trees (section 11d, T15: ``dynamic_log_likelihood_mc`
 API (array API: numpy, torch; float64):
 
 * ``tree_log_likelihood_mc(p, q, tokens, verifier, tree, *, samples=MC_SAMPLES, groups=MC_GROUPS, seed=0,
-  convention="eagle")`` -> dict of (...,) float64 arrays:
+  convention="eagle")`` (with ``row_trees=``, ``node_tokens=``, ``weights=`` and no ``tree``: the lossless dynamic
+  trees' estimate, ``dynamic_log_likelihood_mc``) -> dict of (...,) float64 arrays:
     "log_p_hat"   the jackknife estimate of log P^(tokens) (bias O(1 / (groups samples)^2), section 11c);
     "log_p_hat_pooled"  log of the pooled unbiased estimate P^_hat (its bias is O(1 / (groups samples)));
     "se"          the jackknife standard error of "log_p_hat" over the groups (Monte Carlo error only);
@@ -133,9 +134,20 @@ class _Walk:
         return mean(acc), mean(res)
 
 
-def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *, samples: int = MC_SAMPLES,
-                           groups: int = MC_GROUPS, seed: int = 0, convention: str = "eagle") -> dict:
-    """Monte Carlo log P^ of sampled static trees with its jackknife standard error (module docstring)."""
+def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree=None, *, samples: int = MC_SAMPLES,
+                           groups: int = MC_GROUPS, seed: int = 0, convention: str = "eagle",
+                           row_trees: RowTrees | None = None, node_tokens: Array | None = None,
+                           weights: Array | None = None) -> dict:
+    """Monte Carlo log P^ with its jackknife standard error, the one estimate of either tree kind, as
+    ``theory.likelihood.tree_log_likelihood`` is the one exact likelihood: a sampled static ``tree`` (T14, module
+    docstring: ``samples`` draws per group, seeded by ``seed``), or with ``row_trees`` (``tree`` None) the lossless
+    dynamic trees sampled at every round start, ``node_tokens`` and their importance ``weights``
+    (``dynamic_log_likelihood_mc``, T15: the trees are the samples, ``samples`` and ``seed`` are not read)."""
+    if row_trees is not None:
+        if tree is not None:
+            raise ValueError(f"{_WHO}: give tree (a static Tree) or row_trees (dynamic trees), not both")
+        return dynamic_log_likelihood_mc(p, q, tokens, verifier, row_trees, node_tokens, groups=groups,
+                                         convention=convention, weights=weights)
     for nm, a in (("p", p), ("q", q), ("tokens", tokens)):
         if not array_api_compat.is_array_api_obj(a):
             raise TypeError(f"{_WHO}: {nm} must be an array (numpy, torch or JAX), got {type(a).__name__}")
@@ -147,7 +159,7 @@ def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *,
     dev = array_api_compat.device(p)
     batch = tuple(p.shape[:-2])
     out = {"samples": M, "groups": G}
-    B, pf, x, pt, qf = _rows(p, q, tokens, tree.depth, per_depth, xp)
+    B, pf, x, pt, qf = _tree.flat_rows(p, q, tokens, tree.depth, per_depth, xp)
     if B == 0:
         return _empty(out, batch, xp, dev)
     walk = _Walk(M, G, np.random.default_rng(seed))
@@ -167,19 +179,6 @@ def tree_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, tree, *,
     jack, se = jackknife(lp[0], lp[1:], xp)
     return {**out, "log_p_hat": xp.reshape(jack, batch), "log_p_hat_pooled": xp.reshape(lp[0], batch),
             "se": xp.reshape(se, batch)}
-
-
-def _rows(p, q, tokens, D: int, per_depth: bool, xp):
-    """Checked inputs as flat float64 rows: B, p (B, T, V), tokens (B, T), the target's token probability (B, T),
-    q (B, T, D, V) or (B, T, V)."""
-    T, V = p.shape[-2], p.shape[-1]
-    B = math.prod(p.shape[:-2])
-    if B == 0:
-        return 0, None, None, None, None
-    pf = xp.astype(xp.reshape(p, (B, T, V)), xp.float64)
-    x = xp.astype(xp.reshape(tokens, (B, T)), xp.int64)
-    qf = xp.astype(xp.reshape(q, (B, T, D, V) if per_depth else (B, T, V)), xp.float64)
-    return B, pf, x, gather(pf, x, xp) / xp.sum(pf, axis=-1), qf
 
 
 def _empty(out: dict, batch: tuple, xp, dev) -> dict:
@@ -236,7 +235,7 @@ def dynamic_log_likelihood_mc(p: Array, q: Array, tokens: Array, verifier, row_t
         if not bool(xp.all(xp.isfinite(wt) & (wt >= 0))):
             raise ValueError(f"{who}: weights must be finite and >= 0")
     out = {"samples": M // G, "groups": G}
-    B, pf, x, pt, qf = _rows(p, q, tokens, D, per_depth, xp)
+    B, pf, x, pt, qf = _tree.flat_rows(p, q, tokens, D, per_depth, xp)
     if B == 0:
         return _empty(out, batch, xp, dev)
     N1, K = int(row_trees.children.shape[-2]), int(row_trees.children.shape[-1])
