@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from theory.core.xp import (gather, gather_rows, namespace, normalize, positive_part, put_last, ratio_min1,
+from theory.core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, residual_rows,
                              sample_categorical, take_last)
 from theory.rules.acceptance import Vanilla, accept_at, reads_f
 from theory.rules.resampling import Residual
@@ -103,9 +103,8 @@ class _VerdictPlan:
 
 
 def _host_residual(p, q, f=None, c=None):
-    """``Residual()(p, q, f, c)`` on numpy rows (..., V) without its namespace look-up: the same two calls,
-    Norm([p - q]_+) with p where empty."""
-    return normalize(positive_part(p - q, np), p, np)
+    """``Residual()(p, q, f, c)`` on numpy rows (..., V): ``theory.core.xp.residual_rows``."""
+    return residual_rows(p, q)
 
 
 _PLANS: dict = {}          # id(tree) -> (tree, anc, _VerdictPlan): the trees of ``real.decode.sjd_pac``'s cached plans

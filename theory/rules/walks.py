@@ -45,7 +45,8 @@ from functools import partial
 import array_api_compat
 import numpy as np
 
-from ..core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
+from ..core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, residual_rows, sample_categorical,
+                       take_last)
 from .acceptance import Vanilla, _weight_at, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
@@ -243,6 +244,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
     decide = None if needs_f else getattr(accept, "decide_at", None)   # (LANTERN's; a law that reads no f)
     vanilla = type(accept) is Vanilla               # f read from the entries gathered here (``Vanilla.at``'s formula)
+    residual = type(resample) is Residual           # (its formula called directly: ``residual_rows``)
     count = np.count_nonzero                        # (a C call: ndarray.any's Python wrapper costs 4x more)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         kid = kids[node, rank] if shared else kids[rows, node, rank]            # (B,) -1: no candidate left
@@ -268,7 +270,9 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             every = n_rej == B                    # (every round rejects: its rows whole, no masked copies)
             pr, qr, cr = (p_res, q_j, c) if every else (p_res[rej], q_j[rej], c[rej])
             g = None if at_point is None else at_point(pr, cr, f if every else f[rej])   # (None: no law for it)
-            if g is None:
+            if g is None and residual:
+                g = residual_rows(pr, qr)
+            elif g is None:
                 g = resample(pr, qr, accept(pr, qr, pos if every else pos[rej]) if needs_f else None, cr)
             if every:                             # (copied in: the walk's row is its own, whatever g aliases)
                 p_res[...] = g
