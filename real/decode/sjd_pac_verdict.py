@@ -3,6 +3,8 @@
 recorded rows (``predict_longest``). numpy or torch rows; imports the theory only."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
@@ -128,7 +130,7 @@ def _winner(vp: _VerdictPlan, A: dict, ok, cap, torch_rows: bool) -> tuple:
     (``longest_path_verdict``; numpy, or torch on the rows' device): (win, tau, path (B, D), the winner's number of
     children ``nkw`` (B,) host ints and their set ``ks``, its index in par_m ``at``, its last child ``kid``, whether
     that child is live ``live`` and the children's position ``pos``), each (B,) unless shown."""
-    where, host = (torch.where, lambda a: torch.as_tensor(a, device=ok.device)) if torch_rows else (np.where, np.asarray)
+    where, host = (torch.where, partial(torch.as_tensor, device=ok.device)) if torch_rows else (np.where, np.asarray)
     win = where(ok, A["order"][None, :], A["none"][None, :]).argmax(1)                     # (B,)
     win = win if torch_rows else win.astype(np.int64, copy=False)
     nkw = vp.nk[win.cpu().numpy() if torch_rows else win]
