@@ -29,13 +29,14 @@ class _VerdictPlan:
     ``pos_all`` and rows ``t_rows`` (None: every row). The ancestor table ``a`` (N+1, D), padded with the root
     (always accepted); the path order ``order`` (N+1,) (deeper first, then the first in path order); per node its
     number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where none).
-    ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
+    ``on(device)``: the same index arrays as torch tensors there (built once per device). ``depth`` the tree's."""
 
     def __init__(self, tree: Tree, anc: np.ndarray):
         ch = tree.children
         N1, K = ch.shape
         self.N1, self.K = N1, K
         self.dep = tree.node_depth.astype(np.int64)
+        self.depth = int(self.dep.max())
         self.par_m = np.flatnonzero(ch[:, 1] >= 0) if K > 1 else np.zeros(0, np.int64)
         one = np.flatnonzero((ch[:, 0] >= 0) & ~np.isin(np.arange(N1), self.par_m))
         self.par0 = np.concatenate([self.par_m, one]).astype(np.int64)
@@ -76,8 +77,16 @@ class _VerdictPlan:
         self._flat: dict = {}
         self.wins: dict = {}      # one image on the host: (accepted nodes, cap) -> ``_winner``'s arrays (read-only)
 
+    def batch(self, B: int) -> np.ndarray:
+        """(B, 1) the batch rows of the host path's flat gathers, built once per B (read-only)."""
+        hit = self._flat.get(("batch", B))
+        if hit is None:
+            hit = self._flat[("batch", B)] = np.arange(B)[:, None]
+            hit.setflags(write=False)
+        return hit
+
     def flat(self, V: int) -> tuple:
-        """The host path's flat offsets in rows of V codes, built once per V: the zeroed entries' rows ``z_row * V``
+        """The host path's flat offsets in rows of V codes, built once per V (``_flat``, with ``batch``'s rows): the zeroed entries' rows ``z_row * V``
         and the tests' rows ``arange(X or tests) * V`` (an entry (row r, code c) of a (B, X, V) array is column
         r * V + c of its (B, X V) view)."""
         hit = self._flat.get(V)
@@ -182,7 +191,7 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         z_off, t_off = vp.flat(V)
         Q = np.take(q, A["q_src"], axis=1)          # (a new C-ordered array: its flat view is written below)
         if len(vp.z_row):
-            Q.reshape(B, -1)[np.arange(B)[:, None], z_off + tokens[:, A["z_node"]]] = 0
+            Q.reshape(B, -1)[vp.batch(B), z_off + tokens[:, A["z_node"]]] = 0
     Q = normalize(Q, Q, xp)
     P0, Pm = len(vp.par0), len(vp.par_m)
     reads = reads_f(verifier.resample)
@@ -210,13 +219,14 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     if torch_rows:
         qc, pc = take_last(q_t, c[..., None], xp)[..., 0], take_last(p_t, c[..., None], xp)[..., 0]
     else:                       # the same entries of the (contiguous) test rows' flat views
-        at = (np.arange(B)[:, None], t_off + c)
+        at = (vp.batch(B), t_off + c)
         qc, pc = q_t.reshape(B, -1)[at], p_t.reshape(B, -1)[at]
     # vanilla's f at c is ratio_min1 of the entries just gathered (``Vanilla.at``'s own formula on them: the same bits)
     f = (ratio_min1(pc, qc, xp) if type(verifier.accept) is Vanilla
          else accept_at(verifier.accept, p_t, q_t, A["pos_all"], c))
     passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
-    ok = passed & (cap[:, None] >= A["dep"][None, :])
+    inside = not torch_rows and int(cap.min()) >= vp.depth              # (host: no image's cap inside the tree)
+    ok = passed if inside else passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
     ok = ok[:, A["a"]].all(-1)                     # every ancestor passes (the table's padding reads the root's True)
     if torch_rows or B > 1:
