@@ -314,3 +314,23 @@ def test_residual_rows_equal_the_residual_rule(dtype):
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
     assert not np.array_equal(normalize(positive_part(p - q), np.zeros_like(p)), want)
+
+
+def test_race_of_one_token_on_the_host_equals_torch_top_k():
+    """The host race of one token (``_draw``'s argmax where the largest key is positive and unique) equals torch's
+    top-1 of the where-form, rows with ties at the top (torch's order among them is its own: the top-k serves them)
+    and rows of zero weight included; control: the argmax alone differs from torch on some tied rows."""
+    g = np.random.default_rng(2)
+    V, m = 60, 600
+    w = g.random((m, V))
+    w[g.random((m, V)) < 0.3] = 0.0
+    w[:20] = 0.0                                                          # rows of no weight: the where-form
+    e = g.exponential(size=(m, V))
+    for i in range(20, m, 2):                                             # ties at the top of every other row
+        c = g.choice(V, int(g.integers(2, 5)), replace=False)
+        w[i, c], e[i, c] = 1.0, 1e-6
+    want = torch.where(torch.from_numpy(w) > 0, torch.from_numpy(w / e), -torch.from_numpy(e)).topk(1, dim=-1).indices
+    got = SW._draw(w, 1, e)
+    assert isinstance(got, np.ndarray) and got.shape == (m, 1)
+    np.testing.assert_array_equal(got, want.numpy())
+    assert (np.where(w > 0, w / e, -e).argmax(-1) != want[:, 0].numpy()).any()
