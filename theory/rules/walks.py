@@ -226,7 +226,8 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     children = np.asarray(children)
     # each node's children by rank with a -1 column past the last (children are -1 padded by rank): the candidate of
     # rank r is kids[..., node, r], none where it is -1 (rank reaches K at most: it grows only while a child exists)
-    kids, table = _ranked_children(children)
+    kids = np.full((*children.shape[:-1], children.shape[-1] + 1), -1, np.int64)
+    kids[..., :-1] = children
     shared = kids.ndim == 2                                                      # (N+1, K+1) shared by the rounds
     rows = np.arange(B)
     cap = np.full(B, D, np.int64) if max_depth is None else np.asarray(max_depth, np.int64)
@@ -246,7 +247,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     residual = type(resample) is Residual           # (its formula called directly: ``residual_rows``)
     count = np.count_nonzero                        # (a C call: ndarray.any's Python wrapper costs 4x more)
     if B == 1 and shared and not point and vanilla and residual:
-        return _one_round(p, q, tokens, u_accept, u_sample, table, D, int(cap[0]), N1 + D)
+        return _one_round(p, q, tokens, u_accept, u_sample, kids.tolist(), D, int(cap[0]), N1 + D)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         kid = kids[node, rank] if shared else kids[rows, node, rank]            # (B,) -1: no candidate left
         has = active & (kid >= 0)
@@ -296,57 +297,28 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     return depth, path, _sample(p_res, u_sample).astype(np.int64, copy=False), node
 
 
-_KIDS: dict = {}          # id(children) -> (children, kids): the walks' trees (kept alive here, so the id names one)
-
-
-def _ranked_children(children: np.ndarray) -> tuple:
-    """``host_walk``'s children table: ``children`` (..., N+1, K) by rank with a -1 column past the last, (..., N+1,
-    K+1) int64, and for a shared tree's (N+1, K) the same as nested lists (``_one_round``'s, else None); a shared
-    tree's built once per children array (read-only; the tree's, kept alive here, so its id names it)."""
-    hit = _KIDS.get(id(children))
-    if hit is not None and hit[0] is children:
-        return hit[1:]
-    kids = np.full((*children.shape[:-1], children.shape[-1] + 1), -1, np.int64)
-    kids[..., :-1] = children
-    if kids.ndim != 2:                      # (per-round trees: a new array each round)
-        return kids, None
-    kids.setflags(write=False)
-    if len(_KIDS) >= 256:
-        _KIDS.clear()
-    _KIDS[id(children)] = (children, kids, kids.tolist())
-    return kids, _KIDS[id(children)][2]
-
-
 def _one_round(p, q, tokens, u_accept, u_sample, table: list, D: int, cap: int, steps: int):
-    """``host_walk`` of one round (B = 1) for vanilla's acceptance and residual with candidates drawn without
-    replacement: the same operations on the same rows, step for step (the candidate's entries, its test against its
-    uniform, the residual and the zeroed draft code on a rejection, the child's rows on an acceptance), with the
-    walk's bookkeeping (node, rank, depth, the candidate's token) as Python ints instead of (1,) arrays. Arguments
-    as ``host_walk``'s (``table`` its children table as lists, ``cap`` the round's depth cap, ``steps`` its bound on
-    steps); returns its (accepted (1,), path (1, D), next token (1,), last node (1,))."""
-    tok = tokens[0].tolist()
-    node = rank = depth = 0
-    path = np.full((1, D), -1, np.int64)
+    """``host_walk`` of one round (B = 1), vanilla's acceptance and residual, candidates drawn without replacement:
+    the same operations on the same rows step for step, the bookkeeping (node, rank, depth, token) as Python ints.
+    ``table``: host_walk's children table (N+1, K+1) as lists; ``cap`` the depth cap; ``steps`` the bound on steps.
+    Returns (accepted (1,), path (1, D), next token (1,), last node (1,))."""
+    tok, node, rank, depth, path = tokens[0].tolist(), 0, 0, 0, np.full((1, D), -1, np.int64)
     p_res, q_left = p[:, 0].copy(), q[:, 0].copy()
     for _ in range(steps):  # a loop over walk steps (each tries one candidate)
         kid = table[node][rank]
         if kid < 0 or depth >= cap:
             break
-        c = tok[kid]
-        q_j = normalize(q_left, q_left)
+        c, q_j = tok[kid], normalize(q_left, q_left)
         qc = q_j[:, c]                                                          # (1,)
         valid = bool(qc[0] > 0)                                                 # impossible candidates are skipped
-        acc = valid and bool(u_accept[0, kid] < ratio_min1(p_res[:, c], qc, np)[0])
-        if acc:
-            p_res[0] = p[0, kid]
-            q_left[0] = q[0, kid]
-            path[0, depth] = kid
+        if valid and bool(u_accept[0, kid] < ratio_min1(p_res[:, c], qc, np)[0]):      # accepted
+            p_res[0], q_left[0], path[0, depth] = p[0, kid], q[0, kid], kid
             node, depth, rank = kid, depth + 1, 0
-        else:
-            if valid:
-                p_res[...] = residual_rows(p_res, q_j)
-                q_left[0, c] = 0.0
-            rank += 1
+            continue
+        if valid:
+            p_res[...] = residual_rows(p_res, q_j)
+            q_left[0, c] = 0.0
+        rank += 1
     return (np.array([depth], np.int64), path, _sample(p_res, u_sample).astype(np.int64, copy=False),
             np.array([node], np.int64))
 
