@@ -86,9 +86,9 @@ class _VerdictPlan:
         return hit
 
     def flat(self, V: int) -> tuple:
-        """The host path's flat offsets in rows of V codes, built once per V (``_flat``, with ``batch``'s rows): the zeroed entries' rows ``z_row * V``
-        and the tests' rows ``arange(X or tests) * V`` (an entry (row r, code c) of a (B, X, V) array is column
-        r * V + c of its (B, X V) view)."""
+        """The host path's flat offsets in rows of V codes, built once per V (kept in ``_flat``, as ``batch``'s rows):
+        the zeroed entries' rows ``z_row * V`` and the tests' rows ``arange(X or tests) * V`` (an entry (row r, code c)
+        of a (B, X, V) array is column r * V + c of its (B, X V) view)."""
         hit = self._flat.get(V)
         if hit is None:
             hit = self._flat[V] = (self.z_row * V, np.arange(len(self.kid_all), dtype=np.int64) * V)
