@@ -264,3 +264,73 @@ def test_uniform_rows_many_are_the_draws_one_by_one(on_device):
     assert not torch.equal(s.uniform_rows_many(n, [(41,) + asks[0][1:]])[0], got[0])
     with pytest.raises(ValueError, match="1 to 3 coordinates"):
         s.uniform_rows_many(n, [(1, (2, 2, 2, 2), np.array([0]), np.array([0]))])
+
+
+class _PlainResidual(rules.vanilla().resample.__class__):
+    """Vanilla's residual under another type: ``host_walk`` takes its general (batched) steps for it."""
+
+
+def test_one_round_walk_equals_the_batched_walk():
+    """sjd-pac-p's walk at one image (``theory.rules.walks._one_round``: the bookkeeping as Python ints) equals the
+    general walk of the same image and of the batch it is part of, bit for bit, over trees, caps, dtypes and rows
+    with zeros (impossible candidates: q = 0 at the token); control: one node's uniform moved changes some verdicts."""
+    from theory.rules.walks import host_walk
+    ver = rules.vanilla()
+    moved = 0
+    for seed in range(80):
+        layout = LAYOUTS[seed % len(LAYOUTS)]
+        plan, p, q, tok, ua, us, cap, W = _case(seed, layout, seed % 5, (4, 9, 40)[seed % 3])
+        if seed % 2:
+            p, q, ua, us = (a.astype(np.float32) for a in (p, q, ua, us))
+        t = plan.tree
+        args = (t.children, int(t.depth))
+        batch = host_walk(ver.accept, _PlainResidual(), p, q, tok, ua, us, *args, cap)
+        for b in range(len(p)):
+            one = [a[b:b + 1] for a in (p, q, tok, ua, us)]
+            fast = host_walk(ver.accept, ver.resample, *one, *args, cap[b:b + 1])
+            slow = host_walk(ver.accept, _PlainResidual(), *one, *args, cap[b:b + 1])
+            for x, y, z in zip(fast, slow, batch):
+                assert x.dtype == y.dtype and x.shape == y.shape
+                np.testing.assert_array_equal(x, y)
+                np.testing.assert_array_equal(x, z[b:b + 1])
+            ub = one[3].copy()
+            ub[0, 1] = 1.0 - ub[0, 1]                     # control: the first candidate's uniform moved
+            moved += any(not np.array_equal(x, y) for x, y in
+                         zip(fast, host_walk(ver.accept, ver.resample, *one[:3], ub, one[4], *args, cap[b:b + 1])))
+    assert moved > 10
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_residual_rows_equal_the_residual_rule(dtype):
+    """``theory.core.xp.residual_rows`` (the host verdicts' and walks' residual) equals ``Residual()`` bit for bit,
+    rows whose residual is empty (p = q: p itself) included; control: another fallback (0) differs on those rows."""
+    from theory.core.xp import positive_part, residual_rows
+    g = np.random.default_rng(3)
+    p, q = (g.dirichlet(np.full(50, 0.3), (4, 6)).astype(dtype) for _ in range(2))
+    q[1, 2] = p[1, 2]
+    q[3] = p[3]
+    want = rules.vanilla().resample(p, q, None)
+    got = residual_rows(p, q)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(normalize(positive_part(p - q), np.zeros_like(p)), want)
+
+
+def test_race_of_one_token_on_the_host_equals_torch_top_k():
+    """The host race of one token (``_draw``'s argmax where the largest key is positive and unique) equals torch's
+    top-1 of the where-form, rows with ties at the top (torch's order among them is its own: the top-k serves them)
+    and rows of zero weight included; control: the argmax alone differs from torch on some tied rows."""
+    g = np.random.default_rng(2)
+    V, m = 60, 600
+    w = g.random((m, V))
+    w[g.random((m, V)) < 0.3] = 0.0
+    w[:20] = 0.0                                                          # rows of no weight: the where-form
+    e = g.exponential(size=(m, V))
+    for i in range(20, m, 2):                                             # ties at the top of every other row
+        c = g.choice(V, int(g.integers(2, 5)), replace=False)
+        w[i, c], e[i, c] = 1.0, 1e-6
+    want = torch.where(torch.from_numpy(w) > 0, torch.from_numpy(w / e), -torch.from_numpy(e)).topk(1, dim=-1).indices
+    got = SW._draw(w, 1, e)
+    assert isinstance(got, np.ndarray) and got.shape == (m, 1)
+    np.testing.assert_array_equal(got, want.numpy())
+    assert (np.where(w > 0, w / e, -e).argmax(-1) != want[:, 0].numpy()).any()

@@ -3,12 +3,15 @@
 recorded rows (``predict_longest``). numpy or torch rows; imports the theory only."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 
-from theory.core.xp import (gather, gather_rows, namespace, normalize, put_last, ratio_min1, sample_categorical,
-                             take_last)
+from theory.core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, residual_rows,
+                             sample_categorical, take_last)
 from theory.rules.acceptance import Vanilla, accept_at, reads_f
+from theory.rules.resampling import Residual
 from theory.tree import Tree, TreeVerdict
 
 __all__ = ["longest_path_verdict", "predict_longest"]
@@ -26,13 +29,14 @@ class _VerdictPlan:
     ``pos_all`` and rows ``t_rows`` (None: every row). The ancestor table ``a`` (N+1, D), padded with the root
     (always accepted); the path order ``order`` (N+1,) (deeper first, then the first in path order); per node its
     number of children ``nk``, last child ``last`` (0 where none) and index in par_m ``pm_of`` (0 where none).
-    ``on(device)``: the same index arrays as torch tensors there (built once per device)."""
+    ``on(device)``: the same index arrays as torch tensors there (built once per device). ``depth`` the tree's."""
 
     def __init__(self, tree: Tree, anc: np.ndarray):
         ch = tree.children
         N1, K = ch.shape
         self.N1, self.K = N1, K
         self.dep = tree.node_depth.astype(np.int64)
+        self.depth = int(self.dep.max())
         self.par_m = np.flatnonzero(ch[:, 1] >= 0) if K > 1 else np.zeros(0, np.int64)
         one = np.flatnonzero((ch[:, 0] >= 0) & ~np.isin(np.arange(N1), self.par_m))
         self.par0 = np.concatenate([self.par_m, one]).astype(np.int64)
@@ -71,11 +75,20 @@ class _VerdictPlan:
         self.pm_of[self.par_m] = np.arange(Pm)
         self._dev: dict = {}
         self._flat: dict = {}
+        self.wins: dict = {}      # one image on the host: (accepted nodes, cap) -> ``_winner``'s arrays (read-only)
+
+    def batch(self, B: int) -> np.ndarray:
+        """(B, 1) the batch rows of the host path's flat gathers, built once per B (read-only)."""
+        hit = self._flat.get(("batch", B))
+        if hit is None:
+            hit = self._flat[("batch", B)] = np.arange(B)[:, None]
+            hit.setflags(write=False)
+        return hit
 
     def flat(self, V: int) -> tuple:
-        """The host path's flat offsets in rows of V codes, built once per V: the zeroed entries' rows ``z_row * V``
-        and the tests' rows ``arange(X or tests) * V`` (an entry (row r, code c) of a (B, X, V) array is column
-        r * V + c of its (B, X V) view)."""
+        """The host path's flat offsets in rows of V codes, built once per V (kept in ``_flat``, as ``batch``'s rows):
+        the zeroed entries' rows ``z_row * V`` and the tests' rows ``arange(X or tests) * V`` (an entry (row r, code c)
+        of a (B, X, V) array is column r * V + c of its (B, X V) view)."""
         hit = self._flat.get(V)
         if hit is None:
             hit = self._flat[V] = (self.z_row * V, np.arange(len(self.kid_all), dtype=np.int64) * V)
@@ -100,6 +113,11 @@ class _VerdictPlan:
         return self._dev[key]
 
 
+def _host_residual(p, q, f=None, c=None):
+    """``Residual()(p, q, f, c)`` on numpy rows (..., V): ``theory.core.xp.residual_rows``."""
+    return residual_rows(p, q)
+
+
 _PLANS: dict = {}          # id(tree) -> (tree, anc, _VerdictPlan): the trees of ``real.decode.sjd_pac``'s cached plans
 
 
@@ -114,6 +132,20 @@ def _verdict_plan(tree: Tree, anc: np.ndarray) -> _VerdictPlan:
     vp = _VerdictPlan(tree, anc)
     _PLANS[id(tree)] = (tree, anc, vp)
     return vp
+
+
+def _winner(vp: _VerdictPlan, A: dict, ok, cap, torch_rows: bool) -> tuple:
+    """The deepest accepted node of each image given its accepted nodes ``ok`` (B, N+1) bool and caps ``cap`` (B,)
+    (``longest_path_verdict``; numpy, or torch on the rows' device): (win, tau, path (B, D), the winner's number of
+    children ``nkw`` (B,) host ints and their set ``ks``, its index in par_m ``at``, its last child ``kid``, whether
+    that child is live ``live`` and the children's position ``pos``), each (B,) unless shown."""
+    where, host = (torch.where, partial(torch.as_tensor, device=ok.device)) if torch_rows else (np.where, np.asarray)
+    win = where(ok, A["order"][None, :], A["none"][None, :]).argmax(1)                     # (B,)
+    win = win if torch_rows else win.astype(np.int64, copy=False)
+    nkw = vp.nk[win.cpu().numpy() if torch_rows else win]
+    kid = A["last"][win]
+    return (win, A["dep"][win], A["anc"][win], nkw, set(nkw.tolist()), A["pm_of"][win], kid,
+            host(nkw > 0) & (cap >= A["dep"][kid]), A["dep"][win] + 1)
 
 
 def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, *, tree: Tree, anc: np.ndarray,
@@ -159,9 +191,11 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         z_off, t_off = vp.flat(V)
         Q = np.take(q, A["q_src"], axis=1)          # (a new C-ordered array: its flat view is written below)
         if len(vp.z_row):
-            Q.reshape(B, -1)[np.arange(B)[:, None], z_off + tokens[:, A["z_node"]]] = 0
+            Q.reshape(B, -1)[vp.batch(B), z_off + tokens[:, A["z_node"]]] = 0
     Q = normalize(Q, Q, xp)
     P0, Pm = len(vp.par0), len(vp.par_m)
+    reads = reads_f(verifier.resample)
+    resample = _host_residual if not torch_rows and type(verifier.resample) is Residual else verifier.resample
     tests = [p[:, A["par0"]]]             # the target rows of every test: rank 0 of every parent, then ranks 1..R
     states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 0..R
     if Pm:
@@ -169,11 +203,10 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         if torch_rows:          # (torch: contiguous rows, as the per-rank copies were)
             p_j, q_j = p_j.contiguous(), q_j.contiguous()
         states[0] = (p_j, q_j)
-        reads = reads_f(verifier.resample)
         for b, sel in enumerate(A["sel"], 1):           # a loop over the ranks, each over all the parents at once
             c = tokens[:, A["prev"][b - 1]]                                               # (B, Pm) rank b - 1
             f = verifier.accept(p_j, q_j, A["pos_m"]) if reads else None
-            p_j = verifier.resample(p_j, q_j, f, c)
+            p_j = resample(p_j, q_j, f, c)
             q_j = Q[:, P0 + (b - 1) * Pm:P0 + b * Pm]
             q_j = q_j.contiguous() if torch_rows else q_j
             states.append((p_j, q_j))
@@ -186,22 +219,30 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     if torch_rows:
         qc, pc = take_last(q_t, c[..., None], xp)[..., 0], take_last(p_t, c[..., None], xp)[..., 0]
     else:                       # the same entries of the (contiguous) test rows' flat views
-        at = (np.arange(B)[:, None], t_off + c)
+        at = (vp.batch(B), t_off + c)
         qc, pc = q_t.reshape(B, -1)[at], p_t.reshape(B, -1)[at]
     # vanilla's f at c is ratio_min1 of the entries just gathered (``Vanilla.at``'s own formula on them: the same bits)
     f = (ratio_min1(pc, qc, xp) if type(verifier.accept) is Vanilla
          else accept_at(verifier.accept, p_t, q_t, A["pos_all"], c))
     passed[:, kid] = where(qc > 0, u_accept[:, kid] < f, pc > 0)
-    ok = passed & (cap[:, None] >= A["dep"][None, :])
+    inside = not torch_rows and int(cap.min()) >= vp.depth              # (host: no image's cap inside the tree)
+    ok = passed if inside else passed & (cap[:, None] >= A["dep"][None, :])
     ok[:, 0] = True
     ok = ok[:, A["a"]].all(-1)                     # every ancestor passes (the table's padding reads the root's True)
-    win = where(ok, A["order"][None, :], A["none"][None, :]).argmax(1)                     # (B,)
-    win = win if torch_rows else win.astype(np.int64, copy=False)
-    tau, path = A["dep"][win], A["anc"][win]                                                # (B,), (B, D)
+    if torch_rows or B > 1:
+        win, tau, path, nkw, ks, at, kid, live, pos = _winner(vp, A, ok, cap, torch_rows)
+    else:                       # one image on the host: the winner's arrays depend on its accepted nodes and cap alone
+        key = (ok.tobytes(), int(cap.reshape(-1)[0]))
+        hit = vp.wins.get(key)
+        if hit is None:
+            if len(vp.wins) >= 4096:
+                vp.wins.clear()
+            hit = vp.wins[key] = _winner(vp, A, ok, cap, False)
+            for x in hit:
+                if isinstance(x, np.ndarray):
+                    x.setflags(write=False)                     # (shared by every later round with this key)
+        win, tau, path, nkw, ks, at, kid, live, pos = hit
     # the next token's row: the residual after all the winner's live children (its own row when it has none)
-    wins = win.cpu().numpy() if torch_rows else win
-    nkw = vp.nk[wins]
-    ks = set(nkw.tolist())                              # the winners' numbers of children, on the host
     own = gather_rows(p, win, xp) if 0 in ks or 1 in ks or torch_rows else None
     if ks != {0}:
         bi = torch.arange(B, device=p.device) if torch_rows else np.arange(B)
@@ -209,7 +250,6 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         if 1 in ks:
             qw = gather_rows(q, win, xp)
             p_pre, q_pre = own, normalize(qw, qw, xp)                    # one child: the winner's own rows
-        at = A["pm_of"][win]
         for r in sorted(k for k in ks if k > 1):        # several: the state before the last child (a rank loop)
             s_p, s_q = states[r - 1][0][bi, at], states[r - 1][1][bi, at]
             if p_pre is None:                           # (a leaf's rows are not read: its children are not live)
@@ -217,12 +257,9 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
             else:
                 pick = host(nkw == r)[:, None]
                 p_pre, q_pre = where(pick, s_p, p_pre), where(pick, s_q, q_pre)
-        kid = A["last"][win]
         c = tokens[bi, kid]
-        live = host(nkw > 0) & (cap >= A["dep"][kid])
-        pos = A["dep"][win] + 1
-        f = verifier.accept(p_pre, q_pre, pos) if reads_f(verifier.resample) else None
-        res = verifier.resample(p_pre, q_pre, f, c)
+        f = verifier.accept(p_pre, q_pre, pos) if reads else None
+        res = resample(p_pre, q_pre, f, c)
         # (host rows: where every image's winner has live children, the residual rows themselves, the same values)
         if not torch_rows and live.all() and res.dtype == p.dtype:
             rows = res

@@ -25,9 +25,11 @@ _SIB = R.JACOBI + 11           # sjd-pac-p: Exp(1) noise of the other candidates
 def carry_index(spec, N1: int, bs, ss, pr, xr, tree, sib) -> tuple:
     """``carry``'s flat row indices (host ints): the rows of p / q (B * (N+1)) its levels read ``f_p``, their
     continuation tokens' ``f_x``, the window's rows (B * S) ``f_s``, and the levels whose siblings' law is needed
-    (release: the tree levels whose token may fail; sjd-pac-p: the levels with K - 1 others) ``t_rows``."""
+    (release: the tree levels whose token may fail; sjd-pac-p: the levels with K - 1 others) ``t_rows``; the host
+    path's (m,) arrays of the levels: whether each has a continuation token ``hx``, its negation and 0..m-1."""
+    hx = xr >= 0
     return (bs * N1 + pr, bs * N1 + np.maximum(xr, 0), bs * spec.max_depth + ss,
-            np.flatnonzero(tree) if spec.release else sib)
+            np.flatnonzero(tree) if spec.release else sib, hx, ~hx, np.arange(len(bs)))
 
 
 def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_sib, index=None) -> None:
@@ -46,7 +48,8 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
     dev = run.dev
     host = run.on_device is None
     m = len(bs)
-    f_p, f_x, f_s, t_rows = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr, tree, sib)
+    f_p, f_x, f_s, t_rows, hx, own, ar = index if index is not None else carry_index(spec, p.shape[1], bs, ss, pr, xr,
+                                                                                     tree, sib)
     if host:
         toks, i_t = prop.tokens.numpy(), t_rows
         _, q_win, _, c_win = win.host_views()[:4]
@@ -54,9 +57,8 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         P = p.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)                     # (m, V) stale rows
         qo = prop.q.numpy().reshape(-1, V)[f_p].astype(dt, copy=False)               # their levels' draft rows
         x = toks.reshape(-1)[f_x]                                                    # (m,) their tokens
-        ar = np.arange(m)
         px, qx = P[ar, x], qo[ar, x]
-        u, hx = u_keep.numpy().astype(dt), xr >= 0
+        u = u_keep.numpy().astype(dt)
     else:           # every index the update reads, sent at once (index_select on flat views)
         toks, dt = prop.tokens, win.q.dtype
         ix = to_device(np.concatenate([f_p, f_s, t_rows, f_x, xr]), dev)
@@ -66,20 +68,19 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         x = toks.reshape(-1).index_select(0, ix[2 * m + len(t_rows):3 * m + len(t_rows)])
         px, qx = P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0]
         u, hx = u_keep.to(dev, dt), ix[3 * m + len(t_rows):] >= 0
-        q_win, c_win = win.q.view(-1, V), win.cand.view(-1, K)
+        q_win, c_win, own = win.q.view(-1, V), win.cand.view(-1, K), ~hx
     keep = hx & (u < ratio_min1(px, qx))                      # the continuation's vanilla test
     # [p - q]_+ (the coupling residual); rows without a token draw from their own row, an empty residual (p = q)
     # falls back to the row
-    w = _safe(_pos_(P - qo), P, own=~hx)
+    w = _safe(_pos_(P - qo), P, own=own)
     noise = e_res.numpy() if host else e_res.to(dev)
     if spec.release:
         if len(t_rows):             # tree levels whose token failed: the residual after all the siblings
             fail = t_rows[~keep[t_rows]] if host else t_rows
             if len(fail):
                 i_f = fail if host else i_t
-                Pf = _rows(P, i_f)
-                last = _safe(_last_sibling_rows(plan, pr[fail], Pf, _rows(qo, i_f), _rows(toks, bs[fail] if host
-                                                else to_device(bs[fail], dev))), Pf)
+                last = _last_sibling_rows(plan, pr[fail], _rows(P, i_f), _rows(qo, i_f),
+                                          _rows(toks, bs[fail] if host else to_device(bs[fail], dev)))
                 if not host:        # the device path chooses by the kept flags there
                     last = torch.where(keep.index_select(0, i_f)[:, None], w.index_select(0, i_f), last)
                 _put_rows(w, i_f, last)
@@ -103,9 +104,16 @@ def _draw(w, k: int, e):
     release's ``torch.multinomial`` refuses a row with fewer than k positive entries). Torch tensors, or numpy arrays
     (the host path: the keys divided there, the top-k by torch on a view, numpy indices returned). On the host, when
     the k largest w / e are all positive (every row has k tokens of positive weight that win the race) the keys of
-    the zero weights (-e < 0, below them) cannot change the draw, and the where is skipped: the same tokens."""
+    the zero weights (-e < 0, below them) cannot change the draw, and the where is skipped: the same tokens; one
+    token each (k = 1) whose largest key is positive and unique in its row is that key's argmax (numpy's, a few us
+    where torch's top-k costs ~15 at V = 512)."""
     key = w / e
     if isinstance(key, np.ndarray):
+        if k == 1:
+            i = key.argmax(-1)[..., None]                                               # (..., 1)
+            top = np.take_along_axis(key, i, -1)
+            if (top > 0).all() and np.count_nonzero(key == top) == top.size:
+                return i
         top = torch.from_numpy(key).topk(k, dim=-1)
         if bool((top.values.numpy() > 0).all()):
             return top.indices.numpy()
@@ -183,7 +191,8 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
     torch. The draft rows of the K steps (q without siblings 0..j-1, normalised) do not depend on p: all K are built
     and normalised at once, (r, K, V), row for row the same sums and divisions as step by step (a row whose child j
     is not live freezes its p from step j on, so its later draft rows are not read). A step whose residual rows all
-    have mass (read on the host) divides without the where (the same values)."""
+    have mass (read on the host) divides without the where (the same values). Rows left without mass get P
+    (``_safe``; on the host not checked when the last step divided every row by a positive sum: they have mass)."""
     kl = plan.kids_np[par]
     kids, live = kl[:, 0], kl[:, 1]                                                     # (r, K) host
     host = isinstance(P, np.ndarray)
@@ -210,12 +219,13 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             Q.view(r, K * V).scatter_(1, torch.as_tensor(jj * V, device=P.device) + cs[:, ii], 0.0)
         Qn = Q / _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1).clamp_(min=1e-300)
     every = bool(live.all())
-    p_j = P
+    p_j, sure = P, False
     for j in range(K):   # the K siblings in rank order (K <= a few): p's recursion
         nxt = _pos_(p_j - Qn[:, j])
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
-        if host and s.min() > tiny:                          # the clamp is the identity: the division alone
+        sure = host and s.min() > tiny
+        if sure:                          # the clamp is the identity: the division alone
             nxt /= s
         elif host:                        # (where's division only where s > 0: no 0 / 0 computed)
             nxt = np.divide(nxt, np.maximum(s, tiny), out=p_j.copy(), where=s > 0)
@@ -225,8 +235,9 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             p_j = nxt
         else:
             on = live[:, j] > 0
+            sure = sure and bool(on.all())
             p_j = _pick(on, nxt, p_j) if host else torch.where(torch.as_tensor(on, device=P.device)[:, None], nxt, p_j)
-    return p_j
+    return p_j if sure else _safe(p_j, P)
 
 
 _PAIRS: dict = {}
