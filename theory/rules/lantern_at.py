@@ -98,7 +98,7 @@ def entries(p: Array, x: Array, xp):
 def upper(px, thr):
     """The bound of p~(x) = p(x) + A in the rows' dtype, A the admitted mass in [0, thr] (a prefix sum <= thr, or 0):
     p(x) + thr rounded as p~(x) is (rounding is monotone, so p~(x) <= it). px (...,), thr a number or px's shape."""
-    return px + (thr if isinstance(thr, np.ndarray) and thr.dtype == px.dtype else np.asarray(thr, px.dtype))
+    return px + (thr if isinstance(thr, (np.ndarray, np.generic)) and thr.dtype == px.dtype else np.asarray(thr, px.dtype))
 
 
 def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
