@@ -1,9 +1,12 @@
-"""theory.rules.lantern_walk: a level that one round tries (batch 1, or one round left of a batch) is settled on that
-round's scalars, sibling by sibling (``_one_round``), with the bits of the stamps-and-fixed-point layout: the same
-acceptances and the same residual row, or None alike (hypothesis, float32 and float64, absolute and relative thresholds,
-exact zeros, repeated siblings, neighbours admitted or not, uniforms inside and outside the bounds). The walk at batch 1
-gives verify_tree's verdict. Controls: an upper bound without the admitted mass's headroom in the one-round path
-changes decisions, and the residual rows compared are not the node's row (the removal sets were zeroed)."""
+"""LANTERN(++) at batch 1 on scalars. theory.rules.lantern_walk: a level that one round tries (batch 1, or one round left
+of a batch) is settled on that round's scalars, sibling by sibling (``_one_round``), with the bits of the
+stamps-and-fixed-point layout: the same acceptances and the same residual row, or None alike (hypothesis, float32 and
+float64, absolute and relative thresholds, exact zeros, repeated siblings, neighbours admitted or not, uniforms inside
+and outside the bounds, and at the layouts' thresholds and an ulp below). The walk at batch 1 gives verify_tree's
+verdict. theory.rules.lantern_at: ``decide_at`` of one entry (the host walk at batch 1, ``_decide_one``) gives the
+general path's decision and f bit for bit, and the exact decision u < f (hypothesis: uniforms at the bounds and an ulp
+either side, q(x) = 0, mixed dtypes, ``want``). Controls: an upper bound without the admitted mass's headroom changes
+decisions in either shortcut, and the residual rows compared are not the node's row (the removal sets were zeroed)."""
 import sys
 
 import numpy as np
@@ -12,11 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from theory import rules
+from theory.rules.lantern_at import upper
 from theory.rules.lantern_walk import delta_level
 from theory.tree import verify_tree
 from tree_cases import rows, same, tree_case
 
 LW = sys.modules["theory.rules.lantern_walk"]
+LA = sys.modules["theory.rules.lantern_at"]
 
 
 def _case(seed, V, B, K, dtype, relative):
@@ -147,3 +152,51 @@ def test_walk_at_batch_1_equals_verify_tree(static):
             n += 1
             n_acc += int(np.asarray(ref.accepted).sum())
     assert n >= 100 and n_acc > 40
+
+
+def _entry(seed, V, dt_p, dt_q, relative, at_bound, zero_q, want):
+    """A LANTERN(++) acceptance, one row p, q (1, V), a token x (1,) and a uniform u (1,) near one of its bounds, want."""
+    rng = np.random.default_rng(seed)
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    k = int(rng.integers(1, V - 1))
+    acc = rules.Lantern(nb, k, lam=float(rng.choice([1.0, 1.5, 3.0]))) if relative else \
+        rules.Lantern(nb, k, delta=float(rng.choice([0.0, 0.02, 0.1, 0.3])))
+    p = rows(rng, 1, 1, V, peaked=bool(seed % 2))[0].astype(dt_p)
+    q = rows(rng, 1, 1, V, peaked=False)[0].astype(dt_q)
+    x = rng.integers(0, V, size=1)
+    if zero_q:
+        q[0, x] = 0.0
+    px, qx = p[0, x[0]], q[0, x[0]]
+    bound = [px / qx, upper(px, acc._threshold(px)) / qx][at_bound % 2] if qx > 0 else rng.random()
+    u = np.array([float(bound)])
+    u = [u, np.nextafter(u, 0.0), np.nextafter(u, 2.0), rng.random(1)][at_bound // 2]
+    return acc, p, q, x, u, None if want is None else np.array([want])
+
+
+@settings(max_examples=400, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), V=st.sampled_from([6, 40, 300]),
+       dts=st.sampled_from([(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)]),
+       relative=st.booleans(), at_bound=st.integers(0, 7), zero_q=st.booleans(), want=st.sampled_from([None, True, False]))
+def test_decide_one_entry_equals_the_general_path(seed, V, dts, relative, at_bound, zero_q, want):
+    """One entry's decision and f (``_decide_one``, or the general path where the neighbours are read) equal the general
+    path's on two rows holding that entry twice, bit for bit, and the decision is u < f of ``Lantern.at``."""
+    acc, p, q, x, u, w = _entry(seed, V, *dts, relative, at_bound, zero_q, want)
+    ok, f = acc.decide_at(p, q, None, x, u, want=w)
+    two = [np.concatenate([a, a]) for a in (p, q, x, u)] + [None if w is None else np.concatenate([w, w])]
+    ok2, f2 = acc.decide_at(*two[:2], None, *two[2:4], want=two[4])
+    assert ok.shape == x.shape and f.dtype == f2.dtype
+    assert np.array_equal(ok, ok2[:1]) and f.tobytes() == f2[:1].tobytes()
+    exact = u < acc.at(p, q, None, x)
+    assert np.array_equal(ok, exact & (True if w is None else w))
+
+
+def test_control_decide_one_without_headroom_is_caught(monkeypatch):
+    """Control: ``_decide_one`` with an upper bound of p(x) / q(x) (no room for the admitted mass) rejects entries the
+    neighbours accept: decisions differ from u < f of ``Lantern.at``."""
+    cases = [_entry(seed, 40, np.float32, np.float32, bool(seed % 2), seed % 8, False, None) for seed in range(200)]
+    for acc, p, q, x, u, w in cases:
+        assert np.array_equal(acc.decide_at(p, q, None, x, u)[0], u < acc.at(p, q, None, x))
+    monkeypatch.setattr(LA, "upper", lambda px, thr: px + 0 * thr)
+    wrong = sum(not np.array_equal(acc.decide_at(p, q, None, x, u)[0], u < acc.at(p, q, None, x))
+                for acc, p, q, x, u, w in cases)
+    assert wrong >= 10
