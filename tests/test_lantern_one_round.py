@@ -1,5 +1,5 @@
-"""LANTERN(++) at batch 1 on scalars. theory.rules.lantern_walk: a level that one round tries (batch 1, or one round left
-of a batch) is settled on that round's scalars, sibling by sibling (``_one_round``), with the bits of the
+"""LANTERN(++) at batch 1 on scalars. theory.rules.lantern_walk: a level that one round tries (batch 1, or one round
+left of a batch) is settled on that round's scalars, sibling by sibling (``_one_round``), with the bits of the
 stamps-and-fixed-point layout: the same acceptances and the same residual row, or None alike (hypothesis, float32 and
 float64, absolute and relative thresholds, exact zeros, repeated siblings, neighbours admitted or not, uniforms inside
 and outside the bounds, and at the layouts' thresholds and an ulp below). The walk at batch 1 gives verify_tree's
@@ -74,8 +74,9 @@ def test_one_round_equals_the_layouts_bit_for_bit(seed, V, B, K, dtype, relative
 
 
 def _thresholds(acc, p, c, has):
-    """Each tried sibling's acceptance threshold (B, K) by the layouts summing every sibling's admitted mass (``every_t``),
-    uniforms just below 1 (every sibling rejected up to the first whose threshold reaches 1; NaN past it)."""
+    """Each tried sibling's acceptance threshold (B, K) by the layouts summing every sibling's admitted mass
+    (``every_t``), uniforms just below 1 (every sibling rejected up to the first whose threshold reaches 1; NaN
+    past it)."""
     B, V = p.shape
     step = delta_level(acc, B, V, c.shape[1], every_t=True)
     out = step(p.copy(), c, has, np.where(has, np.nextafter(1.0, 0.0), 0.0))
@@ -155,7 +156,7 @@ def test_walk_at_batch_1_equals_verify_tree(static):
 
 
 def _entry(seed, V, dt_p, dt_q, relative, at_bound, zero_q, want):
-    """A LANTERN(++) acceptance, one row p, q (1, V), a token x (1,) and a uniform u (1,) near one of its bounds, want."""
+    """A LANTERN(++) acceptance, one row p, q (1, V), a token x (1,), a uniform u (1,) near one of its bounds, want."""
     rng = np.random.default_rng(seed)
     nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
     k = int(rng.integers(1, V - 1))
@@ -176,7 +177,8 @@ def _entry(seed, V, dt_p, dt_q, relative, at_bound, zero_q, want):
 @settings(max_examples=400, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), V=st.sampled_from([6, 40, 300]),
        dts=st.sampled_from([(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)]),
-       relative=st.booleans(), at_bound=st.integers(0, 7), zero_q=st.booleans(), want=st.sampled_from([None, True, False]))
+       relative=st.booleans(), at_bound=st.integers(0, 7), zero_q=st.booleans(),
+       want=st.sampled_from([None, True, False]))
 def test_decide_one_entry_equals_the_general_path(seed, V, dts, relative, at_bound, zero_q, want):
     """One entry's decision and f (``_decide_one``, or the general path where the neighbours are read) equal the general
     path's on two rows holding that entry twice, bit for bit, and the decision is u < f of ``Lantern.at``."""

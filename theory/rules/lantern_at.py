@@ -98,7 +98,8 @@ def entries(p: Array, x: Array, xp):
 def upper(px, thr):
     """The bound of p~(x) = p(x) + A in the rows' dtype, A the admitted mass in [0, thr] (a prefix sum <= thr, or 0):
     p(x) + thr rounded as p~(x) is (rounding is monotone, so p~(x) <= it). px (...,), thr a number or px's shape."""
-    return px + (thr if isinstance(thr, (np.ndarray, np.generic)) and thr.dtype == px.dtype else np.asarray(thr, px.dtype))
+    same = isinstance(thr, (np.ndarray, np.generic)) and thr.dtype == px.dtype         # (numpy scalars: no 0-d array)
+    return px + (thr if same else np.asarray(thr, px.dtype))
 
 
 def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
@@ -170,11 +171,12 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
 
 
 def _decide_one(acc, p, q, x, u, want):
-    """``decide_at`` of one entry on its scalars (numpy rows p, q (..., V) holding one row each, x and u numpy arrays of
-    one element, x's shape one axis short of p's): (ok, f) as ``decide_at`` gives them where the bounds decide the entry (or ``want``
-    leaves it unread), None where it reads the neighbours (``decide_at``'s general path serves it). The same operations
-    in the same dtypes as the general path's arrays: numpy scalars of p's and q's dtypes for p(x) / q(x), the threshold
-    and its upper bound, Python floats (float64) for the comparisons with u, as numpy compares there."""
+    """``decide_at`` of one entry on its scalars (numpy rows p, q (..., V) holding one row each, x and u numpy arrays
+    of one element, x's shape one axis short of p's): (ok, f) as ``decide_at`` gives them where the bounds decide the
+    entry (or ``want`` leaves it unread), None where it reads the neighbours (``decide_at``'s general path serves it).
+    The same operations in the same dtypes as the general path's arrays: numpy scalars of p's and q's dtypes for
+    p(x) / q(x), the threshold and its upper bound, Python floats (float64) for the comparisons with u, as numpy
+    compares there."""
     shape = x.shape
     dt = p.dtype if p.dtype == q.dtype else np.result_type(p.dtype, q.dtype)
     if want is not None and not np.asarray(want).item():

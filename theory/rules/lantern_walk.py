@@ -42,11 +42,12 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
     rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
     uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
     which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
-    generic walk serves). numpy rows. After a step, ``step.last`` = (live (n,) the rounds that tried a candidate,
-    thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those after a round's first accepted
-    one are not meaningful; by default a sibling's admitted mass A_j is summed only where the bounds
-    [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere: ``every_t`` sums
-    every tried sibling's, for inspection))."""
+    generic walk serves). numpy rows. A level that one round tries is settled on its scalars (``_one_round``, unless
+    ``every_t``). After a step of the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the
+    rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
+    after a round's first accepted one are not meaningful; by default a sibling's admitted mass A_j is summed only
+    where the bounds [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere:
+    ``every_t`` sums every tried sibling's, for inspection))."""
     k = acc.k
     table = np.asarray(acc.neighbors)
     table = table if table.shape[1] == k + 1 else table[:, : k + 1]
@@ -239,23 +240,24 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
 
 
 def _one_round(acc: Lantern, table, pr, c, has, u, b: int):
-    """``delta_level``'s step when one round, b, tries candidates (batch 1, or one round left of a batch): its siblings
-    in rank order on scalars, no stamps and no fixed point (as ``_by_rank``: sibling j reads p' from the row pr[b] itself,
-    in which its earlier siblings' rejections have zeroed their removal sets, so adm_j is known when j is read). A
-    sibling the bounds [p'(c_j), p'(c_j) + thr_j] / m_j accept reads no neighbour; each rejected one reads its N_{k+1}
-    once (a view of its table row), for the mass it takes and its admission, then zeroes c_j and, if admitted, N_{k+1}(c_j)
-    in pr. The same operations per entry as the fixed-point layout, in its dtypes (numpy scalars of the rows' dtype,
-    float64 Python floats where it computes in float64: the row's mass, the mass taken, m_j and the quotients; the mass
-    taken accumulated in rank order as its cumulative sum does): the same bits (tests/test_lantern_bounds.py). A Python
-    loop over the K sibling ranks (a handful) of one round: each step of it is a few scalar operations and, for a
-    rejected sibling, one gather of k + 1 masses, one sum and one scatter of zeros."""
+    """``delta_level``'s step when one round, b, tries candidates (batch 1, or one round left of a batch): its
+    siblings in rank order on scalars, no stamps and no fixed point (as ``_by_rank``: sibling j reads p' from the row
+    pr[b] itself, in which its earlier siblings' rejections have zeroed their removal sets, so adm_j is known when j is
+    read). A sibling the bounds [p'(c_j), p'(c_j) + thr_j] / m_j accept reads no neighbour; each rejected one reads
+    its N_{k+1} once (a view of its table row), for the mass it takes and its admission, then zeroes c_j and, if
+    admitted, N_{k+1}(c_j) in pr. The same operations per entry as the fixed-point layout, in its dtypes (numpy
+    scalars of the rows' dtype, float64 Python floats where it computes in float64: the row's mass, the mass taken,
+    m_j and the quotients; the mass taken accumulated in rank order as its cumulative sum does): the same bits
+    (tests/test_lantern_one_round.py). A Python loop over the K sibling ranks (a handful) of one round: each step of
+    it is a few scalar operations and, for a rejected sibling, one gather of k + 1 masses, one sum and one scatter of
+    zeros."""
     R, K = c.shape
     dt = pr.dtype
     row = pr[b]                                                                 # (V,) a view: zeroes written in pr
     tried = int(np.count_nonzero(has[b]))                                       # (a prefix of the ranks)
     ub, cb = u[b].tolist(), c[b].tolist()
     ok = np.zeros((R, K), bool)
-    s = total = 0.0                                 # the mass taken so far and the row's (float64; at the first rejection)
+    s = total = 0.0             # the mass taken so far and the row's (float64; the row's at the first rejection)
     for j in range(tried):   # a loop over the round's sibling ranks (K <= a handful), in rank order
         x = cb[j]
         pz = row[x]                                                             # p'(c_j), the rows' dtype
