@@ -98,7 +98,8 @@ def entries(p: Array, x: Array, xp):
 def upper(px, thr):
     """The bound of p~(x) = p(x) + A in the rows' dtype, A the admitted mass in [0, thr] (a prefix sum <= thr, or 0):
     p(x) + thr rounded as p~(x) is (rounding is monotone, so p~(x) <= it). px (...,), thr a number or px's shape."""
-    return px + (thr if isinstance(thr, np.ndarray) and thr.dtype == px.dtype else np.asarray(thr, px.dtype))
+    same = isinstance(thr, (np.ndarray, np.generic)) and thr.dtype == px.dtype         # (numpy scalars: no 0-d array)
+    return px + (thr if same else np.asarray(thr, px.dtype))
 
 
 def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
@@ -111,6 +112,12 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
     last axis is a chain's drafts, read up to the first rejection: after a row's first sure rejection, the entries the
     bounds leave open are not summed (False). numpy rows, and torch CPU tensors through their numpy views (f summed in float64 as ``Lantern.at``
     does there); other arrays: f at every entry (``Lantern.at``)."""
+    if type(p) is type(q) is type(x) is type(u) is np.ndarray and x.size == 1 and p.size == p.shape[-1] == q.size \
+            and p.ndim == q.ndim == x.ndim + 1:                              # one entry of numpy rows (batch 1)
+        acc._check_rows(p)
+        one = _decide_one(acc, p, q, x, u, want)
+        if one is not None:
+            return one
     host = host_views(p, q, x, u, want)
     if host is not None:
         p, q, x, u, want = host
@@ -161,3 +168,27 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
         torch = sys.modules["torch"]
         return torch.from_numpy(ok), torch.from_numpy(f)
     return ok, f
+
+
+def _decide_one(acc, p, q, x, u, want):
+    """``decide_at`` of one entry on its scalars (numpy rows p, q (..., V) holding one row each, x and u numpy arrays
+    of one element, x's shape one axis short of p's): (ok, f) as ``decide_at`` gives them where the bounds decide the
+    entry (or ``want`` leaves it unread), None where it reads the neighbours (``decide_at``'s general path serves it).
+    The same operations in the same dtypes as the general path's arrays: numpy scalars of p's and q's dtypes for
+    p(x) / q(x), the threshold and its upper bound, Python floats (float64) for the comparisons with u, as numpy
+    compares there."""
+    shape = x.shape
+    dt = p.dtype if p.dtype == q.dtype else np.result_type(p.dtype, q.dtype)
+    if want is not None and not np.asarray(want).item():
+        return np.zeros(shape, bool), np.full(shape, np.nan, dt)
+    at = (0,) * x.ndim + (int(x.item()),)
+    px, qx, uf = p[at], q[at], float(u.item())
+    if qx > 0:
+        r = px / qx
+        ok = uf < (1.0 if r > 1 else float(r))                                  # min(1, p(x) / q(x)); NaN: False
+        need = not ok and uf < float(upper(px, acc._threshold(px)) / qx)
+    else:                                                                       # (f = 1 there: the entry is summed)
+        ok, need = uf < 0.0, not uf < 0.0 and uf < np.inf
+    if need:
+        return None
+    return np.full(shape, ok), np.full(shape, np.nan, dt)

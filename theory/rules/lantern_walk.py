@@ -29,10 +29,11 @@ from .lantern_at import upper
 from .prefix_mass import prefix_rows
 from .walks import _walk
 
-__all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
+__all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK", "ONE_ROUND"]
 
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
 RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
+ONE_ROUND = True          # a level that one round tries is settled on its scalars (``_one_round``; False: the layouts)
 
 
 def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
@@ -41,11 +42,12 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
     rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
     uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
     which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
-    generic walk serves). numpy rows. After a step, ``step.last`` = (live (n,) the rounds that tried a candidate,
-    thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those after a round's first accepted
-    one are not meaningful; by default a sibling's admitted mass A_j is summed only where the bounds
-    [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere: ``every_t`` sums
-    every tried sibling's, for inspection))."""
+    generic walk serves). numpy rows. A level that one round tries is settled on its scalars (``_one_round``, unless
+    ``every_t``). After a step of the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the
+    rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
+    after a round's first accepted one are not meaningful; by default a sibling's admitted mass A_j is summed only
+    where the bounds [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere:
+    ``every_t`` sums every tried sibling's, for inspection))."""
     k = acc.k
     table = np.asarray(acc.neighbors)
     table = table if table.shape[1] == k + 1 else table[:, : k + 1]
@@ -67,6 +69,8 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
         h = has if whole else has[live]
         if (h[:, 1:] > h[:, :-1]).any():            # not a prefix of the ranks
             return None
+        if n == 1 and not every_t and ONE_ROUND:                                # one round: its siblings in turn
+            return _one_round(acc, table, pr, c, has, u, int(live[0]))
         if n * K * (k + 1) > RANK_BY_RANK:                                     # many entries: rank by rank
             return _by_rank(acc, table, pr, c, has, u, live, K, every_t, step)
         m_ = n * K
@@ -232,6 +236,55 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
         return None
     if every_t:
         step.last = (live, t_all[live].reshape(-1))
+    return ok, _nothing
+
+
+def _one_round(acc: Lantern, table, pr, c, has, u, b: int):
+    """``delta_level``'s step when one round, b, tries candidates (batch 1, or one round left of a batch): its
+    siblings in rank order on scalars, no stamps and no fixed point (as ``_by_rank``: sibling j reads p' from the row
+    pr[b] itself, in which its earlier siblings' rejections have zeroed their removal sets, so adm_j is known when j is
+    read). A sibling the bounds [p'(c_j), p'(c_j) + thr_j] / m_j accept reads no neighbour; each rejected one reads
+    its N_{k+1} once (a view of its table row), for the mass it takes and its admission, then zeroes c_j and, if
+    admitted, N_{k+1}(c_j) in pr. The same operations per entry as the fixed-point layout, in its dtypes (numpy
+    scalars of the rows' dtype, float64 Python floats where it computes in float64: the row's mass, the mass taken,
+    m_j and the quotients; the mass taken accumulated in rank order as its cumulative sum does): the same bits
+    (tests/test_lantern_one_round.py). A Python loop over the K sibling ranks (a handful) of one round: each step of
+    it is a few scalar operations and, for a rejected sibling, one gather of k + 1 masses, one sum and one scatter of
+    zeros."""
+    R, K = c.shape
+    dt = pr.dtype
+    row = pr[b]                                                                 # (V,) a view: zeroes written in pr
+    tried = int(np.count_nonzero(has[b]))                                       # (a prefix of the ranks)
+    ub, cb = u[b].tolist(), c[b].tolist()
+    ok = np.zeros((R, K), bool)
+    s = total = 0.0             # the mass taken so far and the row's (float64; the row's at the first rejection)
+    for j in range(tried):   # a loop over the round's sibling ranks (K <= a handful), in rank order
+        x = cb[j]
+        pz = row[x]                                                             # p'(c_j), the rows' dtype
+        m = total - s if j else 1.0                                             # m_j (the first: the row itself)
+        thr = dt.type(acc.delta * m) if acc.delta is not None else (acc.lam - 1.0) * pz
+        mm = 1e-300 if m < 1e-300 else m                                        # (np.maximum: NaN kept)
+        uj = ub[j]
+        if uj < float(pz) / mm:                                                 # accepted whatever A_j is
+            ok[b, j] = True
+            break
+        nbr = table[x]                                                          # (k+1,) N_{k+1}(c_j): a view
+        gz = row[nbr]                                                           # p' there
+        if uj < float(upper(pz, thr)) / mm:                                     # A_j decides
+            if uj < float(pz + prefix_rows(gz[None, :acc.k], thr, dt)[0]) / mm:
+                ok[b, j] = True
+                break
+        adm = gz[0] <= thr                                                      # adm_j
+        taken = float(pz) + (float(gz.sum(dtype=np.float64)) if adm else 0.0)   # t_j
+        if j:
+            s = s + taken
+        else:
+            s, total = taken, float(row.sum())                                  # (float32 sum, as the fixed layout)
+        if total - s <= CANCEL * total:                                         # (the mass left after c_j)
+            return None
+        row[x] = 0
+        if adm:
+            row[nbr] = 0
     return ok, _nothing
 
 
