@@ -301,7 +301,12 @@ def test_t5_captions_are_left_padded_features():
 
 def test_bf16_keeps_rope_in_float32(target):
     """Cast to bf16 (the GPU setting): RoPE tables stay float32 (as upstream), logits stay float32 and
-    close to the float32 model's, and greedy speculative decoding still equals greedy decoding."""
+    close to the float32 model's, and greedy speculative decoding equals greedy decoding up to bf16's own ties:
+    the verification pass (L + 1 positions in one forward) and the AR step (one position) may round the logits
+    differently (other matmul shapes: other kernels and summation orders on some CPUs), so the two may part only
+    where the target's two guided logits lie within two bf16 units of the row's scale of each other. Measured on an
+    AMD EPYC (torch 2.13 CPU): they part at token 25, guided logits 5.6875 against 5.625 (2 ulps at that scale); on
+    an Intel Xeon they did not part."""
     from real.decode import engine
     from real.decode.sampling import Processing
     from theory import rules
@@ -318,4 +323,13 @@ def test_bf16_keeps_rope_in_float32(target):
     proc = Processing(temperature=0.0, cfg_scale=2.0)
     ar = engine.ar_generate(t16, 1, num_tokens=32, processing=proc)
     sd = engine.speculative_generate(t16, d16, 1, num_tokens=32, verifier=rules.greedy(), drafting=4, processing=proc)
-    assert torch.equal(sd.tokens, ar.tokens)
+    a, s = ar.tokens.reshape(-1), sd.tokens.reshape(-1)
+    if not torch.equal(a, s):
+        i = int((a != s).nonzero()[0, 0])                       # the first token where they part
+        with torch.no_grad():                                   # the AR prefix teacher-forced: its guided logits at i
+            g = proc.combined(t16.prefill(1, a[None, :i].expand(2, -1), cfg=True).logits[:, -1]).float()
+        tie = 2 * torch.finfo(torch.bfloat16).eps * g.abs().max().item()
+        gap = (g[a[i]] - g[s[i]]).abs().item()
+        print(f"greedy SD leaves greedy AR at token {i}: guided logits {g[a[i]].item()} vs {g[s[i]].item()}")
+        assert gap <= tie, f"token {i}: SD chose {int(s[i])} whose guided logit is {gap:.3g} below AR's (> {tie:.3g})"
+        assert g.max().item() - g[s[i]].item() <= tie          # (SD's token is a best one within the tie too)
