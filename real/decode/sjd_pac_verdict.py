@@ -8,10 +8,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from theory.core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, residual_rows,
-                             sample_categorical, take_last)
+from theory.core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
 from theory.rules.acceptance import Vanilla, accept_at, reads_f
-from theory.rules.resampling import Residual
 from theory.tree import Tree, TreeVerdict
 
 __all__ = ["longest_path_verdict", "predict_longest"]
@@ -113,11 +111,6 @@ class _VerdictPlan:
         return self._dev[key]
 
 
-def _host_residual(p, q, f=None, c=None):
-    """``Residual()(p, q, f, c)`` on numpy rows (..., V): ``theory.core.xp.residual_rows``."""
-    return residual_rows(p, q)
-
-
 _PLANS: dict = {}          # id(tree) -> (tree, anc, _VerdictPlan): the trees of ``real.decode.sjd_pac``'s cached plans
 
 
@@ -195,7 +188,6 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     Q = normalize(Q, Q, xp)
     P0, Pm = len(vp.par0), len(vp.par_m)
     reads = reads_f(verifier.resample)
-    resample = _host_residual if not torch_rows and type(verifier.resample) is Residual else verifier.resample
     tests = [p[:, A["par0"]]]             # the target rows of every test: rank 0 of every parent, then ranks 1..R
     states = [None]                       # (p_b, q_b) over the Pm parents of several children, rank b = 0..R
     if Pm:
@@ -206,7 +198,7 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
         for b, sel in enumerate(A["sel"], 1):           # a loop over the ranks, each over all the parents at once
             c = tokens[:, A["prev"][b - 1]]                                               # (B, Pm) rank b - 1
             f = verifier.accept(p_j, q_j, A["pos_m"]) if reads else None
-            p_j = resample(p_j, q_j, f, c)
+            p_j = verifier.resample(p_j, q_j, f, c)
             q_j = Q[:, P0 + (b - 1) * Pm:P0 + b * Pm]
             q_j = q_j.contiguous() if torch_rows else q_j
             states.append((p_j, q_j))
@@ -259,7 +251,7 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
                 p_pre, q_pre = where(pick, s_p, p_pre), where(pick, s_q, q_pre)
         c = tokens[bi, kid]
         f = verifier.accept(p_pre, q_pre, pos) if reads else None
-        res = resample(p_pre, q_pre, f, c)
+        res = verifier.resample(p_pre, q_pre, f, c)
         # (host rows: where every image's winner has live children, the residual rows themselves, the same values)
         if not torch_rows and live.all() and res.dtype == p.dtype:
             rows = res

@@ -133,13 +133,6 @@ def positive_part(x: Array, xp=None) -> Array:
     return xp.where(x > 0, x, xp.zeros_like(x))
 
 
-def residual_rows(p, q):
-    """Norm([p - q]_+) over the last axis, p where that is empty, for numpy rows p, q (..., V): the vanilla residual
-    (``theory.rules.resampling.Residual``'s formula, ``normalize(positive_part(p - q), p)``), the same calls without
-    its namespace look-up (a few us per call at V = 512: the host walks call it once per rejection)."""
-    return normalize(positive_part(p - q), p)
-
-
 def sample_categorical(w: Array, u: Array, xp=None) -> Array:
     """Inverse-CDF draw from unnormalised non-negative weights.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.xp import gather, namespace, normalize, positive_part, put_last
+from ..core.xp import _is_numpy, gather, namespace, normalize, positive_part, put_last
 from .acceptance import Greedy
 
 __all__ = ["Residual", "Optimal", "Target", "Argmax", "point_residual"]
@@ -49,7 +49,9 @@ class Residual:
     reads_f = False     # f is not read (``theory.rules.acceptance.reads_f``)
 
     def __call__(self, p, q, f, rejected=None):
-        xp = namespace(p, q)
+        # numpy rows: no namespace look-up (``normalize`` and ``positive_part`` take their numpy paths first; the
+        # host walks and verdicts call this once per rejection)
+        xp = None if _is_numpy(p) and _is_numpy(q) else namespace(p, q)
         return normalize(positive_part(p - q, xp), p, xp)
 
     def point(self, p, c, f_c):

@@ -45,8 +45,7 @@ from functools import partial
 import array_api_compat
 import numpy as np
 
-from ..core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, residual_rows, sample_categorical,
-                       take_last)
+from ..core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
 from .acceptance import Vanilla, _weight_at, accept_at, reads_f
 from .chain import ChainVerdict
 from .resampling import Residual
@@ -244,10 +243,9 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
     decide = None if needs_f else getattr(accept, "decide_at", None)   # (LANTERN's; a law that reads no f)
     vanilla = type(accept) is Vanilla               # f read from the entries gathered here (``Vanilla.at``'s formula)
-    residual = type(resample) is Residual           # (its formula called directly: ``residual_rows``)
     count = np.count_nonzero                        # (a C call: ndarray.any's Python wrapper costs 4x more)
-    if B == 1 and shared and not point and vanilla and residual:
-        return _one_round(p, q, tokens, u_accept, u_sample, kids.tolist(), D, int(cap[0]), N1 + D)
+    if B == 1 and shared and not point and vanilla and type(resample) is Residual:
+        return _one_round(resample, p, q, tokens, u_accept, u_sample, kids.tolist(), D, int(cap[0]), N1 + D)
     for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
         kid = kids[node, rank] if shared else kids[rows, node, rank]            # (B,) -1: no candidate left
         has = active & (kid >= 0)
@@ -272,9 +270,7 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
             every = n_rej == B                    # (every round rejects: its rows whole, no masked copies)
             pr, qr, cr = (p_res, q_j, c) if every else (p_res[rej], q_j[rej], c[rej])
             g = None if at_point is None else at_point(pr, cr, f if every else f[rej])   # (None: no law for it)
-            if g is None and residual:
-                g = residual_rows(pr, qr)
-            elif g is None:
+            if g is None:
                 g = resample(pr, qr, accept(pr, qr, pos if every else pos[rej]) if needs_f else None, cr)
             if every:                             # (copied in: the walk's row is its own, whatever g aliases)
                 p_res[...] = g
@@ -297,8 +293,8 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     return depth, path, _sample(p_res, u_sample).astype(np.int64, copy=False), node
 
 
-def _one_round(p, q, tokens, u_accept, u_sample, table: list, D: int, cap: int, steps: int):
-    """``host_walk`` of one round (B = 1), vanilla's acceptance and residual, candidates drawn without replacement:
+def _one_round(resample, p, q, tokens, u_accept, u_sample, table: list, D: int, cap: int, steps: int):
+    """``host_walk`` of one round (B = 1), vanilla's acceptance and its residual ``resample``, candidates drawn without replacement:
     the same operations on the same rows step for step, the bookkeeping (node, rank, depth, token) as Python ints.
     ``table``: host_walk's children table (N+1, K+1) as lists; ``cap`` the depth cap; ``steps`` the bound on steps.
     Returns (accepted (1,), path (1, D), next token (1,), last node (1,))."""
@@ -316,7 +312,7 @@ def _one_round(p, q, tokens, u_accept, u_sample, table: list, D: int, cap: int, 
             node, depth, rank = kid, depth + 1, 0
             continue
         if valid:
-            p_res[...] = residual_rows(p_res, q_j)
+            p_res[...] = resample(p_res, q_j, None, c)
             q_left[0, c] = 0.0
         rank += 1
     return (np.array([depth], np.int64), path, _sample(p_res, u_sample).astype(np.int64, copy=False),
