@@ -192,7 +192,7 @@ def _decide_one(acc, p, q, x, u, want):
     else:                                                                       # (f = 1 there: the entry is summed)
         ok, need = uf < 0.0, not uf < 0.0 and uf < np.inf
     if not need:
-        return np.array(ok).reshape(shape), np.full(shape, np.nan, dt)
+        return np.array(ok).reshape(shape), np.array(np.nan, dt).reshape(shape)        # (fresh arrays)
     if not (qx > 0 and p.flags.c_contiguous):
         return None
     pf, e = p.reshape(-1), np.array([xi], np.int64)                             # (``entries``: one row, start 0)
