@@ -1,9 +1,9 @@
-"""The host walk of every rule without a walk of its own (docs/theory.md section 9; docs/theory/trees.md section 9,
-multi-candidate verification): ``theory.tree.verify_tree``'s walk on numpy rows, both draft laws, one candidate per
-unfinished round per step, the acceptance evaluated at the candidate only and the resampling law built only on
-rejection (``host_walk``), and its batch-1 form (``_one_round``): the same operations on the same rows step for step,
-the bookkeeping (node, rank, depth, token) as Python ints. Vanilla's walk for candidates drawn without replacement
-(``theory.rules.walks.VANILLA_WALKS``) is ``host_walk`` with vanilla's rules.
+"""The host walk of every rule without a walk of its own (docs/theory.md section 9, multi-candidate verification):
+``theory.tree.verify_tree``'s walk on numpy rows, both draft laws, one candidate per unfinished round per step, the
+acceptance evaluated at the candidate only and the resampling law built only on rejection (``host_walk``), and its
+batch-1 form (``_one_round``): the same operations on the same rows step for step, the bookkeeping (node, rank, depth,
+token) as Python ints. Vanilla's walk for candidates drawn without replacement (``theory.rules.walks.VANILLA_WALKS``)
+is ``host_walk`` with vanilla's rules.
 
 Shapes: target rows p and draft rows q (B, N+1, V), tokens and uniforms u_accept (B, N+1), u_sample (B,), children
 (N+1, K) shared by the rounds or (B, N+1, K) per round (-1 padded by rank), D the tree's depth, max_depth (B,) or
