@@ -1,11 +1,12 @@
 """theory.rules.host_walks: the batch-1 walk (``_one_round``: one round, the bookkeeping as Python ints) equals the
 batched steps of ``host_walk`` bit for bit, for every kind of rule the host walk serves (vanilla's ratio, the scaled
-ratio with G* (Cool-SD, UniformRSD), typical's entropy rule with its argmax, GSD's grouped ratio with the residual and
-G*, LANTERN and LANTERN++ decided from their bounds with their released laws, LANTERN++ with G* (f read in full)),
-both draft laws, float32 and float64 rows with exact zeros and ties, static and random trees, depth caps: the same
-accepted count, path, next token and last node, of the same dtypes. The batched steps over several rounds give each
-round's verdict too. Controls: a moved uniform, and children tried in another rank order, change verdicts, so the
-comparison would see a walk that read the wrong uniform or tried the siblings out of order."""
+ratio with G* (Cool-SD, UniformRSD), a level rule whose f changes with the position (G*), typical's entropy rule
+with its argmax, GSD's grouped ratio with the residual and G*, LANTERN and LANTERN++ decided from their bounds with
+their released laws, LANTERN++ with G* (f read in full)), both draft laws, float32 and float64 rows with exact zeros
+and ties, static and random trees, depth caps: the same accepted count, path, next token and last node, of the same
+dtypes. The batched steps over several rounds give each round's verdict too. Controls: a moved uniform, children
+tried in another rank order, and (the level rule) f read one position deeper change verdicts, so the comparison would
+see a walk that read the wrong uniform, tried the siblings out of order or passed the wrong position."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ def _rules(V, rng):
     nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
     k = int(rng.integers(1, V // 2))
     return {"vanilla": rules.vanilla(), "cool-sd": rules.cool_sd(2.0), "uniform-rsd": rules.uniform_rsd(1.5),
+            "level": rules.level([0.0, 0.9, 0.1, 0.8] * 16),      # f far from vanilla's at even positions only
             "typical": rules.typical(), "gsd": rules.gsd(d_threshold=None),
             "gsd+G*": rules.gsd(d_threshold=None, resample="optimal"),
             "lantern": rules.lantern(nb, k, float(rng.choice([0.0, 0.05, 0.2]))),
@@ -76,6 +78,33 @@ def test_one_round_equals_its_round_of_a_batch(seed, name, dtype, law):
         one = (p[b:b + 1], q[b:b + 1], tokens[b:b + 1], ua[b:b + 1], us[b:b + 1], children, D,
                None if cap is None else cap[b:b + 1])
         assert _equal(_walk(v, one, True, law), [x[b:b + 1] for x in batch]), (name, b)
+
+
+class _Deeper:
+    """An acceptance rule read one position deeper than asked (the control's wrong position)."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def __call__(self, p, q, i):
+        return self.rule(p, q, i + 1)
+
+    def at(self, p, q, i, x):
+        return self.rule.at(p, q, i + 1, x)
+
+
+def test_control_a_wrong_position_is_seen():
+    """The level rule read at position i + 1 in the batch-1 walk alone: verdicts differ from the batched steps'."""
+    wrong = 0
+    for seed in range(60):   # a loop over fixed cases (test code)
+        v = _rules(12, np.random.default_rng(seed))["level"]
+        case = _case(seed, bool(seed % 2), 12, 1, np.float64, False)
+        law = "point" if seed % 3 == 0 else "without_replacement"
+        ref = _walk(v, case, False, law)
+        p, q, tokens, ua, us, children, D, cap = case
+        got = host_walk(_Deeper(v.accept), v.resample, p, q, tokens, ua, us, children, D, cap, law)
+        wrong += not _equal(got, ref)
+    assert wrong >= 5, wrong
 
 
 def test_controls_a_moved_uniform_and_another_rank_order_are_seen():
