@@ -43,13 +43,12 @@ def _case(seed, V, B, K, dtype, relative):
     return acc, p, c, has, u
 
 
-def _settle(acc, p, c, has, u, one_round, monkeypatch):
+def _settle(acc, p, c, has, u, one_round):
     """(each round's first accepted rank (K: none; the step's ok is meaningful up to it), the stopped rounds' residual
     rows) of one level step, or None; ``one_round``: ``_one_round`` or the layouts."""
-    monkeypatch.setattr(LW, "ONE_ROUND", one_round)
     B, V = p.shape
     pr = p.copy()
-    out = delta_level(acc, B, V, c.shape[1])(pr, c, has, u)
+    out = delta_level(acc, B, V, c.shape[1], one_round=one_round)(pr, c, has, u)
     if out is None:
         return None
     ok, clear = out
@@ -63,11 +62,7 @@ def _settle(acc, p, c, has, u, one_round, monkeypatch):
        dtype=st.sampled_from([np.float32, np.float64]), relative=st.booleans())
 def test_one_round_equals_the_layouts_bit_for_bit(seed, V, B, K, dtype, relative):
     acc, p, c, has, u = _case(seed, V, B, K, dtype, relative)
-    mp = pytest.MonkeyPatch()
-    try:
-        got, ref = (_settle(acc, p, c, has, u, one, mp) for one in (True, False))
-    finally:
-        mp.undo()
+    got, ref = (_settle(acc, p, c, has, u, one) for one in (True, False))
     assert (got is None) == (ref is None)
     if ref is not None:
         assert np.array_equal(got[0], ref[0]) and got[1].tobytes() == ref[1].tobytes()
@@ -99,21 +94,17 @@ def test_one_round_at_its_thresholds(seed, V, K, dtype, relative):
     t = _thresholds(acc, p, c, has)
     if t is None:
         return
-    mp = pytest.MonkeyPatch()
-    try:
-        for j in np.flatnonzero(~np.isnan(t[0])):   # a loop over the sibling ranks (test code)
-            u = np.where(np.isnan(t), 0.5, t)
-            u[0, j] = np.nextafter(t[0, j], 0.0)
-            ok = u[0] < t[0]
-            want = int(np.argmax(ok)) if ok.any() else K
-            for uu, first in ((u, want), (np.where(np.isnan(t), 0.5, t), None)):
-                got, ref = (_settle(acc, p, c, has, uu, one, mp) for one in (True, False))
-                assert (got is None) == (ref is None)
-                if ref is not None:
-                    assert np.array_equal(got[0], ref[0]) and got[1].tobytes() == ref[1].tobytes()
-                    assert first is None or ref[0][0] == first
-    finally:
-        mp.undo()
+    for j in np.flatnonzero(~np.isnan(t[0])):   # a loop over the sibling ranks (test code)
+        u = np.where(np.isnan(t), 0.5, t)
+        u[0, j] = np.nextafter(t[0, j], 0.0)
+        ok = u[0] < t[0]
+        want = int(np.argmax(ok)) if ok.any() else K
+        for uu, first in ((u, want), (np.where(np.isnan(t), 0.5, t), None)):
+            got, ref = (_settle(acc, p, c, has, uu, one) for one in (True, False))
+            assert (got is None) == (ref is None)
+            if ref is not None:
+                assert np.array_equal(got[0], ref[0]) and got[1].tobytes() == ref[1].tobytes()
+                assert first is None or ref[0][0] == first
 
 
 def test_control_one_round_checks_have_power(monkeypatch):
@@ -122,15 +113,15 @@ def test_control_one_round_checks_have_power(monkeypatch):
     cases = [_case(seed, 50, 2, 4, np.float32, bool(seed % 2)) for seed in range(200)]
     zeroed = wrong = 0
     for acc, p, c, has, u in cases:
-        ref = _settle(acc, p, c, has, u, False, monkeypatch)
-        got = _settle(acc, p, c, has, u, True, monkeypatch)
+        ref = _settle(acc, p, c, has, u, False)
+        got = _settle(acc, p, c, has, u, True)
         if ref is None:
             continue
         stop = has[:, 0] & (ref[0] == c.shape[1])
         zeroed += ref[1].tobytes() != p[stop].tobytes()
         with monkeypatch.context() as m:
             m.setattr(LW, "upper", lambda pz, thr: pz + 0 * thr)
-            bad = _settle(acc, p, c, has, u, True, m)
+            bad = _settle(acc, p, c, has, u, True)
         wrong += bad is not None and not np.array_equal(bad[0], got[0])
     assert zeroed >= 50 and wrong >= 5
 

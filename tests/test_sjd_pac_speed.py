@@ -266,12 +266,8 @@ def test_uniform_rows_many_are_the_draws_one_by_one(on_device):
         s.uniform_rows_many(n, [(1, (2, 2, 2, 2), np.array([0]), np.array([0]))])
 
 
-class _PlainResidual(rules.vanilla().resample.__class__):
-    """Vanilla's residual under another type: ``host_walk`` takes its general (batched) steps for it."""
-
-
 def test_one_round_walk_equals_the_batched_walk():
-    """sjd-pac-p's walk at one image (``theory.rules.walks._one_round``: the bookkeeping as Python ints) equals the
+    """sjd-pac-p's walk at one image (``theory.rules.host_walks._one_round``: the bookkeeping as Python ints) equals the
     general walk of the same image and of the batch it is part of, bit for bit, over trees, caps, dtypes and rows
     with zeros (impossible candidates: q = 0 at the token); control: one node's uniform moved changes some verdicts."""
     from theory.rules.walks import host_walk
@@ -284,11 +280,11 @@ def test_one_round_walk_equals_the_batched_walk():
             p, q, ua, us = (a.astype(np.float32) for a in (p, q, ua, us))
         t = plan.tree
         args = (t.children, int(t.depth))
-        batch = host_walk(ver.accept, _PlainResidual(), p, q, tok, ua, us, *args, cap)
+        batch = host_walk(ver.accept, ver.resample, p, q, tok, ua, us, *args, cap)
         for b in range(len(p)):
             one = [a[b:b + 1] for a in (p, q, tok, ua, us)]
             fast = host_walk(ver.accept, ver.resample, *one, *args, cap[b:b + 1])
-            slow = host_walk(ver.accept, _PlainResidual(), *one, *args, cap[b:b + 1])
+            slow = host_walk(ver.accept, ver.resample, *one, *args, cap[b:b + 1], one_round=False)
             for x, y, z in zip(fast, slow, batch):
                 assert x.dtype == y.dtype and x.shape == y.shape
                 np.testing.assert_array_equal(x, y)

@@ -172,16 +172,18 @@ def decide_at(acc, p, q, x, u, *, want=None, chain: bool = False):
 
 def _decide_one(acc, p, q, x, u, want):
     """``decide_at`` of one entry on its scalars (numpy rows p, q (..., V) holding one row each, x and u numpy arrays
-    of one element, x's shape one axis short of p's): (ok, f) as ``decide_at`` gives them where the bounds decide the
-    entry (or ``want`` leaves it unread), None where it reads the neighbours (``decide_at``'s general path serves it).
-    The same operations in the same dtypes as the general path's arrays: numpy scalars of p's and q's dtypes for
-    p(x) / q(x), the threshold and its upper bound, Python floats (float64) for the comparisons with u, as numpy
-    compares there."""
+    of one element, x's shape one axis short of p's): (ok, f) as ``decide_at``'s general path gives them, bit for bit;
+    None where that path serves it (q(x) = 0 with the neighbours read, or a row not C-ordered). The same operations
+    in the same dtypes as the general path's arrays: numpy scalars of p's and q's dtypes for p(x) / q(x), the
+    threshold and its upper bound, Python floats (float64) for the comparisons with u, as numpy compares there (exact:
+    both convert exactly); where the bounds leave it open, x's neighbours summed by ``prefix_mass_at`` on the same flat
+    row, entry and threshold as the general path (``entries``' one-row layout) and f = min(1, (p(x) + A) / q(x))."""
     shape = x.shape
     dt = p.dtype if p.dtype == q.dtype else np.result_type(p.dtype, q.dtype)
     if want is not None and not np.asarray(want).item():
         return np.zeros(shape, bool), np.full(shape, np.nan, dt)
-    at = (0,) * x.ndim + (int(x.item()),)
+    xi = int(x.item())
+    at = (0,) * x.ndim + (xi,)
     px, qx, uf = p[at], q[at], float(u.item())
     if qx > 0:
         r = px / qx
@@ -189,6 +191,12 @@ def _decide_one(acc, p, q, x, u, want):
         need = not ok and uf < float(upper(px, acc._threshold(px)) / qx)
     else:                                                                       # (f = 1 there: the entry is summed)
         ok, need = uf < 0.0, not uf < 0.0 and uf < np.inf
-    if need:
+    if not need:
+        return np.array(ok).reshape(shape), np.array(np.nan, dt).reshape(shape)        # (fresh arrays)
+    if not (qx > 0 and p.flags.c_contiguous):
         return None
-    return np.full(shape, ok), np.full(shape, np.nan, dt)
+    pf, e = p.reshape(-1), np.array([xi], np.int64)                             # (``entries``: one row, start 0)
+    pe = pf[e]
+    m = prefix_mass_at(pf, e, host_table(acc.neighbors), acc._threshold(pe), acc.k, p.shape[-1])
+    fi = np.minimum((pe + m) / np.asarray(qx), 1)                               # (1,) in dt, as the general path's
+    return np.array(uf < float(fi[0])).reshape(shape), fi.reshape(shape)

@@ -29,21 +29,20 @@ from .lantern_at import upper
 from .prefix_mass import prefix_rows
 from .walks import _walk
 
-__all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK", "ONE_ROUND"]
+__all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
 
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
 RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
-ONE_ROUND = True          # a level that one round tries is settled on its scalars (``_one_round``; False: the layouts)
 
 
-def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
+def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one_round: bool = True):
     """The level step of LANTERN's released walk under the point law (module note) for a walk over B rounds of rows
     with V codes and nodes of at most K children: ``step(pr, c, has, u)`` with pr (R, V) the nodes' rows of R <= B
     rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
     uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
     which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
     generic walk serves). numpy rows. A level that one round tries is settled on its scalars (``_one_round``, unless
-    ``every_t``). After a step of the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the
+    ``every_t``, or ``one_round`` is False: then by the layouts, as tests compare them). After a step of the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the
     rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
     after a round's first accepted one are not meaningful; by default a sibling's admitted mass A_j is summed only
     where the bounds [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere:
@@ -69,7 +68,7 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False):
         h = has if whole else has[live]
         if (h[:, 1:] > h[:, :-1]).any():            # not a prefix of the ranks
             return None
-        if n == 1 and not every_t and ONE_ROUND:                                # one round: its siblings in turn
+        if n == 1 and not every_t and one_round:                                # one round: its siblings in turn
             return _one_round(acc, table, pr, c, has, u, int(live[0]))
         if n * K * (k + 1) > RANK_BY_RANK:                                     # many entries: rank by rank
             return _by_rank(acc, table, pr, c, has, u, live, K, every_t, step)

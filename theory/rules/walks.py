@@ -31,7 +31,8 @@ Trees are given as plain arrays (children (B, N+1, K), the walk's depth bound), 
 
 * vanilla with candidates drawn without replacement (``draft_law="without_replacement"``, static trees and the
   lossless dynamic trees): ``verify_tree``'s own walk (one candidate per round per step, the same operations on
-  the same rows), with the acceptance evaluated at the candidate only and the residual built only on rejection.
+  the same rows), with the acceptance evaluated at the candidate only and the residual built only on rejection:
+  ``theory.rules.host_walks.host_walk`` (every rule's host walk, re-exported here), with vanilla's rules.
 
 Same verdict as ``verify_tree(..., early_exit=True)`` (greedy and without replacement: the same operations;
 vanilla with the point law: up to the rounding of the residual's normalisation, ~1 ulp of p per rejection, so a
@@ -45,19 +46,16 @@ from functools import partial
 import array_api_compat
 import numpy as np
 
-from ..core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
-from .acceptance import Vanilla, _weight_at, accept_at, reads_f
+from ..core.xp import gather, gather_rows, namespace, sample_categorical, take_last
+from .acceptance import Vanilla, _weight_at, accept_at
 from .chain import ChainVerdict
+from .host_walks import _host, _sample, host_walk
 from .resampling import Residual
 
 __all__ = ["VANILLA_WALKS", "GREEDY_WALKS", "DRAFT_LAWS", "follow_chosen", "greedy_chain", "host_walk", "boosted_walks",
            "scaled_walks"]
 
 DRAFT_LAWS = ("without_replacement", "point")      # as theory.tree.DRAFT_LAWS (this room sits below theory.tree)
-
-
-def _host(*arrays) -> bool:
-    return all(a is None or isinstance(a, np.ndarray) for a in arrays)
 
 
 def _walk(kind: str, p: np.ndarray, q: np.ndarray | None, tokens: np.ndarray, u_accept: np.ndarray,
@@ -205,123 +203,6 @@ def _boosted(boost, bound, pr, c, pc, left, has, u, floor):
         return floor
     num = pc + boost(pr, c, pc, _rank_of(c, has, pr.shape[-1]), left, need=need)
     return floor | (need & (u < np.where(pos, num / den, 0.0)))
-
-
-def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, max_depth=None,
-              draft_law: str = "without_replacement"):
-    """``theory.tree.verify_tree``'s walk for any rule (acceptance ``accept``, resampling ``resample``) on numpy rows,
-    both draft laws, at the cost of the rule's point formula: one candidate per unfinished round per step, the same
-    operations on the same rows as ``verify_tree`` (hence the same bits), with the acceptance evaluated at the
-    candidate only (``theory.rules.acceptance.accept_at``: O(k) for LANTERN's rules, not O(V k); LANTERN's decided
-    from its bounds where they suffice, ``Lantern.decide_at``, when f itself is not needed) and the resampling
-    law built only for the rounds that reject (the full acceptance row there only for a resampler that reads it,
-    ``reads_f``). Arguments as ``_walk``; None when the arrays are not numpy. The engine's host path for every rule
-    without a walk of its own, and vanilla's walk for candidates drawn without replacement."""
-    if not _host(p, q, tokens, u_accept, u_sample):
-        return None
-    point = draft_law == "point"
-    B, N1, V = p.shape
-    D = int(D)
-    children = np.asarray(children)
-    # each node's children by rank with a -1 column past the last (children are -1 padded by rank): the candidate of
-    # rank r is kids[..., node, r], none where it is -1 (rank reaches K at most: it grows only while a child exists)
-    kids = np.full((*children.shape[:-1], children.shape[-1] + 1), -1, np.int64)
-    kids[..., :-1] = children
-    shared = kids.ndim == 2                                                      # (N+1, K+1) shared by the rounds
-    rows = np.arange(B)
-    cap = np.full(B, D, np.int64) if max_depth is None else np.asarray(max_depth, np.int64)
-    node = np.zeros(B, np.int64)
-    rank = np.zeros(B, np.int64)
-    depth = np.zeros(B, np.int64)
-    path = np.full((B, D), -1, np.int64)
-    below = cap > 0                                           # short of its depth cap (depth < cap)
-    active = below                                            # unfinished and short of its depth cap
-    p_res = p[:, 0].copy()
-    q_left = None if point else q[:, 0].copy()          # the node's q without its rejected siblings (zeroed)
-    tokens = np.asarray(tokens, np.int64)
-    needs_f = reads_f(resample)
-    at_point = getattr(resample, "point", None) if point else None   # its law at q = one-hot(c), the same bits
-    decide = None if needs_f else getattr(accept, "decide_at", None)   # (LANTERN's; a law that reads no f)
-    vanilla = type(accept) is Vanilla               # f read from the entries gathered here (``Vanilla.at``'s formula)
-    count = np.count_nonzero                        # (a C call: ndarray.any's Python wrapper costs 4x more)
-    if B == 1 and shared and not point and vanilla and type(resample) is Residual:
-        return _one_round(resample, p, q, tokens, u_accept, u_sample, kids.tolist(), D, int(cap[0]), N1 + D)
-    for _ in range(N1 + D):  # a loop over walk steps (each tries one candidate of every unfinished round)
-        kid = kids[node, rank] if shared else kids[rows, node, rank]            # (B,) -1: no candidate left
-        has = active & (kid >= 0)
-        if not count(has):
-            break
-        c = tokens[rows, kid]                       # (where has is False, kid = -1 reads a token that is not used)
-        if point:        # deterministic candidates: the draft's conditional law is the point mass at c
-            q_j = (np.arange(V) == c[:, None]).astype(p.dtype)
-        else:            # Norm(q_left), 0 if exhausted
-            q_j = normalize(q_left, q_left)
-        pos = None if vanilla and not needs_f else np.minimum(depth + 1, D)      # (vanilla's f does not read it)
-        qc = q_j[rows, c]
-        valid = has if point else has & (qc > 0)                                  # impossible candidates are skipped
-        if decide is not None:   # the rule decides from bounds where it can (f itself is not read below)
-            acc, f = decide(p_res, q_j, pos, c, u_accept[rows, kid], want=valid)   # (f: NaN where unread)
-        else:
-            f = ratio_min1(p_res[rows, c], qc, np) if vanilla else accept_at(accept, p_res, q_j, pos, c)
-            acc = valid & (u_accept[rows, kid] < f)
-        rej = valid & ~acc
-        n_rej = count(rej)
-        if n_rej:
-            every = n_rej == B                    # (every round rejects: its rows whole, no masked copies)
-            pr, qr, cr = (p_res, q_j, c) if every else (p_res[rej], q_j[rej], c[rej])
-            g = None if at_point is None else at_point(pr, cr, f if every else f[rej])   # (None: no law for it)
-            if g is None:
-                g = resample(pr, qr, accept(pr, qr, pos if every else pos[rej]) if needs_f else None, cr)
-            if every:                             # (copied in: the walk's row is its own, whatever g aliases)
-                p_res[...] = g
-            else:
-                p_res[rej] = g
-            if not point:
-                q_left[rows if every else rows[rej], cr] = 0.0
-        if count(acc):
-            p_res[acc] = p[rows[acc], kid[acc]]
-            if not point:
-                q_left[acc] = q[rows[acc], kid[acc]]
-            path[rows[acc], depth[acc]] = kid[acc]
-            node = np.where(acc, kid, node)
-            depth = depth + acc
-            rank = np.where(acc, 0, rank + has)                                  # (an accepted round: 0 anyway)
-            below = depth < cap
-        else:                                   # no round accepted: every rank moves on, the depths are unchanged
-            rank = rank + has
-        active = has & below
-    return depth, path, _sample(p_res, u_sample).astype(np.int64, copy=False), node
-
-
-def _one_round(resample, p, q, tokens, u_accept, u_sample, table: list, D: int, cap: int, steps: int):
-    """``host_walk`` of one round (B = 1), vanilla's acceptance and its residual ``resample``, candidates drawn without replacement:
-    the same operations on the same rows step for step, the bookkeeping (node, rank, depth, token) as Python ints.
-    ``table``: host_walk's children table (N+1, K+1) as lists; ``cap`` the depth cap; ``steps`` the bound on steps.
-    Returns (accepted (1,), path (1, D), next token (1,), last node (1,))."""
-    tok, node, rank, depth, path = tokens[0].tolist(), 0, 0, 0, np.full((1, D), -1, np.int64)
-    p_res, q_left = p[:, 0].copy(), q[:, 0].copy()
-    for _ in range(steps):  # a loop over walk steps (each tries one candidate)
-        kid = table[node][rank]
-        if kid < 0 or depth >= cap:
-            break
-        c, q_j = tok[kid], normalize(q_left, q_left)
-        qc = q_j[:, c]                                                          # (1,)
-        valid = bool(qc[0] > 0)                                                 # impossible candidates are skipped
-        if valid and bool(u_accept[0, kid] < ratio_min1(p_res[:, c], qc, np)[0]):      # accepted
-            p_res[0], q_left[0], path[0, depth] = p[0, kid], q[0, kid], kid
-            node, depth, rank = kid, depth + 1, 0
-            continue
-        if valid:
-            p_res[...] = resample(p_res, q_j, None, c)
-            q_left[0, c] = 0.0
-        rank += 1
-    return (np.array([depth], np.int64), path, _sample(p_res, u_sample).astype(np.int64, copy=False),
-            np.array([node], np.int64))
-
-
-def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Inverse-CDF draws from the rows w (B, V) (unnormalised, as ``theory.core.xp.sample_categorical``)."""
-    return np.asarray(sample_categorical(w, np.asarray(u, w.dtype)))
 
 
 def _take(x, idx, xp):
