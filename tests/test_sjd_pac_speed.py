@@ -402,3 +402,37 @@ def test_one_image_verdict_comparison_catches_planted_faults(monkeypatch):
             m.setattr(vp, "zeros", {n: (empty, empty) for n in vp.zeros})
             lost += any(not np.array_equal(x, y) for x, y in zip(_one_image(*args), want))
     assert cut > 20 and lost > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), m=st.integers(1, 16), dtype=st.sampled_from([np.float32, np.float64]))
+def test_few_keep_tests_equal_the_array_formula(seed, m, dtype):
+    """The carried levels' keep tests of one image as Python floats (``_few_keeps``, ``ratio_min1_floats``) equal the
+    array formula ``hx & (u < ratio_min1(px, qx))`` bit for bit: entries with q = 0, p = q, p = 0 and uniforms equal
+    to the float32 ratio included (control: ``test_few_keep_tests_control_catches_a_lost_float32_rounding``)."""
+    from theory.core.xp import ratio_min1
+    g = np.random.default_rng(seed)
+    px, qx = g.random(m).astype(dtype), g.random(m).astype(dtype)
+    px[g.random(m) < 0.2], qx[g.random(m) < 0.2] = 0.0, 0.0
+    eq = g.random(m) < 0.2
+    px[eq] = qx[eq]
+    hx = g.random(m) < 0.8
+    u = ratio_min1(px, qx).astype(dtype)                       # u on the ratio itself: a lost rounding flips the test
+    u[g.random(m) < 0.5] = g.random(m).astype(dtype)[:1]
+    want = hx & (u < ratio_min1(px, qx))
+    got = SW._few_keeps(px, qx, u, hx)
+    assert got is not None and got.dtype == bool
+    np.testing.assert_array_equal(got, want)
+
+
+def test_few_keep_tests_control_catches_a_lost_float32_rounding(monkeypatch):
+    """Control of ``test_few_keep_tests_equal_the_array_formula``: without the float32 rounding of the ratio the keep
+    tests differ from the array formula on some of a fixed set of entries (u on the float32 ratio)."""
+    from theory.core.xp import ratio_min1
+    g = np.random.default_rng(0)
+    px, qx = (g.random(16).astype(np.float32) for _ in range(2))
+    u, hx = ratio_min1(px, qx), np.ones(16, bool)
+    want = hx & (u < ratio_min1(px, qx))
+    np.testing.assert_array_equal(SW._few_keeps(px, qx, u, hx), want)
+    monkeypatch.setattr(SW, "ratio_min1_floats", lambda a, b, f32: (a / b if a < b else 1.0))
+    assert (SW._few_keeps(px, qx, u, hx) != want).any()

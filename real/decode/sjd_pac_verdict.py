@@ -8,7 +8,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from theory.core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
+from theory.core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, ratio_min1_floats,
+                            sample_categorical, take_last)
 from theory.rules.acceptance import Vanilla, accept_at, reads_f
 from theory.tree import Tree, TreeVerdict
 
@@ -188,13 +189,12 @@ def _one_image(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max
     its siblings' draft rows (q without the earlier siblings' tokens, normalised) and residual recursion built for
     that node alone, the same row operations as ``_all_images``' on its rows (the verifier's rules on rows (1, V), the
     same sums and divisions row for row); the node tests, the acceptance and the winner as Python scalars (the test
-    p_b(x) > u q_b(x) by min(1, p_b(x) / q_b(x)) rounded to the rows' dtype: ``ratio_min1``'s IEEE division, where
-    float32's is float64's rounded once more, innocuously); the next token from the winner's recursion carried one
-    step on. A loop over the accepted nodes (a few a round), each over its children (K at most)."""
+    p_b(x) > u q_b(x) by ``ratio_min1_floats``, ``ratio_min1``'s bits); the next token from the winner's recursion
+    carried one step on. A loop over the accepted nodes (a few a round), each over its children (K at most)."""
     dt = p.dtype
     if q.dtype != dt or dt not in (np.float32, np.float64):
         return None
-    r32 = dt == np.float32
+    f32 = dt == np.float32
     p0, q0, V = p[0], q[0], p.shape[-1]
     t = np.asarray(tokens).reshape(-1)
     tok = t.tolist()
@@ -237,7 +237,9 @@ def _one_image(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max
             c = tok[k]
             pc, qc = ps[b].item(c), Q.item(b, c)
             if qc > 0:
-                f = 1.0 if pc >= qc else (float(np.float32(pc / qc)) if r32 else pc / qc)
+                f = ratio_min1_floats(pc, qc, f32)
+                if f is None:
+                    return None
                 ok = ua[k] < f
             else:
                 ok = pc > 0
