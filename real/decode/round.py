@@ -116,7 +116,10 @@ class Run:
         """(B, 1) each image's last committed token (the root of its next round; token 0 before any commit)."""
         if self.n_dev is not None:
             return self.out.gather(1, (self.n_dev - 1).clamp(min=0)[:, None])
-        # the host path: read through the numpy view (a copy)
+        # the host path: read through the numpy view (a copy; one image: a slice of its row, copied)
+        if len(self.n) == 1:
+            i = max(int(self.n[0]) - 1, 0)
+            return torch.from_numpy(self.out.numpy()[:1, i:i + 1].copy())
         return torch.from_numpy(self.out.numpy()[np.arange(self.B), np.maximum(self.n - 1, 0)][:, None])
 
     def dev_positions(self, base: int, cap: int, width: int = 1) -> torch.Tensor | None:

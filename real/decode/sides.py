@@ -21,10 +21,14 @@ def check_finite(*rows) -> None:
     number iff every entry is (on CPU: their max plus their min), so one reduction and one sync decide the usual case;
     the entries are looked at only then."""
     rows = [r for r in rows if r is not None]
-    if all(r.device.type == "cpu" and not r.requires_grad for r in rows):     # CPU rows: numpy on their views, the
+    if all(r.is_cpu and not r.requires_grad for r in rows):     # CPU rows: numpy on their views, the
         # largest plus the smallest entry (NaN propagates through both; finite iff no NaN, +inf or -inf: a
         # vectorised max and min cost half of a pairwise sum)
-        if math.isfinite(sum(float(a.max()) + float(a.min()) for a in (r.numpy() for r in rows))):
+        if len(rows) == 1:                  # (one row tensor, the usual case: no generator)
+            a = rows[0].numpy()
+            if math.isfinite(float(a.max()) + float(a.min())):
+                return
+        elif math.isfinite(sum(float(a.max()) + float(a.min()) for a in (r.numpy() for r in rows))):
             return
     elif bool(torch.isfinite(sum(r.sum() for r in rows))):
         return
@@ -91,9 +95,11 @@ class _Host:
         c = cand if isinstance(cand, np.ndarray) else cand.numpy()
         out, n, S = run.out.numpy(), run.n, c.shape[1]
         if len(n) == 1:               # one image: a slice (the same entries; past the row's end an error as below)
-            out[0, int(n[0]):int(n[0]) + S] = c[0]
-        else:
-            out[np.arange(len(n))[:, None], n[:, None] + np.arange(S)] = c
+            n0 = int(n[0])
+            out[0, n0:n0 + S] = c[0]
+            run.n = np.array([n0 + (int(tau[0]) + 1) * (n0 < run.T)], n.dtype)   # (as below, in Python ints)
+            return
+        out[np.arange(len(n))[:, None], n[:, None] + np.arange(S)] = c
         run.n = n + (tau + 1) * (n < run.T)           # unfinished images only (0 for finished ones)
 
 

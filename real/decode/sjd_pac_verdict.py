@@ -8,7 +8,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from theory.core.xp import gather, gather_rows, namespace, normalize, ratio_min1, sample_categorical, take_last
+from theory.core.xp import (gather, gather_rows, namespace, normalize, ratio_min1, ratio_min1_floats,
+                            sample_categorical, take_last)
 from theory.rules.acceptance import Vanilla, accept_at, reads_f
 from theory.tree import Tree, TreeVerdict
 
@@ -74,6 +75,16 @@ class _VerdictPlan:
         self._dev: dict = {}
         self._flat: dict = {}
         self.wins: dict = {}      # one image on the host: (accepted nodes, cap) -> ``_winner``'s arrays (read-only)
+        # one image on the host (``_one_image``): each node's children in rank order and depths as Python ints, each
+        # node's (row, earlier sibling) pairs of its children's zeroed draft rows, each winner's (tau, path, node)
+        self.kids = [[k for k in row if k >= 0] for row in ch.tolist()]
+        self.dep_l = self.dep.tolist()
+        self.zeros = {}
+        for n, ks in enumerate(self.kids):          # plan time only: a loop over the nodes of several children
+            if len(ks) > 1:                         # (draft row b lacks the tokens of siblings a < b)
+                self.zeros[n] = tuple(np.array(x, np.int64) for x in zip(*[(b, ks[a]) for b in range(len(ks))
+                                                                               for a in range(b)]))
+        self.ones: dict = {}
 
     def batch(self, B: int) -> np.ndarray:
         """(B, 1) the batch rows of the host path's flat gathers, built once per B (read-only)."""
@@ -159,8 +170,112 @@ def longest_path_verdict(p, q, tokens, u_accept, u_sample, verifier, max_depth, 
     by rank (a loop over K) on the Pm parents with several children, each rank's tests on its rows; a node's
     acceptance as the AND over its ancestors, the winner by one argmax, its residual by one step from the recursion's
     state before its last child. The recursion runs on every parent whatever the depth caps: siblings share a depth,
-    so past an image's cap all of a parent's tests are masked and the winner's children are not live (its own row)."""
+    so past an image's cap all of a parent's tests are masked and the winner's children are not live (its own row).
+    One image on numpy rows with vanilla's f (the benchmark's and a common setting): ``_one_image``, the same bits
+    from the tests of the accepted nodes' children alone."""
     vp = _verdict_plan(tree, anc)
+    if type(p) is np.ndarray and p.shape[0] == 1 and type(verifier.accept) is Vanilla:
+        v = _one_image(vp, p, q, tokens, u_accept, u_sample, verifier, max_depth, full_depth, uniform_bonus)
+        if v is not None:
+            return v
+    return _all_images(vp, p, q, tokens, u_accept, u_sample, verifier, max_depth, full_depth, uniform_bonus)
+
+
+def _one_image(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max_depth, full_depth: int,
+               uniform_bonus: bool) -> TreeVerdict | None:
+    """``longest_path_verdict`` of one image (B = 1) on numpy rows p, q (1, N+1, V) of one dtype, float32 or float64,
+    with vanilla's f (None where not served: the caller takes ``_all_images``). Top down from the root: only an
+    accepted node's children are tested (a node fails when its parent does, so the others' tests decide nothing),
+    its siblings' draft rows (q without the earlier siblings' tokens, normalised) and residual recursion built for
+    that node alone, the same row operations as ``_all_images``' on its rows (the verifier's rules on rows (1, V), the
+    same sums and divisions row for row); the node tests, the acceptance and the winner as Python scalars (the test
+    p_b(x) > u q_b(x) by ``ratio_min1_floats``, ``ratio_min1``'s bits); the next token from the winner's recursion
+    carried one step on. A loop over the accepted nodes (a few a round), each over its children (K at most)."""
+    dt = p.dtype
+    if q.dtype != dt or dt not in (np.float32, np.float64):
+        return None
+    f32 = dt == np.float32
+    p0, q0, V = p[0], q[0], p.shape[-1]
+    t = np.asarray(tokens).reshape(-1)
+    tok = t.tolist()
+    ua = np.asarray(u_accept).reshape(-1).tolist()
+    cap = int(np.asarray(max_depth).reshape(-1)[0])
+    kids, dep = vp.kids, vp.dep_l
+    reads = reads_f(verifier.resample)
+    memo = {}
+
+    def states(n):
+        """Node n's children's draft rows (k, V) and p's recursion [p_0, .., p_{k-1}] ((1, V) rows), k children."""
+        hit = memo.get(n)
+        if hit is None:
+            ks = kids[n]
+            Q = np.repeat(q0[n:n + 1], len(ks), 0)
+            if len(ks) > 1:
+                jj, zk = vp.zeros[n]
+                Q[jj, t[zk]] = 0
+            Q = normalize(Q, Q, np)
+            ps = [p0[n:n + 1]]
+            for b in range(1, len(ks)):             # the siblings in rank order (K at most)
+                q_b = Q[b - 1:b]
+                f = verifier.accept(ps[-1], q_b, dep[n] + 1) if reads else None
+                ps.append(verifier.resample(ps[-1], q_b, f, np.array([tok[ks[b - 1]]])))
+                if ps[-1].dtype != dt:
+                    return None
+            hit = memo[n] = (Q, ps)
+        return hit
+
+    acc, i = [0], 0
+    while i < len(acc):                             # the accepted nodes, parents before children
+        n, i = acc[i], i + 1
+        if not kids[n] or dep[n] >= cap:
+            continue
+        st = states(n)
+        if st is None:
+            return None
+        Q, ps = st
+        for b, k in enumerate(kids[n]):
+            c = tok[k]
+            pc, qc = ps[b].item(c), Q.item(b, c)
+            if qc > 0:
+                f = ratio_min1_floats(pc, qc, f32)
+                if f is None:
+                    return None
+                ok = ua[k] < f
+            else:
+                ok = pc > 0
+            if ok:
+                acc.append(k)
+    win = min(acc, key=lambda k: (-dep[k], k))     # the deepest, the first in path order on ties
+    hit = vp.ones.get(win)
+    if hit is None:
+        hit = vp.ones[win] = tuple(np.array(x, np.int64) for x in ([dep[win]], vp.anc[win:win + 1], [win]))
+        for x in hit:
+            x.setflags(write=False)                 # (shared by every later round with this winner)
+    tau, path, w = hit
+    own = p0[win:win + 1]
+    ks = kids[win]
+    if ks:                                          # the residual after all its children (its own row where not live)
+        st = states(win)
+        if st is None:
+            return None
+        Q, ps = st
+        q_b, live = Q[-1:], cap >= dep[ks[-1]]
+        f = verifier.accept(ps[-1], q_b, dep[win] + 1) if reads else None
+        res = verifier.resample(ps[-1], q_b, f, np.array([tok[ks[-1]]]))
+        rows = res if live and res.dtype == dt else np.where(np.array([[live]]), res, own)
+    else:
+        rows = own
+    nxt = sample_categorical(rows, u_sample, np)
+    if uniform_bonus and dep[win] == full_depth:
+        uni = np.minimum(np.floor(u_sample * V).astype(np.int64), V - 1)
+        nxt = np.where(tau == full_depth, uni, nxt)
+    return TreeVerdict(tau, path, nxt, w)
+
+
+def _all_images(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max_depth, full_depth: int,
+                uniform_bonus: bool) -> TreeVerdict:
+    """``longest_path_verdict`` by array operations over the batch and the tree (its docstring), ``vp`` the tree's
+    ``_verdict_plan``."""
     torch_rows = isinstance(p, torch.Tensor)
     xp = np if type(p) is np.ndarray and type(q) is np.ndarray else namespace(p, q)
     B, V = p.shape[0], p.shape[-1]

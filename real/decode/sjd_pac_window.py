@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from theory.core.xp import ratio_min1
+from theory.core.xp import ratio_min1, ratio_min1_floats
 from real.nn.devpath import to_device
 
 from . import rng as R
@@ -69,7 +69,10 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
         px, qx = P.gather(-1, x[:, None])[:, 0], qo.gather(-1, x[:, None])[:, 0]
         u, hx = u_keep.to(dev, dt), ix[3 * m + len(t_rows):] >= 0
         q_win, c_win, own = win.q.view(-1, V), win.cand.view(-1, K), ~hx
-    keep = hx & (u < ratio_min1(px, qx))                      # the continuation's vanilla test
+    # the continuation's vanilla test (a few host entries: as Python floats, the same bits)
+    keep = _few_keeps(px, qx, u, hx) if host and m <= _FEW else None
+    if keep is None:
+        keep = hx & (u < ratio_min1(px, qx))
     # [p - q]_+ (the coupling residual); rows without a token draw from their own row, an empty residual (p = q)
     # falls back to the row
     w = _safe(_pos_(P - qo), P, own=own)
@@ -96,6 +99,25 @@ def carry(spec, run, prop, p, plan, bs, ss, pr, xr, tree, sib, u_keep, e_res, e_
             _put_rows(cand[:, 1:], i_t, _draw(rest, K - 1, e_sib.numpy() if host else e_sib.to(dev)))
     _put_rows(c_win, f_s, cand)
     _put_rows(q_win, f_s, P)
+
+
+_FEW = 16                  # keep tests decided as Python floats up to this many (``_few_keeps``)
+
+
+def _few_keeps(px: np.ndarray, qx: np.ndarray, u: np.ndarray, hx: np.ndarray) -> np.ndarray | None:
+    """``hx & (u < ratio_min1(px, qx))`` (m,) bool on a few host entries of one float dtype, as Python floats
+    (``ratio_min1_floats``: the same bits, the comparisons of exact values); None where an entry is not served (the
+    array formula then)."""
+    if not px.dtype == qx.dtype == u.dtype or px.dtype not in (np.float32, np.float64):
+        return None
+    f32 = px.dtype == np.float32
+    keep = []
+    for a, b, v, h in zip(px.tolist(), qx.tolist(), u.tolist(), hx.tolist()):   # (m <= _FEW entries)
+        f = ratio_min1_floats(a, b, f32) if h else 0.0
+        if f is None:
+            return None
+        keep.append(h and v < f)
+    return np.array(keep, bool)
 
 
 def _draw(w, k: int, e):
@@ -207,7 +229,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             Q[ar, jj, cs[:, ii]] = 0
         s = _row_sums(Q.reshape(r * K, V)).reshape(r, K, 1)
         np.maximum(s, tiny, out=s)
-        if s.min() > 0:                   # (NaN: not above 0, as the elementwise test)
+        if _least(s) > 0:                 # (NaN: not above 0, as the elementwise test)
             Qn = Q / s
         else:                             # an emptied row (a one-hot q): 0 / 0, NaN, as torch gives it (no warning)
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -224,7 +246,7 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
         nxt = _pos_(p_j - Qn[:, j])
         s = _row_sums(nxt)
         # ``_safe`` of the normalised row, from its sum before the division (positive iff the row's is)
-        sure = host and s.min() > tiny
+        sure = host and _least(s) > tiny
         if sure:                          # the clamp is the identity: the division alone
             nxt /= s
         elif host:                        # (where's division only where s > 0: no 0 / 0 computed)
@@ -238,6 +260,11 @@ def _last_sibling_rows(plan, par: np.ndarray, P, qo, tokens):
             sure = sure and bool(on.all())
             p_j = _pick(on, nxt, p_j) if host else torch.where(torch.as_tensor(on, device=P.device)[:, None], nxt, p_j)
     return p_j if sure else _safe(p_j, P)
+
+
+def _least(s: np.ndarray):
+    """The least entry of host sums ``s`` (NaN where one is NaN, as ``min``): one entry read as a Python float."""
+    return s.item() if s.size == 1 else s.min()
 
 
 _PAIRS: dict = {}
@@ -267,6 +294,9 @@ _NONE = np.zeros(0, np.int64)
 def _next_depth(run, S: int) -> int:
     """The next round's deepest depth D'_max = max_b D'_b (``run.depths(S).max()``: min(S, T - n_b - 1) over the
     unfinished images, 0 when none is left)."""
+    if len(run.n) == 1:                 # one image: its n as a Python int
+        n0 = int(run.n[0])
+        return min(S, run.T - 1 - n0) if n0 < run.T else 0
     n = run.n[run.n < run.T]
     return min(S, run.T - 1 - int(n.min())) if len(n) else 0
 

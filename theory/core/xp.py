@@ -227,6 +227,22 @@ def _ratio_min1_one(num, q):
     return np.array(r, dn if dn is dq or dn == dq else np.promote_types(dn, dq)).reshape(shape)
 
 
+def ratio_min1_floats(a: float, b: float, f32: bool):
+    """``ratio_min1`` of one entry on Python floats a (num) and b (q), its bits (``_ratio_min1_one``'s cases): a < b
+    with b != 0 divides (float64's IEEE division; with ``f32`` rounded once more to float32, the correctly rounded
+    float32 quotient), a >= b with a >= 0 gives 1.0; None elsewhere (a NaN, a negative a, b = 0 below a), where the
+    array formula serves. A test u < f of the host's scalar paths then compares exact values, as numpy's does."""
+    if a < b:
+        if b == 0.0:
+            return None
+        if f32:                             # (numpy imported here, as in this module's other numpy paths)
+            import numpy as np
+
+            return float(np.float32(a / b))
+        return a / b
+    return 1.0 if a >= 0.0 else None
+
+
 def divide_or_zero(num: Array, den: Array, xp=None):
     """(num / den where den > 0, else 0; the mask den <= 0, or None where no entry has den <= 0), num and den
     broadcast, den >= 0 (a mass). numpy: one division, then the few empty entries zeroed (the same bits as the
