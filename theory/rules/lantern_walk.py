@@ -26,7 +26,7 @@ import numpy as np
 
 from .lantern import Lantern
 from .lantern_at import upper
-from .prefix_mass import prefix_rows
+from .prefix_mass import prefix_rows, whole_bounds, whole_slack
 from .walks import _walk
 
 __all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
@@ -174,10 +174,17 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
     """``delta_level``'s step rank by rank (a loop over the K sibling ranks, every round still trying at once): sibling
     j of a round reads p' from the row pr itself, in which the rejections of its earlier siblings have zeroed their
     removal sets (so no stamps, and no fixed point: adm_j is known when j is read), and its own rejection zeroes c_j
-    and, if admitted, N_{k+1}(c_j) there (its clear has nothing left to do). A sibling accepted by the bounds
-    [p'(c_j), p'(c_j) + thr_j] / m_j reads no neighbour; one rejected by them reads its N_{k+1} for the mass it takes.
-    The same quantities as the fixed-point layout, in the same operations per entry (sums of the same rows, the mass
-    taken accumulated in rank order as its cumulative sum): the same bits."""
+    and, if admitted, N_{k+1}(c_j) there (its clear has nothing left to do). Every round trying rank j reads its
+    N_{k+1}(c_j) (those the bound p'(c_j) / m_j accepts too, when some are not: the walk reads an accepting round's
+    node row afresh, so what it zeroes there is not read), whose float64 sum (the mass its rejection takes, if
+    admitted) brackets the whole sum of the k nearest in the rows' dtype (``whole_bounds``): A_j is that whole sum
+    where its upper bound is <= thr_j, so A_j in [lo, hi] there and in [0, min(thr_j, hi)] elsewhere, and A_j is
+    summed (``prefix_rows``) only where (p'(c_j) + those bounds) / m_j, rounded as the threshold is (monotone), do not
+    decide; at LlamaGen's shapes (k = 1,000, the whole sum far below delta m_j) hardly ever. The same quantities as the
+    fixed-point layout, in the same operations per entry (sums of the same rows, the mass taken accumulated in rank
+    order as its cumulative sum): the same bits (tests/test_lantern_walk_rank.py). Few numpy calls per rank (each
+    costs about a microsecond, the order of a rank's arithmetic at B = 16): the candidates' flat entries are laid out
+    once per level."""
     B, V = pr.shape
     k, dt = acc.k, pr.dtype
     prf = pr.reshape(-1)
@@ -186,46 +193,59 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
     s = np.zeros(B)                                                             # the mass taken so far (float64)
     t_all = np.full((B, K), np.nan) if every_t else None
     ok = np.zeros((B, K), bool)
+    fcs = c + np.arange(0, B * V, V)[:, None]                                   # (B, K) the candidates' flat entries
+    tried = np.logical_and.reduce(has[live]).tolist()                           # rank j: tried by every live round
+    slack = whole_slack(k, dt)                                                  # (None: A_j's bounds [0, thr_j])
     rr = live
     for j in range(K):   # a loop over sibling ranks (K <= a handful), the rounds still trying at once
         if j:
-            rr = rr[has[rr, j]]
-            if rr.size == 0:
+            if not tried[j]:
+                rr = rr[has[rr, j]]
+            n = rr.size
+            if n == 0:
                 break
-        cj, off = c[rr, j], rr * V
-        fc = off + cj
-        pz = prf[fc]                                                            # p'(c_j)
-        if j:
-            m = total[rr] - s[rr]                                               # m_j (the first: the row itself)
+            m = (total - s)[rr]                                                 # m_j
             mm = np.maximum(m, 1e-300)
         else:
-            m = mm = np.ones(rr.size)
+            n = rr.size
+            m = mm = np.ones(n)                                                 # (the first: the row itself)
+        fc = fcs[rr, j]
+        pz = prf[fc]                                                            # p'(c_j)
         thr = (acc.delta * m).astype(dt) if acc.delta is not None else (acc.lam - 1.0) * pz
         uj = u[rr, j]
         t = pz / mm
-        n_sure = 0 if every_t else np.count_nonzero(a := uj < t)                # accepted whatever A_j is
-        if n_sure == rr.size:
+        a = uj < t                                                              # accepted whatever A_j is
+        if not every_t and np.count_nonzero(a) == n:
             ok[rr, j] = True
             break
-        if n_sure:                                                              # the others read N_{k+1}(c_j)
-            ok[rr[a], j] = True
-            g = np.flatnonzero(~a)
-            rr, cj, off, fc, pz, thr, mm, uj, t = (x[g] for x in (rr, cj, off, fc, pz, thr, mm, uj, t))
-        fn = np.take(table, cj, axis=0)
-        fn += off[:, None]
-        gz = prf[fn]                                                            # p' at N_{k+1}(c_j)
-        need = np.ones(rr.size, bool) if every_t else uj < upper(pz, thr) / mm  # A_j where it decides
-        if need.any():
-            e = np.flatnonzero(need)
-            t[e] = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
+        cj = c[rr, j]
+        fn = table.take(cj, 0, mode="clip")                                     # (codes: in range, as the entries)
+        fn += (fc - cj)[:, None]
+        gz = prf.take(fn, mode="clip")                                          # p' at N_{k+1}(c_j)
+        nsum = gz.sum(-1, dtype=np.float64)                                     # p'(N_{k+1}(c_j))
+        if every_t:
+            need = np.ones(n, bool)
+        elif slack is None:                                                     # A_j in [0, thr_j]
+            need = ~a & (uj < upper(pz, thr) / mm)                              # A_j where it decides
+        else:            # A_j in [lo, hi] where hi <= thr_j (the whole sum, ``prefix_rows``), else [0, min(thr_j, hi)]
+            lo, hi = whole_bounds(nsum, gz[:, k], slack, dt)
+            a |= (hi <= thr) & (uj < (pz + lo) / mm)
+            need = ~a & (uj < upper(pz, np.fmin(thr, hi)) / mm)                 # (fmin: a NaN hi decides nothing)
+        if np.count_nonzero(need):
+            e = need.nonzero()[0]
+            t[e] = te = (pz[e] + prefix_rows(gz[e, :k], thr[e], dt)) / mm[e]
+            a[e] = uj[e] < te
         if every_t:
             t_all[rr, j] = t
-        a = uj < t
         ok[rr, j] = a
         adm = gz[:, 0] <= thr
-        taken = pz + np.where(adm, gz.sum(-1, dtype=np.float64), 0.0)
         prf[fc] = 0                  # (in the rounds that accepted c_j too: the walk reads their node rows afresh)
-        prf[fn if adm.all() else fn[adm]] = 0
+        if np.count_nonzero(adm) == n:
+            taken = pz + nsum
+            prf[fn] = 0
+        else:
+            taken = pz + np.where(adm, nsum, 0.0)
+            prf[fn[adm]] = 0
         rej = ~a
         rr = rr[rej]
         s[rr] += taken[rej]

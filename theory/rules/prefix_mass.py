@@ -2,7 +2,9 @@
 longest prefix of x's k nearest neighbours whose cumulative target mass stays <= a threshold. One implementation,
 ``prefix_mass_at``, serves the drafted tokens (a few entries) and the dense rows (every code, ``prefix_mass``), on
 numpy, torch and JAX, with the same bits for an entry whichever others are computed with it; ``_prefix_of`` is its
-single-block step on numpy (also the level walk's, ``theory.rules.lantern.Lantern.sibling_mass``).
+single-block step on numpy (also the level walk's, ``theory.rules.lantern.Lantern.sibling_mass``); ``whole_bounds``
+brackets the whole sum ``prefix_rows`` takes from a float64 sum of the same masses (the rank-by-rank level walk
+decides from it, ``theory.rules.lantern_walk``).
 
 Shapes: flat rows pf (R V,), entries e (m,) ints = row * V + code, a neighbour table nb (V, >= k) int64 on pf's
 device, nearest first."""
@@ -13,7 +15,7 @@ import array_api_compat
 from ..core.xp import Array, expand_masked, namespace
 
 __all__ = ["prefix_mass_at", "prefix_mass", "prefix_rows", "FIRST_BLOCK", "SMALL_BLOCK", "COMPACT", "COLUMNS_ABOVE", "GATHER_LIMIT",
-           "SIBLING_BLOCK", "FEW_FIRST", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY"]
+           "whole_bounds", "whole_slack", "SIBLING_BLOCK", "FEW_FIRST", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY"]
 
 # A code's neighbour masses are summed over blocks of columns [0, w_0), [w_0, w_0 + w_1), ... (each at least twice the
 # last, FIRST_BLOCK first): a block by one cumulative sum down its columns, or on a large numpy set column by column. The
@@ -222,6 +224,27 @@ def prefix_rows(g, thr, dtype):
     rest = np.nonzero(~whole)[0]
     tot[rest] = _prefix_of(g[rest], thr if np.ndim(thr) == 0 else thr[rest], dtype, dtype)[0]
     return tot
+
+
+def whole_slack(k: int, dtype) -> float | None:
+    """The relative headroom of ``whole_bounds`` for k masses summed in ``dtype``: twice the error bounds, (k + 2) u
+    of the dtype's unit roundoff u (a sum of k non-negative masses in any order, each addition rounded to nearest, lies
+    within a factor (1 +- u)^(k-1) of the exact sum, subnormal sums being exact) and (k + 2) u64 of a float64 sum of
+    k + 1 (any order: within (1 +- k u64)), with room for the float64 operations of the bounds; None when k u > 1e-2
+    (the linear bounds would not hold)."""
+    import numpy as np
+
+    u = float(np.finfo(dtype).eps) / 2
+    return None if k * u > 1e-2 else 2 * (k + 2) * (u + 2.0 ** -52)
+
+
+def whole_bounds(total, last, slack: float, dtype):
+    """Bounds (lo (m,), hi (m,) in ``dtype``; numpy) of the whole sum that ``prefix_rows`` takes of k non-negative
+    masses (m, k) in ``dtype`` (its sums, whichever order they take), from ``total`` (m,) float64, a float64 sum of
+    those k and one more mass ``last`` (m,), and ``slack = whole_slack(k, dtype)``: lo <= the sum <= hi (rounding
+    to ``dtype`` is monotone, so the bounds hold after it). A NaN in ``total`` gives NaN bounds (no comparison with
+    them holds)."""
+    return (total * (1.0 - slack) - last).astype(dtype), (total * (1.0 + slack)).astype(dtype)
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
