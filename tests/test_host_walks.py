@@ -61,8 +61,10 @@ def _equal(a, b) -> bool:
 def test_one_round_equals_the_batched_steps(seed, name, V, static, dtype, law, ties):
     v = _rules(V, np.random.default_rng(seed))[name]
     case = _case(seed, static, V, 1, dtype, ties)
-    got, ref = _walk(v, case, True, law), _walk(v, case, False, law)
-    assert _equal(got, ref), name
+    rows = [case[0].copy(), case[1].copy()]
+    got = _walk(v, case, True, law)
+    assert _equal(case[:2], rows), name      # the batch-1 walk reads the caller's rows in place: it writes none
+    assert _equal(got, _walk(v, case, False, law)), name
 
 
 @settings(max_examples=60, deadline=None)
@@ -127,3 +129,31 @@ def test_controls_a_moved_uniform_and_another_rank_order_are_seen():
             children[two, :2] = children[two, 1::-1]
             swapped[name] += not _equal(_walk(v, case[:5] + (children,) + case[6:], True, law), ref)
     assert moved.pop("typical") == 0 and min(moved.values()) >= 5 and min(swapped.values()) >= 5, (moved, swapped)
+
+
+class _Scribbler:
+    """A resampling rule that zeroes its input row's first entry before the residual (the control's in-place write)."""
+
+    def __init__(self, rule):
+        self.rule, self.reads_f = rule, False
+
+    def __call__(self, p, q, f, rejected=None):
+        p[..., 0] = 0.0
+        return self.rule(p, q, f, rejected)
+
+
+def test_control_a_rule_writing_its_rows_is_seen():
+    """A resampler that writes into the row it is given changes the caller's rows through the batch-1 walk's views
+    (the check above would see a rule that did), and leaves them alone in the batched steps (their own copies)."""
+    v = rules.vanilla()
+    hit = 0
+    for seed in range(20):   # a loop over fixed cases (test code)
+        case = _case(seed, True, 12, 1, np.float64, False)
+        rows = case[0].copy()
+        _walk(type("V", (), {"accept": v.accept, "resample": _Scribbler(v.resample)}), case, False,
+              "without_replacement")
+        assert np.array_equal(case[0], rows)
+        _walk(type("V", (), {"accept": v.accept, "resample": _Scribbler(v.resample)}), case, True,
+              "without_replacement")
+        hit += not np.array_equal(case[0], rows)
+    assert hit >= 5, hit

@@ -132,8 +132,9 @@ def _one_round(accept, resample, p, q, tokens, u_accept, u_sample, table: list, 
     needs_f, at_point, decide, vanilla = _hooks(accept, resample, point)
     tok, ua = tokens[0].tolist(), u_accept[0]
     node, rank, depth, path = 0, 0, 0, np.full((1, D), -1, np.int64)
-    p_res = p[:, 0].copy()
-    q_left = None if point else q[:, 0].copy()           # the node's q without its rejected siblings (zeroed)
+    # the node's rows, never written in place: p_res rebound (to a node's row of p, a view, or a residual), q_left
+    # (the node's q without its rejected siblings, zeroed) a view of q until its first rejection copies it
+    p_res, q_left, lent = p[:, 0], (None if point else q[:, 0]), True
     codes = np.arange(p.shape[-1]) if point else None
     pos = None if vanilla and not needs_f else np.array([min(1, D)], np.int64)    # (vanilla's f does not read it)
     for _ in range(steps):  # a loop over walk steps (each tries one candidate)
@@ -153,9 +154,9 @@ def _one_round(accept, resample, p, q, tokens, u_accept, u_sample, table: list, 
             f = ratio_min1(p_res[:, x], qc, np) if vanilla else accept_at(accept, p_res, q_j, pos, c)
             ok = ua[kid] < f[0]
         if ok:
-            p_res[0], path[0, depth] = p[0, kid], kid
+            p_res, path[0, depth] = p[:, kid], kid
             if not point:
-                q_left[0] = q[0, kid]
+                q_left, lent = q[:, kid], True
             node, depth, rank = kid, depth + 1, 0
             if pos is not None:
                 pos = np.array([min(depth + 1, D)], np.int64)
@@ -163,12 +164,25 @@ def _one_round(accept, resample, p, q, tokens, u_accept, u_sample, table: list, 
         g = None if at_point is None else at_point(p_res, c, f)                 # (None: no law for it)
         if g is None:
             g = resample(p_res, q_j, accept(p_res, q_j, pos) if needs_f else None, c)
-        p_res[...] = g                        # (copied in: the walk's row is its own, whatever g aliases)
+        p_res = _row(g, p_res)
         if not point:
+            if lent:
+                q_left, lent = q_left.copy(), False
             q_left[0, x] = 0.0
         rank += 1
     return (np.array([depth], np.int64), path, _sample(p_res, u_sample).astype(np.int64, copy=False),
             np.array([node], np.int64))
+
+
+def _row(g, like: np.ndarray) -> np.ndarray:
+    """The residual g as the walk's next row (1, V): g itself where it is a numpy array of ``like``'s shape and dtype
+    (the batch-1 walk writes no row in place, so an alias of the rule's is harmless), else cast into a new one (as the
+    batched walk's assignment into its row casts and broadcasts)."""
+    if type(g) is np.ndarray and g.shape == like.shape and g.dtype == like.dtype:
+        return g
+    out = np.empty_like(like)
+    out[...] = g
+    return out
 
 
 def _sample(w: np.ndarray, u: np.ndarray) -> np.ndarray:

@@ -167,15 +167,36 @@ def _prefix_mass_few(pf, e, nb, thr, k: int, V: int, sum_dtype=None):
     every one of them, carried on from their sums: the same sums in the same order as one block over k columns."""
     import numpy as np
 
-    y = e % V
-    base = (e - y)[:, None]
     acc = pf.dtype if sum_dtype is None else sum_dtype
     w = k if k <= 2 * FEW_FIRST else FEW_FIRST
+    if e.shape[0] == 1:                                          # one entry (a batch-1 walk's candidate)
+        return _prefix_one(pf, int(e[0]), nb, thr, k, V, acc, w)
+    y = e % V
+    base = (e - y)[:, None]
     m, alive = _prefix_of(pf[base + nb[y, :w]], thr, acc, acc)
     if w < k and alive.any():
         i = np.flatnonzero(alive)
         m[i] = _prefix_of(pf[base[i] + nb[y[i], w:k]], thr if np.ndim(thr) == 0 else np.asarray(thr)[i], acc, acc,
                           carry=m[i])[0]
+    return m.astype(pf.dtype, copy=False)
+
+
+def _prefix_one(pf, e: int, nb, thr, k: int, V: int, acc, w: int):
+    """``_prefix_mass_few`` of the one entry e (an int: row * V + code) on a 1-d cumulative sum: the first w
+    neighbours' masses summed in ``acc``, and where every sum passed ``thr`` (a scalar or (1,)) all k of them from the
+    start (the sum is sequential: its first w values are the same, and carried on from them, the rest are too); the
+    same comparisons with thr as ``_prefix_of``'s, the last passing sum plus 0.0 (a -0.0 sum is +0.0), 0 where none
+    passes. Returns (1,) in pf's dtype, bit for bit ``_prefix_mass_few``'s (tests/test_prefix_one.py)."""
+    import numpy as np
+
+    base = e - e % V
+    row = nb[e % V]
+    cs = np.cumsum(pf[base + row[:w]], dtype=acc)
+    n = np.count_nonzero(cs <= thr)                               # the sums passed (a prefix: they never decrease)
+    if n == w < k:
+        cs = np.cumsum(pf[base + row[:k]], dtype=acc)
+        n = np.count_nonzero(cs <= thr)
+    m = cs[n - 1:n] + 0.0 if n else np.zeros(1, acc)
     return m.astype(pf.dtype, copy=False)
 
 
