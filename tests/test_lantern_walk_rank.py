@@ -33,7 +33,7 @@ def _settle(acc, p, c, has, u, by_rank, mp):
     """``test_lantern_one_round``'s settle (each round's first accepted rank, K: none; the stopped rounds' residual
     rows; or None) of the level step rank by rank (``by_rank``) or in the stamps layout (at least two rounds try)."""
     mp.setattr(LW, "RANK_BY_RANK", 0 if by_rank else 1 << 40)
-    return one_round_settle(acc, p, c, has, u, True, mp)
+    return one_round_settle(acc, p, c, has, u, True)
 
 
 def _uniforms(acc, p, c, has, u, mp):
