@@ -214,14 +214,8 @@ def _ratio_min1_one(num, q):
     dn, dq = num.dtype, q.dtype
     if not (dn.kind == dq.kind == "f" and dn.itemsize in (4, 8) and dq.itemsize in (4, 8)):
         return None
-    a, b = num.item(), q.item()
-    if a < b:
-        if b == 0.0:
-            return None
-        r = a / b
-    elif a >= 0.0:
-        r = 1.0
-    else:
+    r = ratio_min1_floats(num.item(), q.item(), False)          # (the float64 quotient, rounded to the dtype below)
+    if r is None:
         return None
     shape = num.shape if num.ndim >= q.ndim else q.shape
     return np.array(r, dn if dn is dq or dn == dq else np.promote_types(dn, dq)).reshape(shape)
