@@ -204,6 +204,12 @@ def _one_image(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max
     reads = reads_f(verifier.resample)
     memo = {}
 
+    def step(p_b, q_b, n, x):
+        """p's recursion one step on (1, V): the residual of p_b after rejecting token x drafted from q_b at a child
+        of node n."""
+        f = verifier.accept(p_b, q_b, dep[n] + 1) if reads else None
+        return verifier.resample(p_b, q_b, f, np.array([x]))
+
     def states(n):
         """Node n's children's draft rows (k, V) and p's recursion [p_0, .., p_{k-1}] ((1, V) rows), k children."""
         hit = memo.get(n)
@@ -216,9 +222,7 @@ def _one_image(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max
             Q = normalize(Q, Q, np)
             ps = [p0[n:n + 1]]
             for b in range(1, len(ks)):             # the siblings in rank order (K at most)
-                q_b = Q[b - 1:b]
-                f = verifier.accept(ps[-1], q_b, dep[n] + 1) if reads else None
-                ps.append(verifier.resample(ps[-1], q_b, f, np.array([tok[ks[b - 1]]])))
+                ps.append(step(ps[-1], Q[b - 1:b], n, tok[ks[b - 1]]))
                 if ps[-1].dtype != dt:
                     return None
             hit = memo[n] = (Q, ps)
@@ -259,9 +263,8 @@ def _one_image(vp: _VerdictPlan, p, q, tokens, u_accept, u_sample, verifier, max
         if st is None:
             return None
         Q, ps = st
-        q_b, live = Q[-1:], cap >= dep[ks[-1]]
-        f = verifier.accept(ps[-1], q_b, dep[win] + 1) if reads else None
-        res = verifier.resample(ps[-1], q_b, f, np.array([tok[ks[-1]]]))
+        live = cap >= dep[ks[-1]]
+        res = step(ps[-1], Q[-1:], win, tok[ks[-1]])
         rows = res if live and res.dtype == dt else np.where(np.array([[live]]), res, own)
     else:
         rows = own

@@ -109,8 +109,6 @@ def host_walk(accept, resample, p, q, tokens, u_accept, u_sample, children, D, m
     return depth, path, _sample(p_res, u_sample).astype(np.int64, copy=False), node
 
 
-
-
 def _hooks(accept, resample, point: bool):
     """What the host walks read of a rule: (needs_f: the resampler reads the acceptance row (``reads_f``), at_point:
     the resampler's law at q = one-hot(c) under the point law (``resample.point``, the same bits), else None, decide:
