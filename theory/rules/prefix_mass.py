@@ -10,6 +10,8 @@ Shapes: flat rows pf (R V,), entries e (m,) ints = row * V + code, a neighbour t
 device, nearest first."""
 from __future__ import annotations
 
+import functools
+
 import array_api_compat
 
 from ..core.xp import Array, expand_masked, namespace
@@ -247,6 +249,7 @@ def prefix_rows(g, thr, dtype):
     return tot
 
 
+@functools.lru_cache(maxsize=64)
 def whole_slack(k: int, dtype) -> float | None:
     """The relative headroom of ``whole_bounds`` for k masses summed in ``dtype``: twice the error bounds, (k + 2) u
     of the dtype's unit roundoff u (a sum of k non-negative masses in any order, each addition rounded to nearest, lies
