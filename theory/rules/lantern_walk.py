@@ -33,9 +33,11 @@ __all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
 
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
 RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
-ROUNDS_APART = 16         # up to this many rounds trying, a level is settled round by round (``_one_round``: a
-#                           rejected sibling costs a gather, a sum and a scatter of k + 1 masses plus a few scalar
-#                           steps, below a rank-by-rank pass's ~40 numpy calls per rank at B = 16; bench_relaxed_verify)
+ROUNDS_APART = 16         # up to this many rounds trying a level of many entries, it is settled round by round
+#                           (``_one_round``: a rejected sibling costs a gather, a sum and a scatter of k + 1 masses and
+#                           a few scalar steps, below a rank-by-rank pass's ~40 numpy calls per rank at B = 16 and
+#                           k = 1,000; bench_relaxed_verify); fewer entries take the stamps layout (one round alone:
+#                           ``_one_round``)
 
 
 def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one_round: bool = True):
@@ -44,9 +46,10 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one
     rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
     uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
     which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
-    generic walk serves). numpy rows. A level that at most ``ROUNDS_APART`` rounds try is settled on their scalars,
-    round after round (``_one_round``; unless ``every_t``, or ``one_round`` is False: then by the layouts, as tests
-    compare them); more rounds by the layouts (``_by_rank`` at LlamaGen's shapes, else the stamps). After a step of
+    generic walk serves). numpy rows. A level that one round tries, or at most ``ROUNDS_APART`` rounds of more than
+    ``RANK_BY_RANK`` (entries x neighbours) in all, is settled on their scalars, round after round (``_one_round``;
+    unless ``every_t``, or ``one_round`` is False: then by the layouts, as tests compare them); other levels by the
+    layouts (rank by rank, ``_by_rank``, above ``RANK_BY_RANK``; else the stamps). After a step of
     the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
     after a round's first accepted one are not meaningful; by default a sibling's admitted mass A_j is summed only
     where the bounds [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere:
@@ -72,10 +75,11 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one
         h = has if whole else has[live]
         if (h[:, 1:] > h[:, :-1]).any():            # not a prefix of the ranks
             return None
-        if n <= ROUNDS_APART and not every_t and one_round:                    # few rounds: each on its scalars
+        many = n * K * (k + 1) > RANK_BY_RANK                                  # many entries (LlamaGen's k)
+        if (n == 1 or many and n <= ROUNDS_APART) and not every_t and one_round:   # each round on its scalars
             ok = _one_round(acc, table, pr, c, has, u, live.tolist(), np.zeros((R, K), bool))
             return None if ok is None else (ok, _nothing)
-        if n * K * (k + 1) > RANK_BY_RANK:                                     # many entries: rank by rank
+        if many:                                                                # many entries: rank by rank
             return _by_rank(acc, table, pr, c, has, u, live, K, every_t, step)
         m_ = n * K
         cl, hm = (c if whole else c[live]).reshape(-1), h.reshape(-1)          # (m,) entries: round-major
