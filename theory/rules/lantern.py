@@ -500,14 +500,20 @@ class LanternResample:
         ar = xp.arange(V, device=dev)
         Tf = xp.asarray(xp.reshape(T, (-1, V)), copy=True)
         N = neighbor_matrix(nb, V)                                                      # (V_x, V_y) bool, or None
-        NT = None if N is None else np.ascontiguousarray(N.T)
-        step = max(1, (1 << 24) // (V * (1 if NT is not None else nb.shape[1])))
+        host = array_api_compat.is_numpy_array(c)
+        step = max(1, (1 << 24) // (V * (1 if N is not None else nb.shape[1])))
         for s in range(0, rr.shape[0], step):   # a loop over chunks of the (rare) cancelled pairs
             r, y = rr[s:s + step], yy[s:s + step]
-            listed = (NT[y] if NT is not None                                            # (m, V_x): y in N(x)
+            listed = (xp.take(N, y, axis=1).T if N is not None                          # (m, V_x): y in N(x)
                       else xp.any(nb[None, :, :] == y[:, None, None], axis=-1))
             drop = (ar[None, :] == y[:, None]) | (xp.take(af, r, axis=0) & listed)
-            Tf[r, y] = xp.sum(xp.where(drop, xp.zeros_like(drop, dtype=cf.dtype), xp.take(cf, r, axis=0)), axis=-1)
+            if host:                                                                    # (numpy: zeroed in place)
+                vals = cf[r]
+                vals[drop] = 0
+                Tf[r, y] = vals.sum(-1)
+            else:
+                Tf[r, y] = xp.sum(xp.where(drop, xp.zeros_like(drop, dtype=cf.dtype), xp.take(cf, r, axis=0)),
+                                  axis=-1)
         return xp.reshape(Tf, T.shape)
 
     def _exact_where_cancelled(self, p, adm, nb, Z, flag, xp):
