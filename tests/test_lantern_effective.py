@@ -4,8 +4,9 @@ sum_x w(x) G(.|x) / sum w, w = q (1 - f), docs/theory.md section 6) computed by 
 per row (``LanternResample._effective``), with no (V, V) mask. Against an exact rational brute force of the mixture
 (hypothesis: V up to 120, zeros, target rows piled on a code and its neighbours, draft rows piled on one code, so that
 the kept masses Z(x) and the kept weights T(y) cancel in the subtractions; numpy and torch float64): within 1e-12, and
-the cancelled entries' direct sums are taken. ``effective_at`` (the same weights, ``_p_weights``, at its documented 1e-8) gathers the same law.
+the cancelled entries' direct sums are taken. ``effective_at`` (the same weights, ``lantern_effective.p_weights``, at its documented 1e-8) gathers the same law.
 Control: with the direct sums switched off the piled-up cases miss the brute force by more than 1e-12."""
+import importlib
 from fractions import Fraction
 
 import numpy as np
@@ -16,6 +17,8 @@ from hypothesis import strategies as st
 import bruteforce as bf
 from theory import rules
 from theory.rules.lantern import LanternResample
+
+LE = importlib.import_module("theory.rules.lantern_effective")
 
 
 def _case(seed, V, piled):
@@ -88,13 +91,13 @@ def test_control_without_the_direct_sums_piled_rows_miss(monkeypatch):
     """The piled-up rows cancel: the direct sums are taken there (counted), and without them (the subtractions'
     values kept) the law misses the exact mixture by more than 1e-12 in some cases."""
     taken = []
-    real = LanternResample._kept_where_cancelled
+    real = LE.kept_where_cancelled
 
-    def counting(self, c, adm, nb, T, flag, xp):
+    def counting(c, adm, nb, T, flag, xp):
         taken.append(int(np.sum(flag)))
-        return real(self, c, adm, nb, T, flag, xp)
+        return real(c, adm, nb, T, flag, xp)
 
-    monkeypatch.setattr(LanternResample, "_kept_where_cancelled", counting)
+    monkeypatch.setattr(LE, "kept_where_cancelled", counting)
     worst_on, worst_off = 0.0, 0.0
     for seed in range(12):
         table, k, delta, p, q = _case(seed, 30, True)
@@ -102,8 +105,8 @@ def test_control_without_the_direct_sums_piled_rows_miss(monkeypatch):
         for switch in (True, False):
             with monkeypatch.context() as m:
                 if not switch:
-                    m.setattr(LanternResample, "_kept_where_cancelled", lambda self, c, a, nb, T, flag, xp: T)
-                    m.setattr(LanternResample, "_exact_where_cancelled", lambda self, p, a, nb, Z, flag, xp: Z)
+                    m.setattr(LE, "kept_where_cancelled", lambda c, a, nb, T, flag, xp: T)
+                    m.setattr(LE, "exact_where_cancelled", lambda k, p, a, nb, Z, flag, xp: Z)
                 G, f, got = _law(table, k, delta, p, q)
             if want is None:
                 want = np.stack([_exact(p[r], q[r], f[r], np.asarray(table), k, delta) for r in range(len(p))])
