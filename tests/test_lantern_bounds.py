@@ -125,6 +125,7 @@ def _level_cases(n, V=40, B=6, K=4):
 
 def _step(acc, p, c, has, u, every_t, rank_by_rank, monkeypatch):
     monkeypatch.setattr(LW, "RANK_BY_RANK", 0 if rank_by_rank else 1 << 40)
+    monkeypatch.setattr(LW, "ROUNDS_APART", 1)                     # (the layouts, not round by round)
     B, V = p.shape
     step = delta_level(acc, B, V, c.shape[1], every_t=every_t)
     pr = p.copy()
@@ -165,6 +166,7 @@ def test_level_bounds_and_layouts_give_the_same_bits(dtype, monkeypatch):
 @pytest.mark.parametrize("static", [True, False])
 def test_rank_by_rank_walk_equals_verify_tree(static, monkeypatch):
     monkeypatch.setattr(LW, "RANK_BY_RANK", 0)
+    monkeypatch.setattr(LW, "ROUNDS_APART", 1)                     # (the layouts, not round by round)
     n = 0
     for seed in range(60):
         rng = np.random.default_rng(30_000 + seed)
@@ -186,6 +188,7 @@ def test_control_level_bound_without_headroom_is_caught(rank_by_rank, monkeypatc
     """Control: the level walk's upper bound without the admitted mass (p'(c_j) / m_j) rejects siblings whose
     neighbours would accept them: verdicts differ from verify_tree."""
     monkeypatch.setattr(LW, "RANK_BY_RANK", 0 if rank_by_rank else 1 << 40)
+    monkeypatch.setattr(LW, "ROUNDS_APART", 1)                     # (the layouts, not round by round)
     monkeypatch.setattr(LW, "upper", lambda pz, thr: pz + 0 * thr)
     wrong = 0
     for seed in range(60):

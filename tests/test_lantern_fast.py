@@ -30,11 +30,14 @@ def rows(rng, shape, V, conc, zeros=0.0):
     return r / r.sum(-1, keepdims=True)
 
 
+@pytest.mark.parametrize("whole_first", [True, False])
 @pytest.mark.parametrize("regime", ["levels", "dense", "sliced", "widened"])
-def test_prefix_mass_equals_the_dense_cumulative_sum(regime, monkeypatch):
+def test_prefix_mass_equals_the_dense_cumulative_sum(regime, whole_first, monkeypatch):
     """Bit for bit on numpy (the same sequential sums), for both thresholds, rows with zeros, and each of the
     strategies forced: one column per block (a level loop), one block of all k columns, the gathers sliced into
-    pieces of a few entries, blocks widened to the active set's size (SMALL_BLOCK) after the first compactions."""
+    pieces of a few entries, blocks widened to the active set's size (SMALL_BLOCK) after the first compactions;
+    with a scalar threshold the whole neighbour sums first (``WHOLE_FIRST``) or every entry prefix by prefix."""
+    monkeypatch.setattr(lantern_mod, "WHOLE_FIRST", whole_first)
     if regime == "levels":
         monkeypatch.setattr(lantern_mod, "FIRST_BLOCK", 1)
         monkeypatch.setattr(lantern_mod, "SMALL_BLOCK", 0)
@@ -315,3 +318,26 @@ def test_few_entries_past_the_first_block_are_the_dense_masses(dtype, monkeypatc
         return real(g, thr, acc, dt)                                         # the carry dropped
     monkeypatch.setattr(lantern_mod, "_prefix_of", restart)
     assert not np.array_equal(lantern_mod.prefix_mass_at(pf, e, nb, 0.6, k, V), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_whole_sums_first_are_the_prefix_sums_bit_for_bit(dtype, monkeypatch):
+    """``prefix_mass`` with a scalar threshold on numpy: the whole neighbour sums first (``WHOLE_FIRST``, one sparse
+    product in the adds' order) equal the prefix-by-prefix sums bit for bit (k = 100, float32 and float64 rows, most
+    codes' whole sums under the threshold, some over). Control: whole sums in numpy's pairwise order (``sum``) differ
+    in some entries, and the comparison sees it."""
+    rng = np.random.default_rng(5)
+    V, k = 300, 100
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    p = rows(rng, (6,), V, 0.3, 0.1).astype(dtype)
+    got = {}
+    for whole, thr in ((True, 0.33), (False, 0.33), (True, 10.0), (False, 10.0)):
+        monkeypatch.setattr(lantern_mod, "WHOLE_FIRST", whole)
+        got[whole, thr] = lantern_mod.prefix_mass(p, nb, thr, k)
+    assert got[True, 0.33].tobytes() == got[False, 0.33].tobytes()
+    assert got[True, 10.0].tobytes() == got[False, 10.0].tobytes()
+    assert 0 < np.mean(got[True, 0.33] < np.cumsum(p[:, nb[:, :k]], -1)[..., -1]) < 0.9     # some codes cut short
+    neighbors = importlib.import_module("theory.rules.neighbors")
+    monkeypatch.setattr(neighbors, "neighbor_sum", lambda a, t, mask: np.where(mask, np.ascontiguousarray(a[..., t]).sum(-1), 0))
+    monkeypatch.setattr(lantern_mod, "WHOLE_FIRST", True)
+    assert lantern_mod.prefix_mass(p, nb, 10.0, k).tobytes() != got[False, 10.0].tobytes()

@@ -1,12 +1,14 @@
 """LANTERN(++) at batch 1 on scalars. theory.rules.lantern_walk: a level that one round tries (batch 1, or one round
-left of a batch) is settled on that round's scalars, sibling by sibling (``_one_round``), with the bits of the
-stamps-and-fixed-point layout: the same acceptances and the same residual row, or None alike (hypothesis, float32 and
-float64, absolute and relative thresholds, exact zeros, repeated siblings, neighbours admitted or not, uniforms inside
-and outside the bounds, and at the layouts' thresholds and an ulp below). The walk at batch 1 gives verify_tree's
-verdict. theory.rules.lantern_at: ``decide_at`` of one entry (the host walk at batch 1, ``_decide_one``) gives the
-general path's decision and f bit for bit, and the exact decision u < f (hypothesis: uniforms at the bounds and an ulp
-either side, q(x) = 0, mixed dtypes, ``want``). Controls: an upper bound without the admitted mass's headroom changes
-decisions in either shortcut, and the residual rows compared are not the node's row (the removal sets were zeroed)."""
+left of a batch; and up to ``ROUNDS_APART`` rounds of a batch, one after another) is settled on that round's scalars,
+sibling by sibling (``_one_round``), with the bits of the stamps-and-fixed-point layout: the same acceptances and the
+same residual row, or None alike (hypothesis, float32 and float64, absolute and relative thresholds, exact zeros,
+repeated siblings, neighbours admitted or not, uniforms inside and outside the bounds, and at the layouts' thresholds
+and an ulp below). The walk at batch 1 gives verify_tree's verdict. Several rounds settled one after another equal the
+layouts too (control: another round's uniforms are told apart). theory.rules.lantern_at: ``decide_at`` of one entry
+(the host walk at batch 1, ``_decide_one``) gives the general path's decision and f bit for bit, and the exact decision
+u < f (hypothesis: uniforms at the bounds and an ulp either side, q(x) = 0, mixed dtypes, ``want``). Controls: an
+upper bound without the admitted mass's headroom changes decisions in either shortcut, and the residual rows compared
+are not the node's row (the removal sets were zeroed)."""
 import sys
 
 import numpy as np
@@ -67,6 +69,57 @@ def test_one_round_equals_the_layouts_bit_for_bit(seed, V, B, K, dtype, relative
     if ref is not None:
         assert np.array_equal(got[0], ref[0]) and got[1].tobytes() == ref[1].tobytes()
 
+
+
+def _several(seed, V, B, K, dtype, relative):
+    """``_case`` with tried prefixes of the ranks in several rounds (at least two): a level of a batch that
+    ``ROUNDS_APART`` leaves to ``_one_round``, round after round."""
+    acc, p, c, _, u = _case(seed, V, B, K, dtype, relative)
+    has = np.arange(K) < np.random.default_rng(seed + 1).integers(0, K + 1, size=B)[:, None]
+    has[:2, 0] = True
+    return acc, p, c, has, u
+
+
+def _apart(acc, p, c, has, u):
+    """``_settle`` with the several rounds settled one after another (``_one_round``: the level counted as one of
+    many entries, as at LlamaGen's k; the layouts' side, ``_settle(..., False)``, keeps the stamps at these sizes)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LW, "RANK_BY_RANK", 0)
+        return _settle(acc, p, c, has, u, True)
+
+
+@settings(max_examples=250, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), V=st.sampled_from([6, 12, 50, 300]), B=st.integers(2, 6), K=st.integers(1, 5),
+       dtype=st.sampled_from([np.float32, np.float64]), relative=st.booleans())
+def test_several_rounds_apart_equal_the_layouts_bit_for_bit(seed, V, B, K, dtype, relative):
+    """Several rounds trying, each settled on its scalars (``_one_round``), against the layouts: the same first accepted
+    rank in every round and the same residual rows, or None alike; with u, and at the layouts' thresholds with each
+    rank in turn one ulp below its own."""
+    acc, p, c, has, u = _several(seed, V, B, K, dtype, relative)
+    assert 2 <= int(has[:, 0].sum()) <= LW.ROUNDS_APART
+    t = _thresholds(acc, p, c, has)
+    tries = [u] if t is None else [u, np.where(np.isnan(t), 0.5, t)] + [
+        np.where(np.isnan(t), 0.5, np.where(np.arange(K) == j, np.nextafter(t, 0.0), t)) for j in range(K)]
+    for uu in tries:   # a loop over a handful of uniform sets (test code)
+        got, ref = _apart(acc, p, c, has, uu), _settle(acc, p, c, has, uu, False)
+        assert (got is None) == (ref is None)
+        if ref is not None:
+            assert np.array_equal(got[0], ref[0]) and got[1].tobytes() == ref[1].tobytes()
+
+
+def test_control_several_rounds_read_their_own_uniforms():
+    """Control: the comparison above tells rounds apart: given the next round's uniforms, the rounds settled on their
+    scalars differ from the layouts in many cases."""
+    differ = n = 0
+    for seed in range(150):
+        acc, p, c, has, u = _several(seed, 50, 4, 4, np.float32, bool(seed % 2))
+        ref = _settle(acc, p, c, has, u, False)
+        got = _apart(acc, p, c, has, np.roll(u, 1, axis=0))
+        if ref is None or got is None:
+            continue
+        n += 1
+        differ += not (np.array_equal(got[0], ref[0]) and got[1].tobytes() == ref[1].tobytes())
+    assert n >= 100 and differ >= 0.2 * n
 
 def _thresholds(acc, p, c, has):
     """Each tried sibling's acceptance threshold (B, K) by the layouts summing every sibling's admitted mass

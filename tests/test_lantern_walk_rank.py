@@ -22,7 +22,7 @@ LW = sys.modules["theory.rules.lantern_walk"]
 def _case(seed, V, B, K, dtype, relative):
     """``test_lantern_one_round``'s case (a LANTERN acceptance, rows, candidates with repeats and siblings among each
     other's neighbours, uniforms often inside the bounds) with tried (B, K) prefixes of the ranks in every round, at
-    least two rounds trying (one alone takes ``_one_round``)."""
+    least two rounds trying (``ROUNDS_APART`` = 1 below: one alone takes ``_one_round``)."""
     acc, p, c, _, u = one_round_case(seed, V, B, K, dtype, relative)
     has = np.arange(K) < np.random.default_rng(seed).integers(0, K + 1, size=B)[:, None]
     has[:2, 0] = True
@@ -33,6 +33,7 @@ def _settle(acc, p, c, has, u, by_rank, mp):
     """``test_lantern_one_round``'s settle (each round's first accepted rank, K: none; the stopped rounds' residual
     rows; or None) of the level step rank by rank (``by_rank``) or in the stamps layout (at least two rounds try)."""
     mp.setattr(LW, "RANK_BY_RANK", 0 if by_rank else 1 << 40)
+    mp.setattr(LW, "ROUNDS_APART", 1)                                         # (not round by round)
     return one_round_settle(acc, p, c, has, u, True)
 
 

@@ -235,7 +235,8 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     Elementwise rules keep about 4L + 2 (V, V) float64 arrays alive (per-position temporaries and the
     stacked (L, V, V) F and G); LANTERN's acceptance (section 6) adds its neighbours' masses one column
     at a time (about 2L + 11 (V, V) arrays, whatever k; a few more where the rows are small enough for a block of
-    columns at once), and the effective law of our renormalised
+    columns at once; with LANTERN's absolute threshold the whole neighbour sums come first, about 2L + 12, from 2L +
+    10 when most codes' neighbours fit under delta to 2L + 14 when none do), and the effective law of our renormalised
     LANTERN++ resampler (``dense_effective_law``; not the released one) forms dense (V_x, V_x, V_y)
     stacks: about 5 float64 arrays of V^3 at its peak; GSD's group acceptance (section 6b) gathers its 2w
     window members into (V, V, 2w) arrays (about 10 w + 2L + 10 (V, V) arrays in all). Measured with
@@ -244,8 +245,10 @@ def tables_bytes(verifier, V: int, L: int) -> int:
     acc, res = getattr(verifier, "accept", None), getattr(verifier, "resample", None)
     n = 4 * L + 2
     if isinstance(acc, _rules.Lantern):   # its neighbour masses: a column at a time, or small blocks at once
-        from ..rules.prefix_mass import COLUMNS_ABOVE, FIRST_BLOCK
+        from ..rules.prefix_mass import COLUMNS_ABOVE, FIRST_BLOCK, WHOLE_FIRST
         n = 2 * L + 11 + (3 * (FIRST_BLOCK + 1) if V * V * FIRST_BLOCK <= COLUMNS_ABOVE else 0)
+        if acc.delta is not None and WHOLE_FIRST:     # (the whole sums first: the prefix scan for a few codes)
+            n = 2 * L + 12
     if isinstance(acc, _rules.Grouped) and acc.window > 0:
         n = 10 * int(acc.window) + 2 * L + 10
     cube = 5 * V ** 3 if getattr(res, "dense_effective_law", False) else 0

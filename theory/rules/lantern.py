@@ -30,9 +30,10 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from ..core.xp import (Array, any_to, divide_or_zero, gather, mark, namespace, normalize, positive_part, put_last,
+from ..core.xp import (Array, divide_or_zero, gather, mark, namespace, normalize, positive_part, put_last,
                        ratio_min1, take_last)
 from .neighbors import check_neighbors, lantern_neighbors, neighbor_matrix, neighbor_scatter, neighbor_sum
+from . import lantern_effective as _le
 from . import prefix_mass as _pm
 from .prefix_mass import _prefix_of, prefix_mass, prefix_mass_at
 from .lantern_at import decide_at as _decide_at, entries as _entries, host_table as _host_table
@@ -355,8 +356,9 @@ class LanternResample:
         return xp.where(empty, p, mix / xp.where(empty, xp.ones_like(tot), tot))
 
     def _effective(self, p, q, w, xp, memo=None):
-        """sum_x w(x) G(.|x) (..., V): the released "q" law by neighbour sums and their transpose (O(V k) per row,
-        ``neighbor_sum`` / ``neighbor_scatter``); the others vectorised over x with the (V_x, V_y) neighbour mask N."""
+        """sum_x w(x) G(.|x) (..., V): the released laws ("q" and "p") by neighbour sums and their transpose (O(V k) per
+        row, ``neighbor_sum`` / ``neighbor_scatter``); the renormalised ones vectorised over x with the (V_x, V_y)
+        neighbour mask N."""
         V = p.shape[-1]
         dev = array_api_compat.device(p)
 
@@ -375,16 +377,29 @@ class LanternResample:
             fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
             return (r * xp.sum(c, axis=-1, keepdims=True) + d * neighbor_scatter(xp.where(adm, c, xp.zeros_like(c)), nb)
                     + fallback)
+        if self.law == "released" and self.variant == "p" and array_api_compat.is_numpy_array(p) | \
+                array_api_compat.is_torch_array(p):
+            # G(.|x) = p with x, and N(x) if adm(x), zeroed, over Z(x) (``lantern_effective.p_weights``): sum_x w(x) G(.|x) = p T
+            # (+ the empty kept sets' uniform), T(y) = the sum of c over the x whose G keeps y = C - c(y) - A(y),
+            # A = the transpose neighbour sum of c adm: O(V k) per row, no (V, V) mask. Where that subtraction leaves
+            # less than 1e-3 of C, T(y) is the direct sum (``lantern_effective.kept_where_cancelled``); Z likewise below 1e-3 of the
+            # row's mass: relative errors below about (k + 2) 2^-53 / 1e-3 (tests/test_baselines.py: the brute-force
+            # mixture to 1e-12)
+            nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]
+            adm = self.accept.admits(p)                                                     # (..., V_x) bool
+            c, empty_w = _le.p_weights(self.k, p, adm, nb, w, xp, 1e-3)
+            C = xp.sum(c, axis=-1, keepdims=True)
+            T = C - c - neighbor_scatter(xp.where(adm, c, xp.zeros_like(c)), nb)
+            T = _le.kept_where_cancelled(c, xp.broadcast_to(adm, c.shape), nb, T, (p > 0) & (T < 1e-3 * C), xp)
+            return p * T + empty_w[..., None] / V
         N = xp.astype(self._nb_mask(xp.arange(V, device=dev), V, xp, dev), p.dtype)   # (V_x, V_y)
         NT = xp.matrix_transpose(N)
         if self.law == "released":
             adm = xp.astype(self.accept.admits(p), p.dtype)                              # (..., V_x)
-            if self.variant == "p":
-                # kept set of x: all but x (K0), and also all but N(x) when adm(x) (K1); sums of
-                # non-negative terms, so an empty kept set gives exactly Z = 0
-                K0 = 1 - xp.eye(V, dtype=p.dtype, device=dev)
-                K1 = K0 - N                                                                 # N has a zero diagonal
-                Z = adm * (p @ xp.matrix_transpose(K1)) + (1 - adm) * (p @ K0)             # K0 is symmetric
+            if self.variant == "p":   # (other namespaces, no item assignment: the kept sets as (V, V) products,
+                K0 = 1 - xp.eye(V, dtype=p.dtype, device=dev)                           # sums of non-negative terms)
+                K1 = K0 - N                                                             # N has a zero diagonal
+                Z = adm * (p @ xp.matrix_transpose(K1)) + (1 - adm) * (p @ K0)         # K0 is symmetric
                 c, has = safe_div(w, Z)
                 fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
                 return p * ((c * adm) @ K1 + (c * (1 - adm)) @ K0) + fallback
@@ -448,15 +463,7 @@ class LanternResample:
         w = q * (1 - f) if w is None else w                                           # rejection mass of y
         tot = xp.sum(w, axis=-1)
         if self.variant == "p":
-            reach = w > 0                                                             # y can be rejected
-            S = xp.sum(p, axis=-1, keepdims=True)
-            Z = S - p - neighbor_sum(p, nb, adm)
-            pos = xp.astype(p > 0, xp.int64)
-            npos = xp.sum(pos, axis=-1, keepdims=True) - pos - neighbor_sum(pos, nb, adm)
-            empty = npos == 0
-            Z = self._exact_where_cancelled(p, adm, nb, Z, (~empty) & any_to(reach, p.shape, xp) & (Z < 1e-6 * S), xp)
-            c = xp.where(empty, xp.zeros_like(w), w / xp.where(empty, xp.ones_like(Z), Z))
-            fallback = xp.sum(xp.where(empty, w, xp.zeros_like(w)), axis=-1)
+            c, fallback = _le.p_weights(self.k, p, adm, nb, w, xp, 1e-6)
             kept = (~hit) & (xp.arange(V, device=dev) != x[..., None])                 # x survives G(.|y)
             mix = gather(p, x, xp) * xp.sum(xp.where(kept, c, xp.zeros_like(c)), axis=-1)
         else:
@@ -470,24 +477,6 @@ class LanternResample:
         mix = mix + fallback / V                                                      # uniform fallback
         has = tot > 0
         return xp.where(has, mix / xp.where(has, tot, xp.ones_like(tot)), gather(p, x, xp))
-
-    def _exact_where_cancelled(self, p, adm, nb, Z, flag, xp):
-        """Z (..., V_y) with the flagged entries replaced by the direct sum of p over the codes G(.|y) keeps
-        (numpy / torch item assignment; chunks of flagged pairs bound the (m, k+1, V) mask)."""
-        if not bool(xp.any(flag)):
-            return Z
-        V = p.shape[-1]
-        dev = array_api_compat.device(p)
-        pf, af, Zf = xp.reshape(p, (-1, V)), xp.reshape(adm, (-1, V)), xp.reshape(Z, (-1, V))
-        rr, yy = xp.nonzero(xp.reshape(flag, (-1, V)))
-        ar = xp.arange(V, device=dev)
-        step = max(1, (1 << 24) // (V * (self.k + 1)))
-        Zf = xp.asarray(Zf, copy=True)
-        for s in range(0, rr.shape[0], step):   # a loop over chunks of the (rare) cancelled pairs
-            r, y = rr[s:s + step], yy[s:s + step]
-            drop = (ar == y[:, None]) | (af[r, y][:, None] & xp.any(xp.take(nb, y, axis=0)[:, :, None] == ar, axis=1))
-            Zf[r, y] = xp.sum(xp.where(drop, xp.zeros_like(pf[r]), pf[r]), axis=-1)
-        return xp.reshape(Zf, Z.shape)
 
     def _given_dense(self, p, q, S, xp):
         """Renormalised "q" law for every x at once, S (V_x, V_y) bool -> (..., V_x, V_y)."""

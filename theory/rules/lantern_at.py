@@ -98,6 +98,8 @@ def entries(p: Array, x: Array, xp):
 def upper(px, thr):
     """The bound of p~(x) = p(x) + A in the rows' dtype, A the admitted mass in [0, thr] (a prefix sum <= thr, or 0):
     p(x) + thr rounded as p~(x) is (rounding is monotone, so p~(x) <= it). px (...,), thr a number or px's shape."""
+    if type(thr) is type(px) and type(px) is not np.ndarray:                         # numpy scalars of one dtype
+        return px + thr
     same = isinstance(thr, (np.ndarray, np.generic)) and thr.dtype == px.dtype         # (numpy scalars: no 0-d array)
     return px + (thr if same else np.asarray(thr, px.dtype))
 

@@ -33,6 +33,11 @@ __all__ = ["delta_level", "lantern_walks", "CANCEL", "RANK_BY_RANK"]
 
 CANCEL = 1e-6     # below this fraction of the row's mass left, the level gives way to the generic walk
 RANK_BY_RANK = 1 << 14    # above this many (entries x neighbours) a level is settled rank by rank (``_by_rank``)
+ROUNDS_APART = 16         # up to this many rounds trying a level of many entries, it is settled round by round
+#                           (``_one_round``: a rejected sibling costs a gather, a sum and a scatter of k + 1 masses and
+#                           a few scalar steps, below a rank-by-rank pass's ~40 numpy calls per rank at B = 16 and
+#                           k = 1,000; bench_relaxed_verify); fewer entries take the stamps layout (one round alone:
+#                           ``_one_round``)
 
 
 def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one_round: bool = True):
@@ -41,9 +46,11 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one
     rounds, c (R, K) their candidates in rank order, has (R, K) bool tried (a prefix of the ranks), u (R, K) their
     uniforms returns (ok (R, K) bool, whose first True in a row is the round's first accepted sibling; clear(stop, pr),
     which zeroes in pr, for the rounds stop (R,) bool that accepted none, the codes their residual lacks), or None (the
-    generic walk serves). numpy rows. A level that one round tries is settled on its scalars (``_one_round``, unless
-    ``every_t``, or ``one_round`` is False: then by the layouts, as tests compare them). After a step of the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the
-    rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
+    generic walk serves). numpy rows. A level that one round tries, or at most ``ROUNDS_APART`` rounds of more than
+    ``RANK_BY_RANK`` (entries x neighbours) in all, is settled on their scalars, round after round (``_one_round``;
+    unless ``every_t``, or ``one_round`` is False: then by the layouts, as tests compare them); other levels by the
+    layouts (rank by rank, ``_by_rank``, above ``RANK_BY_RANK``; else the stamps). After a step of
+    the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
     after a round's first accepted one are not meaningful; by default a sibling's admitted mass A_j is summed only
     where the bounds [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere:
     ``every_t`` sums every tried sibling's, for inspection))."""
@@ -68,9 +75,11 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one
         h = has if whole else has[live]
         if (h[:, 1:] > h[:, :-1]).any():            # not a prefix of the ranks
             return None
-        if n == 1 and not every_t and one_round:                                # one round: its siblings in turn
-            return _one_round(acc, table, pr, c, has, u, int(live[0]))
-        if n * K * (k + 1) > RANK_BY_RANK:                                     # many entries: rank by rank
+        many = n * K * (k + 1) > RANK_BY_RANK                                  # many entries (LlamaGen's k)
+        if (n == 1 or many and n <= ROUNDS_APART) and not every_t and one_round:   # each round on its scalars
+            ok = _one_round(acc, table, pr, c, has, u, live.tolist(), np.zeros((R, K), bool))
+            return None if ok is None else (ok, _nothing)
+        if many:                                                                # many entries: rank by rank
             return _by_rank(acc, table, pr, c, has, u, live, K, every_t, step)
         m_ = n * K
         cl, hm = (c if whole else c[live]).reshape(-1), h.reshape(-1)          # (m,) entries: round-major
@@ -258,53 +267,76 @@ def _by_rank(acc: Lantern, table, pr, c, has, u, live, K: int, every_t: bool, st
     return ok, _nothing
 
 
-def _one_round(acc: Lantern, table, pr, c, has, u, b: int):
-    """``delta_level``'s step when one round, b, tries candidates (batch 1, or one round left of a batch): its
-    siblings in rank order on scalars, no stamps and no fixed point (as ``_by_rank``: sibling j reads p' from the row
-    pr[b] itself, in which its earlier siblings' rejections have zeroed their removal sets, so adm_j is known when j is
-    read). A sibling the bounds [p'(c_j), p'(c_j) + thr_j] / m_j accept reads no neighbour; each rejected one reads
-    its N_{k+1} once (a view of its table row), for the mass it takes and its admission, then zeroes c_j and, if
-    admitted, N_{k+1}(c_j) in pr. The same operations per entry as the fixed-point layout, in its dtypes (numpy
-    scalars of the rows' dtype, float64 Python floats where it computes in float64: the row's mass, the mass taken,
-    m_j and the quotients; the mass taken accumulated in rank order as its cumulative sum does): the same bits
-    (tests/test_lantern_one_round.py). A Python loop over the K sibling ranks (a handful) of one round: each step of
-    it is a few scalar operations and, for a rejected sibling, one gather of k + 1 masses, one sum and one scatter of
-    zeros."""
-    R, K = c.shape
+def _one_round(acc: Lantern, table, pr, c, has, u, rounds, ok):
+    """``delta_level``'s step for the rounds ``rounds`` (a list of row indices into pr, c, has, u; a batch-1 walk's one
+    round, or the few rounds a level of a batch leaves trying), each on its own scalars: its siblings in rank order, no
+    stamps and no fixed point (as ``_by_rank``: sibling j reads p' from the row pr[b] itself, in which its earlier
+    siblings' rejections have zeroed their removal sets, so adm_j is known when j is read). A sibling the bounds
+    [p'(c_j), p'(c_j) + thr_j] / m_j accept reads no neighbour; each rejected one reads its N_{k+1} once (a view of its
+    table row), for the mass it takes and its admission, then zeroes c_j and, if admitted, N_{k+1}(c_j) in pr. Sets
+    ok[b, j] (ok (R, K) bool, False on entry) for each round's first accepted sibling; returns ok, or None where a
+    round's mass left falls below CANCEL (the generic walk serves). The same operations per entry as the fixed-point
+    layout, in its dtypes (numpy scalars of the rows' dtype, float64 Python floats where it computes in float64: the
+    row's mass, the mass taken, m_j and the quotients; the mass taken accumulated in rank order as its cumulative sum
+    does): the same bits (tests/test_lantern_one_round.py). Python loops over the given rounds and their K sibling
+    ranks (a handful): each step is a few scalar operations and, for a rejected sibling, one gather of k + 1 masses,
+    one sum and one scatter of zeros (the few rounds' per-round cost is below a rank-by-rank pass's numpy calls)."""
     dt = pr.dtype
-    row = pr[b]                                                                 # (V,) a view: zeroes written in pr
-    tried = int(np.count_nonzero(has[b]))                                       # (a prefix of the ranks)
-    ub, cb = u[b].tolist(), c[b].tolist()
-    ok = np.zeros((R, K), bool)
-    s = total = 0.0             # the mass taken so far and the row's (float64; the row's at the first rejection)
-    for j in range(tried):   # a loop over the round's sibling ranks (K <= a handful), in rank order
-        x = cb[j]
-        pz = row[x]                                                             # p'(c_j), the rows' dtype
-        m = total - s if j else 1.0                                             # m_j (the first: the row itself)
-        thr = dt.type(acc.delta * m) if acc.delta is not None else (acc.lam - 1.0) * pz
-        mm = 1e-300 if m < 1e-300 else m                                        # (np.maximum: NaN kept)
-        uj = ub[j]
-        if uj < float(pz) / mm:                                                 # accepted whatever A_j is
-            ok[b, j] = True
-            break
-        nbr = table[x]                                                          # (k+1,) N_{k+1}(c_j): a view
-        gz = row[nbr]                                                           # p' there
-        if uj < float(upper(pz, thr)) / mm:                                     # A_j decides
-            if uj < float(pz + prefix_rows(gz[None, :acc.k], thr, dt)[0]) / mm:
+    f = dt.type
+    delta, k = acc.delta, acc.k
+    lam1 = None if delta is not None else acc.lam - 1.0
+    f64, add = np.float64, np.add.reduce
+    slack = whole_slack(k, dt)                                                  # (None: A_j's bounds [0, thr_j])
+    up, dn = (1.0 + slack, 1.0 - slack) if slack is not None else (None, None)
+    hs, us, cs = has.tolist(), u.tolist(), c.tolist()                          # (R, K) each: a handful of entries
+    for b in rounds:   # a loop over the given rounds (a few)
+        ub, cb = us[b], cs[b]
+        row = pr[b]                                                             # (V,) a view: zeroes written in pr
+        s = total = 0.0         # the mass taken so far and the row's (float64; the row's at the first rejection)
+        for j in range(sum(hs[b])):   # a loop over the round's sibling ranks (a prefix: K <= a handful), in order
+            x = cb[j]
+            pz = row[x]                                                         # p'(c_j), the rows' dtype
+            pf = float(pz)
+            if j:
+                m = total - s                                                   # m_j
+                mm = 1e-300 if m < 1e-300 else m                                # (np.maximum: NaN kept)
+            else:
+                m = mm = 1.0                                                    # (the first: the row itself)
+            uj = ub[j]
+            if uj < pf / mm:                                                    # accepted whatever A_j is
                 ok[b, j] = True
                 break
-        adm = gz[0] <= thr                                                      # adm_j
-        taken = float(pz) + (float(gz.sum(dtype=np.float64)) if adm else 0.0)   # t_j
-        if j:
-            s = s + taken
-        else:
-            s, total = taken, float(row.sum())                                  # (float32 sum, as the fixed layout)
-        if total - s <= CANCEL * total:                                         # (the mass left after c_j)
-            return None
-        row[x] = 0
-        if adm:
-            row[nbr] = 0
-    return ok, _nothing
+            thr = f(delta * m) if lam1 is None else lam1 * pz
+            nbr = table[x]                                                      # (k+1,) N_{k+1}(c_j): a view
+            gz = row.take(nbr)                                                  # p' there
+            nsum = float(add(gz, dtype=f64))                                    # p'(N_{k+1}(c_j)), as ``_by_rank``
+            if up is None:                                                      # A_j in [0, thr_j]
+                cap = thr
+            else:        # A_j in [lo, hi] where hi <= thr_j (the whole sum, ``whole_bounds``), else [0, min(thr_j, hi)]
+                hi = f(nsum * up)
+                if hi <= thr:
+                    if uj < float(pz + f(nsum * dn - float(gz[k]))) / mm:
+                        ok[b, j] = True
+                        break
+                    cap = hi
+                else:
+                    cap = thr                                                   # (np.fmin: a NaN hi decides nothing)
+            if uj < float(upper(pz, cap)) / mm:                                 # A_j decides
+                if uj < float(pz + prefix_rows(gz[None, :k], thr, dt)[0]) / mm:
+                    ok[b, j] = True
+                    break
+            adm = gz[0] <= thr                                                  # adm_j
+            taken = pf + (nsum if adm else 0.0)                                 # t_j
+            if j:
+                s = s + taken
+            else:
+                s, total = taken, float(row.sum())                              # (float32 sum, as the fixed layout)
+            if total - s <= CANCEL * total:                                     # (the mass left after c_j)
+                return None
+            row[x] = 0
+            if adm:
+                row[nbr] = 0
+    return ok
 
 
 def _nothing(stop, r):

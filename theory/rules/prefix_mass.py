@@ -10,12 +10,15 @@ Shapes: flat rows pf (R V,), entries e (m,) ints = row * V + code, a neighbour t
 device, nearest first."""
 from __future__ import annotations
 
+import functools
+
 import array_api_compat
 
 from ..core.xp import Array, expand_masked, namespace
 
 __all__ = ["prefix_mass_at", "prefix_mass", "prefix_rows", "FIRST_BLOCK", "SMALL_BLOCK", "COMPACT", "COLUMNS_ABOVE", "GATHER_LIMIT",
-           "whole_bounds", "whole_slack", "SIBLING_BLOCK", "FEW_FIRST", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY"]
+           "whole_bounds", "whole_slack", "SIBLING_BLOCK", "FEW_FIRST", "COLUMNS_LAID_OUT", "TORCH_CPU_ON_NUMPY",
+           "WHOLE_FIRST"]
 
 # A code's neighbour masses are summed over blocks of columns [0, w_0), [w_0, w_0 + w_1), ... (each at least twice the
 # last, FIRST_BLOCK first): a block by one cumulative sum down its columns, or on a large numpy set column by column. The
@@ -37,6 +40,7 @@ SIBLING_BLOCK = 16          # ``Lantern.sibling_mass``: the first block of colum
 FEW_FIRST = 32              # ``prefix_mass_at`` of few entries: the first block's columns (then the rest at once)
 COLUMNS_LAID_OUT = 16       # ``prefix_rows``: from this many entries, sums down the transposed block
 TORCH_CPU_ON_NUMPY = True   # torch CPU tensors are summed by the numpy code (``_on_numpy``: the same bits, 10x faster)
+WHOLE_FIRST = True          # ``prefix_mass`` of numpy rows, a scalar threshold: the whole neighbour sums first
 
 
 def _sum_dtype(pf, xp):
@@ -247,6 +251,7 @@ def prefix_rows(g, thr, dtype):
     return tot
 
 
+@functools.lru_cache(maxsize=64)
 def whole_slack(k: int, dtype) -> float | None:
     """The relative headroom of ``whole_bounds`` for k masses summed in ``dtype``: twice the error bounds, (k + 2) u
     of the dtype's unit roundoff u (a sum of k non-negative masses in any order, each addition rounded to nearest, lies
@@ -269,9 +274,27 @@ def whole_bounds(total, last, slack: float, dtype):
 
 
 def prefix_mass(p: Array, nb: Array, thr, k: int) -> Array:
-    """``prefix_mass_at`` at every code of rows p (..., V): (..., V). ``thr`` a scalar or (..., V)."""
+    """``prefix_mass_at`` at every code of rows p (..., V): (..., V). ``thr`` a scalar or (..., V).
+
+    numpy rows with a scalar threshold (LANTERN's delta: most codes' k neighbours fit under it) and ``WHOLE_FIRST``:
+    the whole sums of every code's k neighbours first, one sparse product (``neighbors.neighbor_sum``: sequential
+    sums from 0 in the table's column order, the adds' order, so the same bits as the last of the prefix sums; plus
+    0.0, as those start from +0.0), taken where they are <= thr (sums of masses >= 0 never decrease: every prefix
+    passed), and ``prefix_mass_at`` of the other entries alone (an entry's value does not depend on the others)."""
     xp = namespace(p)
     V = p.shape[-1]
+    if WHOLE_FIRST and getattr(thr, "ndim", 0) == 0 and array_api_compat.is_numpy_array(p) \
+            and array_api_compat.is_numpy_array(nb) and p.size:
+        import numpy as np
+
+        from .neighbors import neighbor_sum
+
+        pf = p.reshape(-1)
+        S = neighbor_sum(pf.reshape(-1, V), np.ascontiguousarray(nb[:, :k]), np.ones((), bool)).reshape(-1) + 0.0
+        rest = np.flatnonzero(~(S <= thr))
+        if rest.size:
+            S[rest] = prefix_mass_at(pf, rest, nb, thr, k, V)
+        return S.astype(p.dtype, copy=False).reshape(p.shape)
     pf = xp.reshape(p, (-1,))
     e = xp.arange(pf.shape[0], device=array_api_compat.device(p))
     ta = thr if getattr(thr, "ndim", 0) == 0 else xp.reshape(xp.broadcast_to(thr, p.shape), (-1,))

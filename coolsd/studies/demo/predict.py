@@ -89,7 +89,7 @@ def chain_arrays(gens, L: int):
 
 def _costly_resampler(verifier) -> bool:
     """A resampler whose effective law (``rejected=None``, section 6) forms a (V, V) mixture per row, O(V^2) per
-    round and position: our renormalised LANTERN++ variant (the released laws are (V,) @ (V, V) products)."""
+    round and position: our renormalised LANTERN++ variant (the released laws are neighbour sums, O(V k))."""
     return bool(getattr(verifier.resample, "dense_effective_law", False))
 
 
