@@ -1,10 +1,11 @@
 """theory.rules.lantern: LANTERN's released law (variant "p": the rejected code x, and its k + 1 nearest when one was
 admitted, zeroed, renormalised; uniform when nothing is left) has its effective law (``rejected=None``: the mixture
-sum_x w(x) G(.|x) / sum w, w = q (1 - f), docs/theory.md section 6) computed by neighbour sums and their transpose, O(V k)
-per row (``LanternResample._effective``), with no (V, V) mask. Against an exact rational brute force of the mixture
+sum_x w(x) G(.|x) / sum w, w = q (1 - f), docs/theory.md section 6) computed by neighbour sums and their transpose,
+O(V k) per row (``LanternResample._effective``), with no (V, V) mask. Against an exact rational brute force of the mixture
 (hypothesis: V up to 120, zeros, target rows piled on a code and its neighbours, draft rows piled on one code, so that
 the kept masses Z(x) and the kept weights T(y) cancel in the subtractions; numpy and torch float64): within 1e-12, and
-the cancelled entries' direct sums are taken. ``effective_at`` (the same weights, ``lantern_effective.p_weights``, at its documented 1e-8) gathers the same law.
+the cancelled entries' direct sums are taken. ``effective_at`` (the same weights, ``lantern_effective.p_weights``, at
+its documented 1e-8) gathers the same law.
 Control: with the direct sums switched off the piled-up cases miss the brute force by more than 1e-12."""
 import importlib
 from fractions import Fraction
@@ -56,7 +57,8 @@ def _exact(p, q, f, table, k, delta):
     for x in range(V):   # a loop over the rejected codes (brute force)
         if W[x] == 0:
             continue
-        gone = {x} | ({int(y) for y in table[x][: k + 1]} if bf.lantern_admitted(list(p), table, x, delta, None) else set())
+        admitted = bf.lantern_admitted(list(p), table, x, delta, None)
+        gone = {x} | ({int(y) for y in table[x][: k + 1]} if admitted else set())
         kept = [Fraction(0) if y in gone else P[y] for y in range(V)]
         Z = sum(kept)
         g = [v / Z for v in kept] if Z > 0 else [Fraction(1, V)] * V

@@ -338,6 +338,7 @@ def test_whole_sums_first_are_the_prefix_sums_bit_for_bit(dtype, monkeypatch):
     assert got[True, 10.0].tobytes() == got[False, 10.0].tobytes()
     assert 0 < np.mean(got[True, 0.33] < np.cumsum(p[:, nb[:, :k]], -1)[..., -1]) < 0.9     # some codes cut short
     neighbors = importlib.import_module("theory.rules.neighbors")
-    monkeypatch.setattr(neighbors, "neighbor_sum", lambda a, t, mask: np.where(mask, np.ascontiguousarray(a[..., t]).sum(-1), 0))
+    pairwise = lambda a, t, mask: np.where(mask, np.ascontiguousarray(a[..., t]).sum(-1), 0)   # noqa: E731
+    monkeypatch.setattr(neighbors, "neighbor_sum", pairwise)
     monkeypatch.setattr(lantern_mod, "WHOLE_FIRST", True)
     assert lantern_mod.prefix_mass(p, nb, 10.0, k).tobytes() != got[False, 10.0].tobytes()

@@ -49,8 +49,9 @@ def delta_level(acc: Lantern, B: int, V: int, K: int, every_t: bool = False, one
     generic walk serves). numpy rows. A level that one round tries, or at most ``ROUNDS_APART`` rounds of more than
     ``RANK_BY_RANK`` (entries x neighbours) in all, is settled on their scalars, round after round (``_one_round``;
     unless ``every_t``, or ``one_round`` is False: then by the layouts, as tests compare them); other levels by the
-    layouts (rank by rank, ``_by_rank``, above ``RANK_BY_RANK``; else the stamps). After a step of
-    the stamps layout, and any step with ``every_t``, ``step.last`` = (live (n,) the rounds that tried a candidate, thresholds (n K,) float64 each sibling's acceptance threshold, round-major; those
+    layouts (rank by rank, ``_by_rank``, above ``RANK_BY_RANK``; else the stamps). After a step of the stamps
+    layout, and any step with ``every_t``, ``step.last`` = (live (n,) the rounds that tried a candidate, thresholds
+    (n K,) float64 each sibling's acceptance threshold, round-major; those
     after a round's first accepted one are not meaningful; by default a sibling's admitted mass A_j is summed only
     where the bounds [p'(c_j), p'(c_j) + thr_j] / m_j do not decide it, and its threshold is the lower bound elsewhere:
     ``every_t`` sums every tried sibling's, for inspection))."""
