@@ -242,6 +242,7 @@ CLI_PROBES = [
     (["demo", "--seed", "-1", "--out", "d_out"], "--seed"),
     (["demo", "--L", "0", "--out", "d_out"], "--L"),
     (["demo", "--threads", "0", "--out", "d_out"], "--threads"),
+    (["demo", "--workers", "0", "--out", "d_out"], "--workers"),
     (["demo", "--out", "{f}/rows.npz"], "--out"),
     # tune: inputs and outputs before any tuning
     (TU + ["--out", "/proc/sched.json"], "--out"),                          # 26

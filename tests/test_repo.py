@@ -249,8 +249,9 @@ COOLSD_RULES = {
     "coolsd.io": ("theory", "sim", "real"), "coolsd.npzstream": ("theory", "sim", "real", "coolsd.io"),
     "coolsd.validate": ("theory", "sim", "real", "coolsd.io", "coolsd.options"),
     "coolsd.options": ("theory", "sim", "real"), "coolsd.quality": ("theory", "sim", "real", "coolsd.quality"),
+    "coolsd.workers": (),
     "coolsd.studies": ("theory", "sim", "real", "coolsd.io", "coolsd.npzstream", "coolsd.options", "coolsd.quality",
-                       "coolsd.studies"),
+                       "coolsd.studies", "coolsd.workers"),
     "coolsd.commands": ("theory", "sim", "real", "coolsd"), "coolsd.cli": ("theory", "sim", "real", "coolsd"),
     "coolsd.__main__": ("coolsd",),
 }

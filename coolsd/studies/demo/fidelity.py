@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["round_arrays", "fidelity_entries"]
+__all__ = ["round_arrays", "fidelity_entries", "target_scores"]
 
 
 def round_arrays(gens, T: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,3 +72,35 @@ def fidelity_entries(s, runs, results, target, drafts, classes, proc, T: int) ->
                                               bound_per_image=sc["bound"][sp.key] if m is None else None)
                 out[sp.key]["kl_method"] = "exact" if m is None else method(m, sp.rule, int(target.vocab_size))
     return out
+
+
+def target_scores(s, runs_out: dict, tick=None, models=None) -> dict:
+    """What the demo measures with the target's own forward passes over the generated codes, apart from the
+    predictions so that it can run in a worker of its own (``coolsd.workers.Spawned``; ``run_demo`` with
+    ``Settings.workers`` > 1): {"fidelity": ``fidelity_entries``, "fidelity_s": its seconds, "nll": {"ar" or a run's
+    key: ``coolsd.studies.demo.quality.nll_with_se`` of its codes}}. ``runs_out`` {"ar" or a run's key: (tokens (n, T)
+    int64 tensor, extra)} of the generation; ``models`` ``generation.models_and_runs(s)`` (rebuilt from the settings
+    ``s`` when None, as in a worker, with ``s.threads`` torch threads)."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from real.decode.sampling import Processing
+
+    from .generation import batch_plan, models_and_runs
+    from .quality import nll_with_se
+    from .settings import T_IMAGE
+
+    if models is None:
+        torch.set_num_threads(s.threads)
+        models = models_and_runs(s)
+    target, drafts, runs = models
+    classes = [c for cls, _ in batch_plan(s) for c in cls]
+    labels = torch.tensor(classes)
+    nll = {k: nll_with_se(target, labels, tok) for k, (tok, _) in runs_out.items()}
+    t0 = time.perf_counter()
+    results = {k: SimpleNamespace(tokens=tok, extra=extra) for k, (tok, extra) in runs_out.items()}
+    proc = Processing(temperature=s.temperature, cfg_scale=s.cfg_scale)
+    fid = fidelity_entries(s, runs, results, target, drafts, classes, proc, T_IMAGE)
+    return {"fidelity": fid, "fidelity_s": time.perf_counter() - t0, "nll": nll}

@@ -87,18 +87,32 @@ def chain_arrays(gens, L: int):
     return p.astype(np.float64), q.astype(np.float64), d, nd, np.array(starts)
 
 
+CHUNK_ROUNDS = 256          # rounds per chunk of the predictions: on the demo's rows 64 -> 256 takes 17-28% off
+CHUNK_ENTRIES = 1 << 22     # and at most this many row entries (rounds x rows x V) per chunk: 32 MiB per float64 array
+COSTLY_CHUNK_ROUNDS = 64    # a costly resampler's chunks: a quarter (chains) or a 16th (trees) of this, its (V, V) laws
+
+
+def _chunk(chunk: int | None, rows_per_round: int, V: int) -> int:
+    """Rounds per chunk: ``chunk``, or by default ``CHUNK_ROUNDS`` capped by ``CHUNK_ENTRIES`` (chunking never
+    changes a result: each round is computed on its own)."""
+    if chunk is not None:
+        return checks.integer("chunk", chunk, lo=1)
+    return max(1, min(CHUNK_ROUNDS, CHUNK_ENTRIES // max(1, rows_per_round * V)))
+
+
 def _costly_resampler(verifier) -> bool:
     """A resampler whose effective law (``rejected=None``, section 6) forms a (V, V) mixture per row, O(V^2) per
     round and position: our renormalised LANTERN++ variant (the released laws are neighbour sums, O(V k))."""
     return bool(getattr(verifier.resample, "dense_effective_law", False))
 
 
-def predict_chain(arrays, verifier, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0):
+def predict_chain(arrays, verifier, chunk: int | None = None, max_bound_rounds: int = 400, seed: int = 0):
     """T10 / T11 per recorded round for ``verifier``: ``predict_chains`` of that rule alone."""
     return predict_chains(arrays, {0: verifier}, chunk, max_bound_rounds, seed)[0]
 
 
-def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: int = 400, seed: int = 0) -> dict:
+def predict_chains(arrays, verifiers: dict, chunk: int | None = None, max_bound_rounds: int = 400,
+                   seed: int = 0) -> dict:
     """T10 / T11 per recorded round for every rule of ``verifiers`` ({key: verifier}; numpy float64, in
     chunks of rounds, every rule on a chunk in turn: the chunk converted and checked once, and LANTERN's acceptance
     rows shared by rules with equal ``memo_key``, ``predict_rounds``' memo).
@@ -110,6 +124,7 @@ def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: i
     bound terms (R',))}."""
     p, q, d, nd, _ = arrays
     P, Q, D, ND = (x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in (p, q, d, nd))
+    chunk = _chunk(chunk, P.shape[1], P.shape[-1])
     f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731  (a chunk at a time: the rows may be float32)
     costly = {k: _costly_resampler(v) for k, v in verifiers.items()}
     first = {k: rules.Verifier(v.accept, rules.Optimal(), v.name) if costly[k] else v for k, v in verifiers.items()}
@@ -126,8 +141,9 @@ def predict_chains(arrays, verifiers: dict, chunk: int = 64, max_bound_rounds: i
         idx = np.arange(len(d))
         if len(idx) > max_bound_rounds:
             idx = np.sort(np.random.default_rng(seed).choice(len(idx), max_bound_rounds, replace=False))
-        for a in range(0, len(idx), chunk // 4):
-            j = idx[a:a + chunk // 4]
+        c = max(1, min(chunk, COSTLY_CHUNK_ROUNDS) // 4)   # its (rounds, L + 1, V, V) mixtures: a quarter
+        for a in range(0, len(idx), c):
+            j = idx[a:a + c]
             bound[k].append(np.asarray(predict_rounds(f64(P[j]), f64(Q[j]), D[j], verifiers[k], n_drafted=ND[j]).bound))
     return {k: (np.concatenate(acc[k]), np.concatenate(f[k]), np.concatenate(bound[k])) for k in verifiers}
 
@@ -172,7 +188,7 @@ def tree_records(gens):
     return out
 
 
-def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_rounds: int = 400,
+def tree_prediction(groups, verifier, tree: Tree, chunk: int | None = None, max_costly_rounds: int = 400,
                     seed: int = 0, T: int = T_IMAGE, per_row: int = ROWS, draft_law: str = "without_replacement") -> dict:
     """Predicted tokens per target call and per-round TV bound of ``verifier`` from recorded tree rounds
     (``tree_records``), by ``theory.likelihood.recorded.predict_tree_rounds`` in chunks of rounds (its bound term
@@ -189,8 +205,11 @@ def tree_prediction(groups, verifier, tree: Tree, chunk: int = 64, max_costly_ro
     costly = _costly_resampler(verifier)
     total = sum(len(g[2]) for g in groups.values())
     rng = np.random.default_rng(seed)
+    if groups:
+        p0 = next(iter(groups.values()))[0]
+        chunk = _chunk(chunk, p0.shape[1], p0.shape[-1])
     if costly:
-        chunk = max(1, chunk // 16)
+        chunk = max(1, min(chunk, COSTLY_CHUNK_ROUNDS) // 16)   # (rounds, N + 1, V, V) mixtures
     accs, lives, starts, bounds, per_round = [], [], [], [], []
     for dep, (p, q, toks, start) in sorted(groups.items()):
         t = truncate_tree(tree, dep)

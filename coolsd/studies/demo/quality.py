@@ -24,7 +24,6 @@ def fd_with_se(images: torch.Tensor) -> tuple[float, float]:
 _NLL_BLOCK = 1000   # images per teacher-forced forward of the NLL
 
 
-@torch.no_grad()
 def _model_labels_tokens(who: str, target, labels, tokens) -> None:
     """The shipped target (a torch module) and (N,) class / (N, T) token tensors: TypeError naming ``who``."""
     if not isinstance(target, torch.nn.Module):
@@ -35,6 +34,7 @@ def _model_labels_tokens(who: str, target, labels, tokens) -> None:
                         f"{type(tokens).__name__}")
 
 
+@torch.no_grad()
 def per_image_nll(target, labels: torch.Tensor, tokens: torch.Tensor) -> np.ndarray:
     """Target NLL per token of each generated image's codes (N, 49) given its class: (N,) float64."""
     _model_labels_tokens("per_image_nll", target, labels, tokens)

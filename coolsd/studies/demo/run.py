@@ -1,9 +1,9 @@
 """The main job (``coolsd demo``): predicted vs measured trade-offs of relaxed speculative decoding on the
 shipped MNIST models (never trains).
 
-Runs (``specs``), on the same digits (class i mod 10, seed + i), generated round-robin (digit i by every
-run before digit i + 1, so drifts of the machine's speed hit every run alike): plain AR (the speed and
-quality baseline); vanilla SD with chain drafts (L = 4, the EAGLE-1 drafter) recording the processed P
+Runs (``specs``), on the same digits (class i mod 10; batch k of them with seed + k), generated round robin
+over batches and split over ``Settings.workers`` processes (``coolsd.studies.demo.generation``): plain AR (the
+speed and quality baseline); vanilla SD with chain drafts (L = 4, the EAGLE-1 drafter) recording the processed P
 and Q rows of every round; Cool-SD at several deltas, UniformRSD, LANTERN, LANTERN++, LANTERN+G*; static
 trees (EAGLE-1's 25-node tree) with vanilla (recording), Cool-SD and every other rule; optionally
 (``extra_draft``, ``--extra-draft small``) one vanilla chain run with the independent small draft,
@@ -14,7 +14,8 @@ Measured: tokens per target call (SE over rounds), wall-clock speed-up over plai
 the decoded digits to the held-out digits in the shipped classifier's space (delete-one jackknife SE,
 the sweep's ``coolsd.quality.estimators.fd_with_ci``), class accuracy, the target's NLL per
 token of the generated codes (``coolsd.studies.demo.quality``); for chain runs the exact TV and KL to the
-target with 95% intervals and the per-image TV bound (``coolsd.studies.demo.fidelity``).
+target with 95% intervals and the per-image TV bound (``coolsd.studies.demo.fidelity``; in a worker of its own
+beside the predictions when ``workers`` > 1).
 
 Outputs in ``out``: report.json (the contract: ``{"methods": [{"name", "params", "drafting",
 "accepted_length": {"predicted", "measured", "measured_se"}, "speedup": {"predicted", "measured"},
@@ -39,10 +40,12 @@ from theory import rules
 from . import report as demo_report
 from .predict import chain_arrays, chain_prediction, predicted_speedup, sweep_predictions, time_verifier, \
     tree_prediction, tree_records, unit_costs
-from .fidelity import fidelity_entries, round_arrays
-from .quality import fd_with_se, manifest_floor, nll_with_se, real_floor
+from .fidelity import round_arrays, target_scores
+from .generation import batch_plan, generate_all, models_and_runs
+from .quality import fd_with_se, manifest_floor, real_floor
 from .report import find_method
-from .settings import T_IMAGE, Settings, Spec, chain_drafted, specs, tree_drafted
+from .settings import T_IMAGE, Settings, chain_drafted, tree_drafted
+from coolsd.workers import Spawned
 
 @dataclass
 class Result:
@@ -53,33 +56,10 @@ class Result:
     extra: dict = field(default_factory=dict)
 
 
-def load_models(s: Settings):
-    """The shipped target and the drafts ``s`` needs, on ``s.device``: (target, {draft kind: model})."""
-    if not isinstance(s, Settings):
-        raise TypeError(f"load_models: s must be coolsd.studies.demo.Settings, got {type(s).__name__}")
-    from real.zoo import gpt
-
-    dev = torch.device(s.device)
-    target = gpt.load_target().to(dev)
-    drafts = {}
-    for kind in {s.chain_draft, s.tree_draft} | ({s.extra_draft} if s.extra_draft else set()):
-        if kind == "small":
-            drafts[kind] = gpt.load_draft().to(dev)
-        elif kind == "eagle":
-            drafts[kind] = gpt.load_eagle(target).to(dev)
-        else:
-            raise ValueError(f"unknown draft kind {kind!r}; choose small or eagle")
-    return target, drafts
-
-
 def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress: bool = True) -> dict:
     """Run the whole job and write report.json, report.md and the figures into ``out``; returns the report."""
-    from tqdm import tqdm
-
     from real.decode import engine
     from real.decode.sampling import Processing
-
-    from real.zoo import gpt, vq
     from real.zoo.checkpoint import read_manifest
 
     s = settings or Settings()
@@ -89,38 +69,21 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
         raise ValueError(f"tree_deltas {s.tree_deltas} must be among the chain deltas {s.deltas} (chain vs tree)")
     if str(s.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but torch.cuda.is_available() is False")
+    if not isinstance(s.workers, int) or isinstance(s.workers, bool) or s.workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {s.workers!r}")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_job = time.perf_counter()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(s.threads)
+    job = None
     try:
-        target, drafts = load_models(s)
-        neighbors = rules.lantern_neighbors(vq.raw_codebook().numpy(), s.lantern_k + 1)  # raw vectors, as released
-        runs = specs(s, neighbors)
+        models = models_and_runs(s)
+        target, drafts, runs = models
         tree = s.tree_obj()
         proc = Processing(temperature=s.temperature, cfg_scale=s.cfg_scale)
-        N = s.n_images
-        classes = [i % gpt.NUM_CLASSES for i in range(N)]
-        seeds = [s.seed + i for i in range(N)]
-        bar = tqdm(total=N * (len(runs) + 1), desc="coolsd demo", disable=not progress, unit="img")
-        B = min(s.batch_size, N)
-        # warm-up (first calls allocate caches, build plans)
-        engine.generate(target, None, classes[:B], num_tokens=T_IMAGE, processing=proc, seed=10**6, batch_size=B)
-        for sp in {(sp.drafting, sp.draft): sp for sp in runs}.values():
-            _generate(engine, target, drafts[sp.draft], sp, classes[:B], 10**6, proc, s.tree_mode(), s.L, B)
-
-        # round robin: batch k of digits is generated by plain AR and by every run before batch k + 1, so
-        # slow drifts of the machine's speed hit every method alike (speed-ups compare the same digits)
-        gens: dict = {"ar": []} | {sp.key: [] for sp in runs}
-        for k, a in enumerate(range(0, N, B)):
-            cls, sd = classes[a:a + B], seeds[k]
-            gens["ar"] += engine.generate(target, None, cls, num_tokens=T_IMAGE, processing=proc, seed=sd,
-                                          batch_size=B)
-            bar.update(len(cls))
-            for sp in runs:
-                gens[sp.key] += _generate(engine, target, drafts[sp.draft], sp, cls, sd, proc, s.tree_mode(), s.L, B)
-                bar.update(len(cls))
+        classes = [c for cls, _ in batch_plan(s) for c in cls]
+        gens = generate_all(s, models, progress)
         results = {"ar": Result(None, [], torch.stack([g.tokens for g in gens["ar"]]), engine.summarize(gens["ar"]))}
         rounds = {sp.key: np.array([len(x.rounds) for x in gens[sp.key]]) for sp in runs}
         for sp in runs:
@@ -128,18 +91,23 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
             extra = {"rounds": round_arrays(g, T_IMAGE)} if not sp.tree_drafted else {}
             results[sp.key] = Result(sp, g if sp.record else [], torch.stack([x.tokens for x in g]), engine.summarize(g),
                                      extra)
-        bar.close()
-        torch.set_num_threads(max(old_threads, 1))
+        # the target's passes over the codes (exact fidelity, NLL) in another worker while this one predicts
+        runs_out = {k: (r.tokens, r.extra) for k, r in results.items()}
+        job = Spawned(target_scores, s, runs_out) if s.workers > 1 else None
+        torch.set_num_threads(max(old_threads, 1) if job is None else s.threads)   # the cores are shared
         report = _analyse(s, runs, results, target, tree, classes, progress)
         report["batch_note"] = _batch_note(s, runs, rounds, target, drafts, proc)
-        t_fid = time.perf_counter()
-        fid = fidelity_entries(s, runs, results, target, drafts, classes, proc, T_IMAGE)
+        sc = job.result() if job is not None else target_scores(s, runs_out, models=models)
+        report["baseline"].update(sc["nll"]["ar"])
         for m, sp in zip([m for m in report["methods"] + report["other_drafts"]],
                          [sp for sp in runs if not sp.extra] + [sp for sp in runs if sp.extra]):
-            m.update(fid[sp.key])
-        report["fidelity_s"] = time.perf_counter() - t_fid
+            m.update(sc["nll"][sp.key])
+            m.update(sc["fidelity"][sp.key])
+        report["fidelity_s"] = sc["fidelity_s"]
     finally:
         torch.set_num_threads(old_threads)
+        if job is not None:
+            job.close()
     report["manifest"] = {k: {"sha256": v["sha256"], "command": v.get("command")}
                           for k, v in read_manifest()["files"].items()}
     report["predicted_sweeps"] = sweep_predictions(report, results, s)
@@ -166,13 +134,6 @@ def _batch_note(s: Settings, runs, rounds: dict, target, drafts: dict, proc) -> 
             "text": batching.note(per, s.batch_size, s.device)}
 
 
-def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, tree, L: int, B: int):
-    """One batch of run ``sp`` (``tree``: the tree runs' ``StaticTree`` mode)."""
-    return engine.generate(target, draft, classes, num_tokens=T_IMAGE, verifier=sp.verifier, processing=proc,
-                           drafting=tree if sp.tree_drafted else L, seed=seed, batch_size=min(B, len(classes)),
-                           record_rows=sp.record)
-
-
 def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool = False) -> dict:
     from real.zoo import vq
     from real.zoo.metrics import class_accuracy
@@ -194,7 +155,7 @@ def _analyse(s: Settings, runs, results, target, tree, classes, progress: bool =
         fd, fd_se = fd_with_se(images)
         acc = class_accuracy(images, labels)
         return {"frechet_distance": fd, "frechet_distance_se": fd_se, "class_accuracy": acc,
-                "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels)), **nll_with_se(target, labels, tokens)}
+                "class_accuracy_se": math.sqrt(acc * (1 - acc) / len(labels))}
 
     from tqdm import tqdm
 

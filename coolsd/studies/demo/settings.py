@@ -44,6 +44,8 @@ class Settings:
     lam: float = 2.0
     device: str = "cpu"
     threads: int = 1
+    workers: int = 2                   # processes generating side by side (batch k on worker k mod workers; the
+    #                                    exact fidelity pass beside the predictions when > 1): the same report
     quick: bool = False
 
     def tree_obj(self) -> Tree:
