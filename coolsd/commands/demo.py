@@ -59,7 +59,7 @@ def run(args):
         from real.specs import spec
 
         checks.integer("--L", args.L, lo=1, hi=spec("mnist").tokens)    # a round never drafts past the image
-    out = check_output_dir("--out", args.out, DEMO_FILES)    # before the 8-minute run
+    out = check_output_dir("--out", args.out, DEMO_FILES)    # before the 4-minute run
 
     import torch
 
