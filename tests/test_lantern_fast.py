@@ -8,6 +8,8 @@ import importlib
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from theory import rules
 from theory.likelihood import log_likelihood, round_masks
@@ -342,3 +344,53 @@ def test_whole_sums_first_are_the_prefix_sums_bit_for_bit(dtype, monkeypatch):
     monkeypatch.setattr(neighbors, "neighbor_sum", pairwise)
     monkeypatch.setattr(lantern_mod, "WHOLE_FIRST", True)
     assert lantern_mod.prefix_mass(p, nb, 10.0, k).tobytes() != got[False, 10.0].tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), V=st.integers(6, 60), dtype=st.sampled_from([np.float32, np.float64]),
+       variant=st.sampled_from(["p", "q"]), relative=st.booleans())
+def test_one_rejected_row_is_the_rows_path_bit_for_bit(seed, V, dtype, variant, relative):
+    """The released resampling's row before its normalisation, for a batch-1 rejection (one row: on its scalars,
+    ``LanternResample._released_kept_one``) equals the same row's in a batch (the flat-index path), bit for bit: rows
+    with zeros and ties, both thresholds set between the rows' values so that some rows admit x's nearest
+    neighbour and others do not (both branches are taken in every example), both variants."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, V - 1))
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    R = 8
+    p, q = rows(rng, (R,), V, 0.5, 0.2).astype(dtype), rows(rng, (R,), V, 0.5, 0.1).astype(dtype)
+    p[:, 2] = p[:, 3]                                                                  # ties
+    x = rng.integers(0, V, R)                                                    # p(x) = 0 included (delta) ...
+    if relative:                                                                 # ... or p(x) > 0 (a finite lam)
+        x = np.array([rng.choice(np.flatnonzero(r > 0)) for r in p])
+    first, px = p[np.arange(R), nb[x, 0]], p[np.arange(R), x]
+    if relative:    # admitted where p(first) <= (lam - 1) p(x): lam between the rows' ratios
+        ratio = np.sort(first.astype(np.float64) / px)
+        acc = rules.Lantern(nb, k, lam=1.0 + float(ratio[R // 2]))
+    else:
+        acc = rules.Lantern(nb, k, delta=float(np.sort(first)[R // 2]))
+    res = lantern_rules.LanternResample(nb, k, variant, "released", acc)
+    adm = first <= acc._threshold(px)
+    assume(0 < adm.sum() < R)
+    many = res._released_kept_host(p, q, x)
+    for i in range(R):
+        one = res._released_kept_host(p[i:i + 1], q[i:i + 1], x[i:i + 1])
+        assert one.shape == (1, V) and one.dtype == many.dtype
+        assert one.tobytes() == many[i:i + 1].tobytes(), (i, bool(adm[i]))
+
+
+def test_control_the_one_row_path_reads_the_admission():
+    """The comparison above can fail: a one-row path that ignores whether x's nearest neighbour was admitted (N(x)
+    always restored from p) differs from the batch's rows where it was not."""
+    rng = np.random.default_rng(5)
+    V, k, R = 30, 6, 8
+    nb = rules.lantern_neighbors(rng.normal(size=(V, 3)))
+    p, q = rows(rng, (R,), V, 0.5), rows(rng, (R,), V, 0.5)
+    x = rng.integers(0, V, R)
+    acc = rules.Lantern(nb, k, delta=float(np.median(p[np.arange(R), nb[x, 0]])))
+    res = lantern_rules.LanternResample(nb, k, "q", "released", acc)
+    many = res._released_kept_host(p, q, x)
+    broken = lantern_rules.LanternResample(nb, k, "q", "released", rules.Lantern(nb, k, delta=np.inf))  # admits all
+    differ = sum(not np.array_equal(broken._released_kept_host(p[i:i + 1], q[i:i + 1], x[i:i + 1])[0], many[i])
+                 for i in range(R))
+    assert differ >= 1

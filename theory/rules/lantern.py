@@ -311,6 +311,8 @@ class LanternResample:
         elementwise operations and the same scatter (the rows' own calls, no index grids)."""
         V = p.shape[-1]
         R = math.prod(p.shape[:-1])
+        if R == 1:                                  # one row (batch 1): on its scalars, no index grids; the same bits
+            return self._released_kept_one(p, q, int(np.reshape(x, (-1,))[0]))
         x = np.reshape(x, (-1,)).astype(np.int64, copy=False)
         nb = np.take(_host_table(self.neighbors), x, axis=0)[:, : self.k + 1]         # (R, k+1) N(x)
         at = (np.arange(R) * V)[:, None]
@@ -327,6 +329,25 @@ class LanternResample:
         r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
         idx = (at + nb)[adm] if not adm.all() else at + nb                            # the admitted rows' N(x)
         r.reshape(-1)[idx] = positive_part(pf[idx])                                    # [p - 0]_+ put back there
+        return r
+
+    def _released_kept_one(self, p, q, x: int):
+        """``_released_kept_host`` of one row p (and q) (..., V) holding one row, rejected token x: the same scalars
+        (p's dtype; the threshold compared as the arrays' entries are), gather and scatter of N(x)."""
+        pf = np.reshape(p, (-1,))
+        nb = _host_table(self.neighbors)[x, : self.k + 1]                            # (k+1,) N(x), a view
+        first = nb[0] if self.accept.neighbors is self.neighbors else _host_table(self.accept.neighbors)[x, 0]
+        adm = pf[first] <= self.accept._threshold(pf[x])                              # ``Lantern.admits_at``
+        if self.variant == "p":  # p with x, and N(x) if admitted, zeroed
+            out = np.array(p, copy=True, order="C")
+            of = out.reshape(-1)
+            of[x] = 0
+            if adm:
+                of[nb] = 0
+            return out
+        r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
+        if adm:
+            r.reshape(-1)[nb] = positive_part(pf[nb])                                  # [p - 0]_+ put back at N(x)
         return r
 
     def point(self, p, c, f_c):
