@@ -351,7 +351,7 @@ def test_whole_sums_first_are_the_prefix_sums_bit_for_bit(dtype, monkeypatch):
        variant=st.sampled_from(["p", "q"]), relative=st.booleans())
 def test_one_rejected_row_is_the_rows_path_bit_for_bit(seed, V, dtype, variant, relative):
     """The released resampling's row before its normalisation, for a batch-1 rejection (one row: on its scalars,
-    ``LanternResample._released_kept_one``) equals the same row's in a batch (the flat-index path), bit for bit: rows
+    ``LanternResample._released_kept_host`` at R = 1) equals the same row's in a batch (the flat-index path), bit for bit: rows
     with zeros and ties, both thresholds set between the rows' values so that some rows admit x's nearest
     neighbour and others do not (both branches are taken in every example), both variants."""
     rng = np.random.default_rng(seed)

@@ -308,46 +308,32 @@ class LanternResample:
 
     def _released_kept_host(self, p, q, x):
         """``_released_kept`` on numpy rows p (and q) (..., V), x (...,), by flat entries: the same gathers, the same
-        elementwise operations and the same scatter (the rows' own calls, no index grids)."""
-        V = p.shape[-1]
-        R = math.prod(p.shape[:-1])
-        if R == 1:                                  # one row (batch 1): on its scalars, no index grids; the same bits
-            return self._released_kept_one(p, q, int(np.reshape(x, (-1,))[0]))
+        elementwise operations and the same scatter (the rows' own calls, no index grids); one row (batch 1) on its
+        scalars, N(x) a view of the table's row (the threshold compared as the arrays' entries are)."""
+        V, R = p.shape[-1], math.prod(p.shape[:-1])
         x = np.reshape(x, (-1,)).astype(np.int64, copy=False)
-        nb = np.take(_host_table(self.neighbors), x, axis=0)[:, : self.k + 1]         # (R, k+1) N(x)
-        at = (np.arange(R) * V)[:, None]
-        pf = np.reshape(p, (-1,))
-        first = nb[:, 0] if self.accept.neighbors is self.neighbors else \
-            np.take(_host_table(self.accept.neighbors), x, axis=0)[:, 0]
-        adm = pf[at[:, 0] + first] <= self.accept._threshold(pf[at[:, 0] + x])     # ``Lantern.admits_at``
+        pf, table = np.reshape(p, (-1,)), _host_table(self.neighbors)
+        other = None if self.accept.neighbors is self.neighbors else _host_table(self.accept.neighbors)
+        if R == 1:
+            xs = int(x[0])
+            nb = table[xs, : self.k + 1]                                                # (k+1,) N(x), a view
+            adm = pf[nb[0] if other is None else other[xs, 0]] <= self.accept._threshold(pf[xs])
+            idx = nb if adm else nb[:0]                                                  # (``Lantern.admits_at``)
+        else:
+            nb = np.take(table, x, axis=0)[:, : self.k + 1]                             # (R, k+1) N(x)
+            at = (np.arange(R) * V)[:, None]
+            xs = at[:, 0] + x
+            first = nb[:, 0] if other is None else np.take(other, x, axis=0)[:, 0]
+            adm = pf[at[:, 0] + first] <= self.accept._threshold(pf[xs])               # ``Lantern.admits_at``
+            idx = (at + nb)[adm] if not adm.all() else at + nb                            # the admitted rows' N(x)
         if self.variant == "p":  # p with x, and N(x) if admitted, zeroed
             out = np.array(p, copy=True, order="C")
             of = out.reshape(-1)
-            of[at[:, 0] + x] = 0
-            of[(at + nb)[adm]] = 0
+            of[xs] = 0
+            of[idx] = 0
             return out
         r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
-        idx = (at + nb)[adm] if not adm.all() else at + nb                            # the admitted rows' N(x)
         r.reshape(-1)[idx] = positive_part(pf[idx])                                    # [p - 0]_+ put back there
-        return r
-
-    def _released_kept_one(self, p, q, x: int):
-        """``_released_kept_host`` of one row p (and q) (..., V) holding one row, rejected token x: the same scalars
-        (p's dtype; the threshold compared as the arrays' entries are), gather and scatter of N(x)."""
-        pf = np.reshape(p, (-1,))
-        nb = _host_table(self.neighbors)[x, : self.k + 1]                            # (k+1,) N(x), a view
-        first = nb[0] if self.accept.neighbors is self.neighbors else _host_table(self.accept.neighbors)[x, 0]
-        adm = pf[first] <= self.accept._threshold(pf[x])                              # ``Lantern.admits_at``
-        if self.variant == "p":  # p with x, and N(x) if admitted, zeroed
-            out = np.array(p, copy=True, order="C")
-            of = out.reshape(-1)
-            of[x] = 0
-            if adm:
-                of[nb] = 0
-            return out
-        r = np.ascontiguousarray(positive_part(p - q))                                # a new C-ordered row
-        if adm:
-            r.reshape(-1)[nb] = positive_part(pf[nb])                                  # [p - 0]_+ put back at N(x)
         return r
 
     def point(self, p, c, f_c):
