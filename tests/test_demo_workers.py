@@ -76,19 +76,14 @@ def test_a_worker_returns_its_value_and_progress():
     assert sum(seen) == 3
 
 
-def test_a_worker_failure_is_raised_with_its_traceback():
-    w = Spawned(_raises, 7)
+@pytest.mark.parametrize("fn, arg, reason", [
+    (_raises, 7, r"(?s)_raises failed in a worker process.*ValueError: bad value 7"),      # its traceback
+    (_dies, 3, r"exit code 3\) without returning a result"),                              # its exit code
+])
+def test_a_worker_failure_is_raised_with_its_reason(fn, arg, reason):
+    w = Spawned(fn, arg)
     try:
-        with pytest.raises(RuntimeError, match=r"(?s)_raises failed in a worker process.*ValueError: bad value 7"):
-            w.result()
-    finally:
-        w.close()
-
-
-def test_a_worker_that_dies_is_reported_with_its_exit_code():
-    w = Spawned(_dies, 3)
-    try:
-        with pytest.raises(RuntimeError, match=r"exit code 3\) without returning a result"):
+        with pytest.raises(RuntimeError, match=reason):
             w.result()
     finally:
         w.close()
