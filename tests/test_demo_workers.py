@@ -22,8 +22,8 @@ def _gens(**kw):
 
 
 def _rows(g):
-    return [(r.drafted, r.accepted, r.nodes, None if r.p is None else r.p.tobytes(),
-             None if r.q is None else r.q.tobytes(), None if r.drafts is None else r.drafts.tobytes()) for r in g.rounds]
+    raw = lambda a: None if a is None else a.tobytes()   # noqa: E731
+    return [(r.drafted, r.accepted, r.nodes, raw(r.p), raw(r.q), raw(r.drafts)) for r in g.rounds]
 
 
 @pytest.fixture(scope="module")

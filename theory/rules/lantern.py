@@ -384,14 +384,14 @@ class LanternResample:
             fallback = xp.sum(xp.where(has, xp.zeros_like(w), w), axis=-1, keepdims=True) / V
             return (r * xp.sum(c, axis=-1, keepdims=True) + d * neighbor_scatter(xp.where(adm, c, xp.zeros_like(c)), nb)
                     + fallback)
-        if self.law == "released" and self.variant == "p" and array_api_compat.is_numpy_array(p) | \
-                array_api_compat.is_torch_array(p):
+        if self.law == "released" and self.variant == "p" and (array_api_compat.is_numpy_array(p)
+                                                                 or array_api_compat.is_torch_array(p)):
             # G(.|x) = p with x, and N(x) if adm(x), zeroed, over Z(x) (``lantern_effective.p_weights``):
             # sum_x w(x) G(.|x) = p T (+ the empty kept sets' uniform), T(y) = the sum of c over the x whose G keeps
             # y = C - c(y) - A(y), A = the transpose neighbour sum of c adm: O(V k) per row, no (V, V) mask. Where
             # that subtraction leaves less than 1e-3 of C, T(y) is the direct sum
-            # (``lantern_effective.kept_where_cancelled``); Z likewise below 1e-3 of the row's mass: relative errors below about (k + 2) 2^-53 / 1e-3 (tests/test_baselines.py: the brute-force
-            # mixture to 1e-12)
+            # (``lantern_effective.kept_where_cancelled``); Z likewise below 1e-3 of the row's mass: relative errors
+            # below about (k + 2) 2^-53 / 1e-3 (tests/test_baselines.py: the brute-force mixture to 1e-12)
             nb = _table(self.neighbors, self.k + 1, dev, xp)[:, : self.k + 1]
             adm = self.accept.admits(p)                                                     # (..., V_x) bool
             c, empty_w = _le.p_weights(self.k, p, adm, nb, w, xp, 1e-3)

@@ -88,7 +88,7 @@ def target_scores(s, runs_out: dict, tick=None, models=None) -> dict:
 
     from real.decode.sampling import Processing
 
-    from .generation import batch_plan, models_and_runs
+    from .generation import digit_classes, models_and_runs
     from .quality import nll_with_se
     from .settings import T_IMAGE
 
@@ -96,7 +96,7 @@ def target_scores(s, runs_out: dict, tick=None, models=None) -> dict:
         torch.set_num_threads(s.threads)
         models = models_and_runs(s)
     target, drafts, runs = models
-    classes = [c for cls, _ in batch_plan(s) for c in cls]
+    classes = digit_classes(s)
     labels = torch.tensor(classes)
     nll = {k: nll_with_se(target, labels, tok) for k, (tok, _) in runs_out.items()}
     t0 = time.perf_counter()

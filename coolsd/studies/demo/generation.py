@@ -18,7 +18,8 @@ from theory import rules
 from .settings import T_IMAGE, Settings, Spec, specs
 from coolsd.workers import Spawned
 
-__all__ = ["load_models", "models_and_runs", "batch_plan", "generate_batches", "generate_all"]
+__all__ = ["load_models", "models_and_runs", "digit_classes", "batch_plan", "generate_batches",
+           "generate_all"]
 
 WARMUP_SEED = 10**6
 
@@ -52,12 +53,17 @@ def models_and_runs(s: Settings):
     return target, drafts, specs(s, neighbors)
 
 
-def batch_plan(s: Settings) -> list[tuple[list[int], int]]:
-    """Per batch k: (its digits' classes, its seed ``s.seed + k``); B = min(batch_size, n_images)."""
+def digit_classes(s: Settings) -> list[int]:
+    """The class of every digit: digit i has class i mod 10."""
     from real.zoo import gpt
 
-    N, B = s.n_images, min(s.batch_size, s.n_images)
-    return [([i % gpt.NUM_CLASSES for i in range(a, min(a + B, N))], s.seed + k) for k, a in enumerate(range(0, N, B))]
+    return [i % gpt.NUM_CLASSES for i in range(s.n_images)]
+
+
+def batch_plan(s: Settings) -> list[tuple[list[int], int]]:
+    """Per batch k: (its digits' classes, its seed ``s.seed + k``); B = min(batch_size, n_images)."""
+    classes, B = digit_classes(s), min(s.batch_size, s.n_images)
+    return [(classes[a:a + B], s.seed + k) for k, a in enumerate(range(0, s.n_images, B))]
 
 
 def _generate(engine, target, draft, sp: Spec, classes: list, seed: int, proc, tree, L: int, B: int):

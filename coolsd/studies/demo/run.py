@@ -41,7 +41,7 @@ from . import report as demo_report
 from .predict import chain_arrays, chain_prediction, predicted_speedup, sweep_predictions, time_verifier, \
     tree_prediction, tree_records, unit_costs
 from .fidelity import round_arrays, target_scores
-from .generation import batch_plan, generate_all, models_and_runs
+from .generation import digit_classes, generate_all, models_and_runs
 from .quality import fd_with_se, manifest_floor, real_floor
 from .report import find_method
 from .settings import T_IMAGE, Settings, chain_drafted, tree_drafted
@@ -82,7 +82,7 @@ def run_demo(out: str | pathlib.Path, settings: Settings | None = None, progress
         target, drafts, runs = models
         tree = s.tree_obj()
         proc = Processing(temperature=s.temperature, cfg_scale=s.cfg_scale)
-        classes = [c for cls, _ in batch_plan(s) for c in cls]
+        classes = digit_classes(s)
         gens = generate_all(s, models, progress)
         results = {"ar": Result(None, [], torch.stack([g.tokens for g in gens["ar"]]), engine.summarize(gens["ar"]))}
         rounds = {sp.key: np.array([len(x.rounds) for x in gens[sp.key]]) for sp in runs}
